@@ -1,0 +1,127 @@
+#include "autograd/autograd.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tinygpt {
+namespace {
+
+thread_local bool g_grad_enabled = true;
+
+}  // namespace
+
+std::atomic<int64_t> Node::live_count{0};
+
+Node::Node(const char* n, std::vector<Tensor> in, BackwardFn bw)
+    : name(n), inputs(std::move(in)), backward(std::move(bw)) {
+  ++live_count;
+}
+
+Node::~Node() { --live_count; }
+
+bool grad_enabled() { return g_grad_enabled; }
+
+NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
+
+Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward) {
+  if (!g_grad_enabled) return out;
+  bool needs = false;
+  for (const Tensor& t : inputs) needs = needs || (t.defined() && t.requires_grad());
+  if (!needs) return out;
+  out.impl().requires_grad = true;
+  out.impl().from_op = true;
+  out.impl().grad_fn = std::make_shared<Node>(name, std::move(inputs), std::move(backward));
+  return out;
+}
+
+void accumulate_into(Tensor& dst, const Tensor& src) {
+  if (!(dst.shape().numel() == src.shape().numel()) || dst.dtype() != src.dtype()) {
+    shape_error("accumulate", "gradient does not match", dst.shape(), src.shape());
+  }
+  dispatch_float(dst.dtype(), "accumulate", [&]<class T>() {
+    launch(kernels::axpy<T>, dst.device(), dst.data<T>(), src.data<T>(), T(1), dst.numel());
+  });
+}
+
+namespace {
+
+/// Tensors reachable from root through grad_fn edges, inputs before the ops that use them.
+/// Iterative depth-first search: a 100,000-op chain needs no deep call stack.
+std::vector<std::shared_ptr<TensorImpl>> topological_order(const std::shared_ptr<TensorImpl>& root) {
+  std::vector<std::shared_ptr<TensorImpl>> order;
+  std::unordered_set<TensorImpl*> visited;
+  struct Frame {
+    std::shared_ptr<TensorImpl> impl;
+    size_t next_input;
+  };
+  std::vector<Frame> stack{{root, 0}};
+  visited.insert(root.get());
+  while (!stack.empty()) {
+    Frame& top = stack.back();
+    const Node* node = top.impl->grad_fn.get();
+    if (node != nullptr && top.next_input < node->inputs.size()) {
+      const Tensor& in = node->inputs[top.next_input++];
+      if (in.defined() && in.requires_grad() && visited.insert(in.impl_ptr().get()).second) {
+        stack.push_back({in.impl_ptr(), 0});
+      }
+      continue;
+    }
+    order.push_back(std::move(top.impl));
+    stack.pop_back();
+  }
+  return order;
+}
+
+}  // namespace
+
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  if (!root.requires_grad()) {
+    throw Error("backward: the tensor does not require grad (no input was marked with requires_grad_())");
+  }
+  if (!(grad.shape() == root.shape())) shape_error("backward", "gradient must match the output", grad.shape(), root.shape());
+  if (grad.dtype() != root.dtype()) throw Error("backward: gradient dtype differs from the output's");
+
+  NoGradGuard no_grad;  // backward closures run ops on plain tensors; nothing is recorded
+  std::vector<std::shared_ptr<TensorImpl>> order = topological_order(root.impl_ptr());
+  std::unordered_map<TensorImpl*, Tensor> pending;  // gradients of non-leaf tensors not yet propagated
+  pending[root.impl_ptr().get()] = grad;
+
+  auto gradient_slot = [&](const Tensor& t) -> Tensor {
+    TensorImpl& impl = t.impl();
+    if (impl.from_op && !impl.grad_fn) {
+      throw Error("backward: this graph was already freed by an earlier backward(); pass retain_graph=true to "
+                  "the first backward() to run it again");
+    }
+    if (impl.grad_fn) {
+      Tensor& slot = pending[&impl];
+      if (!slot.defined()) slot = zeros_like(t);
+      return slot;
+    }
+    if (!impl.grad) impl.grad = zeros_like(t).impl_ptr();
+    return Tensor(impl.grad);
+  };
+
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    TensorImpl& impl = **it;
+    auto found = pending.find(&impl);
+    if (found == pending.end()) continue;
+    Tensor dout = std::move(found->second);
+    pending.erase(found);
+    if (!impl.grad_fn) {  // the root itself is a leaf (or a freed graph: gradient_slot says so)
+      Tensor slot = gradient_slot(Tensor(*it));
+      accumulate_into(slot, dout);
+      continue;
+    }
+    Node& node = *impl.grad_fn;
+    std::vector<Tensor> grads(node.inputs.size());
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const Tensor& in = node.inputs[i];
+      if (in.defined() && in.requires_grad()) grads[i] = gradient_slot(in);
+    }
+    node.backward(dout, node.inputs, grads);
+    if (!retain_graph) impl.grad_fn.reset();
+  }
+}
+
+}  // namespace tinygpt

@@ -1,0 +1,53 @@
+// The graph: each op's result points at a Node holding the op's inputs and one backward closure.
+// A Node never holds its own output, so the graph is a DAG of shared pointers with no cycles; backward()
+// walks it in reverse topological order (iteratively: no recursion limit) and frees it as it goes.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "autograd/tensor.h"
+
+namespace tinygpt {
+
+/// Receives the gradient of the op's output and the op's inputs; accumulates (+=) into grads[i] for every
+/// input that needs a gradient (grads[i] is undefined otherwise). Captures only saved plain tensors.
+using BackwardFn = std::function<void(const Tensor& dout, std::span<const Tensor> inputs, std::span<Tensor> grads)>;
+
+struct Node {
+  Node(const char* name, std::vector<Tensor> inputs, BackwardFn backward);
+  ~Node();
+
+  const char* name;
+  std::vector<Tensor> inputs;
+  BackwardFn backward;
+
+  static std::atomic<int64_t> live_count;
+};
+
+/// True unless a NoGradGuard is active on this thread.
+bool grad_enabled();
+
+/// Turns graph recording off for its lifetime (evaluation, sampling, optimizer updates).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// Attaches `backward` to `out` when recording is on and any input requires a gradient; returns `out`.
+Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward);
+
+/// Backpropagates `grad` (the gradient of `root`) through the graph into the leaves' .grad.
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+
+/// dst += src (same shape and dtype), on dst's device.
+void accumulate_into(Tensor& dst, const Tensor& src);
+
+}  // namespace tinygpt

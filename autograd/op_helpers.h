@@ -1,0 +1,24 @@
+// Checks and small utilities shared by the op implementations (not part of the public API).
+#pragma once
+
+#include <string>
+
+#include "autograd/autograd.h"
+#include "autograd/tensor.h"
+
+namespace tinygpt::detail {
+
+/// Typed pointer, or nullptr for an undefined tensor (an input that needs no gradient).
+template <class T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? const_cast<Tensor&>(t).data<T>() : nullptr;
+}
+
+/// Throws unless t is defined and of a floating dtype.
+void check_float(const char* op, const Tensor& t, const char* what = "input");
+/// Throws unless a and b share dtype and device.
+void check_same(const char* op, const Tensor& a, const Tensor& b);
+/// Product of the dims [begin, end) of shape.
+int64_t dims_product(const Shape& shape, int begin, int end);
+
+}  // namespace tinygpt::detail

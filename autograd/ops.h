@@ -1,0 +1,78 @@
+// Differentiable ops. Each computes its result with a forward kernel and records one backward closure
+// that calls the paired backward kernel. Broadcasting follows NumPy/PyTorch rules.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "autograd/tensor.h"
+
+namespace tinygpt {
+
+// --- elementwise (binary ops broadcast)
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, double alpha);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor relu(const Tensor& x);
+/// GELU, tanh approximation (as GPT-2).
+Tensor gelu(const Tensor& x);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+inline Tensor operator*(const Tensor& x, double s) { return scale(x, s); }
+inline Tensor operator*(double s, const Tensor& x) { return scale(x, s); }
+
+// --- reductions
+Tensor sum(const Tensor& x);
+Tensor sum(const Tensor& x, int dim, bool keepdim = false);
+Tensor mean(const Tensor& x);
+Tensor mean(const Tensor& x, int dim, bool keepdim = false);
+/// Over the last dimension.
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+
+// --- products
+/// op(a) @ op(b) over the last two dims, op = transpose when the flag is set (read in place, no copy).
+/// Leading (batch) dims must match, or one operand is 2-D and shared by every batch.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+/// x (..., C) @ weight (OC, C)^T + bias (OC); bias may be undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// --- layers
+/// Normalizes over the last dimension; saves mean and rstd for backward. bias may be undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+/// weight (V, C) gathered at ids (any shape, i32) -> (ids..., C).
+Tensor embedding(const Tensor& ids, const Tensor& weight);
+/// Mean cross-entropy over rows of logits (..., V) against i32 targets (...); rows whose target is
+/// ignore_index are left out of the mean (all ignored: loss 0, gradient 0).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
+/// Zeroes each element with probability p and scales the rest by 1/(1-p); the mask comes from `seed`.
+Tensor dropout(const Tensor& x, double p, uint64_t seed);
+/// As above with a seed drawn from `gen`; identity when !training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
+
+// --- shapes (reshape/view share storage; the others copy into a new contiguous tensor)
+/// One dimension may be -1 (inferred).
+Tensor reshape(const Tensor& x, std::vector<int64_t> shape);
+inline Tensor view(const Tensor& x, std::vector<int64_t> shape) { return reshape(x, std::move(shape)); }
+Tensor permute(const Tensor& x, std::vector<int> perm);
+Tensor transpose(const Tensor& x, int dim0, int dim1);
+/// Elements [start, start+length) of dimension dim.
+Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length);
+/// Elements [start, end) of dimension dim; negative bounds count from the end.
+Tensor slice(const Tensor& x, int dim, int64_t start, int64_t end);
+/// Consecutive pieces of `size` along dim (the last may be shorter).
+std::vector<Tensor> split(const Tensor& x, int64_t size, int dim);
+Tensor concat(const std::vector<Tensor>& xs, int dim);
+
+}  // namespace tinygpt

@@ -1,0 +1,214 @@
+// Ops with fused kernels: softmax, matmul, linear, layernorm, embedding, cross-entropy, dropout.
+#include <optional>
+
+#include "autograd/op_helpers.h"
+#include "autograd/ops.h"
+
+namespace tinygpt {
+
+using detail::ptr;
+
+namespace {
+
+/// Rows (product of all but the last dim) and the last dim of x.
+std::pair<int64_t, int64_t> rows_cols(const Tensor& x) {
+  const int64_t C = x.ndim() == 0 ? 1 : x.shape()[-1];
+  return {C == 0 ? 0 : x.numel() / C, C};
+}
+
+/// Throws unless every id in ids (i32) lies in [0, limit), or equals `allowed` when given.
+void check_ids(const char* op, const char* what, const Tensor& ids, int64_t limit, std::optional<int32_t> allowed = {}) {
+  if (ids.dtype() != DType::I32) throw Error(fmt::format("{}: {} must be i32, got {}", op, what, dtype_name(ids.dtype())));
+  const std::vector<int32_t> v = ids.to_vector<int32_t>();
+  for (size_t i = 0; i < v.size(); ++i) {
+    if ((v[i] < 0 || v[i] >= limit) && v[i] != allowed) {
+      throw Error(fmt::format("{}: {} {} at position {} is out of range [0, {})", op, what, v[i], i, limit));
+    }
+  }
+}
+
+/// Softmax (or log-softmax) over the last dim; backward reads the saved output.
+Tensor rowwise_softmax(const char* name, const Tensor& x, bool log) {
+  detail::check_float(name, x);
+  const auto [N, C] = rows_cols(x);
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), name, [&]<class T>() {
+    launch(log ? kernels::log_softmax_forward<T> : kernels::softmax_forward<T>, x.device(), out.data<T>(),
+           x.data<T>(), N, C);
+  });
+  const Tensor saved = out.detach();
+  return record(name, out, {x}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
+    dispatch_float(dout.dtype(), name, [&]<class T>() {
+      launch(log ? kernels::log_softmax_backward<T> : kernels::softmax_backward<T>, dout.device(),
+             grads[0].data<T>(), dout.data<T>(), saved.data<T>(), N, C);
+    });
+  });
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x) { return rowwise_softmax("softmax", x, false); }
+Tensor log_softmax(const Tensor& x) { return rowwise_softmax("log_softmax", x, true); }
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  detail::check_float("matmul", a, "first operand");
+  detail::check_float("matmul", b, "second operand");
+  detail::check_same("matmul", a, b);
+  if (a.ndim() < 2 || b.ndim() < 2) shape_error("matmul", "operands need at least 2 dims", a.shape(), b.shape());
+  const int64_t M = trans_a ? a.size(-1) : a.size(-2);
+  const int64_t K = trans_a ? a.size(-2) : a.size(-1);
+  const int64_t Kb = trans_b ? b.size(-1) : b.size(-2);
+  const int64_t N = trans_b ? b.size(-2) : b.size(-1);
+  if (K != Kb) shape_error("matmul", fmt::format("inner dimensions differ ({} vs {})", K, Kb), a.shape(), b.shape());
+  const int64_t batch_a = detail::dims_product(a.shape(), 0, a.ndim() - 2);
+  const int64_t batch_b = detail::dims_product(b.shape(), 0, b.ndim() - 2);
+  const Tensor& batched = a.ndim() >= b.ndim() ? a : b;
+  if (a.ndim() > 2 && b.ndim() > 2 &&
+      !std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin(), b.shape().end() - 2)) {
+    shape_error("matmul", "batch dimensions differ", a.shape(), b.shape());
+  }
+  std::vector<int64_t> dims(batched.shape().begin(), batched.shape().end() - 2);
+  dims.push_back(M);
+  dims.push_back(N);
+  Tensor out = empty(Shape(dims), a.dtype(), a.device());
+  dispatch_float(a.dtype(), "matmul", [&]<class T>() {
+    launch(kernels::matmul_forward<T>, a.device(), out.data<T>(), a.data<T>(), b.data<T>(), batch_a, batch_b, M, K, N,
+           trans_a, trans_b);
+  });
+  return record("matmul", out, {a, b}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+    dispatch_float(dout.dtype(), "matmul", [&]<class T>() {
+      launch(kernels::matmul_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]), dout.data<T>(),
+             in[0].data<T>(), in[1].data<T>(), batch_a, batch_b, M, K, N, trans_a, trans_b);
+    });
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_float("linear", x);
+  detail::check_float("linear", weight, "weight");
+  detail::check_same("linear", x, weight);
+  if (weight.ndim() != 2 || x.ndim() < 1 || x.size(-1) != weight.size(1)) {
+    shape_error("linear", "input (..., C) needs weight (OC, C)", x.shape(), weight.shape());
+  }
+  const int64_t OC = weight.size(0);
+  if (bias.defined()) {
+    detail::check_same("linear", x, bias);
+    if (bias.ndim() != 1 || bias.size(0) != OC) shape_error("linear", "bias must be (OC)", bias.shape(), weight.shape());
+  }
+  const auto [N, C] = rows_cols(x);
+  std::vector<int64_t> dims = x.shape().vec();
+  dims.back() = OC;
+  Tensor out = empty(Shape(dims), x.dtype(), x.device());
+  dispatch_float(x.dtype(), "linear", [&]<class T>() {
+    launch(kernels::linear_forward<T>, x.device(), out.data<T>(), x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, OC);
+  });
+  return record("linear", out, {x, weight, bias},
+                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                  dispatch_float(dout.dtype(), "linear", [&]<class T>() {
+                    launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
+                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC);
+                  });
+                });
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  detail::check_float("layer_norm", x);
+  detail::check_float("layer_norm", weight, "weight");
+  detail::check_same("layer_norm", x, weight);
+  const auto [N, C] = rows_cols(x);
+  if (weight.ndim() != 1 || weight.size(0) != C) shape_error("layer_norm", "weight must be (C)", x.shape(), weight.shape());
+  if (bias.defined()) {
+    detail::check_same("layer_norm", x, bias);
+    if (!(bias.shape() == weight.shape())) shape_error("layer_norm", "bias must be (C)", x.shape(), bias.shape());
+  }
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  const Tensor mean = empty({N}, x.dtype(), x.device());
+  const Tensor rstd = empty({N}, x.dtype(), x.device());
+  dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
+    launch(kernels::layernorm_forward<T>, x.device(), out.data<T>(), ptr<T>(mean), ptr<T>(rstd), x.data<T>(),
+           weight.data<T>(), ptr<T>(bias), N, C, T(eps));
+  });
+  return record("layer_norm", out, {x, weight, bias},
+                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                  dispatch_float(dout.dtype(), "layer_norm", [&]<class T>() {
+                    launch(kernels::layernorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
+                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), mean.data<T>(),
+                           rstd.data<T>(), N, C);
+                  });
+                });
+}
+
+Tensor embedding(const Tensor& ids, const Tensor& weight) {
+  detail::check_float("embedding", weight, "weight");
+  if (weight.ndim() != 2) shape_error("embedding", "weight must be (V, C)", ids.shape(), weight.shape());
+  if (ids.device() != weight.device()) throw Error("embedding: ids and weight are on different devices");
+  const int64_t V = weight.size(0), C = weight.size(1), N = ids.numel();
+  check_ids("embedding", "id", ids, V);
+  std::vector<int64_t> dims = ids.shape().vec();
+  dims.push_back(C);
+  Tensor out = empty(Shape(dims), weight.dtype(), weight.device());
+  dispatch_float(weight.dtype(), "embedding", [&]<class T>() {
+    launch(kernels::embedding_forward<T>, weight.device(), out.data<T>(), ids.data<int32_t>(), weight.data<T>(), N, C);
+  });
+  return record("embedding", out, {ids, weight},
+                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                  dispatch_float(dout.dtype(), "embedding", [&]<class T>() {
+                    launch(kernels::embedding_backward<T>, dout.device(), grads[1].data<T>(), dout.data<T>(),
+                           in[0].data<int32_t>(), N, C);
+                  });
+                });
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
+  detail::check_float("cross_entropy", logits, "logits");
+  const auto [N, V] = rows_cols(logits);
+  if (logits.ndim() < 1 || targets.numel() != N ||
+      !std::equal(targets.shape().begin(), targets.shape().end(), logits.shape().begin(), logits.shape().end() - 1)) {
+    shape_error("cross_entropy", "logits (..., V) need targets (...)", logits.shape(), targets.shape());
+  }
+  if (targets.device() != logits.device()) throw Error("cross_entropy: logits and targets are on different devices");
+  check_ids("cross_entropy", "target", targets, V, ignore_index);
+  int64_t count = 0;
+  for (int32_t t : targets.to_vector<int32_t>()) count += t != ignore_index;
+  const Tensor losses = empty({N}, logits.dtype(), logits.device());
+  const Tensor lse = empty({N}, logits.dtype(), logits.device());
+  dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+    launch(kernels::crossentropy_forward<T>, logits.device(), ptr<T>(losses), ptr<T>(lse), logits.data<T>(),
+           targets.data<int32_t>(), N, V, ignore_index);
+  });
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = count > 0 ? scale(sum(losses), 1.0 / double(count)) : zeros({}, logits.dtype(), logits.device());
+  }
+  return record("cross_entropy", out, {logits, targets},
+                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                  if (count == 0) return;
+                  dispatch_float(dout.dtype(), "cross_entropy", [&]<class T>() {
+                    launch(kernels::crossentropy_backward<T>, dout.device(), grads[0].data<T>(),
+                           T(dout.item() / double(count)), in[0].data<T>(), lse.data<T>(), in[1].data<int32_t>(), N, V,
+                           ignore_index);
+                  });
+                });
+}
+
+Tensor dropout(const Tensor& x, double p, uint64_t seed) {
+  detail::check_float("dropout", x);
+  if (!(p >= 0.0 && p <= 1.0)) throw Error(fmt::format("dropout: probability must be in [0, 1], got {}", p));
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(x.dtype(), "dropout", [&]<class T>() {
+    launch(kernels::dropout_forward<T>, x.device(), out.data<T>(), x.data<T>(), x.numel(), float(p), seed);
+  });
+  return record("dropout", out, {x}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
+    dispatch_float(dout.dtype(), "dropout", [&]<class T>() {
+      launch(kernels::dropout_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), dout.numel(), float(p), seed);
+    });
+  });
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  if (!training || p == 0.0) return x;
+  return dropout(x, p, gen.next_u64());
+}
+
+}  // namespace tinygpt

@@ -1,0 +1,39 @@
+// Seeded, platform-independent random numbers (xoshiro256**), so runs reproduce across machines.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace tinygpt {
+
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 1337) { manual_seed(seed); }
+  void manual_seed(uint64_t seed);
+  uint64_t next_u64();
+  /// Uniform in [0, 1) with 53 random bits.
+  double uniform();
+  /// Standard normal (Box-Muller; the second value of each pair is kept for the next call).
+  double normal();
+
+  /// The whole state, for checkpoints.
+  struct State {
+    std::array<uint64_t, 4> s;
+    bool has_spare;
+    double spare;
+  };
+  State state() const { return {s_, has_spare_, spare_}; }
+  void set_state(const State& st);
+
+ private:
+  std::array<uint64_t, 4> s_{};
+  bool has_spare_ = false;
+  double spare_ = 0;
+};
+
+/// The generator used when none is passed (randn, rand, dropout, weight init).
+Generator& default_generator();
+/// Seeds the default generator.
+void manual_seed(uint64_t seed);
+
+}  // namespace tinygpt

@@ -1,0 +1,349 @@
+#include "autograd/tensor.h"
+
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "autograd/autograd.h"
+#include "kernels/cuda/device.h"
+
+namespace tinygpt {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::BF16: return 2;
+    case DType::I32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
+    case DType::I32: return "i32";
+  }
+  return "?";
+}
+
+// --- Shape
+
+Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+
+Shape::Shape(std::span<const int64_t> dims) {
+  if (dims.size() > size_t(kMaxDims)) {
+    throw Error(fmt::format("shape: at most {} dimensions are supported, got {}", kMaxDims, dims.size()));
+  }
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] < 0) throw Error(fmt::format("shape: negative size {} in dimension {}", dims[i], i));
+    dims_[i] = dims[i];
+  }
+  ndim_ = int(dims.size());
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim_; ++i) n *= dims_[size_t(i)];
+  return n;
+}
+
+int Shape::normalize_dim(int d) const {
+  const int nd = d < 0 ? d + ndim_ : d;
+  if (nd < 0 || nd >= ndim_) throw Error(fmt::format("dimension {} is out of range for shape {}", d, str()));
+  return nd;
+}
+
+std::array<int64_t, kMaxDims> Shape::padded() const {
+  std::array<int64_t, kMaxDims> p;
+  p.fill(1);
+  for (int i = 0; i < ndim_; ++i) p[size_t(kMaxDims - ndim_ + i)] = dims_[size_t(i)];
+  return p;
+}
+
+std::string Shape::str() const { return fmt::format("({})", fmt::join(begin(), end(), ", ")); }
+
+bool Shape::operator==(const Shape& o) const {
+  return ndim_ == o.ndim_ && std::equal(begin(), end(), o.begin());
+}
+
+void shape_error(const std::string& op, const std::string& what, const Shape& a, const Shape& b) {
+  throw Error(fmt::format("{}: {}: shapes {} and {}", op, what, a.str(), b.str()));
+}
+
+// --- Storage and TensorImpl
+
+Storage::Storage(size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
+  if (device == Device::CPU) {
+    constexpr size_t kAlign = 64;
+    data = std::aligned_alloc(kAlign, std::max(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign));
+    if (data == nullptr) throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
+  } else {
+    data = cuda::malloc(std::max<size_t>(nbytes, 1));
+  }
+}
+
+Storage::~Storage() {
+  if (device == Device::CPU) {
+    std::free(data);
+  } else {
+    cuda::free(data);
+  }
+}
+
+std::atomic<int64_t> TensorImpl::live_count{0};
+
+TensorImpl::TensorImpl(std::shared_ptr<Storage> st, Shape sh, DType dt)
+    : storage(std::move(st)), shape(sh), dtype(dt) {
+  ++live_count;
+}
+
+TensorImpl::~TensorImpl() { --live_count; }
+
+// --- Tensor
+
+TensorImpl& Tensor::impl() const {
+  if (!impl_) throw Error("use of an undefined tensor");
+  return *impl_;
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  const Tensor host = to(Device::CPU);
+  const T* p = host.data<T>();
+  return std::vector<T>(p, p + numel());
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+
+double Tensor::item() const {
+  if (numel() != 1) throw Error(fmt::format("item: tensor has {} elements (shape {}), not 1", numel(), shape().str()));
+  const Tensor host = to(Device::CPU);
+  switch (dtype()) {
+    case DType::F32: return *host.data<float>();
+    case DType::F64: return *host.data<double>();
+    case DType::I32: return *host.data<int32_t>();
+    case DType::BF16: break;
+  }
+  throw Error("item: bf16 tensors cannot be read on the host yet");
+}
+
+Tensor Tensor::to(Device dev) const {
+  if (dev == device()) return *this;
+  Tensor out = empty(shape(), dtype(), dev);
+  const size_t bytes = size_t(numel()) * dtype_size(dtype());
+  if (dev == Device::CUDA) {
+    cuda::copy_to_device(out.raw_data(), raw_data(), bytes);
+  } else {
+    cuda::copy_to_host(out.raw_data(), raw_data(), bytes);
+  }
+  return out;
+}
+
+Tensor Tensor::to(DType dt) const {
+  if (dt == dtype()) return *this;
+  if (device() != Device::CPU) throw Error("to(dtype): conversion runs on the CPU; move the tensor there first");
+  Tensor out = empty(shape(), dt);
+  auto convert = [&]<class From>(const From* src) {
+    const int64_t n = numel();
+    switch (dt) {
+      case DType::F32: std::copy_n(src, n, out.data<float>()); return;
+      case DType::F64: std::copy_n(src, n, out.data<double>()); return;
+      case DType::I32: std::copy_n(src, n, out.data<int32_t>()); return;
+      case DType::BF16: break;
+    }
+    throw Error("to(dtype): bf16 conversion is not available on the CPU");
+  };
+  switch (dtype()) {
+    case DType::F32: convert(data<float>()); break;
+    case DType::F64: convert(data<double>()); break;
+    case DType::I32: convert(data<int32_t>()); break;
+    case DType::BF16: throw Error("to(dtype): bf16 conversion is not available on the CPU");
+  }
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape(), dtype(), device());
+  const size_t bytes = size_t(numel()) * dtype_size(dtype());
+  if (device() == Device::CPU) {
+    std::memcpy(out.raw_data(), raw_data(), bytes);
+  } else {
+    cuda::copy_on_device(out.raw_data(), raw_data(), bytes);
+  }
+  return out;
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  if (on && !is_leaf()) throw Error("requires_grad_: only leaf tensors can be marked (use detach() first)");
+  if (on && dtype() != DType::F32 && dtype() != DType::F64) {
+    throw Error(fmt::format("requires_grad_: only floating tensors have gradients, this one is {}", dtype_name(dtype())));
+  }
+  impl().requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return Tensor(impl().grad); }
+
+void Tensor::set_grad(const Tensor& g) {
+  if (g.defined() && !(g.shape() == shape())) shape_error("set_grad", "gradient must match the tensor", g.shape(), shape());
+  impl().grad = g.impl_ptr();
+}
+
+void Tensor::zero_grad() { impl().grad.reset(); }
+
+void Tensor::backward(bool retain_graph) const {
+  if (numel() != 1) {
+    throw Error(fmt::format("backward: an implicit gradient needs a one-element tensor, got shape {}; pass a gradient",
+                            shape().str()));
+  }
+  backward(ones(shape(), dtype(), device()), retain_graph);
+}
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const { run_backward(*this, grad, retain_graph); }
+
+Tensor Tensor::detach() const { return Tensor(std::make_shared<TensorImpl>(impl().storage, shape(), dtype())); }
+
+const char* Tensor::op_name() const { return impl().grad_fn ? impl().grad_fn->name : "leaf"; }
+
+// --- creation
+
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  auto storage = std::make_shared<Storage>(size_t(shape.numel()) * dtype_size(dtype), device);
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, dtype));
+}
+
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
+  if (device == Device::CPU) {
+    std::memset(t.raw_data(), 0, bytes);
+  } else {
+    cuda::memset_zero(t.raw_data(), bytes);
+  }
+  return t;
+}
+
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
+
+namespace {
+
+/// Fills a new host tensor element by element with gen(i), then moves it to `device`.
+template <class F>
+Tensor generate(const Shape& shape, DType dtype, Device device, const char* op, F gen) {
+  Tensor t = empty(shape, dtype);
+  const int64_t n = shape.numel();
+  switch (dtype) {
+    case DType::F32: for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = float(gen(i)); break;
+    case DType::F64: for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = gen(i); break;
+    case DType::I32: for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = int32_t(gen(i)); break;
+    case DType::BF16: throw Error(fmt::format("{}: bf16 tensors are created on the GPU from f32 ones", op));
+  }
+  return t.to(device);
+}
+
+}  // namespace
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  return generate(shape, dtype, device, "full", [value](int64_t) { return value; });
+}
+
+Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+
+Tensor arange(int64_t n, DType dtype, Device device) {
+  return generate(Shape{n}, dtype, device, "arange", [](int64_t i) { return double(i); });
+}
+
+Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device, double stddev) {
+  return generate(shape, dtype, device, "randn", [&](int64_t) { return stddev * gen.normal(); });
+}
+
+Tensor rand(const Shape& shape, Generator& gen, DType dtype, Device device, double low, double high) {
+  return generate(shape, dtype, device, "rand", [&](int64_t) { return low + (high - low) * gen.uniform(); });
+}
+
+namespace {
+
+template <class T>
+Tensor from_values(const std::vector<T>& values, const Shape& shape, Device device) {
+  if (int64_t(values.size()) != shape.numel()) {
+    throw Error(fmt::format("from_vector: {} values do not fill shape {} ({} elements)", values.size(), shape.str(),
+                            shape.numel()));
+  }
+  Tensor t = empty(shape, dtype_of<T>());
+  std::copy(values.begin(), values.end(), t.data<T>());
+  return t.to(device);
+}
+
+}  // namespace
+
+Tensor from_vector(const std::vector<float>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+Tensor from_vector(const std::vector<double>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+Tensor from_vector(const std::vector<int32_t>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+
+}  // namespace tinygpt
+
+// --- printing
+
+namespace {
+
+constexpr int64_t kEdgeItems = 3;
+
+template <class T>
+void format_dim(std::string& out, const T* p, const tinygpt::Shape& shape, int dim, int64_t offset, int64_t stride) {
+  const int64_t n = shape[dim];
+  const int64_t inner = stride / n;
+  const bool elide = n > 2 * kEdgeItems;
+  out += '[';
+  for (int64_t i = 0; i < n; ++i) {
+    if (elide && i == kEdgeItems) {
+      out += dim == shape.ndim() - 1 ? "..., " : "...,\n";
+      i = n - kEdgeItems;
+    }
+    if (dim == shape.ndim() - 1) {
+      if constexpr (std::is_integral_v<T>) {
+        out += fmt::format("{}", p[offset + i]);
+      } else {
+        out += fmt::format("{:.4f}", double(p[offset + i]));
+      }
+    } else {
+      format_dim(out, p, shape, dim + 1, offset + i * inner, inner);
+    }
+    if (i + 1 < n) out += dim == shape.ndim() - 1 ? ", " : ",\n";
+  }
+  out += ']';
+}
+
+}  // namespace
+
+auto fmt::formatter<tinygpt::Tensor>::format(const tinygpt::Tensor& t, fmt::format_context& ctx) const
+    -> fmt::format_context::iterator {
+  using tinygpt::DType;
+  if (!t.defined()) return fmt::formatter<std::string>::format("tensor(undefined)", ctx);
+  std::string s = "tensor(";
+  const tinygpt::Tensor host = t.to(tinygpt::Device::CPU);
+  auto body = [&]<class T>(const T* p) {
+    if (t.numel() == 0) {
+      s += "[]";
+    } else if (t.ndim() == 0) {
+      s += std::is_integral_v<T> ? fmt::format("{}", p[0]) : fmt::format("{:.4f}", double(p[0]));
+    } else {
+      format_dim(s, p, t.shape(), 0, 0, t.numel());
+    }
+  };
+  switch (t.dtype()) {
+    case DType::F32: body(host.data<float>()); break;
+    case DType::F64: body(host.data<double>()); break;
+    case DType::I32: body(host.data<int32_t>()); break;
+    case DType::BF16: s += "<bf16 data>"; break;
+  }
+  s += fmt::format(", dtype={}", tinygpt::dtype_name(t.dtype()));
+  if (t.device() != tinygpt::Device::CPU) s += ", device=cuda";
+  if (t.requires_grad()) s += ", requires_grad";
+  s += ')';
+  return fmt::formatter<std::string>::format(s, ctx);
+}

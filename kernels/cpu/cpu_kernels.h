@@ -1,0 +1,70 @@
+// CPU kernels (OpenMP), templated for float and double; explicit instantiations live beside each definition.
+// Shapes in trailing comments use the letters defined in kernels/kernels.h.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/geometry.h"
+
+namespace tinygpt::cpu {
+
+template <class T> void fill(T* out, T value, int64_t n);
+/// y += alpha * x
+template <class T> void axpy(T* y, const T* x, T alpha, int64_t n);
+
+/// out = op(inp); alpha is the factor of UnaryOp::Scale.
+template <class T> void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha);
+/// dinp += dout * op'(inp); exp and tanh read their saved output `out` instead of recomputing it.
+template <class T> void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, T alpha);
+
+template <class T> void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op);
+/// da += reduce(dout * d(out)/da) over broadcast dims; same for db. Either gradient may be null.
+template <class T> void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op);
+
+/// out[o, i] = alpha * sum_d inp[o, d, i]     inp (outer, D, inner), out (outer, inner)
+template <class T> void sum_forward(T* out, const T* inp, int64_t outer, int64_t D, int64_t inner, T alpha);
+template <class T> void sum_backward(T* dinp, const T* dout, int64_t outer, int64_t D, int64_t inner, T alpha);
+
+template <class T> void softmax_forward(T* out, const T* inp, int64_t N, int64_t C);
+template <class T> void softmax_backward(T* dinp, const T* dout, const T* out, int64_t N, int64_t C);
+template <class T> void log_softmax_forward(T* out, const T* inp, int64_t N, int64_t C);
+template <class T> void log_softmax_backward(T* dinp, const T* dout, const T* out, int64_t N, int64_t C);
+
+/// Normalizes each row of inp (N, C); saves mean (N) and rstd (N) for the backward pass.
+template <class T> void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, T eps);
+template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+
+/// out (N, C) = weight[ids] with weight (V, C). Backward splits the channels across threads: no races.
+template <class T> void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C);
+template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, int64_t N, int64_t C);
+
+/// losses (N) = lse - logits[target]; lse (N) saved. Rows whose target is ignore_index get loss 0.
+template <class T> void crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+/// dlogits += dloss * (softmax(logits) - onehot(target)) for every row that is not ignored.
+template <class T> void crossentropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+
+/// Keeps element i with probability 1-p (scaled by 1/(1-p)); the mask is a hash of (seed, i), so
+/// backward recomputes it instead of storing it, and any thread split gives the same mask.
+template <class T> void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed);
+template <class T> void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed);
+
+/// out (permuted, contiguous) = inp read through g.inp_stride; accumulate adds instead of storing.
+template <class T> void permute(T* out, const T* inp, const PermuteGeom& g, bool accumulate);
+/// dst[o, dst_start + j, i] (=|+=) src[o, src_start + j, i] for j < len. dst (outer, dst_D, inner), src (outer, src_D, inner)
+template <class T> void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start, int64_t src_D, int64_t src_start, int64_t len, bool accumulate);
+
+/// out (batch, M, N) = op(a) @ op(b), a is (batch_a, M, K) or (batch_a, K, M) when trans_a, b likewise;
+/// batch = max(batch_a, batch_b) and an operand with batch 1 is shared by every batch.
+template <class T> void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b);
+template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b);
+
+/// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be null.
+template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC);
+template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC);
+
+/// One AdamW step on n parameters (decoupled weight decay, bias-corrected moments; step counts from 1).
+template <class T> void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, float lr, float beta1, float beta2,
+                                     float eps, float weight_decay, int64_t step);
+
+}  // namespace tinygpt::cpu

@@ -1,0 +1,221 @@
+// Elementwise kernels: fill, axpy, unary maps and broadcast binary maps, with their backward passes.
+#include <cmath>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
+
+namespace tinygpt::cpu {
+namespace {
+
+template <class T>
+constexpr T kGeluScale = T(0.7978845608028654);  // sqrt(2 / pi)
+template <class T>
+constexpr T kGeluCubic = T(0.044715);
+
+template <class T, class F>
+void map(T* out, const T* inp, int64_t n, F f) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) out[i] = f(inp[i]);
+}
+
+template <class T, class F>
+void accumulate_map(T* dinp, const T* dout, const T* x, int64_t n, F dfdx) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) dinp[i] += dout[i] * dfdx(x[i]);
+}
+
+template <class T>
+T gelu(T x) {
+  return T(0.5) * x * (T(1) + std::tanh(kGeluScale<T> * (x + kGeluCubic<T> * x * x * x)));
+}
+
+template <class T>
+T gelu_grad(T x) {
+  const T u = kGeluScale<T> * (x + kGeluCubic<T> * x * x * x);
+  const T t = std::tanh(u);
+  const T du = kGeluScale<T> * (T(1) + T(3) * kGeluCubic<T> * x * x);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+}
+
+/// Offsets of output coordinate c into out, a and b.
+struct Offsets {
+  int64_t out, a, b;
+};
+
+inline Offsets offsets_of(const int64_t* c, const int64_t* out_stride, const BroadcastGeom& g) {
+  Offsets o{0, 0, 0};
+  for (int d = 0; d < kMaxDims; ++d) {
+    o.out += c[d] * out_stride[d];
+    o.a += c[d] * g.a_stride[d];
+    o.b += c[d] * g.b_stride[d];
+  }
+  return o;
+}
+
+template <class T, class F>
+void broadcast_map(T* out, const T* a, const T* b, const BroadcastGeom& g, F f) {
+  if (g.same_shape) {
+    const int64_t n = g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4];
+#pragma omp parallel for simd if (n >= kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+    return;
+  }
+  int64_t out_stride[kMaxDims];
+  contiguous_strides(g.out, out_stride, kMaxDims);
+  const int64_t inner = g.out[kMaxDims - 1];
+  const int64_t outer = g.out[0] * g.out[1] * g.out[2] * g.out[3];
+  const int64_t sa = g.a_stride[kMaxDims - 1], sb = g.b_stride[kMaxDims - 1];
+#pragma omp parallel for if (outer * inner >= kParallelGrain)
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t c[kMaxDims] = {0, 0, 0, 0, 0};
+    for (int64_t d = kMaxDims - 2, rem = o; d >= 0; --d) {
+      c[d] = rem % g.out[d];
+      rem /= g.out[d];
+    }
+    const Offsets off = offsets_of(c, out_stride, g);
+    T* y = out + off.out;
+    const T* pa = a + off.a;
+    const T* pb = b + off.b;
+    for (int64_t i = 0; i < inner; ++i) y[i] = f(pa[i * sa], pb[i * sb]);
+  }
+}
+
+/// dx[t] += sum over the output positions that read x[t] of contrib(offsets). Parallel over the elements
+/// of x, each summing its own broadcast positions: no two threads write the same element.
+template <class T, class F>
+void accumulate_broadcast(T* dx, const int64_t* x_stride, const BroadcastGeom& g, F contrib) {
+  int64_t out_stride[kMaxDims], extent[kMaxDims];
+  int reduced[kMaxDims];
+  int n_reduced = 0;
+  int64_t xn = 1, rn = 1;
+  contiguous_strides(g.out, out_stride, kMaxDims);
+  for (int d = 0; d < kMaxDims; ++d) {
+    extent[d] = x_stride[d] != 0 ? g.out[d] : 1;
+    xn *= extent[d];
+    if (extent[d] == 1 && g.out[d] > 1) {
+      reduced[n_reduced++] = d;
+      rn *= g.out[d];
+    }
+  }
+#pragma omp parallel for if (xn * rn >= kParallelGrain)
+  for (int64_t t = 0; t < xn; ++t) {
+    int64_t c[kMaxDims];
+    for (int64_t d = kMaxDims - 1, rem = t; d >= 0; --d) {
+      c[d] = rem % extent[d];
+      rem /= extent[d];
+    }
+    double acc = 0;
+    for (int64_t r = 0; r < rn; ++r) {
+      for (int64_t k = n_reduced - 1, rem = r; k >= 0; --k) {
+        c[reduced[k]] = rem % g.out[reduced[k]];
+        rem /= g.out[reduced[k]];
+      }
+      acc += contrib(offsets_of(c, out_stride, g));
+    }
+    dx[t] += T(acc);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void fill(T* out, T value, int64_t n) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) out[i] = value;
+}
+
+template <class T>
+void axpy(T* y, const T* x, T alpha, int64_t n) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+template <class T>
+void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha) {
+  switch (op) {
+    case UnaryOp::Neg: return map(out, inp, n, [](T x) { return -x; });
+    case UnaryOp::Scale: return map(out, inp, n, [alpha](T x) { return alpha * x; });
+    case UnaryOp::Exp: return map(out, inp, n, [](T x) { return std::exp(x); });
+    case UnaryOp::Log: return map(out, inp, n, [](T x) { return std::log(x); });
+    case UnaryOp::Tanh: return map(out, inp, n, [](T x) { return std::tanh(x); });
+    case UnaryOp::Relu: return map(out, inp, n, [](T x) { return x > T(0) ? x : T(0); });
+    case UnaryOp::Gelu: return map(out, inp, n, [](T x) { return gelu(x); });
+  }
+}
+
+template <class T>
+void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, T alpha) {
+  switch (op) {
+    case UnaryOp::Neg: return accumulate_map(dinp, dout, inp, n, [](T) { return T(-1); });
+    case UnaryOp::Scale: return accumulate_map(dinp, dout, inp, n, [alpha](T) { return alpha; });
+    case UnaryOp::Exp: return accumulate_map(dinp, dout, out, n, [](T y) { return y; });
+    case UnaryOp::Log: return accumulate_map(dinp, dout, inp, n, [](T x) { return T(1) / x; });
+    case UnaryOp::Tanh: return accumulate_map(dinp, dout, out, n, [](T y) { return T(1) - y * y; });
+    case UnaryOp::Relu: return accumulate_map(dinp, dout, inp, n, [](T x) { return x > T(0) ? T(1) : T(0); });
+    case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](T x) { return gelu_grad(x); });
+  }
+}
+
+template <class T>
+void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Add: return broadcast_map(out, a, b, g, [](T x, T y) { return x + y; });
+    case BinaryOp::Sub: return broadcast_map(out, a, b, g, [](T x, T y) { return x - y; });
+    case BinaryOp::Mul: return broadcast_map(out, a, b, g, [](T x, T y) { return x * y; });
+    case BinaryOp::Div: return broadcast_map(out, a, b, g, [](T x, T y) { return x / y; });
+  }
+}
+
+template <class T>
+void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
+  // d(out)/da and d(out)/db at one position, given a and b there.
+  auto dfda = [op](T x, T y) -> T {
+    switch (op) {
+      case BinaryOp::Add:
+      case BinaryOp::Sub: return T(1);
+      case BinaryOp::Mul: return y;
+      case BinaryOp::Div: return T(1) / y;
+    }
+    return T(0);
+  };
+  auto dfdb = [op](T x, T y) -> T {
+    switch (op) {
+      case BinaryOp::Add: return T(1);
+      case BinaryOp::Sub: return T(-1);
+      case BinaryOp::Mul: return x;
+      case BinaryOp::Div: return -x / (y * y);
+    }
+    return T(0);
+  };
+  if (g.same_shape) {
+    const int64_t n = g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4];
+    if (da) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) da[i] += dout[i] * dfda(a[i], b[i]);
+    }
+    if (db) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) db[i] += dout[i] * dfdb(a[i], b[i]);
+    }
+    return;
+  }
+  if (da) {
+    accumulate_broadcast(da, g.a_stride, g, [&](Offsets o) { return double(dout[o.out] * dfda(a[o.a], b[o.b])); });
+  }
+  if (db) {
+    accumulate_broadcast(db, g.b_stride, g, [&](Offsets o) { return double(dout[o.out] * dfdb(a[o.a], b[o.b])); });
+  }
+}
+
+#define TINYGPT_INSTANTIATE(T)                                                                                   \
+  template void fill<T>(T*, T, int64_t);                                                                         \
+  template void axpy<T>(T*, const T*, T, int64_t);                                                               \
+  template void unary_forward<T>(T*, const T*, int64_t, UnaryOp, T);                                             \
+  template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, T);                        \
+  template void binary_forward<T>(T*, const T*, const T*, const BroadcastGeom&, BinaryOp);                       \
+  template void binary_backward<T>(T*, T*, const T*, const T*, const T*, const BroadcastGeom&, BinaryOp);
+TINYGPT_INSTANTIATE(float)
+TINYGPT_INSTANTIATE(double)
+#undef TINYGPT_INSTANTIATE
+
+}  // namespace tinygpt::cpu

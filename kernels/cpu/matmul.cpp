@@ -1,0 +1,139 @@
+// Batched matmul and the linear layer, forward and backward, on top of the blocked gemm.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
+
+namespace tinygpt::cpu {
+namespace {
+
+/// Calls f(i) for every batch i. Many small products run one per thread (gemm then stays
+/// single-threaded inside the parallel region); few large ones run in turn, each using all threads.
+template <class F>
+void for_each_batch(int64_t batch, int64_t flops_per_batch, F f) {
+  const bool across = batch >= omp_get_max_threads() && flops_per_batch < (int64_t(1) << 22);
+#pragma omp parallel for if (across)
+  for (int64_t i = 0; i < batch; ++i) f(i);
+}
+
+}  // namespace
+
+template <class T>
+void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N,
+                    bool trans_a, bool trans_b) {
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  if (batch_b == 1 && !trans_a) {
+    // Rows of every batch of a are contiguous: one product of (batch_a * M, K) by the shared b.
+    gemm<T>(false, trans_b, batch_a * M, N, K, T(1), a, lda, b, ldb, T(0), out, N);
+    return;
+  }
+  const int64_t batch = std::max(batch_a, batch_b);
+  for_each_batch(batch, M * N * K, [&](int64_t i) {
+    const T* ai = a + (batch_a == 1 ? 0 : i) * M * K;
+    const T* bi = b + (batch_b == 1 ? 0 : i) * K * N;
+    gemm<T>(trans_a, trans_b, M, N, K, T(1), ai, lda, bi, ldb, T(0), out + i * M * N, N);
+  });
+}
+
+template <class T>
+void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M,
+                     int64_t K, int64_t N, bool trans_a, bool trans_b) {
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  const int64_t batch = std::max(batch_a, batch_b);
+  // da: op(a) = dout @ op(b)^T, stored transposed when trans_a. Accumulates (beta = 1).
+  auto grad_a = [&](int64_t i, T* dai) {
+    const T* bi = b + (batch_b == 1 ? 0 : i) * K * N;
+    const T* gi = dout + i * M * N;
+    if (trans_a) {
+      gemm<T>(trans_b, true, K, M, N, T(1), bi, ldb, gi, N, T(1), dai, M);
+    } else {
+      gemm<T>(false, !trans_b, M, K, N, T(1), gi, N, bi, ldb, T(1), dai, K);
+    }
+  };
+  // db: op(b) = op(a)^T @ dout, stored transposed when trans_b.
+  auto grad_b = [&](int64_t i, T* dbi) {
+    const T* ai = a + (batch_a == 1 ? 0 : i) * M * K;
+    const T* gi = dout + i * M * N;
+    if (trans_b) {
+      gemm<T>(true, trans_a, N, K, M, T(1), gi, N, ai, lda, T(1), dbi, K);
+    } else {
+      gemm<T>(!trans_a, false, K, N, M, T(1), ai, lda, gi, N, T(1), dbi, N);
+    }
+  };
+  if (batch_b == 1 && !trans_a) {
+    // Same flattening as the forward pass: a and dout are (batch_a * M, .) matrices.
+    if (da) gemm<T>(false, !trans_b, batch_a * M, K, N, T(1), dout, N, b, ldb, T(1), da, K);
+    if (db) {
+      if (trans_b) {
+        gemm<T>(true, false, N, K, batch_a * M, T(1), dout, N, a, lda, T(1), db, K);
+      } else {
+        gemm<T>(true, false, K, N, batch_a * M, T(1), a, lda, dout, N, T(1), db, N);
+      }
+    }
+    return;
+  }
+  // A gradient shared by all batches is summed in batch order on one thread at a time: no races.
+  if (da) {
+    if (batch_a == 1) {
+      for (int64_t i = 0; i < batch; ++i) grad_a(i, da);
+    } else {
+      for_each_batch(batch, M * N * K, [&](int64_t i) { grad_a(i, da + i * M * K); });
+    }
+  }
+  if (db) {
+    if (batch_b == 1) {
+      for (int64_t i = 0; i < batch; ++i) grad_b(i, db);
+    } else {
+      for_each_batch(batch, M * N * K, [&](int64_t i) { grad_b(i, db + i * K * N); });
+    }
+  }
+}
+
+template <class T>
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC) {
+  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
+  if (bias) {
+#pragma omp parallel for if (N * OC >= kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      T* y = out + n * OC;
+      for (int64_t o = 0; o < OC; ++o) y[o] += bias[o];
+    }
+  }
+}
+
+template <class T>
+void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
+                     int64_t OC) {
+  if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);  // (N, OC) @ (OC, C)
+  if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);  // (OC, N) @ (N, C)
+  if (dbias) {
+    // Column sums of dout: private rows per thread, added in thread order.
+    const int nth = N * OC >= kParallelGrain ? omp_get_max_threads() : 1;
+    std::vector<T> partial(size_t(nth * OC), T(0));
+#pragma omp parallel num_threads(nth)
+    {
+      const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+      T* p = partial.data() + tid * OC;
+      for (int64_t n = N * tid / team; n < N * (tid + 1) / team; ++n) {
+        const T* g = dout + n * OC;
+        for (int64_t o = 0; o < OC; ++o) p[o] += g[o];
+      }
+    }
+    for (int t = 0; t < nth; ++t) {
+      for (int64_t o = 0; o < OC; ++o) dbias[o] += partial[t * OC + o];
+    }
+  }
+}
+
+#define TINYGPT_INSTANTIATE(T)                                                                                         \
+  template void matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool);    \
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
+                                   bool, bool);                                                                        \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                        \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);
+TINYGPT_INSTANTIATE(float)
+TINYGPT_INSTANTIATE(double)
+#undef TINYGPT_INSTANTIATE
+
+}  // namespace tinygpt::cpu

@@ -1,0 +1,171 @@
+// The fused kernels of a GPT: layernorm, embedding lookup, cross-entropy from logits, dropout.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
+
+namespace tinygpt::cpu {
+namespace {
+
+/// [first, last) of `n` items owned by thread `tid` of `nth`.
+inline std::pair<int64_t, int64_t> thread_range(int64_t n, int tid, int nth) {
+  return {n * tid / nth, n * (tid + 1) / nth};
+}
+
+inline uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+/// Uniform in [0, 1) from (seed, i), 24 bits: the same value on every thread split (and on the GPU).
+inline float hash_uniform(uint64_t seed, int64_t i) {
+  return float(mix64(seed + 0x9e3779b97f4a7c15ULL * uint64_t(i + 1)) >> 40) * 0x1.0p-24f;
+}
+
+}  // namespace
+
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, T eps) {
+#pragma omp parallel for if (N * C >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    T m = 0;
+    for (int64_t c = 0; c < C; ++c) m += x[c];
+    m /= T(C);
+    T v = 0;
+    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= T(C);
+    const T s = T(1) / std::sqrt(v + eps);
+    T* y = out + n * C;
+    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + (bias ? bias[c] : T(0));
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <class T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
+                        const T* rstd, int64_t N, int64_t C) {
+  // dweight/dbias: each thread sums its rows into a private row, then the rows are added in thread order.
+  const int nth = N * C >= kParallelGrain ? omp_get_max_threads() : 1;
+  std::vector<T> partial(size_t(2 * nth * C), T(0));
+#pragma omp parallel num_threads(nth)
+  {
+    const int tid = omp_get_thread_num();
+    T* pw = partial.data() + 2 * tid * C;
+    T* pb = pw + C;
+    const auto [n0, n1] = thread_range(N, tid, omp_get_num_threads());
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* g = dout + n * C;
+      const T* x = inp + n * C;
+      const T m = mean[n], s = rstd[n];
+      T dnorm_mean = 0, dnorm_norm_mean = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const T norm = (x[c] - m) * s;
+        const T dnorm = g[c] * weight[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+        pw[c] += norm * g[c];
+        pb[c] += g[c];
+      }
+      dnorm_mean /= T(C);
+      dnorm_norm_mean /= T(C);
+      if (dinp) {
+        T* dx = dinp + n * C;
+        for (int64_t c = 0; c < C; ++c) {
+          const T norm = (x[c] - m) * s;
+          dx[c] += (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+      }
+    }
+  }
+  for (int t = 0; t < nth; ++t) {
+    const T* pw = partial.data() + 2 * t * C;
+    for (int64_t c = 0; c < C; ++c) {
+      if (dweight) dweight[c] += pw[c];
+      if (dbias) dbias[c] += pw[C + c];
+    }
+  }
+}
+
+template <class T>
+void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) std::copy_n(weight + int64_t(ids[n]) * C, C, out + n * C);
+}
+
+template <class T>
+void embedding_backward(T* dweight, const T* dout, const int32_t* ids, int64_t N, int64_t C) {
+  // Threads own disjoint channel ranges and walk all rows in order: race-free and deterministic.
+#pragma omp parallel if (N * C >= kParallelGrain)
+  {
+    const auto [c0, c1] = thread_range(C, omp_get_thread_num(), omp_get_num_threads());
+    for (int64_t n = 0; n < N; ++n) {
+      T* dw = dweight + int64_t(ids[n]) * C;
+      const T* g = dout + n * C;
+      for (int64_t c = c0; c < c1; ++c) dw[c] += g[c];
+    }
+  }
+}
+
+template <class T>
+void crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+#pragma omp parallel for if (N * V >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    const T maxval = *std::max_element(x, x + V);
+    T sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - maxval);
+    lse[n] = maxval + std::log(sum);
+    losses[n] = targets[n] == ignore_index ? T(0) : lse[n] - x[targets[n]];
+  }
+}
+
+template <class T>
+void crossentropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+#pragma omp parallel for if (N * V >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] == ignore_index) continue;
+    const T* x = logits + n * V;
+    T* dx = dlogits + n * V;
+    for (int64_t v = 0; v < V; ++v) dx[v] += dloss * std::exp(x[v] - lse[n]);
+    dx[targets[n]] -= dloss;
+  }
+}
+
+template <class T>
+void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
+  const T scale = p < 1.0f ? T(1) / T(1 - p) : T(0);
+#pragma omp parallel for if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) out[i] = hash_uniform(seed, i) >= p ? inp[i] * scale : T(0);
+}
+
+template <class T>
+void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed) {
+  const T scale = p < 1.0f ? T(1) / T(1 - p) : T(0);
+#pragma omp parallel for if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) {
+    if (hash_uniform(seed, i) >= p) dinp[i] += dout[i] * scale;
+  }
+}
+
+#define TINYGPT_INSTANTIATE(T)                                                                                          \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, T);                    \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t);  \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t);                                  \
+  template void crossentropy_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int32_t);                   \
+  template void crossentropy_backward<T>(T*, T, const T*, const T*, const int32_t*, int64_t, int64_t, int32_t);         \
+  template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \
+  template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);
+TINYGPT_INSTANTIATE(float)
+TINYGPT_INSTANTIATE(double)
+#undef TINYGPT_INSTANTIATE
+
+}  // namespace tinygpt::cpu

@@ -1,0 +1,108 @@
+// Reductions over one dimension and row-wise softmax / log-softmax, with their backward passes.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/parallel.h"
+
+namespace tinygpt::cpu {
+
+template <class T>
+void sum_forward(T* out, const T* inp, int64_t outer, int64_t D, int64_t inner, T alpha) {
+  if (outer * inner == 1) {
+    // One output: a parallel reduction with a fixed static split, so the result is reproducible.
+    double acc = 0;
+#pragma omp parallel for reduction(+ : acc) schedule(static) if (D >= kParallelGrain)
+    for (int64_t d = 0; d < D; ++d) acc += inp[d];
+    out[0] = T(alpha * acc);
+    return;
+  }
+#pragma omp parallel for if (outer * D * inner >= kParallelGrain)
+  for (int64_t j = 0; j < outer * inner; ++j) {
+    const int64_t o = j / inner, i = j % inner;
+    const T* x = inp + o * D * inner + i;
+    double acc = 0;
+    for (int64_t d = 0; d < D; ++d) acc += x[d * inner];
+    out[j] = T(alpha * acc);
+  }
+}
+
+template <class T>
+void sum_backward(T* dinp, const T* dout, int64_t outer, int64_t D, int64_t inner, T alpha) {
+#pragma omp parallel for if (outer * D * inner >= kParallelGrain)
+  for (int64_t od = 0; od < outer * D; ++od) {
+    const T* g = dout + (od / D) * inner;
+    T* dx = dinp + od * inner;
+    for (int64_t i = 0; i < inner; ++i) dx[i] += alpha * g[i];
+  }
+}
+
+template <class T>
+void softmax_forward(T* out, const T* inp, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    T* y = out + n * C;
+    const T maxval = *std::max_element(x, x + C);
+    T sum = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      y[c] = std::exp(x[c] - maxval);
+      sum += y[c];
+    }
+    const T inv = T(1) / sum;
+    for (int64_t c = 0; c < C; ++c) y[c] *= inv;
+  }
+}
+
+template <class T>
+void softmax_backward(T* dinp, const T* dout, const T* out, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* g = dout + n * C;
+    const T* y = out + n * C;
+    T dot = 0;
+    for (int64_t c = 0; c < C; ++c) dot += g[c] * y[c];
+    T* dx = dinp + n * C;
+    for (int64_t c = 0; c < C; ++c) dx[c] += y[c] * (g[c] - dot);
+  }
+}
+
+template <class T>
+void log_softmax_forward(T* out, const T* inp, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    T* y = out + n * C;
+    const T maxval = *std::max_element(x, x + C);
+    T sum = 0;
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(x[c] - maxval);
+    const T lse = maxval + std::log(sum);
+    for (int64_t c = 0; c < C; ++c) y[c] = x[c] - lse;
+  }
+}
+
+template <class T>
+void log_softmax_backward(T* dinp, const T* dout, const T* out, int64_t N, int64_t C) {
+#pragma omp parallel for if (N * C >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* g = dout + n * C;
+    const T* y = out + n * C;
+    T gsum = 0;
+    for (int64_t c = 0; c < C; ++c) gsum += g[c];
+    T* dx = dinp + n * C;
+    for (int64_t c = 0; c < C; ++c) dx[c] += g[c] - std::exp(y[c]) * gsum;
+  }
+}
+
+#define TINYGPT_INSTANTIATE(T)                                                              \
+  template void sum_forward<T>(T*, const T*, int64_t, int64_t, int64_t, T);                 \
+  template void sum_backward<T>(T*, const T*, int64_t, int64_t, int64_t, T);                \
+  template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                         \
+  template void softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t);              \
+  template void log_softmax_forward<T>(T*, const T*, int64_t, int64_t);                     \
+  template void log_softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t);
+TINYGPT_INSTANTIATE(float)
+TINYGPT_INSTANTIATE(double)
+#undef TINYGPT_INSTANTIATE
+
+}  // namespace tinygpt::cpu

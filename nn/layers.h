@@ -1,0 +1,43 @@
+// The basic layers of a GPT. Initialization follows GPT-2: normal(0, 0.02) weights, zero biases.
+#pragma once
+
+#include "autograd/ops.h"
+#include "nn/module.h"
+
+namespace tinygpt::nn {
+
+inline constexpr double kInitStd = 0.02;
+
+/// y = x W^T + b, W (out, in).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen, double init_std = kInitStd);
+  Tensor forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+  Tensor weight;  // (OC, C)
+  Tensor bias;    // (OC), undefined without bias
+};
+
+/// Rows of a (V, C) table looked up by i32 ids.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, double init_std = kInitStd);
+  Tensor forward(const Tensor& ids) const { return embedding(ids, weight); }
+
+  Tensor weight;  // (V, C)
+};
+
+/// Normalization over the last dim with a learned gain and (optionally) bias.
+class LayerNorm : public Module {
+ public:
+  LayerNorm(int64_t dim, bool bias, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps_); }
+
+  Tensor weight;  // (C)
+  Tensor bias;    // (C), undefined without bias
+
+ private:
+  double eps_;
+};
+
+}  // namespace tinygpt::nn

@@ -1,0 +1,41 @@
+// Module: a named collection of parameters and child modules, as in PyTorch. Parameter names are
+// dotted paths ("h.0.attn.c_attn.weight"). Modules are neither copied nor moved: children register
+// themselves by address.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/tensor.h"
+
+namespace tinygpt::nn {
+
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// Every parameter with its dotted name, in registration order (children after own parameters).
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  int64_t num_parameters() const;
+  void zero_grad();
+  /// Training mode turns dropout on; eval mode off. Applies to every child.
+  void train(bool on = true);
+  bool training() const { return training_; }
+
+ protected:
+  /// Marks t as a trainable leaf and records it under `name`; returns t.
+  Tensor register_parameter(std::string name, Tensor t);
+  void register_module(std::string name, Module& child);
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  bool training_ = true;
+};
+
+}  // namespace tinygpt::nn

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tinygpt needs that are not already present. Safe to run again.
+# The CUDA toolkit is optional and not installed here: when nvcc is on PATH the build adds the GPU backend.
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build      # toolchain
+  libfmt-dev                 # formatting and printing
+  doctest-dev                # tests
+  libcli11-dev               # command line
+  nlohmann-json3-dev         # checkpoint and config metadata
+  libopenblas-dev            # bench/bench_matmul only: the sgemm we compare against
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "setup: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,41 @@
+// AdamW as nanoGPT configures it: weight decay on matrices and embeddings (dims >= 2) only.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/tensor.h"
+
+namespace tinygpt {
+
+struct AdamWConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWConfig config);
+
+  /// One update of every parameter that has a gradient, at learning rate `lr`.
+  void step(double lr);
+  void step() { step(config_.lr); }
+  void zero_grad();
+  int64_t steps() const { return step_; }
+
+ private:
+  struct Slot {
+    std::string name;
+    Tensor param, m, v;
+    bool decay;
+  };
+  std::vector<Slot> slots_;
+  AdamWConfig config_;
+  int64_t step_ = 0;
+};
+
+}  // namespace tinygpt
