@@ -17,7 +17,31 @@ Node::Node(const char* n, std::vector<Tensor> in, BackwardFn bw)
   ++live_count;
 }
 
-Node::~Node() { --live_count; }
+namespace {
+
+/// Moves t's producer out when t is about to die with it, so the caller can destroy it later.
+void take_if_last(Tensor& t, std::vector<std::shared_ptr<Node>>& out) {
+  if (!t.defined() || t.impl_ptr().use_count() != 1) return;
+  std::shared_ptr<Node>& fn = t.impl().grad_fn;
+  if (fn && fn.use_count() == 1) out.push_back(std::move(fn));
+}
+
+}  // namespace
+
+// Tearing down a long chain by plain recursion (node -> input -> node ...) would overflow the stack,
+// so a dying node releases the chain below it iteratively, one node at a time.
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> dying;
+  for (Tensor& t : inputs) take_if_last(t, dying);
+  inputs.clear();
+  while (!dying.empty()) {
+    std::shared_ptr<Node> node = std::move(dying.back());
+    dying.pop_back();
+    for (Tensor& t : node->inputs) take_if_last(t, dying);
+    node->inputs.clear();
+  }
+  --live_count;
+}
 
 bool grad_enabled() { return g_grad_enabled; }
 

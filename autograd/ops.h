@@ -59,7 +59,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 /// Zeroes each element with probability p and scales the rest by 1/(1-p); the mask comes from `seed`.
 Tensor dropout(const Tensor& x, double p, uint64_t seed);
 /// As above with a seed drawn from `gen`; identity when !training or p == 0.
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
+Tensor dropout(const Tensor& x, double p, Generator& gen, bool training = true);
 
 // --- shapes (reshape/view share storage; the others copy into a new contiguous tensor)
 /// One dimension may be -1 (inferred).

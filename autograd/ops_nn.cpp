@@ -206,7 +206,7 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed) {
   });
 }
 
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
   if (!training || p == 0.0) return x;
   return dropout(x, p, gen.next_u64());
 }

@@ -1,0 +1,119 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "autograd/ops.h"
+#include "test_util.h"
+
+using namespace tinygpt;
+using tinygpt::test::check_close;
+
+namespace {
+
+Tensor scalar_leaf(double v) {
+  Tensor t = full({1}, v, DType::F64);
+  t.requires_grad_();
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("autograd: gradient of a small expression") {
+  Tensor x = scalar_leaf(3.0);
+  const Tensor y = x * x + x;  // dy/dx = 2x + 1
+  CHECK(y.requires_grad());
+  CHECK(!y.is_leaf());
+  CHECK(std::string(y.op_name()) == "add");
+  y.backward();
+  CHECK(x.grad().item() == doctest::Approx(7.0));
+}
+
+TEST_CASE("autograd: backward with an explicit gradient") {
+  Tensor x = from_vector(std::vector<double>{1, 2, 3}, {3});
+  x.requires_grad_();
+  const Tensor y = x * 2.0;
+  y.backward(from_vector(std::vector<double>{1, 10, 100}, {3}));
+  check_close(x.grad(), {2, 20, 200});
+  CHECK_THROWS_AS(y.backward(), Error);  // not a scalar
+}
+
+TEST_CASE("autograd: gradients accumulate at fan-out and across backward calls") {
+  Tensor x = scalar_leaf(2.0);
+  const Tensor a = exp(x);
+  const Tensor y = a * a + a;  // a used three times; dy/dx = (2a + 1) a
+  y.backward();
+  const double e2 = std::exp(2.0);
+  CHECK(x.grad().item() == doctest::Approx((2 * e2 + 1) * e2));
+  const Tensor z = x * 3.0;
+  z.backward();  // leaf gradients accumulate until zero_grad
+  CHECK(x.grad().item() == doctest::Approx((2 * e2 + 1) * e2 + 3));
+  x.zero_grad();
+  CHECK(!x.grad().defined());
+  (x * 3.0).backward();
+  CHECK(x.grad().item() == doctest::Approx(3.0));
+}
+
+TEST_CASE("autograd: the graph is freed after backward unless retained") {
+  Tensor x = scalar_leaf(1.5);
+  const Tensor y = tanh(x) * 2.0;
+  y.backward(true);
+  const double once = x.grad().item();
+  y.backward();  // retained: runs again and accumulates
+  CHECK(x.grad().item() == doctest::Approx(2 * once));
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("already freed"), Error);
+}
+
+TEST_CASE("autograd: NoGradGuard and detach stop recording") {
+  Tensor x = scalar_leaf(1.0);
+  {
+    NoGradGuard guard;
+    CHECK(!grad_enabled());
+    const Tensor y = x * x;
+    CHECK(!y.requires_grad());
+  }
+  CHECK(grad_enabled());
+  const Tensor y = x.detach() * x;  // only the second factor carries gradient
+  y.backward();
+  CHECK(x.grad().item() == doctest::Approx(1.0));
+  CHECK_THROWS_AS(zeros({1}).backward(), Error);  // nothing requires grad
+}
+
+TEST_CASE("autograd: a node never holds its own output, and everything is freed") {
+  const int64_t tensors_before = TensorImpl::live_count.load();
+  const int64_t nodes_before = Node::live_count.load();
+  {
+    Generator gen(1);
+    Tensor w = randn({4, 3}, gen, DType::F64);
+    w.requires_grad_();
+    const Tensor x = randn({5, 3}, gen, DType::F64);
+    const Tensor h = tanh(linear(x, w));
+    CHECK(h.impl_ptr().use_count() == 1);  // only our handle: the node keeps no reference to h
+    const Tensor loss = mean(exp(h) * h);
+    CHECK(Node::live_count.load() > nodes_before);
+    loss.backward();
+    CHECK(Node::live_count.load() == nodes_before);  // freed by backward
+  }
+  CHECK(TensorImpl::live_count.load() == tensors_before);
+  {
+    Tensor x = scalar_leaf(0.5);
+    const Tensor y = exp(tanh(x)) * x;  // never backpropagated: freed when dropped
+  }
+  CHECK(Node::live_count.load() == nodes_before);
+  CHECK(TensorImpl::live_count.load() == tensors_before);
+}
+
+TEST_CASE("autograd: a 100,000-op chain backpropagates and frees without recursion") {
+  const int64_t nodes_before = Node::live_count.load();
+  Tensor x = scalar_leaf(1.0);
+  Tensor y = x;
+  constexpr int kDepth = 100000;
+  for (int i = 0; i < kDepth; ++i) y = y * 1.00001;
+  y.backward();
+  CHECK(x.grad().item() == doctest::Approx(std::pow(1.00001, kDepth)).epsilon(1e-9));
+  {
+    Tensor z = x;
+    for (int i = 0; i < kDepth; ++i) z = z * 1.0;  // dropped without backward: iterative teardown
+  }
+  y = Tensor();
+  CHECK(Node::live_count.load() == nodes_before);
+}

@@ -1,0 +1,162 @@
+// Forward values against hand-computed or closed-form results.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "autograd/ops.h"
+#include "test_util.h"
+
+using namespace tinygpt;
+using tinygpt::test::check_close;
+
+namespace {
+
+Tensor vec(std::vector<double> v, const Shape& s) { return from_vector(v, s); }
+Tensor fvec(std::vector<float> v, const Shape& s) { return from_vector(v, s); }
+
+}  // namespace
+
+TEST_CASE("forward: broadcast arithmetic") {
+  const Tensor a = fvec({1, 2, 3, 4, 5, 6}, {2, 3});
+  check_close(a + fvec({10, 20, 30}, {3}), {11, 22, 33, 14, 25, 36});
+  check_close(a - fvec({1, 2}, {2, 1}), {0, 1, 2, 2, 3, 4});
+  check_close(fvec({1, 2}, {2, 1}) * fvec({1, 10, 100}, {1, 3}), {1, 10, 100, 2, 20, 200});
+  check_close(a / fvec({2}, {1}), {0.5, 1, 1.5, 2, 2.5, 3});
+  check_close(a * 3.0, {3, 6, 9, 12, 15, 18});
+  check_close(-a, {-1, -2, -3, -4, -5, -6});
+  const Tensor big = ones({2, 1, 4, 1, 3});  // all five dims broadcast against a (2, 3)-shaped tail
+  CHECK((big + zeros({4, 2, 3})).shape() == Shape{2, 1, 4, 2, 3});
+}
+
+TEST_CASE("forward: unary maps at known points") {
+  const Tensor x = vec({-1.0, 0.5, 2.0}, {3});
+  check_close(exp(x), {std::exp(-1.0), std::exp(0.5), std::exp(2.0)});
+  check_close(log(vec({1.0, std::exp(2.0)}, {2})), {0.0, 2.0});
+  check_close(tanh(x), {std::tanh(-1.0), std::tanh(0.5), std::tanh(2.0)});
+  check_close(relu(x), {0.0, 0.5, 2.0});
+  // GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), evaluated independently.
+  check_close(gelu(x), {-0.15880800939172324, 0.34571400982514394, 1.954597694087775}, 1e-12);
+}
+
+TEST_CASE("forward: sum and mean, over everything and over a dim") {
+  const Tensor a = fvec({1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(sum(a).item() == 21);
+  CHECK(sum(a).ndim() == 0);
+  CHECK(mean(a).item() == 3.5);
+  check_close(sum(a, 0), {5, 7, 9});
+  check_close(sum(a, -1), {6, 15});
+  CHECK(sum(a, 1, true).shape() == Shape{2, 1});
+  check_close(mean(a, 1), {2, 5});
+  const Tensor b = arange(24).to(DType::F64);
+  check_close(sum(reshape(b, {2, 3, 4}), 1), {12, 15, 18, 21, 48, 51, 54, 57});
+}
+
+TEST_CASE("forward: softmax and log-softmax") {
+  const Tensor x = vec({1, 2, 3, 1000, 1000, 1000}, {2, 3});  // the second row would overflow exp
+  // exp(i) / (e + e^2 + e^3)
+  check_close(softmax(x), {0.09003057317038046, 0.24472847105479767, 0.6652409557748219, 1. / 3, 1. / 3, 1. / 3}, 1e-12);
+  check_close(log_softmax(x), {-2.40760596444438, -1.4076059644443801, -0.4076059644443803, -std::log(3.0),
+                               -std::log(3.0), -std::log(3.0)}, 1e-12);
+}
+
+TEST_CASE("forward: matmul, transposed operands, batches, linear") {
+  const Tensor a = fvec({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = fvec({7, 8, 9, 10, 11, 12}, {3, 2});
+  check_close(matmul(a, b), {58, 64, 139, 154});
+  check_close(matmul(b, a, true, true), {58, 139, 64, 154});  // (a b)^T = b^T a^T
+  check_close(matmul(a, a, false, true), {14, 32, 32, 77});   // a a^T
+  check_close(matmul(a, a, true, false), {17, 22, 27, 22, 29, 36, 27, 36, 45});  // a^T a
+  const Tensor batch = concat({reshape(a, {1, 2, 3}), reshape(a * 2.0, {1, 2, 3})}, 0);  // (2, 2, 3)
+  check_close(matmul(batch, b), {58, 64, 139, 154, 116, 128, 278, 308});
+  const Tensor bb = concat({reshape(b, {1, 3, 2}), reshape(b, {1, 3, 2})}, 0);
+  check_close(matmul(batch, bb), {58, 64, 139, 154, 116, 128, 278, 308});
+  check_close(matmul(a, bb), {58, 64, 139, 154, 58, 64, 139, 154});  // 2-D a shared by both batches
+  // linear: x W^T + b with W (2, 3)
+  check_close(linear(a, a, fvec({1, -1}, {2})), {15, 31, 33, 76});
+  check_close(linear(reshape(a, {1, 2, 3}), a), {14, 32, 32, 77});
+  CHECK_THROWS_AS(matmul(batch, concat({bb, bb}, 0)), Error);  // batch dims differ
+}
+
+TEST_CASE("forward: layer norm") {
+  const Tensor x = vec({1, 2, 3, 4, 2, 2, 2, 2}, {2, 4});
+  // (x - 2.5) / sqrt(1.25 + 1e-5) for the first row; a constant row normalizes to 0.
+  check_close(layer_norm(x, ones({4}, DType::F64), zeros({4}, DType::F64)),
+              {-1.3416354199689269, -0.447211806656309, 0.447211806656309, 1.3416354199689269, 0, 0, 0, 0}, 1e-12);
+  check_close(layer_norm(x, full({4}, 2.0, DType::F64), Tensor()),
+              {-2.6832708399378538, -0.894423613312618, 0.894423613312618, 2.6832708399378538, 0, 0, 0, 0}, 1e-12);
+}
+
+TEST_CASE("forward: embedding lookup") {
+  const Tensor w = fvec({0, 1, 10, 11, 20, 21}, {3, 2});
+  const Tensor ids = from_vector(std::vector<int32_t>{2, 0, 2, 1}, {2, 2});
+  const Tensor e = embedding(ids, w);
+  CHECK(e.shape() == Shape{2, 2, 2});
+  check_close(e, {20, 21, 0, 1, 20, 21, 10, 11});
+  CHECK_THROWS_WITH_AS(embedding(from_vector(std::vector<int32_t>{3}, {1}), w),
+                       doctest::Contains("id 3 at position 0 is out of range [0, 3)"), Error);
+}
+
+TEST_CASE("forward: cross-entropy, with an ignore index") {
+  const Tensor uniform = zeros({3, 5});
+  const Tensor targets = from_vector(std::vector<int32_t>{0, 4, 2}, {3});
+  CHECK(cross_entropy(uniform, targets).item() == doctest::Approx(std::log(5.0)));
+  const Tensor logits = vec({0, 0, std::log(3.0), 5, 5, 5}, {2, 3});  // row 0: p(2) = 3/5
+  CHECK(cross_entropy(logits, from_vector(std::vector<int32_t>{2, -1}, {2})).item() ==
+        doctest::Approx(-std::log(0.6)));
+  CHECK(cross_entropy(logits, from_vector(std::vector<int32_t>{-1, -1}, {2})).item() == 0.0);
+  CHECK_THROWS_WITH_AS(cross_entropy(logits, from_vector(std::vector<int32_t>{3, 0}, {2})),
+                       doctest::Contains("target 3"), Error);
+  CHECK_THROWS_AS(cross_entropy(logits, from_vector(std::vector<int32_t>{0, 0, 0}, {3})), Error);
+}
+
+TEST_CASE("forward: dropout keeps about 1-p of the elements, scaled, with a reproducible mask") {
+  const Tensor x = ones({100000});
+  const auto y = dropout(x, 0.25, 123).to_vector<float>();
+  int64_t kept = 0;
+  for (float v : y) {
+    REQUIRE((v == 0.0f || std::abs(v - 1.0f / 0.75f) < 1e-6f));
+    kept += v != 0.0f;
+  }
+  CHECK(std::abs(double(kept) / 1e5 - 0.75) < 0.01);
+  CHECK(dropout(x, 0.25, 123).to_vector<float>() == y);
+  CHECK(dropout(x, 0.25, 124).to_vector<float>() != y);
+  check_close(dropout(fvec({1, 2}, {2}), 0.0, 5), {1, 2});
+  check_close(dropout(fvec({1, 2}, {2}), 1.0, 5), {0, 0});
+  Generator gen(3);
+  CHECK(dropout(x, 0.5, gen, false).impl_ptr() == x.impl_ptr());  // eval mode: identity
+  CHECK_THROWS_AS(dropout(x, 1.5, 1), Error);
+}
+
+TEST_CASE("forward: reshape, permute, transpose") {
+  const Tensor a = arange(6);
+  const Tensor r = reshape(a, {2, -1});
+  CHECK(r.shape() == Shape{2, 3});
+  CHECK(r.raw_data() == a.raw_data());  // a view: same storage
+  check_close(transpose(r, 0, 1), {0, 3, 1, 4, 2, 5});
+  const Tensor c = reshape(arange(24), {2, 3, 4});
+  const Tensor p = permute(c, {2, 0, 1});
+  CHECK(p.shape() == Shape{4, 2, 3});
+  // p[i, j, k] = c[j, k, i] = 12 j + 4 k + i
+  std::vector<double> expected;
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int k = 0; k < 3; ++k) expected.push_back(12 * j + 4 * k + i);
+  check_close(p, expected);
+  CHECK_THROWS_AS(permute(c, {0, 0, 1}), Error);
+  CHECK_THROWS_AS(reshape(a, {-1, -1}), Error);
+}
+
+TEST_CASE("forward: narrow, slice, split, concat") {
+  const Tensor c = reshape(arange(12), {3, 4});
+  check_close(narrow(c, 1, 1, 2), {1, 2, 5, 6, 9, 10});
+  check_close(slice(c, 0, -1, 3), {8, 9, 10, 11});
+  check_close(slice(c, 1, 2, 100), {2, 3, 6, 7, 10, 11});
+  const auto parts = split(c, 3, 1);
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[1].shape() == Shape{3, 1});
+  check_close(parts[1], {3, 7, 11});
+  check_close(concat(parts, 1), c);
+  check_close(concat({c, narrow(c, 0, 0, 1)}, 0), {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 1, 2, 3});
+  CHECK_THROWS_AS(narrow(c, 1, 3, 2), Error);
+  CHECK_THROWS_AS(concat({c, zeros({3, 3, 1})}, 0), Error);
+}
