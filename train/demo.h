@@ -13,11 +13,11 @@ struct DemoConfig {
   std::string data_path;
   int64_t context = 8;
   int64_t n_embd = 24;
-  int64_t hidden = 256;
-  int64_t batch_size = 64;
-  int64_t steps = 2000;
+  int64_t hidden = 512;
+  int64_t batch_size = 128;
+  int64_t steps = 5000;
   double lr = 3e-3;
-  int64_t eval_interval = 250;
+  int64_t eval_interval = 500;
   int64_t sample_chars = 300;
   uint64_t seed = 1337;
 };
