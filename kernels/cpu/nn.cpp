@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/dropout_hash.h"
 
 namespace tinygpt::cpu {
 namespace {
@@ -12,20 +13,6 @@ namespace {
 /// [first, last) of `n` items owned by thread `tid` of `nth`.
 inline std::pair<int64_t, int64_t> thread_range(int64_t n, int tid, int nth) {
   return {n * tid / nth, n * (tid + 1) / nth};
-}
-
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-/// Uniform in [0, 1) from (seed, i), 24 bits: the same value on every thread split (and on the GPU).
-inline float hash_uniform(uint64_t seed, int64_t i) {
-  return float(mix64(seed + 0x9e3779b97f4a7c15ULL * uint64_t(i + 1)) >> 40) * 0x1.0p-24f;
 }
 
 }  // namespace
@@ -143,7 +130,7 @@ template <class T>
 void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
   const T scale = p < 1.0f ? T(1) / T(1 - p) : T(0);
 #pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) out[i] = hash_uniform(seed, i) >= p ? inp[i] * scale : T(0);
+  for (int64_t i = 0; i < n; ++i) out[i] = dropout_keep(seed, i, p) ? inp[i] * scale : T(0);
 }
 
 template <class T>
@@ -151,7 +138,7 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
   const T scale = p < 1.0f ? T(1) / T(1 - p) : T(0);
 #pragma omp parallel for if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
-    if (hash_uniform(seed, i) >= p) dinp[i] += dout[i] * scale;
+    if (dropout_keep(seed, i, p)) dinp[i] += dout[i] * scale;
   }
 }
 
