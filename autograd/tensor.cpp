@@ -16,6 +16,7 @@ size_t dtype_size(DType dtype) {
     case DType::F64: return 8;
     case DType::BF16: return 2;
     case DType::I32: return 4;
+    case DType::Bool: return 1;
   }
   return 0;
 }
@@ -26,6 +27,7 @@ const char* dtype_name(DType dtype) {
     case DType::F64: return "f64";
     case DType::BF16: return "bf16";
     case DType::I32: return "i32";
+    case DType::Bool: return "bool";
   }
   return "?";
 }
@@ -119,6 +121,7 @@ std::vector<T> Tensor::to_vector() const {
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
 double Tensor::item() const {
   if (numel() != 1) throw Error(fmt::format("item: tensor has {} elements (shape {}), not 1", numel(), shape().str()));
@@ -127,6 +130,7 @@ double Tensor::item() const {
     case DType::F32: return *host.data<float>();
     case DType::F64: return *host.data<double>();
     case DType::I32: return *host.data<int32_t>();
+    case DType::Bool: return *host.data<uint8_t>() != 0;
     case DType::BF16: break;
   }
   throw Error("item: bf16 tensors cannot be read on the host yet");
@@ -154,6 +158,7 @@ Tensor Tensor::to(DType dt) const {
       case DType::F32: std::copy_n(src, n, out.data<float>()); return;
       case DType::F64: std::copy_n(src, n, out.data<double>()); return;
       case DType::I32: std::copy_n(src, n, out.data<int32_t>()); return;
+      case DType::Bool: std::transform(src, src + n, out.data<uint8_t>(), [](From x) { return uint8_t(x != From(0)); }); return;
       case DType::BF16: break;
     }
     throw Error("to(dtype): bf16 conversion is not available on the CPU");
@@ -162,6 +167,7 @@ Tensor Tensor::to(DType dt) const {
     case DType::F32: convert(data<float>()); break;
     case DType::F64: convert(data<double>()); break;
     case DType::I32: convert(data<int32_t>()); break;
+    case DType::Bool: convert(data<uint8_t>()); break;
     case DType::BF16: throw Error("to(dtype): bf16 conversion is not available on the CPU");
   }
   return out;
@@ -241,6 +247,7 @@ Tensor generate(const Shape& shape, DType dtype, Device device, const char* op, 
     case DType::F32: for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = float(gen(i)); break;
     case DType::F64: for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = gen(i); break;
     case DType::I32: for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = int32_t(gen(i)); break;
+    case DType::Bool: for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = gen(i) != 0.0; break;
     case DType::BF16: throw Error(fmt::format("{}: bf16 tensors are created on the GPU from f32 ones", op));
   }
   return t.to(device);
@@ -284,6 +291,11 @@ Tensor from_values(const std::vector<T>& values, const Shape& shape, Device devi
 Tensor from_vector(const std::vector<float>& v, const Shape& s, Device d) { return from_values(v, s, d); }
 Tensor from_vector(const std::vector<double>& v, const Shape& s, Device d) { return from_values(v, s, d); }
 Tensor from_vector(const std::vector<int32_t>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+Tensor from_vector(const std::vector<uint8_t>& v, const Shape& s, Device d) {
+  std::vector<uint8_t> bits(v.size());
+  std::transform(v.begin(), v.end(), bits.begin(), [](uint8_t x) { return uint8_t(x != 0); });
+  return from_values(bits, s, d);
+}
 
 }  // namespace tinygpt
 
@@ -305,7 +317,9 @@ void format_dim(std::string& out, const T* p, const tinygpt::Shape& shape, int d
       i = n - kEdgeItems;
     }
     if (dim == shape.ndim() - 1) {
-      if constexpr (std::is_integral_v<T>) {
+      if constexpr (std::is_same_v<T, uint8_t>) {
+        out += p[offset + i] ? "true" : "false";
+      } else if constexpr (std::is_integral_v<T>) {
         out += fmt::format("{}", p[offset + i]);
       } else {
         out += fmt::format("{:.4f}", double(p[offset + i]));
@@ -330,7 +344,7 @@ auto fmt::formatter<tinygpt::Tensor>::format(const tinygpt::Tensor& t, fmt::form
     if (t.numel() == 0) {
       s += "[]";
     } else if (t.ndim() == 0) {
-      s += std::is_integral_v<T> ? fmt::format("{}", p[0]) : fmt::format("{:.4f}", double(p[0]));
+      s += std::is_integral_v<T> ? fmt::format("{}", int64_t(p[0])) : fmt::format("{:.4f}", double(p[0]));
     } else {
       format_dim(s, p, t.shape(), 0, 0, t.numel());
     }
@@ -339,6 +353,7 @@ auto fmt::formatter<tinygpt::Tensor>::format(const tinygpt::Tensor& t, fmt::form
     case DType::F32: body(host.data<float>()); break;
     case DType::F64: body(host.data<double>()); break;
     case DType::I32: body(host.data<int32_t>()); break;
+    case DType::Bool: body(host.data<uint8_t>()); break;
     case DType::BF16: s += "<bf16 data>"; break;
   }
   s += fmt::format(", dtype={}", tinygpt::dtype_name(t.dtype()));

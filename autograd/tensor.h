@@ -18,8 +18,9 @@
 
 namespace tinygpt {
 
-/// f32 everywhere; f64 on the CPU (gradient checks); bf16 reserved for the GPU; i32 for token ids.
-enum class DType : uint8_t { F32, F64, BF16, I32 };
+/// f32 everywhere; f64 on the CPU (gradient checks); bf16 reserved for the GPU; i32 for token ids;
+/// bool (one byte, 0 or 1) for masks.
+enum class DType : uint8_t { F32, F64, BF16, I32, Bool };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
@@ -154,6 +155,8 @@ Tensor rand(const Shape& shape, Generator& gen = default_generator(), DType dtyp
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = Device::CPU);
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, Device device = Device::CPU);
 Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device = Device::CPU);
+/// A bool tensor (0 = false, anything else = true).
+Tensor from_vector(const std::vector<uint8_t>& values, const Shape& shape, Device device = Device::CPU);
 
 /// Calls f.template operator()<T>() with T = float or double for the tensor's dtype; throws naming `op`
 /// for any other dtype.
@@ -171,6 +174,7 @@ constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::F32;
   else if constexpr (std::is_same_v<T, double>) return DType::F64;
   else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
+  else if constexpr (std::is_same_v<T, uint8_t>) return DType::Bool;
   else static_assert(sizeof(T) == 0, "no DType for this C++ type");
 }
 

@@ -92,6 +92,7 @@ TEST_CASE("tensor: printing with fmt") {
   CHECK(fmt::format("{}", arange(10)) ==
         "tensor([0.0000, 1.0000, 2.0000, ..., 7.0000, 8.0000, 9.0000], dtype=f32)");
   CHECK(fmt::format("{}", Shape{4, 5}) == "(4, 5)");
+  CHECK(fmt::format("{}", from_vector(std::vector<uint8_t>{1, 0, 7}, {3})) == "tensor([true, false, true], dtype=bool)");
   Tensor g = ones({1}, DType::F64);
   g.requires_grad_();
   CHECK(fmt::format("{}", g) == "tensor([1.0000], dtype=f64, requires_grad)");
