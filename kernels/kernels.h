@@ -72,6 +72,8 @@ template <class T> inline constexpr Kernel<decltype(cpu::matmul_backward<T>)> ma
 template <class T> inline constexpr Kernel<decltype(cpu::linear_forward<T>)> linear_forward{"linear_forward", cpu::linear_forward<T>, nullptr};
 template <class T> inline constexpr Kernel<decltype(cpu::linear_backward<T>)> linear_backward{"linear_backward", cpu::linear_backward<T>, nullptr};
 template <class T> inline constexpr Kernel<decltype(cpu::adamw_update<T>)> adamw_update{"adamw_update", cpu::adamw_update<T>, nullptr};
+template <class T> inline constexpr Kernel<decltype(cpu::rope_forward<T>)> rope_forward{"rope_forward", cpu::rope_forward<T>, nullptr};
+template <class T> inline constexpr Kernel<decltype(cpu::rope_backward<T>)> rope_backward{"rope_backward", cpu::rope_backward<T>, nullptr};
 
 }  // namespace kernels
 }  // namespace tinygpt

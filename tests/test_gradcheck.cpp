@@ -78,7 +78,7 @@ TEST_CASE("gradcheck: matmul in every layout, and linear") {
   expect_gradcheck([](const Inputs& in) { return linear(in[0], in[1]); }, {leaf({3, 4}, gen), leaf({2, 4}, gen)});
 }
 
-TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout") {
+TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout, rotary embedding") {
   Generator gen(5);
   expect_gradcheck([](const Inputs& in) { return layer_norm(in[0], in[1], in[2]); },
                    {leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
@@ -89,6 +89,7 @@ TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout") {
   const Tensor targets = from_vector(std::vector<int32_t>{2, -1, 0, 4, 1, -1}, {2, 3});
   expect_gradcheck([targets](const Inputs& in) { return cross_entropy(in[0], targets); }, {leaf({2, 3, 5}, gen, 2.0)});
   expect_gradcheck([](const Inputs& in) { return dropout(in[0], 0.4, 99); }, {leaf({4, 6}, gen)});
+  expect_gradcheck([](const Inputs& in) { return rope(in[0], 4, 2, 3); }, {leaf({2, 5, 12}, gen)});
 }
 
 TEST_CASE("gradcheck: shape ops") {

@@ -160,3 +160,19 @@ TEST_CASE("forward: narrow, slice, split, concat") {
   CHECK_THROWS_AS(narrow(c, 1, 3, 2), Error);
   CHECK_THROWS_AS(concat({c, zeros({3, 3, 1})}, 0), Error);
 }
+
+TEST_CASE("forward: rotary embedding rotates feature pairs by pos * base^(-2i/D)") {
+  // One head of D = 4 at positions 0 and 1; pairs (0, 2) and (1, 3) with angles pos * 1 and pos * 100^(-1/2).
+  const Tensor x = vec({1, 2, 3, 4, 1, 2, 3, 4}, {1, 2, 4});
+  const double a0 = 1.0, a1 = 0.1;  // base 100: 100^(-2*1/4) = 0.1
+  const auto y = rope(x, 4, 1, 0, 100.0).to_vector<double>();
+  check_close(std::vector<double>(y.begin(), y.begin() + 4), {1, 2, 3, 4}, 1e-12);  // position 0: unchanged
+  const std::vector<double> expected = {1 * std::cos(a0) - 3 * std::sin(a0), 2 * std::cos(a1) - 4 * std::sin(a1),
+                                        1 * std::sin(a0) + 3 * std::cos(a0), 2 * std::sin(a1) + 4 * std::cos(a1)};
+  check_close(std::vector<double>(y.begin() + 4, y.end()), expected, 1e-12);
+  // pos0 shifts positions; heads past rotated_heads are copied; the norm is preserved.
+  check_close(rope(narrow(x, 1, 1, 1), 4, 1, 1, 100.0), expected, 1e-12);
+  check_close(rope(x, 2, 1, 0, 100.0), {1, 2, 3, 4, 1 * std::cos(1.0) - 2 * std::sin(1.0),
+                                        1 * std::sin(1.0) + 2 * std::cos(1.0), 3, 4}, 1e-12);
+  CHECK_THROWS_AS(rope(x, 3, 1), Error);
+}
