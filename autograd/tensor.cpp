@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <cstdlib>
+#include <new>
 #include <cstring>
 
 #include "autograd/autograd.h"
@@ -78,11 +79,18 @@ void shape_error(const std::string& op, const std::string& what, const Shape& a,
 
 // --- Storage and TensorImpl
 
+namespace {
+constexpr std::align_val_t kHostAlign{64};  // cache lines and AVX loads
+}  // namespace
+
 Storage::Storage(size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
   if (device == Device::CPU) {
-    constexpr size_t kAlign = 64;
-    data = std::aligned_alloc(kAlign, std::max(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign));
-    if (data == nullptr) throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
+    // Through operator new, so a program that replaces it (bench_attention) sees tensor memory too.
+    try {
+      data = ::operator new(std::max<size_t>(nbytes, 1), kHostAlign);
+    } catch (const std::bad_alloc&) {
+      throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
+    }
   } else {
     data = cuda::malloc(std::max<size_t>(nbytes, 1));
   }
@@ -90,7 +98,7 @@ Storage::Storage(size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
 
 Storage::~Storage() {
   if (device == Device::CPU) {
-    std::free(data);
+    ::operator delete(data, kHostAlign);
   } else {
     cuda::free(data);
   }

@@ -74,6 +74,10 @@ template <class T> inline constexpr Kernel<decltype(cpu::linear_backward<T>)> li
 template <class T> inline constexpr Kernel<decltype(cpu::adamw_update<T>)> adamw_update{"adamw_update", cpu::adamw_update<T>, nullptr};
 template <class T> inline constexpr Kernel<decltype(cpu::rope_forward<T>)> rope_forward{"rope_forward", cpu::rope_forward<T>, nullptr};
 template <class T> inline constexpr Kernel<decltype(cpu::rope_backward<T>)> rope_backward{"rope_backward", cpu::rope_backward<T>, nullptr};
+template <class T> inline constexpr Kernel<decltype(cpu::attention_naive_forward<T>)> attention_naive_forward{"attention_naive_forward", cpu::attention_naive_forward<T>, nullptr};
+template <class T> inline constexpr Kernel<decltype(cpu::attention_naive_backward<T>)> attention_naive_backward{"attention_naive_backward", cpu::attention_naive_backward<T>, nullptr};
+template <class T> inline constexpr Kernel<decltype(cpu::attention_flash_forward<T>)> attention_flash_forward{"attention_flash_forward", cpu::attention_flash_forward<T>, nullptr};
+template <class T> inline constexpr Kernel<decltype(cpu::attention_flash_backward<T>)> attention_flash_backward{"attention_flash_backward", cpu::attention_flash_backward<T>, nullptr};
 
 }  // namespace kernels
 }  // namespace tinygpt

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/geometry.h"
 

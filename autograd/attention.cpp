@@ -1,0 +1,173 @@
+#include "autograd/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/op_helpers.h"
+#include "autograd/ops.h"
+
+namespace tinygpt {
+
+using detail::ptr;
+
+namespace {
+
+/// A (batch, heads, len, dim) view into a contiguous tensor: element (b, h, l, d) is at
+/// offset + b * stride[0] + h * stride[1] + l * stride[2] + d.
+struct HeadsView {
+  Tensor base;
+  int64_t offset;
+  int64_t batch, heads, len, dim;
+  int64_t stride[3];
+};
+
+/// Contiguous (B, H, L, D).
+HeadsView heads_first(const Tensor& t, const char* what) {
+  if (t.ndim() != 4) throw Error(fmt::format("attention: {} must be (B, heads, len, dim), got shape {}", what, t.shape().str()));
+  const int64_t B = t.size(0), H = t.size(1), L = t.size(2), D = t.size(3);
+  return {t, 0, B, H, L, D, {H * L * D, L * D, D}};
+}
+
+/// Heads [head0, head0 + heads) of a (B, L, total_heads * D) tensor.
+HeadsView heads_last(const Tensor& t, int64_t head0, int64_t heads, int64_t total_heads, int64_t D) {
+  const int64_t B = t.size(0), L = t.size(1), W = total_heads * D;
+  return {t, head0 * D, B, heads, L, D, {L * W, D, W}};
+}
+
+/// The additive (B, NH, T, S)-broadcastable mask of dtype `dtype`, with its strides (0 on broadcast dims).
+Tensor additive_mask(const Tensor& mask, DType dtype, int64_t B, int64_t NH, int64_t T, int64_t S, int64_t strides[4]) {
+  if (mask.ndim() > 4) throw Error(fmt::format("attention: attn_mask has {} dims, at most 4 allowed", mask.ndim()));
+  const int64_t full[4] = {B, NH, T, S};
+  const auto padded = mask.shape().padded();  // kMaxDims = 5: the last four are (b, h, t, s)
+  int64_t s = 1;
+  for (int d = 3; d >= 0; --d) {
+    const int64_t n = padded[size_t(d + 1)];
+    if (n != 1 && n != full[d]) {
+      shape_error("attention", "attn_mask must broadcast to (B, NH, T, S)", mask.shape(), Shape{B, NH, T, S});
+    }
+    strides[d] = n == 1 ? 0 : s;
+    s *= n;
+  }
+  if (mask.dtype() == DType::Bool) {
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    const std::vector<uint8_t> bits = mask.to_vector<uint8_t>();
+    std::vector<double> add(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) add[i] = bits[i] ? -kInf : 0.0;
+    return from_vector(add, mask.shape()).to(dtype).to(mask.device());
+  }
+  if (mask.dtype() != dtype) {
+    throw Error(fmt::format("attention: a float attn_mask must have the inputs' dtype ({}), got {}", dtype_name(dtype),
+                            dtype_name(mask.dtype())));
+  }
+  return mask;
+}
+
+/// out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
+AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
+                          const AttentionOptions& o) {
+  const Tensor& qb = q.base;
+  detail::check_float("attention", qb, "q");
+  detail::check_same("attention", qb, k.base);
+  detail::check_same("attention", qb, v.base);
+  const int64_t B = q.batch, NH = q.heads, NKV = k.heads, T = q.len, S = k.len, E = q.dim, Ev = v.dim;
+  if (k.batch != B || v.batch != B || v.heads != NKV || v.len != S || k.dim != E) {
+    throw Error(fmt::format("attention: q (B={}, NH={}, T={}, E={}), k (B={}, NKV={}, S={}, E={}) and v (B={}, NKV={}, "
+                            "S={}, Ev={}) do not fit together",
+                            B, NH, T, E, k.batch, NKV, S, k.dim, v.batch, v.heads, v.len, Ev));
+  }
+  if (NKV == 0 || NH % NKV != 0) {
+    throw Error(fmt::format("attention: {} query heads are not divisible by {} key/value heads", NH, NKV));
+  }
+  if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0)) throw Error(fmt::format("attention: dropout_p must be in [0, 1), got {}", o.dropout_p));
+
+  AttentionGeom g{};
+  g.B = B, g.NH = NH, g.NKV = NKV, g.T = T, g.S = S, g.E = E, g.Ev = Ev;
+  std::copy_n(q.stride, 3, g.q_stride);
+  std::copy_n(k.stride, 3, g.k_stride);
+  std::copy_n(v.stride, 3, g.v_stride);
+  if (out_heads_last) {
+    g.o_stride[0] = T * NH * Ev, g.o_stride[1] = Ev, g.o_stride[2] = NH * Ev;
+  } else {
+    g.o_stride[0] = NH * T * Ev, g.o_stride[1] = T * Ev, g.o_stride[2] = Ev;
+  }
+  g.scale = o.scale.value_or(1.0 / std::sqrt(double(E)));
+  g.causal = o.is_causal;
+  g.dropout_p = float(o.dropout_p);
+  g.dropout_seed = o.dropout_seed;
+
+  Tensor mask;
+  if (o.attn_mask.defined()) mask = additive_mask(o.attn_mask, qb.dtype(), B, NH, T, S, g.mask_stride);
+  const Tensor& kp = o.key_padding_mask;
+  if (kp.defined() && (kp.dtype() != DType::Bool || !(kp.shape() == Shape{B, S}))) {
+    throw Error(fmt::format("attention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}", B, S,
+                            dtype_name(kp.dtype()), kp.shape().str()));
+  }
+  const bool naive = o.impl == AttentionImpl::Naive || (o.impl == AttentionImpl::Auto && o.need_weights);
+  if (o.need_weights && !naive) throw Error("attention: need_weights requires the naive implementation");
+
+  const Shape out_shape = out_heads_last ? Shape{B, T, NH * Ev} : Shape{B, NH, T, Ev};
+  Tensor out = empty(out_shape, qb.dtype(), qb.device());
+  const Tensor lse = empty({B, NH, T}, qb.dtype(), qb.device());
+  Tensor weights = o.need_weights ? empty({B, NH, T, S}, qb.dtype(), qb.device()) : Tensor();
+  const uint8_t* kp_ptr = kp.defined() ? kp.data<uint8_t>() : nullptr;
+  const int64_t qo = q.offset, ko = k.offset, vo = v.offset;
+  dispatch_float(qb.dtype(), "attention", [&]<class T>() {
+    const T* qp = qb.data<T>() + qo;
+    const T* kptr = k.base.data<T>() + ko;
+    const T* vp = v.base.data<T>() + vo;
+    if (naive) {
+      launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), ptr<T>(weights), ptr<T>(lse), qp, kptr, vp,
+             ptr<T>(mask), kp_ptr, g);
+    } else {
+      launch(kernels::attention_flash_forward<T>, qb.device(), out.data<T>(), ptr<T>(lse), qp, kptr, vp, ptr<T>(mask),
+             kp_ptr, g);
+    }
+  });
+  const Tensor saved_out = out.detach();
+  out = record(naive ? "attention_naive" : "attention_flash", out, {qb, k.base, v.base, mask, kp},
+               [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                 dispatch_float(dout.dtype(), "attention", [&]<class T>() {
+                   auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<T>(t) + offset : nullptr; };
+                   const auto fn = naive ? kernels::attention_naive_backward<T> : kernels::attention_flash_backward<T>;
+                   launch(fn, dout.device(), at(grads[0], qo), at(grads[1], ko), at(grads[2], vo), dout.data<T>(),
+                          in[0].data<T>() + qo, in[1].data<T>() + ko, in[2].data<T>() + vo, saved_out.data<T>(),
+                          lse.data<T>(), ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, g);
+                 });
+               });
+  return {out, weights};
+}
+
+}  // namespace
+
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const AttentionOptions& options) {
+  return attention(heads_first(q, "q"), heads_first(k, "k"), heads_first(v, "v"), false, options);
+}
+
+AttentionResult fused_self_attention(const Tensor& qkv, int64_t num_heads, int64_t num_kv_heads,
+                                     const AttentionOptions& options) {
+  const int64_t total = num_heads + 2 * num_kv_heads;
+  if (qkv.ndim() != 3 || num_heads <= 0 || num_kv_heads <= 0 || qkv.size(2) % total != 0) {
+    throw Error(fmt::format("attention: fused qkv must be (B, T, (NH + 2 NKV) * E) with NH = {}, NKV = {}; got shape {}",
+                            num_heads, num_kv_heads, qkv.shape().str()));
+  }
+  const int64_t E = qkv.size(2) / total;
+  return attention(heads_last(qkv, 0, num_heads, total, E), heads_last(qkv, num_heads, num_kv_heads, total, E),
+                   heads_last(qkv, num_heads + num_kv_heads, num_kv_heads, total, E), true, options);
+}
+
+AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads,
+                                 int64_t num_kv_heads, const AttentionOptions& options) {
+  auto check = [&](const Tensor& t, int64_t heads, const char* what) {
+    if (t.ndim() != 3 || heads <= 0 || t.size(2) % heads != 0) {
+      throw Error(fmt::format("attention: {} must be (B, len, heads * dim) with {} heads; got shape {}", what, heads,
+                              t.shape().str()));
+    }
+    return t.size(2) / heads;
+  };
+  const int64_t E = check(q, num_heads, "q"), Ek = check(k, num_kv_heads, "k"), Ev = check(v, num_kv_heads, "v");
+  return attention(heads_last(q, 0, num_heads, num_heads, E), heads_last(k, 0, num_kv_heads, num_kv_heads, Ek),
+                   heads_last(v, 0, num_kv_heads, num_kv_heads, Ev), true, options);
+}
+
+}  // namespace tinygpt

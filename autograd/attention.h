@@ -1,0 +1,57 @@
+// Scaled dot-product attention as one differentiable op, with two implementations behind it: a naive
+// reference that materializes the (T, S) scores (used when weights are requested, and in tests) and
+// flash attention (tiled, online softmax, saves only the output and the per-row logsumexp).
+//
+// Mask conventions (all combine):
+//   is_causal         bottom-right aligned: query t sees key s iff s <= t + S - T (as FlashAttention;
+//                     with T == S the usual lower triangle, with T < S the queries are the last T positions)
+//   key_padding_mask  (B, S) bool, true = ignore that key (torch.nn.MultiheadAttention's convention)
+//   attn_mask         broadcastable to (B, NH, T, S): bool with true = masked out (as
+//                     torch.nn.MultiheadAttention; note torch's functional SDPA uses the opposite), or an
+//                     additive float mask of the inputs' dtype (-inf removes a key). Masks get no gradient.
+// A query row that sees no key yields zeros and zero gradients.
+#pragma once
+
+#include <optional>
+
+#include "autograd/autograd.h"
+#include "autograd/tensor.h"
+
+namespace tinygpt {
+
+enum class AttentionImpl : uint8_t {
+  Auto,   // flash, or naive when weights are requested
+  Naive,
+  Flash,
+};
+
+struct AttentionOptions {
+  bool is_causal = false;
+  Tensor attn_mask;
+  Tensor key_padding_mask;
+  double dropout_p = 0.0;  // probability of dropping an attention weight (pass 0 in evaluation)
+  uint64_t dropout_seed = 0;
+  std::optional<double> scale;  // default 1 / sqrt(E)
+  bool need_weights = false;    // also return the (B, NH, T, S) softmax weights (before dropout)
+  AttentionImpl impl = AttentionImpl::Auto;
+};
+
+struct AttentionResult {
+  Tensor out;
+  Tensor weights;  // defined when need_weights; a plain tensor for inspection (no gradient)
+};
+
+/// q (B, NH, T, E), k (B, NKV, S, E), v (B, NKV, S, Ev) -> out (B, NH, T, Ev); NH divisible by NKV.
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const AttentionOptions& options = {});
+
+/// Self-attention read straight out of a fused projection qkv (B, T, (NH + 2 NKV) * E), holding the NH query
+/// heads, then the NKV key heads, then the NKV value heads; out (B, T, NH * E). No permute copies.
+AttentionResult fused_self_attention(const Tensor& qkv, int64_t num_heads, int64_t num_kv_heads,
+                                     const AttentionOptions& options = {});
+
+/// Heads packed in the last dim: q (B, T, NH * E), k (B, S, NKV * E), v (B, S, NKV * Ev) -> out (B, T, NH * Ev).
+AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads,
+                                 int64_t num_kv_heads, const AttentionOptions& options = {});
+
+}  // namespace tinygpt

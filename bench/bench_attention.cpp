@@ -1,0 +1,193 @@
+// Attention benchmark: flash against naive scaled dot-product attention, forward and forward+backward,
+// with the peak extra memory each allocates.
+//
+// Rows: B=4, NH=6, E=64, causal and not, T in {256, 1024, 4096}, flash and naive; then B=1, NH=1, E=64,
+// T=16384, flash only (naive would need 1 GiB for one score matrix). FLOPs are counted as FlashAttention's
+// benchmark counts them: forward 4*B*NH*T*S*E, halved when causal; backward 2.5x the forward.
+// extra_mib is the peak of all live C++ heap allocations (tensors and kernel scratch: operator new is
+// replaced below to count them) during one forward+backward, above what was live before it. The process's
+// peak resident set is printed at the end.
+#include <fmt/core.h>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "autograd/attention.h"
+#include "autograd/ops.h"
+
+namespace {
+
+std::atomic<int64_t> g_live{0}, g_peak{0};
+
+void note_alloc(size_t n) {
+  const int64_t now = g_live += int64_t(n);
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+// Every allocation carries its size in a 64-byte header, so delete knows what to subtract.
+constexpr size_t kHeader = 64;
+
+void* counted_alloc(size_t n, size_t align) {
+  align = std::max(align, kHeader);
+  void* base = std::aligned_alloc(align, (n + kHeader + align - 1) / align * align);
+  if (base == nullptr) throw std::bad_alloc();
+  *static_cast<size_t*>(base) = n;
+  note_alloc(n);
+  return static_cast<char*>(base) + kHeader;
+}
+
+void counted_free(void* p) {
+  if (p == nullptr) return;
+  void* base = static_cast<char*>(p) - kHeader;
+  g_live -= int64_t(*static_cast<size_t*>(base));
+  std::free(base);
+}
+
+}  // namespace
+
+void* operator new(size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
+void* operator new[](size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
+void* operator new(size_t n, std::align_val_t a) { return counted_alloc(n, size_t(a)); }
+void* operator new[](size_t n, std::align_val_t a) { return counted_alloc(n, size_t(a)); }
+void operator delete(void* p) noexcept { counted_free(p); }
+void operator delete[](void* p) noexcept { counted_free(p); }
+void operator delete(void* p, size_t) noexcept { counted_free(p); }
+void operator delete[](void* p, size_t) noexcept { counted_free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { counted_free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { counted_free(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { counted_free(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { counted_free(p); }
+
+using namespace tinygpt;
+
+namespace {
+
+struct Row {
+  const char* impl;
+  int64_t B, NH, T, E;
+  bool causal;
+  double fwd_ms, fwd_bwd_ms, fwd_gflops, fwd_bwd_gflops, extra_mib;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Best time of `reps` runs of f (after one warm-up run), in milliseconds.
+template <class F>
+double best_ms(int reps, F f) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, seconds_since(t0) * 1e3);
+  }
+  return best;
+}
+
+Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool causal, int reps) {
+  Generator gen(1);
+  Tensor q = randn({B, NH, T, E}, gen), k = randn({B, NH, T, E}, gen), v = randn({B, NH, T, E}, gen);
+  for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
+  const Tensor dout = randn({B, NH, T, E}, gen);
+  AttentionOptions o;
+  o.is_causal = causal;
+  o.impl = impl;
+  auto fwd_bwd = [&] {
+    const Tensor out = scaled_dot_product_attention(q, k, v, o).out;
+    out.backward(dout);
+  };
+  fwd_bwd();  // gradients exist from here on, so the measurement below counts only transient memory
+  const int64_t before = g_live.load();
+  g_peak = before;
+  fwd_bwd();
+  const double extra = double(g_peak.load() - before) / (1 << 20);
+  const double fwd = best_ms(reps, [&] {
+    NoGradGuard no_grad;
+    scaled_dot_product_attention(q, k, v, o);
+  });
+  const double both = best_ms(reps, fwd_bwd);
+  const double flops = 4.0 * double(B * NH) * double(T) * double(T) * double(E) * (causal ? 0.5 : 1.0);
+  return {impl == AttentionImpl::Flash ? "flash" : "naive", B, NH, T, E, causal, fwd, both,
+          flops / (fwd * 1e-3) / 1e9, 3.5 * flops / (both * 1e-3) / 1e9, extra};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false, quick = false, long_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--quick") {
+      quick = true;
+    } else if (a == "--long") {
+      long_only = true;
+    } else if (a == "--threads" && i + 1 < argc) {
+      omp_set_num_threads(std::atoi(argv[++i]));
+    } else if (a == "--device" && i + 1 < argc) {
+      if (std::string(argv[++i]) != "cpu") {
+        fmt::print(stderr, "bench_attention: only --device cpu is available in this build\n");
+        return 2;
+      }
+    } else {
+      fmt::print(stderr,
+                 "usage: bench_attention [--json] [--quick | --long] [--threads N] [--device cpu]\n"
+                 "  Times flash and naive attention (forward, forward+backward) and their peak extra memory.\n"
+                 "  --quick: T up to 1024 and no long case.\n"
+                 "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n");
+      return a == "--help" || a == "-h" ? 0 : 2;
+    }
+  }
+  std::vector<Row> rows;
+  auto emit = [&](const Row& r) {
+    if (json) {
+      fmt::print("{{\"impl\": \"{}\", \"B\": {}, \"NH\": {}, \"T\": {}, \"E\": {}, \"causal\": {}, \"fwd_ms\": {:.3f}, "
+                 "\"fwd_bwd_ms\": {:.3f}, \"fwd_gflops\": {:.2f}, \"fwd_bwd_gflops\": {:.2f}, \"extra_mib\": {:.2f}, "
+                 "\"threads\": {}}}\n",
+                 r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops, r.fwd_bwd_gflops,
+                 r.extra_mib, omp_get_max_threads());
+    } else {
+      fmt::print("{:<6} {:>2} {:>3} {:>6} {:>4} {:>6} {:>11.2f} {:>14.2f} {:>9.2f} {:>12.2f} {:>11.2f}\n", r.impl, r.B,
+                 r.NH, r.T, r.E, r.causal ? "yes" : "no", r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops, r.fwd_bwd_gflops,
+                 r.extra_mib);
+    }
+    std::fflush(stdout);
+    rows.push_back(r);
+  };
+  if (!json) {
+    fmt::print("threads: {}\n{:<6} {:>2} {:>3} {:>6} {:>4} {:>6} {:>11} {:>14} {:>9} {:>12} {:>11}\n", omp_get_max_threads(),
+               "impl", "B", "NH", "T", "E", "causal", "fwd ms", "fwd+bwd ms", "fwd GF/s", "fwd+bwd GF/s", "extra MiB");
+  }
+  const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
+  for (bool causal : {true, false}) {
+    for (int64_t T : long_only ? std::vector<int64_t>{} : lengths) {
+      const int reps = T >= 4096 ? 1 : 3;
+      const Row flash = run(AttentionImpl::Flash, 4, 6, T, 64, causal, reps);
+      const Row naive = run(AttentionImpl::Naive, 4, 6, T, 64, causal, reps);
+      emit(flash);
+      emit(naive);
+      if (!json) {
+        fmt::print("       flash/naive speed-up: fwd {:.2f}x, fwd+bwd {:.2f}x\n", naive.fwd_ms / flash.fwd_ms,
+                   naive.fwd_bwd_ms / flash.fwd_bwd_ms);
+      }
+    }
+  }
+  if (!quick) emit(run(AttentionImpl::Flash, 1, 1, 16384, 64, true, 1));
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  if (!json) fmt::print("peak resident set of this process: {:.1f} MiB\n", double(usage.ru_maxrss) / 1024.0);
+  return 0;
+}

@@ -1,0 +1,39 @@
+// Geometry of scaled dot-product attention, shared by the CPU and CUDA kernels.
+//
+// q is read as (B, NH, T, E), k as (B, NKV, S, E), v as (B, NKV, S, Ev) and the output written as
+// (B, NH, T, Ev), each through explicit element strides of its first three indices (the feature index is
+// contiguous), so q, k and v can be read straight out of a fused QKV projection of shape (B, T, 3, NH, E)
+// and the output written as (B, T, NH, Ev), the layout the output projection wants. Gradients use the
+// strides of the tensor they belong to (dq those of q, dout those of the output, and so on).
+//
+// Query head h reads key/value head h / (NH / NKV) (grouped-query attention; NKV == NH is plain
+// multi-head, NKV == 1 multi-query).
+//
+// Masking, all combined: causal is aligned bottom-right (query t sees key s iff s <= t + S - T, as in
+// FlashAttention, so the last query row sees every key: what incremental decoding needs); key_padding
+// (B, S) nonzero means "ignore this key"; mask is an additive (B, NH, T, S) float mask read through
+// mask_strides (0 along broadcast dims; -inf removes a key). A query row with no visible key produces
+// zeros and zero gradients, never NaN, and its saved logsumexp is -inf.
+//
+// Dropout (p > 0) drops attention probabilities: element (b, h, t, s) is kept iff
+// dropout_keep(seed, ((b * NH + h) * T + t) * S + s, p), and kept ones are scaled by 1 / (1 - p).
+#pragma once
+
+#include <cstdint>
+
+namespace tinygpt {
+
+struct AttentionGeom {
+  int64_t B, NH, NKV, T, S, E, Ev;
+  int64_t q_stride[3];  // b, h, t
+  int64_t k_stride[3];  // b, kv head, s
+  int64_t v_stride[3];  // b, kv head, s
+  int64_t o_stride[3];  // b, h, t
+  int64_t mask_stride[4];  // b, h, t, s; used only when a mask is given
+  double scale;            // usually 1 / sqrt(E)
+  bool causal;
+  float dropout_p;
+  uint64_t dropout_seed;
+};
+
+}  // namespace tinygpt

@@ -1,0 +1,523 @@
+#include "kernels/cpu/gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TINYGPT_GEMM_AVX2 1
+#endif
+
+// GotoBLAS/BLIS-style GEMM. Loop nest (per thread, after the team packed a shared slab of op(B)):
+//   jc: N in NC-wide blocks
+//     kg: K in groups of KC blocks whose packed op(B) fits B_BYTES (all of K for the linear-layer shapes, so each
+//         thread's MC x NC tile of C stays in its L2 across the K blocks instead of being streamed K/KC times)
+//       ic: this thread's rows in MC blocks            -> pack op(A) MC x KC into a private buffer (lives in L2)
+//         pc: KC blocks of the group
+//           jr: NR-wide micro-panels of packed op(B)   -> KC x NR panel stays in L1
+//             ir: MR-high micro-panels of packed op(A) -> micro-kernel, MR x NR accumulators in registers
+// Transposes are absorbed by the packing routines. Threads split the rows (or, for few rows, the columns) of C.
+
+namespace tinygpt::cpu {
+namespace {
+
+#ifndef TG_PD
+#define TG_PD 16
+#endif
+#ifndef TG_PFLOC
+#define TG_PFLOC 3
+#endif
+#ifndef TG_MC
+#define TG_MC 144
+#endif
+#ifndef TG_KC
+#define TG_KC 256
+#endif
+#ifndef TG_NC
+#define TG_NC 4096
+#endif
+#ifndef TG_BBYTES
+#define TG_BBYTES (8 << 20)
+#endif
+
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Portable pieces (double everywhere; float when AVX2/FMA is not available).
+
+// Packs rows [r0, r0 + rows) x k [k0, k0 + kc) of a matrix X into micro-panels W rows high:
+// dst[p * W * kc + k * W + r] = X(r0 + p * W + r, k0 + k), zero-padded to a whole panel. X(r, k) is X[r * ld + k]
+// when k_contig, else X[k * ld + r]. Packed op(A) is X = op(A) with W = MR; packed op(B) is X = op(B)^T, W = NR.
+template <class T, int W>
+void pack_generic(bool k_contig, const T* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc, T* dst) {
+  for (int64_t p = 0; p * W < rows; ++p, dst += W * kc) {
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int64_t r = 0; r < W; ++r) {
+        const int64_t rr = r0 + p * W + r, kk = k0 + k;
+        dst[k * W + r] = p * W + r < rows ? (k_contig ? X[rr * ld + kk] : X[kk * ld + rr]) : T(0);
+      }
+    }
+  }
+}
+
+// c[MR x NR, row stride ldc] = alpha * a_panel @ b_panel + beta * c; c is not read when beta == 0.
+template <class T, int MR, int NR>
+void kernel_generic(int64_t kc, const T* __restrict a, const T* __restrict b, T* c, int64_t ldc, T alpha, T beta) {
+  T acc[MR][NR] = {};
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int i = 0; i < MR; ++i) {
+      const T ai = a[k * MR + i];
+      for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[k * NR + j];
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      c[i * ldc + j] = beta == T(0) ? alpha * acc[i][j] : alpha * acc[i][j] + beta * c[i * ldc + j];
+    }
+  }
+}
+
+// Per-type configuration: micro-tile MR x NR, cache blocks MC/KC/NC, the three routines.
+template <class T>
+struct Config;
+
+template <>
+struct Config<double> {
+  static constexpr int MR = 4, NR = 8;
+  static constexpr int64_t MC = 96, KC = 256, NC = 2048;
+  template <int W>
+  static void pack(bool k_contig, const double* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                   double* dst) {
+    pack_generic<double, W>(k_contig, X, ld, r0, rows, k0, kc, dst);
+  }
+  static void kernel(int64_t kc, const double* a, const double* b, double* c, int64_t ldc, double alpha, double beta) {
+    kernel_generic<double, MR, NR>(kc, a, b, c, ldc, alpha, beta);
+  }
+};
+
+#ifdef TINYGPT_GEMM_AVX2
+
+// In-register 8x8 transpose: r[i][j] -> r[j][i].
+inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+template <>
+struct Config<float> {
+  static constexpr int MR = 6, NR = 16;
+  static constexpr int64_t MC = TG_MC, KC = TG_KC, NC = TG_NC;
+
+  // Same contract as pack_generic; W is MR = 6 (op(A)) or NR = 16 (op(B)).
+  template <int W>
+  static void pack(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                   float* dst) {
+    const int64_t full = rows / W;
+    if (!k_contig) {
+      // Panel rows are contiguous in X (op(A) = A^T, op(B) = B): copy W floats per (k, panel), 8 k at a time per
+      // panel, so loads stay within 8 rows and stores within one panel (3x faster than row by row across panels).
+      const float* src = X + k0 * ld + r0;
+      for (int64_t k8 = 0; k8 < kc; k8 += 8, src += 8 * ld) {
+        const int64_t kn = std::min<int64_t>(8, kc - k8);
+        if (k8 + TG_PD < kc)
+          for (int64_t k = 0; k < kn; ++k)
+            for (int64_t r = 0; r < rows; r += 16)
+              _mm_prefetch(reinterpret_cast<const char*>(src + (TG_PD + k) * ld + r), _MM_HINT_T0);
+        for (int64_t p = 0; p < full; ++p) {
+          float* d = dst + p * W * kc + k8 * W;
+          for (int64_t k = 0; k < kn; ++k) {
+            if constexpr (W == 16) {
+              _mm256_store_ps(d + k * W, _mm256_loadu_ps(src + k * ld + p * W));
+              _mm256_store_ps(d + k * W + 8, _mm256_loadu_ps(src + k * ld + p * W + 8));
+            } else {
+              std::memcpy(d + k * W, src + k * ld + p * W, W * sizeof(float));
+            }
+          }
+        }
+      }
+    } else {
+      // X stored with k contiguous (op(A) = A, op(B) = B^T): 8x8 transposes, 8 k at a time. For W = 6 each
+      // transposed row has 2 junk lanes; the 8-wide stores overlap and the next one overwrites them (the buffer
+      // has slack at its end).
+      for (int64_t p = 0; p < full; ++p) {
+        float* d = dst + p * W * kc;
+        const float* src = X + (r0 + p * W) * ld + k0;
+        int64_t k = 0;
+        for (; k + 8 <= kc; k += 8) {
+          for (int h = 0; h < W; h += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + std::min(h + i, W - 1) * ld + k);
+            transpose8(r);
+            for (int t = 0; t < 8; ++t) _mm256_storeu_ps(d + (k + t) * W + h, r[t]);
+          }
+        }
+        for (; k < kc; ++k)
+          for (int r = 0; r < W; ++r) d[k * W + r] = src[r * ld + k];
+      }
+    }
+    if (full * W < rows)
+      pack_generic<float, W>(k_contig, X, ld, r0 + full * W, rows - full * W, k0, kc, dst + full * W * kc);
+  }
+
+  // 6x16 tile: 12 ymm accumulators + 2 B vectors + 1 broadcast A = 15 of 16 registers; per k, 12 FMAs against
+  // 2 loads + 6 broadcasts, which keeps both FMA pipes fed.
+  static void kernel(int64_t kc, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc,
+                     float alpha, float beta) {
+    // C is read (beta != 0) or written only after the k loop: start its lines on their way now.
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      __builtin_prefetch(c + i * ldc, 1, 3);
+      __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
+    }
+    __m256 acc[MR][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; ++k) {
+      const __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        const __m256 ai = _mm256_broadcast_ss(a + k * MR + i);
+        acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+      }
+    }
+    const __m256 va = _mm256_set1_ps(alpha);
+    if (beta == 0.0f) {
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        _mm256_storeu_ps(c + i * ldc, _mm256_mul_ps(va, acc[i][0]));
+        _mm256_storeu_ps(c + i * ldc + 8, _mm256_mul_ps(va, acc[i][1]));
+      }
+    } else {
+      const __m256 vb = _mm256_set1_ps(beta);
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        float* ci = c + i * ldc;
+        _mm256_storeu_ps(ci, _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci), _mm256_mul_ps(va, acc[i][0])));
+        _mm256_storeu_ps(ci + 8, _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + 8), _mm256_mul_ps(va, acc[i][1])));
+      }
+    }
+  }
+};
+
+#else
+
+template <>
+struct Config<float> {
+  static constexpr int MR = 4, NR = 16;
+  static constexpr int64_t MC = 128, KC = 256, NC = 4096;
+  template <int W>
+  static void pack(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                   float* dst) {
+    pack_generic<float, W>(k_contig, X, ld, r0, rows, k0, kc, dst);
+  }
+  static void kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta) {
+    kernel_generic<float, MR, NR>(kc, a, b, c, ldc, alpha, beta);
+  }
+};
+
+#endif
+
+// Packed op(B) slab (shared by the team) larger than this is split along K into groups.
+constexpr int64_t kBBytes = TG_BBYTES;
+// Below this many multiply-adds a call runs on one thread (fork/join would cost more than it saves).
+constexpr double kMinFmasPerThread = 1 << 18;
+
+// Calling thread's scratch, grown on demand and kept: steady-state calls neither allocate nor page-fault.
+template <class T>
+T* scratch(int64_t n) {
+  struct Buf {
+    void* p = nullptr;
+    int64_t cap = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf buf;
+  if (buf.cap < n) {
+    std::free(buf.p);
+    buf.p = std::aligned_alloc(4096, static_cast<size_t>(round_up(n * int64_t(sizeof(T)), 4096)));
+    buf.cap = buf.p ? n : 0;
+    if (!buf.p) throw std::bad_alloc();
+  }
+  return static_cast<T*>(buf.p);
+}
+
+// Walks a 2-D region (rows of `bytes` bytes, `stride` apart) one cache line per step, prefetching it (one line per
+// row more than `bytes` needs, since rows need not start on a line boundary).
+class Prefetch {
+ public:
+  Prefetch() = default;
+  Prefetch(const void* base, int64_t stride, int64_t bytes, int64_t rows)
+      : base_(static_cast<const char*>(base)), stride_(stride), rows_(rows), per_row_(ceil_div(bytes, 64) + 1) {}
+  int64_t lines() const { return rows_ * per_row_; }
+  void step(int64_t n) {
+    for (; n > 0 && row_ < rows_; --n) {
+      __builtin_prefetch(base_ + row_ * stride_ + line_ * 64, 0, TG_PFLOC);
+      if (++line_ == per_row_) line_ = 0, ++row_;
+    }
+  }
+
+ private:
+  const char* base_ = nullptr;
+  int64_t stride_ = 0, rows_ = 0, per_row_ = 0, row_ = 0, line_ = 0;
+};
+
+// Work of one call, as a sequence of tickets that threads claim in order (dynamic scheduling). Tickets fall into
+// segments: for each (N block, K group) a segment packing the shared op(B) slab, then one computing C from it.
+// A ticket runs once every earlier segment is complete; since no ticket can finish before its predecessors, that is
+// simply `done >= segment start`. Threads wait on that count (spin briefly, then sleep) rather than at OpenMP
+// barriers: when another process holds a core, a libgomp barrier spins for milliseconds while the thread it waits
+// for sits preempted behind that process, and the dynamic claiming lets the running thread take over the work.
+struct Segment {
+  int64_t start, end;  // tickets [start, end)
+  bool pack;
+  int64_t j0, nc, g0, gk;
+  int64_t chunks;  // pack: runs of panels per k block; compute: column chunks per row block
+};
+
+class Progress {
+ public:
+  void finish() {
+    done_.fetch_add(1);
+    if (waiters_.load() > 0) done_.notify_all();
+  }
+  void wait_for(int64_t count) {
+    for (int spin = 0; spin < 8000; ++spin) {  // ~200 us
+      if (done_.load(std::memory_order_acquire) >= count) return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    waiters_.fetch_add(1);
+    for (int v = done_.load(); v < count; v = done_.load()) done_.wait(v);
+    waiters_.fetch_sub(1);
+  }
+
+ private:
+  std::atomic<int> done_{0};
+  std::atomic<int> waiters_{0};
+};
+
+// Oversubscription guard. The closing barrier of an OpenMP region needs every team thread to run; when another
+// process holds a core, a team thread queued behind it stalls the caller until the next scheduler tick (4 ms here),
+// even if the caller did all the work itself (measured with a busy loop on one of 2 cores: 2-thread calls of
+// ~0.6 ms took 4-12 ms, 15-25 GFLOP/s, against 85 single-threaded). Two calls in a row whose caller sat idle for
+// most of the call make the following calls run single-threaded for a while (50 ms, doubling while it keeps
+// happening, up to 1 s); then threads are tried again. With the machine to ourselves the tail wait is a fraction of
+// one work unit; an occasional lone stall (an interrupt, a short-lived process) does not count. Results do not
+// depend on the thread count (each element's k order is fixed by the K blocking).
+using Clock = std::chrono::steady_clock;
+std::atomic<int64_t> solo_until_ns{0}, solo_window_ns{0};
+std::atomic<int> stalled_calls{0};
+
+int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+bool solo_now() { return now_ns() < solo_until_ns.load(std::memory_order_relaxed); }
+
+void note_idle(Clock::duration idle, Clock::duration span) {
+  if (idle < std::chrono::milliseconds(2) || idle * 2 < span) {
+    stalled_calls.store(0, std::memory_order_relaxed);
+    solo_window_ns.store(0, std::memory_order_relaxed);
+    return;
+  }
+  if (stalled_calls.fetch_add(1, std::memory_order_relaxed) + 1 < 2) return;
+  stalled_calls.store(0, std::memory_order_relaxed);
+  const int64_t window =
+      std::clamp<int64_t>(2 * solo_window_ns.load(std::memory_order_relaxed), 50'000'000, 1'000'000'000);
+  solo_window_ns.store(window, std::memory_order_relaxed);
+  solo_until_ns.store(now_ns() + window, std::memory_order_relaxed);
+}
+
+template <class T>
+void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+                  int64_t ldb, T beta, T* C, int64_t ldc, int nt) {
+  using Cfg = Config<T>;
+  constexpr int MR = Cfg::MR, NR = Cfg::NR;
+
+  // Balanced blocks (e.g. K = 384 -> 2 x 192, not 256 + 128); KC a multiple of 8 keeps the packing transposes full.
+  const int64_t kc_blk = std::min(K, round_up(ceil_div(K, ceil_div(K, Cfg::KC)), 8));
+  const int64_t nc_blk = round_up(ceil_div(N, ceil_div(N, Cfg::NC)), NR);
+  const int64_t kb_per_group = std::max<int64_t>(1, kBBytes / int64_t(sizeof(T)) / (kc_blk * nc_blk));
+  const int64_t group_k = std::min(K, kb_per_group * kc_blk);
+  // Row blocks: few enough to stay under MC, a multiple of the thread count when there are only a few of them
+  // (M = 384 on 2 threads: 4 x 96, not 3 x 128).
+  int64_t rblocks = ceil_div(M, Cfg::MC);
+  if (rblocks < 4 * nt) rblocks = std::min(round_up(rblocks, nt), ceil_div(M, MR));
+  const int64_t mc_blk = round_up(ceil_div(M, rblocks), MR);
+  rblocks = ceil_div(M, mc_blk);
+
+  std::vector<Segment> segs;
+  int64_t total = 0;
+  for (int64_t j0 = 0; j0 < N; j0 += nc_blk) {
+    const int64_t nc = std::min(nc_blk, N - j0), panels = ceil_div(nc, NR);
+    for (int64_t g0 = 0; g0 < K; g0 += group_k) {
+      const int64_t gk = std::min(group_k, K - g0), kblocks = ceil_div(gk, kc_blk);
+      // Whole k blocks per pack ticket when there are enough of them (rows of op(B) are then read once).
+      const int64_t pchunks = std::min(panels, std::max<int64_t>(1, ceil_div(2 * nt, kblocks)));
+      segs.push_back({total, total + kblocks * pchunks, true, j0, nc, g0, gk, pchunks});
+      total = segs.back().end;
+      // Split columns only when there are fewer row blocks than threads (each chunk re-packs its op(A) block).
+      const int64_t cchunks = std::min(panels, ceil_div(nt, rblocks));
+      segs.push_back({total, total + rblocks * cchunks, false, j0, nc, g0, gk, cchunks});
+      total = segs.back().end;
+    }
+  }
+
+  // One allocation: the shared op(B) slab, then one op(A) block per thread (page-aligned, plus slack for the
+  // overlapping stores of the A packing).
+  const int64_t b_elems = round_up(group_k * nc_blk, 1024);
+  const int64_t a_elems = round_up(mc_blk * kc_blk + 64, 1024);
+  T* const work = scratch<T>(b_elems + a_elems * nt);
+  T* const bpack = work;
+  std::atomic<int64_t> next{0};
+  Progress progress;
+
+  // op(A) block (row block rb, k block kb of the segment's group) and the source region its packing reads.
+  auto a_block = [&](const Segment& sg, int64_t rb, int64_t kb, int64_t& i0, int64_t& mc, int64_t& k0,
+                     int64_t& kc) {
+    i0 = rb * mc_blk, mc = std::min(mc_blk, M - i0);
+    k0 = sg.g0 + kb * kc_blk, kc = std::min(kc_blk, sg.g0 + sg.gk - k0);
+  };
+  auto a_source = [&](const Segment& sg, int64_t rb, int64_t kb) {
+    int64_t i0, mc, k0, kc;
+    a_block(sg, rb, kb, i0, mc, k0, kc);
+    const int64_t es = sizeof(T);
+    return ta ? Prefetch(A + k0 * lda + i0, lda * es, mc * es, kc) : Prefetch(A + i0 * lda + k0, lda * es, kc * es, mc);
+  };
+
+  auto run_pack = [&](const Segment& sg, int64_t u) {
+    const int64_t panels = ceil_div(sg.nc, NR), ncp = panels * NR;
+    const int64_t kb = u / sg.chunks, c = u % sg.chunks;
+    const int64_t q0 = panels * c / sg.chunks, q1 = panels * (c + 1) / sg.chunks;
+    const int64_t k0 = sg.g0 + kb * kc_blk, kc = std::min(kc_blk, sg.g0 + sg.gk - k0);
+    // Slab layout: k block kb at kb * kc_blk * ncp, panel p at p * kc * NR in it.
+    Cfg::template pack<NR>(tb, B, ldb, sg.j0 + q0 * NR, std::min(sg.nc, q1 * NR) - q0 * NR, k0, kc,
+                           bpack + kb * kc_blk * ncp + q0 * kc * NR);
+  };
+
+  // Compute ticket: C[row block, column chunk] += op(A) block @ slab over the group's k blocks. `after` is the
+  // thread's next ticket in the same segment (or -1), whose first op(A) block is prefetched during the last k block.
+  auto run_compute = [&](const Segment& sg, int64_t u, int64_t after, T* apack) {
+    const int64_t panels = ceil_div(sg.nc, NR), ncp = panels * NR;
+    const int64_t rb = u / sg.chunks, c = u % sg.chunks;
+    const int64_t p0 = panels * c / sg.chunks, p1 = panels * (c + 1) / sg.chunks;
+    const int64_t kblocks = ceil_div(sg.gk, kc_blk);
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      int64_t i0, mc, k0, kc;
+      a_block(sg, rb, kb, i0, mc, k0, kc);
+      Cfg::template pack<MR>(!ta, A, lda, i0, mc, k0, kc, apack);
+      // Pull the next op(A) block's source into cache during this block's compute, so its packing does not stall
+      // on DRAM with the FMA units idle (x and dy of the big shapes are 8-100 MB).
+      Prefetch pf;
+      if (kb + 1 < kblocks) pf = a_source(sg, rb, kb + 1);
+      else if (after >= 0) pf = a_source(sg, after / sg.chunks, 0);
+      const int64_t pf_step = ceil_div(pf.lines(), std::max<int64_t>(1, (p1 - p0) * ceil_div(mc, MR)));
+      const T b_eff = k0 == 0 ? beta : T(1);
+      const T* bblk = bpack + (k0 - sg.g0) * ncp;
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t jj = p * NR, nr = std::min<int64_t>(NR, sg.nc - jj);
+        const T* bp = bblk + p * kc * NR;
+        for (int64_t ii = 0; ii < mc; ii += MR) {
+          pf.step(pf_step);
+          const int64_t mr = std::min<int64_t>(MR, mc - ii);
+          T* cp = C + (i0 + ii) * ldc + sg.j0 + jj;
+          if (mr == MR && nr == NR) {
+            Cfg::kernel(kc, apack + ii * kc, bp, cp, ldc, alpha, b_eff);
+            continue;
+          }
+          // Edge tile: full-size product into a local tile, then merge only the valid part.
+          alignas(64) T tile[MR * NR];
+          Cfg::kernel(kc, apack + ii * kc, bp, tile, NR, T(1), T(0));
+          for (int64_t i = 0; i < mr; ++i)
+            for (int64_t j = 0; j < nr; ++j)
+              cp[i * ldc + j] = b_eff == T(0) ? alpha * tile[i * NR + j]
+                                              : alpha * tile[i * NR + j] + b_eff * cp[i * ldc + j];
+        }
+      }
+    }
+  };
+
+  auto worker = [&](int tid) {
+    T* const apack = work + b_elems + a_elems * tid;
+    size_t s = 0;
+    // Claim one ticket ahead, so a compute ticket knows which op(A) block to prefetch for.
+    for (int64_t t = next.fetch_add(1); t < total;) {
+      while (segs[s].end <= t) ++s;
+      const Segment& sg = segs[s];
+      progress.wait_for(int(sg.start));
+      const int64_t t_next = next.fetch_add(1);
+      if (sg.pack) {
+        run_pack(sg, t - sg.start);
+      } else {
+        run_compute(sg, t - sg.start, t_next < sg.end ? t_next - sg.start : -1, apack);
+      }
+      progress.finish();
+      t = t_next;
+    }
+  };
+
+  if (nt == 1) {
+    worker(0);
+    return;
+  }
+  const Clock::time_point start = Clock::now();
+  Clock::time_point caller_done;
+#pragma omp parallel num_threads(nt)
+  {
+    worker(omp_get_thread_num());
+    if (omp_get_thread_num() == 0) caller_done = Clock::now();
+    // Leave only when all work is done, so libgomp's closing barrier never waits on a preempted thread's ticket.
+    progress.wait_for(int(total));
+  }
+  note_idle(Clock::now() - caller_done, Clock::now() - start);
+}
+
+}  // namespace
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == T(0)) {  // C = beta * C, with beta == 0 overwriting (BLAS semantics)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  int nt = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
+  const double fmas = double(M) * double(N) * double(K);
+  nt = int(std::clamp<double>(fmas / kMinFmasPerThread, 1.0, double(std::max(nt, 1))));
+  gemm_blocked<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt);
+}
+
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                          float, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
+                           int64_t, double, double*, int64_t);
+
+}  // namespace tinygpt::cpu

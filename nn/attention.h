@@ -1,0 +1,52 @@
+// Multi-head attention with the semantics of torch.nn.MultiheadAttention(batch_first=True), plus
+// grouped-query heads and rotary position embeddings. Self-attention (query, key and value the same
+// tensor) runs one fused QKV projection and reads q, k and v straight out of it; cross-attention projects
+// each input with its own rows of the projection. Set TINYGPT_TRACE_SHAPES=1 to log every stage's shape.
+#pragma once
+
+#include "autograd/attention.h"
+#include "nn/layers.h"
+
+namespace tinygpt::nn {
+
+struct MultiHeadAttentionConfig {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 1;
+  int64_t num_kv_heads = 0;  // 0: same as num_heads; fewer: grouped-query (1: multi-query)
+  int64_t kdim = 0;          // features of `key` (0: embed_dim)
+  int64_t vdim = 0;          // features of `value` (0: embed_dim)
+  bool bias = true;
+  double dropout = 0.0;      // on the attention weights, in training mode
+  bool rope = false;         // rotate q and k by position (RoPE) instead of relying on learned positions
+  double rope_base = 10000.0;
+};
+
+class MultiHeadAttention : public Module {
+ public:
+  MultiHeadAttention(const MultiHeadAttentionConfig& config, Generator& gen = default_generator());
+
+  struct Output {
+    Tensor out;      // (B, T, embed_dim)
+    Tensor weights;  // when need_weights: (B, T, S) averaged over heads, or (B, NH, T, S)
+  };
+
+  /// query (B, T, embed_dim), key (B, S, kdim), value (B, S, vdim). key_padding_mask (B, S) bool, true =
+  /// ignore; attn_mask bool (true = masked out) or additive float, broadcastable to (B, NH, T, S).
+  /// pos0 is the position of the first query (and key) for RoPE.
+  Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = {},
+                 const Tensor& attn_mask = {}, bool is_causal = false, bool need_weights = false,
+                 bool average_attn_weights = true, int64_t pos0 = 0) const;
+
+  const MultiHeadAttentionConfig& config() const { return config_; }
+  int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
+
+  std::unique_ptr<Linear> c_attn;                   // fused (NH + 2 NKV) * E rows, when kdim == vdim == embed_dim
+  std::unique_ptr<Linear> q_proj, k_proj, v_proj;   // otherwise
+  Linear c_proj;
+
+ private:
+  MultiHeadAttentionConfig config_;
+  Generator* gen_;
+};
+
+}  // namespace tinygpt::nn

@@ -1,0 +1,252 @@
+// The attention op and nn::MultiHeadAttention: flash against naive (values and gradients), gradient
+// checks of both implementations, masks, grouped-query heads, weights, and the module against the same
+// computation composed from basic ops.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/attention.h"
+#include "nn/attention.h"
+#include "test_util.h"
+
+using namespace tinygpt;
+using tinygpt::test::check_close;
+using tinygpt::test::expect_gradcheck;
+using tinygpt::test::leaf;
+using Inputs = std::vector<Tensor>;
+
+namespace {
+
+struct Case {
+  int64_t B, NH, NKV, T, S, E, Ev;
+  bool causal, padding, mask, bool_mask, dropout;
+};
+
+AttentionOptions options_for(const Case& c, Generator& gen, AttentionImpl impl) {
+  AttentionOptions o;
+  o.is_causal = c.causal;
+  o.impl = impl;
+  if (c.padding) {
+    std::vector<uint8_t> pad(size_t(c.B * c.S), 0);
+    for (int64_t s = 0; s < c.S; s += 3) pad[size_t(s)] = 1;  // every third key of batch 0 ignored
+    if (c.B > 1) std::fill(pad.begin() + c.S, pad.end(), 1);  // batch 1: every key ignored -> zero rows
+    o.key_padding_mask = from_vector(pad, {c.B, c.S});
+  }
+  if (c.mask) {
+    if (c.bool_mask) {
+      std::vector<uint8_t> m(size_t(c.T * c.S));
+      for (auto& x : m) x = gen.uniform() < 0.3;
+      o.attn_mask = from_vector(m, {c.T, c.S});  // broadcast over B and NH
+    } else {
+      Tensor m = randn({1, c.NH, c.T, c.S}, gen, DType::F64);
+      o.attn_mask = m;
+    }
+  }
+  if (c.dropout) {
+    o.dropout_p = 0.3;
+    o.dropout_seed = 77;
+  }
+  return o;
+}
+
+/// Flash and naive agree on the output and on all three gradients.
+void check_flash_matches_naive(const Case& c, Generator& gen) {
+  const Tensor q = leaf({c.B, c.NH, c.T, c.E}, gen), k = leaf({c.B, c.NKV, c.S, c.E}, gen),
+               v = leaf({c.B, c.NKV, c.S, c.Ev}, gen);
+  const Tensor dout = randn({c.B, c.NH, c.T, c.Ev}, gen, DType::F64);
+  AttentionOptions naive = options_for(c, gen, AttentionImpl::Naive);
+  AttentionOptions flash = naive;
+  flash.impl = AttentionImpl::Flash;
+  std::vector<Tensor> grads[2];
+  Tensor outs[2];
+  int i = 0;
+  for (const AttentionOptions* o : {&naive, &flash}) {
+    for (Tensor t : {q, k, v}) t.zero_grad();
+    outs[i] = scaled_dot_product_attention(q, k, v, *o).out;
+    outs[i].backward(dout);
+    grads[i] = {q.grad(), k.grad(), v.grad()};
+    ++i;
+  }
+  for (double x : outs[1].to_vector<double>()) REQUIRE(std::isfinite(x));
+  check_close(outs[1], outs[0], 1e-10, 1e-8);
+  for (int g = 0; g < 3; ++g) {
+    CAPTURE(g);
+    check_close(grads[1][size_t(g)], grads[0][size_t(g)], 1e-10, 1e-8);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention: flash equals naive, forward and gradients, over shapes and masks") {
+  Generator gen(11);
+  const std::vector<Case> cases = {
+      {1, 2, 2, 5, 5, 16, 16, false, false, false, false, false},
+      {2, 4, 2, 7, 13, 32, 32, true, false, false, false, false},    // GQA, causal with T < S
+      {2, 4, 1, 13, 7, 16, 24, true, false, false, false, false},    // MQA, causal with T > S, Ev != E
+      {1, 2, 2, 1, 9, 64, 64, false, false, false, false, false},    // T = 1
+      {2, 3, 3, 33, 33, 80, 80, false, true, false, false, false},   // padding: batch 1 fully masked
+      {1, 4, 2, 17, 21, 128, 128, false, false, true, false, false}, // additive mask, per head
+      {2, 2, 1, 9, 9, 32, 32, true, true, true, true, false},        // every mask at once, bool attn_mask
+      {1, 2, 2, 65, 70, 16, 16, false, false, false, false, true},   // dropout with a fixed seed
+      {2, 4, 2, 40, 40, 32, 16, true, true, false, false, true},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.T);
+    CAPTURE(c.S);
+    CAPTURE(c.E);
+    check_flash_matches_naive(c, gen);
+  }
+}
+
+TEST_CASE("attention: gradient checks of both implementations") {
+  Generator gen(12);
+  for (AttentionImpl impl : {AttentionImpl::Naive, AttentionImpl::Flash}) {
+    const Case c{1, 4, 2, 5, 6, 4, 3, true, false, true, false, true};
+    AttentionOptions o = options_for(c, gen, impl);
+    o.key_padding_mask = from_vector(std::vector<uint8_t>{0, 1, 0, 0, 0, 0}, {1, 6});
+    expect_gradcheck([o](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], o).out; },
+                     {leaf({1, 4, 5, 4}, gen), leaf({1, 2, 6, 4}, gen), leaf({1, 2, 6, 3}, gen)});
+    // From a fused projection: q, k and v are strided views of one tensor.
+    AttentionOptions f;
+    f.is_causal = true;
+    f.impl = impl;
+    expect_gradcheck([f](const Inputs& in) { return fused_self_attention(in[0], 2, 1, f).out; },
+                     {leaf({2, 5, 4 * 4}, gen)});
+  }
+}
+
+TEST_CASE("attention: a fully masked row gives zeros and zero gradients") {
+  Generator gen(13);
+  for (AttentionImpl impl : {AttentionImpl::Naive, AttentionImpl::Flash}) {
+    const Tensor q = leaf({1, 1, 2, 8}, gen), k = leaf({1, 1, 3, 8}, gen), v = leaf({1, 1, 3, 8}, gen);
+    AttentionOptions o;
+    o.impl = impl;
+    o.attn_mask = from_vector(std::vector<uint8_t>{1, 1, 1, 0, 1, 0}, {2, 3});  // row 0 sees nothing
+    const Tensor out = scaled_dot_product_attention(q, k, v, o).out;
+    sum(out).backward();
+    const auto y = out.to_vector<double>();
+    for (int e = 0; e < 8; ++e) CHECK(y[size_t(e)] == 0.0);
+    for (double g : q.grad().to_vector<double>()) CHECK(std::isfinite(g));
+    const auto dq = q.grad().to_vector<double>();
+    for (int e = 0; e < 8; ++e) CHECK(dq[size_t(e)] == 0.0);
+  }
+}
+
+TEST_CASE("attention: weights sum to one over unmasked keys, and match the output") {
+  Generator gen(14);
+  const Tensor q = randn({2, 2, 4, 8}, gen, DType::F64), k = randn({2, 2, 6, 8}, gen, DType::F64),
+               v = randn({2, 2, 6, 8}, gen, DType::F64);
+  AttentionOptions o;
+  o.is_causal = true;  // bottom-right: query t sees keys s <= t + 2
+  o.need_weights = true;
+  o.key_padding_mask = from_vector(std::vector<uint8_t>{0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {2, 6});
+  const AttentionResult r = scaled_dot_product_attention(q, k, v, o);
+  const auto w = r.weights.to_vector<double>();
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t t = 0; t < 4; ++t) {
+        double total = 0;
+        for (int64_t s = 0; s < 6; ++s) {
+          const double x = w[size_t(((b * 2 + h) * 4 + t) * 6 + s)];
+          if (s > t + 2 || (b == 0 && s == 2)) CHECK(x == 0.0);
+          total += x;
+        }
+        CHECK(total == doctest::Approx(1.0));
+      }
+  check_close(r.out, matmul(r.weights, v), 1e-12, 1e-10);
+}
+
+TEST_CASE("attention: grouped-query heads equal multi-head attention with repeated key/value heads") {
+  Generator gen(15);
+  const Tensor q = randn({1, 4, 5, 8}, gen, DType::F64), k = randn({1, 2, 5, 8}, gen, DType::F64),
+               v = randn({1, 2, 5, 8}, gen, DType::F64);
+  auto repeat = [](const Tensor& t) {  // (1, 2, S, E) -> (1, 4, S, E): heads 0,0,1,1
+    return concat({narrow(t, 1, 0, 1), narrow(t, 1, 0, 1), narrow(t, 1, 1, 1), narrow(t, 1, 1, 1)}, 1);
+  };
+  AttentionOptions o;
+  o.is_causal = true;
+  check_close(scaled_dot_product_attention(q, k, v, o).out, scaled_dot_product_attention(q, repeat(k), repeat(v), o).out,
+              1e-12, 1e-10);
+}
+
+TEST_CASE("attention: shape and mask errors are named") {
+  const Tensor q = zeros({1, 3, 4, 8}), k = zeros({1, 2, 4, 8});
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, k), doctest::Contains("not divisible"), Error);
+  AttentionOptions o;
+  o.key_padding_mask = zeros({1, 4});  // not bool
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(k, k, k, o), doctest::Contains("key_padding_mask"), Error);
+  AttentionOptions m;
+  m.attn_mask = from_vector(std::vector<uint8_t>{1, 0, 1}, {3});
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(k, k, k, m), doctest::Contains("attn_mask must broadcast"), Error);
+}
+
+TEST_CASE("MultiHeadAttention: self-attention equals the computation composed from basic ops") {
+  Generator gen(16);
+  for (bool rope_on : {false, true}) {
+    CAPTURE(rope_on);
+    nn::MultiHeadAttention mha({.embed_dim = 16, .num_heads = 4, .num_kv_heads = 2, .rope = rope_on}, gen);
+    const Tensor x = randn({2, 5, 16}, gen);
+    const Tensor pad = from_vector(std::vector<uint8_t>{0, 0, 0, 1, 0, 0, 0, 0, 0, 0}, {2, 5});
+    const auto got = mha.forward(x, x, x, pad, Tensor(), true, true, false);
+    // Reference: separate projections, explicit head split, masked softmax, merge, output projection.
+    const int64_t B = 2, T = 5, NH = 4, NKV = 2, E = 4;
+    Tensor qkv = linear(x, mha.c_attn->weight, mha.c_attn->bias);  // (B, T, (4 + 2 + 2) * 4)
+    if (rope_on) qkv = rope(qkv, E, NH + NKV);
+    auto heads = [&](int64_t first, int64_t count) {  // -> (B, count, T, E)
+      return permute(reshape(narrow(qkv, 2, first * E, count * E), {B, T, count, E}), {0, 2, 1, 3});
+    };
+    const Tensor q = heads(0, NH), k = heads(NH, NKV), v = heads(NH + NKV, NKV);
+    auto rep = [](const Tensor& t) {
+      return concat({narrow(t, 1, 0, 1), narrow(t, 1, 0, 1), narrow(t, 1, 1, 1), narrow(t, 1, 1, 1)}, 1);
+    };
+    std::vector<float> bias(size_t(B * T * T), 0.0f);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = 0; s < T; ++s)
+          if (s > t || (b == 0 && s == 3)) bias[size_t((b * T + t) * T + s)] = -1e30f;
+    const Tensor scores = matmul(q, rep(k), false, true) * (1.0 / std::sqrt(double(E))) + reshape(from_vector(bias, {B, T, T}), {B, 1, T, T});
+    const Tensor p = softmax(scores);
+    const Tensor merged = reshape(permute(matmul(p, rep(v)), {0, 2, 1, 3}), {B, T, NH * E});
+    check_close(got.out, linear(merged, mha.c_proj.weight, mha.c_proj.bias), 1e-5, 1e-4);
+    check_close(got.weights, p, 1e-6, 1e-4);
+  }
+}
+
+TEST_CASE("MultiHeadAttention: cross-attention, kdim/vdim, averaged weights, gradient check") {
+  Generator gen(17);
+  nn::MultiHeadAttention cross({.embed_dim = 8, .num_heads = 2, .kdim = 6, .vdim = 5}, gen);
+  const Tensor q = randn({2, 3, 8}, gen), kv_k = randn({2, 7, 6}, gen), kv_v = randn({2, 7, 5}, gen);
+  const auto r = cross.forward(q, kv_k, kv_v, Tensor(), Tensor(), false, true);
+  CHECK(r.out.shape() == Shape{2, 3, 8});
+  CHECK(r.weights.shape() == Shape{2, 3, 7});
+  for (double s : sum(r.weights, -1).to_vector<float>()) CHECK(s == doctest::Approx(1.0));
+  std::vector<std::string> names;
+  for (auto& [n, t] : cross.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
+                                          "v_proj.weight", "v_proj.bias", "c_proj.weight", "c_proj.bias"});
+  CHECK_THROWS_WITH_AS(nn::MultiHeadAttention({.embed_dim = 10, .num_heads = 4}), doctest::Contains("not divisible"), Error);
+  CHECK_THROWS_AS(cross.forward(q, q, q), Error);  // key has the wrong width
+}
+
+TEST_CASE("MultiHeadAttention: gradient check of the whole module in f64") {
+  Generator gen(18);
+  nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2, .rope = true}, gen);
+  // Move the parameters to f64 leaves and check every one through the module.
+  std::vector<Tensor> params;
+  for (auto& [name, p] : mha.named_parameters()) params.push_back(p);
+  std::vector<Tensor> inputs = {leaf({2, 4, 8}, gen)};
+  for (Tensor& p : params) {
+    Tensor d = p.detach().to(DType::F64);
+    d.requires_grad_();
+    inputs.push_back(d);
+  }
+  nn::MultiHeadAttention* m = &mha;
+  expect_gradcheck(
+      [m](const Inputs& in) {
+        // Point the module's tensors at the f64 inputs for this evaluation.
+        m->c_attn->weight = in[1], m->c_attn->bias = in[2], m->c_proj.weight = in[3], m->c_proj.bias = in[4];
+        return m->forward(in[0], in[0], in[0], Tensor(), Tensor(), true).out;
+      },
+      inputs);
+}

@@ -1,0 +1,145 @@
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+
+using tinygpt::cpu::gemm;
+
+namespace {
+
+struct Case {
+  bool ta, tb;
+  int64_t M, N, K;
+  double alpha, beta;
+  int64_t pad_a = 0, pad_b = 0, pad_c = 0;  // leading dimension = row length + pad
+  bool nan_c = false;                       // fill C with NaN (only meaningful with beta == 0)
+};
+
+// Runs gemm<T> on random data and compares with a double-precision triple loop. Per-element tolerance
+// eps * K * (8 + 8 * |ref|): accumulation error grows with K; the atol term covers cancellation near zero.
+template <class T>
+void check(const Case& c, uint32_t seed = 1) {
+  const int64_t a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
+  const int64_t b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
+  const int64_t lda = a_cols + c.pad_a, ldb = b_cols + c.pad_b, ldc = c.N + c.pad_c;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<T> A(size_t(a_rows * lda)), B(size_t(b_rows * ldb)), C(size_t(c.M * ldc));
+  for (auto& v : A) v = T(dist(rng));
+  for (auto& v : B) v = T(dist(rng));
+  for (auto& v : C) v = c.nan_c ? std::numeric_limits<T>::quiet_NaN() : T(dist(rng));
+  const std::vector<T> C0 = C;
+
+  gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc);
+
+  const double eps = std::numeric_limits<T>::epsilon();
+  int64_t bad = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < c.M; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const double got = C[size_t(i * ldc + j)];
+      if (j >= c.N) {  // padding between rows must be untouched
+        if (!(got == double(C0[size_t(i * ldc + j)]) || (std::isnan(got) && c.nan_c))) ++bad;
+        continue;
+      }
+      double acc = 0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const double a = c.ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)];
+        const double b = c.tb ? B[size_t(j * ldb + k)] : B[size_t(k * ldb + j)];
+        acc += a * b;
+      }
+      double ref = c.alpha * acc;
+      if (c.beta != 0) ref += c.beta * double(C0[size_t(i * ldc + j)]);
+      const double err = std::abs(got - ref);
+      const double tol = eps * double(std::max<int64_t>(c.K, 1)) * (8 + 8 * std::abs(ref));
+      if (!(err <= tol)) ++bad;  // also catches NaN
+      if (!(err <= worst)) worst = err;
+    }
+  }
+  INFO("ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K << " alpha=" << c.alpha
+             << " beta=" << c.beta << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
+  CHECK(bad == 0);
+}
+
+template <class T>
+void check_all_trans(Case c, uint32_t seed = 1) {
+  for (int t = 0; t < 4; ++t) {
+    c.ta = t & 1;
+    c.tb = t & 2;
+    check<T>(c, seed);
+  }
+}
+
+const int64_t kSizes[] = {1, 3, 17, 31, 65, 130};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("gemm matches naive: odd sizes, all transposes", T, float, double) {
+  uint32_t seed = 0;
+  for (int64_t M : kSizes)
+    for (int64_t N : kSizes)
+      for (int64_t K : kSizes) check_all_trans<T>({false, false, M, N, K, 1.0, 0.0}, ++seed);
+}
+
+TEST_CASE_TEMPLATE("gemm matches naive: alpha, beta and leading dimensions", T, float, double) {
+  check_all_trans<T>({false, false, 7, 9, 5, 0.5, -1.25, 3, 5, 2});
+  check_all_trans<T>({false, false, 65, 17, 130, -2.0, 0.5, 1, 7, 11});
+  check_all_trans<T>({false, false, 31, 130, 33, 1.0, 1.0, 16, 0, 4});
+  check_all_trans<T>({false, false, 130, 65, 300, 0.25, 2.0, 5, 5, 5});
+  check_all_trans<T>({false, false, 1, 257, 64, 1.5, -1.0, 2, 1, 3});
+  check_all_trans<T>({false, false, 200, 1, 77, 1.0, 0.5, 0, 3, 1});
+}
+
+TEST_CASE_TEMPLATE("gemm beta == 0 ignores NaN in C", T, float, double) {
+  check_all_trans<T>({false, false, 13, 29, 41, 1.0, 0.0, 0, 0, 3, true});
+  check_all_trans<T>({false, false, 130, 100, 600, -0.5, 0.0, 2, 0, 0, true});  // several K blocks
+  check_all_trans<T>({false, false, 5, 7, 0, 1.0, 0.0, 0, 0, 1, true});         // K == 0 -> zeros
+}
+
+TEST_CASE_TEMPLATE("gemm degenerate scalars", T, float, double) {
+  check_all_trans<T>({false, false, 17, 19, 23, 0.0, 0.75, 1, 1, 1});  // alpha == 0: C = beta * C
+  check_all_trans<T>({false, false, 17, 19, 0, 2.0, -1.0, 0, 0, 0});   // K == 0
+  check_all_trans<T>({false, false, 1, 1, 1, 3.0, 0.5});
+}
+
+TEST_CASE_TEMPLATE("gemm large: multiple cache blocks and threads", T, float, double) {
+  // Multiple row blocks per thread and K blocks in one group.
+  check_all_trans<T>({false, false, 517, 300, 700, 1.0, 0.5, 3, 0, 1});
+  // N beyond one column block, few rows (threads split columns).
+  check<T>({false, true, 7, 4200, 40, 1.0, 0.0});
+  check<T>({true, false, 40, 4105, 19, -1.0, 1.0, 2, 2, 2});
+  // Packed op(B) too large for one slab: K is processed in several groups.
+  check<T>({false, true, 37, 1100, 2100, 1.0, 1.0});
+  check<T>({true, false, 37, 1100, 2100, 0.5, 0.0, 0, 0, 0, true});
+}
+
+TEST_CASE("gemm inside a parallel region runs per thread") {
+  std::vector<int> failures(size_t(omp_get_max_threads()), 0);
+  std::vector<int> ran(failures.size(), 0);
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num();
+    const int64_t M = 45 + t, N = 70, K = 90;
+    std::vector<float> A(size_t(M * K)), B(size_t(K * N)), C(size_t(M * N));
+    for (int64_t i = 0; i < M * K; ++i) A[size_t(i)] = float((i * 7 + t) % 13) - 6.0f;
+    for (int64_t i = 0; i < K * N; ++i) B[size_t(i)] = float((i * 5) % 11) - 5.0f;
+    gemm<float>(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        float ref = 0;  // small integers: exact in float
+        for (int64_t k = 0; k < K; ++k) ref += A[size_t(i * K + k)] * B[size_t(k * N + j)];
+        if (C[size_t(i * N + j)] != ref) ++failures[size_t(t)];
+      }
+    ran[size_t(t)] = 1;
+  }
+  for (size_t t = 0; t < failures.size(); ++t) {
+    CHECK(failures[t] == 0);
+    CHECK(ran[t] == 1);
+  }
+}
