@@ -474,7 +474,7 @@ TEST_CASE("attention backward kernels accumulate into their gradients") {
     std::vector<double> expected(grad.size());
     for (size_t i = 0; i < grad.size(); ++i) expected[i] = start[i] + 2 * once.dqkv[i];
     check_close(grad, expected, 1e-12, 1e-12, "start + 2 * gradient");
-    // Null gradients are skipped, the others unchanged in value.
+    // Null gradients are skipped; the one asked for is unchanged.
     std::vector<double> dv_only(p.qkv.size(), 0.0);
     bwd(nullptr, nullptr, dv_only.data() + p.v_off, p.dout.data(), q, k, v, once.out.data(), once.lse.data(),
         p.mask.data(), nullptr, p.g);
