@@ -6,8 +6,36 @@
 // Each row is validated against OpenBLAS first, then both are timed with the same thread count in alternating
 // batches (3 rounds of ours then OpenBLAS) so background noise hits both; GFLOP/s = 2*M*N*K / median call time.
 //
-// Notes from tuning (2-core AMD EPYC Zen 3 VM, AVX2+FMA, 32 KB L1d / 512 KB L2 per core, g++ 12, 2 threads):
-//   TODO
+// Rows timed while other processes were busy are flagged with '*' (from /proc/stat): rerun those.
+//
+// Notes from tuning. Machine: 2-core AMD EPYC (Zen 3) KVM guest, AVX2+FMA, 32 KB L1d and 512 KB L2 per core,
+// 32 MB L3; g++ 12.2 -O3 -march=native; Debian OpenBLAS 0.3.21 (pthreads). GFLOP/s at 2 threads unless stated;
+// absolute numbers drift 5-10% between runs on this VM, the side-by-side ratio much less.
+// - Micro-kernel: register tiles timed alone, operands in L1, kc = 256, 1 thread: 6x16 100 GFLOP/s, 4x24 100,
+//   12x8 92, 8x8 90 (9 loads per 8 FMAs), 3x32 44 (spills). 100 is the FMA peak (32 flop/cycle at ~3.1 GHz).
+//   Kept 6x16 (12 accumulators + 2 B vectors + 1 broadcast = 15 of 16 ymm; 16-wide B panels pack with two 8x8
+//   transposes). Prefetching the C tile before the k loop: dw M=16384 K=1536 N=384 131 -> 150-158.
+// - Blocking: MC 48/72/96/144/192 and KC 256/320/384/512 within noise of each other, KC 192 5-10% slower on dw;
+//   kept MC 144, KC 256, NC 4096. Shared op(B) slab: all of K when it fits in 4 MB, else groups of ~2 MB (2 MB beat
+//   8 MB by 1-7% on dw at M=16384, 1 MB no better).
+// - Packing, copy direction (dy^T and x for dw, W for dinp): walking X row by row across all panels ran at
+//   0.38-0.44 ns/element, 8-row strips per panel at 0.15-0.30 (dw +5-10%). Prefetching 16 rows ahead in the copy:
+//   dw M=16384 K=128 N=512 118 (none) / 124 (4 rows) / 123 (8) / 126 (16). Prefetching the next op(A) block's
+//   source while computing the current one: same row 112 -> 125-135.
+// - Threading: a first version split the rows statically and synchronised with OpenMP barriers; with another
+//   process busy on one core every barrier waited out a 4 ms scheduler tick (4.7-6 GFLOP/s at M=768). Now tickets
+//   are claimed dynamically, waits spin then sleep, and a guard runs calls single-threaded while the calling thread
+//   keeps spending most of a call off its CPU or waiting. With a busy loop on one core: dw M=768 K=512 N=128
+//   26 -> 66-81 GFLOP/s overall (one core alone: 83), fwd M=768 K=384 N=1152 78 -> 65-77, M=16384 unchanged.
+//   On an idle machine it fired about once per 10^4 calls (costing 50 ms single-threaded).
+// - Tried without gain: prefetching the next K group's op(B) during compute (from the macro-kernel loop or spread
+//   through the micro-kernel: -7% to +3%), splitting compute tickets by columns for balance, whole-row pack tickets.
+// - Remaining gap: dw with N=128 (dW is 128 x K): packing x takes ~14% of the time, each packed element feeding only
+//   128 rows (timing with that packing skipped: +16%). Those rows sit at 0.85-0.98 of OpenBLAS depending on the run.
+// - This benchmark: alternating single calls put OpenBLAS at 30-80 GFLOP/s on the small shapes (120-170 alone), as
+//   each library's idle workers spin after a call; hence the batches and settle time below.
+// - Two full runs on an idle machine: ratio min 0.89 / 0.94, geomean 1.09 / 1.10; ours 88-187 GFLOP/s, OpenBLAS
+//   84-187 (the low ends are rows where the VM slowed both down).
 #include <cblas.h>
 #include <omp.h>
 
@@ -19,7 +47,11 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "kernels/cpu/gemm.h"
 
@@ -32,7 +64,32 @@ struct Row {
   const char* kind;
   double ours, blas;  // GFLOP/s
   double err;         // max |ours - blas| / max |blas|
+  double other_load;  // cores used by other processes while timing (NaN when unknown)
 };
+
+// CPU seconds used machine-wide (everything but idle and iowait, steal included) and by this process. Over a row,
+// their difference is the load from other processes; rows timed under such load are flagged so they can be rerun.
+struct CpuSample {
+  double machine, self;
+};
+
+CpuSample cpu_sample() {
+  double machine = NAN;
+  if (std::FILE* f = std::fopen("/proc/stat", "r")) {
+    unsigned long long v[8];
+    if (std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                    &v[7]) == 8)
+      machine = double(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / double(sysconf(_SC_CLK_TCK));
+    std::fclose(f);
+  }
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  const double self = double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  return {machine, self};
+}
+
+// Rows timed while other processes used more than this many cores are flagged.
+constexpr double kBusyCores = 0.15;
 
 // One product in gemm terms: C(m,n) = alpha op(A) op(B) + beta C.
 struct Product {
@@ -100,30 +157,38 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   }
 
   // Interleaved in rounds: a batch of ours, then a batch of OpenBLAS, 3 times. Alternating call by call was tried
-  // and measures thread-pool contention instead of GEMM: each library's idle workers spin for a while after a call
-  // (OpenBLAS's with sched_yield, libgomp's busy) and steal a core from the other, costing up to 2x on small shapes.
-  // So the first ~30 ms of each batch (at least one call) is warm-up and not recorded.
+  // and measured thread-pool contention instead of GEMM: after a call each library's idle workers keep spinning
+  // (OpenBLAS's for ~110 ms with sched_yield, libgomp's for ~8 ms) and take a core from the other, costing up to
+  // 2x on small shapes (and tripping gemm's oversubscription guard). So before our batch the process sleeps until
+  // OpenBLAS's workers are asleep, and each batch starts with at least one call and 30 ms of calls that are not
+  // recorded, then records at least 2 calls and 80 ms (so >= 6 calls and >= 0.24 s per implementation and row).
   std::vector<double> t_ours, t_blas;
-  auto batch = [&](auto&& fn, float* c, std::vector<double>& times) {
+  auto batch = [&](auto&& fn, float* c, double settle, std::vector<double>& times) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(settle));
     const Clock::time_point start = Clock::now();
     double kept = 0;
-    for (int calls = 0;; ++calls) {
+    for (int calls = 0, recorded = 0;; ++calls) {
       const Clock::time_point t0 = Clock::now();
       fn(p, c);
       const double t = seconds_since(t0);
       if (calls > 0 && std::chrono::duration<double>(t0 - start).count() >= 0.03) {
         times.push_back(t);
         kept += t;
-        if (kept >= 0.08) break;
+        if (++recorded >= 2 && kept >= 0.08) break;
       }
     }
   };
+  const Clock::time_point start = Clock::now();
+  const CpuSample cpu0 = cpu_sample();
   for (int round = 0; round < 3; ++round) {
-    batch(run_ours, c_ours.data(), t_ours);
-    batch(run_blas, c_blas.data(), t_blas);
+    batch(run_ours, c_ours.data(), 0.15, t_ours);
+    batch(run_blas, c_blas.data(), 0.0, t_blas);
   }
+  const CpuSample cpu1 = cpu_sample();
+  double other_load = (cpu1.machine - cpu0.machine - (cpu1.self - cpu0.self)) / seconds_since(start);
+  if (other_load < 0) other_load = 0;  // tick rounding; NaN (no /proc/stat) stays NaN
   const double flops = 2.0 * double(M) * double(N) * double(K);
-  return {M, K, N, kind, flops / median(t_ours) / 1e9, flops / median(t_blas) / 1e9, err};
+  return {M, K, N, kind, flops / median(t_ours) / 1e9, flops / median(t_blas) / 1e9, err, other_load};
 }
 
 void usage() {
@@ -169,11 +234,11 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(42);
   if (!json) {
-    std::printf("threads=%d, GFLOP/s from the median of interleaved calls\n", threads);
+    std::printf("threads=%d, GFLOP/s from the median call time of batches interleaved with OpenBLAS\n", threads);
     std::printf("%6s %5s %5s %-5s %12s %16s %7s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", "ratio");
   }
   double min_ratio = INFINITY, log_sum = 0;
-  int rows = 0;
+  int rows = 0, busy_rows = 0;
   for (int64_t M : Ms) {
     if (quick && M != 768) continue;
     for (const auto& kn : KNs) {
@@ -184,18 +249,27 @@ int main(int argc, char** argv) {
         log_sum += std::log(ratio);
         ++rows;
         if (json) {
+          char load[32] = "null";  // unknown without /proc/stat
+          if (!std::isnan(r.other_load)) std::snprintf(load, sizeof load, "%.2f", r.other_load);
           std::printf(
               "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
-              "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g}\n",
-              (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err);
+              "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s}\n",
+              (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load);
         } else {
-          std::printf("%6lld %5lld %5lld %-5s %12.1f %16.1f %7.3f\n", (long long)r.M, (long long)r.K, (long long)r.N,
-                      r.kind, r.ours, r.blas, ratio);
+          const bool busy = r.other_load > kBusyCores;
+          busy_rows += busy;
+          std::printf("%6lld %5lld %5lld %-5s %12.1f %16.1f %7.3f%s\n", (long long)r.M, (long long)r.K, (long long)r.N,
+                      r.kind, r.ours, r.blas, ratio, busy ? "  *" : "");
         }
         std::fflush(stdout);
       }
     }
   }
-  if (!json) std::printf("ratio over %d rows: min %.3f, geomean %.3f\n", rows, min_ratio, std::exp(log_sum / rows));
+  if (!json) {
+    std::printf("ratio over %d rows: min %.3f, geomean %.3f\n", rows, min_ratio, std::exp(log_sum / rows));
+    if (busy_rows)
+      std::printf("* %d rows ran while other processes used more than %.2f cores; rerun for clean numbers\n",
+                  busy_rows, kBusyCores);
+  }
   return 0;
 }

@@ -119,6 +119,23 @@ TEST_CASE_TEMPLATE("gemm large: multiple cache blocks and threads", T, float, do
   check<T>({true, false, 37, 1100, 2100, 0.5, 0.0, 0, 0, 0, true});
 }
 
+TEST_CASE("gemm result does not depend on the thread count") {
+  const int64_t M = 300, N = 200, K = 700;  // several row blocks and K blocks
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> A(size_t(K * M)), B(size_t(K * N)), C0(size_t(M * N));
+  for (auto& v : A) v = dist(rng);
+  for (auto& v : B) v = dist(rng);
+  for (auto& v : C0) v = dist(rng);
+  std::vector<float> C1 = C0, Cn = C0;
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  gemm<float>(true, false, M, N, K, 0.5f, A.data(), M, B.data(), N, 1.0f, C1.data(), N);
+  omp_set_num_threads(threads);
+  gemm<float>(true, false, M, N, K, 0.5f, A.data(), M, B.data(), N, 1.0f, Cn.data(), N);
+  CHECK(C1 == Cn);
+}
+
 TEST_CASE("gemm inside a parallel region runs per thread") {
   std::vector<int> failures(size_t(omp_get_max_threads()), 0);
   std::vector<int> ran(failures.size(), 0);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <vector>
 
@@ -15,37 +16,20 @@
 #define TINYGPT_GEMM_AVX2 1
 #endif
 
-// GotoBLAS/BLIS-style GEMM. Loop nest (per thread, after the team packed a shared slab of op(B)):
-//   jc: N in NC-wide blocks
-//     kg: K in groups of KC blocks whose packed op(B) fits B_BYTES (all of K for the linear-layer shapes, so each
-//         thread's MC x NC tile of C stays in its L2 across the K blocks instead of being streamed K/KC times)
-//       ic: this thread's rows in MC blocks            -> pack op(A) MC x KC into a private buffer (lives in L2)
-//         pc: KC blocks of the group
-//           jr: NR-wide micro-panels of packed op(B)   -> KC x NR panel stays in L1
-//             ir: MR-high micro-panels of packed op(A) -> micro-kernel, MR x NR accumulators in registers
-// Transposes are absorbed by the packing routines. Threads split the rows (or, for few rows, the columns) of C.
+// GotoBLAS/BLIS-style GEMM (shapes and numbers below are for float on the 2-core Zen 3 it was tuned on; the notes
+// on what was tried are in bench/bench_matmul.cpp).
+// - op(B) is packed into a slab shared by the threads: NR-wide micro-panels, KC deep, so the KC x NR panel the
+//   micro-kernel sweeps stays in L1. The slab holds all of K when that is at most 4 MB (fwd/dinp: W is at most
+//   2.4 MB), so a C tile is finished in one pass; otherwise (dw, where op(B) = x is M x K: 4.7-100 MB) K goes in
+//   groups of KC blocks filling about 2 MB.
+// - op(A) is packed per thread in blocks of up to MC rows x KC (lives in L2), MR-high micro-panels.
+// - The MR x NR tile of C lives in registers for a KC-long run of the micro-kernel.
+// - Work is split into tickets claimed dynamically by the threads: per (NC block, K group), pack tickets filling the
+//   slab, then compute tickets (a row block, all of the group's KC blocks, so its C tile stays in L2 across them).
+// Transposes are absorbed by the packing routines.
 
 namespace tinygpt::cpu {
 namespace {
-
-#ifndef TG_PD
-#define TG_PD 16
-#endif
-#ifndef TG_PFLOC
-#define TG_PFLOC 3
-#endif
-#ifndef TG_MC
-#define TG_MC 144
-#endif
-#ifndef TG_KC
-#define TG_KC 256
-#endif
-#ifndef TG_NC
-#define TG_NC 4096
-#endif
-#ifndef TG_BBYTES
-#define TG_BBYTES (8 << 20)
-#endif
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -105,6 +89,10 @@ struct Config<double> {
 
 #ifdef TINYGPT_GEMM_AVX2
 
+// Rows of X prefetched ahead when copying panels out of it (16 beat 0/4/8/32 by 2-6% on dw, whose x and dy
+// stream from DRAM).
+constexpr int64_t kPackAhead = 16;
+
 // In-register 8x8 transpose: r[i][j] -> r[j][i].
 inline void transpose8(__m256 r[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -132,7 +120,9 @@ inline void transpose8(__m256 r[8]) {
 template <>
 struct Config<float> {
   static constexpr int MR = 6, NR = 16;
-  static constexpr int64_t MC = TG_MC, KC = TG_KC, NC = TG_NC;
+  // Sweeps: MC 72/96/144/192 and KC 256/320/384/512 within noise of each other, KC 192 5-10% slower on dw.
+  // 144 x 256 floats = 144 KB of op(A) in the 512 KB L2; a 256 x 16 B panel is 16 KB of the 32 KB L1.
+  static constexpr int64_t MC = 144, KC = 256, NC = 4096;
 
   // Same contract as pack_generic; W is MR = 6 (op(A)) or NR = 16 (op(B)).
   template <int W>
@@ -145,10 +135,10 @@ struct Config<float> {
       const float* src = X + k0 * ld + r0;
       for (int64_t k8 = 0; k8 < kc; k8 += 8, src += 8 * ld) {
         const int64_t kn = std::min<int64_t>(8, kc - k8);
-        if (k8 + TG_PD < kc)
+        if (k8 + kPackAhead < kc)
           for (int64_t k = 0; k < kn; ++k)
             for (int64_t r = 0; r < rows; r += 16)
-              _mm_prefetch(reinterpret_cast<const char*>(src + (TG_PD + k) * ld + r), _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(src + (kPackAhead + k) * ld + r), _MM_HINT_T0);
         for (int64_t p = 0; p < full; ++p) {
           float* d = dst + p * W * kc + k8 * W;
           for (int64_t k = 0; k < kn; ++k) {
@@ -245,8 +235,9 @@ struct Config<float> {
 
 #endif
 
-// Packed op(B) slab (shared by the team) larger than this is split along K into groups.
-constexpr int64_t kBBytes = TG_BBYTES;
+// Target size of the shared op(B) slab when all of K does not fit in twice this (2 MB beat 8 MB by 1-7% on dw at
+// M = 16384; 1 MB was no better).
+constexpr int64_t kSlabBytes = 2 << 20;
 // Below this many multiply-adds a call runs on one thread (fork/join would cost more than it saves).
 constexpr double kMinFmasPerThread = 1 << 18;
 
@@ -278,7 +269,7 @@ class Prefetch {
   int64_t lines() const { return rows_ * per_row_; }
   void step(int64_t n) {
     for (; n > 0 && row_ < rows_; --n) {
-      __builtin_prefetch(base_ + row_ * stride_ + line_ * 64, 0, TG_PFLOC);
+      __builtin_prefetch(base_ + row_ * stride_ + line_ * 64, 0, 3);
       if (++line_ == per_row_) line_ = 0, ++row_;
     }
   }
@@ -326,12 +317,14 @@ class Progress {
 
 // Oversubscription guard. The closing barrier of an OpenMP region needs every team thread to run; when another
 // process holds a core, a team thread queued behind it stalls the caller until the next scheduler tick (4 ms here),
-// even if the caller did all the work itself (measured with a busy loop on one of 2 cores: 2-thread calls of
-// ~0.6 ms took 4-12 ms, 15-25 GFLOP/s, against 85 single-threaded). Two calls in a row whose caller sat idle for
-// most of the call make the following calls run single-threaded for a while (50 ms, doubling while it keeps
-// happening, up to 1 s); then threads are tried again. With the machine to ourselves the tail wait is a fraction of
-// one work unit; an occasional lone stall (an interrupt, a short-lived process) does not count. Results do not
-// depend on the thread count (each element's k order is fixed by the K blocking).
+// and libgomp's idle workers spinning after a region take turns with the caller too. Measured with a busy loop on
+// one of 2 cores, dw M=768 K=512 N=128: 2-thread calls of 0.6 ms took 4-12 ms, 25-29 GFLOP/s overall, against 83
+// single-threaded. Two calls in a row in which the caller spent most of the time off its CPU or waiting make the
+// following calls run single-threaded for a while (50 ms, doubling while it keeps happening, up to 1 s); then
+// threads are tried again. That brought the case above to 66-81 GFLOP/s (calls of ~4 ms, fwd M=768 K=384 N=1152,
+// went from 78 to 65-77; M=16384 is unchanged). With the machine to ourselves the caller waits a fraction of one
+// work unit; a lone stall (an interrupt, a short-lived process) does not count. Results do not depend on the thread
+// count (each element's k order is fixed by the K blocking).
 using Clock = std::chrono::steady_clock;
 std::atomic<int64_t> solo_until_ns{0}, solo_window_ns{0};
 std::atomic<int> stalled_calls{0};
@@ -339,6 +332,12 @@ std::atomic<int> stalled_calls{0};
 int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
 
 bool solo_now() { return now_ns() < solo_until_ns.load(std::memory_order_relaxed); }
+
+Clock::duration thread_cpu_time() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
 
 void note_idle(Clock::duration idle, Clock::duration span) {
   if (idle < std::chrono::milliseconds(2) || idle * 2 < span) {
@@ -363,15 +362,18 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   // Balanced blocks (e.g. K = 384 -> 2 x 192, not 256 + 128); KC a multiple of 8 keeps the packing transposes full.
   const int64_t kc_blk = std::min(K, round_up(ceil_div(K, ceil_div(K, Cfg::KC)), 8));
   const int64_t nc_blk = round_up(ceil_div(N, ceil_div(N, Cfg::NC)), NR);
-  const int64_t kb_per_group = std::max<int64_t>(1, kBBytes / int64_t(sizeof(T)) / (kc_blk * nc_blk));
-  const int64_t group_k = std::min(K, kb_per_group * kc_blk);
-  // Row blocks: few enough to stay under MC, a multiple of the thread count when there are only a few of them
-  // (M = 384 on 2 threads: 4 x 96, not 3 x 128).
-  int64_t rblocks = ceil_div(M, Cfg::MC);
-  if (rblocks < 4 * nt) rblocks = std::min(round_up(rblocks, nt), ceil_div(M, MR));
-  const int64_t mc_blk = round_up(ceil_div(M, rblocks), MR);
-  rblocks = ceil_div(M, mc_blk);
-
+  // K groups of equal size (all of K when it fits, see kSlabBytes).
+  const int64_t kb_total = ceil_div(K, kc_blk);
+  const int64_t kb_cap = K * nc_blk * int64_t(sizeof(T)) <= 2 * kSlabBytes
+                             ? kb_total
+                             : std::max<int64_t>(1, kSlabBytes / int64_t(sizeof(T)) / (kc_blk * nc_blk));
+  const int64_t group_k = std::min(K, ceil_div(kb_total, ceil_div(kb_total, kb_cap)) * kc_blk);
+  // Row blocks: as many as MC requires, rounded up to a multiple of the thread count so the dynamic claiming ends
+  // even (M = 1536: 12 blocks, not 11; M = 384: 4 x 96, not 3 x 128). Block rb covers MR-row tiles
+  // [rb * tiles / rblocks, (rb + 1) * tiles / rblocks), so blocks differ by at most one tile.
+  const int64_t tiles = ceil_div(M, MR);
+  const int64_t rblocks = std::min(round_up(ceil_div(M, Cfg::MC), nt), tiles);
+  const int64_t mc_max = ceil_div(tiles, rblocks) * MR;
   std::vector<Segment> segs;
   int64_t total = 0;
   for (int64_t j0 = 0; j0 < N; j0 += nc_blk) {
@@ -379,7 +381,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
     for (int64_t g0 = 0; g0 < K; g0 += group_k) {
       const int64_t gk = std::min(group_k, K - g0), kblocks = ceil_div(gk, kc_blk);
       // Whole k blocks per pack ticket when there are enough of them (rows of op(B) are then read once).
-      const int64_t pchunks = std::min(panels, std::max<int64_t>(1, ceil_div(2 * nt, kblocks)));
+      const int64_t pchunks = std::min(panels, std::max<int64_t>(1, ceil_div(4 * nt, kblocks)));
       segs.push_back({total, total + kblocks * pchunks, true, j0, nc, g0, gk, pchunks});
       total = segs.back().end;
       // Split columns only when there are fewer row blocks than threads (each chunk re-packs its op(A) block).
@@ -392,7 +394,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   // One allocation: the shared op(B) slab, then one op(A) block per thread (page-aligned, plus slack for the
   // overlapping stores of the A packing).
   const int64_t b_elems = round_up(group_k * nc_blk, 1024);
-  const int64_t a_elems = round_up(mc_blk * kc_blk + 64, 1024);
+  const int64_t a_elems = round_up(mc_max * kc_blk + 64, 1024);
   T* const work = scratch<T>(b_elems + a_elems * nt);
   T* const bpack = work;
   std::atomic<int64_t> next{0};
@@ -401,7 +403,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   // op(A) block (row block rb, k block kb of the segment's group) and the source region its packing reads.
   auto a_block = [&](const Segment& sg, int64_t rb, int64_t kb, int64_t& i0, int64_t& mc, int64_t& k0,
                      int64_t& kc) {
-    i0 = rb * mc_blk, mc = std::min(mc_blk, M - i0);
+    i0 = rb * tiles / rblocks * MR, mc = std::min(M, (rb + 1) * tiles / rblocks * MR) - i0;
     k0 = sg.g0 + kb * kc_blk, kc = std::min(kc_blk, sg.g0 + sg.gk - k0);
   };
   auto a_source = [&](const Segment& sg, int64_t rb, int64_t kb) {
@@ -470,7 +472,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
     for (int64_t t = next.fetch_add(1); t < total;) {
       while (segs[s].end <= t) ++s;
       const Segment& sg = segs[s];
-      progress.wait_for(int(sg.start));
+      progress.wait_for(sg.start);
       const int64_t t_next = next.fetch_add(1);
       if (sg.pack) {
         run_pack(sg, t - sg.start);
@@ -487,15 +489,18 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
     return;
   }
   const Clock::time_point start = Clock::now();
+  const Clock::duration cpu_start = thread_cpu_time();
   Clock::time_point caller_done;
 #pragma omp parallel num_threads(nt)
   {
     worker(omp_get_thread_num());
     if (omp_get_thread_num() == 0) caller_done = Clock::now();
     // Leave only when all work is done, so libgomp's closing barrier never waits on a preempted thread's ticket.
-    progress.wait_for(int(total));
+    progress.wait_for(total);
   }
-  note_idle(Clock::now() - caller_done, Clock::now() - start);
+  const Clock::time_point end = Clock::now();
+  // Off-CPU time of the caller (asleep waiting, or preempted), or its wait after running out of tickets.
+  note_idle(std::max(end - caller_done, (end - start) - (thread_cpu_time() - cpu_start)), end - start);
 }
 
 }  // namespace

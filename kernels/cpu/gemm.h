@@ -8,7 +8,9 @@ namespace tinygpt::cpu {
 // matrices as stored (A stored (M,K) when !trans_a, (K,M) when trans_a; same for B). beta == 0 means C is overwritten
 // (never read, so NaN garbage in C is ignored).
 // Multithreaded with OpenMP (uses omp_get_max_threads() threads; safe to call from outside a parallel region; when
-// called from inside an active parallel region, runs single-threaded).
+// called from inside an active parallel region, runs single-threaded). Products too small to pay for a fork, and
+// calls made while other processes keep a team thread off its core, also run single-threaded. The result does not
+// depend on the number of threads.
 // Instantiated for float (packed, cache-blocked, AVX2/FMA micro-kernel) and double (same blocking, generic kernel).
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
