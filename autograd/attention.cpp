@@ -170,4 +170,30 @@ AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor&
                    heads_last(v, 0, num_kv_heads, num_kv_heads, Ev), true, options);
 }
 
+Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t len, int64_t num_heads,
+                        int64_t num_kv_heads) {
+  if (q.ndim() != 3 || k_cache.ndim() != 3 || v_cache.ndim() != 3 || num_heads <= 0 || num_kv_heads <= 0 ||
+      q.size(2) % num_heads != 0 || k_cache.size(2) % num_kv_heads != 0 || v_cache.size(2) % num_kv_heads != 0) {
+    throw Error(fmt::format("cached_attention: q must be (B, T, NH * E) and the caches (B, capacity, NKV * E) with NH = {}, "
+                            "NKV = {}; got {}, {} and {}",
+                            num_heads, num_kv_heads, q.shape().str(), k_cache.shape().str(), v_cache.shape().str()));
+  }
+  if (len < q.size(1) || len > k_cache.size(1) || !(k_cache.shape() == v_cache.shape() || v_cache.size(1) == k_cache.size(1))) {
+    throw Error(fmt::format("cached_attention: {} positions with {} queries do not fit caches {} and {}", len, q.size(1),
+                            k_cache.shape().str(), v_cache.shape().str()));
+  }
+  if (k_cache.requires_grad() || v_cache.requires_grad()) throw Error("cached_attention: the caches must not require a gradient");
+  // The first `len` positions of a (B, capacity, heads * D) cache, read in place.
+  auto cached = [len](const Tensor& t, int64_t heads) {
+    HeadsView view = heads_last(t, 0, heads, heads, t.size(2) / heads);
+    view.len = len;
+    return view;
+  };
+  AttentionOptions o;
+  o.is_causal = true;
+  return attention(heads_last(q, 0, num_heads, num_heads, q.size(2) / num_heads), cached(k_cache, num_kv_heads),
+                   cached(v_cache, num_kv_heads), true, o)
+      .out;
+}
+
 }  // namespace tinygpt

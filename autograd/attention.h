@@ -54,4 +54,11 @@ AttentionResult fused_self_attention(const Tensor& qkv, int64_t num_heads, int64
 AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads,
                                  int64_t num_kv_heads, const AttentionOptions& options = {});
 
+/// Inference with a key/value cache: q (B, T, NH * E) holds the last T of `len` positions and attends
+/// causally to positions [0, len) of k_cache (B, capacity, NKV * E) and v_cache (B, capacity, NKV * Ev),
+/// read in place. Returns (B, T, NH * Ev). Not differentiable (call it under NoGradGuard or on tensors
+/// that need no gradient).
+Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t len, int64_t num_heads,
+                        int64_t num_kv_heads);
+
 }  // namespace tinygpt

@@ -79,5 +79,8 @@ Tensor slice(const Tensor& x, int dim, int64_t start, int64_t end);
 /// Consecutive pieces of `size` along dim (the last may be shorter).
 std::vector<Tensor> split(const Tensor& x, int64_t size, int dim);
 Tensor concat(const std::vector<Tensor>& xs, int dim);
+/// In place, outside the graph: dst[..., start : start + n, ...] = src along dim (n = src's size there, all
+/// other dims equal). For buffers such as a key/value cache; dst must not require a gradient.
+void write_slice(Tensor& dst, int dim, int64_t start, const Tensor& src);
 
 }  // namespace tinygpt

@@ -162,4 +162,25 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
   });
 }
 
+void write_slice(Tensor& dst, int dim, int64_t start, const Tensor& src) {
+  detail::check_float("write_slice", dst);
+  detail::check_same("write_slice", dst, src);
+  if (dst.requires_grad()) throw Error("write_slice: the destination requires a gradient; write_slice is outside the graph");
+  const int d = dst.shape().normalize_dim(dim);
+  const int64_t D = dst.shape()[d];
+  bool ok = src.ndim() == dst.ndim();
+  for (int i = 0; ok && i < dst.ndim(); ++i) ok = i == d || src.shape()[i] == dst.shape()[i];
+  if (!ok) shape_error("write_slice", fmt::format("sizes must match except in dimension {}", d), dst.shape(), src.shape());
+  const int64_t n = src.shape()[d];
+  if (start < 0 || start + n > D) {
+    throw Error(fmt::format("write_slice: [{}, {}) is outside dimension {} of size {}", start, start + n, d, D));
+  }
+  const int64_t outer = detail::dims_product(dst.shape(), 0, d);
+  const int64_t inner = detail::dims_product(dst.shape(), d + 1, dst.ndim());
+  dispatch_float(dst.dtype(), "write_slice", [&]<class T>() {
+    launch(kernels::copy_slice<T>, dst.device(), dst.data<T>(), src.data<T>(), outer, inner, D, start, n, int64_t(0), n,
+           false);
+  });
+}
+
 }  // namespace tinygpt

@@ -192,6 +192,23 @@ Tensor Tensor::clone() const {
   return out;
 }
 
+void Tensor::copy_(const Tensor& src) {
+  if (!(src.shape() == shape()) || src.dtype() != dtype()) {
+    throw Error(fmt::format("copy_: source {} {} does not match destination {} {}", dtype_name(src.dtype()),
+                            src.shape().str(), dtype_name(dtype()), shape().str()));
+  }
+  const size_t bytes = size_t(numel()) * dtype_size(dtype());
+  if (device() == Device::CPU && src.device() == Device::CPU) {
+    std::memcpy(raw_data(), src.raw_data(), bytes);
+  } else if (device() == Device::CPU) {
+    cuda::copy_to_host(raw_data(), src.raw_data(), bytes);
+  } else if (src.device() == Device::CPU) {
+    cuda::copy_to_device(raw_data(), src.raw_data(), bytes);
+  } else {
+    cuda::copy_on_device(raw_data(), src.raw_data(), bytes);
+  }
+}
+
 Tensor& Tensor::requires_grad_(bool on) {
   if (on && !is_leaf()) throw Error("requires_grad_: only leaf tensors can be marked (use detach() first)");
   if (on && dtype() != DType::F32 && dtype() != DType::F64) {

@@ -111,6 +111,9 @@ class Tensor {
   Tensor to(DType dtype) const;
   /// A new tensor with its own copy of the data, outside the graph.
   Tensor clone() const;
+  /// Overwrites this tensor's data with src's (same shape and dtype, any device), in place and outside the
+  /// graph: for loading weights and optimizer state.
+  void copy_(const Tensor& src);
 
   // --- autograd
   bool requires_grad() const { return impl().requires_grad; }

@@ -23,42 +23,14 @@ std::string read_text_file(const fs::path& path) {
   return bytes;
 }
 
+void utf8_error(std::string_view bytes, size_t offset, const char* why) {
+  throw Error(fmt::format("invalid UTF-8 at byte offset {}: {} (byte 0x{:02x})", offset, why, uint8_t(bytes[offset])));
+}
+
 std::u32string decode_utf8(std::string_view bytes) {
   std::u32string out;
   out.reserve(bytes.size());
-  size_t i = 0;
-  auto fail = [&](const char* why) {
-    throw Error(fmt::format("invalid UTF-8 at byte offset {}: {} (byte 0x{:02x})", i, why, uint8_t(bytes[i])));
-  };
-  while (i < bytes.size()) {
-    const auto b0 = uint8_t(bytes[i]);
-    if (b0 < 0x80) {
-      out.push_back(b0);
-      ++i;
-      continue;
-    }
-    int len = 0;
-    char32_t cp = 0, min = 0;
-    if ((b0 & 0xe0) == 0xc0) {
-      len = 2, cp = b0 & 0x1f, min = 0x80;
-    } else if ((b0 & 0xf0) == 0xe0) {
-      len = 3, cp = b0 & 0x0f, min = 0x800;
-    } else if ((b0 & 0xf8) == 0xf0) {
-      len = 4, cp = b0 & 0x07, min = 0x10000;
-    } else {
-      fail("not a valid leading byte");
-    }
-    if (i + size_t(len) > bytes.size()) fail("sequence cut short by the end of the text");
-    for (int k = 1; k < len; ++k) {
-      const auto b = uint8_t(bytes[i + size_t(k)]);
-      if ((b & 0xc0) != 0x80) fail("missing continuation byte");
-      cp = (cp << 6) | (b & 0x3f);
-    }
-    if (cp < min) fail("overlong encoding");
-    if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) fail("not a Unicode scalar value");
-    out.push_back(cp);
-    i += size_t(len);
-  }
+  for_each_code_point(bytes, [&](char32_t c) { out.push_back(c); });
   return out;
 }
 
@@ -87,6 +59,20 @@ std::string encode_utf8(std::u32string_view text) {
 CharVocab::CharVocab(std::u32string_view text) : chars_(text) {
   std::sort(chars_.begin(), chars_.end());
   chars_.erase(std::unique(chars_.begin(), chars_.end()), chars_.end());
+}
+
+CharVocab CharVocab::from_chars(std::u32string chars) {
+  for (size_t i = 1; i < chars.size(); ++i) {
+    if (chars[i - 1] >= chars[i]) throw Error("vocabulary: characters must be sorted and unique");
+  }
+  CharVocab v;
+  v.chars_ = std::move(chars);
+  return v;
+}
+
+int32_t CharVocab::id(char32_t c) const {
+  const auto it = std::lower_bound(chars_.begin(), chars_.end(), c);
+  return it == chars_.end() || *it != c ? -1 : int32_t(it - chars_.begin());
 }
 
 std::vector<int32_t> CharVocab::encode(std::u32string_view text) const {

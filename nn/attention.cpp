@@ -43,7 +43,7 @@ void trace(const char* stage, const Tensor& t) {
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, Generator& gen)
-    : c_proj(resolve(config).embed_dim, resolve(config).embed_dim, config.bias, gen), config_(resolve(config)), gen_(&gen) {
+    : c_proj(resolve(config).embed_dim, resolve(config).embed_dim, config.bias, gen, config.proj_init_std), config_(resolve(config)), gen_(&gen) {
   const auto& c = config_;
   const int64_t E = head_dim();
   if (c.kdim == c.embed_dim && c.vdim == c.embed_dim) {
@@ -126,6 +126,21 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
     trace("attention weights", out.weights);
   }
   return out;
+}
+
+Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, int64_t pos) const {
+  const auto& c = config_;
+  const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim(), T = x.size(1);
+  if (!c_attn) throw Error("MultiHeadAttention: forward_cached needs the fused QKV projection (kdim == vdim == embed_dim)");
+  if (pos < 0 || pos + T > k_cache.size(1)) {
+    throw Error(fmt::format("MultiHeadAttention: positions [{}, {}) do not fit a cache of {}", pos, pos + T, k_cache.size(1)));
+  }
+  Tensor qkv = c_attn->forward(x);  // (B, T, (NH + 2 NKV) * E)
+  if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_base);
+  write_slice(k_cache, 1, pos, narrow(qkv, 2, NH * E, NKV * E));
+  write_slice(v_cache, 1, pos, narrow(qkv, 2, (NH + NKV) * E, NKV * E));
+  const Tensor y = cached_attention(narrow(qkv, 2, 0, NH * E), k_cache, v_cache, pos + T, NH, NKV);  // (B, T, NH * E)
+  return c_proj.forward(y);
 }
 
 }  // namespace tinygpt::nn

@@ -19,6 +19,7 @@ struct MultiHeadAttentionConfig {
   double dropout = 0.0;      // on the attention weights, in training mode
   bool rope = false;         // rotate q and k by position (RoPE) instead of relying on learned positions
   double rope_base = 10000.0;
+  double proj_init_std = kInitStd;  // of the output projection (GPT-2 scales it down with depth)
 };
 
 class MultiHeadAttention : public Module {
@@ -36,6 +37,11 @@ class MultiHeadAttention : public Module {
   Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = {},
                  const Tensor& attn_mask = {}, bool is_causal = false, bool need_weights = false,
                  bool average_attn_weights = true, int64_t pos0 = 0) const;
+
+  /// Inference for self-attention with a key/value cache: x (B, T, embed_dim) holds positions
+  /// [pos, pos + T); their keys and values are written into k_cache, v_cache (B, capacity, NKV * head_dim)
+  /// and the queries attend causally to positions [0, pos + T). Needs the fused projection.
+  Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, int64_t pos) const;
 
   const MultiHeadAttentionConfig& config() const { return config_; }
   int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }

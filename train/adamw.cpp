@@ -24,6 +24,15 @@ void AdamW::step(double lr) {
   }
 }
 
+std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Slot& s : slots_) {
+    out.emplace_back(s.name + ".exp_avg", s.m);
+    out.emplace_back(s.name + ".exp_avg_sq", s.v);
+  }
+  return out;
+}
+
 void AdamW::zero_grad() {
   for (Slot& s : slots_) s.param.zero_grad();
 }

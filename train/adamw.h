@@ -26,6 +26,11 @@ class AdamW {
   void step() { step(config_.lr); }
   void zero_grad();
   int64_t steps() const { return step_; }
+  /// Restores the step count (bias correction) of a resumed run.
+  void set_steps(int64_t steps) { step_ = steps; }
+  /// The moment estimates, named "<param>.exp_avg" and "<param>.exp_avg_sq" (PyTorch's names); they are the
+  /// optimizer's own tensors, so copying into them restores a saved state.
+  std::vector<std::pair<std::string, Tensor>> state() const;
 
  private:
   struct Slot {

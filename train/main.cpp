@@ -1,39 +1,170 @@
-// The tinygpt command line.
+// The tinygpt command line: train, sample, eval.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 #include <omp.h>
 
-#include "kernels/kernels.h"
-#include "train/demo.h"
+#include <chrono>
+#include <cstdio>
+
+#include "data/corpus.h"
+#include "train/checkpoint.h"
+#include "train/generate.h"
+#include "train/trainer.h"
+
+namespace {
+
+using namespace tinygpt;
+
+void add_train_command(CLI::App& app, TrainConfig& c) {
+  CLI::App* cmd = app.add_subcommand("train", "Train a character-level GPT on a UTF-8 text file (nanoGPT's shakespeare_char defaults)");
+  cmd->add_option("--data", c.data, "UTF-8 text file to train on")->required();
+  cmd->add_option("--out", c.out, "Run directory: checkpoints, metrics.jsonl, token cache")->capture_default_str();
+  auto& m = c.model;
+  cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str();
+  cmd->add_option("--n-head", m.n_head, "Attention heads")->capture_default_str();
+  cmd->add_option("--n-kv-head", m.n_kv_head, "Key/value heads (0: same as --n-head; fewer: grouped-query)")->capture_default_str();
+  cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str();
+  cmd->add_option("--block-size", m.block_size, "Context length in characters")->capture_default_str();
+  cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str();
+  cmd->add_flag("--bias,!--no-bias", m.bias, "Biases in Linear and LayerNorm layers")->capture_default_str();
+  cmd->add_flag("--rope,!--no-rope", m.rope, "Rotary position embeddings instead of a learned position table")->capture_default_str();
+  cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
+  cmd->add_option("--max-iters", c.max_iters, "Training iterations")->capture_default_str();
+  cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
+  cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warmup iterations")->capture_default_str();
+  cmd->add_option("--lr-decay-iters", c.lr_decay_iters, "Iteration where the cosine decay reaches --min-lr")->capture_default_str();
+  cmd->add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices and embeddings only)")->capture_default_str();
+  cmd->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
+  cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  cmd->add_option("--eval-interval", c.eval_interval, "Iterations between evaluations and checkpoints")->capture_default_str();
+  cmd->add_option("--eval-iters", c.eval_iters, "Batches per evaluation of each split")->capture_default_str();
+  cmd->add_option("--log-interval", c.log_interval, "Iterations between log lines (metrics.jsonl gets every one)")->capture_default_str();
+  cmd->add_option("--train-fraction", c.train_fraction, "Leading fraction of the text used for training; the rest validates")->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
+  cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
+  cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
+}
+
+struct SampleArgs {
+  std::string ckpt;
+  std::string prompt = "\n";
+  GenerateOptions gen;
+  uint64_t seed = 1337;
+  int64_t num_samples = 1;
+};
+
+void add_sample_command(CLI::App& app, SampleArgs& a) {
+  CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)");
+  cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
+  cmd->add_option("--prompt", a.prompt, "Text to continue (printed first)")->capture_default_str();
+  cmd->add_option("--max-new-tokens", a.gen.max_new_tokens, "Characters to generate per sample")->capture_default_str();
+  cmd->add_option("--temperature", a.gen.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", a.gen.top_k, "Sample among the k most likely characters (0: all)")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "Random seed (the same seed gives the same text)")->capture_default_str();
+  cmd->add_option("--num-samples", a.num_samples, "Independent samples to draw")->capture_default_str();
+  cmd->add_flag("--kv-cache,!--no-kv-cache", a.gen.kv_cache, "Reuse cached keys and values instead of rerunning the context")->capture_default_str();
+}
+
+struct EvalArgs {
+  std::string ckpt, data;
+  int64_t batch_size = 64, eval_iters = 200;
+  double train_fraction = 0.9;
+  uint64_t seed = 1337;
+};
+
+void add_eval_command(CLI::App& app, EvalArgs& a) {
+  CLI::App* cmd = app.add_subcommand("eval", "Print a checkpoint's mean loss on the train and val splits of a text file");
+  cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
+  cmd->add_option("--data", a.data, "UTF-8 text file (its characters must be in the checkpoint's vocabulary)")->required();
+  cmd->add_option("--batch-size", a.batch_size, "Sequences per batch")->capture_default_str();
+  cmd->add_option("--eval-iters", a.eval_iters, "Batches per split")->capture_default_str();
+  cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
+}
+
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt) {
+  Generator gen(0);
+  auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
+  load_weights(*model, ckpt);
+  model->train(false);
+  return model;
+}
+
+void run_sample(const SampleArgs& a) {
+  if (a.gen.max_new_tokens < 0) throw Error(fmt::format("--max-new-tokens must not be negative, got {}", a.gen.max_new_tokens));
+  if (a.num_samples <= 0) throw Error(fmt::format("--num-samples must be positive, got {}", a.num_samples));
+  if (!(a.gen.temperature >= 0)) throw Error(fmt::format("--temperature must not be negative, got {}", a.gen.temperature));
+  if (a.gen.top_k < 0) throw Error(fmt::format("--top-k must not be negative, got {}", a.gen.top_k));
+  const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  const auto model = model_from(ckpt);
+  const std::u32string prompt = data::decode_utf8(a.prompt);
+  if (prompt.empty()) throw Error("--prompt is empty: give at least one character");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const int32_t id = ckpt.vocab.id(prompt[i]);
+    if (id < 0) {
+      throw Error(fmt::format("--prompt: character '{}' (U+{:04X}) at position {} is not in the model's vocabulary",
+                              data::encode_utf8(prompt.substr(i, 1)), uint32_t(prompt[i]), i));
+    }
+    ids.push_back(id);
+  }
+  fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache\n", ckpt.path.string(), ckpt.state.iter,
+             ckpt.state.best_val_loss, a.gen.kv_cache ? "with KV" : "without KV");
+  Generator gen(a.seed);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < a.num_samples; ++s) {
+    if (s > 0) fmt::print("\n---------------\n");
+    fmt::print("{}", a.prompt);
+    generate(*model, ids, a.gen, gen, [&](int32_t id) {
+      fmt::print("{}", data::encode_utf8(std::u32string(1, ckpt.vocab.chars()[size_t(id)])));
+      std::fflush(stdout);
+    });
+  }
+  fmt::print("\n");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(stderr, "{} tokens in {:.2f}s ({:.0f} tokens/s)\n", a.gen.max_new_tokens * a.num_samples, secs,
+             double(a.gen.max_new_tokens * a.num_samples) / secs);
+}
+
+void run_eval(const EvalArgs& a) {
+  if (a.batch_size <= 0 || a.eval_iters <= 0) throw Error("--batch-size and --eval-iters must be positive");
+  const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  const auto model = model_from(ckpt);
+  const data::TokenData tokens = data::encode_file(a.data, ckpt.vocab);
+  const data::Split split = data::split_tokens(tokens.ids(), a.train_fraction);
+  const double train = estimate_loss(*model, split.train, a.batch_size, a.eval_iters, a.seed, "training split");
+  const double val = estimate_loss(*model, split.val, a.batch_size, a.eval_iters, a.seed + 1, "validation split");
+  fmt::print("train loss {:.4f}, val loss {:.4f}\n", train, val);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"tinygpt: train small GPT language models from text files, and sample from them"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tinygpt 0.1.0");
-
-  tinygpt::DemoConfig demo;
   int threads = 0;
-  CLI::App* demo_cmd = app.add_subcommand(
-      "demo", "Train a small character-level MLP language model on a text file through the autograd API, then sample");
-  demo_cmd->add_option("--data", demo.data_path, "UTF-8 text file to train on")->required();
-  demo_cmd->add_option("--steps", demo.steps, "Training steps")->capture_default_str()->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--batch-size", demo.batch_size, "Examples per step")->capture_default_str()->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--context", demo.context, "Characters of context")->capture_default_str()->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--hidden", demo.hidden, "Hidden layer width")->capture_default_str()->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--lr", demo.lr, "Peak learning rate (cosine decay to 0)")->capture_default_str()->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--eval-interval", demo.eval_interval, "Steps between evaluations")->capture_default_str()->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--sample-chars", demo.sample_chars, "Characters to sample at the end")->capture_default_str()->check(CLI::NonNegativeNumber);
-  demo_cmd->add_option("--seed", demo.seed, "Random seed")->capture_default_str();
-  demo_cmd->add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
+
+  TrainConfig train_cfg;
+  SampleArgs sample_args;
+  EvalArgs eval_args;
+  add_train_command(app, train_cfg);
+  add_sample_command(app, sample_args);
+  add_eval_command(app, eval_args);
+  for (CLI::App* sub : app.get_subcommands({})) sub->fallthrough();
 
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) omp_set_num_threads(threads);
   try {
-    if (*demo_cmd) tinygpt::run_demo(demo);
-  } catch (const tinygpt::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
+    if (app.got_subcommand("train")) tinygpt::train(train_cfg);
+    if (app.got_subcommand("sample")) run_sample(sample_args);
+    if (app.got_subcommand("eval")) run_eval(eval_args);
   } catch (const std::exception& e) {
+    std::fflush(stdout);
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
   }

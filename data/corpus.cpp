@@ -1,0 +1,234 @@
+#include "data/corpus.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace tinygpt::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'T', 'G', 'T', 'O', 'K', 'E', 'N', '1'};
+constexpr size_t kMaxHeader = size_t(1) << 24;
+
+/// The source file's identity: a cache is valid only for the same path, size and modification time.
+nlohmann::json source_identity(const fs::path& text_path) {
+  struct stat st{};
+  if (::stat(text_path.c_str(), &st) != 0) {
+    throw Error(fmt::format("cannot stat '{}': {}", text_path.string(), std::strerror(errno)));
+  }
+  return {{"source", fs::absolute(text_path).lexically_normal().string()},
+          {"size", int64_t(st.st_size)},
+          {"mtime_ns", int64_t(st.st_mtim.tv_sec) * 1000000000 + int64_t(st.st_mtim.tv_nsec)}};
+}
+
+MappedFile map_text(const fs::path& text_path) {
+  std::error_code ec;
+  if (!fs::exists(text_path, ec)) throw Error(fmt::format("data file '{}' does not exist", text_path.string()));
+  if (fs::is_directory(text_path, ec)) throw Error(fmt::format("'{}' is a directory, not a text file", text_path.string()));
+  MappedFile text(text_path);
+  if (text.bytes().empty()) throw Error(fmt::format("data file '{}' is empty", text_path.string()));
+  return text;
+}
+
+/// Ids of every character of `bytes`, through a code point -> id table.
+std::vector<Token> encode_bytes(std::string_view bytes, const std::vector<int32_t>& table, size_t count,
+                                const fs::path& text_path) {
+  std::vector<Token> ids;
+  ids.reserve(count);
+  size_t offset = 0;
+  for_each_code_point(bytes, [&](char32_t c) {
+    const int32_t id = table[size_t(c)];
+    if (id < 0) {
+      throw Error(fmt::format("'{}': character '{}' (U+{:04X}) at byte offset {} is not in the model's vocabulary",
+                              text_path.string(), encode_utf8(std::u32string(1, c)), uint32_t(c), offset));
+    }
+    ids.push_back(Token(id));
+    offset += c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+  });
+  return ids;
+}
+
+std::vector<int32_t> id_table(const CharVocab& vocab) {
+  std::vector<int32_t> table(0x110000, -1);
+  for (size_t i = 0; i < vocab.chars().size(); ++i) table[size_t(vocab.chars()[i])] = int32_t(i);
+  return table;
+}
+
+/// The cache's header and ids, when the file is a well-formed cache of `identity`.
+std::optional<Corpus> read_cache(const fs::path& cache_path, const nlohmann::json& identity) {
+  std::error_code ec;
+  if (!fs::is_regular_file(cache_path, ec)) return std::nullopt;
+  MappedFile file(cache_path);
+  const std::string_view b = file.bytes();
+  if (b.size() < 16 || std::memcmp(b.data(), kMagic, 8) != 0) return std::nullopt;
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, b.data() + 8, 8);
+  if (header_len > kMaxHeader || 16 + header_len > b.size()) return std::nullopt;
+  const auto header = nlohmann::json::parse(b.substr(16, header_len), nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object() || !header.contains("count") || !header.contains("vocab") || !header.contains("offset")) {
+    return std::nullopt;
+  }
+  for (const auto& [key, value] : identity.items()) {
+    if (!header.contains(key) || header[key] != value) return std::nullopt;
+  }
+  const auto count = header["count"].get<uint64_t>();
+  const auto offset = header["offset"].get<uint64_t>();
+  if (offset % alignof(Token) != 0 || offset < 16 + header_len || offset + count * sizeof(Token) != b.size()) {
+    return std::nullopt;
+  }
+  Corpus c;
+  c.vocab = CharVocab::from_chars(decode_utf8(header["vocab"].get<std::string>()));
+  c.tokens = TokenData(std::move(file), offset, count);
+  c.from_cache = true;
+  return c;
+}
+
+void write_cache(const fs::path& cache_path, nlohmann::json header, const CharVocab& vocab, const std::vector<Token>& ids) {
+  header["vocab"] = encode_utf8(vocab.chars());
+  header["count"] = ids.size();
+  header["offset"] = 0;
+  // The header's length depends on the offset's digits: fix the offset with room to spare, then pad.
+  const size_t base = 16 + header.dump().size() + 32;
+  const size_t offset = (base + alignof(Token) - 1) / alignof(Token) * alignof(Token);
+  header["offset"] = offset;
+  std::string text = header.dump();
+  text.resize(offset - 16, ' ');
+  const uint64_t header_len = text.size();
+
+  const fs::path tmp = cache_path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(fmt::format("cannot write the token cache '{}': {}", tmp.string(), std::strerror(errno)));
+    out.write(kMagic, 8);
+    out.write(reinterpret_cast<const char*>(&header_len), 8);
+    out.write(text.data(), std::streamsize(text.size()));
+    out.write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * sizeof(Token)));
+    if (!out.flush()) throw Error(fmt::format("cannot write the token cache '{}' (disk full?)", tmp.string()));
+  }
+  std::error_code ec;
+  fs::rename(tmp, cache_path, ec);
+  if (ec) throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    throw Error(fmt::format("'{}' is not a readable file", path.string()));
+  }
+  size_ = size_t(st.st_size);
+  if (size_ > 0) {
+    data_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (data_ == MAP_FAILED) {
+      data_ = nullptr;
+      ::close(fd);
+      throw Error(fmt::format("cannot map '{}' into memory: {}", path.string(), std::strerror(errno)));
+    }
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+MappedFile::MappedFile(MappedFile&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+TokenData::TokenData(MappedFile file, size_t offset, size_t count) : file_(std::move(file)), offset_(offset), count_(count) {}
+
+std::span<const Token> TokenData::ids() const {
+  if (!owned_.empty()) return owned_;
+  if (count_ == 0) return {};
+  return {reinterpret_cast<const Token*>(file_.bytes().data() + offset_), count_};
+}
+
+Corpus load_corpus(const fs::path& text_path, const fs::path& cache_dir) {
+  const MappedFile text = map_text(text_path);
+  const nlohmann::json identity = source_identity(text_path);
+  const fs::path cache_path = cache_dir / "tokens.bin";
+  if (auto cached = read_cache(cache_path, identity)) return std::move(*cached);
+
+  // Pass 1: validate and collect the characters; pass 2: ids.
+  std::vector<bool> seen(0x110000, false);
+  size_t count = 0;
+  for_each_code_point(text.bytes(), [&](char32_t c) {
+    seen[size_t(c)] = true;
+    ++count;
+  });
+  std::u32string chars;
+  for (char32_t c = 0; c < 0x110000; ++c) {
+    if (seen[size_t(c)]) chars.push_back(c);
+  }
+  if (int64_t(chars.size()) > kMaxVocab) {
+    throw Error(fmt::format("'{}' has {} distinct characters; token ids are 16-bit, so at most {} are supported",
+                            text_path.string(), chars.size(), kMaxVocab));
+  }
+  CharVocab vocab = CharVocab::from_chars(std::move(chars));
+  write_cache(cache_path, identity, vocab, encode_bytes(text.bytes(), id_table(vocab), count, text_path));
+  auto cached = read_cache(cache_path, identity);
+  if (!cached) throw Error(fmt::format("the token cache '{}' could not be read back", cache_path.string()));
+  cached->from_cache = false;
+  return std::move(*cached);
+}
+
+TokenData encode_file(const fs::path& text_path, const CharVocab& vocab) {
+  const MappedFile text = map_text(text_path);
+  return TokenData(encode_bytes(text.bytes(), id_table(vocab), text.bytes().size(), text_path));
+}
+
+Split split_tokens(std::span<const Token> ids, double train_fraction) {
+  if (!(train_fraction > 0.0 && train_fraction < 1.0)) {
+    throw Error(fmt::format("the train fraction must be in (0, 1), got {}", train_fraction));
+  }
+  const auto n = size_t(double(ids.size()) * train_fraction);
+  return {ids.first(n), ids.subspan(n)};
+}
+
+BatchSampler::BatchSampler(std::span<const Token> ids, int64_t batch_size, int64_t block_size, uint64_t seed,
+                           const char* what)
+    : ids_(ids), batch_size_(batch_size), block_size_(block_size), gen_(seed) {
+  if (int64_t(ids.size()) < block_size + 1) {
+    throw Error(fmt::format("the {} has {} tokens, fewer than block_size + 1 = {}: use a longer text or a smaller "
+                            "--block-size",
+                            what, ids.size(), block_size + 1));
+  }
+}
+
+BatchSampler::Batch BatchSampler::next() {
+  const int64_t B = batch_size_, T = block_size_;
+  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
+  const auto windows = uint64_t(int64_t(ids_.size()) - T);  // start positions 0 .. size - T - 1
+  for (int64_t b = 0; b < B; ++b) {
+    const auto start = size_t(gen_.next_u64() % windows);
+    for (int64_t t = 0; t < T; ++t) {
+      x[size_t(b * T + t)] = ids_[start + size_t(t)];
+      y[size_t(b * T + t)] = ids_[start + size_t(t) + 1];
+    }
+  }
+  return {from_vector(x, {B, T}), from_vector(y, {B, T})};
+}
+
+}  // namespace tinygpt::data

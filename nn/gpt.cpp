@@ -1,0 +1,150 @@
+#include "nn/gpt.h"
+
+#include <cmath>
+
+namespace tinygpt::nn {
+namespace {
+
+MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
+  MultiHeadAttentionConfig a;
+  a.embed_dim = c.n_embd;
+  a.num_heads = c.n_head;
+  a.num_kv_heads = c.n_kv_head;
+  a.bias = c.bias;
+  a.dropout = c.dropout;
+  a.rope = c.rope;
+  a.proj_init_std = kInitStd / std::sqrt(2.0 * double(c.n_layer));
+  return a;
+}
+
+/// Positions [pos0, pos0 + T) as i32 ids.
+Tensor positions(int64_t pos0, int64_t T) {
+  std::vector<int32_t> p(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) p[size_t(t)] = int32_t(pos0 + t);
+  return from_vector(p, {T});
+}
+
+}  // namespace
+
+void GPTConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) throw Error(fmt::format("model config: {} must be positive, got {}", name, v));
+  };
+  positive("vocab_size", vocab_size);
+  positive("block_size", block_size);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  positive("n_embd", n_embd);
+  if (n_kv_head < 0) throw Error(fmt::format("model config: n_kv_head must be 0 (= n_head) or positive, got {}", n_kv_head));
+  if (n_embd % n_head != 0) {
+    throw Error(fmt::format("model config: n_embd ({}) must be divisible by n_head ({})", n_embd, n_head));
+  }
+  if (n_kv_head > 0 && n_head % n_kv_head != 0) {
+    throw Error(fmt::format("model config: n_head ({}) must be divisible by n_kv_head ({})", n_head, n_kv_head));
+  }
+  if (rope && (n_embd / n_head) % 2 != 0) {
+    throw Error(fmt::format("model config: RoPE needs an even head size, got n_embd / n_head = {}", n_embd / n_head));
+  }
+  if (!(dropout >= 0.0 && dropout < 1.0)) throw Error(fmt::format("model config: dropout must be in [0, 1), got {}", dropout));
+}
+
+MLP::MLP(const GPTConfig& c, Generator& gen)
+    : c_fc(c.n_embd, 4 * c.n_embd, c.bias, gen),
+      c_proj(4 * c.n_embd, c.n_embd, c.bias, gen, kInitStd / std::sqrt(2.0 * double(c.n_layer))) {
+  register_module("c_fc", c_fc);
+  register_module("c_proj", c_proj);
+}
+
+Block::Block(const GPTConfig& c, Generator& gen)
+    : ln_1(c.n_embd, c.bias), attn(attention_config(c), gen), ln_2(c.n_embd, c.bias), mlp(c, gen), dropout_(c.dropout) {
+  register_module("ln_1", ln_1);
+  register_module("attn", attn);
+  register_module("ln_2", ln_2);
+  register_module("mlp", mlp);
+}
+
+Tensor Block::forward(const Tensor& x, Generator& gen) const {
+  const Tensor a = ln_1.forward(x);
+  const Tensor x1 = x + dropout(attn.forward(a, a, a, {}, {}, /*is_causal=*/true).out, dropout_, gen, training());
+  return x1 + dropout(mlp.forward(ln_2.forward(x1)), dropout_, gen, training());
+}
+
+Tensor Block::forward_cached(const Tensor& x, KVCache& cache, size_t layer) const {
+  const Tensor x1 = x + attn.forward_cached(ln_1.forward(x), cache.k[layer], cache.v[layer], cache.len);
+  return x1 + mlp.forward(ln_2.forward(x1));
+}
+
+GPT::GPT(const GPTConfig& config, Generator& gen)
+    : wte(config.vocab_size, config.n_embd, gen), ln_f(config.n_embd, config.bias), config_(config), gen_(&gen) {
+  config_.validate();
+  register_module("transformer.wte", wte);
+  if (!config_.rope) {
+    wpe = std::make_unique<Embedding>(config_.block_size, config_.n_embd, gen);
+    register_module("transformer.wpe", *wpe);
+  }
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    h.push_back(std::make_unique<Block>(config_, gen));
+    register_module(fmt::format("transformer.h.{}", i), *h.back());
+  }
+  register_module("transformer.ln_f", ln_f);
+}
+
+int64_t GPT::num_parameters_non_embedding() const { return num_parameters() - (wpe ? wpe->weight.numel() : 0); }
+
+Tensor GPT::hidden(const Tensor& ids) const {
+  if (ids.ndim() != 2 || ids.dtype() != DType::I32) {
+    throw Error(fmt::format("GPT: ids must be an i32 (B, T) tensor, got {} {}", dtype_name(ids.dtype()), ids.shape().str()));
+  }
+  const int64_t T = ids.size(1);
+  if (T > config_.block_size) {
+    throw Error(fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", T, config_.block_size));
+  }
+  Tensor x = wte.forward(ids);  // (B, T, C)
+  if (wpe) x = x + wpe->forward(positions(0, T).to(ids.device()));
+  x = dropout(x, config_.dropout, *gen_, training());
+  for (const auto& block : h) x = block->forward(x, *gen_);
+  return ln_f.forward(x);
+}
+
+GPT::Output GPT::forward(const Tensor& ids, const Tensor& targets) const {
+  Output out;
+  out.logits = linear(hidden(ids), wte.weight);  // (B, T, V), weights tied with the token embedding
+  if (targets.defined()) out.loss = cross_entropy(out.logits, targets);
+  return out;
+}
+
+Tensor GPT::last_logits(const Tensor& ids) const {
+  const Tensor x = hidden(ids);
+  return linear(reshape(narrow(x, 1, x.size(1) - 1, 1), {x.size(0), x.size(2)}), wte.weight);
+}
+
+KVCache GPT::make_cache(int64_t batch) const {
+  KVCache cache;
+  const int64_t kv_heads = config_.n_kv_head > 0 ? config_.n_kv_head : config_.n_head;
+  const int64_t width = kv_heads * (config_.n_embd / config_.n_head);
+  const Device device = wte.weight.device();
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    cache.k.push_back(zeros({batch, config_.block_size, width}, wte.weight.dtype(), device));
+    cache.v.push_back(zeros({batch, config_.block_size, width}, wte.weight.dtype(), device));
+  }
+  return cache;
+}
+
+Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
+  if (ids.ndim() != 2 || ids.dtype() != DType::I32) {
+    throw Error(fmt::format("GPT: ids must be an i32 (B, T) tensor, got {} {}", dtype_name(ids.dtype()), ids.shape().str()));
+  }
+  const int64_t T = ids.size(1);
+  if (cache.len + T > cache.capacity()) {
+    throw Error(fmt::format("GPT: {} cached positions and {} new ones exceed the block size {}", cache.len, T,
+                            cache.capacity()));
+  }
+  Tensor x = wte.forward(ids);
+  if (wpe) x = x + wpe->forward(positions(cache.len, T).to(ids.device()));
+  for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache, i);
+  cache.len += T;
+  x = ln_f.forward(narrow(x, 1, T - 1, 1));
+  return linear(reshape(x, {x.size(0), x.size(2)}), wte.weight);
+}
+
+}  // namespace tinygpt::nn

@@ -1,0 +1,101 @@
+// GPT as nanoGPT builds it: token (+ learned position) embeddings, N pre-LayerNorm transformer blocks of
+// causal self-attention and a 4x GELU MLP, a final LayerNorm, and an LM head tied to the token embedding.
+// Parameter names are nanoGPT's ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", ...), so
+// weights move between the two by name.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace tinygpt::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 0;
+  int64_t block_size = 256;  // longest context
+  int64_t n_layer = 6;
+  int64_t n_head = 6;
+  int64_t n_kv_head = 0;     // 0: n_head (plain multi-head); fewer: grouped-query attention
+  int64_t n_embd = 384;
+  double dropout = 0.0;      // embeddings, attention weights, residual branches (training mode only)
+  bool bias = false;         // biases in Linear and LayerNorm layers
+  bool rope = false;         // rotary position embeddings instead of the learned wpe table
+
+  /// Throws an Error naming the first field that is out of range or inconsistent.
+  void validate() const;
+};
+
+/// Linear 4C -> GELU -> Linear C.
+class MLP : public Module {
+ public:
+  MLP(const GPTConfig& c, Generator& gen);
+  Tensor forward(const Tensor& x) const { return c_proj.forward(gelu(c_fc.forward(x))); }
+
+  Linear c_fc, c_proj;
+};
+
+/// The keys and values of every layer for the positions seen so far, for incremental decoding.
+struct KVCache {
+  std::vector<Tensor> k, v;  // per layer (B, capacity, NKV * HS)
+  int64_t len = 0;           // positions filled
+  int64_t capacity() const { return k.empty() ? 0 : k[0].size(1); }
+};
+
+/// x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+class Block : public Module {
+ public:
+  Block(const GPTConfig& c, Generator& gen);
+  Tensor forward(const Tensor& x, Generator& gen) const;
+  /// Inference for new positions [cache.len, cache.len + T) given the cached earlier ones; writes this
+  /// layer's keys and values into cache.k[layer], cache.v[layer].
+  Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer) const;
+
+  LayerNorm ln_1;
+  MultiHeadAttention attn;
+  LayerNorm ln_2;
+  MLP mlp;
+
+ private:
+  double dropout_;
+};
+
+class GPT : public Module {
+ public:
+  explicit GPT(const GPTConfig& config, Generator& gen = default_generator());
+
+  /// ids (B, T) i32 -> logits (B, T, vocab_size). With targets (B, T), also the mean cross-entropy
+  /// (targets of -1 are ignored).
+  struct Output {
+    Tensor logits;
+    Tensor loss;
+  };
+  Output forward(const Tensor& ids, const Tensor& targets = {}) const;
+
+  /// Inference: logits (B, vocab_size) of the last position, computing the whole context.
+  Tensor last_logits(const Tensor& ids) const;
+
+  /// An empty cache for `batch` sequences of up to block_size positions.
+  KVCache make_cache(int64_t batch) const;
+  /// Inference: appends ids (B, T) at positions [cache.len, cache.len + T) and returns the logits
+  /// (B, vocab_size) of the last one. Only the new positions are computed; earlier ones come from the cache.
+  Tensor forward_cached(const Tensor& ids, KVCache& cache) const;
+
+  const GPTConfig& config() const { return config_; }
+  /// Parameters without the position table, as nanoGPT counts them.
+  int64_t num_parameters_non_embedding() const;
+
+  Embedding wte;
+  std::unique_ptr<Embedding> wpe;  // absent with RoPE
+  std::vector<std::unique_ptr<Block>> h;
+  LayerNorm ln_f;
+
+ private:
+  Tensor hidden(const Tensor& ids) const;
+
+  GPTConfig config_;
+  Generator* gen_;  // dropout masks
+};
+
+}  // namespace tinygpt::nn

@@ -1,0 +1,158 @@
+#include "train/checkpoint.h"
+
+#include <cmath>
+
+namespace tinygpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "tinygpt-checkpoint-1";
+constexpr const char* kOptimizerPrefix = "optimizer.";
+
+nlohmann::json to_json(const Generator::State& s) {
+  // u64 words as strings: JSON readers in other languages lose precision on large integers.
+  nlohmann::json words = nlohmann::json::array();
+  for (uint64_t w : s.s) words.push_back(std::to_string(w));
+  return {{"s", words}, {"has_spare", s.has_spare}, {"spare", s.spare}};
+}
+
+Generator::State rng_from_json(const nlohmann::json& j) {
+  Generator::State s{};
+  for (size_t i = 0; i < 4; ++i) s.s[i] = std::stoull(j.at("s").at(i).get<std::string>());
+  s.has_spare = j.at("has_spare").get<bool>();
+  s.spare = j.at("spare").get<double>();
+  return s;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const nn::GPTConfig& c) {
+  return {{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
+          {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},   {"n_embd", c.n_embd},
+          {"dropout", c.dropout},       {"bias", c.bias},             {"rope", c.rope}};
+}
+
+nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
+  nn::GPTConfig c;
+  c.vocab_size = j.at("vocab_size").get<int64_t>();
+  c.block_size = j.at("block_size").get<int64_t>();
+  c.n_layer = j.at("n_layer").get<int64_t>();
+  c.n_head = j.at("n_head").get<int64_t>();
+  c.n_kv_head = j.value("n_kv_head", int64_t(0));
+  c.n_embd = j.at("n_embd").get<int64_t>();
+  c.dropout = j.value("dropout", 0.0);
+  c.bias = j.at("bias").get<bool>();
+  c.rope = j.value("rope", false);
+  c.validate();
+  return c;
+}
+
+void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::CharVocab& vocab, const AdamW* opt,
+                     const TrainState& state) {
+  std::vector<std::pair<std::string, Tensor>> tensors = model.named_parameters();
+  if (opt != nullptr) {
+    for (auto& [name, t] : opt->state()) tensors.emplace_back(kOptimizerPrefix + name, t);
+  }
+  std::map<std::string, std::string> meta;
+  meta["format"] = kFormat;
+  meta["config"] = to_json(model.config()).dump();
+  meta["vocab"] = data::encode_utf8(vocab.chars());
+  meta["iter"] = std::to_string(state.iter);
+  meta["best_val_loss"] = std::isfinite(state.best_val_loss) ? fmt::format("{:.17g}", state.best_val_loss) : "inf";
+  meta["optimizer_step"] = std::to_string(opt != nullptr ? opt->steps() : 0);
+  meta["rng"] = nlohmann::json{{"sampler", to_json(state.sampler_rng)}, {"model", to_json(state.model_rng)}}.dump();
+  meta["train_config"] = state.train_config.dump();
+  safetensors::save(path, tensors, meta);
+}
+
+fs::path resolve_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  for (const char* name : {kBestCheckpoint, kLatestCheckpoint}) {
+    if (fs::exists(path / name, ec)) return path / name;
+  }
+  throw Error(fmt::format("'{}' holds no checkpoint ({} or {}); train into it first with `tinygpt train --out {}`",
+                          path.string(), kBestCheckpoint, kLatestCheckpoint, path.string()));
+}
+
+Checkpoint load_checkpoint(const fs::path& path_in) {
+  Checkpoint c;
+  c.path = resolve_checkpoint(path_in);
+  c.contents = safetensors::load(c.path);
+  const auto& meta = c.contents.metadata;
+  auto bad = [&](const std::string& what) {
+    return Error(fmt::format("'{}' is not a usable tinygpt checkpoint: {}", c.path.string(), what));
+  };
+  auto field = [&](const char* key) -> const std::string& {
+    const auto it = meta.find(key);
+    if (it == meta.end()) throw bad(fmt::format("its metadata has no '{}'", key));
+    return it->second;
+  };
+  if (field("format") != kFormat) throw bad(fmt::format("format '{}', expected '{}'", field("format"), kFormat));
+  try {
+    c.config = gpt_config_from_json(nlohmann::json::parse(field("config")));
+    c.vocab = data::CharVocab::from_chars(data::decode_utf8(field("vocab")));
+    c.state.iter = std::stoll(field("iter"));
+    c.state.best_val_loss = std::stod(field("best_val_loss"));
+    c.optimizer_step = std::stoll(field("optimizer_step"));
+    const auto rng = nlohmann::json::parse(field("rng"));
+    c.state.sampler_rng = rng_from_json(rng.at("sampler"));
+    c.state.model_rng = rng_from_json(rng.at("model"));
+    c.state.train_config = nlohmann::json::parse(field("train_config"));
+  } catch (const Error& e) {
+    throw bad(e.what());
+  } catch (const std::exception& e) {
+    throw bad(fmt::format("malformed metadata ({})", e.what()));
+  }
+  if (c.vocab.size() != c.config.vocab_size) {
+    throw bad(fmt::format("its vocabulary has {} characters but its config says vocab_size {}", c.vocab.size(),
+                          c.config.vocab_size));
+  }
+  // Every weight the config implies must be there with the right shape.
+  Generator gen(0);
+  nn::GPTConfig shapes_only = c.config;
+  shapes_only.n_layer = std::min<int64_t>(shapes_only.n_layer, 1);  // one block shows every block's shapes
+  const nn::GPT probe(shapes_only, gen);
+  for (int64_t layer = 0; layer < c.config.n_layer; ++layer) {
+    for (const auto& [name, p] : probe.named_parameters()) {
+      std::string actual = name;
+      if (name.rfind("transformer.h.0.", 0) == 0) {
+        actual = fmt::format("transformer.h.{}.{}", layer, name.substr(16));
+      } else if (layer > 0) {
+        continue;
+      }
+      const Tensor t = c.contents.find(actual);
+      if (!t.defined()) throw bad(fmt::format("weight '{}' is missing", actual));
+      if (!(t.shape() == p.shape()) || t.dtype() != p.dtype()) {
+        throw bad(fmt::format("weight '{}' is {} {}, but the config needs {} {}", actual, dtype_name(t.dtype()),
+                              t.shape().str(), dtype_name(p.dtype()), p.shape().str()));
+      }
+    }
+  }
+  return c;
+}
+
+void load_weights(nn::GPT& model, const Checkpoint& ckpt) {
+  for (auto& [name, p] : model.named_parameters()) {
+    const Tensor t = ckpt.contents.find(name);
+    if (!t.defined()) throw Error(fmt::format("'{}': weight '{}' is missing", ckpt.path.string(), name));
+    p.copy_(t);
+  }
+}
+
+void load_optimizer(AdamW& opt, const Checkpoint& ckpt) {
+  for (auto& [name, t] : opt.state()) {
+    const Tensor saved = ckpt.contents.find(kOptimizerPrefix + name);
+    if (!saved.defined()) {
+      throw Error(fmt::format("'{}' has no optimizer state for '{}' (a weights-only checkpoint cannot be resumed)",
+                              ckpt.path.string(), name));
+    }
+    Tensor dst = t;
+    dst.copy_(saved);
+  }
+  opt.set_steps(ckpt.optimizer_step);
+}
+
+}  // namespace tinygpt

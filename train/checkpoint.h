@@ -1,0 +1,59 @@
+// Checkpoints: one .safetensors file holding the model's weights under nanoGPT's names, the optimizer's
+// moments under "optimizer.<param>.exp_avg" / ".exp_avg_sq", and metadata: the model config, the vocabulary,
+// the iteration, the best validation loss, the random generators' states and the run's training flags.
+// A run directory keeps ckpt_latest.safetensors and ckpt_best.safetensors.
+#pragma once
+
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "autograd/random.h"
+#include "data/text.h"
+#include "nn/gpt.h"
+#include "train/adamw.h"
+#include "train/safetensors.h"
+
+namespace tinygpt {
+
+inline constexpr const char* kLatestCheckpoint = "ckpt_latest.safetensors";
+inline constexpr const char* kBestCheckpoint = "ckpt_best.safetensors";
+
+/// Everything beyond the weights that a resumed run needs.
+struct TrainState {
+  int64_t iter = 0;  // iterations completed
+  double best_val_loss = std::numeric_limits<double>::infinity();
+  Generator::State sampler_rng{};  // the training batch sampler
+  Generator::State model_rng{};    // dropout masks
+  nlohmann::json train_config = nlohmann::json::object();
+};
+
+struct Checkpoint {
+  std::filesystem::path path;
+  nn::GPTConfig config;
+  data::CharVocab vocab;
+  TrainState state;
+  int64_t optimizer_step = 0;
+  safetensors::Contents contents;
+};
+
+/// Writes a checkpoint crash-safely (temporary file, flush, rename). opt may be null (weights only).
+void save_checkpoint(const std::filesystem::path& path, const nn::GPT& model, const data::CharVocab& vocab,
+                     const AdamW* opt, const TrainState& state);
+
+/// A run directory means its best checkpoint, else its latest; a file means itself.
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
+
+/// Reads and validates a checkpoint (format, config, vocabulary, weights present with the config's shapes);
+/// throws naming the file and the problem.
+Checkpoint load_checkpoint(const std::filesystem::path& path);
+
+/// Copies the checkpoint's weights into a model built from its config.
+void load_weights(nn::GPT& model, const Checkpoint& ckpt);
+/// Restores the optimizer's moments and step count; throws when the checkpoint has none.
+void load_optimizer(AdamW& opt, const Checkpoint& ckpt);
+
+nlohmann::json to_json(const nn::GPTConfig& c);
+nn::GPTConfig gpt_config_from_json(const nlohmann::json& j);
+
+}  // namespace tinygpt

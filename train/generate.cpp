@@ -1,0 +1,78 @@
+#include "train/generate.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tinygpt {
+
+int32_t sample_token(std::vector<float> logits, double temperature, int64_t top_k, Generator& gen) {
+  if (logits.empty()) throw Error("sample_token: no logits");
+  if (temperature <= 0) return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  float cut = -INFINITY;
+  if (top_k > 0 && top_k < int64_t(logits.size())) {
+    std::vector<float> sorted = logits;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<float>());
+    cut = sorted[size_t(top_k - 1)];
+  }
+  const float max = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    p[i] = logits[i] < cut ? 0.0 : std::exp(double(logits[i] - max) / temperature);
+    total += p[i];
+  }
+  double u = gen.uniform() * total;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (u < p[i]) return int32_t(i);
+    u -= p[i];
+  }
+  // Rounding left u past the end: the last candidate.
+  for (size_t i = p.size(); i-- > 0;) {
+    if (p[i] > 0) return int32_t(i);
+  }
+  return 0;
+}
+
+std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& prompt, const GenerateOptions& o,
+                              Generator& gen, const std::function<void(int32_t)>& on_token) {
+  if (prompt.empty()) throw Error("generate: the prompt has no tokens");
+  NoGradGuard no_grad;
+  const int64_t block = model.config().block_size;
+  const Device device = model.wte.weight.device();
+  auto ids_tensor = [&](std::vector<int32_t>::const_iterator begin, std::vector<int32_t>::const_iterator end) {
+    return from_vector(std::vector<int32_t>(begin, end), {1, int64_t(end - begin)}).to(device);
+  };
+  std::vector<int32_t> context = prompt;
+  std::vector<int32_t> out;
+  nn::KVCache cache;
+  Tensor logits;
+  // The cache is (re)built from the last `keep` tokens of the context.
+  auto rebuild = [&](int64_t keep) {
+    cache.len = 0;
+    logits = model.forward_cached(ids_tensor(context.end() - keep, context.end()), cache);
+  };
+  if (o.kv_cache) {
+    cache = model.make_cache(1);
+    rebuild(std::min<int64_t>(int64_t(context.size()), block));
+  }
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    if (!o.kv_cache) {
+      const int64_t keep = std::min<int64_t>(int64_t(context.size()), block);
+      logits = model.last_logits(ids_tensor(context.end() - keep, context.end()));
+    }
+    const int32_t next = sample_token(logits.to(Device::CPU).to_vector<float>(), o.temperature, o.top_k, gen);
+    out.push_back(next);
+    context.push_back(next);
+    if (on_token) on_token(next);
+    if (o.kv_cache && i + 1 < o.max_new_tokens) {
+      if (cache.len == block) {
+        rebuild(std::max<int64_t>(block / 2, 1));
+      } else {
+        logits = model.forward_cached(ids_tensor(context.end() - 1, context.end()), cache);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace tinygpt

@@ -1,0 +1,33 @@
+// Text generation from a trained GPT, one token at a time.
+//
+// With the key/value cache (the default) each new token costs one position's forward pass against the
+// cached keys and values of the earlier ones. When the cache is full (block_size positions), the context is
+// cropped to its last block_size / 2 tokens and the cache rebuilt from them in one forward pass, so every
+// token sees at least block_size / 2 tokens of context and a rebuild happens once per block_size / 2 tokens.
+// Without the cache, every token reruns the model over the last block_size tokens (nanoGPT's sampler).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "autograd/random.h"
+#include "nn/gpt.h"
+
+namespace tinygpt {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 500;
+  double temperature = 0.8;  // 0: always the most likely token
+  int64_t top_k = 200;       // 0: no cut
+  bool kv_cache = true;
+};
+
+/// Samples one id from logits (vocab) at a temperature, keeping the top_k most likely (ties kept).
+int32_t sample_token(std::vector<float> logits, double temperature, int64_t top_k, Generator& gen);
+
+/// Continues `prompt` (at least one id); calls on_token(id) for each new one as it is drawn and returns them.
+std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
+                              Generator& gen, const std::function<void(int32_t)>& on_token = {});
+
+}  // namespace tinygpt

@@ -1,0 +1,177 @@
+#include "train/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace tinygpt::safetensors {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // the reference implementation's limit
+
+const char* st_dtype(DType d) {
+  switch (d) {
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::BF16: return "BF16";
+    case DType::I32: return "I32";
+    case DType::Bool: return "BOOL";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(const std::string& s) {
+  for (DType d : {DType::F32, DType::F64, DType::BF16, DType::I32, DType::Bool}) {
+    if (s == st_dtype(d)) return d;
+  }
+  return std::nullopt;
+}
+
+void fsync_path(const fs::path& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+Tensor Contents::find(const std::string& name) const {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return t;
+  }
+  return {};
+}
+
+void save(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+          const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<Tensor> host;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__" || header.contains(name)) throw Error(fmt::format("safetensors: duplicate or reserved name '{}'", name));
+    host.push_back(t.device() == Device::CPU ? t : t.to(Device::CPU));
+    const uint64_t bytes = uint64_t(t.numel()) * dtype_size(t.dtype());
+    header[name] = {{"dtype", st_dtype(t.dtype())}, {"shape", t.shape().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // keeps the tensor data 8-byte aligned
+  const uint64_t header_len = text.size();
+
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(errno)));
+    out.write(reinterpret_cast<const char*>(&header_len), 8);
+    out.write(text.data(), std::streamsize(text.size()));
+    for (const Tensor& t : host) {
+      out.write(static_cast<const char*>(t.raw_data()), std::streamsize(uint64_t(t.numel()) * dtype_size(t.dtype())));
+    }
+    if (!out.flush()) {
+      out.close();
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw Error(fmt::format("writing '{}' failed (disk full?); the previous '{}' is untouched", tmp.string(),
+                              path.filename().string()));
+    }
+  }
+  fsync_path(tmp, O_RDONLY);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error(fmt::format("cannot move '{}' into place at '{}': {}", tmp.string(), path.string(), ec.message()));
+  fsync_path(path.parent_path().empty() ? fs::path(".") : path.parent_path(), O_RDONLY | O_DIRECTORY);
+}
+
+Contents load(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(fmt::format("checkpoint '{}' does not exist", path.string()));
+  if (fs::is_directory(path, ec)) throw Error(fmt::format("'{}' is a directory, not a .safetensors file", path.string()));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
+  const uint64_t file_size = fs::file_size(path, ec);
+  auto bad = [&](const std::string& what) {
+    return Error(fmt::format("'{}' is not a valid .safetensors file: {}", path.string(), what));
+  };
+  uint64_t header_len = 0;
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(&header_len), 8)) throw bad("shorter than its 8-byte header length");
+  if (header_len > kMaxHeader) throw bad(fmt::format("header length {} is implausible", header_len));
+  if (8 + header_len > file_size) {
+    throw bad(fmt::format("truncated: the header needs {} bytes, the file has {}", 8 + header_len, file_size));
+  }
+  std::string text(header_len, '\0');
+  in.read(text.data(), std::streamsize(header_len));
+  const auto header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object()) throw bad("the header is not a JSON object");
+  const uint64_t data_size = file_size - 8 - header_len;
+
+  Contents c;
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      if (!info.is_object()) throw bad("__metadata__ is not an object");
+      for (const auto& [k, v] : info.items()) {
+        if (!v.is_string()) throw bad(fmt::format("metadata '{}' is not a string", k));
+        c.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets") ||
+        !info["dtype"].is_string() || !info["shape"].is_array() || !info["data_offsets"].is_array() ||
+        info["data_offsets"].size() != 2) {
+      throw bad(fmt::format("tensor '{}' lacks a dtype, shape or data_offsets", name));
+    }
+    const auto dtype = parse_dtype(info["dtype"].get<std::string>());
+    if (!dtype) throw bad(fmt::format("tensor '{}' has unsupported dtype {}", name, info["dtype"].get<std::string>()));
+    std::vector<int64_t> dims;
+    for (const auto& d : info["shape"]) {
+      if (!d.is_number_unsigned()) throw bad(fmt::format("tensor '{}' has a bad shape", name));
+      dims.push_back(d.get<int64_t>());
+    }
+    if (dims.size() > size_t(kMaxDims)) throw bad(fmt::format("tensor '{}' has {} dims (at most {})", name, dims.size(), kMaxDims));
+    const auto& off = info["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) throw bad(fmt::format("tensor '{}' has bad data_offsets", name));
+    Entry e{name, *dtype, Shape(std::span<const int64_t>(dims)), off[0].get<uint64_t>(), off[1].get<uint64_t>()};
+    const uint64_t expected = uint64_t(e.shape.numel()) * dtype_size(e.dtype);
+    if (e.end < e.begin || e.end - e.begin != expected) {
+      throw bad(fmt::format("tensor '{}' of shape {} needs {} bytes but its data_offsets span {}", name, e.shape.str(),
+                            expected, int64_t(e.end) - int64_t(e.begin)));
+    }
+    if (e.end > data_size) {
+      throw bad(fmt::format("truncated: tensor '{}' ends at byte {} of the data, which has {}", name, e.end, data_size));
+    }
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < entries.size(); ++i) {
+    if (entries[i].begin < entries[i - 1].end) {
+      throw bad(fmt::format("tensors '{}' and '{}' overlap", entries[i - 1].name, entries[i].name));
+    }
+  }
+  for (const Entry& e : entries) {
+    Tensor t = empty(e.shape, e.dtype);
+    in.seekg(std::streamoff(8 + header_len + e.begin));
+    if (!in.read(static_cast<char*>(t.raw_data()), std::streamsize(e.end - e.begin))) {
+      throw bad(fmt::format("cannot read the data of tensor '{}'", e.name));
+    }
+    c.tensors.emplace_back(e.name, t);
+  }
+  return c;
+}
+
+}  // namespace tinygpt::safetensors

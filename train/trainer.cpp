@@ -1,0 +1,261 @@
+#include "train/trainer.h"
+
+#include <fmt/core.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "kernels/cuda/device.h"
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+
+namespace tinygpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Seeds derived from the run's seed, one per purpose, so each stream is independent of the others.
+uint64_t derived_seed(uint64_t seed, uint64_t purpose) { return seed * 0x9E3779B97F4A7C15ULL + purpose; }
+constexpr uint64_t kSamplerStream = 1, kModelStream = 2, kEvalTrainStream = 3, kEvalValStream = 4;
+
+/// Global L2 norm of every gradient; scales them down to max_norm when above it (max_norm 0: no clipping).
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  NoGradGuard no_grad;
+  double sq = 0;
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (g.defined()) sq += sum(g * g).item();
+  }
+  const double norm = std::sqrt(sq);
+  if (max_norm > 0 && norm > max_norm) {
+    const double coef = max_norm / (norm + 1e-6);
+    for (Tensor p : params) {
+      if (p.grad().defined()) p.set_grad(scale(p.grad(), coef));
+    }
+  }
+  return norm;
+}
+
+void check_device(const std::string& device) {
+  if (device == "cpu") return;
+  if (device != "cuda") throw Error(fmt::format("--device must be cpu or cuda, got '{}'", device));
+  if (!cuda::built_with_cuda()) {
+    throw Error("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured); use --device cpu");
+  }
+  if (cuda::device_count() == 0) throw Error("--device cuda: no CUDA GPU is visible; use --device cpu");
+  throw Error("--device cuda: training on the GPU is not available yet; use --device cpu");
+}
+
+nlohmann::json flags_json(const TrainConfig& c) {
+  return {{"data", c.data},
+          {"batch_size", c.batch_size},
+          {"max_iters", c.max_iters},
+          {"lr", c.lr},
+          {"min_lr", c.min_lr},
+          {"warmup_iters", c.warmup_iters},
+          {"lr_decay_iters", c.lr_decay_iters},
+          {"weight_decay", c.weight_decay},
+          {"beta1", c.beta1},
+          {"beta2", c.beta2},
+          {"grad_clip", c.grad_clip},
+          {"grad_accum", c.grad_accum},
+          {"eval_interval", c.eval_interval},
+          {"eval_iters", c.eval_iters},
+          {"train_fraction", c.train_fraction},
+          {"seed", std::to_string(c.seed)}};
+}
+
+/// Appends one JSON object per line, flushed, so a crash keeps every line written before it.
+class MetricsLog {
+ public:
+  MetricsLog(const fs::path& path, bool append) : out_(path, append ? std::ios::app : std::ios::trunc) {
+    if (!out_) throw Error(fmt::format("cannot write '{}'", path.string()));
+  }
+  void write(const nlohmann::json& j) { out_ << j.dump() << '\n' << std::flush; }
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace
+
+void TrainConfig::validate() const {
+  auto positive = [](const char* flag, double v) {
+    if (!(v > 0)) throw Error(fmt::format("{} must be positive, got {}", flag, v));
+  };
+  auto non_negative = [](const char* flag, double v) {
+    if (!(v >= 0)) throw Error(fmt::format("{} must not be negative, got {}", flag, v));
+  };
+  if (data.empty()) throw Error("--data is required: the UTF-8 text file to train on");
+  positive("--batch-size", double(batch_size));
+  non_negative("--max-iters", double(max_iters));
+  positive("--lr", lr);
+  non_negative("--min-lr", min_lr);
+  if (min_lr > lr) throw Error(fmt::format("--min-lr ({}) must not exceed --lr ({})", min_lr, lr));
+  non_negative("--warmup-iters", double(warmup_iters));
+  if (lr_decay_iters < warmup_iters) {
+    throw Error(fmt::format("--lr-decay-iters ({}) must be at least --warmup-iters ({})", lr_decay_iters, warmup_iters));
+  }
+  non_negative("--weight-decay", weight_decay);
+  if (!(beta1 >= 0 && beta1 < 1)) throw Error(fmt::format("--beta1 must be in [0, 1), got {}", beta1));
+  if (!(beta2 >= 0 && beta2 < 1)) throw Error(fmt::format("--beta2 must be in [0, 1), got {}", beta2));
+  non_negative("--grad-clip", grad_clip);
+  positive("--grad-accum", double(grad_accum));
+  positive("--eval-interval", double(eval_interval));
+  positive("--eval-iters", double(eval_iters));
+  positive("--log-interval", double(log_interval));
+  if (!(train_fraction > 0 && train_fraction < 1)) {
+    throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
+  }
+  nn::GPTConfig m = model;
+  m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
+  m.validate();
+}
+
+double learning_rate(const TrainConfig& c, int64_t iter) {
+  if (iter < c.warmup_iters) return c.lr * double(iter + 1) / double(c.warmup_iters + 1);
+  if (iter > c.lr_decay_iters) return c.min_lr;
+  if (c.lr_decay_iters == c.warmup_iters) return c.min_lr;
+  const double ratio = double(iter - c.warmup_iters) / double(c.lr_decay_iters - c.warmup_iters);
+  return c.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (c.lr - c.min_lr);
+}
+
+double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t batch_size, int64_t iters,
+                     uint64_t seed, const char* what) {
+  NoGradGuard no_grad;
+  const bool was_training = model.training();
+  model.train(false);
+  data::BatchSampler sampler(ids, batch_size, model.config().block_size, seed, what);
+  double total = 0;
+  for (int64_t i = 0; i < iters; ++i) {
+    const auto b = sampler.next();
+    total += model.forward(b.x, b.y).loss.item();
+  }
+  model.train(was_training);
+  return total / double(iters);
+}
+
+TrainResult train(const TrainConfig& cfg_in) {
+  TrainConfig cfg = cfg_in;
+  cfg.validate();
+  check_device(cfg.device);
+  const fs::path out = cfg.out;
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec || !fs::is_directory(out, ec)) {
+    throw Error(fmt::format("cannot create the output directory '{}': {}", out.string(), ec ? ec.message() : "not a directory"));
+  }
+
+  const auto t_load = Clock::now();
+  const data::Corpus corpus = data::load_corpus(cfg.data, out);
+  const auto ids = corpus.tokens.ids();
+  const data::Split split = data::split_tokens(ids, cfg.train_fraction);
+  fmt::print(stderr, "data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens\n", ids.size(),
+             corpus.vocab.size(), corpus.from_cache ? "mapped from" : "encoded into", (out / "tokens.bin").string(),
+             std::chrono::duration<double>(Clock::now() - t_load).count(), split.train.size(), split.val.size());
+
+  // Model: the flags' config, or the checkpoint's when resuming.
+  std::optional<Checkpoint> ckpt;
+  cfg.model.vocab_size = corpus.vocab.size();
+  if (cfg.resume) {
+    ckpt = load_checkpoint(out / kLatestCheckpoint);
+    if (ckpt->vocab.chars() != corpus.vocab.chars()) {
+      throw Error(fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
+                              "with the data the run was started on",
+                              ckpt->vocab.size(), cfg.data, corpus.vocab.size()));
+    }
+    cfg.model = ckpt->config;
+  }
+  Generator model_gen(derived_seed(cfg.seed, kModelStream));
+  nn::GPT model(cfg.model, model_gen);
+  AdamW opt(model.named_parameters(),
+            {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});
+  data::BatchSampler sampler(split.train, cfg.batch_size, cfg.model.block_size, derived_seed(cfg.seed, kSamplerStream),
+                             "training split");
+  data::BatchSampler(split.val, 1, cfg.model.block_size, 0, "validation split");  // fails early when too short
+
+  TrainState state;
+  state.train_config = flags_json(cfg);
+  if (ckpt) {
+    load_weights(model, *ckpt);
+    load_optimizer(opt, *ckpt);
+    state = ckpt->state;
+    state.train_config = flags_json(cfg);
+    sampler.generator().set_state(state.sampler_rng);
+    model_gen.set_state(state.model_rng);
+    fmt::print(stderr, "resuming from {} at iteration {} (best val loss {:.4f})\n", ckpt->path.string(), state.iter,
+               state.best_val_loss);
+  }
+  MetricsLog metrics(out / "metrics.jsonl", cfg.resume);
+  const auto& m = cfg.model;
+  fmt::print(stderr, "model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {} threads\n", m.n_layer,
+             m.n_head, m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, omp_get_max_threads());
+
+  const std::vector<Tensor> params = model.parameters();
+  const int64_t tokens_per_iter = cfg.batch_size * m.block_size * cfg.grad_accum;
+  TrainResult result{state.best_val_loss, NAN, state.iter};
+  const int64_t first = state.iter;
+  for (int64_t iter = state.iter;; ++iter) {
+    const double lr = learning_rate(cfg, iter);
+    if ((iter % cfg.eval_interval == 0 || iter == cfg.max_iters) && !(cfg.resume && iter == first)) {
+      const auto t0 = Clock::now();
+      const double train_loss =
+          estimate_loss(model, split.train, cfg.batch_size, cfg.eval_iters, derived_seed(cfg.seed, kEvalTrainStream), "training split");
+      const double val_loss =
+          estimate_loss(model, split.val, cfg.batch_size, cfg.eval_iters, derived_seed(cfg.seed, kEvalValStream), "validation split");
+      result.last_val_loss = val_loss;
+      metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}});
+      state.iter = iter;
+      state.sampler_rng = sampler.generator().state();
+      state.model_rng = model_gen.state();
+      const bool best = val_loss < state.best_val_loss;
+      if (best) {
+        state.best_val_loss = val_loss;
+        save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
+      }
+      save_checkpoint(out / kLatestCheckpoint, model, corpus.vocab, &opt, state);
+      fmt::print(stderr, "step {}: train loss {:.4f}, val loss {:.4f}{} ({:.1f}s)\n", iter, train_loss, val_loss,
+                 best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    if (iter >= cfg.max_iters) {
+      result.iters = iter;
+      break;
+    }
+
+    const auto t0 = Clock::now();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      const auto batch = sampler.next();
+      const Tensor loss = model.forward(batch.x, batch.y).loss;
+      loss_sum += loss.item();
+      (cfg.grad_accum == 1 ? loss : scale(loss, 1.0 / double(cfg.grad_accum))).backward();
+    }
+    const double norm = clip_grad_norm(params, cfg.grad_clip);
+    opt.step(lr);
+    opt.zero_grad();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const double loss = loss_sum / double(cfg.grad_accum);
+    const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
+    metrics.write({{"iter", iter}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}, {"tok_per_s", tok_per_s}});
+    if (iter % cfg.log_interval == 0) {
+      fmt::print(stderr, "iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s\n", iter, loss, lr,
+                 norm, ms, tok_per_s);
+    }
+    if (!std::isfinite(loss)) {
+      throw Error(fmt::format("the loss became {} at iteration {}: lower --lr or raise --warmup-iters; {} holds the last "
+                              "good checkpoint",
+                              loss, iter, (out / kLatestCheckpoint).string()));
+    }
+  }
+  result.best_val_loss = state.best_val_loss;
+  fmt::print(stderr, "done: {} iterations, best val loss {:.4f}; checkpoints in {}\n", result.iters,
+             result.best_val_loss, out.string());
+  return result;
+}
+
+}  // namespace tinygpt

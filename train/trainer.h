@@ -1,0 +1,59 @@
+// The training loop, as nanoGPT's train.py: AdamW, linear warmup then cosine decay of the learning rate,
+// global-norm gradient clipping, gradient accumulation, periodic evaluation, best and latest checkpoints,
+// a log line per iteration on stderr and metrics.jsonl in the run directory.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "data/corpus.h"
+#include "nn/gpt.h"
+
+namespace tinygpt {
+
+struct TrainConfig {
+  std::string data;         // UTF-8 text file
+  std::string out = "out";  // run directory: checkpoints, metrics.jsonl, token cache
+  nn::GPTConfig model;      // vocab_size comes from the data
+  int64_t batch_size = 64;
+  int64_t max_iters = 5000;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup_iters = 100;
+  int64_t lr_decay_iters = 5000;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double grad_clip = 1.0;  // 0: no clipping
+  int64_t grad_accum = 1;
+  int64_t eval_interval = 250;
+  int64_t eval_iters = 200;
+  int64_t log_interval = 1;
+  double train_fraction = 0.9;
+  uint64_t seed = 1337;
+  std::string device = "cpu";
+  bool resume = false;
+
+  /// Throws naming the first flag that is out of range or contradicts another.
+  void validate() const;
+};
+
+/// nanoGPT's schedule: linear warmup to lr over warmup_iters, cosine decay to min_lr at lr_decay_iters,
+/// min_lr after that.
+double learning_rate(const TrainConfig& c, int64_t iter);
+
+/// Mean loss over `iters` batches drawn with a generator seeded by `seed` (the same batches every call),
+/// in eval mode and without a graph.
+double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t batch_size, int64_t iters,
+                     uint64_t seed, const char* what);
+
+struct TrainResult {
+  double best_val_loss;
+  double last_val_loss;
+  int64_t iters;
+};
+
+/// Trains (or resumes) per the config; progress on stderr. Returns the final evaluation.
+TrainResult train(const TrainConfig& config);
+
+}  // namespace tinygpt
