@@ -1,0 +1,106 @@
+"""The peer to compare against: nanoGPT's model in eager PyTorch, trained on the same data with the same
+recipe. Used by bench/compare_torch.sh (only when python3-torch is installed); not part of the build.
+
+  python3 bench/torch_gpt.py --data FILE --threads 2 --iters 50   # prints one JSON line of timings
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd, n_head, bias, block):
+        super().__init__()
+        self.n_head = n_head
+        self.register_buffer("mask", torch.tril(torch.ones(block, block)))
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias) if "bias" in nn.LayerNorm.__init__.__code__.co_varnames else nn.LayerNorm(n_embd)
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias) if "bias" in nn.LayerNorm.__init__.__code__.co_varnames else nn.LayerNorm(n_embd)
+        self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.mlp_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # nanoGPT's fallback for older torch (Debian 12 ships 1.13)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.mask[:T, :T] == 0, float("-inf"))
+            y = F.softmax(att, dim=-1) @ v
+        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, block, n_layer, n_head, n_embd, bias):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, n_embd)
+        self.wpe = nn.Embedding(block, n_embd)
+        self.h = nn.ModuleList(Block(n_embd, n_head, bias, block) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith("c_proj.weight") or name.endswith("mlp_proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=12)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1337)
+    text = open(a.data, encoding="utf-8").read()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([stoi[c] for c in text[: int(0.9 * len(text))]], dtype=torch.long)
+    model = GPT(len(chars), a.block_size, a.n_layer, a.n_head, a.n_embd, bias=False)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99))
+    times = []
+    for it in range(a.warmup + a.iters):
+        ix = torch.randint(len(data) - a.block_size, (a.batch_size,))
+        x = torch.stack([data[i : i + a.block_size] for i in ix])
+        y = torch.stack([data[i + 1 : i + 1 + a.block_size] for i in ix])
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if it >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    ms = 1e3 * times[len(times) // 2]
+    tokens = a.batch_size * a.block_size
+    print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "threads": a.threads, "ms": ms,
+                      "tok_per_s": tokens / (ms / 1e3), "loss": loss.item()}))
+
+
+if __name__ == "__main__":
+    main()
