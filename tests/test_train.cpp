@@ -1,0 +1,246 @@
+// .safetensors files, checkpoints, the token cache and batch sampler, the LR schedule, and a short training run
+// that checkpoints, resumes and samples.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/ops.h"
+#include "data/corpus.h"
+#include "train/checkpoint.h"
+#include "train/safetensors.h"
+#include "train/trainer.h"
+
+using namespace tinygpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fresh empty directory under the system temp dir, removed at scope exit.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("tinygpt_test_" + name)) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// A small text with structure a model can learn quickly.
+std::string toy_text() {
+  std::string s;
+  for (int i = 0; i < 400; ++i) s += i % 3 == 0 ? "the cat sat on the mat. " : i % 3 == 1 ? "a dog ran. " : "hello world! ";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: round trip of every dtype with metadata, and the layout other readers expect") {
+  TempDir dir("st_roundtrip");
+  const fs::path p = dir.path / "t.safetensors";
+  const Tensor a = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = from_vector(std::vector<double>{-1.5}, {1});
+  const Tensor c = from_vector(std::vector<int32_t>{7, 8, 9}, {3});
+  safetensors::save(p, {{"a", a}, {"b", b}, {"c", c}}, {{"note", "hello"}});
+  const auto loaded = safetensors::load(p);
+  CHECK(loaded.metadata.at("note") == "hello");
+  CHECK(loaded.find("a").shape() == Shape{2, 3});
+  CHECK(loaded.find("a").to_vector<float>() == a.to_vector<float>());
+  CHECK(loaded.find("b").to_vector<double>() == b.to_vector<double>());
+  CHECK(loaded.find("c").to_vector<int32_t>() == c.to_vector<int32_t>());
+  CHECK_FALSE(loaded.find("missing").defined());
+  // The format by hand: u64 header length, JSON header, data right after it.
+  const std::string bytes = read_file(p);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  CHECK(header["a"]["dtype"] == "F32");
+  CHECK(header["a"]["shape"] == nlohmann::json::array({2, 3}));
+  const auto off = header["c"]["data_offsets"][0].get<uint64_t>();
+  int32_t first = 0;
+  std::memcpy(&first, bytes.data() + 8 + n + off, 4);
+  CHECK(first == 7);
+  CHECK_FALSE(fs::exists(dir.path / "t.safetensors.tmp"));
+}
+
+TEST_CASE("safetensors: damaged files are refused with the problem named") {
+  TempDir dir("st_bad");
+  const fs::path p = dir.path / "t.safetensors";
+  safetensors::save(p, {{"w", from_vector(std::vector<float>(100, 1.0f), {10, 10})}}, {});
+  const std::string good = read_file(p);
+  CHECK_THROWS_WITH_AS(safetensors::load(dir.path / "nope.safetensors"), doctest::Contains("does not exist"), Error);
+  CHECK_THROWS_WITH_AS(safetensors::load(dir.path), doctest::Contains("is a directory"), Error);
+  write_file(p, good.substr(0, good.size() - 4));
+  CHECK_THROWS_WITH_AS(safetensors::load(p), doctest::Contains("truncated"), Error);
+  write_file(p, good.substr(0, 5));
+  CHECK_THROWS_WITH_AS(safetensors::load(p), doctest::Contains("shorter than its 8-byte header"), Error);
+  std::string bad_json = good;
+  bad_json[9] = '#';
+  write_file(p, bad_json);
+  CHECK_THROWS_WITH_AS(safetensors::load(p), doctest::Contains("not a JSON object"), Error);
+  std::string bad_shape = good;
+  const size_t at = bad_shape.find("[10,10]");
+  REQUIRE(at != std::string::npos);
+  bad_shape.replace(at, 7, "[10,11]");
+  write_file(p, bad_shape);
+  CHECK_THROWS_WITH_AS(safetensors::load(p), doctest::Contains("needs 440 bytes"), Error);
+  std::string huge = good;
+  const uint64_t n = uint64_t(1) << 40;
+  std::memcpy(huge.data(), &n, 8);
+  write_file(p, huge);
+  CHECK_THROWS_WITH_AS(safetensors::load(p), doctest::Contains("implausible"), Error);
+}
+
+TEST_CASE("corpus: encoded once into a cache, mapped after; a changed source re-encodes; errors name the problem") {
+  TempDir dir("corpus");
+  const fs::path text = dir.path / "t.txt";
+  write_file(text, "hello, w\xc3\xb6rld");  // ö is two bytes, one token
+  const data::Corpus first = data::load_corpus(text, dir.path);
+  CHECK_FALSE(first.from_cache);
+  CHECK(first.vocab.chars() == U" ,dehlorw\u00f6");
+  CHECK(first.tokens.ids().size() == 12);
+  const data::Corpus second = data::load_corpus(text, dir.path);
+  CHECK(second.from_cache);
+  CHECK(std::equal(first.tokens.ids().begin(), first.tokens.ids().end(), second.tokens.ids().begin(), second.tokens.ids().end()));
+  CHECK(second.tokens.ids()[0] == data::Token(first.vocab.id(U'h')));
+  write_file(text, "something else entirely");
+  const data::Corpus third = data::load_corpus(text, dir.path);
+  CHECK_FALSE(third.from_cache);
+  CHECK(third.tokens.ids().size() == 23);
+
+  write_file(text, "ok\xff");
+  CHECK_THROWS_WITH_AS(data::load_corpus(text, dir.path), doctest::Contains("invalid UTF-8 at byte offset 2"), Error);
+  write_file(text, "");
+  CHECK_THROWS_WITH_AS(data::load_corpus(text, dir.path), doctest::Contains("is empty"), Error);
+  CHECK_THROWS_WITH_AS(data::load_corpus(dir.path / "missing.txt", dir.path), doctest::Contains("does not exist"), Error);
+  CHECK_THROWS_WITH_AS(data::load_corpus(dir.path, dir.path), doctest::Contains("is a directory"), Error);
+  write_file(text, "abc\xc3\xa9");
+  CHECK_THROWS_WITH_AS(data::encode_file(text, data::CharVocab(U"abc")), doctest::Contains("at byte offset 3 is not in the model's vocabulary"), Error);
+}
+
+TEST_CASE("batch sampler: y is x shifted by one, windows stay inside, the seed fixes the draw") {
+  std::vector<data::Token> ids(50);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = data::Token(i);
+  data::BatchSampler s1(ids, 4, 8, 7, "test"), s2(ids, 4, 8, 7, "test");
+  for (int k = 0; k < 20; ++k) {
+    const auto a = s1.next(), b = s2.next();
+    const auto x = a.x.to_vector<int32_t>(), y = a.y.to_vector<int32_t>();
+    CHECK(x == b.x.to_vector<int32_t>());
+    for (size_t i = 0; i < x.size(); ++i) {
+      CHECK(y[i] == x[i] + 1);
+      CHECK(y[i] < 50);
+      if (i % 8 != 0) CHECK(x[i] == x[i - 1] + 1);
+    }
+  }
+  CHECK_THROWS_WITH_AS(data::BatchSampler(std::span(ids).first(8), 1, 8, 0, "validation split"),
+                       doctest::Contains("validation split has 8 tokens, fewer than block_size + 1 = 9"), Error);
+  const auto split = data::split_tokens(ids, 0.9);
+  CHECK(split.train.size() == 45);
+  CHECK(split.val.size() == 5);
+}
+
+TEST_CASE("learning rate: linear warmup, cosine decay to min_lr, then min_lr (nanoGPT's get_lr)") {
+  TrainConfig c;
+  c.lr = 1e-3, c.min_lr = 1e-4, c.warmup_iters = 100, c.lr_decay_iters = 2000;
+  CHECK(learning_rate(c, 0) == doctest::Approx(1e-3 * 1 / 101));
+  CHECK(learning_rate(c, 99) == doctest::Approx(1e-3 * 100 / 101));
+  CHECK(learning_rate(c, 100) == doctest::Approx(1e-3));
+  CHECK(learning_rate(c, 1050) == doctest::Approx(1e-4 + 0.5 * 9e-4));
+  CHECK(learning_rate(c, 2000) == doctest::Approx(1e-4));
+  CHECK(learning_rate(c, 5000) == doctest::Approx(1e-4));
+}
+
+TEST_CASE("train: a short run learns, keeps best and latest checkpoints and metrics, and resumes exactly") {
+  TempDir dir("train");
+  const fs::path text = dir.path / "toy.txt";
+  write_file(text, toy_text());
+  TrainConfig c;
+  c.data = text.string();
+  c.out = (dir.path / "run").string();
+  c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 32, c.model.block_size = 16;
+  c.batch_size = 8, c.max_iters = 60, c.warmup_iters = 5, c.lr_decay_iters = 60, c.lr = 3e-3;
+  c.eval_interval = 30, c.eval_iters = 4, c.log_interval = 1000;
+  const TrainResult r = train(c);
+  CHECK(r.iters == 60);
+  CHECK(r.last_val_loss < 2.0);  // ln(vocab) ~ 2.9 at the start
+  CHECK(fs::exists(fs::path(c.out) / kLatestCheckpoint));
+  CHECK(fs::exists(fs::path(c.out) / kBestCheckpoint));
+
+  // metrics.jsonl: an object per iteration and per evaluation.
+  std::ifstream metrics(fs::path(c.out) / "metrics.jsonl");
+  int iter_lines = 0, eval_lines = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) {
+      ++eval_lines;
+      CHECK(j.contains("train_loss"));
+    } else {
+      ++iter_lines;
+      for (const char* key : {"iter", "loss", "lr", "ms", "tok_per_s"}) CHECK(j.contains(key));
+    }
+  }
+  CHECK(iter_lines == 60);
+  CHECK(eval_lines == 3);  // iterations 0, 30, 60
+
+  // The checkpoint restores the model: the same evaluation, in a new model.
+  const Checkpoint ckpt = load_checkpoint(fs::path(c.out) / kLatestCheckpoint);
+  CHECK(ckpt.state.iter == 60);
+  CHECK(ckpt.vocab.size() == ckpt.config.vocab_size);
+  Generator gen(0);
+  nn::GPT model(ckpt.config, gen);
+  load_weights(model, ckpt);
+  const data::TokenData tokens = data::encode_file(text, ckpt.vocab);
+  const auto split = data::split_tokens(tokens.ids(), 0.9);
+  CHECK(estimate_loss(model, split.val, 8, 4, 12345, "val") < 2.0);
+
+  // Resuming to 90 iterations continues from 60 (and appends to metrics.jsonl).
+  c.max_iters = 90;
+  c.lr_decay_iters = 90;
+  c.resume = true;
+  CHECK(train(c).iters == 90);
+  CHECK(load_checkpoint(c.out).state.iter == 90);
+}
+
+TEST_CASE("checkpoints: a directory means best, else latest; foreign or mismatched files are refused") {
+  TempDir dir("ckpt");
+  CHECK_THROWS_WITH_AS(load_checkpoint(dir.path), doctest::Contains("holds no checkpoint"), Error);
+  const fs::path p = dir.path / "other.safetensors";
+  safetensors::save(p, {{"w", zeros({2})}}, {{"format", "something-else"}});
+  CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("format 'something-else'"), Error);
+
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 3, cfg.block_size = 4, cfg.n_layer = 1, cfg.n_head = 1, cfg.n_embd = 8;
+  Generator gen(1);
+  const nn::GPT model(cfg, gen);
+  save_checkpoint(dir.path / kLatestCheckpoint, model, data::CharVocab(U"abc"), nullptr, {});
+  CHECK(resolve_checkpoint(dir.path) == dir.path / kLatestCheckpoint);
+  CHECK(load_checkpoint(dir.path).config.n_embd == 8);
+  save_checkpoint(dir.path / kBestCheckpoint, model, data::CharVocab(U"abc"), nullptr, {});
+  CHECK(resolve_checkpoint(dir.path) == dir.path / kBestCheckpoint);
+
+  // Weights that do not match the config, and a vocabulary that does not match vocab_size.
+  auto contents = safetensors::load(dir.path / kBestCheckpoint);
+  contents.metadata["config"] = to_json([&] {
+                                  nn::GPTConfig wider = cfg;
+                                  wider.n_embd = 16;
+                                  return wider;
+                                }()).dump();
+  safetensors::save(p, contents.tensors, contents.metadata);
+  CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("but the config needs"), Error);
+  contents = safetensors::load(dir.path / kBestCheckpoint);
+  contents.metadata["vocab"] = "abcd";
+  safetensors::save(p, contents.tensors, contents.metadata);
+  CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("vocabulary has 4 characters"), Error);
+}
