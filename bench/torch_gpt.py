@@ -70,6 +70,8 @@ def main():
     ap.add_argument("--n-embd", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=12)
+    ap.add_argument("--full-run", action="store_true",
+                    help="train nanoGPT's CPU recipe for --iters iterations (LR schedule, clipping) and print the val loss")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
@@ -82,8 +84,20 @@ def main():
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-3, betas=(0.9, 0.99))
+    val = torch.tensor([stoi[c] for c in text[int(0.9 * len(text)):]], dtype=torch.long)
+    if a.full_run:
+        a.warmup = 0
+
+    def get_lr(it, warmup=100, lr=1e-3, min_lr=1e-4, decay=a.iters):
+        if it < warmup:
+            return lr * (it + 1) / (warmup + 1)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / (decay - warmup))) * (lr - min_lr)
+
     times = []
     for it in range(a.warmup + a.iters):
+        if a.full_run:
+            for group in opt.param_groups:
+                group["lr"] = get_lr(it)
         ix = torch.randint(len(data) - a.block_size, (a.batch_size,))
         x = torch.stack([data[i : i + a.block_size] for i in ix])
         y = torch.stack([data[i + 1 : i + 1 + a.block_size] for i in ix])
@@ -95,6 +109,16 @@ def main():
         opt.step()
         if it >= a.warmup:
             times.append(time.perf_counter() - t0)
+    if a.full_run:
+        with torch.no_grad():
+            losses = []
+            for _ in range(200):
+                ix = torch.randint(len(val) - a.block_size, (a.batch_size,))
+                x = torch.stack([val[i : i + a.block_size] for i in ix])
+                y = torch.stack([val[i + 1 : i + 1 + a.block_size] for i in ix])
+                losses.append(model(x, y).item())
+        print(json.dumps({"impl": "pytorch", "iters": a.iters, "val_loss": sum(losses) / len(losses)}))
+        return
     times.sort()
     ms = 1e3 * times[len(times) // 2]
     tokens = a.batch_size * a.block_size

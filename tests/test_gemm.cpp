@@ -94,10 +94,15 @@ TEST_CASE_TEMPLATE("gemm matches naive: alpha, beta and leading dimensions", T, 
   check_all_trans<T>({false, false, 130, 65, 300, 0.25, 2.0, 5, 5, 5});
   check_all_trans<T>({false, false, 1, 257, 64, 1.5, -1.0, 2, 1, 3});
   check_all_trans<T>({false, false, 200, 1, 77, 1.0, 0.5, 0, 3, 1});
+  // A few rows (token-by-token decoding) take the unpacked path; 5 rows the packed one.
+  check_all_trans<T>({false, false, 3, 300, 129, 0.5, 1.0, 1, 2, 3});
+  check_all_trans<T>({false, false, 4, 33, 513, -1.0, 0.25, 0, 0, 0});
+  check_all_trans<T>({false, false, 5, 33, 513, -1.0, 0.25, 0, 0, 0});
 }
 
 TEST_CASE_TEMPLATE("gemm beta == 0 ignores NaN in C", T, float, double) {
   check_all_trans<T>({false, false, 13, 29, 41, 1.0, 0.0, 0, 0, 3, true});
+  check_all_trans<T>({false, false, 2, 29, 41, 1.0, 0.0, 0, 0, 3, true});
   check_all_trans<T>({false, false, 130, 100, 600, -0.5, 0.0, 2, 0, 0, true});  // several K blocks
   check_all_trans<T>({false, false, 5, 7, 0, 1.0, 0.0, 0, 0, 1, true});         // K == 0 -> zeros
 }

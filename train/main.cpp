@@ -125,7 +125,7 @@ void run_sample(const SampleArgs& a) {
   }
   fmt::print("\n");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print(stderr, "{} tokens in {:.2f}s ({:.0f} tokens/s)\n", a.gen.max_new_tokens * a.num_samples, secs,
+  fmt::print(stderr, "{} tokens in {:.3f}s ({:.0f} tokens/s)\n", a.gen.max_new_tokens * a.num_samples, secs,
              double(a.gen.max_new_tokens * a.num_samples) / secs);
 }
 

@@ -14,7 +14,11 @@ namespace tinygpt {
 struct TrainConfig {
   std::string data;         // UTF-8 text file
   std::string out = "out";  // run directory: checkpoints, metrics.jsonl, token cache
-  nn::GPTConfig model;      // vocab_size comes from the data
+  nn::GPTConfig model = [] {  // vocab_size comes from the data
+    nn::GPTConfig m;
+    m.dropout = 0.2;  // nanoGPT's shakespeare_char setting
+    return m;
+  }();
   int64_t batch_size = 64;
   int64_t max_iters = 5000;
   double lr = 1e-3;

@@ -503,6 +503,39 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   note_idle(std::max(end - caller_done, (end - start) - (thread_cpu_time() - cpu_start)), end - start);
 }
 
+/// A few rows of C (token-by-token decoding): packing B would cost more than the product, so each row is
+/// computed straight from the operands, as dot products over contiguous rows of B (trans_b) or as sums of
+/// scaled rows of B (!trans_b). Single-threaded: the work is a matrix-vector product per row.
+template <class T>
+void gemm_few_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                   const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  std::vector<T> a(static_cast<size_t>(K)), acc;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t k = 0; k < K; ++k) a[size_t(k)] = trans_a ? A[k * lda + i] : A[i * lda + k];
+    T* c = C + i * ldc;
+    if (trans_b) {
+      for (int64_t j = 0; j < N; ++j) {
+        const T* b = B + j * ldb;
+        T dot = T(0);
+#pragma omp simd reduction(+ : dot)
+        for (int64_t k = 0; k < K; ++k) dot += a[size_t(k)] * b[k];
+        c[j] = alpha * dot + (beta == T(0) ? T(0) : beta * c[j]);
+      }
+    } else {
+      acc.assign(size_t(N), T(0));
+      for (int64_t k = 0; k < K; ++k) {
+        const T ak = a[size_t(k)];
+        const T* b = B + k * ldb;
+#pragma omp simd
+        for (int64_t j = 0; j < N; ++j) acc[size_t(j)] += ak * b[j];
+      }
+      for (int64_t j = 0; j < N; ++j) c[j] = alpha * acc[size_t(j)] + (beta == T(0) ? T(0) : beta * c[j]);
+    }
+  }
+}
+
+constexpr int64_t kFewRows = 4;
+
 }  // namespace
 
 template <class T>
@@ -514,6 +547,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
     return;
   }
+  if (M <= kFewRows) return gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   int nt = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
   const double fmas = double(M) * double(N) * double(K);
   nt = int(std::clamp<double>(fmas / kMinFmasPerThread, 1.0, double(std::max(nt, 1))));
