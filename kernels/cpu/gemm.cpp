@@ -514,12 +514,27 @@ void gemm_few_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
     for (int64_t k = 0; k < K; ++k) a[size_t(k)] = trans_a ? A[k * lda + i] : A[i * lda + k];
     T* c = C + i * ldc;
     if (trans_b) {
-      for (int64_t j = 0; j < N; ++j) {
+      auto store = [&](int64_t j, T dot) { c[j] = alpha * dot + (beta == T(0) ? T(0) : beta * c[j]); };
+      const T* ap = a.data();
+      int64_t j = 0;
+      for (; j + 4 <= N; j += 4) {  // four rows of B per pass over a: four independent sums
+        const T *b0 = B + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+        T d0 = T(0), d1 = T(0), d2 = T(0), d3 = T(0);
+#pragma omp simd reduction(+ : d0, d1, d2, d3)
+        for (int64_t k = 0; k < K; ++k) {
+          d0 += ap[k] * b0[k];
+          d1 += ap[k] * b1[k];
+          d2 += ap[k] * b2[k];
+          d3 += ap[k] * b3[k];
+        }
+        store(j, d0), store(j + 1, d1), store(j + 2, d2), store(j + 3, d3);
+      }
+      for (; j < N; ++j) {
         const T* b = B + j * ldb;
         T dot = T(0);
 #pragma omp simd reduction(+ : dot)
-        for (int64_t k = 0; k < K; ++k) dot += a[size_t(k)] * b[k];
-        c[j] = alpha * dot + (beta == T(0) ? T(0) : beta * c[j]);
+        for (int64_t k = 0; k < K; ++k) dot += ap[k] * b[k];
+        store(j, dot);
       }
     } else {
       acc.assign(size_t(N), T(0));
