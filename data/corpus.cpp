@@ -36,7 +36,12 @@ MappedFile map_text(const fs::path& text_path) {
   if (!fs::exists(text_path, ec)) throw Error(fmt::format("data file '{}' does not exist", text_path.string()));
   if (fs::is_directory(text_path, ec)) throw Error(fmt::format("'{}' is a directory, not a text file", text_path.string()));
   MappedFile text(text_path);
-  if (text.bytes().empty()) throw Error(fmt::format("data file '{}' is empty", text_path.string()));
+  const std::string_view bytes = text.bytes();
+  if (bytes.empty()) throw Error(fmt::format("data file '{}' is empty", text_path.string()));
+  if (const size_t nul = bytes.find('\0'); nul != std::string_view::npos) {
+    throw Error(fmt::format("'{}' looks like a binary file (a NUL byte at offset {}); tinygpt trains on UTF-8 text",
+                            text_path.string(), nul));
+  }
   return text;
 }
 

@@ -158,9 +158,15 @@ int main(int argc, char** argv) {
   for (CLI::App* sub : app.get_subcommands({})) sub->fallthrough();
 
   CLI11_PARSE(app, argc, argv);
+  if (CLI::App* train = app.get_subcommand("train"); *train) {
+    for (const auto& [flag, key] : {std::pair{"--n-layer", "n_layer"}, {"--n-head", "n_head"}, {"--n-kv-head", "n_kv_head"},
+                                    {"--n-embd", "n_embd"}, {"--block-size", "block_size"}, {"--bias", "bias"}, {"--rope", "rope"}}) {
+      if (train->count(flag) > 0) train_cfg.model_flags_given.emplace_back(key);
+    }
+  }
   if (threads > 0) omp_set_num_threads(threads);
   try {
-    if (app.got_subcommand("train")) tinygpt::train(train_cfg);
+    if (app.got_subcommand("train") && tinygpt::train(train_cfg).interrupted) return 130;
     if (app.got_subcommand("sample")) run_sample(sample_args);
     if (app.got_subcommand("eval")) run_eval(eval_args);
   } catch (const std::exception& e) {

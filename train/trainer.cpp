@@ -3,7 +3,11 @@
 #include <fmt/core.h>
 #include <omp.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <fstream>
 
@@ -69,6 +73,35 @@ nlohmann::json flags_json(const TrainConfig& c) {
           {"train_fraction", c.train_fraction},
           {"seed", std::to_string(c.seed)}};
 }
+
+std::atomic<int> g_stop_signals{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signals.fetch_add(1) > 0) _exit(128 + sig);  // a second signal: leave at once
+  constexpr char kMsg[] = "\nsignal received: finishing this iteration and saving a checkpoint (again to quit now)\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+}
+
+/// While alive, SIGINT and SIGTERM ask the training loop to stop after the current iteration.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signals = 0;
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  bool requested() const { return g_stop_signals.load() > 0; }
+
+ private:
+  struct sigaction old_int_{}, old_term_{};
+};
 
 /// Appends one JSON object per line, flushed, so a crash keeps every line written before it.
 class MetricsLog {
@@ -169,7 +202,23 @@ TrainResult train(const TrainConfig& cfg_in) {
                               "with the data the run was started on",
                               ckpt->vocab.size(), cfg.data, corpus.vocab.size()));
     }
+    {
+      std::string diffs;
+      const auto flags = to_json(cfg.model), saved = to_json(ckpt->config);
+      for (const std::string& key : cfg.model_flags_given) {
+        if (saved.contains(key) && flags[key] != saved[key]) {
+          diffs += fmt::format("{}{} {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ", key, flags[key].dump(),
+                               saved[key].dump());
+        }
+      }
+      if (!diffs.empty()) {
+        throw Error(fmt::format("--resume: the model flags contradict the checkpoint: {}; drop them to resume as saved",
+                                diffs));
+      }
+    }
+    const double dropout = cfg.model.dropout;
     cfg.model = ckpt->config;
+    cfg.model.dropout = dropout;  // dropout may change between runs; the architecture may not
   }
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
@@ -196,6 +245,13 @@ TrainResult train(const TrainConfig& cfg_in) {
   fmt::print(stderr, "model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {} threads\n", m.n_layer,
              m.n_head, m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, omp_get_max_threads());
 
+  const StopSignals stop;
+  auto save_latest = [&](int64_t iter) {
+    state.iter = iter;
+    state.sampler_rng = sampler.generator().state();
+    state.model_rng = model_gen.state();
+    save_checkpoint(out / kLatestCheckpoint, model, corpus.vocab, &opt, state);
+  };
   const std::vector<Tensor> params = model.parameters();
   const int64_t tokens_per_iter = cfg.batch_size * m.block_size * cfg.grad_accum;
   TrainResult result{state.best_val_loss, NAN, state.iter};
@@ -210,15 +266,10 @@ TrainResult train(const TrainConfig& cfg_in) {
           estimate_loss(model, split.val, cfg.batch_size, cfg.eval_iters, derived_seed(cfg.seed, kEvalValStream), "validation split");
       result.last_val_loss = val_loss;
       metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}});
-      state.iter = iter;
-      state.sampler_rng = sampler.generator().state();
-      state.model_rng = model_gen.state();
       const bool best = val_loss < state.best_val_loss;
-      if (best) {
-        state.best_val_loss = val_loss;
-        save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
-      }
-      save_checkpoint(out / kLatestCheckpoint, model, corpus.vocab, &opt, state);
+      if (best) state.best_val_loss = val_loss;
+      save_latest(iter);
+      if (best) save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
       fmt::print(stderr, "step {}: train loss {:.4f}, val loss {:.4f}{} ({:.1f}s)\n", iter, train_loss, val_loss,
                  best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
     }
@@ -236,23 +287,33 @@ TrainResult train(const TrainConfig& cfg_in) {
       (cfg.grad_accum == 1 ? loss : scale(loss, 1.0 / double(cfg.grad_accum))).backward();
     }
     const double norm = clip_grad_norm(params, cfg.grad_clip);
+    const double loss = loss_sum / double(cfg.grad_accum);
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {  // before the update: the weights stay finite
+      throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
+                              "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
+                              iter, std::isfinite(loss) ? "gradient norm" : "loss", std::isfinite(loss) ? norm : loss,
+                              cfg.lr, (out / kLatestCheckpoint).string()));
+    }
     opt.step(lr);
     opt.zero_grad();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    const double loss = loss_sum / double(cfg.grad_accum);
     const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
     metrics.write({{"iter", iter}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}, {"tok_per_s", tok_per_s}});
     if (iter % cfg.log_interval == 0) {
       fmt::print(stderr, "iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s\n", iter, loss, lr,
                  norm, ms, tok_per_s);
     }
-    if (!std::isfinite(loss)) {
-      throw Error(fmt::format("the loss became {} at iteration {}: lower --lr or raise --warmup-iters; {} holds the last "
-                              "good checkpoint",
-                              loss, iter, (out / kLatestCheckpoint).string()));
+    if (stop.requested()) {
+      save_latest(iter + 1);
+      fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
+                 (out / kLatestCheckpoint).string());
+      result.iters = iter + 1;
+      result.interrupted = true;
+      break;
     }
   }
   result.best_val_loss = state.best_val_loss;
+  if (result.interrupted) return result;
   fmt::print(stderr, "done: {} iterations, best val loss {:.4f}; checkpoints in {}\n", result.iters,
              result.best_val_loss, out.string());
   return result;

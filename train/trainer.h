@@ -5,6 +5,7 @@
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "data/corpus.h"
 #include "nn/gpt.h"
@@ -37,6 +38,7 @@ struct TrainConfig {
   uint64_t seed = 1337;
   std::string device = "cpu";
   bool resume = false;
+  std::vector<std::string> model_flags_given;  // config keys set by flags ("n_embd", ...): on resume they must match
 
   /// Throws naming the first flag that is out of range or contradicts another.
   void validate() const;
@@ -55,9 +57,12 @@ struct TrainResult {
   double best_val_loss;
   double last_val_loss;
   int64_t iters;
+  bool interrupted = false;  // SIGINT/SIGTERM: stopped after an iteration and saved the latest checkpoint
 };
 
-/// Trains (or resumes) per the config; progress on stderr. Returns the final evaluation.
+/// Trains (or resumes) per the config; progress on stderr. Returns the final evaluation. SIGINT or SIGTERM
+/// finishes the current iteration, saves the latest checkpoint and returns (interrupted); a second signal
+/// exits at once. A non-finite loss or gradient norm stops with an Error before the weights are touched.
 TrainResult train(const TrainConfig& config);
 
 }  // namespace tinygpt
