@@ -118,6 +118,22 @@ Tensor GPT::last_logits(const Tensor& ids) const {
   return linear(reshape(narrow(x, 1, x.size(1) - 1, 1), {x.size(0), x.size(2)}), wte.weight);
 }
 
+Tensor GPT::attention_weights(const Tensor& ids, int64_t layer) const {
+  if (layer < 0 || layer >= int64_t(h.size())) {
+    throw Error(fmt::format("GPT: layer {} does not exist (the model has layers 0 to {})", layer, h.size() - 1));
+  }
+  NoGradGuard no_grad;
+  const int64_t T = ids.size(1);
+  if (T > config_.block_size) {
+    throw Error(fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", T, config_.block_size));
+  }
+  Tensor x = wte.forward(ids);
+  if (wpe) x = x + wpe->forward(positions(0, T).to(ids.device()));
+  for (int64_t i = 0; i < layer; ++i) x = h[size_t(i)]->forward(x, *gen_);
+  const Tensor a = h[size_t(layer)]->ln_1.forward(x);
+  return h[size_t(layer)]->attn.forward(a, a, a, {}, {}, /*is_causal=*/true, /*need_weights=*/true, /*average=*/false).weights;
+}
+
 KVCache GPT::make_cache(int64_t batch) const {
   KVCache cache;
   const int64_t kv_heads = config_.n_kv_head > 0 ? config_.n_kv_head : config_.n_head;

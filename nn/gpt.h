@@ -76,6 +76,9 @@ class GPT : public Module {
   /// Inference: logits (B, vocab_size) of the last position, computing the whole context.
   Tensor last_logits(const Tensor& ids) const;
 
+  /// Inference: the causal attention weights (B, n_head, T, T) of block `layer` for ids (B, T).
+  Tensor attention_weights(const Tensor& ids, int64_t layer) const;
+
   /// An empty cache for `batch` sequences of up to block_size positions.
   KVCache make_cache(int64_t batch) const;
   /// Inference: appends ids (B, T) at positions [cache.len, cache.len + T) and returns the logits

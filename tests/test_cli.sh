@@ -48,7 +48,25 @@ expect_error() {
 }
 printf 'abc\xff' > "$dir/bad.txt"
 : > "$dir/empty.txt"
+printf 'ab\0cd' > "$dir/binary.bin"
+printf 'abcdef' > "$dir/short.txt"
+# More distinct characters than 16-bit token ids hold: U+20000 onwards, 70,000 of them.
+perl -CS -e 'no warnings; print chr(0x20000 + $_) for 0 .. 69999' > "$dir/huge_vocab.txt"
+: > "$dir/a_file"
 expect_error "does not exist" "$tinygpt" train --data "$dir/nope.txt" --out "$dir/r2"
+expect_error "is a directory" "$tinygpt" train --data "$dir" --out "$dir/r2"
+expect_error "looks like a binary file" "$tinygpt" train --data "$dir/binary.bin" --out "$dir/r2"
+expect_error "fewer than block_size + 1" "$tinygpt" train --data "$dir/short.txt" --out "$dir/r2" --block-size 8
+expect_error "at most 65536 are supported" "$tinygpt" train --data "$dir/huge_vocab.txt" --out "$dir/r2"
+expect_error "cannot create the output directory" "$tinygpt" train --data "$dir/text.txt" --out "$dir/a_file/run"
+expect_error "n_head (4) must be divisible by n_kv_head (3)" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-head 4 --n-embd 32 --n-kv-head 3
+expect_error "n_layer must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-layer 0
+expect_error "min-lr (0.1) must not exceed --lr" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --min-lr 0.1
+expect_error "dropout must be in \[0, 1)" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --dropout 1.5
+expect_error "Could not convert: --max-iters = ten" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --max-iters ten
+expect_error "model flags contradict the checkpoint: block_size 64" "$tinygpt" train --data "$dir/text.txt" --out "$dir/run" --resume --block-size 64
+expect_error "no CUDA\|no CUDA GPU\|not available yet" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device cuda
+expect_error "must be cpu or cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device tpu
 expect_error "is empty" "$tinygpt" train --data "$dir/empty.txt" --out "$dir/r2"
 expect_error "invalid UTF-8 at byte offset 3" "$tinygpt" train --data "$dir/bad.txt" --out "$dir/r2"
 expect_error "must be divisible by n_head" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-embd 30 --n-head 4
@@ -57,6 +75,35 @@ expect_error "not in the model's vocabulary" "$tinygpt" sample --ckpt "$dir/run"
 expect_error "holds no checkpoint" "$tinygpt" sample --ckpt "$dir"
 head -c 100 "$dir/run/ckpt_latest.safetensors" > "$dir/truncated.safetensors"
 expect_error "truncated" "$tinygpt" sample --ckpt "$dir/truncated.safetensors"
+head -c 3000 /dev/urandom > "$dir/random.safetensors"
+expect_error "not a valid .safetensors file" "$tinygpt" sample --ckpt "$dir/random.safetensors"
+expect_error "does not exist" "$tinygpt" sample --ckpt "$dir/missing.safetensors"
+expect_error "max-new-tokens must not be negative" "$tinygpt" sample --ckpt "$dir/run" --max-new-tokens -1
+expect_error "layer 5 does not exist" "$tinygpt" attention --ckpt "$dir/run" --text "First" --layer 5 --out "$dir/a.svg"
+expect_error "more than the model's block size" "$tinygpt" attention --ckpt "$dir/run" --text "$(head -c 40 "$dir/text.txt")" --out "$dir/a.svg"
+expect_error "not in the model's vocabulary" "$tinygpt" eval --ckpt "$dir/run" --data "$dir/huge_vocab.txt"
+
+# Info and pictures.
+"$tinygpt" info --ckpt "$dir/run" > "$dir/info.out" 2>&1 || fail "info exited non-zero: $(cat "$dir/info.out")"
+grep -q "^iteration      40$" "$dir/info.out" || fail "info did not report iteration 40: $(cat "$dir/info.out")"
+"$tinygpt" plot --run "$dir/run" --out "$dir/loss.svg" 2> /dev/null || fail "plot exited non-zero"
+grep -q "<polyline" "$dir/loss.svg" && grep -q "</svg>" "$dir/loss.svg" || fail "loss.svg has no curve"
+"$tinygpt" attention --ckpt "$dir/run" --text "First Citizen" --layer 0 --head 1 --out "$dir/attn.svg" 2> /dev/null \
+  || fail "attention exited non-zero"
+grep -q "head 1" "$dir/attn.svg" && grep -q "</svg>" "$dir/attn.svg" || fail "attn.svg has no heatmap"
+
+# A SIGINT during training saves the latest checkpoint, exits 130, and the run resumes from it.
+"$tinygpt" train --data "$dir/text.txt" --out "$dir/sig" --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 \
+  --batch-size 8 --max-iters 1000000 --eval-interval 1000000 --eval-iters 1 --log-interval 1000000 2> "$dir/sig.log" &
+pid=$!
+for _ in $(seq 100); do grep -q "^model:" "$dir/sig.log" 2> /dev/null && break; sleep 0.1; done
+sleep 0.5
+kill -INT "$pid"
+wait "$pid"
+rc=$?
+[ "$rc" = 130 ] || fail "SIGINT: expected exit code 130, got $rc"
+grep -q "stopped by a signal after iteration" "$dir/sig.log" || fail "SIGINT: no message: $(tail -2 "$dir/sig.log")"
+"$tinygpt" info --ckpt "$dir/sig/ckpt_latest.safetensors" > /dev/null 2>&1 || fail "SIGINT: the saved checkpoint does not load"
 
 if [ "$failures" -eq 0 ]; then echo "test_cli: all checks passed"; fi
 exit $((failures > 0))

@@ -5,15 +5,19 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "data/corpus.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
+#include "train/plots.h"
 #include "train/trainer.h"
 
 namespace {
 
 using namespace tinygpt;
+namespace fs = std::filesystem;
 
 void add_train_command(CLI::App& app, TrainConfig& c) {
   CLI::App* cmd = app.add_subcommand("train", "Train a character-level GPT on a UTF-8 text file (nanoGPT's shakespeare_char defaults)");
@@ -83,6 +87,67 @@ void add_eval_command(CLI::App& app, EvalArgs& a) {
   cmd->add_option("--eval-iters", a.eval_iters, "Batches per split")->capture_default_str();
   cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")->capture_default_str();
   cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
+}
+
+void run_info(const std::string& path) {
+  const Checkpoint ckpt = load_checkpoint(path);
+  const auto model = std::make_unique<nn::GPT>(ckpt.config);
+  const auto& c = ckpt.config;
+  fmt::print("checkpoint     {}\n", ckpt.path.string());
+  fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {}, bias {}, {}\n",
+             c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head, c.n_embd, c.block_size, c.vocab_size,
+             c.bias ? "on" : "off", c.rope ? "RoPE" : "learned positions");
+  fmt::print("parameters     {} ({:.2f}M without the position table)\n", model->num_parameters(),
+             double(model->num_parameters_non_embedding()) / 1e6);
+  fmt::print("iteration      {}\n", ckpt.state.iter);
+  fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
+  fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("AdamW, {} steps", ckpt.optimizer_step) : "none saved");
+  const fs::path metrics = ckpt.path.parent_path() / "metrics.jsonl";
+  std::ifstream in(metrics);
+  nlohmann::json last_eval;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("val_loss")) last_eval = j;
+  }
+  if (!last_eval.is_null()) {
+    fmt::print("last eval      iteration {}: train loss {:.4f}, val loss {:.4f}\n", last_eval["iter"].get<int64_t>(),
+               last_eval["train_loss"].get<double>(), last_eval["val_loss"].get<double>());
+  }
+  fmt::print("training flags {}\n", ckpt.state.train_config.dump());
+}
+
+struct AttentionArgs {
+  std::string ckpt, text, out = "attention.svg";
+  int64_t layer = 0;
+  std::vector<int64_t> heads;
+};
+
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt);
+
+void run_attention(const AttentionArgs& a) {
+  const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  const auto model = model_from(ckpt);
+  const std::u32string text = data::decode_utf8(a.text);
+  if (text.empty()) throw Error("--text is empty: give the characters to look at");
+  if (int64_t(text.size()) > ckpt.config.block_size) {
+    throw Error(fmt::format("--text has {} characters, more than the model's block size {}", text.size(), ckpt.config.block_size));
+  }
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const int32_t id = ckpt.vocab.id(text[i]);
+    if (id < 0) {
+      throw Error(fmt::format("--text: character '{}' (U+{:04X}) at position {} is not in the model's vocabulary",
+                              data::encode_utf8(text.substr(i, 1)), uint32_t(text[i]), i));
+    }
+    ids.push_back(id);
+  }
+  const Tensor w = model->attention_weights(from_vector(ids, {1, int64_t(ids.size())}), a.layer);  // (1, NH, T, T)
+  std::vector<int64_t> heads = a.heads;
+  if (heads.empty()) {
+    for (int64_t h = 0; h < ckpt.config.n_head; ++h) heads.push_back(h);
+  }
+  write_text_file(a.out, attention_svg(reshape(w, {w.size(1), w.size(2), w.size(3)}), text, a.layer, heads));
+  fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
 }
 
 std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt) {
@@ -155,6 +220,21 @@ int main(int argc, char** argv) {
   add_train_command(app, train_cfg);
   add_sample_command(app, sample_args);
   add_eval_command(app, eval_args);
+  std::string plot_run, plot_out = "loss.svg";
+  CLI::App* plot_cmd = app.add_subcommand("plot", "Draw a run's train and val loss curves as an SVG");
+  plot_cmd->add_option("--run", plot_run, "Run directory (its metrics.jsonl)")->required();
+  plot_cmd->add_option("--out", plot_out, "SVG file to write")->capture_default_str();
+  AttentionArgs attn_args;
+  CLI::App* attn_cmd = app.add_subcommand("attention", "Draw a layer's attention weights over a text, per head, as an SVG");
+  attn_cmd->add_option("--ckpt", attn_args.ckpt, "Checkpoint file, or a run directory")->required();
+  attn_cmd->add_option("--text", attn_args.text, "Characters to run through the model (at most block_size)")->required();
+  attn_cmd->add_option("--layer", attn_args.layer, "Block whose attention to draw (0 = first)")->capture_default_str();
+  attn_cmd->add_option("--head", attn_args.heads, "Head(s) to draw (default: all)");
+  attn_cmd->add_option("--out", attn_args.out, "SVG file to write")->capture_default_str();
+  std::string info_ckpt;
+  app.add_subcommand("info", "Print a checkpoint's model, parameter count, iteration and losses")
+      ->add_option("--ckpt", info_ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+      ->required();
   for (CLI::App* sub : app.get_subcommands({})) sub->fallthrough();
 
   CLI11_PARSE(app, argc, argv);
@@ -169,6 +249,12 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train") && tinygpt::train(train_cfg).interrupted) return 130;
     if (app.got_subcommand("sample")) run_sample(sample_args);
     if (app.got_subcommand("eval")) run_eval(eval_args);
+    if (app.got_subcommand("info")) run_info(info_ckpt);
+    if (app.got_subcommand("plot")) {
+      write_text_file(plot_out, loss_curves_svg(fs::path(plot_run) / "metrics.jsonl"));
+      fmt::print(stderr, "wrote {}\n", plot_out);
+    }
+    if (app.got_subcommand("attention")) run_attention(attn_args);
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "error: {}\n", e.what());
