@@ -40,7 +40,7 @@ expect_error() {
   local pattern=$1
   shift
   local out
-  if out=$("$@" 2>&1); then
+  if out=$(timeout 60 "$@" 2>&1); then
     fail "'$*' succeeded; expected an error matching '$pattern'"
   elif ! grep -q -- "$pattern" <<< "$out"; then
     fail "'$*' said '$out'; expected '$pattern'"

@@ -161,7 +161,7 @@ std::string attention_svg(const Tensor& weights, const std::u32string& text, int
   const std::vector<float> w = weights.to(DType::F32).to_vector<float>();
   const double cell = std::clamp(480.0 / double(Tn), 6.0, 22.0);
   const double label = 18, gap = 40, side = label + cell * double(Tn);
-  const int64_t cols = std::min<int64_t>(int64_t(heads.size()), 4);
+  const int64_t cols = std::min<int64_t>(int64_t(heads.size()), 2);
   const int64_t rows = (int64_t(heads.size()) + cols - 1) / cols;
   const double W = double(cols) * (side + gap) + gap, H = double(rows) * (side + gap + 24) + 60;
   std::string svg = fmt::format(
