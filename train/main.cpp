@@ -210,6 +210,7 @@ void run_eval(const EvalArgs& a) {
 int main(int argc, char** argv) {
   CLI::App app{"tinygpt: train small GPT language models from text files, and sample from them"};
   app.require_subcommand(1);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one wins
   app.set_version_flag("--version", "tinygpt 0.1.0");
   int threads = 0;
   app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -229,7 +230,8 @@ int main(int argc, char** argv) {
   attn_cmd->add_option("--ckpt", attn_args.ckpt, "Checkpoint file, or a run directory")->required();
   attn_cmd->add_option("--text", attn_args.text, "Characters to run through the model (at most block_size)")->required();
   attn_cmd->add_option("--layer", attn_args.layer, "Block whose attention to draw (0 = first)")->capture_default_str();
-  attn_cmd->add_option("--head", attn_args.heads, "Head(s) to draw (default: all)");
+  attn_cmd->add_option("--head", attn_args.heads, "Head(s) to draw, repeatable (default: all)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   attn_cmd->add_option("--out", attn_args.out, "SVG file to write")->capture_default_str();
   std::string info_ckpt;
   app.add_subcommand("info", "Print a checkpoint's model, parameter count, iteration and losses")
