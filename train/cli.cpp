@@ -1,0 +1,256 @@
+#include "train/cli.h"
+
+#include <fmt/core.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "data/corpus.h"
+#include "train/checkpoint.h"
+#include "train/generate.h"
+#include "train/plots.h"
+#include "train/trainer.h"
+
+namespace tinygpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void add_train_command(CLI::App& app, TrainConfig& c) {
+  CLI::App* cmd = app.add_subcommand("train", "Train a character-level GPT on a UTF-8 text file (nanoGPT's shakespeare_char defaults)");
+  cmd->add_option("--data", c.data, "UTF-8 text file to train on")->required();
+  cmd->add_option("--out", c.out, "Run directory: checkpoints, metrics.jsonl, token cache")->capture_default_str();
+  auto& m = c.model;
+  cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str();
+  cmd->add_option("--n-head", m.n_head, "Attention heads")->capture_default_str();
+  cmd->add_option("--n-kv-head", m.n_kv_head, "Key/value heads (0: same as --n-head; fewer: grouped-query)")->capture_default_str();
+  cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str();
+  cmd->add_option("--block-size", m.block_size, "Context length in characters")->capture_default_str();
+  cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str();
+  cmd->add_flag("--bias,!--no-bias", m.bias, "Biases in Linear and LayerNorm layers")->capture_default_str();
+  cmd->add_flag("--rope,!--no-rope", m.rope, "Rotary position embeddings instead of a learned position table")->capture_default_str();
+  cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
+  cmd->add_option("--max-iters", c.max_iters, "Training iterations")->capture_default_str();
+  cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
+  cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warmup iterations")->capture_default_str();
+  cmd->add_option("--lr-decay-iters", c.lr_decay_iters, "Iteration where the cosine decay reaches --min-lr")->capture_default_str();
+  cmd->add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices and embeddings only)")->capture_default_str();
+  cmd->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
+  cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  cmd->add_option("--eval-interval", c.eval_interval, "Iterations between evaluations and checkpoints")->capture_default_str();
+  cmd->add_option("--eval-iters", c.eval_iters, "Batches per evaluation of each split")->capture_default_str();
+  cmd->add_option("--log-interval", c.log_interval, "Iterations between log lines (metrics.jsonl gets every one)")->capture_default_str();
+  cmd->add_option("--train-fraction", c.train_fraction, "Leading fraction of the text used for training; the rest validates")->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
+  cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
+  cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
+}
+
+void add_sample_command(CLI::App& app, SampleArgs& a) {
+  CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)");
+  cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
+  cmd->add_option("--prompt", a.prompt, "Text to continue (printed first)")->capture_default_str();
+  cmd->add_option("--max-new-tokens", a.gen.max_new_tokens, "Characters to generate per sample")->capture_default_str();
+  cmd->add_option("--temperature", a.gen.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", a.gen.top_k, "Sample among the k most likely characters (0: all)")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "Random seed (the same seed gives the same text)")->capture_default_str();
+  cmd->add_option("--num-samples", a.num_samples, "Independent samples to draw")->capture_default_str();
+  cmd->add_flag("--kv-cache,!--no-kv-cache", a.gen.kv_cache, "Reuse cached keys and values instead of rerunning the context")->capture_default_str();
+}
+
+void add_eval_command(CLI::App& app, EvalArgs& a) {
+  CLI::App* cmd = app.add_subcommand("eval", "Print a checkpoint's mean loss on the train and val splits of a text file");
+  cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
+  cmd->add_option("--data", a.data, "UTF-8 text file (its characters must be in the checkpoint's vocabulary)")->required();
+  cmd->add_option("--batch-size", a.batch_size, "Sequences per batch")->capture_default_str();
+  cmd->add_option("--eval-iters", a.eval_iters, "Batches per split")->capture_default_str();
+  cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
+}
+
+void run_info(const std::string& path) {
+  const Checkpoint ckpt = load_checkpoint(path);
+  const auto model = std::make_unique<nn::GPT>(ckpt.config);
+  const auto& c = ckpt.config;
+  fmt::print("checkpoint     {}\n", ckpt.path.string());
+  fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {}, bias {}, {}\n",
+             c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head, c.n_embd, c.block_size, c.vocab_size,
+             c.bias ? "on" : "off", c.rope ? "RoPE" : "learned positions");
+  fmt::print("parameters     {} ({:.2f}M without the position table)\n", model->num_parameters(),
+             double(model->num_parameters_non_embedding()) / 1e6);
+  fmt::print("iteration      {}\n", ckpt.state.iter);
+  fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
+  fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("AdamW, {} steps", ckpt.optimizer_step) : "none saved");
+  const fs::path metrics = ckpt.path.parent_path() / "metrics.jsonl";
+  std::ifstream in(metrics);
+  nlohmann::json last_eval;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("val_loss")) last_eval = j;
+  }
+  if (!last_eval.is_null()) {
+    fmt::print("last eval      iteration {}: train loss {:.4f}, val loss {:.4f}\n", last_eval["iter"].get<int64_t>(),
+               last_eval["train_loss"].get<double>(), last_eval["val_loss"].get<double>());
+  }
+  fmt::print("training flags {}\n", ckpt.state.train_config.dump());
+}
+
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt);
+
+void run_attention(const AttentionArgs& a) {
+  const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  const auto model = model_from(ckpt);
+  const std::u32string text = data::decode_utf8(a.text);
+  if (text.empty()) throw Error("--text is empty: give the characters to look at");
+  if (int64_t(text.size()) > ckpt.config.block_size) {
+    throw Error(fmt::format("--text has {} characters, more than the model's block size {}", text.size(), ckpt.config.block_size));
+  }
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const int32_t id = ckpt.vocab.id(text[i]);
+    if (id < 0) {
+      throw Error(fmt::format("--text: character '{}' (U+{:04X}) at position {} is not in the model's vocabulary",
+                              data::encode_utf8(text.substr(i, 1)), uint32_t(text[i]), i));
+    }
+    ids.push_back(id);
+  }
+  const Tensor w = model->attention_weights(from_vector(ids, {1, int64_t(ids.size())}), a.layer);  // (1, NH, T, T)
+  std::vector<int64_t> heads = a.heads;
+  if (heads.empty()) {
+    for (int64_t h = 0; h < ckpt.config.n_head; ++h) heads.push_back(h);
+  }
+  write_text_file(a.out, attention_svg(reshape(w, {w.size(1), w.size(2), w.size(3)}), text, a.layer, heads));
+  fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
+}
+
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt) {
+  Generator gen(0);
+  auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
+  load_weights(*model, ckpt);
+  model->train(false);
+  return model;
+}
+
+void validate_sample(const SampleArgs& a) {
+  if (a.gen.max_new_tokens < 0) throw Error(fmt::format("--max-new-tokens must not be negative, got {}", a.gen.max_new_tokens));
+  if (a.num_samples <= 0) throw Error(fmt::format("--num-samples must be positive, got {}", a.num_samples));
+  if (!(a.gen.temperature >= 0)) throw Error(fmt::format("--temperature must not be negative, got {}", a.gen.temperature));
+  if (a.gen.top_k < 0) throw Error(fmt::format("--top-k must not be negative, got {}", a.gen.top_k));
+}
+
+void run_sample(const SampleArgs& a) {
+  const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  const auto model = model_from(ckpt);
+  const std::u32string prompt = data::decode_utf8(a.prompt);
+  if (prompt.empty()) throw Error("--prompt is empty: give at least one character");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const int32_t id = ckpt.vocab.id(prompt[i]);
+    if (id < 0) {
+      throw Error(fmt::format("--prompt: character '{}' (U+{:04X}) at position {} is not in the model's vocabulary",
+                              data::encode_utf8(prompt.substr(i, 1)), uint32_t(prompt[i]), i));
+    }
+    ids.push_back(id);
+  }
+  fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache\n", ckpt.path.string(), ckpt.state.iter,
+             ckpt.state.best_val_loss, a.gen.kv_cache ? "with KV" : "without KV");
+  Generator gen(a.seed);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < a.num_samples; ++s) {
+    if (s > 0) fmt::print("\n---------------\n");
+    fmt::print("{}", a.prompt);
+    generate(*model, ids, a.gen, gen, [&](int32_t id) {
+      fmt::print("{}", data::encode_utf8(std::u32string(1, ckpt.vocab.chars()[size_t(id)])));
+      std::fflush(stdout);
+    });
+  }
+  fmt::print("\n");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(stderr, "{} tokens in {:.3f}s ({:.0f} tokens/s)\n", a.gen.max_new_tokens * a.num_samples, secs,
+             double(a.gen.max_new_tokens * a.num_samples) / secs);
+}
+
+void validate_eval(const EvalArgs& a) {
+  if (a.batch_size <= 0 || a.eval_iters <= 0) throw Error("--batch-size and --eval-iters must be positive");
+  if (!(a.train_fraction > 0 && a.train_fraction < 1)) {
+    throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", a.train_fraction));
+  }
+}
+
+void run_eval(const EvalArgs& a) {
+  const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  const auto model = model_from(ckpt);
+  const data::TokenData tokens = data::encode_file(a.data, ckpt.vocab);
+  const data::Split split = data::split_tokens(tokens.ids(), a.train_fraction);
+  const double train = estimate_loss(*model, split.train, a.batch_size, a.eval_iters, a.seed, "training split");
+  const double val = estimate_loss(*model, split.val, a.batch_size, a.eval_iters, a.seed + 1, "validation split");
+  fmt::print("train loss {:.4f}, val loss {:.4f}\n", train, val);
+}
+
+}  // namespace
+
+Cli::Cli() {
+  app.require_subcommand(1);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one wins
+  app.set_version_flag("--version", "tinygpt 0.1.0");
+  app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  add_train_command(app, train_config);
+  add_sample_command(app, sample_args);
+  add_eval_command(app, eval_args);
+  CLI::App* plot_cmd = app.add_subcommand("plot", "Draw a run's train and val loss curves as an SVG");
+  plot_cmd->add_option("--run", plot_run, "Run directory (its metrics.jsonl)")->required();
+  plot_cmd->add_option("--out", plot_out, "SVG file to write")->capture_default_str();
+  CLI::App* attn_cmd = app.add_subcommand("attention", "Draw a layer's attention weights over a text, per head, as an SVG");
+  attn_cmd->add_option("--ckpt", attention_args.ckpt, "Checkpoint file, or a run directory")->required();
+  attn_cmd->add_option("--text", attention_args.text, "Characters to run through the model (at most block_size)")->required();
+  attn_cmd->add_option("--layer", attention_args.layer, "Block whose attention to draw (0 = first)")->capture_default_str();
+  attn_cmd->add_option("--head", attention_args.heads, "Head(s) to draw, repeatable (default: all)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  attn_cmd->add_option("--out", attention_args.out, "SVG file to write")->capture_default_str();
+  app.add_subcommand("info", "Print a checkpoint's model, parameter count, iteration and losses")
+      ->add_option("--ckpt", info_ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+      ->required();
+  for (CLI::App* sub : app.get_subcommands({})) sub->fallthrough();
+}
+
+void Cli::validate() const {
+  if (app.got_subcommand("train")) train_config.validate();
+  if (app.got_subcommand("sample")) validate_sample(sample_args);
+  if (app.got_subcommand("eval")) validate_eval(eval_args);
+}
+
+int Cli::run() {
+  if (CLI::App* train_cmd = app.get_subcommand("train"); *train_cmd) {
+    for (const auto& [flag, key] : {std::pair{"--n-layer", "n_layer"}, {"--n-head", "n_head"}, {"--n-kv-head", "n_kv_head"},
+                                    {"--n-embd", "n_embd"}, {"--block-size", "block_size"}, {"--bias", "bias"}, {"--rope", "rope"}}) {
+      if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
+    }
+  }
+  if (threads > 0) omp_set_num_threads(threads);
+  try {
+    validate();
+    if (app.got_subcommand("train") && train(train_config).interrupted) return 130;
+    if (app.got_subcommand("sample")) run_sample(sample_args);
+    if (app.got_subcommand("eval")) run_eval(eval_args);
+    if (app.got_subcommand("info")) run_info(info_ckpt);
+    if (app.got_subcommand("plot")) {
+      write_text_file(plot_out, loss_curves_svg(fs::path(plot_run) / "metrics.jsonl"));
+      fmt::print(stderr, "wrote {}\n", plot_out);
+    }
+    if (app.got_subcommand("attention")) run_attention(attention_args);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace tinygpt

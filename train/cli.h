@@ -1,0 +1,56 @@
+// The tinygpt command line (CLI11): train, sample, eval, info, plot, attention. main() parses into a Cli and
+// runs it; the fuzzer parses arbitrary arguments into one and validates them without running anything.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "train/generate.h"
+#include "train/trainer.h"
+
+namespace tinygpt {
+
+struct SampleArgs {
+  std::string ckpt;
+  std::string prompt = "\n";
+  GenerateOptions gen;
+  uint64_t seed = 1337;
+  int64_t num_samples = 1;
+};
+
+struct EvalArgs {
+  std::string ckpt, data;
+  int64_t batch_size = 64, eval_iters = 200;
+  double train_fraction = 0.9;
+  uint64_t seed = 1337;
+};
+
+struct AttentionArgs {
+  std::string ckpt, text, out = "attention.svg";
+  int64_t layer = 0;
+  std::vector<int64_t> heads;
+};
+
+struct Cli {
+  Cli();
+  Cli(const Cli&) = delete;
+  Cli& operator=(const Cli&) = delete;
+
+  /// After parsing: checks the chosen subcommand's values (ranges, contradictions) without touching any
+  /// file; throws Error naming the flag.
+  void validate() const;
+  /// Validates and runs the chosen subcommand; returns the process exit code (errors print one line).
+  int run();
+
+  CLI::App app{"tinygpt: train small GPT language models from text files, and sample from them"};
+  int threads = 0;
+  TrainConfig train_config;
+  SampleArgs sample_args;
+  EvalArgs eval_args;
+  AttentionArgs attention_args;
+  std::string plot_run, plot_out = "loss.svg", info_ckpt;
+};
+
+}  // namespace tinygpt
