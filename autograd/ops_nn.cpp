@@ -30,7 +30,8 @@ void check_ids(const char* op, const char* what, const Tensor& ids, int64_t limi
 /// Softmax (or log-softmax) over the last dim; backward reads the saved output.
 Tensor rowwise_softmax(const char* name, const Tensor& x, bool log) {
   detail::check_float(name, x);
-  const auto [N, C] = rows_cols(x);
+  const auto [N_, C_] = rows_cols(x);
+  const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), name, [&]<class T>() {
     launch(log ? kernels::log_softmax_forward<T> : kernels::softmax_forward<T>, x.device(), out.data<T>(),
@@ -95,7 +96,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     detail::check_same("linear", x, bias);
     if (bias.ndim() != 1 || bias.size(0) != OC) shape_error("linear", "bias must be (OC)", bias.shape(), weight.shape());
   }
-  const auto [N, C] = rows_cols(x);
+  const auto [N_, C_] = rows_cols(x);
+  const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
   std::vector<int64_t> dims = x.shape().vec();
   dims.back() = OC;
   Tensor out = empty(Shape(dims), x.dtype(), x.device());
@@ -115,7 +117,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   detail::check_float("layer_norm", x);
   detail::check_float("layer_norm", weight, "weight");
   detail::check_same("layer_norm", x, weight);
-  const auto [N, C] = rows_cols(x);
+  const auto [N_, C_] = rows_cols(x);
+  const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
   if (weight.ndim() != 1 || weight.size(0) != C) shape_error("layer_norm", "weight must be (C)", x.shape(), weight.shape());
   if (bias.defined()) {
     detail::check_same("layer_norm", x, bias);
@@ -161,7 +164,8 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
   detail::check_float("cross_entropy", logits, "logits");
-  const auto [N, V] = rows_cols(logits);
+  const auto [N_, V_] = rows_cols(logits);
+  const int64_t N = N_, V = V_;  // plain variables: clang 14 cannot capture structured bindings
   if (logits.ndim() < 1 || targets.numel() != N ||
       !std::equal(targets.shape().begin(), targets.shape().end(), logits.shape().begin(), logits.shape().end() - 1)) {
     shape_error("cross_entropy", "logits (..., V) need targets (...)", logits.shape(), targets.shape());

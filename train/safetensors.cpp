@@ -139,8 +139,13 @@ Contents load(const fs::path& path) {
     const auto dtype = parse_dtype(info["dtype"].get<std::string>());
     if (!dtype) throw bad(fmt::format("tensor '{}' has unsupported dtype {}", name, info["dtype"].get<std::string>()));
     std::vector<int64_t> dims;
+    uint64_t numel = 1;
     for (const auto& d : info["shape"]) {
-      if (!d.is_number_unsigned()) throw bad(fmt::format("tensor '{}' has a bad shape", name));
+      // Sizes beyond the file cannot be right, and keeping them small keeps their product from overflowing.
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > file_size) throw bad(fmt::format("tensor '{}' has a bad shape", name));
+      if (__builtin_mul_overflow(numel, d.get<uint64_t>(), &numel) || numel > file_size) {
+        throw bad(fmt::format("tensor '{}' has more elements than the file has bytes", name));
+      }
       dims.push_back(d.get<int64_t>());
     }
     if (dims.size() > size_t(kMaxDims)) throw bad(fmt::format("tensor '{}' has {} dims (at most {})", name, dims.size(), kMaxDims));

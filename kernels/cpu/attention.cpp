@@ -398,7 +398,8 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
 template <class T>
 void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v, const T* mask,
                              const uint8_t* key_padding, const AttentionGeom& g) {
-  const auto [Br, Bc] = flash_tiles(g.E, g.Ev);
+  const Tiles tiles = flash_tiles(g.E, g.Ev);
+  const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t group = g.NH / g.NKV, n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles;
   const T keep_scale = dropout_scale<T>(g);
   const bool dropout = g.dropout_p > 0.0f;
@@ -486,7 +487,8 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
 template <class T>
 void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                               const T* lse, const T* mask, const uint8_t* key_padding, const AttentionGeom& g) {
-  const auto [Br, Bc] = flash_tiles(g.E, g.Ev);
+  const Tiles tiles = flash_tiles(g.E, g.Ev);
+  const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV;
   const bool parallel = rows * g.S * (g.E + g.Ev) >= kParallelGrain;
   std::vector<T> D(static_cast<size_t>(rows));  // rowsum(dO * O), (B, NH, T)
