@@ -10,6 +10,7 @@ packages=(
   libcli11-dev               # command line
   nlohmann-json3-dev         # checkpoint and config metadata
   libopenblas-dev            # bench/bench_matmul only: the sgemm we compare against
+  clang libomp-dev           # scripts/fuzz.sh only: libFuzzer targets (CI runs them)
 )
 
 missing=()
