@@ -51,6 +51,7 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
   cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
+  cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
 }
 
 void add_sample_command(CLI::App& app, SampleArgs& a) {

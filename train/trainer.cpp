@@ -103,6 +103,41 @@ class StopSignals {
   struct sigaction old_int_{}, old_term_{};
 };
 
+/// Progress on stderr: a live status line on a terminal (redrawn in place, at most 10 times a second) besides
+/// the log lines, plain log lines when stderr is not a terminal, and only the final summary when quiet.
+class Console {
+ public:
+  explicit Console(bool quiet) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) == 1) {}
+  ~Console() { clear(); }
+
+  template <class... Args>
+  void line(fmt::format_string<Args...> format, Args&&... args) {
+    if (quiet_) return;
+    clear();
+    fmt::print(stderr, format, std::forward<Args>(args)...);
+  }
+  void status(int64_t iter, int64_t max_iters, double loss, double tok_per_s, double ms_per_iter) {
+    if (quiet_ || !tty_) return;
+    const auto now = Clock::now();
+    if (live_ && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    const auto eta = int64_t(double(max_iters - iter - 1) * ms_per_iter / 1e3);
+    fmt::print(stderr, "\r{}/{} ({:.0f}%)  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", iter + 1, max_iters,
+               100.0 * double(iter + 1) / double(std::max<int64_t>(max_iters, 1)), loss, tok_per_s, eta / 3600,
+               eta / 60 % 60, eta % 60);
+    live_ = true;
+  }
+  void clear() {
+    if (live_) fmt::print(stderr, "\r\x1b[K");
+    live_ = false;
+  }
+
+ private:
+  bool quiet_, tty_;
+  bool live_ = false;
+  Clock::time_point last_{};
+};
+
 /// Appends one JSON object per line, flushed, so a crash keeps every line written before it.
 class MetricsLog {
  public:
@@ -188,7 +223,8 @@ TrainResult train(const TrainConfig& cfg_in) {
   const data::Corpus corpus = data::load_corpus(cfg.data, out);
   const auto ids = corpus.tokens.ids();
   const data::Split split = data::split_tokens(ids, cfg.train_fraction);
-  fmt::print(stderr, "data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens\n", ids.size(),
+  Console console(cfg.quiet);
+  console.line("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens\n", ids.size(),
              corpus.vocab.size(), corpus.from_cache ? "mapped from" : "encoded into", (out / "tokens.bin").string(),
              std::chrono::duration<double>(Clock::now() - t_load).count(), split.train.size(), split.val.size());
 
@@ -237,12 +273,12 @@ TrainResult train(const TrainConfig& cfg_in) {
     state.train_config = flags_json(cfg);
     sampler.generator().set_state(state.sampler_rng);
     model_gen.set_state(state.model_rng);
-    fmt::print(stderr, "resuming from {} at iteration {} (best val loss {:.4f})\n", ckpt->path.string(), state.iter,
+    console.line("resuming from {} at iteration {} (best val loss {:.4f})\n", ckpt->path.string(), state.iter,
                state.best_val_loss);
   }
   MetricsLog metrics(out / "metrics.jsonl", cfg.resume);
   const auto& m = cfg.model;
-  fmt::print(stderr, "model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {} threads\n", m.n_layer,
+  console.line("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {} threads\n", m.n_layer,
              m.n_head, m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, omp_get_max_threads());
 
   const StopSignals stop;
@@ -256,6 +292,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   const int64_t tokens_per_iter = cfg.batch_size * m.block_size * cfg.grad_accum;
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
+  double ms_avg = 0;  // moving average of the iteration time, for the ETA
   for (int64_t iter = state.iter;; ++iter) {
     const double lr = learning_rate(cfg, iter);
     if ((iter % cfg.eval_interval == 0 || iter == cfg.max_iters) && !(cfg.resume && iter == first)) {
@@ -270,7 +307,7 @@ TrainResult train(const TrainConfig& cfg_in) {
       if (best) state.best_val_loss = val_loss;
       save_latest(iter);
       if (best) save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
-      fmt::print(stderr, "step {}: train loss {:.4f}, val loss {:.4f}{} ({:.1f}s)\n", iter, train_loss, val_loss,
+      console.line("step {}: train loss {:.4f}, val loss {:.4f}{} ({:.1f}s)\n", iter, train_loss, val_loss,
                  best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (iter >= cfg.max_iters) {
@@ -300,11 +337,14 @@ TrainResult train(const TrainConfig& cfg_in) {
     const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
     metrics.write({{"iter", iter}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}, {"tok_per_s", tok_per_s}});
     if (iter % cfg.log_interval == 0) {
-      fmt::print(stderr, "iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s\n", iter, loss, lr,
+      console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s\n", iter, loss, lr,
                  norm, ms, tok_per_s);
     }
+    ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
+    console.status(iter, cfg.max_iters, loss, tok_per_s, ms_avg);
     if (stop.requested()) {
       save_latest(iter + 1);
+      console.clear();
       fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
                  (out / kLatestCheckpoint).string());
       result.iters = iter + 1;
@@ -314,6 +354,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   result.best_val_loss = state.best_val_loss;
   if (result.interrupted) return result;
+  console.clear();
   fmt::print(stderr, "done: {} iterations, best val loss {:.4f}; checkpoints in {}\n", result.iters,
              result.best_val_loss, out.string());
   return result;

@@ -38,6 +38,7 @@ struct TrainConfig {
   uint64_t seed = 1337;
   std::string device = "cpu";
   bool resume = false;
+  bool quiet = false;  // only the final summary and errors on stderr
   std::vector<std::string> model_flags_given;  // config keys set by flags ("n_embd", ...): on resume they must match
 
   /// Throws naming the first flag that is out of range or contradicts another.
