@@ -66,6 +66,8 @@ expect_error "dropout must be in \[0, 1)" "$tinygpt" train --data "$dir/text.txt
 expect_error "Could not convert: --max-iters = ten" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --max-iters ten
 expect_error "model flags contradict the checkpoint: block_size 64" "$tinygpt" train --data "$dir/text.txt" --out "$dir/run" --resume --block-size 64
 expect_error "no CUDA\|no CUDA GPU\|not available yet" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device cuda
+expect_error "the loss is nan\|the loss is inf\|the gradient norm is" "$tinygpt" train --data "$dir/text.txt" --out "$dir/nan" \
+  --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 --max-iters 200 --lr 1e30 --grad-clip 0 --eval-iters 1 --quiet
 expect_error "must be cpu or cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device tpu
 expect_error "is empty" "$tinygpt" train --data "$dir/empty.txt" --out "$dir/r2"
 expect_error "invalid UTF-8 at byte offset 3" "$tinygpt" train --data "$dir/bad.txt" --out "$dir/r2"
