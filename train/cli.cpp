@@ -20,6 +20,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// The ids of a flag's text; throws naming the flag and the first character outside the vocabulary.
+std::vector<int32_t> encode_flag_text(const data::CharVocab& vocab, const std::u32string& text, const char* flag) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const int32_t id = vocab.id(text[i]);
+    if (id < 0) {
+      throw Error(fmt::format("{}: character '{}' (U+{:04X}) at position {} is not in the model's vocabulary", flag,
+                              data::encode_utf8(text.substr(i, 1)), uint32_t(text[i]), i));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 void add_train_command(CLI::App& app, TrainConfig& c) {
   CLI::App* cmd = app.add_subcommand("train", "Train a character-level GPT on a UTF-8 text file (nanoGPT's shakespeare_char defaults)");
   cmd->add_option("--data", c.data, "UTF-8 text file to train on")->required();
@@ -113,15 +127,7 @@ void run_attention(const AttentionArgs& a) {
   if (int64_t(text.size()) > ckpt.config.block_size) {
     throw Error(fmt::format("--text has {} characters, more than the model's block size {}", text.size(), ckpt.config.block_size));
   }
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const int32_t id = ckpt.vocab.id(text[i]);
-    if (id < 0) {
-      throw Error(fmt::format("--text: character '{}' (U+{:04X}) at position {} is not in the model's vocabulary",
-                              data::encode_utf8(text.substr(i, 1)), uint32_t(text[i]), i));
-    }
-    ids.push_back(id);
-  }
+  const std::vector<int32_t> ids = encode_flag_text(ckpt.vocab, text, "--text");
   const Tensor w = model->attention_weights(from_vector(ids, {1, int64_t(ids.size())}), a.layer);  // (1, NH, T, T)
   std::vector<int64_t> heads = a.heads;
   if (heads.empty()) {
@@ -151,15 +157,7 @@ void run_sample(const SampleArgs& a) {
   const auto model = model_from(ckpt);
   const std::u32string prompt = data::decode_utf8(a.prompt);
   if (prompt.empty()) throw Error("--prompt is empty: give at least one character");
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    const int32_t id = ckpt.vocab.id(prompt[i]);
-    if (id < 0) {
-      throw Error(fmt::format("--prompt: character '{}' (U+{:04X}) at position {} is not in the model's vocabulary",
-                              data::encode_utf8(prompt.substr(i, 1)), uint32_t(prompt[i]), i));
-    }
-    ids.push_back(id);
-  }
+  const std::vector<int32_t> ids = encode_flag_text(ckpt.vocab, prompt, "--prompt");
   fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache\n", ckpt.path.string(), ckpt.state.iter,
              ckpt.state.best_val_loss, a.gen.kv_cache ? "with KV" : "without KV");
   Generator gen(a.seed);
