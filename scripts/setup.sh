@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev         # checkpoint and config metadata
   libopenblas-dev            # bench/bench_matmul only: the sgemm we compare against
   clang libomp-dev           # scripts/fuzz.sh only: libFuzzer targets (CI runs them)
+  curl ca-certificates       # scripts/get_data.sh: fetches tiny Shakespeare when no local copy exists
 )
 
 missing=()
