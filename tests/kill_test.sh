@@ -26,6 +26,12 @@ for round in $(seq "$rounds"); do
     "$tinygpt" train "${flags[@]}" --max-iters 0 2>> "$dir/log"  # start over so later rounds still test something
   fi
 done
+# metrics.jsonl: each iteration once, in order (a resume drops what the killed run wrote after its checkpoint).
+if ! grep -o '"iter":[0-9]*,"loss"' "$dir/run/metrics.jsonl" | cut -d: -f2 | cut -d, -f1 |
+  awk 'NR - 1 != $1 { bad = 1 } END { exit bad }'; then
+  echo "FAIL: metrics.jsonl repeats or skips iterations after the resumes"
+  failures=$((failures + 1))
+fi
 iter=$(sed -n 's/^iteration *//p' "$dir/info")
 echo "kill_test: $rounds SIGKILLs, $failures unloadable checkpoints; the run reached iteration $iter"
 exit $((failures > 0))

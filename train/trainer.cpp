@@ -138,6 +138,27 @@ class Console {
   Clock::time_point last_{};
 };
 
+/// On resume: drops the lines a stopped run wrote after its checkpoint (iterations from `iter` on, evaluations
+/// after it), so the resumed run's lines follow without repeats.
+void truncate_metrics(const fs::path& path, int64_t iter) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("iter") || !j["iter"].is_number_integer()) continue;
+    const int64_t it = j["iter"].get<int64_t>();
+    if (j.contains("val_loss") ? it <= iter : it < iter) kept += line + '\n';
+  }
+  in.close();
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out || !(out << kept) || !out.flush()) throw Error(fmt::format("cannot rewrite '{}'", path.string()));
+  }
+  fs::rename(tmp, path);
+}
+
 /// Appends one JSON object per line, flushed, so a crash keeps every line written before it.
 class MetricsLog {
  public:
@@ -276,6 +297,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     console.line("resuming from {} at iteration {} (best val loss {:.4f})\n", ckpt->path.string(), state.iter,
                state.best_val_loss);
   }
+  if (cfg.resume) truncate_metrics(out / "metrics.jsonl", state.iter);
   MetricsLog metrics(out / "metrics.jsonl", cfg.resume);
   const auto& m = cfg.model;
   console.line("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {} threads\n", m.n_layer,
