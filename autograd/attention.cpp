@@ -178,7 +178,7 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
                             "NKV = {}; got {}, {} and {}",
                             num_heads, num_kv_heads, q.shape().str(), k_cache.shape().str(), v_cache.shape().str()));
   }
-  if (len < q.size(1) || len > k_cache.size(1) || !(k_cache.shape() == v_cache.shape() || v_cache.size(1) == k_cache.size(1))) {
+  if (len < q.size(1) || len > k_cache.size(1) || v_cache.size(1) != k_cache.size(1)) {
     throw Error(fmt::format("cached_attention: {} positions with {} queries do not fit caches {} and {}", len, q.size(1),
                             k_cache.shape().str(), v_cache.shape().str()));
   }

@@ -91,17 +91,21 @@ GPT::GPT(const GPTConfig& config, Generator& gen)
 
 int64_t GPT::num_parameters_non_embedding() const { return num_parameters() - (wpe ? wpe->weight.numel() : 0); }
 
-Tensor GPT::hidden(const Tensor& ids) const {
+Tensor GPT::embed(const Tensor& ids, int64_t pos0) const {
   if (ids.ndim() != 2 || ids.dtype() != DType::I32) {
     throw Error(fmt::format("GPT: ids must be an i32 (B, T) tensor, got {} {}", dtype_name(ids.dtype()), ids.shape().str()));
   }
   const int64_t T = ids.size(1);
-  if (T > config_.block_size) {
-    throw Error(fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", T, config_.block_size));
+  if (pos0 + T > config_.block_size) {
+    throw Error(fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", pos0 + T, config_.block_size));
   }
   Tensor x = wte.forward(ids);  // (B, T, C)
-  if (wpe) x = x + wpe->forward(positions(0, T).to(ids.device()));
-  x = dropout(x, config_.dropout, *gen_, training());
+  if (wpe) x = x + wpe->forward(positions(pos0, T).to(ids.device()));
+  return x;
+}
+
+Tensor GPT::hidden(const Tensor& ids) const {
+  Tensor x = dropout(embed(ids, 0), config_.dropout, *gen_, training());
   for (const auto& block : h) x = block->forward(x, *gen_);
   return ln_f.forward(x);
 }
@@ -123,12 +127,7 @@ Tensor GPT::attention_weights(const Tensor& ids, int64_t layer) const {
     throw Error(fmt::format("GPT: layer {} does not exist (the model has layers 0 to {})", layer, h.size() - 1));
   }
   NoGradGuard no_grad;
-  const int64_t T = ids.size(1);
-  if (T > config_.block_size) {
-    throw Error(fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", T, config_.block_size));
-  }
-  Tensor x = wte.forward(ids);
-  if (wpe) x = x + wpe->forward(positions(0, T).to(ids.device()));
+  Tensor x = embed(ids, 0);
   for (int64_t i = 0; i < layer; ++i) x = h[size_t(i)]->forward(x, *gen_);
   const Tensor a = h[size_t(layer)]->ln_1.forward(x);
   return h[size_t(layer)]->attn.forward(a, a, a, {}, {}, /*is_causal=*/true, /*need_weights=*/true, /*average=*/false).weights;
@@ -147,16 +146,12 @@ KVCache GPT::make_cache(int64_t batch) const {
 }
 
 Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
-  if (ids.ndim() != 2 || ids.dtype() != DType::I32) {
-    throw Error(fmt::format("GPT: ids must be an i32 (B, T) tensor, got {} {}", dtype_name(ids.dtype()), ids.shape().str()));
-  }
-  const int64_t T = ids.size(1);
+  const int64_t T = ids.ndim() == 2 ? ids.size(1) : 0;
   if (cache.len + T > cache.capacity()) {
     throw Error(fmt::format("GPT: {} cached positions and {} new ones exceed the block size {}", cache.len, T,
                             cache.capacity()));
   }
-  Tensor x = wte.forward(ids);
-  if (wpe) x = x + wpe->forward(positions(cache.len, T).to(ids.device()));
+  Tensor x = embed(ids, cache.len);
   for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache, i);
   cache.len += T;
   x = ln_f.forward(narrow(x, 1, T - 1, 1));

@@ -95,6 +95,8 @@ class GPT : public Module {
   LayerNorm ln_f;
 
  private:
+  /// Token plus position embeddings of ids (B, T) at positions [pos0, pos0 + T), after checking both.
+  Tensor embed(const Tensor& ids, int64_t pos0) const;
   Tensor hidden(const Tensor& ids) const;
 
   GPTConfig config_;
