@@ -92,14 +92,18 @@ void add_eval_command(CLI::App& app, EvalArgs& a) {
 
 void run_info(const std::string& path) {
   const Checkpoint ckpt = load_checkpoint(path);
-  const auto model = std::make_unique<nn::GPT>(ckpt.config);
+  int64_t params = 0, positions = 0;  // counted from the saved weights (the optimizer's moments left out)
+  for (const auto& [name, t] : ckpt.contents.tensors) {
+    if (name.rfind("optimizer.", 0) == 0) continue;
+    params += t.numel();
+    if (name == "transformer.wpe.weight") positions = t.numel();
+  }
   const auto& c = ckpt.config;
   fmt::print("checkpoint     {}\n", ckpt.path.string());
   fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {}, bias {}, {}\n",
              c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head, c.n_embd, c.block_size, c.vocab_size,
              c.bias ? "on" : "off", c.rope ? "RoPE" : "learned positions");
-  fmt::print("parameters     {} ({:.2f}M without the position table)\n", model->num_parameters(),
-             double(model->num_parameters_non_embedding()) / 1e6);
+  fmt::print("parameters     {} ({:.2f}M without the position table)\n", params, double(params - positions) / 1e6);
   fmt::print("iteration      {}\n", ckpt.state.iter);
   fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
   fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("AdamW, {} steps", ckpt.optimizer_step) : "none saved");
