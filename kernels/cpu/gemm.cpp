@@ -73,19 +73,22 @@ void kernel_generic(int64_t kc, const T* __restrict a, const T* __restrict b, T*
 template <class T>
 struct Config;
 
-template <>
-struct Config<double> {
-  static constexpr int MR = 4, NR = 8;
-  static constexpr int64_t MC = 96, KC = 256, NC = 2048;
+/// The portable configuration: generic packing and micro-kernel with the given tile and block sizes.
+template <class T, int MR_, int NR_, int64_t MC_, int64_t KC_, int64_t NC_>
+struct GenericConfig {
+  static constexpr int MR = MR_, NR = NR_;
+  static constexpr int64_t MC = MC_, KC = KC_, NC = NC_;
   template <int W>
-  static void pack(bool k_contig, const double* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
-                   double* dst) {
-    pack_generic<double, W>(k_contig, X, ld, r0, rows, k0, kc, dst);
+  static void pack(bool k_contig, const T* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc, T* dst) {
+    pack_generic<T, W>(k_contig, X, ld, r0, rows, k0, kc, dst);
   }
-  static void kernel(int64_t kc, const double* a, const double* b, double* c, int64_t ldc, double alpha, double beta) {
-    kernel_generic<double, MR, NR>(kc, a, b, c, ldc, alpha, beta);
+  static void kernel(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, T alpha, T beta) {
+    kernel_generic<T, MR, NR>(kc, a, b, c, ldc, alpha, beta);
   }
 };
+
+template <>
+struct Config<double> : GenericConfig<double, 4, 8, 96, 256, 2048> {};
 
 #ifdef TINYGPT_GEMM_AVX2
 
@@ -220,18 +223,7 @@ struct Config<float> {
 #else
 
 template <>
-struct Config<float> {
-  static constexpr int MR = 4, NR = 16;
-  static constexpr int64_t MC = 128, KC = 256, NC = 4096;
-  template <int W>
-  static void pack(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
-                   float* dst) {
-    pack_generic<float, W>(k_contig, X, ld, r0, rows, k0, kc, dst);
-  }
-  static void kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta) {
-    kernel_generic<float, MR, NR>(kc, a, b, c, ldc, alpha, beta);
-  }
-};
+struct Config<float> : GenericConfig<float, 4, 16, 128, 256, 4096> {};
 
 #endif
 
