@@ -32,9 +32,7 @@ nlohmann::json source_identity(const fs::path& text_path) {
 }
 
 MappedFile map_text(const fs::path& text_path) {
-  std::error_code ec;
-  if (!fs::exists(text_path, ec)) throw Error(fmt::format("data file '{}' does not exist", text_path.string()));
-  if (fs::is_directory(text_path, ec)) throw Error(fmt::format("'{}' is a directory, not a text file", text_path.string()));
+  check_text_path(text_path);
   MappedFile text(text_path);
   const std::string_view bytes = text.bytes();
   if (bytes.empty()) throw Error(fmt::format("data file '{}' is empty", text_path.string()));

@@ -11,10 +11,14 @@ namespace tinygpt::data {
 
 namespace fs = std::filesystem;
 
-std::string read_text_file(const fs::path& path) {
+void check_text_path(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(fmt::format("data file '{}' does not exist", path.string()));
   if (fs::is_directory(path, ec)) throw Error(fmt::format("'{}' is a directory, not a text file", path.string()));
+}
+
+std::string read_text_file(const fs::path& path) {
+  check_text_path(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("cannot open data file '{}' for reading", path.string()));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

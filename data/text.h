@@ -9,6 +9,9 @@
 
 namespace tinygpt::data {
 
+/// Throws naming the path when it does not exist or is a directory.
+void check_text_path(const std::filesystem::path& path);
+
 /// The bytes of a text file; throws naming the path when it is missing, a directory, unreadable or empty.
 std::string read_text_file(const std::filesystem::path& path);
 
