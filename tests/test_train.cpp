@@ -45,6 +45,16 @@ std::string toy_text() {
   return s;
 }
 
+/// A training config on toy_text() written into `dir`, with a small 2-layer model.
+TrainConfig toy_run(const TempDir& dir, int64_t n_embd) {
+  const fs::path text = dir.path / "toy.txt";
+  write_file(text, toy_text());
+  TrainConfig c;
+  c.data = text.string();
+  c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = n_embd, c.model.block_size = 16;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("safetensors: round trip of every dtype with metadata, and the layout other readers expect") {
@@ -165,11 +175,8 @@ TEST_CASE("learning rate: linear warmup, cosine decay to min_lr, then min_lr (na
 TEST_CASE("train: a short run learns, keeps best and latest checkpoints and metrics, and resumes exactly") {
   TempDir dir("train");
   const fs::path text = dir.path / "toy.txt";
-  write_file(text, toy_text());
-  TrainConfig c;
-  c.data = text.string();
+  TrainConfig c = toy_run(dir, 32);
   c.out = (dir.path / "run").string();
-  c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 32, c.model.block_size = 16;
   c.batch_size = 8, c.max_iters = 60, c.warmup_iters = 5, c.lr_decay_iters = 60, c.lr = 3e-3;
   c.eval_interval = 30, c.eval_iters = 4, c.log_interval = 1000;
   const TrainResult r = train(c);
@@ -247,11 +254,8 @@ TEST_CASE("checkpoints: a directory means best, else latest; foreign or mismatch
 
 TEST_CASE("train: stopping and resuming gives the same losses and weights, bit for bit, as one run") {
   TempDir dir("resume_exact");
-  const fs::path text = dir.path / "toy.txt";
-  write_file(text, toy_text());
-  TrainConfig c;
-  c.data = text.string();
-  c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 16, c.model.block_size = 16, c.model.dropout = 0.1;
+  TrainConfig c = toy_run(dir, 16);
+  c.model.dropout = 0.1;
   c.batch_size = 4, c.warmup_iters = 10, c.lr_decay_iters = 200, c.lr = 3e-3;
   c.eval_interval = 50, c.eval_iters = 2, c.log_interval = 1000, c.quiet = true;
   auto losses = [](const fs::path& run) {
