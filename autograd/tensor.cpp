@@ -156,6 +156,12 @@ Tensor Tensor::to(Device dev) const {
   return out;
 }
 
+void Tensor::move_to_(Device dev) {
+  if (dev == device()) return;
+  impl().storage = to(dev).impl().storage;
+  impl().grad.reset();
+}
+
 Tensor Tensor::to(DType dt) const {
   if (dt == dtype()) return *this;
   if (device() != Device::CPU) throw Error("to(dtype): conversion runs on the CPU; move the tensor there first");

@@ -109,6 +109,9 @@ class Tensor {
 
   Tensor to(Device device) const;
   Tensor to(DType dtype) const;
+  /// Moves this tensor's data to `device` in place, so every handle of it (a module's parameter lists, the
+  /// optimizer) sees the moved data; the gradient is dropped. For leaves outside any graph.
+  void move_to_(Device device);
   /// A new tensor with its own copy of the data, outside the graph.
   Tensor clone() const;
   /// Overwrites this tensor's data with src's (same shape and dtype, any device), in place and outside the

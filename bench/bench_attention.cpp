@@ -1,6 +1,11 @@
 // Attention benchmark: flash against naive scaled dot-product attention, forward and forward+backward,
 // with the peak extra memory each allocates.
 //
+// --device cuda times the GPU kernels instead (f32 flash on CUDA cores): B*T = 16384 tokens, T in {512, 1024,
+// 2048, 4096}, E = 64 with 16 heads and E = 128 with 8, causal and not; naive only where its T x T scores fit
+// comfortably. extra_mib is then the peak of the caching allocator above what was in use before.
+// bench/compare_attention_cuda.py runs this and PyTorch's scaled_dot_product_attention side by side.
+//
 // Rows: B=4, NH=6, E=64, causal and not, T in {256, 1024, 4096}, flash and naive; then B=1, NH=1, E=64,
 // T=16384, flash only (naive would need 1 GiB for one score matrix). FLOPs are counted as FlashAttention's
 // benchmark counts them: forward 4*B*NH*T*S*E, halved when causal; backward 2.5x the forward.
@@ -22,6 +27,7 @@
 
 #include "autograd/attention.h"
 #include "autograd/ops.h"
+#include "kernels/cuda/device.h"
 
 namespace {
 
@@ -96,26 +102,33 @@ double best_ms(int reps, F f) {
   return best;
 }
 
-Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool causal, int reps) {
+Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool causal, int reps,
+        Device device = Device::CPU) {
   Generator gen(1);
-  Tensor q = randn({B, NH, T, E}, gen), k = randn({B, NH, T, E}, gen), v = randn({B, NH, T, E}, gen);
+  auto input = [&] { return randn({B, NH, T, E}, gen).to(device); };
+  Tensor q = input(), k = input(), v = input();
   for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
-  const Tensor dout = randn({B, NH, T, E}, gen);
+  const Tensor dout = input();
   AttentionOptions o;
   o.is_causal = causal;
   o.impl = impl;
+  const bool gpu = device == Device::CUDA;
   auto fwd_bwd = [&] {
     const Tensor out = scaled_dot_product_attention(q, k, v, o).out;
     out.backward(dout);
+    if (gpu) cuda::synchronize();
   };
   fwd_bwd();  // gradients exist from here on, so the measurement below counts only transient memory
-  const int64_t before = g_live.load();
+  const int64_t before = gpu ? int64_t(cuda::memory_stats().allocated) : g_live.load();
   g_peak = before;
+  if (gpu) cuda::reset_peak_memory();
   fwd_bwd();
-  const double extra = double(g_peak.load() - before) / (1 << 20);
+  const int64_t peak = gpu ? int64_t(cuda::memory_stats().peak_allocated) : g_peak.load();
+  const double extra = double(peak - before) / (1 << 20);
   const double fwd = best_ms(reps, [&] {
     NoGradGuard no_grad;
     scaled_dot_product_attention(q, k, v, o);
+    if (gpu) cuda::synchronize();
   });
   const double both = best_ms(reps, fwd_bwd);
   const double flops = 4.0 * double(B * NH) * double(T) * double(T) * double(E) * (causal ? 0.5 : 1.0);
@@ -123,10 +136,43 @@ Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool ca
           flops / (fwd * 1e-3) / 1e9, 3.5 * flops / (both * 1e-3) / 1e9, extra};
 }
 
+/// The GPU table: B*T = 16384 tokens per shape (FlashAttention's benchmark shapes), TFLOP/s.
+int run_cuda_table(bool json, bool quick) {
+  if (!json) {
+    fmt::print("device: {}\n{:<6} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9} {:>11} {:>10} {:>14} {:>10}\n",
+               cuda::device_description(), "impl", "B", "NH", "T", "E", "causal", "fwd ms", "fwd+bwd ms", "fwd TF/s",
+               "fwd+bwd TF/s", "extra MiB");
+  }
+  const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{512, 1024, 2048, 4096};
+  for (int64_t E : {64, 128}) {
+    for (bool causal : {true, false}) {
+      for (int64_t T : lengths) {
+        const int64_t B = 16384 / T, NH = 1024 / E;
+        std::vector<Row> rows{run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA)};
+        if (T <= 1024) rows.push_back(run(AttentionImpl::Naive, B, NH, T, E, causal, 5, Device::CUDA));
+        for (const Row& r : rows) {
+          if (json) {
+            fmt::print("{{\"impl\": \"{}\", \"B\": {}, \"NH\": {}, \"T\": {}, \"E\": {}, \"causal\": {}, "
+                       "\"fwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}, \"extra_mib\": {:.2f}}}\n",
+                       r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.extra_mib);
+          } else {
+            fmt::print("{:<6} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9.3f} {:>11.3f} {:>10.2f} {:>14.2f} {:>10.1f}\n", r.impl,
+                       r.B, r.NH, r.T, r.E, r.causal ? "yes" : "no", r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops / 1e3,
+                       r.fwd_bwd_gflops / 1e3, r.extra_mib);
+          }
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool json = false, quick = false, long_only = false;
+  Device device = Device::CPU;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") {
@@ -138,13 +184,18 @@ int main(int argc, char** argv) {
     } else if (a == "--threads" && i + 1 < argc) {
       omp_set_num_threads(std::atoi(argv[++i]));
     } else if (a == "--device" && i + 1 < argc) {
-      if (std::string(argv[++i]) != "cpu") {
-        fmt::print(stderr, "bench_attention: only --device cpu is available in this build\n");
+      const std::string d = argv[++i];
+      if (d == "cuda" && cuda::device_count() > 0) {
+        device = Device::CUDA;
+      } else if (d != "cpu") {
+        fmt::print(stderr, "bench_attention: --device {}: {}\n", d,
+                   d == "cuda" ? (cuda::built_with_cuda() ? "no GPU is present" : "this build has no CUDA backend")
+                               : "must be cpu or cuda");
         return 2;
       }
     } else {
       fmt::print(stderr,
-                 "usage: bench_attention [--json] [--quick | --long] [--threads N] [--device cpu]\n"
+                 "usage: bench_attention [--json] [--quick | --long] [--threads N] [--device cpu|cuda]\n"
                  "  Times flash and naive attention (forward, forward+backward) and their peak extra memory.\n"
                  "  --quick: T up to 1024 and no long case.\n"
                  "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n");
@@ -171,6 +222,7 @@ int main(int argc, char** argv) {
     fmt::print("threads: {}\n{:<6} {:>2} {:>3} {:>6} {:>4} {:>6} {:>11} {:>14} {:>9} {:>12} {:>11}\n", omp_get_max_threads(),
                "impl", "B", "NH", "T", "E", "causal", "fwd ms", "fwd+bwd ms", "fwd GF/s", "fwd+bwd GF/s", "extra MiB");
   }
+  if (device == Device::CUDA) return run_cuda_table(json, quick);
   const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
   for (bool causal : {true, false}) {
     for (int64_t T : long_only ? std::vector<int64_t>{} : lengths) {

@@ -2,6 +2,8 @@
 recipe. Used by bench/compare_torch.sh (only when python3-torch is installed); not part of the build.
 
   python3 bench/torch_gpt.py --data FILE --threads 2 --iters 50   # prints one JSON line of timings
+  python3 bench/torch_gpt.py --data FILE --device cuda --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 \
+      --batch-size 64 [--dtype bf16] [--compile]                   # the same on the GPU (TF32 on, as nanoGPT)
 """
 import argparse
 import json
@@ -14,7 +16,7 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, n_embd, n_head, bias, block):
+    def __init__(self, n_embd, n_head, bias, block, dropout=0.0):
         super().__init__()
         self.n_head = n_head
         self.register_buffer("mask", torch.tril(torch.ones(block, block)))
@@ -24,27 +26,30 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias) if "bias" in nn.LayerNorm.__init__.__code__.co_varnames else nn.LayerNorm(n_embd)
         self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
         self.mlp_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.drop = nn.Dropout(dropout)
+        self.dropout = dropout
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         else:  # nanoGPT's fallback for older torch (Debian 12 ships 1.13)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
             att = att.masked_fill(self.mask[:T, :T] == 0, float("-inf"))
             y = F.softmax(att, dim=-1) @ v
-        x = x + self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        x = x + self.drop(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return x + self.drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")))
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, block, n_layer, n_head, n_embd, bias):
+    def __init__(self, vocab, block, n_layer, n_head, n_embd, bias, dropout=0.0):
         super().__init__()
         self.wte = nn.Embedding(vocab, n_embd)
         self.wpe = nn.Embedding(block, n_embd)
-        self.h = nn.ModuleList(Block(n_embd, n_head, bias, block) for _ in range(n_layer))
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(n_embd, n_head, bias, block, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
         for name, p in self.named_parameters():
             if p.dim() >= 2:
@@ -52,7 +57,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, 0.0, std)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device)))
         for block in self.h:
             x = block(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)
@@ -70,21 +75,33 @@ def main():
     ap.add_argument("--n-embd", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=12)
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast (mixed precision) on the GPU")
+    ap.add_argument("--no-tf32", action="store_true", help="full f32 matmuls on the GPU (default: TF32, as nanoGPT)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--full-run", action="store_true",
                     help="train nanoGPT's CPU recipe for --iters iterations (LR schedule, clipping) and print the val loss")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
+    dev = torch.device(a.device)
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = not a.no_tf32
+        torch.backends.cudnn.allow_tf32 = not a.no_tf32
     text = open(a.data, encoding="utf-8").read()
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text[: int(0.9 * len(text))]], dtype=torch.long)
-    model = GPT(len(chars), a.block_size, a.n_layer, a.n_head, a.n_embd, bias=False)
+    model = GPT(len(chars), a.block_size, a.n_layer, a.n_head, a.n_embd, bias=False, dropout=a.dropout).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-3, betas=(0.9, 0.99))
     val = torch.tensor([stoi[c] for c in text[int(0.9 * len(text)):]], dtype=torch.long)
+    step_model = torch.compile(model) if a.compile else model
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.dtype == "bf16")
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     if a.full_run:
         a.warmup = 0
 
@@ -101,12 +118,16 @@ def main():
         ix = torch.randint(len(data) - a.block_size, (a.batch_size,))
         x = torch.stack([data[i : i + a.block_size] for i in ix])
         y = torch.stack([data[i + 1 : i + 1 + a.block_size] for i in ix])
+        x, y = x.to(dev), y.to(dev)
+        sync()
         t0 = time.perf_counter()
-        loss = model(x, y)
+        with autocast:
+            loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        loss_value = loss.item()  # synchronizes, as tinygpt's loop does every iteration
         if it >= a.warmup:
             times.append(time.perf_counter() - t0)
     if a.full_run:
@@ -116,14 +137,15 @@ def main():
                 ix = torch.randint(len(val) - a.block_size, (a.batch_size,))
                 x = torch.stack([val[i : i + a.block_size] for i in ix])
                 y = torch.stack([val[i + 1 : i + 1 + a.block_size] for i in ix])
-                losses.append(model(x, y).item())
+                losses.append(model(x.to(dev), y.to(dev)).item())
         print(json.dumps({"impl": "pytorch", "iters": a.iters, "val_loss": sum(losses) / len(losses)}))
         return
     times.sort()
     ms = 1e3 * times[len(times) // 2]
     tokens = a.batch_size * a.block_size
-    print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "threads": a.threads, "ms": ms,
-                      "tok_per_s": tokens / (ms / 1e3), "loss": loss.item()}))
+    print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "device": a.device, "dtype": a.dtype,
+                      "compile": a.compile, "threads": a.threads, "ms": ms, "tok_per_s": tokens / (ms / 1e3),
+                      "loss": loss_value}))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,15 @@ void Module::zero_grad() {
   for (Tensor& t : parameters()) t.zero_grad();
 }
 
+void Module::to(Device device) {
+  for (Tensor& t : parameters()) t.move_to_(device);
+}
+
+Device Module::device() const {
+  const auto params = parameters();
+  return params.empty() ? Device::CPU : params.front().device();
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);

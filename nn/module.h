@@ -23,6 +23,10 @@ class Module {
   std::vector<Tensor> parameters() const;
   int64_t num_parameters() const;
   void zero_grad();
+  /// Moves every parameter to `device`, in place (see Tensor::move_to_).
+  void to(Device device);
+  /// The device of the parameters (CPU for a module without any).
+  Device device() const;
   /// Training mode turns dropout on; eval mode off. Applies to every child.
   void train(bool on = true);
   bool training() const { return training_; }

@@ -1,12 +1,93 @@
-// GPU tests. Without a GPU this binary prints why and exits 77, which CTest reports as skipped.
+// GPU tests: every CUDA kernel against its CPU twin (through the ops, forward and gradients), flash and naive
+// attention on the GPU against the CPU naive reference over the shared attention test matrix, and GPT training
+// steps on the GPU against the same steps on the CPU. Without a GPU this binary prints why and exits 77, which
+// CTest reports as skipped.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
+#include <functional>
+
+#include "autograd/attention.h"
 #include "autograd/ops.h"
 #include "kernels/cuda/device.h"
+#include "nn/gpt.h"
+#include "tests/attention_cases.h"
+#include "train/adamw.h"
 
 using namespace tinygpt;
+
+namespace {
+
+/// Every element of the GPU result within atol + rtol*|cpu|; NaN never passes. Reports the worst element.
+void check_matches(const Tensor& gpu, const Tensor& cpu, double atol, double rtol, const std::string& what) {
+  REQUIRE(gpu.shape() == cpu.shape());
+  const std::vector<float> a = gpu.to(Device::CPU).to_vector<float>(), b = cpu.to_vector<float>();
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double err = std::abs(double(a[i]) - double(b[i])), tol = atol + rtol * std::abs(double(b[i]));
+    const bool ok = std::isinf(b[i]) ? a[i] == b[i] : err <= tol;
+    if (!ok) {
+      ++bad;
+      if (worst < 0 || err - tol > worst_excess || std::isnan(a[i])) worst = int64_t(i), worst_excess = err - tol;
+    }
+  }
+  INFO(what << ": " << bad << " of " << a.size() << " elements differ; worst at " << worst << ": gpu "
+            << (worst >= 0 ? a[size_t(worst)] : 0.0f) << ", cpu " << (worst >= 0 ? b[size_t(worst)] : 0.0f));
+  CHECK(bad == 0);
+}
+
+using OpFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+/// Runs f on the CPU and on the GPU from the same inputs and compares the outputs and the gradients of every
+/// float input. The loss calls f twice, so every backward kernel must accumulate into gradients already written.
+void check_op(const std::string& name, const OpFn& f, const std::vector<Tensor>& inputs, double atol = 1e-5,
+              double rtol = 1e-4) {
+  INFO("op: " << name);
+  struct Result {
+    Tensor out;
+    std::vector<Tensor> grads;
+  };
+  auto run = [&](Device d) {
+    std::vector<Tensor> in;
+    for (const Tensor& x : inputs) {
+      Tensor t = x.clone().to(d);
+      if (x.dtype() == DType::F32) t.requires_grad_();
+      in.push_back(t);
+    }
+    Result r;
+    r.out = f(in);
+    Generator gen(7);
+    const Tensor w = randn(r.out.shape(), gen).to(d);
+    (sum(r.out * w) + sum(f(in) * w)).backward();
+    for (const Tensor& t : in) r.grads.push_back(t.requires_grad() ? t.grad() : Tensor());
+    return r;
+  };
+  const Result cpu = run(Device::CPU), gpu = run(Device::CUDA);
+  CHECK(gpu.out.device() == Device::CUDA);
+  check_matches(gpu.out, cpu.out, atol, rtol, name + " output");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!cpu.grads[i].defined()) continue;
+    REQUIRE(gpu.grads[i].defined());
+    check_matches(gpu.grads[i], cpu.grads[i], atol, rtol, fmt::format("{} gradient of input {}", name, i));
+  }
+}
+
+Tensor randn_f32(const Shape& s, uint64_t seed, double stddev = 1.0) {
+  Generator gen(seed);
+  return randn(s, gen, DType::F32, Device::CPU, stddev);
+}
+
+Tensor ids(const Shape& s, int32_t V, uint64_t seed) {
+  Generator gen(seed);
+  std::vector<int32_t> v(size_t(s.numel()));
+  for (auto& x : v) x = int32_t(gen.uniform() * V) % V;
+  return from_vector(v, s);
+}
+
+}  // namespace
 
 TEST_CASE("cuda: tensors round-trip between host and device") {
   Generator gen(1);
@@ -18,6 +99,271 @@ TEST_CASE("cuda: tensors round-trip between host and device") {
   CHECK(d.clone().to(Device::CPU).to_vector<float>() == x.to_vector<float>());
 }
 
+TEST_CASE("cuda: the caching allocator reuses freed blocks and counts bytes") {
+  cuda::synchronize();
+  const auto before = cuda::memory_stats();
+  void* a = cuda::malloc(1000);
+  const auto during = cuda::memory_stats();
+  CHECK(during.allocated == before.allocated + 1024);  // rounded up to 512-byte granules
+  cuda::free(a);
+  void* b = cuda::malloc(900);  // same rounded size: the same block comes back
+  CHECK(b == a);
+  cuda::free(b);
+  CHECK(cuda::memory_stats().allocated == before.allocated);
+  CHECK_THROWS_WITH_AS(cuda::malloc(size_t(1) << 50), doctest::Contains("out of GPU memory: requested"), Error);
+}
+
+TEST_CASE("cuda: elementwise and broadcast ops match the CPU") {
+  const Tensor a = randn_f32({4, 33, 40}, 1), b = randn_f32({4, 33, 40}, 2), row = randn_f32({40}, 3);
+  const Tensor col = randn_f32({4, 1, 40}, 4), pos = scale(exp(randn_f32({4, 33, 40}, 5, 0.3)), 1.0);
+  check_op("add", [](auto& x) { return x[0] + x[1]; }, {a, b});
+  check_op("sub broadcast", [](auto& x) { return x[0] - x[1]; }, {a, row});
+  check_op("mul broadcast both", [](auto& x) { return x[0] * x[1]; }, {col, row});
+  check_op("div broadcast", [](auto& x) { return x[0] / x[1]; }, {a, pos});
+  check_op("div by broadcast", [](auto& x) { return x[1] / x[0]; }, {col, a}, 1e-4, 1e-4);
+  check_op("scale", [](auto& x) { return scale(x[0], -0.7); }, {a});
+  check_op("neg", [](auto& x) { return -x[0]; }, {a});
+  check_op("exp", [](auto& x) { return exp(x[0]); }, {a});
+  check_op("log", [](auto& x) { return log(x[0]); }, {pos});
+  check_op("tanh", [](auto& x) { return tanh(x[0]); }, {a});
+  check_op("relu", [](auto& x) { return relu(x[0]); }, {a});
+  check_op("gelu", [](auto& x) { return gelu(x[0]); }, {a});
+  check_op("dropout", [](auto& x) { return dropout(x[0], 0.3, 1234); }, {a});
+}
+
+TEST_CASE("cuda: reductions, softmax and layout ops match the CPU") {
+  const Tensor a = randn_f32({6, 300, 17}, 1), wide = randn_f32({5, 1000}, 2);
+  check_op("sum", [](auto& x) { return sum(x[0]); }, {a}, 1e-3, 1e-4);
+  check_op("sum dim 1", [](auto& x) { return sum(x[0], 1); }, {a}, 1e-4, 1e-4);
+  check_op("sum last dim", [](auto& x) { return sum(x[0], -1, true); }, {wide}, 1e-4, 1e-4);
+  check_op("mean dim 0", [](auto& x) { return mean(x[0], 0); }, {a});
+  check_op("softmax", [](auto& x) { return softmax(x[0]); }, {a});
+  check_op("softmax wide", [](auto& x) { return softmax(x[0]); }, {wide});
+  check_op("log_softmax", [](auto& x) { return log_softmax(x[0]); }, {wide});
+  check_op("permute", [](auto& x) { return permute(x[0], {2, 0, 1}); }, {a});
+  check_op("transpose", [](auto& x) { return transpose(x[0], 0, 1); }, {a});
+  check_op("narrow", [](auto& x) { return narrow(x[0], 1, 7, 100); }, {a});
+  check_op("concat", [](auto& x) { return concat({x[0], x[1]}, 1); }, {a, randn_f32({6, 5, 17}, 3)});
+  check_op("split", [](auto& x) { return split(x[0], 100, 1)[1] * 2.0; }, {a});
+  check_op("reshape", [](auto& x) { return reshape(x[0], {17, 600}); }, {a});
+}
+
+TEST_CASE("cuda: matmul and linear (cuBLAS, f32) match the CPU") {
+  cuda::set_allow_tf32(false);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const Tensor a = ta ? randn_f32({3, 40, 25}, 1) : randn_f32({3, 25, 40}, 1);
+      const Tensor b = tb ? randn_f32({3, 30, 40}, 2) : randn_f32({3, 40, 30}, 2);
+      const Tensor b1 = tb ? randn_f32({30, 40}, 3) : randn_f32({40, 30}, 3);
+      const Tensor a1 = ta ? randn_f32({40, 25}, 4) : randn_f32({25, 40}, 4);
+      const std::string t = fmt::format(" trans_a={} trans_b={}", ta, tb);
+      check_op("matmul batched" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a, b}, 1e-4, 1e-4);
+      check_op("matmul shared b" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a, b1}, 1e-4, 1e-4);
+      check_op("matmul shared a" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a1, b}, 1e-4, 1e-4);
+    }
+  }
+  const Tensor x = randn_f32({2, 70, 48}, 5), w = randn_f32({96, 48}, 6, 0.2), bias = randn_f32({96}, 7);
+  check_op("linear", [](auto& in) { return linear(in[0], in[1], in[2]); }, {x, w, bias}, 1e-4, 1e-4);
+  check_op("linear without bias", [](auto& in) { return linear(in[0], in[1]); }, {x, w}, 1e-4, 1e-4);
+  check_op("linear with many rows", [](auto& in) { return linear(in[0], in[1], in[2]); },
+           {randn_f32({3000, 48}, 8), w, bias}, 1e-4, 1e-4);
+}
+
+TEST_CASE("cuda: layernorm, embedding, cross-entropy and rope match the CPU") {
+  const Tensor x = randn_f32({3, 50, 96}, 1), w = randn_f32({96}, 2), b = randn_f32({96}, 3);
+  check_op("layer_norm", [](auto& in) { return layer_norm(in[0], in[1], in[2]); }, {x, w, b}, 1e-4, 1e-4);
+  check_op("layer_norm many rows", [](auto& in) { return layer_norm(in[0], in[1], Tensor()); },
+           {randn_f32({5000, 64}, 4), randn_f32({64}, 5)}, 1e-4, 1e-4);
+  const Tensor table = randn_f32({65, 96}, 6), tokens = ids({8, 300}, 65, 7);
+  check_op("embedding", [](auto& in) { return embedding(in[1], in[0]); }, {table, tokens}, 1e-5, 1e-5);
+  const Tensor logits = randn_f32({4, 70, 65}, 8, 2.0);
+  Tensor targets = ids({4, 70}, 65, 9);
+  {
+    std::vector<int32_t> t = targets.to_vector<int32_t>();
+    t[3] = t[100] = -1;  // ignored positions
+    targets = from_vector(t, {4, 70});
+  }
+  check_op("cross_entropy", [](auto& in) { return cross_entropy(in[0], in[1]); }, {logits, targets}, 1e-5, 1e-4);
+  check_op("rope", [](auto& in) { return rope(in[0], 16, 3, 5); }, {randn_f32({2, 9, 4 * 16}, 10)}, 1e-5, 1e-4);
+}
+
+TEST_CASE("cuda: adamw_update matches the CPU") {
+  Tensor p = randn_f32({1000}, 1), g = randn_f32({1000}, 2), m = randn_f32({1000}, 3, 0.1);
+  Tensor v = scale(exp(randn_f32({1000}, 4)), 0.01);
+  Tensor pd = p.to(Device::CUDA), gd = g.to(Device::CUDA), md = m.to(Device::CUDA), vd = v.to(Device::CUDA);
+  for (int64_t step = 1; step <= 3; ++step) {
+    launch(kernels::adamw_update<float>, Device::CPU, p.data<float>(), g.data<float>(), m.data<float>(),
+           v.data<float>(), int64_t(1000), 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, step);
+    launch(kernels::adamw_update<float>, Device::CUDA, pd.data<float>(), gd.data<float>(), md.data<float>(),
+           vd.data<float>(), int64_t(1000), 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, step);
+  }
+  check_matches(pd, p, 1e-6, 1e-5, "param");
+  check_matches(md, m, 1e-6, 1e-5, "exp_avg");
+  check_matches(vd, v, 1e-6, 1e-5, "exp_avg_sq");
+}
+
+// --- attention: the CUDA kernels against the CPU naive kernels, over the CPU tests' matrix
+
+namespace {
+
+using namespace tinygpt::test::attention;
+
+/// Device copy of a host vector (converted to T); freed with the object.
+template <class T>
+struct DeviceBuffer {
+  explicit DeviceBuffer(const std::vector<T>& host) : n(host.size()) {
+    ptr = static_cast<T*>(cuda::malloc(std::max<size_t>(n, 1) * sizeof(T)));
+    if (n) cuda::copy_to_device(ptr, host.data(), n * sizeof(T));
+  }
+  ~DeviceBuffer() { cuda::free(ptr); }
+  std::vector<T> host() const {
+    std::vector<T> out(n);
+    if (n) cuda::copy_to_host(out.data(), ptr, n * sizeof(T));
+    return out;
+  }
+  T* ptr = nullptr;
+  size_t n;
+};
+
+/// The CUDA kernels on p (f32); buffers start as NaN so unwritten elements show.
+Run<float> run_cuda(const Problem& p, bool flash, bool backward) {
+  const AttentionGeom& g = p.g;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer<float> qkv(convert<float>(p.qkv)), mask(convert<float>(p.mask)), dout(convert<float>(p.dout));
+  DeviceBuffer<uint8_t> kp(p.kp);
+  DeviceBuffer<float> out(std::vector<float>(size_t(p.out_size), nan)), lse(std::vector<float>(size_t(g.B * g.NH * g.T), nan));
+  DeviceBuffer<float> weights(std::vector<float>(flash ? 0 : size_t(g.B * g.NH * g.T * g.S), nan));
+  DeviceBuffer<float> dqkv(std::vector<float>(backward ? p.qkv.size() : 0, 0.0f));
+  const float* q = qkv.ptr + p.q_off;
+  const float* k = qkv.ptr + p.k_off;
+  const float* v = qkv.ptr + p.v_off;
+  const float* m = p.mask.empty() ? nullptr : mask.ptr;
+  const uint8_t* kpp = p.kp.empty() ? nullptr : kp.ptr;
+  // Through the kernel tables (not the cuda:: functions), so this file links in a CPU-only build too.
+  if (flash) {
+    launch(kernels::attention_flash_forward<float>, Device::CUDA, out.ptr, lse.ptr, q, k, v, m, kpp, g);
+  } else {
+    launch(kernels::attention_naive_forward<float>, Device::CUDA, out.ptr, weights.ptr, lse.ptr, q, k, v, m, kpp, g);
+  }
+  if (backward) {
+    const auto& bwd = flash ? kernels::attention_flash_backward<float> : kernels::attention_naive_backward<float>;
+    launch(bwd, Device::CUDA, dqkv.ptr + p.q_off, dqkv.ptr + p.k_off, dqkv.ptr + p.v_off, dout.ptr, q, k, v, out.ptr,
+           lse.ptr, m, kpp, g);
+  }
+  cuda::synchronize();
+  return {out.host(), lse.host(), weights.host(), dqkv.host()};
+}
+
+void check_against_cpu(const Config& c, bool flash) {
+  INFO((flash ? "flash: " : "naive: ") << describe(c));
+  const Problem p = make_problem(c);
+  const Run<float> ref = run<float>(p, false, true), gpu = run_cuda(p, flash, true);
+  // As in the CPU flash-vs-naive test: dS = P * (dP - D) cancels, so gradients get a larger absolute tolerance.
+  const double atol = 2e-5, grad_atol = 1e-4, rtol = 2e-4;
+  const std::vector<int64_t> outs = o_elements(p);
+  check_close(gather(gpu.out, outs), gather(ref.out, outs), atol, rtol, "out");
+  check_close(gpu.lse, to_double(ref.lse), atol, rtol, "lse");
+  if (!flash) check_close(gpu.weights, to_double(ref.weights), atol, rtol, "weights");
+  check_close(gather(gpu.dqkv, q_elements(p)), gather(ref.dqkv, q_elements(p)), grad_atol, rtol, "dq");
+  check_close(gather(gpu.dqkv, k_elements(p)), gather(ref.dqkv, k_elements(p)), grad_atol, rtol, "dk");
+  check_close(gather(gpu.dqkv, v_elements(p)), gather(ref.dqkv, v_elements(p)), grad_atol, rtol, "dv");
+  check_close(gpu.dqkv, to_double(ref.dqkv), grad_atol, rtol, "gradient buffer, gaps included");
+}
+
+}  // namespace
+
+TEST_CASE("cuda: naive attention matches the CPU naive kernels, forward and backward") {
+  for (const Config& c : forward_cases()) check_against_cpu(c, false);
+  for (const Config& c : flash_cases()) {
+    if (c.seed % 4 == 0) check_against_cpu(c, false);  // a quarter of the matrix: the naive GPU path is slow
+  }
+}
+
+TEST_CASE("cuda: flash attention matches the CPU naive kernels over the whole test matrix") {
+  for (const Config& c : forward_cases()) check_against_cpu(c, true);
+  for (const Config& c : flash_cases()) check_against_cpu(c, true);
+  // Longer sequences: many key tiles, causal tile skipping, head dims 64 and 128.
+  check_against_cpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
+                     .key_padding = true, .layout = Layout::Fused, .seed = 11}, true);
+  check_against_cpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true,
+                     .mask = MaskKind::Full, .dropout = 0.1f, .seed = 12}, true);
+}
+
+TEST_CASE("cuda: flash attention is deterministic and its backward accumulates") {
+  const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
+                 .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};
+  const Problem p = make_problem(c);
+  const Run<float> a = run_cuda(p, true, true), b = run_cuda(p, true, true);
+  CHECK(a.out == b.out);
+  CHECK(a.lse == b.lse);
+  CHECK(a.dqkv == b.dqkv);
+  // Twice into the same buffers: exactly twice the gradient.
+  const AttentionGeom& g = p.g;
+  DeviceBuffer<float> qkv(convert<float>(p.qkv)), dout(convert<float>(p.dout)), out(a.out), lse(a.lse);
+  DeviceBuffer<float> dqkv(std::vector<float>(p.qkv.size(), 0.0f));
+  for (int i = 0; i < 2; ++i) {
+    launch(kernels::attention_flash_backward<float>, Device::CUDA, dqkv.ptr + p.q_off, dqkv.ptr + p.k_off,
+           dqkv.ptr + p.v_off, dout.ptr, qkv.ptr + p.q_off, qkv.ptr + p.k_off, qkv.ptr + p.v_off, out.ptr, lse.ptr,
+           static_cast<const float*>(nullptr), static_cast<const uint8_t*>(nullptr), g);
+  }
+  const std::vector<float> twice = dqkv.host();
+  int64_t bad = 0;
+  for (size_t i = 0; i < twice.size(); ++i) bad += twice[i] != 2.0f * a.dqkv[i];
+  CHECK(bad == 0);
+}
+
+TEST_CASE("cuda: the attention op runs on the GPU through strided views of a fused projection") {
+  const Tensor qkv = randn_f32({2, 100, 3 * 4 * 32}, 1);
+  for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Naive}) {
+    check_op(impl == AttentionImpl::Flash ? "fused_self_attention (flash)" : "fused_self_attention (naive)",
+             [impl](auto& in) {
+               AttentionOptions o;
+               o.is_causal = true;
+               o.impl = impl;
+               return fused_self_attention(in[0], 4, 4, o).out;
+             },
+             {qkv}, 1e-4, 1e-4);
+  }
+}
+
+// --- training: the same model, data and steps on both devices
+
+TEST_CASE("cuda: GPT training on the GPU tracks the CPU for 20 steps (f32, TF32 off)") {
+  cuda::set_allow_tf32(false);
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 65;
+  cfg.block_size = 64;
+  cfg.n_layer = 2;
+  cfg.n_head = 4;
+  cfg.n_embd = 64;
+  cfg.dropout = 0.1;
+  cfg.bias = true;
+  Generator gen_cpu(5), gen_gpu(5);
+  nn::GPT cpu_model(cfg, gen_cpu), gpu_model(cfg, gen_gpu);
+  gpu_model.to(Device::CUDA);
+  CHECK(gpu_model.device() == Device::CUDA);
+  AdamW cpu_opt(cpu_model.named_parameters(), {}), gpu_opt(gpu_model.named_parameters(), {});
+  std::vector<double> cpu_losses, gpu_losses;
+  for (int step = 0; step < 20; ++step) {
+    const Tensor x = ids({8, 64}, 65, 100 + uint64_t(step)), y = ids({8, 64}, 65, 200 + uint64_t(step));
+    const Tensor lc = cpu_model.forward(x, y).loss;
+    const Tensor lg = gpu_model.forward(x.to(Device::CUDA), y.to(Device::CUDA)).loss;
+    cpu_losses.push_back(lc.item());
+    gpu_losses.push_back(lg.item());
+    lc.backward();
+    lg.backward();
+    cpu_opt.step(3e-3);
+    gpu_opt.step(3e-3);
+    cpu_opt.zero_grad();
+    gpu_opt.zero_grad();
+  }
+  INFO("cpu losses: " << fmt::format("{}", fmt::join(cpu_losses, " ")));
+  INFO("gpu losses: " << fmt::format("{}", fmt::join(gpu_losses, " ")));
+  CHECK(std::abs(gpu_losses[0] - cpu_losses[0]) <= 1e-5 * cpu_losses[0]);
+  for (int step = 0; step < 20; ++step) CHECK(std::abs(gpu_losses[size_t(step)] - cpu_losses[size_t(step)]) <= 2e-3 * cpu_losses[size_t(step)]);
+  CHECK(gpu_losses.back() < gpu_losses.front() - 0.3);  // it learns
+}
+
 int main(int argc, char** argv) {
   if (!cuda::built_with_cuda()) {
     fmt::print("test_cuda: SKIPPED: this build has no CUDA backend (nvcc was not found)\n");
@@ -27,6 +373,7 @@ int main(int argc, char** argv) {
     fmt::print("test_cuda: SKIPPED: no GPU is present\n");
     return 77;
   }
+  fmt::print("test_cuda: on {}\n", cuda::device_description());
   doctest::Context context(argc, argv);
   return context.run();
 }

@@ -64,6 +64,7 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--train-fraction", c.train_fraction, "Leading fraction of the text used for training; the rest validates")->capture_default_str();
   cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
   cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
+  cmd->add_flag("--tf32,!--no-tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls")->capture_default_str();
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
 }
@@ -77,6 +78,7 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
   cmd->add_option("--top-k", a.gen.top_k, "Sample among the k most likely characters (0: all)")->capture_default_str();
   cmd->add_option("--seed", a.seed, "Random seed (the same seed gives the same text)")->capture_default_str();
   cmd->add_option("--num-samples", a.num_samples, "Independent samples to draw")->capture_default_str();
+  cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   cmd->add_flag("--kv-cache,!--no-kv-cache", a.gen.kv_cache, "Reuse cached keys and values instead of rerunning the context")->capture_default_str();
 }
 
@@ -88,6 +90,7 @@ void add_eval_command(CLI::App& app, EvalArgs& a) {
   cmd->add_option("--eval-iters", a.eval_iters, "Batches per split")->capture_default_str();
   cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")->capture_default_str();
   cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
+  cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
 }
 
 void run_info(const std::string& path) {
@@ -121,7 +124,7 @@ void run_info(const std::string& path) {
   fmt::print("training flags {}\n", ckpt.state.train_config.dump());
 }
 
-std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt);
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU);
 
 void run_attention(const AttentionArgs& a) {
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
@@ -141,10 +144,11 @@ void run_attention(const AttentionArgs& a) {
   fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
 }
 
-std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt) {
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device) {
   Generator gen(0);
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
   load_weights(*model, ckpt);
+  model->to(device);
   model->train(false);
   return model;
 }
@@ -157,8 +161,9 @@ void validate_sample(const SampleArgs& a) {
 }
 
 void run_sample(const SampleArgs& a) {
+  const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
-  const auto model = model_from(ckpt);
+  const auto model = model_from(ckpt, device);
   const std::u32string prompt = data::decode_utf8(a.prompt);
   if (prompt.empty()) throw Error("--prompt is empty: give at least one character");
   const std::vector<int32_t> ids = encode_flag_text(ckpt.vocab, prompt, "--prompt");
@@ -188,8 +193,9 @@ void validate_eval(const EvalArgs& a) {
 }
 
 void run_eval(const EvalArgs& a) {
+  const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
-  const auto model = model_from(ckpt);
+  const auto model = model_from(ckpt, device);
   const data::TokenData tokens = data::encode_file(a.data, ckpt.vocab);
   const data::Split split = data::split_tokens(tokens.ids(), a.train_fraction);
   const double train = estimate_loss(*model, split.train, a.batch_size, a.eval_iters, a.seed, "training split");

@@ -18,6 +18,7 @@ struct SampleArgs {
   GenerateOptions gen;
   uint64_t seed = 1337;
   int64_t num_samples = 1;
+  std::string device = "cpu";
 };
 
 struct EvalArgs {
@@ -25,6 +26,7 @@ struct EvalArgs {
   int64_t batch_size = 64, eval_iters = 200;
   double train_fraction = 0.9;
   uint64_t seed = 1337;
+  std::string device = "cpu";
 };
 
 struct AttentionArgs {

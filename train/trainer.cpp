@@ -45,15 +45,19 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   return norm;
 }
 
-void check_device(const std::string& device) {
-  if (device == "cpu") return;
+}  // namespace
+
+Device parse_device(const std::string& device) {
+  if (device == "cpu") return Device::CPU;
   if (device != "cuda") throw Error(fmt::format("--device must be cpu or cuda, got '{}'", device));
   if (!cuda::built_with_cuda()) {
     throw Error("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured); use --device cpu");
   }
   if (cuda::device_count() == 0) throw Error("--device cuda: no CUDA GPU is visible; use --device cpu");
-  throw Error("--device cuda: training on the GPU is not available yet; use --device cpu");
+  return Device::CUDA;
 }
+
+namespace {
 
 nlohmann::json flags_json(const TrainConfig& c) {
   return {{"data", c.data},
@@ -221,9 +225,10 @@ double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t b
   model.train(false);
   data::BatchSampler sampler(ids, batch_size, model.config().block_size, seed, what);
   double total = 0;
+  const Device device = model.device();
   for (int64_t i = 0; i < iters; ++i) {
     const auto b = sampler.next();
-    total += model.forward(b.x, b.y).loss.item();
+    total += model.forward(b.x.to(device), b.y.to(device)).loss.item();
   }
   model.train(was_training);
   return total / double(iters);
@@ -232,7 +237,8 @@ double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t b
 TrainResult train(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;
   cfg.validate();
-  check_device(cfg.device);
+  const Device device = parse_device(cfg.device);
+  if (device == Device::CUDA) cuda::set_allow_tf32(cfg.tf32);
   const fs::path out = cfg.out;
   std::error_code ec;
   fs::create_directories(out, ec);
@@ -279,6 +285,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
+  model.to(device);  // before the optimizer, whose moments live beside the parameters
   AdamW opt(model.named_parameters(),
             {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});
   data::BatchSampler sampler(split.train, cfg.batch_size, cfg.model.block_size, derived_seed(cfg.seed, kSamplerStream),
@@ -300,8 +307,10 @@ TrainResult train(const TrainConfig& cfg_in) {
   if (cfg.resume) truncate_metrics(out / "metrics.jsonl", state.iter);
   MetricsLog metrics(out / "metrics.jsonl", cfg.resume);
   const auto& m = cfg.model;
-  console.line("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {} threads\n", m.n_layer,
-             m.n_head, m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, omp_get_max_threads());
+  console.line("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
+               m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6,
+               device == Device::CUDA ? fmt::format("on {}{}", cuda::device_description(), cfg.tf32 ? ", TF32 matmuls" : "")
+                                      : fmt::format("{} threads", omp_get_max_threads()));
 
   const StopSignals stop;
   auto save_latest = [&](int64_t iter) {
@@ -341,7 +350,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     double loss_sum = 0;
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       const auto batch = sampler.next();
-      const Tensor loss = model.forward(batch.x, batch.y).loss;
+      const Tensor loss = model.forward(batch.x.to(device), batch.y.to(device)).loss;
       loss_sum += loss.item();
       (cfg.grad_accum == 1 ? loss : scale(loss, 1.0 / double(cfg.grad_accum))).backward();
     }

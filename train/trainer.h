@@ -37,6 +37,7 @@ struct TrainConfig {
   double train_fraction = 0.9;
   uint64_t seed = 1337;
   std::string device = "cpu";
+  bool tf32 = true;  // on the GPU: TF32 tensor cores for f32 matmuls (as nanoGPT); --no-tf32 for full f32
   bool resume = false;
   bool quiet = false;  // only the final summary and errors on stderr
   std::vector<std::string> model_flags_given;  // config keys set by flags ("n_embd", ...): on resume they must match
@@ -44,6 +45,9 @@ struct TrainConfig {
   /// Throws naming the first flag that is out of range or contradicts another.
   void validate() const;
 };
+
+/// Device::CPU for "cpu", Device::CUDA for "cuda" when this build and machine have a GPU; else throws saying why.
+Device parse_device(const std::string& device);
 
 /// nanoGPT's schedule: linear warmup to lr over warmup_iters, cosine decay to min_lr at lr_decay_iters,
 /// min_lr after that.

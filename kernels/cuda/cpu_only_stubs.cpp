@@ -13,11 +13,18 @@ namespace {
 
 int device_count() { return 0; }
 bool built_with_cuda() { return false; }
+const char* device_description() { return "no CUDA backend in this build"; }
 void* malloc(size_t) { unavailable(); }
 void free(void*) {}
+void empty_cache() {}
+MemoryStats memory_stats() { return {}; }
+void reset_peak_memory() {}
 void memset_zero(void*, size_t) { unavailable(); }
 void copy_to_device(void*, const void*, size_t) { unavailable(); }
 void copy_to_host(void*, const void*, size_t) { unavailable(); }
 void copy_on_device(void*, const void*, size_t) { unavailable(); }
+void synchronize() {}
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
 
 }  // namespace tinygpt::cuda

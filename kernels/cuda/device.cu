@@ -1,19 +1,29 @@
-// GPU memory and device queries. CUDA errors become tinygpt::Error naming the call that failed.
+// GPU memory, the caching allocator, copies and device queries. CUDA errors become tinygpt::Error naming
+// the call that failed.
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
-#include "kernels/cuda/device.h"
-#include "kernels/kernels.h"
+#include "kernels/cuda/runtime.cuh"
 
 namespace tinygpt::cuda {
-namespace {
 
-void check(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) throw Error(std::string(call) + ": " + cudaGetErrorString(status));
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+    throw Error(fmt::format("{}: CUDA error: {} ({})", what, cudaGetErrorString(status), int(status)));
+  }
 }
 
-}  // namespace
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw Error(fmt::format("{}: cuBLAS error: {} ({})", what, cublasGetStatusString(status), int(status)));
+  }
+}
 
 int device_count() {
   int n = 0;
@@ -26,23 +36,127 @@ int device_count() {
 
 bool built_with_cuda() { return true; }
 
-void* malloc(size_t bytes) {
-  void* ptr = nullptr;
-  const cudaError_t status = cudaMalloc(&ptr, bytes);
-  if (status == cudaErrorMemoryAllocation) {
-    size_t free_bytes = 0, total = 0;
-    cudaGetLastError();
-    cudaMemGetInfo(&free_bytes, &total);
-    throw Error("cudaMalloc: out of GPU memory: requested " + std::to_string(bytes) + " bytes, " +
-                std::to_string(free_bytes) + " free of " + std::to_string(total));
-  }
-  check(status, "cudaMalloc");
-  return ptr;
+const char* device_description() {
+  static const std::string description = [] {
+    int dev = 0;
+    cudaDeviceProp p{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return std::string("no GPU");
+    return fmt::format("{}, {} SMs, compute {}.{}, {:.0f} GiB", p.name, p.multiProcessorCount, p.major, p.minor,
+                       double(p.totalGlobalMem) / double(1 << 30));
+  }();
+  return description.c_str();
 }
 
-void free(void* ptr) { cudaFree(ptr); }
+// --- caching allocator
+//
+// Block sizes are rounded (512 B granules below 1 MiB, 2 MiB granules above) so similar requests share
+// blocks; a freed block goes to a free list keyed by its size and is handed to the next request of the same
+// rounded size. Every step of a training loop asks for the same sizes, so after the first step no
+// cudaMalloc happens at all.
+namespace {
 
-void memset_zero(void* ptr, size_t bytes) { check(cudaMemset(ptr, 0, bytes), "cudaMemset"); }
+size_t round_size(size_t bytes) {
+  constexpr size_t kSmall = 512, kLarge = size_t(2) << 20;
+  if (bytes < (size_t(1) << 20)) return (std::max<size_t>(bytes, 1) + kSmall - 1) / kSmall * kSmall;
+  return (bytes + kLarge - 1) / kLarge * kLarge;
+}
+
+class CachingAllocator {
+ public:
+  void* allocate(size_t bytes) {
+    const size_t size = round_size(bytes);
+    std::lock_guard lock(mutex_);
+    void* ptr = nullptr;
+    if (auto it = free_.find(size); it != free_.end()) {
+      ptr = it->second;
+      free_.erase(it);
+    } else {
+      ptr = device_malloc(bytes, size);
+      cached_ += size;
+    }
+    in_use_[ptr] = size;
+    allocated_ += size;
+    peak_ = std::max(peak_, allocated_);
+    return ptr;
+  }
+
+  void release(void* ptr) {
+    std::lock_guard lock(mutex_);
+    const auto it = in_use_.find(ptr);
+    if (it == in_use_.end()) return;
+    allocated_ -= it->second;
+    free_.emplace(it->second, ptr);
+    in_use_.erase(it);
+  }
+
+  void empty_cache() {
+    std::lock_guard lock(mutex_);
+    release_free_blocks();
+  }
+
+  MemoryStats stats() {
+    std::lock_guard lock(mutex_);
+    return {allocated_, cached_, peak_};
+  }
+  void reset_peak() {
+    std::lock_guard lock(mutex_);
+    peak_ = allocated_;
+  }
+
+ private:
+  void* device_malloc(size_t bytes, size_t size) {
+    void* ptr = nullptr;
+    cudaError_t status = cudaMalloc(&ptr, size);
+    if (status == cudaErrorMemoryAllocation) {  // give the cached blocks back and try once more
+      cudaGetLastError();
+      release_free_blocks();
+      status = cudaMalloc(&ptr, size);
+    }
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      throw Error(fmt::format("out of GPU memory: requested {:.1f} MiB ({} bytes), {:.1f} MiB free of {:.1f} MiB; "
+                              "{:.1f} MiB in use by tensors. Lower --batch-size or the model size",
+                              double(bytes) / 1048576.0, bytes, double(free_bytes) / 1048576.0,
+                              double(total) / 1048576.0, double(allocated_) / 1048576.0));
+    }
+    check(status, "cudaMalloc");
+    return ptr;
+  }
+
+  void release_free_blocks() {
+    cudaDeviceSynchronize();  // a cached block may still be in use by queued work
+    for (auto& [size, ptr] : free_) {
+      cudaFree(ptr);
+      cached_ -= size;
+    }
+    free_.clear();
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_;
+  std::unordered_map<void*, size_t> in_use_;
+  size_t allocated_ = 0, cached_ = 0, peak_ = 0;
+};
+
+// Never destroyed: tensors with static lifetime may free into it during exit, after the CUDA context is gone.
+CachingAllocator& allocator() {
+  static auto* a = new CachingAllocator;
+  return *a;
+}
+
+bool g_allow_tf32 = false;
+
+}  // namespace
+
+void* malloc(size_t bytes) { return allocator().allocate(bytes); }
+void free(void* ptr) { allocator().release(ptr); }
+void empty_cache() { allocator().empty_cache(); }
+MemoryStats memory_stats() { return allocator().stats(); }
+void reset_peak_memory() { allocator().reset_peak(); }
+
+void memset_zero(void* ptr, size_t bytes) { check(cudaMemsetAsync(ptr, 0, bytes), "cudaMemsetAsync"); }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
@@ -53,7 +167,44 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes) {
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy (device to device)");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync (device to device)");
+}
+
+void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+void set_allow_tf32(bool on) {
+  g_allow_tf32 = on;
+  check(cublasSetMathMode(cublas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+bool allow_tf32() { return g_allow_tf32; }
+
+cublasHandle_t cublas() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h = nullptr;
+    check(cublasCreate(&h), "cublasCreate");
+    return h;
+  }();
+  return handle;
+}
+
+cublasLtHandle_t cublaslt() {
+  static cublasLtHandle_t handle = [] {
+    cublasLtHandle_t h = nullptr;
+    check(cublasLtCreate(&h), "cublasLtCreate");
+    return h;
+  }();
+  return handle;
+}
+
+void* cublaslt_workspace(size_t* bytes) {
+  constexpr size_t kBytes = size_t(32) << 20;
+  static void* ws = [] {
+    void* p = nullptr;
+    check(cudaMalloc(&p, kBytes), "cudaMalloc (cublasLt workspace)");
+    return p;
+  }();
+  *bytes = kBytes;
+  return ws;
 }
 
 }  // namespace tinygpt::cuda

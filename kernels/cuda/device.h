@@ -1,5 +1,8 @@
 // GPU memory and device queries. Implemented in device.cu when the CUDA backend is built, and by
 // cpu_only_stubs.cpp otherwise, so callers never need an #ifdef.
+//
+// All GPU work runs on one stream (the default stream), so memory handed back to the caching allocator
+// can be reused at once by later work: the stream orders it after every kernel that used it.
 #pragma once
 
 #include <cstddef>
@@ -10,12 +13,33 @@ namespace tinygpt::cuda {
 int device_count();
 /// True when this binary was built with the CUDA backend.
 bool built_with_cuda();
+/// "NVIDIA H100 80GB HBM3, 132 SMs, compute 9.0" for the current GPU.
+const char* device_description();
 
+/// Device memory from a caching allocator: freed blocks are kept and reused (no cudaMalloc/cudaFree per op).
+/// Out of memory: the cache is released and the allocation retried once, then an Error names the bytes
+/// requested and free.
 void* malloc(size_t bytes);
 void free(void* ptr);
+/// Returns every cached block to the driver.
+void empty_cache();
+struct MemoryStats {
+  size_t allocated = 0;       // in use by tensors now
+  size_t cached = 0;          // held by the allocator, in use or not
+  size_t peak_allocated = 0;  // high-water mark of `allocated` since the last reset
+};
+MemoryStats memory_stats();
+void reset_peak_memory();
+
 void memset_zero(void* ptr, size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
+/// Waits for all queued GPU work; throws if any of it failed.
+void synchronize();
+
+/// Lets cuBLAS use TF32 tensor cores for f32 matmuls (10-bit mantissa products, f32 accumulation). Off by default.
+void set_allow_tf32(bool on);
+bool allow_tf32();
 
 }  // namespace tinygpt::cuda

@@ -1,0 +1,74 @@
+"""Flash attention on the GPU, tinygpt against PyTorch's scaled_dot_product_attention, side by side in one run.
+
+  python3 bench/compare_attention_cuda.py [--bench build/bench/bench_attention] [--dtype f32]
+
+Runs `bench_attention --device cuda --json` (tinygpt's f32 flash kernels), then times torch's
+scaled_dot_product_attention on the same shapes, layout (B, NH, T, E) and dtype, forward and forward+backward,
+with the same FLOP count (4*B*T^2*NH*E forward, halved when causal; backward 2.5x forward). Torch picks its own
+backend (for f32 on an H100: the memory-efficient kernel). Times are medians of CUDA-event-timed repeats.
+"""
+import argparse
+import json
+import subprocess
+
+import torch
+import torch.nn.functional as F
+
+
+def time_ms(fn, reps=10):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def torch_row(B, NH, T, E, causal, dtype):
+    q, k, v, dout = (torch.randn(B, NH, T, E, device="cuda", dtype=dtype) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def fwd_bwd():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out.backward(dout)
+
+    return time_ms(fwd), time_ms(fwd_bwd)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", default="build/bench/bench_attention")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    args = [a.bench, "--device", "cuda", "--json"] + (["--quick"] if a.quick else [])
+    rows = [json.loads(line) for line in subprocess.run(args, check=True, capture_output=True, text=True).stdout.splitlines()]
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; f32 inputs (B, NH, T, E); TF/s as FlashAttention counts")
+    head = f"{'impl':<8} {'B':>3} {'NH':>3} {'T':>5} {'E':>4} {'causal':>6} {'fwd ms':>8} {'fwd TF/s':>9} {'f+b ms':>8} {'f+b TF/s':>9} {'fwd vs torch':>12} {'f+b vs torch':>12}"
+    print(head)
+    for r in rows:
+        B, NH, T, E, causal = r["B"], r["NH"], r["T"], r["E"], r["causal"]
+        flops = 4.0 * B * NH * T * T * E * (0.5 if causal else 1.0)
+        tf = lambda ms, mult=1.0: mult * flops / (ms * 1e-3) / 1e12
+        line = lambda impl, fwd, both, vs="": print(
+            f"{impl:<8} {B:>3} {NH:>3} {T:>5} {E:>4} {'yes' if causal else 'no':>6} {fwd:>8.3f} {tf(fwd):>9.2f} {both:>8.3f} {tf(both, 3.5):>9.2f} {vs}")
+        if r["impl"] == "flash":
+            t_fwd, t_both = torch_row(B, NH, T, E, causal, torch.float32)
+            line("torch", t_fwd, t_both)
+            line("tinygpt", r["fwd_ms"], r["fwd_bwd_ms"], f"{t_fwd / r['fwd_ms']:>11.2f}x {t_both / r['fwd_bwd_ms']:>11.2f}x")
+        else:
+            line("naive", r["fwd_ms"], r["fwd_bwd_ms"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+// CUDA kernels, f32, with the same signatures and semantics as their CPU twins in kernels/cpu/cpu_kernels.h
+// (see there for what each computes). They run on the default stream and return without waiting. Defined in
+// kernels/cuda/*.cu when the CUDA backend is built; the kernel tables in kernels/kernels.h leave the cuda slots
+// empty otherwise, so nothing here is referenced by a CPU-only build.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/geometry.h"
+
+namespace tinygpt::cuda {
+
+void fill(float* out, float value, int64_t n);
+void axpy(float* y, const float* x, float alpha, int64_t n);
+void unary_forward(float* out, const float* inp, int64_t n, UnaryOp op, float alpha);
+void unary_backward(float* dinp, const float* dout, const float* inp, const float* out, int64_t n, UnaryOp op, float alpha);
+void binary_forward(float* out, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op);
+void binary_backward(float* da, float* db, const float* dout, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op);
+void sum_forward(float* out, const float* inp, int64_t outer, int64_t D, int64_t inner, float alpha);
+void sum_backward(float* dinp, const float* dout, int64_t outer, int64_t D, int64_t inner, float alpha);
+void softmax_forward(float* out, const float* inp, int64_t N, int64_t C);
+void softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C);
+void log_softmax_forward(float* out, const float* inp, int64_t N, int64_t C);
+void log_softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, float eps);
+/// dweight/dbias: per-block partial sums added in a fixed order by a second kernel (deterministic).
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C);
+/// Deterministic, no float atomics: each thread owns one (token id, channel) pair of dweight and sums its
+/// rows in order (a first pass buckets the rows by id with a stable counting sort).
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t N, int64_t C);
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+void crossentropy_backward(float* dlogits, float dloss, const float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+void dropout_forward(float* out, const float* inp, int64_t n, float p, uint64_t seed);
+void dropout_backward(float* dinp, const float* dout, int64_t n, float p, uint64_t seed);
+void permute(float* out, const float* inp, const PermuteGeom& g, bool accumulate);
+void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start, int64_t src_D, int64_t src_start, int64_t len, bool accumulate);
+/// cuBLAS (strided batched sgemm); TF32 when cuda::set_allow_tf32(true).
+void matmul_forward(float* out, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b);
+void matmul_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b);
+/// cublasLt with the bias added in the matmul's epilogue.
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC);
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC);
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step);
+void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot, int64_t pos0, double base);
+void rope_backward(float* dinp, const float* dout, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot, int64_t pos0, double base);
+void attention_naive_forward(float* out, float* weights, float* lse, const float* q, const float* k, const float* v, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);
+void attention_naive_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* out, const float* lse, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);
+/// Flash attention, f32 on CUDA cores: head dims up to 128. Backward: D = rowsum(dO * O) first, then one
+/// pass over key tiles for dK and dV and a separate pass over query tiles for dQ, so no gradient needs
+/// atomics and the result is deterministic.
+void attention_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);
+void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* out, const float* lse, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);
+
+}  // namespace tinygpt::cuda

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU check, run on a machine with an NVIDIA GPU: configures for that GPU, builds, runs the GPU tests,
+# compute-sanitizer (memcheck and racecheck) on the attention tests, the attention benchmark against PyTorch's
+# scaled_dot_product_attention, and training throughput on nanoGPT's Shakespeare config against eager PyTorch
+# (both when PyTorch is importable); then prints one summary table. Logs go to build-gpu/gpu_check/.
+#
+#   bash scripts/gpu_check.sh [--full]
+#
+# --full also trains the Shakespeare config for 5000 iterations on the GPU (nanoGPT's shakespeare_char recipe,
+# dropout 0.2) and reports its best val loss. Set CMAKE_CUDA_ARCHITECTURES to build for another GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+full=0
+[ "${1:-}" = "--full" ] && full=1
+build=build-gpu
+logs=$build/gpu_check
+if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
+mkdir -p "$logs"
+summary=()
+note() { summary+=("$(printf '%-34s %s' "$1" "$2")"); }
+py=python3
+has_torch=0
+$py -c "import torch; assert torch.cuda.is_available()" 2> /dev/null && has_torch=1
+
+echo "== configure and build ($build, CUDA architectures ${CMAKE_CUDA_ARCHITECTURES:-native})"
+generator=()
+command -v ninja > /dev/null && [ ! -f $build/CMakeCache.txt ] && generator=(-G Ninja)
+if ! { cmake -S . -B $build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTINYGPT_CUDA=ON \
+         -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-native}" > "$logs/configure.log" 2>&1 &&
+       cmake --build $build --parallel "$(nproc)" > "$logs/build.log" 2>&1; }; then
+  tail -30 "$logs/configure.log" "$logs/build.log"
+  echo "gpu_check: the build failed"
+  exit 1
+fi
+note "build" "ok ($(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1))"
+
+echo "== GPU tests"
+status=0
+$build/tests/test_cuda > "$logs/test_cuda.log" 2>&1 || status=$?
+tail -4 "$logs/test_cuda.log"
+note "test_cuda" "$([ $status = 0 ] && echo passed || echo "FAILED (exit $status)"): $(grep -E '^\[doctest\] (test cases|assertions)' "$logs/test_cuda.log" | tr -s ' ' | paste -sd ';')"
+grep -q "failed" "$logs/test_cuda.log" && grep -B2 -A12 "ERROR" "$logs/test_cuda.log" | head -60
+
+echo "== compute-sanitizer on the attention tests"
+if command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    filter='*flash attention is deterministic*,*attention op runs on the GPU*'
+    [ $tool = memcheck ] && filter="$filter,*naive attention matches*"
+    timeout 900 compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
+      > "$logs/sanitizer_$tool.log" 2>&1
+    rc=$?
+    tail -3 "$logs/sanitizer_$tool.log"
+    note "compute-sanitizer $tool" "$([ $rc = 0 ] && echo clean || echo "FAILED (exit $rc)"): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_$tool.log" | tail -1)"
+  done
+else
+  note "compute-sanitizer" "not found, not run"
+fi
+
+echo "== attention benchmark"
+if [ $has_torch = 1 ]; then
+  $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention | tee "$logs/attention.log"
+  note "flash fwd vs torch sdpa (f32)" "$(awk '$1 == "tinygpt" {print $(NF-1)}' "$logs/attention.log" | tr -d x | sort -g | paste -sd ' ')"
+  note "flash fwd+bwd vs torch sdpa (f32)" "$(awk '$1 == "tinygpt" {print $NF}' "$logs/attention.log" | tr -d x | sort -g | paste -sd ' ')"
+else
+  $build/bench/bench_attention --device cuda | tee "$logs/attention.log"
+  note "attention benchmark" "ran without PyTorch (no comparison)"
+fi
+
+echo "== training throughput, nanoGPT Shakespeare config (6 layers, 6 heads, 384 wide, block 256, batch 64)"
+data=$(bash scripts/get_data.sh)
+cfg=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0.2)
+iters=60
+run=$(mktemp -d)
+./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" --max-iters $((iters + 10)) \
+  --eval-interval 100000 --eval-iters 1 --log-interval 10 > "$logs/train_throughput.log" 2>&1
+ours_ms=$(grep -o '"ms":[0-9.e+-]*' "$run/metrics.jsonl" | cut -d: -f2 | tail -n +11 | sort -g |
+  awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')
+rm -rf "$run"
+tokens=$((64 * 256))
+tok() { awk "BEGIN {printf \"%.0f\", $tokens * 1000 / $1}"; }
+printf "%-36s %10s %12s\n" "implementation" "ms/iter" "tokens/s" | tee "$logs/train.log"
+printf "%-36s %10.2f %12s\n" "tinygpt f32 (TF32 matmuls)" "$ours_ms" "$(tok "$ours_ms")" | tee -a "$logs/train.log"
+if [ $has_torch = 1 ]; then
+  torch_ms() { $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" | $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'; }
+  t32=$(torch_ms)
+  printf "%-36s %10.2f %12s\n" "pytorch eager f32 (TF32 matmuls)" "$t32" "$(tok "$t32")" | tee -a "$logs/train.log"
+  tbf=$(torch_ms --dtype bf16)
+  printf "%-36s %10.2f %12s\n" "pytorch eager bf16 autocast" "$tbf" "$(tok "$tbf")" | tee -a "$logs/train.log"
+  note "training tok/s vs torch eager f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $t32 / $ours_ms, $ours_ms, $t32}")"
+else
+  note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
+fi
+
+if [ $full = 1 ]; then
+  echo "== 5000 iterations of the Shakespeare config on the GPU"
+  rm -rf out-gpu-shakespeare
+  ./$build/tinygpt train --device cuda --data "$data" --out out-gpu-shakespeare --log-interval 500 2>&1 |
+    tee "$logs/train_full.log" | grep -E "^step|^done|error"
+  note "5000 iterations: best val loss" "$(sed -n 's/.*best val loss \([0-9.]*\).*/\1/p' "$logs/train_full.log" | tail -1) (target <= 1.48)"
+  ./$build/tinygpt sample --device cuda --ckpt out-gpu-shakespeare --max-new-tokens 300 --seed 1 2> /dev/null | tee "$logs/sample.txt"
+fi
+
+echo
+echo "== gpu_check summary"
+printf '%s\n' "${summary[@]}"
