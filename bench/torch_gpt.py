@@ -131,6 +131,7 @@ def main():
         if it >= a.warmup:
             times.append(time.perf_counter() - t0)
     if a.full_run:
+        model.eval()
         with torch.no_grad():
             losses = []
             for _ in range(200):

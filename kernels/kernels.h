@@ -8,12 +8,14 @@
 //   V  vocabulary size      OC output channels             N  rows (often B*T)
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/device.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace tinygpt {
@@ -43,6 +45,14 @@ void launch(const Kernel<Fn>& k, Device device, Args&&... args) {
   Fn* f = device == Device::CPU ? k.cpu : k.cuda;
   if (f == nullptr) {
     throw Error(std::string(k.name) + ": no " + device_name(device) + " kernel for this dtype");
+  }
+  if (device == Device::CUDA && cuda::profiling()) {  // TINYGPT_CUDA_PROFILE=1: time each GPU kernel alone
+    cuda::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    f(std::forward<Args>(args)...);
+    cuda::synchronize();
+    cuda::profile_add(k.name, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    return;
   }
   f(std::forward<Args>(args)...);
 }

@@ -97,6 +97,14 @@ if [ $full = 1 ]; then
   ./$build/tinygpt train --device cuda --data "$data" --out out-gpu-shakespeare --log-interval 500 2>&1 |
     tee "$logs/train_full.log" | grep -E "^step|^done|error"
   note "5000 iterations: best val loss" "$(sed -n 's/.*best val loss \([0-9.]*\).*/\1/p' "$logs/train_full.log" | tail -1) (target <= 1.48)"
+  final=$(grep -o '"iter":5000,"train_loss":[0-9.]*,"val_loss":[0-9.]*' out-gpu-shakespeare/metrics.jsonl | sed 's/.*val_loss"://')
+  if [ $has_torch = 1 ]; then
+    torch_final=$($py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 5000 --full-run |
+      $py -c 'import json,sys; print(round(json.load(sys.stdin)["val_loss"], 4))')
+    note "val loss at iteration 5000" "tinygpt $final, pytorch eager f32 $torch_final (same recipe; both overfit after ~2000)"
+  else
+    note "val loss at iteration 5000" "tinygpt $final"
+  fi
   ./$build/tinygpt sample --device cuda --ckpt out-gpu-shakespeare --max-new-tokens 300 --seed 1 2> /dev/null | tee "$logs/sample.txt"
 fi
 

@@ -30,12 +30,12 @@ constexpr uint64_t kSamplerStream = 1, kModelStream = 2, kEvalTrainStream = 3, k
 /// Global L2 norm of every gradient; scales them down to max_norm when above it (max_norm 0: no clipping).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard no_grad;
-  double sq = 0;
+  Tensor sq;  // summed where the gradients live: one read back (on a GPU, one synchronization) per step
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
-    if (g.defined()) sq += sum(g * g).item();
+    if (g.defined()) sq = sq.defined() ? sq + sum(g * g) : sum(g * g);
   }
-  const double norm = std::sqrt(sq);
+  const double norm = sq.defined() ? std::sqrt(sq.item()) : 0.0;
   if (max_norm > 0 && norm > max_norm) {
     const double coef = max_norm / (norm + 1e-6);
     for (Tensor p : params) {

@@ -24,6 +24,8 @@ void copy_to_device(void*, const void*, size_t) { unavailable(); }
 void copy_to_host(void*, const void*, size_t) { unavailable(); }
 void copy_on_device(void*, const void*, size_t) { unavailable(); }
 void synchronize() {}
+bool profiling() { return false; }
+void profile_add(const char*, double) {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -171,6 +172,49 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
 }
 
 void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+namespace {
+
+struct Profile {
+  struct Entry {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  std::mutex mutex;
+  std::map<std::string, Entry> entries;
+  ~Profile() {
+    double total = 0;
+    for (const auto& [name, e] : entries) total += e.ms;
+    fmt::print(stderr, "TINYGPT_CUDA_PROFILE: GPU kernel time (each kernel synchronized alone)\n{:<28} {:>10} {:>10} {:>7}\n",
+               "kernel", "calls", "ms", "share");
+    for (const auto& [name, e] : entries) {
+      fmt::print(stderr, "{:<28} {:>10} {:>10.1f} {:>6.1f}%\n", name, e.calls, e.ms, 100.0 * e.ms / std::max(total, 1e-9));
+    }
+  }
+};
+
+Profile& profile() {
+  static Profile p;
+  return p;
+}
+
+}  // namespace
+
+bool profiling() {
+  static const bool on = [] {
+    const char* v = std::getenv("TINYGPT_CUDA_PROFILE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+void profile_add(const char* kernel, double ms) {
+  Profile& p = profile();
+  std::lock_guard lock(p.mutex);
+  Profile::Entry& e = p.entries[kernel];
+  e.ms += ms;
+  ++e.calls;
+}
 
 void set_allow_tf32(bool on) {
   g_allow_tf32 = on;

@@ -38,6 +38,11 @@ void copy_on_device(void* dst, const void* src, size_t bytes);
 /// Waits for all queued GPU work; throws if any of it failed.
 void synchronize();
 
+/// True when the environment sets TINYGPT_CUDA_PROFILE=1: launch() then synchronizes around every GPU kernel
+/// and adds its time to a per-kernel table printed to stderr at exit (a coarse profiler; it slows runs down).
+bool profiling();
+void profile_add(const char* kernel, double ms);
+
 /// Lets cuBLAS use TF32 tensor cores for f32 matmuls (10-bit mantissa products, f32 accumulation). Off by default.
 void set_allow_tf32(bool on);
 bool allow_tf32();

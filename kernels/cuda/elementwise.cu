@@ -1,5 +1,6 @@
 // Elementwise, broadcast, reduction, softmax, layout, dropout, optimizer and RoPE kernels on the GPU: the
 // twins of kernels/cpu/{elementwise,reduce,layout,optim,rope}.cpp and the dropout half of nn.cpp.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -163,6 +164,16 @@ __global__ void binary_backward_broadcast_kernel(float* dx, bool is_a, const flo
   if (lane == 0) dx[warp] += acc;
 }
 
+/// The gradient of an operand with the output's own shape (nothing to sum) while the other one broadcasts.
+__global__ void binary_backward_full_kernel(float* dx, bool is_a, const float* dout, const float* a, const float* b,
+                                            BroadcastGeom g, BinaryOp op, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, n) {
+    int64_t oa, ob;
+    broadcast_offsets(g, i, oa, ob);
+    dx[i] += dout[i] * (is_a ? binary_grad_a(op, a[oa], b[ob]) : binary_grad_b(op, a[oa], b[ob]));
+  }
+}
+
 ReduceGeom reduce_geom(const int64_t* x_stride, const BroadcastGeom& g) {
   ReduceGeom r{};
   r.xn = r.rn = 1;
@@ -188,13 +199,23 @@ __global__ void sum_strided_kernel(float* out, const float* inp, int64_t outer, 
   }
 }
 
-/// inner == 1: one block per output row.
-__global__ void sum_rows_kernel(float* out, const float* inp, int64_t D, float alpha) {
+/// inner == 1, first pass: block (row, chunk) sums its chunk of the row into partial[row * chunks + chunk].
+__global__ void sum_rows_kernel(float* partial, const float* inp, int64_t D, int64_t chunk) {
   const float* x = inp + int64_t(blockIdx.x) * D;
+  const int64_t d0 = int64_t(blockIdx.y) * chunk, d1 = min(D, d0 + chunk);
   float acc = 0.0f;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) acc += x[d];
+  for (int64_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) acc += x[d];
   acc = block_sum(acc);
-  if (threadIdx.x == 0) out[blockIdx.x] = alpha * acc;
+  if (threadIdx.x == 0) partial[int64_t(blockIdx.x) * gridDim.y + blockIdx.y] = acc;
+}
+
+/// Second pass: each row's chunk sums added in chunk order.
+__global__ void sum_partials_kernel(float* out, const float* partial, int64_t rows, int64_t chunks, float alpha) {
+  TINYGPT_CUDA_LOOP(r, rows) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) acc += partial[r * chunks + c];
+    out[r] = alpha * acc;
+  }
 }
 
 __global__ void sum_backward_kernel(float* dinp, const float* dout, int64_t outer, int64_t D, int64_t inner, float alpha) {
@@ -352,6 +373,11 @@ void binary_backward(float* da, float* db, const float* dout, const float* a, co
     float* dx = is_a ? da : db;
     if (!dx) continue;
     const ReduceGeom r = reduce_geom(is_a ? g.a_stride : g.b_stride, g);
+    if (r.rn == 1) {
+      binary_backward_full_kernel<<<blocks_for(n), kThreads>>>(dx, is_a, dout, a, b, g, op, n);
+      check_launch("binary_backward");
+      continue;
+    }
     binary_backward_broadcast_kernel<<<blocks_for(r.xn * 32), kThreads>>>(dx, is_a, dout, a, b, g, r, op);
     check_launch("binary_backward (broadcast)");
   }
@@ -359,8 +385,13 @@ void binary_backward(float* da, float* db, const float* dout, const float* a, co
 
 void sum_forward(float* out, const float* inp, int64_t outer, int64_t D, int64_t inner, float alpha) {
   if (outer * inner == 0) return;
-  if (inner == 1 && D >= 256) {
-    sum_rows_kernel<<<unsigned(outer), 1024>>>(out, inp, D, alpha);
+  if (inner == 1 && D >= 256 && outer <= 65535) {
+    // Rows are split in chunks of at least 16K elements over up to 256 blocks per row; fixed order throughout.
+    const int64_t chunks = std::clamp<int64_t>(D / 16384, 1, 256), chunk = (D + chunks - 1) / chunks;
+    Scratch partial(size_t(outer * chunks) * sizeof(float));
+    sum_rows_kernel<<<dim3(unsigned(outer), unsigned(chunks)), 512>>>(partial.as<float>(), inp, D, chunk);
+    check_launch("sum_forward (chunks)");
+    sum_partials_kernel<<<blocks_for(outer), kThreads>>>(out, partial.as<float>(), outer, chunks, alpha);
   } else {
     sum_strided_kernel<<<blocks_for(outer * inner), kThreads>>>(out, inp, outer, D, inner, alpha);
   }
