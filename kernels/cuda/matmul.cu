@@ -9,6 +9,12 @@ namespace {
 
 cublasComputeType_t compute_type() { return allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F; }
 
+/// TF32 only where every leading dimension is a multiple of 4 floats: cuBLAS's tensor-core kernels need 16-byte
+/// aligned rows, and with a dimension like a 65-character vocabulary it falls back to much slower ones.
+cublasComputeType_t compute_type(int64_t lda, int64_t ldb, int64_t ldc) {
+  return lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 ? compute_type() : CUBLAS_COMPUTE_32F;
+}
+
 /// Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C, `batch` times with the given element strides
 /// (0: the operand is shared by every batch).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -18,7 +24,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   check(cublasGemmStridedBatchedEx(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    int(N), int(M), int(K), &alpha, B, CUDA_R_32F, int(ldb), stride_b, A, CUDA_R_32F,
                                    int(lda), stride_a, &beta, C, CUDA_R_32F, int(ldc), stride_c, int(batch),
-                                   compute_type(), CUBLAS_GEMM_DEFAULT),
+                                   compute_type(lda, ldb, ldc), CUBLAS_GEMM_DEFAULT),
         what);
 }
 
