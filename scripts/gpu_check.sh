@@ -39,7 +39,7 @@ status=0
 $build/tests/test_cuda > "$logs/test_cuda.log" 2>&1 || status=$?
 tail -4 "$logs/test_cuda.log"
 note "test_cuda" "$([ $status = 0 ] && echo passed || echo "FAILED (exit $status)"): $(grep -E '^\[doctest\] (test cases|assertions)' "$logs/test_cuda.log" | tr -s ' ' | paste -sd ';')"
-grep -q "failed" "$logs/test_cuda.log" && grep -B2 -A12 "ERROR" "$logs/test_cuda.log" | head -60
+[ $status != 0 ] && grep -B2 -A12 "ERROR" "$logs/test_cuda.log" | head -60
 
 echo "== compute-sanitizer on the attention tests"
 if command -v compute-sanitizer > /dev/null; then

@@ -38,7 +38,7 @@ std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& 
   if (prompt.empty()) throw Error("generate: the prompt has no tokens");
   NoGradGuard no_grad;
   const int64_t block = model.config().block_size;
-  const Device device = model.wte.weight.device();
+  const Device device = model.device();
   auto ids_tensor = [&](std::vector<int32_t>::const_iterator begin, std::vector<int32_t>::const_iterator end) {
     return from_vector(std::vector<int32_t>(begin, end), {1, int64_t(end - begin)}).to(device);
   };

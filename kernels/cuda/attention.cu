@@ -22,7 +22,9 @@
 namespace tinygpt::cuda {
 namespace {
 
-__device__ __forceinline__ const float* at(const float* base, const int64_t* stride, int64_t b, int64_t h, int64_t t) {
+/// Row (b, h, t) of a strided operand; const in, const out.
+template <class T>
+__device__ __forceinline__ T* at(T* base, const int64_t* stride, int64_t b, int64_t h, int64_t t) {
   return base + b * stride[0] + h * stride[1] + t * stride[2];
 }
 
@@ -72,7 +74,7 @@ __global__ void naive_forward_kernel(float* out, float* weights, float* lse, con
     mx = fmaxf(mx, x);
   }
   mx = warp_max(mx);
-  float* o = const_cast<float*>(at(out, g.o_stride, b, h, t));
+  float* o = at(out, g.o_stride, b, h, t);
   if (mx == -INFINITY) {  // no visible key
     for (int64_t s = lane; s < g.S; s += 32) p[s] = 0.0f;
     for (int64_t e = lane; e < g.Ev; e += 32) o[e] = 0.0f;
@@ -140,7 +142,7 @@ __global__ void naive_backward_dq_kernel(float* dq, const float* dout, const flo
   const int lane = threadIdx.x % 32;
   if (row >= g.B * g.NH * g.T) return;
   const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T, kvh = h / (g.NH / g.NKV);
-  float* dqr = const_cast<float*>(at(dq, g.q_stride, b, h, t));
+  float* dqr = at(dq, g.q_stride, b, h, t);
   for (int64_t s = 0; s < g.S; ++s) {
     float pd, ds;
     if (!naive_element(g, q, k, v, dout, lse, D, mask, kp, b, h, t, s, pd, ds)) continue;
@@ -157,8 +159,8 @@ __global__ void naive_backward_dkdv_kernel(float* dk, float* dv, const float* do
   const int lane = threadIdx.x % 32;
   if (key >= g.B * g.NKV * g.S) return;
   const int64_t b = key / (g.NKV * g.S), kvh = key / g.S % g.NKV, s = key % g.S, group = g.NH / g.NKV;
-  float* dkr = dk ? const_cast<float*>(at(dk, g.k_stride, b, kvh, s)) : nullptr;
-  float* dvr = dv ? const_cast<float*>(at(dv, g.v_stride, b, kvh, s)) : nullptr;
+  float* dkr = dk ? at(dk, g.k_stride, b, kvh, s) : nullptr;
+  float* dvr = dv ? at(dv, g.v_stride, b, kvh, s) : nullptr;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int64_t t = 0; t < g.T; ++t) {
       float pd, ds;
@@ -330,7 +332,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out
     const int64_t t = t0 + p.row0 + i;
     if (t >= g.T) continue;
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    float* orow = const_cast<float*>(at(out, g.o_stride, b, h, t));
+    float* orow = at(out, g.o_stride, b, h, t);
 #pragma unroll
     for (int d = 0; d < EP / 8; ++d) {
       const int e = p.col0 + 8 * d;
@@ -410,8 +412,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
   for (int i = 0; i < 4; ++i) {
     const int64_t s = s0 + p.row0 + i;
     if (s >= g.S) continue;
-    float* dkr = dk ? const_cast<float*>(at(dk, g.k_stride, b, kvh, s)) : nullptr;
-    float* dvr = dv ? const_cast<float*>(at(dv, g.v_stride, b, kvh, s)) : nullptr;
+    float* dkr = dk ? at(dk, g.k_stride, b, kvh, s) : nullptr;
+    float* dvr = dv ? at(dv, g.v_stride, b, kvh, s) : nullptr;
 #pragma unroll
     for (int d = 0; d < EP / 8; ++d) {
       const int e = p.col0 + 8 * d;
@@ -482,7 +484,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
   for (int i = 0; i < 4; ++i) {
     const int64_t t = t0 + p.row0 + i;
     if (t >= g.T) continue;
-    float* dqr = const_cast<float*>(at(dq, g.q_stride, b, h, t));
+    float* dqr = at(dq, g.q_stride, b, h, t);
 #pragma unroll
     for (int d = 0; d < EP / 8; ++d) {
       const int e = p.col0 + 8 * d;
