@@ -1,9 +1,11 @@
 // Attention benchmark: flash against naive scaled dot-product attention, forward and forward+backward,
 // with the peak extra memory each allocates.
 //
-// --device cuda times the GPU kernels instead (f32 flash on CUDA cores): B*T = 16384 tokens, T in {512, 1024,
-// 2048, 4096}, E = 64 with 16 heads and E = 128 with 8, causal and not; naive only where its T x T scores fit
-// comfortably. extra_mib is then the peak of the caching allocator above what was in use before.
+// --device cuda times the GPU kernels instead: flash on CUDA cores (f32), flash on bf16 tensor cores
+// ("flash_bf16": f32 tensors in memory, bf16 operands, f32 accumulation; cuda::set_attention_bf16) and naive
+// where its T x T scores fit comfortably, for B*T = 16384 tokens, T in {512, 1024, 2048, 4096, 8192}, E = 64 with
+// 16 heads and E = 128 with 8, causal and not. extra_mib is then the peak of the caching allocator above what was
+// in use before.
 // bench/compare_attention_cuda.py runs this and PyTorch's scaled_dot_product_attention side by side.
 //
 // Rows: B=4, NH=6, E=64, causal and not, T in {256, 1024, 4096}, flash and naive; then B=1, NH=1, E=64,
@@ -102,8 +104,16 @@ double best_ms(int reps, F f) {
   return best;
 }
 
+/// Flash attention on bf16 tensor cores while alive.
+struct Bf16Attention {
+  explicit Bf16Attention(bool on) : on(on) { if (on) cuda::set_attention_bf16(true); }
+  ~Bf16Attention() { if (on) cuda::set_attention_bf16(false); }
+  bool on;
+};
+
 Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool causal, int reps,
-        Device device = Device::CPU) {
+        Device device = Device::CPU, bool bf16 = false) {
+  const Bf16Attention mode(bf16);
   Generator gen(1);
   auto input = [&] { return randn({B, NH, T, E}, gen).to(device); };
   Tensor q = input(), k = input(), v = input();
@@ -132,23 +142,25 @@ Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool ca
   });
   const double both = best_ms(reps, fwd_bwd);
   const double flops = 4.0 * double(B * NH) * double(T) * double(T) * double(E) * (causal ? 0.5 : 1.0);
-  return {impl == AttentionImpl::Flash ? "flash" : "naive", B, NH, T, E, causal, fwd, both,
+  return {impl == AttentionImpl::Naive ? "naive" : bf16 ? "flash_bf16" : "flash", B, NH, T, E, causal, fwd, both,
           flops / (fwd * 1e-3) / 1e9, 3.5 * flops / (both * 1e-3) / 1e9, extra};
 }
 
 /// The GPU table: B*T = 16384 tokens per shape (FlashAttention's benchmark shapes), TFLOP/s.
 int run_cuda_table(bool json, bool quick) {
   if (!json) {
-    fmt::print("device: {}\n{:<6} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9} {:>11} {:>10} {:>14} {:>10}\n",
+    fmt::print("device: {}\n{:<10} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9} {:>11} {:>10} {:>14} {:>10}\n",
                cuda::device_description(), "impl", "B", "NH", "T", "E", "causal", "fwd ms", "fwd+bwd ms", "fwd TF/s",
                "fwd+bwd TF/s", "extra MiB");
   }
-  const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{512, 1024, 2048, 4096};
+  const std::vector<int64_t> lengths =
+      quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
   for (int64_t E : {64, 128}) {
     for (bool causal : {true, false}) {
       for (int64_t T : lengths) {
         const int64_t B = 16384 / T, NH = 1024 / E;
-        std::vector<Row> rows{run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA)};
+        std::vector<Row> rows{run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA),
+                              run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA, true)};
         if (T <= 1024) rows.push_back(run(AttentionImpl::Naive, B, NH, T, E, causal, 5, Device::CUDA));
         for (const Row& r : rows) {
           if (json) {
@@ -156,7 +168,7 @@ int run_cuda_table(bool json, bool quick) {
                        "\"fwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}, \"extra_mib\": {:.2f}}}\n",
                        r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.extra_mib);
           } else {
-            fmt::print("{:<6} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9.3f} {:>11.3f} {:>10.2f} {:>14.2f} {:>10.1f}\n", r.impl,
+            fmt::print("{:<10} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9.3f} {:>11.3f} {:>10.2f} {:>14.2f} {:>10.1f}\n", r.impl,
                        r.B, r.NH, r.T, r.E, r.causal ? "yes" : "no", r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops / 1e3,
                        r.fwd_bwd_gflops / 1e3, r.extra_mib);
           }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -279,6 +280,69 @@ void check_close(const std::vector<T>& got, const std::vector<double>& expected,
   INFO(what << ": " << bad << " of " << got.size() << " elements differ; first at " << first << ": got "
             << (first >= 0 ? double(got[size_t(first)]) : 0.0) << ", expected " << (first >= 0 ? expected[size_t(first)] : 0.0));
   CHECK(bad == 0);
+}
+
+/// x rounded to the nearest bf16 (ties to even), as the tensor-core kernels round their operands.
+inline double round_bf16(double x) {
+  const float f = float(x);
+  if (!std::isfinite(f)) return f;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  float r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
+}
+
+/// p with q, k, v and dout rounded to bf16: a double-precision reference on it differs from the bf16 kernels
+/// only by their rounding of P and dS to bf16 and by f32 accumulation.
+inline Problem rounded_to_bf16(Problem p) {
+  for (auto& x : p.qkv) x = round_bf16(x);
+  for (auto& x : p.dout) x = round_bf16(x);
+  return p;
+}
+
+/// The bf16 kernels' tolerance: relative error over the whole tensor (2-norm) at most 1e-2 and no element off by
+/// more than 1.5e-2 of the tensor's largest magnitude; infinities must match exactly and NaN never passes.
+template <class T>
+void check_bf16_close(const std::vector<T>& got, const std::vector<double>& expected, const char* what) {
+  REQUIRE(got.size() == expected.size());
+  double err2 = 0, ref2 = 0, max_err = 0, max_ref = 0;
+  int64_t bad_inf = 0, first_inf = -1, worst = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double x = double(got[i]), y = expected[i];
+    if (!std::isfinite(x) || !std::isfinite(y)) {
+      if (!(x == y) && bad_inf++ == 0) first_inf = int64_t(i);
+      continue;
+    }
+    err2 += (x - y) * (x - y);
+    ref2 += y * y;
+    max_ref = std::max(max_ref, std::abs(y));
+    if (std::abs(x - y) > max_err) max_err = std::abs(x - y), worst = int64_t(i);
+  }
+  const double rel = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
+  const auto show = [&](int64_t i) {
+    return i < 0 ? std::string("-") : "got " + std::to_string(double(got[size_t(i)])) + ", expected " +
+                                          std::to_string(expected[size_t(i)]) + " at " + std::to_string(i);
+  };
+  INFO(what << ": relative 2-norm error " << rel << ", largest error " << max_err << " (largest |expected| " << max_ref
+            << "; " << show(worst) << "), " << bad_inf << " infinite/NaN mismatches (first: " << show(first_inf) << ")");
+  CHECK(bad_inf == 0);
+  CHECK(rel <= 1e-2);
+  CHECK(max_err <= 1.5e-2 * std::max(max_ref, 1e-30));
+}
+
+/// A run of the bf16 kernels against the double reference `ref` on the same (bf16-rounded) problem p.
+template <class T>
+void check_bf16_run(const Problem& p, const Run<double>& ref, const std::vector<T>& out, const std::vector<T>& lse,
+                    const std::vector<T>& dqkv) {
+  const std::vector<int64_t> outs = o_elements(p);
+  check_bf16_close(gather(out, outs), gather(ref.out, outs), "out");
+  check_close(lse, ref.lse, 1e-3, 1e-4, "lse");
+  check_bf16_close(gather(dqkv, q_elements(p)), gather(ref.dqkv, q_elements(p)), "dq");
+  check_bf16_close(gather(dqkv, k_elements(p)), gather(ref.dqkv, k_elements(p)), "dk");
+  check_bf16_close(gather(dqkv, v_elements(p)), gather(ref.dqkv, v_elements(p)), "dv");
+  check_bf16_close(dqkv, ref.dqkv, "gradient buffer, gaps included");
 }
 
 inline std::vector<Config> forward_cases() {

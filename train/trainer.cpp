@@ -205,6 +205,9 @@ void TrainConfig::validate() const {
   if (!(train_fraction > 0 && train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
   }
+  if (bf16_attention && device != "cuda") {
+    throw Error("--bf16-attention runs attention on GPU tensor cores: it needs --device cuda");
+  }
   nn::GPTConfig m = model;
   m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
   m.validate();
@@ -238,7 +241,10 @@ TrainResult train(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;
   cfg.validate();
   const Device device = parse_device(cfg.device);
-  if (device == Device::CUDA) cuda::set_allow_tf32(cfg.tf32);
+  if (device == Device::CUDA) {
+    cuda::set_allow_tf32(cfg.tf32);
+    cuda::set_attention_bf16(cfg.bf16_attention);
+  }
   const fs::path out = cfg.out;
   std::error_code ec;
   fs::create_directories(out, ec);
@@ -309,7 +315,8 @@ TrainResult train(const TrainConfig& cfg_in) {
   const auto& m = cfg.model;
   console.line("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
                m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6,
-               device == Device::CUDA ? fmt::format("on {}{}", cuda::device_description(), cfg.tf32 ? ", TF32 matmuls" : "")
+               device == Device::CUDA ? fmt::format("on {}{}{}", cuda::device_description(), cfg.tf32 ? ", TF32 matmuls" : "",
+                                                     cfg.bf16_attention ? ", bf16 tensor-core attention" : "")
                                       : fmt::format("{} threads", omp_get_max_threads()));
 
   const StopSignals stop;

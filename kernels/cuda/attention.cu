@@ -8,6 +8,9 @@
 // rounded up to 32, 64 or 128 (zero padded). Operands that are read down a column are stored transposed in
 // shared memory with a padded stride of 65 floats, which keeps every access free of bank conflicts.
 //
+// With set_attention_bf16(true) the flash entry points run the tensor-core kernels of flash_mma.cuh instead
+// (bf16 operands, f32 accumulation), wrapped as kernels at the end of the anonymous namespace below.
+//
 // Backward, FlashAttention-2 style, deterministic: D = rowsum(dO * O) first; then one block per key tile
 // walks the query tiles of every head of its group and keeps dK and dV in registers; then one block per
 // query tile walks the key tiles and keeps dQ in registers. No gradient is written by two blocks, so there
@@ -15,39 +18,14 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/flash_mma.cuh"  // after mma.cuh: its kernels are written over those primitives
 #include "kernels/cuda/runtime.cuh"
-#include "kernels/dropout_hash.h"
 
 namespace tinygpt::cuda {
 namespace {
-
-/// Row (b, h, t) of a strided operand; const in, const out.
-template <class T>
-__device__ __forceinline__ T* at(T* base, const int64_t* stride, int64_t b, int64_t h, int64_t t) {
-  return base + b * stride[0] + h * stride[1] + t * stride[2];
-}
-
-__device__ __forceinline__ int64_t causal_end(const AttentionGeom& g, int64_t t) {
-  if (!g.causal) return g.S;
-  const int64_t e = t + g.S - g.T + 1;
-  return e < 0 ? 0 : (e > g.S ? g.S : e);
-}
-
-/// Whether query t sees key s (both in range, causal, padding).
-__device__ __forceinline__ bool visible(const AttentionGeom& g, const uint8_t* kp, int64_t b, int64_t t, int64_t s) {
-  return t < g.T && s < g.S && s < causal_end(g, t) && !(kp && kp[b * g.S + s]);
-}
-
-__device__ __forceinline__ float mask_at(const float* mask, const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s) {
-  return mask ? mask[b * g.mask_stride[0] + h * g.mask_stride[1] + t * g.mask_stride[2] + s * g.mask_stride[3]] : 0.0f;
-}
-
-__device__ __forceinline__ float dropout_factor(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s) {
-  if (g.dropout_p <= 0.0f) return 1.0f;
-  const bool keep = dropout_keep(g.dropout_seed, ((b * g.NH + h) * g.T + t) * g.S + s, g.dropout_p);
-  return keep && g.dropout_p < 1.0f ? 1.0f / (1.0f - g.dropout_p) : 0.0f;
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Naive reference.
@@ -291,7 +269,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out
     m[i] = -INFINITY;
     l[i] = 0.0f;
   }
-  const int64_t s_end = causal_end(g, min(t0 + kTile, g.T) - 1);
+  const int64_t s_end = causal_end(g, min64(t0 + kTile, g.T) - 1);
   for (int64_t s0 = 0; s0 < s_end; s0 += kTile) {
     __syncthreads();  // the previous tile's K, V and P are no longer read
     load_cols<EP>(Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
@@ -370,7 +348,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
   load_rows<EP>(Vs, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
   float dk_acc[4][EP / 8] = {}, dv_acc[4][EP / 8] = {};
   // First query that sees key s0 under the causal mask: s0 <= t + S - T.
-  const int64_t t_first = g.causal ? max(int64_t(0), s0 - (g.S - g.T)) / kTile * kTile : 0;
+  const int64_t t_first = g.causal ? max64(0, s0 - (g.S - g.T)) / kTile * kTile : 0;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int64_t t0 = t_first; t0 < g.T; t0 += kTile) {
       __syncthreads();
@@ -454,7 +432,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
     row_D[i] = t < g.T ? D[(b * g.NH + h) * g.T + t] : 0.0f;
   }
   float dq_acc[4][EP / 8] = {};
-  const int64_t s_end = causal_end(g, min(t0 + kTile, g.T) - 1);
+  const int64_t s_end = causal_end(g, min64(t0 + kTile, g.T) - 1);
   for (int64_t s0 = 0; s0 < s_end; s0 += kTile) {
     __syncthreads();
     load_cols<EP>(Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
@@ -493,10 +471,38 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
   }
 }
 
-/// Launches kernel with `floats` of dynamic shared memory (above the default 48 KiB limit, so the limit is raised).
+// Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array.
+template <int EP>
+__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_forward_kernel(float* out, float* lse, const float* q,
+                                                                                const float* k, const float* v,
+                                                                                const float* mask, const uint8_t* kp,
+                                                                                AttentionGeom g) {
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  flash_mma::forward_body<EP>(mma_smem, out, lse, q, k, v, mask, kp, g);
+}
+
+template <int EP>
+__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dkdv_kernel(
+    float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
+    const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  flash_mma::backward_dkdv_body<EP>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
+}
+
+template <int EP>
+__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dq_kernel(
+    float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
+    const float* mask, const uint8_t* kp, AttentionGeom g) {
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  flash_mma::backward_dq_body<EP>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
+}
+
+static_assert(flash_mma::kThreads == kFlashThreads && flash_mma::kRows == kTile && flash_mma::kCols == kTile,
+              "both flash paths share the launch geometry");
+
+/// Launches kernel with `bytes` of dynamic shared memory (above the default 48 KiB limit, so the limit is raised).
 template <class Kernel, class... Args>
-void launch_flash(Kernel kernel, dim3 grid, int floats, const char* what, Args... args) {
-  const int bytes = floats * int(sizeof(float));
+void launch_flash(Kernel kernel, dim3 grid, int bytes, const char* what, Args... args) {
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
   kernel<<<grid, kFlashThreads, bytes>>>(args...);
   check_launch(what);
@@ -561,8 +567,14 @@ void attention_flash_forward(float* out, float* lse, const float* q, const float
   check_grid(g);
   with_padded_dim(g, [&](auto dim) {
     constexpr int EP = decltype(dim)::value;
-    launch_flash(flash_forward_kernel<EP>, dim3(unsigned(g.B * g.NH), tiles(g.T)), forward_smem_floats<EP>(),
-                 "attention_flash_forward", out, lse, q, k, v, mask, key_padding, g);
+    const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
+    if (attention_bf16()) {
+      launch_flash(flash_mma_forward_kernel<EP>, grid, flash_mma::forward_smem_bytes<EP>(),
+                   "attention_flash_forward (bf16 tensor cores)", out, lse, q, k, v, mask, key_padding, g);
+    } else {
+      launch_flash(flash_forward_kernel<EP>, grid, 4 * forward_smem_floats<EP>(), "attention_flash_forward", out, lse,
+                   q, k, v, mask, key_padding, g);
+    }
   });
 }
 
@@ -577,13 +589,28 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
   check_launch("attention_flash_backward (D)");
   with_padded_dim(g, [&](auto dim) {
     constexpr int EP = decltype(dim)::value;
+    const bool mma = attention_bf16();
     if ((dk || dv) && g.S > 0) {
-      launch_flash(flash_backward_dkdv_kernel<EP>, dim3(unsigned(g.B * g.NKV), tiles(g.S)), dkdv_smem_floats<EP>(),
-                   "attention_flash_backward (dk, dv)", dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+      const dim3 grid(unsigned(g.B * g.NKV), tiles(g.S));
+      if (mma) {
+        launch_flash(flash_mma_dkdv_kernel<EP>, grid, flash_mma::dkdv_smem_bytes<EP>(),
+                     "attention_flash_backward (dk, dv; bf16 tensor cores)", dk, dv, dout, q, k, v, lse, D.as<float>(),
+                     mask, key_padding, g);
+      } else {
+        launch_flash(flash_backward_dkdv_kernel<EP>, grid, 4 * dkdv_smem_floats<EP>(), "attention_flash_backward (dk, dv)",
+                     dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+      }
     }
     if (dq) {
-      launch_flash(flash_backward_dq_kernel<EP>, dim3(unsigned(g.B * g.NH), tiles(g.T)), dq_smem_floats<EP>(),
-                   "attention_flash_backward (dq)", dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+      const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
+      if (mma) {
+        launch_flash(flash_mma_dq_kernel<EP>, grid, flash_mma::dq_smem_bytes<EP>(),
+                     "attention_flash_backward (dq; bf16 tensor cores)", dq, dout, q, k, v, lse, D.as<float>(), mask,
+                     key_padding, g);
+      } else {
+        launch_flash(flash_backward_dq_kernel<EP>, grid, 4 * dq_smem_floats<EP>(), "attention_flash_backward (dq)", dq,
+                     dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+      }
     }
   });
 }

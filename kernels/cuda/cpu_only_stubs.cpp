@@ -28,5 +28,9 @@ bool profiling() { return false; }
 void profile_add(const char*, double) {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
+void set_attention_bf16(bool on) {
+  if (on) unavailable();
+}
+bool attention_bf16() { return false; }
 
 }  // namespace tinygpt::cuda

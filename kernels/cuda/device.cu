@@ -148,6 +148,7 @@ CachingAllocator& allocator() {
 }
 
 bool g_allow_tf32 = false;
+bool g_attention_bf16 = false;
 
 }  // namespace
 
@@ -221,6 +222,20 @@ void set_allow_tf32(bool on) {
   check(cublasSetMathMode(cublas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 bool allow_tf32() { return g_allow_tf32; }
+
+void set_attention_bf16(bool on) {
+  if (on) {
+    int dev = 0, major = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+    if (major < 8) {
+      throw Error(std::string("bf16 flash attention needs bf16 tensor cores (compute capability 8.0 or newer); ") +
+                  device_description() + " has none");
+    }
+  }
+  g_attention_bf16 = on;
+}
+bool attention_bf16() { return g_attention_bf16; }
 
 cublasHandle_t cublas() {
   static cublasHandle_t handle = [] {

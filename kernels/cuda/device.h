@@ -47,4 +47,10 @@ void profile_add(const char* kernel, double ms);
 void set_allow_tf32(bool on);
 bool allow_tf32();
 
+/// Runs flash attention on bf16 tensor cores (mma.sync: Q, K, V, dO, P and dS rounded to bf16; f32 accumulation,
+/// softmax, logsumexp, inputs and outputs), for head dims up to 128. Off by default (f32 flash on CUDA cores).
+/// Throws when turned on for a GPU without bf16 tensor cores (compute capability below 8.0).
+void set_attention_bf16(bool on);
+bool attention_bf16();
+
 }  // namespace tinygpt::cuda

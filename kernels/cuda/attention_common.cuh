@@ -1,0 +1,51 @@
+// Device helpers shared by the attention kernels (attention.cu, flash_mma.cuh): strided rows, causal ends,
+// masks and dropout, with the semantics kernels/attention.h describes. Plain code with no CUDA intrinsics, so
+// the CPU emulator in tests/emulated_cuda.h can compile it too.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/dropout_hash.h"
+
+namespace tinygpt::cuda {
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/// Row (b, h, t) of a strided operand; const in, const out.
+template <class T>
+__device__ __forceinline__ T* at(T* base, const int64_t* stride, int64_t b, int64_t h, int64_t t) {
+  return base + b * stride[0] + h * stride[1] + t * stride[2];
+}
+
+/// One past the last key query t sees under the causal mask (every key when not causal).
+__device__ __forceinline__ int64_t causal_end(const AttentionGeom& g, int64_t t) {
+  if (!g.causal) return g.S;
+  return min64(max64(t + g.S - g.T + 1, 0), g.S);
+}
+
+/// Whether query t sees key s (both in range, causal, padding).
+__device__ __forceinline__ bool visible(const AttentionGeom& g, const uint8_t* kp, int64_t b, int64_t t, int64_t s) {
+  return t < g.T && s < g.S && s < causal_end(g, t) && !(kp && kp[b * g.S + s]);
+}
+
+__device__ __forceinline__ float mask_at(const float* mask, const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s) {
+  return mask ? mask[b * g.mask_stride[0] + h * g.mask_stride[1] + t * g.mask_stride[2] + s * g.mask_stride[3]] : 0.0f;
+}
+
+__device__ __forceinline__ float dropout_factor(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s) {
+  if (g.dropout_p <= 0.0f) return 1.0f;
+  const bool keep = dropout_keep(g.dropout_seed, ((b * g.NH + h) * g.T + t) * g.S + s, g.dropout_p);
+  return keep && g.dropout_p < 1.0f ? 1.0f / (1.0f - g.dropout_p) : 0.0f;
+}
+
+/// True when every query of [t0, t0 + rows) sees every key of [s0, s0 + cols): no padding, no additive mask,
+/// all in range and below the causal diagonal. Such tiles skip the per-element checks.
+__device__ __forceinline__ bool tile_unmasked(const AttentionGeom& g, const uint8_t* kp, const float* mask, int64_t t0,
+                                              int64_t rows, int64_t s0, int64_t cols) {
+  return !kp && !mask && t0 + rows <= g.T && s0 + cols <= g.S && causal_end(g, t0) >= s0 + cols;
+}
+
+}  // namespace tinygpt::cuda

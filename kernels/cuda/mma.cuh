@@ -1,0 +1,35 @@
+// Warp-level tensor-core primitives (compute capability 8.0+): bf16 packing and mma.sync.m16n8k16 with f32
+// accumulation. tests/emulated_cuda.h defines the same functions for the CPU, with the fragment layouts of the
+// PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"), so the kernels built on them
+// (flash_mma.cuh) can be checked without a GPU.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace tinygpt::cuda {
+
+/// Two floats rounded to bf16 (nearest even) in one 32-bit register: `lo` in bits 0-15, `hi` in bits 16-31.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+/// d += a * b for one warp: a 16x16 bf16 A, a 16x8 bf16 B, a 16x8 f32 accumulator. With g = lane / 4 and
+/// t = lane % 4, a lane holds A (rows g, g+8; columns 2t, 2t+1, 2t+8, 2t+9) as a[0] = (g, 2t..), a[1] = (g+8, 2t..),
+/// a[2] = (g, 2t+8..), a[3] = (g+8, 2t+8..); B (rows 2t, 2t+1 | 2t+8, 2t+9; column g) as b[0], b[1]; and d[i] at
+/// row g + 8 (i / 2), column 2t + i % 2.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();  // the host dispatch never launches these kernels below compute capability 8.0
+#endif
+}
+
+}  // namespace tinygpt::cuda

@@ -1,0 +1,142 @@
+// Runs CUDA device code on the CPU, so kernels written over kernels/cuda/mma.cuh (the tensor-core flash attention
+// in kernels/cuda/flash_mma.cuh) are checked on machines without a GPU: one std::thread per CUDA thread, blocks one
+// after another, __syncthreads as a block barrier, and the warp collectives (shuffles, mma.sync) as an exchange
+// through per-warp slots between two warp barriers. mma_bf16 rebuilds A and B from the 32 lanes' registers with
+// the fragment layouts of the PTX ISA, which is exactly what a layout mistake in a kernel would get wrong.
+//
+// What it cannot show: speed, bank conflicts, register spills, and memory races between warps that the barriers
+// happen to order (compute-sanitizer's racecheck covers those on a GPU). Shared memory starts filled with 0xff
+// bytes (bf16 NaN), so a fragment read of a word no thread wrote shows up as NaN.
+//
+// Include this before any header of device code: it defines the CUDA keywords and built-ins those use.
+#pragma once
+
+#include <barrier>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __device__
+#define __host__
+#define __forceinline__ inline
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+namespace tinygpt::emu {
+
+struct Warp {
+  std::barrier<> bar{32};
+  uint32_t slot[32][8];  // each lane's operands of the collective in flight
+};
+
+struct Block {
+  explicit Block(unsigned threads) : bar(threads) {
+    for (unsigned w = 0; w < threads / 32; ++w) warps.push_back(std::make_unique<Warp>());
+  }
+  std::barrier<> bar;
+  std::vector<std::unique_ptr<Warp>> warps;
+};
+
+inline thread_local Warp* tl_warp = nullptr;
+inline thread_local Block* tl_block = nullptr;
+
+}  // namespace tinygpt::emu
+
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+inline void __syncthreads() { tinygpt::emu::tl_block->bar.arrive_and_wait(); }
+
+/// Every lane publishes `words` (n of them), the warp waits, `read` builds this lane's result from all slots, and
+/// the warp waits again before the slots can be reused.
+template <class Read>
+auto warp_exchange(const uint32_t* words, int n, Read read) {
+  tinygpt::emu::Warp& w = *tinygpt::emu::tl_warp;
+  const unsigned lane = threadIdx.x % 32;
+  std::memcpy(w.slot[lane], words, sizeof(uint32_t) * size_t(n));
+  w.bar.arrive_and_wait();
+  auto result = read(w.slot, lane);
+  w.bar.arrive_and_wait();
+  return result;
+}
+
+inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return warp_exchange(&bits, 1, [&](const uint32_t (*slot)[8], unsigned lane) {
+    return std::bit_cast<float>(slot[lane ^ unsigned(lane_mask)][0]);
+  });
+}
+
+namespace tinygpt::cuda {
+
+inline uint16_t to_bf16_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if (std::isnan(x)) return 0x7fc0;
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest, ties to even
+}
+
+inline float bf16_bits_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+
+inline uint32_t pack_bf16(float lo, float hi) { return uint32_t(to_bf16_bits(lo)) | (uint32_t(to_bf16_bits(hi)) << 16); }
+
+inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const uint32_t words[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+  const auto half = [](uint32_t w, int i) { return bf16_bits_to_float(uint16_t(i ? w >> 16 : w & 0xffffu)); };
+  struct Out {
+    float v[4];
+  };
+  const Out out = warp_exchange(words, 6, [&](const uint32_t (*slot)[8], unsigned lane) {
+    // A(r, k) is held by lane (r % 8) * 4 + (k % 8) / 2 in register (r / 8) + 2 (k / 8), half k % 2;
+    // B(k, n) by lane n * 4 + (k % 8) / 2 in register 4 + k / 8, half k % 2.
+    const auto A = [&](int r, int k) { return half(slot[(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2); };
+    const auto B = [&](int k, int n) { return half(slot[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
+    Out o;
+    const int g = int(lane / 4), t = int(lane % 4);
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + 8 * (i / 2), n = 2 * t + i % 2;
+      float acc = 0.0f;
+      for (int k = 0; k < 16; ++k) acc += A(r, k) * B(k, n);
+      o.v[i] = d[i] + acc;
+    }
+    return o;
+  });
+  for (int i = 0; i < 4; ++i) d[i] = out.v[i];
+}
+
+}  // namespace tinygpt::cuda
+
+namespace tinygpt::emu {
+
+/// Runs body(shared memory) as every thread of every block of the grid.
+inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::function<void(unsigned char*)>& body) {
+  std::vector<unsigned char> smem(smem_bytes);
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        std::memset(smem.data(), 0xff, smem.size());
+        Block block(threads);
+        std::vector<std::thread> pool;
+        for (unsigned i = 0; i < threads; ++i) {
+          pool.emplace_back([&, i] {
+            threadIdx = {i, 0, 0};
+            blockIdx = {x, y, z};
+            blockDim = {threads, 1, 1};
+            gridDim = grid;
+            tl_block = &block;
+            tl_warp = block.warps[i / 32].get();
+            body(smem.data());
+          });
+        }
+        for (std::thread& t : pool) t.join();
+      }
+    }
+  }
+}
+
+}  // namespace tinygpt::emu
