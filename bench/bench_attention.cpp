@@ -1,9 +1,9 @@
 // Attention benchmark: flash against naive scaled dot-product attention, forward and forward+backward,
 // with the peak extra memory each allocates.
 //
-// --device cuda times the GPU kernels instead: flash on CUDA cores (f32), flash on bf16 tensor cores
-// ("flash_bf16": f32 tensors in memory, bf16 operands, f32 accumulation; cuda::set_attention_bf16) and naive
-// where its T x T scores fit comfortably, for B*T = 16384 tokens, T in {512, 1024, 2048, 4096, 8192}, E = 64 with
+// --device cuda times the GPU kernels instead: flash with f32 operands on CUDA cores ("flash"), with tf32 and
+// bf16 operands on tensor cores ("flash_tf32", "flash_bf16": f32 tensors in memory, f32 accumulation;
+// cuda::set_attention_math) and naive where its T x T scores fit comfortably, for B*T = 16384 tokens, T in {512, 1024, 2048, 4096, 8192}, E = 64 with
 // 16 heads and E = 128 with 8, causal and not. extra_mib is then the peak of the caching allocator above what was
 // in use before.
 // bench/compare_attention_cuda.py runs this and PyTorch's scaled_dot_product_attention side by side.
@@ -81,7 +81,7 @@ using namespace tinygpt;
 namespace {
 
 struct Row {
-  const char* impl;
+  std::string impl;
   int64_t B, NH, T, E;
   bool causal;
   double fwd_ms, fwd_bwd_ms, fwd_gflops, fwd_bwd_gflops, extra_mib;
@@ -104,16 +104,20 @@ double best_ms(int reps, F f) {
   return best;
 }
 
-/// Flash attention on bf16 tensor cores while alive.
-struct Bf16Attention {
-  explicit Bf16Attention(bool on) : on(on) { if (on) cuda::set_attention_bf16(true); }
-  ~Bf16Attention() { if (on) cuda::set_attention_bf16(false); }
+/// Flash attention's operand format on the GPU while alive.
+struct AttentionMathScope {
+  explicit AttentionMathScope(cuda::AttentionMath m) : on(m != cuda::AttentionMath::F32) {
+    if (on) cuda::set_attention_math(m);
+  }
+  ~AttentionMathScope() {
+    if (on) cuda::set_attention_math(cuda::AttentionMath::F32);
+  }
   bool on;
 };
 
 Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool causal, int reps,
-        Device device = Device::CPU, bool bf16 = false) {
-  const Bf16Attention mode(bf16);
+        Device device = Device::CPU, cuda::AttentionMath math = cuda::AttentionMath::F32) {
+  const AttentionMathScope scope(math);
   Generator gen(1);
   auto input = [&] { return randn({B, NH, T, E}, gen).to(device); };
   Tensor q = input(), k = input(), v = input();
@@ -142,7 +146,10 @@ Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool ca
   });
   const double both = best_ms(reps, fwd_bwd);
   const double flops = 4.0 * double(B * NH) * double(T) * double(T) * double(E) * (causal ? 0.5 : 1.0);
-  return {impl == AttentionImpl::Naive ? "naive" : bf16 ? "flash_bf16" : "flash", B, NH, T, E, causal, fwd, both,
+  const std::string name = impl == AttentionImpl::Naive        ? "naive"
+                           : math == cuda::AttentionMath::F32 ? "flash"
+                                                              : std::string("flash_") + cuda::attention_math_name(math);
+  return {name, B, NH, T, E, causal, fwd, both,
           flops / (fwd * 1e-3) / 1e9, 3.5 * flops / (both * 1e-3) / 1e9, extra};
 }
 
@@ -159,8 +166,10 @@ int run_cuda_table(bool json, bool quick) {
     for (bool causal : {true, false}) {
       for (int64_t T : lengths) {
         const int64_t B = 16384 / T, NH = 1024 / E;
-        std::vector<Row> rows{run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA),
-                              run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA, true)};
+        std::vector<Row> rows;
+        for (auto math : {cuda::AttentionMath::F32, cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
+          rows.push_back(run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA, math));
+        }
         if (T <= 1024) rows.push_back(run(AttentionImpl::Naive, B, NH, T, E, causal, 5, Device::CUDA));
         for (const Row& r : rows) {
           if (json) {

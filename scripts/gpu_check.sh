@@ -2,7 +2,8 @@
 # The GPU check, run on a machine with an NVIDIA GPU: configures for that GPU, builds, runs the GPU tests,
 # compute-sanitizer (memcheck and racecheck) on the attention tests, the attention benchmark (f32 and bf16
 # tensor-core flash) against PyTorch's scaled_dot_product_attention, and training throughput on nanoGPT's
-# Shakespeare config (f32, and f32 with --bf16-attention) against eager PyTorch (both when PyTorch is importable);
+# Shakespeare config (f32, and with tf32 and bf16 tensor-core attention) against eager PyTorch (both when PyTorch is
+# importable);
 # then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full]
@@ -61,12 +62,14 @@ echo "== attention benchmark"
 if [ $has_torch = 1 ]; then
   $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention | tee "$logs/attention.log"
   # The ratios of every shape, sorted: fields NF-2, NF-1 and NF are forward, backward and forward+backward.
-  ratios() { awk -v dt="$1" -v f="$2" '$1 == "tinygpt" && $2 == dt {print $(NF - f)}' "$logs/attention.log" | tr -d x | sort -g | paste -sd ' '; }
-  note "flash fwd vs torch sdpa (f32)" "$(ratios f32 2)"
-  note "flash fwd+bwd vs torch sdpa (f32)" "$(ratios f32 0)"
-  note "bf16 flash fwd vs torch sdpa (bf16)" "$(ratios bf16 2)"
-  note "bf16 flash bwd vs torch sdpa (bf16)" "$(ratios bf16 1)"
-  note "bf16 flash f+b vs torch sdpa (bf16)" "$(ratios bf16 0)"
+  ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention.log" | tr -d x | sort -g | paste -sd ' '; }
+  note "f32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash 2)"
+  note "f32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash 0)"
+  note "tf32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 2)"
+  note "tf32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 0)"
+  note "bf16 flash fwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 2)"
+  note "bf16 flash bwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 1)"
+  note "bf16 flash f+b vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 0)"
 else
   $build/bench/bench_attention --device cuda | tee "$logs/attention.log"
   note "attention benchmark" "ran without PyTorch (no comparison)"
@@ -88,12 +91,15 @@ ours_train_ms() {
 }
 : > "$logs/train_throughput.log"
 ours_ms=$(ours_train_ms)
-ours_bf16_attn_ms=$(ours_train_ms --bf16-attention)
+ours_tf32_attn_ms=$(ours_train_ms --attention-math tf32)
+ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
 tokens=$((64 * 256))
 tok() { awk "BEGIN {printf \"%.0f\", $tokens * 1000 / $1}"; }
 printf "%-36s %10s %12s\n" "implementation" "ms/iter" "tokens/s" | tee "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "tinygpt f32 (TF32 matmuls)" "$ours_ms" "$(tok "$ours_ms")" | tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "tinygpt f32 + bf16 flash attention" "$ours_bf16_attn_ms" "$(tok "$ours_bf16_attn_ms")" |
+printf "%-36s %10.2f %12s\n" "tinygpt, tf32 tensor-core attention" "$ours_tf32_attn_ms" "$(tok "$ours_tf32_attn_ms")" |
+  tee -a "$logs/train.log"
+printf "%-36s %10.2f %12s\n" "tinygpt, bf16 tensor-core attention" "$ours_bf16_attn_ms" "$(tok "$ours_bf16_attn_ms")" |
   tee -a "$logs/train.log"
 if [ $has_torch = 1 ]; then
   torch_ms() { $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" | $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'; }
@@ -102,7 +108,8 @@ if [ $has_torch = 1 ]; then
   tbf=$(torch_ms --dtype bf16)
   printf "%-36s %10.2f %12s\n" "pytorch eager bf16 autocast" "$tbf" "$(tok "$tbf")" | tee -a "$logs/train.log"
   note "training tok/s vs torch eager f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $t32 / $ours_ms, $ours_ms, $t32}")"
-  note "  with --bf16-attention" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
+  note "  with --attention-math tf32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_tf32_attn_ms, $ours_tf32_attn_ms}")"
+  note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
 else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
 fi

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
+#include "kernels/cuda/device.h"
 #include "kernels/dropout_hash.h"
 
 namespace tinygpt::test::attention {
@@ -282,31 +283,36 @@ void check_close(const std::vector<T>& got, const std::vector<double>& expected,
   CHECK(bad == 0);
 }
 
-/// x rounded to the nearest bf16 (ties to even), as the tensor-core kernels round their operands.
-inline double round_bf16(double x) {
+/// x rounded to the operand format of the tensor-core kernels: bf16 (7-bit mantissa, nearest, ties to even) or
+/// tf32 (10-bit mantissa, nearest, ties away from zero), as their loads round it.
+inline double round_operand(double x, cuda::AttentionMath format) {
   const float f = float(x);
-  if (!std::isfinite(f)) return f;
+  if (!std::isfinite(f) || format == cuda::AttentionMath::F32) return f;
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  u = format == cuda::AttentionMath::BF16 ? (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u : (u + 0x1000u) & 0xffffe000u;
   float r;
   std::memcpy(&r, &u, sizeof r);
   return r;
 }
 
-/// p with q, k, v and dout rounded to bf16: a double-precision reference on it differs from the bf16 kernels
-/// only by their rounding of P and dS to bf16 and by f32 accumulation.
-inline Problem rounded_to_bf16(Problem p) {
-  for (auto& x : p.qkv) x = round_bf16(x);
-  for (auto& x : p.dout) x = round_bf16(x);
+/// p with q, k, v and dout rounded to the operand format: a double-precision reference on it differs from the
+/// tensor-core kernels only by their rounding of P and dS and by f32 accumulation.
+inline Problem rounded_to(Problem p, cuda::AttentionMath format) {
+  for (auto& x : p.qkv) x = round_operand(x, format);
+  for (auto& x : p.dout) x = round_operand(x, format);
   return p;
 }
 
-/// The bf16 kernels' tolerance: relative error over the whole tensor (2-norm) at most 1e-2 and no element off by
-/// more than 1.5e-2 of the tensor's largest magnitude; infinities must match exactly and NaN never passes.
+/// The tensor-core kernels' tolerance: relative error over the whole tensor (2-norm) and the largest error of any
+/// element (relative to the tensor's largest magnitude) within 1e-2 and 1.5e-2 for bf16 operands, 2e-3 and 3e-3
+/// for tf32; infinities must match exactly and NaN never passes.
 template <class T>
-void check_bf16_close(const std::vector<T>& got, const std::vector<double>& expected, const char* what) {
+void check_rounded_close(const std::vector<T>& got, const std::vector<double>& expected, cuda::AttentionMath format,
+                         const char* what) {
   REQUIRE(got.size() == expected.size());
+  const bool bf16 = format == cuda::AttentionMath::BF16;
+  const double rel_tol = bf16 ? 1e-2 : 2e-3, max_tol = bf16 ? 1.5e-2 : 3e-3;
   double err2 = 0, ref2 = 0, max_err = 0, max_ref = 0;
   int64_t bad_inf = 0, first_inf = -1, worst = -1;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -325,24 +331,25 @@ void check_bf16_close(const std::vector<T>& got, const std::vector<double>& expe
     return i < 0 ? std::string("-") : "got " + std::to_string(double(got[size_t(i)])) + ", expected " +
                                           std::to_string(expected[size_t(i)]) + " at " + std::to_string(i);
   };
-  INFO(what << ": relative 2-norm error " << rel << ", largest error " << max_err << " (largest |expected| " << max_ref
-            << "; " << show(worst) << "), " << bad_inf << " infinite/NaN mismatches (first: " << show(first_inf) << ")");
+  INFO(what << " (" << cuda::attention_math_name(format) << "): relative 2-norm error " << rel << ", largest error "
+            << max_err << " (largest |expected| " << max_ref << "; " << show(worst) << "), " << bad_inf
+            << " infinite/NaN mismatches (first: " << show(first_inf) << ")");
   CHECK(bad_inf == 0);
-  CHECK(rel <= 1e-2);
-  CHECK(max_err <= 1.5e-2 * std::max(max_ref, 1e-30));
+  CHECK(rel <= rel_tol);
+  CHECK(max_err <= max_tol * std::max(max_ref, 1e-30));
 }
 
-/// A run of the bf16 kernels against the double reference `ref` on the same (bf16-rounded) problem p.
+/// A run of the tensor-core kernels against the double reference `ref` on the same (rounded) problem p.
 template <class T>
-void check_bf16_run(const Problem& p, const Run<double>& ref, const std::vector<T>& out, const std::vector<T>& lse,
-                    const std::vector<T>& dqkv) {
+void check_rounded_run(const Problem& p, const Run<double>& ref, cuda::AttentionMath format, const std::vector<T>& out,
+                       const std::vector<T>& lse, const std::vector<T>& dqkv) {
   const std::vector<int64_t> outs = o_elements(p);
-  check_bf16_close(gather(out, outs), gather(ref.out, outs), "out");
+  check_rounded_close(gather(out, outs), gather(ref.out, outs), format, "out");
   check_close(lse, ref.lse, 1e-3, 1e-4, "lse");
-  check_bf16_close(gather(dqkv, q_elements(p)), gather(ref.dqkv, q_elements(p)), "dq");
-  check_bf16_close(gather(dqkv, k_elements(p)), gather(ref.dqkv, k_elements(p)), "dk");
-  check_bf16_close(gather(dqkv, v_elements(p)), gather(ref.dqkv, v_elements(p)), "dv");
-  check_bf16_close(dqkv, ref.dqkv, "gradient buffer, gaps included");
+  check_rounded_close(gather(dqkv, q_elements(p)), gather(ref.dqkv, q_elements(p)), format, "dq");
+  check_rounded_close(gather(dqkv, k_elements(p)), gather(ref.dqkv, k_elements(p)), format, "dk");
+  check_rounded_close(gather(dqkv, v_elements(p)), gather(ref.dqkv, v_elements(p)), format, "dv");
+  check_rounded_close(dqkv, ref.dqkv, format, "gradient buffer, gaps included");
 }
 
 inline std::vector<Config> forward_cases() {

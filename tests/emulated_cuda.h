@@ -1,8 +1,9 @@
 // Runs CUDA device code on the CPU, so kernels written over kernels/cuda/mma.cuh (the tensor-core flash attention
 // in kernels/cuda/flash_mma.cuh) are checked on machines without a GPU: one std::thread per CUDA thread, blocks one
 // after another, __syncthreads as a block barrier, and the warp collectives (shuffles, mma.sync) as an exchange
-// through per-warp slots between two warp barriers. mma_bf16 rebuilds A and B from the 32 lanes' registers with
-// the fragment layouts of the PTX ISA, which is exactly what a layout mistake in a kernel would get wrong.
+// through per-warp slots between two warp barriers. mma_bf16 and mma_tf32 rebuild A and B from the 32 lanes'
+// registers with the fragment layouts of the PTX ISA, which is exactly what a layout mistake in a kernel would
+// get wrong; operands are rounded as the hardware rounds them (bf16 nearest-even, tf32 nearest-away).
 //
 // What it cannot show: speed, bank conflicts, register spills, and memory races between warps that the barriers
 // happen to order (compute-sanitizer's racecheck covers those on a GPU). Shared memory starts filled with 0xff
@@ -73,6 +74,13 @@ inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
   });
 }
 
+inline float __shfl_sync(unsigned, float x, int src_lane) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return warp_exchange(&bits, 1, [&](const uint32_t (*slot)[8], unsigned) {
+    return std::bit_cast<float>(slot[unsigned(src_lane) % 32][0]);
+  });
+}
+
 namespace tinygpt::cuda {
 
 inline uint16_t to_bf16_bits(float x) {
@@ -85,28 +93,54 @@ inline float bf16_bits_to_float(uint16_t b) { return std::bit_cast<float>(uint32
 
 inline uint32_t pack_bf16(float lo, float hi) { return uint32_t(to_bf16_bits(lo)) | (uint32_t(to_bf16_bits(hi)) << 16); }
 
-inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+using Slots = const uint32_t (*)[8];
+
+/// d += A x B for the warp: A (16 x K) and B (K x 8) are rebuilt from all lanes' a and b registers by
+/// A(slots, r, k) and B(slots, k, n), where slots[lane][0..3] hold a lane's a and slots[lane][4..5] its b.
+template <int K, class ReadA, class ReadB>
+void emulated_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], ReadA A, ReadB B) {
   const uint32_t words[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
-  const auto half = [](uint32_t w, int i) { return bf16_bits_to_float(uint16_t(i ? w >> 16 : w & 0xffffu)); };
   struct Out {
     float v[4];
   };
-  const Out out = warp_exchange(words, 6, [&](const uint32_t (*slot)[8], unsigned lane) {
-    // A(r, k) is held by lane (r % 8) * 4 + (k % 8) / 2 in register (r / 8) + 2 (k / 8), half k % 2;
-    // B(k, n) by lane n * 4 + (k % 8) / 2 in register 4 + k / 8, half k % 2.
-    const auto A = [&](int r, int k) { return half(slot[(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2); };
-    const auto B = [&](int k, int n) { return half(slot[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); };
+  const Out out = warp_exchange(words, 6, [&](Slots slots, unsigned lane) {
     Out o;
     const int g = int(lane / 4), t = int(lane % 4);
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 4; ++i) {  // d[i] is row g + 8 (i / 2), column 2t + i % 2
       const int r = g + 8 * (i / 2), n = 2 * t + i % 2;
       float acc = 0.0f;
-      for (int k = 0; k < 16; ++k) acc += A(r, k) * B(k, n);
+      for (int k = 0; k < K; ++k) acc += A(slots, r, k) * B(slots, k, n);
       o.v[i] = d[i] + acc;
     }
     return o;
   });
   for (int i = 0; i < 4; ++i) d[i] = out.v[i];
+}
+
+inline float bf16_half(uint32_t w, int i) { return bf16_bits_to_float(uint16_t(i ? w >> 16 : w & 0xffffu)); }
+
+/// mma.m16n8k16 bf16: A(r, k) is held by lane (r % 8) * 4 + (k % 8) / 2 in register r / 8 + 2 (k / 8), half k % 2;
+/// B(k, n) by lane n * 4 + (k % 8) / 2 in register 4 + k / 8, half k % 2.
+inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  emulated_mma<16>(
+      d, a, b, [](Slots s, int r, int k) { return bf16_half(s[(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2); },
+      [](Slots s, int k, int n) { return bf16_half(s[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); });
+}
+
+/// cvt.rna.tf32.f32: nearest, ties away from zero, to a 10-bit mantissa; the low 13 bits are zero.
+inline uint32_t to_tf32(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if (!std::isfinite(x)) return u;
+  return (u + 0x1000u) & 0xffffe000u;
+}
+
+/// mma.m16n8k8 tf32: A(r, k) is held by lane (r % 8) * 4 + k % 4 in register r / 8 + 2 (k / 4); B(k, n) by lane
+/// n * 4 + k % 4 in register 4 + k / 4. The unit reads the top 19 bits of each register.
+inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const auto value = [](uint32_t w) { return std::bit_cast<float>(w & 0xffffe000u); };
+  emulated_mma<8>(
+      d, a, b, [&](Slots s, int r, int k) { return value(s[(r % 8) * 4 + k % 4][r / 8 + 2 * (k / 4)]); },
+      [&](Slots s, int k, int n) { return value(s[n * 4 + k % 4][4 + k / 4]); });
 }
 
 }  // namespace tinygpt::cuda

@@ -69,7 +69,8 @@ expect_error "no CUDA\|no CUDA GPU\|not available yet" "$tinygpt" train --data "
 expect_error "the loss is nan\|the loss is inf\|the gradient norm is" "$tinygpt" train --data "$dir/text.txt" --out "$dir/nan" \
   --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 --max-iters 200 --lr 1e30 --grad-clip 0 --eval-iters 1 --quiet
 expect_error "must be cpu or cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device tpu
-expect_error "bf16-attention .*needs --device cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --bf16-attention
+expect_error "attention-math bf16 runs attention on GPU tensor cores: it needs --device cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --attention-math bf16
+expect_error "attention-math must be f32, tf32 or bf16, got 'f16'" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --attention-math f16
 expect_error "is empty" "$tinygpt" train --data "$dir/empty.txt" --out "$dir/r2"
 expect_error "invalid UTF-8 at byte offset 3" "$tinygpt" train --data "$dir/bad.txt" --out "$dir/r2"
 expect_error "must be divisible by n_head" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-embd 30 --n-head 4

@@ -8,7 +8,6 @@
 #include <fmt/ranges.h>
 
 #include <functional>
-#include <optional>
 
 #include "autograd/attention.h"
 #include "autograd/ops.h"
@@ -272,22 +271,24 @@ void check_against_cpu(const Config& c, bool flash) {
   check_close(gpu.dqkv, to_double(ref.dqkv), grad_atol, rtol, "gradient buffer, gaps included");
 }
 
-/// Flash attention on bf16 tensor cores while alive (cuda::set_attention_bf16), f32 again after.
-struct Bf16Attention {
-  Bf16Attention() { cuda::set_attention_bf16(true); }
-  ~Bf16Attention() { cuda::set_attention_bf16(false); }
+/// Flash attention's operand format while alive (cuda::set_attention_math), f32 again after.
+struct AttentionMathScope {
+  explicit AttentionMathScope(cuda::AttentionMath m) { cuda::set_attention_math(m); }
+  ~AttentionMathScope() { cuda::set_attention_math(cuda::AttentionMath::F32); }
 };
 
-/// The bf16 tensor-core kernels against a double-precision reference on the same bf16-rounded inputs.
-void check_bf16_against_reference(const Config& c) {
-  INFO("bf16 tensor-core flash: " << describe(c));
-  const Problem p = rounded_to_bf16(make_problem(c));
-  const Run<double> ref = run<double>(p, false, true);
-  const Run<float> gpu = [&] {
-    Bf16Attention bf16;
-    return run_cuda(p, true, 1);
-  }();
-  check_bf16_run(p, ref, gpu.out, gpu.lse, gpu.dqkv);
+/// The tensor-core kernels against a double-precision reference on the same inputs rounded to their format.
+void check_tensor_cores_against_reference(const Config& c) {
+  for (const auto format : {cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
+    INFO(cuda::attention_math_name(format) << " tensor-core flash: " << describe(c));
+    const Problem p = rounded_to(make_problem(c), format);
+    const Run<double> ref = run<double>(p, false, true);
+    const Run<float> gpu = [&] {
+      AttentionMathScope scope(format);
+      return run_cuda(p, true, 1);
+    }();
+    check_rounded_run(p, ref, format, gpu.out, gpu.lse, gpu.dqkv);
+  }
 }
 
 }  // namespace
@@ -309,25 +310,24 @@ TEST_CASE("cuda: flash attention matches the CPU naive kernels over the whole te
                      .mask = MaskKind::Full, .dropout = 0.1f, .seed = 12}, true);
 }
 
-TEST_CASE("cuda: bf16 tensor-core flash attention matches the double reference over the whole test matrix") {
-  for (const Config& c : forward_cases()) check_bf16_against_reference(c);
-  for (const Config& c : flash_cases()) check_bf16_against_reference(c);
-  check_bf16_against_reference({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
+TEST_CASE("cuda: tensor-core flash attention (tf32, bf16) matches the double reference over the whole test matrix") {
+  for (const Config& c : forward_cases()) check_tensor_cores_against_reference(c);
+  for (const Config& c : flash_cases()) check_tensor_cores_against_reference(c);
+  check_tensor_cores_against_reference({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
                                 .key_padding = true, .layout = Layout::Fused, .seed = 11});
-  check_bf16_against_reference({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true,
+  check_tensor_cores_against_reference({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true,
                                 .mask = MaskKind::Full, .dropout = 0.1f, .seed = 12});
-  check_bf16_against_reference({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128, .causal = true,
+  check_tensor_cores_against_reference({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128, .causal = true,
                                 .layout = Layout::Fused, .seed = 13});
 }
 
-TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (f32 and bf16 kernels)") {
+TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (f32, tf32 and bf16 kernels)") {
   const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
                  .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};
   const Problem p = make_problem(c);
-  for (const bool bf16 : {false, true}) {
-    INFO("bf16 tensor cores: " << bf16);
-    std::optional<Bf16Attention> mode;
-    if (bf16) mode.emplace();
+  for (const auto format : {cuda::AttentionMath::F32, cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
+    INFO("operands: " << cuda::attention_math_name(format));
+    const AttentionMathScope scope(format);
     const Run<float> a = run_cuda(p, true, 1), b = run_cuda(p, true, 1);
     CHECK(a.out == b.out);
     CHECK(a.lse == b.lse);

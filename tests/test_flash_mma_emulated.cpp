@@ -1,7 +1,8 @@
-// The tensor-core (bf16 mma.sync) flash attention kernels of kernels/cuda/flash_mma.cuh, run on the CPU under
-// tests/emulated_cuda.h, against a double-precision reference on bf16-rounded inputs: forward (out, lse) and
-// all three gradients, over shapes that cover every padded head dim (32, 64, 128), several tiles, causal and
-// not, GQA, strided and fused layouts, padding and additive masks, empty rows and dropout. This is what checks
+// The tensor-core flash attention kernels of kernels/cuda/flash_mma.cuh, bf16 and tf32 operands, run on the CPU
+// under tests/emulated_cuda.h, against a double-precision reference on inputs rounded to the operand format:
+// forward (out, lse) and all three gradients, over shapes that cover every padded head dim (32, 64, 128),
+// several tiles, causal and not, GQA, strided and fused layouts, padding and additive masks, empty rows and
+// dropout. This is what checks
 // the fragment bookkeeping on machines without a GPU; tests/test_cuda.cpp runs the same kernels on a GPU.
 #include "tests/emulated_cuda.h"
 // (the emulator first: it defines what device code needs)
@@ -20,8 +21,8 @@ struct EmulatedRun {
   std::vector<float> out, lse, dqkv;
 };
 
-/// Forward, D = rowsum(dO * O), then the dK/dV and dQ kernels, with the launch geometry of attention_mma.cu.
-template <int EP>
+/// Forward, D = rowsum(dO * O), then the dK/dV and dQ kernels, with the launch geometry of attention.cu.
+template <class Op, int EP>
 EmulatedRun run_emulated(const Problem& p) {
   namespace fm = cuda::flash_mma;
   const AttentionGeom& g = p.g;
@@ -37,8 +38,8 @@ EmulatedRun run_emulated(const Problem& p) {
   r.lse.assign(size_t(g.B * g.NH * g.T), nan);
   r.dqkv.assign(qkv.size(), kGradStart);
   const unsigned q_tiles = unsigned((g.T + fm::kRows - 1) / fm::kRows), k_tiles = unsigned((g.S + fm::kRows - 1) / fm::kRows);
-  emu::launch({unsigned(g.B * g.NH), q_tiles, 1}, fm::kThreads, fm::forward_smem_bytes<EP>(), [&](unsigned char* smem) {
-    fm::forward_body<EP>(smem, r.out.data(), r.lse.data(), q, k, v, m, kp, g);
+  emu::launch({unsigned(g.B * g.NH), q_tiles, 1}, fm::kThreads, fm::forward_smem_bytes<Op, EP>(), [&](unsigned char* smem) {
+    fm::forward_body<Op, EP>(smem, r.out.data(), r.lse.data(), q, k, v, m, kp, g);
   });
 
   std::vector<float> D(size_t(g.B * g.NH * g.T));
@@ -51,49 +52,57 @@ EmulatedRun run_emulated(const Problem& p) {
         D[size_t((b * g.NH + h) * g.T + t)] = acc;
       }
   float* d = r.dqkv.data();
-  emu::launch({unsigned(g.B * g.NKV), k_tiles, 1}, fm::kThreads, fm::dkdv_smem_bytes<EP>(), [&](unsigned char* smem) {
-    fm::backward_dkdv_body<EP>(smem, d + p.k_off, d + p.v_off, dout.data(), q, k, v, r.lse.data(), D.data(), m, kp, g);
+  emu::launch({unsigned(g.B * g.NKV), k_tiles, 1}, fm::kThreads, fm::dkdv_smem_bytes<Op, EP>(), [&](unsigned char* smem) {
+    fm::backward_dkdv_body<Op, EP>(smem, d + p.k_off, d + p.v_off, dout.data(), q, k, v, r.lse.data(), D.data(), m, kp, g);
   });
-  emu::launch({unsigned(g.B * g.NH), q_tiles, 1}, fm::kThreads, fm::dq_smem_bytes<EP>(), [&](unsigned char* smem) {
-    fm::backward_dq_body<EP>(smem, d + p.q_off, dout.data(), q, k, v, r.lse.data(), D.data(), m, kp, g);
+  emu::launch({unsigned(g.B * g.NH), q_tiles, 1}, fm::kThreads, fm::dq_smem_bytes<Op, EP>(), [&](unsigned char* smem) {
+    fm::backward_dq_body<Op, EP>(smem, d + p.q_off, dout.data(), q, k, v, r.lse.data(), D.data(), m, kp, g);
   });
   for (float& x : r.dqkv) x -= kGradStart;
   return r;
 }
 
-void check_emulated(const Config& c) {
-  INFO("bf16 tensor-core flash (emulated): " << describe(c));
-  const Problem p = rounded_to_bf16(make_problem(c));
+template <class Op>
+void check_format(const Config& c, cuda::AttentionMath format) {
+  INFO("tensor-core flash (emulated, " << Op::kName << " operands): " << describe(c));
+  const Problem p = rounded_to(make_problem(c), format);
   const Run<double> ref = run<double>(p, false, true);
   const int64_t e = std::max(c.E, c.Ev);
-  const EmulatedRun got = e <= 32 ? run_emulated<32>(p) : e <= 64 ? run_emulated<64>(p) : run_emulated<128>(p);
-  check_bf16_run(p, ref, got.out, got.lse, got.dqkv);
+  const EmulatedRun got = e <= 32   ? run_emulated<Op, 32>(p)
+                          : e <= 64 ? run_emulated<Op, 64>(p)
+                                    : run_emulated<Op, 128>(p);
+  check_rounded_run(p, ref, format, got.out, got.lse, got.dqkv);
+}
+
+void check_emulated(const Config& c) {
+  check_format<cuda::flash_mma::Bf16>(c, cuda::AttentionMath::BF16);
+  check_format<cuda::flash_mma::Tf32>(c, cuda::AttentionMath::TF32);
 }
 
 }  // namespace
 
-TEST_CASE("bf16 flash (emulated): two query and key tiles, causal, fused QKV, GQA, head dim 64") {
+TEST_CASE("tensor-core flash (emulated): two query and key tiles, causal, fused QKV, GQA, head dim 64") {
   check_emulated({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .layout = Layout::Fused});
 }
 
-TEST_CASE("bf16 flash (emulated): partial tiles, T < S causal, head dim 128, strided") {
+TEST_CASE("tensor-core flash (emulated): partial tiles, T < S causal, head dim 128, strided") {
   check_emulated({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true,
                   .layout = Layout::SeqMajor, .seed = 5});
 }
 
-TEST_CASE("bf16 flash (emulated): padding, additive mask, empty rows, dropout, head dim 32") {
+TEST_CASE("tensor-core flash (emulated): padding, additive mask, empty rows, dropout, head dim 32") {
   check_emulated({.B = 2, .NH = 2, .NKV = 2, .T = 40, .S = 90, .E = 32, .Ev = 32, .causal = false, .key_padding = true,
                   .mask = MaskKind::BroadcastTS, .dropout = 0.2f, .masked_row = true, .seed = 6});
 }
 
-TEST_CASE("bf16 flash (emulated): unequal and odd head dims, T > S causal (rows that see nothing), MQA") {
+TEST_CASE("tensor-core flash (emulated): unequal and odd head dims, T > S causal (rows that see nothing), MQA") {
   check_emulated({.B = 1, .NH = 2, .NKV = 1, .T = 75, .S = 20, .E = 80, .Ev = 48, .causal = true, .mask = MaskKind::Full,
                   .seed = 7});
   check_emulated({.B = 2, .NH = 2, .NKV = 2, .T = 33, .S = 7, .E = 5, .Ev = 3, .key_padding = true, .dropout = 0.5f,
                   .seed = 8});
 }
 
-TEST_CASE("bf16 flash (emulated): whole leading key tiles padded away") {
+TEST_CASE("tensor-core flash (emulated): whole leading key tiles padded away") {
   check_emulated({.B = 1, .NH = 2, .NKV = 2, .T = 40, .S = 150, .E = 16, .Ev = 16, .key_padding = true,
                   .padded_prefix = 140, .seed = 9});
 }

@@ -65,8 +65,9 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
   cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
   cmd->add_flag("--tf32,!--no-tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls")->capture_default_str();
-  cmd->add_flag("--bf16-attention", c.bf16_attention,
-                "On the GPU, flash attention on bf16 tensor cores (bf16 operands, f32 accumulation and softmax)");
+  cmd->add_option("--attention-math", c.attention_math,
+                  "On the GPU, the operands of flash attention's products: f32 (CUDA cores), tf32 or bf16 (tensor cores; "
+                  "f32 accumulation and softmax)")->capture_default_str();
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
 }

@@ -205,8 +205,11 @@ void TrainConfig::validate() const {
   if (!(train_fraction > 0 && train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
   }
-  if (bf16_attention && device != "cuda") {
-    throw Error("--bf16-attention runs attention on GPU tensor cores: it needs --device cuda");
+  if (attention_math != "f32" && attention_math != "tf32" && attention_math != "bf16") {
+    throw Error(fmt::format("--attention-math must be f32, tf32 or bf16, got '{}'", attention_math));
+  }
+  if (attention_math != "f32" && device != "cuda") {
+    throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", attention_math));
   }
   nn::GPTConfig m = model;
   m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
@@ -243,7 +246,9 @@ TrainResult train(const TrainConfig& cfg_in) {
   const Device device = parse_device(cfg.device);
   if (device == Device::CUDA) {
     cuda::set_allow_tf32(cfg.tf32);
-    cuda::set_attention_bf16(cfg.bf16_attention);
+    cuda::set_attention_math(cfg.attention_math == "bf16"   ? cuda::AttentionMath::BF16
+                             : cfg.attention_math == "tf32" ? cuda::AttentionMath::TF32
+                                                            : cuda::AttentionMath::F32);
   }
   const fs::path out = cfg.out;
   std::error_code ec;
@@ -316,7 +321,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   console.line("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
                m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6,
                device == Device::CUDA ? fmt::format("on {}{}{}", cuda::device_description(), cfg.tf32 ? ", TF32 matmuls" : "",
-                                                     cfg.bf16_attention ? ", bf16 tensor-core attention" : "")
+                                                     cfg.attention_math != "f32" ? ", " + cfg.attention_math + " tensor-core attention" : "")
                                       : fmt::format("{} threads", omp_get_max_threads()));
 
   const StopSignals stop;

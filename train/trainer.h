@@ -38,7 +38,7 @@ struct TrainConfig {
   uint64_t seed = 1337;
   std::string device = "cpu";
   bool tf32 = true;  // on the GPU: TF32 tensor cores for f32 matmuls (as nanoGPT); --no-tf32 for full f32
-  bool bf16_attention = false;  // on the GPU: flash attention on bf16 tensor cores (cuda::set_attention_bf16)
+  std::string attention_math = "f32";  // on the GPU: flash attention's operands, f32, tf32 or bf16 (cuda::AttentionMath)
   bool resume = false;
   bool quiet = false;  // only the final summary and errors on stderr
   std::vector<std::string> model_flags_given;  // config keys set by flags ("n_embd", ...): on resume they must match

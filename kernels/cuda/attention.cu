@@ -8,13 +8,14 @@
 // rounded up to 32, 64 or 128 (zero padded). Operands that are read down a column are stored transposed in
 // shared memory with a padded stride of 65 floats, which keeps every access free of bank conflicts.
 //
-// With set_attention_bf16(true) the flash entry points run the tensor-core kernels of flash_mma.cuh instead
-// (bf16 operands, f32 accumulation), wrapped as kernels at the end of the anonymous namespace below.
+// The flash entry points run the tensor-core kernels of flash_mma.cuh instead when set_attention_math asks for
+// tf32 or bf16 operands (f32 accumulation either way; with_flash_path below).
 //
 // Backward, FlashAttention-2 style, deterministic: D = rowsum(dO * O) first; then one block per key tile
 // walks the query tiles of every head of its group and keeps dK and dV in registers; then one block per
 // query tile walks the key tiles and keeps dQ in registers. No gradient is written by two blocks, so there
 // are no atomics, at the price of computing P and dS twice.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -472,29 +473,53 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
 }
 
 // Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array.
-template <int EP>
+template <class Op, int EP>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_forward_kernel(float* out, float* lse, const float* q,
                                                                                 const float* k, const float* v,
                                                                                 const float* mask, const uint8_t* kp,
                                                                                 AttentionGeom g) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  flash_mma::forward_body<EP>(mma_smem, out, lse, q, k, v, mask, kp, g);
+  flash_mma::forward_body<Op, EP>(mma_smem, out, lse, q, k, v, mask, kp, g);
 }
 
-template <int EP>
+template <class Op, int EP>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dkdv_kernel(
     float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
     const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  flash_mma::backward_dkdv_body<EP>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
+  flash_mma::backward_dkdv_body<Op, EP>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
 }
 
-template <int EP>
+template <class Op, int EP>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dq_kernel(
     float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
     const float* mask, const uint8_t* kp, AttentionGeom g) {
   extern __shared__ __align__(16) unsigned char mma_smem[];
-  flash_mma::backward_dq_body<EP>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
+  flash_mma::backward_dq_body<Op, EP>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
+}
+
+/// The f32 kernels on CUDA cores, as a with_flash_path choice.
+struct CudaCores {};
+
+/// Calls f(flash_mma::Bf16{}), f(flash_mma::Tf32{}) or f(CudaCores{}): the kernels a flash call with padded head
+/// dim EP runs under attention_math(). The tf32 tiles of head dim 128 need 170 KB of shared memory, more than
+/// an A100 has; that case runs on CUDA cores.
+template <int EP, class F>
+void with_flash_path(F f) {
+  using flash_mma::Tf32;
+  switch (attention_math()) {
+    case AttentionMath::BF16:
+      return f(flash_mma::Bf16{});
+    case AttentionMath::TF32:
+      if (std::max({flash_mma::forward_smem_bytes<Tf32, EP>(), flash_mma::dkdv_smem_bytes<Tf32, EP>(),
+                    flash_mma::dq_smem_bytes<Tf32, EP>()}) <= int(properties().sharedMemPerBlockOptin)) {
+        return f(Tf32{});
+      }
+      break;
+    case AttentionMath::F32:
+      break;
+  }
+  return f(CudaCores{});
 }
 
 static_assert(flash_mma::kThreads == kFlashThreads && flash_mma::kRows == kTile && flash_mma::kCols == kTile,
@@ -568,13 +593,16 @@ void attention_flash_forward(float* out, float* lse, const float* q, const float
   with_padded_dim(g, [&](auto dim) {
     constexpr int EP = decltype(dim)::value;
     const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
-    if (attention_bf16()) {
-      launch_flash(flash_mma_forward_kernel<EP>, grid, flash_mma::forward_smem_bytes<EP>(),
-                   "attention_flash_forward (bf16 tensor cores)", out, lse, q, k, v, mask, key_padding, g);
-    } else {
-      launch_flash(flash_forward_kernel<EP>, grid, 4 * forward_smem_floats<EP>(), "attention_flash_forward", out, lse,
-                   q, k, v, mask, key_padding, g);
-    }
+    with_flash_path<EP>([&](auto path) {
+      using Op = decltype(path);
+      if constexpr (std::is_same_v<Op, CudaCores>) {
+        launch_flash(flash_forward_kernel<EP>, grid, 4 * forward_smem_floats<EP>(), "attention_flash_forward", out,
+                     lse, q, k, v, mask, key_padding, g);
+      } else {
+        launch_flash(flash_mma_forward_kernel<Op, EP>, grid, flash_mma::forward_smem_bytes<Op, EP>(),
+                     "attention_flash_forward (tensor cores)", out, lse, q, k, v, mask, key_padding, g);
+      }
+    });
   });
 }
 
@@ -589,29 +617,33 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
   check_launch("attention_flash_backward (D)");
   with_padded_dim(g, [&](auto dim) {
     constexpr int EP = decltype(dim)::value;
-    const bool mma = attention_bf16();
-    if ((dk || dv) && g.S > 0) {
-      const dim3 grid(unsigned(g.B * g.NKV), tiles(g.S));
-      if (mma) {
-        launch_flash(flash_mma_dkdv_kernel<EP>, grid, flash_mma::dkdv_smem_bytes<EP>(),
-                     "attention_flash_backward (dk, dv; bf16 tensor cores)", dk, dv, dout, q, k, v, lse, D.as<float>(),
-                     mask, key_padding, g);
-      } else {
-        launch_flash(flash_backward_dkdv_kernel<EP>, grid, 4 * dkdv_smem_floats<EP>(), "attention_flash_backward (dk, dv)",
-                     dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+    with_flash_path<EP>([&](auto path) {
+      using Op = decltype(path);
+      constexpr bool kCudaCores = std::is_same_v<Op, CudaCores>;
+      if ((dk || dv) && g.S > 0) {
+        const dim3 grid(unsigned(g.B * g.NKV), tiles(g.S));
+        if constexpr (kCudaCores) {
+          launch_flash(flash_backward_dkdv_kernel<EP>, grid, 4 * dkdv_smem_floats<EP>(),
+                       "attention_flash_backward (dk, dv)", dk, dv, dout, q, k, v, lse, D.as<float>(), mask,
+                       key_padding, g);
+        } else {
+          launch_flash(flash_mma_dkdv_kernel<Op, EP>, grid, flash_mma::dkdv_smem_bytes<Op, EP>(),
+                       "attention_flash_backward (dk, dv; tensor cores)", dk, dv, dout, q, k, v, lse, D.as<float>(),
+                       mask, key_padding, g);
+        }
       }
-    }
-    if (dq) {
-      const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
-      if (mma) {
-        launch_flash(flash_mma_dq_kernel<EP>, grid, flash_mma::dq_smem_bytes<EP>(),
-                     "attention_flash_backward (dq; bf16 tensor cores)", dq, dout, q, k, v, lse, D.as<float>(), mask,
-                     key_padding, g);
-      } else {
-        launch_flash(flash_backward_dq_kernel<EP>, grid, 4 * dq_smem_floats<EP>(), "attention_flash_backward (dq)", dq,
-                     dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+      if (dq) {
+        const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
+        if constexpr (kCudaCores) {
+          launch_flash(flash_backward_dq_kernel<EP>, grid, 4 * dq_smem_floats<EP>(), "attention_flash_backward (dq)",
+                       dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+        } else {
+          launch_flash(flash_mma_dq_kernel<Op, EP>, grid, flash_mma::dq_smem_bytes<Op, EP>(),
+                       "attention_flash_backward (dq; tensor cores)", dq, dout, q, k, v, lse, D.as<float>(), mask,
+                       key_padding, g);
+        }
       }
-    }
+    });
   });
 }
 

@@ -28,9 +28,9 @@ bool profiling() { return false; }
 void profile_add(const char*, double) {}
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return false; }
-void set_attention_bf16(bool on) {
-  if (on) unavailable();
+void set_attention_math(AttentionMath math) {
+  if (math != AttentionMath::F32) unavailable();
 }
-bool attention_bf16() { return false; }
+AttentionMath attention_math() { return AttentionMath::F32; }
 
 }  // namespace tinygpt::cuda

@@ -37,11 +37,21 @@ int device_count() {
 
 bool built_with_cuda() { return true; }
 
-const char* device_description() {
-  static const std::string description = [] {
+const cudaDeviceProp& properties() {
+  static const cudaDeviceProp props = [] {
     int dev = 0;
     cudaDeviceProp p{};
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return std::string("no GPU");
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+    return p;
+  }();
+  return props;
+}
+
+const char* device_description() {
+  static const std::string description = [] {
+    if (device_count() == 0) return std::string("no GPU");
+    const cudaDeviceProp& p = properties();
     return fmt::format("{}, {} SMs, compute {}.{}, {:.0f} GiB", p.name, p.multiProcessorCount, p.major, p.minor,
                        double(p.totalGlobalMem) / double(1 << 30));
   }();
@@ -148,7 +158,7 @@ CachingAllocator& allocator() {
 }
 
 bool g_allow_tf32 = false;
-bool g_attention_bf16 = false;
+AttentionMath g_attention_math = AttentionMath::F32;
 
 }  // namespace
 
@@ -223,19 +233,14 @@ void set_allow_tf32(bool on) {
 }
 bool allow_tf32() { return g_allow_tf32; }
 
-void set_attention_bf16(bool on) {
-  if (on) {
-    int dev = 0, major = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-    if (major < 8) {
-      throw Error(std::string("bf16 flash attention needs bf16 tensor cores (compute capability 8.0 or newer); ") +
-                  device_description() + " has none");
-    }
+void set_attention_math(AttentionMath math) {
+  if (math != AttentionMath::F32 && properties().major < 8) {
+    throw Error(fmt::format("{} flash attention needs tensor cores of compute capability 8.0 or newer; {} has none",
+                            attention_math_name(math), device_description()));
   }
-  g_attention_bf16 = on;
+  g_attention_math = math;
 }
-bool attention_bf16() { return g_attention_bf16; }
+AttentionMath attention_math() { return g_attention_math; }
 
 cublasHandle_t cublas() {
   static cublasHandle_t handle = [] {

@@ -47,10 +47,16 @@ void profile_add(const char* kernel, double ms);
 void set_allow_tf32(bool on);
 bool allow_tf32();
 
-/// Runs flash attention on bf16 tensor cores (mma.sync: Q, K, V, dO, P and dS rounded to bf16; f32 accumulation,
-/// softmax, logsumexp, inputs and outputs), for head dims up to 128. Off by default (f32 flash on CUDA cores).
-/// Throws when turned on for a GPU without bf16 tensor cores (compute capability below 8.0).
-void set_attention_bf16(bool on);
-bool attention_bf16();
+/// The operands of flash attention's products on the GPU; accumulation, softmax, logsumexp, inputs and outputs are
+/// f32 in every case. F32: CUDA cores (the default). TF32, BF16: tensor cores (mma.sync), Q, K, V, dO, P and dS
+/// rounded to that format as they are loaded; TF32 falls back to F32 for head dims whose tiles do not fit in the
+/// GPU's shared memory (128 on an A100).
+enum class AttentionMath { F32, TF32, BF16 };
+/// Throws when TF32 or BF16 is asked of a GPU without those tensor cores (compute capability below 8.0).
+void set_attention_math(AttentionMath math);
+AttentionMath attention_math();
+inline const char* attention_math_name(AttentionMath math) {
+  return math == AttentionMath::BF16 ? "bf16" : math == AttentionMath::TF32 ? "tf32" : "f32";
+}
 
 }  // namespace tinygpt::cuda

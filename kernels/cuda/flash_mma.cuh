@@ -1,20 +1,21 @@
-// Flash attention on tensor cores: bf16 operands for every product (Q, K, V, dO, P, dS), f32 accumulation,
-// online softmax, logsumexp and outputs in f32. Same op, layout, masks and dropout as the f32 kernels in
-// attention.cu (kernels/attention.h); inputs and gradients stay f32 in memory and are rounded to bf16 as tiles
-// are loaded into shared memory.
+// Flash attention on tensor cores, for two operand formats: bf16 (mma.m16n8k16) or tf32 (mma.m16n8k8) for every
+// product (Q, K, V, dO, P, dS); f32 accumulation, online softmax, logsumexp and outputs. Same op, layout, masks
+// and dropout as the f32 kernels in attention.cu (kernels/attention.h); inputs and gradients stay f32 in memory
+// and are rounded to the operand format as tiles are loaded into shared memory.
 //
 // Written as __device__ bodies over the primitives of mma.cuh, so the same source runs on the GPU
-// (attention_mma.cu wraps them in kernels) and on the CPU under tests/emulated_cuda.h, which checks the
-// fragment bookkeeping on machines without a GPU.
+// (attention.cu wraps them in kernels) and on the CPU under tests/emulated_cuda.h, which checks the fragment
+// bookkeeping on machines without a GPU.
 //
 // Layout. A block has 4 warps; warp w owns rows 16w .. 16w+15 of a 64-row tile (queries in the forward and
 // dQ kernels, keys in the dK/dV kernel). Scores for 64 columns live in registers as 8 accumulator fragments
 // (16 x 8 each). A probability or dS tile goes back into the next product as the A operand straight from
-// those registers (FlashAttention-2's trick: the accumulator layout of two adjacent 16x8 blocks is the A
-// layout of one 16x16 block), so P and dS never touch shared memory.
+// those registers (FlashAttention-2's trick: for bf16 the accumulator layout of two adjacent 16x8 blocks is the A
+// layout of one 16x16 block; for tf32 a lane needs columns t and t+4 where it holds 2t and 2t+1, which eight
+// shuffles per 16x8 block fetch), so P and dS never touch shared memory.
 //
-// Shared memory holds bf16 tiles as 32-bit words (two features each), rows padded by 8 bf16 so the fragment
-// loads of a warp hit 32 different banks. Operands read down a column (V in O = P V; Q and dO in dK = dS^T Q and
+// Shared memory holds tiles as 32-bit words (two bf16 features, or one tf32), rows padded by 4 words so the
+// fragment loads of a warp hit 32 different banks. In words, both formats load fragments the same way. Operands read down a column (V in O = P V; Q and dO in dK = dS^T Q and
 // dV = P^T dO; K in dQ = dS K) are also stored transposed, written while loading.
 //
 // Backward, deterministic as the f32 one: D = rowsum(dO * O) first (attention.cu); one block per key tile
@@ -32,8 +33,59 @@ constexpr int kRows = 64;  // rows of a block's own tile: 4 warps x 16
 constexpr int kCols = 64;  // keys per step in the forward and dQ kernels
 constexpr int kThreads = 128;
 
-/// Words per row of a row-major tile of `features` bf16 (padded by 8 bf16).
-constexpr int row_words(int features) { return features / 2 + 4; }
+/// bf16 operands: two features per 32-bit word, 16 features per mma.
+struct Bf16 {
+  static constexpr int kPerWord = 2;
+  static constexpr const char* kName = "bf16";
+  /// Features (f, f+1) of a row at `w`.
+  __device__ static __forceinline__ void store(uint32_t* w, float f0, float f1) { w[0] = pack_bf16(f0, f1); }
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma_bf16(d, a, b);
+  }
+  /// The A operand of k-step kk (columns 16kk ..) from accumulator fragments (P[j] = columns 8j .. 8j+7).
+  template <int N>
+  __device__ static __forceinline__ void a_from_acc(uint32_t (&a)[4], const float (&P)[N][4], int kk) {
+    a[0] = pack_bf16(P[2 * kk][0], P[2 * kk][1]);
+    a[1] = pack_bf16(P[2 * kk][2], P[2 * kk][3]);
+    a[2] = pack_bf16(P[2 * kk + 1][0], P[2 * kk + 1][1]);
+    a[3] = pack_bf16(P[2 * kk + 1][2], P[2 * kk + 1][3]);
+  }
+};
+
+/// tf32 operands: one feature per word, 8 features per mma.
+struct Tf32 {
+  static constexpr int kPerWord = 1;
+  static constexpr const char* kName = "tf32";
+  __device__ static __forceinline__ void store(uint32_t* w, float f0, float f1) {
+    w[0] = to_tf32(f0);
+    w[1] = to_tf32(f1);
+  }
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma_tf32(d, a, b);
+  }
+  /// Lane (g, t) needs P(g, 8kk + t) and P(g, 8kk + t + 4) (and rows g + 8): elements t % 2 of lanes 4g + t/2
+  /// and 4g + 2 + t/2.
+  template <int N>
+  __device__ static __forceinline__ void a_from_acc(uint32_t (&a)[4], const float (&P)[N][4], int kk) {
+    const int lane = int(threadIdx.x % 32), src = (lane & ~3) | ((lane & 3) >> 1);
+    const bool odd = lane & 1;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // i = 0: row g (elements 0, 1); i = 1: row g + 8 (elements 2, 3)
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {  // columns t, then t + 4
+        const float x0 = __shfl_sync(0xffffffffu, P[kk][2 * i], src + 2 * hi);
+        const float x1 = __shfl_sync(0xffffffffu, P[kk][2 * i + 1], src + 2 * hi);
+        a[i + 2 * hi] = to_tf32(odd ? x1 : x0);
+      }
+    }
+  }
+};
+
+/// Words per row of a row-major tile of `features` operands (padded by 4 words).
+template <class Op>
+constexpr int row_words(int features) {
+  return features / Op::kPerWord + 4;
+}
 
 /// Query columns per step of the dK/dV kernel.
 constexpr int dkdv_queries(int EP) { return EP > 64 ? 32 : 64; }
@@ -49,10 +101,10 @@ __device__ __forceinline__ Lane lane_pos() {
   return {16 * int(threadIdx.x / 32), lane / 4, lane % 4};
 }
 
-/// Rows r0 .. r0+R-1 of (b, head) of a strided f32 operand, rounded to bf16: row-major into `rows`
-/// (R x row_words(EP) words) and/or transposed into `cols` (EP x row_words(R) words). Zero past n rows or
+/// Rows r0 .. r0+R-1 of (b, head) of a strided f32 operand, rounded to the operand format: row-major into `rows`
+/// (R x row_words<Op>(EP) words) and/or transposed into `cols` (EP x row_words(R) words). Zero past n rows or
 /// `width` features, so padding contributes nothing to any product.
-template <int R, int EP>
+template <class Op, int R, int EP>
 __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, const int64_t* stride, int64_t b,
                           int64_t head, int64_t r0, int64_t n, int64_t width) {
   constexpr int kPairs = (R / 2) * (EP / 2);  // each step: rows r, r+1 x features e, e+1
@@ -67,19 +119,19 @@ __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, con
       for (int j = 0; j < 2; ++j) x[i][j] = in && e + j < width ? src[e + j] : 0.0f;
     }
     if (rows) {
-      rows[r * row_words(EP) + e / 2] = pack_bf16(x[0][0], x[0][1]);
-      rows[(r + 1) * row_words(EP) + e / 2] = pack_bf16(x[1][0], x[1][1]);
+      Op::store(rows + r * row_words<Op>(EP) + e / Op::kPerWord, x[0][0], x[0][1]);
+      Op::store(rows + (r + 1) * row_words<Op>(EP) + e / Op::kPerWord, x[1][0], x[1][1]);
     }
     if (cols) {
-      cols[e * row_words(R) + r / 2] = pack_bf16(x[0][0], x[1][0]);
-      cols[(e + 1) * row_words(R) + r / 2] = pack_bf16(x[0][1], x[1][1]);
+      Op::store(cols + e * row_words<Op>(R) + r / Op::kPerWord, x[0][0], x[1][0]);
+      Op::store(cols + (e + 1) * row_words<Op>(R) + r / Op::kPerWord, x[0][1], x[1][1]);
     }
   }
 }
 
-/// A operand: rows row0 .. row0+15, columns k0 .. k0+15 of a row-major tile.
+/// A operand of a k-step: rows row0 .. row0+15, the 8 words from word k0 of each row of a row-major tile.
 __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const uint32_t* tile, int words, int row0, int k0, Lane p) {
-  const uint32_t* lo = tile + (row0 + p.g) * words + k0 / 2 + p.t;
+  const uint32_t* lo = tile + (row0 + p.g) * words + k0 + p.t;
   const uint32_t* hi = lo + 8 * words;
   a[0] = lo[0];
   a[1] = hi[0];
@@ -87,48 +139,48 @@ __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const uint32_t* tile, i
   a[3] = hi[4];
 }
 
-/// B operand (16 x 8) whose column n is row n0 + n of the tile: B[k][n] = tile[n0 + n][k0 + k].
+/// B operand of a k-step whose column n is row n0 + n of the tile (8 words from word k0).
 __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint32_t* tile, int words, int n0, int k0, Lane p) {
-  const uint32_t* r = tile + (n0 + p.g) * words + k0 / 2 + p.t;
+  const uint32_t* r = tile + (n0 + p.g) * words + k0 + p.t;
   b[0] = r[0];
   b[1] = r[4];
 }
 
 /// acc = A x B^T for this warp's 16 rows: A = rows row0.. of `a_tile`, B^T = rows 0 .. N-1 of `b_tile`, both
 /// row-major with K features (a 16 x N block of scores, as N/8 accumulator fragments).
-template <int K, int N>
+template <class Op, int K, int N>
 __device__ __forceinline__ void warp_dot(float (&acc)[N / 8][4], const uint32_t* a_tile, const uint32_t* b_tile, Lane p) {
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
 #pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
+  for (int kk = 0; kk < K / (8 * Op::kPerWord); ++kk) {
     uint32_t a[4];
-    frag_a(a, a_tile, row_words(K), p.row0, 16 * kk, p);
+    frag_a(a, a_tile, row_words<Op>(K), p.row0, 8 * kk, p);
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
       uint32_t b[2];
-      frag_b(b, b_tile, row_words(K), 8 * j, 16 * kk, p);
-      mma_bf16(acc[j], a, b);
+      frag_b(b, b_tile, row_words<Op>(K), 8 * j, 8 * kk, p);
+      Op::mma(acc[j], a, b);
     }
   }
 }
 
-/// acc += P x B for this warp's 16 rows: P (16 x K) in accumulator fragments (rounded to bf16 here), B (K x N)
-/// read from a transposed tile: B[k][n] = cols[n][k], K columns per row.
-template <int K, int N>
+/// acc += P x B for this warp's 16 rows: P (16 x K) in accumulator fragments (rounded to the operand format
+/// here), B (K x N) read from a transposed tile: B[k][n] = cols[n][k], K columns per row.
+template <class Op, int K, int N>
 __device__ __forceinline__ void warp_accumulate(float (&acc)[N / 8][4], const float (&P)[K / 8][4], const uint32_t* cols,
                                                 Lane p) {
 #pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    const uint32_t a[4] = {pack_bf16(P[2 * kk][0], P[2 * kk][1]), pack_bf16(P[2 * kk][2], P[2 * kk][3]),
-                           pack_bf16(P[2 * kk + 1][0], P[2 * kk + 1][1]), pack_bf16(P[2 * kk + 1][2], P[2 * kk + 1][3])};
+  for (int kk = 0; kk < K / (8 * Op::kPerWord); ++kk) {
+    uint32_t a[4];
+    Op::a_from_acc(a, P, kk);
 #pragma unroll
     for (int n = 0; n < N / 8; ++n) {
       uint32_t b[2];
-      frag_b(b, cols, row_words(K), 8 * n, 16 * kk, p);
-      mma_bf16(acc[n], a, b);
+      frag_b(b, cols, row_words<Op>(K), 8 * n, 8 * kk, p);
+      Op::mma(acc[n], a, b);
     }
   }
 }
@@ -182,33 +234,33 @@ __device__ __forceinline__ QueryTile query_tile(const AttentionGeom& g) {
   return {blockIdx.x / g.NH, h, h / (g.NH / g.NKV), int64_t(gridDim.y - 1 - blockIdx.y) * kRows};
 }
 
-template <int EP>
+template <class Op, int EP>
 constexpr int forward_smem_bytes() {
-  return 4 * (kRows * row_words(EP) /* Q */ + kCols * row_words(EP) /* K */ + EP * row_words(kCols) /* V^T */);
+  return 4 * (kRows * row_words<Op>(EP) /* Q */ + kCols * row_words<Op>(EP) /* K */ + EP * row_words<Op>(kCols) /* V^T */);
 }
 
 /// Output and logsumexp of one query tile (query_tile).
-template <int EP>
+template <class Op, int EP>
 __device__ void forward_body(unsigned char* smem, float* out, float* lse, const float* q, const float* k, const float* v,
                              const float* mask, const uint8_t* kp, const AttentionGeom& g) {
   uint32_t* Qs = reinterpret_cast<uint32_t*>(smem);
-  uint32_t* Ks = Qs + kRows * row_words(EP);
-  uint32_t* Vt = Ks + kCols * row_words(EP);
+  uint32_t* Ks = Qs + kRows * row_words<Op>(EP);
+  uint32_t* Vt = Ks + kCols * row_words<Op>(EP);
   const auto [b, h, kvh, t0] = query_tile(g);
   const Lane p = lane_pos();
   const float scale = float(g.scale);
 
-  load_tile<kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
+  load_tile<Op, kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
   float o[EP / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int64_t s_end = causal_end(g, min64(t0 + kRows, g.T) - 1);
   for (int64_t s0 = 0; s0 < s_end; s0 += kCols) {
     __syncthreads();  // the previous tiles of K and V are no longer read
-    load_tile<kCols, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
-    load_tile<kCols, EP>(nullptr, Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+    load_tile<Op, kCols, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
+    load_tile<Op, kCols, EP>(nullptr, Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
     __syncthreads();
     float sc[kCols / 8][4];
-    warp_dot<EP, kCols>(sc, Qs, Ks, p);
+    warp_dot<Op, EP, kCols>(sc, Qs, Ks, p);
     const bool unmasked = tile_unmasked(g, kp, mask, t0, kRows, s0, kCols);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -246,7 +298,7 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
         o[d][2 * half + 1] *= alpha;
       }
     }
-    warp_accumulate<kCols, EP>(o, sc, Vt, p);
+    warp_accumulate<Op, kCols, EP>(o, sc, Vt, p);
   }
   const float inv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
   store_rows<EP>(out, g.o_stride, b, h, t0, g.T, g.Ev, o, inv, false, p);
@@ -257,43 +309,43 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
   }
 }
 
-template <int EP>
+template <class Op, int EP>
 constexpr int dkdv_smem_bytes() {
   constexpr int Q = dkdv_queries(EP);
-  return 4 * (2 * kRows * row_words(EP) /* K, V */ + 2 * Q * row_words(EP) /* Q, dO */ +
-              2 * EP * row_words(Q) /* Q^T, dO^T */ + 2 * Q /* lse, D */);
+  return 4 * (2 * kRows * row_words<Op>(EP) /* K, V */ + 2 * Q * row_words<Op>(EP) /* Q, dO */ +
+              2 * EP * row_words<Op>(Q) /* Q^T, dO^T */ + 2 * Q /* lse, D */);
 }
 
 /// Block (blockIdx.x = b * NKV + kv head, key tile blockIdx.y): dK and dV of 64 keys (accumulated into), summed
 /// over the group's query heads and every query. Rows of the warp fragments are keys, columns queries.
-template <int EP>
+template <class Op, int EP>
 __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, const float* dout, const float* q,
                                    const float* k, const float* v, const float* lse, const float* D, const float* mask,
                                    const uint8_t* kp, const AttentionGeom& g) {
   constexpr int Q = dkdv_queries(EP);
   uint32_t* Ks = reinterpret_cast<uint32_t*>(smem);
-  uint32_t* Vs = Ks + kRows * row_words(EP);
-  uint32_t* Qs = Vs + kRows * row_words(EP);
-  uint32_t* dOs = Qs + Q * row_words(EP);
-  uint32_t* Qt = dOs + Q * row_words(EP);
-  uint32_t* dOt = Qt + EP * row_words(Q);
-  float* lse_s = reinterpret_cast<float*>(dOt + EP * row_words(Q));
+  uint32_t* Vs = Ks + kRows * row_words<Op>(EP);
+  uint32_t* Qs = Vs + kRows * row_words<Op>(EP);
+  uint32_t* dOs = Qs + Q * row_words<Op>(EP);
+  uint32_t* Qt = dOs + Q * row_words<Op>(EP);
+  uint32_t* dOt = Qt + EP * row_words<Op>(Q);
+  float* lse_s = reinterpret_cast<float*>(dOt + EP * row_words<Op>(Q));
   float* D_s = lse_s + Q;
   const int64_t b = blockIdx.x / g.NKV, kvh = blockIdx.x % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kRows;
   const Lane p = lane_pos();
   const float scale = float(g.scale);
 
-  load_tile<kRows, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
-  load_tile<kRows, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+  load_tile<Op, kRows, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
+  load_tile<Op, kRows, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
   float dk_acc[EP / 8][4] = {}, dv_acc[EP / 8][4] = {};
   // First query that sees key s0 under the causal mask: s0 <= t + S - T.
   const int64_t t_first = g.causal ? max64(0, s0 - (g.S - g.T)) / Q * Q : 0;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int64_t t0 = t_first; t0 < g.T; t0 += Q) {
       __syncthreads();  // the previous query tile is no longer read
-      load_tile<Q, EP>(Qs, Qt, q, g.q_stride, b, h, t0, g.T, g.E);
-      load_tile<Q, EP>(dOs, dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
+      load_tile<Op, Q, EP>(Qs, Qt, q, g.q_stride, b, h, t0, g.T, g.E);
+      load_tile<Op, Q, EP>(dOs, dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
       for (int i = int(threadIdx.x); i < Q; i += kThreads) {
         const int64_t row = (b * g.NH + h) * g.T + t0 + i;
         lse_s[i] = t0 + i < g.T ? lse[row] : -INFINITY;
@@ -301,8 +353,8 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
       }
       __syncthreads();
       float pt[Q / 8][4], dst[Q / 8][4];  // P^T, then dS^T (rows keys, columns queries)
-      warp_dot<EP, Q>(pt, Ks, Qs, p);
-      warp_dot<EP, Q>(dst, Vs, dOs, p);  // dP^T
+      warp_dot<Op, EP, Q>(pt, Ks, Qs, p);
+      warp_dot<Op, EP, Q>(dst, Vs, dOs, p);  // dP^T
       const bool unmasked = tile_unmasked(g, kp, mask, t0, Q, s0, kRows);
 #pragma unroll
       for (int j = 0; j < Q / 8; ++j) {
@@ -322,8 +374,8 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
           dst[j][i] = ds;
         }
       }
-      warp_accumulate<Q, EP>(dv_acc, pt, dOt, p);
-      warp_accumulate<Q, EP>(dk_acc, dst, Qt, p);
+      warp_accumulate<Op, Q, EP>(dv_acc, pt, dOt, p);
+      warp_accumulate<Op, Q, EP>(dk_acc, dst, Qt, p);
     }
   }
   const float one[2] = {1.0f, 1.0f};
@@ -331,27 +383,28 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   if (dv) store_rows<EP>(dv, g.v_stride, b, kvh, s0, g.S, g.Ev, dv_acc, one, true, p);
 }
 
-template <int EP>
+template <class Op, int EP>
 constexpr int dq_smem_bytes() {
-  return 4 * (2 * kRows * row_words(EP) /* Q, dO */ + 2 * kCols * row_words(EP) /* K, V */ + EP * row_words(kCols) /* K^T */);
+  return 4 * (2 * kRows * row_words<Op>(EP) /* Q, dO */ + 2 * kCols * row_words<Op>(EP) /* K, V */ +
+              EP * row_words<Op>(kCols) /* K^T */);
 }
 
 /// dQ of one query tile (query_tile), accumulated into.
-template <int EP>
+template <class Op, int EP>
 __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* dout, const float* q, const float* k,
                                  const float* v, const float* lse, const float* D, const float* mask, const uint8_t* kp,
                                  const AttentionGeom& g) {
   uint32_t* Qs = reinterpret_cast<uint32_t*>(smem);
-  uint32_t* dOs = Qs + kRows * row_words(EP);
-  uint32_t* Ks = dOs + kRows * row_words(EP);
-  uint32_t* Vs = Ks + kCols * row_words(EP);
-  uint32_t* Kt = Vs + kCols * row_words(EP);
+  uint32_t* dOs = Qs + kRows * row_words<Op>(EP);
+  uint32_t* Ks = dOs + kRows * row_words<Op>(EP);
+  uint32_t* Vs = Ks + kCols * row_words<Op>(EP);
+  uint32_t* Kt = Vs + kCols * row_words<Op>(EP);
   const auto [b, h, kvh, t0] = query_tile(g);
   const Lane p = lane_pos();
   const float scale = float(g.scale);
 
-  load_tile<kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
-  load_tile<kRows, EP>(dOs, nullptr, dout, g.o_stride, b, h, t0, g.T, g.Ev);
+  load_tile<Op, kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
+  load_tile<Op, kRows, EP>(dOs, nullptr, dout, g.o_stride, b, h, t0, g.T, g.Ev);
   float row_lse[2], row_D[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -363,12 +416,12 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
   const int64_t s_end = causal_end(g, min64(t0 + kRows, g.T) - 1);
   for (int64_t s0 = 0; s0 < s_end; s0 += kCols) {
     __syncthreads();
-    load_tile<kCols, EP>(Ks, Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
-    load_tile<kCols, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+    load_tile<Op, kCols, EP>(Ks, Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
+    load_tile<Op, kCols, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
     __syncthreads();
     float ds[kCols / 8][4], dp[kCols / 8][4];
-    warp_dot<EP, kCols>(ds, Qs, Ks, p);  // scores, turned into dS below
-    warp_dot<EP, kCols>(dp, dOs, Vs, p);
+    warp_dot<Op, EP, kCols>(ds, Qs, Ks, p);  // scores, turned into dS below
+    warp_dot<Op, EP, kCols>(dp, dOs, Vs, p);
     const bool unmasked = tile_unmasked(g, kp, mask, t0, kRows, s0, kCols);
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
@@ -384,7 +437,7 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
         ds[j][i] = x;
       }
     }
-    warp_accumulate<kCols, EP>(dq_acc, ds, Kt, p);
+    warp_accumulate<Op, kCols, EP>(dq_acc, ds, Kt, p);
   }
   const float one[2] = {1.0f, 1.0f};
   store_rows<EP>(dq, g.q_stride, b, h, t0, g.T, g.E, dq_acc, one, true, p);

@@ -1,7 +1,8 @@
-// Warp-level tensor-core primitives (compute capability 8.0+): bf16 packing and mma.sync.m16n8k16 with f32
-// accumulation. tests/emulated_cuda.h defines the same functions for the CPU, with the fragment layouts of the
-// PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type"), so the kernels built on them
-// (flash_mma.cuh) can be checked without a GPU.
+// Warp-level tensor-core primitives (compute capability 8.0+): operand rounding (bf16, tf32), mma.sync with f32
+// accumulation (m16n8k16 bf16, m16n8k8 tf32), and the lane shuffle. tests/emulated_cuda.h defines the same
+// functions for the CPU, with the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with
+// floating point type", "... for mma.m16n8k8"), so the kernels built on them (flash_mma.cuh) can be checked
+// without a GPU.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,6 +30,32 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
   __trap();  // the host dispatch never launches these kernels below compute capability 8.0
+#endif
+}
+
+/// x rounded to tf32 (10-bit mantissa, nearest, ties away from zero) in an f32 bit pattern.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+#else
+  return __float_as_uint(x);
+#endif
+}
+
+/// d += a * b for one warp with tf32 operands: a 16x8 A, an 8x8 B, a 16x8 f32 accumulator. A lane (g = lane / 4,
+/// t = lane % 4) holds A as a[0] = (g, t), a[1] = (g+8, t), a[2] = (g, t+4), a[3] = (g+8, t+4); B as b[0] = (t, g),
+/// b[1] = (t+4, g); d as in mma_bf16.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
 #endif
 }
 

@@ -21,6 +21,9 @@ void check(cublasStatus_t status, const char* what);
 /// this GPU, or an earlier asynchronous error).
 inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
 
+/// The current GPU's properties, read once.
+const cudaDeviceProp& properties();
+
 cublasHandle_t cublas();
 cublasLtHandle_t cublaslt();
 /// A workspace for cublasLt, allocated once.
