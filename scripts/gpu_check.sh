@@ -114,6 +114,16 @@ else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
 fi
 
+echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations, each kernel synchronized alone; top 12)"
+for math in f32 tf32 bf16; do
+  run=$(mktemp -d)
+  TINYGPT_CUDA_PROFILE=1 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" --max-iters 20 \
+    --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math > /dev/null 2> "$logs/profile_$math.log"
+  rm -rf "$run"
+  echo "-- --attention-math $math"
+  sed -n '/^TINYGPT_CUDA_PROFILE/,$p' "$logs/profile_$math.log" | tail -n +3 | sort -k3,3gr | head -12
+done
+
 if [ $full = 1 ]; then
   echo "== 5000 iterations of the Shakespeare config on the GPU"
   rm -rf out-gpu-shakespeare

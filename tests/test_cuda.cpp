@@ -356,8 +356,11 @@ TEST_CASE("cuda: the attention op runs on the GPU through strided views of a fus
 
 // --- training: the same model, data and steps on both devices
 
-TEST_CASE("cuda: GPT training on the GPU tracks the CPU for 20 steps (f32, TF32 off)") {
-  cuda::set_allow_tf32(false);
+namespace {
+
+/// Losses of 20 AdamW steps of a small GPT (bias, dropout 0.1) on `device`, from the same initial weights and
+/// batches every call: random windows of a learnable stream, token i = (7 i + i / 5) mod 65.
+std::vector<double> train_losses(Device device) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 65;
   cfg.block_size = 64;
@@ -366,16 +369,15 @@ TEST_CASE("cuda: GPT training on the GPU tracks the CPU for 20 steps (f32, TF32 
   cfg.n_embd = 64;
   cfg.dropout = 0.1;
   cfg.bias = true;
-  Generator gen_cpu(5), gen_gpu(5);
-  nn::GPT cpu_model(cfg, gen_cpu), gpu_model(cfg, gen_gpu);
-  gpu_model.to(Device::CUDA);
-  CHECK(gpu_model.device() == Device::CUDA);
-  AdamW cpu_opt(cpu_model.named_parameters(), {}), gpu_opt(gpu_model.named_parameters(), {});
-  // A learnable stream: token i is (7 i + i / 5) mod 65; batches are random windows of it.
+  Generator gen(5);
+  nn::GPT model(cfg, gen);
+  model.to(device);
+  CHECK(model.device() == device);
+  AdamW opt(model.named_parameters(), {});
   std::vector<int32_t> stream(5000);
   for (size_t i = 0; i < stream.size(); ++i) stream[i] = int32_t((7 * i + i / 5) % 65);
   Generator pick(3);
-  std::vector<double> cpu_losses, gpu_losses;
+  std::vector<double> losses;
   for (int step = 0; step < 20; ++step) {
     std::vector<int32_t> xs, ys;
     for (int b = 0; b < 8; ++b) {
@@ -383,23 +385,41 @@ TEST_CASE("cuda: GPT training on the GPU tracks the CPU for 20 steps (f32, TF32 
       xs.insert(xs.end(), stream.begin() + start, stream.begin() + start + 64);
       ys.insert(ys.end(), stream.begin() + start + 1, stream.begin() + start + 65);
     }
-    const Tensor x = from_vector(xs, {8, 64}), y = from_vector(ys, {8, 64});
-    const Tensor lc = cpu_model.forward(x, y).loss;
-    const Tensor lg = gpu_model.forward(x.to(Device::CUDA), y.to(Device::CUDA)).loss;
-    cpu_losses.push_back(lc.item());
-    gpu_losses.push_back(lg.item());
-    lc.backward();
-    lg.backward();
-    cpu_opt.step(3e-3);
-    gpu_opt.step(3e-3);
-    cpu_opt.zero_grad();
-    gpu_opt.zero_grad();
+    const Tensor loss = model.forward(from_vector(xs, {8, 64}).to(device), from_vector(ys, {8, 64}).to(device)).loss;
+    losses.push_back(loss.item());
+    loss.backward();
+    opt.step(3e-3);
+    opt.zero_grad();
   }
-  INFO("cpu losses: " << fmt::format("{}", fmt::join(cpu_losses, " ")));
-  INFO("gpu losses: " << fmt::format("{}", fmt::join(gpu_losses, " ")));
-  CHECK(std::abs(gpu_losses[0] - cpu_losses[0]) <= 1e-5 * cpu_losses[0]);
-  for (int step = 0; step < 20; ++step) CHECK(std::abs(gpu_losses[size_t(step)] - cpu_losses[size_t(step)]) <= 2e-3 * cpu_losses[size_t(step)]);
-  CHECK(gpu_losses.back() < gpu_losses.front() - 0.3);  // it learns
+  return losses;
+}
+
+/// Every loss of `got` within rtol of `want`'s at the same step.
+void check_tracks(const std::vector<double>& got, const std::vector<double>& want, double rtol) {
+  INFO("losses: " << fmt::format("{}", fmt::join(got, " ")));
+  INFO("reference: " << fmt::format("{}", fmt::join(want, " ")));
+  REQUIRE(got.size() == want.size());
+  for (size_t step = 0; step < got.size(); ++step) CHECK(std::abs(got[step] - want[step]) <= rtol * want[step]);
+}
+
+}  // namespace
+
+TEST_CASE("cuda: GPT training on the GPU tracks the CPU for 20 steps (f32, TF32 off)") {
+  cuda::set_allow_tf32(false);
+  const std::vector<double> cpu = train_losses(Device::CPU), gpu = train_losses(Device::CUDA);
+  CHECK(std::abs(gpu[0] - cpu[0]) <= 1e-5 * cpu[0]);
+  check_tracks(gpu, cpu, 2e-3);
+  CHECK(gpu.back() < gpu.front() - 0.3);  // it learns
+}
+
+TEST_CASE("cuda: GPT training with tensor-core attention (tf32, bf16) tracks f32 attention for 20 steps") {
+  cuda::set_allow_tf32(false);
+  const std::vector<double> f32 = train_losses(Device::CUDA);
+  for (const auto format : {cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
+    INFO("attention operands: " << cuda::attention_math_name(format));
+    const AttentionMathScope scope(format);
+    check_tracks(train_losses(Device::CUDA), f32, format == cuda::AttentionMath::BF16 ? 1e-2 : 3e-3);
+  }
 }
 
 int main(int argc, char** argv) {
