@@ -107,6 +107,12 @@ if [ $has_torch = 1 ]; then
   printf "%-36s %10.2f %12s\n" "pytorch eager f32 (TF32 matmuls)" "$t32" "$(tok "$t32")" | tee -a "$logs/train.log"
   tbf=$(torch_ms --dtype bf16)
   printf "%-36s %10.2f %12s\n" "pytorch eager bf16 autocast" "$tbf" "$(tok "$tbf")" | tee -a "$logs/train.log"
+  if tcomp=$(timeout 600 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 --dtype bf16 --compile \
+               2> "$logs/torch_compile.log" | $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'); then
+    printf "%-36s %10.2f %12s\n" "pytorch torch.compile bf16 autocast" "$tcomp" "$(tok "$tcomp")" | tee -a "$logs/train.log"
+  else
+    echo "pytorch torch.compile bf16: did not run here (see $logs/torch_compile.log)" | tee -a "$logs/train.log"
+  fi
   note "training tok/s vs torch eager f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $t32 / $ours_ms, $ours_ms, $t32}")"
   note "  with --attention-math tf32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_tf32_attn_ms, $ours_tf32_attn_ms}")"
   note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
