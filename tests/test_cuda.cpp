@@ -280,7 +280,7 @@ struct AttentionMathScope {
 /// The tensor-core kernels against a double-precision reference on the same inputs rounded to their format.
 void check_tensor_cores_against_reference(const Config& c) {
   for (const auto format : {cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
-    INFO(cuda::attention_math_name(format) << " tensor-core flash: " << describe(c));
+    INFO(std::string(cuda::attention_math_name(format)) << " tensor-core flash: " << describe(c));
     const Problem p = rounded_to(make_problem(c), format);
     const Run<double> ref = run<double>(p, false, true);
     const Run<float> gpu = [&] {
@@ -326,7 +326,7 @@ TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (
                  .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};
   const Problem p = make_problem(c);
   for (const auto format : {cuda::AttentionMath::F32, cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
-    INFO("operands: " << cuda::attention_math_name(format));
+    INFO("operands: " << std::string(cuda::attention_math_name(format)));
     const AttentionMathScope scope(format);
     const Run<float> a = run_cuda(p, true, 1), b = run_cuda(p, true, 1);
     CHECK(a.out == b.out);
@@ -416,7 +416,7 @@ TEST_CASE("cuda: GPT training with tensor-core attention (tf32, bf16) tracks f32
   cuda::set_allow_tf32(false);
   const std::vector<double> f32 = train_losses(Device::CUDA);
   for (const auto format : {cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
-    INFO("attention operands: " << cuda::attention_math_name(format));
+    INFO("attention operands: " << std::string(cuda::attention_math_name(format)));
     const AttentionMathScope scope(format);
     check_tracks(train_losses(Device::CUDA), f32, format == cuda::AttentionMath::BF16 ? 1e-2 : 3e-3);
   }

@@ -64,7 +64,7 @@ EmulatedRun run_emulated(const Problem& p) {
 
 template <class Op>
 void check_format(const Config& c, cuda::AttentionMath format) {
-  INFO("tensor-core flash (emulated, " << Op::kName << " operands): " << describe(c));
+  INFO("tensor-core flash (emulated, " << std::string(Op::kName) << " operands): " << describe(c));
   const Problem p = rounded_to(make_problem(c), format);
   const Run<double> ref = run<double>(p, false, true);
   const int64_t e = std::max(c.E, c.Ev);
@@ -105,4 +105,11 @@ TEST_CASE("tensor-core flash (emulated): unequal and odd head dims, T > S causal
 TEST_CASE("tensor-core flash (emulated): whole leading key tiles padded away") {
   check_emulated({.B = 1, .NH = 2, .NKV = 2, .T = 40, .S = 150, .E = 16, .Ev = 16, .key_padding = true,
                   .padded_prefix = 140, .seed = 9});
+}
+
+// The whole attention test matrix (the CPU and GPU suites' flash cases): minutes under the emulator, so it runs
+// only when asked for: test_flash_mma_emulated --no-skip --test-case='*whole matrix*'
+TEST_CASE("tensor-core flash (emulated): the whole matrix" * doctest::skip()) {
+  for (const Config& c : forward_cases()) check_emulated(c);
+  for (const Config& c : flash_cases()) check_emulated(c);
 }
