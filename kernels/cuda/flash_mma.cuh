@@ -15,8 +15,9 @@
 // shuffles per 16x8 block fetch), so P and dS never touch shared memory.
 //
 // Shared memory holds tiles as 32-bit words (two bf16 features, or one tf32), rows padded by 4 words so the
-// fragment loads of a warp hit 32 different banks. In words, both formats load fragments the same way. Operands read down a column (V in O = P V; Q and dO in dK = dS^T Q and
-// dV = P^T dO; K in dQ = dS K) are also stored transposed, written while loading.
+// fragment loads of a warp hit 32 different banks; counted in words, both formats load fragments the same way.
+// Operands read down a column (V in O = P V; Q and dO in dK = dS^T Q and dV = P^T dO; K in dQ = dS K) are also
+// stored transposed, written while loading.
 //
 // Backward, deterministic as the f32 one: D = rowsum(dO * O) first (attention.cu); one block per key tile
 // keeps dK and dV in registers over the group's heads and all queries; one block per query tile keeps dQ.
@@ -37,7 +38,7 @@ constexpr int kThreads = 128;
 struct Bf16 {
   static constexpr int kPerWord = 2;
   static constexpr const char* kName = "bf16";
-  /// Features (f, f+1) of a row at `w`.
+  /// Two consecutive features of a row, into the word at w.
   __device__ static __forceinline__ void store(uint32_t* w, float f0, float f1) { w[0] = pack_bf16(f0, f1); }
   __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma_bf16(d, a, b);
@@ -56,6 +57,7 @@ struct Bf16 {
 struct Tf32 {
   static constexpr int kPerWord = 1;
   static constexpr const char* kName = "tf32";
+  /// Two consecutive features of a row, into the words at w and w + 1.
   __device__ static __forceinline__ void store(uint32_t* w, float f0, float f1) {
     w[0] = to_tf32(f0);
     w[1] = to_tf32(f1);
@@ -102,7 +104,7 @@ __device__ __forceinline__ Lane lane_pos() {
 }
 
 /// Rows r0 .. r0+R-1 of (b, head) of a strided f32 operand, rounded to the operand format: row-major into `rows`
-/// (R x row_words<Op>(EP) words) and/or transposed into `cols` (EP x row_words(R) words). Zero past n rows or
+/// (R x row_words<Op>(EP) words) and/or transposed into `cols` (EP x row_words<Op>(R) words). Zero past n rows or
 /// `width` features, so padding contributes nothing to any product.
 template <class Op, int R, int EP>
 __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, const int64_t* stride, int64_t b,
@@ -207,14 +209,14 @@ __device__ __forceinline__ void store_rows(float* base, const int64_t* stride, i
                                            bool add, Lane p) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t r = r0 + p.row0 + p.g + 8 * half;
+    const int64_t r = r0 + frag_row(p, 2 * half);
     if (r >= n) continue;
     float* row = at(base, stride, b, head, r);
 #pragma unroll
     for (int d = 0; d < EP / 8; ++d) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = 8 * d + 2 * p.t + e;
+        const int col = 8 * d + frag_col(p, e);
         if (col >= width) continue;
         const float x = acc[d][2 * half + e] * row_scale[half];
         row[col] = add ? row[col] + x : x;
