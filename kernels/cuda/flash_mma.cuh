@@ -17,7 +17,8 @@
 // Shared memory holds tiles as 32-bit words (two bf16 features, or one tf32), rows padded by 4 words so the
 // fragment loads of a warp hit 32 different banks; counted in words, both formats load fragments the same way.
 // Operands read down a column (V in O = P V; Q and dO in dK = dS^T Q and dV = P^T dO; K in dQ = dS K) are also
-// stored transposed, written while loading.
+// stored transposed, written while loading; in those tiles word w of row e sits at w ^ ((e / 8) % 8) (swizzled),
+// because the loading lanes write one column of eight rows 8 apart, which would otherwise share 4 banks.
 //
 // Backward, deterministic as the f32 one: D = rowsum(dO * O) first (attention.cu); one block per key tile
 // keeps dK and dV in registers over the group's heads and all queries; one block per query tile keeps dQ.
@@ -89,6 +90,9 @@ constexpr int row_words(int features) {
   return features / Op::kPerWord + 4;
 }
 
+/// Position of word w of row `row` in a transposed (swizzled) tile: w moves within its aligned group of 8.
+__device__ __forceinline__ int swizzled(int row, int w) { return w ^ ((row >> 3) & 7); }
+
 /// Query columns per step of the dK/dV kernel.
 constexpr int dkdv_queries(int EP) { return EP > 64 ? 32 : 64; }
 
@@ -125,8 +129,17 @@ __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, con
       Op::store(rows + (r + 1) * row_words<Op>(EP) + e / Op::kPerWord, x[1][0], x[1][1]);
     }
     if (cols) {
-      Op::store(cols + e * row_words<Op>(R) + r / Op::kPerWord, x[0][0], x[1][0]);
-      Op::store(cols + (e + 1) * row_words<Op>(R) + r / Op::kPerWord, x[0][1], x[1][1]);
+      constexpr int kWords = 2 / Op::kPerWord;  // words that rows r and r + 1 take in a transposed row
+      uint32_t words[2][2];
+      Op::store(words[0], x[0][0], x[1][0]);
+      Op::store(words[1], x[0][1], x[1][1]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) {
+          cols[(e + i) * row_words<Op>(R) + swizzled(e + i, r / Op::kPerWord + w)] = words[i][w];
+        }
+      }
     }
   }
 }
@@ -141,11 +154,14 @@ __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const uint32_t* tile, i
   a[3] = hi[4];
 }
 
-/// B operand of a k-step whose column n is row n0 + n of the tile (8 words from word k0).
+/// B operand of a k-step whose column n is row n0 + n of the tile (8 words from word k0), from a row-major tile or
+/// a transposed (swizzled) one.
+template <bool kSwizzled>
 __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint32_t* tile, int words, int n0, int k0, Lane p) {
-  const uint32_t* r = tile + (n0 + p.g) * words + k0 + p.t;
-  b[0] = r[0];
-  b[1] = r[4];
+  const int n = n0 + p.g;
+  const uint32_t* row = tile + n * words;
+  b[0] = row[kSwizzled ? swizzled(n, k0 + p.t) : k0 + p.t];
+  b[1] = row[kSwizzled ? swizzled(n, k0 + 4 + p.t) : k0 + 4 + p.t];
 }
 
 /// acc = A x B^T for this warp's 16 rows: A = rows row0.. of `a_tile`, B^T = rows 0 .. N-1 of `b_tile`, both
@@ -163,14 +179,14 @@ __device__ __forceinline__ void warp_dot(float (&acc)[N / 8][4], const uint32_t*
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
       uint32_t b[2];
-      frag_b(b, b_tile, row_words<Op>(K), 8 * j, 8 * kk, p);
+      frag_b<false>(b, b_tile, row_words<Op>(K), 8 * j, 8 * kk, p);
       Op::mma(acc[j], a, b);
     }
   }
 }
 
 /// acc += P x B for this warp's 16 rows: P (16 x K) in accumulator fragments (rounded to the operand format
-/// here), B (K x N) read from a transposed tile: B[k][n] = cols[n][k], K columns per row.
+/// here), B (K x N) read from a transposed tile: B[k][n] = cols[n][k] (swizzled), K columns per row.
 template <class Op, int K, int N>
 __device__ __forceinline__ void warp_accumulate(float (&acc)[N / 8][4], const float (&P)[K / 8][4], const uint32_t* cols,
                                                 Lane p) {
@@ -181,7 +197,7 @@ __device__ __forceinline__ void warp_accumulate(float (&acc)[N / 8][4], const fl
 #pragma unroll
     for (int n = 0; n < N / 8; ++n) {
       uint32_t b[2];
-      frag_b(b, cols, row_words<Op>(K), 8 * n, 8 * kk, p);
+      frag_b<true>(b, cols, row_words<Op>(K), 8 * n, 8 * kk, p);
       Op::mma(acc[n], a, b);
     }
   }
