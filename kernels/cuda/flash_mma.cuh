@@ -158,10 +158,10 @@ __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const uint32_t* tile, i
 /// a transposed (swizzled) one.
 template <bool kSwizzled>
 __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint32_t* tile, int words, int n0, int k0, Lane p) {
-  const int n = n0 + p.g;
-  const uint32_t* row = tile + n * words;
-  b[0] = row[kSwizzled ? swizzled(n, k0 + p.t) : k0 + p.t];
-  b[1] = row[kSwizzled ? swizzled(n, k0 + 4 + p.t) : k0 + 4 + p.t];
+  const uint32_t* row = tile + (n0 + p.g) * words;
+  // n0 is a multiple of 8, so swizzled(n0 + g, w) == swizzled(n0, w): known at compile time in unrolled loops.
+  b[0] = row[kSwizzled ? swizzled(n0, k0 + p.t) : k0 + p.t];
+  b[1] = row[kSwizzled ? swizzled(n0, k0 + 4 + p.t) : k0 + 4 + p.t];
 }
 
 /// acc = A x B^T for this warp's 16 rows: A = rows row0.. of `a_tile`, B^T = rows 0 .. N-1 of `b_tile`, both
