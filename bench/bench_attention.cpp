@@ -113,20 +113,9 @@ double best_ms(int reps, F f) {
   return best;
 }
 
-/// Flash attention's operand format on the GPU while alive.
-struct AttentionMathScope {
-  explicit AttentionMathScope(cuda::AttentionMath m) : on(m != cuda::AttentionMath::F32) {
-    if (on) cuda::set_attention_math(m);
-  }
-  ~AttentionMathScope() {
-    if (on) cuda::set_attention_math(cuda::AttentionMath::F32);
-  }
-  bool on;
-};
-
 Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool causal, int reps,
         Device device = Device::CPU, cuda::AttentionMath math = cuda::AttentionMath::F32) {
-  const AttentionMathScope scope(math);
+  const cuda::AttentionMathScope scope(math);
   Generator gen(1);
   auto input = [&] { return randn({B, NH, T, E}, gen).to(device); };
   Tensor q = input(), k = input(), v = input();

@@ -240,15 +240,26 @@ std::vector<T> convert(const std::vector<double>& x) {
   return std::vector<T>(x.begin(), x.end());
 }
 
+/// p's inputs in precision T on the host, with the kernels' pointer arguments (nullptr for an absent mask).
+template <class T>
+struct HostInputs {
+  explicit HostInputs(const Problem& p)
+      : qkv(convert<T>(p.qkv)), mask(convert<T>(p.mask)), dout(convert<T>(p.dout)), q(qkv.data() + p.q_off),
+        k(qkv.data() + p.k_off), v(qkv.data() + p.v_off), m(mask.empty() ? nullptr : mask.data()),
+        kp(p.kp.empty() ? nullptr : p.kp.data()) {}
+  HostInputs(const HostInputs&) = delete;  // the pointers point into this object
+  HostInputs& operator=(const HostInputs&) = delete;
+  const std::vector<T> qkv, mask, dout;
+  const T *q, *k, *v, *m;
+  const uint8_t* kp;
+};
+
 template <class T>
 Run<T> run(const Problem& p, bool flash, bool backward) {
   const AttentionGeom& g = p.g;
-  const std::vector<T> qkv = convert<T>(p.qkv), mask = convert<T>(p.mask), dout = convert<T>(p.dout);
-  const T* q = qkv.data() + p.q_off;
-  const T* k = qkv.data() + p.k_off;
-  const T* v = qkv.data() + p.v_off;
-  const T* m = mask.empty() ? nullptr : mask.data();
-  const uint8_t* kp = p.kp.empty() ? nullptr : p.kp.data();
+  const HostInputs<T> in(p);
+  const T *q = in.q, *k = in.k, *v = in.v, *m = in.m;
+  const uint8_t* kp = in.kp;
   const T nan = std::numeric_limits<T>::quiet_NaN();
   Run<T> r;
   r.out.assign(size_t(p.out_size), nan);
@@ -260,10 +271,10 @@ Run<T> run(const Problem& p, bool flash, bool backward) {
     attention_naive_forward(r.out.data(), r.weights.data(), r.lse.data(), q, k, v, m, kp, g);
   }
   if (backward) {
-    r.dqkv.assign(qkv.size(), T(0));
+    r.dqkv.assign(in.qkv.size(), T(0));
     T* d = r.dqkv.data();
     auto bwd = flash ? attention_flash_backward<T> : attention_naive_backward<T>;
-    bwd(d + p.q_off, d + p.k_off, d + p.v_off, dout.data(), q, k, v, r.out.data(), r.lse.data(), m, kp, g);
+    bwd(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), q, k, v, r.out.data(), r.lse.data(), m, kp, g);
   }
   return r;
 }

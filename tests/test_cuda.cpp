@@ -271,12 +271,6 @@ void check_against_cpu(const Config& c, bool flash) {
   check_close(gpu.dqkv, to_double(ref.dqkv), grad_atol, rtol, "gradient buffer, gaps included");
 }
 
-/// Flash attention's operand format while alive (cuda::set_attention_math), f32 again after.
-struct AttentionMathScope {
-  explicit AttentionMathScope(cuda::AttentionMath m) { cuda::set_attention_math(m); }
-  ~AttentionMathScope() { cuda::set_attention_math(cuda::AttentionMath::F32); }
-};
-
 /// The tensor-core kernels against a double-precision reference on the same inputs rounded to their format.
 void check_tensor_cores_against_reference(const Config& c) {
   for (const auto format : {cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
@@ -284,7 +278,7 @@ void check_tensor_cores_against_reference(const Config& c) {
     const Problem p = rounded_to(make_problem(c), format);
     const Run<double> ref = run<double>(p, false, true);
     const Run<float> gpu = [&] {
-      AttentionMathScope scope(format);
+      const cuda::AttentionMathScope scope(format);
       return run_cuda(p, true, 1);
     }();
     check_rounded_run(p, ref, format, gpu.out, gpu.lse, gpu.dqkv);
@@ -327,7 +321,7 @@ TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (
   const Problem p = make_problem(c);
   for (const auto format : {cuda::AttentionMath::F32, cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
     INFO("operands: " << std::string(cuda::attention_math_name(format)));
-    const AttentionMathScope scope(format);
+    const cuda::AttentionMathScope scope(format);
     const Run<float> a = run_cuda(p, true, 1), b = run_cuda(p, true, 1);
     CHECK(a.out == b.out);
     CHECK(a.lse == b.lse);
@@ -417,7 +411,7 @@ TEST_CASE("cuda: GPT training with tensor-core attention (tf32, bf16) tracks f32
   const std::vector<double> f32 = train_losses(Device::CUDA);
   for (const auto format : {cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
     INFO("attention operands: " << std::string(cuda::attention_math_name(format)));
-    const AttentionMathScope scope(format);
+    const cuda::AttentionMathScope scope(format);
     check_tracks(train_losses(Device::CUDA), f32, format == cuda::AttentionMath::BF16 ? 1e-2 : 3e-3);
   }
 }

@@ -2,8 +2,8 @@
 // under tests/emulated_cuda.h, against a double-precision reference on inputs rounded to the operand format:
 // forward (out, lse) and all three gradients, over shapes that cover every padded head dim (32, 64, 128),
 // several tiles, causal and not, GQA, strided and fused layouts, padding and additive masks, empty rows and
-// dropout. This is what checks
-// the fragment bookkeeping on machines without a GPU; tests/test_cuda.cpp runs the same kernels on a GPU.
+// dropout. This is what checks the fragment bookkeeping on machines without a GPU; tests/test_cuda.cpp runs the
+// same kernels on a GPU.
 #include "tests/emulated_cuda.h"
 // (the emulator first: it defines what device code needs)
 #include "kernels/cuda/flash_mma.cuh"
@@ -26,17 +26,15 @@ template <class Op, int EP>
 EmulatedRun run_emulated(const Problem& p) {
   namespace fm = cuda::flash_mma;
   const AttentionGeom& g = p.g;
-  const std::vector<float> qkv = convert<float>(p.qkv), mask = convert<float>(p.mask), dout = convert<float>(p.dout);
-  const float* q = qkv.data() + p.q_off;
-  const float* k = qkv.data() + p.k_off;
-  const float* v = qkv.data() + p.v_off;
-  const float* m = mask.empty() ? nullptr : mask.data();
-  const uint8_t* kp = p.kp.empty() ? nullptr : p.kp.data();
+  const HostInputs<float> in(p);
+  const float *q = in.q, *k = in.k, *v = in.v, *m = in.m;
+  const uint8_t* kp = in.kp;
+  const std::vector<float>& dout = in.dout;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EmulatedRun r;
   r.out.assign(size_t(p.out_size), nan);
   r.lse.assign(size_t(g.B * g.NH * g.T), nan);
-  r.dqkv.assign(qkv.size(), kGradStart);
+  r.dqkv.assign(in.qkv.size(), kGradStart);
   const unsigned q_tiles = unsigned((g.T + fm::kRows - 1) / fm::kRows), k_tiles = unsigned((g.S + fm::kRows - 1) / fm::kRows);
   emu::launch({unsigned(g.B * g.NH), q_tiles, 1}, fm::kThreads, fm::forward_smem_bytes<Op, EP>(), [&](unsigned char* smem) {
     fm::forward_body<Op, EP>(smem, r.out.data(), r.lse.data(), q, k, v, m, kp, g);

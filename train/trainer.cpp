@@ -57,6 +57,13 @@ Device parse_device(const std::string& device) {
   return Device::CUDA;
 }
 
+cuda::AttentionMath parse_attention_math(const std::string& math) {
+  for (const auto m : {cuda::AttentionMath::F32, cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
+    if (math == cuda::attention_math_name(m)) return m;
+  }
+  throw Error(fmt::format("--attention-math must be f32, tf32 or bf16, got '{}'", math));
+}
+
 namespace {
 
 nlohmann::json flags_json(const TrainConfig& c) {
@@ -205,10 +212,7 @@ void TrainConfig::validate() const {
   if (!(train_fraction > 0 && train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
   }
-  if (attention_math != "f32" && attention_math != "tf32" && attention_math != "bf16") {
-    throw Error(fmt::format("--attention-math must be f32, tf32 or bf16, got '{}'", attention_math));
-  }
-  if (attention_math != "f32" && device != "cuda") {
+  if (parse_attention_math(attention_math) != cuda::AttentionMath::F32 && device != "cuda") {
     throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", attention_math));
   }
   nn::GPTConfig m = model;
@@ -246,9 +250,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   const Device device = parse_device(cfg.device);
   if (device == Device::CUDA) {
     cuda::set_allow_tf32(cfg.tf32);
-    cuda::set_attention_math(cfg.attention_math == "bf16"   ? cuda::AttentionMath::BF16
-                             : cfg.attention_math == "tf32" ? cuda::AttentionMath::TF32
-                                                            : cuda::AttentionMath::F32);
+    cuda::set_attention_math(parse_attention_math(cfg.attention_math));
   }
   const fs::path out = cfg.out;
   std::error_code ec;

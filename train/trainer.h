@@ -50,6 +50,9 @@ struct TrainConfig {
 /// Device::CPU for "cpu", Device::CUDA for "cuda" when this build and machine have a GPU; else throws saying why.
 Device parse_device(const std::string& device);
 
+/// cuda::AttentionMath for "f32", "tf32" or "bf16"; else throws naming the flag.
+cuda::AttentionMath parse_attention_math(const std::string& math);
+
 /// nanoGPT's schedule: linear warmup to lr over warmup_iters, cosine decay to min_lr at lr_decay_iters,
 /// min_lr after that.
 double learning_rate(const TrainConfig& c, int64_t iter);

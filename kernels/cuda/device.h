@@ -59,4 +59,16 @@ inline const char* attention_math_name(AttentionMath math) {
   return math == AttentionMath::BF16 ? "bf16" : math == AttentionMath::TF32 ? "tf32" : "f32";
 }
 
+/// Sets the attention math for its lifetime and restores the previous one after.
+class AttentionMathScope {
+ public:
+  explicit AttentionMathScope(AttentionMath math) : previous_(attention_math()) { set_attention_math(math); }
+  ~AttentionMathScope() { set_attention_math(previous_); }
+  AttentionMathScope(const AttentionMathScope&) = delete;
+  AttentionMathScope& operator=(const AttentionMathScope&) = delete;
+
+ private:
+  AttentionMath previous_;
+};
+
 }  // namespace tinygpt::cuda
