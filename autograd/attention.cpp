@@ -13,25 +13,44 @@ using detail::ptr;
 namespace {
 
 /// A (batch, heads, len, dim) view into a contiguous tensor: element (b, h, l, d) is at
-/// offset + b * stride[0] + h * stride[1] + l * stride[2] + d.
+/// offset + b * stride[0] + h * stride[1] + l * stride[2] + d. The base is (B, H, L, D) itself, or, heads last,
+/// (B, L, W) with the heads at features [offset, offset + H * D).
 struct HeadsView {
   Tensor base;
   int64_t offset;
   int64_t batch, heads, len, dim;
   int64_t stride[3];
+  bool heads_last;
 };
 
 /// Contiguous (B, H, L, D).
 HeadsView heads_first(const Tensor& t, const char* what) {
   if (t.ndim() != 4) throw Error(fmt::format("attention: {} must be (B, heads, len, dim), got shape {}", what, t.shape().str()));
   const int64_t B = t.size(0), H = t.size(1), L = t.size(2), D = t.size(3);
-  return {t, 0, B, H, L, D, {H * L * D, L * D, D}};
+  return {t, 0, B, H, L, D, {H * L * D, L * D, D}, false};
 }
 
 /// Heads [head0, head0 + heads) of a (B, L, total_heads * D) tensor.
 HeadsView heads_last(const Tensor& t, int64_t head0, int64_t heads, int64_t total_heads, int64_t D) {
   const int64_t B = t.size(0), L = t.size(1), W = total_heads * D;
-  return {t, head0 * D, B, heads, L, D, {L * W, D, W}};
+  return {t, head0 * D, B, heads, L, D, {L * W, D, W}, true};
+}
+
+/// The view as a (B, H, L, D) tensor of the graph: the base itself, or its heads copied out of a heads-last base.
+Tensor heads_first_tensor(const HeadsView& v) {
+  if (!v.heads_last) return v.base;
+  const bool all = v.offset == 0 && v.heads * v.dim == v.base.size(2);
+  const Tensor heads = all ? v.base : narrow(v.base, 2, v.offset, v.heads * v.dim);
+  return permute(reshape(heads, {v.batch, v.len, v.heads, v.dim}), {0, 2, 1, 3});
+}
+
+/// A bool mask (true = masked out) as an additive one of `dtype`: -inf where masked, 0 elsewhere.
+Tensor bool_to_additive(const Tensor& mask, DType dtype) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const std::vector<uint8_t> bits = mask.to_vector<uint8_t>();
+  std::vector<double> add(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) add[i] = bits[i] ? -kInf : 0.0;
+  return from_vector(add, mask.shape()).to(dtype).to(mask.device());
 }
 
 /// The additive (B, NH, T, S)-broadcastable mask of dtype `dtype`, with its strides (0 on broadcast dims).
@@ -48,18 +67,41 @@ Tensor additive_mask(const Tensor& mask, DType dtype, int64_t B, int64_t NH, int
     strides[d] = n == 1 ? 0 : s;
     s *= n;
   }
-  if (mask.dtype() == DType::Bool) {
-    constexpr double kInf = std::numeric_limits<double>::infinity();
-    const std::vector<uint8_t> bits = mask.to_vector<uint8_t>();
-    std::vector<double> add(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) add[i] = bits[i] ? -kInf : 0.0;
-    return from_vector(add, mask.shape()).to(dtype).to(mask.device());
-  }
+  if (mask.dtype() == DType::Bool) return bool_to_additive(mask, dtype);
   if (mask.dtype() != dtype) {
     throw Error(fmt::format("attention: a float attn_mask must have the inputs' dtype ({}), got {}", dtype_name(dtype),
                             dtype_name(mask.dtype())));
   }
   return mask;
+}
+
+/// The weights path: scores, masks, softmax, dropout and the product with v as recorded ops, so the returned
+/// weights are part of the graph (a loss on them reaches q, k and whatever produced them), as in
+/// torch.nn.MultiheadAttention. `mask` is the additive attn_mask (may be undefined).
+AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv, const HeadsView& vv, bool out_heads_last,
+                                       const AttentionGeom& g, const Tensor& mask, const Tensor& key_padding,
+                                       const AttentionOptions& o) {
+  const int64_t B = g.B, NH = g.NH, NKV = g.NKV, T = g.T, S = g.S, G = NH / NKV;
+  const Tensor q = heads_first_tensor(qv), k = heads_first_tensor(kv), v = heads_first_tensor(vv);
+  // Query head h reads key/value head h / G, so the G query heads of a group stack into one (G * T)-row product.
+  Tensor scores = reshape(matmul(reshape(q, {B, NKV, G * T, g.E}), k, false, true), {B, NH, T, S}) * g.scale;
+  if (mask.defined()) scores = scores + mask;
+  if (g.causal || key_padding.defined()) {
+    const std::vector<uint8_t> padded = key_padding.defined() ? key_padding.to_vector<uint8_t>() : std::vector<uint8_t>();
+    std::vector<uint8_t> hidden(size_t(B * T * S));  // (B, 1, T, S): causal and padding together
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = 0; s < S; ++s) {
+          const bool after = g.causal && s > t + S - T;
+          hidden[size_t((b * T + t) * S + s)] = after || (!padded.empty() && padded[size_t(b * S + s)]);
+        }
+    scores = scores + bool_to_additive(from_vector(hidden, {B, 1, T, S}).to(q.device()), q.dtype());
+  }
+  Tensor weights = softmax(scores);  // a row that sees no key is all zeros
+  if (o.dropout_p > 0.0) weights = dropout(weights, o.dropout_p, o.dropout_seed);  // same mask as the kernels
+  Tensor out = reshape(matmul(reshape(weights, {B, NKV, G * T, S}), v), {B, NH, T, g.Ev});
+  if (out_heads_last) out = reshape(permute(out, {0, 2, 1, 3}), {B, T, NH * g.Ev});
+  return {out, weights};
 }
 
 /// out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
@@ -102,13 +144,18 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
     throw Error(fmt::format("attention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}", B, S,
                             dtype_name(kp.dtype()), kp.shape().str()));
   }
-  const bool naive = o.impl == AttentionImpl::Naive || (o.impl == AttentionImpl::Auto && o.need_weights);
-  if (o.need_weights && !naive) throw Error("attention: need_weights requires the naive implementation");
+  if (o.need_weights) {
+    if (o.impl == AttentionImpl::Flash) {
+      throw Error("attention: need_weights materializes the (B, NH, T, S) weights, which flash attention never holds; "
+                  "use AttentionImpl::Auto or Naive");
+    }
+    return attention_with_weights(q, k, v, out_heads_last, g, mask, kp, o);
+  }
+  const bool naive = o.impl == AttentionImpl::Naive;
 
   const Shape out_shape = out_heads_last ? Shape{B, T, NH * Ev} : Shape{B, NH, T, Ev};
   Tensor out = empty(out_shape, qb.dtype(), qb.device());
   const Tensor lse = empty({B, NH, T}, qb.dtype(), qb.device());
-  Tensor weights = o.need_weights ? empty({B, NH, T, S}, qb.dtype(), qb.device()) : Tensor();
   const uint8_t* kp_ptr = kp.defined() ? kp.data<uint8_t>() : nullptr;
   const int64_t qo = q.offset, ko = k.offset, vo = v.offset;
   dispatch_float(qb.dtype(), "attention", [&]<class T>() {
@@ -116,7 +163,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
     const T* kptr = k.base.data<T>() + ko;
     const T* vp = v.base.data<T>() + vo;
     if (naive) {
-      launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), ptr<T>(weights), ptr<T>(lse), qp, kptr, vp,
+      launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), static_cast<T*>(nullptr), ptr<T>(lse), qp, kptr, vp,
              ptr<T>(mask), kp_ptr, g);
     } else {
       launch(kernels::attention_flash_forward<T>, qb.device(), out.data<T>(), ptr<T>(lse), qp, kptr, vp, ptr<T>(mask),
@@ -134,7 +181,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
                           lse.data<T>(), ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, g);
                  });
                });
-  return {out, weights};
+  return {out, Tensor()};
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Scaled dot-product attention as one differentiable op, with two implementations behind it: a naive
-// reference that materializes the (T, S) scores (used when weights are requested, and in tests) and
-// flash attention (tiled, online softmax, saves only the output and the per-row logsumexp).
+// Scaled dot-product attention as one differentiable op. Flash attention (tiled, online softmax, saves only the
+// output and the per-row logsumexp) runs by default; a naive kernel that materializes the (T, S) scores is the
+// reference in tests. When the weights are asked for, the same math runs as composed ops (matmul, masks, softmax,
+// dropout, matmul), so the returned weights are part of the graph, as torch.nn.MultiheadAttention's are.
 //
 // Mask conventions (all combine):
 //   is_causal         bottom-right aligned: query t sees key s iff s <= t + S - T (as FlashAttention;
@@ -20,9 +21,9 @@
 namespace tinygpt {
 
 enum class AttentionImpl : uint8_t {
-  Auto,   // flash, or naive when weights are requested
-  Naive,
-  Flash,
+  Auto,   // flash, or composed ops when weights are requested
+  Naive,  // the reference kernel that materializes the scores
+  Flash,  // never holds the (T, S) weights, so it cannot return them
 };
 
 struct AttentionOptions {
@@ -32,13 +33,13 @@ struct AttentionOptions {
   double dropout_p = 0.0;  // probability of dropping an attention weight (pass 0 in evaluation)
   uint64_t dropout_seed = 0;
   std::optional<double> scale;  // default 1 / sqrt(E)
-  bool need_weights = false;    // also return the (B, NH, T, S) softmax weights (before dropout)
+  bool need_weights = false;    // also return the (B, NH, T, S) attention weights (after dropout, as torch)
   AttentionImpl impl = AttentionImpl::Auto;
 };
 
 struct AttentionResult {
   Tensor out;
-  Tensor weights;  // defined when need_weights; a plain tensor for inspection (no gradient)
+  Tensor weights;  // when need_weights: (B, NH, T, S), part of the graph (a loss on them has gradients)
 };
 
 /// q (B, NH, T, E), k (B, NKV, S, E), v (B, NKV, S, Ev) -> out (B, NH, T, Ev); NH divisible by NKV.

@@ -37,7 +37,7 @@ Tensor sum(const Tensor& x);
 Tensor sum(const Tensor& x, int dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, int dim, bool keepdim = false);
-/// Over the last dimension.
+/// Over the last dimension. A row that is all -inf (every entry masked out) gives zeros, not NaN.
 Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);
 

@@ -119,10 +119,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   Output out{c_proj.forward(r.out), Tensor()};
   trace("output projection", out.out);
   if (need_weights) {
-    out.weights = average_attn_weights ? [&] {
-      NoGradGuard no_grad;
-      return mean(r.weights, 1);
-    }() : r.weights;
+    out.weights = average_attn_weights ? mean(r.weights, 1) : r.weights;
     trace("attention weights", out.weights);
   }
   return out;

@@ -50,35 +50,41 @@ AttentionOptions options_for(const Case& c, Generator& gen, AttentionImpl impl) 
   return o;
 }
 
-/// Flash and naive agree on the output and on all three gradients.
-void check_flash_matches_naive(const Case& c, Generator& gen) {
+/// Flash, and the composed ops that return weights, agree with the naive kernel on the output and on all three
+/// gradients (with dropout too: all three draw the same mask).
+void check_implementations_agree(const Case& c, Generator& gen) {
   const Tensor q = leaf({c.B, c.NH, c.T, c.E}, gen), k = leaf({c.B, c.NKV, c.S, c.E}, gen),
                v = leaf({c.B, c.NKV, c.S, c.Ev}, gen);
   const Tensor dout = randn({c.B, c.NH, c.T, c.Ev}, gen, DType::F64);
   AttentionOptions naive = options_for(c, gen, AttentionImpl::Naive);
-  AttentionOptions flash = naive;
+  AttentionOptions flash = naive, composed = naive;
   flash.impl = AttentionImpl::Flash;
-  std::vector<Tensor> grads[2];
-  Tensor outs[2];
+  composed.impl = AttentionImpl::Auto;
+  composed.need_weights = true;
+  std::vector<Tensor> grads[3];
+  Tensor outs[3];
   int i = 0;
-  for (const AttentionOptions* o : {&naive, &flash}) {
+  for (const AttentionOptions* o : {&naive, &flash, &composed}) {
     for (Tensor t : {q, k, v}) t.zero_grad();
     outs[i] = scaled_dot_product_attention(q, k, v, *o).out;
     outs[i].backward(dout);
     grads[i] = {q.grad(), k.grad(), v.grad()};
     ++i;
   }
-  for (double x : outs[1].to_vector<double>()) REQUIRE(std::isfinite(x));
-  check_close(outs[1], outs[0], 1e-10, 1e-8);
-  for (int g = 0; g < 3; ++g) {
-    CAPTURE(g);
-    check_close(grads[1][size_t(g)], grads[0][size_t(g)], 1e-10, 1e-8);
+  for (int other : {1, 2}) {
+    CAPTURE(other);
+    for (double x : outs[other].to_vector<double>()) REQUIRE(std::isfinite(x));
+    check_close(outs[other], outs[0], 1e-10, 1e-8);
+    for (int g = 0; g < 3; ++g) {
+      CAPTURE(g);
+      check_close(grads[other][size_t(g)], grads[0][size_t(g)], 1e-10, 1e-8);
+    }
   }
 }
 
 }  // namespace
 
-TEST_CASE("attention: flash equals naive, forward and gradients, over shapes and masks") {
+TEST_CASE("attention: flash and the weights path equal naive, forward and gradients, over shapes and masks") {
   Generator gen(11);
   const std::vector<Case> cases = {
       {1, 2, 2, 5, 5, 16, 16, false, false, false, false, false},
@@ -95,7 +101,7 @@ TEST_CASE("attention: flash equals naive, forward and gradients, over shapes and
     CAPTURE(c.T);
     CAPTURE(c.S);
     CAPTURE(c.E);
-    check_flash_matches_naive(c, gen);
+    check_implementations_agree(c, gen);
   }
 }
 
@@ -131,6 +137,34 @@ TEST_CASE("attention: a fully masked row gives zeros and zero gradients") {
     const auto dq = q.grad().to_vector<double>();
     for (int e = 0; e < 8; ++e) CHECK(dq[size_t(e)] == 0.0);
   }
+}
+
+TEST_CASE("attention: the returned weights are part of the graph (gradient checks in f64)") {
+  Generator gen(19);
+  // GQA, causal with T < S, a padded key, a per-head float mask and dropout: every input of the weights path.
+  const Case c{1, 4, 2, 5, 6, 4, 3, true, false, true, false, true};
+  AttentionOptions o = options_for(c, gen, AttentionImpl::Auto);
+  o.key_padding_mask = from_vector(std::vector<uint8_t>{0, 1, 0, 0, 0, 0}, {1, 6});
+  o.need_weights = true;
+  const Inputs qkv = {leaf({1, 4, 5, 4}, gen), leaf({1, 2, 6, 4}, gen), leaf({1, 2, 6, 3}, gen)};
+  expect_gradcheck([o](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], o).weights; }, qkv);
+  expect_gradcheck([o](const Inputs& in) { return mean(scaled_dot_product_attention(in[0], in[1], in[2], o).weights, 1); },
+                   qkv);
+  // A loss on both the output and the weights, read out of a fused projection.
+  AttentionOptions f;
+  f.is_causal = true;
+  f.need_weights = true;
+  expect_gradcheck(
+      [f](const Inputs& in) {
+        const AttentionResult r = fused_self_attention(in[0], 2, 1, f);
+        return concat({reshape(r.out, {-1}), reshape(r.weights, {-1})}, 0);
+      },
+      {leaf({2, 5, 4 * 4}, gen)});
+  const AttentionResult r = scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], o);
+  CHECK(r.weights.requires_grad());
+  AttentionOptions flash = o;
+  flash.impl = AttentionImpl::Flash;
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], flash), doctest::Contains("need_weights"), Error);
 }
 
 TEST_CASE("attention: weights sum to one over unmasked keys, and match the output") {
@@ -242,11 +276,15 @@ TEST_CASE("MultiHeadAttention: gradient check of the whole module in f64") {
     inputs.push_back(d);
   }
   nn::MultiHeadAttention* m = &mha;
-  expect_gradcheck(
-      [m](const Inputs& in) {
-        // Point the module's tensors at the f64 inputs for this evaluation.
-        m->c_attn->weight = in[1], m->c_attn->bias = in[2], m->c_proj.weight = in[3], m->c_proj.bias = in[4];
-        return m->forward(in[0], in[0], in[0], Tensor(), Tensor(), true).out;
-      },
-      inputs);
+  for (bool need_weights : {false, true}) {  // with weights: a loss on the averaged weights reaches every parameter
+    CAPTURE(need_weights);
+    expect_gradcheck(
+        [m, need_weights](const Inputs& in) {
+          // Point the module's tensors at the f64 inputs for this evaluation.
+          m->c_attn->weight = in[1], m->c_attn->bias = in[2], m->c_proj.weight = in[3], m->c_proj.bias = in[4];
+          const auto r = m->forward(in[0], in[0], in[0], Tensor(), Tensor(), true, need_weights);
+          return need_weights ? concat({reshape(r.out, {-1}), reshape(r.weights, {-1})}, 0) : r.out;
+        },
+        inputs);
+  }
 }

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "autograd/ops.h"
 #include "test_util.h"
@@ -57,6 +58,10 @@ TEST_CASE("forward: softmax and log-softmax") {
   check_close(softmax(x), {0.09003057317038046, 0.24472847105479767, 0.6652409557748219, 1. / 3, 1. / 3, 1. / 3}, 1e-12);
   check_close(log_softmax(x), {-2.40760596444438, -1.4076059644443801, -0.4076059644443803, -std::log(3.0),
                                -std::log(3.0), -std::log(3.0)}, 1e-12);
+  // A row masked out entirely (every key hidden from a query) gives zeros, not NaN; -inf entries of a row that
+  // has others get exactly zero.
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  check_close(softmax(vec({-kInf, -kInf, -kInf, 0, -kInf, 0}, {2, 3})), {0, 0, 0, 0.5, 0, 0.5}, 0);
 }
 
 TEST_CASE("forward: matmul, transposed operands, batches, linear") {

@@ -27,6 +27,7 @@ template <class T> void binary_backward(T* da, T* db, const T* dout, const T* a,
 template <class T> void sum_forward(T* out, const T* inp, int64_t outer, int64_t D, int64_t inner, T alpha);
 template <class T> void sum_backward(T* dinp, const T* dout, int64_t outer, int64_t D, int64_t inner, T alpha);
 
+/// A row whose entries are all -inf (every key masked out) gives zeros, not NaN.
 template <class T> void softmax_forward(T* out, const T* inp, int64_t N, int64_t C);
 template <class T> void softmax_backward(T* dinp, const T* dout, const T* out, int64_t N, int64_t C);
 template <class T> void log_softmax_forward(T* out, const T* inp, int64_t N, int64_t C);

@@ -1,6 +1,7 @@
 // Reductions over one dimension and row-wise softmax / log-softmax, with their backward passes.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
@@ -44,6 +45,10 @@ void softmax_forward(T* out, const T* inp, int64_t N, int64_t C) {
     const T* x = inp + n * C;
     T* y = out + n * C;
     const T maxval = *std::max_element(x, x + C);
+    if (maxval == -std::numeric_limits<T>::infinity()) {  // every entry masked out: zeros, as attention does
+      std::fill_n(y, C, T(0));
+      continue;
+    }
     T sum = 0;
     for (int64_t c = 0; c < C; ++c) {
       y[c] = std::exp(x[c] - maxval);

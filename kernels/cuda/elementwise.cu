@@ -235,6 +235,10 @@ __global__ void softmax_forward_kernel(float* out, const float* inp, int64_t N, 
   float mx = -INFINITY;
   for (int64_t c = lane; c < C; c += 32) mx = fmaxf(mx, x[c]);
   mx = warp_max(mx);
+  if (!log && mx == -INFINITY) {  // every entry masked out: zeros, as attention does
+    for (int64_t c = lane; c < C; c += 32) y[c] = 0.0f;
+    return;
+  }
   float sum = 0.0f;
   for (int64_t c = lane; c < C; c += 32) sum += expf(x[c] - mx);
   sum = warp_sum(sum);
