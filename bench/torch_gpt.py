@@ -76,6 +76,7 @@ def main():
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=12)
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=1337, help="weights and batches")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast (mixed precision) on the GPU")
     ap.add_argument("--no-tf32", action="store_true", help="full f32 matmuls on the GPU (default: TF32, as nanoGPT)")
@@ -84,7 +85,7 @@ def main():
                     help="train nanoGPT's CPU recipe for --iters iterations (LR schedule, clipping) and print the val loss")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    torch.manual_seed(1337)
+    torch.manual_seed(a.seed)
     dev = torch.device(a.device)
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = not a.no_tf32
@@ -139,7 +140,8 @@ def main():
                 x = torch.stack([val[i : i + a.block_size] for i in ix])
                 y = torch.stack([val[i + 1 : i + 1 + a.block_size] for i in ix])
                 losses.append(model(x.to(dev), y.to(dev)).item())
-        print(json.dumps({"impl": "pytorch", "iters": a.iters, "val_loss": sum(losses) / len(losses)}))
+        print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "threads": torch.get_num_threads(),
+                          "seed": a.seed, "iters": a.iters, "val_loss": sum(losses) / len(losses)}))
         return
     times.sort()
     ms = 1e3 * times[len(times) // 2]

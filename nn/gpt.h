@@ -25,6 +25,7 @@ struct GPTConfig {
 
   /// Throws an Error naming the first field that is out of range or inconsistent.
   void validate() const;
+  bool operator==(const GPTConfig&) const = default;
 };
 
 /// Linear 4C -> GELU -> Linear C.

@@ -28,6 +28,8 @@ c=$(sample --seed 8 --max-new-tokens 60)
 [ "$a" = "$b" ] || fail "the same seed gave different text"
 [ "$a" != "$c" ] || fail "different seeds gave the same text"
 grep -q "tokens/s" "$dir/sample.log" || fail "sample reports nothing on stderr"
+last=$("$tinygpt" sample --ckpt "$dir/run" --prompt "First" --max-new-tokens 5 2> /dev/null | tail -c 1 | od -An -c | tr -d ' ')
+[ "$last" = '\n' ] || fail "the sample does not end with a newline (stderr's timing line would follow on its line)"
 d=$(sample --seed 7 --no-kv-cache --max-new-tokens 20)
 [ "$d" = "${a:0:25}" ] || fail "with and without the KV cache differ before the context is cropped: '$d' vs '${a:0:25}'"
 
@@ -63,7 +65,12 @@ expect_error "n_head (4) must be divisible by n_kv_head (3)" "$tinygpt" train --
 expect_error "n_layer must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-layer 0
 expect_error "min-lr (0.1) must not exceed --lr" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --min-lr 0.1
 expect_error "dropout must be in \[0, 1)" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --dropout 1.5
-expect_error "Could not convert: --max-iters = ten" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --max-iters ten
+expect_error "^error: Could not convert: --max-iters = ten" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --max-iters ten
+expect_error "^error: The following argument was not expected: --no-such-flag" "$tinygpt" train --data "$dir/text.txt" --no-such-flag
+# Usage errors (a flag CLI11 cannot parse, or a value out of range) exit with 2; errors of the run itself with 1.
+"$tinygpt" train --data "$dir/text.txt" --max-iters ten 2> /dev/null; [ $? = 2 ] || fail "a parse error should exit with 2"
+"$tinygpt" train --data "$dir/text.txt" --lr -1 2> /dev/null; [ $? = 2 ] || fail "an out-of-range value should exit with 2"
+"$tinygpt" train --data "$dir/nope.txt" --out "$dir/r2" 2> /dev/null; [ $? = 1 ] || fail "a missing file should exit with 1"
 expect_error "model flags contradict the checkpoint: block_size 64" "$tinygpt" train --data "$dir/text.txt" --out "$dir/run" --resume --block-size 64
 expect_error "no CUDA\|no CUDA GPU\|not available yet" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device cuda
 expect_error "the loss is nan\|the loss is inf\|the gradient norm is" "$tinygpt" train --data "$dir/text.txt" --out "$dir/nan" \

@@ -20,6 +20,40 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// CLI11's help without what misreads as a default: the "{false}" marker CLI11 puts after a negatable flag's
+/// negative form (add_switch names the default instead), and control characters in a default, escaped (the
+/// prompt's newline shows as \n, not as a line break).
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_name(const CLI::Option* opt, bool is_positional) const override {
+    std::string name = CLI::Formatter::make_option_name(opt, is_positional);
+    for (size_t open; (open = name.find('{')) != std::string::npos;) {
+      const size_t close = name.find('}', open);
+      if (close == std::string::npos) break;
+      name.erase(open, close - open + 1);
+    }
+    return name;
+  }
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    std::string out;
+    for (char c : CLI::Formatter::make_option_opts(opt)) {
+      if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  }
+};
+
+/// A negatable flag --name / --no-name bound to `value`; its help names the form in effect by default.
+void add_switch(CLI::App* cmd, const std::string& name, bool& value, const std::string& help) {
+  cmd->add_flag(fmt::format("--{0},!--no-{0}", name), value, fmt::format("{} (default: --{}{})", help, value ? "" : "no-", name));
+}
+
 /// The ids of a flag's text; throws naming the flag and the first character outside the vocabulary.
 std::vector<int32_t> encode_flag_text(const data::CharVocab& vocab, const std::u32string& text, const char* flag) {
   std::vector<int32_t> ids;
@@ -45,8 +79,8 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str();
   cmd->add_option("--block-size", m.block_size, "Context length in characters")->capture_default_str();
   cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str();
-  cmd->add_flag("--bias,!--no-bias", m.bias, "Biases in Linear and LayerNorm layers")->capture_default_str();
-  cmd->add_flag("--rope,!--no-rope", m.rope, "Rotary position embeddings instead of a learned position table")->capture_default_str();
+  add_switch(cmd, "bias", m.bias, "Biases in Linear and LayerNorm layers");
+  add_switch(cmd, "rope", m.rope, "Rotary position embeddings instead of a learned position table");
   cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
   cmd->add_option("--max-iters", c.max_iters, "Training iterations")->capture_default_str();
   cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
@@ -64,7 +98,7 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--train-fraction", c.train_fraction, "Leading fraction of the text used for training; the rest validates")->capture_default_str();
   cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
   cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
-  cmd->add_flag("--tf32,!--no-tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls")->capture_default_str();
+  add_switch(cmd, "tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls");
   cmd->add_option("--attention-math", c.attention_math,
                   "On the GPU, the operands of flash attention's products: f32 (CUDA cores), tf32 or bf16 (tensor cores; "
                   "f32 accumulation and softmax)")->capture_default_str();
@@ -82,7 +116,7 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
   cmd->add_option("--seed", a.seed, "Random seed (the same seed gives the same text)")->capture_default_str();
   cmd->add_option("--num-samples", a.num_samples, "Independent samples to draw")->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
-  cmd->add_flag("--kv-cache,!--no-kv-cache", a.gen.kv_cache, "Reuse cached keys and values instead of rerunning the context")->capture_default_str();
+  add_switch(cmd, "kv-cache", a.gen.kv_cache, "Reuse cached keys and values instead of rerunning the context");
 }
 
 void add_eval_command(CLI::App& app, EvalArgs& a) {
@@ -183,6 +217,7 @@ void run_sample(const SampleArgs& a) {
     });
   }
   fmt::print("\n");
+  std::fflush(stdout);  // the sample's last line is out before stderr's timing line, on a terminal that shows both
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(stderr, "{} tokens in {:.3f}s ({:.0f} tokens/s)\n", a.gen.max_new_tokens * a.num_samples, secs,
              double(a.gen.max_new_tokens * a.num_samples) / secs);
@@ -209,6 +244,9 @@ void run_eval(const EvalArgs& a) {
 }  // namespace
 
 Cli::Cli() {
+  app.formatter(std::make_shared<HelpFormatter>());
+  app.footer("Exit status: 0 done, 1 error (bad data, checkpoint, file or device), 2 usage error (unknown flag, bad or "
+             "contradictory value), 130 stopped by a signal (the latest checkpoint saved).");
   app.require_subcommand(1);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one wins
   app.set_version_flag("--version", "tinygpt 0.1.0");
@@ -238,6 +276,24 @@ void Cli::validate() const {
   if (app.got_subcommand("eval")) validate_eval(eval_args);
 }
 
+int Cli::main(int argc, const char* const* argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string command = "tinygpt";
+    for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
+    fmt::print(stderr, "error: {} (see `{} --help`)\n", e.what(), command);
+    return kUsageError;
+  }
+  return run();
+}
+
 int Cli::run() {
   if (CLI::App* train_cmd = app.get_subcommand("train"); *train_cmd) {
     for (const auto& [flag, key] : {std::pair{"--n-layer", "n_layer"}, {"--n-head", "n_head"}, {"--n-kv-head", "n_kv_head"},
@@ -248,6 +304,11 @@ int Cli::run() {
   if (threads > 0) omp_set_num_threads(threads);
   try {
     validate();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kUsageError;
+  }
+  try {
     if (app.got_subcommand("train") && train(train_config).interrupted) return 130;
     if (app.got_subcommand("sample")) run_sample(sample_args);
     if (app.got_subcommand("eval")) run_eval(eval_args);

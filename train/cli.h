@@ -19,6 +19,7 @@ struct SampleArgs {
   uint64_t seed = 1337;
   int64_t num_samples = 1;
   std::string device = "cpu";
+  bool operator==(const SampleArgs&) const = default;
 };
 
 struct EvalArgs {
@@ -27,12 +28,14 @@ struct EvalArgs {
   double train_fraction = 0.9;
   uint64_t seed = 1337;
   std::string device = "cpu";
+  bool operator==(const EvalArgs&) const = default;
 };
 
 struct AttentionArgs {
   std::string ckpt, text, out = "attention.svg";
   int64_t layer = 0;
   std::vector<int64_t> heads;
+  bool operator==(const AttentionArgs&) const = default;
 };
 
 struct Cli {
@@ -45,6 +48,11 @@ struct Cli {
   void validate() const;
   /// Validates and runs the chosen subcommand; returns the process exit code (errors print one line).
   int run();
+  /// Parses argv, then run(). Help and --version print and return 0; a parse error (unknown flag, a value
+  /// that does not convert, a missing required flag) prints one `error:` line and returns kUsageError.
+  int main(int argc, const char* const* argv);
+
+  static constexpr int kUsageError = 2;  // also for values that parse but are out of range or contradictory
 
   CLI::App app{"tinygpt: train small GPT language models from text files, and sample from them"};
   int threads = 0;

@@ -21,6 +21,7 @@ struct GenerateOptions {
   double temperature = 0.8;  // 0: always the most likely token
   int64_t top_k = 200;       // 0: no cut
   bool kv_cache = true;
+  bool operator==(const GenerateOptions&) const = default;
 };
 
 /// Samples one id from logits (vocab) at a temperature, keeping the top_k most likely (ties kept).

@@ -3,6 +3,5 @@
 
 int main(int argc, char** argv) {
   tinygpt::Cli cli;
-  CLI11_PARSE(cli.app, argc, argv);
-  return cli.run();
+  return cli.main(argc, argv);
 }

@@ -45,6 +45,7 @@ struct TrainConfig {
 
   /// Throws naming the first flag that is out of range or contradicts another.
   void validate() const;
+  bool operator==(const TrainConfig&) const = default;
 };
 
 /// Device::CPU for "cpu", Device::CUDA for "cuda" when this build and machine have a GPU; else throws saying why.
