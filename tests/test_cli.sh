@@ -81,6 +81,9 @@ expect_error "attention-math must be f32, tf32 or bf16, got 'f16'" "$tinygpt" tr
 expect_error "is empty" "$tinygpt" train --data "$dir/empty.txt" --out "$dir/r2"
 expect_error "invalid UTF-8 at byte offset 3" "$tinygpt" train --data "$dir/bad.txt" --out "$dir/r2"
 expect_error "must be divisible by n_head" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-embd 30 --n-head 4
+start=$(date +%s%N)
+expect_error "training this model needs about .* of host memory" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-layer 1000000 --n-embd 65536 --n-head 1
+[ $(( ($(date +%s%N) - start) / 1000000 )) -lt 5000 ] || fail "the absurd model size took more than 5 s to be refused"
 expect_error "batch-size must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --batch-size 0
 expect_error "not in the model's vocabulary" "$tinygpt" sample --ckpt "$dir/run" --prompt "XYZ"
 expect_error "holds no checkpoint" "$tinygpt" sample --ckpt "$dir"

@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "data/corpus.h"
 #include "train/checkpoint.h"
+#include "train/memory.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
 
@@ -287,4 +288,30 @@ TEST_CASE("train: stopping and resuming gives the same losses and weights, bit f
     REQUIRE(u.defined());
     CHECK(t.to_vector<float>() == u.to_vector<float>());  // weights and AdamW moments
   }
+}
+
+TEST_CASE("memory: the parameter count from a config is the built model's, and absurd sizes are refused") {
+  for (const bool bias : {false, true})
+    for (const bool rope : {false, true})
+      for (const int64_t kv : {0, 1, 2}) {
+        nn::GPTConfig c;
+        c.vocab_size = 13, c.block_size = 16, c.n_layer = 2, c.n_head = 4, c.n_kv_head = kv, c.n_embd = 32;
+        c.bias = bias, c.rope = rope;
+        Generator gen(1);
+        const nn::GPT model(c, gen);
+        CAPTURE(bias);
+        CAPTURE(rope);
+        CAPTURE(kv);
+        CHECK(gpt_parameter_count(c) == double(model.num_parameters()));
+      }
+  nn::GPTConfig huge;
+  huge.vocab_size = 65, huge.n_layer = 1000000, huge.n_embd = 65536, huge.n_head = 1;
+  const MemoryNeed need = training_memory(huge, 64);
+  CHECK(need.weights > 1e17);
+  CHECK_THROWS_WITH_AS(require_memory(need, Device::CPU, "training this model", "use less"),
+                       doctest::Contains("training this model needs about"), Error);
+  nn::GPTConfig small;
+  small.vocab_size = 65, small.n_layer = 4, small.n_head = 4, small.n_embd = 128, small.block_size = 64;
+  CHECK_NOTHROW(require_memory(training_memory(small, 12), Device::CPU, "training this model", "use less"));
+  CHECK(available_memory(Device::CPU) > 0);
 }

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "train/memory.h"
+
 namespace tinygpt {
 
 namespace fs = std::filesystem;
@@ -80,6 +82,7 @@ fs::path resolve_checkpoint(const fs::path& path) {
 Checkpoint load_checkpoint(const fs::path& path_in) {
   Checkpoint c;
   c.path = resolve_checkpoint(path_in);
+  require_memory_to_read(c.path);
   c.contents = safetensors::load(c.path);
   const auto& meta = c.contents.metadata;
   auto bad = [&](const std::string& what) {

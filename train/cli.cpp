@@ -11,6 +11,7 @@
 #include "data/corpus.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
+#include "train/memory.h"
 #include "train/plots.h"
 #include "train/trainer.h"
 
@@ -161,7 +162,7 @@ void run_info(const std::string& path) {
   fmt::print("training flags {}\n", ckpt.state.train_config.dump());
 }
 
-std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU);
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU, int64_t batch_size = 1);
 
 void run_attention(const AttentionArgs& a) {
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
@@ -181,7 +182,10 @@ void run_attention(const AttentionArgs& a) {
   fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
 }
 
-std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device) {
+/// The checkpoint's model on `device` in eval mode, after checking it fits with batches of batch_size sequences.
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64_t batch_size) {
+  require_memory(inference_memory(ckpt.config, batch_size), device, fmt::format("running {}", ckpt.path.string()),
+                 "use a machine with more memory");
   Generator gen(0);
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
   load_weights(*model, ckpt);
@@ -233,7 +237,7 @@ void validate_eval(const EvalArgs& a) {
 void run_eval(const EvalArgs& a) {
   const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
-  const auto model = model_from(ckpt, device);
+  const auto model = model_from(ckpt, device, a.batch_size);
   const data::TokenData tokens = data::encode_file(a.data, ckpt.vocab);
   const data::Split split = data::split_tokens(tokens.ids(), a.train_fraction);
   const double train = estimate_loss(*model, split.train, a.batch_size, a.eval_iters, a.seed, "training split");

@@ -14,6 +14,7 @@
 #include "kernels/cuda/device.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/memory.h"
 
 namespace tinygpt {
 
@@ -296,6 +297,8 @@ TrainResult train(const TrainConfig& cfg_in) {
     cfg.model = ckpt->config;
     cfg.model.dropout = dropout;  // dropout may change between runs; the architecture may not
   }
+  require_memory(training_memory(cfg.model, cfg.batch_size), device, "training this model",
+                 "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
   model.to(device);  // before the optimizer, whose moments live beside the parameters

@@ -19,6 +19,7 @@ void free(void*) {}
 void empty_cache() {}
 MemoryStats memory_stats() { return {}; }
 void reset_peak_memory() {}
+size_t free_memory() { return 0; }
 void memset_zero(void*, size_t) { unavailable(); }
 void copy_to_device(void*, const void*, size_t) { unavailable(); }
 void copy_to_host(void*, const void*, size_t) { unavailable(); }

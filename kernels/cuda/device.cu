@@ -167,6 +167,12 @@ void free(void* ptr) { allocator().release(ptr); }
 void empty_cache() { allocator().empty_cache(); }
 MemoryStats memory_stats() { return allocator().stats(); }
 void reset_peak_memory() { allocator().reset_peak(); }
+size_t free_memory() {
+  size_t free_bytes = 0, total = 0;
+  check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+  const MemoryStats s = memory_stats();
+  return free_bytes + (s.cached - s.allocated);
+}
 
 void memset_zero(void* ptr, size_t bytes) { check(cudaMemsetAsync(ptr, 0, bytes), "cudaMemsetAsync"); }
 

@@ -30,6 +30,9 @@ struct MemoryStats {
 };
 MemoryStats memory_stats();
 void reset_peak_memory();
+/// Bytes that can still be allocated: the GPU's free memory plus what the caching allocator holds unused (0 without
+/// a GPU).
+size_t free_memory();
 
 void memset_zero(void* ptr, size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);

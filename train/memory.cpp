@@ -1,0 +1,122 @@
+#include "train/memory.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <limits>
+
+#include "kernels/cuda/device.h"
+
+namespace tinygpt {
+
+namespace {
+
+constexpr double kFloat = 4.0;  // bytes per f32 element
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/// The first number in a file, or NaN when it cannot be read (or says "max").
+double read_number(const char* path) {
+  std::ifstream in(path);
+  double v = NAN;
+  if (!(in >> v)) return NAN;
+  return v;
+}
+
+/// MemAvailable from /proc/meminfo, in bytes; NaN when unreadable.
+double mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  double kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024.0;
+  }
+  return NAN;
+}
+
+/// "512 MiB", "3.2 GiB", "1.4 PiB".
+std::string gib(double bytes) {
+  if (bytes < 0.1 * kGiB) return fmt::format("{:.0f} MiB", bytes / 1048576.0);
+  const char* units[] = {"GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+  double v = bytes / kGiB;
+  size_t u = 0;
+  while (v >= 1024.0 && u + 1 < std::size(units)) v /= 1024.0, ++u;
+  return fmt::format("{:.1f} {}", v, units[u]);
+}
+
+}  // namespace
+
+double gpt_parameter_count(const nn::GPTConfig& c) {
+  const double C = double(c.n_embd), V = double(c.vocab_size), L = double(c.n_layer), b = c.bias ? 1.0 : 0.0;
+  const double hd = C / double(c.n_head);
+  const double qkv = double(c.n_head + 2 * (c.n_kv_head > 0 ? c.n_kv_head : c.n_head)) * hd;
+  const double layer = 2 * C * (1 + b)    // ln_1, ln_2
+                       + qkv * C + qkv * b  // c_attn
+                       + C * C + C * b      // attn.c_proj
+                       + 4 * C * C + 4 * C * b + 4 * C * C + C * b;  // mlp.c_fc, mlp.c_proj
+  const double positions = c.rope ? 0.0 : double(c.block_size) * C;
+  return V * C + positions + L * layer + C * (1 + b);  // wte (tied LM head), wpe, blocks, ln_f
+}
+
+MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size) {
+  const double P = gpt_parameter_count(c), BT = double(batch_size) * double(c.block_size), C = double(c.n_embd);
+  MemoryNeed need;
+  need.weights = P * kFloat;
+  need.optimizer = 3 * P * kFloat;
+  // Kept for backward, per block: the residual input, both LayerNorm outputs, q/k/v, the attention output, the two
+  // residual sums, the attention and MLP projections (~10 C per token) and the 4C-wide MLP hidden layer before and
+  // after GELU (8 C); then the logits and their gradient, and backward's widest transient (the 4C MLP gradient).
+  need.activations = kFloat * BT * (18 * C * double(c.n_layer) + 2 * double(c.vocab_size) + 8 * C);
+  return need;
+}
+
+MemoryNeed inference_memory(const nn::GPTConfig& c, int64_t batch_size) {
+  const double P = gpt_parameter_count(c), BT = double(batch_size) * double(c.block_size), C = double(c.n_embd);
+  MemoryNeed need;
+  need.weights = P * kFloat;
+  // One block's transients (the 4C MLP hidden layer and its GELU, q/k/v), the logits, and a KV cache of every layer.
+  need.activations = kFloat * BT * (12 * C + double(c.vocab_size) + 2 * C * double(c.n_layer));
+  return need;
+}
+
+double available_memory(Device device) {
+  if (device == Device::CUDA) return double(cuda::free_memory());
+  double avail = mem_available();
+  if (std::isnan(avail)) {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    avail = pages > 0 && page > 0 ? double(pages) * double(page) : std::numeric_limits<double>::infinity();
+  }
+  // A container's limit: cgroup v2, then v1 (whose "no limit" is a huge number, harmless here).
+  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                     {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+    const double l = read_number(limit), u = read_number(usage);
+    if (!std::isnan(l) && !std::isnan(u)) {
+      avail = std::min(avail, std::max(0.0, l - u));
+      break;
+    }
+  }
+  return avail;
+}
+
+void require_memory(const MemoryNeed& need, Device device, const std::string& what, const std::string& advice) {
+  const double have = available_memory(device);
+  if (!(need.total() > have)) return;
+  std::string parts = fmt::format("weights {}", gib(need.weights));
+  if (need.optimizer > 0) parts += fmt::format(", gradients and AdamW moments {}", gib(need.optimizer));
+  parts += fmt::format(", activations {}", gib(need.activations));
+  throw Error(fmt::format("{} needs about {} of {} memory ({}), but {} is available; {}", what, gib(need.total()),
+                          device == Device::CUDA ? "GPU" : "host", parts, gib(have), advice));
+}
+
+void require_memory_to_read(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return;  // the reader names what is wrong with the file
+  const double have = available_memory(Device::CPU);
+  if (double(size) > have) {
+    throw Error(fmt::format("reading '{}' needs {} of host memory, but {} is available", path.string(), gib(double(size)), gib(have)));
+  }
+}
+
+}  // namespace tinygpt
