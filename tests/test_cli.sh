@@ -111,6 +111,13 @@ grep -q "head 1" "$dir/attn.svg" && grep -q "</svg>" "$dir/attn.svg" || fail "at
   --batch-size 8 --max-iters 1000000 --eval-interval 1000000 --eval-iters 1 --log-interval 1000000 2> "$dir/sig.log" &
 pid=$!
 for _ in $(seq 100); do grep -q "^model:" "$dir/sig.log" 2> /dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do [ -f "$dir/sig/ckpt_latest.safetensors" ] && break; sleep 0.1; done
+# One writer per run directory: a second train into it refuses at once; readers keep working.
+expect_error "is being trained into by another tinygpt train (pid $pid)" "$tinygpt" train --data "$dir/text.txt" --out "$dir/sig" --resume
+"$tinygpt" info --ckpt "$dir/sig" > /dev/null 2>&1 || fail "info cannot read a directory being trained into"
+"$tinygpt" sample --ckpt "$dir/sig" --max-new-tokens 5 > /dev/null 2>&1 || fail "sample cannot read a directory being trained into"
+"$tinygpt" eval --ckpt "$dir/sig" --data "$dir/text.txt" --eval-iters 1 --batch-size 2 > /dev/null 2>&1 ||
+  fail "eval cannot read a directory being trained into"
 sleep 0.5
 kill -INT "$pid"
 wait "$pid"
@@ -118,6 +125,16 @@ rc=$?
 [ "$rc" = 130 ] || fail "SIGINT: expected exit code 130, got $rc"
 grep -q "stopped by a signal after iteration" "$dir/sig.log" || fail "SIGINT: no message: $(tail -2 "$dir/sig.log")"
 "$tinygpt" info --ckpt "$dir/sig/ckpt_latest.safetensors" > /dev/null 2>&1 || fail "SIGINT: the saved checkpoint does not load"
+
+# A run killed outright leaves no stale lock: the next train into its directory resumes.
+"$tinygpt" train --data "$dir/text.txt" --out "$dir/crash" --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 \
+  --batch-size 8 --max-iters 1000000 --eval-interval 1000000 --eval-iters 1 --log-interval 1000000 2> /dev/null &
+pid=$!
+for _ in $(seq 100); do [ -f "$dir/crash/ckpt_latest.safetensors" ] && break; sleep 0.1; done
+kill -KILL "$pid"
+wait "$pid" 2> /dev/null
+"$tinygpt" train --data "$dir/text.txt" --out "$dir/crash" --resume --max-iters 2 --eval-iters 1 > /dev/null 2> "$dir/crash.log" ||
+  fail "resuming after a SIGKILL failed: $(tail -1 "$dir/crash.log")"
 
 if [ "$failures" -eq 0 ]; then echo "test_cli: all checks passed"; fi
 exit $((failures > 0))

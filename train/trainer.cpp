@@ -3,12 +3,16 @@
 #include <fmt/core.h>
 #include <omp.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "kernels/cuda/device.h"
@@ -150,6 +154,38 @@ class Console {
   Clock::time_point last_{};
 };
 
+/// One writer per run directory: an exclusive flock on OUT/train.lock, held until the run ends. The kernel drops
+/// the lock when the process dies however it dies, so a crashed run never leaves the directory locked. Readers
+/// (sample, eval, info, plot) take no lock: checkpoints are replaced by rename and metrics lines are whole.
+class RunLock {
+ public:
+  explicit RunLock(const fs::path& dir) : path_(dir / "train.lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error(fmt::format("cannot create '{}': {}", path_.string(), std::strerror(errno)));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char pid[32] = {};
+      [[maybe_unused]] const auto n = ::pread(fd_, pid, sizeof(pid) - 1, 0);
+      ::close(fd_);
+      throw Error(fmt::format("'{}' is being trained into by another tinygpt train (pid {}): one run directory takes one "
+                              "writer. Wait for it, stop it (Ctrl-C saves), or choose another --out; sample, eval and "
+                              "info can read it meanwhile",
+                              dir.string(), std::string(pid).empty() ? "unknown" : std::string(pid)));
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+      ::close(fd_);
+      throw Error(fmt::format("cannot write '{}': {}", path_.string(), std::strerror(errno)));
+    }
+  }
+  ~RunLock() { ::close(fd_); }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
 /// On resume: drops the lines a stopped run wrote after its checkpoint (iterations from `iter` on, evaluations
 /// after it), so the resumed run's lines follow without repeats.
 void truncate_metrics(const fs::path& path, int64_t iter) {
@@ -259,6 +295,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   if (ec || !fs::is_directory(out, ec)) {
     throw Error(fmt::format("cannot create the output directory '{}': {}", out.string(), ec ? ec.message() : "not a directory"));
   }
+  const RunLock lock(out);
 
   const auto t_load = Clock::now();
   const data::Corpus corpus = data::load_corpus(cfg.data, out);
