@@ -22,10 +22,11 @@ are rounded to float32 (what tinygpt computes in); the reference runs in float64
 import json
 import math
 import pathlib
-import struct
 
 import torch
 import torch.nn.functional as F
+
+from fixture_io import save_safetensors
 
 OUT = pathlib.Path(__file__).with_name("attention_fixture.safetensors")
 B, T, S = 2, 5, 7
@@ -211,22 +212,6 @@ def rope_case(gen, c):
     weights = explicit_weights(q, k, 1 / math.sqrt(hd), torch.zeros(T, T, dtype=torch.float64).masked_fill(causal, float("-inf")))
     return params, inputs, {}, out, weights if c["need_weights"] else None, dict(self=True, S=T)
 
-
-def save_safetensors(path, tensors, metadata):
-    dtypes = {torch.float32: "F32", torch.float64: "F64", torch.bool: "BOOL"}
-    header, blobs, offset = {"__metadata__": metadata}, [], 0
-    for name, t in tensors.items():
-        data = t.detach().contiguous().numpy().tobytes()
-        header[name] = {"dtype": dtypes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
 
 
 def main():

@@ -1,6 +1,6 @@
 """Writes tests/reference/gpt_fixture.safetensors: a tiny nanoGPT-architecture model's weights, a batch, and
-what PyTorch computes for it (logits, loss, every parameter's gradient), for test_reference.cpp to check
-tinygpt against. Run by developers when the model changes, not by CI:
+what PyTorch computes for it (logits, loss, every parameter's gradient), to check
+tinygpt against (test_gpt.cpp). Run by developers when the model changes, not by CI:
 
   /usr/bin/python3 tests/reference/make_gpt_fixture.py     # needs Debian's python3-torch
 
@@ -12,10 +12,11 @@ float64, so the expected values carry no float32 rounding of their own.
 import json
 import math
 import pathlib
-import struct
 
 import torch
 import torch.nn.functional as F
+
+from fixture_io import save_safetensors
 
 VOCAB, BLOCK, N_LAYER, N_HEAD, N_EMBD = 13, 8, 2, 2, 16
 B, T = 3, 8
@@ -74,22 +75,6 @@ def forward(w, idx, targets):
     logits = F.linear(x, w["transformer.wte.weight"])  # tied LM head
     return logits, F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
 
-
-def save_safetensors(path, tensors, metadata):
-    dtypes = {torch.float32: "F32", torch.float64: "F64", torch.int32: "I32"}
-    header, blobs, offset = {"__metadata__": metadata}, [], 0
-    for name, t in tensors.items():
-        data = t.detach().contiguous().numpy().tobytes()
-        header[name] = {"dtype": dtypes[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
 
 
 def main():
