@@ -56,7 +56,7 @@ printf "%s\n" "${ours[*]}" "${theirs[*]}" | awk -v n="$seeds" '
   { s = 0; for (i = 1; i <= NF; i++) s += $i; m[NR] = s / NF
     v = 0; for (i = 1; i <= NF; i++) v += ($i - m[NR]) ^ 2; sd[NR] = NF > 1 ? sqrt(v / (NF - 1)) : 0 }
   END {
-    printf "%-10s %6s %8.4f +- %.4f %6.4f +- %.4f\n", "mean", "", m[1], sd[1], m[2], sd[2]
+    printf "%-10s %6s %14s %14s\n", "mean+-sd", "", sprintf("%.4f+-%.4f", m[1], sd[1]), sprintf("%.4f+-%.4f", m[2], sd[2])
     d = m[1] - m[2]; if (d < 0) d = -d
     printf "tinygpt mean - pytorch mean = %+.4f; %s one pytorch spread (%.4f)\n", m[1] - m[2],
       (d <= sd[2]) ? "within" : "NOT within", sd[2]
