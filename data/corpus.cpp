@@ -220,6 +220,10 @@ BatchSampler::BatchSampler(std::span<const Token> ids, int64_t batch_size, int64
   }
 }
 
+void BatchSampler::skip() {
+  for (int64_t b = 0; b < batch_size_; ++b) gen_.next_u64();
+}
+
 BatchSampler::Batch BatchSampler::next() {
   const int64_t B = batch_size_, T = block_size_;
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));

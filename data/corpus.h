@@ -84,6 +84,9 @@ class BatchSampler {
     Tensor x, y;  // (B, T) i32
   };
   Batch next();
+  /// Draws what next() would and discards it: the generator moves on exactly as after next() (a data-parallel
+  /// rank passes over the other ranks' batches this way).
+  void skip();
   Generator& generator() { return gen_; }
 
  private:

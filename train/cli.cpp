@@ -10,6 +10,7 @@
 
 #include "data/corpus.h"
 #include "train/checkpoint.h"
+#include "train/comm.h"
 #include "train/generate.h"
 #include "train/memory.h"
 #include "train/plots.h"
@@ -324,6 +325,7 @@ int Cli::run() {
     if (app.got_subcommand("attention")) run_attention(attention_args);
   } catch (const std::exception& e) {
     std::fflush(stdout);
+    end_job_on_error(e.what());
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
   }

@@ -14,10 +14,12 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "kernels/cuda/device.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
+#include "train/comm.h"
 #include "train/memory.h"
 
 namespace tinygpt {
@@ -30,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 
 /// Seeds derived from the run's seed, one per purpose, so each stream is independent of the others.
 uint64_t derived_seed(uint64_t seed, uint64_t purpose) { return seed * 0x9E3779B97F4A7C15ULL + purpose; }
-constexpr uint64_t kSamplerStream = 1, kModelStream = 2, kEvalTrainStream = 3, kEvalValStream = 4;
+constexpr uint64_t kSamplerStream = 1, kModelStream = 2, kEvalTrainStream = 3, kEvalValStream = 4, kDropoutStream = 5;
 
 /// Global L2 norm of every gradient; scales them down to max_norm when above it (max_norm 0: no clipping).
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
@@ -87,7 +89,8 @@ nlohmann::json flags_json(const TrainConfig& c) {
           {"eval_interval", c.eval_interval},
           {"eval_iters", c.eval_iters},
           {"train_fraction", c.train_fraction},
-          {"seed", std::to_string(c.seed)}};
+          {"seed", std::to_string(c.seed)},
+          {"world_size", communicator().world_size()}};
 }
 
 std::atomic<int> g_stop_signals{0};
@@ -207,17 +210,55 @@ void truncate_metrics(const fs::path& path, int64_t iter) {
   fs::rename(tmp, path);
 }
 
-/// Appends one JSON object per line, flushed, so a crash keeps every line written before it.
+/// Appends one JSON object per line, flushed, so a crash keeps every line written before it. Disabled (it
+/// writes nothing) on every rank but the first.
 class MetricsLog {
  public:
-  MetricsLog(const fs::path& path, bool append) : out_(path, append ? std::ios::app : std::ios::trunc) {
+  MetricsLog(const fs::path& path, bool append, bool enabled) {
+    if (!enabled) return;
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
     if (!out_) throw Error(fmt::format("cannot write '{}'", path.string()));
   }
-  void write(const nlohmann::json& j) { out_ << j.dump() << '\n' << std::flush; }
+  void write(const nlohmann::json& j) {
+    if (out_.is_open()) out_ << j.dump() << '\n' << std::flush;
+  }
 
  private:
   std::ofstream out_;
 };
+
+/// A checksum of every parameter's bytes (FNV-1a), to check that all ranks start from the same weights.
+uint64_t weights_checksum(const std::vector<Tensor>& params) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const Tensor& p : params) {
+    const auto v = p.to(Device::CPU).to_vector<float>();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+    for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+  }
+  return h;
+}
+
+/// Sums every parameter's gradient over the ranks, packed into one buffer (one all-reduce per step). A parameter
+/// this rank left without a gradient contributes zeros.
+void all_reduce_gradients(const std::vector<Tensor>& params, Communicator& comm) {
+  int64_t n = 0;
+  for (const Tensor& p : params) n += p.numel();
+  std::vector<float> flat(size_t(n), 0.0f);
+  int64_t at = 0;
+  for (const Tensor& p : params) {
+    if (p.grad().defined()) {
+      const auto g = p.grad().to_vector<float>();
+      std::copy(g.begin(), g.end(), flat.begin() + at);
+    }
+    at += p.numel();
+  }
+  comm.all_reduce_sum(flat.data(), n);
+  at = 0;
+  for (Tensor p : params) {
+    p.set_grad(from_vector(std::vector<float>(flat.begin() + at, flat.begin() + at + p.numel()), p.shape()).to(p.device()));
+    at += p.numel();
+  }
+}
 
 }  // namespace
 
@@ -266,17 +307,23 @@ double learning_rate(const TrainConfig& c, int64_t iter) {
 }
 
 double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t batch_size, int64_t iters,
-                     uint64_t seed, const char* what) {
+                     uint64_t seed, const char* what, Communicator* comm) {
   NoGradGuard no_grad;
   const bool was_training = model.training();
   model.train(false);
   data::BatchSampler sampler(ids, batch_size, model.config().block_size, seed, what);
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world_size() : 1;
   double total = 0;
   const Device device = model.device();
   for (int64_t i = 0; i < iters; ++i) {
+    if (i % world != rank) {  // another rank's batch: drawn (so every rank's draws stay in step), not evaluated
+      sampler.skip();
+      continue;
+    }
     const auto b = sampler.next();
     total += model.forward(b.x.to(device), b.y.to(device)).loss.item();
   }
+  if (comm) comm->all_reduce_sum(&total, 1);
   model.train(was_training);
   return total / double(iters);
 }
@@ -295,13 +342,19 @@ TrainResult train(const TrainConfig& cfg_in) {
   if (ec || !fs::is_directory(out, ec)) {
     throw Error(fmt::format("cannot create the output directory '{}': {}", out.string(), ec ? ec.message() : "not a directory"));
   }
-  const RunLock lock(out);
+  Communicator& comm = communicator();
+  const int rank = comm.rank(), world = comm.world_size();
+  const bool lead = rank == 0;  // rank 0 speaks for the run: log lines, metrics, checkpoints
+  std::optional<RunLock> lock;
+  if (lead) lock.emplace(out);
 
   const auto t_load = Clock::now();
+  if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
   const data::Corpus corpus = data::load_corpus(cfg.data, out);
+  if (lead) comm.barrier();
   const auto ids = corpus.tokens.ids();
   const data::Split split = data::split_tokens(ids, cfg.train_fraction);
-  Console console(cfg.quiet);
+  Console console(cfg.quiet || !lead);
   console.line("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens\n", ids.size(),
              corpus.vocab.size(), corpus.from_cache ? "mapped from" : "encoded into", (out / "tokens.bin").string(),
              std::chrono::duration<double>(Clock::now() - t_load).count(), split.train.size(), split.val.size());
@@ -357,8 +410,24 @@ TrainResult train(const TrainConfig& cfg_in) {
     console.line("resuming from {} at iteration {} (best val loss {:.4f})\n", ckpt->path.string(), state.iter,
                state.best_val_loss);
   }
-  if (cfg.resume) truncate_metrics(out / "metrics.jsonl", state.iter);
-  MetricsLog metrics(out / "metrics.jsonl", cfg.resume);
+  if (cfg.resume && lead) truncate_metrics(out / "metrics.jsonl", state.iter);
+  MetricsLog metrics(out / "metrics.jsonl", cfg.resume, lead);
+  if (world > 1) {
+    if (device == Device::CUDA) {
+      throw Error("--device cuda with several ranks needs NCCL, which this build does not use yet; train on the CPU "
+                  "or in one process");
+    }
+    uint64_t sum = weights_checksum(model.parameters()), first = sum;
+    comm.broadcast(&first, sizeof(first), 0);
+    if (sum != first) {
+      throw Error(fmt::format("rank {}: its starting weights differ from rank 0's (checksum {:016x} vs {:016x}); every "
+                              "rank must run the same binary with the same flags and checkpoint",
+                              rank, sum, first));
+    }
+    console.line("data parallel: {} ranks ({}), {} micro-batch{} each per step: the same steps as one process with "
+                 "--grad-accum {}\n",
+                 world, comm.backend(), cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es", cfg.grad_accum * world);
+  }
   const auto& m = cfg.model;
   console.line("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
                m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6,
@@ -371,10 +440,11 @@ TrainResult train(const TrainConfig& cfg_in) {
     state.iter = iter;
     state.sampler_rng = sampler.generator().state();
     state.model_rng = model_gen.state();
-    save_checkpoint(out / kLatestCheckpoint, model, corpus.vocab, &opt, state);
+    if (lead) save_checkpoint(out / kLatestCheckpoint, model, corpus.vocab, &opt, state);
   };
   const std::vector<Tensor> params = model.parameters();
-  const int64_t tokens_per_iter = cfg.batch_size * m.block_size * cfg.grad_accum;
+  const int64_t tokens_per_iter = cfg.batch_size * m.block_size * cfg.grad_accum * world;
+  Communicator* eval_comm = world > 1 ? &comm : nullptr;
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
   double ms_avg = 0;  // moving average of the iteration time, for the ETA
@@ -382,16 +452,16 @@ TrainResult train(const TrainConfig& cfg_in) {
     const double lr = learning_rate(cfg, iter);
     if ((iter % cfg.eval_interval == 0 || iter == cfg.max_iters) && !(cfg.resume && iter == first)) {
       const auto t0 = Clock::now();
-      const double train_loss =
-          estimate_loss(model, split.train, cfg.batch_size, cfg.eval_iters, derived_seed(cfg.seed, kEvalTrainStream), "training split");
-      const double val_loss =
-          estimate_loss(model, split.val, cfg.batch_size, cfg.eval_iters, derived_seed(cfg.seed, kEvalValStream), "validation split");
+      const double train_loss = estimate_loss(model, split.train, cfg.batch_size, cfg.eval_iters,
+                                              derived_seed(cfg.seed, kEvalTrainStream), "training split", eval_comm);
+      const double val_loss = estimate_loss(model, split.val, cfg.batch_size, cfg.eval_iters,
+                                            derived_seed(cfg.seed, kEvalValStream), "validation split", eval_comm);
       result.last_val_loss = val_loss;
       metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}});
       const bool best = val_loss < state.best_val_loss;
       if (best) state.best_val_loss = val_loss;
       save_latest(iter);
-      if (best) save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
+      if (best && lead) save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
       console.line("step {}: train loss {:.4f}, val loss {:.4f}{} ({:.1f}s)\n", iter, train_loss, val_loss,
                  best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
     }
@@ -401,15 +471,30 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
 
     const auto t0 = Clock::now();
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+    // The step's world * grad_accum micro-batches, drawn in order by every rank; rank r computes the ones a single
+    // process with --grad-accum world * grad_accum computes at micro-steps r * grad_accum .. r * grad_accum + A - 1.
+    const int64_t micro_steps = cfg.grad_accum * world;
+    double reduced[2] = {0, stop.requested() ? 1.0 : 0.0};  // this rank's loss sum; a stop asked of any rank
+    for (int64_t micro = 0; micro < micro_steps; ++micro) {
+      if (micro / cfg.grad_accum != rank) {
+        sampler.skip();
+        continue;
+      }
       const auto batch = sampler.next();
+      // Dropout masks from the run's seed and the micro-batch's place in the run only: a rank draws the masks one
+      // process would draw for this micro-batch, whatever the world size.
+      model_gen.manual_seed(derived_seed(derived_seed(cfg.seed, kDropoutStream) + uint64_t(iter), uint64_t(micro)));
       const Tensor loss = model.forward(batch.x.to(device), batch.y.to(device)).loss;
-      loss_sum += loss.item();
-      (cfg.grad_accum == 1 ? loss : scale(loss, 1.0 / double(cfg.grad_accum))).backward();
+      reduced[0] += loss.item();
+      (micro_steps == 1 ? loss : scale(loss, 1.0 / double(micro_steps))).backward();
     }
+    if (world > 1) {
+      all_reduce_gradients(params, comm);
+      comm.all_reduce_sum(reduced, 2);
+    }
+    const bool stop_requested = reduced[1] > 0;
     const double norm = clip_grad_norm(params, cfg.grad_clip);
-    const double loss = loss_sum / double(cfg.grad_accum);
+    const double loss = reduced[0] / double(micro_steps);
     if (!std::isfinite(loss) || !std::isfinite(norm)) {  // before the update: the weights stay finite
       throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
                               "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
@@ -427,10 +512,10 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
     console.status(iter, cfg.max_iters, loss, tok_per_s, ms_avg);
-    if (stop.requested()) {
+    if (stop_requested) {
       save_latest(iter + 1);
       console.clear();
-      fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
+      if (lead) fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
                  (out / kLatestCheckpoint).string());
       result.iters = iter + 1;
       result.interrupted = true;
@@ -440,7 +525,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   result.best_val_loss = state.best_val_loss;
   if (result.interrupted) return result;
   console.clear();
-  fmt::print(stderr, "done: {} iterations, best val loss {:.4f}; checkpoints in {}\n", result.iters,
+  if (lead) fmt::print(stderr, "done: {} iterations, best val loss {:.4f}; checkpoints in {}\n", result.iters,
              result.best_val_loss, out.string());
   return result;
 }

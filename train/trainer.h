@@ -58,10 +58,13 @@ cuda::AttentionMath parse_attention_math(const std::string& math);
 /// min_lr after that.
 double learning_rate(const TrainConfig& c, int64_t iter);
 
+class Communicator;
+
 /// Mean loss over `iters` batches drawn with a generator seeded by `seed` (the same batches every call),
-/// in eval mode and without a graph.
+/// in eval mode and without a graph. With a communicator, rank r evaluates batches r, r + N, ... and the sum
+/// is reduced over the ranks (the same mean as one process).
 double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t batch_size, int64_t iters,
-                     uint64_t seed, const char* what);
+                     uint64_t seed, const char* what, Communicator* comm = nullptr);
 
 struct TrainResult {
   double best_val_loss;

@@ -1,0 +1,133 @@
+#include "train/comm.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "autograd/tensor.h"
+
+#if TINYGPT_HAS_MPI
+#include <mpi.h>
+#endif
+
+namespace tinygpt {
+
+namespace {
+
+/// The world size a launcher announced in the environment (OpenMPI, PMI/PMIx as Slurm's srun sets them); 1 when
+/// this process was started on its own.
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::max(1, std::atoi(v));
+  }
+  return 1;
+}
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  const char* backend() const override { return "none"; }
+  void all_reduce_sum(float*, int64_t) override {}
+  void all_reduce_sum(double*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { std::exit(code); }
+};
+
+#if TINYGPT_HAS_MPI
+
+void check(int status, const char* call) {
+  if (status == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(status, text, &len);
+  throw Error(fmt::format("{} failed: {}", call, std::string(text, size_t(len))));
+}
+
+class Mpi final : public Communicator {
+ public:
+  Mpi() {
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  }
+  ~Mpi() override { MPI_Finalize(); }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  const char* backend() const override { return "MPI"; }
+  void all_reduce_sum(float* data, int64_t n) override { reduce(data, n, MPI_FLOAT); }
+  void all_reduce_sum(double* data, int64_t n) override { reduce(data, n, MPI_DOUBLE); }
+  void broadcast(void* data, int64_t bytes, int root) override {
+    check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+  }
+  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);
+  }
+
+ private:
+  /// Rank i owns elements [begin(i), begin(i + 1)): every rank sends each owner its part (MPI_Alltoallv), the
+  /// owner adds the parts in rank order, and MPI_Allgatherv hands every rank all the sums.
+  template <class T>
+  void reduce(T* data, int64_t n, MPI_Datatype type) {
+    const int N = size_;
+    auto begin = [&](int i) { return int(n * i / N); };
+    const auto ranks = static_cast<size_t>(N);
+    std::vector<int> counts(ranks), offsets(ranks), mine(ranks), zeros(ranks);
+    for (int i = 0; i < N; ++i) counts[size_t(i)] = begin(i + 1) - begin(i), offsets[size_t(i)] = begin(i);
+    const int own = counts[size_t(rank_)];
+    for (int i = 0; i < N; ++i) mine[size_t(i)] = own, zeros[size_t(i)] = i * own;
+    recv_.resize(size_t(own) * size_t(N) * sizeof(T));
+    T* parts = reinterpret_cast<T*>(recv_.data());  // (N, own): rank i's contribution in row i
+    check(MPI_Alltoallv(data, counts.data(), offsets.data(), type, parts, mine.data(), zeros.data(), type, MPI_COMM_WORLD),
+          "MPI_Alltoallv");
+    T* sum = data + begin(rank_);
+    for (int e = 0; e < own; ++e) {
+      T acc = parts[e];
+      for (int i = 1; i < N; ++i) acc += parts[size_t(i) * size_t(own) + size_t(e)];
+      sum[e] = acc;
+    }
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, type, data, counts.data(), offsets.data(), type, MPI_COMM_WORLD), "MPI_Allgatherv");
+  }
+
+  int rank_ = 0, size_ = 1;
+  std::vector<char> recv_;
+};
+
+#endif
+
+}  // namespace
+
+bool built_with_mpi() { return TINYGPT_HAS_MPI != 0; }
+
+void end_job_on_error(const std::string& message) {
+  if (launcher_world_size() <= 1 || !built_with_mpi()) return;
+  Communicator& comm = communicator();
+  fmt::print(stderr, "error: rank {} of {}: {}\n", comm.rank(), comm.world_size(), message);
+  std::fflush(stderr);
+  comm.abort(1);
+}
+
+Communicator& communicator() {
+  static const std::unique_ptr<Communicator> comm = []() -> std::unique_ptr<Communicator> {
+    const int world = launcher_world_size();
+    if (world <= 1) return std::make_unique<SingleProcess>();
+#if TINYGPT_HAS_MPI
+    return std::make_unique<Mpi>();
+#else
+    throw Error(fmt::format("started as one of {} ranks, but this tinygpt was built without MPI, so every rank would "
+                            "train the same thing alone; install libopenmpi-dev and rebuild (scripts/setup.sh, "
+                            "scripts/build.sh), or start one process",
+                            world));
+#endif
+  }();
+  return *comm;
+}
+
+}  // namespace tinygpt
