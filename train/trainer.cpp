@@ -488,9 +488,12 @@ TrainResult train(const TrainConfig& cfg_in) {
       reduced[0] += loss.item();
       (micro_steps == 1 ? loss : scale(loss, 1.0 / double(micro_steps))).backward();
     }
+    double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
     if (world > 1) {
+      const auto c0 = Clock::now();
       all_reduce_gradients(params, comm);
       comm.all_reduce_sum(reduced, 2);
+      comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
     const bool stop_requested = reduced[1] > 0;
     const double norm = clip_grad_norm(params, cfg.grad_clip);
@@ -505,7 +508,9 @@ TrainResult train(const TrainConfig& cfg_in) {
     opt.zero_grad();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
-    metrics.write({{"iter", iter}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}, {"tok_per_s", tok_per_s}});
+    nlohmann::json row = {{"iter", iter}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}, {"tok_per_s", tok_per_s}};
+    if (world > 1) row["comm_ms"] = comm_ms;
+    metrics.write(row);
     if (iter % cfg.log_interval == 0) {
       console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s\n", iter, loss, lr,
                  norm, ms, tok_per_s);
