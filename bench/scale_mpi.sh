@@ -3,7 +3,8 @@
 # rank, no dropout) trained by 1 process x 1 thread, 2 MPI ranks x 1 thread and 1 process x 2 threads, in rounds in
 # this run. Prints tokens/s (median over iterations 10..ITERS of each run; min/median/max over the rounds), the
 # ratios against 1 process x 1 thread, and the share of the 2-rank step spent in the gradient reduction (comm_ms in
-# metrics.jsonl: the reduction itself plus waiting for the slower rank). Needs a build with MPI (scripts/build.sh
+# metrics.jsonl: the reduction itself plus waiting for the slower rank). The ranks run with --bind-to none: OpenMPI
+# pins each rank to a core by default, which measured ~5% slower here. Needs a build with MPI (scripts/build.sh
 # after scripts/setup.sh).
 #
 #   bash bench/scale_mpi.sh [DATA] [ITERS] [ROUNDS]        # defaults: the corpus, 60, 3
@@ -27,12 +28,12 @@ stats() { tr ' ' '\n' <<< "$1" | sed '/^$/d' | sort -g | awk '{v[NR] = $1} END {
 
 one=() two=() threads2=() share=()
 for r in $(seq "$rounds"); do
-  "$tinygpt" --threads 1 train "${recipe[@]}" --out "$out/one$r"
+  "$tinygpt" --threads 1 train "${recipe[@]}" --out "$out/one$r" 2> /dev/null
   one+=("$(median "$out/one$r/metrics.jsonl" tok_per_s)")
-  mpirun --allow-run-as-root --oversubscribe -np 2 "$tinygpt" --threads 1 train "${recipe[@]}" --out "$out/two$r"
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$tinygpt" --threads 1 train "${recipe[@]}" --out "$out/two$r" 2> /dev/null
   two+=("$(median "$out/two$r/metrics.jsonl" tok_per_s)")
   share+=("$(awk -v c="$(median "$out/two$r/metrics.jsonl" comm_ms)" -v m="$(median "$out/two$r/metrics.jsonl" ms)" 'BEGIN {print 100 * c / m}')")
-  "$tinygpt" --threads 2 train "${recipe[@]}" --out "$out/threads$r"
+  "$tinygpt" --threads 2 train "${recipe[@]}" --out "$out/threads$r" 2> /dev/null
   threads2+=("$(median "$out/threads$r/metrics.jsonl" tok_per_s)")
 done
 printf "%-26s %10s %10s %10s   (tokens/s over %d rounds)\n" "configuration" "min" "median" "max" "$rounds"

@@ -238,24 +238,22 @@ uint64_t weights_checksum(const std::vector<Tensor>& params) {
   return h;
 }
 
-/// Sums every parameter's gradient over the ranks, packed into one buffer (one all-reduce per step). A parameter
-/// this rank left without a gradient contributes zeros.
-void all_reduce_gradients(const std::vector<Tensor>& params, Communicator& comm) {
+/// Sums every parameter's gradient (f32, on the CPU) over the ranks, packed into one buffer: one all-reduce per
+/// step. A parameter this rank left without a gradient gets a zero one first, so that it receives the others'.
+void all_reduce_gradients(const std::vector<Tensor>& params, Communicator& comm, std::vector<float>& flat) {
   int64_t n = 0;
   for (const Tensor& p : params) n += p.numel();
-  std::vector<float> flat(size_t(n), 0.0f);
-  int64_t at = 0;
-  for (const Tensor& p : params) {
-    if (p.grad().defined()) {
-      const auto g = p.grad().to_vector<float>();
-      std::copy(g.begin(), g.end(), flat.begin() + at);
-    }
-    at += p.numel();
+  flat.resize(size_t(n));
+  float* at = flat.data();
+  for (Tensor p : params) {
+    if (!p.grad().defined()) p.set_grad(zeros_like(p));
+    at = std::copy_n(p.grad().data<float>(), p.numel(), at);
   }
   comm.all_reduce_sum(flat.data(), n);
-  at = 0;
-  for (Tensor p : params) {
-    p.set_grad(from_vector(std::vector<float>(flat.begin() + at, flat.begin() + at + p.numel()), p.shape()).to(p.device()));
+  at = flat.data();
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    std::copy_n(at, p.numel(), g.data<float>());
     at += p.numel();
   }
 }
@@ -445,6 +443,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   const std::vector<Tensor> params = model.parameters();
   const int64_t tokens_per_iter = cfg.batch_size * m.block_size * cfg.grad_accum * world;
   Communicator* eval_comm = world > 1 ? &comm : nullptr;
+  std::vector<float> flat_grads;  // the step's gradients packed for the all-reduce (several ranks only)
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
   double ms_avg = 0;  // moving average of the iteration time, for the ETA
@@ -491,7 +490,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
     if (world > 1) {
       const auto c0 = Clock::now();
-      all_reduce_gradients(params, comm);
+      all_reduce_gradients(params, comm, flat_grads);
       comm.all_reduce_sum(reduced, 2);
       comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
