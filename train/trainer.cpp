@@ -473,7 +473,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     // The step's world * grad_accum micro-batches, drawn in order by every rank; rank r computes the ones a single
     // process with --grad-accum world * grad_accum computes at micro-steps r * grad_accum .. r * grad_accum + A - 1.
     const int64_t micro_steps = cfg.grad_accum * world;
-    double reduced[2] = {0, stop.requested() ? 1.0 : 0.0};  // this rank's loss sum; a stop asked of any rank
+    double reduced[2] = {0, 0};  // this rank's loss sum; whether a stop was asked of it (summed: of any rank)
     for (int64_t micro = 0; micro < micro_steps; ++micro) {
       if (micro / cfg.grad_accum != rank) {
         sampler.skip();
@@ -489,12 +489,12 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
     if (world > 1) {
+      reduced[1] = stop.requested() ? 1.0 : 0.0;  // all ranks stop after the same iteration
       const auto c0 = Clock::now();
       all_reduce_gradients(params, comm, flat_grads);
       comm.all_reduce_sum(reduced, 2);
       comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
-    const bool stop_requested = reduced[1] > 0;
     const double norm = clip_grad_norm(params, cfg.grad_clip);
     const double loss = reduced[0] / double(micro_steps);
     if (!std::isfinite(loss) || !std::isfinite(norm)) {  // before the update: the weights stay finite
@@ -516,7 +516,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
     console.status(iter, cfg.max_iters, loss, tok_per_s, ms_avg);
-    if (stop_requested) {
+    if (world > 1 ? reduced[1] > 0 : stop.requested()) {
       save_latest(iter + 1);
       console.clear();
       if (lead) fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
