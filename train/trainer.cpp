@@ -442,7 +442,6 @@ TrainResult train(const TrainConfig& cfg_in) {
   };
   const std::vector<Tensor> params = model.parameters();
   const int64_t tokens_per_iter = cfg.batch_size * m.block_size * cfg.grad_accum * world;
-  Communicator* eval_comm = world > 1 ? &comm : nullptr;
   std::vector<float> flat_grads;  // the step's gradients packed for the all-reduce (several ranks only)
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
@@ -452,9 +451,9 @@ TrainResult train(const TrainConfig& cfg_in) {
     if ((iter % cfg.eval_interval == 0 || iter == cfg.max_iters) && !(cfg.resume && iter == first)) {
       const auto t0 = Clock::now();
       const double train_loss = estimate_loss(model, split.train, cfg.batch_size, cfg.eval_iters,
-                                              derived_seed(cfg.seed, kEvalTrainStream), "training split", eval_comm);
+                                              derived_seed(cfg.seed, kEvalTrainStream), "training split", &comm);
       const double val_loss = estimate_loss(model, split.val, cfg.batch_size, cfg.eval_iters,
-                                            derived_seed(cfg.seed, kEvalValStream), "validation split", eval_comm);
+                                            derived_seed(cfg.seed, kEvalValStream), "validation split", &comm);
       result.last_val_loss = val_loss;
       metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}});
       const bool best = val_loss < state.best_val_loss;
