@@ -84,7 +84,7 @@ AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv,
   const int64_t B = g.B, NH = g.NH, NKV = g.NKV, T = g.T, S = g.S, G = NH / NKV;
   const Tensor q = heads_first_tensor(qv), k = heads_first_tensor(kv), v = heads_first_tensor(vv);
   // Query head h reads key/value head h / G, so the G query heads of a group stack into one (G * T)-row product.
-  Tensor scores = reshape(matmul(reshape(q, {B, NKV, G * T, g.E}), k, false, true), {B, NH, T, S}) * g.scale;
+  Tensor scores = reshape(matmul(reshape(q, {B, NKV, G * T, g.E}), k, false, true, o.numerics), {B, NH, T, S}) * g.scale;
   if (mask.defined()) scores = scores + mask;
   if (g.causal || key_padding.defined()) {
     const std::vector<uint8_t> padded = key_padding.defined() ? key_padding.to_vector<uint8_t>() : std::vector<uint8_t>();
@@ -99,7 +99,7 @@ AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv,
   }
   Tensor weights = softmax(scores);  // a row that sees no key is all zeros
   if (o.dropout_p > 0.0) weights = dropout(weights, o.dropout_p, o.dropout_seed);  // same mask as the kernels
-  Tensor out = reshape(matmul(reshape(weights, {B, NKV, G * T, S}), v), {B, NH, T, g.Ev});
+  Tensor out = reshape(matmul(reshape(weights, {B, NKV, G * T, S}), v, false, false, o.numerics), {B, NH, T, g.Ev});
   if (out_heads_last) out = reshape(permute(out, {0, 2, 1, 3}), {B, T, NH * g.Ev});
   return {out, weights};
 }
@@ -136,6 +136,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
   g.causal = o.is_causal;
   g.dropout_p = float(o.dropout_p);
   g.dropout_seed = o.dropout_seed;
+  g.math = o.numerics.attention;
 
   Tensor mask;
   if (o.attn_mask.defined()) mask = additive_mask(o.attn_mask, qb.dtype(), B, NH, T, S, g.mask_stride);
@@ -218,7 +219,7 @@ AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor&
 }
 
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t len, int64_t num_heads,
-                        int64_t num_kv_heads) {
+                        int64_t num_kv_heads, const Numerics& numerics) {
   if (q.ndim() != 3 || k_cache.ndim() != 3 || v_cache.ndim() != 3 || num_heads <= 0 || num_kv_heads <= 0 ||
       q.size(2) % num_heads != 0 || k_cache.size(2) % num_kv_heads != 0 || v_cache.size(2) % num_kv_heads != 0) {
     throw Error(fmt::format("cached_attention: q must be (B, T, NH * E) and the caches (B, capacity, NKV * E) with NH = {}, "
@@ -238,6 +239,7 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   };
   AttentionOptions o;
   o.is_causal = true;
+  o.numerics = numerics;
   return attention(heads_last(q, 0, num_heads, num_heads, q.size(2) / num_heads), cached(k_cache, num_kv_heads),
                    cached(v_cache, num_kv_heads), true, o)
       .out;

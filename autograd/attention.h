@@ -17,6 +17,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/tensor.h"
+#include "kernels/numerics.h"
 
 namespace tinygpt {
 
@@ -35,6 +36,7 @@ struct AttentionOptions {
   std::optional<double> scale;  // default 1 / sqrt(E)
   bool need_weights = false;    // also return the (B, NH, T, S) attention weights (after dropout, as torch)
   AttentionImpl impl = AttentionImpl::Auto;
+  Numerics numerics;  // on the GPU: the flash kernels' operand format; TF32 for the weights path's matmuls
 };
 
 struct AttentionResult {
@@ -60,6 +62,6 @@ AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor&
 /// read in place. Returns (B, T, NH * Ev). Not differentiable (call it under NoGradGuard or on tensors
 /// that need no gradient).
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t len, int64_t num_heads,
-                        int64_t num_kv_heads);
+                        int64_t num_kv_heads, const Numerics& numerics = {});
 
 }  // namespace tinygpt

@@ -7,6 +7,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/tensor.h"
+#include "kernels/numerics.h"
 
 namespace tinygpt {
 
@@ -43,10 +44,11 @@ Tensor log_softmax(const Tensor& x);
 
 // --- products
 /// op(a) @ op(b) over the last two dims, op = transpose when the flag is set (read in place, no copy).
-/// Leading (batch) dims must match, or one operand is 2-D and shared by every batch.
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
-/// x (..., C) @ weight (OC, C)^T + bias (OC); bias may be undefined.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+/// Leading (batch) dims must match, or one operand is 2-D and shared by every batch. On the GPU, numerics.tf32 runs
+/// the product (and its backward) on TF32 tensor cores.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false, const Numerics& numerics = {});
+/// x (..., C) @ weight (OC, C)^T + bias (OC); bias may be undefined. numerics as for matmul.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Numerics& numerics = {});
 
 // --- layers
 /// Normalizes over the last dimension; saves mean and rstd for backward. bias may be undefined.

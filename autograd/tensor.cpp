@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "autograd/autograd.h"
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 
 namespace tinygpt {
 

@@ -3,7 +3,7 @@
 //
 // --device cuda times the GPU kernels instead: flash with f32 operands on CUDA cores ("flash"), with tf32 and
 // bf16 operands on tensor cores ("flash_tf32", "flash_bf16": f32 tensors in memory, f32 accumulation;
-// cuda::set_attention_math) and naive where its T x T scores fit comfortably, for B*T = 16384 tokens, T in
+// AttentionOptions::numerics) and naive where its T x T scores fit comfortably, for B*T = 16384 tokens, T in
 // {512, 1024, 2048, 4096, 8192}, E = 64 with 16 heads and E = 128 with 8, causal and not. extra_mib is then the
 // peak of the caching allocator above what was in use before. bench/compare_attention_cuda.py runs this and
 // PyTorch's scaled_dot_product_attention side by side.
@@ -38,7 +38,7 @@
 
 #include "autograd/attention.h"
 #include "autograd/ops.h"
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 
 namespace {
 
@@ -114,8 +114,7 @@ double best_ms(int reps, F f) {
 }
 
 Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool causal, int reps,
-        Device device = Device::CPU, cuda::AttentionMath math = cuda::AttentionMath::F32) {
-  const cuda::AttentionMathScope scope(math);
+        Device device = Device::CPU, AttentionMath math = AttentionMath::F32) {
   Generator gen(1);
   auto input = [&] { return randn({B, NH, T, E}, gen).to(device); };
   Tensor q = input(), k = input(), v = input();
@@ -123,6 +122,7 @@ Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool ca
   const Tensor dout = input();
   AttentionOptions o;
   o.is_causal = causal;
+  o.numerics.attention = math;
   o.impl = impl;
   const bool gpu = device == Device::CUDA;
   auto fwd_bwd = [&] {
@@ -145,8 +145,8 @@ Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool ca
   const double both = best_ms(reps, fwd_bwd);
   const double flops = 4.0 * double(B * NH) * double(T) * double(T) * double(E) * (causal ? 0.5 : 1.0);
   const std::string name = impl == AttentionImpl::Naive        ? "naive"
-                           : math == cuda::AttentionMath::F32 ? "flash"
-                                                              : std::string("flash_") + cuda::attention_math_name(math);
+                           : math == AttentionMath::F32 ? "flash"
+                                                              : std::string("flash_") + attention_math_name(math);
   return {name, B, NH, T, E, causal, fwd, both,
           flops / (fwd * 1e-3) / 1e9, 3.5 * flops / (both * 1e-3) / 1e9, extra};
 }
@@ -165,7 +165,7 @@ int run_cuda_table(bool json, bool quick) {
       for (int64_t T : lengths) {
         const int64_t B = 16384 / T, NH = 1024 / E;
         std::vector<Row> rows;
-        for (auto math : {cuda::AttentionMath::F32, cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
+        for (auto math : {AttentionMath::F32, AttentionMath::TF32, AttentionMath::BF16}) {
           rows.push_back(run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA, math));
         }
         if (T <= 1024) rows.push_back(run(AttentionImpl::Naive, B, NH, T, E, causal, 5, Device::CUDA));

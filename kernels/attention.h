@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "kernels/numerics.h"
+
 namespace tinygpt {
 
 struct AttentionGeom {
@@ -34,6 +36,7 @@ struct AttentionGeom {
   bool causal;
   float dropout_p;
   uint64_t dropout_seed;
+  AttentionMath math = AttentionMath::F32;  // the GPU flash kernels' operand format (the CPU computes in full)
 };
 
 }  // namespace tinygpt

@@ -79,6 +79,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   opts.attn_mask = attn_mask;
   opts.key_padding_mask = key_padding_mask;
   opts.need_weights = need_weights;
+  opts.numerics = numerics();
   if (training() && c.dropout > 0.0) {
     opts.dropout_p = c.dropout;
     opts.dropout_seed = gen_->next_u64();
@@ -98,9 +99,9 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
       auto rows = [&](const Tensor& t, int64_t first, int64_t count) {
         return t.defined() ? narrow(t, 0, first * E, count * E) : Tensor();
       };
-      q = linear(query, rows(c_attn->weight, 0, NH), rows(c_attn->bias, 0, NH));
-      k = linear(key, rows(c_attn->weight, NH, NKV), rows(c_attn->bias, NH, NKV));
-      v = linear(value, rows(c_attn->weight, NH + NKV, NKV), rows(c_attn->bias, NH + NKV, NKV));
+      q = linear(query, rows(c_attn->weight, 0, NH), rows(c_attn->bias, 0, NH), numerics());
+      k = linear(key, rows(c_attn->weight, NH, NKV), rows(c_attn->bias, NH, NKV), numerics());
+      v = linear(value, rows(c_attn->weight, NH + NKV, NKV), rows(c_attn->bias, NH + NKV, NKV), numerics());
     } else {
       q = q_proj->forward(query);
       k = k_proj->forward(key);
@@ -136,7 +137,7 @@ Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tens
   if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_base);
   write_slice(k_cache, 1, pos, narrow(qkv, 2, NH * E, NKV * E));
   write_slice(v_cache, 1, pos, narrow(qkv, 2, (NH + NKV) * E, NKV * E));
-  const Tensor y = cached_attention(narrow(qkv, 2, 0, NH * E), k_cache, v_cache, pos + T, NH, NKV);  // (B, T, NH * E)
+  const Tensor y = cached_attention(narrow(qkv, 2, 0, NH * E), k_cache, v_cache, pos + T, NH, NKV, numerics());  // (B, T, NH * E)
   return c_proj.forward(y);
 }
 

@@ -112,14 +112,14 @@ Tensor GPT::hidden(const Tensor& ids) const {
 
 GPT::Output GPT::forward(const Tensor& ids, const Tensor& targets) const {
   Output out;
-  out.logits = linear(hidden(ids), wte.weight);  // (B, T, V), weights tied with the token embedding
+  out.logits = linear(hidden(ids), wte.weight, Tensor(), numerics());  // (B, T, V), weights tied with the token embedding
   if (targets.defined()) out.loss = cross_entropy(out.logits, targets);
   return out;
 }
 
 Tensor GPT::last_logits(const Tensor& ids) const {
   const Tensor x = hidden(ids);
-  return linear(reshape(narrow(x, 1, x.size(1) - 1, 1), {x.size(0), x.size(2)}), wte.weight);
+  return linear(reshape(narrow(x, 1, x.size(1) - 1, 1), {x.size(0), x.size(2)}), wte.weight, Tensor(), numerics());
 }
 
 Tensor GPT::attention_weights(const Tensor& ids, int64_t layer) const {
@@ -155,7 +155,7 @@ Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
   for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache, i);
   cache.len += T;
   x = ln_f.forward(narrow(x, 1, T - 1, 1));
-  return linear(reshape(x, {x.size(0), x.size(2)}), wte.weight);
+  return linear(reshape(x, {x.size(0), x.size(2)}), wte.weight, Tensor(), numerics());
 }
 
 }  // namespace tinygpt::nn

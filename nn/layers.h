@@ -12,7 +12,7 @@ inline constexpr double kInitStd = 0.02;
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen, double init_std = kInitStd);
-  Tensor forward(const Tensor& x) const { return linear(x, weight, bias); }
+  Tensor forward(const Tensor& x) const { return linear(x, weight, bias, numerics()); }
 
   Tensor weight;  // (OC, C)
   Tensor bias;    // (OC), undefined without bias

@@ -46,6 +46,11 @@ Tensor Module::register_parameter(std::string name, Tensor t) {
   return t;
 }
 
+void Module::set_numerics(const Numerics& numerics) {
+  numerics_ = numerics;
+  for (auto& [name, child] : children_) child->set_numerics(numerics);
+}
+
 void Module::register_module(std::string name, Module& child) { children_.emplace_back(std::move(name), &child); }
 
 }  // namespace tinygpt::nn

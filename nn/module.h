@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "autograd/tensor.h"
+#include "kernels/numerics.h"
 
 namespace tinygpt::nn {
 
@@ -30,6 +31,10 @@ class Module {
   /// Training mode turns dropout on; eval mode off. Applies to every child.
   void train(bool on = true);
   bool training() const { return training_; }
+  /// How the GPU computes this module's products (TF32 matmuls, the flash attention operand format); applies to
+  /// every child. The default is full f32; the CPU always computes in full precision.
+  void set_numerics(const Numerics& numerics);
+  const Numerics& numerics() const { return numerics_; }
 
  protected:
   /// Marks t as a trainable leaf and records it under `name`; returns t.
@@ -40,6 +45,7 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Module*>> children_;
   bool training_ = true;
+  Numerics numerics_;
 };
 
 }  // namespace tinygpt::nn

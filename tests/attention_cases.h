@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 #include "kernels/dropout_hash.h"
 
 namespace tinygpt::test::attention {
@@ -296,12 +296,12 @@ void check_close(const std::vector<T>& got, const std::vector<double>& expected,
 
 /// x rounded to the operand format of the tensor-core kernels: bf16 (7-bit mantissa, nearest, ties to even) or
 /// tf32 (10-bit mantissa, nearest, ties away from zero), as their loads round it.
-inline double round_operand(double x, cuda::AttentionMath format) {
+inline double round_operand(double x, AttentionMath format) {
   const float f = float(x);
-  if (!std::isfinite(f) || format == cuda::AttentionMath::F32) return f;
+  if (!std::isfinite(f) || format == AttentionMath::F32) return f;
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  u = format == cuda::AttentionMath::BF16 ? (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u : (u + 0x1000u) & 0xffffe000u;
+  u = format == AttentionMath::BF16 ? (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u : (u + 0x1000u) & 0xffffe000u;
   float r;
   std::memcpy(&r, &u, sizeof r);
   return r;
@@ -309,7 +309,7 @@ inline double round_operand(double x, cuda::AttentionMath format) {
 
 /// p with q, k, v and dout rounded to the operand format: a double-precision reference on it differs from the
 /// tensor-core kernels only by their rounding of P and dS and by f32 accumulation.
-inline Problem rounded_to(Problem p, cuda::AttentionMath format) {
+inline Problem rounded_to(Problem p, AttentionMath format) {
   for (auto& x : p.qkv) x = round_operand(x, format);
   for (auto& x : p.dout) x = round_operand(x, format);
   return p;
@@ -321,10 +321,10 @@ inline Problem rounded_to(Problem p, cuda::AttentionMath format) {
 /// so both scales are floored at 0.05: a gradient that is zero but for rounding (one key, say: dS = P (dP - D)
 /// cancels exactly) is measured against that, not against its own rounding noise.
 template <class T>
-void check_rounded_close(const std::vector<T>& got, const std::vector<double>& expected, cuda::AttentionMath format,
+void check_rounded_close(const std::vector<T>& got, const std::vector<double>& expected, AttentionMath format,
                          const char* what) {
   REQUIRE(got.size() == expected.size());
-  const bool bf16 = format == cuda::AttentionMath::BF16;
+  const bool bf16 = format == AttentionMath::BF16;
   const double rel_tol = bf16 ? 1e-2 : 2e-3, max_tol = bf16 ? 1.5e-2 : 3e-3;
   double err2 = 0, ref2 = 0, max_err = 0, max_ref = 0;
   int64_t bad_inf = 0, first_inf = -1, worst = -1, finite = 0;
@@ -347,7 +347,7 @@ void check_rounded_close(const std::vector<T>& got, const std::vector<double>& e
     return i < 0 ? std::string("-") : "got " + std::to_string(double(got[size_t(i)])) + ", expected " +
                                           std::to_string(expected[size_t(i)]) + " at " + std::to_string(i);
   };
-  INFO(what << " (" << std::string(cuda::attention_math_name(format)) << "): relative RMS error " << rel << ", largest error "
+  INFO(what << " (" << std::string(attention_math_name(format)) << "): relative RMS error " << rel << ", largest error "
             << max_err << " (largest |expected| " << max_ref << "; " << show(worst) << "), " << bad_inf
             << " infinite/NaN mismatches (first: " << show(first_inf) << ")");
   CHECK(bad_inf == 0);
@@ -357,7 +357,7 @@ void check_rounded_close(const std::vector<T>& got, const std::vector<double>& e
 
 /// A run of the tensor-core kernels against the double reference `ref` on the same (rounded) problem p.
 template <class T>
-void check_rounded_run(const Problem& p, const Run<double>& ref, cuda::AttentionMath format, const std::vector<T>& out,
+void check_rounded_run(const Problem& p, const Run<double>& ref, AttentionMath format, const std::vector<T>& out,
                        const std::vector<T>& lse, const std::vector<T>& dqkv) {
   const std::vector<int64_t> outs = o_elements(p);
   check_rounded_close(gather(out, outs), gather(ref.out, outs), format, "out");

@@ -12,6 +12,7 @@
 // Include this before any header of device code: it defines the CUDA keywords and built-ins those use.
 #pragma once
 
+#include <algorithm>
 #include <barrier>
 #include <bit>
 #include <cmath>
@@ -22,24 +23,37 @@
 #include <thread>
 #include <vector>
 
+#define TINYGPT_EMULATED_CUDA 1
 #define __device__
 #define __host__
+#define __global__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+// Blocks run one after another, so one static array per declaration is each block's own shared memory.
+#define __shared__ static
 
 struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+  unsigned x, y, z;
 };
+
+// CUDA's device math that the host's <cmath> lacks.
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 namespace tinygpt::emu {
 
 struct Warp {
-  std::barrier<> bar{32};
+  explicit Warp(unsigned lanes) : bar(lanes) {}
+  std::barrier<> bar;
   uint32_t slot[32][8];  // each lane's operands of the collective in flight
 };
 
 struct Block {
   explicit Block(unsigned threads) : bar(threads) {
-    for (unsigned w = 0; w < threads / 32; ++w) warps.push_back(std::make_unique<Warp>());
+    for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>(std::min(32u, threads - 32 * w)));
   }
   std::barrier<> bar;
   std::vector<std::unique_ptr<Warp>> warps;
@@ -47,12 +61,14 @@ struct Block {
 
 inline thread_local Warp* tl_warp = nullptr;
 inline thread_local Block* tl_block = nullptr;
+inline thread_local unsigned char* tl_smem = nullptr;  // the block's dynamic shared memory
 
 }  // namespace tinygpt::emu
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 inline void __syncthreads() { tinygpt::emu::tl_block->bar.arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { tinygpt::emu::tl_warp->bar.arrive_and_wait(); }
 
 /// Every lane publishes `words` (n of them), the warp waits, `read` builds this lane's result from all slots, and
 /// the warp waits again before the slots can be reused.
@@ -164,7 +180,11 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
             gridDim = grid;
             tl_block = &block;
             tl_warp = block.warps[i / 32].get();
+            tl_smem = smem.data();
             body(smem.data());
+            // A returned thread no longer holds up its block's or warp's barriers (as on the GPU).
+            tl_warp->bar.arrive_and_drop();
+            tl_block->bar.arrive_and_drop();
           });
         }
         for (std::thread& t : pool) t.join();
@@ -174,3 +194,66 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
 }
 
 }  // namespace tinygpt::emu
+
+// The runtime the kernel headers (kernels/cuda/*.cuh) launch through, on the host: launches run under the
+// emulator, device memory is host memory, and cuBLAS's products are a plain loop (the CPU stands in for cuBLAS:
+// what this checks is the arguments our code hands it, not cuBLAS). The kernel headers define their functions in
+// tinygpt::cuda::emulated when included after this header, so they never clash with the real CUDA backend.
+namespace tinygpt::cuda::emulated {
+
+template <class... Params, class... Args>
+void launch_kernel(const char*, void (*kernel)(Params...), dim3 grid, unsigned threads, size_t smem_bytes, Args&&... args) {
+  emu::launch(grid, threads, smem_bytes, [&](unsigned char*) { kernel(args...); });
+}
+
+/// Scratch device memory: host memory, filled with NaN bytes so a read of what no kernel wrote shows.
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes) : bytes_(bytes, 0xff) {}
+  template <class T> T* as() { return reinterpret_cast<T*>(bytes_.data()); }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
+inline void copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+inline void copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+/// What the launchers read of the GPU: an H100's shared memory per block.
+struct DeviceProperties {
+  size_t sharedMemPerBlockOptin = 227 * 1024;
+  int major = 9, minor = 0;
+};
+inline const DeviceProperties& properties() {
+  static const DeviceProperties p;
+  return p;
+}
+
+/// Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C, `batch` times with the given element strides: what the
+/// cuBLAS call in kernels/cuda/cublas.cu computes, as a loop (f32 products, f64 sums). tf32 is ignored.
+inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                 int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+                 int64_t stride_c, int64_t batch, bool /*tf32*/, const char*) {
+  for (int64_t i = 0; i < batch; ++i) {
+    const float* a = A + i * stride_a;
+    const float* b = B + i * stride_b;
+    float* c = C + i * stride_c;
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < K; ++k) {
+          acc += double(trans_a ? a[k * lda + m] : a[m * lda + k]) * double(trans_b ? b[n * ldb + k] : b[k * ldb + n]);
+        }
+        float& out = c[m * ldc + n];
+        out = float(alpha * acc + (beta == 0.0f ? 0.0 : double(beta) * double(out)));
+      }
+    }
+  }
+}
+
+/// cublasLt's bias epilogue has no stand-in: the launcher then adds the bias with its own kernel.
+inline bool linear_forward_epilogue(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, bool) {
+  return false;
+}
+
+}  // namespace tinygpt::cuda::emulated

@@ -11,7 +11,7 @@
 
 #include "autograd/attention.h"
 #include "autograd/ops.h"
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 #include "nn/gpt.h"
 #include "tests/attention_cases.h"
 #include "train/adamw.h"
@@ -149,7 +149,6 @@ TEST_CASE("cuda: reductions, softmax and layout ops match the CPU") {
 }
 
 TEST_CASE("cuda: matmul and linear (cuBLAS, f32) match the CPU") {
-  cuda::set_allow_tf32(false);
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       const Tensor a = ta ? randn_f32({3, 40, 25}, 1) : randn_f32({3, 25, 40}, 1);
@@ -273,14 +272,13 @@ void check_against_cpu(const Config& c, bool flash) {
 
 /// The tensor-core kernels against a double-precision reference on the same inputs rounded to their format.
 void check_tensor_cores_against_reference(const Config& c) {
-  for (const auto format : {cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
-    INFO(std::string(cuda::attention_math_name(format)) << " tensor-core flash: " << describe(c));
+  for (const auto format : {AttentionMath::TF32, AttentionMath::BF16}) {
+    INFO(std::string(attention_math_name(format)) << " tensor-core flash: " << describe(c));
     const Problem p = rounded_to(make_problem(c), format);
     const Run<double> ref = run<double>(p, false, true);
-    const Run<float> gpu = [&] {
-      const cuda::AttentionMathScope scope(format);
-      return run_cuda(p, true, 1);
-    }();
+    Problem in_format = p;
+    in_format.g.math = format;
+    const Run<float> gpu = run_cuda(in_format, true, 1);
     check_rounded_run(p, ref, format, gpu.out, gpu.lse, gpu.dqkv);
   }
 }
@@ -318,10 +316,10 @@ TEST_CASE("cuda: tensor-core flash attention (tf32, bf16) matches the double ref
 TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (f32, tf32 and bf16 kernels)") {
   const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
                  .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};
-  const Problem p = make_problem(c);
-  for (const auto format : {cuda::AttentionMath::F32, cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
-    INFO("operands: " << std::string(cuda::attention_math_name(format)));
-    const cuda::AttentionMathScope scope(format);
+  for (const auto format : {AttentionMath::F32, AttentionMath::TF32, AttentionMath::BF16}) {
+    INFO("operands: " << std::string(attention_math_name(format)));
+    Problem p = make_problem(c);
+    p.g.math = format;
     const Run<float> a = run_cuda(p, true, 1), b = run_cuda(p, true, 1);
     CHECK(a.out == b.out);
     CHECK(a.lse == b.lse);
@@ -354,7 +352,7 @@ namespace {
 
 /// Losses of 20 AdamW steps of a small GPT (bias, dropout 0.1) on `device`, from the same initial weights and
 /// batches every call: random windows of a learnable stream, token i = (7 i + i / 5) mod 65.
-std::vector<double> train_losses(Device device) {
+std::vector<double> train_losses(Device device, AttentionMath attention = AttentionMath::F32) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 65;
   cfg.block_size = 64;
@@ -365,6 +363,7 @@ std::vector<double> train_losses(Device device) {
   cfg.bias = true;
   Generator gen(5);
   nn::GPT model(cfg, gen);
+  model.set_numerics({.tf32 = false, .attention = attention});
   model.to(device);
   CHECK(model.device() == device);
   AdamW opt(model.named_parameters(), {});
@@ -399,7 +398,6 @@ void check_tracks(const std::vector<double>& got, const std::vector<double>& wan
 }  // namespace
 
 TEST_CASE("cuda: GPT training on the GPU tracks the CPU for 20 steps (f32, TF32 off)") {
-  cuda::set_allow_tf32(false);
   const std::vector<double> cpu = train_losses(Device::CPU), gpu = train_losses(Device::CUDA);
   CHECK(std::abs(gpu[0] - cpu[0]) <= 1e-5 * cpu[0]);
   check_tracks(gpu, cpu, 2e-3);
@@ -407,12 +405,10 @@ TEST_CASE("cuda: GPT training on the GPU tracks the CPU for 20 steps (f32, TF32 
 }
 
 TEST_CASE("cuda: GPT training with tensor-core attention (tf32, bf16) tracks f32 attention for 20 steps") {
-  cuda::set_allow_tf32(false);
   const std::vector<double> f32 = train_losses(Device::CUDA);
-  for (const auto format : {cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
-    INFO("attention operands: " << std::string(cuda::attention_math_name(format)));
-    const cuda::AttentionMathScope scope(format);
-    check_tracks(train_losses(Device::CUDA), f32, format == cuda::AttentionMath::BF16 ? 1e-2 : 3e-3);
+  for (const auto format : {AttentionMath::TF32, AttentionMath::BF16}) {
+    INFO("attention operands: " << std::string(attention_math_name(format)));
+    check_tracks(train_losses(Device::CUDA, format), f32, format == AttentionMath::BF16 ? 1e-2 : 3e-3);
   }
 }
 

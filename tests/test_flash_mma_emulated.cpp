@@ -61,7 +61,7 @@ EmulatedRun run_emulated(const Problem& p) {
 }
 
 template <class Op>
-void check_format(const Config& c, cuda::AttentionMath format) {
+void check_format(const Config& c, AttentionMath format) {
   INFO("tensor-core flash (emulated, " << std::string(Op::kName) << " operands): " << describe(c));
   const Problem p = rounded_to(make_problem(c), format);
   const Run<double> ref = run<double>(p, false, true);
@@ -73,8 +73,8 @@ void check_format(const Config& c, cuda::AttentionMath format) {
 }
 
 void check_emulated(const Config& c) {
-  check_format<cuda::flash_mma::Bf16>(c, cuda::AttentionMath::BF16);
-  check_format<cuda::flash_mma::Tf32>(c, cuda::AttentionMath::TF32);
+  check_format<cuda::flash_mma::Bf16>(c, AttentionMath::BF16);
+  check_format<cuda::flash_mma::Tf32>(c, AttentionMath::TF32);
 }
 
 }  // namespace

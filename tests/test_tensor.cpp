@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "autograd/ops.h"
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 #include "test_util.h"
 
 using namespace tinygpt;

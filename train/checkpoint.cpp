@@ -66,6 +66,8 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Cha
   meta["optimizer_step"] = std::to_string(opt != nullptr ? opt->steps() : 0);
   meta["rng"] = nlohmann::json{{"sampler", to_json(state.sampler_rng)}, {"model", to_json(state.model_rng)}}.dump();
   meta["train_config"] = state.train_config.dump();
+  meta["numerics"] = nlohmann::json{{"tf32", model.numerics().tf32},
+                                    {"attention_math", attention_math_name(model.numerics().attention)}}.dump();
   safetensors::save(path, tensors, meta);
 }
 
@@ -104,6 +106,13 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
     c.state.sampler_rng = rng_from_json(rng.at("sampler"));
     c.state.model_rng = rng_from_json(rng.at("model"));
     c.state.train_config = nlohmann::json::parse(field("train_config"));
+    if (meta.contains("numerics")) {  // absent in checkpoints written before it was recorded: full f32
+      const auto numerics = nlohmann::json::parse(field("numerics"));
+      c.numerics.tf32 = numerics.at("tf32").get<bool>();
+      if (!parse_attention_math(numerics.at("attention_math").get<std::string>(), c.numerics.attention)) {
+        throw Error(fmt::format("unknown attention_math '{}'", numerics.at("attention_math").get<std::string>()));
+      }
+    }
   } catch (const Error& e) {
     throw bad(e.what());
   } catch (const std::exception& e) {

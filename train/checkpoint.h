@@ -34,6 +34,7 @@ struct Checkpoint {
   data::CharVocab vocab;
   TrainState state;
   int64_t optimizer_step = 0;
+  Numerics numerics;  // what the model computed with in training (eval and sample use it unless told otherwise)
   safetensors::Contents contents;
 };
 

@@ -18,6 +18,13 @@
 
 namespace tinygpt {
 
+Numerics NumericsFlags::over(const Numerics& checkpoint) const {
+  Numerics n = checkpoint;
+  if (tf32) n.tf32 = *tf32;
+  if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
+  return n;
+}
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -54,6 +61,14 @@ class HelpFormatter : public CLI::Formatter {
 /// A negatable flag --name / --no-name bound to `value`; its help names the form in effect by default.
 void add_switch(CLI::App* cmd, const std::string& name, bool& value, const std::string& help) {
   cmd->add_flag(fmt::format("--{0},!--no-{0}", name), value, fmt::format("{} (default: --{}{})", help, value ? "" : "no-", name));
+}
+
+void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
+  cmd->add_flag_callback("--tf32", [&n] { n.tf32 = true; },
+                         "On the GPU, TF32 tensor cores for f32 matmuls (default: as the checkpoint was trained)");
+  cmd->add_flag_callback("--no-tf32", [&n] { n.tf32 = false; }, "On the GPU, full f32 matmuls");
+  cmd->add_option("--attention-math", n.attention_math,
+                  "On the GPU, flash attention's operands: f32, tf32 or bf16 (default: as the checkpoint was trained)");
 }
 
 /// The ids of a flag's text; throws naming the flag and the first character outside the vocabulary.
@@ -119,6 +134,7 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
   cmd->add_option("--num-samples", a.num_samples, "Independent samples to draw")->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   add_switch(cmd, "kv-cache", a.gen.kv_cache, "Reuse cached keys and values instead of rerunning the context");
+  add_numerics_flags(cmd, a.numerics);
 }
 
 void add_eval_command(CLI::App& app, EvalArgs& a) {
@@ -130,6 +146,7 @@ void add_eval_command(CLI::App& app, EvalArgs& a) {
   cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")->capture_default_str();
   cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
+  add_numerics_flags(cmd, a.numerics);
 }
 
 void run_info(const std::string& path) {
@@ -163,7 +180,8 @@ void run_info(const std::string& path) {
   fmt::print("training flags {}\n", ckpt.state.train_config.dump());
 }
 
-std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU, int64_t batch_size = 1);
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU, int64_t batch_size = 1,
+                                    const NumericsFlags& numerics = {});
 
 void run_attention(const AttentionArgs& a) {
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
@@ -184,18 +202,29 @@ void run_attention(const AttentionArgs& a) {
 }
 
 /// The checkpoint's model on `device` in eval mode, after checking it fits with batches of batch_size sequences.
-std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64_t batch_size) {
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64_t batch_size,
+                                    const NumericsFlags& numerics) {
   require_memory(inference_memory(ckpt.config, batch_size), device, fmt::format("running {}", ckpt.path.string()),
                  "use a machine with more memory");
   Generator gen(0);
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
   load_weights(*model, ckpt);
+  model->set_numerics(numerics.over(ckpt.numerics));
   model->to(device);
   model->train(false);
   return model;
 }
 
+void validate_numerics(const NumericsFlags& n, const std::string& device) {
+  if (n.attention_math.empty()) return;
+  if (parse_attention_math(n.attention_math) != AttentionMath::F32 && device != "cuda") {
+    throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda",
+                            n.attention_math));
+  }
+}
+
 void validate_sample(const SampleArgs& a) {
+  validate_numerics(a.numerics, a.device);
   if (a.gen.max_new_tokens < 0) throw Error(fmt::format("--max-new-tokens must not be negative, got {}", a.gen.max_new_tokens));
   if (a.num_samples <= 0) throw Error(fmt::format("--num-samples must be positive, got {}", a.num_samples));
   if (!(a.gen.temperature >= 0)) throw Error(fmt::format("--temperature must not be negative, got {}", a.gen.temperature));
@@ -205,7 +234,7 @@ void validate_sample(const SampleArgs& a) {
 void run_sample(const SampleArgs& a) {
   const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
-  const auto model = model_from(ckpt, device);
+  const auto model = model_from(ckpt, device, 1, a.numerics);
   const std::u32string prompt = data::decode_utf8(a.prompt);
   if (prompt.empty()) throw Error("--prompt is empty: give at least one character");
   const std::vector<int32_t> ids = encode_flag_text(ckpt.vocab, prompt, "--prompt");
@@ -229,6 +258,7 @@ void run_sample(const SampleArgs& a) {
 }
 
 void validate_eval(const EvalArgs& a) {
+  validate_numerics(a.numerics, a.device);
   if (a.batch_size <= 0 || a.eval_iters <= 0) throw Error("--batch-size and --eval-iters must be positive");
   if (!(a.train_fraction > 0 && a.train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", a.train_fraction));
@@ -238,7 +268,7 @@ void validate_eval(const EvalArgs& a) {
 void run_eval(const EvalArgs& a) {
   const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
-  const auto model = model_from(ckpt, device, a.batch_size);
+  const auto model = model_from(ckpt, device, a.batch_size, a.numerics);
   const data::TokenData tokens = data::encode_file(a.data, ckpt.vocab);
   const data::Split split = data::split_tokens(tokens.ids(), a.train_fraction);
   const double train = estimate_loss(*model, split.train, a.batch_size, a.eval_iters, a.seed, "training split");

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,14 @@
 
 namespace tinygpt {
 
+/// eval's and sample's --tf32/--no-tf32 and --attention-math: unset, the checkpoint's numerics (what training used).
+struct NumericsFlags {
+  std::optional<bool> tf32;
+  std::string attention_math;  // empty: the checkpoint's
+  bool operator==(const NumericsFlags&) const = default;
+  Numerics over(const Numerics& checkpoint) const;
+};
+
 struct SampleArgs {
   std::string ckpt;
   std::string prompt = "\n";
@@ -19,6 +28,7 @@ struct SampleArgs {
   uint64_t seed = 1337;
   int64_t num_samples = 1;
   std::string device = "cpu";
+  NumericsFlags numerics;
   bool operator==(const SampleArgs&) const = default;
 };
 
@@ -28,6 +38,7 @@ struct EvalArgs {
   double train_fraction = 0.9;
   uint64_t seed = 1337;
   std::string device = "cpu";
+  NumericsFlags numerics;
   bool operator==(const EvalArgs&) const = default;
 };
 

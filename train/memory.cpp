@@ -7,7 +7,7 @@
 #include <iterator>
 #include <limits>
 
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 
 namespace tinygpt {
 

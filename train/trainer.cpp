@@ -16,7 +16,7 @@
 #include <fstream>
 #include <optional>
 
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/comm.h"
@@ -64,12 +64,15 @@ Device parse_device(const std::string& device) {
   return Device::CUDA;
 }
 
-cuda::AttentionMath parse_attention_math(const std::string& math) {
-  for (const auto m : {cuda::AttentionMath::F32, cuda::AttentionMath::TF32, cuda::AttentionMath::BF16}) {
-    if (math == cuda::attention_math_name(m)) return m;
+AttentionMath parse_attention_math(const std::string& math) {
+  AttentionMath m{};
+  if (!tinygpt::parse_attention_math(math, m)) {
+    throw Error(fmt::format("--attention-math must be f32, tf32 or bf16, got '{}'", math));
   }
-  throw Error(fmt::format("--attention-math must be f32, tf32 or bf16, got '{}'", math));
+  return m;
 }
+
+Numerics numerics_of(const TrainConfig& c) { return {c.tf32, parse_attention_math(c.attention_math)}; }
 
 namespace {
 
@@ -288,7 +291,7 @@ void TrainConfig::validate() const {
   if (!(train_fraction > 0 && train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
   }
-  if (parse_attention_math(attention_math) != cuda::AttentionMath::F32 && device != "cuda") {
+  if (parse_attention_math(attention_math) != AttentionMath::F32 && device != "cuda") {
     throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", attention_math));
   }
   nn::GPTConfig m = model;
@@ -330,10 +333,6 @@ TrainResult train(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;
   cfg.validate();
   const Device device = parse_device(cfg.device);
-  if (device == Device::CUDA) {
-    cuda::set_allow_tf32(cfg.tf32);
-    cuda::set_attention_math(parse_attention_math(cfg.attention_math));
-  }
   const fs::path out = cfg.out;
   std::error_code ec;
   fs::create_directories(out, ec);
@@ -389,6 +388,7 @@ TrainResult train(const TrainConfig& cfg_in) {
                  "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
+  model.set_numerics(numerics_of(cfg));
   model.to(device);  // before the optimizer, whose moments live beside the parameters
   AdamW opt(model.named_parameters(),
             {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});

@@ -38,7 +38,7 @@ struct TrainConfig {
   uint64_t seed = 1337;
   std::string device = "cpu";
   bool tf32 = true;  // on the GPU: TF32 tensor cores for f32 matmuls (as nanoGPT); --no-tf32 for full f32
-  std::string attention_math = "f32";  // on the GPU: flash attention's operands, f32, tf32 or bf16 (cuda::AttentionMath)
+  std::string attention_math = "f32";  // on the GPU: flash attention's operands, f32, tf32 or bf16 (AttentionMath)
   bool resume = false;
   bool quiet = false;  // only the final summary and errors on stderr
   std::vector<std::string> model_flags_given;  // config keys set by flags ("n_embd", ...): on resume they must match
@@ -51,8 +51,10 @@ struct TrainConfig {
 /// Device::CPU for "cpu", Device::CUDA for "cuda" when this build and machine have a GPU; else throws saying why.
 Device parse_device(const std::string& device);
 
-/// cuda::AttentionMath for "f32", "tf32" or "bf16"; else throws naming the flag.
-cuda::AttentionMath parse_attention_math(const std::string& math);
+/// AttentionMath for "f32", "tf32" or "bf16"; else throws naming the flag.
+AttentionMath parse_attention_math(const std::string& math);
+/// The numerics a run's flags ask for: what the model computes with, and what its checkpoints record.
+Numerics numerics_of(const TrainConfig& c);
 
 /// nanoGPT's schedule: linear warmup to lr over warmup_iters, cosine decay to min_lr at lr_decay_iters,
 /// min_lr after that.

@@ -21,7 +21,7 @@ void for_each_batch(int64_t batch, int64_t flops_per_batch, F f) {
 
 template <class T>
 void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N,
-                    bool trans_a, bool trans_b) {
+                    bool trans_a, bool trans_b, bool /*tf32*/) {
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   if (batch_b == 1 && !trans_a) {
     // Rows of every batch of a are contiguous: one product of (batch_a * M, K) by the shared b.
@@ -38,7 +38,7 @@ void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t bat
 
 template <class T>
 void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M,
-                     int64_t K, int64_t N, bool trans_a, bool trans_b) {
+                     int64_t K, int64_t N, bool trans_a, bool trans_b, bool /*tf32*/) {
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const int64_t batch = std::max(batch_a, batch_b);
   // da: op(a) = dout @ op(b)^T, stored transposed when trans_a. Accumulates (beta = 1).
@@ -91,7 +91,8 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 }
 
 template <class T>
-void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC) {
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
+                    bool /*tf32*/) {
   gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
   if (bias) {
 #pragma omp parallel for if (N * OC >= kParallelGrain)
@@ -104,7 +105,7 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 template <class T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                     int64_t OC) {
+                     int64_t OC, bool /*tf32*/) {
   if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);  // (N, OC) @ (OC, C)
   if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);  // (OC, N) @ (N, C)
   if (dbias) {
@@ -127,11 +128,12 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 }
 
 #define TINYGPT_INSTANTIATE(T)                                                                                         \
-  template void matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool);    \
+  template void matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,     \
+                                  bool);                                                                               \
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
-                                   bool, bool);                                                                        \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);                        \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);
+                                   bool, bool, bool);                                                                  \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool);                  \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
 #undef TINYGPT_INSTANTIATE

@@ -1,5 +1,5 @@
 // Linked instead of the CUDA sources in a CPU-only build: every GPU request fails with a clear message.
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 
 namespace tinygpt::cuda {
@@ -27,11 +27,5 @@ void copy_on_device(void*, const void*, size_t) { unavailable(); }
 void synchronize() {}
 bool profiling() { return false; }
 void profile_add(const char*, double) {}
-void set_allow_tf32(bool) {}
-bool allow_tf32() { return false; }
-void set_attention_math(AttentionMath math) {
-  if (math != AttentionMath::F32) unavailable();
-}
-AttentionMath attention_math() { return AttentionMath::F32; }
 
 }  // namespace tinygpt::cuda

@@ -157,9 +157,6 @@ CachingAllocator& allocator() {
   return *a;
 }
 
-bool g_allow_tf32 = false;
-AttentionMath g_attention_math = AttentionMath::F32;
-
 }  // namespace
 
 void* malloc(size_t bytes) { return allocator().allocate(bytes); }
@@ -232,21 +229,6 @@ void profile_add(const char* kernel, double ms) {
   e.ms += ms;
   ++e.calls;
 }
-
-void set_allow_tf32(bool on) {
-  g_allow_tf32 = on;
-  check(cublasSetMathMode(cublas(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-}
-bool allow_tf32() { return g_allow_tf32; }
-
-void set_attention_math(AttentionMath math) {
-  if (math != AttentionMath::F32 && properties().major < 8) {
-    throw Error(fmt::format("{} flash attention needs tensor cores of compute capability 8.0 or newer; {} has none",
-                            attention_math_name(math), device_description()));
-  }
-  g_attention_math = math;
-}
-AttentionMath attention_math() { return g_attention_math; }
 
 cublasHandle_t cublas() {
   static cublasHandle_t handle = [] {

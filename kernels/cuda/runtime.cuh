@@ -1,5 +1,6 @@
-// Helpers shared by the CUDA kernel files (not a public header): error checks, launch sizes, warp
-// reductions, scratch buffers from the caching allocator, and the cuBLAS handles.
+// The real backend's runtime under the kernel headers (not a public header): error checks, device properties,
+// scratch buffers from the caching allocator, cuBLAS handles and the cuBLAS products. tests/emulated_cuda.h
+// provides the same names on the host.
 #pragma once
 
 #include <cublasLt.h>
@@ -9,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/cuda/device.h"
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 
 namespace tinygpt::cuda {
@@ -29,39 +30,6 @@ cublasLtHandle_t cublaslt();
 /// A workspace for cublasLt, allocated once.
 void* cublaslt_workspace(size_t* bytes);
 
-inline constexpr int kThreads = 256;
-
-inline unsigned blocks_for(int64_t n, int threads = kThreads) {
-  const int64_t b = (n + threads - 1) / threads;
-  return unsigned(b < 1 ? 1 : (b > (int64_t(1) << 30) ? (int64_t(1) << 30) : b));
-}
-
-/// Grid-stride loop over [0, n).
-#define TINYGPT_CUDA_LOOP(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(blockDim.x) * gridDim.x)
-
-__device__ inline float warp_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
-__device__ inline float warp_max(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-
-/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-__device__ inline float block_sum(float x) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  x = warp_sum(x);
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = x;
-  __syncthreads();
-  x = lane < warps ? partial[lane] : 0.0f;
-  return warp_sum(x);
-}
-
 /// Device scratch memory for the duration of one kernel call, back to the cache at scope exit.
 class Scratch {
  public:
@@ -74,5 +42,16 @@ class Scratch {
  private:
   void* ptr_;
 };
+
+/// Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C, `batch` times with the given element strides (0: the
+/// operand is shared by every batch), through cuBLAS; TF32 tensor cores when tf32 (and the rows are aligned).
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+          int64_t stride_c, int64_t batch, bool tf32, const char* what);
+
+/// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias with the bias added in cublasLt's epilogue. Returns false
+/// when cublasLt offers no algorithm for the shape (the caller then adds the bias itself).
+bool linear_forward_epilogue(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
+                             int64_t OC, bool tf32);
 
 }  // namespace tinygpt::cuda

@@ -1,5 +1,7 @@
-// GPU memory and device queries. Implemented in device.cu when the CUDA backend is built, and by
-// cpu_only_stubs.cpp otherwise, so callers never need an #ifdef.
+// GPU memory and device queries, the part of the CUDA backend the layers above the kernels may use. Implemented in
+// kernels/cuda/device.cu when the CUDA backend is built, and by kernels/cuda/cpu_only_stubs.cpp otherwise, so
+// callers never need an #ifdef. How kernels compute (TF32, the attention operand format) is not set here: it is
+// an argument of each call (kernels/numerics.h).
 //
 // All GPU work runs on one stream (the default stream), so memory handed back to the caching allocator
 // can be reused at once by later work: the stream orders it after every kernel that used it.
@@ -45,33 +47,5 @@ void synchronize();
 /// and adds its time to a per-kernel table printed to stderr at exit (a coarse profiler; it slows runs down).
 bool profiling();
 void profile_add(const char* kernel, double ms);
-
-/// Lets cuBLAS use TF32 tensor cores for f32 matmuls (10-bit mantissa products, f32 accumulation). Off by default.
-void set_allow_tf32(bool on);
-bool allow_tf32();
-
-/// The operands of flash attention's products on the GPU; accumulation, softmax, logsumexp, inputs and outputs are
-/// f32 in every case. F32: CUDA cores (the default). TF32, BF16: tensor cores (mma.sync), Q, K, V, dO, P and dS
-/// rounded to that format as they are loaded; TF32 falls back to F32 for head dims whose tiles do not fit in the
-/// GPU's shared memory (128 on an A100).
-enum class AttentionMath { F32, TF32, BF16 };
-/// Throws when TF32 or BF16 is asked of a GPU without those tensor cores (compute capability below 8.0).
-void set_attention_math(AttentionMath math);
-AttentionMath attention_math();
-inline const char* attention_math_name(AttentionMath math) {
-  return math == AttentionMath::BF16 ? "bf16" : math == AttentionMath::TF32 ? "tf32" : "f32";
-}
-
-/// Sets the attention math for its lifetime and restores the previous one after.
-class AttentionMathScope {
- public:
-  explicit AttentionMathScope(AttentionMath math) : previous_(attention_math()) { set_attention_math(math); }
-  ~AttentionMathScope() { set_attention_math(previous_); }
-  AttentionMathScope(const AttentionMathScope&) = delete;
-  AttentionMathScope& operator=(const AttentionMathScope&) = delete;
-
- private:
-  AttentionMath previous_;
-};
 
 }  // namespace tinygpt::cuda

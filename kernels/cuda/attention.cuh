@@ -1,0 +1,639 @@
+// Scaled dot-product attention on the GPU, f32: a naive reference (one warp per query row, scores in memory)
+// and flash attention (tiles in shared memory, online softmax, no T x S buffer), forward and backward. Twins of
+// kernels/cpu/attention.cpp; layout, masking and dropout as kernels/attention.h describes.
+//
+// Flash layout: a block of 128 threads (4 warps) owns a 64 x 64 tile of scores. Thread (warp w, lane l) holds
+// rows 16w + 4(l/8) + i (i < 4) and columns l%8 + 8j (j < 8), so a row is spread over the 8 lanes of one
+// group and its max and sum are 3 shuffles away; output columns are l%8 + 8d (d < EP/8). EP is the head dim
+// rounded up to 32, 64 or 128 (zero padded). Operands that are read down a column are stored transposed in
+// shared memory with a padded stride of 65 floats, which keeps every access free of bank conflicts.
+//
+// The flash entry points run the tensor-core kernels of flash_mma.cuh instead when the call's AttentionGeom::math
+// asks for tf32 or bf16 operands (f32 accumulation either way; with_flash_path below).
+//
+// Backward, FlashAttention-2 style, deterministic: D = rowsum(dO * O) first; then one block per key tile
+// walks the query tiles of every head of its group and keeps dK and dV in registers; then one block per
+// query tile walks the key tiles and keeps dQ in registers. No gradient is written by two blocks, so there
+// are no atomics, at the price of computing P and dS twice.
+//
+// Compiled by nvcc in attention.cu and under tests/emulated_cuda.h (see launch.cuh), which also emulates the
+// tensor cores.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/launch.cuh"
+#if !defined(TINYGPT_EMULATED_CUDA)
+#include "kernels/cuda/mma.cuh"
+#endif
+#include "kernels/cuda/flash_mma.cuh"  // after the mma primitives: its kernels are written over them
+
+TINYGPT_CUDA_BEGIN
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Naive reference.
+
+/// One warp per query row; the scores go to `weights` (or scratch) and are turned into probabilities in place.
+__global__ void naive_forward_kernel(float* out, float* weights, float* lse, const float* q, const float* k,
+                                     const float* v, const float* mask, const uint8_t* kp, AttentionGeom g) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= g.B * g.NH * g.T) return;
+  const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T, kvh = h / (g.NH / g.NKV);
+  float* p = weights + row * g.S;
+  const float* qr = at(q, g.q_stride, b, h, t);
+  float mx = -INFINITY;
+  for (int64_t s = lane; s < g.S; s += 32) {
+    float x = -INFINITY;
+    if (visible(g, kp, b, t, s)) {
+      const float* kr = at(k, g.k_stride, b, kvh, s);
+      float dot = 0.0f;
+      for (int64_t e = 0; e < g.E; ++e) dot += qr[e] * kr[e];
+      x = float(g.scale) * dot + mask_at(mask, g, b, h, t, s);
+    }
+    p[s] = x;
+    mx = fmaxf(mx, x);
+  }
+  mx = warp_max(mx);
+  float* o = at(out, g.o_stride, b, h, t);
+  if (mx == -INFINITY) {  // no visible key
+    for (int64_t s = lane; s < g.S; s += 32) p[s] = 0.0f;
+    for (int64_t e = lane; e < g.Ev; e += 32) o[e] = 0.0f;
+    if (lane == 0) lse[row] = -INFINITY;
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t s = lane; s < g.S; s += 32) sum += (p[s] = expf(p[s] - mx));
+  sum = warp_sum(sum);
+  const float inv = 1.0f / sum;
+  for (int64_t s = lane; s < g.S; s += 32) p[s] *= inv;
+  if (lane == 0) lse[row] = mx + logf(sum);
+  __syncwarp();
+  for (int64_t e = lane; e < g.Ev; e += 32) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < g.S; ++s) {
+      const float w = p[s] * dropout_factor(g, b, h, t, s);
+      if (w != 0.0f) acc += w * at(v, g.v_stride, b, kvh, s)[e];
+    }
+    o[e] = acc;
+  }
+}
+
+/// D[row] = dot(dout, out) of every query row; one warp per row.
+__global__ void rowdot_kernel(float* D, const float* dout, const float* out, AttentionGeom g) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= g.B * g.NH * g.T) return;
+  const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T;
+  const float* go = at(dout, g.o_stride, b, h, t);
+  const float* o = at(out, g.o_stride, b, h, t);
+  float acc = 0.0f;
+  for (int64_t e = lane; e < g.Ev; e += 32) acc += go[e] * o[e];
+  acc = warp_sum(acc);
+  if (lane == 0) D[row] = acc;
+}
+
+/// P * dropout and dS of element (b, h, t, s), computed by a whole warp; false when the key is invisible.
+__device__ bool naive_element(const AttentionGeom& g, const float* q, const float* k, const float* v, const float* dout,
+                              const float* lse, const float* D, const float* mask, const uint8_t* kp, int64_t b,
+                              int64_t h, int64_t t, int64_t s, float& pd, float& ds) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = (b * g.NH + h) * g.T + t, kvh = h / (g.NH / g.NKV);
+  if (lse[row] == -INFINITY || !visible(g, kp, b, t, s)) return false;
+  const float* qr = at(q, g.q_stride, b, h, t);
+  const float* kr = at(k, g.k_stride, b, kvh, s);
+  const float* gr = at(dout, g.o_stride, b, h, t);
+  const float* vr = at(v, g.v_stride, b, kvh, s);
+  float qk = 0.0f, dp = 0.0f;
+  for (int64_t e = lane; e < g.E; e += 32) qk += qr[e] * kr[e];
+  for (int64_t e = lane; e < g.Ev; e += 32) dp += gr[e] * vr[e];
+  qk = warp_sum(qk);
+  dp = warp_sum(dp);
+  const float p = expf(float(g.scale) * qk + mask_at(mask, g, b, h, t, s) - lse[row]);
+  const float f = dropout_factor(g, b, h, t, s);
+  pd = p * f;
+  ds = p * (dp * f - D[row]) * float(g.scale);
+  return true;
+}
+
+__global__ void naive_backward_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
+                                         const float* lse, const float* D, const float* mask, const uint8_t* kp,
+                                         AttentionGeom g) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= g.B * g.NH * g.T) return;
+  const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T, kvh = h / (g.NH / g.NKV);
+  float* dqr = at(dq, g.q_stride, b, h, t);
+  for (int64_t s = 0; s < g.S; ++s) {
+    float pd, ds;
+    if (!naive_element(g, q, k, v, dout, lse, D, mask, kp, b, h, t, s, pd, ds)) continue;
+    const float* kr = at(k, g.k_stride, b, kvh, s);
+    for (int64_t e = lane; e < g.E; e += 32) dqr[e] += ds * kr[e];
+  }
+}
+
+/// One warp per (batch, kv head, key): it owns that key's dk and dv rows and sums over the group's heads.
+__global__ void naive_backward_dkdv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k,
+                                           const float* v, const float* lse, const float* D, const float* mask,
+                                           const uint8_t* kp, AttentionGeom g) {
+  const int64_t key = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (key >= g.B * g.NKV * g.S) return;
+  const int64_t b = key / (g.NKV * g.S), kvh = key / g.S % g.NKV, s = key % g.S, group = g.NH / g.NKV;
+  float* dkr = dk ? at(dk, g.k_stride, b, kvh, s) : nullptr;
+  float* dvr = dv ? at(dv, g.v_stride, b, kvh, s) : nullptr;
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int64_t t = 0; t < g.T; ++t) {
+      float pd, ds;
+      if (!naive_element(g, q, k, v, dout, lse, D, mask, kp, b, h, t, s, pd, ds)) continue;
+      if (dvr) {
+        const float* gr = at(dout, g.o_stride, b, h, t);
+        for (int64_t e = lane; e < g.Ev; e += 32) dvr[e] += pd * gr[e];
+      }
+      if (dkr) {
+        const float* qr = at(q, g.q_stride, b, h, t);
+        for (int64_t e = lane; e < g.E; e += 32) dkr[e] += ds * qr[e];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Flash attention.
+
+constexpr int kTile = 64;      // Br = Bc = 64
+constexpr int kFlashThreads = 128;
+constexpr int kT = kTile + 1;  // stride of a transposed tile [EP][kT]
+
+struct ThreadPos {
+  int row0;  // first of this thread's 4 rows in the tile
+  int col0;  // first of its columns: col0 + 8j
+};
+
+__device__ __forceinline__ ThreadPos thread_pos() {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  return {16 * warp + 4 * (lane / 8), lane % 8};
+}
+
+/// Max and sum over the 8 lanes that share a row.
+__device__ __forceinline__ float group_max(float x) {
+  for (int o = 1; o < 8; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float group_sum(float x) {
+  for (int o = 1; o < 8; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+/// dst[r][e] (row stride EP + 1) = rows r0 .. r0+63 of (b, head) of a strided operand, zero past n rows or width.
+template <int EP>
+__device__ void load_rows(float* dst, const float* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
+                          int64_t n, int64_t width) {
+  for (int idx = threadIdx.x; idx < kTile * EP; idx += blockDim.x) {
+    const int r = idx / EP, e = idx % EP;
+    dst[r * (EP + 1) + e] = (r0 + r < n && e < width) ? at(base, stride, b, head, r0 + r)[e] : 0.0f;
+  }
+}
+
+/// dst[e][r] (row stride kT), the same rows stored transposed.
+template <int EP>
+__device__ void load_cols(float* dst, const float* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
+                          int64_t n, int64_t width) {
+  for (int idx = threadIdx.x; idx < kTile * EP; idx += blockDim.x) {
+    const int r = idx / EP, e = idx % EP;
+    dst[e * kT + r] = (r0 + r < n && e < width) ? at(base, stride, b, head, r0 + r)[e] : 0.0f;
+  }
+}
+
+/// acc[i][j] = sum_e rows[row0 + i][e] * cols[e][col0 + 8j]
+template <int EP>
+__device__ __forceinline__ void tile_dot(float (&acc)[4][8], const float* rows, const float* cols, ThreadPos p) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+#pragma unroll 4
+  for (int e = 0; e < EP; ++e) {
+    float a[4], c[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = rows[(p.row0 + i) * (EP + 1) + e];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) c[j] = cols[e * kT + p.col0 + 8 * j];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[i][j] += a[i] * c[j];
+  }
+}
+
+/// acc[i][d] += sum_c probs[row0 + i][c] * vals(c, col0 + 8d), vals read from a transposed [EP][kT] tile
+/// (transposed = true) or a row-major [64][EP + 1] one.
+template <int EP, bool kTransposed>
+__device__ __forceinline__ void tile_accumulate(float (&acc)[4][EP / 8], const float* probs, const float* vals, ThreadPos p) {
+#pragma unroll 2
+  for (int c = 0; c < kTile; ++c) {
+    float w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = probs[(p.row0 + i) * kT + c];
+#pragma unroll
+    for (int d = 0; d < EP / 8; ++d) {
+      const int e = p.col0 + 8 * d;
+      const float x = kTransposed ? vals[e * kT + c] : vals[c * (EP + 1) + e];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i][d] += w[i] * x;
+    }
+  }
+}
+
+template <int EP>
+constexpr int forward_smem_floats() {
+  return kTile * (EP + 1) /* Q */ + EP * kT /* K^T */ + kTile * (EP + 1) /* V */ + kTile * kT /* P */;
+}
+
+template <int EP>
+__global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out, float* lse, const float* q,
+                                                                      const float* k, const float* v, const float* mask,
+                                                                      const uint8_t* kp, AttentionGeom g) {
+  TINYGPT_DYNAMIC_SMEM(float, smem);
+  float* Qs = smem;
+  float* Kt = Qs + kTile * (EP + 1);
+  float* Vs = Kt + EP * kT;
+  float* Ps = Vs + kTile * (EP + 1);
+  const int64_t bh = blockIdx.x, b = bh / g.NH, h = bh % g.NH, kvh = h / (g.NH / g.NKV);
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kTile;  // the longest causal tiles start first
+  const ThreadPos p = thread_pos();
+  const float scale = float(g.scale);
+
+  load_rows<EP>(Qs, q, g.q_stride, b, h, t0, g.T, g.E);
+  float o[4][EP / 8] = {};
+  float m[4], l[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+  }
+  const int64_t s_end = causal_end(g, min64(t0 + kTile, g.T) - 1);
+  for (int64_t s0 = 0; s0 < s_end; s0 += kTile) {
+    __syncthreads();  // the previous tile's K, V and P are no longer read
+    load_cols<EP>(Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
+    load_rows<EP>(Vs, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+    __syncthreads();
+    float sc[4][8];
+    tile_dot<EP>(sc, Qs, Kt, p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t t = t0 + p.row0 + i;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t s = s0 + p.col0 + 8 * j;
+        sc[i][j] = visible(g, kp, b, t, s) ? scale * sc[i][j] + mask_at(mask, g, b, h, t, s) : -INFINITY;
+        mx = fmaxf(mx, sc[i][j]);
+      }
+      const float m_new = fmaxf(m[i], group_max(mx));
+      const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet: exp(-inf - 0) = 0
+      const float alpha = expf(m[i] - m_sub);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float e = expf(sc[i][j] - m_sub);
+        sum += e;
+        Ps[(p.row0 + i) * kT + p.col0 + 8 * j] = e * dropout_factor(g, b, h, t, s0 + p.col0 + 8 * j);
+      }
+      l[i] = l[i] * alpha + group_sum(sum);
+      m[i] = m_new;
+#pragma unroll
+      for (int d = 0; d < EP / 8; ++d) o[i][d] *= alpha;
+    }
+    __syncwarp();  // a warp reads only its own rows of P
+    tile_accumulate<EP, false>(o, Ps, Vs, p);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t0 + p.row0 + i;
+    if (t >= g.T) continue;
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    float* orow = at(out, g.o_stride, b, h, t);
+#pragma unroll
+    for (int d = 0; d < EP / 8; ++d) {
+      const int e = p.col0 + 8 * d;
+      if (e < g.Ev) orow[e] = o[i][d] * inv;
+    }
+    if (p.col0 == 0) lse[(b * g.NH + h) * g.T + t] = l[i] > 0.0f ? m[i] + logf(l[i]) : -INFINITY;
+  }
+}
+
+template <int EP>
+constexpr int dkdv_smem_floats() {
+  return 2 * kTile * (EP + 1) /* K, V */ + 2 * EP * kT /* Q^T, dO^T */ + 2 * kTile * kT /* P^T, dS^T */ + 2 * kTile;
+}
+
+/// One block per (key tile, batch, kv head): dK and dV of 64 keys, summed over the group's heads and every query.
+template <int EP>
+__global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
+    float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
+    const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
+  TINYGPT_DYNAMIC_SMEM(float, smem);
+  float* Ks = smem;
+  float* Vs = Ks + kTile * (EP + 1);
+  float* Qt = Vs + kTile * (EP + 1);
+  float* dOt = Qt + EP * kT;
+  float* PT = dOt + EP * kT;
+  float* dST = PT + kTile * kT;
+  float* lse_s = dST + kTile * kT;
+  float* D_s = lse_s + kTile;
+  const int64_t bkv = blockIdx.x, b = bkv / g.NKV, kvh = bkv % g.NKV, group = g.NH / g.NKV;
+  const int64_t s0 = int64_t(blockIdx.y) * kTile;
+  const ThreadPos p = thread_pos();  // rows: keys; columns: queries
+  const float scale = float(g.scale);
+
+  load_rows<EP>(Ks, k, g.k_stride, b, kvh, s0, g.S, g.E);
+  load_rows<EP>(Vs, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+  float dk_acc[4][EP / 8] = {}, dv_acc[4][EP / 8] = {};
+  // First query that sees key s0 under the causal mask: s0 <= t + S - T.
+  const int64_t t_first = g.causal ? max64(0, s0 - (g.S - g.T)) / kTile * kTile : 0;
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int64_t t0 = t_first; t0 < g.T; t0 += kTile) {
+      __syncthreads();
+      load_cols<EP>(Qt, q, g.q_stride, b, h, t0, g.T, g.E);
+      load_cols<EP>(dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
+      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+        const int64_t row = (b * g.NH + h) * g.T + t0 + i;
+        lse_s[i] = t0 + i < g.T ? lse[row] : -INFINITY;
+        D_s[i] = t0 + i < g.T ? D[row] : 0.0f;
+      }
+      __syncthreads();
+      float sc[4][8], dp[4][8];
+      tile_dot<EP>(sc, Ks, Qt, p);
+      tile_dot<EP>(dp, Vs, dOt, p);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t s = s0 + p.row0 + i;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int tj = p.col0 + 8 * j;
+          const int64_t t = t0 + tj;
+          float pd = 0.0f, ds = 0.0f;
+          if (lse_s[tj] != -INFINITY && visible(g, kp, b, t, s)) {
+            const float pr = expf(scale * sc[i][j] + mask_at(mask, g, b, h, t, s) - lse_s[tj]);
+            const float f = dropout_factor(g, b, h, t, s);
+            pd = pr * f;
+            ds = pr * (dp[i][j] * f - D_s[tj]) * scale;
+          }
+          PT[(p.row0 + i) * kT + tj] = pd;
+          dST[(p.row0 + i) * kT + tj] = ds;
+        }
+      }
+      __syncwarp();
+      tile_accumulate<EP, true>(dv_acc, PT, dOt, p);
+      tile_accumulate<EP, true>(dk_acc, dST, Qt, p);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t s = s0 + p.row0 + i;
+    if (s >= g.S) continue;
+    float* dkr = dk ? at(dk, g.k_stride, b, kvh, s) : nullptr;
+    float* dvr = dv ? at(dv, g.v_stride, b, kvh, s) : nullptr;
+#pragma unroll
+    for (int d = 0; d < EP / 8; ++d) {
+      const int e = p.col0 + 8 * d;
+      if (dkr && e < g.E) dkr[e] += dk_acc[i][d];
+      if (dvr && e < g.Ev) dvr[e] += dv_acc[i][d];
+    }
+  }
+}
+
+template <int EP>
+constexpr int dq_smem_floats() {
+  return 2 * kTile * (EP + 1) /* Q, dO */ + 2 * EP * kT /* K^T, V^T */ + kTile * kT /* dS */;
+}
+
+/// One block per (query tile, batch, head): dQ of 64 queries.
+template <int EP>
+__global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
+    float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
+    const float* mask, const uint8_t* kp, AttentionGeom g) {
+  TINYGPT_DYNAMIC_SMEM(float, smem);
+  float* Qs = smem;
+  float* dOs = Qs + kTile * (EP + 1);
+  float* Kt = dOs + kTile * (EP + 1);
+  float* Vt = Kt + EP * kT;
+  float* dSs = Vt + EP * kT;
+  const int64_t bh = blockIdx.x, b = bh / g.NH, h = bh % g.NH, kvh = h / (g.NH / g.NKV);
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kTile;
+  const ThreadPos p = thread_pos();
+  const float scale = float(g.scale);
+
+  load_rows<EP>(Qs, q, g.q_stride, b, h, t0, g.T, g.E);
+  load_rows<EP>(dOs, dout, g.o_stride, b, h, t0, g.T, g.Ev);
+  float row_lse[4], row_D[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t0 + p.row0 + i;
+    row_lse[i] = t < g.T ? lse[(b * g.NH + h) * g.T + t] : -INFINITY;
+    row_D[i] = t < g.T ? D[(b * g.NH + h) * g.T + t] : 0.0f;
+  }
+  float dq_acc[4][EP / 8] = {};
+  const int64_t s_end = causal_end(g, min64(t0 + kTile, g.T) - 1);
+  for (int64_t s0 = 0; s0 < s_end; s0 += kTile) {
+    __syncthreads();
+    load_cols<EP>(Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
+    load_cols<EP>(Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+    __syncthreads();
+    float sc[4][8], dp[4][8];
+    tile_dot<EP>(sc, Qs, Kt, p);
+    tile_dot<EP>(dp, dOs, Vt, p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t t = t0 + p.row0 + i;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t s = s0 + p.col0 + 8 * j;
+        float ds = 0.0f;
+        if (row_lse[i] != -INFINITY && visible(g, kp, b, t, s)) {
+          const float pr = expf(scale * sc[i][j] + mask_at(mask, g, b, h, t, s) - row_lse[i]);
+          ds = pr * (dp[i][j] * dropout_factor(g, b, h, t, s) - row_D[i]) * scale;
+        }
+        dSs[(p.row0 + i) * kT + p.col0 + 8 * j] = ds;
+      }
+    }
+    __syncwarp();
+    tile_accumulate<EP, true>(dq_acc, dSs, Kt, p);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t0 + p.row0 + i;
+    if (t >= g.T) continue;
+    float* dqr = at(dq, g.q_stride, b, h, t);
+#pragma unroll
+    for (int d = 0; d < EP / 8; ++d) {
+      const int e = p.col0 + 8 * d;
+      if (e < g.E) dqr[e] += dq_acc[i][d];
+    }
+  }
+}
+
+// Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array.
+template <class Op, int EP>
+__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_forward_kernel(float* out, float* lse, const float* q,
+                                                                                const float* k, const float* v,
+                                                                                const float* mask, const uint8_t* kp,
+                                                                                AttentionGeom g) {
+  TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
+  flash_mma::forward_body<Op, EP>(mma_smem, out, lse, q, k, v, mask, kp, g);
+}
+
+template <class Op, int EP>
+__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dkdv_kernel(
+    float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
+    const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
+  TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
+  flash_mma::backward_dkdv_body<Op, EP>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
+}
+
+template <class Op, int EP>
+__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dq_kernel(
+    float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
+    const float* mask, const uint8_t* kp, AttentionGeom g) {
+  TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
+  flash_mma::backward_dq_body<Op, EP>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
+}
+
+/// The f32 kernels on CUDA cores, as a with_flash_path choice.
+struct CudaCores {};
+
+/// Calls f(flash_mma::Bf16{}), f(flash_mma::Tf32{}) or f(CudaCores{}): the kernels a flash call with padded head
+/// dim EP runs for the operand format `math`. The tf32 tiles of head dim 128 need 170 KB of shared memory, more
+/// than an A100 has; that case runs on CUDA cores.
+template <int EP, class F>
+void with_flash_path(AttentionMath math, F f) {
+  using flash_mma::Tf32;
+  if (math != AttentionMath::F32 && properties().major < 8) {
+    throw Error(std::string(attention_math_name(math)) +
+                " flash attention needs tensor cores of compute capability 8.0 or newer; this GPU has none");
+  }
+  switch (math) {
+    case AttentionMath::BF16:
+      return f(flash_mma::Bf16{});
+    case AttentionMath::TF32:
+      if (std::max({flash_mma::forward_smem_bytes<Tf32, EP>(), flash_mma::dkdv_smem_bytes<Tf32, EP>(),
+                    flash_mma::dq_smem_bytes<Tf32, EP>()}) <= int(properties().sharedMemPerBlockOptin)) {
+        return f(Tf32{});
+      }
+      break;
+    case AttentionMath::F32:
+      break;
+  }
+  return f(CudaCores{});
+}
+
+static_assert(flash_mma::kThreads == kFlashThreads && flash_mma::kRows == kTile && flash_mma::kCols == kTile,
+              "both flash paths share the launch geometry");
+
+template <int EP>
+using PaddedDim = std::integral_constant<int, EP>;
+
+/// Calls f(PaddedDim<EP>) with EP the head dim padded to 32, 64 or 128.
+template <class F>
+void with_padded_dim(const AttentionGeom& g, F f) {
+  const int64_t e = std::max(g.E, g.Ev);
+  if (e <= 32) return f(PaddedDim<32>{});
+  if (e <= 64) return f(PaddedDim<64>{});
+  if (e <= 128) return f(PaddedDim<128>{});
+  throw Error("attention_flash: head dims above 128 are not supported on the GPU; use the naive implementation");
+}
+
+unsigned tiles(int64_t n) { return unsigned((n + kTile - 1) / kTile); }
+
+void check_grid(const AttentionGeom& g) {
+  if (g.B * g.NH > (int64_t(1) << 31) - 1 || tiles(std::max(g.T, g.S)) > 65535u) {
+    throw Error("attention: the batch, head or sequence count is too large for one GPU launch");
+  }
+}
+
+}  // namespace
+
+void attention_naive_forward(float* out, float* weights, float* lse, const float* q, const float* k, const float* v,
+                             const float* mask, const uint8_t* key_padding, const AttentionGeom& g) {
+  const int64_t rows = g.B * g.NH * g.T;
+  if (rows == 0) return;
+  Scratch scratch(weights ? 0 : size_t(rows * g.S) * sizeof(float));
+  launch_kernel("attention_naive_forward", naive_forward_kernel, blocks_for(rows * 32), kThreads, 0, out, weights ? weights : scratch.as<float>(), lse, q, k, v, mask, key_padding, g);
+}
+
+void attention_naive_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                              const float* v, const float* out, const float* lse, const float* mask,
+                              const uint8_t* key_padding, const AttentionGeom& g) {
+  const int64_t rows = g.B * g.NH * g.T;
+  if (rows == 0) return;
+  Scratch D(size_t(rows) * sizeof(float));
+  launch_kernel("attention_naive_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout, out, g);
+  if (dq) {
+    launch_kernel("attention_naive_backward (dq)", naive_backward_dq_kernel, blocks_for(rows * 32), kThreads, 0, dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+  }
+  if (dk || dv) {
+    launch_kernel("attention_naive_backward (dk, dv)", naive_backward_dkdv_kernel, blocks_for(g.B * g.NKV * g.S * 32), kThreads, 0, dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+  }
+}
+
+void attention_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask,
+                             const uint8_t* key_padding, const AttentionGeom& g) {
+  if (g.B * g.NH * g.T == 0) return;
+  check_grid(g);
+  with_padded_dim(g, [&](auto dim) {
+    constexpr int EP = decltype(dim)::value;
+    const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
+    with_flash_path<EP>(g.math, [&](auto path) {
+      using Op = decltype(path);
+      if constexpr (std::is_same_v<Op, CudaCores>) {
+        launch_kernel("attention_flash_forward", flash_forward_kernel<EP>, grid, kFlashThreads, size_t(4 * forward_smem_floats<EP>()), out, lse, q, k, v, mask, key_padding, g);
+      } else {
+        launch_kernel("attention_flash_forward (tensor cores)", flash_mma_forward_kernel<Op, EP>, grid, kFlashThreads, size_t(flash_mma::forward_smem_bytes<Op, EP>()), out, lse, q, k, v, mask, key_padding, g);
+      }
+    });
+  });
+}
+
+void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                              const float* v, const float* out, const float* lse, const float* mask,
+                              const uint8_t* key_padding, const AttentionGeom& g) {
+  const int64_t rows = g.B * g.NH * g.T;
+  if (rows == 0) return;
+  check_grid(g);
+  Scratch D(size_t(rows) * sizeof(float));
+  launch_kernel("attention_flash_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout, out, g);
+  with_padded_dim(g, [&](auto dim) {
+    constexpr int EP = decltype(dim)::value;
+    with_flash_path<EP>(g.math, [&](auto path) {
+      using Op = decltype(path);
+      constexpr bool kCudaCores = std::is_same_v<Op, CudaCores>;
+      if ((dk || dv) && g.S > 0) {
+        const dim3 grid(unsigned(g.B * g.NKV), tiles(g.S));
+        if constexpr (kCudaCores) {
+          launch_kernel("attention_flash_backward (dk, dv)", flash_backward_dkdv_kernel<EP>, grid, kFlashThreads, size_t(4 * dkdv_smem_floats<EP>()), dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+        } else {
+          launch_kernel("attention_flash_backward (dk, dv; tensor cores)", flash_mma_dkdv_kernel<Op, EP>, grid,
+                        kFlashThreads, size_t(flash_mma::dkdv_smem_bytes<Op, EP>()), dk, dv, dout, q, k, v, lse,
+                        D.as<float>(), mask, key_padding, g);
+        }
+      }
+      if (dq) {
+        const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
+        if constexpr (kCudaCores) {
+          launch_kernel("attention_flash_backward (dq)", flash_backward_dq_kernel<EP>, grid, kFlashThreads, size_t(4 * dq_smem_floats<EP>()), dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+        } else {
+          launch_kernel("attention_flash_backward (dq; tensor cores)", flash_mma_dq_kernel<Op, EP>, grid, kFlashThreads,
+                        size_t(flash_mma::dq_smem_bytes<Op, EP>()), dq, dout, q, k, v, lse, D.as<float>(), mask,
+                        key_padding, g);
+        }
+      }
+    });
+  });
+}
+
+TINYGPT_CUDA_END

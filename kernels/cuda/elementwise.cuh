@@ -1,0 +1,471 @@
+// Elementwise, broadcast, reduction, softmax, layout, dropout, optimizer and RoPE kernels on the GPU: the
+// twins of kernels/cpu/{elementwise,reduce,layout,optim,rope}.cpp and the dropout half of nn.cpp. Compiled by
+// nvcc in elementwise.cu and by the host compiler under tests/emulated_cuda.h (see launch.cuh).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/launch.cuh"
+#include "kernels/dropout_hash.h"
+
+TINYGPT_CUDA_BEGIN
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+__device__ float unary(UnaryOp op, float x, float alpha) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Scale: return alpha * x;
+    case UnaryOp::Exp: return expf(x);
+    case UnaryOp::Log: return logf(x);
+    case UnaryOp::Tanh: return tanhf(x);
+    case UnaryOp::Relu: return x > 0.0f ? x : 0.0f;
+    case UnaryOp::Gelu: return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x)));
+  }
+  return 0.0f;
+}
+
+/// d op(x) / dx from the input x and the saved output y.
+__device__ float unary_grad(UnaryOp op, float x, float y, float alpha) {
+  switch (op) {
+    case UnaryOp::Neg: return -1.0f;
+    case UnaryOp::Scale: return alpha;
+    case UnaryOp::Exp: return y;
+    case UnaryOp::Log: return 1.0f / x;
+    case UnaryOp::Tanh: return 1.0f - y * y;
+    case UnaryOp::Relu: return x > 0.0f ? 1.0f : 0.0f;
+    case UnaryOp::Gelu: {
+      const float t = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
+      const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+    }
+  }
+  return 0.0f;
+}
+
+__device__ float binary(BinaryOp op, float a, float b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+  }
+  return 0.0f;
+}
+
+__device__ float binary_grad_a(BinaryOp op, float a, float b) {
+  switch (op) {
+    case BinaryOp::Add:
+    case BinaryOp::Sub: return 1.0f;
+    case BinaryOp::Mul: return b;
+    case BinaryOp::Div: return 1.0f / b;
+  }
+  return 0.0f;
+}
+
+__device__ float binary_grad_b(BinaryOp op, float a, float b) {
+  switch (op) {
+    case BinaryOp::Add: return 1.0f;
+    case BinaryOp::Sub: return -1.0f;
+    case BinaryOp::Mul: return a;
+    case BinaryOp::Div: return -a / (b * b);
+  }
+  return 0.0f;
+}
+
+__global__ void fill_kernel(float* out, float value, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, n) out[i] = value;
+}
+
+__global__ void axpy_kernel(float* y, const float* x, float alpha, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, n) y[i] += alpha * x[i];
+}
+
+__global__ void unary_forward_kernel(float* out, const float* inp, int64_t n, UnaryOp op, float alpha) {
+  TINYGPT_CUDA_LOOP(i, n) out[i] = unary(op, inp[i], alpha);
+}
+
+__global__ void unary_backward_kernel(float* dinp, const float* dout, const float* inp, const float* out, int64_t n,
+                                      UnaryOp op, float alpha) {
+  TINYGPT_CUDA_LOOP(i, n) dinp[i] += dout[i] * unary_grad(op, inp[i], out ? out[i] : 0.0f, alpha);
+}
+
+/// Offsets in a and b of the output element with linear index i.
+__device__ void broadcast_offsets(const BroadcastGeom& g, int64_t i, int64_t& oa, int64_t& ob) {
+  oa = ob = 0;
+  for (int d = kMaxDims - 1; d >= 0; --d) {
+    const int64_t c = i % g.out[d];
+    i /= g.out[d];
+    oa += c * g.a_stride[d];
+    ob += c * g.b_stride[d];
+  }
+}
+
+__global__ void binary_forward_kernel(float* out, const float* a, const float* b, BroadcastGeom g, BinaryOp op, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, n) {
+    if (g.same_shape) {
+      out[i] = binary(op, a[i], b[i]);
+    } else {
+      int64_t oa, ob;
+      broadcast_offsets(g, i, oa, ob);
+      out[i] = binary(op, a[oa], b[ob]);
+    }
+  }
+}
+
+__global__ void binary_backward_same_kernel(float* da, float* db, const float* dout, const float* a, const float* b,
+                                            BinaryOp op, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, n) {
+    if (da) da[i] += dout[i] * binary_grad_a(op, a[i], b[i]);
+    if (db) db[i] += dout[i] * binary_grad_b(op, a[i], b[i]);
+  }
+}
+
+/// The gradient of one broadcast operand x (strides x_stride): one warp per element of x sums the output
+/// positions that read it, in a fixed order (no atomics).
+struct ReduceGeom {
+  int64_t extent[kMaxDims];   // x's own extent per dim (1 along broadcast dims)
+  int64_t reduced[kMaxDims];  // dims summed over
+  int n_reduced;
+  int64_t xn, rn;  // elements of x; positions summed per element
+};
+
+__global__ void binary_backward_broadcast_kernel(float* dx, bool is_a, const float* dout, const float* a, const float* b,
+                                                 BroadcastGeom g, ReduceGeom r, BinaryOp op) {
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= r.xn) return;
+  int64_t c[kMaxDims];
+  int64_t rem = warp;
+  for (int d = kMaxDims - 1; d >= 0; --d) {
+    c[d] = rem % r.extent[d];
+    rem /= r.extent[d];
+  }
+  float acc = 0.0f;
+  for (int64_t j = lane; j < r.rn; j += 32) {
+    int64_t cc[kMaxDims];
+    for (int d = 0; d < kMaxDims; ++d) cc[d] = c[d];
+    int64_t rr = j;
+    for (int k = r.n_reduced - 1; k >= 0; --k) {
+      const int d = int(r.reduced[k]);
+      cc[d] = rr % g.out[d];
+      rr /= g.out[d];
+    }
+    int64_t o = 0, oa = 0, ob = 0;
+    for (int d = 0; d < kMaxDims; ++d) {
+      o = o * g.out[d] + cc[d];
+      oa += cc[d] * g.a_stride[d];
+      ob += cc[d] * g.b_stride[d];
+    }
+    acc += dout[o] * (is_a ? binary_grad_a(op, a[oa], b[ob]) : binary_grad_b(op, a[oa], b[ob]));
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) dx[warp] += acc;
+}
+
+/// The gradient of an operand with the output's own shape (nothing to sum) while the other one broadcasts.
+__global__ void binary_backward_full_kernel(float* dx, bool is_a, const float* dout, const float* a, const float* b,
+                                            BroadcastGeom g, BinaryOp op, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, n) {
+    int64_t oa, ob;
+    broadcast_offsets(g, i, oa, ob);
+    dx[i] += dout[i] * (is_a ? binary_grad_a(op, a[oa], b[ob]) : binary_grad_b(op, a[oa], b[ob]));
+  }
+}
+
+ReduceGeom reduce_geom(const int64_t* x_stride, const BroadcastGeom& g) {
+  ReduceGeom r{};
+  r.xn = r.rn = 1;
+  for (int d = 0; d < kMaxDims; ++d) {
+    r.extent[d] = x_stride[d] != 0 ? g.out[d] : 1;
+    r.xn *= r.extent[d];
+    if (r.extent[d] == 1 && g.out[d] > 1) {
+      r.reduced[r.n_reduced++] = d;
+      r.rn *= g.out[d];
+    }
+  }
+  return r;
+}
+
+/// out[o, i] = alpha * sum_d inp[o, d, i]; one thread per output (coalesced along i).
+__global__ void sum_strided_kernel(float* out, const float* inp, int64_t outer, int64_t D, int64_t inner, float alpha) {
+  TINYGPT_CUDA_LOOP(j, outer * inner) {
+    const int64_t o = j / inner, i = j % inner;
+    const float* x = inp + o * D * inner + i;
+    float acc = 0.0f;
+    for (int64_t d = 0; d < D; ++d) acc += x[d * inner];
+    out[j] = alpha * acc;
+  }
+}
+
+/// inner == 1, first pass: block (row, chunk) sums its chunk of the row into partial[row * chunks + chunk].
+__global__ void sum_rows_kernel(float* partial, const float* inp, int64_t D, int64_t chunk) {
+  const float* x = inp + int64_t(blockIdx.x) * D;
+  const int64_t d0 = int64_t(blockIdx.y) * chunk, d1 = min(D, d0 + chunk);
+  float acc = 0.0f;
+  for (int64_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) acc += x[d];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[int64_t(blockIdx.x) * gridDim.y + blockIdx.y] = acc;
+}
+
+/// Second pass: each row's chunk sums added in chunk order.
+__global__ void sum_partials_kernel(float* out, const float* partial, int64_t rows, int64_t chunks, float alpha) {
+  TINYGPT_CUDA_LOOP(r, rows) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) acc += partial[r * chunks + c];
+    out[r] = alpha * acc;
+  }
+}
+
+__global__ void sum_backward_kernel(float* dinp, const float* dout, int64_t outer, int64_t D, int64_t inner, float alpha) {
+  TINYGPT_CUDA_LOOP(j, outer * D * inner) {
+    const int64_t o = j / (D * inner), i = j % inner;
+    dinp[j] += alpha * dout[o * inner + i];
+  }
+}
+
+/// One warp per row: softmax (log=false) or log-softmax (log=true).
+__global__ void softmax_forward_kernel(float* out, const float* inp, int64_t N, int64_t C, bool log) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  float* y = out + row * C;
+  float mx = -INFINITY;
+  for (int64_t c = lane; c < C; c += 32) mx = fmaxf(mx, x[c]);
+  mx = warp_max(mx);
+  if (!log && mx == -INFINITY) {  // every entry masked out: zeros, as attention does
+    for (int64_t c = lane; c < C; c += 32) y[c] = 0.0f;
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) sum += expf(x[c] - mx);
+  sum = warp_sum(sum);
+  if (log) {
+    const float lse = mx + logf(sum);
+    for (int64_t c = lane; c < C; c += 32) y[c] = x[c] - lse;
+  } else {
+    const float inv = 1.0f / sum;
+    for (int64_t c = lane; c < C; c += 32) y[c] = expf(x[c] - mx) * inv;
+  }
+}
+
+__global__ void softmax_backward_kernel(float* dinp, const float* dout, const float* out, int64_t N, int64_t C, bool log) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* g = dout + row * C;
+  const float* y = out + row * C;
+  float* dx = dinp + row * C;
+  float acc = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) acc += log ? g[c] : g[c] * y[c];
+  acc = warp_sum(acc);
+  for (int64_t c = lane; c < C; c += 32) dx[c] += log ? g[c] - expf(y[c]) * acc : y[c] * (g[c] - acc);
+}
+
+__global__ void dropout_forward_kernel(float* out, const float* inp, int64_t n, float p, uint64_t seed, float scale) {
+  TINYGPT_CUDA_LOOP(i, n) out[i] = dropout_keep(seed, i, p) ? inp[i] * scale : 0.0f;
+}
+
+__global__ void dropout_backward_kernel(float* dinp, const float* dout, int64_t n, float p, uint64_t seed, float scale) {
+  TINYGPT_CUDA_LOOP(i, n) {
+    if (dropout_keep(seed, i, p)) dinp[i] += dout[i] * scale;
+  }
+}
+
+__global__ void permute_kernel(float* out, const float* inp, PermuteGeom g, bool accumulate, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, n) {
+    int64_t off = 0, rem = i;
+    for (int d = kMaxDims - 1; d >= 0; --d) {
+      off += (rem % g.out[d]) * g.inp_stride[d];
+      rem /= g.out[d];
+    }
+    out[i] = accumulate ? out[i] + inp[off] : inp[off];
+  }
+}
+
+__global__ void copy_slice_kernel(float* dst, const float* src, int64_t outer, int64_t inner, int64_t dst_D,
+                                  int64_t dst_start, int64_t src_D, int64_t src_start, int64_t len, bool accumulate) {
+  TINYGPT_CUDA_LOOP(idx, outer * len * inner) {
+    const int64_t i = idx % inner, j = idx / inner % len, o = idx / (inner * len);
+    const float x = src[(o * src_D + src_start + j) * inner + i];
+    float& y = dst[(o * dst_D + dst_start + j) * inner + i];
+    y = accumulate ? y + x : x;
+  }
+}
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+                             float beta2, float eps, float weight_decay, float c1, float c2) {
+  TINYGPT_CUDA_LOOP(i, n) {
+    const float g = grad[i];
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float update = (mi * c1) / (sqrtf(vi * c2) + eps);
+    param[i] -= lr * (update + weight_decay * param[i]);
+  }
+}
+
+/// One thread per rotated pair (or per copied element of an unrotated head).
+__global__ void rope_kernel(float* out, const float* inp, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot,
+                            int64_t pos0, double base, double sign, bool accumulate) {
+  const int64_t half = D / 2;
+  TINYGPT_CUDA_LOOP(idx, B * L * H * half) {
+    const int64_t i = idx % half, h = idx / half % H, bl = idx / (half * H);
+    const float* x = inp + (bl * H + h) * D;
+    float* y = out + (bl * H + h) * D;
+    float ra = x[i], rb = x[i + half];
+    if (h < n_rot) {
+      const double angle = sign * double(pos0 + bl % L) * pow(base, -2.0 * double(i) / double(D));
+      const float c = float(cos(angle)), s = float(sin(angle));
+      const float a = ra, b = rb;
+      ra = a * c - b * s;
+      rb = a * s + b * c;
+    }
+    y[i] = accumulate ? y[i] + ra : ra;
+    y[i + half] = accumulate ? y[i + half] + rb : rb;
+  }
+}
+
+int64_t numel(const BroadcastGeom& g) { return g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4]; }
+
+}  // namespace
+
+void fill(float* out, float value, int64_t n) {
+  if (n == 0) return;
+  launch_kernel("fill", fill_kernel, blocks_for(n), kThreads, 0, out, value, n);
+}
+
+void axpy(float* y, const float* x, float alpha, int64_t n) {
+  if (n == 0) return;
+  launch_kernel("axpy", axpy_kernel, blocks_for(n), kThreads, 0, y, x, alpha, n);
+}
+
+void unary_forward(float* out, const float* inp, int64_t n, UnaryOp op, float alpha) {
+  if (n == 0) return;
+  launch_kernel("unary_forward", unary_forward_kernel, blocks_for(n), kThreads, 0, out, inp, n, op, alpha);
+}
+
+void unary_backward(float* dinp, const float* dout, const float* inp, const float* out, int64_t n, UnaryOp op, float alpha) {
+  if (n == 0) return;
+  launch_kernel("unary_backward", unary_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, inp, out, n, op, alpha);
+}
+
+void binary_forward(float* out, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op) {
+  const int64_t n = numel(g);
+  if (n == 0) return;
+  launch_kernel("binary_forward", binary_forward_kernel, blocks_for(n), kThreads, 0, out, a, b, g, op, n);
+}
+
+void binary_backward(float* da, float* db, const float* dout, const float* a, const float* b, const BroadcastGeom& g,
+                     BinaryOp op) {
+  const int64_t n = numel(g);
+  if (n == 0) return;
+  if (g.same_shape) {
+    launch_kernel("binary_backward", binary_backward_same_kernel, blocks_for(n), kThreads, 0, da, db, dout, a, b, op, n);
+    return;
+  }
+  for (const bool is_a : {true, false}) {
+    float* dx = is_a ? da : db;
+    if (!dx) continue;
+    const ReduceGeom r = reduce_geom(is_a ? g.a_stride : g.b_stride, g);
+    if (r.rn == 1) {
+      launch_kernel("binary_backward", binary_backward_full_kernel, blocks_for(n), kThreads, 0, dx, is_a, dout, a, b, g, op, n);
+      continue;
+    }
+    launch_kernel("binary_backward (broadcast)", binary_backward_broadcast_kernel, blocks_for(r.xn * 32), kThreads, 0, dx, is_a, dout, a, b, g, r, op);
+  }
+}
+
+void sum_forward(float* out, const float* inp, int64_t outer, int64_t D, int64_t inner, float alpha) {
+  if (outer * inner == 0) return;
+  if (inner == 1 && D >= 256 && outer <= 65535) {
+    // Rows are split in chunks of at least 16K elements over up to 256 blocks per row; fixed order throughout.
+    const int64_t chunks = std::clamp<int64_t>(D / 16384, 1, 256), chunk = (D + chunks - 1) / chunks;
+    Scratch partial(size_t(outer * chunks) * sizeof(float));
+    launch_kernel("sum_forward (chunks)", sum_rows_kernel, dim3(unsigned(outer), unsigned(chunks)), 512, 0,
+                  partial.as<float>(), inp, D, chunk);
+    launch_kernel("sum_forward (partials)", sum_partials_kernel, blocks_for(outer), kThreads, 0, out,
+                  partial.as<float>(), outer, chunks, alpha);
+  } else {
+    launch_kernel("sum_forward", sum_strided_kernel, blocks_for(outer * inner), kThreads, 0, out, inp, outer, D, inner,
+                  alpha);
+  }
+}
+
+void sum_backward(float* dinp, const float* dout, int64_t outer, int64_t D, int64_t inner, float alpha) {
+  const int64_t n = outer * D * inner;
+  if (n == 0) return;
+  launch_kernel("sum_backward", sum_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, outer, D, inner, alpha);
+}
+
+void softmax_forward(float* out, const float* inp, int64_t N, int64_t C) {
+  if (N * C == 0) return;
+  launch_kernel("softmax_forward", softmax_forward_kernel, blocks_for(N * 32), kThreads, 0, out, inp, N, C, false);
+}
+
+void softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C) {
+  if (N * C == 0) return;
+  launch_kernel("softmax_backward", softmax_backward_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, out, N, C, false);
+}
+
+void log_softmax_forward(float* out, const float* inp, int64_t N, int64_t C) {
+  if (N * C == 0) return;
+  launch_kernel("log_softmax_forward", softmax_forward_kernel, blocks_for(N * 32), kThreads, 0, out, inp, N, C, true);
+}
+
+void log_softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C) {
+  if (N * C == 0) return;
+  launch_kernel("log_softmax_backward", softmax_backward_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, out, N, C, true);
+}
+
+void dropout_forward(float* out, const float* inp, int64_t n, float p, uint64_t seed) {
+  if (n == 0) return;
+  launch_kernel("dropout_forward", dropout_forward_kernel, blocks_for(n), kThreads, 0, out, inp, n, p, seed, p < 1.0f ? 1.0f / (1.0f - p) : 0.0f);
+}
+
+void dropout_backward(float* dinp, const float* dout, int64_t n, float p, uint64_t seed) {
+  if (n == 0) return;
+  launch_kernel("dropout_backward", dropout_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, n, p, seed, p < 1.0f ? 1.0f / (1.0f - p) : 0.0f);
+}
+
+void permute(float* out, const float* inp, const PermuteGeom& g, bool accumulate) {
+  const int64_t n = g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4];
+  if (n == 0) return;
+  launch_kernel("permute", permute_kernel, blocks_for(n), kThreads, 0, out, inp, g, accumulate, n);
+}
+
+void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start,
+                int64_t src_D, int64_t src_start, int64_t len, bool accumulate) {
+  const int64_t n = outer * len * inner;
+  if (n == 0) return;
+  launch_kernel("copy_slice", copy_slice_kernel, blocks_for(n), kThreads, 0, dst, src, outer, inner, dst_D, dst_start, src_D, src_start, len, accumulate);
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int64_t step) {
+  if (n == 0) return;
+  const float c1 = float(1.0 / (1.0 - std::pow(double(beta1), double(step))));
+  const float c2 = float(1.0 / (1.0 - std::pow(double(beta2), double(step))));
+  launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2);
+}
+
+void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot, int64_t pos0,
+                  double base) {
+  const int64_t n = B * L * H * (D / 2);
+  if (n == 0) return;
+  launch_kernel("rope_forward", rope_kernel, blocks_for(n), kThreads, 0, out, inp, B, L, H, D, n_rot, pos0, base, 1.0, false);
+}
+
+void rope_backward(float* dinp, const float* dout, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot,
+                   int64_t pos0, double base) {
+  const int64_t n = B * L * H * (D / 2);
+  if (n == 0) return;
+  launch_kernel("rope_backward", rope_kernel, blocks_for(n), kThreads, 0, dinp, dout, B, L, H, D, n_rot, pos0, base, -1.0, true);
+}
+
+TINYGPT_CUDA_END

@@ -1,0 +1,78 @@
+// What every kernel header (kernels/cuda/*.cuh) is written against, so that one text compiles twice:
+//   - by nvcc, in the matching .cu file: the real backend in tinygpt::cuda, kernels launched with <<<>>>;
+//   - by the host compiler after tests/emulated_cuda.h: the same kernels and launchers in tinygpt::cuda::emulated,
+//     every CUDA thread a std::thread, device memory host memory (tests/test_cuda_emulated.cpp checks each launcher
+//     against its CPU twin that way, on machines without a GPU).
+// Kernels are launched only through launch_kernel, never with <<<>>> at a call site, and dynamic shared memory is
+// declared with TINYGPT_DYNAMIC_SMEM. The kernel headers are not a public API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/kernels.h"
+
+#if defined(TINYGPT_EMULATED_CUDA)
+// tests/emulated_cuda.h, included first, provides launch_kernel, Scratch, copies, properties() and gemm.
+#define TINYGPT_CUDA_BEGIN namespace tinygpt::cuda::emulated {
+#define TINYGPT_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::tinygpt::emu::tl_smem)
+#else
+#include "kernels/cuda/runtime.cuh"
+#define TINYGPT_CUDA_BEGIN namespace tinygpt::cuda {
+#define TINYGPT_DYNAMIC_SMEM(T, name) extern __shared__ __align__(16) T name[]
+
+namespace tinygpt::cuda {
+
+/// kernel<<<grid, threads, smem_bytes>>>(args...) on the default stream; throws naming `what` when the launch
+/// fails. Dynamic shared memory above the default 48 KiB is opted into first.
+template <class... Params, class... Args>
+void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsigned threads, size_t smem_bytes,
+                   Args&&... args) {
+  if (smem_bytes > 48 * 1024) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)), what);
+  }
+  kernel<<<grid, threads, smem_bytes>>>(std::forward<Args>(args)...);
+  check_launch(what);
+}
+
+}  // namespace tinygpt::cuda
+#endif
+#define TINYGPT_CUDA_END }
+
+TINYGPT_CUDA_BEGIN
+
+inline constexpr int kThreads = 256;
+
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : (b > (int64_t(1) << 30) ? (int64_t(1) << 30) : b));
+}
+
+/// Grid-stride loop over [0, n).
+#define TINYGPT_CUDA_LOOP(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(blockDim.x) * gridDim.x)
+
+__device__ inline float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ inline float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ inline float block_sum(float x) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  x = warp_sum(x);
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = x;
+  __syncthreads();
+  x = lane < warps ? partial[lane] : 0.0f;
+  return warp_sum(x);
+}
+
+TINYGPT_CUDA_END

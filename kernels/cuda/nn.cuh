@@ -1,0 +1,213 @@
+// The fused kernels of a GPT on the GPU: layernorm, embedding lookup, cross-entropy from logits. Twins of
+// kernels/cpu/nn.cpp; every gradient is summed in a fixed order (no float atomics), so runs repeat exactly.
+// Compiled by nvcc in nn.cu and under tests/emulated_cuda.h (see launch.cuh).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cuda/launch.cuh"
+
+TINYGPT_CUDA_BEGIN
+namespace {
+
+/// One warp per row.
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                         const float* bias, int64_t N, int64_t C, float eps) {
+  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const float* x = inp + n * C;
+  float s = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) s += x[c];
+  const float m = warp_sum(s) / float(C);
+  float v = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+  const float r = rsqrtf(warp_sum(v) / float(C) + eps);
+  float* y = out + n * C;
+  for (int64_t c = lane; c < C; c += 32) y[c] = (x[c] - m) * r * weight[c] + (bias ? bias[c] : 0.0f);
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+/// dinp, one warp per row.
+__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
+                                                const float* mean, const float* rstd, int64_t N, int64_t C) {
+  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const float* g = dout + n * C;
+  const float* x = inp + n * C;
+  const float m = mean[n], s = rstd[n];
+  float dmean = 0.0f, dnorm_mean = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float dnorm = g[c] * weight[c];
+    dmean += dnorm;
+    dnorm_mean += dnorm * (x[c] - m) * s;
+  }
+  dmean = warp_sum(dmean) / float(C);
+  dnorm_mean = warp_sum(dnorm_mean) / float(C);
+  float* dx = dinp + n * C;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float norm = (x[c] - m) * s;
+    dx[c] += (g[c] * weight[c] - dmean - norm * dnorm_mean) * s;
+  }
+}
+
+/// Block b sums rows [b * rows, (b + 1) * rows) of norm * dout and dout into partial[b] (2 * C floats).
+__global__ void layernorm_backward_params_kernel(float* partial, const float* dout, const float* inp, const float* mean,
+                                                 const float* rstd, int64_t N, int64_t C, int64_t rows) {
+  const int64_t n0 = int64_t(blockIdx.x) * rows, n1 = min(N, n0 + rows);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float dw = 0.0f, db = 0.0f;
+    for (int64_t n = n0; n < n1; ++n) {
+      const float g = dout[n * C + c];
+      dw += (inp[n * C + c] - mean[n]) * rstd[n] * g;
+      db += g;
+    }
+    partial[2 * C * blockIdx.x + c] = dw;
+    partial[2 * C * blockIdx.x + C + c] = db;
+  }
+}
+
+/// Adds the partial sums of every block, in block order.
+__global__ void layernorm_sum_partials_kernel(float* dweight, float* dbias, const float* partial, int64_t blocks, int64_t C) {
+  TINYGPT_CUDA_LOOP(c, C) {
+    float dw = 0.0f, db = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) {
+      dw += partial[2 * C * b + c];
+      db += partial[2 * C * b + C + c];
+    }
+    if (dweight) dweight[c] += dw;
+    if (dbias) dbias[c] += db;
+  }
+}
+
+__global__ void embedding_forward_kernel(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C) {
+  TINYGPT_CUDA_LOOP(i, N * C) out[i] = weight[int64_t(ids[i / C]) * C + i % C];
+}
+
+/// Block j handles token id ids_sorted-bucket j: rows order[start[j] .. start[j + 1]) in increasing row order.
+__global__ void embedding_backward_kernel(float* dweight, const float* dout, const int32_t* order, const int32_t* start,
+                                          const int32_t* bucket_id, int64_t C) {
+  const int32_t first = start[blockIdx.x], last = start[blockIdx.x + 1];
+  float* dw = dweight + int64_t(bucket_id[blockIdx.x]) * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int32_t j = first; j < last; ++j) acc += dout[int64_t(order[j]) * C + c];
+    dw[c] += acc;
+  }
+}
+
+/// One warp per row: lse and the loss.
+__global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
+                                            int64_t N, int64_t V, int32_t ignore_index) {
+  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
+  const float* x = logits + n * V;
+  float mx = -INFINITY;
+  for (int64_t v = lane; v < V; v += 32) mx = fmaxf(mx, x[v]);
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int64_t v = lane; v < V; v += 32) sum += expf(x[v] - mx);
+  sum = warp_sum(sum);
+  if (lane == 0) {
+    const float l = mx + logf(sum);
+    lse[n] = l;
+    losses[n] = targets[n] == ignore_index ? 0.0f : l - x[targets[n]];
+  }
+}
+
+__global__ void crossentropy_backward_kernel(float* dlogits, float dloss, const float* logits, const float* lse,
+                                             const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N || targets[n] == ignore_index) return;
+  const float* x = logits + n * V;
+  float* dx = dlogits + n * V;
+  const float l = lse[n];
+  const int32_t t = targets[n];
+  for (int64_t v = lane; v < V; v += 32) dx[v] += dloss * (expf(x[v] - l) - (v == t ? 1.0f : 0.0f));
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int64_t C, float eps) {
+  if (N == 0) return;
+  launch_kernel("layernorm_forward", layernorm_forward_kernel, blocks_for(N * 32), kThreads, 0, out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
+  if (N == 0) return;
+  if (dinp) {
+    launch_kernel("layernorm_backward (input)", layernorm_backward_input_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, inp, weight, mean, rstd, N, C);
+  }
+  if (dweight || dbias) {
+    const int64_t rows = std::max<int64_t>(32, (N + 255) / 256);  // about 256 blocks
+    const int64_t blocks = (N + rows - 1) / rows;
+    Scratch partial(size_t(2 * C * blocks) * sizeof(float));
+    launch_kernel("layernorm_backward (weight and bias)", layernorm_backward_params_kernel, unsigned(blocks), 128, 0, partial.as<float>(), dout, inp, mean, rstd, N, C, rows);
+    launch_kernel("layernorm_backward (sum of partials)", layernorm_sum_partials_kernel, blocks_for(C), kThreads, 0, dweight, dbias, partial.as<float>(), blocks, C);
+  }
+}
+
+void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C) {
+  if (N * C == 0) return;
+  launch_kernel("embedding_forward", embedding_forward_kernel, blocks_for(N * C), kThreads, 0, out, ids, weight, N, C);
+}
+
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+  if (N * C == 0) return;
+  // Stable counting sort of the rows by token id, on the host (N ids: a small copy), so each block below
+  // sums the rows of one id in row order.
+  std::vector<int32_t> host_ids(static_cast<size_t>(N));
+  copy_to_host(host_ids.data(), ids, size_t(N) * sizeof(int32_t));
+  int32_t max_id = 0;
+  for (int32_t id : host_ids) max_id = std::max(max_id, id);
+  std::vector<int32_t> count(size_t(max_id) + 2, 0);
+  for (int32_t id : host_ids) ++count[size_t(id) + 1];
+  for (size_t v = 1; v < count.size(); ++v) count[v] += count[v - 1];  // count[v] = first slot of id v
+  // One device upload: order (N), then bucket starts and ids (used buckets only).
+  std::vector<int32_t> packed(static_cast<size_t>(N));
+  std::vector<int32_t> start, bucket_id;
+  {
+    std::vector<int32_t> next(count.begin(), count.end() - 1);
+    for (int64_t n = 0; n < N; ++n) packed[size_t(next[size_t(host_ids[size_t(n)])]++)] = int32_t(n);
+  }
+  for (int32_t v = 0; v <= max_id; ++v) {
+    if (count[size_t(v) + 1] > count[size_t(v)]) {
+      start.push_back(count[size_t(v)]);
+      bucket_id.push_back(v);
+    }
+  }
+  const size_t buckets = bucket_id.size();
+  start.push_back(int32_t(N));
+  packed.insert(packed.end(), start.begin(), start.end());
+  packed.insert(packed.end(), bucket_id.begin(), bucket_id.end());
+  Scratch dev(packed.size() * sizeof(int32_t));
+  copy_to_device(dev.as<int32_t>(), packed.data(), packed.size() * sizeof(int32_t));
+  const int32_t* order = dev.as<int32_t>();
+  const int threads = int(std::min<int64_t>(1024, (C + 31) / 32 * 32));
+  launch_kernel("embedding_backward", embedding_backward_kernel, unsigned(buckets), threads, 0, dweight, dout, order, order + N, order + N + buckets + 1, C);
+}
+
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                          int32_t ignore_index) {
+  if (N == 0) return;
+  launch_kernel("crossentropy_forward", crossentropy_forward_kernel, blocks_for(N * 32), kThreads, 0, losses, lse, logits, targets, N, V, ignore_index);
+}
+
+void crossentropy_backward(float* dlogits, float dloss, const float* logits, const float* lse, const int32_t* targets,
+                           int64_t N, int64_t V, int32_t ignore_index) {
+  if (N == 0) return;
+  launch_kernel("crossentropy_backward", crossentropy_backward_kernel, blocks_for(N * 32), kThreads, 0, dlogits, dloss, logits, lse, targets, N, V, ignore_index);
+}
+
+TINYGPT_CUDA_END

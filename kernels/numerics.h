@@ -1,0 +1,38 @@
+// How the GPU kernels compute, as a value that travels with each call (never a process-wide switch): a command
+// builds one from its flags (train) or from the checkpoint it loads (eval, sample; their flags override it), the
+// model hands it to its layers, the layers to the ops, the ops to the kernels. The CPU kernels compute every
+// product in full f32/f64 and ignore it.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace tinygpt {
+
+/// The operands of flash attention's products on the GPU; accumulation, softmax, logsumexp, inputs and outputs are
+/// f32 in every case. F32: CUDA cores (the default). TF32, BF16: tensor cores (mma.sync, compute capability 8.0
+/// or newer), Q, K, V, dO, P and dS rounded to that format as they are loaded; TF32 falls back to F32 for head dims
+/// whose tiles do not fit in the GPU's shared memory (128 on an A100).
+enum class AttentionMath : uint8_t { F32, TF32, BF16 };
+
+inline const char* attention_math_name(AttentionMath math) {
+  return math == AttentionMath::BF16 ? "bf16" : math == AttentionMath::TF32 ? "tf32" : "f32";
+}
+
+/// The AttentionMath named "f32", "tf32" or "bf16"; false for any other name.
+inline bool parse_attention_math(std::string_view name, AttentionMath& math) {
+  for (const AttentionMath m : {AttentionMath::F32, AttentionMath::TF32, AttentionMath::BF16}) {
+    if (name == attention_math_name(m)) {
+      math = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+struct Numerics {
+  bool tf32 = false;  // f32 matmuls on TF32 tensor cores (10-bit mantissa products, f32 accumulation)
+  AttentionMath attention = AttentionMath::F32;
+};
+
+}  // namespace tinygpt
