@@ -34,7 +34,7 @@
 
 #include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/dropout_hash.h"
+#include "kernels/scalar_math.h"
 
 namespace tinygpt::cpu {
 namespace {
@@ -44,12 +44,7 @@ template <class T> constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-/// Keys s < causal_end(g, t) are visible to query t (all keys when not causal).
-inline int64_t causal_end(const AttentionGeom& g, int64_t t) {
-  return g.causal ? std::clamp<int64_t>(t + g.S - g.T + 1, 0, g.S) : g.S;
-}
-
-template <class T> T dropout_scale(const AttentionGeom& g) { return g.dropout_p < 1.0f ? T(1) / T(1 - g.dropout_p) : T(0); }
+// Keys s < causal_end(g, t) (kernels/scalar_math.h) are visible to query t.
 
 /// Index of attention element (b, h, t, s = 0) in the dropout hash (kernels/attention.h).
 inline int64_t dropout_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) { return ((b * g.NH + h) * g.T + t) * g.S; }
@@ -246,7 +241,7 @@ template <class T>
 void query_major_probs_and_ds(T* s, T* dp, int64_t ld, int64_t nr, int64_t nc, int64_t b, int64_t h, int64_t t0,
                               int64_t s0, const T* lse, const T* Drow, const T* mask, const uint8_t* kp,
                               const AttentionGeom& g) {
-  const T scale = T(g.scale), keep_scale = dropout_scale<T>(g);
+  const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
   const bool dropout = g.dropout_p > 0.0f;
   for (int64_t i = 0; i < nr; ++i) {
     const int64_t t = t0 + i, row = (b * g.NH + h) * g.T + t;
@@ -294,7 +289,7 @@ template <class T>
 void attention_naive_forward(T* out, T* weights, T* lse, const T* q, const T* k, const T* v, const T* mask,
                              const uint8_t* key_padding, const AttentionGeom& g) {
   const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV;
-  const T scale = T(g.scale), keep_scale = dropout_scale<T>(g);
+  const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
 #pragma omp parallel if (rows * g.S * (g.E + g.Ev) >= kParallelGrain)
   {
     std::vector<T> scratch(weights ? 0 : size_t(g.S));
@@ -339,7 +334,7 @@ template <class T>
 void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                               const T* lse, const T* mask, const uint8_t* key_padding, const AttentionGeom& g) {
   const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV;
-  const T scale = T(g.scale), keep_scale = dropout_scale<T>(g);
+  const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
   const bool parallel = rows * g.S * (g.E + g.Ev) >= kParallelGrain;
   std::vector<T> D(static_cast<size_t>(rows));  // rowsum(dO * O)
 #pragma omp parallel for if (parallel)
@@ -401,7 +396,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
   const Tiles tiles = flash_tiles(g.E, g.Ev);
   const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t group = g.NH / g.NKV, n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles;
-  const T keep_scale = dropout_scale<T>(g);
+  const T keep_scale = dropout_scale<T>(g.dropout_p);
   const bool dropout = g.dropout_p > 0.0f;
   constexpr int64_t L = kLanes<T>;
 #pragma omp parallel if (g.B * g.NH * g.T * g.S * (g.E + g.Ev) >= kParallelGrain)
@@ -539,7 +534,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
 
   if (dq) {  // pass 2: dQ per (batch, head, query tile), key-major tiles
     const int64_t n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles;
-    const T scale = T(g.scale), keep_scale = dropout_scale<T>(g);
+    const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
     const bool dropout = g.dropout_p > 0.0f;
     constexpr int64_t L = kLanes<T>;
 #pragma omp parallel if (parallel)

@@ -5,14 +5,10 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/scalar_math.h"
 
 namespace tinygpt::cpu {
 namespace {
-
-template <class T>
-constexpr T kGeluScale = T(0.7978845608028654);  // sqrt(2 / pi)
-template <class T>
-constexpr T kGeluCubic = T(0.044715);
 
 template <class T, class F>
 void map(T* out, const T* inp, int64_t n, F f) {
@@ -53,18 +49,6 @@ T gelu_tanh(T u) {
   }
 }
 
-template <class T>
-T gelu(T x) {
-  return T(0.5) * x * (T(1) + gelu_tanh(kGeluScale<T> * (x + kGeluCubic<T> * x * x * x)));
-}
-
-template <class T>
-T gelu_grad(T x) {
-  const T u = kGeluScale<T> * (x + kGeluCubic<T> * x * x * x);
-  const T t = gelu_tanh(u);
-  const T du = kGeluScale<T> * (T(1) + T(3) * kGeluCubic<T> * x * x);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
-}
 
 /// Offsets of output coordinate c into out, a and b.
 struct Offsets {
@@ -168,7 +152,7 @@ void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha) {
     case UnaryOp::Log: return map(out, inp, n, [](T x) { return std::log(x); });
     case UnaryOp::Tanh: return map(out, inp, n, [](T x) { return std::tanh(x); });
     case UnaryOp::Relu: return map(out, inp, n, [](T x) { return x > T(0) ? x : T(0); });
-    case UnaryOp::Gelu: return map(out, inp, n, [](T x) { return gelu(x); });
+    case UnaryOp::Gelu: return map(out, inp, n, [](T x) { return gelu(x, [](T u) { return gelu_tanh(u); }); });
   }
 }
 
@@ -181,7 +165,7 @@ void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t 
     case UnaryOp::Log: return accumulate_map(dinp, dout, inp, n, [](T x) { return T(1) / x; });
     case UnaryOp::Tanh: return accumulate_map(dinp, dout, out, n, [](T y) { return T(1) - y * y; });
     case UnaryOp::Relu: return accumulate_map(dinp, dout, inp, n, [](T x) { return x > T(0) ? T(1) : T(0); });
-    case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](T x) { return gelu_grad(x); });
+    case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](T x) { return gelu_grad(x, [](T u) { return gelu_tanh(u); }); });
   }
 }
 

@@ -5,7 +5,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
-#include "kernels/dropout_hash.h"
+#include "kernels/scalar_math.h"
 
 namespace tinygpt::cpu {
 namespace {
@@ -128,14 +128,14 @@ void crossentropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, c
 
 template <class T>
 void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
-  const T scale = p < 1.0f ? T(1) / T(1 - p) : T(0);
+  const T scale = dropout_scale<T>(p);
 #pragma omp parallel for if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) out[i] = dropout_keep(seed, i, p) ? inp[i] * scale : T(0);
 }
 
 template <class T>
 void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed) {
-  const T scale = p < 1.0f ? T(1) / T(1 - p) : T(0);
+  const T scale = dropout_scale<T>(p);
 #pragma omp parallel for if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
     if (dropout_keep(seed, i, p)) dinp[i] += dout[i] * scale;

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kernels/attention.h"
-#include "kernels/dropout_hash.h"
+#include "kernels/scalar_math.h"
 
 namespace tinygpt::cuda {
 
@@ -18,12 +18,6 @@ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? 
 template <class T>
 __device__ __forceinline__ T* at(T* base, const int64_t* stride, int64_t b, int64_t h, int64_t t) {
   return base + b * stride[0] + h * stride[1] + t * stride[2];
-}
-
-/// One past the last key query t sees under the causal mask (every key when not causal).
-__device__ __forceinline__ int64_t causal_end(const AttentionGeom& g, int64_t t) {
-  if (!g.causal) return g.S;
-  return min64(max64(t + g.S - g.T + 1, 0), g.S);
 }
 
 /// Whether query t sees key s (both in range, causal, padding).
@@ -38,7 +32,7 @@ __device__ __forceinline__ float mask_at(const float* mask, const AttentionGeom&
 __device__ __forceinline__ float dropout_factor(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s) {
   if (g.dropout_p <= 0.0f) return 1.0f;
   const bool keep = dropout_keep(g.dropout_seed, ((b * g.NH + h) * g.T + t) * g.S + s, g.dropout_p);
-  return keep && g.dropout_p < 1.0f ? 1.0f / (1.0f - g.dropout_p) : 0.0f;
+  return keep ? dropout_scale<float>(g.dropout_p) : 0.0f;
 }
 
 /// True when every query of [t0, t0 + rows) sees every key of [s0, s0 + cols): no padding, no additive mask,

@@ -7,13 +7,15 @@
 #include <cmath>
 
 #include "kernels/cuda/launch.cuh"
-#include "kernels/dropout_hash.h"
+#include "kernels/scalar_math.h"
 
 TINYGPT_CUDA_BEGIN
 namespace {
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
+/// tanhf for the shared GELU math.
+struct Tanh {
+  __host__ __device__ float operator()(float u) const { return tanhf(u); }
+};
 
 __device__ float unary(UnaryOp op, float x, float alpha) {
   switch (op) {
@@ -23,7 +25,7 @@ __device__ float unary(UnaryOp op, float x, float alpha) {
     case UnaryOp::Log: return logf(x);
     case UnaryOp::Tanh: return tanhf(x);
     case UnaryOp::Relu: return x > 0.0f ? x : 0.0f;
-    case UnaryOp::Gelu: return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x)));
+    case UnaryOp::Gelu: return gelu(x, Tanh{});
   }
   return 0.0f;
 }
@@ -37,11 +39,7 @@ __device__ float unary_grad(UnaryOp op, float x, float y, float alpha) {
     case UnaryOp::Log: return 1.0f / x;
     case UnaryOp::Tanh: return 1.0f - y * y;
     case UnaryOp::Relu: return x > 0.0f ? 1.0f : 0.0f;
-    case UnaryOp::Gelu: {
-      const float t = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
-      const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-    }
+    case UnaryOp::Gelu: return gelu_grad(x, Tanh{});
   }
   return 0.0f;
 }
@@ -299,15 +297,7 @@ __global__ void copy_slice_kernel(float* dst, const float* src, int64_t outer, i
 
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
                              float beta2, float eps, float weight_decay, float c1, float c2) {
-  TINYGPT_CUDA_LOOP(i, n) {
-    const float g = grad[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float update = (mi * c1) / (sqrtf(vi * c2) + eps);
-    param[i] -= lr * (update + weight_decay * param[i]);
-  }
+  TINYGPT_CUDA_LOOP(i, n) adamw_element(param[i], grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2);
 }
 
 /// One thread per rotated pair (or per copied element of an unrotated head).
@@ -425,12 +415,12 @@ void log_softmax_backward(float* dinp, const float* dout, const float* out, int6
 
 void dropout_forward(float* out, const float* inp, int64_t n, float p, uint64_t seed) {
   if (n == 0) return;
-  launch_kernel("dropout_forward", dropout_forward_kernel, blocks_for(n), kThreads, 0, out, inp, n, p, seed, p < 1.0f ? 1.0f / (1.0f - p) : 0.0f);
+  launch_kernel("dropout_forward", dropout_forward_kernel, blocks_for(n), kThreads, 0, out, inp, n, p, seed, dropout_scale<float>(p));
 }
 
 void dropout_backward(float* dinp, const float* dout, int64_t n, float p, uint64_t seed) {
   if (n == 0) return;
-  launch_kernel("dropout_backward", dropout_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, n, p, seed, p < 1.0f ? 1.0f / (1.0f - p) : 0.0f);
+  launch_kernel("dropout_backward", dropout_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, n, p, seed, dropout_scale<float>(p));
 }
 
 void permute(float* out, const float* inp, const PermuteGeom& g, bool accumulate) {
@@ -449,8 +439,7 @@ void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int6
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, int64_t step) {
   if (n == 0) return;
-  const float c1 = float(1.0 / (1.0 - std::pow(double(beta1), double(step))));
-  const float c2 = float(1.0 / (1.0 - std::pow(double(beta2), double(step))));
+  const float c1 = float(adamw_correction(beta1, step)), c2 = float(adamw_correction(beta2, step));
   launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2);
 }
 
