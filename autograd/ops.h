@@ -63,8 +63,8 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed);
 /// As above with a seed drawn from `gen`; identity when !training or p == 0.
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training = true);
 
-/// Rotary position embedding of x (B, L, H * D), heads packed in the last dim: the first `rotated_heads`
-/// heads of each position are rotated by angles pos * base^(-2i/D) (pairs (i, i + D/2)), positions
+/// Rotary position embedding of x (B, L, NH * E), heads packed in the last dim: the first `rotated_heads`
+/// heads of each position are rotated by angles pos * base^(-2i/E) (pairs (i, i + E/2)), positions
 /// starting at `pos0`; the remaining heads pass through unchanged (so a fused QKV can rotate q and k only).
 Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t pos0 = 0, double base = 10000.0);
 

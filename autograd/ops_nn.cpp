@@ -202,20 +202,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t pos0, double base) {
   detail::check_float("rope", x);
   if (x.ndim() != 3 || head_dim <= 0 || head_dim % 2 != 0 || x.size(2) % head_dim != 0) {
-    throw Error(fmt::format("rope: x must be (B, L, H * D) with an even head_dim D dividing the last dim; got shape {} "
+    throw Error(fmt::format("rope: x must be (B, L, NH * E) with an even head_dim E dividing the last dim; got shape {} "
                             "and head_dim {}", x.shape().str(), head_dim));
   }
-  const int64_t B = x.size(0), L = x.size(1), D = head_dim, H = x.size(2) / D;
-  if (rotated_heads < 0 || rotated_heads > H) {
-    throw Error(fmt::format("rope: cannot rotate {} of {} heads", rotated_heads, H));
+  const int64_t B = x.size(0), L = x.size(1), E = head_dim, NH = x.size(2) / E;
+  if (rotated_heads < 0 || rotated_heads > NH) {
+    throw Error(fmt::format("rope: cannot rotate {} of {} heads", rotated_heads, NH));
   }
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), "rope", [&]<class T>() {
-    launch(kernels::rope_forward<T>, x.device(), out.data<T>(), x.data<T>(), B, L, H, D, rotated_heads, pos0, base);
+    launch(kernels::rope_forward<T>, x.device(), out.data<T>(), x.data<T>(), B, L, NH, E, rotated_heads, pos0, base);
   });
   return record("rope", out, {x}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
     dispatch_float(dout.dtype(), "rope", [&]<class T>() {
-      launch(kernels::rope_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), B, L, H, D, rotated_heads,
+      launch(kernels::rope_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), B, L, NH, E, rotated_heads,
              pos0, base);
     });
   });

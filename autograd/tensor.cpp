@@ -15,7 +15,6 @@ size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::F32: return 4;
     case DType::F64: return 8;
-    case DType::BF16: return 2;
     case DType::I32: return 4;
     case DType::Bool: return 1;
   }
@@ -26,7 +25,6 @@ const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::F32: return "f32";
     case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
     case DType::I32: return "i32";
     case DType::Bool: return "bool";
   }
@@ -139,9 +137,8 @@ double Tensor::item() const {
     case DType::F64: return *host.data<double>();
     case DType::I32: return *host.data<int32_t>();
     case DType::Bool: return *host.data<uint8_t>() != 0;
-    case DType::BF16: break;
   }
-  throw Error("item: bf16 tensors cannot be read on the host yet");
+  throw Error("item: unknown dtype");
 }
 
 Tensor Tensor::to(Device dev) const {
@@ -173,16 +170,13 @@ Tensor Tensor::to(DType dt) const {
       case DType::F64: std::copy_n(src, n, out.data<double>()); return;
       case DType::I32: std::copy_n(src, n, out.data<int32_t>()); return;
       case DType::Bool: std::transform(src, src + n, out.data<uint8_t>(), [](From x) { return uint8_t(x != From(0)); }); return;
-      case DType::BF16: break;
     }
-    throw Error("to(dtype): bf16 conversion is not available on the CPU");
   };
   switch (dtype()) {
     case DType::F32: convert(data<float>()); break;
     case DType::F64: convert(data<double>()); break;
     case DType::I32: convert(data<int32_t>()); break;
     case DType::Bool: convert(data<uint8_t>()); break;
-    case DType::BF16: throw Error("to(dtype): bf16 conversion is not available on the CPU");
   }
   return out;
 }
@@ -279,7 +273,6 @@ Tensor generate(const Shape& shape, DType dtype, Device device, const char* op, 
     case DType::F64: for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = gen(i); break;
     case DType::I32: for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = int32_t(gen(i)); break;
     case DType::Bool: for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = gen(i) != 0.0; break;
-    case DType::BF16: throw Error(fmt::format("{}: bf16 tensors are created on the GPU from f32 ones", op));
   }
   return t.to(device);
 }
@@ -385,7 +378,6 @@ auto fmt::formatter<tinygpt::Tensor>::format(const tinygpt::Tensor& t, fmt::form
     case DType::F64: body(host.data<double>()); break;
     case DType::I32: body(host.data<int32_t>()); break;
     case DType::Bool: body(host.data<uint8_t>()); break;
-    case DType::BF16: s += "<bf16 data>"; break;
   }
   s += fmt::format(", dtype={}", tinygpt::dtype_name(t.dtype()));
   if (t.device() != tinygpt::Device::CPU) s += ", device=cuda";

@@ -18,9 +18,9 @@
 
 namespace tinygpt {
 
-/// f32 everywhere; f64 on the CPU (gradient checks); bf16 reserved for the GPU; i32 for token ids;
+/// f32 everywhere; f64 on the CPU (gradient checks); i32 for token ids;
 /// bool (one byte, 0 or 1) for masks.
-enum class DType : uint8_t { F32, F64, BF16, I32, Bool };
+enum class DType : uint8_t { F32, F64, I32, Bool };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);

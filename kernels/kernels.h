@@ -2,10 +2,13 @@
 // at compile time below); launch(kernel, device, args...) picks one. Conventions (llm.c style): outputs first, then inputs, then
 // sizes; gradients carry a `d` prefix and backward kernels accumulate (+=) into them.
 //
-// Shape letters used in trailing comments across the project:
-//   B  batch size           T  sequence length (queries)   S  sequence length (keys)
-//   C  channels (n_embd)    NH number of heads             HS head size (C / NH)
-//   V  vocabulary size      OC output channels             N  rows (often B*T)
+// The one legend of shape letters, for names and trailing comments across the project:
+//   B   batch size             T   sequence length (queries)    S   sequence length (keys and values)
+//   C   channels (n_embd)      OC  output channels              N   rows (often B*T)
+//   V   vocabulary size        NH  query heads                  NKV key/value heads (NH / NKV queries share one)
+//   E   head size of queries and keys (C / NH in a GPT)         Ev  head size of values
+//   L   a sequence length passed to a CPU kernel template (T or S there: T names the element type)
+//   D   the dimension reduced over (sum: inp (outer, D, inner))
 #pragma once
 
 #include <chrono>

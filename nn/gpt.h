@@ -39,7 +39,7 @@ class MLP : public Module {
 
 /// The keys and values of every layer for the positions seen so far, for incremental decoding.
 struct KVCache {
-  std::vector<Tensor> k, v;  // per layer (B, capacity, NKV * HS)
+  std::vector<Tensor> k, v;  // per layer (B, capacity, NKV * E)
   int64_t len = 0;           // positions filled
   int64_t capacity() const { return k.empty() ? 0 : k[0].size(1); }
 };

@@ -370,13 +370,13 @@ TEST_CASE("emulated CUDA: AdamW step") {
 }
 
 TEST_CASE("emulated CUDA: RoPE (rotated and copied heads, an offset), forward and backward") {
-  const int64_t B = 2, L = 5, H = 3, D = 8, n_rot = 2, pos0 = 3;
-  const Vec x = random(size_t(B * L * H * D), 55), dout = random(size_t(B * L * H * D), 56);
+  const int64_t B = 2, L = 5, NH = 3, E = 8, n_rot = 2, pos0 = 3;
+  const Vec x = random(size_t(B * L * NH * E), 55), dout = random(size_t(B * L * NH * E), 56);
   compare("rope forward", {Vec(x.size())}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::rope_forward : cpu::rope_forward<float>)(o[0].data(), x.data(), B, L, H, D, n_rot, pos0, 10000.0);
+    (g ? gpu::rope_forward : cpu::rope_forward<float>)(o[0].data(), x.data(), B, L, NH, E, n_rot, pos0, 10000.0);
   });
   compare("rope backward", {random(x.size(), 57)}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::rope_backward : cpu::rope_backward<float>)(o[0].data(), dout.data(), B, L, H, D, n_rot, pos0, 10000.0);
+    (g ? gpu::rope_backward : cpu::rope_backward<float>)(o[0].data(), dout.data(), B, L, NH, E, n_rot, pos0, 10000.0);
   });
 }
 

@@ -21,7 +21,6 @@ const char* st_dtype(DType d) {
   switch (d) {
     case DType::F32: return "F32";
     case DType::F64: return "F64";
-    case DType::BF16: return "BF16";
     case DType::I32: return "I32";
     case DType::Bool: return "BOOL";
   }
@@ -29,7 +28,7 @@ const char* st_dtype(DType d) {
 }
 
 std::optional<DType> parse_dtype(const std::string& s) {
-  for (DType d : {DType::F32, DType::F64, DType::BF16, DType::I32, DType::Bool}) {
+  for (DType d : {DType::F32, DType::F64, DType::I32, DType::Bool}) {
     if (s == st_dtype(d)) return d;
   }
   return std::nullopt;

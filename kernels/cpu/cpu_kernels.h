@@ -70,11 +70,11 @@ template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* 
 template <class T> void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, float lr, float beta1, float beta2,
                                      float eps, float weight_decay, int64_t step);
 
-/// Rotary embedding of x (B, L, H, D) at positions pos0 .. pos0+L-1: the first n_rot heads are rotated, the rest
-/// copied. D must be even. Backward applies the inverse rotation and accumulates.
-template <class T> void rope_forward(T* out, const T* inp, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot,
+/// Rotary embedding of x (B, L, NH, E) at positions pos0 .. pos0+L-1: the first n_rot heads are rotated, the rest
+/// copied. E must be even. Backward applies the inverse rotation and accumulates.
+template <class T> void rope_forward(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
                                      int64_t pos0, double base);
-template <class T> void rope_backward(T* dinp, const T* dout, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot,
+template <class T> void rope_backward(T* dinp, const T* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
                                       int64_t pos0, double base);
 
 }  // namespace tinygpt::cpu

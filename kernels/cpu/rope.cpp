@@ -1,5 +1,5 @@
 // Rotary position embeddings (RoPE), half-split pairing as GPT-NeoX and LLaMA (Hugging Face layout):
-// feature i is rotated with feature i + D/2 by angle pos * base^(-2i/D).
+// feature i is rotated with feature i + E/2 by angle pos * base^(-2i/E).
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -11,21 +11,21 @@ namespace {
 /// out = R(sign * theta) inp for the first n_rot heads of every position; the other heads are copied
 /// (forward) or passed through (backward, accumulating).
 template <class T>
-void rotate(T* out, const T* inp, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot, int64_t pos0, double base,
+void rotate(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base,
             double sign, bool accumulate) {
-  const int64_t half = D / 2;
-#pragma omp parallel for if (B * L * H * D >= kParallelGrain)
+  const int64_t half = E / 2;
+#pragma omp parallel for if (B * L * NH * E >= kParallelGrain)
   for (int64_t bl = 0; bl < B * L; ++bl) {
     const double pos = double(pos0 + bl % L);
-    for (int64_t h = 0; h < H; ++h) {
-      const T* x = inp + (bl * H + h) * D;
-      T* y = out + (bl * H + h) * D;
+    for (int64_t h = 0; h < NH; ++h) {
+      const T* x = inp + (bl * NH + h) * E;
+      T* y = out + (bl * NH + h) * E;
       if (h >= n_rot) {
-        for (int64_t d = 0; d < D; ++d) y[d] = accumulate ? y[d] + x[d] : x[d];
+        for (int64_t d = 0; d < E; ++d) y[d] = accumulate ? y[d] + x[d] : x[d];
         continue;
       }
       for (int64_t i = 0; i < half; ++i) {
-        const double angle = sign * pos * std::pow(base, -2.0 * double(i) / double(D));
+        const double angle = sign * pos * std::pow(base, -2.0 * double(i) / double(E));
         const T c = T(std::cos(angle)), s = T(std::sin(angle));
         const T a = x[i], b = x[i + half];
         const T ra = a * c - b * s, rb = a * s + b * c;
@@ -39,13 +39,13 @@ void rotate(T* out, const T* inp, int64_t B, int64_t L, int64_t H, int64_t D, in
 }  // namespace
 
 template <class T>
-void rope_forward(T* out, const T* inp, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot, int64_t pos0, double base) {
-  rotate(out, inp, B, L, H, D, n_rot, pos0, base, 1.0, false);
+void rope_forward(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base) {
+  rotate(out, inp, B, L, NH, E, n_rot, pos0, base, 1.0, false);
 }
 
 template <class T>
-void rope_backward(T* dinp, const T* dout, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot, int64_t pos0, double base) {
-  rotate(dinp, dout, B, L, H, D, n_rot, pos0, base, -1.0, true);  // the inverse rotation is the transpose
+void rope_backward(T* dinp, const T* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base) {
+  rotate(dinp, dout, B, L, NH, E, n_rot, pos0, base, -1.0, true);  // the inverse rotation is the transpose
 }
 
 template void rope_forward<float>(float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double);

@@ -301,16 +301,16 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
 }
 
 /// One thread per rotated pair (or per copied element of an unrotated head).
-__global__ void rope_kernel(float* out, const float* inp, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot,
+__global__ void rope_kernel(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
                             int64_t pos0, double base, double sign, bool accumulate) {
-  const int64_t half = D / 2;
-  TINYGPT_CUDA_LOOP(idx, B * L * H * half) {
-    const int64_t i = idx % half, h = idx / half % H, bl = idx / (half * H);
-    const float* x = inp + (bl * H + h) * D;
-    float* y = out + (bl * H + h) * D;
+  const int64_t half = E / 2;
+  TINYGPT_CUDA_LOOP(idx, B * L * NH * half) {
+    const int64_t i = idx % half, h = idx / half % NH, bl = idx / (half * NH);
+    const float* x = inp + (bl * NH + h) * E;
+    float* y = out + (bl * NH + h) * E;
     float ra = x[i], rb = x[i + half];
     if (h < n_rot) {
-      const double angle = sign * double(pos0 + bl % L) * pow(base, -2.0 * double(i) / double(D));
+      const double angle = sign * double(pos0 + bl % L) * pow(base, -2.0 * double(i) / double(E));
       const float c = float(cos(angle)), s = float(sin(angle));
       const float a = ra, b = rb;
       ra = a * c - b * s;
@@ -443,18 +443,18 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2);
 }
 
-void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot, int64_t pos0,
+void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
                   double base) {
-  const int64_t n = B * L * H * (D / 2);
+  const int64_t n = B * L * NH * (E / 2);
   if (n == 0) return;
-  launch_kernel("rope_forward", rope_kernel, blocks_for(n), kThreads, 0, out, inp, B, L, H, D, n_rot, pos0, base, 1.0, false);
+  launch_kernel("rope_forward", rope_kernel, blocks_for(n), kThreads, 0, out, inp, B, L, NH, E, n_rot, pos0, base, 1.0, false);
 }
 
-void rope_backward(float* dinp, const float* dout, int64_t B, int64_t L, int64_t H, int64_t D, int64_t n_rot,
+void rope_backward(float* dinp, const float* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
                    int64_t pos0, double base) {
-  const int64_t n = B * L * H * (D / 2);
+  const int64_t n = B * L * NH * (E / 2);
   if (n == 0) return;
-  launch_kernel("rope_backward", rope_kernel, blocks_for(n), kThreads, 0, dinp, dout, B, L, H, D, n_rot, pos0, base, -1.0, true);
+  launch_kernel("rope_backward", rope_kernel, blocks_for(n), kThreads, 0, dinp, dout, B, L, NH, E, n_rot, pos0, base, -1.0, true);
 }
 
 TINYGPT_CUDA_END
