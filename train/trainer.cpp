@@ -329,148 +329,136 @@ double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t b
   return total / double(iters);
 }
 
-TrainResult train(const TrainConfig& cfg_in) {
-  TrainConfig cfg = cfg_in;
-  cfg.validate();
-  const Device device = parse_device(cfg.device);
-  const fs::path out = cfg.out;
+namespace {
+
+/// The run's output directory, created when missing.
+fs::path make_output_dir(const std::string& dir) {
+  const fs::path out = dir;
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out, ec)) {
     throw Error(fmt::format("cannot create the output directory '{}': {}", out.string(), ec ? ec.message() : "not a directory"));
   }
-  Communicator& comm = communicator();
-  const int rank = comm.rank(), world = comm.world_size();
-  const bool lead = rank == 0;  // rank 0 speaks for the run: log lines, metrics, checkpoints
-  std::optional<RunLock> lock;
-  if (lead) lock.emplace(out);
+  return out;
+}
 
-  const auto t_load = Clock::now();
-  if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
-  const data::Corpus corpus = data::load_corpus(cfg.data, out);
-  if (lead) comm.barrier();
-  const auto ids = corpus.tokens.ids();
-  const data::Split split = data::split_tokens(ids, cfg.train_fraction);
-  Console console(cfg.quiet || !lead);
-  console.line("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens\n", ids.size(),
-             corpus.vocab.size(), corpus.from_cache ? "mapped from" : "encoded into", (out / "tokens.bin").string(),
-             std::chrono::duration<double>(Clock::now() - t_load).count(), split.train.size(), split.val.size());
-
-  // Model: the flags' config, or the checkpoint's when resuming.
-  std::optional<Checkpoint> ckpt;
-  cfg.model.vocab_size = corpus.vocab.size();
-  if (cfg.resume) {
-    ckpt = load_checkpoint(out / kLatestCheckpoint);
-    if (ckpt->vocab.chars() != corpus.vocab.chars()) {
-      throw Error(fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
-                              "with the data the run was started on",
-                              ckpt->vocab.size(), cfg.data, corpus.vocab.size()));
-    }
-    {
-      std::string diffs;
-      const auto flags = to_json(cfg.model), saved = to_json(ckpt->config);
-      for (const std::string& key : cfg.model_flags_given) {
-        if (saved.contains(key) && flags[key] != saved[key]) {
-          diffs += fmt::format("{}{} {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ", key, flags[key].dump(),
-                               saved[key].dump());
-        }
-      }
-      if (!diffs.empty()) {
-        throw Error(fmt::format("--resume: the model flags contradict the checkpoint: {}; drop them to resume as saved",
-                                diffs));
-      }
-    }
-    const double dropout = cfg.model.dropout;
-    cfg.model = ckpt->config;
-    cfg.model.dropout = dropout;  // dropout may change between runs; the architecture may not
+/// --resume: the run's latest checkpoint, whose model config the run takes (all but dropout, which may change);
+/// throws when the data's vocabulary or a model flag given contradicts it.
+Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out, const data::Corpus& corpus) {
+  Checkpoint ckpt = load_checkpoint(out / kLatestCheckpoint);
+  if (ckpt.vocab.chars() != corpus.vocab.chars()) {
+    throw Error(fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
+                            "with the data the run was started on",
+                            ckpt.vocab.size(), cfg.data, corpus.vocab.size()));
   }
-  require_memory(training_memory(cfg.model, cfg.batch_size), device, "training this model",
-                 "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
-  Generator model_gen(derived_seed(cfg.seed, kModelStream));
-  nn::GPT model(cfg.model, model_gen);
-  model.set_numerics(numerics_of(cfg));
-  model.to(device);  // before the optimizer, whose moments live beside the parameters
-  AdamW opt(model.named_parameters(),
-            {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});
-  data::BatchSampler sampler(split.train, cfg.batch_size, cfg.model.block_size, derived_seed(cfg.seed, kSamplerStream),
-                             "training split");
-  data::BatchSampler(split.val, 1, cfg.model.block_size, 0, "validation split");  // fails early when too short
-
-  TrainState state;
-  state.train_config = flags_json(cfg);
-  if (ckpt) {
-    load_weights(model, *ckpt);
-    load_optimizer(opt, *ckpt);
-    state = ckpt->state;
-    state.train_config = flags_json(cfg);
-    sampler.generator().set_state(state.sampler_rng);
-    model_gen.set_state(state.model_rng);
-    console.line("resuming from {} at iteration {} (best val loss {:.4f})\n", ckpt->path.string(), state.iter,
-               state.best_val_loss);
-  }
-  if (cfg.resume && lead) truncate_metrics(out / "metrics.jsonl", state.iter);
-  MetricsLog metrics(out / "metrics.jsonl", cfg.resume, lead);
-  if (world > 1) {
-    if (device == Device::CUDA) {
-      throw Error("--device cuda with several ranks needs NCCL, which this build does not use yet; train on the CPU "
-                  "or in one process");
+  std::string diffs;
+  const auto flags = to_json(cfg.model), saved = to_json(ckpt.config);
+  for (const std::string& key : cfg.model_flags_given) {
+    if (saved.contains(key) && flags[key] != saved[key]) {
+      diffs += fmt::format("{}{} {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ", key, flags[key].dump(),
+                           saved[key].dump());
     }
-    uint64_t sum = weights_checksum(model.parameters()), first = sum;
-    comm.broadcast(&first, sizeof(first), 0);
-    if (sum != first) {
-      throw Error(fmt::format("rank {}: its starting weights differ from rank 0's (checksum {:016x} vs {:016x}); every "
-                              "rank must run the same binary with the same flags and checkpoint",
-                              rank, sum, first));
-    }
-    console.line("data parallel: {} ranks ({}), {} micro-batch{} each per step: the same steps as one process with "
-                 "--grad-accum {}\n",
-                 world, comm.backend(), cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es", cfg.grad_accum * world);
   }
-  const auto& m = cfg.model;
-  console.line("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
-               m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6,
-               device == Device::CUDA ? fmt::format("on {}{}{}", cuda::device_description(), cfg.tf32 ? ", TF32 matmuls" : "",
-                                                     cfg.attention_math != "f32" ? ", " + cfg.attention_math + " tensor-core attention" : "")
-                                      : fmt::format("{} threads", omp_get_max_threads()));
+  if (!diffs.empty()) {
+    throw Error(fmt::format("--resume: the model flags contradict the checkpoint: {}; drop them to resume as saved", diffs));
+  }
+  const double dropout = cfg.model.dropout;
+  cfg.model = ckpt.config;
+  cfg.model.dropout = dropout;
+  return ckpt;
+}
 
-  const StopSignals stop;
-  auto save_latest = [&](int64_t iter) {
+/// Several ranks: refuses what is not supported yet, and checks that every rank starts from rank 0's weights.
+void check_ranks(const nn::GPT& model, Communicator& comm, Device device, const TrainConfig& cfg, Console& console) {
+  if (device == Device::CUDA) {
+    throw Error("--device cuda with several ranks needs NCCL, which this build does not use yet; train on the CPU "
+                "or in one process");
+  }
+  uint64_t sum = weights_checksum(model.parameters()), first = sum;
+  comm.broadcast(&first, sizeof(first), 0);
+  if (sum != first) {
+    throw Error(fmt::format("rank {}: its starting weights differ from rank 0's (checksum {:016x} vs {:016x}); every "
+                            "rank must run the same binary with the same flags and checkpoint",
+                            comm.rank(), sum, first));
+  }
+  console.line("data parallel: {} ranks ({}), {} micro-batch{} each per step: the same steps as one process with "
+               "--grad-accum {}\n",
+               comm.world_size(), comm.backend(), cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es",
+               cfg.grad_accum * comm.world_size());
+}
+
+/// The log's model line: size, and where and how it computes.
+std::string describe_model(const nn::GPT& model, Device device) {
+  const nn::GPTConfig& m = model.config();
+  const Numerics& n = model.numerics();
+  const std::string where =
+      device == Device::CUDA
+          ? fmt::format("on {}{}{}", cuda::device_description(), n.tf32 ? ", TF32 matmuls" : "",
+                        n.attention != AttentionMath::F32
+                            ? fmt::format(", {} tensor-core attention", attention_math_name(n.attention))
+                            : "")
+          : fmt::format("{} threads", omp_get_max_threads());
+  return fmt::format("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
+                     m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where);
+}
+
+struct StepStats {
+  double loss = 0, grad_norm = 0;
+  double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
+  bool stop = false;   // a stop signal reached this rank (several ranks: any rank)
+};
+
+/// What the training loop works on; the pieces are owned by train().
+struct Run {
+  const TrainConfig& cfg;
+  Device device;
+  const fs::path& out;
+  Communicator& comm;
+  const data::Corpus& corpus;
+  const data::Split& split;
+  nn::GPT& model;
+  Generator& model_gen;
+  AdamW& opt;
+  data::BatchSampler& sampler;
+  TrainState& state;
+  MetricsLog& metrics;
+  Console& console;
+  const StopSignals& stop;
+  const std::vector<Tensor> params = model.parameters();
+  std::vector<float> flat_grads{};  // the step's gradients packed for the all-reduce (several ranks only)
+
+  bool lead() const { return comm.rank() == 0; }  // rank 0 speaks for the run: log lines, metrics, checkpoints
+
+  void save_latest(int64_t iter) {
     state.iter = iter;
     state.sampler_rng = sampler.generator().state();
     state.model_rng = model_gen.state();
-    if (lead) save_checkpoint(out / kLatestCheckpoint, model, corpus.vocab, &opt, state);
-  };
-  const std::vector<Tensor> params = model.parameters();
-  const int64_t tokens_per_iter = cfg.batch_size * m.block_size * cfg.grad_accum * world;
-  std::vector<float> flat_grads;  // the step's gradients packed for the all-reduce (several ranks only)
-  TrainResult result{state.best_val_loss, NAN, state.iter};
-  const int64_t first = state.iter;
-  double ms_avg = 0;  // moving average of the iteration time, for the ETA
-  for (int64_t iter = state.iter;; ++iter) {
-    const double lr = learning_rate(cfg, iter);
-    if ((iter % cfg.eval_interval == 0 || iter == cfg.max_iters) && !(cfg.resume && iter == first)) {
-      const auto t0 = Clock::now();
-      const double train_loss = estimate_loss(model, split.train, cfg.batch_size, cfg.eval_iters,
-                                              derived_seed(cfg.seed, kEvalTrainStream), "training split", &comm);
-      const double val_loss = estimate_loss(model, split.val, cfg.batch_size, cfg.eval_iters,
-                                            derived_seed(cfg.seed, kEvalValStream), "validation split", &comm);
-      result.last_val_loss = val_loss;
-      metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}});
-      const bool best = val_loss < state.best_val_loss;
-      if (best) state.best_val_loss = val_loss;
-      save_latest(iter);
-      if (best && lead) save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
-      console.line("step {}: train loss {:.4f}, val loss {:.4f}{} ({:.1f}s)\n", iter, train_loss, val_loss,
-                 best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    if (iter >= cfg.max_iters) {
-      result.iters = iter;
-      break;
-    }
+    if (lead()) save_checkpoint(out / kLatestCheckpoint, model, corpus.vocab, &opt, state);
+  }
 
+  /// Both splits' losses, logged; the latest checkpoint saved, and the best one when the validation loss is the
+  /// lowest yet. Returns the validation loss.
+  double evaluate(int64_t iter) {
     const auto t0 = Clock::now();
-    // The step's world * grad_accum micro-batches, drawn in order by every rank; rank r computes the ones a single
-    // process with --grad-accum world * grad_accum computes at micro-steps r * grad_accum .. r * grad_accum + A - 1.
+    const double train_loss = estimate_loss(model, split.train, cfg.batch_size, cfg.eval_iters,
+                                            derived_seed(cfg.seed, kEvalTrainStream), "training split", &comm);
+    const double val_loss = estimate_loss(model, split.val, cfg.batch_size, cfg.eval_iters,
+                                          derived_seed(cfg.seed, kEvalValStream), "validation split", &comm);
+    metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}});
+    const bool best = val_loss < state.best_val_loss;
+    if (best) state.best_val_loss = val_loss;
+    save_latest(iter);
+    if (best && lead()) save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
+    console.line("step {}: train loss {:.4f}, val loss {:.4f}{} ({:.1f}s)\n", iter, train_loss, val_loss,
+                 best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
+    return val_loss;
+  }
+
+  /// One optimizer step over the step's world * grad_accum micro-batches, drawn in order by every rank; rank r
+  /// computes the ones a single process with --grad-accum world * grad_accum computes at micro-steps
+  /// r * grad_accum .. r * grad_accum + A - 1. Throws before the update when the loss or gradient is not finite.
+  StepStats step(int64_t iter, double lr) {
+    const int rank = comm.rank(), world = comm.world_size();
     const int64_t micro_steps = cfg.grad_accum * world;
     double reduced[2] = {0, 0};  // this rank's loss sum; whether a stop was asked of it (summed: of any rank)
     for (int64_t micro = 0; micro < micro_steps; ++micro) {
@@ -486,40 +474,119 @@ TrainResult train(const TrainConfig& cfg_in) {
       reduced[0] += loss.item();
       (micro_steps == 1 ? loss : scale(loss, 1.0 / double(micro_steps))).backward();
     }
-    double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
+    StepStats s;
     if (world > 1) {
       reduced[1] = stop.requested() ? 1.0 : 0.0;  // all ranks stop after the same iteration
       const auto c0 = Clock::now();
       all_reduce_gradients(params, comm, flat_grads);
       comm.all_reduce_sum(reduced, 2);
-      comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
+      s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
-    const double norm = clip_grad_norm(params, cfg.grad_clip);
-    const double loss = reduced[0] / double(micro_steps);
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {  // before the update: the weights stay finite
+    s.grad_norm = clip_grad_norm(params, cfg.grad_clip);
+    s.loss = reduced[0] / double(micro_steps);
+    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // before the update: the weights stay finite
       throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
                               "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
-                              iter, std::isfinite(loss) ? "gradient norm" : "loss", std::isfinite(loss) ? norm : loss,
-                              cfg.lr, (out / kLatestCheckpoint).string()));
+                              iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
+                              std::isfinite(s.loss) ? s.grad_norm : s.loss, cfg.lr, (out / kLatestCheckpoint).string()));
     }
     opt.step(lr);
     opt.zero_grad();
+    s.stop = world > 1 ? reduced[1] > 0 : stop.requested();
+    return s;
+  }
+};
+
+}  // namespace
+
+TrainResult train(const TrainConfig& cfg_in) {
+  TrainConfig cfg = cfg_in;
+  cfg.validate();
+  const Device device = parse_device(cfg.device);
+  const fs::path out = make_output_dir(cfg.out);
+  Communicator& comm = communicator();
+  const int world = comm.world_size();
+  const bool lead = comm.rank() == 0;
+  std::optional<RunLock> lock;
+  if (lead) lock.emplace(out);
+
+  const auto t_load = Clock::now();
+  if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
+  const data::Corpus corpus = data::load_corpus(cfg.data, out);
+  if (lead) comm.barrier();
+  const auto ids = corpus.tokens.ids();
+  const data::Split split = data::split_tokens(ids, cfg.train_fraction);
+  Console console(cfg.quiet || !lead);
+  console.line("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens\n", ids.size(),
+               corpus.vocab.size(), corpus.from_cache ? "mapped from" : "encoded into", (out / "tokens.bin").string(),
+               std::chrono::duration<double>(Clock::now() - t_load).count(), split.train.size(), split.val.size());
+
+  // Model: the flags' config, or the checkpoint's when resuming.
+  cfg.model.vocab_size = corpus.vocab.size();
+  std::optional<Checkpoint> ckpt;
+  if (cfg.resume) ckpt = resume_checkpoint(cfg, out, corpus);
+  require_memory(training_memory(cfg.model, cfg.batch_size), device, "training this model",
+                 "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
+  Generator model_gen(derived_seed(cfg.seed, kModelStream));
+  nn::GPT model(cfg.model, model_gen);
+  model.set_numerics(numerics_of(cfg));
+  model.to(device);  // before the optimizer, whose moments live beside the parameters
+  AdamW opt(model.named_parameters(),
+            {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});
+  data::BatchSampler sampler(split.train, cfg.batch_size, cfg.model.block_size, derived_seed(cfg.seed, kSamplerStream),
+                             "training split");
+  data::BatchSampler(split.val, 1, cfg.model.block_size, 0, "validation split");  // fails early when too short
+
+  TrainState state;
+  if (ckpt) {
+    load_weights(model, *ckpt);
+    load_optimizer(opt, *ckpt);
+    state = ckpt->state;
+    sampler.generator().set_state(state.sampler_rng);
+    model_gen.set_state(state.model_rng);
+    console.line("resuming from {} at iteration {} (best val loss {:.4f})\n", ckpt->path.string(), state.iter,
+                 state.best_val_loss);
+  }
+  state.train_config = flags_json(cfg);
+  if (cfg.resume && lead) truncate_metrics(out / "metrics.jsonl", state.iter);
+  MetricsLog metrics(out / "metrics.jsonl", cfg.resume, lead);
+  if (world > 1) check_ranks(model, comm, device, cfg, console);
+  console.line("{}", describe_model(model, device));
+
+  const StopSignals stop;
+  Run run{cfg, device, out, comm, corpus, split, model, model_gen, opt, sampler, state, metrics, console, stop};
+  const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
+  TrainResult result{state.best_val_loss, NAN, state.iter};
+  const int64_t first = state.iter;
+  double ms_avg = 0;  // moving average of the iteration time, for the ETA
+  for (int64_t iter = state.iter;; ++iter) {
+    const double lr = learning_rate(cfg, iter);
+    if ((iter % cfg.eval_interval == 0 || iter == cfg.max_iters) && !(cfg.resume && iter == first)) {
+      result.last_val_loss = run.evaluate(iter);
+    }
+    if (iter >= cfg.max_iters) {
+      result.iters = iter;
+      break;
+    }
+    const auto t0 = Clock::now();
+    const StepStats s = run.step(iter, lr);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
-    nlohmann::json row = {{"iter", iter}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}, {"tok_per_s", tok_per_s}};
-    if (world > 1) row["comm_ms"] = comm_ms;
+    nlohmann::json row = {{"iter", iter}, {"loss", s.loss}, {"lr", lr}, {"grad_norm", s.grad_norm}, {"ms", ms},
+                          {"tok_per_s", tok_per_s}};
+    if (world > 1) row["comm_ms"] = s.comm_ms;
     metrics.write(row);
     if (iter % cfg.log_interval == 0) {
-      console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s\n", iter, loss, lr,
-                 norm, ms, tok_per_s);
+      console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s\n", iter, s.loss, lr,
+                   s.grad_norm, ms, tok_per_s);
     }
     ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
-    console.status(iter, cfg.max_iters, loss, tok_per_s, ms_avg);
-    if (world > 1 ? reduced[1] > 0 : stop.requested()) {
-      save_latest(iter + 1);
+    console.status(iter, cfg.max_iters, s.loss, tok_per_s, ms_avg);
+    if (s.stop) {
+      run.save_latest(iter + 1);
       console.clear();
       if (lead) fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
-                 (out / kLatestCheckpoint).string());
+                           (out / kLatestCheckpoint).string());
       result.iters = iter + 1;
       result.interrupted = true;
       break;
@@ -529,7 +596,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   if (result.interrupted) return result;
   console.clear();
   if (lead) fmt::print(stderr, "done: {} iterations, best val loss {:.4f}; checkpoints in {}\n", result.iters,
-             result.best_val_loss, out.string());
+                       result.best_val_loss, out.string());
   return result;
 }
 
