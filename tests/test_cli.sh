@@ -96,10 +96,15 @@ expect_error "max-new-tokens must not be negative" "$tinygpt" sample --ckpt "$di
 expect_error "layer 5 does not exist" "$tinygpt" attention --ckpt "$dir/run" --text "First" --layer 5 --out "$dir/a.svg"
 expect_error "more than the model's block size" "$tinygpt" attention --ckpt "$dir/run" --text "$(head -c 40 "$dir/text.txt")" --out "$dir/a.svg"
 expect_error "not in the model's vocabulary" "$tinygpt" eval --ckpt "$dir/run" --data "$dir/huge_vocab.txt"
+expect_error "attention-math must be f32, tf32 or bf16, got 'fp8'" "$tinygpt" eval --ckpt "$dir/run" --data "$dir/text.txt" --attention-math fp8
+expect_error "attention-math tf32 runs attention on GPU tensor cores: it needs --device cuda" "$tinygpt" sample --ckpt "$dir/run" --attention-math tf32
 
 # Info and pictures.
 "$tinygpt" info --ckpt "$dir/run" > "$dir/info.out" 2>&1 || fail "info exited non-zero: $(cat "$dir/info.out")"
 grep -q "^iteration      40$" "$dir/info.out" || fail "info did not report iteration 40: $(cat "$dir/info.out")"
+# The run's numerics are recorded in its checkpoints (train's default: TF32 matmuls, f32 attention).
+grep -q "^numerics       on the GPU: TF32 matmuls, f32 attention operands$" "$dir/info.out" \
+  || fail "info did not report the training numerics: $(cat "$dir/info.out")"
 "$tinygpt" plot --run "$dir/run" --out "$dir/loss.svg" 2> /dev/null || fail "plot exited non-zero"
 grep -q "<polyline" "$dir/loss.svg" && grep -q "</svg>" "$dir/loss.svg" || fail "loss.svg has no curve"
 "$tinygpt" attention --ckpt "$dir/run" --text "First Citizen" --layer 0 --head 1 --out "$dir/attn.svg" 2> /dev/null \

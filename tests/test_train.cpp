@@ -10,6 +10,7 @@
 #include "autograd/ops.h"
 #include "data/corpus.h"
 #include "train/checkpoint.h"
+#include "train/cli.h"
 #include "train/memory.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -251,6 +252,36 @@ TEST_CASE("checkpoints: a directory means best, else latest; foreign or mismatch
   contents.metadata["vocab"] = "abcd";
   safetensors::save(p, contents.tensors, contents.metadata);
   CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("vocabulary has 4 characters"), Error);
+}
+
+TEST_CASE("checkpoints record the model's numerics; eval's and sample's flags override them") {
+  TempDir dir("numerics");
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 3, cfg.block_size = 4, cfg.n_layer = 1, cfg.n_head = 1, cfg.n_embd = 8;
+  Generator gen(1);
+  nn::GPT model(cfg, gen);
+  const Numerics trained{.tf32 = false, .attention = AttentionMath::BF16};
+  model.set_numerics(trained);
+  CHECK(model.h[0]->attn.numerics().attention == AttentionMath::BF16);  // the children follow
+  const fs::path p = dir.path / kLatestCheckpoint;
+  save_checkpoint(p, model, data::CharVocab(U"abc"), nullptr, {});
+  const Checkpoint ckpt = load_checkpoint(p);
+  CHECK(ckpt.numerics.tf32 == false);
+  CHECK(ckpt.numerics.attention == AttentionMath::BF16);
+
+  CHECK(NumericsFlags{}.over(ckpt.numerics).attention == AttentionMath::BF16);  // no flags: what training used
+  const Numerics over = NumericsFlags{.tf32 = true, .attention_math = "tf32"}.over(ckpt.numerics);
+  CHECK(over.tf32);
+  CHECK(over.attention == AttentionMath::TF32);
+
+  // A checkpoint from before numerics were recorded loads as full f32; an unknown format is refused.
+  auto contents = safetensors::load(p);
+  contents.metadata.erase("numerics");
+  safetensors::save(p, contents.tensors, contents.metadata);
+  CHECK(load_checkpoint(p).numerics.attention == AttentionMath::F32);
+  contents.metadata["numerics"] = R"({"tf32": true, "attention_math": "fp8"})";
+  safetensors::save(p, contents.tensors, contents.metadata);
+  CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("unknown attention_math 'fp8'"), Error);
 }
 
 TEST_CASE("train: stopping and resuming gives the same losses and weights, bit for bit, as one run") {

@@ -165,6 +165,8 @@ void run_info(const std::string& path) {
   fmt::print("parameters     {} ({:.2f}M without the position table)\n", params, double(params - positions) / 1e6);
   fmt::print("iteration      {}\n", ckpt.state.iter);
   fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
+  fmt::print("numerics       on the GPU: {} matmuls, {} attention operands\n", ckpt.numerics.tf32 ? "TF32" : "f32",
+             attention_math_name(ckpt.numerics.attention));
   fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("AdamW, {} steps", ckpt.optimizer_step) : "none saved");
   const fs::path metrics = ckpt.path.parent_path() / "metrics.jsonl";
   std::ifstream in(metrics);
