@@ -77,8 +77,8 @@ constexpr Want* gpu_slot(Have* f) {
 // One declaration per kernel pair: cpu::name<float> and cuda::name must have the same signature (checked here, in
 // every build: only the declarations are compared, so a CPU-only build checks them too), and the table's
 // signature is that one at element type T. A CUDA definition that drifts from its declaration in
-// kernels/cuda/cuda_kernels.h is another overload, which fails the link of the CUDA build and the compile of
-// tests/test_cuda_emulated.cpp.
+// kernels/cuda/cuda_kernels.h is another overload, which fails the compile of its .cu file (CUDA builds) and of
+// tests/test_cuda_emulated.cpp (every build).
 #define TINYGPT_KERNEL_PAIR(name)                                                                              \
   static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name)>,                             \
                 "cpu::" #name " and cuda::" #name " must have one signature (kernels/cpu/cpu_kernels.h and "   \

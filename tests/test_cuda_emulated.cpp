@@ -451,9 +451,13 @@ TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core ke
     cpu::attention_flash_forward<float>(ref_out.data(), ref_lse.data(), in.q, in.k, in.v, in.m, in.kp, p.g);
     const double tol = math == AttentionMath::BF16 ? 3e-2 : 3e-3;
     check_same(out, ref_out, std::string("flash forward, ") + attention_math_name(math) + " operands", tol, tol);
-    // Rounded operands: the output is close to the f32 one but not equal to it, which shows the tensor-core path ran.
-    size_t differ = 0;
-    for (size_t i = 0; i < out.size(); ++i) differ += !std::isnan(ref_out[i]) && out[i] != ref_out[i];
-    CHECK(differ > 0);
+    // Rounded operands: the output is close to the f32 one but visibly off it (the f32 kernels agree with the CPU
+    // to about 1e-6), which shows the tensor-core path ran.
+    double largest = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!std::isnan(ref_out[i])) largest = std::max(largest, double(std::abs(out[i] - ref_out[i])));
+    }
+    INFO("largest difference from the f32 kernels: " << largest);
+    CHECK(largest > 1e-4);
   }
 }

@@ -37,6 +37,10 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
 }
 
 }  // namespace tinygpt::cuda
+
+/// In a .cu file after its kernel header: fails to compile unless tinygpt::cuda::name has exactly one signature.
+#define TINYGPT_DEFINED_AS_DECLARED(name) \
+  using name##_defined_as_declared [[maybe_unused]] = decltype(&::tinygpt::cuda::name);
 #endif
 #define TINYGPT_CUDA_END }
 
