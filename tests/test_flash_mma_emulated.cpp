@@ -1,12 +1,13 @@
 // The tensor-core flash attention kernels of kernels/cuda/flash_mma.cuh, bf16 and tf32 operands, run on the CPU
-// under tests/emulated_cuda.h, against a double-precision reference on inputs rounded to the operand format:
-// forward (out, lse) and all three gradients, over shapes that cover every padded head dim (32, 64, 128),
+// under tests/emulated_cuda.h through the CUDA backend's own entry points (kernels/cuda/attention.cuh, with the
+// operand format in AttentionGeom::math), against a double-precision reference on inputs rounded to the operand
+// format: forward (out, lse) and all three gradients, over shapes that cover every padded head dim (32, 64, 128),
 // several tiles, causal and not, GQA, strided and fused layouts, padding and additive masks, empty rows and
 // dropout. This is what checks the fragment bookkeeping on machines without a GPU; tests/test_cuda.cpp runs the
 // same kernels on a GPU.
 #include "tests/emulated_cuda.h"
 // (the emulator first: it defines what device code needs)
-#include "kernels/cuda/flash_mma.cuh"
+#include "kernels/cuda/attention.cuh"
 #include "tests/attention_cases.h"
 
 using namespace tinygpt;
@@ -21,60 +22,35 @@ struct EmulatedRun {
   std::vector<float> out, lse, dqkv;
 };
 
-/// Forward, D = rowsum(dO * O), then the dK/dV and dQ kernels, with the launch geometry of attention.cu.
-template <class Op, int EP>
+/// Forward and backward through the emulated backend's flash entry points, in the operand format p.g.math.
 EmulatedRun run_emulated(const Problem& p) {
-  namespace fm = cuda::flash_mma;
   const AttentionGeom& g = p.g;
   const HostInputs<float> in(p);
-  const float *q = in.q, *k = in.k, *v = in.v, *m = in.m;
-  const uint8_t* kp = in.kp;
-  const std::vector<float>& dout = in.dout;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EmulatedRun r;
   r.out.assign(size_t(p.out_size), nan);
   r.lse.assign(size_t(g.B * g.NH * g.T), nan);
   r.dqkv.assign(in.qkv.size(), kGradStart);
-  const unsigned q_tiles = unsigned((g.T + fm::kRows - 1) / fm::kRows), k_tiles = unsigned((g.S + fm::kRows - 1) / fm::kRows);
-  emu::launch({unsigned(g.B * g.NH), q_tiles, 1}, fm::kThreads, fm::forward_smem_bytes<Op, EP>(), [&](unsigned char* smem) {
-    fm::forward_body<Op, EP>(smem, r.out.data(), r.lse.data(), q, k, v, m, kp, g);
-  });
-
-  std::vector<float> D(size_t(g.B * g.NH * g.T));
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t h = 0; h < g.NH; ++h)
-      for (int64_t t = 0; t < g.T; ++t) {
-        const int64_t o = b * g.o_stride[0] + h * g.o_stride[1] + t * g.o_stride[2];
-        float acc = 0.0f;
-        for (int64_t e = 0; e < g.Ev; ++e) acc += dout[size_t(o + e)] * r.out[size_t(o + e)];
-        D[size_t((b * g.NH + h) * g.T + t)] = acc;
-      }
+  cuda::emulated::attention_flash_forward(r.out.data(), r.lse.data(), in.q, in.k, in.v, in.m, in.kp, g);
   float* d = r.dqkv.data();
-  emu::launch({unsigned(g.B * g.NKV), k_tiles, 1}, fm::kThreads, fm::dkdv_smem_bytes<Op, EP>(), [&](unsigned char* smem) {
-    fm::backward_dkdv_body<Op, EP>(smem, d + p.k_off, d + p.v_off, dout.data(), q, k, v, r.lse.data(), D.data(), m, kp, g);
-  });
-  emu::launch({unsigned(g.B * g.NH), q_tiles, 1}, fm::kThreads, fm::dq_smem_bytes<Op, EP>(), [&](unsigned char* smem) {
-    fm::backward_dq_body<Op, EP>(smem, d + p.q_off, dout.data(), q, k, v, r.lse.data(), D.data(), m, kp, g);
-  });
+  cuda::emulated::attention_flash_backward(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v,
+                                           r.out.data(), r.lse.data(), in.m, in.kp, g);
   for (float& x : r.dqkv) x -= kGradStart;
   return r;
 }
 
-template <class Op>
 void check_format(const Config& c, AttentionMath format) {
-  INFO("tensor-core flash (emulated, " << std::string(Op::kName) << " operands): " << describe(c));
-  const Problem p = rounded_to(make_problem(c), format);
+  INFO("tensor-core flash (emulated, " << attention_math_name(format) << " operands): " << describe(c));
+  Problem p = rounded_to(make_problem(c), format);
   const Run<double> ref = run<double>(p, false, true);
-  const int64_t e = std::max(c.E, c.Ev);
-  const EmulatedRun got = e <= 32   ? run_emulated<Op, 32>(p)
-                          : e <= 64 ? run_emulated<Op, 64>(p)
-                                    : run_emulated<Op, 128>(p);
+  p.g.math = format;
+  const EmulatedRun got = run_emulated(p);
   check_rounded_run(p, ref, format, got.out, got.lse, got.dqkv);
 }
 
 void check_emulated(const Config& c) {
-  check_format<cuda::flash_mma::Bf16>(c, AttentionMath::BF16);
-  check_format<cuda::flash_mma::Tf32>(c, AttentionMath::TF32);
+  check_format(c, AttentionMath::BF16);
+  check_format(c, AttentionMath::TF32);
 }
 
 }  // namespace
