@@ -169,7 +169,7 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
   for (unsigned z = 0; z < grid.z; ++z) {
     for (unsigned y = 0; y < grid.y; ++y) {
       for (unsigned x = 0; x < grid.x; ++x) {
-        std::memset(smem.data(), 0xff, smem.size());
+        if (!smem.empty()) std::memset(smem.data(), 0xff, smem.size());
         Block block(threads);
         std::vector<std::thread> pool;
         for (unsigned i = 0; i < threads; ++i) {
@@ -216,8 +216,8 @@ class Scratch {
   std::vector<unsigned char> bytes_;
 };
 
-inline void copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-inline void copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+inline void copy_to_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
+inline void copy_to_device(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 
 /// What the launchers read of the GPU: an H100's shared memory per block.
 struct DeviceProperties {
