@@ -2,13 +2,18 @@
 # End to end through the command line, each step its own process: train a tiny model, sample from its run
 # directory twice with one seed (same text) and once with another, evaluate it, and check that bad input
 # gets a one-line error and a non-zero exit.
-#   tests/test_cli.sh path/to/tinygpt
+#   tests/test_cli.sh path/to/tinygpt [project version]
 set -uo pipefail
 tinygpt=$1
+version=${2:-}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+if [ -n "$version" ]; then
+  [ "$("$tinygpt" --version)" = "tinygpt $version" ] || fail "--version says '$("$tinygpt" --version)', the CMake project $version"
+fi
 
 for i in $(seq 300); do echo "First Citizen: we are accounted poor citizens, the patricians good."; done > "$dir/text.txt"
 

@@ -286,7 +286,7 @@ Cli::Cli() {
              "contradictory value), 130 stopped by a signal (the latest checkpoint saved).");
   app.require_subcommand(1);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one wins
-  app.set_version_flag("--version", "tinygpt 0.1.0");
+  app.set_version_flag("--version", "tinygpt " TINYGPT_VERSION);
   app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
   add_train_command(app, train_config);
   add_sample_command(app, sample_args);
