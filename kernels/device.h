@@ -17,6 +17,8 @@ int device_count();
 bool built_with_cuda();
 /// "NVIDIA H100 80GB HBM3, 132 SMs, compute 9.0" for the current GPU.
 const char* device_description();
+/// The current GPU's compute capability as 10 * major + minor (90 for an H100); 0 without a GPU.
+int compute_capability();
 
 /// Device memory from a caching allocator: freed blocks are kept and reused (no cudaMalloc/cudaFree per op).
 /// Out of memory: the cache is released and the allocation retried once, then an Error names the bytes

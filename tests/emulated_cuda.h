@@ -6,8 +6,9 @@
 // get wrong; operands are rounded as the hardware rounds them (bf16 nearest-even, tf32 nearest-away).
 //
 // What it cannot show: speed, bank conflicts, register spills, and memory races between warps that the barriers
-// happen to order (compute-sanitizer's racecheck covers those on a GPU). Shared memory starts filled with 0xff
-// bytes (bf16 NaN), so a fragment read of a word no thread wrote shows up as NaN.
+// happen to order (compute-sanitizer's racecheck covers those on a GPU). Dynamic shared memory starts filled with
+// 0xff bytes (bf16 NaN), so a fragment read of a word no thread wrote shows up as NaN; static __shared__ arrays are
+// plain statics (zero at first, then whatever the last block left).
 //
 // Include this before any header of device code: it defines the CUDA keywords and built-ins those use.
 #pragma once
@@ -20,6 +21,8 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -48,7 +51,7 @@ namespace tinygpt::emu {
 struct Warp {
   explicit Warp(unsigned lanes) : bar(lanes) {}
   std::barrier<> bar;
-  uint32_t slot[32][8];  // each lane's operands of the collective in flight
+  uint32_t slot[32][8]{};  // each lane's operands of the collective in flight (zero for lanes a partial warp lacks)
 };
 
 struct Block {
@@ -201,10 +204,12 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
 // tinygpt::cuda::emulated when included after this header, so they never clash with the real CUDA backend.
 namespace tinygpt::cuda::emulated {
 
+struct DeviceProperties;
+const DeviceProperties& properties();
+
 template <class... Params, class... Args>
-void launch_kernel(const char*, void (*kernel)(Params...), dim3 grid, unsigned threads, size_t smem_bytes, Args&&... args) {
-  emu::launch(grid, threads, smem_bytes, [&](unsigned char*) { kernel(args...); });
-}
+void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsigned threads, size_t smem_bytes,
+                   Args&&... args);
 
 /// Scratch device memory: host memory, filled with NaN bytes so a read of what no kernel wrote shows.
 class Scratch {
@@ -229,11 +234,24 @@ inline const DeviceProperties& properties() {
   return p;
 }
 
+/// Runs the kernel under the emulator; refuses what a GPU would refuse to launch (as an Error naming `what`).
+template <class... Params, class... Args>
+void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsigned threads, size_t smem_bytes,
+                   Args&&... args) {
+  if (threads == 0 || threads > 1024 || smem_bytes > properties().sharedMemPerBlockOptin || grid.y > 65535 ||
+      grid.z > 65535) {
+    throw std::runtime_error(std::string(what) + ": launch configuration a GPU refuses");
+  }
+  emu::launch(grid, threads, smem_bytes, [&](unsigned char*) { kernel(args...); });
+}
+
 /// Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C, `batch` times with the given element strides: what the
-/// cuBLAS call in kernels/cuda/cublas.cu computes, as a loop (f32 products, f64 sums). tf32 is ignored.
+/// cuBLAS call in kernels/cuda/cublas.cu computes, as a loop (f64 sums). With tf32 the operands are rounded to TF32
+/// first, as the tensor cores read them, so a launcher that drops the flag shows.
 inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                  int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
-                 int64_t stride_c, int64_t batch, bool /*tf32*/, const char*) {
+                 int64_t stride_c, int64_t batch, bool tf32, const char*) {
+  const auto operand = [tf32](float x) { return double(tf32 ? std::bit_cast<float>(to_tf32(x)) : x); };
   for (int64_t i = 0; i < batch; ++i) {
     const float* a = A + i * stride_a;
     const float* b = B + i * stride_b;
@@ -242,7 +260,7 @@ inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
       for (int64_t n = 0; n < N; ++n) {
         double acc = 0.0;
         for (int64_t k = 0; k < K; ++k) {
-          acc += double(trans_a ? a[k * lda + m] : a[m * lda + k]) * double(trans_b ? b[n * ldb + k] : b[k * ldb + n]);
+          acc += operand(trans_a ? a[k * lda + m] : a[m * lda + k]) * operand(trans_b ? b[n * ldb + k] : b[k * ldb + n]);
         }
         float& out = c[m * ldc + n];
         out = float(alpha * acc + (beta == 0.0f ? 0.0 : double(beta) * double(out)));

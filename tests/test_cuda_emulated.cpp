@@ -19,6 +19,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -196,7 +197,7 @@ TEST_CASE("emulated CUDA: sums over a middle dim (strided) and over long rows (c
   struct Case {
     int64_t outer, D, inner;
   };
-  for (const Case c : {Case{3, 7, 5}, Case{2, 300, 1}, Case{1, 40000, 1}}) {  // 40000: three chunks per row
+  for (const Case c : {Case{3, 7, 5}, Case{2, 300, 1}, Case{1, 50000, 1}}) {  // 50000: three chunks per row
     const std::string name = "sum (" + std::to_string(c.outer) + ", " + std::to_string(c.D) + ", " + std::to_string(c.inner) + ")";
     const Vec x = random(size_t(c.outer * c.D * c.inner), 13);
     compare(name + " forward", {Vec(size_t(c.outer * c.inner))}, [&](std::vector<Vec>& o, bool g) {
@@ -359,6 +360,37 @@ TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched 
   }
 }
 
+TEST_CASE("emulated CUDA: matmul and linear pass tf32 on to the product") {
+  // The stand-in for cuBLAS rounds the operands to TF32 when asked: a launcher that dropped the flag would give
+  // the f32 result, one that invented it a rounded one.
+  const int64_t M = 8, K = 64, N = 12;
+  const Vec a = random(size_t(M * K), 60), b = random(size_t(K * N), 61), dout = random(size_t(M * N), 62);
+  auto largest_difference = [](const Vec& x, const Vec& y) {
+    double d = 0;
+    for (size_t i = 0; i < x.size(); ++i) d = std::max(d, double(std::abs(x[i] - y[i])));
+    return d;
+  };
+  for (const bool tf32 : {false, true}) {
+    INFO("tf32 " << tf32);
+    Vec out(size_t(M * N)), ref(size_t(M * N));
+    gpu::matmul_forward(out.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, tf32);
+    cpu::matmul_forward<float>(ref.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, false);
+    check_same(out, ref, "matmul forward", tf32 ? 5e-2 : 1e-5, tf32 ? 1e-2 : 1e-4);
+    CHECK((largest_difference(out, ref) > 1e-4) == tf32);
+    Vec da(a.size(), 0.0f), db(b.size(), 0.0f), ref_da = da, ref_db = db;
+    gpu::matmul_backward(da.data(), db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, tf32);
+    cpu::matmul_backward<float>(ref_da.data(), ref_db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false,
+                                false, false);
+    CHECK((largest_difference(da, ref_da) > 1e-4) == tf32);
+    CHECK((largest_difference(db, ref_db) > 1e-4) == tf32);
+    Vec y(size_t(M * N)), ref_y(size_t(M * N));
+    const Vec w = random(size_t(N * K), 63);
+    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, tf32);
+    cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, false);
+    CHECK((largest_difference(y, ref_y) > 1e-4) == tf32);
+  }
+}
+
 TEST_CASE("emulated CUDA: AdamW step") {
   const int64_t n = 300;
   const Vec grad = random(size_t(n), 51);
@@ -438,26 +470,51 @@ TEST_CASE("emulated CUDA: flash attention on CUDA cores (partial tiles, padded h
 
 TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core kernels for tf32 and bf16 operands") {
   // The tensor-core kernels themselves are checked against a reference in the operand format by
-  // test_flash_mma_emulated; here the launchers' choice and geometry, at the looser tolerance of rounded operands.
-  for (const AttentionMath math : {AttentionMath::TF32, AttentionMath::BF16}) {
-    const Config c{.B = 1, .NH = 2, .NKV = 1, .T = 40, .S = 70, .E = 32, .Ev = 32, .causal = true, .seed = 8};
-    Problem p = make_problem(c);
-    p.g.math = math;
+  // test_flash_mma_emulated; here the launchers' choice, forward and backward: with rounded operands the results
+  // are close to the f32 kernels' but visibly off them (the f32 kernels agree with the CPU to about 1e-6), which
+  // shows the tensor-core path ran.
+  struct Case {
+    AttentionMath math;
+    Config c;
+  };
+  const Case cases[] = {
+      {AttentionMath::TF32, {.B = 1, .NH = 2, .NKV = 1, .T = 40, .S = 70, .E = 32, .Ev = 32, .causal = true, .seed = 8}},
+      {AttentionMath::BF16, {.B = 1, .NH = 2, .NKV = 1, .T = 40, .S = 70, .E = 32, .Ev = 32, .causal = true, .seed = 8}},
+      {AttentionMath::TF32, {.B = 1, .NH = 1, .NKV = 1, .T = 20, .S = 30, .E = 128, .Ev = 128, .seed = 9}},
+      {AttentionMath::BF16, {.B = 1, .NH = 1, .NKV = 1, .T = 20, .S = 30, .E = 64, .Ev = 64, .seed = 10}},
+  };
+  for (const Case& k : cases) {
+    const std::string name = std::string(attention_math_name(k.math)) + " operands, " + describe(k.c);
+    INFO(name);
+    Problem p = make_problem(k.c);
+    p.g.math = k.math;
     const HostInputs<float> in(p);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     Vec out(static_cast<size_t>(p.out_size), nan), lse(static_cast<size_t>(p.g.B * p.g.NH * p.g.T), nan);
-    Vec ref_out = out, ref_lse = lse;
+    Vec ref_out = out, ref_lse = lse, d(in.qkv.size(), 0.0f), ref_d = d;
     gpu::attention_flash_forward(out.data(), lse.data(), in.q, in.k, in.v, in.m, in.kp, p.g);
     cpu::attention_flash_forward<float>(ref_out.data(), ref_lse.data(), in.q, in.k, in.v, in.m, in.kp, p.g);
-    const double tol = math == AttentionMath::BF16 ? 3e-2 : 3e-3;
-    check_same(out, ref_out, std::string("flash forward, ") + attention_math_name(math) + " operands", tol, tol);
-    // Rounded operands: the output is close to the f32 one but visibly off it (the f32 kernels agree with the CPU
-    // to about 1e-6), which shows the tensor-core path ran.
-    double largest = 0;
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (!std::isnan(ref_out[i])) largest = std::max(largest, double(std::abs(out[i] - ref_out[i])));
+    gpu::attention_flash_backward(d.data() + p.q_off, d.data() + p.k_off, d.data() + p.v_off, in.dout.data(), in.q,
+                                  in.k, in.v, out.data(), lse.data(), in.m, in.kp, p.g);
+    // The CPU's backward from the emulated forward's out and lse: the gradients then differ by the backward
+    // kernels' own operand rounding alone.
+    cpu::attention_flash_backward<float>(ref_d.data() + p.q_off, ref_d.data() + p.k_off, ref_d.data() + p.v_off,
+                                         in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp, p.g);
+    const double tol = k.math == AttentionMath::BF16 ? 5e-2 : 5e-3;
+    check_same(out, ref_out, "flash forward, " + name, tol, tol);
+    check_same(d, ref_d, "flash backward, " + name, 2 * tol, 2 * tol);
+    // Each of out, dq, dk and dv (their own kernels) visibly off the f32 result.
+    auto largest_difference = [](const Vec& got, const Vec& want, const std::vector<int64_t>& elements) {
+      double largest = 0;
+      for (const int64_t i : elements) largest = std::max(largest, double(std::abs(got[size_t(i)] - want[size_t(i)])));
+      return largest;
+    };
+    for (const auto& [got, want, elements, what] :
+         {std::tuple{&out, &ref_out, o_elements(p), "out"}, std::tuple{&d, &ref_d, q_elements(p), "dq"},
+          std::tuple{&d, &ref_d, k_elements(p), "dk"}, std::tuple{&d, &ref_d, v_elements(p), "dv"}}) {
+      const double largest = largest_difference(*got, *want, elements);
+      INFO(std::string(what) << ": largest difference from the f32 kernels " << largest);
+      CHECK(largest > 1e-4);
     }
-    INFO("largest difference from the f32 kernels: " << largest);
-    CHECK(largest > 1e-4);
   }
 }

@@ -212,6 +212,7 @@ std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
   load_weights(*model, ckpt);
   model->set_numerics(numerics.over(ckpt.numerics));
+  check_numerics(model->numerics(), device, "pass --attention-math f32");
   model->to(device);
   model->train(false);
   return model;

@@ -72,7 +72,16 @@ AttentionMath parse_attention_math(const std::string& math) {
   return m;
 }
 
-Numerics numerics_of(const TrainConfig& c) { return {c.tf32, parse_attention_math(c.attention_math)}; }
+Numerics numerics_of(const TrainConfig& c) {
+  if (c.device != "cuda") return {};
+  return {c.tf32, parse_attention_math(c.attention_math)};
+}
+
+void check_numerics(const Numerics& numerics, Device device, const char* how) {
+  if (device != Device::CUDA || numerics.attention == AttentionMath::F32 || cuda::compute_capability() >= 80) return;
+  throw Error(fmt::format("{} flash attention needs tensor cores of compute capability 8.0 or newer; {} has none: {}",
+                          attention_math_name(numerics.attention), cuda::device_description(), how));
+}
 
 namespace {
 
@@ -405,7 +414,7 @@ std::string describe_model(const nn::GPT& model, Device device) {
 struct StepStats {
   double loss = 0, grad_norm = 0;
   double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
-  bool stop = false;   // a stop signal reached this rank (several ranks: any rank)
+  bool stop_from_any_rank = false;  // several ranks: a stop signal reached one of them during the step
 };
 
 /// What the training loop works on; the pieces are owned by train().
@@ -492,7 +501,7 @@ struct Run {
     }
     opt.step(lr);
     opt.zero_grad();
-    s.stop = world > 1 ? reduced[1] > 0 : stop.requested();
+    s.stop_from_any_rank = reduced[1] > 0;
     return s;
   }
 };
@@ -503,6 +512,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;
   cfg.validate();
   const Device device = parse_device(cfg.device);
+  check_numerics(numerics_of(cfg), device, "use --attention-math f32");
   const fs::path out = make_output_dir(cfg.out);
   Communicator& comm = communicator();
   const int world = comm.world_size();
@@ -582,7 +592,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
     console.status(iter, cfg.max_iters, s.loss, tok_per_s, ms_avg);
-    if (s.stop) {
+    if (world > 1 ? s.stop_from_any_rank : stop.requested()) {  // one process: checked after the step's logging
       run.save_latest(iter + 1);
       console.clear();
       if (lead) fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,

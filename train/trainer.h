@@ -53,8 +53,12 @@ Device parse_device(const std::string& device);
 
 /// AttentionMath for "f32", "tf32" or "bf16"; else throws naming the flag.
 AttentionMath parse_attention_math(const std::string& math);
-/// The numerics a run's flags ask for: what the model computes with, and what its checkpoints record.
+/// The numerics a run computes with and its checkpoints record: its flags' on the GPU; full f32 on the CPU, which
+/// has no other (so eval and sample of a CPU-trained model on a GPU use full f32 too, unless told otherwise).
 Numerics numerics_of(const TrainConfig& c);
+/// Throws before any work when `device` cannot compute with `numerics` (tensor-core attention needs compute
+/// capability 8.0); `how` says which flag to change.
+void check_numerics(const Numerics& numerics, Device device, const char* how);
 
 /// nanoGPT's schedule: linear warmup to lr over warmup_iters, cosine decay to min_lr at lr_decay_iters,
 /// min_lr after that.

@@ -14,6 +14,7 @@ namespace {
 int device_count() { return 0; }
 bool built_with_cuda() { return false; }
 const char* device_description() { return "no CUDA backend in this build"; }
+int compute_capability() { return 0; }
 void* malloc(size_t) { unavailable(); }
 void free(void*) {}
 void empty_cache() {}

@@ -12,12 +12,22 @@ cublasComputeType_t compute_type(bool tf32, int64_t lda, int64_t ldb, int64_t ld
   return tf32 && lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
+/// The handle's math mode follows the call: with TF32 allowed there, cuBLAS may use TF32 tensor cores even where
+/// the compute type stays f32 (rows not 16-byte aligned). Set only when it changes (one stream, one host thread).
+void set_math_mode(bool tf32) {
+  static int current = -1;
+  if (current == int(tf32)) return;
+  check(cublasSetMathMode(cublas(), tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  current = int(tf32);
+}
+
 }  // namespace
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
           int64_t stride_c, int64_t batch, bool tf32, const char* what) {
   if (M == 0 || N == 0 || batch == 0) return;
+  set_math_mode(tf32);
   check(cublasGemmStridedBatchedEx(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    int(N), int(M), int(K), &alpha, B, CUDA_R_32F, int(ldb), stride_b, A, CUDA_R_32F,
                                    int(lda), stride_a, &beta, C, CUDA_R_32F, int(ldc), stride_c, int(batch),

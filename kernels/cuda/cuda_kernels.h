@@ -47,7 +47,7 @@ void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t NH
 void rope_backward(float* dinp, const float* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base);
 void attention_naive_forward(float* out, float* weights, float* lse, const float* q, const float* k, const float* v, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);
 void attention_naive_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* out, const float* lse, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);
-/// Flash attention, f32 on CUDA cores: head dims up to 128. Backward: D = rowsum(dO * O) first, then one
+/// Flash attention, head dims up to 128: f32 on CUDA cores, or TF32/BF16 operands on tensor cores (g.math). Backward: D = rowsum(dO * O) first, then one
 /// pass over key tiles for dK and dV and a separate pass over query tiles for dQ, so no gradient needs
 /// atomics and the result is deterministic.
 void attention_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);

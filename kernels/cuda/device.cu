@@ -48,6 +48,11 @@ const cudaDeviceProp& properties() {
   return props;
 }
 
+int compute_capability() {
+  if (device_count() == 0) return 0;
+  return 10 * properties().major + properties().minor;
+}
+
 const char* device_description() {
   static const std::string description = [] {
     if (device_count() == 0) return std::string("no GPU");
