@@ -95,6 +95,20 @@ void check_same(const Vec& emulated, const Vec& cpu, const std::string& what, do
   CHECK(bad == 0);
 }
 
+/// The largest |emulated - cpu| over `elements` (every element when empty), NaN where the CPU has NaN skipped.
+double largest_difference(const Vec& emulated, const Vec& cpu, const std::vector<int64_t>& elements = {}) {
+  double largest = 0;
+  auto at = [&](size_t i) {
+    if (!std::isnan(cpu[i])) largest = std::max(largest, double(std::abs(emulated[i] - cpu[i])));
+  };
+  if (elements.empty()) {
+    for (size_t i = 0; i < cpu.size(); ++i) at(i);
+  } else {
+    for (const int64_t i : elements) at(size_t(i));
+  }
+  return largest;
+}
+
 /// A kernel run twice, into copies of the same starting buffers: f(buffers) on the emulated GPU and on the CPU.
 template <class F>
 void compare(const std::string& what, std::vector<Vec> start, F run, double atol = 1e-5, double rtol = 1e-4) {
@@ -365,11 +379,6 @@ TEST_CASE("emulated CUDA: matmul and linear pass tf32 on to the product") {
   // the f32 result, one that invented it a rounded one.
   const int64_t M = 8, K = 64, N = 12;
   const Vec a = random(size_t(M * K), 60), b = random(size_t(K * N), 61), dout = random(size_t(M * N), 62);
-  auto largest_difference = [](const Vec& x, const Vec& y) {
-    double d = 0;
-    for (size_t i = 0; i < x.size(); ++i) d = std::max(d, double(std::abs(x[i] - y[i])));
-    return d;
-  };
   for (const bool tf32 : {false, true}) {
     INFO("tf32 " << tf32);
     Vec out(size_t(M * N)), ref(size_t(M * N));
@@ -504,11 +513,6 @@ TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core ke
     check_same(out, ref_out, "flash forward, " + name, tol, tol);
     check_same(d, ref_d, "flash backward, " + name, 2 * tol, 2 * tol);
     // Each of out, dq, dk and dv (their own kernels) visibly off the f32 result.
-    auto largest_difference = [](const Vec& got, const Vec& want, const std::vector<int64_t>& elements) {
-      double largest = 0;
-      for (const int64_t i : elements) largest = std::max(largest, double(std::abs(got[size_t(i)] - want[size_t(i)])));
-      return largest;
-    };
     for (const auto& [got, want, elements, what] :
          {std::tuple{&out, &ref_out, o_elements(p), "out"}, std::tuple{&d, &ref_d, q_elements(p), "dq"},
           std::tuple{&d, &ref_d, k_elements(p), "dk"}, std::tuple{&d, &ref_d, v_elements(p), "dv"}}) {

@@ -219,11 +219,7 @@ std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64
 }
 
 void validate_numerics(const NumericsFlags& n, const std::string& device) {
-  if (n.attention_math.empty()) return;
-  if (parse_attention_math(n.attention_math) != AttentionMath::F32 && device != "cuda") {
-    throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda",
-                            n.attention_math));
-  }
+  if (!n.attention_math.empty()) check_attention_math_flag(n.attention_math, device);
 }
 
 void validate_sample(const SampleArgs& a) {

@@ -72,6 +72,12 @@ AttentionMath parse_attention_math(const std::string& math) {
   return m;
 }
 
+void check_attention_math_flag(const std::string& math, const std::string& device) {
+  if (parse_attention_math(math) != AttentionMath::F32 && device != "cuda") {
+    throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", math));
+  }
+}
+
 Numerics numerics_of(const TrainConfig& c) {
   if (c.device != "cuda") return {};
   return {c.tf32, parse_attention_math(c.attention_math)};
@@ -300,9 +306,7 @@ void TrainConfig::validate() const {
   if (!(train_fraction > 0 && train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
   }
-  if (parse_attention_math(attention_math) != AttentionMath::F32 && device != "cuda") {
-    throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", attention_math));
-  }
+  check_attention_math_flag(attention_math, device);
   nn::GPTConfig m = model;
   m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
   m.validate();

@@ -53,6 +53,8 @@ Device parse_device(const std::string& device);
 
 /// AttentionMath for "f32", "tf32" or "bf16"; else throws naming the flag.
 AttentionMath parse_attention_math(const std::string& math);
+/// Throws unless --attention-math `math` is valid and, when it asks for tensor cores, --device is cuda.
+void check_attention_math_flag(const std::string& math, const std::string& device);
 /// The numerics a run computes with and its checkpoints record: its flags' on the GPU; full f32 on the CPU, which
 /// has no other (so eval and sample of a CPU-trained model on a GPU use full f32 too, unless told otherwise).
 Numerics numerics_of(const TrainConfig& c);
