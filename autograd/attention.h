@@ -15,9 +15,9 @@
 
 #include <optional>
 
-#include "autograd/autograd.h"
-#include "autograd/tensor.h"
-#include "kernels/numerics.h"
+#include "autograd.h"
+#include "tensor.h"
+#include "../kernels/numerics.h"
 
 namespace tinygpt {
 

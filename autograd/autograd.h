@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "tensor.h"
 
 namespace tinygpt {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "tensor.h"
 
 namespace tinygpt {
 

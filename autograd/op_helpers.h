@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "autograd/autograd.h"
-#include "autograd/tensor.h"
+#include "autograd.h"
+#include "tensor.h"
 
 namespace tinygpt::detail {
 

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "autograd/autograd.h"
-#include "autograd/tensor.h"
-#include "kernels/numerics.h"
+#include "autograd.h"
+#include "tensor.h"
+#include "../kernels/numerics.h"
 
 namespace tinygpt {
 

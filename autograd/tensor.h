@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/random.h"
-#include "kernels/kernels.h"
+#include "random.h"
+#include "../kernels/kernels.h"
 
 namespace tinygpt {
 

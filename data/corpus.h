@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "autograd/tensor.h"
-#include "data/text.h"
+#include "../autograd/tensor.h"
+#include "text.h"
 
 namespace tinygpt::data {
 

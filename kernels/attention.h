@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "kernels/numerics.h"
+#include "numerics.h"
 
 namespace tinygpt {
 

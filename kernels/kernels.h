@@ -17,9 +17,9 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/device.h"
-#include "kernels/cuda/cuda_kernels.h"
+#include "cpu/cpu_kernels.h"
+#include "device.h"
+#include "cuda/cuda_kernels.h"
 
 namespace tinygpt {
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/attention.h"
-#include "kernels/dropout_hash.h"  // TINYGPT_HOST_DEVICE
+#include "attention.h"
+#include "dropout_hash.h"  // TINYGPT_HOST_DEVICE
 
 namespace tinygpt {
 

@@ -4,8 +4,8 @@
 // each input with its own rows of the projection. Set TINYGPT_TRACE_SHAPES=1 to log every stage's shape.
 #pragma once
 
-#include "autograd/attention.h"
-#include "nn/layers.h"
+#include "../autograd/attention.h"
+#include "layers.h"
 
 namespace tinygpt::nn {
 

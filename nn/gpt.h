@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "nn/attention.h"
-#include "nn/layers.h"
+#include "attention.h"
+#include "layers.h"
 
 namespace tinygpt::nn {
 

@@ -1,8 +1,8 @@
 // The basic layers of a GPT. Initialization follows GPT-2: normal(0, 0.02) weights, zero biases.
 #pragma once
 
-#include "autograd/ops.h"
-#include "nn/module.h"
+#include "../autograd/ops.h"
+#include "module.h"
 
 namespace tinygpt::nn {
 

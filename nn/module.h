@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/tensor.h"
-#include "kernels/numerics.h"
+#include "../autograd/tensor.h"
+#include "../kernels/numerics.h"
 
 namespace tinygpt::nn {
 

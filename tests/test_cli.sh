@@ -42,6 +42,11 @@ d=$(sample --seed 7 --no-kv-cache --max-new-tokens 20)
   || fail "eval exited non-zero: $(cat "$dir/eval.out")"
 grep -Eq "^train loss [0-9.]+, val loss [0-9.]+$" "$dir/eval.out" || fail "eval printed '$(cat "$dir/eval.out")'"
 
+"$tinygpt" export --ckpt "$dir/run" --format hf --out "$dir/hf" 2> "$dir/export.log" || fail "export exited non-zero: $(cat "$dir/export.log")"
+for f in config.json model.safetensors tokenizer.json tokenizer_config.json; do
+  [ -s "$dir/hf/$f" ] || fail "export wrote no $f"
+done
+
 # Bad input: a non-zero exit and one line that names the problem.
 expect_error() {
   local pattern=$1
@@ -97,6 +102,9 @@ expect_error "truncated" "$tinygpt" sample --ckpt "$dir/truncated.safetensors"
 head -c 3000 /dev/urandom > "$dir/random.safetensors"
 expect_error "not a valid .safetensors file" "$tinygpt" sample --ckpt "$dir/random.safetensors"
 expect_error "does not exist" "$tinygpt" sample --ckpt "$dir/missing.safetensors"
+expect_error "^error: --format: gguf not in {hf}" "$tinygpt" export --ckpt "$dir/run" --format gguf --out "$dir/hf2"
+expect_error "does not exist" "$tinygpt" export --ckpt "$dir/missing.safetensors" --out "$dir/hf2"
+expect_error "cannot create the export directory" "$tinygpt" export --ckpt "$dir/run" --out "$dir/text.txt/hf"
 expect_error "max-new-tokens must not be negative" "$tinygpt" sample --ckpt "$dir/run" --max-new-tokens -1
 expect_error "layer 5 does not exist" "$tinygpt" attention --ckpt "$dir/run" --text "First" --layer 5 --out "$dir/a.svg"
 expect_error "more than the model's block size" "$tinygpt" attention --ckpt "$dir/run" --text "$(head -c 40 "$dir/text.txt")" --out "$dir/a.svg"

@@ -5,12 +5,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
 #include "data/corpus.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"
+#include "train/export.h"
 #include "train/memory.h"
 #include "train/safetensors.h"
 #include "train/trainer.h"
@@ -345,4 +347,90 @@ TEST_CASE("memory: the parameter count from a config is the built model's, and a
   small.vocab_size = 65, small.n_layer = 4, small.n_head = 4, small.n_embd = 128, small.block_size = 64;
   CHECK_NOTHROW(require_memory(training_memory(small, 12), Device::CPU, "training this model", "use less"));
   CHECK(available_memory(Device::CPU) > 0);
+}
+
+TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a character tokenizer; RoPE and GQA refused") {
+  TempDir dir("export_hf");
+  for (const bool bias : {false, true}) {
+    CAPTURE(bias);
+    const int64_t V = 5, T = 8, L = 2, NH = 2, C = 8;
+    const nn::GPTConfig config{.vocab_size = V, .block_size = T, .n_layer = L, .n_head = NH, .n_embd = C, .bias = bias};
+    Generator gen(5);
+    nn::GPT model(config, gen);
+    if (bias) {  // GPT-2's initialization zeroes biases: give them values, so a zero written in their place shows
+      for (auto& [name, p] : model.named_parameters()) {
+        if (name.ends_with(".bias")) p.copy_(randn(p.shape(), gen));
+      }
+    }
+    const data::CharVocab vocab(U"\n ab\u00e9");
+    save_checkpoint(dir.path / "ckpt.safetensors", model, vocab, nullptr, {});
+    export_hf(load_checkpoint(dir.path / "ckpt.safetensors"), dir.path / "hf");
+
+    const auto st = safetensors::load(dir.path / "hf" / "model.safetensors");
+    CHECK(st.metadata.at("format") == "pt");  // transformers refuses a file without it
+    // GPT2LMHeadModel's state dict (lm_head.weight tied to wte and not saved), written out from transformers' names.
+    std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {{"transformer.wte.weight", {V, C}},
+                                                                          {"transformer.wpe.weight", {T, C}}};
+    for (int i = 0; i < L; ++i) {
+      const std::string h = "transformer.h." + std::to_string(i) + ".";
+      for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+               {"ln_1.weight", {C}}, {"ln_1.bias", {C}}, {"attn.c_attn.weight", {C, 3 * C}}, {"attn.c_attn.bias", {3 * C}},
+               {"attn.c_proj.weight", {C, C}}, {"attn.c_proj.bias", {C}}, {"ln_2.weight", {C}}, {"ln_2.bias", {C}},
+               {"mlp.c_fc.weight", {C, 4 * C}}, {"mlp.c_fc.bias", {4 * C}}, {"mlp.c_proj.weight", {4 * C, C}},
+               {"mlp.c_proj.bias", {C}}}) {
+        expected.emplace_back(h + name, shape);
+      }
+    }
+    expected.push_back({"transformer.ln_f.weight", {C}});
+    expected.push_back({"transformer.ln_f.bias", {C}});
+    REQUIRE(st.tensors.size() == expected.size());
+    std::map<std::string, Tensor> ours;
+    for (const auto& [name, p] : model.named_parameters()) ours[name] = p;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const auto& [name, t] = st.tensors[i];
+      CAPTURE(name);
+      CHECK(name == expected[i].first);
+      CHECK(t.dtype() == DType::F32);
+      CHECK(t.shape() == Shape(expected[i].second));
+      const auto values = t.to_vector<float>();
+      if (!ours.contains(name)) {  // a bias the model does not have
+        CHECK_FALSE(bias);
+        CHECK(values == std::vector<float>(values.size(), 0.0f));
+      } else if (name.ends_with("c_attn.weight") || name.ends_with("c_proj.weight") || name.ends_with("c_fc.weight")) {
+        const auto w = ours[name].to_vector<float>();  // (out, in); GPT-2 keeps (in, out)
+        const int64_t in = t.size(0), out = t.size(1);
+        for (int64_t r = 0; r < in; ++r)
+          for (int64_t c = 0; c < out; ++c) REQUIRE(values[size_t(r * out + c)] == w[size_t(c * in + r)]);
+      } else {
+        CHECK(values == ours[name].to_vector<float>());
+      }
+    }
+
+    const auto cfg = nlohmann::json::parse(read_file(dir.path / "hf" / "config.json"));
+    CHECK(cfg["model_type"] == "gpt2");
+    CHECK(cfg["architectures"] == nlohmann::json::array({"GPT2LMHeadModel"}));
+    CHECK(cfg["vocab_size"] == V);
+    CHECK(cfg["n_positions"] == T);
+    CHECK(cfg["n_layer"] == L);
+    CHECK(cfg["n_head"] == NH);
+    CHECK(cfg["n_embd"] == C);
+    CHECK(cfg["activation_function"] == "gelu_new");  // transformers' name for GELU's tanh approximation
+    CHECK(cfg["layer_norm_epsilon"] == 1e-5);
+    CHECK(cfg["tie_word_embeddings"] == true);
+
+    const auto tok = nlohmann::json::parse(read_file(dir.path / "hf" / "tokenizer.json"));
+    CHECK(tok["model"]["vocab"] == nlohmann::json({{"\n", 0}, {" ", 1}, {"a", 2}, {"b", 3}, {"\xc3\xa9", 4}}));
+    CHECK(tok["model"]["merges"].empty());
+    CHECK(tok["decoder"]["type"] == "Fuse");  // decoding joins the characters without spaces
+    const auto tok_cfg = nlohmann::json::parse(read_file(dir.path / "hf" / "tokenizer_config.json"));
+    CHECK(tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast");
+    CHECK(tok_cfg["clean_up_tokenization_spaces"] == false);
+  }
+
+  nn::GPTConfig rope{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .rope = true};
+  CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("rotary position embeddings"));
+  nn::GPTConfig gqa{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 4, .n_kv_head = 2, .n_embd = 8};
+  CHECK_THROWS_WITH(check_hf_exportable(gqa), doctest::Contains("grouped-query attention (2 key/value heads for 4"));
+  gqa.n_kv_head = 4;
+  CHECK_NOTHROW(check_hf_exportable(gqa));
 }

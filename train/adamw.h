@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "../autograd/tensor.h"
 
 namespace tinygpt {
 

@@ -8,11 +8,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "autograd/random.h"
-#include "data/text.h"
-#include "nn/gpt.h"
-#include "train/adamw.h"
-#include "train/safetensors.h"
+#include "../autograd/random.h"
+#include "../data/text.h"
+#include "../nn/gpt.h"
+#include "adamw.h"
+#include "safetensors.h"
 
 namespace tinygpt {
 

@@ -11,6 +11,7 @@
 #include "data/corpus.h"
 #include "train/checkpoint.h"
 #include "train/comm.h"
+#include "train/export.h"
 #include "train/generate.h"
 #include "train/memory.h"
 #include "train/plots.h"
@@ -256,6 +257,13 @@ void run_sample(const SampleArgs& a) {
              double(a.gen.max_new_tokens * a.num_samples) / secs);
 }
 
+void run_export(const ExportArgs& a) {
+  const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  export_hf(ckpt, a.out);
+  fmt::print(stderr, "wrote {} (GPT2LMHeadModel and tokenizer, from {}); load it with transformers' "
+             "AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained\n", a.out, ckpt.path.string());
+}
+
 void validate_eval(const EvalArgs& a) {
   validate_numerics(a.numerics, a.device);
   if (a.batch_size <= 0 || a.eval_iters <= 0) throw Error("--batch-size and --eval-iters must be positive");
@@ -298,6 +306,13 @@ Cli::Cli() {
   attn_cmd->add_option("--head", attention_args.heads, "Head(s) to draw, repeatable (default: all)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   attn_cmd->add_option("--out", attention_args.out, "SVG file to write")->capture_default_str();
+  CLI::App* export_cmd = app.add_subcommand("export", "Write a checkpoint in another library's format (hf: a Hugging Face "
+                                            "GPT2LMHeadModel directory with its tokenizer)");
+  export_cmd->add_option("--ckpt", export_args.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+      ->required();
+  export_cmd->add_option("--format", export_args.format, "Format to write")->capture_default_str()->check(CLI::IsMember({"hf"}));
+  export_cmd->add_option("--out", export_args.out, "Directory to write (created; its config, weight and tokenizer "
+                                                   "files are overwritten)")->required();
   app.add_subcommand("info", "Print a checkpoint's model, parameter count, iteration and losses")
       ->add_option("--ckpt", info_ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
       ->required();
@@ -352,6 +367,7 @@ int Cli::run() {
       fmt::print(stderr, "wrote {}\n", plot_out);
     }
     if (app.got_subcommand("attention")) run_attention(attention_args);
+    if (app.got_subcommand("export")) run_export(export_args);
   } catch (const std::exception& e) {
     std::fflush(stdout);
     end_job_on_error(e.what());

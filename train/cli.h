@@ -1,4 +1,4 @@
-// The tinygpt command line (CLI11): train, sample, eval, info, plot, attention. main() parses into a Cli and
+// The tinygpt command line (CLI11): train, sample, eval, info, plot, attention, export. main() parses into a Cli and
 // runs it; the fuzzer parses arbitrary arguments into one and validates them without running anything.
 #pragma once
 
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "train/generate.h"
-#include "train/trainer.h"
+#include "generate.h"
+#include "trainer.h"
 
 namespace tinygpt {
 
@@ -49,6 +49,11 @@ struct AttentionArgs {
   bool operator==(const AttentionArgs&) const = default;
 };
 
+struct ExportArgs {
+  std::string ckpt, format = "hf", out;
+  bool operator==(const ExportArgs&) const = default;
+};
+
 struct Cli {
   Cli();
   Cli(const Cli&) = delete;
@@ -71,6 +76,7 @@ struct Cli {
   SampleArgs sample_args;
   EvalArgs eval_args;
   AttentionArgs attention_args;
+  ExportArgs export_args;
   std::string plot_run, plot_out = "loss.svg", info_ckpt;
 };
 

@@ -11,8 +11,8 @@
 #include <functional>
 #include <vector>
 
-#include "autograd/random.h"
-#include "nn/gpt.h"
+#include "../autograd/random.h"
+#include "../nn/gpt.h"
 
 namespace tinygpt {
 

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <string>
 
-#include "autograd/tensor.h"
-#include "nn/gpt.h"
+#include "../autograd/tensor.h"
+#include "../nn/gpt.h"
 
 namespace tinygpt {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "../autograd/tensor.h"
 
 namespace tinygpt {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "../autograd/tensor.h"
 
 namespace tinygpt::safetensors {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "data/corpus.h"
-#include "nn/gpt.h"
+#include "../data/corpus.h"
+#include "../nn/gpt.h"
 
 namespace tinygpt {
 

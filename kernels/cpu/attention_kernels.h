@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/attention.h"
+#include "../attention.h"
 
 namespace tinygpt::cpu {
 

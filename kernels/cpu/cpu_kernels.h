@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/attention_kernels.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/geometry.h"
+#include "attention_kernels.h"
+#include "gemm.h"
+#include "../geometry.h"
 
 namespace tinygpt::cpu {
 

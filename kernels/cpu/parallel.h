@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/geometry.h"
+#include "../geometry.h"
 
 namespace tinygpt::cpu {
 

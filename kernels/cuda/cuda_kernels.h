@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "kernels/attention.h"
-#include "kernels/geometry.h"
+#include "../attention.h"
+#include "../geometry.h"
 
 namespace tinygpt::cuda {
 

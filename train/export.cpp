@@ -1,0 +1,129 @@
+#include "train/export.h"
+
+#include <fmt/format.h>
+
+#include "autograd/ops.h"
+#include "train/plots.h"
+#include "train/safetensors.h"
+
+namespace tinygpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+void check_hf_exportable(const nn::GPTConfig& c) {
+  if (c.rope) {
+    throw Error("this model uses rotary position embeddings (trained with --rope), which GPT-2 cannot express: its "
+                "positions are a learned table. Export a model trained without --rope");
+  }
+  if (c.n_kv_head > 0 && c.n_kv_head != c.n_head) {
+    throw Error(fmt::format("this model has grouped-query attention ({} key/value heads for {} query heads), which "
+                            "GPT-2 cannot express: each of its heads has its own keys and values. Export a model "
+                            "trained without --n-kv-head", c.n_kv_head, c.n_head));
+  }
+}
+
+namespace {
+
+// GPT-2's tensors, in the order and under the names transformers' GPT2LMHeadModel saves them.
+std::vector<std::pair<std::string, Tensor>> gpt2_tensors(const Checkpoint& ckpt) {
+  const auto& c = ckpt.config;
+  const int64_t C = c.n_embd;
+  std::vector<std::pair<std::string, Tensor>> out;
+  auto weight = [&](const std::string& name) { return ckpt.contents.find(name); };  // present: the load checked
+  // nn::Linear keeps (out, in); GPT-2's Conv1D keeps (in, out).
+  auto conv1d = [&](const std::string& name) { return transpose(weight(name), 0, 1); };
+  auto bias = [&](const std::string& name, int64_t n) { return c.bias ? weight(name) : zeros({n}); };
+  out.emplace_back("transformer.wte.weight", weight("transformer.wte.weight"));
+  out.emplace_back("transformer.wpe.weight", weight("transformer.wpe.weight"));
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string h = fmt::format("transformer.h.{}.", i);
+    out.emplace_back(h + "ln_1.weight", weight(h + "ln_1.weight"));
+    out.emplace_back(h + "ln_1.bias", bias(h + "ln_1.bias", C));
+    out.emplace_back(h + "attn.c_attn.weight", conv1d(h + "attn.c_attn.weight"));  // (C, 3C): q, k, v
+    out.emplace_back(h + "attn.c_attn.bias", bias(h + "attn.c_attn.bias", 3 * C));
+    out.emplace_back(h + "attn.c_proj.weight", conv1d(h + "attn.c_proj.weight"));
+    out.emplace_back(h + "attn.c_proj.bias", bias(h + "attn.c_proj.bias", C));
+    out.emplace_back(h + "ln_2.weight", weight(h + "ln_2.weight"));
+    out.emplace_back(h + "ln_2.bias", bias(h + "ln_2.bias", C));
+    out.emplace_back(h + "mlp.c_fc.weight", conv1d(h + "mlp.c_fc.weight"));  // (C, 4C)
+    out.emplace_back(h + "mlp.c_fc.bias", bias(h + "mlp.c_fc.bias", 4 * C));
+    out.emplace_back(h + "mlp.c_proj.weight", conv1d(h + "mlp.c_proj.weight"));  // (4C, C)
+    out.emplace_back(h + "mlp.c_proj.bias", bias(h + "mlp.c_proj.bias", C));
+  }
+  out.emplace_back("transformer.ln_f.weight", weight("transformer.ln_f.weight"));
+  out.emplace_back("transformer.ln_f.bias", bias("transformer.ln_f.bias", C));
+  // No lm_head.weight: it is tied to transformer.wte.weight (tie_word_embeddings), as transformers saves it.
+  return out;
+}
+
+json gpt2_config(const nn::GPTConfig& c) {
+  return {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", c.vocab_size},
+      {"n_positions", c.block_size},
+      {"n_embd", c.n_embd},
+      {"n_layer", c.n_layer},
+      {"n_head", c.n_head},
+      {"n_inner", nullptr},                    // 4 * n_embd
+      {"activation_function", "gelu_new"},     // GELU, tanh approximation (ours)
+      {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", c.dropout},
+      {"embd_pdrop", c.dropout},
+      {"attn_pdrop", c.dropout},
+      {"initializer_range", 0.02},
+      {"scale_attn_weights", true},           // 1 / sqrt(head size)
+      {"tie_word_embeddings", true},
+      {"use_cache", true},
+      {"bos_token_id", nullptr},              // a character vocabulary has no special tokens
+      {"eos_token_id", nullptr},
+      {"dtype", "float32"},
+  };
+}
+
+// One token per character, with no merges, no normalization and no pre-tokenization: text in the vocabulary
+// encodes to our ids exactly, and decoding concatenates the characters (the Fuse decoder) without adding spaces.
+json tokenizer(const data::CharVocab& vocab) {
+  json ids = json::object();
+  for (size_t i = 0; i < vocab.chars().size(); ++i) ids[data::encode_utf8(std::u32string(1, vocab.chars()[i]))] = i;
+  return {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", nullptr},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "Fuse"}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+                 {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+                 {"ignore_merges", false}, {"vocab", ids}, {"merges", json::array()}}},
+  };
+}
+
+json tokenizer_config(const nn::GPTConfig& c) {
+  return {
+      {"tokenizer_class", "PreTrainedTokenizerFast"},
+      {"model_max_length", c.block_size},
+      {"clean_up_tokenization_spaces", false},  // would remove spaces before punctuation in the decoded text
+  };
+}
+
+}  // namespace
+
+void export_hf(const Checkpoint& ckpt, const fs::path& dir) {
+  check_hf_exportable(ckpt.config);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir)) {
+    throw Error(fmt::format("cannot create the export directory '{}'{}", dir.string(), ec ? ": " + ec.message() : ""));
+  }
+  NoGradGuard no_grad;
+  safetensors::save(dir / "model.safetensors", gpt2_tensors(ckpt), {{"format", "pt"}});  // transformers wants "pt"
+  write_text_file(dir / "config.json", gpt2_config(ckpt.config).dump(2) + "\n");
+  write_text_file(dir / "tokenizer.json", tokenizer(ckpt.vocab).dump(2) + "\n");
+  write_text_file(dir / "tokenizer_config.json", tokenizer_config(ckpt.config).dump(2) + "\n");
+}
+
+}  // namespace tinygpt
