@@ -31,7 +31,7 @@ CMAKE
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 cmake -S "$tmp/examples" -B "$tmp/examples-build" "${generator[@]}" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_BUILD_TYPE=Release > "$tmp/configure.log" || { cat "$tmp/configure.log"; exit 1; }
+  > "$tmp/configure.log" || { cat "$tmp/configure.log"; exit 1; }
 grep "tinygpt $version from" "$tmp/configure.log"
 
 echo "$(( $(ls "$tmp/headers" | wc -l) - 1 )) installed headers, each compiled on its own"
