@@ -94,7 +94,11 @@ Storage::Storage(size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
   }
 }
 
+Storage::Storage(std::shared_ptr<Storage> b, size_t offset, size_t nbytes)
+    : data(static_cast<char*>(b->data) + offset), bytes(nbytes), device(b->device), base(std::move(b)) {}
+
 Storage::~Storage() {
+  if (base) return;  // a slice: the base frees the memory
   if (device == Device::CPU) {
     ::operator delete(data, kHostAlign);
   } else {
@@ -155,6 +159,9 @@ Tensor Tensor::to(Device dev) const {
 
 void Tensor::move_to_(Device dev) {
   if (dev == device()) return;
+  if (impl().storage->base) {
+    throw Error("move_to_: this tensor is a slice of a buffer (packed parameters?); move it before packing");
+  }
   impl().storage = to(dev).impl().storage;
   impl().grad.reset();
 }
@@ -248,14 +255,38 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, dtype));
 }
 
+Tensor buffer_slice(const Tensor& buffer, int64_t offset, const Shape& shape) {
+  if (offset < 0 || offset + shape.numel() > buffer.numel()) {
+    throw Error(fmt::format("buffer_slice: elements [{}, {}) are outside a buffer of {}", offset, offset + shape.numel(),
+                            buffer.numel()));
+  }
+  const size_t elem = dtype_size(buffer.dtype());
+  auto storage = std::make_shared<Storage>(buffer.impl().storage, size_t(offset) * elem, size_t(shape.numel()) * elem);
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), shape, buffer.dtype()));
+}
+
+void Tensor::rebind_(const Tensor& slice) {
+  if (!(slice.shape() == shape()) || slice.dtype() != dtype() || slice.device() != device()) {
+    throw Error(fmt::format("rebind_: the slice is {} {} on {}, the tensor {} {} on {}", dtype_name(slice.dtype()),
+                            slice.shape().str(), device_name(slice.device()), dtype_name(dtype()), shape().str(),
+                            device_name(device())));
+  }
+  Tensor(slice).copy_(*this);
+  impl().storage = slice.impl().storage;
+}
+
+void Tensor::zero_() {
+  const size_t bytes = size_t(numel()) * dtype_size(dtype());
+  if (device() == Device::CPU) {
+    std::memset(raw_data(), 0, bytes);
+  } else {
+    cuda::memset_zero(raw_data(), bytes);
+  }
+}
+
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  const size_t bytes = size_t(shape.numel()) * dtype_size(dtype);
-  if (device == Device::CPU) {
-    std::memset(t.raw_data(), 0, bytes);
-  } else {
-    cuda::memset_zero(t.raw_data(), bytes);
-  }
+  t.zero_();
   return t;
 }
 

@@ -54,9 +54,12 @@ class Shape {
 /// Throws Error("<op>: <what>: shapes <a> and <b>").
 [[noreturn]] void shape_error(const std::string& op, const std::string& what, const Shape& a, const Shape& b);
 
-/// Device or host memory, freed when the last tensor using it goes.
+/// Device or host memory, freed when the last tensor using it goes; or a slice of another Storage (`base`), which
+/// the slice keeps alive and never frees itself.
 struct Storage {
   Storage(size_t bytes, Device device);
+  /// Bytes [offset, offset + bytes) of `base`.
+  Storage(std::shared_ptr<Storage> base, size_t offset, size_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -64,6 +67,7 @@ struct Storage {
   void* data = nullptr;
   size_t bytes = 0;
   Device device = Device::CPU;
+  std::shared_ptr<Storage> base;  // set for a slice
 };
 
 struct Node;
@@ -110,13 +114,19 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor to(DType dtype) const;
   /// Moves this tensor's data to `device` in place, so every handle of it (a module's parameter lists, the
-  /// optimizer) sees the moved data; the gradient is dropped. For leaves outside any graph.
+  /// optimizer) sees the moved data; the gradient is dropped. For leaves outside any graph, and not for a slice of
+  /// a buffer (buffer_slice; it throws): move the buffer's tensors before packing them.
   void move_to_(Device device);
+  /// Makes this tensor's data the slice `slice` (same shape, dtype and device), in place, after copying its
+  /// values there: every handle of it sees the slice from now on. For packing leaves into one buffer.
+  void rebind_(const Tensor& slice);
   /// A new tensor with its own copy of the data, outside the graph.
   Tensor clone() const;
   /// Overwrites this tensor's data with src's (same shape and dtype, any device), in place and outside the
   /// graph: for loading weights and optimizer state.
   void copy_(const Tensor& src);
+  /// Sets every element to zero, in place and outside the graph.
+  void zero_();
 
   // --- autograd
   bool requires_grad() const { return impl().requires_grad; }
@@ -150,6 +160,9 @@ Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Devic
 Tensor ones(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
 Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = Device::CPU);
 Tensor zeros_like(const Tensor& t);
+/// A contiguous tensor of `shape` over elements [offset, offset + shape.numel()) of the contiguous tensor `buffer`,
+/// sharing its memory (same dtype and device, no history): a writer to either sees the other change.
+Tensor buffer_slice(const Tensor& buffer, int64_t offset, const Shape& shape);
 /// 0, 1, ..., n-1
 Tensor arange(int64_t n, DType dtype = DType::F32, Device device = Device::CPU);
 /// Standard normal samples times `stddev`, from `gen` (default: the global generator).

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace tinygpt::cuda {
 
@@ -44,6 +45,26 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
 /// Waits for all queued GPU work; throws if any of it failed.
 void synchronize();
+
+/// Makes GPU `index` (0 .. device_count() - 1) this process's GPU, before any other GPU work: one GPU per rank.
+void set_device(int index);
+
+// --- NCCL, the CUDA toolkit's collectives, for data-parallel training on several GPUs: one communicator per
+// process, bootstrapped by the caller, which hands rank 0's id to every rank (over MPI, as llm.c does).
+/// True when this binary was built with NCCL (a CUDA build that found nccl.h and libnccl).
+bool built_with_nccl();
+struct NcclId {
+  char bytes[128];  // NCCL_UNIQUE_ID_BYTES
+};
+/// A new communicator's id, made by rank 0.
+NcclId nccl_unique_id();
+/// Joins the communicator `id` as `rank` of `world`, on the current GPU.
+void nccl_init(const NcclId& id, int rank, int world);
+/// Sums `n` floats of device memory over the ranks, in place, in a fixed order, so the same job repeats bit for
+/// bit: each rank owns a slice, receives every rank's part of it (grouped ncclSend/ncclRecv), adds the parts in rank
+/// order, and ncclAllGather hands every rank every slice. (ncclAllReduce's order depends on the algorithm NCCL
+/// picks for the size and topology.)
+void nccl_all_reduce_sum(float* data, int64_t n);
 
 /// True when the environment sets TINYGPT_CUDA_PROFILE=1: launch() then synchronizes around every GPU kernel
 /// and adds its time to a per-kernel table printed to stderr at exit (a coarse profiler; it slows runs down).

@@ -410,6 +410,21 @@ TEST_CASE("emulated CUDA: AdamW step") {
           });
 }
 
+TEST_CASE("emulated CUDA: the all-reduce's owner sums the ranks' parts in rank order, as the MPI one does") {
+  const int64_t rows = 3, n = 1000;
+  Vec parts = random(size_t(rows * n), 58);
+  for (int64_t e = 0; e < n; e += 7) {  // where the order shows: (1e8 - 1e8) + 1 is 1 in f32, any other order gives 0
+    parts[size_t(e)] = 1e8f, parts[size_t(n + e)] = -1e8f, parts[size_t(2 * n + e)] = 1.0f;
+  }
+  Vec out(size_t(n), -7.0f);
+  gpu::sum_rows_in_order(out.data(), parts.data(), rows, n);
+  for (int64_t e = 0; e < n; ++e) {
+    const float in_order = (parts[size_t(e)] + parts[size_t(n + e)]) + parts[size_t(2 * n + e)];
+    REQUIRE(out[size_t(e)] == in_order);
+  }
+  CHECK(out[0] == 1.0f);
+}
+
 TEST_CASE("emulated CUDA: RoPE (rotated and copied heads, an offset), forward and backward") {
   const int64_t B = 2, L = 5, NH = 3, E = 8, n_rot = 2, pos0 = 3;
   const Vec x = random(size_t(B * L * NH * E), 55), dout = random(size_t(B * L * NH * E), 56);

@@ -90,3 +90,71 @@ TEST_CASE("nn: a small model learns (loss falls) through autograd and AdamW") {
   CHECK(first > 0.5);
   CHECK(last < 0.1);
 }
+
+TEST_CASE("flat parameters: one buffer of values and one of gradients, each parameter a view of its slice") {
+  Generator gen(4);
+  TwoLayer m(gen);
+  std::vector<std::vector<float>> before;
+  for (const Tensor& p : m.parameters()) before.push_back(p.to_vector<float>());
+  FlatParameters flat(m.named_parameters());
+  const auto* base = static_cast<const char*>(flat.values().raw_data());
+  const auto* grad_base = static_cast<const char*>(flat.grads().raw_data());
+  size_t i = 0;
+  int64_t end = 0;
+  for (const auto& slot : flat.slots()) {
+    const Tensor p = m.named_parameters()[i].second;  // the module's own handle sees the move
+    CHECK(p.to_vector<float>() == before[i]);
+    CHECK(static_cast<const char*>(p.raw_data()) == base + slot.offset * 4);
+    CHECK(static_cast<const char*>(p.grad().raw_data()) == grad_base + slot.offset * 4);
+    CHECK(slot.offset % 16 == 0);  // 64-byte aligned
+    CHECK(slot.offset >= end);     // slices never overlap
+    end = slot.offset + p.numel();
+    ++i;
+  }
+  CHECK(flat.numel() >= end);
+
+  // Backward accumulates into the buffer; zero_grad zeroes it and relinks a gradient something replaced.
+  const Tensor x = randn({5, 4}, gen);
+  auto loss = [&] { return sum(m.head.forward(gelu(m.fc.forward(m.ln.forward(x))))); };
+  loss().backward();
+  const auto once = flat.grads().to_vector<float>();
+  loss().backward();
+  const auto twice = flat.grads().to_vector<float>();
+  double norm = 0;
+  for (size_t k = 0; k < once.size(); ++k) {
+    CHECK(twice[k] == doctest::Approx(2 * once[k]));
+    norm += std::fabs(once[k]);
+  }
+  CHECK(norm > 0);
+  m.fc.weight.set_grad(ones({3, 4}));
+  flat.zero_grad();
+  CHECK(flat.grads().to_vector<float>() == std::vector<float>(size_t(flat.numel()), 0.0f));
+  loss().backward();
+  CHECK(flat.grads().to_vector<float>() == once);
+  CHECK_THROWS_WITH(m.fc.weight.move_to_(Device::CUDA), doctest::Contains("slice of a buffer"));
+}
+
+TEST_CASE("adamw over flat parameters updates as it does tensor by tensor, bit for bit") {
+  Generator g1(6), g2(6);
+  TwoLayer a(g1), b(g2);
+  std::vector<std::pair<std::string, Tensor>> order = b.named_parameters();  // vectors and matrices interleaved
+  FlatParameters flat(order);
+  const AdamWConfig config{.lr = 0.01, .weight_decay = 0.3};
+  AdamW per_tensor(a.named_parameters(), config), packed(flat, config);
+  const Tensor x = randn({5, 4}, g1);
+  for (int step = 0; step < 3; ++step) {
+    for (TwoLayer* m : {&a, &b}) sum(m->head.forward(gelu(m->fc.forward(m->ln.forward(x))))).backward();
+    per_tensor.step(0.01 * (step + 1));
+    packed.step(0.01 * (step + 1));
+    per_tensor.zero_grad();
+    packed.zero_grad();
+  }
+  const auto pa = a.parameters(), pb = b.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(pa[i].to_vector<float>() == pb[i].to_vector<float>());
+  const auto sa = per_tensor.state(), sb = packed.state();
+  REQUIRE(sa.size() == sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    CHECK(sa[i].first == sb[i].first);
+    CHECK(sa[i].second.to_vector<float>() == sb[i].second.to_vector<float>());
+  }
+}

@@ -10,9 +10,38 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWConfig con
   }
 }
 
+AdamW::AdamW(FlatParameters& flat, AdamWConfig config) : flat_(&flat), config_(config) {
+  auto [m, m_views] = flat.make_like();
+  auto [v, v_views] = flat.make_like();
+  flat_m_ = m, flat_v_ = v;
+  const auto& params = flat.slots();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool decay = params[i].param.ndim() >= 2;
+    slots_.push_back({params[i].name, params[i].param, m_views[i], v_views[i], decay});
+    const int64_t begin = params[i].offset, end = i + 1 < params.size() ? params[i + 1].offset : flat.numel();
+    if (!runs_.empty() && runs_.back().decay == decay) {
+      runs_.back().end = end;
+    } else {
+      runs_.push_back({begin, end, decay});
+    }
+  }
+}
+
 void AdamW::step(double lr) {
   NoGradGuard no_grad;
   ++step_;
+  if (flat_) {
+    Tensor p = flat_->values(), g = flat_->grads();
+    for (const Run& r : runs_) {
+      const float wd = r.decay ? float(config_.weight_decay) : 0.0f;
+      dispatch_float(p.dtype(), "adamw", [&]<class T>() {
+        launch(kernels::adamw_update<T>, p.device(), p.data<T>() + r.begin, g.data<T>() + r.begin,
+               flat_m_.data<T>() + r.begin, flat_v_.data<T>() + r.begin, r.end - r.begin, float(lr),
+               float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_);
+      });
+    }
+    return;
+  }
   for (Slot& s : slots_) {
     const Tensor g = s.param.grad();
     if (!g.defined()) continue;
@@ -34,6 +63,7 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
 }
 
 void AdamW::zero_grad() {
+  if (flat_) return flat_->zero_grad();
   for (Slot& s : slots_) s.param.zero_grad();
 }
 

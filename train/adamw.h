@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../autograd/tensor.h"
+#include "flat_parameters.h"
 
 namespace tinygpt {
 
@@ -20,6 +21,10 @@ struct AdamWConfig {
 class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWConfig config);
+  /// Over packed parameters: the moments get the buffers' layout, and a step is one update per run of
+  /// neighbouring parameters with the same weight decay (two runs when the matrices come first). Every parameter
+  /// is updated every step (a gradient that stayed zero still decays the weights and the moments).
+  AdamW(FlatParameters& flat, AdamWConfig config);
 
   /// One update of every parameter that has a gradient, at learning rate `lr`.
   void step(double lr);
@@ -39,6 +44,13 @@ class AdamW {
     bool decay;
   };
   std::vector<Slot> slots_;
+  struct Run {
+    int64_t begin, end;  // elements of the flat buffers
+    bool decay;
+  };
+  FlatParameters* flat_ = nullptr;  // packed: the runs cover the buffers
+  Tensor flat_m_, flat_v_;
+  std::vector<Run> runs_;
   AdamWConfig config_;
   int64_t step_ = 0;
 };

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "autograd/tensor.h"
+#include "kernels/device.h"
 
 #if TINYGPT_HAS_MPI
 #include <mpi.h>
@@ -31,6 +32,8 @@ class SingleProcess final : public Communicator {
   const char* backend() const override { return "none"; }
   void all_reduce_sum(float*, int64_t) override {}
   void all_reduce_sum(double*, int64_t) override {}
+  void all_reduce_sum_gpu(float*, int64_t) override {}
+  int local_rank() const override { return 0; }
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::exit(code); }
@@ -54,6 +57,10 @@ class Mpi final : public Communicator {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+    MPI_Comm node;  // the ranks that share this machine's memory
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
+    MPI_Comm_free(&node);
   }
   ~Mpi() override { MPI_Finalize(); }
 
@@ -62,6 +69,24 @@ class Mpi final : public Communicator {
   const char* backend() const override { return "MPI"; }
   void all_reduce_sum(float* data, int64_t n) override { reduce(data, n, MPI_FLOAT); }
   void all_reduce_sum(double* data, int64_t n) override { reduce(data, n, MPI_DOUBLE); }
+  void all_reduce_sum_gpu(float* data, int64_t n) override {
+    if (!cuda::built_with_nccl()) {  // through host memory
+      host_.resize(size_t(n));
+      cuda::copy_to_host(host_.data(), data, size_t(n) * sizeof(float));
+      reduce(host_.data(), n, MPI_FLOAT);
+      cuda::copy_to_device(data, host_.data(), size_t(n) * sizeof(float));
+      return;
+    }
+    if (!nccl_ready_) {  // rank 0 makes the communicator's id and hands it to the others over MPI
+      cuda::NcclId id{};
+      if (rank_ == 0) id = cuda::nccl_unique_id();
+      broadcast(&id, sizeof(id), 0);
+      cuda::nccl_init(id, rank_, size_);
+      nccl_ready_ = true;
+    }
+    cuda::nccl_all_reduce_sum(data, n);
+  }
+  int local_rank() const override { return local_rank_; }
   void broadcast(void* data, int64_t bytes, int root) override {
     check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
   }
@@ -96,8 +121,10 @@ class Mpi final : public Communicator {
     check(MPI_Allgatherv(MPI_IN_PLACE, 0, type, data, counts.data(), offsets.data(), type, MPI_COMM_WORLD), "MPI_Allgatherv");
   }
 
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
   std::vector<char> recv_;
+  std::vector<float> host_;  // GPU buffers pass through here without NCCL
+  bool nccl_ready_ = false;
 };
 
 #endif

@@ -2,9 +2,10 @@
 // rank, world size, all-reduce of a contiguous buffer, broadcast, barrier, abort. The trainer talks only to
 // this; no MPI call appears anywhere else.
 //
-// Backends: none (one process) and MPI (OpenMPI from Debian, when the build found it). A process started by
-// mpirun or srun with more than one rank uses MPI; a binary built without MPI refuses to run as one of several
-// ranks instead of letting N copies train the same thing.
+// Backends: none (one process) and MPI (OpenMPI from Debian, when the build found it), with NCCL for buffers in GPU
+// memory when the CUDA build found it (bootstrapped over MPI). A process started by mpirun or srun with more than
+// one rank uses MPI; a binary built without MPI refuses to run as one of several ranks instead of letting N copies
+// train the same thing.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,11 @@ class Communicator {
   /// ranks' contributions in rank order, then an all-gather. MPI_Allreduce promises no order, so it is not used.
   virtual void all_reduce_sum(float* data, int64_t n) = 0;
   virtual void all_reduce_sum(double* data, int64_t n) = 0;
+  /// The same for `n` floats in GPU memory, in the same order: over NCCL (set up on first use) when the build has
+  /// it, otherwise through host memory over MPI.
+  virtual void all_reduce_sum_gpu(float* data, int64_t n) = 0;
+  /// This rank's index among the ranks on its machine: the GPU it takes.
+  virtual int local_rank() const = 0;
   /// Copies `bytes` from rank `root` to every rank.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;

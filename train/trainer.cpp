@@ -7,6 +7,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -35,21 +36,20 @@ uint64_t derived_seed(uint64_t seed, uint64_t purpose) { return seed * 0x9E3779B
 constexpr uint64_t kSamplerStream = 1, kModelStream = 2, kEvalTrainStream = 3, kEvalValStream = 4, kDropoutStream = 5;
 
 /// Global L2 norm of every gradient; scales them down to max_norm when above it (max_norm 0: no clipping).
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+/// The norm of the whole gradient; scales it in place to max_norm when above (max_norm 0: never).
+double clip_grad_norm(const FlatParameters& flat, double max_norm) {
   NoGradGuard no_grad;
-  Tensor sq;  // summed where the gradients live: one read back (on a GPU, one synchronization) per step
-  for (const Tensor& p : params) {
-    const Tensor g = p.grad();
-    if (g.defined()) sq = sq.defined() ? sq + sum(g * g) : sum(g * g);
-  }
-  const double norm = sq.defined() ? std::sqrt(sq.item()) : 0.0;
-  if (max_norm > 0 && norm > max_norm) {
-    const double coef = max_norm / (norm + 1e-6);
-    for (Tensor p : params) {
-      if (p.grad().defined()) p.set_grad(scale(p.grad(), coef));
-    }
-  }
+  Tensor g = flat.grads();
+  const double norm = std::sqrt(sum(g * g).item());  // the gaps between parameters hold zeros
+  if (max_norm > 0 && norm > max_norm) g.copy_(scale(g, max_norm / (norm + 1e-6)));
   return norm;
+}
+
+/// Parameters in the order the flat buffers keep them: the matrices and embeddings (weight-decayed) first, then
+/// the vectors, so that AdamW updates two runs.
+std::vector<std::pair<std::string, Tensor>> decayed_first(std::vector<std::pair<std::string, Tensor>> params) {
+  std::stable_partition(params.begin(), params.end(), [](const auto& p) { return p.second.ndim() >= 2; });
+  return params;
 }
 
 }  // namespace
@@ -256,25 +256,6 @@ uint64_t weights_checksum(const std::vector<Tensor>& params) {
   return h;
 }
 
-/// Sums every parameter's gradient (f32, on the CPU) over the ranks, packed into one buffer: one all-reduce per
-/// step. A parameter this rank left without a gradient gets a zero one first, so that it receives the others'.
-void all_reduce_gradients(const std::vector<Tensor>& params, Communicator& comm, std::vector<float>& flat) {
-  int64_t n = 0;
-  for (const Tensor& p : params) n += p.numel();
-  flat.resize(size_t(n));
-  float* at = flat.data();
-  for (Tensor p : params) {
-    if (!p.grad().defined()) p.set_grad(zeros_like(p));
-    at = std::copy_n(p.grad().data<float>(), p.numel(), at);
-  }
-  comm.all_reduce_sum(flat.data(), n);
-  at = flat.data();
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    std::copy_n(at, p.numel(), g.data<float>());
-    at += p.numel();
-  }
-}
 
 }  // namespace
 
@@ -381,12 +362,8 @@ Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out, const data::
   return ckpt;
 }
 
-/// Several ranks: refuses what is not supported yet, and checks that every rank starts from rank 0's weights.
+/// Several ranks: checks that every rank starts from rank 0's weights, and says how the ranks work together.
 void check_ranks(const nn::GPT& model, Communicator& comm, Device device, const TrainConfig& cfg, Console& console) {
-  if (device == Device::CUDA) {
-    throw Error("--device cuda with several ranks needs NCCL, which this build does not use yet; train on the CPU "
-                "or in one process");
-  }
   uint64_t sum = weights_checksum(model.parameters()), first = sum;
   comm.broadcast(&first, sizeof(first), 0);
   if (sum != first) {
@@ -394,9 +371,13 @@ void check_ranks(const nn::GPT& model, Communicator& comm, Device device, const 
                             "rank must run the same binary with the same flags and checkpoint",
                             comm.rank(), sum, first));
   }
-  console.line("data parallel: {} ranks ({}), {} micro-batch{} each per step: the same steps as one process with "
+  const char* gradients = device == Device::CPU        ? ""
+                          : cuda::built_with_nccl() ? ", gradients summed over NCCL, one GPU per rank"
+                                                    : ", gradients summed through host memory (no NCCL in this build), "
+                                                      "one GPU per rank";
+  console.line("data parallel: {} ranks ({}{}), {} micro-batch{} each per step: the same steps as one process with "
                "--grad-accum {}\n",
-               comm.world_size(), comm.backend(), cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es",
+               comm.world_size(), comm.backend(), gradients, cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es",
                cfg.grad_accum * comm.world_size());
 }
 
@@ -437,8 +418,7 @@ struct Run {
   MetricsLog& metrics;
   Console& console;
   const StopSignals& stop;
-  const std::vector<Tensor> params = model.parameters();
-  std::vector<float> flat_grads{};  // the step's gradients packed for the all-reduce (several ranks only)
+  FlatParameters& flat;
 
   bool lead() const { return comm.rank() == 0; }  // rank 0 speaks for the run: log lines, metrics, checkpoints
 
@@ -491,11 +471,13 @@ struct Run {
     if (world > 1) {
       reduced[1] = stop.requested() ? 1.0 : 0.0;  // all ranks stop after the same iteration
       const auto c0 = Clock::now();
-      all_reduce_gradients(params, comm, flat_grads);
+      Tensor g = flat.grads();  // one buffer: one reduction
+      float* grads = g.data<float>();
+      device == Device::CPU ? comm.all_reduce_sum(grads, flat.numel()) : comm.all_reduce_sum_gpu(grads, flat.numel());
       comm.all_reduce_sum(reduced, 2);
       s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
-    s.grad_norm = clip_grad_norm(params, cfg.grad_clip);
+    s.grad_norm = clip_grad_norm(flat, cfg.grad_clip);
     s.loss = reduced[0] / double(micro_steps);
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // before the update: the weights stay finite
       throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
@@ -516,10 +498,12 @@ TrainResult train(const TrainConfig& cfg_in) {
   TrainConfig cfg = cfg_in;
   cfg.validate();
   const Device device = parse_device(cfg.device);
-  check_numerics(numerics_of(cfg), device, "use --attention-math f32");
-  const fs::path out = make_output_dir(cfg.out);
   Communicator& comm = communicator();
   const int world = comm.world_size();
+  // One GPU per rank, by the rank's place on its machine, before anything else touches a GPU.
+  if (device == Device::CUDA && world > 1) cuda::set_device(comm.local_rank() % cuda::device_count());
+  check_numerics(numerics_of(cfg), device, "use --attention-math f32");
+  const fs::path out = make_output_dir(cfg.out);
   const bool lead = comm.rank() == 0;
   std::optional<RunLock> lock;
   if (lead) lock.emplace(out);
@@ -544,8 +528,9 @@ TrainResult train(const TrainConfig& cfg_in) {
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
   model.set_numerics(numerics_of(cfg));
-  model.to(device);  // before the optimizer, whose moments live beside the parameters
-  AdamW opt(model.named_parameters(),
+  model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
+  FlatParameters flat(decayed_first(model.named_parameters()));
+  AdamW opt(flat,
             {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});
   data::BatchSampler sampler(split.train, cfg.batch_size, cfg.model.block_size, derived_seed(cfg.seed, kSamplerStream),
                              "training split");
@@ -568,7 +553,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   console.line("{}", describe_model(model, device));
 
   const StopSignals stop;
-  Run run{cfg, device, out, comm, corpus, split, model, model_gen, opt, sampler, state, metrics, console, stop};
+  Run run{cfg, device, out, comm, corpus, split, model, model_gen, opt, sampler, state, metrics, console, stop, flat};
   const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;

@@ -192,6 +192,12 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
 
 void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
+void set_device(int index) {
+  const int n = device_count();
+  if (index < 0 || index >= n) throw Error(fmt::format("GPU {} does not exist: {} visible", index, n));
+  check(cudaSetDevice(index), "cudaSetDevice");
+}
+
 namespace {
 
 struct Profile {

@@ -300,6 +300,15 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
   TINYGPT_CUDA_LOOP(i, n) adamw_element(param[i], grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2);
 }
 
+/// out[e] = parts[0][e] + parts[1][e] + ... + parts[rows - 1][e], added left to right.
+__global__ void sum_rows_in_order_kernel(float* out, const float* parts, int64_t rows, int64_t n) {
+  TINYGPT_CUDA_LOOP(e, n) {
+    float acc = parts[e];
+    for (int64_t r = 1; r < rows; ++r) acc += parts[r * n + e];
+    out[e] = acc;
+  }
+}
+
 /// One thread per rotated pair (or per copied element of an unrotated head).
 __global__ void rope_kernel(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
                             int64_t pos0, double base, double sign, bool accumulate) {
@@ -441,6 +450,11 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   if (n == 0) return;
   const float c1 = float(adamw_correction(beta1, step)), c2 = float(adamw_correction(beta2, step));
   launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2);
+}
+
+void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) {
+  if (n == 0) return;
+  launch_kernel("sum_rows_in_order", sum_rows_in_order_kernel, blocks_for(n), kThreads, 0, out, parts, rows, n);
 }
 
 void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
