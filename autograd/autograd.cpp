@@ -43,7 +43,17 @@ Node::~Node() {
   --live_count;
 }
 
+namespace {
+thread_local const std::function<void(const Tensor&)>* g_grad_ready = nullptr;
+}  // namespace
+
 bool grad_enabled() { return g_grad_enabled; }
+
+GradReadyHook::GradReadyHook(std::function<void(const Tensor&)> on_ready)
+    : on_ready_(std::move(on_ready)), previous_(g_grad_ready) {
+  g_grad_ready = &on_ready_;
+}
+GradReadyHook::~GradReadyHook() { g_grad_ready = previous_; }
 
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
@@ -111,6 +121,21 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   std::unordered_map<TensorImpl*, Tensor> pending;  // gradients of non-leaf tensors not yet propagated
   pending[root.impl_ptr().get()] = grad;
 
+  // With a ready hook: how many ops still add to each leaf's gradient.
+  const auto* on_ready = g_grad_ready;
+  auto is_leaf_input = [](const Tensor& in) {
+    return in.defined() && in.requires_grad() && !in.impl().grad_fn && !in.impl().from_op;
+  };
+  std::unordered_map<TensorImpl*, int> adders;
+  if (on_ready != nullptr) {
+    for (const auto& impl : order) {
+      if (!impl->grad_fn) continue;
+      for (const Tensor& in : impl->grad_fn->inputs) {
+        if (is_leaf_input(in)) ++adders[&in.impl()];
+      }
+    }
+  }
+
   auto gradient_slot = [&](const Tensor& t) -> Tensor {
     TensorImpl& impl = t.impl();
     if (impl.from_op && !impl.grad_fn) {
@@ -144,6 +169,11 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       if (in.defined() && in.requires_grad()) grads[i] = gradient_slot(in);
     }
     node.backward(dout, node.inputs, grads);
+    if (on_ready != nullptr) {
+      for (const Tensor& in : node.inputs) {
+        if (is_leaf_input(in) && --adders[&in.impl()] == 0) (*on_ready)(in);
+      }
+    }
     if (!retain_graph) impl.grad_fn.reset();
   }
 }

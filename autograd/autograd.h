@@ -41,6 +41,21 @@ class NoGradGuard {
   bool previous_;
 };
 
+/// For its lifetime, backward passes on this thread call `on_ready(leaf)` for each leaf as soon as its gradient is
+/// final (every op that adds to it has run), in that order: a data-parallel trainer starts reducing gradients while
+/// the rest of backward still runs.
+class GradReadyHook {
+ public:
+  explicit GradReadyHook(std::function<void(const Tensor& leaf)> on_ready);
+  ~GradReadyHook();
+  GradReadyHook(const GradReadyHook&) = delete;
+  GradReadyHook& operator=(const GradReadyHook&) = delete;
+
+ private:
+  std::function<void(const Tensor&)> on_ready_;
+  const std::function<void(const Tensor&)>* previous_;
+};
+
 /// Attaches `backward` to `out` when recording is on and any input requires a gradient; returns `out`.
 Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward);
 

@@ -3,7 +3,7 @@
 # one process with --grad-accum 2 (and 4), 50 iterations of a small model with dropout (a micro-batch gets the same
 # masks wherever it is computed), one thread each. Every iteration's loss (within 1e-5 relative) and every tensor of
 # the final checkpoints (largest difference within 1e-5 of the tensor's largest value) agree; two 2-rank runs are
-# bit-identical; a rank killed with SIGKILL ends the whole job with a non-zero status within 10 s and leaves a
+# bit-identical, one of them reducing the gradients in small buckets during backward; a rank killed with SIGKILL ends the whole job with a non-zero status within 10 s and leaves a
 # loadable checkpoint.
 #   tests/mpi_test.sh path/to/tinygpt
 set -uo pipefail
@@ -22,7 +22,10 @@ small=(--data "$dir/text.txt" --n-layer 2 --n-head 2 --n-embd 32 --block-size 32
 
 "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/one" --grad-accum 2 || fail "one process exited $?"
 "${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/two" --grad-accum 1 || fail "2 ranks exited $?"
-"${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/again" --grad-accum 1 || fail "2 ranks (again) exited $?"
+# Again, with the gradients reduced in ~60 small buckets while backward runs (the first run's model fits one bucket,
+# started once backward is done): the same sums, so the same bits.
+"${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/again" --grad-accum 1 --bucket-mb 0.002 ||
+  fail "2 ranks (again, small buckets) exited $?"
 # Resume: a 2-rank run stopped at 25 and resumed with 2 ranks, or with one process accumulating 2, continues as the
 # uninterrupted run did.
 "${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/half" --max-iters 25 || fail "2 ranks (to 25) exited $?"
@@ -31,7 +34,9 @@ cp -r "$dir/half" "$dir/half1"
 "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/half1" --resume --grad-accum 2 || fail "one process (resumed) exited $?"
 # With accumulation on each rank too: rank r computes micro-steps 2r, 2r + 1 of one process's 4.
 "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/one4" --grad-accum 4 || fail "one process (accumulating 4) exited $?"
-"${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/two2" --grad-accum 2 || fail "2 ranks (accumulating 2) exited $?"
+# (and without buckets: one reduction of the whole buffer after backward)
+"${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/two2" --grad-accum 2 --bucket-mb 0 ||
+  fail "2 ranks (accumulating 2) exited $?"
 
 python3 - "$dir" <<'PY' || fail "2 ranks differ from one process with twice the accumulation"
 import json, struct, sys

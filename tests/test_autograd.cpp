@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/ops.h"
@@ -116,4 +117,30 @@ TEST_CASE("autograd: a 100,000-op chain backpropagates and frees without recursi
   }
   y = Tensor();
   CHECK(Node::live_count.load() == nodes_before);
+}
+
+TEST_CASE("autograd: a ready hook sees each leaf once, as soon as its gradient is final") {
+  Generator gen(11);
+  Tensor a = randn({3}, gen), b = randn({3}, gen), c = randn({3}, gen);
+  for (Tensor* t : {&a, &b, &c}) t->requires_grad_();
+  // a reaches the loss three ways; its gradient is final only when the last of them has run.
+  const Tensor loss = sum((a * b + a) * c) + sum(a);
+  std::vector<std::pair<const TensorImpl*, std::vector<float>>> seen;
+  {
+    GradReadyHook hook([&](const Tensor& leaf) { seen.emplace_back(&leaf.impl(), leaf.grad().to_vector<float>()); });
+    loss.backward();
+  }
+  REQUIRE(seen.size() == 3);
+  std::vector<const TensorImpl*> leaves;
+  for (const auto& [impl, grad] : seen) {
+    leaves.push_back(impl);
+    const Tensor& t = impl == &a.impl() ? a : impl == &b.impl() ? b : c;
+    CHECK(grad == t.grad().to_vector<float>());  // what the hook saw is the final gradient
+  }
+  std::sort(leaves.begin(), leaves.end());
+  CHECK(std::unique(leaves.begin(), leaves.end()) == leaves.end());
+  // Without a hook in scope, nothing is called.
+  seen.clear();
+  (sum(a * b)).backward();
+  CHECK(seen.empty());
 }

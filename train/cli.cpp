@@ -110,6 +110,8 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
   cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
   cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
+  cmd->add_option("--bucket-mb", c.bucket_mb, "Several ranks on CPUs: sum the gradients over the ranks in buckets of this "
+                  "many MB as backward finishes them (0: all at once after backward)")->capture_default_str();
   cmd->add_option("--eval-interval", c.eval_interval, "Iterations between evaluations and checkpoints")->capture_default_str();
   cmd->add_option("--eval-iters", c.eval_iters, "Batches per evaluation of each split")->capture_default_str();
   cmd->add_option("--log-interval", c.log_interval, "Iterations between log lines (metrics.jsonl gets every one)")->capture_default_str();

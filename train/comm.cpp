@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -33,6 +34,9 @@ class SingleProcess final : public Communicator {
   void all_reduce_sum(float*, int64_t) override {}
   void all_reduce_sum(double*, int64_t) override {}
   void all_reduce_sum_gpu(float*, int64_t) override {}
+  void start_all_reduce_sum(float*, int64_t) override {}
+  void progress() override {}
+  void wait_all() override {}
   int local_rank() const override { return 0; }
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
@@ -61,8 +65,16 @@ class Mpi final : public Communicator {
     check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
     check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
     MPI_Comm_free(&node);
+    // The started reductions' two phases each on a communicator of their own: MPI wants collectives in one order on
+    // every rank, and a rank moves a reduction to its second phase whenever its first is done here.
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &scatter_comm_), "MPI_Comm_dup");
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &gather_comm_), "MPI_Comm_dup");
   }
-  ~Mpi() override { MPI_Finalize(); }
+  ~Mpi() override {
+    MPI_Comm_free(&scatter_comm_);
+    MPI_Comm_free(&gather_comm_);
+    MPI_Finalize();
+  }
 
   int rank() const override { return rank_; }
   int world_size() const override { return size_; }
@@ -87,6 +99,21 @@ class Mpi final : public Communicator {
     cuda::nccl_all_reduce_sum(data, n);
   }
   int local_rank() const override { return local_rank_; }
+
+  void start_all_reduce_sum(float* data, int64_t n) override {
+    Pending& p = pending_.emplace_back();
+    p.data = data, p.n = n;
+    plan(n, p.plan);
+    p.parts.resize(size_t(p.plan.own) * size_t(size_));
+    check(MPI_Ialltoallv(data, p.plan.counts.data(), p.plan.offsets.data(), MPI_FLOAT, p.parts.data(), p.plan.mine.data(),
+                         p.plan.zeros.data(), MPI_FLOAT, scatter_comm_, &p.request),
+          "MPI_Ialltoallv");
+  }
+
+  /// Moves the started reductions on in the order they were started, each from its scatter to its sum and gather,
+  /// stopping at the first one still in flight (so the gathers, too, start in one order on every rank).
+  void progress() override { advance(false); }
+  void wait_all() override { advance(true); }
   void broadcast(void* data, int64_t bytes, int root) override {
     check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
   }
@@ -99,29 +126,84 @@ class Mpi final : public Communicator {
  private:
   /// Rank i owns elements [begin(i), begin(i + 1)): every rank sends each owner its part (MPI_Alltoallv), the
   /// owner adds the parts in rank order, and MPI_Allgatherv hands every rank all the sums.
-  template <class T>
-  void reduce(T* data, int64_t n, MPI_Datatype type) {
+  /// Who sends what where: rank i owns elements [offsets[i], offsets[i] + counts[i]); every rank sends each owner
+  /// its part, and the owner receives the ranks' parts as rows of (N, own).
+  struct Plan {
+    std::vector<int> counts, offsets, mine, zeros;
+    int own = 0;
+  };
+  void plan(int64_t n, Plan& p) const {
     const int N = size_;
     auto begin = [&](int i) { return int(n * i / N); };
     const auto ranks = static_cast<size_t>(N);
-    std::vector<int> counts(ranks), offsets(ranks), mine(ranks), zeros(ranks);
-    for (int i = 0; i < N; ++i) counts[size_t(i)] = begin(i + 1) - begin(i), offsets[size_t(i)] = begin(i);
-    const int own = counts[size_t(rank_)];
-    for (int i = 0; i < N; ++i) mine[size_t(i)] = own, zeros[size_t(i)] = i * own;
-    recv_.resize(size_t(own) * size_t(N) * sizeof(T));
-    T* parts = reinterpret_cast<T*>(recv_.data());  // (N, own): rank i's contribution in row i
-    check(MPI_Alltoallv(data, counts.data(), offsets.data(), type, parts, mine.data(), zeros.data(), type, MPI_COMM_WORLD),
-          "MPI_Alltoallv");
-    T* sum = data + begin(rank_);
+    p.counts.resize(ranks), p.offsets.resize(ranks), p.mine.resize(ranks), p.zeros.resize(ranks);
+    for (int i = 0; i < N; ++i) p.counts[size_t(i)] = begin(i + 1) - begin(i), p.offsets[size_t(i)] = begin(i);
+    p.own = p.counts[size_t(rank_)];
+    for (int i = 0; i < N; ++i) p.mine[size_t(i)] = p.own, p.zeros[size_t(i)] = i * p.own;
+  }
+
+  /// The owner's sums of its slice: the ranks' parts added in rank order.
+  template <class T>
+  void sum_parts(T* sum, const T* parts, int own) const {
     for (int e = 0; e < own; ++e) {
       T acc = parts[e];
-      for (int i = 1; i < N; ++i) acc += parts[size_t(i) * size_t(own) + size_t(e)];
+      for (int i = 1; i < size_; ++i) acc += parts[size_t(i) * size_t(own) + size_t(e)];
       sum[e] = acc;
     }
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, type, data, counts.data(), offsets.data(), type, MPI_COMM_WORLD), "MPI_Allgatherv");
+  }
+
+  /// The owner of each slice adds the ranks' contributions in rank order (MPI_Alltoallv, then the sum), and
+  /// MPI_Allgatherv hands every rank all the sums.
+  template <class T>
+  void reduce(T* data, int64_t n, MPI_Datatype type) {
+    Plan p;
+    plan(n, p);
+    recv_.resize(size_t(p.own) * size_t(size_) * sizeof(T));
+    T* parts = reinterpret_cast<T*>(recv_.data());  // (N, own): rank i's contribution in row i
+    check(MPI_Alltoallv(data, p.counts.data(), p.offsets.data(), type, parts, p.mine.data(), p.zeros.data(), type,
+                        MPI_COMM_WORLD),
+          "MPI_Alltoallv");
+    sum_parts(data + p.offsets[size_t(rank_)], parts, p.own);
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, type, data, p.counts.data(), p.offsets.data(), type, MPI_COMM_WORLD),
+          "MPI_Allgatherv");
+  }
+
+  /// A started reduction: scattering (phase 0), then gathering (phase 1).
+  struct Pending {
+    float* data = nullptr;
+    int64_t n = 0;
+    Plan plan;
+    std::vector<float> parts;
+    MPI_Request request = MPI_REQUEST_NULL;
+    int phase = 0;
+  };
+
+  void advance(bool wait) {
+    while (!pending_.empty()) {
+      Pending& p = pending_.front();
+      int done = 0;
+      if (wait) {
+        check(MPI_Wait(&p.request, MPI_STATUS_IGNORE), p.phase == 0 ? "MPI_Wait (Ialltoallv)" : "MPI_Wait (Iallgatherv)");
+        done = 1;
+      } else {
+        check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      }
+      if (!done) return;
+      if (p.phase == 1) {
+        pending_.pop_front();
+        continue;
+      }
+      sum_parts(p.data + p.plan.offsets[size_t(rank_)], p.parts.data(), p.plan.own);
+      check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, p.data, p.plan.counts.data(), p.plan.offsets.data(), MPI_FLOAT,
+                            gather_comm_, &p.request),
+            "MPI_Iallgatherv");
+      p.phase = 1;
+    }
   }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0;
+  MPI_Comm scatter_comm_ = MPI_COMM_NULL, gather_comm_ = MPI_COMM_NULL;
+  std::deque<Pending> pending_;  // started reductions, oldest first (references stay valid as it grows)
   std::vector<char> recv_;
   std::vector<float> host_;  // GPU buffers pass through here without NCCL
   bool nccl_ready_ = false;

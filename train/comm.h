@@ -25,6 +25,12 @@ class Communicator {
   /// ranks' contributions in rank order, then an all-gather. MPI_Allreduce promises no order, so it is not used.
   virtual void all_reduce_sum(float* data, int64_t n) = 0;
   virtual void all_reduce_sum(double* data, int64_t n) = 0;
+  /// all_reduce_sum of a host buffer without waiting for it (same order, same result): progress() moves the started
+  /// reductions on, wait_all() finishes every one. The buffer is not to be touched until then. Every rank starts
+  /// the same reductions in the same order. Without MPI, nothing to do.
+  virtual void start_all_reduce_sum(float* data, int64_t n) = 0;
+  virtual void progress() = 0;
+  virtual void wait_all() = 0;
   /// The same for `n` floats in GPU memory, in the same order: over NCCL (set up on first use) when the build has
   /// it, otherwise through host memory over MPI.
   virtual void all_reduce_sum_gpu(float* data, int64_t n) = 0;

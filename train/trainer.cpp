@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
+#include <unordered_map>
 
 #include "kernels/device.h"
 #include "train/adamw.h"
@@ -45,12 +46,71 @@ double clip_grad_norm(const FlatParameters& flat, double max_norm) {
   return norm;
 }
 
-/// Parameters in the order the flat buffers keep them: the matrices and embeddings (weight-decayed) first, then
-/// the vectors, so that AdamW updates two runs.
-std::vector<std::pair<std::string, Tensor>> decayed_first(std::vector<std::pair<std::string, Tensor>> params) {
-  std::stable_partition(params.begin(), params.end(), [](const auto& p) { return p.second.ndim() >= 2; });
+/// Parameters in the order the flat buffers keep them: the reverse of the model's, which is about the order in which
+/// backward finishes their gradients (the last block's first, the token embedding, used by the LM head too, last),
+/// so that gradient buckets fill front to back.
+std::vector<std::pair<std::string, Tensor>> backward_order(std::vector<std::pair<std::string, Tensor>> params) {
+  std::reverse(params.begin(), params.end());
   return params;
 }
+
+/// Several ranks on CPUs: the gradient buffer cut into buckets of about `mb` megabytes at parameter boundaries,
+/// each summed over the ranks (Communicator::start_all_reduce_sum) as soon as backward has finished every gradient
+/// in it, in bucket order, so the reduction runs while backward goes on. The sums are those of one reduction of
+/// the whole buffer (each element is added in rank order either way).
+class GradientBuckets {
+ public:
+  GradientBuckets(const FlatParameters& flat, double mb, Communicator& comm) : grads_(flat.grads()), comm_(comm) {
+    const auto& slots = flat.slots();
+    const int64_t limit = std::max<int64_t>(1, int64_t(mb * 1e6 / sizeof(float)));
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (buckets_.empty() || slots[i].offset - buckets_.back().begin >= limit) {
+        buckets_.push_back({slots[i].offset, 0, 0, 0});
+      }
+      ++buckets_.back().params;
+      bucket_of_[&slots[i].param.impl()] = buckets_.size() - 1;
+    }
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      buckets_[b].end = b + 1 < buckets_.size() ? buckets_[b + 1].begin : flat.numel();
+    }
+  }
+
+  /// Before the backward pass that completes the step's gradients.
+  void arm() {
+    for (Bucket& b : buckets_) b.remaining = b.params;
+    next_ = 0;
+  }
+  /// Backward has finished this leaf's gradient: starts, in order, every bucket that is complete.
+  void ready(const Tensor& leaf) {
+    const auto found = bucket_of_.find(&leaf.impl());
+    if (found == bucket_of_.end()) return;
+    --buckets_[found->second].remaining;
+    start_complete();
+    comm_.progress();
+  }
+  /// After backward: starts what is left and waits for every sum.
+  void finish() {
+    while (next_ < buckets_.size()) start(buckets_[next_++]);
+    comm_.wait_all();
+  }
+  size_t count() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    int64_t begin, end;  // elements of the gradient buffer
+    int params, remaining;
+  };
+  void start(const Bucket& b) { comm_.start_all_reduce_sum(grads_.data<float>() + b.begin, b.end - b.begin); }
+  void start_complete() {
+    while (next_ < buckets_.size() && buckets_[next_].remaining == 0) start(buckets_[next_++]);
+  }
+
+  Tensor grads_;
+  Communicator& comm_;
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const TensorImpl*, size_t> bucket_of_;
+  size_t next_ = 0;  // the first bucket not started
+};
 
 }  // namespace
 
@@ -281,6 +341,7 @@ void TrainConfig::validate() const {
   if (!(beta2 >= 0 && beta2 < 1)) throw Error(fmt::format("--beta2 must be in [0, 1), got {}", beta2));
   non_negative("--grad-clip", grad_clip);
   positive("--grad-accum", double(grad_accum));
+  non_negative("--bucket-mb", bucket_mb);
   positive("--eval-interval", double(eval_interval));
   positive("--eval-iters", double(eval_iters));
   positive("--log-interval", double(log_interval));
@@ -419,6 +480,7 @@ struct Run {
   Console& console;
   const StopSignals& stop;
   FlatParameters& flat;
+  GradientBuckets* buckets;  // several CPU ranks with --bucket-mb > 0, else null
 
   bool lead() const { return comm.rank() == 0; }  // rank 0 speaks for the run: log lines, metrics, checkpoints
 
@@ -465,15 +527,24 @@ struct Run {
       model_gen.manual_seed(derived_seed(derived_seed(cfg.seed, kDropoutStream) + uint64_t(iter), uint64_t(micro)));
       const Tensor loss = model.forward(batch.x.to(device), batch.y.to(device)).loss;
       reduced[0] += loss.item();
+      std::optional<GradReadyHook> hook;  // this rank's last backward of the step: reduce buckets as they complete
+      if (buckets != nullptr && micro % cfg.grad_accum == cfg.grad_accum - 1) {
+        buckets->arm();
+        hook.emplace([this](const Tensor& leaf) { buckets->ready(leaf); });
+      }
       (micro_steps == 1 ? loss : scale(loss, 1.0 / double(micro_steps))).backward();
     }
     StepStats s;
     if (world > 1) {
       reduced[1] = stop.requested() ? 1.0 : 0.0;  // all ranks stop after the same iteration
       const auto c0 = Clock::now();
-      Tensor g = flat.grads();  // one buffer: one reduction
+      Tensor g = flat.grads();  // one buffer: one reduction, or the buckets' last ones
       float* grads = g.data<float>();
-      device == Device::CPU ? comm.all_reduce_sum(grads, flat.numel()) : comm.all_reduce_sum_gpu(grads, flat.numel());
+      if (buckets != nullptr) {
+        buckets->finish();
+      } else {
+        device == Device::CPU ? comm.all_reduce_sum(grads, flat.numel()) : comm.all_reduce_sum_gpu(grads, flat.numel());
+      }
       comm.all_reduce_sum(reduced, 2);
       s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
@@ -529,7 +600,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   nn::GPT model(cfg.model, model_gen);
   model.set_numerics(numerics_of(cfg));
   model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
-  FlatParameters flat(decayed_first(model.named_parameters()));
+  FlatParameters flat(backward_order(model.named_parameters()));
   AdamW opt(flat,
             {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});
   data::BatchSampler sampler(split.train, cfg.batch_size, cfg.model.block_size, derived_seed(cfg.seed, kSamplerStream),
@@ -553,7 +624,14 @@ TrainResult train(const TrainConfig& cfg_in) {
   console.line("{}", describe_model(model, device));
 
   const StopSignals stop;
-  Run run{cfg, device, out, comm, corpus, split, model, model_gen, opt, sampler, state, metrics, console, stop, flat};
+  std::optional<GradientBuckets> buckets;
+  if (world > 1 && device == Device::CPU && cfg.bucket_mb > 0) {
+    buckets.emplace(flat, cfg.bucket_mb, comm);
+    console.line("gradients summed over the ranks in {} bucket{} of up to {} MB, each as soon as backward has "
+                 "finished it\n", buckets->count(), buckets->count() == 1 ? "" : "s", cfg.bucket_mb);
+  }
+  Run run{cfg, device, out,     comm,    corpus,  split, model, model_gen,
+          opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
   const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;

@@ -31,6 +31,7 @@ struct TrainConfig {
   double beta2 = 0.99;
   double grad_clip = 1.0;  // 0: no clipping
   int64_t grad_accum = 1;
+  double bucket_mb = 1.0;  // several CPU ranks: gradients reduced in buckets of this size as backward finishes them
   int64_t eval_interval = 250;
   int64_t eval_iters = 200;
   int64_t log_interval = 1;
