@@ -2,9 +2,14 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <new>
 #include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "autograd/autograd.h"
 #include "kernels/device.h"
@@ -78,14 +83,81 @@ void shape_error(const std::string& op, const std::string& what, const Shape& a,
 // --- Storage and TensorImpl
 
 namespace {
+
 constexpr std::align_val_t kHostAlign{64};  // cache lines and AVX loads
+
+/// Host memory for tensors, through operator new (so a program that replaces it, such as bench_attention, sees
+/// tensor memory too). Freed blocks of 64 KiB and more are kept by size and handed out again, as the GPU's caching
+/// allocator does: a training step allocates blocks of the sizes the last step freed, and reusing them saves asking
+/// the system for fresh pages every step (glibc maps large blocks anew each time, and each page then faults in on
+/// first touch). The cache holds at most as many bytes as were ever in use at once, so a run holds at most twice its
+/// peak. TINYGPT_HOST_CACHE=0 turns it off (bench_attention does, to count what each algorithm allocates).
+class HostCache {
+ public:
+  void* allocate(size_t bytes) {
+    if (enabled_ && bytes >= kMinBytes) {
+      std::lock_guard lock(mutex_);
+      in_use_ += bytes;
+      peak_in_use_ = std::max(peak_in_use_, in_use_);
+      if (auto it = free_.find(bytes); it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_ -= bytes;
+        return p;
+      }
+    }
+    try {
+      return ::operator new(bytes, kHostAlign);
+    } catch (const std::bad_alloc&) {
+      release();  // then once more; a second failure goes to the caller
+      return ::operator new(bytes, kHostAlign);
+    }
+  }
+
+  void deallocate(void* p, size_t bytes) {
+    if (enabled_ && bytes >= kMinBytes) {
+      std::lock_guard lock(mutex_);
+      in_use_ -= bytes;
+      if (cached_ + bytes <= peak_in_use_) {
+        free_[bytes].push_back(p);
+        cached_ += bytes;
+        return;
+      }
+    }
+    ::operator delete(p, kHostAlign);
+  }
+
+  void release() {
+    std::lock_guard lock(mutex_);
+    for (auto& [bytes, blocks] : free_) {
+      for (void* p : blocks) ::operator delete(p, kHostAlign);
+    }
+    free_.clear();
+    cached_ = 0;
+  }
+
+ private:
+  static constexpr size_t kMinBytes = size_t(1) << 16;
+  const bool enabled_ = [] {
+    const char* v = std::getenv("TINYGPT_HOST_CACHE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  std::mutex mutex_;
+  std::unordered_map<size_t, std::vector<void*>> free_;  // by size in bytes
+  size_t cached_ = 0, in_use_ = 0, peak_in_use_ = 0;
+};
+
+HostCache& host_cache() {
+  static auto* cache = new HostCache;  // never destroyed: tensors in static objects free into it at exit
+  return *cache;
+}
+
 }  // namespace
 
 Storage::Storage(size_t nbytes, Device dev) : bytes(nbytes), device(dev) {
   if (device == Device::CPU) {
-    // Through operator new, so a program that replaces it (bench_attention) sees tensor memory too.
     try {
-      data = ::operator new(std::max<size_t>(nbytes, 1), kHostAlign);
+      data = host_cache().allocate(std::max<size_t>(nbytes, 1));
     } catch (const std::bad_alloc&) {
       throw Error(fmt::format("out of host memory allocating {} bytes", nbytes));
     }
@@ -100,7 +172,7 @@ Storage::Storage(std::shared_ptr<Storage> b, size_t offset, size_t nbytes)
 Storage::~Storage() {
   if (base) return;  // a slice: the base frees the memory
   if (device == Device::CPU) {
-    ::operator delete(data, kHostAlign);
+    host_cache().deallocate(data, std::max<size_t>(bytes, 1));
   } else {
     cuda::free(data);
   }

@@ -20,6 +20,7 @@
 #include "cpu/cpu_kernels.h"
 #include "device.h"
 #include "cuda/cuda_kernels.h"
+#include "profile.h"
 
 namespace tinygpt {
 
@@ -55,6 +56,12 @@ void launch(const Kernel<Fn>& k, Device device, Args&&... args) {
     f(std::forward<Args>(args)...);
     cuda::synchronize();
     cuda::profile_add(k.name, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    return;
+  }
+  if (device == Device::CPU && profile::enabled()) {  // TINYGPT_PROFILE=1: CPU kernels run synchronously
+    const auto t0 = std::chrono::steady_clock::now();
+    f(std::forward<Args>(args)...);
+    profile::add_kernel(k.name, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     return;
   }
   f(std::forward<Args>(args)...);

@@ -199,7 +199,14 @@ TEST_CASE("train: a short run learns, keeps best and latest checkpoints and metr
       CHECK(j.contains("train_loss"));
     } else {
       ++iter_lines;
-      for (const char* key : {"iter", "loss", "lr", "ms", "tok_per_s"}) CHECK(j.contains(key));
+      for (const char* key : {"iter", "loss", "lr", "ms", "tok_per_s", "gflops", "mfu"}) CHECK(j.contains(key));
+      // GFLOP/s as nanoGPT counts a step, written out here: per token 6 FLOPs per weight (the position table left
+      // out) plus 12 L T C, for the step's batch_size x block_size tokens.
+      const int64_t V = 17, L = 2, T = 16, C = 32, weights = V * C + L * (12 * C * C + 2 * C) + C;  // no biases
+      const double flops = (6.0 * double(weights) + 12.0 * L * T * C) * 8 * T;
+      CHECK(j["gflops"].get<double>() * j["ms"].get<double>() * 1e6 == doctest::Approx(flops).epsilon(1e-9));
+      CHECK(j["mfu"].get<double>() > 0);
+      CHECK(j["mfu"].get<double>() < 1.5);
     }
   }
   CHECK(iter_lines == 60);

@@ -15,10 +15,12 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <unordered_map>
 
 #include "kernels/device.h"
+#include "kernels/profile.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/comm.h"
@@ -457,6 +459,34 @@ std::string describe_model(const nn::GPT& model, Device device) {
                      m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where);
 }
 
+/// FLOPs of one training step as nanoGPT's estimate_mfu counts them: per token, 6 per weight (the position table
+/// left out; forward and backward) plus 12 L T C for attention's two products, forward and backward.
+double step_flops(const nn::GPT& model, int64_t tokens_per_step) {
+  const nn::GPTConfig& c = model.config();
+  const double per_token = 6.0 * double(model.num_parameters_non_embedding()) +
+                           12.0 * double(c.n_layer) * double(c.block_size) * double(c.n_embd);
+  return per_token * double(tokens_per_step);
+}
+
+int64_t peak_size(Device device) { return device == Device::CPU ? 1536 : 4096; }
+
+/// The machine's practical peak for this run, GFLOP/s: the best of three square f32 matmuls (after a warm-up) on
+/// the run's device and threads, with the run's TF32 setting. Model FLOPs utilization (MFU) is measured against it.
+double measure_peak_gflops(Device device, const Numerics& numerics) {
+  NoGradGuard no_grad;
+  const int64_t n = peak_size(device);
+  Generator gen(0);
+  const Tensor a = randn({n, n}, gen).to(device), b = randn({n, n}, gen).to(device);
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = Clock::now();
+    const Tensor c = matmul(a, b, false, false, numerics);
+    if (device == Device::CUDA) cuda::synchronize();
+    if (i > 0) best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
+}
+
 struct StepStats {
   double loss = 0, grad_norm = 0;
   double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
@@ -525,17 +555,23 @@ struct Run {
       // Dropout masks from the run's seed and the micro-batch's place in the run only: a rank draws the masks one
       // process would draw for this micro-batch, whatever the world size.
       model_gen.manual_seed(derived_seed(derived_seed(cfg.seed, kDropoutStream) + uint64_t(iter), uint64_t(micro)));
-      const Tensor loss = model.forward(batch.x.to(device), batch.y.to(device)).loss;
+      Tensor loss;
+      {
+        profile::Phase phase("forward");
+        loss = model.forward(batch.x.to(device), batch.y.to(device)).loss;
+      }
       reduced[0] += loss.item();
       std::optional<GradReadyHook> hook;  // this rank's last backward of the step: reduce buckets as they complete
       if (buckets != nullptr && micro % cfg.grad_accum == cfg.grad_accum - 1) {
         buckets->arm();
         hook.emplace([this](const Tensor& leaf) { buckets->ready(leaf); });
       }
+      profile::Phase phase("backward");
       (micro_steps == 1 ? loss : scale(loss, 1.0 / double(micro_steps))).backward();
     }
     StepStats s;
     if (world > 1) {
+      profile::Phase phase("gradient reduction");
       reduced[1] = stop.requested() ? 1.0 : 0.0;  // all ranks stop after the same iteration
       const auto c0 = Clock::now();
       Tensor g = flat.grads();  // one buffer: one reduction, or the buckets' last ones
@@ -548,6 +584,7 @@ struct Run {
       comm.all_reduce_sum(reduced, 2);
       s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
+    profile::Phase phase("optimizer");
     s.grad_norm = clip_grad_norm(flat, cfg.grad_clip);
     s.loss = reduced[0] / double(micro_steps);
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // before the update: the weights stay finite
@@ -633,12 +670,18 @@ TrainResult train(const TrainConfig& cfg_in) {
   Run run{cfg, device, out,     comm,    corpus,  split, model, model_gen,
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
   const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
+  const double flops_per_iter = step_flops(model, tokens_per_iter);
+  const double peak_gflops = measure_peak_gflops(device, model.numerics());
+  console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count); MFU is against {:.0f} GFLOP/s per rank, the best "
+               "of a {}^3 matmul measured now on {}\n", flops_per_iter / 1e9, peak_gflops, peak_size(device),
+               device == Device::CPU ? fmt::format("{} threads", omp_get_max_threads()) : std::string("the GPU"));
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
   double ms_avg = 0;  // moving average of the iteration time, for the ETA
   for (int64_t iter = state.iter;; ++iter) {
     const double lr = learning_rate(cfg, iter);
     if ((iter % cfg.eval_interval == 0 || iter == cfg.max_iters) && !(cfg.resume && iter == first)) {
+      profile::Phase phase("evaluation");
       result.last_val_loss = run.evaluate(iter);
     }
     if (iter >= cfg.max_iters) {
@@ -646,16 +689,20 @@ TrainResult train(const TrainConfig& cfg_in) {
       break;
     }
     const auto t0 = Clock::now();
-    const StepStats s = run.step(iter, lr);
+    const StepStats s = [&] {
+      profile::Phase phase("step");
+      return run.step(iter, lr);
+    }();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
-    nlohmann::json row = {{"iter", iter}, {"loss", s.loss}, {"lr", lr}, {"grad_norm", s.grad_norm}, {"ms", ms},
-                          {"tok_per_s", tok_per_s}};
+    const double gflops = flops_per_iter / (ms / 1e3) / 1e9, mfu = gflops / (peak_gflops * world);
+    nlohmann::json row = {{"iter", iter},           {"loss", s.loss},   {"lr", lr},   {"grad_norm", s.grad_norm},
+                          {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops}, {"mfu", mfu}};
     if (world > 1) row["comm_ms"] = s.comm_ms;
     metrics.write(row);
     if (iter % cfg.log_interval == 0) {
-      console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s\n", iter, s.loss, lr,
-                   s.grad_norm, ms, tok_per_s);
+      console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s, {:.1f} GFLOP/s ({:.0f}% "
+                   "of peak)\n", iter, s.loss, lr, s.grad_norm, ms, tok_per_s, gflops, 100 * mfu);
     }
     ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
     console.status(iter, cfg.max_iters, s.loss, tok_per_s, ms_avg);
