@@ -468,23 +468,32 @@ double step_flops(const nn::GPT& model, int64_t tokens_per_step) {
   return per_token * double(tokens_per_step);
 }
 
-int64_t peak_size(Device device) { return device == Device::CPU ? 1536 : 4096; }
-
-/// The machine's practical peak for this run, GFLOP/s: the best of three square f32 matmuls (after a warm-up) on
-/// the run's device and threads, with the run's TF32 setting. Model FLOPs utilization (MFU) is measured against it.
-double measure_peak_gflops(Device device, const Numerics& numerics) {
+/// The machine's practical peak for this run: square f32 matmuls on the run's device and threads, with the run's TF32
+/// setting, growing from 128 while one takes under 25 ms (up to 1536 on the CPU, 4096 on a GPU), then the best of
+/// three at the last size (of one when that took over 100 ms, as under a sanitizer). Model FLOPs utilization (MFU)
+/// is measured against it. Returns GFLOP/s and the size used.
+std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& numerics) {
   NoGradGuard no_grad;
-  const int64_t n = peak_size(device);
+  const int64_t largest = device == Device::CPU ? 1536 : 4096;
   Generator gen(0);
-  const Tensor a = randn({n, n}, gen).to(device), b = randn({n, n}, gen).to(device);
-  double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 4; ++i) {
+  Tensor a, b;
+  auto seconds = [&] {
     const auto t0 = Clock::now();
     const Tensor c = matmul(a, b, false, false, numerics);
     if (device == Device::CUDA) cuda::synchronize();
-    if (i > 0) best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  int64_t n = 64;
+  double best = 0;
+  do {
+    n = std::min(largest, n * 2);
+    a = randn({n, n}, gen).to(device), b = randn({n, n}, gen).to(device);
+    best = seconds();
+  } while (n < largest && best < 0.025);
+  if (best < 0.1) {
+    for (int i = 0; i < 3; ++i) best = std::min(best, seconds());
   }
-  return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
+  return {2.0 * double(n) * double(n) * double(n) / best / 1e9, n};
 }
 
 struct StepStats {
@@ -671,9 +680,9 @@ TrainResult train(const TrainConfig& cfg_in) {
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
   const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
   const double flops_per_iter = step_flops(model, tokens_per_iter);
-  const double peak_gflops = measure_peak_gflops(device, model.numerics());
-  console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count); MFU is against {:.0f} GFLOP/s per rank, the best "
-               "of a {}^3 matmul measured now on {}\n", flops_per_iter / 1e9, peak_gflops, peak_size(device),
+  const auto [peak_gflops, peak_n] = measure_peak_gflops(device, model.numerics());
+  console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count); MFU is against {:.0f} GFLOP/s per rank, a {}^3 "
+               "matmul measured now on {}\n", flops_per_iter / 1e9, peak_gflops, peak_n,
                device == Device::CPU ? fmt::format("{} threads", omp_get_max_threads()) : std::string("the GPU"));
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
