@@ -1,6 +1,6 @@
 // Every parameter in one contiguous buffer and every gradient in another, each parameter (and its gradient) a
 // view of its slice: a training step reduces the gradients over the ranks in one call on one buffer, clips them
-// with one norm, and AdamW updates a few long runs instead of one short launch per tensor. Checkpoints still see
+// with one norm, and AdamW updates stretches of neighbouring parameters instead of one tensor at a time. Checkpoints still see
 // the parameters one by one, under their names.
 #pragma once
 
