@@ -50,18 +50,16 @@ void launch(const Kernel<Fn>& k, Device device, Args&&... args) {
   if (f == nullptr) {
     throw Error(std::string(k.name) + ": no " + device_name(device) + " kernel for this dtype");
   }
-  if (device == Device::CUDA && cuda::profiling()) {  // TINYGPT_CUDA_PROFILE=1: time each GPU kernel alone
-    cuda::synchronize();
+  // TINYGPT_CUDA_PROFILE=1 times each GPU kernel alone (synchronized around it); TINYGPT_PROFILE=1 each CPU kernel,
+  // which runs synchronously anyway.
+  const bool gpu = device == Device::CUDA;
+  if (gpu ? cuda::profiling() : profile::enabled()) {
+    if (gpu) cuda::synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     f(std::forward<Args>(args)...);
-    cuda::synchronize();
-    cuda::profile_add(k.name, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    return;
-  }
-  if (device == Device::CPU && profile::enabled()) {  // TINYGPT_PROFILE=1: CPU kernels run synchronously
-    const auto t0 = std::chrono::steady_clock::now();
-    f(std::forward<Args>(args)...);
-    profile::add_kernel(k.name, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (gpu) cuda::synchronize();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    gpu ? cuda::profile_add(k.name, ms) : profile::add_kernel(k.name, ms);
     return;
   }
   f(std::forward<Args>(args)...);

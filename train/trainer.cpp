@@ -583,11 +583,11 @@ struct Run {
       profile::Phase phase("gradient reduction");
       reduced[1] = stop.requested() ? 1.0 : 0.0;  // all ranks stop after the same iteration
       const auto c0 = Clock::now();
-      Tensor g = flat.grads();  // one buffer: one reduction, or the buckets' last ones
-      float* grads = g.data<float>();
-      if (buckets != nullptr) {
+      if (buckets != nullptr) {  // the buckets backward has not started yet, then every sum
         buckets->finish();
-      } else {
+      } else {  // one buffer: one reduction
+        Tensor g = flat.grads();
+        float* grads = g.data<float>();
         device == Device::CPU ? comm.all_reduce_sum(grads, flat.numel()) : comm.all_reduce_sum_gpu(grads, flat.numel());
       }
       comm.all_reduce_sum(reduced, 2);
