@@ -110,22 +110,35 @@ void accumulate_broadcast(T* dx, const int64_t* x_stride, const BroadcastGeom& g
       rn *= g.out[d];
     }
   }
-#pragma omp parallel for if (xn * rn >= kParallelGrain)
-  for (int64_t t = 0; t < xn; ++t) {
-    int64_t c[kMaxDims];
-    for (int64_t d = kMaxDims - 1, rem = t; d >= 0; --d) {
-      c[d] = rem % extent[d];
-      rem /= extent[d];
-    }
-    double acc = 0;
-    for (int64_t r = 0; r < rn; ++r) {
-      for (int64_t k = n_reduced - 1, rem = r; k >= 0; --k) {
-        c[reduced[k]] = rem % g.out[reduced[k]];
-        rem /= g.out[reduced[k]];
+  // Pieces of rows of x's innermost dimension at a time, so the inner loop walks memory in order; each element
+  // still sums its broadcast positions in the same order, in double.
+  constexpr int64_t kPiece = 256;
+  const int64_t inner = extent[kMaxDims - 1], rows = xn / inner, pieces = (inner + kPiece - 1) / kPiece;
+  const int64_t so = out_stride[kMaxDims - 1], sa = g.a_stride[kMaxDims - 1], sb = g.b_stride[kMaxDims - 1];
+#pragma omp parallel if (xn * rn >= kParallelGrain)
+  {
+    double acc[kPiece];
+#pragma omp for
+    for (int64_t task = 0; task < rows * pieces; ++task) {
+      const int64_t row = task / pieces, i0 = task % pieces * kPiece, n = std::min(kPiece, inner - i0);
+      int64_t c[kMaxDims];
+      c[kMaxDims - 1] = i0;
+      for (int64_t d = kMaxDims - 2, rem = row; d >= 0; --d) {
+        c[d] = rem % extent[d];
+        rem /= extent[d];
       }
-      acc += contrib(offsets_of(c, out_stride, g));
+      std::fill_n(acc, n, 0.0);
+      for (int64_t r = 0; r < rn; ++r) {
+        for (int64_t k = n_reduced - 1, rem = r; k >= 0; --k) {
+          c[reduced[k]] = rem % g.out[reduced[k]];
+          rem /= g.out[reduced[k]];
+        }
+        const Offsets o = offsets_of(c, out_stride, g);
+        for (int64_t i = 0; i < n; ++i) acc[i] += contrib(Offsets{o.out + i * so, o.a + i * sa, o.b + i * sb});
+      }
+      T* dxr = dx + row * inner + i0;
+      for (int64_t i = 0; i < n; ++i) dxr[i] += T(acc[i]);
     }
-    dx[t] += T(acc);
   }
 }
 
@@ -179,27 +192,11 @@ void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, Bina
   }
 }
 
-template <class T>
-void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
-  // d(out)/da and d(out)/db at one position, given a and b there.
-  auto dfda = [op](T x, T y) -> T {
-    switch (op) {
-      case BinaryOp::Add:
-      case BinaryOp::Sub: return T(1);
-      case BinaryOp::Mul: return y;
-      case BinaryOp::Div: return T(1) / y;
-    }
-    return T(0);
-  };
-  auto dfdb = [op](T x, T y) -> T {
-    switch (op) {
-      case BinaryOp::Add: return T(1);
-      case BinaryOp::Sub: return T(-1);
-      case BinaryOp::Mul: return x;
-      case BinaryOp::Div: return -x / (y * y);
-    }
-    return T(0);
-  };
+namespace {
+
+/// binary_backward with the op's partial derivatives as lambdas, so each loop is compiled for one op.
+template <class T, class FA, class FB>
+void binary_backward_with(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, FA dfda, FB dfdb) {
   if (g.same_shape) {
     const int64_t n = g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4];
     if (da) {
@@ -212,11 +209,24 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
     }
     return;
   }
-  if (da) {
-    accumulate_broadcast(da, g.a_stride, g, [&](Offsets o) { return double(dout[o.out] * dfda(a[o.a], b[o.b])); });
-  }
-  if (db) {
-    accumulate_broadcast(db, g.b_stride, g, [&](Offsets o) { return double(dout[o.out] * dfdb(a[o.a], b[o.b])); });
+  auto at = [&](Offsets o, auto df) { return double(dout[o.out] * df(a[o.a], b[o.b])); };
+  if (da) accumulate_broadcast(da, g.a_stride, g, [&](Offsets o) { return at(o, dfda); });
+  if (db) accumulate_broadcast(db, g.b_stride, g, [&](Offsets o) { return at(o, dfdb); });
+}
+
+}  // namespace
+
+template <class T>
+void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
+  auto one = [](T, T) { return T(1); };
+  switch (op) {
+    case BinaryOp::Add: return binary_backward_with(da, db, dout, a, b, g, one, one);
+    case BinaryOp::Sub: return binary_backward_with(da, db, dout, a, b, g, one, [](T, T) { return T(-1); });
+    case BinaryOp::Mul:
+      return binary_backward_with(da, db, dout, a, b, g, [](T, T y) { return y; }, [](T x, T) { return x; });
+    case BinaryOp::Div:
+      return binary_backward_with(da, db, dout, a, b, g, [](T, T y) { return T(1) / y; },
+                                  [](T x, T y) { return -x / (y * y); });
   }
 }
 
