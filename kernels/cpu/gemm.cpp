@@ -14,6 +14,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define TINYGPT_GEMM_AVX2 1
+#if defined(__AVX512F__)
+#define TINYGPT_GEMM_AVX512 1
+#endif
 #endif
 
 // GotoBLAS/BLIS-style GEMM (shapes and numbers below are for float on the 2-core Zen 3 it was tuned on; the notes
@@ -122,12 +125,18 @@ inline void transpose8(__m256 r[8]) {
 
 template <>
 struct Config<float> {
+#ifdef TINYGPT_GEMM_AVX512
+  // AVX-512: the same 6 rows, 32 columns (two zmm per row). 2-core Xeon (Emerald Rapids, 2 x 512-bit FMA per
+  // core), bench_matmul at 2 threads: the AVX2 6x16 tile reached 130-165 GFLOP/s; see bench/bench_matmul.cpp.
+  static constexpr int MR = 6, NR = 32;
+#else
   static constexpr int MR = 6, NR = 16;
+#endif
   // Sweeps: MC 72/96/144/192 and KC 256/320/384/512 within noise of each other, KC 192 5-10% slower on dw.
   // 144 x 256 floats = 144 KB of op(A) in the 512 KB L2; a 256 x 16 B panel is 16 KB of the 32 KB L1.
   static constexpr int64_t MC = 144, KC = 256, NC = 4096;
 
-  // Same contract as pack_generic; W is MR = 6 (op(A)) or NR = 16 (op(B)).
+  // Same contract as pack_generic; W is MR = 6 (op(A)) or NR = 16 or 32 (op(B)).
   template <int W>
   static void pack(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
                    float* dst) {
@@ -145,9 +154,8 @@ struct Config<float> {
         for (int64_t p = 0; p < full; ++p) {
           float* d = dst + p * W * kc + k8 * W;
           for (int64_t k = 0; k < kn; ++k) {
-            if constexpr (W == 16) {
-              _mm256_store_ps(d + k * W, _mm256_loadu_ps(src + k * ld + p * W));
-              _mm256_store_ps(d + k * W + 8, _mm256_loadu_ps(src + k * ld + p * W + 8));
+            if constexpr (W % 8 == 0) {
+              for (int h = 0; h < W; h += 8) _mm256_store_ps(d + k * W + h, _mm256_loadu_ps(src + k * ld + p * W + h));
             } else {
               std::memcpy(d + k * W, src + k * ld + p * W, W * sizeof(float));
             }
@@ -157,7 +165,8 @@ struct Config<float> {
     } else {
       // X stored with k contiguous (op(A) = A, op(B) = B^T): 8x8 transposes, 8 k at a time. For W = 6 each
       // transposed row has 2 junk lanes; the 8-wide stores overlap and the next one overwrites them (the buffer
-      // has slack at its end).
+      // has slack at its end). W is 6 or a multiple of 8, so only the W = 6 stores overlap.
+      static_assert(W < 8 || W % 8 == 0);
       for (int64_t p = 0; p < full; ++p) {
         float* d = dst + p * W * kc;
         const float* src = X + (r0 + p * W) * ld + k0;
@@ -178,6 +187,48 @@ struct Config<float> {
       pack_generic<float, W>(k_contig, X, ld, r0 + full * W, rows - full * W, k0, kc, dst + full * W * kc);
   }
 
+#ifdef TINYGPT_GEMM_AVX512
+  // 6x32 tile: 12 zmm accumulators, 2 B vectors, A broadcast from memory into each FMA; per k, 12 FMAs against
+  // 2 loads + 6 broadcasts.
+  static void kernel(int64_t kc, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc,
+                     float alpha, float beta) {
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      __builtin_prefetch(c + i * ldc, 1, 3);
+      __builtin_prefetch(c + i * ldc + 16, 1, 3);
+      __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
+    }
+    __m512 acc[MR][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; ++k) {
+      const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        const __m512 ai = _mm512_set1_ps(a[k * MR + i]);
+        acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+      }
+    }
+    const __m512 va = _mm512_set1_ps(alpha);
+    if (beta == 0.0f) {
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        _mm512_storeu_ps(c + i * ldc, _mm512_mul_ps(va, acc[i][0]));
+        _mm512_storeu_ps(c + i * ldc + 16, _mm512_mul_ps(va, acc[i][1]));
+      }
+    } else {
+      const __m512 vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        float* ci = c + i * ldc;
+        _mm512_storeu_ps(ci, _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci), _mm512_mul_ps(va, acc[i][0])));
+        _mm512_storeu_ps(ci + 16, _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + 16), _mm512_mul_ps(va, acc[i][1])));
+      }
+    }
+  }
+#else
   // 6x16 tile: 12 ymm accumulators + 2 B vectors + 1 broadcast A = 15 of 16 registers; per k, 12 FMAs against
   // 2 loads + 6 broadcasts, which keeps both FMA pipes fed.
   static void kernel(int64_t kc, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc,
@@ -218,6 +269,7 @@ struct Config<float> {
       }
     }
   }
+#endif
 };
 
 #else
