@@ -8,8 +8,9 @@
 #
 #   bash bench/compare_quality.sh [DATA] [SEEDS] [ITERS]        # defaults: the corpus, 3 seeds, 2000 iterations
 #
-# PyTorch: $TORCH_PYTHON when set; else a python3 that imports torch; else a virtual environment made outside the
-# source tree ($TINYGPT_BENCH_VENV, default /tmp/tinygpt-bench-venv) with torch installed from the package index.
+# PyTorch: $TORCH_PYTHON when set; else a python3 that imports torch; else the current torch from the package index
+# in a virtual environment outside the source tree (bench/setup_torch_venv.sh: $TINYGPT_BENCH_VENV, default
+# ~/.cache/tinygpt/bench-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-$(bash scripts/get_data.sh)}
@@ -23,13 +24,7 @@ if [ -z "$py" ]; then
   if python3 -c "import torch" 2> /dev/null; then
     py=python3
   else
-    venv=${TINYGPT_BENCH_VENV:-/tmp/tinygpt-bench-venv}
-    if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2> /dev/null; then
-      echo "installing torch into $venv (once)" >&2
-      python3 -m venv "$venv" && "$venv/bin/pip" install -q torch numpy >&2 ||
-        { echo "error: could not install torch into $venv; set TORCH_PYTHON to a python with torch" >&2; exit 1; }
-    fi
-    py=$venv/bin/python
+    py=$(bash bench/setup_torch_venv.sh | tail -n 1)
   fi
 fi
 

@@ -1,51 +1,152 @@
 #!/usr/bin/env bash
-# Training throughput of tinygpt against eager PyTorch (bench/torch_gpt.py: the same model, data and
-# optimizer) on nanoGPT's CPU Shakespeare recipe, measured one after the other in this run; and sampling
-# speed with and without the KV cache. Needs a build (scripts/build.sh) and, for the PyTorch side, Debian's
-# python3-torch with libopenblas0-openmp (without it torch uses the slow reference BLAS).
+# Training speed of tinygpt against eager PyTorch (bench/torch_gpt.py: the same model, data, optimizer and clipping)
+# on the CPU, side by side in one run, then sampling speed with and without the KV cache.
 #
-#   bash bench/compare_torch.sh [DATA] [THREADS] [ITERS]
+#   bash bench/compare_torch.sh [DATA] [THREADS] [ROUNDS]     # defaults: the corpus, nproc, 3
 #
-# PyTorch runs at the same thread count as tinygpt and also at one thread (Debian's torch defaults to one
-# here, and on two cores it is often faster that way); the ratio is taken against the faster of the two.
+# Recipes: nanoGPT's CPU recipe (4 layers, 4 heads, 128 wide, block 64, batch 12; ITERS=60 timed iterations after 5
+# warm-up ones, median ms/iter) in ROUNDS alternating rounds; then nanoGPT's default 6-layer config (6 x 6 x 384,
+# block 256, batch 64; BIG_ITERS=3 timed after one warm-up, median) once each (BIG_ITERS=0 skips it).
+#
+# Peers, each measured at its best and checked before it counts:
+# - Debian's python3-torch (1.13) with the OpenMP OpenBLAS (libopenblas0-openmp) first on its library path and
+#   OPENBLAS_CORETYPE named from the CPU's flags (OpenBLAS 0.3.21 does not know recent Xeons: inside torch it falls
+#   back to its SSE "Prescott" kernels, 4x slower here). Without libopenblas0-openmp the peer is refused: the
+#   pthread OpenBLAS's threads fight torch's OpenMP threads over the cores.
+# - The current PyTorch from the Python package index ($TORCH_PYTHON, else the virtual environment of
+#   bench/setup_torch_venv.sh, made when the index is reachable; outside the source tree).
+# Each runs at 1 and THREADS threads on the CPU recipe; the faster is its result there and its thread count for the
+# 6-layer config. bench/torch_gpt.py --describe reports, at run time, the BLAS torch really loaded (library, threading,
+# kernel set), its thread count and its attention path; a peer with any problem is shown and not compared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-$(bash scripts/get_data.sh)}
 threads=${2:-$(nproc)}
-iters=${3:-60}
+rounds=${3:-3}
+iters=${ITERS:-60}
+big_iters=${BIG_ITERS:-3}
 tinygpt=./build/tinygpt
-py=/usr/bin/python3
-recipe=(--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12)
-calc() { awk "BEGIN {print $1}"; }
+[ -x "$tinygpt" ] || { echo "error: $tinygpt not found: build first (bash scripts/build.sh)" >&2; exit 1; }
+small=(--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12)
+big=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+calc() { awk "BEGIN {print $1}"; }
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+stats() { sort -g | awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+  printf "%.1f %.1f %.1f", v[1], m, v[NR]}'; }
 
-# Median iteration time, leaving out the first 5 (allocator and cache warm-up), from metrics.jsonl.
-"$tinygpt" --threads "$threads" train --data "$data" --out "$out/run" "${recipe[@]}" --max-iters $((iters + 5)) \
-  --dropout 0 --eval-interval 100000 --eval-iters 1 --log-interval 100000 2> "$out/train.log"
-ours_ms=$(grep -o '"ms":[0-9.e+-]*' "$out/run/metrics.jsonl" | cut -d: -f2 | tail -n +6 | sort -g |
-  awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
-tokens=$((12 * 64))
-
-printf "%-28s %8s %10s %12s\n" "implementation" "threads" "ms/iter" "tokens/s"
-printf "%-28s %8d %10.1f %12.0f\n" "tinygpt" "$threads" "$ours_ms" "$(calc "$tokens * 1000 / $ours_ms")"
-best_ms=""
-if $py -c "import torch" 2> /dev/null; then
-  for t in $(echo "$threads 1" | tr ' ' '\n' | sort -un); do
-    ms=$($py bench/torch_gpt.py --data "$data" --threads "$t" --iters "$iters" | $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])')
-    printf "%-28s %8d %10.1f %12.0f\n" "pytorch $($py -c 'import torch; print(torch.__version__)') eager" "$t" "$ms" \
-      "$(calc "$tokens * 1000 / $ms")"
-    if [ -z "$best_ms" ] || [ "$(calc "$ms < $best_ms")" = 1 ]; then best_ms=$ms; fi
-  done
-  printf "tinygpt / fastest pytorch tokens/s: %.2fx\n" "$(calc "$best_ms / $ours_ms")"
+# --- the peers: name, python, environment --------------------------------------------------------------------------
+names=() pys=() envs=()
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import torch" 2> /dev/null; then
+  env_deb=""
+  omp_dir=$(ls -d /usr/lib/*/openblas-openmp 2> /dev/null | head -n 1 || true)
+  [ -n "$omp_dir" ] && env_deb="LD_LIBRARY_PATH=$omp_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+  core=""
+  if [[ $flags == *avx512_bf16* ]]; then core=Cooperlake; elif [[ $flags == *avx512f* ]]; then core=SkylakeX;
+  elif [[ $flags == *avx2* ]]; then core=Haswell; fi
+  [ -n "$core" ] && env_deb="$env_deb OPENBLAS_CORETYPE=$core"
+  names+=("torch-debian") pys+=(/usr/bin/python3) envs+=("$env_deb")
 else
-  echo "pytorch: not installed (apt-get install python3-torch libopenblas0-openmp), no comparison"
+  echo "Debian's PyTorch: not installed (apt-get install python3-torch libopenblas0-openmp), not compared"
+fi
+py_pip=${TORCH_PYTHON:-}
+if [ -z "$py_pip" ]; then py_pip=$(bash bench/setup_torch_venv.sh 2> "$out/venv.log" | tail -n 1) || py_pip=""; fi
+if [ -n "$py_pip" ] && "$py_pip" -c "import torch" 2> /dev/null; then
+  names+=("torch-pip") pys+=("$py_pip") envs+=("")
+else
+  echo "PyTorch from the package index: not available ($(tail -n 1 "$out/venv.log" 2> /dev/null)), not compared"
+fi
+thread_counts=$(printf "%s\n" 1 "$threads" | sort -un)
+
+# Each peer at each thread count: what it really runs with; refused when torch_gpt.py finds a problem.
+echo "== peers, as configured at run time"
+declare -A ok
+for i in "${!names[@]}"; do
+  for t in $thread_counts; do
+    desc=$(env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --describe)
+    line=$(echo "$desc" | python3 -c 'import json,sys; d=json.load(sys.stdin)
+print("torch %s, %d threads, BLAS: %s, attention: %s" % (d["torch"], d["threads"], d["blas"], d["attention"]))
+for p in d["problems"]: print("  PROBLEM: " + p)')
+    printf "%-13s %s: %s\n" "${names[$i]}" "$t thr" "$line"
+    [ -n "${envs[$i]}" ] && [ "$t" = "$threads" ] && echo "              environment: ${envs[$i]}"
+    if [[ $line != *PROBLEM* ]]; then ok[$i,$t]=1; fi
+  done
+done
+
+# --- nanoGPT's CPU recipe, ROUNDS alternating rounds ---------------------------------------------------------------
+ours() {  # median ms/iter of tinygpt over the given recipe, leaving out the first `skip` iterations
+  local skip=$1 n=$2
+  shift 2
+  rm -rf "$out/run"
+  "$tinygpt" --threads "$threads" train --data "$data" --out "$out/run" "$@" --max-iters $((n + skip)) --dropout 0 \
+    --eval-interval 1000000 --eval-iters 1 --log-interval 1000000 --quiet 2> "$out/train.log" ||
+    { cat "$out/train.log" >&2; exit 1; }
+  grep -o '"ms":[0-9.e+-]*' "$out/run/metrics.jsonl" | cut -d: -f2 | tail -n +$((skip + 1)) | median
+}
+theirs() {  # median ms/iter of peer $1 at $2 threads
+  local i=$1 t=$2 n=$3 warm=$4
+  shift 4
+  env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --iters "$n" --warmup "$warm" "$@" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["ms"])'
+}
+tokens=$((12 * 64))
+echo
+echo "== nanoGPT's CPU recipe ($tokens tokens/iter), $threads threads for tinygpt, $rounds rounds, ms/iter"
+for r in $(seq "$rounds"); do
+  ours 5 "$iters" "${small[@]}" >> "$out/ours.ms"
+  for i in "${!names[@]}"; do
+    for t in $thread_counts; do
+      [ -n "${ok[$i,$t]:-}" ] && theirs "$i" "$t" "$iters" 5 >> "$out/peer$i.$t.ms"
+    done
+  done
+done
+printf "%-22s %8s %8s %8s %8s %10s\n" "implementation" "threads" "min" "median" "max" "tokens/s"
+row() { read -r lo med hi <<< "$(stats < "$3")"
+  printf "%-22s %8s %8.1f %8.1f %8.1f %10.0f\n" "$1" "$2" "$lo" "$med" "$hi" "$(calc "$tokens * 1000 / $med")"; }
+row tinygpt "$threads" "$out/ours.ms"
+declare -A best_t
+for i in "${!names[@]}"; do
+  for t in $thread_counts; do
+    [ -f "$out/peer$i.$t.ms" ] || continue
+    row "${names[$i]}" "$t" "$out/peer$i.$t.ms"
+    med=$(median < "$out/peer$i.$t.ms")
+    if [ -z "${best_t[$i]:-}" ] || [ "$(calc "$med < $(median < "$out/peer$i.${best_t[$i]}.ms")")" = 1 ]; then
+      best_t[$i]=$t
+    fi
+  done
+done
+for i in "${!names[@]}"; do
+  [ -n "${best_t[$i]:-}" ] || continue
+  # Ratio per round (the peer's time over ours in the same round), so noise that hits a round hits both.
+  paste "$out/peer$i.${best_t[$i]}.ms" "$out/ours.ms" | awk '{print $1 / $2}' > "$out/ratio$i"
+  printf "tinygpt / %s at %s threads, tokens/s per round: min %.2fx, median %.2fx, max %.2fx\n" "${names[$i]}" \
+    "${best_t[$i]}" "$(sort -g "$out/ratio$i" | head -n 1)" "$(median < "$out/ratio$i")" "$(sort -g "$out/ratio$i" | tail -n 1)"
+done
+
+# --- nanoGPT's 6-layer config, once each ---------------------------------------------------------------------------
+if [ "$big_iters" -gt 0 ]; then
+  big_tokens=$((64 * 256))
+  echo
+  echo "== nanoGPT's default config, 6 x 6 x 384, block 256, batch 64 ($big_tokens tokens/iter), $big_iters timed iterations after 1"
+  printf "%-22s %8s %10s %10s\n" "implementation" "threads" "s/iter" "tokens/s"
+  ms=$(ours 1 "$big_iters" "${big[@]}")
+  printf "%-22s %8s %10.2f %10.0f\n" tinygpt "$threads" "$(calc "$ms / 1000")" "$(calc "$big_tokens * 1000 / $ms")"
+  for i in "${!names[@]}"; do
+    [ -n "${best_t[$i]:-}" ] || continue
+    pms=$(theirs "$i" "${best_t[$i]}" "$big_iters" 1 --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64)
+    printf "%-22s %8s %10.2f %10.0f   tinygpt is %.2fx\n" "${names[$i]}" "${best_t[$i]}" "$(calc "$pms / 1000")" \
+      "$(calc "$big_tokens * 1000 / $pms")" "$(calc "$pms / $ms")"
+  done
 fi
 
-# Sampling 500 tokens from the trained run: KV cache against rerunning the context for every token.
+# --- sampling 500 tokens from a CPU-recipe run: KV cache against rerunning the context for every token ----------------
+ours 5 "$iters" "${small[@]}" > /dev/null
 secs() { "$tinygpt" --threads "$threads" sample --ckpt "$out/run" --max-new-tokens 500 --seed 1 "$@" 2>&1 > /dev/null |
   sed -n 's/^500 tokens in \([0-9.]*\)s.*/\1/p'; }
 best() { local b=""; for _ in 1 2 3; do s=$(secs "$@"); if [ -z "$b" ] || [ "$(calc "$s < $b")" = 1 ]; then b=$s; fi; done; echo "$b"; }
 kv=$(best --kv-cache)
 full=$(best --no-kv-cache)
+echo
 printf "sampling 500 tokens: KV cache %.3f s, full recompute %.3f s, speed-up %.1fx\n" "$kv" "$full" "$(calc "$full / $kv")"

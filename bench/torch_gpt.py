@@ -6,8 +6,12 @@ recipe. Used by bench/compare_torch.sh (only when python3-torch is installed); n
       --batch-size 64 [--dtype bf16] [--compile]                   # the same on the GPU (TF32 on, as nanoGPT)
 """
 import argparse
+import contextlib
+import ctypes
 import json
 import math
+import re
+import sys
 import time
 
 import torch
@@ -64,6 +68,52 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def describe(threads):
+    """How this torch really runs, read at run time: its BLAS (the library mapped into the process and, for
+    OpenBLAS, its threading and kernel set), its threads and the attention path; and what is wrong with that for a
+    fair comparison (`problems`: compare_torch.sh refuses to report a ratio against a peer that has any)."""
+    a = torch.randn(256, 256)
+    (a @ a).sum().item()  # loads and initializes the BLAS
+    maps = {line.split()[-1] for line in open("/proc/self/maps") if len(line.split()) >= 6}
+    blas_libs = sorted(m for m in maps if re.search(r"(openblas|libblas\.so|mkl|libflexiblas)", m))
+    info = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "attention": "sdpa" if hasattr(F, "scaled_dot_product_attention") else "math (matmul, mask, softmax)",
+            "blas": "unknown", "blas_libs": blas_libs}
+    problems = []
+    if torch.get_num_threads() != threads:
+        problems.append(f"asked for {threads} threads, torch uses {torch.get_num_threads()}")
+    config = torch.__config__.show()
+    openblas = None
+    for lib in blas_libs:
+        try:
+            handle = ctypes.CDLL(lib)
+            handle.openblas_get_corename.restype = ctypes.c_char_p
+            openblas = handle
+            break
+        except (OSError, AttributeError):
+            continue
+    if openblas is not None:
+        mode = {0: "sequential", 1: "pthreads", 2: "OpenMP"}.get(openblas.openblas_get_parallel(), "?")
+        info["blas"] = f"OpenBLAS ({mode}, {openblas.openblas_get_corename().decode()} kernels, " \
+                       f"{openblas.openblas_get_num_threads()} threads)"
+        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+        if openblas.openblas_get_corename().decode().lower() in ("prescott", "core2", "katmai") and "avx2" in flags:
+            problems.append(f"OpenBLAS chose its {openblas.openblas_get_corename().decode()} (SSE) kernels on a CPU "
+                            "with AVX2/AVX-512 (it does not recognize this CPU model): set OPENBLAS_CORETYPE "
+                            "(Cooperlake, SkylakeX or Haswell, by what the CPU has)")
+        if mode == "pthreads" and threads > 1 and openblas.openblas_get_num_threads() > 1:
+            problems.append("pthread OpenBLAS runs its own threads beside torch's OpenMP threads (they fight over the "
+                            "cores): install libopenblas0-openmp and put its directory first on LD_LIBRARY_PATH")
+    elif "BLAS_INFO=mkl" in config or torch.backends.mkl.is_available():
+        info["blas"] = "MKL" + (f" {m.group(1)}" if (m := re.search(r"Math Kernel Library Version ([0-9.]+)", config)) else "")
+    elif any("libblas.so" in lib for lib in blas_libs):
+        info["blas"] = "reference BLAS"
+        problems.append("the reference BLAS (libblas3) is torch's BLAS: install libopenblas0-openmp")
+    info["problems"] = problems
+    return info
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
@@ -81,10 +131,15 @@ def main():
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast (mixed precision) on the GPU")
     ap.add_argument("--no-tf32", action="store_true", help="full f32 matmuls on the GPU (default: TF32, as nanoGPT)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--progress", action="store_true", help="print each timed iteration's time on stderr")
+    ap.add_argument("--describe", action="store_true", help="print how torch runs here (BLAS, threads) and exit")
     ap.add_argument("--full-run", action="store_true",
                     help="train nanoGPT's CPU recipe for --iters iterations (LR schedule, clipping) and print the val loss")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.describe:
+        print(json.dumps(describe(a.threads)))
+        return
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
     if a.device == "cuda":
@@ -101,7 +156,8 @@ def main():
                             lr=1e-3, betas=(0.9, 0.99))
     val = torch.tensor([stoi[c] for c in text[int(0.9 * len(text)):]], dtype=torch.long)
     step_model = torch.compile(model) if a.compile else model
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.dtype == "bf16")
+    # (torch 1.13's autocast checks for bf16 on a GPU even when disabled)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if a.dtype == "bf16" else contextlib.nullcontext()
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     if a.full_run:
         a.warmup = 0
@@ -131,6 +187,8 @@ def main():
         loss_value = loss.item()  # synchronizes, as tinygpt's loop does every iteration
         if it >= a.warmup:
             times.append(time.perf_counter() - t0)
+            if a.progress:
+                print(f"iter {it - a.warmup}: {1e3 * times[-1]:.1f} ms", file=sys.stderr, flush=True)
     if a.full_run:
         model.eval()
         with torch.no_grad():
