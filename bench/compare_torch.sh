@@ -16,7 +16,7 @@
 # - The current PyTorch from the Python package index ($TORCH_PYTHON, else the virtual environment of
 #   bench/setup_torch_venv.sh, made when the index is reachable; outside the source tree).
 # Each runs at 1 and THREADS threads on the CPU recipe; the faster is its result there and its thread count for the
-# 6-layer config. bench/torch_gpt.py --describe reports, at run time, the BLAS torch really loaded (library, threading,
+# 6-layer config. The pip torch also runs torch.compile'd at THREADS threads (COMPILE=0 leaves that out). bench/torch_gpt.py --describe reports, at run time, the BLAS torch really loaded (library, threading,
 # kernel set), its thread count and its attention path; a peer with any problem is shown and not compared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +37,8 @@ stats() { sort -g | awk '{v[NR] = $1} END {m = (NR % 2) ? v[(NR + 1) / 2] : (v[N
   printf "%.1f %.1f %.1f", v[1], m, v[NR]}'; }
 
 # --- the peers: name, python, environment --------------------------------------------------------------------------
-names=() pys=() envs=()
+names=() pys=() envs=() extra=() tcounts=()
+both_counts=$(printf "%s\n" 1 "$threads" | sort -un | tr '\n' ' ')
 if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import torch" 2> /dev/null; then
   env_deb=""
   omp_dir=$(ls -d /usr/lib/*/openblas-openmp 2> /dev/null | head -n 1 || true)
@@ -47,24 +48,26 @@ if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import torch" 2> /dev/null; t
   if [[ $flags == *avx512_bf16* ]]; then core=Cooperlake; elif [[ $flags == *avx512f* ]]; then core=SkylakeX;
   elif [[ $flags == *avx2* ]]; then core=Haswell; fi
   [ -n "$core" ] && env_deb="$env_deb OPENBLAS_CORETYPE=$core"
-  names+=("torch-debian") pys+=(/usr/bin/python3) envs+=("$env_deb")
+  names+=("torch-debian") pys+=(/usr/bin/python3) envs+=("$env_deb") extra+=("") tcounts+=("$both_counts")
 else
   echo "Debian's PyTorch: not installed (apt-get install python3-torch libopenblas0-openmp), not compared"
 fi
 py_pip=${TORCH_PYTHON:-}
 if [ -z "$py_pip" ]; then py_pip=$(bash bench/setup_torch_venv.sh 2> "$out/venv.log" | tail -n 1) || py_pip=""; fi
 if [ -n "$py_pip" ] && "$py_pip" -c "import torch" 2> /dev/null; then
-  names+=("torch-pip") pys+=("$py_pip") envs+=("")
+  names+=("torch-pip") pys+=("$py_pip") envs+=("") extra+=("") tcounts+=("$both_counts")
+  if [ "${COMPILE:-1}" = 1 ]; then  # torch.compile (inductor's C++ kernels); ~30 s of compiling per run
+    names+=("torch-pip-compile") pys+=("$py_pip") envs+=("") extra+=("--compile") tcounts+=("$threads")
+  fi
 else
   echo "PyTorch from the package index: not available ($(tail -n 1 "$out/venv.log" 2> /dev/null)), not compared"
 fi
-thread_counts=$(printf "%s\n" 1 "$threads" | sort -un)
 
 # Each peer at each thread count: what it really runs with; refused when torch_gpt.py finds a problem.
 echo "== peers, as configured at run time"
 declare -A ok
 for i in "${!names[@]}"; do
-  for t in $thread_counts; do
+  for t in ${tcounts[$i]}; do
     desc=$(env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --describe)
     line=$(echo "$desc" | python3 -c 'import json,sys; d=json.load(sys.stdin)
 print("torch %s, %d threads, BLAS: %s, attention: %s" % (d["torch"], d["threads"], d["blas"], d["attention"]))
@@ -97,8 +100,8 @@ echo "== nanoGPT's CPU recipe ($tokens tokens/iter), $threads threads for tinygp
 for r in $(seq "$rounds"); do
   ours 5 "$iters" "${small[@]}" >> "$out/ours.ms"
   for i in "${!names[@]}"; do
-    for t in $thread_counts; do
-      [ -n "${ok[$i,$t]:-}" ] && theirs "$i" "$t" "$iters" 5 >> "$out/peer$i.$t.ms"
+    for t in ${tcounts[$i]}; do
+      [ -n "${ok[$i,$t]:-}" ] && theirs "$i" "$t" "$iters" 5 ${extra[$i]} >> "$out/peer$i.$t.ms"
     done
   done
 done
@@ -108,7 +111,7 @@ row() { read -r lo med hi <<< "$(stats < "$3")"
 row tinygpt "$threads" "$out/ours.ms"
 declare -A best_t
 for i in "${!names[@]}"; do
-  for t in $thread_counts; do
+  for t in ${tcounts[$i]}; do
     [ -f "$out/peer$i.$t.ms" ] || continue
     row "${names[$i]}" "$t" "$out/peer$i.$t.ms"
     med=$(median < "$out/peer$i.$t.ms")
@@ -135,7 +138,7 @@ if [ "$big_iters" -gt 0 ]; then
   printf "%-22s %8s %10.2f %10.0f\n" tinygpt "$threads" "$(calc "$ms / 1000")" "$(calc "$big_tokens * 1000 / $ms")"
   for i in "${!names[@]}"; do
     [ -n "${best_t[$i]:-}" ] || continue
-    pms=$(theirs "$i" "${best_t[$i]}" "$big_iters" 1 --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64)
+    pms=$(theirs "$i" "${best_t[$i]}" "$big_iters" 1 ${extra[$i]} --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64)
     printf "%-22s %8s %10.2f %10.0f   tinygpt is %.2fx\n" "${names[$i]}" "${best_t[$i]}" "$(calc "$pms / 1000")" \
       "$(calc "$big_tokens * 1000 / $pms")" "$(calc "$pms / $ms")"
   done

@@ -27,7 +27,7 @@ AdamW::AdamW(FlatParameters& flat, AdamWConfig config) : flat_(&flat), config_(c
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   NoGradGuard no_grad;
   ++step_;
   if (flat_) {
@@ -37,7 +37,7 @@ void AdamW::step(double lr) {
       dispatch_float(p.dtype(), "adamw", [&]<class T>() {
         launch(kernels::adamw_update<T>, p.device(), p.data<T>() + r.begin, g.data<T>() + r.begin,
                flat_m_.data<T>() + r.begin, flat_v_.data<T>() + r.begin, r.end - r.begin, float(lr),
-               float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_);
+               float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_, float(grad_scale));
       });
     }
     return;
@@ -48,7 +48,8 @@ void AdamW::step(double lr) {
     const float wd = s.decay ? float(config_.weight_decay) : 0.0f;
     dispatch_float(s.param.dtype(), "adamw", [&]<class T>() {
       launch(kernels::adamw_update<T>, s.param.device(), s.param.data<T>(), g.data<T>(), s.m.data<T>(), s.v.data<T>(),
-             s.param.numel(), float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_);
+             s.param.numel(), float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_,
+             float(grad_scale));
     });
   }
 }

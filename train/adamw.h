@@ -26,8 +26,9 @@ class AdamW {
   /// is updated every step (a gradient that stayed zero still decays the weights and the moments).
   AdamW(FlatParameters& flat, AdamWConfig config);
 
-  /// One update of every parameter that has a gradient, at learning rate `lr`.
-  void step(double lr);
+  /// One update of every parameter that has a gradient, at learning rate `lr`, taking each gradient times
+  /// `grad_scale` (how gradient clipping scales them, without a pass over the gradients of its own).
+  void step(double lr, double grad_scale = 1.0);
   void step() { step(config_.lr); }
   void zero_grad();
   int64_t steps() const { return step_; }

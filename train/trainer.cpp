@@ -38,15 +38,16 @@ using Clock = std::chrono::steady_clock;
 uint64_t derived_seed(uint64_t seed, uint64_t purpose) { return seed * 0x9E3779B97F4A7C15ULL + purpose; }
 constexpr uint64_t kSamplerStream = 1, kModelStream = 2, kEvalTrainStream = 3, kEvalValStream = 4, kDropoutStream = 5;
 
-/// Global L2 norm of every gradient; scales them down to max_norm when above it (max_norm 0: no clipping).
-/// The norm of the whole gradient; scales it in place to max_norm when above (max_norm 0: never).
-double clip_grad_norm(const FlatParameters& flat, double max_norm) {
+/// The global L2 norm of the gradient.
+double grad_norm(const FlatParameters& flat) {
   NoGradGuard no_grad;
-  Tensor g = flat.grads();
-  const double norm = std::sqrt(sum(g * g).item());  // the gaps between parameters hold zeros
-  if (max_norm > 0 && norm > max_norm) g.copy_(scale(g, max_norm / (norm + 1e-6)));
-  return norm;
+  const Tensor g = flat.grads();
+  return std::sqrt(sum(g * g).item());  // the gaps between parameters hold zeros
 }
+
+/// The factor that clips a gradient of this norm to max_norm (1 when it is below, or max_norm is 0: no clipping);
+/// AdamW applies it as it reads the gradient.
+double clip_factor(double norm, double max_norm) { return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0; }
 
 /// Parameters in the order the flat buffers keep them: the reverse of the model's, which is about the order in which
 /// backward finishes their gradients (the last block's first, the token embedding, used by the LM head too, last),
@@ -594,7 +595,7 @@ struct Run {
       s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
     profile::Phase phase("optimizer");
-    s.grad_norm = clip_grad_norm(flat, cfg.grad_clip);
+    s.grad_norm = grad_norm(flat);
     s.loss = reduced[0] / double(micro_steps);
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // before the update: the weights stay finite
       throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
@@ -602,7 +603,7 @@ struct Run {
                               iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
                               std::isfinite(s.loss) ? s.grad_norm : s.loss, cfg.lr, (out / kLatestCheckpoint).string()));
     }
-    opt.step(lr);
+    opt.step(lr, clip_factor(s.grad_norm, cfg.grad_clip));
     opt.zero_grad();
     s.stop_from_any_rank = reduced[1] > 0;
     return s;

@@ -296,8 +296,8 @@ __global__ void copy_slice_kernel(float* dst, const float* src, int64_t outer, i
 }
 
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-                             float beta2, float eps, float weight_decay, float c1, float c2) {
-  TINYGPT_CUDA_LOOP(i, n) adamw_element(param[i], grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2);
+                             float beta2, float eps, float weight_decay, float c1, float c2, float grad_scale) {
+  TINYGPT_CUDA_LOOP(i, n) adamw_element(param[i], grad_scale * grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2);
 }
 
 /// out[e] = parts[0][e] + parts[1][e] + ... + parts[rows - 1][e], added left to right.
@@ -446,10 +446,11 @@ void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int6
 }
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int64_t step) {
+                  float eps, float weight_decay, int64_t step, float grad_scale) {
   if (n == 0) return;
   const float c1 = float(adamw_correction(beta1, step)), c2 = float(adamw_correction(beta2, step));
-  launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2);
+  launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2,
+                grad_scale);
 }
 
 void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) {
