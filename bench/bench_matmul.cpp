@@ -40,6 +40,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -225,6 +226,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_matmul: --threads must be >= 1\n");
     return 2;
   }
+  // The peer at its best: OpenBLAS 0.3.21 (Debian 12) does not recognize recent Xeons and falls back to its SSE
+  // "Prescott" kernels, 4x slower than its AVX-512 ones there. Rerun with OPENBLAS_CORETYPE naming the kernels this
+  // CPU can run (read when the library loads, so it takes a new process).
+  const std::string core = openblas_get_corename();
+  const char* want = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+  if (want && !std::getenv("OPENBLAS_CORETYPE") && (core == "Prescott" || core == "Core2" || core == "Katmai")) {
+    std::fprintf(stderr, "bench_matmul: OpenBLAS chose its %s kernels on a CPU with %s; running again with "
+                 "OPENBLAS_CORETYPE=%s\n", core.c_str(), std::strcmp(want, "SkylakeX") ? "AVX2" : "AVX-512", want);
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    execv("/proc/self/exe", argv);
+    std::fprintf(stderr, "bench_matmul: could not run again (%s); OpenBLAS keeps its %s kernels\n", std::strerror(errno),
+                 core.c_str());
+  }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
 
@@ -234,7 +248,8 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(42);
   if (!json) {
-    std::printf("threads=%d, GFLOP/s from the median call time of batches interleaved with OpenBLAS\n", threads);
+    std::printf("threads=%d, GFLOP/s from the median call time of batches interleaved with OpenBLAS (%s kernels)\n",
+                threads, openblas_get_corename());
     std::printf("%6s %5s %5s %-5s %12s %16s %7s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", "ratio");
   }
   double min_ratio = INFINITY, log_sum = 0;
