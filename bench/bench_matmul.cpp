@@ -36,6 +36,11 @@
 //   each library's idle workers spin after a call; hence the batches and settle time below.
 // - Two full runs on an idle machine: ratio min 0.89 / 0.94, geomean 1.09 / 1.10; ours 88-187 GFLOP/s, OpenBLAS
 //   84-187 (the low ends are rows where the VM slowed both down).
+// - Later machine: 2-core Xeon (Emerald Rapids, AVX-512, 48 KB L1d and 2 MB L2 per core). The AVX2 6x16 kernel ran
+//   at 130-165 GFLOP/s (M=768, 2 threads); a 6x32 zmm kernel (same A packing, B panels 32 wide, 12 zmm
+//   accumulators) at 215-291 with the blocking unchanged. OpenBLAS 0.3.21 chose its SSE "Prescott" kernels here
+//   (~60 GFLOP/s); with OPENBLAS_CORETYPE=SkylakeX it reaches 193-311: full run, ratio min 0.86, geomean 1.07
+//   (weakest: dw with N=128 or K=1536, 0.86-0.91).
 #include <cblas.h>
 #include <omp.h>
 

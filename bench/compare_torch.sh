@@ -91,8 +91,9 @@ ours() {  # median ms/iter of tinygpt over the given recipe, leaving out the fir
 theirs() {  # median ms/iter of peer $1 at $2 threads
   local i=$1 t=$2 n=$3 warm=$4
   shift 4
-  env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --iters "$n" --warmup "$warm" "$@" |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["ms"])'
+  env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --iters "$n" --warmup "$warm" "$@" \
+    > "$out/torch.json" 2> "$out/torch.err" || { cat "$out/torch.err" >&2; exit 1; }
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ms"])' "$out/torch.json"
 }
 tokens=$((12 * 64))
 echo
