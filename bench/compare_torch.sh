@@ -11,8 +11,8 @@
 # Peers, each measured at its best and checked before it counts:
 # - Debian's python3-torch (1.13) with the OpenMP OpenBLAS (libopenblas0-openmp) first on its library path and
 #   OPENBLAS_CORETYPE named from the CPU's flags (OpenBLAS 0.3.21 does not know recent Xeons: inside torch it falls
-#   back to its SSE "Prescott" kernels, 4x slower here). Without libopenblas0-openmp the peer is refused: the
-#   pthread OpenBLAS's threads fight torch's OpenMP threads over the cores.
+#   back to its SSE "Prescott" kernels, 4x slower here). Without libopenblas0-openmp the peer is refused above one
+#   thread: the pthread OpenBLAS's threads fight torch's OpenMP threads over the cores.
 # - The current PyTorch from the Python package index ($TORCH_PYTHON, else the virtual environment of
 #   bench/setup_torch_venv.sh, made when the index is reachable; outside the source tree).
 # Each runs at 1 and THREADS threads on the CPU recipe; the faster is its result there and its thread count for the
@@ -68,7 +68,11 @@ echo "== peers, as configured at run time"
 declare -A ok
 for i in "${!names[@]}"; do
   for t in ${tcounts[$i]}; do
-    desc=$(env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --describe)
+    if ! desc=$(env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --describe \
+      2> "$out/describe.err"); then
+      printf "%-13s %s: PROBLEM: torch_gpt.py --describe failed: %s\n" "${names[$i]}" "$t thr" "$(tail -n 1 "$out/describe.err")"
+      continue
+    fi
     line=$(echo "$desc" | python3 -c 'import json,sys; d=json.load(sys.stdin)
 print("torch %s, %d threads, BLAS: %s, attention: %s" % (d["torch"], d["threads"], d["blas"], d["attention"]))
 for p in d["problems"]: print("  PROBLEM: " + p)')

@@ -34,16 +34,20 @@ for c in "${cands[@]}"; do
   # Speed: 30 iterations, median of the last 25.
   rm -rf "$out/t"
   "$tinygpt" --threads "$threads" train --data "$data" --out "$out/t" "${flags[@]}" --dropout 0 --max-iters 30 \
-    --eval-interval 1000000 --eval-iters 1 --quiet 2> /dev/null
+    --eval-interval 1000000 --eval-iters 1 --quiet 2> "$out/log" || { echo "$name:" >&2; cat "$out/log" >&2; exit 1; }
   ms=$(grep -o '"ms":[0-9.e+-]*' "$out/t/metrics.jsonl" | cut -d: -f2 | tail -n 25 | median)
   # An evaluation is 2 x 200 forward passes, about a third of a training step each; two of them, plus start-up.
   iters=$(awk -v b="$budget" -v ms="$ms" 'BEGIN {print int((b - 3 - 2 * 400 * ms / 3000) * 1000 / ms)}')
+  if [ "$iters" -lt 100 ]; then
+    printf "%-22s %9.1f   too slow: fewer than 100 iterations fit in %s s\n" "$name" "$ms" "$budget"
+    continue
+  fi
   lr=$(printf "%s\n" "${flags[@]}" | awk 'prev == "--lr" {print; exit} {prev = $0}')
   rm -rf "$out/r"
   start=$(date +%s.%N)
   "$tinygpt" --threads "$threads" train --data "$data" --out "$out/r" "${flags[@]}" --dropout 0 --max-iters "$iters" \
     --lr-decay-iters "$iters" --min-lr "$(awk -v l="${lr:-1e-3}" 'BEGIN {print l / 10}')" --warmup-iters 100 \
-    --eval-interval "$iters" --eval-iters 200 --quiet 2> "$out/log" || { cat "$out/log" >&2; exit 1; }
+    --eval-interval "$iters" --eval-iters 200 --quiet 2> "$out/log" || { echo "$name:" >&2; cat "$out/log" >&2; exit 1; }
   wall=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN {print e - s}')
   val=$(grep '"val_loss"' "$out/r/metrics.jsonl" | tail -n 1 | grep -o '"val_loss":[0-9.e+-]*' | cut -d: -f2)
   printf "%-22s %9.1f %7d %8.1f %9.4f   %s\n" "$name" "$ms" "$iters" "$wall" "$val" "${flags[*]}"

@@ -29,6 +29,16 @@ TEST_CASE("autograd: gradient of a small expression") {
   CHECK(x.grad().item() == doctest::Approx(7.0));
 }
 
+TEST_CASE("autograd: broadcast gradients of empty tensors are zero, not a crash") {
+  Tensor a = zeros({2, 0});
+  Tensor b = ones({2, 1});
+  a.requires_grad_();
+  b.requires_grad_();
+  sum(mul(a, b)).backward();
+  CHECK(a.grad().numel() == 0);
+  check_close(b.grad(), {0, 0});
+}
+
 TEST_CASE("autograd: backward with an explicit gradient") {
   Tensor x = from_vector(std::vector<double>{1, 2, 3}, {3});
   x.requires_grad_();

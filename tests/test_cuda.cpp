@@ -192,9 +192,9 @@ TEST_CASE("cuda: adamw_update matches the CPU") {
   Tensor pd = p.to(Device::CUDA), gd = g.to(Device::CUDA), md = m.to(Device::CUDA), vd = v.to(Device::CUDA);
   for (int64_t step = 1; step <= 3; ++step) {
     launch(kernels::adamw_update<float>, Device::CPU, p.data<float>(), g.data<float>(), m.data<float>(),
-           v.data<float>(), int64_t(1000), 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, step, 0.5f);
+           v.data<float>(), int64_t(1000), 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, step, 0.5);
     launch(kernels::adamw_update<float>, Device::CUDA, pd.data<float>(), gd.data<float>(), md.data<float>(),
-           vd.data<float>(), int64_t(1000), 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, step, 0.5f);
+           vd.data<float>(), int64_t(1000), 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, step, 0.5);
   }
   check_matches(pd, p, 1e-6, 1e-5, "param");
   check_matches(md, m, 1e-6, 1e-5, "exp_avg");

@@ -406,7 +406,7 @@ TEST_CASE("emulated CUDA: AdamW step") {
   compare("adamw", {random(size_t(n), 52), random(size_t(n), 53, -0.1f, 0.1f), random(size_t(n), 54, 0.0f, 0.1f)},
           [&](std::vector<Vec>& o, bool g) {
             (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), n,
-                                                               1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75f);
+                                                               1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75);
           });
 }
 

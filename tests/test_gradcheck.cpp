@@ -14,7 +14,8 @@ using Inputs = std::vector<Tensor>;
 TEST_CASE("gradcheck: binary ops with broadcasting") {
   Generator gen(1);
   const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {4}}, {{2, 3, 4}, {3, 1}}, {{3, 1}, {1, 4}}, {{2, 1, 4}, {1}}, {{5}, {2, 3, 5}}};
+      {{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {4}}, {{2, 3, 4}, {3, 1}}, {{3, 1}, {1, 4}}, {{2, 1, 4}, {1}}, {{5}, {2, 3, 5}},
+      {{2, 300}, {300}}};  // rows longer than the broadcast gradient's 256-element pieces
   for (const auto& [sa, sb] : shapes) {
     CAPTURE(sa.str());
     CAPTURE(sb.str());

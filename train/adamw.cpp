@@ -37,7 +37,7 @@ void AdamW::step(double lr, double grad_scale) {
       dispatch_float(p.dtype(), "adamw", [&]<class T>() {
         launch(kernels::adamw_update<T>, p.device(), p.data<T>() + r.begin, g.data<T>() + r.begin,
                flat_m_.data<T>() + r.begin, flat_v_.data<T>() + r.begin, r.end - r.begin, float(lr),
-               float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_, float(grad_scale));
+               float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_, grad_scale);
       });
     }
     return;
@@ -49,7 +49,7 @@ void AdamW::step(double lr, double grad_scale) {
     dispatch_float(s.param.dtype(), "adamw", [&]<class T>() {
       launch(kernels::adamw_update<T>, s.param.device(), s.param.data<T>(), g.data<T>(), s.m.data<T>(), s.v.data<T>(),
              s.param.numel(), float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_,
-             float(grad_scale));
+             grad_scale);
     });
   }
 }

@@ -1,8 +1,8 @@
 // Attention kernels: a naive reference and flash attention (forward and FlashAttention-2 backward).
 //
 // Flash tile products. Every product is one register-blocked micro-kernel, C (+)= A @ B with a kRows x kCols
-// block of C in vector registers (6 x 16 floats: 12 AVX2 accumulators), A read through arbitrary strides and
-// B by contiguous rows. Q, K, V and dO are therefore read in place through their strides; the only packing is
+// block of C in vector registers (6 x 16 floats in 12 AVX2 accumulators; 6 x 32 in 12 AVX-512 ones), A read
+// through arbitrary strides and B by contiguous rows. Q, K, V and dO are therefore read in place through their strides; the only packing is
 // a transposed copy of one operand per tile, chosen so that it is amortized over a whole task:
 //   forward, parallel over (batch, head, query tile): Q^T is packed once; each key tile gives the key-major
 //     score tile S^T = K Q^T (rows are keys, lanes are queries), the online softmax (running max m, running

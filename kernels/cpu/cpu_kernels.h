@@ -69,7 +69,7 @@ template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* 
 /// One AdamW step on n parameters (decoupled weight decay, bias-corrected moments; step counts from 1), with the
 /// gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as it is).
 template <class T> void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, float lr, float beta1, float beta2,
-                                     float eps, float weight_decay, int64_t step, float grad_scale);
+                                     float eps, float weight_decay, int64_t step, double grad_scale);
 
 /// Rotary embedding of x (B, L, NH, E) at positions pos0 .. pos0+L-1: the first n_rot heads are rotated, the rest
 /// copied. E must be even. Backward applies the inverse rotation and accumulates.

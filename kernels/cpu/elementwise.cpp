@@ -110,6 +110,7 @@ void accumulate_broadcast(T* dx, const int64_t* x_stride, const BroadcastGeom& g
       rn *= g.out[d];
     }
   }
+  if (xn == 0 || g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4] == 0) return;  // nothing reads x: adds 0
   // Pieces of rows of x's innermost dimension at a time, so the inner loop walks memory in order; each element
   // still sums its broadcast positions in the same order, in double.
   constexpr int64_t kPiece = 256;

@@ -133,7 +133,8 @@ struct Config<float> {
   static constexpr int MR = 6, NR = 16;
 #endif
   // Sweeps: MC 72/96/144/192 and KC 256/320/384/512 within noise of each other, KC 192 5-10% slower on dw.
-  // 144 x 256 floats = 144 KB of op(A) in the 512 KB L2; a 256 x 16 B panel is 16 KB of the 32 KB L1.
+  // 144 x 256 floats = 144 KB of op(A) in the 512 KB L2; a 256 x 16 B panel is 16 KB of the 32 KB L1 (AVX-512:
+  // 256 x 32, 32 KB of the Xeon's 48 KB L1).
   static constexpr int64_t MC = 144, KC = 256, NC = 4096;
 
   // Same contract as pack_generic; W is MR = 6 (op(A)) or NR = 16 or 32 (op(B)).

@@ -446,11 +446,11 @@ void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int6
 }
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int64_t step, float grad_scale) {
+                  float eps, float weight_decay, int64_t step, double grad_scale) {
   if (n == 0) return;
   const float c1 = float(adamw_correction(beta1, step)), c2 = float(adamw_correction(beta2, step));
   launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2,
-                grad_scale);
+                float(grad_scale));
 }
 
 void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) {
