@@ -123,6 +123,33 @@ inline void transpose8(__m256 r[8]) {
   r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
+// The micro-kernel's vector operations, as wide as the target's registers.
+#ifdef TINYGPT_GEMM_AVX512
+struct FloatVec {
+  using T = __m512;
+  static constexpr int kLanes = 16;
+  static T zero() { return _mm512_setzero_ps(); }
+  static T load(const float* p) { return _mm512_load_ps(p); }
+  static T loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static T set1(float x) { return _mm512_set1_ps(x); }
+  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static void storeu(float* p, T v) { _mm512_storeu_ps(p, v); }
+};
+#else
+struct FloatVec {
+  using T = __m256;
+  static constexpr int kLanes = 8;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T load(const float* p) { return _mm256_load_ps(p); }
+  static T loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static T set1(float x) { return _mm256_set1_ps(x); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static void storeu(float* p, T v) { _mm256_storeu_ps(p, v); }
+};
+#endif
+
 template <>
 struct Config<float> {
 #ifdef TINYGPT_GEMM_AVX512
@@ -188,89 +215,48 @@ struct Config<float> {
       pack_generic<float, W>(k_contig, X, ld, r0 + full * W, rows - full * W, k0, kc, dst + full * W * kc);
   }
 
-#ifdef TINYGPT_GEMM_AVX512
-  // 6x32 tile: 12 zmm accumulators, 2 B vectors, A broadcast from memory into each FMA; per k, 12 FMAs against
-  // 2 loads + 6 broadcasts.
+  // 6 x NR tile, two vectors per row: 12 accumulators + 2 B vectors + 1 broadcast A (15 of the 16 ymm registers
+  // with AVX2); per k, 12 FMAs against 2 loads + 6 broadcasts, which keeps both FMA pipes fed.
   static void kernel(int64_t kc, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc,
                      float alpha, float beta) {
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; ++i) {
-      __builtin_prefetch(c + i * ldc, 1, 3);
-      __builtin_prefetch(c + i * ldc + 16, 1, 3);
-      __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
-    }
-    __m512 acc[MR][2];
-#pragma GCC unroll 6
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; ++k) {
-      const __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
-#pragma GCC unroll 6
-      for (int i = 0; i < MR; ++i) {
-        const __m512 ai = _mm512_set1_ps(a[k * MR + i]);
-        acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-      }
-    }
-    const __m512 va = _mm512_set1_ps(alpha);
-    if (beta == 0.0f) {
-#pragma GCC unroll 6
-      for (int i = 0; i < MR; ++i) {
-        _mm512_storeu_ps(c + i * ldc, _mm512_mul_ps(va, acc[i][0]));
-        _mm512_storeu_ps(c + i * ldc + 16, _mm512_mul_ps(va, acc[i][1]));
-      }
-    } else {
-      const __m512 vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 6
-      for (int i = 0; i < MR; ++i) {
-        float* ci = c + i * ldc;
-        _mm512_storeu_ps(ci, _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci), _mm512_mul_ps(va, acc[i][0])));
-        _mm512_storeu_ps(ci + 16, _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + 16), _mm512_mul_ps(va, acc[i][1])));
-      }
-    }
-  }
-#else
-  // 6x16 tile: 12 ymm accumulators + 2 B vectors + 1 broadcast A = 15 of 16 registers; per k, 12 FMAs against
-  // 2 loads + 6 broadcasts, which keeps both FMA pipes fed.
-  static void kernel(int64_t kc, const float* __restrict a, const float* __restrict b, float* c, int64_t ldc,
-                     float alpha, float beta) {
+    using V = FloatVec;
+    static_assert(NR == 2 * V::kLanes);
     // C is read (beta != 0) or written only after the k loop: start its lines on their way now.
 #pragma GCC unroll 6
     for (int i = 0; i < MR; ++i) {
-      __builtin_prefetch(c + i * ldc, 1, 3);
+      for (int j = 0; j < NR; j += 16) __builtin_prefetch(c + i * ldc + j, 1, 3);
       __builtin_prefetch(c + i * ldc + NR - 1, 1, 3);
     }
-    __m256 acc[MR][2];
+    V::T acc[MR][2];
 #pragma GCC unroll 6
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = V::zero();
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; ++k) {
-      const __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
+      const V::T b0 = V::load(b + k * NR), b1 = V::load(b + k * NR + V::kLanes);
 #pragma GCC unroll 6
       for (int i = 0; i < MR; ++i) {
-        const __m256 ai = _mm256_broadcast_ss(a + k * MR + i);
-        acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
-        acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+        const V::T ai = V::set1(a[k * MR + i]);
+        acc[i][0] = V::fma(ai, b0, acc[i][0]);
+        acc[i][1] = V::fma(ai, b1, acc[i][1]);
       }
     }
-    const __m256 va = _mm256_set1_ps(alpha);
+    const V::T va = V::set1(alpha);
     if (beta == 0.0f) {
 #pragma GCC unroll 6
       for (int i = 0; i < MR; ++i) {
-        _mm256_storeu_ps(c + i * ldc, _mm256_mul_ps(va, acc[i][0]));
-        _mm256_storeu_ps(c + i * ldc + 8, _mm256_mul_ps(va, acc[i][1]));
+        V::storeu(c + i * ldc, V::mul(va, acc[i][0]));
+        V::storeu(c + i * ldc + V::kLanes, V::mul(va, acc[i][1]));
       }
     } else {
-      const __m256 vb = _mm256_set1_ps(beta);
+      const V::T vb = V::set1(beta);
 #pragma GCC unroll 6
       for (int i = 0; i < MR; ++i) {
         float* ci = c + i * ldc;
-        _mm256_storeu_ps(ci, _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci), _mm256_mul_ps(va, acc[i][0])));
-        _mm256_storeu_ps(ci + 8, _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + 8), _mm256_mul_ps(va, acc[i][1])));
+        V::storeu(ci, V::fma(vb, V::loadu(ci), V::mul(va, acc[i][0])));
+        V::storeu(ci + V::kLanes, V::fma(vb, V::loadu(ci + V::kLanes), V::mul(va, acc[i][1])));
       }
     }
   }
-#endif
 };
 
 #else
