@@ -1,5 +1,6 @@
 #include "autograd/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -75,6 +76,69 @@ Tensor additive_mask(const Tensor& mask, DType dtype, int64_t B, int64_t NH, int
   return mask;
 }
 
+/// g.mods from the options, checked against the attention's sizes (B, NH, T, S, E, Ev already in g); `rel_probs`
+/// becomes the Pbar buffer (B, NH, T, 2m + 1) the relative values need.
+void set_score_mods(AttentionGeom& g, const ScoreModOptions& o, const Tensor& q, Tensor& rel_probs) {
+  ScoreMods& m = g.mods;
+  if (o.window < 0) throw Error(fmt::format("attention: window must be >= 0 (0: none), got {}", o.window));
+  if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap)) {
+    throw Error(fmt::format("attention: softcap must be a finite number >= 0 (0: none), got {}", o.softcap));
+  }
+  m.window = o.window;
+  m.softcap = o.softcap;
+  m.alibi = o.alibi;
+  auto check_ids = [&](const Tensor& ids, int64_t len, const char* what) {
+    if (ids.dtype() != DType::I32 || !(ids.shape() == Shape{g.B, len}) || ids.device() != q.device()) {
+      throw Error(fmt::format("attention: {} must be an i32 (B, {}) = ({}, {}) tensor on {}, got {} {} on {}", what,
+                              len == g.T ? "T" : "S", g.B, len, device_name(q.device()), dtype_name(ids.dtype()),
+                              ids.shape().str(), device_name(ids.device())));
+    }
+    return ids.data<int32_t>();
+  };
+  if (o.key_doc_ids.defined() && !o.doc_ids.defined()) throw Error("attention: key_doc_ids needs doc_ids (the queries' documents)");
+  if (o.doc_ids.defined()) {
+    m.q_doc = check_ids(o.doc_ids, g.T, "doc_ids");
+    if (!o.key_doc_ids.defined() && g.T != g.S) {
+      throw Error(fmt::format("attention: with {} queries and {} keys, key_doc_ids must give the keys' documents", g.T, g.S));
+    }
+    m.k_doc = o.key_doc_ids.defined() ? check_ids(o.key_doc_ids, g.S, "key_doc_ids") : m.q_doc;
+  }
+  auto check_table = [&](const Tensor& t, const char* what, int64_t rows, int64_t cols, const char* want) {
+    detail::check_same("attention", q, t);
+    if (t.ndim() != 2 || (rows >= 0 && t.size(0) != rows) || t.size(1) != cols) {
+      throw Error(fmt::format("attention: {} must be {}, got shape {}", what, want, t.shape().str()));
+    }
+  };
+  if (o.t5_bias.defined()) {
+    check_table(o.t5_bias, "t5_bias", g.NH, o.t5_bias.ndim() == 2 ? o.t5_bias.size(1) : -1, "(NH, buckets)");
+    const int64_t buckets = o.t5_bias.size(1), exact = (o.t5_bidirectional ? buckets / 2 : buckets) / 2;
+    if (exact < 1 || buckets > (int64_t(1) << 20) || o.t5_max_distance <= exact) {
+      throw Error(fmt::format("attention: T5 bias needs at least {} buckets and a max distance above the exact half "
+                              "({}); got {} buckets, max distance {}",
+                              o.t5_bidirectional ? 4 : 2, exact, buckets, o.t5_max_distance));
+    }
+    m.t5_bias = o.t5_bias.raw_data();
+    m.t5_buckets = int32_t(buckets);
+    m.t5_max_distance = o.t5_max_distance;
+    m.t5_bidirectional = o.t5_bidirectional;
+  }
+  const Tensor& rk = o.relative_key;
+  const Tensor& rv = o.relative_value;
+  if (rk.defined() || rv.defined()) {
+    const int64_t rows = rk.defined() ? (rk.ndim() == 2 ? rk.size(0) : 0) : (rv.ndim() == 2 ? rv.size(0) : 0);
+    if (rows % 2 == 0) {
+      throw Error(fmt::format("attention: the relative position tables must have 2m + 1 rows, got shapes {} and {}",
+                              rk.defined() ? rk.shape().str() : "-", rv.defined() ? rv.shape().str() : "-"));
+    }
+    if (rk.defined()) check_table(rk, "relative_key", rows, g.E, "(2m + 1, E)");
+    if (rv.defined()) check_table(rv, "relative_value", rows, g.Ev, "(2m + 1, Ev), with relative_key's rows");
+    m.max_rel = (rows - 1) / 2;
+    m.rel_k = rk.defined() ? rk.raw_data() : nullptr;
+    m.rel_v = rv.defined() ? rv.raw_data() : nullptr;
+    if (rv.defined()) rel_probs = empty({g.B, g.NH, g.T, rows}, q.dtype(), q.device());
+  }
+}
+
 /// The weights path: scores, masks, softmax, dropout and the product with v as recorded ops, so the returned
 /// weights are part of the graph (a loss on them reaches q, k and whatever produced them), as in
 /// torch.nn.MultiheadAttention. `mask` is the additive attn_mask (may be undefined).
@@ -138,6 +202,10 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
   g.dropout_seed = o.dropout_seed;
   g.math = o.numerics.attention;
 
+  Tensor rel_probs;  // Pbar, when relative values are on: written by the forward, read by the backward
+  set_score_mods(g, o.mods, qb, rel_probs);
+  g.mods.rel_probs = rel_probs.defined() ? rel_probs.raw_data() : nullptr;
+
   Tensor mask;
   if (o.attn_mask.defined()) mask = additive_mask(o.attn_mask, qb.dtype(), B, NH, T, S, g.mask_stride);
   const Tensor& kp = o.key_padding_mask;
@@ -145,14 +213,27 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
     throw Error(fmt::format("attention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}", B, S,
                             dtype_name(kp.dtype()), kp.shape().str()));
   }
+  const Tensor& t5 = o.mods.t5_bias;
+  const Tensor& rk = o.mods.relative_key;
+  const Tensor& rv = o.mods.relative_value;
+  const std::vector<Tensor> inputs{qb, k.base, v.base, mask, kp, t5, rk, rv};
+  Tensor weights;  // need_weights with score modifiers: the naive kernel's, outside the graph
   if (o.need_weights) {
     if (o.impl == AttentionImpl::Flash) {
       throw Error("attention: need_weights materializes the (B, NH, T, S) weights, which flash attention never holds; "
                   "use AttentionImpl::Auto or Naive");
     }
-    return attention_with_weights(q, k, v, out_heads_last, g, mask, kp, o);
+    if (!o.mods.any()) return attention_with_weights(q, k, v, out_heads_last, g, mask, kp, o);
+    const bool wants_grad = grad_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
+                              return t.defined() && t.requires_grad();
+                            });
+    if (wants_grad) {
+      throw Error("attention: need_weights with score modifiers returns the weights outside the graph; ask for them "
+                  "under NoGradGuard, or drop need_weights");
+    }
+    weights = empty({B, NH, T, S}, qb.dtype(), qb.device());
   }
-  const bool naive = o.impl == AttentionImpl::Naive;
+  const bool naive = o.impl == AttentionImpl::Naive || weights.defined();
 
   const Shape out_shape = out_heads_last ? Shape{B, T, NH * Ev} : Shape{B, NH, T, Ev};
   Tensor out = empty(out_shape, qb.dtype(), qb.device());
@@ -164,7 +245,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
     const T* kptr = k.base.data<T>() + ko;
     const T* vp = v.base.data<T>() + vo;
     if (naive) {
-      launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), static_cast<T*>(nullptr), ptr<T>(lse), qp, kptr, vp,
+      launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), ptr<T>(weights), ptr<T>(lse), qp, kptr, vp,
              ptr<T>(mask), kp_ptr, g);
     } else {
       launch(kernels::attention_flash_forward<T>, qb.device(), out.data<T>(), ptr<T>(lse), qp, kptr, vp, ptr<T>(mask),
@@ -172,17 +253,23 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
     }
   });
   const Tensor saved_out = out.detach();
-  out = record(naive ? "attention_naive" : "attention_flash", out, {qb, k.base, v.base, mask, kp},
+  const Tensor doc_ids = o.mods.doc_ids, key_doc_ids = o.mods.key_doc_ids;  // held for g.mods' pointers
+  out = record(naive ? "attention_naive" : "attention_flash", out, inputs,
                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                 (void)doc_ids, (void)key_doc_ids, (void)rel_probs;
+                 AttentionGeom gb = g;
+                 gb.mods.d_t5_bias = grads[5].defined() ? grads[5].raw_data() : nullptr;
+                 gb.mods.d_rel_k = grads[6].defined() ? grads[6].raw_data() : nullptr;
+                 gb.mods.d_rel_v = grads[7].defined() ? grads[7].raw_data() : nullptr;
                  dispatch_float(dout.dtype(), "attention", [&]<class T>() {
                    auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<T>(t) + offset : nullptr; };
                    const auto fn = naive ? kernels::attention_naive_backward<T> : kernels::attention_flash_backward<T>;
                    launch(fn, dout.device(), at(grads[0], qo), at(grads[1], ko), at(grads[2], vo), dout.data<T>(),
                           in[0].data<T>() + qo, in[1].data<T>() + ko, in[2].data<T>() + vo, saved_out.data<T>(),
-                          lse.data<T>(), ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, g);
+                          lse.data<T>(), ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, gb);
                  });
                });
-  return {out, Tensor()};
+  return {out, weights};
 }
 
 }  // namespace
@@ -219,7 +306,7 @@ AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor&
 }
 
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t len, int64_t num_heads,
-                        int64_t num_kv_heads, const Numerics& numerics) {
+                        int64_t num_kv_heads, const Numerics& numerics, const ScoreModOptions& mods) {
   if (q.ndim() != 3 || k_cache.ndim() != 3 || v_cache.ndim() != 3 || num_heads <= 0 || num_kv_heads <= 0 ||
       q.size(2) % num_heads != 0 || k_cache.size(2) % num_kv_heads != 0 || v_cache.size(2) % num_kv_heads != 0) {
     throw Error(fmt::format("cached_attention: q must be (B, T, NH * E) and the caches (B, capacity, NKV * E) with NH = {}, "
@@ -240,6 +327,7 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   AttentionOptions o;
   o.is_causal = true;
   o.numerics = numerics;
+  o.mods = mods;
   return attention(heads_last(q, 0, num_heads, num_heads, q.size(2) / num_heads), cached(k_cache, num_kv_heads),
                    cached(v_cache, num_kv_heads), true, o)
       .out;

@@ -27,6 +27,26 @@ enum class AttentionImpl : uint8_t {
   Flash,  // never holds the (T, S) weights, so it cannot return them
 };
 
+/// Score modifiers inside the kernels (kernels/score_mods.h has the math), all composable with the masks above. A
+/// query's position is t + S - T, a key's s. The learned tables get gradients.
+struct ScoreModOptions {
+  int64_t window = 0;      // > 0: a query sees the keys within `window` positions (with is_causal: the last `window`)
+  Tensor doc_ids;          // (B, T) i32: a query sees only keys of its own document (packed sequences)
+  Tensor key_doc_ids;      // (B, S) i32, the keys' documents when they are not the queries' (default: doc_ids)
+  double softcap = 0;      // > 0: scores -> softcap * tanh(scores / softcap), before the biases
+  bool alibi = false;      // ALiBi: - slope_h * |distance|, the paper's slopes for any head count
+  Tensor t5_bias;          // (NH, buckets): T5's learned bias per head and log-spaced distance bucket
+  int32_t t5_max_distance = 128;
+  bool t5_bidirectional = false;
+  Tensor relative_key;     // (2m + 1, E): Shaw's A_K, distances clipped to [-m, m]
+  Tensor relative_value;   // (2m + 1, Ev): Shaw's A_V (needs relative_key's m, or may come alone)
+
+  bool any() const {
+    return window > 0 || doc_ids.defined() || softcap > 0 || alibi || t5_bias.defined() || relative_key.defined() ||
+           relative_value.defined();
+  }
+};
+
 struct AttentionOptions {
   bool is_causal = false;
   Tensor attn_mask;
@@ -37,11 +57,13 @@ struct AttentionOptions {
   bool need_weights = false;    // also return the (B, NH, T, S) attention weights (after dropout, as torch)
   AttentionImpl impl = AttentionImpl::Auto;
   Numerics numerics;  // on the GPU: the flash kernels' operand format; TF32 for the weights path's matmuls
+  ScoreModOptions mods;
 };
 
 struct AttentionResult {
   Tensor out;
-  Tensor weights;  // when need_weights: (B, NH, T, S), part of the graph (a loss on them has gradients)
+  Tensor weights;  // when need_weights: (B, NH, T, S), part of the graph (a loss on them has gradients); with score
+                   // modifiers, from the naive kernel and outside the graph (refused when a gradient is wanted)
 };
 
 /// q (B, NH, T, E), k (B, NKV, S, E), v (B, NKV, S, Ev) -> out (B, NH, T, Ev); NH divisible by NKV.
@@ -60,8 +82,8 @@ AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor&
 /// Inference with a key/value cache: q (B, T, NH * E) holds the last T of `len` positions and attends
 /// causally to positions [0, len) of k_cache (B, capacity, NKV * E) and v_cache (B, capacity, NKV * Ev),
 /// read in place. Returns (B, T, NH * Ev). Not differentiable (call it under NoGradGuard or on tensors
-/// that need no gradient).
+/// that need no gradient). `mods` applies score modifiers (positions are relative to the cache's start).
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t len, int64_t num_heads,
-                        int64_t num_kv_heads, const Numerics& numerics = {});
+                        int64_t num_kv_heads, const Numerics& numerics = {}, const ScoreModOptions& mods = {});
 
 }  // namespace tinygpt

@@ -15,6 +15,8 @@
 // mask_strides (0 along broadcast dims; -inf removes a key). A query row with no visible key produces
 // zeros and zero gradients, never NaN, and its saved logsumexp is -inf.
 //
+// Score modifiers (kernels/score_mods.h) change the logits further and hide more keys.
+//
 // Dropout (p > 0) drops attention probabilities: element (b, h, t, s) is kept iff
 // dropout_keep(seed, ((b * NH + h) * T + t) * S + s, p), and kept ones are scaled by 1 / (1 - p).
 #pragma once
@@ -22,6 +24,7 @@
 #include <cstdint>
 
 #include "numerics.h"
+#include "score_mods.h"
 
 namespace tinygpt {
 
@@ -37,6 +40,7 @@ struct AttentionGeom {
   float dropout_p;
   uint64_t dropout_seed;
   AttentionMath math = AttentionMath::F32;  // the GPU flash kernels' operand format (the CPU computes in full)
+  ScoreMods mods;  // relative positions, ALiBi, T5 bias, window, documents, soft-cap (kernels/score_mods.h)
 };
 
 }  // namespace tinygpt

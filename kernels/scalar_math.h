@@ -1,5 +1,6 @@
 // Scalar math that the CPU kernels and their CUDA twins share, written once for both compilers (as
-// kernels/dropout_hash.h): GELU and its derivative, one AdamW update, the causal mask's extent. The CPU kernels
+// kernels/dropout_hash.h): GELU and its derivative, one AdamW update, the extent of the causal mask and window, the
+// score modifiers' per-element terms. The CPU kernels
 // call these with float and double; the CUDA kernels with float.
 #pragma once
 
@@ -13,6 +14,8 @@ namespace tinygpt {
 
 TINYGPT_HOST_DEVICE inline float sqrt_of(float x) { return sqrtf(x); }
 TINYGPT_HOST_DEVICE inline double sqrt_of(double x) { return sqrt(x); }
+TINYGPT_HOST_DEVICE inline float tanh_of(float x) { return tanhf(x); }
+TINYGPT_HOST_DEVICE inline double tanh_of(double x) { return tanh(x); }
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
 inline constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
@@ -51,6 +54,65 @@ TINYGPT_HOST_DEVICE inline int64_t causal_end(const AttentionGeom& g, int64_t t)
   if (!g.causal) return g.S;
   const int64_t end = t + g.S - g.T + 1;
   return end < 0 ? 0 : (end > g.S ? g.S : end);
+}
+
+/// The keys query t can see by position, causal mask and window together: [key_begin(g, t), key_end(g, t)).
+/// Both grow with t, so a tile of queries [t0, t1] sees at most keys [key_begin(g, t0), key_end(g, t1)).
+TINYGPT_HOST_DEVICE inline int64_t key_end(const AttentionGeom& g, int64_t t) {
+  int64_t end = causal_end(g, t);
+  if (g.mods.window > 0 && !g.causal) {
+    const int64_t w = t + g.S - g.T + g.mods.window;  // |d| < window
+    end = w < end ? (w < 0 ? 0 : w) : end;
+  }
+  return end;
+}
+TINYGPT_HOST_DEVICE inline int64_t key_begin(const AttentionGeom& g, int64_t t) {
+  if (g.mods.window <= 0) return 0;
+  const int64_t begin = t + g.S - g.T - g.mods.window + 1;
+  return begin < 0 ? 0 : (begin > g.S ? g.S : begin);
+}
+
+/// The queries that can see key s by position: [query_begin(g, s), query_end(g, s)), both growing with s.
+TINYGPT_HOST_DEVICE inline int64_t query_begin(const AttentionGeom& g, int64_t s) {
+  int64_t begin = 0;
+  if (g.causal) begin = s - (g.S - g.T);  // tq >= s
+  if (g.mods.window > 0 && !g.causal) begin = s - (g.S - g.T) - g.mods.window + 1;  // tq > s - window
+  return begin < 0 ? 0 : (begin > g.T ? g.T : begin);
+}
+TINYGPT_HOST_DEVICE inline int64_t query_end(const AttentionGeom& g, int64_t s) {
+  if (g.mods.window <= 0) return g.T;
+  const int64_t end = s - (g.S - g.T) + g.mods.window;  // tq < s + window
+  return end < 0 ? 0 : (end > g.T ? g.T : end);
+}
+
+/// Whether query t sees key s by position (causal, window) and document; padding and the additive mask aside.
+TINYGPT_HOST_DEVICE inline bool mods_visible(const AttentionGeom& g, int64_t b, int64_t t, int64_t s) {
+  if (s < key_begin(g, t) || s >= key_end(g, t)) return false;
+  return g.mods.q_doc == nullptr || g.mods.q_doc[b * g.T + t] == g.mods.k_doc[b * g.S + s];
+}
+
+/// The biases added after the cap for distance d = s - (t + S - T) in head h: ALiBi and T5 (kernels/score_mods.h).
+template <class T>
+TINYGPT_HOST_DEVICE inline T position_bias(const AttentionGeom& g, int64_t h, int64_t d) {
+  const ScoreMods& m = g.mods;
+  T bias = 0;
+  if (m.alibi) bias -= T(alibi_slope(h, g.NH)) * T(d < 0 ? -d : d);
+  if (m.t5_bias) {
+    bias += static_cast<const T*>(m.t5_bias)[h * m.t5_buckets + t5_bucket(d, m.t5_buckets, m.t5_max_distance, m.t5_bidirectional)];
+  }
+  return bias;
+}
+
+/// Soft-capping of a scaled score, and its derivative from the capped value c: d(cap tanh(x / cap))/dx = 1 - (c/cap)^2.
+template <class T>
+TINYGPT_HOST_DEVICE inline T softcap_forward(T x, double cap) {
+  return cap > 0 ? T(cap) * tanh_of(x / T(cap)) : x;
+}
+template <class T>
+TINYGPT_HOST_DEVICE inline T softcap_grad(T capped, double cap) {
+  if (!(cap > 0)) return T(1);
+  const T r = capped / T(cap);
+  return T(1) - r * r;
 }
 
 /// The factor dropout applies to a kept element: 1 / (1 - p), or 0 when p == 1 (nothing is kept).

@@ -291,6 +291,210 @@ void query_major_probs_and_ds(T* s, T* dp, int64_t ld, int64_t nr, int64_t nc, i
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// Score modifiers (kernels/score_mods.h). When any is on, the logits and gradients of a tile come from the two
+// per-element functions below instead of the plain paths above; the naive kernels call the same two.
+
+/// Row of query t of head (b, h) in a (B, NH, T, ...) array: lse, D, and the (B, NH, T, 2m + 1) ones below.
+inline int64_t head_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) { return (b * g.NH + h) * g.T + t; }
+
+/// Shaw's relative positions per query row, (B, NH, T, 2m + 1) each, null when unused: R = Q A_K^T (forward and
+/// backward), G = dO A_V^T and dR, the raw-product gradients summed per clipped distance (backward).
+template <class T>
+struct RelRows {
+  const T* R = nullptr;
+  const T* G = nullptr;
+  T* dR = nullptr;
+};
+
+/// out[row, c] = x_row . table[c] for every query row (b, h, t) of x (read through `stride`) and c < 2m + 1.
+template <class T>
+std::vector<T> rows_times_table(const T* x, const int64_t* stride, const T* table, int64_t D, const AttentionGeom& g) {
+  const int64_t rows = g.B * g.NH * g.T, W = g.mods.rel_width();
+  std::vector<T> out(size_t(rows * W));
+#pragma omp parallel for if (rows * W * D >= kParallelGrain)
+  for (int64_t row = 0; row < rows; ++row) {
+    const T* xr = at(x, stride, row / (g.NH * g.T), row / g.T % g.NH, row % g.T);
+    for (int64_t c = 0; c < W; ++c) out[size_t(row * W + c)] = dot(xr, table + c * D, D);
+  }
+  return out;
+}
+
+/// y_row += coef[row] @ table for every query row of y (read through `stride`): dQ += dR A_K, O += Pbar A_V.
+template <class T>
+void add_rows_times_table(T* y, const int64_t* stride, const T* coef, const T* table, int64_t D, const AttentionGeom& g) {
+  const int64_t rows = g.B * g.NH * g.T, W = g.mods.rel_width();
+#pragma omp parallel for if (rows * W * D >= kParallelGrain)
+  for (int64_t row = 0; row < rows; ++row) {
+    T* yr = at(y, stride, row / (g.NH * g.T), row / g.T % g.NH, row % g.T);
+    for (int64_t c = 0; c < W; ++c) axpy_row(yr, coef[row * W + c], table + c * D, D);
+  }
+}
+
+/// dtable[c] += sum over rows of coef[row, c] * y_row: dA_K += dR^T Q, dA_V += Pbar^T dO. Each table row is summed
+/// by one thread, rows in order: deterministic.
+template <class T>
+void add_table_grad(T* dtable, const T* coef, const T* y, const int64_t* stride, int64_t D, const AttentionGeom& g) {
+  const int64_t rows = g.B * g.NH * g.T, W = g.mods.rel_width();
+#pragma omp parallel for if (rows * W * D >= kParallelGrain)
+  for (int64_t c = 0; c < W; ++c) {
+    for (int64_t row = 0; row < rows; ++row) {
+      const T f = coef[row * W + c];
+      if (f != T(0)) axpy_row(dtable + c * D, f, at(y, stride, row / (g.NH * g.T), row / g.T % g.NH, row % g.T), D);
+    }
+  }
+}
+
+/// The relative rows a kernel call needs, computed once per call. Forward: R. Backward: R, G, and dR when dQ or
+/// dA_K is wanted; finish() then adds dR A_K to dQ, dR^T Q to dA_K and Pbar^T dO to dA_V.
+template <class T>
+struct RelBuffers {
+  std::vector<T> R, G, dR;
+
+  RelBuffers(const AttentionGeom& g, const T* q, const T* dout, bool want_dq) {
+    const ScoreMods& m = g.mods;
+    if (m.rel_k) R = rows_times_table(q, g.q_stride, static_cast<const T*>(m.rel_k), g.E, g);
+    if (dout && m.rel_v) G = rows_times_table(dout, g.o_stride, static_cast<const T*>(m.rel_v), g.Ev, g);
+    if (dout && m.rel_k && (want_dq || m.d_rel_k)) dR.assign(size_t(g.B * g.NH * g.T * m.rel_width()), T(0));
+  }
+  RelRows<T> rows() { return {R.empty() ? nullptr : R.data(), G.empty() ? nullptr : G.data(), dR.empty() ? nullptr : dR.data()}; }
+
+  void finish(T* dq, const T* dout, const T* q, const AttentionGeom& g) const {
+    const ScoreMods& m = g.mods;
+    if (!dR.empty() && dq) add_rows_times_table(dq, g.q_stride, dR.data(), static_cast<const T*>(m.rel_k), g.E, g);
+    if (!dR.empty() && m.d_rel_k) add_table_grad(static_cast<T*>(m.d_rel_k), dR.data(), q, g.q_stride, g.E, g);
+    if (m.rel_v && m.d_rel_v) {
+      add_table_grad(static_cast<T*>(m.d_rel_v), static_cast<const T*>(m.rel_probs), dout, g.o_stride, g.Ev, g);
+    }
+  }
+};
+
+/// The output's relative-value term after the attention proper: O += Pbar A_V.
+template <class T>
+void add_relative_values(T* out, const AttentionGeom& g) {
+  if (g.mods.rel_v) {
+    add_rows_times_table(out, g.o_stride, static_cast<const T*>(g.mods.rel_probs), static_cast<const T*>(g.mods.rel_v), g.Ev, g);
+  }
+}
+
+/// The logit of (t, s) from its raw product x = q_t . k_s, -inf where the key is hidden; `bias` is
+/// position_bias(g, h, s - tq) and `capped` receives the soft-capped scaled score (what the backward needs).
+template <class T>
+inline T modified_logit(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s, T x, T bias, const T* mask,
+                        const uint8_t* kp, const RelRows<T>& rel, T& capped) {
+  if (!mods_visible(g, b, t, s) || (kp && kp[b * g.S + s])) return kNegInf<T>;
+  const ScoreMods& m = g.mods;
+  if (rel.R) x += rel.R[head_row(g, b, h, t) * m.rel_width() + rel_column(s - (t + g.S - g.T), m.max_rel)];
+  capped = softcap_forward(x * T(g.scale), m.softcap);
+  T logit = capped + bias;
+  if (mask) logit += at(mask, g.mask_stride, b, h, t)[s * g.mask_stride[3]];
+  return logit;
+}
+
+/// One element of the backward: raw product x and dp = dO_t . v_s in, the dropped probability Pd and the raw
+/// product's gradient dS out (both 0 where hidden). With `tables`, the learned tables' gradients are summed too:
+/// into dR's row of t (owned by the caller) and dt5 (the caller's partial sum for head h, t5_buckets long).
+template <class T>
+inline void modified_element_backward(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s, T& x, T& dp,
+                                      T bias, int32_t bucket, const T* lse, const T* D, const T* mask, const uint8_t* kp,
+                                      const RelRows<T>& rel, bool tables, T* dt5) {
+  const ScoreMods& m = g.mods;
+  const int64_t row = head_row(g, b, h, t), col = rel_column(s - (t + g.S - g.T), m.max_rel);
+  T capped = 0;
+  const T logit = lse[row] == kNegInf<T> ? kNegInf<T> : modified_logit(g, b, h, t, s, x, bias, mask, kp, rel, capped);
+  if (logit == kNegInf<T>) {
+    x = dp = T(0);
+    return;
+  }
+  const T p = std::exp(logit - lse[row]);
+  if (rel.G) dp += rel.G[row * m.rel_width() + col];
+  T f = 1;
+  if (g.dropout_p > 0.0f) {
+    f = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t) + s, g.dropout_p) ? dropout_scale<T>(g.dropout_p) : T(0);
+  }
+  const T dlogit = p * (dp * f - D[row]);
+  const T ds = dlogit * softcap_grad(capped, m.softcap) * T(g.scale);
+  if (tables) {
+    if (dt5) dt5[bucket] += dlogit;
+    if (rel.dR) rel.dR[row * m.rel_width() + col] += ds;
+  }
+  x = p * f;
+  dp = ds;
+}
+
+/// The modifiers over a tile of queries [t0, t0 + nr) and keys [s0, s0 + nc) of head (b, h), whose element (i, j)
+/// lies at x[i * qs + j * ks] (key-major tiles: qs = 1; query-major: ks = 1). The biases and T5 buckets depend on
+/// the distance d = s - tq only, so they are computed once per distance of the tile, into per-thread scratch.
+template <class T>
+struct ModTile {
+  const AttentionGeom& g;
+  int64_t b, h, t0, nr, s0, nc, dmin;
+  const RelRows<T>& rel;
+  std::vector<T>& bias;          // by d - dmin
+  std::vector<int32_t>& bucket;  // by d - dmin, when T5 is on
+
+  ModTile(const AttentionGeom& g_, int64_t b_, int64_t h_, int64_t t0_, int64_t nr_, int64_t s0_, int64_t nc_,
+          const RelRows<T>& rel_, std::vector<T>& bias_, std::vector<int32_t>& bucket_)
+      : g(g_), b(b_), h(h_), t0(t0_), nr(nr_), s0(s0_), nc(nc_), dmin(s0_ - (t0_ + nr_ - 1 + g_.S - g_.T)), rel(rel_),
+        bias(bias_), bucket(bucket_) {
+    const size_t n = size_t(nr + nc - 1);
+    bias.assign(n, T(0));
+    if (g.mods.alibi || g.mods.t5_bias) {
+      for (size_t k = 0; k < n; ++k) bias[k] = position_bias<T>(g, h, dmin + int64_t(k));
+    }
+    if (g.mods.t5_bias) {
+      bucket.resize(n);
+      for (size_t k = 0; k < n; ++k) bucket[k] = t5_bucket(dmin + int64_t(k), g.mods.t5_buckets, g.mods.t5_max_distance, g.mods.t5_bidirectional);
+    }
+  }
+  int64_t dist(int64_t i, int64_t j) const { return (s0 + j) - (t0 + i + g.S - g.T) - dmin; }
+
+  /// Raw products -> logits; queries [nr, lanes) (padding lanes of a key-major tile) become -inf.
+  void logits(T* x, int64_t qs, int64_t ks, int64_t lanes, const T* mask, const uint8_t* kp) const {
+    for (int64_t j = 0; j < nc; ++j) {
+      for (int64_t i = 0; i < lanes; ++i) {
+        T& e = x[i * qs + j * ks];
+        T capped;
+        e = i < nr ? modified_logit(g, b, h, t0 + i, s0 + j, e, bias[size_t(dist(i, j))], mask, kp, rel, capped) : kNegInf<T>;
+      }
+    }
+  }
+
+  /// Raw products x and dO.v products dp -> Pd and dS (modified_element_backward), with the tables' gradients
+  /// when `tables`.
+  void probs_and_ds(T* x, T* dp, int64_t qs, int64_t ks, const T* lse, const T* D, const T* mask, const uint8_t* kp,
+                    bool tables, T* dt5) const {
+    for (int64_t j = 0; j < nc; ++j) {
+      for (int64_t i = 0; i < nr; ++i) {
+        const int64_t k = dist(i, j);
+        modified_element_backward(g, b, h, t0 + i, s0 + j, x[i * qs + j * ks], dp[i * qs + j * ks], bias[size_t(k)],
+                                  g.mods.t5_bias ? bucket[size_t(k)] : 0, lse, D, mask, kp, rel, tables, dt5);
+      }
+    }
+  }
+};
+
+/// pbar (nr x (2m + 1)) += the probabilities of a key-major tile (queries [t0, t0 + nr), keys [s0, s0 + nc), row
+/// stride ld) summed per clipped distance.
+template <class T>
+void add_rel_probs(T* pbar, const T* st, int64_t ld, int64_t t0, int64_t nr, int64_t s0, int64_t nc, const AttentionGeom& g) {
+  const int64_t W = g.mods.rel_width();
+  for (int64_t j = 0; j < nc; ++j) {
+    for (int64_t i = 0; i < nr; ++i) pbar[i * W + rel_column(s0 + j - (t0 + i + g.S - g.T), g.mods.max_rel)] += st[j * ld + i];
+  }
+}
+
+/// Whether any query of [t0, t0 + nr) can share a document with any key of [s0, s0 + nc): false when their ranges
+/// of ids do not meet, so the tile is skipped whole (packed documents have ascending ids).
+inline bool docs_may_meet(const AttentionGeom& g, int64_t b, int64_t t0, int64_t nr, int64_t s0, int64_t nc) {
+  const ScoreMods& m = g.mods;
+  if (!m.q_doc) return true;
+  const auto [q_lo, q_hi] = std::minmax_element(m.q_doc + b * g.T + t0, m.q_doc + b * g.T + t0 + nr);
+  const auto [k_lo, k_hi] = std::minmax_element(m.k_doc + b * g.S + s0, m.k_doc + b * g.S + s0 + nc);
+  return !(*q_hi < *k_lo || *k_hi < *q_lo);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -299,8 +503,13 @@ void query_major_probs_and_ds(T* s, T* dp, int64_t ld, int64_t nr, int64_t nc, i
 template <class T>
 void attention_naive_forward(T* out, T* weights, T* lse, const T* q, const T* k, const T* v, const T* mask,
                              const uint8_t* key_padding, const AttentionGeom& g) {
-  const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV;
+  const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV, W = g.mods.rel_width();
   const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
+  const bool mods = g.mods.any();
+  T* pbar = g.mods.rel_v ? static_cast<T*>(g.mods.rel_probs) : nullptr;
+  if (pbar) std::fill_n(pbar, rows * W, T(0));
+  RelBuffers<T> relative(g, q, nullptr, false);
+  const RelRows<T> rel = relative.rows();
 #pragma omp parallel if (rows * g.S * (g.E + g.Ev) >= kParallelGrain)
   {
     std::vector<T> scratch(weights ? 0 : size_t(g.S));
@@ -314,7 +523,11 @@ void attention_naive_forward(T* out, T* weights, T* lse, const T* q, const T* k,
       T mx = kNegInf<T>;
       for (int64_t s = 0; s < g.S; ++s) {
         T x = kNegInf<T>;
-        if (s < end && !(key_padding && key_padding[b * g.S + s])) {
+        if (mods) {
+          T capped;
+          x = modified_logit(g, b, h, t, s, dot(qr, at(k, g.k_stride, b, kvh, s), g.E),
+                             position_bias<T>(g, h, s - (t + g.S - g.T)), mask, key_padding, rel, capped);
+        } else if (s < end && !(key_padding && key_padding[b * g.S + s])) {
           x = scale * dot(qr, at(k, g.k_stride, b, kvh, s), g.E);
           if (mr) x += mr[s * g.mask_stride[3]];
         }
@@ -336,9 +549,11 @@ void attention_naive_forward(T* out, T* weights, T* lse, const T* q, const T* k,
         T w = p[s];
         if (g.dropout_p > 0.0f) w = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t) + s, g.dropout_p) ? w * keep_scale : T(0);
         if (w != T(0)) axpy_row(o, w, at(v, g.v_stride, b, kvh, s), g.Ev);
+        if (pbar) pbar[row * W + rel_column(s - (t + g.S - g.T), g.mods.max_rel)] += w;
       }
     }
   }
+  add_relative_values(out, g);
 }
 
 template <class T>
@@ -347,15 +562,29 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
   const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV;
   const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
   const bool parallel = rows * g.S * (g.E + g.Ev) >= kParallelGrain;
+  const bool mods = g.mods.any();
+  bool tables = false;  // element() also sums the tables' gradients (in the serial loop at the end only)
+  RelBuffers<T> relative(g, q, dout, dq != nullptr);
+  const RelRows<T> rel = relative.rows();
   std::vector<T> D(static_cast<size_t>(rows));  // rowsum(dO * O)
 #pragma omp parallel for if (parallel)
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T;
     D[row] = dot(at(dout, g.o_stride, b, h, t), at(out, g.o_stride, b, h, t), g.Ev);
   }
-  // P, dP and dS of element (b, h, t, s); false when the key is invisible to the query.
+  // P, dP and dS of element (b, h, t, s); false when the key is invisible to the query (or both are 0).
   auto element = [&](int64_t b, int64_t h, int64_t t, int64_t s, T& pd, T& ds) {
     const int64_t row = (b * g.NH + h) * g.T + t, kvh = h / group;
+    if (mods) {
+      pd = dot(at(q, g.q_stride, b, h, t), at(k, g.k_stride, b, kvh, s), g.E);
+      ds = dot(at(dout, g.o_stride, b, h, t), at(v, g.v_stride, b, kvh, s), g.Ev);
+      const int64_t d = s - (t + g.S - g.T);
+      const int32_t bucket = g.mods.t5_bias ? t5_bucket(d, g.mods.t5_buckets, g.mods.t5_max_distance, g.mods.t5_bidirectional) : 0;
+      T* dt5 = tables && g.mods.d_t5_bias ? static_cast<T*>(g.mods.d_t5_bias) + h * g.mods.t5_buckets : nullptr;
+      modified_element_backward(g, b, h, t, s, pd, ds, position_bias<T>(g, h, d), bucket, lse, D.data(), mask,
+                                key_padding, rel, tables, dt5);
+      return pd != T(0) || ds != T(0);
+    }
     if (lse[row] == kNegInf<T> || s >= causal_end(g, t) || (key_padding && key_padding[b * g.S + s])) return false;
     T x = scale * dot(at(q, g.q_stride, b, h, t), at(k, g.k_stride, b, kvh, s), g.E);
     if (mask) x += at(mask, g.mask_stride, b, h, t)[s * g.mask_stride[3]];
@@ -396,6 +625,16 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
       }
     }
   }
+  if (rel.dR || g.mods.d_t5_bias) {  // dR and the T5 table's gradient, one element at a time
+    tables = true;
+    for (int64_t row = 0; row < rows; ++row) {
+      for (int64_t s = 0; s < g.S; ++s) {
+        T pd, ds;
+        element(row / (g.NH * g.T), row / g.T % g.NH, row % g.T, s, pd, ds);
+      }
+    }
+  }
+  relative.finish(dq, dout, q, g);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -408,14 +647,21 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
   const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t group = g.NH / g.NKV, n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles;
   const T keep_scale = dropout_scale<T>(g.dropout_p);
-  const bool dropout = g.dropout_p > 0.0f;
+  const bool dropout = g.dropout_p > 0.0f, mods = g.mods.any();
+  T* const rel_probs = g.mods.rel_v ? static_cast<T*>(g.mods.rel_probs) : nullptr;
+  const int64_t W = g.mods.rel_width();
+  RelBuffers<T> relative(g, q, nullptr, false);
+  const RelRows<T> rel = relative.rows();
   constexpr int64_t L = kLanes<T>;
 #pragma omp parallel if (g.B * g.NH * g.T * g.S * (g.E + g.Ev) >= kParallelGrain)
   {
-    // Per thread: Q^T tile, key-major score tile, output accumulator, and per-query m, l, exp(m_old - m_new).
+    // Per thread: Q^T tile, key-major score tile, output accumulator, and per-query m, l, exp(m_old - m_new);
+    // with modifiers, the biases per distance and the probabilities per clipped distance (Pbar, unnormalized).
     std::vector<T> qt(size_t(g.E * Br)), st(size_t(Bc * Br)), o(size_t(Br * g.Ev));
     std::vector<T> m(static_cast<size_t>(Br)), l(static_cast<size_t>(Br)), m_sub(static_cast<size_t>(Br)),
         alpha(static_cast<size_t>(Br)), sums(static_cast<size_t>(Br));
+    std::vector<T> bias, pbar(rel_probs ? size_t(Br * W) : 0);
+    std::vector<int32_t> bucket;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       // Last query tiles first: under a causal mask they see the most keys, so the dynamic schedule ends evenly.
@@ -426,12 +672,19 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
       std::fill(o.begin(), o.end(), T(0));
       std::fill(m.begin(), m.end(), kNegInf<T>);
       std::fill(l.begin(), l.end(), T(0));
-      const int64_t s_end = causal_end(g, t0 + nr - 1);  // key tiles past the last row's diagonal are skipped
-      for (int64_t s0 = 0; s0 < s_end; s0 += Bc) {
+      std::fill(pbar.begin(), pbar.end(), T(0));
+      // Keys no query of the tile sees (past the last row's diagonal, before the first row's window) are skipped.
+      const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
+      for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
         const int64_t nc = std::min(Bc, s_end - s0);
+        if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
         matmul_tile(st.data(), Br, at(k, g.k_stride, b, kvh, s0), g.k_stride[2], int64_t(1), qt.data(), Br, nc, g.E,
                     n_pad, false);
-        key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
+        if (mods) {
+          ModTile<T>(g, b, h, t0, nr, s0, nc, rel, bias, bucket).logits(st.data(), 1, Br, n_pad, mask, key_padding);
+        } else {
+          key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
+        }
         // Online softmax, every query lane at once: new running max, rescale factor, exponentials, row sums.
         std::copy(m.begin(), m.end(), m_sub.begin());
         for (int64_t j = 0; j < nc; ++j) {
@@ -459,6 +712,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
           if (alpha[i] != T(1)) {
             T* orow = o.data() + i * g.Ev;
             for (int64_t e = 0; e < g.Ev; ++e) orow[e] *= alpha[i];
+            if (rel_probs) for (int64_t c = 0; c < W; ++c) pbar[size_t(i * W + c)] *= alpha[i];
           }
         }
         if (dropout) {
@@ -470,6 +724,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
             }
           }
         }
+        if (rel_probs) add_rel_probs(pbar.data(), st.data(), Br, t0, nr, s0, nc, g);
         // O += P V, P read transposed out of the key-major tile.
         matmul_tile(o.data(), g.Ev, st.data(), int64_t(1), Br, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc,
                     g.Ev, true);
@@ -481,13 +736,18 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
           const T inv = T(1) / l[i];
           for (int64_t e = 0; e < g.Ev; ++e) orow[e] = o[size_t(i * g.Ev + e)] * inv;
           lse_i = m[i] + std::log(l[i]);
+          if (rel_probs) {
+            for (int64_t c = 0; c < W; ++c) rel_probs[head_row(g, b, h, t0 + i) * W + c] = pbar[size_t(i * W + c)] * inv;
+          }
         } else {
           std::fill_n(orow, g.Ev, T(0));
           lse_i = kNegInf<T>;
+          if (rel_probs) std::fill_n(rel_probs + head_row(g, b, h, t0 + i) * W, W, T(0));
         }
       }
     }
   }
+  add_relative_values(out, g);
 }
 
 template <class T>
@@ -496,7 +756,9 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
   const Tiles tiles = flash_tiles(g);
   const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV;
-  const bool parallel = rows * g.S * (g.E + g.Ev) >= kParallelGrain;
+  const bool parallel = rows * g.S * (g.E + g.Ev) >= kParallelGrain, mods = g.mods.any();
+  RelBuffers<T> relative(g, q, dout, dq != nullptr);
+  const RelRows<T> rel = relative.rows();
   std::vector<T> D(static_cast<size_t>(rows));  // rowsum(dO * O), (B, NH, T)
 #pragma omp parallel for if (parallel)
   for (int64_t row = 0; row < rows; ++row) {
@@ -510,26 +772,33 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
 #pragma omp parallel if (parallel)
     {
       std::vector<T> kt(size_t(g.E * Bc)), vt(size_t(g.Ev * Bc)), s(size_t(Br * Bc)), dp(size_t(Br * Bc));
-      std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev));
+      std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev)), bias;
+      std::vector<int32_t> bucket;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task / (g.NKV * n_ktiles), kvh = task / n_ktiles % g.NKV, s0 = task % n_ktiles * Bc;
         const int64_t nc = std::min(Bc, g.S - s0), nc_pad = round_up(nc, kCols<T>);
-        // First query that sees key s0 (causal: s0 <= t + S - T); earlier query tiles are skipped.
-        const int64_t t_first = g.causal ? std::max<int64_t>(0, s0 - (g.S - g.T)) : 0;
-        if (t_first >= g.T) continue;
+        // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
+        const int64_t t_first = query_begin(g, s0), t_end = query_end(g, s0 + nc - 1);
+        if (t_first >= t_end) continue;
         pack_transposed(kt.data(), Bc, at(k, g.k_stride, b, kvh, s0), ks, nc, g.E);
         pack_transposed(vt.data(), Bc, at(v, g.v_stride, b, kvh, s0), vs, nc, g.Ev);
         std::fill(dk_acc.begin(), dk_acc.end(), T(0));
         std::fill(dv_acc.begin(), dv_acc.end(), T(0));
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          for (int64_t t0 = t_first / Br * Br; t0 < g.T; t0 += Br) {
+          for (int64_t t0 = t_first / Br * Br; t0 < t_end; t0 += Br) {
             const int64_t nr = std::min(Br, g.T - t0);
+            if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
             const T* q0 = at(q, g.q_stride, b, h, t0);
             const T* do0 = at(dout, g.o_stride, b, h, t0);
             matmul_tile(s.data(), Bc, q0, qs, int64_t(1), kt.data(), Bc, nr, g.E, nc_pad, false);
             matmul_tile(dp.data(), Bc, do0, os, int64_t(1), vt.data(), Bc, nr, g.Ev, nc_pad, false);
-            query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
+            if (mods) {
+              ModTile<T>(g, b, h, t0, nr, s0, nc, rel, bias, bucket)
+                  .probs_and_ds(s.data(), dp.data(), Bc, 1, lse, D.data(), mask, key_padding, false, nullptr);
+            } else {
+              query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
+            }
             // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed.
             if (dv) matmul_tile(dv_acc.data(), g.Ev, s.data(), int64_t(1), Bc, do0, os, nc, nr, g.Ev, true);
             if (dk) matmul_tile(dk_acc.data(), g.E, dp.data(), int64_t(1), Bc, q0, qs, nc, nr, g.E, true);
@@ -543,22 +812,27 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
     }
   }
 
-  if (dq) {  // pass 2: dQ per (batch, head, query tile), key-major tiles
-    const int64_t n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles;
+  // pass 2: dQ per (batch, head, query tile), key-major tiles; also the learned tables' gradients: a task owns
+  // dR's rows of its queries and sums T5's into its own partial, added up in task order at the end.
+  if (dq || rel.dR || g.mods.d_t5_bias) {
+    const int64_t n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles, buckets = g.mods.t5_buckets;
+    std::vector<T> t5_partial(g.mods.d_t5_bias ? size_t(tasks * buckets) : 0);
     const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
     const bool dropout = g.dropout_p > 0.0f;
     constexpr int64_t L = kLanes<T>;
 #pragma omp parallel if (parallel)
     {
       std::vector<T> qt(size_t(g.E * Br)), dot_(size_t(g.Ev * Br)), st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
-      std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
+      std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br)), bias;
+      std::vector<int32_t> bucket;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task / (g.NH * n_qtiles), h = task / n_qtiles % g.NH;
         const int64_t t0 = (n_qtiles - 1 - task % n_qtiles) * Br;  // heaviest first, as in the forward pass
         const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
-        const int64_t s_end = causal_end(g, t0 + nr - 1);
-        if (s_end == 0) continue;
+        const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
+        if (s_begin >= s_end) continue;
+        T* const dt5 = t5_partial.empty() ? nullptr : t5_partial.data() + task * buckets;
         pack_transposed(qt.data(), Br, at(q, g.q_stride, b, h, t0), qs, nr, g.E);
         pack_transposed(dot_.data(), Br, at(dout, g.o_stride, b, h, t0), os, nr, g.Ev);
         for (int64_t i = 0; i < n_pad; ++i) {
@@ -568,34 +842,46 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
           D_t[size_t(i)] = i < nr ? D[size_t((b * g.NH + h) * g.T + t0 + i)] : T(0);
         }
         std::fill(dq_acc.begin(), dq_acc.end(), T(0));
-        for (int64_t s0 = 0; s0 < s_end; s0 += Bc) {
+        for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
           const int64_t nc = std::min(Bc, s_end - s0);
+          if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
           const T* k0 = at(k, g.k_stride, b, kvh, s0);
           matmul_tile(st.data(), Br, k0, ks, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
           matmul_tile(dpt.data(), Br, at(v, g.v_stride, b, kvh, s0), vs, int64_t(1), dot_.data(), Br, nc, g.Ev, n_pad, false);
-          key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
-          for (int64_t j = 0; j < nc; ++j) {
-            T* row = st.data() + j * Br;
-            T* drow = dpt.data() + j * Br;
-            for (int64_t i = 0; i < n_pad; i += L) {
-              const Vec<T> p = exp_vec(load(row + i) - load(lse_t.data() + i));
-              store(row + i, p);
-              if (!dropout) store(drow + i, p * (load(drow + i) - load(D_t.data() + i)) * scale);
-            }
-            if (dropout) {
-              for (int64_t i = 0; i < nr; ++i) {
-                const bool keep = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t0 + i) + s0 + j, g.dropout_p);
-                drow[i] = row[i] * (drow[i] * (keep ? keep_scale : T(0)) - D_t[size_t(i)]) * scale;
+          if (mods) {
+            ModTile<T>(g, b, h, t0, nr, s0, nc, rel, bias, bucket)
+                .probs_and_ds(st.data(), dpt.data(), 1, Br, lse, D.data(), mask, key_padding, true, dt5);
+          } else {
+            key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
+            for (int64_t j = 0; j < nc; ++j) {
+              T* row = st.data() + j * Br;
+              T* drow = dpt.data() + j * Br;
+              for (int64_t i = 0; i < n_pad; i += L) {
+                const Vec<T> p = exp_vec(load(row + i) - load(lse_t.data() + i));
+                store(row + i, p);
+                if (!dropout) store(drow + i, p * (load(drow + i) - load(D_t.data() + i)) * scale);
+              }
+              if (dropout) {
+                for (int64_t i = 0; i < nr; ++i) {
+                  const bool keep = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t0 + i) + s0 + j, g.dropout_p);
+                  drow[i] = row[i] * (drow[i] * (keep ? keep_scale : T(0)) - D_t[size_t(i)]) * scale;
+                }
               }
             }
           }
           // dQ += dS K, dS read transposed out of the key-major tile.
-          matmul_tile(dq_acc.data(), g.E, dpt.data(), int64_t(1), Br, k0, ks, nr, nc, g.E, true);
+          if (dq) matmul_tile(dq_acc.data(), g.E, dpt.data(), int64_t(1), Br, k0, ks, nr, nc, g.E, true);
         }
+        if (!dq) continue;
         for (int64_t i = 0; i < nr; ++i) axpy_row(at(dq, g.q_stride, b, h, t0 + i), T(1), dq_acc.data() + i * g.E, g.E);
       }
     }
+    for (int64_t task = 0; task < tasks && !t5_partial.empty(); ++task) {
+      const int64_t h = task / n_qtiles % g.NH;
+      axpy_row(static_cast<T*>(g.mods.d_t5_bias) + h * buckets, T(1), t5_partial.data() + task * buckets, buckets);
+    }
   }
+  relative.finish(dq, dout, q, g);
 }
 
 #define TINYGPT_INSTANTIATE(T)                                                                                        \

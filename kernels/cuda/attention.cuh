@@ -551,6 +551,10 @@ void with_padded_dim(const AttentionGeom& g, F f) {
 unsigned tiles(int64_t n) { return unsigned((n + kTile - 1) / kTile); }
 
 void check_grid(const AttentionGeom& g) {
+  if (g.mods.any()) {
+    throw Error("attention: score modifiers (relative positions, ALiBi, T5 bias, window, documents, soft-cap) have no GPU "
+                "kernels yet; run on the CPU (--device cpu)");
+  }
   if (g.B * g.NH > (int64_t(1) << 31) - 1 || tiles(std::max(g.T, g.S)) > 65535u) {
     throw Error("attention: the batch, head or sequence count is too large for one GPU launch");
   }
@@ -562,6 +566,7 @@ void attention_naive_forward(float* out, float* weights, float* lse, const float
                              const float* mask, const uint8_t* key_padding, const AttentionGeom& g) {
   const int64_t rows = g.B * g.NH * g.T;
   if (rows == 0) return;
+  check_grid(g);
   Scratch scratch(weights ? 0 : size_t(rows * g.S) * sizeof(float));
   launch_kernel("attention_naive_forward", naive_forward_kernel, blocks_for(rows * 32), kThreads, 0, out, weights ? weights : scratch.as<float>(), lse, q, k, v, mask, key_padding, g);
 }
@@ -571,6 +576,7 @@ void attention_naive_backward(float* dq, float* dk, float* dv, const float* dout
                               const uint8_t* key_padding, const AttentionGeom& g) {
   const int64_t rows = g.B * g.NH * g.T;
   if (rows == 0) return;
+  check_grid(g);
   Scratch D(size_t(rows) * sizeof(float));
   launch_kernel("attention_naive_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout, out, g);
   if (dq) {

@@ -1,0 +1,98 @@
+// Score modifiers of flash attention, FlexAttention style: each changes the logit of (query t, key s) before the
+// softmax, inside the kernels, never through a materialized T x S bias. They travel with the call in
+// AttentionGeom::mods (plain data and pointers, as FlashAttention's params) and compose with causal, padding, the
+// additive mask, dropout and grouped-query heads.
+//
+// Positions: query t sits at position tq = t + S - T (bottom-right aligned, as the causal mask), key s at s, and
+// d = s - tq is the key's distance from the query (negative in the past). The logit of (t, s) is
+//
+//   x      = scale * q_t . (k_s + A_K[rel(d)])                       raw product plus Shaw's relative key term
+//   x      = cap * tanh(x / cap)                                     soft-capping, when cap > 0
+//   logit  = x + alibi_h(d) + t5[h, bucket(d)] + mask[t, s]          biases, after the cap (as Gemma 2 and T5)
+//   logit  = -inf where a mask hides the key: causal, padding, window (|d| >= W), document (ids differ)
+//
+// and Shaw's relative values add sum_s P[t, s] A_V[rel(d)] to the output. No (T, S, E) tensor is ever built: the
+// kernels compute R = Q A_K^T (T x (2m + 1) per head) and gather it by diagonal; the output's term is Pbar A_V
+// with Pbar[t, c] the probabilities summed per clipped distance c = rel(d). In the backward the raw-product
+// gradients summed per clipped distance give dR, then dQ += dR A_K and dA_K += dR^T Q; on the value side
+// dP[t, s] gains dO_t . A_V[rel(d)] and dA_V += Pbar^T dO.
+//
+// The kernels use the modifiers through three pieces only, so a new modifier adds its case here and in
+// ScoreMods, never in the tiling code:
+//   visible_keys / visible_queries  the key (query) range a range of queries (keys) can see: tiles outside are
+//                                   skipped (a window costs O(T W), not O(T S));
+//   key_tile_may_be_visible         whole-tile skipping by data (documents);
+//   score_mod_forward / _backward   the per-element math (kernels/cpu/attention.cpp, the ModTile).
+// To add one: a field in ScoreMods, its term in score_mod_forward and its derivative in score_mod_backward (and a
+// range in the first two if it hides keys); docs/DESIGN.md walks through it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "dropout_hash.h"  // TINYGPT_HOST_DEVICE
+
+namespace tinygpt {
+
+struct ScoreMods {
+  // Masks.
+  int64_t window = 0;                // > 0: keys with |d| < window only (with causal: the last `window` keys)
+  const int32_t* q_doc = nullptr;    // (B, T) document id of each query; with k_doc, a query sees its document only
+  const int32_t* k_doc = nullptr;    // (B, S) document id of each key
+  // Terms of the logit.
+  double softcap = 0;                // > 0: x -> cap * tanh(x / cap)
+  bool alibi = false;                // + alibi_slope(h, NH) * -|d|
+  const void* t5_bias = nullptr;     // (NH, t5_buckets) learned bias of each head and bucket, element type of q
+  int32_t t5_buckets = 32;
+  int32_t t5_max_distance = 128;
+  bool t5_bidirectional = false;
+  int64_t max_rel = 0;               // m > 0: Shaw's relative positions, distances clipped to [-m, m]
+  const void* rel_k = nullptr;       // A_K (2m + 1, E): the raw product gains q_t . A_K[rel(d)] (may be null)
+  const void* rel_v = nullptr;       // A_V (2m + 1, Ev): the output gains sum_s P[t, s] A_V[rel(d)] (may be null)
+  void* rel_probs = nullptr;         // with rel_v: Pbar (B, NH, T, 2m + 1), the (dropped) probabilities summed per
+                                     // clipped distance; written by the forward, read by the backward
+  // Gradients of the learned tables (backward; any may be null): += the tables' gradients.
+  void* d_rel_k = nullptr;           // (2m + 1, E)
+  void* d_rel_v = nullptr;           // (2m + 1, Ev)
+  void* d_t5_bias = nullptr;         // (NH, t5_buckets)
+
+  TINYGPT_HOST_DEVICE bool any() const {
+    return window > 0 || q_doc != nullptr || softcap > 0 || alibi || t5_bias != nullptr || max_rel > 0;
+  }
+  TINYGPT_HOST_DEVICE int64_t rel_width() const { return 2 * max_rel + 1; }
+};
+
+/// ALiBi's slope of head h of n (Press et al.): for n a power of two the geometric sequence 2^(-8 (h + 1) / n);
+/// otherwise the slopes of the power of two p below n, then every other slope of 2p for the remaining heads.
+TINYGPT_HOST_DEVICE inline double alibi_slope(int64_t h, int64_t n) {
+  int64_t p = 1;
+  while (2 * p <= n) p *= 2;
+  if (h < p) return exp2(-8.0 * double(h + 1) / double(p));
+  return exp2(-8.0 * double(2 * (h - p) + 1) / double(2 * p));
+}
+
+/// T5's bucket of distance d = key position - query position (Raffel et al.; Hugging Face's
+/// _relative_position_bucket): half the buckets exact, the rest log-spaced up to max_distance; bidirectional
+/// splits the buckets between the past and the future, otherwise every future key shares bucket 0.
+TINYGPT_HOST_DEVICE inline int32_t t5_bucket(int64_t d, int32_t buckets, int32_t max_distance, bool bidirectional) {
+  int32_t ret = 0;
+  int64_t n;
+  if (bidirectional) {
+    buckets /= 2;
+    if (d > 0) ret += buckets;
+    n = d < 0 ? -d : d;
+  } else {
+    n = d < 0 ? -d : 0;
+  }
+  const int32_t max_exact = buckets / 2;
+  if (n < max_exact) return ret + int32_t(n);
+  // In float, as the reference computes it, so the buckets agree at their edges.
+  const float denominator = float(log(double(max_distance) / double(max_exact)));
+  const int32_t v = max_exact + int32_t(logf(float(n) / float(max_exact)) / denominator * float(buckets - max_exact));
+  return ret + (v < buckets - 1 ? v : buckets - 1);
+}
+
+/// Column of distance d in Shaw's tables: clip(d, -m, m) + m.
+TINYGPT_HOST_DEVICE inline int64_t rel_column(int64_t d, int64_t m) { return (d < -m ? -m : d > m ? m : d) + m; }
+
+}  // namespace tinygpt
