@@ -25,6 +25,11 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
     throw Error(fmt::format("MultiHeadAttention: RoPE needs an even head dim, got {}", c.embed_dim / c.num_heads));
   }
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) throw Error(fmt::format("MultiHeadAttention: dropout must be in [0, 1), got {}", c.dropout));
+  if (c.max_relative_position < 0 || c.t5_buckets < 0 || c.window < 0 || !(c.softcap >= 0.0)) {
+    throw Error(fmt::format("MultiHeadAttention: max_relative_position ({}), t5_buckets ({}), window ({}) and softcap ({}) "
+                            "must be >= 0",
+                            c.max_relative_position, c.t5_buckets, c.window, c.softcap));
+  }
   return c;
 }
 
@@ -58,12 +63,37 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, G
     register_module("v_proj", *v_proj);
   }
   register_module("c_proj", c_proj);
+  const int64_t m = c.max_relative_position;
+  if (m > 0) {
+    relative_key = register_parameter("relative_key", randn({2 * m + 1, E}, gen, DType::F32, Device::CPU, kInitStd));
+    if (c.relative_values) {
+      relative_value = register_parameter("relative_value", randn({2 * m + 1, E}, gen, DType::F32, Device::CPU, kInitStd));
+    }
+  }
+  if (c.t5_buckets > 0) {
+    t5_bias = register_parameter("t5_bias", randn({c.num_heads, c.t5_buckets}, gen, DType::F32, Device::CPU, kInitStd));
+  }
+}
+
+ScoreModOptions MultiHeadAttention::score_mods(const Tensor& doc_ids) const {
+  const auto& c = config_;
+  ScoreModOptions m;
+  m.relative_key = relative_key;
+  m.relative_value = relative_value;
+  m.alibi = c.alibi;
+  m.t5_bias = t5_bias;
+  m.t5_max_distance = c.t5_max_distance;
+  m.t5_bidirectional = c.t5_bidirectional;
+  m.window = c.window;
+  m.softcap = c.softcap;
+  m.doc_ids = doc_ids;
+  return m;
 }
 
 MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                                        const Tensor& key_padding_mask, const Tensor& attn_mask,
                                                        bool is_causal, bool need_weights, bool average_attn_weights,
-                                                       int64_t pos0) const {
+                                                       int64_t pos0, const Tensor& doc_ids) const {
   const auto& c = config_;
   const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim();
   if (query.ndim() != 3 || query.size(2) != c.embed_dim) {
@@ -80,6 +110,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   opts.key_padding_mask = key_padding_mask;
   opts.need_weights = need_weights;
   opts.numerics = numerics();
+  opts.mods = score_mods(doc_ids);
   if (training() && c.dropout > 0.0) {
     opts.dropout_p = c.dropout;
     opts.dropout_seed = gen_->next_u64();
@@ -137,7 +168,8 @@ Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tens
   if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_base);
   write_slice(k_cache, 1, pos, narrow(qkv, 2, NH * E, NKV * E));
   write_slice(v_cache, 1, pos, narrow(qkv, 2, (NH + NKV) * E, NKV * E));
-  const Tensor y = cached_attention(narrow(qkv, 2, 0, NH * E), k_cache, v_cache, pos + T, NH, NKV, numerics());  // (B, T, NH * E)
+  const Tensor y = cached_attention(narrow(qkv, 2, 0, NH * E), k_cache, v_cache, pos + T, NH, NKV, numerics(),
+                                    score_mods(Tensor()));  // (B, T, NH * E)
   return c_proj.forward(y);
 }
 

@@ -1,5 +1,6 @@
 // Multi-head attention with the semantics of torch.nn.MultiheadAttention(batch_first=True), plus
-// grouped-query heads and rotary position embeddings. Self-attention (query, key and value the same
+// grouped-query heads, rotary position embeddings and the score modifiers of the flash kernels (Shaw's relative
+// positions, ALiBi, T5 bias, sliding window, document masks, soft-cap). Self-attention (query, key and value the same
 // tensor) runs one fused QKV projection and reads q, k and v straight out of it; cross-attention projects
 // each input with its own rows of the projection. Set TINYGPT_TRACE_SHAPES=1 to log every stage's shape.
 #pragma once
@@ -20,6 +21,15 @@ struct MultiHeadAttentionConfig {
   bool rope = false;         // rotate q and k by position (RoPE) instead of relying on learned positions
   double rope_base = 10000.0;
   double proj_init_std = kInitStd;  // of the output projection (GPT-2 scales it down with depth)
+  // Score modifiers inside the attention kernels (autograd/attention.h, kernels/score_mods.h).
+  int64_t max_relative_position = 0;  // > 0: Shaw's relative positions, tables relative_key and relative_value
+  bool relative_values = true;        //   of (2m + 1, head_dim) shared by the heads (false: relative_key only)
+  bool alibi = false;                 // ALiBi's fixed per-head linear bias
+  int32_t t5_buckets = 0;             // > 0: T5's learned bias per head and bucket, t5_bias (num_heads, buckets)
+  int32_t t5_max_distance = 128;
+  bool t5_bidirectional = false;
+  int64_t window = 0;                 // > 0: a query sees keys within `window` positions (causal: the last `window`)
+  double softcap = 0;                 // > 0: logits soft-capped to (-softcap, softcap)
 };
 
 class MultiHeadAttention : public Module {
@@ -33,10 +43,11 @@ class MultiHeadAttention : public Module {
 
   /// query (B, T, embed_dim), key (B, S, kdim), value (B, S, vdim). key_padding_mask (B, S) bool, true =
   /// ignore; attn_mask bool (true = masked out) or additive float, broadcastable to (B, NH, T, S).
-  /// pos0 is the position of the first query (and key) for RoPE.
+  /// pos0 is the position of the first query (and key) for RoPE. doc_ids (B, T) i32, for self-attention over
+  /// packed documents: a query sees only keys of its own document.
   Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = {},
                  const Tensor& attn_mask = {}, bool is_causal = false, bool need_weights = false,
-                 bool average_attn_weights = true, int64_t pos0 = 0) const;
+                 bool average_attn_weights = true, int64_t pos0 = 0, const Tensor& doc_ids = {}) const;
 
   /// Inference for self-attention with a key/value cache: x (B, T, embed_dim) holds positions
   /// [pos, pos + T); their keys and values are written into k_cache, v_cache (B, capacity, NKV * head_dim)
@@ -49,8 +60,13 @@ class MultiHeadAttention : public Module {
   std::unique_ptr<Linear> c_attn;                   // fused (NH + 2 NKV) * E rows, when kdim == vdim == embed_dim
   std::unique_ptr<Linear> q_proj, k_proj, v_proj;   // otherwise
   Linear c_proj;
+  Tensor relative_key, relative_value;  // (2m + 1, head_dim), with max_relative_position
+  Tensor t5_bias;                       // (num_heads, t5_buckets), with t5_buckets
 
  private:
+  /// The score modifiers of this layer for the kernels.
+  ScoreModOptions score_mods(const Tensor& doc_ids) const;
+
   MultiHeadAttentionConfig config_;
   Generator* gen_;
 };

@@ -1,5 +1,6 @@
 #include "nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tinygpt::nn {
@@ -12,10 +13,19 @@ MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
   a.num_kv_heads = c.n_kv_head;
   a.bias = c.bias;
   a.dropout = c.dropout;
-  a.rope = c.rope;
+  a.rope = c.pos == Positions::Rope;
   a.proj_init_std = kInitStd / std::sqrt(2.0 * double(c.n_layer));
+  if (c.pos == Positions::Relative) a.max_relative_position = c.max_relative_position;
+  a.alibi = c.pos == Positions::Alibi;
+  if (c.pos == Positions::T5) a.t5_buckets = GPTConfig::kT5Buckets, a.t5_max_distance = GPTConfig::kT5MaxDistance;
+  a.window = c.window;
+  a.softcap = c.attn_softcap;
   return a;
 }
+
+constexpr std::pair<Positions, const char*> kPositionNames[] = {
+    {Positions::Learned, "learned"}, {Positions::Rope, "rope"}, {Positions::Relative, "relative"},
+    {Positions::Alibi, "alibi"},     {Positions::T5, "t5"},     {Positions::None, "none"}};
 
 /// Positions [pos0, pos0 + T) as i32 ids.
 Tensor positions(int64_t pos0, int64_t T) {
@@ -25,6 +35,23 @@ Tensor positions(int64_t pos0, int64_t T) {
 }
 
 }  // namespace
+
+const char* positions_name(Positions p) {
+  for (const auto& [value, name] : kPositionNames) {
+    if (value == p) return name;
+  }
+  return "?";
+}
+
+bool parse_positions(std::string_view name, Positions& p) {
+  for (const auto& [value, n] : kPositionNames) {
+    if (name == n) {
+      p = value;
+      return true;
+    }
+  }
+  return false;
+}
 
 void GPTConfig::validate() const {
   auto positive = [](const char* name, int64_t v) {
@@ -42,7 +69,14 @@ void GPTConfig::validate() const {
   if (n_kv_head > 0 && n_head % n_kv_head != 0) {
     throw Error(fmt::format("model config: n_head ({}) must be divisible by n_kv_head ({})", n_head, n_kv_head));
   }
-  if (rope && (n_embd / n_head) % 2 != 0) {
+  if (pos == Positions::Relative && max_relative_position <= 0) {
+    throw Error(fmt::format("model config: max_relative_position must be positive, got {}", max_relative_position));
+  }
+  if (window < 0) throw Error(fmt::format("model config: window must be >= 0 (0: the whole block), got {}", window));
+  if (!(attn_softcap >= 0.0) || !std::isfinite(attn_softcap)) {
+    throw Error(fmt::format("model config: attn_softcap must be a finite number >= 0 (0: off), got {}", attn_softcap));
+  }
+  if (pos == Positions::Rope && (n_embd / n_head) % 2 != 0) {
     throw Error(fmt::format("model config: RoPE needs an even head size, got n_embd / n_head = {}", n_embd / n_head));
   }
   if (!(dropout >= 0.0 && dropout < 1.0)) throw Error(fmt::format("model config: dropout must be in [0, 1), got {}", dropout));
@@ -63,9 +97,10 @@ Block::Block(const GPTConfig& c, Generator& gen)
   register_module("mlp", mlp);
 }
 
-Tensor Block::forward(const Tensor& x, Generator& gen) const {
+Tensor Block::forward(const Tensor& x, Generator& gen, const Tensor& doc_ids) const {
   const Tensor a = ln_1.forward(x);
-  const Tensor x1 = x + dropout(attn.forward(a, a, a, {}, {}, /*is_causal=*/true).out, dropout_, gen, training());
+  const Tensor attended = attn.forward(a, a, a, {}, {}, /*is_causal=*/true, false, true, 0, doc_ids).out;
+  const Tensor x1 = x + dropout(attended, dropout_, gen, training());
   return x1 + dropout(mlp.forward(ln_2.forward(x1)), dropout_, gen, training());
 }
 
@@ -78,7 +113,7 @@ GPT::GPT(const GPTConfig& config, Generator& gen)
     : wte(config.vocab_size, config.n_embd, gen), ln_f(config.n_embd, config.bias), config_(config), gen_(&gen) {
   config_.validate();
   register_module("transformer.wte", wte);
-  if (!config_.rope) {
+  if (config_.pos == Positions::Learned) {
     wpe = std::make_unique<Embedding>(config_.block_size, config_.n_embd, gen);
     register_module("transformer.wpe", *wpe);
   }
@@ -96,7 +131,7 @@ Tensor GPT::embed(const Tensor& ids, int64_t pos0) const {
     throw Error(fmt::format("GPT: ids must be an i32 (B, T) tensor, got {} {}", dtype_name(ids.dtype()), ids.shape().str()));
   }
   const int64_t T = ids.size(1);
-  if (pos0 + T > config_.block_size) {
+  if (pos0 + T > config_.block_size && !config_.relative_positions()) {
     throw Error(fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", pos0 + T, config_.block_size));
   }
   Tensor x = wte.forward(ids);  // (B, T, C)
@@ -104,21 +139,42 @@ Tensor GPT::embed(const Tensor& ids, int64_t pos0) const {
   return x;
 }
 
-Tensor GPT::hidden(const Tensor& ids) const {
+Tensor GPT::hidden(const Tensor& ids, const Tensor& doc_ids) const {
   Tensor x = dropout(embed(ids, 0), config_.dropout, *gen_, training());
-  for (const auto& block : h) x = block->forward(x, *gen_);
+  for (const auto& block : h) x = block->forward(x, *gen_, doc_ids);
   return ln_f.forward(x);
+}
+
+Tensor GPT::document_ids(const Tensor& ids) const {
+  if (doc_separator_.empty()) return Tensor();
+  const int64_t B = ids.size(0), T = ids.size(1), n = int64_t(doc_separator_.size());
+  const std::vector<int32_t> x = ids.to(Device::CPU).to_vector<int32_t>();
+  std::vector<int32_t> doc(x.size());
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t id = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      doc[size_t(b * T + t)] = id;
+      const int32_t* end = x.data() + b * T + t + 1;  // a separator ending at t: the next position starts a document
+      if (t + 1 >= n && std::equal(doc_separator_.begin(), doc_separator_.end(), end - n)) ++id;
+    }
+  }
+  return from_vector(doc, {B, T}).to(ids.device());
+}
+
+bool GPT::ends_document(const std::vector<int32_t>& context) const {
+  const size_t n = doc_separator_.size();
+  return n > 0 && context.size() >= n && std::equal(doc_separator_.begin(), doc_separator_.end(), context.end() - int64_t(n));
 }
 
 GPT::Output GPT::forward(const Tensor& ids, const Tensor& targets) const {
   Output out;
-  out.logits = linear(hidden(ids), wte.weight, Tensor(), numerics());  // (B, T, V), weights tied with the token embedding
+  out.logits = linear(hidden(ids, document_ids(ids)), wte.weight, Tensor(), numerics());  // (B, T, V), weights tied with the token embedding
   if (targets.defined()) out.loss = cross_entropy(out.logits, targets);
   return out;
 }
 
 Tensor GPT::last_logits(const Tensor& ids) const {
-  const Tensor x = hidden(ids);
+  const Tensor x = hidden(ids, document_ids(ids));
   return linear(reshape(narrow(x, 1, x.size(1) - 1, 1), {x.size(0), x.size(2)}), wte.weight, Tensor(), numerics());
 }
 
@@ -128,9 +184,11 @@ Tensor GPT::attention_weights(const Tensor& ids, int64_t layer) const {
   }
   NoGradGuard no_grad;
   Tensor x = embed(ids, 0);
-  for (int64_t i = 0; i < layer; ++i) x = h[size_t(i)]->forward(x, *gen_);
+  const Tensor doc_ids = document_ids(ids);
+  for (int64_t i = 0; i < layer; ++i) x = h[size_t(i)]->forward(x, *gen_, doc_ids);
   const Tensor a = h[size_t(layer)]->ln_1.forward(x);
-  return h[size_t(layer)]->attn.forward(a, a, a, {}, {}, /*is_causal=*/true, /*need_weights=*/true, /*average=*/false).weights;
+  return h[size_t(layer)]->attn.forward(a, a, a, {}, {}, /*is_causal=*/true, /*need_weights=*/true, /*average=*/false, 0, doc_ids)
+      .weights;
 }
 
 KVCache GPT::make_cache(int64_t batch) const {
@@ -156,6 +214,21 @@ Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
   cache.len += T;
   x = ln_f.forward(narrow(x, 1, T - 1, 1));
   return linear(reshape(x, {x.size(0), x.size(2)}), wte.weight, Tensor(), numerics());
+}
+
+void GPT::slide_cache(KVCache& cache, int64_t n) const {
+  if (!config_.relative_positions()) {
+    throw Error(fmt::format("GPT: a sliding cache needs relative positions; this model's are {}", positions_name(config_.pos)));
+  }
+  if (n < 0 || n > cache.len) throw Error(fmt::format("GPT: cannot drop {} of {} cached positions", n, cache.len));
+  NoGradGuard no_grad;
+  const int64_t kept = cache.len - n;
+  for (auto* layers : {&cache.k, &cache.v}) {
+    for (Tensor& t : *layers) {
+      if (kept > 0) write_slice(t, 1, 0, narrow(t, 1, n, kept).clone());
+    }
+  }
+  cache.len = kept;
 }
 
 }  // namespace tinygpt::nn

@@ -1,16 +1,29 @@
-// GPT as nanoGPT builds it: token (+ learned position) embeddings, N pre-LayerNorm transformer blocks of
+// GPT as nanoGPT builds it: token (+ learned position) embeddings or another position scheme (Positions), N pre-LayerNorm transformer blocks of
 // causal self-attention and a 4x GELU MLP, a final LayerNorm, and an LM head tied to the token embedding.
 // Parameter names are nanoGPT's ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", ...), so
 // weights move between the two by name.
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "attention.h"
 #include "layers.h"
 
 namespace tinygpt::nn {
+
+/// How the model knows where a token is: a learned table added to the token embeddings (GPT-2), rotary
+/// embeddings of q and k, or a term of the attention scores inside the kernels (Shaw's relative positions, ALiBi,
+/// T5's bucketed bias); or not at all (the causal mask alone). The last four depend on distances only, so such a
+/// model runs on sequences longer than its block size.
+enum class Positions : uint8_t { Learned, Rope, Relative, Alibi, T5, None };
+
+/// "learned", "rope", "relative", "alibi", "t5", "none".
+const char* positions_name(Positions p);
+/// The Positions named `name`; false for any other name.
+bool parse_positions(std::string_view name, Positions& p);
 
 struct GPTConfig {
   int64_t vocab_size = 0;
@@ -21,7 +34,15 @@ struct GPTConfig {
   int64_t n_embd = 384;
   double dropout = 0.0;      // embeddings, attention weights, residual branches (training mode only)
   bool bias = false;         // biases in Linear and LayerNorm layers
-  bool rope = false;         // rotary position embeddings instead of the learned wpe table
+  Positions pos = Positions::Learned;
+  int64_t max_relative_position = 16;  // pos relative: distances clipped to [-m, m]
+  int64_t window = 0;        // > 0: sliding-window attention over the last `window` positions
+  double attn_softcap = 0;   // > 0: attention logits soft-capped to (-attn_softcap, attn_softcap)
+  std::string doc_separator = {};  // packed documents: the text ending one; attention stays within (empty: none)
+  static constexpr int32_t kT5Buckets = 32, kT5MaxDistance = 128;  // pos t5: T5's defaults
+
+  /// Whether positions enter only through distances (relative, alibi, t5, none): no table bounds the length.
+  bool relative_positions() const { return pos != Positions::Learned && pos != Positions::Rope; }
 
   /// Throws an Error naming the first field that is out of range or inconsistent.
   void validate() const;
@@ -48,7 +69,7 @@ struct KVCache {
 class Block : public Module {
  public:
   Block(const GPTConfig& c, Generator& gen);
-  Tensor forward(const Tensor& x, Generator& gen) const;
+  Tensor forward(const Tensor& x, Generator& gen, const Tensor& doc_ids = {}) const;
   /// Inference for new positions [cache.len, cache.len + T) given the cached earlier ones; writes this
   /// layer's keys and values into cache.k[layer], cache.v[layer].
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer) const;
@@ -67,7 +88,7 @@ class GPT : public Module {
   explicit GPT(const GPTConfig& config, Generator& gen = default_generator());
 
   /// ids (B, T) i32 -> logits (B, T, vocab_size). With targets (B, T), also the mean cross-entropy
-  /// (targets of -1 are ignored).
+  /// (targets of -1 are ignored). With a document separator, attention stays within each document.
   struct Output {
     Tensor logits;
     Tensor loss;
@@ -85,23 +106,34 @@ class GPT : public Module {
   /// Inference: appends ids (B, T) at positions [cache.len, cache.len + T) and returns the logits
   /// (B, vocab_size) of the last one. Only the new positions are computed; earlier ones come from the cache.
   Tensor forward_cached(const Tensor& ids, KVCache& cache) const;
+  /// Drops the oldest n positions of the cache, keeping the others' keys and values (a sliding cache, for models
+  /// with relative positions only: their cached keys do not depend on where the cache starts).
+  void slide_cache(KVCache& cache, int64_t n) const;
 
   const GPTConfig& config() const { return config_; }
+  /// The ids of config().doc_separator in the data's vocabulary: from then on forward() keeps attention within
+  /// the documents they delimit (a separator belongs to the document it ends).
+  void set_document_separator(std::vector<int32_t> ids) { doc_separator_ = std::move(ids); }
+  /// The document of each position of ids (B, T) under the separator (an undefined tensor without one).
+  Tensor document_ids(const Tensor& ids) const;
+  /// Whether `context` ends with the document separator (so the next token starts a new document).
+  bool ends_document(const std::vector<int32_t>& context) const;
   /// Parameters without the position table, as nanoGPT counts them.
   int64_t num_parameters_non_embedding() const;
 
   Embedding wte;
-  std::unique_ptr<Embedding> wpe;  // absent with RoPE
+  std::unique_ptr<Embedding> wpe;  // with learned positions only
   std::vector<std::unique_ptr<Block>> h;
   LayerNorm ln_f;
 
  private:
   /// Token plus position embeddings of ids (B, T) at positions [pos0, pos0 + T), after checking both.
   Tensor embed(const Tensor& ids, int64_t pos0) const;
-  Tensor hidden(const Tensor& ids) const;
+  Tensor hidden(const Tensor& ids, const Tensor& doc_ids) const;
 
   GPTConfig config_;
   Generator* gen_;  // dropout masks
+  std::vector<int32_t> doc_separator_;
 };
 
 }  // namespace tinygpt::nn

@@ -112,6 +112,24 @@ expect_error "not in the model's vocabulary" "$tinygpt" eval --ckpt "$dir/run" -
 expect_error "attention-math must be f32, tf32 or bf16, got 'fp8'" "$tinygpt" eval --ckpt "$dir/run" --data "$dir/text.txt" --attention-math fp8
 expect_error "attention-math tf32 runs attention on GPU tensor cores: it needs --device cuda" "$tinygpt" sample --ckpt "$dir/run" --attention-math tf32
 
+# Relative positions, window, soft-cap and documents: trained, then sampled far past the block (a sliding cache), read
+# back by info and eval, refused by the GPT-2 export; bad values refused.
+"$tinygpt" train --data "$dir/text.txt" --out "$dir/rel" --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 \
+  --batch-size 4 --max-iters 4 --eval-interval 4 --eval-iters 1 --pos relative --max-relative-position 4 --window 8 \
+  --softcap 20 --doc-sep $'\n' 2> "$dir/rel.log" || fail "train --pos relative exited non-zero: $(tail -3 "$dir/rel.log")"
+r=$("$tinygpt" sample --ckpt "$dir/rel" --prompt "First" --max-new-tokens 60 --seed 3 2> /dev/null) || fail "sample of a relative model failed"
+[ "${#r}" -eq 65 ] || fail "a relative-position model should sample past its block: got ${#r} characters"
+"$tinygpt" info --ckpt "$dir/rel" 2>&1 | grep -q "relative positions (clipped at 4), window 8, soft-cap 20, documents" ||
+  fail "info does not describe the relative model: $("$tinygpt" info --ckpt "$dir/rel" 2>&1 | head -3)"
+"$tinygpt" eval --ckpt "$dir/rel" --data "$dir/text.txt" --eval-iters 1 --batch-size 2 > /dev/null 2>&1 || fail "eval of a relative model failed"
+expect_error "positions are relative (trained with --pos relative), which GPT-2 cannot express" "$tinygpt" export --ckpt "$dir/rel" --out "$dir/hf3"
+expect_error "^error: --pos: sinusoidal not in {learned,rope,relative,alibi,t5,none}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --pos sinusoidal
+expect_error "window must be >= 0" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --window -1
+expect_error "attn_softcap must be a finite number >= 0" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --softcap -5
+expect_error "max_relative_position must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --pos relative --max-relative-position 0
+expect_error "doc-sep: character .* is not in the data's vocabulary" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --doc-sep "@@"
+expect_error "model flags contradict the checkpoint: pos \"alibi\" (flags) vs \"relative\"" "$tinygpt" train --data "$dir/text.txt" --out "$dir/rel" --resume --pos alibi
+
 # Info and pictures.
 "$tinygpt" info --ckpt "$dir/run" > "$dir/info.out" 2>&1 || fail "info exited non-zero: $(cat "$dir/info.out")"
 grep -q "^iteration      40$" "$dir/info.out" || fail "info did not report iteration 40: $(cat "$dir/info.out")"

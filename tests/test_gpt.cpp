@@ -133,7 +133,7 @@ TEST_CASE("gpt: the KV cache gives the full forward pass's logits, position by p
     CAPTURE(rope);
     CAPTURE(kv_heads);
     nn::GPTConfig c = tiny_config();
-    c.rope = rope;
+    c.pos = rope ? nn::Positions::Rope : nn::Positions::Learned;
     c.n_kv_head = kv_heads;
     Generator gen(11);
     nn::GPT model(c, gen);
@@ -152,6 +152,102 @@ TEST_CASE("gpt: the KV cache gives the full forward pass's logits, position by p
     CHECK(cache.len == 16);
     CHECK_THROWS_WITH_AS(model.forward_cached(id_columns(ids, 0, 1), cache),
                          doctest::Contains("exceed the block size"), Error);
+  }
+}
+
+TEST_CASE("gpt: every position scheme, window and soft-cap: the KV cache gives the full forward pass's logits") {
+  for (const nn::Positions pos : {nn::Positions::Relative, nn::Positions::Alibi, nn::Positions::T5, nn::Positions::None}) {
+    for (const int64_t window : {0, 5}) {
+      CAPTURE(nn::positions_name(pos));
+      CAPTURE(window);
+      nn::GPTConfig c = tiny_config();
+      c.pos = pos, c.window = window, c.attn_softcap = window > 0 ? 3.0 : 0.0, c.max_relative_position = 4;
+      c.n_kv_head = 2;
+      Generator gen(12);
+      nn::GPT model(c, gen);
+      CHECK(!model.wpe);
+      model.train(false);
+      NoGradGuard no_grad;
+      const Tensor ids = random_ids(2, 16, 11, gen);
+      const Tensor full = model.forward(ids).logits;
+      nn::KVCache cache = model.make_cache(2);
+      Tensor last = model.forward_cached(id_columns(ids, 0, 6), cache);
+      CHECK(max_abs_diff(last, reshape(narrow(full, 1, 5, 1), {2, 11})) < 1e-5);
+      for (int64_t t = 6; t < 16; ++t) {
+        last = model.forward_cached(id_columns(ids, t, 1), cache);
+        CHECK(max_abs_diff(last, reshape(narrow(full, 1, t, 1), {2, 11})) < 1e-5);
+      }
+      // Positions enter through distances only: sequences longer than the block run, and a window makes the last
+      // position's logits independent of everything before its window.
+      const Tensor longer = random_ids(1, 40, 11, gen);
+      const Tensor out = model.forward(longer).logits;
+      CHECK(out.size(1) == 40);
+      if (window > 0 && c.n_layer * (window - 1) < 30) {  // the receptive field of 2 layers: 2 * (window - 1) back
+        std::vector<int32_t> changed = longer.to_vector<int32_t>();
+        for (int64_t t = 0; t < 20; ++t) changed[size_t(t)] = (changed[size_t(t)] + 1) % 11;
+        const Tensor out2 = model.forward(from_vector(changed, {1, 40})).logits;
+        CHECK(max_abs_diff(narrow(out, 1, 39, 1), narrow(out2, 1, 39, 1)) < 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("gpt: a sliding cache drops the oldest positions and keeps the others' keys and values") {
+  nn::GPTConfig c = tiny_config();
+  c.pos = nn::Positions::Alibi;
+  Generator gen(3);
+  nn::GPT model(c, gen);
+  model.train(false);
+  NoGradGuard no_grad;
+  nn::KVCache cache = model.make_cache(1);
+  model.forward_cached(random_ids(1, 16, 11, gen), cache);
+  const std::vector<float> before = cache.k[1].to_vector<float>();
+  const int64_t width = cache.k[1].size(2);
+  model.slide_cache(cache, 6);
+  CHECK(cache.len == 10);
+  const std::vector<float> after = cache.k[1].to_vector<float>();
+  CHECK(std::equal(after.begin(), after.begin() + 10 * width, before.begin() + 6 * width));
+  CHECK_THROWS_AS(model.slide_cache(cache, 11), Error);
+  nn::GPT learned(tiny_config(), gen);
+  nn::KVCache other = learned.make_cache(1);
+  CHECK_THROWS_WITH_AS(learned.slide_cache(other, 0), doctest::Contains("relative positions"), Error);
+  // Generation far past the block slides instead of rebuilding, deterministically.
+  GenerateOptions o;
+  o.max_new_tokens = 60;
+  Generator g1(1), g2(1);
+  CHECK(generate(model, {1, 2}, o, g1) == generate(model, {1, 2}, o, g2));
+}
+
+TEST_CASE("gpt: with a document separator, attention stays within each document, in training and in sampling") {
+  nn::GPTConfig c = tiny_config();
+  c.pos = nn::Positions::T5;
+  c.doc_separator = "ab";  // two tokens, 0 then 1, end a document
+  Generator gen(4);
+  nn::GPT model(c, gen);
+  model.set_document_separator({0, 1});
+  model.train(false);
+  NoGradGuard no_grad;
+  for (Tensor& p : model.parameters()) p.copy_(p * 30.0);  // sharp distributions: the context shows in the samples
+  const std::vector<int32_t> ids = {5, 6, 0, 1, 7, 8, 0, 9, 1, 0, 1, 2, 3};
+  CHECK(model.document_ids(from_vector(ids, {1, 13})).to_vector<int32_t>() ==
+        std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 2, 2});
+  // Changing the first document changes nothing after it.
+  std::vector<int32_t> changed = ids;
+  changed[0] = 9, changed[1] = 2;
+  const Tensor a = model.forward(from_vector(ids, {1, 13})).logits, b = model.forward(from_vector(changed, {1, 13})).logits;
+  CHECK(max_abs_diff(narrow(a, 1, 4, 9), narrow(b, 1, 4, 9)) < 1e-6);
+  CHECK(max_abs_diff(narrow(a, 1, 0, 4), narrow(b, 1, 0, 4)) > 1e-3);
+  CHECK(model.ends_document({3, 0, 1}));
+  CHECK(!model.ends_document({0, 1, 3}));
+  // Sampling: the token after a separator starts a fresh context, so what came before does not matter.
+  GenerateOptions o;
+  o.max_new_tokens = 20;
+  for (const bool kv : {true, false}) {
+    o.kv_cache = kv;
+    Generator g1(8), g2(8), g3(8);
+    const auto fresh = generate(model, {5, 6, 7, 0, 1, 4}, o, g1);
+    CHECK(fresh == generate(model, {2, 3, 0, 1, 4}, o, g2));
+    CHECK(fresh != generate(model, {2, 3, 0, 2, 4}, o, g3));  // no separator: one document, another context
   }
 }
 

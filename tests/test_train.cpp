@@ -332,15 +332,16 @@ TEST_CASE("train: stopping and resuming gives the same losses and weights, bit f
 
 TEST_CASE("memory: the parameter count from a config is the built model's, and absurd sizes are refused") {
   for (const bool bias : {false, true})
-    for (const bool rope : {false, true})
+    for (const nn::Positions pos : {nn::Positions::Learned, nn::Positions::Rope, nn::Positions::Relative,
+                                    nn::Positions::Alibi, nn::Positions::T5, nn::Positions::None})
       for (const int64_t kv : {0, 1, 2}) {
         nn::GPTConfig c;
         c.vocab_size = 13, c.block_size = 16, c.n_layer = 2, c.n_head = 4, c.n_kv_head = kv, c.n_embd = 32;
-        c.bias = bias, c.rope = rope;
+        c.bias = bias, c.pos = pos, c.max_relative_position = 5;
         Generator gen(1);
         const nn::GPT model(c, gen);
         CAPTURE(bias);
-        CAPTURE(rope);
+        CAPTURE(nn::positions_name(pos));
         CAPTURE(kv);
         CHECK(gpt_parameter_count(c) == double(model.num_parameters()));
       }
@@ -434,10 +435,35 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
     CHECK(tok_cfg["clean_up_tokenization_spaces"] == false);
   }
 
-  nn::GPTConfig rope{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .rope = true};
+  nn::GPTConfig rope{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .pos = nn::Positions::Rope};
   CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("rotary position embeddings"));
+  for (const nn::Positions p : {nn::Positions::Relative, nn::Positions::Alibi, nn::Positions::T5, nn::Positions::None}) {
+    nn::GPTConfig relative = rope;
+    relative.pos = p;
+    CHECK_THROWS_WITH(check_hf_exportable(relative), doctest::Contains(doctest::String((std::string("--pos ") + nn::positions_name(p)).c_str())));
+  }
+  nn::GPTConfig windowed{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .window = 4};
+  CHECK_THROWS_WITH(check_hf_exportable(windowed), doctest::Contains("sliding-window"));
   nn::GPTConfig gqa{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 4, .n_kv_head = 2, .n_embd = 8};
   CHECK_THROWS_WITH(check_hf_exportable(gqa), doctest::Contains("grouped-query attention (2 key/value heads for 4"));
   gqa.n_kv_head = 4;
   CHECK_NOTHROW(check_hf_exportable(gqa));
+}
+
+TEST_CASE("checkpoint config: the position scheme and attention options round-trip; old checkpoints read as saved") {
+  nn::GPTConfig c;
+  c.vocab_size = 7, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
+  c.pos = nn::Positions::Relative, c.max_relative_position = 3, c.window = 5, c.attn_softcap = 30, c.doc_separator = "\n\n";
+  CHECK(gpt_config_from_json(to_json(c)) == c);
+  nlohmann::json old = to_json(c);
+  for (const char* key : {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator"}) old.erase(key);
+  old["rope"] = true;
+  const nn::GPTConfig read = gpt_config_from_json(old);
+  CHECK(read.pos == nn::Positions::Rope);
+  CHECK(read.window == 0);
+  CHECK(read.doc_separator.empty());
+  old.erase("rope");
+  CHECK(gpt_config_from_json(old).pos == nn::Positions::Learned);
+  old["pos"] = "sinusoidal";
+  CHECK_THROWS_WITH_AS(gpt_config_from_json(old), doctest::Contains("unknown position scheme"), Error);
 }

@@ -33,7 +33,9 @@ Generator::State rng_from_json(const nlohmann::json& j) {
 nlohmann::json to_json(const nn::GPTConfig& c) {
   return {{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
           {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},   {"n_embd", c.n_embd},
-          {"dropout", c.dropout},       {"bias", c.bias},             {"rope", c.rope}};
+          {"dropout", c.dropout},       {"bias", c.bias},             {"pos", nn::positions_name(c.pos)},
+          {"max_relative_position", c.max_relative_position}, {"window", c.window}, {"attn_softcap", c.attn_softcap},
+          {"doc_separator", c.doc_separator}};
 }
 
 nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
@@ -46,7 +48,13 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   c.n_embd = j.at("n_embd").get<int64_t>();
   c.dropout = j.value("dropout", 0.0);
   c.bias = j.at("bias").get<bool>();
-  c.rope = j.value("rope", false);
+  // "pos" names the scheme; checkpoints written before it had only "rope" (true or false).
+  const std::string pos = j.value("pos", j.value("rope", false) ? "rope" : "learned");
+  if (!nn::parse_positions(pos, c.pos)) throw Error(fmt::format("unknown position scheme \"{}\"", pos));
+  c.max_relative_position = j.value("max_relative_position", c.max_relative_position);
+  c.window = j.value("window", int64_t(0));
+  c.attn_softcap = j.value("attn_softcap", 0.0);
+  c.doc_separator = j.value("doc_separator", std::string());
   c.validate();
   return c;
 }

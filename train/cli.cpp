@@ -98,7 +98,25 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--block-size", m.block_size, "Context length in characters")->capture_default_str();
   cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str();
   add_switch(cmd, "bias", m.bias, "Biases in Linear and LayerNorm layers");
-  add_switch(cmd, "rope", m.rope, "Rotary position embeddings instead of a learned position table");
+  std::vector<std::string> positions;
+  for (const nn::Positions p : {nn::Positions::Learned, nn::Positions::Rope, nn::Positions::Relative, nn::Positions::Alibi,
+                                nn::Positions::T5, nn::Positions::None}) {
+    positions.emplace_back(nn::positions_name(p));
+  }
+  cmd->add_option_function<std::string>("--pos", [&m](const std::string& name) { nn::parse_positions(name, m.pos); }, "Positions: learned (a table added to the embeddings, GPT-2), rope (rotary), relative "
+                  "(Shaw's relative position tables), alibi (fixed linear bias per head), t5 (T5's learned bias over "
+                  "distance buckets) or none; the last four depend on distances only, so sampling runs past the block")
+      ->check(CLI::IsMember(positions))
+      ->default_str(nn::positions_name(m.pos));
+  cmd->add_flag_callback("--rope", [&m] { m.pos = nn::Positions::Rope; }, "Same as --pos rope");
+  cmd->add_option("--max-relative-position", m.max_relative_position,
+                  "With --pos relative: distances are clipped to [-M, M], 2M + 1 learned rows per layer")->capture_default_str();
+  cmd->add_option("--window", m.window, "Sliding-window attention: each position sees the last W (0: the whole block)")
+      ->capture_default_str();
+  cmd->add_option("--softcap", m.attn_softcap, "Soft-cap attention logits: x -> CAP tanh(x / CAP) (0: off; Gemma 2 uses 50)")
+      ->capture_default_str();
+  cmd->add_option("--doc-sep", m.doc_separator, "Packed documents: the text that ends one (e.g. $'\\n\\n'); attention stays "
+                  "within a document, and sampling starts a fresh context after it (default: none)");
   cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
   cmd->add_option("--max-iters", c.max_iters, "Training iterations")->capture_default_str();
   cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
@@ -124,6 +142,20 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
                   "f32 accumulation and softmax)")->capture_default_str();
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
+}
+
+/// The position scheme and attention options of a model, for `info`: "relative positions (m = 16), window 64".
+std::string describe_attention(const nn::GPTConfig& c) {
+  std::string s = c.pos == nn::Positions::Rope      ? "RoPE"
+                  : c.pos == nn::Positions::Relative ? fmt::format("relative positions (clipped at {})", c.max_relative_position)
+                  : c.pos == nn::Positions::Alibi   ? "ALiBi"
+                  : c.pos == nn::Positions::T5      ? "T5 relative bias"
+                  : c.pos == nn::Positions::None    ? "no positions"
+                                                    : "learned positions";
+  if (c.window > 0) s += fmt::format(", window {}", c.window);
+  if (c.attn_softcap > 0) s += fmt::format(", soft-cap {}", c.attn_softcap);
+  if (!c.doc_separator.empty()) s += ", documents";
+  return s;
 }
 
 void add_sample_command(CLI::App& app, SampleArgs& a) {
@@ -164,7 +196,7 @@ void run_info(const std::string& path) {
   fmt::print("checkpoint     {}\n", ckpt.path.string());
   fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {}, bias {}, {}\n",
              c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head, c.n_embd, c.block_size, c.vocab_size,
-             c.bias ? "on" : "off", c.rope ? "RoPE" : "learned positions");
+             c.bias ? "on" : "off", describe_attention(c));
   fmt::print("parameters     {} ({:.2f}M without the position table)\n", params, double(params - positions) / 1e6);
   fmt::print("iteration      {}\n", ckpt.state.iter);
   fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
@@ -214,6 +246,7 @@ std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64
   Generator gen(0);
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
   load_weights(*model, ckpt);
+  use_document_separator(*model, ckpt.vocab);
   model->set_numerics(numerics.over(ckpt.numerics));
   check_numerics(model->numerics(), device, "pass --attention-math f32");
   model->to(device);
@@ -348,7 +381,9 @@ int Cli::main(int argc, const char* const* argv) {
 int Cli::run() {
   if (CLI::App* train_cmd = app.get_subcommand("train"); *train_cmd) {
     for (const auto& [flag, key] : {std::pair{"--n-layer", "n_layer"}, {"--n-head", "n_head"}, {"--n-kv-head", "n_kv_head"},
-                                    {"--n-embd", "n_embd"}, {"--block-size", "block_size"}, {"--bias", "bias"}, {"--rope", "rope"}}) {
+                                    {"--n-embd", "n_embd"}, {"--block-size", "block_size"}, {"--bias", "bias"}, {"--pos", "pos"},
+                                    {"--rope", "pos"}, {"--max-relative-position", "max_relative_position"},
+                                    {"--window", "window"}, {"--softcap", "attn_softcap"}, {"--doc-sep", "doc_separator"}}) {
       if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
     }
   }

@@ -12,9 +12,16 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 void check_hf_exportable(const nn::GPTConfig& c) {
-  if (c.rope) {
-    throw Error("this model uses rotary position embeddings (trained with --rope), which GPT-2 cannot express: its "
-                "positions are a learned table. Export a model trained without --rope");
+  if (c.pos != nn::Positions::Learned) {
+    throw Error(fmt::format("this model's positions are {} (trained with --pos {}), which GPT-2 cannot express: its "
+                            "positions are a learned table. Export a model trained with --pos learned",
+                            c.pos == nn::Positions::Rope ? "rotary position embeddings" : nn::positions_name(c.pos),
+                            nn::positions_name(c.pos)));
+  }
+  if (c.window > 0 || c.attn_softcap > 0) {
+    throw Error(fmt::format("this model uses {}, which GPT-2 cannot express: its attention sees the whole block "
+                            "without a cap. Export a model trained without --window and --softcap",
+                            c.window > 0 ? "sliding-window attention (--window)" : "soft-capped attention logits (--softcap)"));
   }
   if (c.n_kv_head > 0 && c.n_kv_head != c.n_head) {
     throw Error(fmt::format("this model has grouped-query attention ({} key/value heads for {} query heads), which "

@@ -43,6 +43,12 @@ std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& 
     return from_vector(std::vector<int32_t>(begin, end), {1, int64_t(end - begin)}).to(device);
   };
   std::vector<int32_t> context = prompt;
+  // The current document starts here: a token after a document separator sees nothing before it.
+  size_t doc_start = 0;
+  for (size_t n = 1; n < context.size(); ++n) {
+    if (model.ends_document(std::vector<int32_t>(context.begin(), context.begin() + int64_t(n)))) doc_start = n;
+  }
+  auto in_document = [&] { return int64_t(context.size() - doc_start); };
   std::vector<int32_t> out;
   nn::KVCache cache;
   Tensor logits;
@@ -53,19 +59,26 @@ std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& 
   };
   if (o.kv_cache) {
     cache = model.make_cache(1);
-    rebuild(std::min<int64_t>(int64_t(context.size()), block));
+    rebuild(std::min<int64_t>(in_document(), block));
   }
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     if (!o.kv_cache) {
-      const int64_t keep = std::min<int64_t>(int64_t(context.size()), block);
+      const int64_t keep = std::min<int64_t>(in_document(), block);
       logits = model.last_logits(ids_tensor(context.end() - keep, context.end()));
     }
     const int32_t next = sample_token(logits.to(Device::CPU).to_vector<float>(), o.temperature, o.top_k, gen);
+    const bool new_document = model.ends_document(context);
     out.push_back(next);
     context.push_back(next);
+    if (new_document) doc_start = context.size() - 1;
     if (on_token) on_token(next);
     if (o.kv_cache && i + 1 < o.max_new_tokens) {
-      if (cache.len == block) {
+      if (new_document) {
+        rebuild(1);
+      } else if (cache.len == block && model.config().relative_positions()) {
+        model.slide_cache(cache, std::max<int64_t>(block / 2, 1));  // positions are relative: keep the cached keys
+        logits = model.forward_cached(ids_tensor(context.end() - 1, context.end()), cache);
+      } else if (cache.len == block) {
         rebuild(std::max<int64_t>(block / 2, 1));
       } else {
         logits = model.forward_cached(ids_tensor(context.end() - 1, context.end()), cache);

@@ -4,7 +4,11 @@
 // cached keys and values of the earlier ones. When the cache is full (block_size positions), the context is
 // cropped to its last block_size / 2 tokens and the cache rebuilt from them in one forward pass, so every
 // token sees at least block_size / 2 tokens of context and a rebuild happens once per block_size / 2 tokens.
-// Without the cache, every token reruns the model over the last block_size tokens (nanoGPT's sampler).
+// Models with relative positions (relative, ALiBi, T5, none) slide the cache instead: the oldest block_size / 2
+// positions are dropped and the others' keys and values kept, so every token still sees the earlier ones'
+// keys as computed with their own longer context, and nothing is recomputed. Without the cache, every token reruns
+// the model over the last block_size tokens (nanoGPT's sampler). With a document separator, a token that follows
+// one starts a fresh context, as a new document did in training.
 #pragma once
 
 #include <cstdint>

@@ -55,8 +55,10 @@ double gpt_parameter_count(const nn::GPTConfig& c) {
                        + qkv * C + qkv * b  // c_attn
                        + C * C + C * b      // attn.c_proj
                        + 4 * C * C + 4 * C * b + 4 * C * C + C * b;  // mlp.c_fc, mlp.c_proj
-  const double positions = c.rope ? 0.0 : double(c.block_size) * C;
-  return V * C + positions + L * layer + C * (1 + b);  // wte (tied LM head), wpe, blocks, ln_f
+  double positions = c.pos == nn::Positions::Learned ? double(c.block_size) * C : 0.0;  // wpe
+  if (c.pos == nn::Positions::Relative) positions = L * 2 * double(2 * c.max_relative_position + 1) * hd;  // A_K, A_V
+  if (c.pos == nn::Positions::T5) positions = L * double(c.n_head) * nn::GPTConfig::kT5Buckets;
+  return V * C + positions + L * layer + C * (1 + b);  // wte (tied LM head), position tables, blocks, ln_f
 }
 
 MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size) {

@@ -117,6 +117,21 @@ class GradientBuckets {
 
 }  // namespace
 
+void use_document_separator(nn::GPT& model, const data::CharVocab& vocab) {
+  const std::string& sep = model.config().doc_separator;
+  if (sep.empty()) return;
+  std::vector<int32_t> ids;
+  for (const char32_t c : data::decode_utf8(sep)) {
+    if (vocab.id(c) < 0) {
+      throw Error(fmt::format("--doc-sep: character '{}' (U+{:04X}) is not in the data's vocabulary, so no document "
+                              "ever ends; give a separator that occurs in the text",
+                              data::encode_utf8(std::u32string(1, c)), uint32_t(c)));
+    }
+    ids.push_back(vocab.id(c));
+  }
+  model.set_document_separator(std::move(ids));
+}
+
 Device parse_device(const std::string& device) {
   if (device == "cpu") return Device::CPU;
   if (device != "cuda") throw Error(fmt::format("--device must be cpu or cuda, got '{}'", device));
@@ -645,6 +660,7 @@ TrainResult train(const TrainConfig& cfg_in) {
                  "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
+  use_document_separator(model, corpus.vocab);
   model.set_numerics(numerics_of(cfg));
   model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
   FlatParameters flat(backward_order(model.named_parameters()));

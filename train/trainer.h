@@ -52,6 +52,10 @@ struct TrainConfig {
 /// Device::CPU for "cpu", Device::CUDA for "cuda" when this build and machine have a GPU; else throws saying why.
 Device parse_device(const std::string& device);
 
+/// Gives the model the ids of its config's document separator in `vocab` (nothing without one); throws naming a
+/// character of the separator that the vocabulary lacks.
+void use_document_separator(nn::GPT& model, const data::CharVocab& vocab);
+
 /// AttentionMath for "f32", "tf32" or "bf16"; else throws naming the flag.
 AttentionMath parse_attention_math(const std::string& math);
 /// Throws unless --attention-math `math` is valid and, when it asks for tensor cores, --device is cuda.
