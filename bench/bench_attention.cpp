@@ -187,13 +187,84 @@ int run_cuda_table(bool json, bool quick) {
   return 0;
 }
 
+/// min, median and max of xs.
+struct Spread {
+  double min, median, max;
+};
+Spread spread(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return {xs.front(), xs[xs.size() / 2], xs.back()};
+}
+
+/// The score modifiers' table: forward+backward of each modifier over plain causal flash attention on the same q, k, v
+/// (B=4, NH=6, E=64), the two timed alternately `rounds` times; then a window of 256 against full causal attention at
+/// T=16384 (B=1, NH=1). The learned tables (Shaw's, T5's) require gradients, so their backward is in the time.
+int run_mods_table(bool quick, int rounds) {
+  fmt::print("threads: {}\n{:<22} {:>6} {:>26} {:>26} {:>8} {:>10}\n", omp_get_max_threads(), "modifier", "T",
+             "plain fwd+bwd ms (min/med/max)", "modified (min/med/max)", "ratio", "extra MiB");
+  auto timed = [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionOptions& o) {
+    const auto t0 = std::chrono::steady_clock::now();
+    scaled_dot_product_attention(q, k, v, o).out.backward(dout);
+    return seconds_since(t0) * 1e3;
+  };
+  auto extra_mib = [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionOptions& o) {
+    scaled_dot_product_attention(q, k, v, o).out.backward(dout);  // gradients exist from here on
+    const int64_t before = g_live.load();
+    g_peak = before;
+    scaled_dot_product_attention(q, k, v, o).out.backward(dout);
+    return double(g_peak.load() - before) / (1 << 20);
+  };
+  auto row = [&](const std::string& name, int64_t B, int64_t NH, int64_t T, const std::function<void(AttentionOptions&)>& set,
+                 bool plain_causal) {
+    Generator gen(1);
+    auto input = [&] { return randn({B, NH, T, 64}, gen); };
+    Tensor q = input(), k = input(), v = input();
+    for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
+    const Tensor dout = input();
+    AttentionOptions plain, mod;
+    plain.is_causal = plain_causal;
+    mod.is_causal = true;
+    set(mod);
+    std::vector<double> a, b;
+    for (int r = 0; r < rounds + 1; ++r) {
+      const double ta = timed(q, k, v, dout, plain), tb = timed(q, k, v, dout, mod);
+      if (r > 0) a.push_back(ta), b.push_back(tb);  // the first round warms up
+    }
+    const Spread sa = spread(a), sb = spread(b);
+    fmt::print("{:<22} {:>6} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>7.2f}x {:>10.2f}\n", name, T, sa.min,
+               sa.median, sa.max, sb.min, sb.median, sb.max, sb.median / sa.median, extra_mib(q, k, v, dout, mod));
+    std::fflush(stdout);
+  };
+  Generator tables(2);
+  auto table = [&](const Shape& shape) { return randn(shape, tables, DType::F32, Device::CPU, 0.1).requires_grad_(); };
+  const Tensor rel_k = table({33, 64}), rel_v = table({33, 64}), t5 = table({6, 32});
+  for (int64_t T : quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096}) {
+    std::vector<int32_t> docs(size_t(4 * T));
+    for (size_t i = 0; i < docs.size(); ++i) docs[i] = int32_t(i % size_t(T) / 200);  // documents of 200 tokens
+    const Tensor doc_ids = from_vector(docs, {4, T});
+    row("causal (itself)", 4, 6, T, [](AttentionOptions&) {}, true);
+    row("relative m=16 (k)", 4, 6, T, [&](AttentionOptions& o) { o.mods.relative_key = rel_k; }, true);
+    row("relative m=16 (k, v)", 4, 6, T, [&](AttentionOptions& o) {
+      o.mods.relative_key = rel_k;
+      o.mods.relative_value = rel_v;
+    }, true);
+    row("alibi", 4, 6, T, [](AttentionOptions& o) { o.mods.alibi = true; }, true);
+    row("t5 (32 buckets)", 4, 6, T, [&](AttentionOptions& o) { o.mods.t5_bias = t5; }, true);
+    row("softcap 50", 4, 6, T, [](AttentionOptions& o) { o.mods.softcap = 50; }, true);
+    row("documents of 200", 4, 6, T, [&](AttentionOptions& o) { o.mods.doc_ids = doc_ids; }, true);
+    row("window 256", 4, 6, T, [](AttentionOptions& o) { o.mods.window = 256; }, true);
+  }
+  if (!quick) row("window 256 (1 head)", 1, 1, 16384, [](AttentionOptions& o) { o.mods.window = 256; }, true);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Tensors straight from operator new (no host cache keeping freed blocks), so the count above sees what each
   // algorithm allocates and frees.
   setenv("TINYGPT_HOST_CACHE", "0", 1);
-  bool json = false, quick = false, long_only = false;
+  bool json = false, quick = false, long_only = false, mods = false;
   Device device = Device::CPU;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -203,6 +274,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--long") {
       long_only = true;
+    } else if (a == "--mods") {
+      mods = true;
     } else if (a == "--threads" && i + 1 < argc) {
       omp_set_num_threads(std::atoi(argv[++i]));
     } else if (a == "--device" && i + 1 < argc) {
@@ -217,13 +290,15 @@ int main(int argc, char** argv) {
       }
     } else {
       fmt::print(stderr,
-                 "usage: bench_attention [--json] [--quick | --long] [--threads N] [--device cpu|cuda]\n"
+                 "usage: bench_attention [--json] [--quick | --long] [--mods] [--threads N] [--device cpu|cuda]\n"
                  "  Times flash and naive attention (forward, forward+backward) and their peak extra memory.\n"
                  "  --quick: T up to 1024 and no long case.\n"
-                 "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n");
+                 "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n"
+                 "  --mods: the score modifiers' table (each over plain causal flash attention; a window at T=16384).\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
+  if (mods) return run_mods_table(quick, quick ? 3 : 5);
   std::vector<Row> rows;
   auto emit = [&](const Row& r) {
     if (json) {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/scalar_math.h"
 
@@ -308,15 +309,20 @@ struct RelRows {
   T* dR = nullptr;
 };
 
-/// out[row, c] = x_row . table[c] for every query row (b, h, t) of x (read through `stride`) and c < 2m + 1.
+/// The (b, h) block of a tensor read through three strides: its first query row (rows follow at stride[2]).
+template <class P> P head_block(P base, const int64_t* stride, int64_t bh, int64_t NH) {
+  return base + bh / NH * stride[0] + bh % NH * stride[1];
+}
+
+/// out[row, c] = x_row . table[c] for every query row (b, h, t) of x (read through `stride`) and c < 2m + 1: one
+/// GEMM per head, (T, D) @ (D, 2m + 1).
 template <class T>
 std::vector<T> rows_times_table(const T* x, const int64_t* stride, const T* table, int64_t D, const AttentionGeom& g) {
-  const int64_t rows = g.B * g.NH * g.T, W = g.mods.rel_width();
-  std::vector<T> out(size_t(rows * W));
-#pragma omp parallel for if (rows * W * D >= kParallelGrain)
-  for (int64_t row = 0; row < rows; ++row) {
-    const T* xr = at(x, stride, row / (g.NH * g.T), row / g.T % g.NH, row % g.T);
-    for (int64_t c = 0; c < W; ++c) out[size_t(row * W + c)] = dot(xr, table + c * D, D);
+  const int64_t W = g.mods.rel_width(), heads = g.B * g.NH;
+  std::vector<T> out(size_t(heads * g.T * W));
+#pragma omp parallel for if (heads * g.T * W * D >= kParallelGrain)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    gemm(false, true, g.T, W, D, T(1), head_block(x, stride, bh, g.NH), stride[2], table, D, T(0), out.data() + bh * g.T * W, W);
   }
   return out;
 }
@@ -324,25 +330,20 @@ std::vector<T> rows_times_table(const T* x, const int64_t* stride, const T* tabl
 /// y_row += coef[row] @ table for every query row of y (read through `stride`): dQ += dR A_K, O += Pbar A_V.
 template <class T>
 void add_rows_times_table(T* y, const int64_t* stride, const T* coef, const T* table, int64_t D, const AttentionGeom& g) {
-  const int64_t rows = g.B * g.NH * g.T, W = g.mods.rel_width();
-#pragma omp parallel for if (rows * W * D >= kParallelGrain)
-  for (int64_t row = 0; row < rows; ++row) {
-    T* yr = at(y, stride, row / (g.NH * g.T), row / g.T % g.NH, row % g.T);
-    for (int64_t c = 0; c < W; ++c) axpy_row(yr, coef[row * W + c], table + c * D, D);
+  const int64_t W = g.mods.rel_width(), heads = g.B * g.NH;
+#pragma omp parallel for if (heads * g.T * W * D >= kParallelGrain)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    gemm(false, false, g.T, D, W, T(1), coef + bh * g.T * W, W, table, D, T(1), head_block(y, stride, bh, g.NH), stride[2]);
   }
 }
 
-/// dtable[c] += sum over rows of coef[row, c] * y_row: dA_K += dR^T Q, dA_V += Pbar^T dO. Each table row is summed
-/// by one thread, rows in order: deterministic.
+/// dtable += coef^T y over every query row: dA_K += dR^T Q, dA_V += Pbar^T dO. One GEMM per head, heads in order:
+/// deterministic.
 template <class T>
 void add_table_grad(T* dtable, const T* coef, const T* y, const int64_t* stride, int64_t D, const AttentionGeom& g) {
-  const int64_t rows = g.B * g.NH * g.T, W = g.mods.rel_width();
-#pragma omp parallel for if (rows * W * D >= kParallelGrain)
-  for (int64_t c = 0; c < W; ++c) {
-    for (int64_t row = 0; row < rows; ++row) {
-      const T f = coef[row * W + c];
-      if (f != T(0)) axpy_row(dtable + c * D, f, at(y, stride, row / (g.NH * g.T), row / g.T % g.NH, row % g.T), D);
-    }
+  const int64_t W = g.mods.rel_width();
+  for (int64_t bh = 0; bh < g.B * g.NH; ++bh) {
+    gemm(true, false, W, D, g.T, T(1), coef + bh * g.T * W, W, head_block(y, stride, bh, g.NH), stride[2], T(1), dtable, D);
   }
 }
 
@@ -423,56 +424,254 @@ inline void modified_element_backward(const AttentionGeom& g, int64_t b, int64_t
   dp = ds;
 }
 
-/// The modifiers over a tile of queries [t0, t0 + nr) and keys [s0, s0 + nc) of head (b, h), whose element (i, j)
-/// lies at x[i * qs + j * ks] (key-major tiles: qs = 1; query-major: ks = 1). The biases and T5 buckets depend on
-/// the distance d = s - tq only, so they are computed once per distance of the tile, into per-thread scratch.
+/// tanh of every lane, from exp_vec: sign(y) (1 - e) / (1 + e) with e = exp(-2 |y|) (absolute error a few ulp of 1).
+inline Vec<float> tanh_vec(Vec<float> y) {
+  const Vec<float> a = y < 0.0f ? -y : y;
+  const Vec<float> e = exp_vec(a * -2.0f);
+  const Vec<float> t = (1.0f - e) / (1.0f + e);
+  return y < 0.0f ? -t : t;
+}
+inline Vec<double> tanh_vec(Vec<double> y) {
+  for (int64_t i = 0; i < kLanes<double>; ++i) y[i] = std::tanh(y[i]);
+  return y;
+}
+
+/// The biases after the cap (ALiBi, T5) of every head and distance d in [-(S - 1), T - 1], computed once per kernel
+/// call, in both lane orders: fwd (d growing along a row: query-major rows) and rev (d falling: key-major rows),
+/// with kCols zeros of slack at both ends for padded lanes; T5's buckets likewise, for its gradient.
 template <class T>
-struct ModTile {
-  const AttentionGeom& g;
-  int64_t b, h, t0, nr, s0, nc, dmin;
-  const RelRows<T>& rel;
-  std::vector<T>& bias;          // by d - dmin
-  std::vector<int32_t>& bucket;  // by d - dmin, when T5 is on
+struct PositionBias {
+  bool on = false;
+  int64_t dmin = 0, dmax = 0, stride = 0;
+  std::vector<T> fwd, rev;                    // (NH, stride)
+  std::vector<int32_t> bucket_fwd, bucket_rev;  // (stride)
 
-  ModTile(const AttentionGeom& g_, int64_t b_, int64_t h_, int64_t t0_, int64_t nr_, int64_t s0_, int64_t nc_,
-          const RelRows<T>& rel_, std::vector<T>& bias_, std::vector<int32_t>& bucket_)
-      : g(g_), b(b_), h(h_), t0(t0_), nr(nr_), s0(s0_), nc(nc_), dmin(s0_ - (t0_ + nr_ - 1 + g_.S - g_.T)), rel(rel_),
-        bias(bias_), bucket(bucket_) {
-    const size_t n = size_t(nr + nc - 1);
-    bias.assign(n, T(0));
-    if (g.mods.alibi || g.mods.t5_bias) {
-      for (size_t k = 0; k < n; ++k) bias[k] = position_bias<T>(g, h, dmin + int64_t(k));
-    }
-    if (g.mods.t5_bias) {
-      bucket.resize(n);
-      for (size_t k = 0; k < n; ++k) bucket[k] = t5_bucket(dmin + int64_t(k), g.mods.t5_buckets, g.mods.t5_max_distance, g.mods.t5_bidirectional);
-    }
-  }
-  int64_t dist(int64_t i, int64_t j) const { return (s0 + j) - (t0 + i + g.S - g.T) - dmin; }
-
-  /// Raw products -> logits; queries [nr, lanes) (padding lanes of a key-major tile) become -inf.
-  void logits(T* x, int64_t qs, int64_t ks, int64_t lanes, const T* mask, const uint8_t* kp) const {
-    for (int64_t j = 0; j < nc; ++j) {
-      for (int64_t i = 0; i < lanes; ++i) {
-        T& e = x[i * qs + j * ks];
-        T capped;
-        e = i < nr ? modified_logit(g, b, h, t0 + i, s0 + j, e, bias[size_t(dist(i, j))], mask, kp, rel, capped) : kNegInf<T>;
+  explicit PositionBias(const AttentionGeom& g) : on(g.mods.alibi || g.mods.t5_bias) {
+    if (!on) return;
+    dmin = -(g.S - 1), dmax = g.T - 1, stride = dmax - dmin + 1 + 2 * kCols<T>;
+    fwd.assign(size_t(g.NH * stride), T(0));
+    rev.assign(size_t(g.NH * stride), T(0));
+    for (int64_t h = 0; h < g.NH; ++h) {
+      for (int64_t d = dmin; d <= dmax; ++d) {
+        const T x = position_bias<T>(g, h, d);
+        fwd[size_t(h * stride + kCols<T> + d - dmin)] = x;
+        rev[size_t(h * stride + kCols<T> + dmax - d)] = x;
       }
     }
-  }
-
-  /// Raw products x and dO.v products dp -> Pd and dS (modified_element_backward), with the tables' gradients
-  /// when `tables`.
-  void probs_and_ds(T* x, T* dp, int64_t qs, int64_t ks, const T* lse, const T* D, const T* mask, const uint8_t* kp,
-                    bool tables, T* dt5) const {
-    for (int64_t j = 0; j < nc; ++j) {
-      for (int64_t i = 0; i < nr; ++i) {
-        const int64_t k = dist(i, j);
-        modified_element_backward(g, b, h, t0 + i, s0 + j, x[i * qs + j * ks], dp[i * qs + j * ks], bias[size_t(k)],
-                                  g.mods.t5_bias ? bucket[size_t(k)] : 0, lse, D, mask, kp, rel, tables, dt5);
-      }
+    if (!g.mods.t5_bias) return;
+    bucket_fwd.assign(size_t(stride), 0);
+    bucket_rev.assign(size_t(stride), 0);
+    for (int64_t d = dmin; d <= dmax; ++d) {
+      const int32_t k = t5_bucket(d, g.mods.t5_buckets, g.mods.t5_max_distance, g.mods.t5_bidirectional);
+      bucket_fwd[size_t(kCols<T> + d - dmin)] = k;
+      bucket_rev[size_t(kCols<T> + dmax - d)] = k;
     }
   }
+  /// Offsets of a row whose lane 0 has distance d: in fwd and bucket_fwd (d grows), rev and bucket_rev (d falls).
+  int64_t at_fwd(int64_t d) const { return kCols<T> + d - dmin; }
+  int64_t at_rev(int64_t d) const { return kCols<T> + dmax - d; }
+};
+
+/// Per-thread scratch of ModTile: the capped scores of a tile, which the soft-cap's gradient needs.
+template <class T>
+struct ModScratch {
+  std::vector<T> capped;
+};
+
+/// The modifiers over a tile of queries [t0, t0 + nr) and keys [s0, s0 + nc) of head (b, h), row by row with the
+/// row's lanes contiguous: key-major tiles (row j = key s0 + j, lanes = queries) and query-major ones (row i = query
+/// t0 + i, lanes = keys). Element (i, j) has distance d = c0 + j - i. The biases and T5 buckets depend on d only, so
+/// they are computed once per tile, in both lane orders: bias_fwd[d - dmin] (query-major rows, d grows along the
+/// lanes) and bias_rev[dmax - d] (key-major rows, d falls). Scaling, the soft-cap and the biases run on whole
+/// vectors; the gathers (Shaw's R and G, the mask), documents, padding and table gradients per visible element.
+template <class T>
+class ModTile {
+ public:
+  ModTile(const AttentionGeom& g, int64_t b, int64_t h, int64_t t0, int64_t nr, int64_t s0, int64_t nc,
+          const RelRows<T>& rel, const PositionBias<T>& pb, ModScratch<T>& sc)
+      : g_(g), m_(g.mods), b_(b), h_(h), t0_(t0), nr_(nr), s0_(s0), nc_(nc), c0_(s0 - t0 - (g.S - g.T)), rel_(rel),
+        pb_(pb), sc_(sc) {}
+
+  /// Key-major raw products st (row stride ld, lanes [0, lanes) computed) -> logits; hidden and padding lanes -inf.
+  void logits_key_major(T* st, int64_t ld, int64_t lanes, const T* mask, const uint8_t* kp) {
+    for (int64_t j = 0; j < nc_; ++j) key_row(j, st + j * ld, lanes, mask, kp, capped_row(j, ld));
+  }
+
+  /// Key-major raw products st and dO.v products dpt -> Pd and dS (the raw product's gradient), with the tables'
+  /// gradients: dR's rows, and with T5 the logits' gradients summed per distance into by_distance (laid out as
+  /// PositionBias::rev; the caller folds it into buckets). lse_t and D_t per query lane (+inf for a query that sees
+  /// nothing).
+  void probs_and_ds_key_major(T* st, T* dpt, int64_t ld, int64_t lanes, const T* lse_t, const T* D_t, const T* mask,
+                              const uint8_t* kp, T* by_distance) {
+    for (int64_t j = 0; j < nc_; ++j) {
+      T* capped = capped_row(j, ld);
+      const Span v = key_row(j, st + j * ld, lanes, mask, kp, capped);
+      backward_row(st + j * ld, dpt + j * ld, lanes, v, lse_t, D_t, true, capped, true,
+                   by_distance ? by_distance + pb_.at_rev(c0_ + j) : nullptr, [&](int64_t l) { return Where{t0_ + l, s0_ + j}; });
+    }
+  }
+
+  /// Query-major raw products s and dp (row stride ld, lanes [0, lanes)) -> Pd and dS; no table gradients.
+  void probs_and_ds_query_major(T* s, T* dp, int64_t ld, int64_t lanes, const T* lse, const T* D, const T* mask,
+                                const uint8_t* kp) {
+    for (int64_t i = 0; i < nr_; ++i) {
+      const int64_t t = t0_ + i, row = head_row(g_, b_, h_, t);
+      T* x = s + i * ld;
+      T* d = dp + i * ld;
+      if (lse[row] == kNegInf<T>) {
+        std::fill(x, x + lanes, T(0));
+        std::fill(d, d + lanes, T(0));
+        continue;
+      }
+      T* capped = m_.softcap > 0 ? scratch_capped(ld) + i * ld : nullptr;
+      const Span v = span(std::clamp<int64_t>(key_begin(g_, t) - s0_, 0, nc_), std::clamp<int64_t>(key_end(g_, t) - s0_, 0, nc_));
+      auto where = [&](int64_t l) { return Where{t, s0_ + l}; };
+      forward_row(x, lanes, v, pb_.on ? pb_.fwd.data() + h_ * pb_.stride + pb_.at_fwd(c0_ - i) : nullptr, mask, kp, capped,
+                  false, where);
+      backward_row(x, d, lanes, v, lse + row, D + row, false, capped, false, nullptr, where);
+    }
+  }
+
+ private:
+  struct Where {
+    int64_t t, s;
+  };
+  struct Span {
+    int64_t lo, hi;  // visible lanes by position (causal, window): [lo, hi)
+  };
+  static Span span(int64_t lo, int64_t hi) { return {lo, std::max(lo, hi)}; }
+
+  T* scratch_capped(int64_t ld) {
+    const size_t need = size_t(std::max(nr_, nc_) * ld + kCols<T>);
+    if (sc_.capped.size() < need) sc_.capped.resize(need);
+    return sc_.capped.data();
+  }
+  T* capped_row(int64_t j, int64_t ld) { return m_.softcap > 0 ? scratch_capped(ld) + j * ld : nullptr; }
+
+  /// One key-major row (key s0 + j): its visible queries, then forward_row.
+  Span key_row(int64_t j, T* x, int64_t lanes, const T* mask, const uint8_t* kp, T* capped) {
+    const int64_t s = s0_ + j;
+    const Span v = span(std::clamp<int64_t>(query_begin(g_, s) - t0_, 0, nr_), std::clamp<int64_t>(query_end(g_, s) - t0_, 0, nr_));
+    const T* bias = pb_.on ? pb_.rev.data() + h_ * pb_.stride + pb_.at_rev(c0_ + j) : nullptr;
+    forward_row(x, lanes, v, bias, mask, kp, capped, true, [&](int64_t l) { return Where{t0_ + l, s}; });
+    return v;
+  }
+
+  /// Raw products -> logits over one row's lanes: + Shaw's R, times scale, capped (kept in `capped`), + biases,
+  /// + mask; -inf outside the visible span, for padded keys and for keys of other documents.
+  template <class At>
+  void forward_row(T* x, int64_t lanes, Span v, const T* bias, const T* mask, const uint8_t* kp, T* capped,
+                   bool key_major, At where) {
+    constexpr int64_t L = kLanes<T>;
+    const int64_t W = m_.rel_width();
+    if (rel_.R) {
+      for (int64_t l = v.lo; l < v.hi; ++l) {
+        const Where w = where(l);
+        x[l] += rel_.R[head_row(g_, b_, h_, w.t) * W + rel_column(w.s - (w.t + g_.S - g_.T), m_.max_rel)];
+      }
+    }
+    const Vec<T> scale = splat(T(g_.scale)), cap = splat(T(m_.softcap)), inv_cap = splat(T(m_.softcap > 0 ? 1.0 / m_.softcap : 0.0));
+    for (int64_t l = 0; l < lanes; l += L) {
+      Vec<T> y = load(x + l) * scale;
+      if (m_.softcap > 0) {
+        y = cap * tanh_vec(y * inv_cap);
+        store(capped + l, y);
+      }
+      store(x + l, bias ? y + load(bias + l) : y);
+    }
+    for (int64_t l = v.lo; l < v.hi && mask; ++l) {
+      const Where w = where(l);
+      x[l] += at(mask, g_.mask_stride, b_, h_, w.t)[w.s * g_.mask_stride[3]];
+    }
+    // Padded keys and other documents: a key-major row has one key (and lanes of queries), a query-major row lanes of
+    // keys; the lanes' ids are contiguous either way.
+    const Where w0 = where(0);
+    const uint8_t* kp_lanes = kp ? kp + b_ * g_.S + w0.s : nullptr;
+    if (kp && key_major && kp_lanes[0]) v.hi = v.lo;  // the whole row is a padded key
+    for (int64_t l = v.lo; l < v.hi && kp && !key_major; ++l) x[l] = kp_lanes[l] ? kNegInf<T> : x[l];
+    if (m_.q_doc) {
+      const int32_t* lane_doc = key_major ? m_.q_doc + b_ * g_.T + w0.t : m_.k_doc + b_ * g_.S + w0.s;
+      const int32_t row_doc = key_major ? m_.k_doc[b_ * g_.S + w0.s] : m_.q_doc[b_ * g_.T + w0.t];
+      for (int64_t l = v.lo; l < v.hi; ++l) x[l] = lane_doc[l] != row_doc ? kNegInf<T> : x[l];
+    }
+    std::fill(x, x + std::min(v.lo, lanes), kNegInf<T>);
+    std::fill(x + std::min(v.hi, lanes), x + lanes, kNegInf<T>);
+  }
+
+  /// Logits x and dO.v products dp of one row -> Pd and dS (modified_element_backward's math on whole vectors).
+  /// lse and D per lane (per_lane) or one value for the row. With `tables`, the learned tables' gradients too: dR's
+  /// rows (owned by the caller's task) and, with by_distance, the logits' gradients added lane by lane.
+  template <class At>
+  void backward_row(T* x, T* dp, int64_t lanes, Span v, const T* lse, const T* D, bool per_lane, const T* capped,
+                    bool tables, T* by_distance, At where) {
+    constexpr int64_t L = kLanes<T>;
+    const int64_t W = m_.rel_width();
+    const Vec<T> scale = splat(T(g_.scale)), inv_cap = splat(T(m_.softcap > 0 ? 1.0 / m_.softcap : 0.0));
+    auto lse_at = [&](int64_t l) { return per_lane ? load(lse + l) : splat(*lse); };
+    auto D_at = [&](int64_t l) { return per_lane ? load(D + l) : splat(*D); };
+    auto ds_of = [&](Vec<T> dlogit, int64_t l) {  // the raw product's gradient from the logit's
+      Vec<T> ds = dlogit * scale;
+      if (capped) {
+        const Vec<T> r = load(capped + l) * inv_cap;
+        ds *= T(1) - r * r;
+      }
+      return ds;
+    };
+    if (rel_.G) {
+      for (int64_t l = v.lo; l < v.hi; ++l) {
+        const Where w = where(l);
+        dp[l] += rel_.G[head_row(g_, b_, h_, w.t) * W + rel_column(w.s - (w.t + g_.S - g_.T), m_.max_rel)];
+      }
+    }
+    const bool t5 = tables && by_distance;
+    if (g_.dropout_p <= 0.0f && !t5) {  // the common case: one pass over whole vectors
+      for (int64_t l = 0; l < lanes; l += L) {
+        const Vec<T> p = exp_vec(load(x + l) - lse_at(l));
+        store(x + l, p);
+        store(dp + l, ds_of(p * (load(dp + l) - D_at(l)), l));
+      }
+    } else {
+      for (int64_t l = 0; l < lanes; l += L) store(x + l, exp_vec(load(x + l) - lse_at(l)));
+    }
+    if (g_.dropout_p > 0.0f) {
+      const T keep_scale = dropout_scale<T>(g_.dropout_p);
+      for (int64_t l = v.lo; l < v.hi; ++l) {
+        const Where w = where(l);
+        const T f = dropout_keep(g_.dropout_seed, dropout_row(g_, b_, h_, w.t) + w.s, g_.dropout_p) ? keep_scale : T(0);
+        const T p = x[l];
+        dp[l] = p * (dp[l] * f - (per_lane ? D[l] : *D));
+        x[l] = p * f;
+      }
+    } else if (t5) {
+      for (int64_t l = 0; l < lanes; l += L) store(dp + l, load(x + l) * (load(dp + l) - D_at(l)));
+    }
+    if (g_.dropout_p > 0.0f || t5) {  // dp holds the logits' gradients: T5's table takes them, then to dS
+      std::fill(dp, dp + std::min(v.lo, lanes), T(0));  // lanes the dropout loop skipped
+      std::fill(dp + std::min(v.hi, lanes), dp + lanes, T(0));
+      if (t5) {  // every lane: hidden ones hold exactly 0 (p = 0)
+        for (int64_t l = 0; l < lanes; l += L) store(by_distance + l, load(by_distance + l) + load(dp + l));
+      }
+      for (int64_t l = 0; l < lanes; l += L) store(dp + l, ds_of(load(dp + l), l));
+    }
+    if (tables && rel_.dR) {
+      for (int64_t l = v.lo; l < v.hi; ++l) {
+        const Where w = where(l);
+        rel_.dR[head_row(g_, b_, h_, w.t) * W + rel_column(w.s - (w.t + g_.S - g_.T), m_.max_rel)] += dp[l];
+      }
+    }
+    // Lanes outside the visible span (and padding lanes): exactly zero.
+    std::fill(dp, dp + std::min(v.lo, lanes), T(0));
+    std::fill(dp + std::min(v.hi, lanes), dp + lanes, T(0));
+    std::fill(x, x + std::min(v.lo, lanes), T(0));
+    std::fill(x + std::min(v.hi, lanes), x + lanes, T(0));
+  }
+
+  const AttentionGeom& g_;
+  const ScoreMods& m_;
+  int64_t b_, h_, t0_, nr_, s0_, nc_, c0_;
+  const RelRows<T>& rel_;
+  const PositionBias<T>& pb_;
+  ModScratch<T>& sc_;
 };
 
 /// pbar (nr x (2m + 1)) += the probabilities of a key-major tile (queries [t0, t0 + nr), keys [s0, s0 + nc), row
@@ -652,6 +851,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
   const int64_t W = g.mods.rel_width();
   RelBuffers<T> relative(g, q, nullptr, false);
   const RelRows<T> rel = relative.rows();
+  const PositionBias<T> position(g);
   constexpr int64_t L = kLanes<T>;
 #pragma omp parallel if (g.B * g.NH * g.T * g.S * (g.E + g.Ev) >= kParallelGrain)
   {
@@ -660,8 +860,8 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     std::vector<T> qt(size_t(g.E * Br)), st(size_t(Bc * Br)), o(size_t(Br * g.Ev));
     std::vector<T> m(static_cast<size_t>(Br)), l(static_cast<size_t>(Br)), m_sub(static_cast<size_t>(Br)),
         alpha(static_cast<size_t>(Br)), sums(static_cast<size_t>(Br));
-    std::vector<T> bias, pbar(rel_probs ? size_t(Br * W) : 0);
-    std::vector<int32_t> bucket;
+    std::vector<T> pbar(rel_probs ? size_t(Br * W) : 0);
+    ModScratch<T> scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       // Last query tiles first: under a causal mask they see the most keys, so the dynamic schedule ends evenly.
@@ -681,7 +881,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
         matmul_tile(st.data(), Br, at(k, g.k_stride, b, kvh, s0), g.k_stride[2], int64_t(1), qt.data(), Br, nc, g.E,
                     n_pad, false);
         if (mods) {
-          ModTile<T>(g, b, h, t0, nr, s0, nc, rel, bias, bucket).logits(st.data(), 1, Br, n_pad, mask, key_padding);
+          ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch).logits_key_major(st.data(), Br, n_pad, mask, key_padding);
         } else {
           key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
         }
@@ -759,6 +959,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
   const bool parallel = rows * g.S * (g.E + g.Ev) >= kParallelGrain, mods = g.mods.any();
   RelBuffers<T> relative(g, q, dout, dq != nullptr);
   const RelRows<T> rel = relative.rows();
+  const PositionBias<T> position(g);
   std::vector<T> D(static_cast<size_t>(rows));  // rowsum(dO * O), (B, NH, T)
 #pragma omp parallel for if (parallel)
   for (int64_t row = 0; row < rows; ++row) {
@@ -772,8 +973,8 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
 #pragma omp parallel if (parallel)
     {
       std::vector<T> kt(size_t(g.E * Bc)), vt(size_t(g.Ev * Bc)), s(size_t(Br * Bc)), dp(size_t(Br * Bc));
-      std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev)), bias;
-      std::vector<int32_t> bucket;
+      std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev));
+      ModScratch<T> scratch;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task / (g.NKV * n_ktiles), kvh = task / n_ktiles % g.NKV, s0 = task % n_ktiles * Bc;
@@ -794,8 +995,8 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
             matmul_tile(s.data(), Bc, q0, qs, int64_t(1), kt.data(), Bc, nr, g.E, nc_pad, false);
             matmul_tile(dp.data(), Bc, do0, os, int64_t(1), vt.data(), Bc, nr, g.Ev, nc_pad, false);
             if (mods) {
-              ModTile<T>(g, b, h, t0, nr, s0, nc, rel, bias, bucket)
-                  .probs_and_ds(s.data(), dp.data(), Bc, 1, lse, D.data(), mask, key_padding, false, nullptr);
+              ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
+                  .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding);
             } else {
               query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
             }
@@ -823,8 +1024,9 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
 #pragma omp parallel if (parallel)
     {
       std::vector<T> qt(size_t(g.E * Br)), dot_(size_t(g.Ev * Br)), st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
-      std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br)), bias;
-      std::vector<int32_t> bucket;
+      std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
+      std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
+      ModScratch<T> scratch;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task / (g.NH * n_qtiles), h = task / n_qtiles % g.NH;
@@ -833,6 +1035,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
         const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
         if (s_begin >= s_end) continue;
         T* const dt5 = t5_partial.empty() ? nullptr : t5_partial.data() + task * buckets;
+        std::fill(by_distance.begin(), by_distance.end(), T(0));
         pack_transposed(qt.data(), Br, at(q, g.q_stride, b, h, t0), qs, nr, g.E);
         pack_transposed(dot_.data(), Br, at(dout, g.o_stride, b, h, t0), os, nr, g.Ev);
         for (int64_t i = 0; i < n_pad; ++i) {
@@ -849,8 +1052,9 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
           matmul_tile(st.data(), Br, k0, ks, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
           matmul_tile(dpt.data(), Br, at(v, g.v_stride, b, kvh, s0), vs, int64_t(1), dot_.data(), Br, nc, g.Ev, n_pad, false);
           if (mods) {
-            ModTile<T>(g, b, h, t0, nr, s0, nc, rel, bias, bucket)
-                .probs_and_ds(st.data(), dpt.data(), 1, Br, lse, D.data(), mask, key_padding, true, dt5);
+            ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
+                .probs_and_ds_key_major(st.data(), dpt.data(), Br, n_pad, lse_t.data(), D_t.data(), mask, key_padding,
+                                        dt5 ? by_distance.data() : nullptr);
           } else {
             key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
             for (int64_t j = 0; j < nc; ++j) {
@@ -872,6 +1076,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
           // dQ += dS K, dS read transposed out of the key-major tile.
           if (dq) matmul_tile(dq_acc.data(), g.E, dpt.data(), int64_t(1), Br, k0, ks, nr, nc, g.E, true);
         }
+        for (size_t k = 0; k < by_distance.size() && dt5; ++k) dt5[position.bucket_rev[k]] += by_distance[k];
         if (!dq) continue;
         for (int64_t i = 0; i < nr; ++i) axpy_row(at(dq, g.q_stride, b, h, t0 + i), T(1), dq_acc.data() + i * g.E, g.E);
       }
