@@ -55,6 +55,9 @@ struct ScoreMods {
   void* d_rel_k = nullptr;           // (2m + 1, E)
   void* d_rel_v = nullptr;           // (2m + 1, Ev)
   void* d_t5_bias = nullptr;         // (NH, t5_buckets)
+  // Set by the GPU launchers for their own kernels (callers leave them null): R and G rows, (B, NH, T, 2m + 1).
+  const float* gpu_R = nullptr;
+  const float* gpu_G = nullptr;
 
   TINYGPT_HOST_DEVICE bool any() const {
     return window > 0 || q_doc != nullptr || softcap > 0 || alibi || t5_bias != nullptr || max_rel > 0;

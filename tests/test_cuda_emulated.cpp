@@ -472,6 +472,75 @@ void check_attention(const Config& c, bool flash, AttentionMath math = Attention
   }, 1e-4, 2e-4);
 }
 
+/// Which score modifiers a case turns on (kernels/score_mods.h).
+struct Mods {
+  int64_t window = 0, max_rel = 0;
+  bool rel_value = false, alibi = false, t5 = false, docs = false;
+  double softcap = 0;
+};
+
+/// The attention kernels with score modifiers on the emulated GPU and on the CPU: out, lse, Pbar, then dq, dk, dv
+/// and the tables' gradients from each side's own forward. Each side gets its own output buffers in g.mods.
+void check_attention_mods(const Config& c, const Mods& mods, bool flash, AttentionMath math = AttentionMath::F32,
+                          double tol = 0) {
+  const std::string name = std::string(flash ? "flash" : "naive") + " attention with modifiers (" +
+                           attention_math_name(math) + "), " + describe(c);
+  INFO(name);
+  Problem p = make_problem(c);
+  p.g.math = math;
+  const AttentionGeom& g0 = p.g;
+  const HostInputs<float> in(p);
+  const int64_t W = 2 * mods.max_rel + 1, rows = g0.B * g0.NH * g0.T;
+  const Vec rel_k = random(size_t(W * g0.E), 31, -0.5f, 0.5f), rel_v = random(size_t(W * g0.Ev), 32, -0.5f, 0.5f);
+  const Vec t5 = random(size_t(g0.NH * 8), 33, -1.0f, 1.0f);
+  std::vector<int32_t> q_doc, k_doc;
+  for (int64_t b = 0; b < g0.B; ++b) {
+    for (int64_t t = 0; t < g0.T; ++t) q_doc.push_back(int32_t((t + g0.S - g0.T) / 23 + b));
+    for (int64_t s = 0; s < g0.S; ++s) k_doc.push_back(int32_t(s / 23 + b));
+  }
+  struct Side {
+    Vec out, lse, pbar, d, d_rel_k, d_rel_v, d_t5;
+  };
+  auto run = [&](bool gpu) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    Side r{Vec(size_t(p.out_size), nan), Vec(size_t(rows), nan), Vec(size_t(rows * W), nan), Vec(in.qkv.size(), 1.0f),
+           Vec(rel_k.size(), 0.0f), Vec(rel_v.size(), 0.0f), Vec(t5.size(), 0.0f)};
+    AttentionGeom g = g0;
+    ScoreMods& m = g.mods;
+    m.window = mods.window;
+    m.softcap = mods.softcap;
+    m.alibi = mods.alibi;
+    if (mods.docs) m.q_doc = q_doc.data(), m.k_doc = k_doc.data();
+    if (mods.t5) m.t5_bias = t5.data(), m.t5_buckets = 8, m.t5_max_distance = 20, m.d_t5_bias = r.d_t5.data();
+    if (mods.max_rel > 0) {
+      m.max_rel = mods.max_rel, m.rel_k = rel_k.data(), m.d_rel_k = r.d_rel_k.data();
+      if (mods.rel_value) m.rel_v = rel_v.data(), m.rel_probs = r.pbar.data(), m.d_rel_v = r.d_rel_v.data();
+    }
+    if (flash) {
+      (gpu ? gpu::attention_flash_forward : cpu::attention_flash_forward<float>)(r.out.data(), r.lse.data(), in.q, in.k,
+                                                                                in.v, in.m, in.kp, g);
+    } else {
+      (gpu ? gpu::attention_naive_forward : cpu::attention_naive_forward<float>)(r.out.data(), nullptr, r.lse.data(),
+                                                                                in.q, in.k, in.v, in.m, in.kp, g);
+    }
+    const auto backward = flash ? (gpu ? gpu::attention_flash_backward : cpu::attention_flash_backward<float>)
+                                : (gpu ? gpu::attention_naive_backward : cpu::attention_naive_backward<float>);
+    float* d = r.d.data();
+    backward(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, r.out.data(), r.lse.data(), in.m,
+             in.kp, g);
+    return r;
+  };
+  const Side emulated = run(true), cpu = run(false);
+  const double ft = tol > 0 ? tol : 2e-5, bt = tol > 0 ? 2 * tol : 2e-4;
+  check_same(emulated.out, cpu.out, name + ": out", ft, 10 * ft);
+  check_same(emulated.lse, cpu.lse, name + ": lse", ft, 10 * ft);
+  if (mods.rel_value) check_same(emulated.pbar, cpu.pbar, name + ": Pbar", ft, 10 * ft);
+  check_same(emulated.d, cpu.d, name + ": dq, dk, dv", bt, bt);
+  check_same(emulated.d_rel_k, cpu.d_rel_k, name + ": relative key table gradient", bt, bt);
+  check_same(emulated.d_rel_v, cpu.d_rel_v, name + ": relative value table gradient", bt, bt);
+  check_same(emulated.d_t5, cpu.d_t5, name + ": T5 table gradient", bt, bt);
+}
+
 }  // namespace
 
 TEST_CASE("emulated CUDA: naive attention (GQA, masks, padding, dropout, rows that see nothing)") {
@@ -536,4 +605,25 @@ TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core ke
       CHECK(largest > 1e-4);
     }
   }
+}
+
+TEST_CASE("emulated CUDA: score modifiers in the naive and flash kernels, every table's gradient") {
+  const Mods all{.window = 30, .max_rel = 4, .rel_value = true, .alibi = true, .t5 = true, .docs = true, .softcap = 5};
+  // Naive, everything at once with padding, a mask and dropout.
+  check_attention_mods({.B = 2, .NH = 4, .NKV = 2, .T = 9, .S = 13, .E = 8, .Ev = 6, .causal = true, .key_padding = true,
+                        .mask = MaskKind::BroadcastTS, .dropout = 0.2f, .seed = 3},
+                       {.window = 5, .max_rel = 2, .rel_value = true, .alibi = true, .t5 = true, .docs = true, .softcap = 3},
+                       false);
+  // Flash on CUDA cores over several tiles: the window skips tiles, documents hide whole ones.
+  check_attention_mods({.B = 1, .NH = 2, .NKV = 1, .T = 150, .S = 150, .E = 32, .Ev = 32, .causal = true, .seed = 11}, all, true);
+  check_attention_mods({.B = 2, .NH = 2, .NKV = 2, .T = 40, .S = 90, .E = 16, .Ev = 24, .key_padding = true,
+                        .dropout = 0.1f, .seed = 12},
+                       {.window = 20, .max_rel = 30, .rel_value = true, .t5 = true, .softcap = 2}, true);
+  // The tensor-core kernels apply the same terms (within their operand format's rounding of the f32 kernels).
+  check_attention_mods({.B = 1, .NH = 2, .NKV = 1, .T = 100, .S = 100, .E = 32, .Ev = 32, .causal = true, .seed = 13},
+                       {.window = 40, .max_rel = 3, .alibi = true, .t5 = true, .docs = true, .softcap = 4}, true,
+                       AttentionMath::TF32, 5e-3);
+  check_attention_mods({.B = 1, .NH = 2, .NKV = 1, .T = 100, .S = 100, .E = 32, .Ev = 32, .causal = true, .seed = 13},
+                       {.window = 40, .max_rel = 3, .rel_value = true, .alibi = true, .softcap = 4}, true,
+                       AttentionMath::BF16, 5e-2);
 }

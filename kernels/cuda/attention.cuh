@@ -30,6 +30,7 @@
 #include "kernels/cuda/mma.cuh"
 #endif
 #include "kernels/cuda/flash_mma.cuh"  // after the mma primitives: its kernels are written over them
+#include "kernels/cuda/score_mods.cuh"
 
 TINYGPT_CUDA_BEGIN
 namespace {
@@ -49,11 +50,12 @@ __global__ void naive_forward_kernel(float* out, float* weights, float* lse, con
   float mx = -INFINITY;
   for (int64_t s = lane; s < g.S; s += 32) {
     float x = -INFINITY;
-    if (visible(g, kp, b, t, s)) {
+    if (g.mods.any() || visible(g, kp, b, t, s)) {
       const float* kr = at(k, g.k_stride, b, kvh, s);
       float dot = 0.0f;
       for (int64_t e = 0; e < g.E; ++e) dot += qr[e] * kr[e];
-      x = float(g.scale) * dot + mask_at(mask, g, b, h, t, s);
+      float capped;
+      x = score_logit(g, kp, mask, b, h, t, s, dot, capped);
     }
     p[s] = x;
     mx = fmaxf(mx, x);
@@ -103,7 +105,7 @@ __device__ bool naive_element(const AttentionGeom& g, const float* q, const floa
                               int64_t h, int64_t t, int64_t s, float& pd, float& ds) {
   const int lane = threadIdx.x % 32;
   const int64_t row = (b * g.NH + h) * g.T + t, kvh = h / (g.NH / g.NKV);
-  if (lse[row] == -INFINITY || !visible(g, kp, b, t, s)) return false;
+  if (lse[row] == -INFINITY || (!g.mods.any() && !visible(g, kp, b, t, s))) return false;
   const float* qr = at(q, g.q_stride, b, h, t);
   const float* kr = at(k, g.k_stride, b, kvh, s);
   const float* gr = at(dout, g.o_stride, b, h, t);
@@ -113,10 +115,13 @@ __device__ bool naive_element(const AttentionGeom& g, const float* q, const floa
   for (int64_t e = lane; e < g.Ev; e += 32) dp += gr[e] * vr[e];
   qk = warp_sum(qk);
   dp = warp_sum(dp);
-  const float p = expf(float(g.scale) * qk + mask_at(mask, g, b, h, t, s) - lse[row]);
+  float capped;
+  const float x = score_logit(g, kp, mask, b, h, t, s, qk, capped);
+  if (x == -INFINITY) return false;
+  const float p = expf(x - lse[row]);
   const float f = dropout_factor(g, b, h, t, s);
   pd = p * f;
-  ds = p * (dp * f - D[row]) * float(g.scale);
+  ds = score_ds(g, p * (score_dp(g, b, h, t, s, dp) * f - D[row]), capped);
   return true;
 }
 
@@ -266,7 +271,6 @@ __global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out
   const int64_t bh = blockIdx.x, b = bh / g.NH, h = bh % g.NH, kvh = h / (g.NH / g.NKV);
   const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kTile;  // the longest causal tiles start first
   const ThreadPos p = thread_pos();
-  const float scale = float(g.scale);
 
   load_rows<EP>(Qs, q, g.q_stride, b, h, t0, g.T, g.E);
   float o[4][EP / 8] = {};
@@ -276,8 +280,9 @@ __global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out
     m[i] = -INFINITY;
     l[i] = 0.0f;
   }
-  const int64_t s_end = causal_end(g, min64(t0 + kTile, g.T) - 1);
-  for (int64_t s0 = 0; s0 < s_end; s0 += kTile) {
+  // Keys no query of the tile sees (past the last row's diagonal, before the first row's window) are skipped.
+  const int64_t s_end = key_end(g, min64(t0 + kTile, g.T) - 1);
+  for (int64_t s0 = key_begin(g, t0); s0 < s_end; s0 += kTile) {
     __syncthreads();  // the previous tile's K, V and P are no longer read
     load_cols<EP>(Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
     load_rows<EP>(Vs, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
@@ -291,7 +296,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int64_t s = s0 + p.col0 + 8 * j;
-        sc[i][j] = visible(g, kp, b, t, s) ? scale * sc[i][j] + mask_at(mask, g, b, h, t, s) : -INFINITY;
+        float capped;
+        sc[i][j] = score_logit(g, kp, mask, b, h, t, s, sc[i][j], capped);
         mx = fmaxf(mx, sc[i][j]);
       }
       const float m_new = fmaxf(m[i], group_max(mx));
@@ -349,15 +355,14 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
   const int64_t bkv = blockIdx.x, b = bkv / g.NKV, kvh = bkv % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kTile;
   const ThreadPos p = thread_pos();  // rows: keys; columns: queries
-  const float scale = float(g.scale);
 
   load_rows<EP>(Ks, k, g.k_stride, b, kvh, s0, g.S, g.E);
   load_rows<EP>(Vs, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
   float dk_acc[4][EP / 8] = {}, dv_acc[4][EP / 8] = {};
-  // First query that sees key s0 under the causal mask: s0 <= t + S - T.
-  const int64_t t_first = g.causal ? max64(0, s0 - (g.S - g.T)) / kTile * kTile : 0;
+  // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
+  const int64_t t_first = query_begin(g, s0) / kTile * kTile, t_end = query_end(g, min64(s0 + kTile, g.S) - 1);
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int64_t t0 = t_first; t0 < g.T; t0 += kTile) {
+    for (int64_t t0 = t_first; t0 < t_end; t0 += kTile) {
       __syncthreads();
       load_cols<EP>(Qt, q, g.q_stride, b, h, t0, g.T, g.E);
       load_cols<EP>(dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
@@ -377,12 +382,13 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
         for (int j = 0; j < 8; ++j) {
           const int tj = p.col0 + 8 * j;
           const int64_t t = t0 + tj;
-          float pd = 0.0f, ds = 0.0f;
-          if (lse_s[tj] != -INFINITY && visible(g, kp, b, t, s)) {
-            const float pr = expf(scale * sc[i][j] + mask_at(mask, g, b, h, t, s) - lse_s[tj]);
+          float pd = 0.0f, ds = 0.0f, capped;
+          const float x = lse_s[tj] != -INFINITY ? score_logit(g, kp, mask, b, h, t, s, sc[i][j], capped) : -INFINITY;
+          if (x != -INFINITY) {
+            const float pr = expf(x - lse_s[tj]);
             const float f = dropout_factor(g, b, h, t, s);
             pd = pr * f;
-            ds = pr * (dp[i][j] * f - D_s[tj]) * scale;
+            ds = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[i][j]) * f - D_s[tj]), capped);
           }
           PT[(p.row0 + i) * kT + tj] = pd;
           dST[(p.row0 + i) * kT + tj] = ds;
@@ -427,7 +433,6 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
   const int64_t bh = blockIdx.x, b = bh / g.NH, h = bh % g.NH, kvh = h / (g.NH / g.NKV);
   const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kTile;
   const ThreadPos p = thread_pos();
-  const float scale = float(g.scale);
 
   load_rows<EP>(Qs, q, g.q_stride, b, h, t0, g.T, g.E);
   load_rows<EP>(dOs, dout, g.o_stride, b, h, t0, g.T, g.Ev);
@@ -439,8 +444,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
     row_D[i] = t < g.T ? D[(b * g.NH + h) * g.T + t] : 0.0f;
   }
   float dq_acc[4][EP / 8] = {};
-  const int64_t s_end = causal_end(g, min64(t0 + kTile, g.T) - 1);
-  for (int64_t s0 = 0; s0 < s_end; s0 += kTile) {
+  const int64_t s_end = key_end(g, min64(t0 + kTile, g.T) - 1);
+  for (int64_t s0 = key_begin(g, t0); s0 < s_end; s0 += kTile) {
     __syncthreads();
     load_cols<EP>(Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
     load_cols<EP>(Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
@@ -454,10 +459,11 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int64_t s = s0 + p.col0 + 8 * j;
-        float ds = 0.0f;
-        if (row_lse[i] != -INFINITY && visible(g, kp, b, t, s)) {
-          const float pr = expf(scale * sc[i][j] + mask_at(mask, g, b, h, t, s) - row_lse[i]);
-          ds = pr * (dp[i][j] * dropout_factor(g, b, h, t, s) - row_D[i]) * scale;
+        float ds = 0.0f, capped;
+        const float x = row_lse[i] != -INFINITY ? score_logit(g, kp, mask, b, h, t, s, sc[i][j], capped) : -INFINITY;
+        if (x != -INFINITY) {
+          const float pr = expf(x - row_lse[i]);
+          ds = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[i][j]) * dropout_factor(g, b, h, t, s) - row_D[i]), capped);
         }
         dSs[(p.row0 + i) * kT + p.col0 + 8 * j] = ds;
       }
@@ -551,10 +557,6 @@ void with_padded_dim(const AttentionGeom& g, F f) {
 unsigned tiles(int64_t n) { return unsigned((n + kTile - 1) / kTile); }
 
 void check_grid(const AttentionGeom& g) {
-  if (g.mods.any()) {
-    throw Error("attention: score modifiers (relative positions, ALiBi, T5 bias, window, documents, soft-cap) have no GPU "
-                "kernels yet; run on the CPU (--device cpu)");
-  }
   if (g.B * g.NH > (int64_t(1) << 31) - 1 || tiles(std::max(g.T, g.S)) > 65535u) {
     throw Error("attention: the batch, head or sequence count is too large for one GPU launch");
   }
@@ -568,7 +570,9 @@ void attention_naive_forward(float* out, float* weights, float* lse, const float
   if (rows == 0) return;
   check_grid(g);
   Scratch scratch(weights ? 0 : size_t(rows * g.S) * sizeof(float));
-  launch_kernel("attention_naive_forward", naive_forward_kernel, blocks_for(rows * 32), kThreads, 0, out, weights ? weights : scratch.as<float>(), lse, q, k, v, mask, key_padding, g);
+  ModLaunch mods(g, q, nullptr);
+  launch_kernel("attention_naive_forward", naive_forward_kernel, blocks_for(rows * 32), kThreads, 0, out, weights ? weights : scratch.as<float>(), lse, q, k, v, mask, key_padding, mods.geom());
+  mods.finish_forward(out, q, k, lse, mask, key_padding);
 }
 
 void attention_naive_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
@@ -579,18 +583,23 @@ void attention_naive_backward(float* dq, float* dk, float* dv, const float* dout
   check_grid(g);
   Scratch D(size_t(rows) * sizeof(float));
   launch_kernel("attention_naive_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout, out, g);
+  ModLaunch mods(g, q, dout);
+  const AttentionGeom& gm = mods.geom();
   if (dq) {
-    launch_kernel("attention_naive_backward (dq)", naive_backward_dq_kernel, blocks_for(rows * 32), kThreads, 0, dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+    launch_kernel("attention_naive_backward (dq)", naive_backward_dq_kernel, blocks_for(rows * 32), kThreads, 0, dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, gm);
   }
   if (dk || dv) {
-    launch_kernel("attention_naive_backward (dk, dv)", naive_backward_dkdv_kernel, blocks_for(g.B * g.NKV * g.S * 32), kThreads, 0, dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+    launch_kernel("attention_naive_backward (dk, dv)", naive_backward_dkdv_kernel, blocks_for(g.B * g.NKV * g.S * 32), kThreads, 0, dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, gm);
   }
+  mods.finish_backward(dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding);
 }
 
 void attention_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask,
-                             const uint8_t* key_padding, const AttentionGeom& g) {
-  if (g.B * g.NH * g.T == 0) return;
-  check_grid(g);
+                             const uint8_t* key_padding, const AttentionGeom& call) {
+  if (call.B * call.NH * call.T == 0) return;
+  check_grid(call);
+  ModLaunch mods(call, q, nullptr);
+  const AttentionGeom& g = mods.geom();  // the call's, with the modifiers' rows
   with_padded_dim(g, [&](auto dim) {
     constexpr int EP = decltype(dim)::value;
     const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
@@ -603,16 +612,19 @@ void attention_flash_forward(float* out, float* lse, const float* q, const float
       }
     });
   });
+  mods.finish_forward(out, q, k, lse, mask, key_padding);
 }
 
 void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                               const float* v, const float* out, const float* lse, const float* mask,
-                              const uint8_t* key_padding, const AttentionGeom& g) {
-  const int64_t rows = g.B * g.NH * g.T;
+                              const uint8_t* key_padding, const AttentionGeom& call) {
+  const int64_t rows = call.B * call.NH * call.T;
   if (rows == 0) return;
-  check_grid(g);
+  check_grid(call);
   Scratch D(size_t(rows) * sizeof(float));
-  launch_kernel("attention_flash_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout, out, g);
+  launch_kernel("attention_flash_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout, out, call);
+  ModLaunch mods(call, q, dout);
+  const AttentionGeom& g = mods.geom();  // the call's, with the modifiers' rows
   with_padded_dim(g, [&](auto dim) {
     constexpr int EP = decltype(dim)::value;
     with_flash_path<EP>(g.math, [&](auto path) {
@@ -640,6 +652,7 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
       }
     });
   });
+  mods.finish_backward(dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding);
 }
 
 TINYGPT_CUDA_END

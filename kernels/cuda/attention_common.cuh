@@ -35,11 +35,40 @@ __device__ __forceinline__ float dropout_factor(const AttentionGeom& g, int64_t 
   return keep ? dropout_scale<float>(g.dropout_p) : 0.0f;
 }
 
-/// True when every query of [t0, t0 + rows) sees every key of [s0, s0 + cols): no padding, no additive mask,
-/// all in range and below the causal diagonal. Such tiles skip the per-element checks.
+/// True when every query of [t0, t0 + rows) sees every key of [s0, s0 + cols): no padding, no additive mask, no
+/// score modifier, all in range and below the causal diagonal. Such tiles skip the per-element checks.
 __device__ __forceinline__ bool tile_unmasked(const AttentionGeom& g, const uint8_t* kp, const float* mask, int64_t t0,
                                               int64_t rows, int64_t s0, int64_t cols) {
-  return !kp && !mask && t0 + rows <= g.T && s0 + cols <= g.S && causal_end(g, t0) >= s0 + cols;
+  return !kp && !mask && !g.mods.any() && t0 + rows <= g.T && s0 + cols <= g.S && causal_end(g, t0) >= s0 + cols;
+}
+
+/// The logit of (t, s) from its raw product qk, -inf where the key is hidden (out of range, causal, padding, and the
+/// score modifiers of kernels/score_mods.h); `capped` gets the soft-capped scaled score, which the backward needs.
+/// Shaw's R rows come from g.mods.gpu_R.
+__device__ __forceinline__ float score_logit(const AttentionGeom& g, const uint8_t* kp, const float* mask, int64_t b,
+                                             int64_t h, int64_t t, int64_t s, float qk, float& capped) {
+  if (!g.mods.any()) {
+    capped = float(g.scale) * qk;
+    return visible(g, kp, b, t, s) ? capped + mask_at(mask, g, b, h, t, s) : -INFINITY;
+  }
+  if (!(t < g.T && s < g.S) || !mods_visible(g, b, t, s) || (kp && kp[b * g.S + s])) return -INFINITY;
+  const ScoreMods& m = g.mods;
+  const int64_t d = s - (t + g.S - g.T);
+  if (m.gpu_R) qk += m.gpu_R[((b * g.NH + h) * g.T + t) * m.rel_width() + rel_column(d, m.max_rel)];
+  capped = softcap_forward(float(g.scale) * qk, m.softcap);
+  return capped + position_bias<float>(g, h, d) + mask_at(mask, g, b, h, t, s);
+}
+
+/// dP of (t, s) from dO_t . v_s: plus Shaw's G rows (g.mods.gpu_G) on the value side.
+__device__ __forceinline__ float score_dp(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s, float dov) {
+  const ScoreMods& m = g.mods;
+  if (!m.gpu_G) return dov;
+  return dov + m.gpu_G[((b * g.NH + h) * g.T + t) * m.rel_width() + rel_column(s - (t + g.S - g.T), m.max_rel)];
+}
+
+/// The raw product's gradient from the logit's: times the soft-cap's derivative and the scale.
+__device__ __forceinline__ float score_ds(const AttentionGeom& g, float dlogit, float capped) {
+  return dlogit * softcap_grad(capped, g.mods.softcap) * float(g.scale);
 }
 
 }  // namespace tinygpt::cuda

@@ -271,8 +271,8 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
   load_tile<Op, kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
   float o[EP / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int64_t s_end = causal_end(g, min64(t0 + kRows, g.T) - 1);
-  for (int64_t s0 = 0; s0 < s_end; s0 += kCols) {
+  const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  for (int64_t s0 = key_begin(g, t0); s0 < s_end; s0 += kCols) {
     __syncthreads();  // the previous tiles of K and V are no longer read
     load_tile<Op, kCols, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
     load_tile<Op, kCols, EP>(nullptr, Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
@@ -290,7 +290,8 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
         for (int e = 0; e < 2; ++e) {
           const int64_t s = s0 + 8 * j + frag_col(p, e);
           float& x = sc[j][2 * half + e];
-          x = unmasked || visible(g, kp, b, t, s) ? scale * x + mask_at(mask, g, b, h, t, s) : -INFINITY;
+          float capped;
+          x = unmasked ? scale * x + mask_at(mask, g, b, h, t, s) : score_logit(g, kp, mask, b, h, t, s, x, capped);
           mx = fmaxf(mx, x);
         }
       }
@@ -357,10 +358,10 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   load_tile<Op, kRows, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
   load_tile<Op, kRows, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
   float dk_acc[EP / 8][4] = {}, dv_acc[EP / 8][4] = {};
-  // First query that sees key s0 under the causal mask: s0 <= t + S - T.
-  const int64_t t_first = g.causal ? max64(0, s0 - (g.S - g.T)) / Q * Q : 0;
+  // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
+  const int64_t t_first = query_begin(g, s0) / Q * Q, t_end = query_end(g, min64(s0 + kRows, g.S) - 1);
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int64_t t0 = t_first; t0 < g.T; t0 += Q) {
+    for (int64_t t0 = t_first; t0 < t_end; t0 += Q) {
       __syncthreads();  // the previous query tile is no longer read
       load_tile<Op, Q, EP>(Qs, Qt, q, g.q_stride, b, h, t0, g.T, g.E);
       load_tile<Op, Q, EP>(dOs, dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
@@ -381,12 +382,17 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
           const int64_t s = s0 + frag_row(p, i);
           const int tj = 8 * j + frag_col(p, i);
           const int64_t t = t0 + tj;
-          float pd = 0.0f, ds = 0.0f;
-          if (lse_s[tj] != -INFINITY && (unmasked || visible(g, kp, b, t, s))) {
-            const float pr = expf(scale * pt[j][i] + mask_at(mask, g, b, h, t, s) - lse_s[tj]);
+          float pd = 0.0f, ds = 0.0f, capped = 0.0f;
+          float x = -INFINITY;
+          if (lse_s[tj] != -INFINITY) {
+            x = unmasked ? scale * pt[j][i] + mask_at(mask, g, b, h, t, s) : score_logit(g, kp, mask, b, h, t, s, pt[j][i], capped);
+          }
+          if (x != -INFINITY) {
+            const float pr = expf(x - lse_s[tj]);
             const float f = dropout_factor(g, b, h, t, s);
             pd = pr * f;
-            ds = pr * (dst[j][i] * f - D_s[tj]) * scale;
+            ds = unmasked ? pr * (dst[j][i] * f - D_s[tj]) * scale
+                          : score_ds(g, pr * (score_dp(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
           }
           pt[j][i] = pd;
           dst[j][i] = ds;
@@ -431,8 +437,8 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
     row_D[half] = t < g.T ? D[(b * g.NH + h) * g.T + t] : 0.0f;
   }
   float dq_acc[EP / 8][4] = {};
-  const int64_t s_end = causal_end(g, min64(t0 + kRows, g.T) - 1);
-  for (int64_t s0 = 0; s0 < s_end; s0 += kCols) {
+  const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  for (int64_t s0 = key_begin(g, t0); s0 < s_end; s0 += kCols) {
     __syncthreads();
     load_tile<Op, kCols, EP>(Ks, Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
     load_tile<Op, kCols, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
@@ -447,10 +453,13 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
       for (int i = 0; i < 4; ++i) {
         const int half = i / 2;
         const int64_t t = t0 + frag_row(p, i), s = s0 + 8 * j + frag_col(p, i);
-        float x = 0.0f;
-        if (row_lse[half] != -INFINITY && (unmasked || visible(g, kp, b, t, s))) {
-          const float pr = expf(scale * ds[j][i] + mask_at(mask, g, b, h, t, s) - row_lse[half]);
-          x = pr * (dp[j][i] * dropout_factor(g, b, h, t, s) - row_D[half]) * scale;
+        float x = 0.0f, capped = 0.0f, logit = -INFINITY;
+        if (row_lse[half] != -INFINITY) {
+          logit = unmasked ? scale * ds[j][i] + mask_at(mask, g, b, h, t, s) : score_logit(g, kp, mask, b, h, t, s, ds[j][i], capped);
+        }
+        if (logit != -INFINITY) {
+          const float pr = expf(logit - row_lse[half]);
+          x = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[j][i]) * dropout_factor(g, b, h, t, s) - row_D[half]), capped);
         }
         ds[j][i] = x;
       }
