@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
 
 namespace tinygpt::nn {
 namespace {
@@ -30,7 +33,72 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
                             "must be >= 0",
                             c.max_relative_position, c.t5_buckets, c.window, c.softcap));
   }
+  if (c.add_bias_kv || c.add_zero_attn) {
+    // The appended key positions (bias_k / bias_v, the zero key) stand at no sequence position.
+    std::string clash;
+    auto note = [&](bool on, const char* what) {
+      if (on) clash += (clash.empty() ? "" : ", ") + std::string(what);
+    };
+    note(c.rope, "rope");
+    note(c.max_relative_position > 0, "max_relative_position (Shaw's relative positions)");
+    note(c.alibi, "alibi");
+    note(c.t5_buckets > 0, "t5_buckets (T5 bias)");
+    note(c.window > 0, "window");
+    if (!clash.empty()) {
+      throw Error(fmt::format("MultiHeadAttention: add_bias_kv and add_zero_attn append key positions that have no "
+                              "sequence position, which {} needs; turn one or the other off",
+                              clash));
+    }
+  }
   return c;
+}
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+/// `mask` with `extra` more key columns (its last dim) that hide nothing: false, or 0 in an additive mask, as torch
+/// pads attn_mask and key_padding_mask for the appended key positions. A last dim of 1 that broadcast over the S
+/// keys is expanded to S first. Outside the graph (masks get no gradient), on the mask's device.
+Tensor pad_key_columns(const Tensor& mask, int64_t S, int64_t extra, const char* what) {
+  if (!mask.defined() || extra == 0) return mask;
+  const int64_t n = mask.ndim() == 0 ? 1 : mask.size(-1);
+  if (n != S && n != 1) {
+    throw Error(
+        fmt::format("MultiHeadAttention: {} of shape {} does not end in the {} keys", what, mask.shape().str(), S));
+  }
+  std::vector<int64_t> dims = mask.shape().vec();
+  if (dims.empty()) dims.push_back(1);
+  dims.back() = S + extra;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  auto pad = [&]<class T>() {
+    const std::vector<T> in = mask.to_vector<T>();
+    std::vector<T> out(size_t(rows * (S + extra)), T(0));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t s = 0; s < S; ++s) out[size_t(r * (S + extra) + s)] = in[size_t(r * n + (n == 1 ? 0 : s))];
+    return from_vector(out, Shape(dims), mask.device());
+  };
+  if (mask.dtype() == DType::Bool) return pad.operator()<uint8_t>();
+  if (mask.dtype() == DType::F32) return pad.operator()<float>();
+  if (mask.dtype() == DType::F64) return pad.operator()<double>();
+  throw Error(fmt::format("MultiHeadAttention: {} must be bool or float, got {}", what, dtype_name(mask.dtype())));
+}
+
+/// A bool mask (true = hidden) as an additive one of `dtype` (-inf where hidden, 0 elsewhere); a float mask as it is.
+Tensor as_additive(const Tensor& mask, DType dtype) {
+  if (mask.dtype() != DType::Bool) return mask;
+  const std::vector<uint8_t> bits = mask.to_vector<uint8_t>();
+  std::vector<double> add(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) add[i] = bits[i] ? -kInf : 0.0;
+  return from_vector(add, mask.shape()).to(dtype).to(mask.device());
+}
+
+/// is_causal over the S real keys (query t sees key s iff s <= t + S - T, the kernels' bottom-right convention) as a
+/// bool (T, S + extra) mask, true = hidden, that never hides the `extra` appended key positions.
+Tensor causal_mask_before_appended(int64_t T, int64_t S, int64_t extra, Device device) {
+  std::vector<uint8_t> hidden(size_t(T * (S + extra)), 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s = 0; s < S; ++s) hidden[size_t(t * (S + extra) + s)] = s > t + S - T ? 1 : 0;
+  return from_vector(hidden, {T, S + extra}, device);
 }
 
 bool trace_shapes() {
@@ -73,6 +141,13 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, G
   if (c.t5_buckets > 0) {
     t5_bias = register_parameter("t5_bias", randn({c.num_heads, c.t5_buckets}, gen, DType::F32, Device::CPU, kInitStd));
   }
+  if (c.add_bias_kv) {
+    // torch's xavier_normal_ of its (1, 1, W) bias_k: fan_in = fan_out = W, std = sqrt(2 / (fan_in + fan_out)).
+    const int64_t W = c.num_kv_heads * E;
+    const double init_std = std::sqrt(1.0 / double(W));
+    bias_k = register_parameter("bias_k", randn({1, 1, W}, gen, DType::F32, Device::CPU, init_std));
+    bias_v = register_parameter("bias_v", randn({1, 1, W}, gen, DType::F32, Device::CPU, init_std));
+  }
 }
 
 ScoreModOptions MultiHeadAttention::score_mods(const Tensor& doc_ids) const {
@@ -96,13 +171,22 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
                                                        int64_t pos0, const Tensor& doc_ids) const {
   const auto& c = config_;
   const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim();
+  const int bd = c.batch_first ? 0 : 1, ld = c.batch_first ? 1 : 0;  // the inputs' batch and sequence dims
+  const char* q_layout = c.batch_first ? "B, T" : "T, B";
+  const char* kv_layout = c.batch_first ? "B, S" : "S, B";
   if (query.ndim() != 3 || query.size(2) != c.embed_dim) {
-    throw Error(fmt::format("MultiHeadAttention: query must be (B, T, {}), got {}", c.embed_dim, query.shape().str()));
+    throw Error(
+        fmt::format("MultiHeadAttention: query must be ({}, {}), got {}", q_layout, c.embed_dim, query.shape().str()));
   }
   if (key.ndim() != 3 || key.size(2) != c.kdim || value.ndim() != 3 || value.size(2) != c.vdim ||
-      key.size(0) != query.size(0) || value.size(0) != query.size(0) || key.size(1) != value.size(1)) {
-    throw Error(fmt::format("MultiHeadAttention: key must be (B, S, {}) and value (B, S, {}) with query's B; got {} and {}",
-                            c.kdim, c.vdim, key.shape().str(), value.shape().str()));
+      key.size(bd) != query.size(bd) || value.size(bd) != query.size(bd) || key.size(ld) != value.size(ld)) {
+    throw Error(fmt::format("MultiHeadAttention: key must be ({}, {}) and value ({}, {}) with query's B; got {} and {}",
+                            kv_layout, c.kdim, kv_layout, c.vdim, key.shape().str(), value.shape().str()));
+  }
+  const bool extra_keys = c.add_bias_kv || c.add_zero_attn;
+  if (extra_keys && doc_ids.defined()) {
+    throw Error("MultiHeadAttention: doc_ids with add_bias_kv or add_zero_attn: the appended key positions belong to "
+                "no document");
   }
   AttentionOptions opts;
   opts.is_causal = is_causal;
@@ -118,8 +202,13 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   trace("query", query);
   AttentionResult r;
   const bool self = query.impl_ptr() == key.impl_ptr() && key.impl_ptr() == value.impl_ptr();
-  if (self && c_attn) {
-    Tensor qkv = c_attn->forward(query);  // (B, T, (NH + 2 NKV) * E)
+  // Batch-first from here on; self-attention transposes once, so it still reads one tensor.
+  const Tensor q_in = c.batch_first ? query : transpose(query, 0, 1);
+  const Tensor k_in = self ? q_in : c.batch_first ? key : transpose(key, 0, 1);
+  const Tensor v_in = self ? q_in : c.batch_first ? value : transpose(value, 0, 1);
+  if (!c.batch_first) trace("query made batch-first", q_in);
+  if (self && c_attn && !extra_keys) {
+    Tensor qkv = c_attn->forward(q_in);  // (B, T, (NH + 2 NKV) * E)
     trace("fused qkv projection", qkv);
     if (c.rope) qkv = rope(qkv, E, NH + NKV, pos0, c.rope_base);  // rotate the q and k heads, not v
     r = fused_self_attention(qkv, NH, NKV, opts);
@@ -130,13 +219,13 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
       auto rows = [&](const Tensor& t, int64_t first, int64_t count) {
         return t.defined() ? narrow(t, 0, first * E, count * E) : Tensor();
       };
-      q = linear(query, rows(c_attn->weight, 0, NH), rows(c_attn->bias, 0, NH), numerics());
-      k = linear(key, rows(c_attn->weight, NH, NKV), rows(c_attn->bias, NH, NKV), numerics());
-      v = linear(value, rows(c_attn->weight, NH + NKV, NKV), rows(c_attn->bias, NH + NKV, NKV), numerics());
+      q = linear(q_in, rows(c_attn->weight, 0, NH), rows(c_attn->bias, 0, NH), numerics());
+      k = linear(k_in, rows(c_attn->weight, NH, NKV), rows(c_attn->bias, NH, NKV), numerics());
+      v = linear(v_in, rows(c_attn->weight, NH + NKV, NKV), rows(c_attn->bias, NH + NKV, NKV), numerics());
     } else {
-      q = q_proj->forward(query);
-      k = k_proj->forward(key);
-      v = v_proj->forward(value);
+      q = q_proj->forward(q_in);
+      k = k_proj->forward(k_in);
+      v = v_proj->forward(v_in);
     }
     trace("q projection (B, T, NH*E)", q);
     trace("k projection (B, S, NKV*E)", k);
@@ -145,11 +234,54 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
       q = rope(q, E, NH, pos0, c.rope_base);
       k = rope(k, E, NKV, pos0, c.rope_base);
     }
+    if (extra_keys) {
+      // As torch: bias_k / bias_v as one more key/value position, then a zero key and value, every mask padded
+      // with columns that hide nothing, and is_causal as that mask over the S real keys.
+      const int64_t B = q.size(0), T = q.size(1), S = k.size(1);
+      const Tensor zero = zeros({B, 1, NKV * E}, k.dtype(), k.device());
+      std::vector<Tensor> ks{k}, vs{v};
+      if (c.add_bias_kv) {
+        ks.push_back(zero + bias_k);  // (1, 1, NKV * E) broadcast over the batch
+        vs.push_back(zero + bias_v);
+      }
+      if (c.add_zero_attn) {
+        ks.push_back(zero);
+        vs.push_back(zero);
+      }
+      const int64_t extra = int64_t(ks.size()) - 1;
+      k = concat(ks, 1);
+      v = concat(vs, 1);
+      trace("k with appended keys", k);
+      trace("v with appended values", v);
+      const Tensor& kp = key_padding_mask;
+      if (kp.defined() && (kp.dtype() != DType::Bool || !(kp.shape() == Shape{B, S}))) {
+        throw Error(fmt::format(
+            "MultiHeadAttention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}", B, S,
+            dtype_name(kp.dtype()), kp.shape().str()));
+      }
+      opts.key_padding_mask = pad_key_columns(kp, S, extra, "key_padding_mask");
+      Tensor mask = pad_key_columns(attn_mask, S, extra, "attn_mask");
+      if (is_causal) {
+        const Tensor causal = causal_mask_before_appended(T, S, extra, q.device());
+        if (mask.defined()) {
+          const DType dtype = mask.dtype() == DType::Bool ? q.dtype() : mask.dtype();
+          mask = as_additive(mask, dtype) + as_additive(causal, dtype);
+        } else {
+          mask = causal;
+        }
+        opts.is_causal = false;  // the kernels' is_causal would count the appended keys as positions
+      }
+      opts.attn_mask = mask;
+    }
     r = packed_attention(q, k, v, NH, NKV, opts);
   }
   trace("attention output (B, T, NH*E)", r.out);
   Output out{c_proj.forward(r.out), Tensor()};
   trace("output projection", out.out);
+  if (!c.batch_first) {
+    out.out = transpose(out.out, 0, 1);  // (T, B, embed_dim)
+    trace("output made sequence-first", out.out);
+  }
   if (need_weights) {
     out.weights = average_attn_weights ? mean(r.weights, 1) : r.weights;
     trace("attention weights", out.weights);
@@ -159,18 +291,28 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
 
 Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, int64_t pos) const {
   const auto& c = config_;
-  const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim(), T = x.size(1);
   if (!c_attn) throw Error("MultiHeadAttention: forward_cached needs the fused QKV projection (kdim == vdim == embed_dim)");
+  if (c.add_bias_kv || c.add_zero_attn) {
+    throw Error("MultiHeadAttention: forward_cached does not support add_bias_kv or add_zero_attn (the appended "
+                "key/value positions are not in the cache); use forward");
+  }
+  if (x.ndim() != 3 || x.size(2) != c.embed_dim) {
+    throw Error(fmt::format("MultiHeadAttention: forward_cached's x must be ({}, {}), got {}",
+                            c.batch_first ? "B, T" : "T, B", c.embed_dim, x.shape().str()));
+  }
+  const Tensor xb = c.batch_first ? x : transpose(x, 0, 1);  // (B, T, embed_dim)
+  const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim(), T = xb.size(1);
   if (pos < 0 || pos + T > k_cache.size(1)) {
     throw Error(fmt::format("MultiHeadAttention: positions [{}, {}) do not fit a cache of {}", pos, pos + T, k_cache.size(1)));
   }
-  Tensor qkv = c_attn->forward(x);  // (B, T, (NH + 2 NKV) * E)
+  Tensor qkv = c_attn->forward(xb);  // (B, T, (NH + 2 NKV) * E)
   if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_base);
   write_slice(k_cache, 1, pos, narrow(qkv, 2, NH * E, NKV * E));
   write_slice(v_cache, 1, pos, narrow(qkv, 2, (NH + NKV) * E, NKV * E));
   const Tensor y = cached_attention(narrow(qkv, 2, 0, NH * E), k_cache, v_cache, pos + T, NH, NKV, numerics(),
                                     score_mods(Tensor()));  // (B, T, NH * E)
-  return c_proj.forward(y);
+  const Tensor out = c_proj.forward(y);
+  return c.batch_first ? out : transpose(out, 0, 1);
 }
 
 }  // namespace tinygpt::nn

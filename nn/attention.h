@@ -1,8 +1,17 @@
-// Multi-head attention with the semantics of torch.nn.MultiheadAttention(batch_first=True), plus
-// grouped-query heads, rotary position embeddings and the score modifiers of the flash kernels (Shaw's relative
-// positions, ALiBi, T5 bias, sliding window, document masks, soft-cap). Self-attention (query, key and value the same
+// Multi-head attention with the semantics of torch.nn.MultiheadAttention (batch_first, add_bias_kv, add_zero_attn
+// included), plus grouped-query heads, rotary position embeddings and the score modifiers of the flash kernels
+// (Shaw's relative positions, ALiBi, T5 bias, sliding window, document masks, soft-cap). Self-attention (query, key and value the same
 // tensor) runs one fused QKV projection and reads q, k and v straight out of it; cross-attention projects
 // each input with its own rows of the projection. Set TINYGPT_TRACE_SHAPES=1 to log every stage's shape.
+//
+// add_bias_kv and add_zero_attn append key/value positions after the S keys, as torch does: first the learned
+// bias_k / bias_v, (1, 1, NKV * head_dim) (torch's (1, 1, embed_dim); with grouped-query heads one bias per key/value
+// head), then a zero key and value. No query is ever hidden from them: key_padding_mask and attn_mask are padded with
+// false / 0 columns, and is_causal hides the keys s > t + S - T among the S real keys only (the causal mask torch
+// asks for, padded as torch pads it; torch's is_causal is a hint for that mask, and where torch hands the hint to
+// F.scaled_dot_product_attention it also hides the appended keys, which tinygpt does not). The attention weights
+// then have S + 1 or S + 2 key columns, as torch's. The appended positions have no place in position-aware attention:
+// RoPE, relative positions, ALiBi, T5 bias, a window and document masks are refused with them, as is the KV cache.
 #pragma once
 
 #include "../autograd/attention.h"
@@ -17,6 +26,9 @@ struct MultiHeadAttentionConfig {
   int64_t kdim = 0;          // features of `key` (0: embed_dim)
   int64_t vdim = 0;          // features of `value` (0: embed_dim)
   bool bias = true;
+  bool add_bias_kv = false;    // learned bias_k, bias_v appended to the keys and values (one more key position)
+  bool add_zero_attn = false;  // a zero key and value appended (after bias_k / bias_v)
+  bool batch_first = true;     // false: query, key, value and the output are sequence-first (T, B, E)
   double dropout = 0.0;      // on the attention weights, in training mode
   bool rope = false;         // rotate q and k by position (RoPE) instead of relying on learned positions
   double rope_base = 10000.0;
@@ -37,12 +49,14 @@ class MultiHeadAttention : public Module {
   MultiHeadAttention(const MultiHeadAttentionConfig& config, Generator& gen = default_generator());
 
   struct Output {
-    Tensor out;      // (B, T, embed_dim)
-    Tensor weights;  // when need_weights: (B, T, S) averaged over heads, or (B, NH, T, S)
+    Tensor out;      // (B, T, embed_dim); (T, B, embed_dim) with batch_first = false
+    Tensor weights;  // when need_weights: (B, T, S') averaged over heads, or (B, NH, T, S'), in either layout;
+                     // S' = S plus the appended bias and zero positions (add_bias_kv, add_zero_attn)
   };
 
-  /// query (B, T, embed_dim), key (B, S, kdim), value (B, S, vdim). key_padding_mask (B, S) bool, true =
-  /// ignore; attn_mask bool (true = masked out) or additive float, broadcastable to (B, NH, T, S).
+  /// query (B, T, embed_dim), key (B, S, kdim), value (B, S, vdim); with batch_first = false (T, B, embed_dim),
+  /// (S, B, kdim), (S, B, vdim). key_padding_mask (B, S) bool, true = ignore; attn_mask bool (true = masked out) or
+  /// additive float, broadcastable to (B, NH, T, S) (masks are batch-first in both layouts, as torch's).
   /// pos0 is the position of the first query (and key) for RoPE. doc_ids (B, T) i32, for self-attention over
   /// packed documents: a query sees only keys of its own document.
   Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = {},
@@ -51,7 +65,9 @@ class MultiHeadAttention : public Module {
 
   /// Inference for self-attention with a key/value cache: x (B, T, embed_dim) holds positions
   /// [pos, pos + T); their keys and values are written into k_cache, v_cache (B, capacity, NKV * head_dim)
-  /// and the queries attend causally to positions [0, pos + T). Needs the fused projection.
+  /// and the queries attend causally to positions [0, pos + T). Needs the fused projection, and neither
+  /// add_bias_kv nor add_zero_attn. With batch_first = false x and the result are (T, B, embed_dim); the caches keep
+  /// their (B, capacity, NKV * head_dim) layout.
   Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, int64_t pos) const;
 
   const MultiHeadAttentionConfig& config() const { return config_; }
@@ -62,6 +78,7 @@ class MultiHeadAttention : public Module {
   Linear c_proj;
   Tensor relative_key, relative_value;  // (2m + 1, head_dim), with max_relative_position
   Tensor t5_bias;                       // (num_heads, t5_buckets), with t5_buckets
+  Tensor bias_k, bias_v;                // (1, 1, NKV * head_dim), with add_bias_kv (torch's names and shape)
 
  private:
   /// The score modifiers of this layer for the kernels.

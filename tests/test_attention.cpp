@@ -288,3 +288,162 @@ TEST_CASE("MultiHeadAttention: gradient check of the whole module in f64") {
         inputs);
   }
 }
+
+TEST_CASE("MultiHeadAttention: add_bias_kv and add_zero_attn with grouped-query heads equal the computation composed "
+          "from basic ops, sequence-first") {
+  Generator gen(20);
+  const int64_t B = 2, T = 5, S = T + 2, NH = 4, NKV = 2, E = 4;
+  nn::MultiHeadAttention mha({.embed_dim = 16, .num_heads = 4, .num_kv_heads = 2, .add_bias_kv = true,
+                              .add_zero_attn = true, .batch_first = false},
+                             gen);
+  std::vector<std::string> names;
+  for (auto& [n, t] : mha.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"bias_k", "bias_v", "c_attn.weight", "c_attn.bias", "c_proj.weight",
+                                          "c_proj.bias"});
+  CHECK(mha.bias_k.shape() == Shape{1, 1, NKV * E});  // one bias per key/value head
+  CHECK(mha.bias_v.shape() == Shape{1, 1, NKV * E});
+  const Tensor x = randn({T, B, 16}, gen);  // sequence-first
+  const std::vector<uint8_t> pad_bits = {0, 0, 0, 1, 0, 0, 1, 0, 0, 0};
+  const auto got = mha.forward(x, x, x, from_vector(pad_bits, {B, T}), Tensor(), true, true, false);
+  CHECK(got.out.shape() == Shape{T, B, 16});
+  CHECK(got.weights.shape() == Shape{B, NH, T, S});  // the T keys, bias_k, the zero key
+  // Reference: batch-first x, explicit heads, bias_k / bias_v and a zero row appended to every key/value head, causal
+  // and padding over the T real keys only.
+  const Tensor qkv = linear(transpose(x, 0, 1), mha.c_attn->weight, mha.c_attn->bias);  // (B, T, (4 + 2 + 2) * 4)
+  auto heads = [&](int64_t first, int64_t count) {  // -> (B, count, T, E)
+    return permute(reshape(narrow(qkv, 2, first * E, count * E), {B, T, count, E}), {0, 2, 1, 3});
+  };
+  auto appended = [&](const Tensor& t, const Tensor& bias) {  // (B, NKV, T, E) -> (B, NKV, T + 2, E)
+    const Tensor b = zeros({B, NKV, 1, E}) + permute(reshape(bias, {1, 1, NKV, E}), {0, 2, 1, 3});
+    return concat({t, b, zeros({B, NKV, 1, E})}, 2);
+  };
+  const Tensor q = heads(0, NH), k = appended(heads(NH, NKV), mha.bias_k), v = appended(heads(NH + NKV, NKV), mha.bias_v);
+  auto rep = [](const Tensor& t) {
+    return concat({narrow(t, 1, 0, 1), narrow(t, 1, 0, 1), narrow(t, 1, 1, 1), narrow(t, 1, 1, 1)}, 1);
+  };
+  std::vector<float> bias(size_t(B * T * S), 0.0f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t s = 0; s < T; ++s)
+        if (s > t || pad_bits[size_t(b * T + s)]) bias[size_t((b * T + t) * S + s)] = -1e30f;
+  const Tensor scores =
+      matmul(q, rep(k), false, true) * (1.0 / std::sqrt(double(E))) + reshape(from_vector(bias, {B, T, S}), {B, 1, T, S});
+  const Tensor p = softmax(scores);
+  const Tensor merged = reshape(permute(matmul(p, rep(v)), {0, 2, 1, 3}), {B, T, NH * E});
+  check_close(got.out, transpose(linear(merged, mha.c_proj.weight, mha.c_proj.bias), 0, 1), 1e-5, 1e-4);
+  check_close(got.weights, p, 1e-6, 1e-4);
+
+  // is_causal is the causal mask over the real keys, padded: the same as that mask given as attn_mask, and it combines
+  // with a float attn_mask as -inf at the causal positions.
+  std::vector<uint8_t> causal(size_t(T * T), 0);
+  std::vector<float> additive(size_t(T * T)), additive_causal(size_t(T * T));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s = 0; s < T; ++s) {
+      causal[size_t(t * T + s)] = s > t;
+      additive[size_t(t * T + s)] = float(0.1 * double(t - 2 * s));
+      additive_causal[size_t(t * T + s)] = s > t ? -std::numeric_limits<float>::infinity() : additive[size_t(t * T + s)];
+    }
+  const auto with_mask = mha.forward(x, x, x, Tensor(), from_vector(causal, {T, T}), false, true, false);
+  const auto with_flag = mha.forward(x, x, x, Tensor(), Tensor(), true, true, false);
+  check_close(with_flag.out, with_mask.out, 1e-6, 1e-6);
+  check_close(with_flag.weights, with_mask.weights, 1e-6, 1e-6);
+  const auto both = mha.forward(x, x, x, Tensor(), from_vector(additive, {T, T}), true);
+  const auto folded = mha.forward(x, x, x, Tensor(), from_vector(additive_causal, {T, T}), false);
+  check_close(both.out, folded.out, 1e-6, 1e-6);
+}
+
+TEST_CASE("MultiHeadAttention: batch_first = false is batch_first = true on transposed inputs, forward_cached too") {
+  for (bool extra : {false, true}) {
+    CAPTURE(extra);
+    Generator gen_a(21), gen_b(21);  // the same parameters
+    nn::MultiHeadAttention bf({.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2, .add_bias_kv = extra}, gen_a);
+    nn::MultiHeadAttention sf(
+        {.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2, .add_bias_kv = extra, .batch_first = false}, gen_b);
+    Generator gen(22);
+    const Tensor x = randn({2, 5, 8}, gen), mem = randn({2, 7, 8}, gen);
+    const Tensor xs = transpose(x, 0, 1), ms = transpose(mem, 0, 1);
+    const auto a = bf.forward(x, x, x, Tensor(), Tensor(), true, true, false);
+    const auto b = sf.forward(xs, xs, xs, Tensor(), Tensor(), true, true, false);
+    CHECK(b.out.shape() == Shape{5, 2, 8});
+    check_close(b.out, transpose(a.out, 0, 1), 1e-6, 1e-6);
+    check_close(b.weights, a.weights, 1e-6, 1e-6);  // (B, NH, T, S) in both layouts
+    const Tensor pad = from_vector(std::vector<uint8_t>{0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0}, {2, 7});
+    const auto c = bf.forward(x, mem, mem, pad, Tensor(), false, true);
+    const auto d = sf.forward(xs, ms, ms, pad, Tensor(), false, true);
+    check_close(d.out, transpose(c.out, 0, 1), 1e-6, 1e-6);
+    check_close(d.weights, c.weights, 1e-6, 1e-6);
+    if (!extra) {
+      NoGradGuard no_grad;
+      Tensor kb = zeros({2, 8, 4}), vb = zeros({2, 8, 4}), ks = zeros({2, 8, 4}), vs = zeros({2, 8, 4});
+      const Tensor yb = bf.forward_cached(x, kb, vb, 0), ys = sf.forward_cached(xs, ks, vs, 0);
+      CHECK(ys.shape() == Shape{5, 2, 8});
+      check_close(ys, transpose(yb, 0, 1), 1e-6, 1e-6);
+      check_close(yb, a.out, 1e-5, 1e-4);  // the cache's causal pass is forward's
+    }
+  }
+}
+
+TEST_CASE("MultiHeadAttention: gradient check with bias_k, bias_v, the zero key and sequence-first inputs in f64") {
+  Generator gen(24);
+  nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2, .add_bias_kv = true,
+                              .add_zero_attn = true, .batch_first = false},
+                             gen);
+  auto f64_leaf = [](const Tensor& p) {
+    Tensor d = p.detach().to(DType::F64);
+    d.requires_grad_();
+    return d;
+  };
+  const std::vector<Tensor> inputs = {leaf({4, 2, 8}, gen),         f64_leaf(mha.c_attn->weight), f64_leaf(mha.c_attn->bias),
+                                      f64_leaf(mha.c_proj.weight), f64_leaf(mha.c_proj.bias),   f64_leaf(mha.bias_k),
+                                      f64_leaf(mha.bias_v)};
+  const Tensor pad = from_vector(std::vector<uint8_t>{0, 0, 1, 0, 0, 0, 0, 0}, {2, 4});
+  nn::MultiHeadAttention* m = &mha;
+  for (bool need_weights : {false, true}) {  // with weights: a loss on the per-head weights reaches bias_k too
+    CAPTURE(need_weights);
+    expect_gradcheck(
+        [m, pad, need_weights](const Inputs& in) {
+          m->c_attn->weight = in[1], m->c_attn->bias = in[2], m->c_proj.weight = in[3], m->c_proj.bias = in[4];
+          m->bias_k = in[5], m->bias_v = in[6];
+          const auto r = m->forward(in[0], in[0], in[0], pad, Tensor(), true, need_weights, false);
+          return need_weights ? concat({reshape(r.out, {-1}), reshape(r.weights, {-1})}, 0) : r.out;
+        },
+        inputs);
+  }
+}
+
+TEST_CASE("MultiHeadAttention: add_bias_kv, add_zero_attn and batch_first = false refuse what they cannot mean, named") {
+  using Config = nn::MultiHeadAttentionConfig;
+  auto build = [](const Config& c) { nn::MultiHeadAttention m(c); };
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .rope = true}),
+                       doctest::Contains("add_bias_kv and add_zero_attn append key positions"), Error);
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_zero_attn = true, .max_relative_position = 2}),
+                       doctest::Contains("max_relative_position"), Error);
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_zero_attn = true, .alibi = true}),
+                       doctest::Contains("alibi"), Error);
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .t5_buckets = 8}),
+                       doctest::Contains("t5_buckets"), Error);
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .window = 3}),
+                       doctest::Contains("window"), Error);
+  CHECK_NOTHROW(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true, .softcap = 5.0}));
+
+  Generator gen(23);
+  nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true}, gen);
+  const Tensor x = randn({2, 5, 8}, gen);
+  {
+    NoGradGuard no_grad;
+    Tensor kc = zeros({2, 8, 8}), vc = zeros({2, 8, 8});
+    CHECK_THROWS_WITH_AS(mha.forward_cached(x, kc, vc, 0), doctest::Contains("forward_cached does not support add_bias_kv"),
+                         Error);
+  }
+  const Tensor docs = from_vector(std::vector<int32_t>(10, 0), {2, 5});
+  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, Tensor(), Tensor(), false, false, true, 0, docs),
+                       doctest::Contains("doc_ids with add_bias_kv or add_zero_attn"), Error);
+  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, zeros({2, 5})), doctest::Contains("key_padding_mask must be a bool"), Error);
+  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, Tensor(), from_vector(std::vector<uint8_t>(10, 0), {5, 2})),
+                       doctest::Contains("does not end in the 5 keys"), Error);
+
+  nn::MultiHeadAttention sf({.embed_dim = 8, .num_heads = 2, .batch_first = false}, gen);
+  const Tensor mem = randn({3, 2, 8}, gen);  // (S, B, E), but x read sequence-first has B = 5
+  CHECK_THROWS_WITH_AS(sf.forward(x, mem, mem), doctest::Contains("key must be (S, B, 8)"), Error);
+  CHECK_THROWS_WITH_AS(sf.forward(randn({5, 2, 6}, gen), mem, mem), doctest::Contains("query must be (T, B, 8)"), Error);
+}

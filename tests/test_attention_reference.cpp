@@ -1,5 +1,6 @@
 // Agreement with PyTorch on a committed fixture (tests/reference/make_attention_fixture.py): for every configuration,
-// nn::MultiHeadAttention against torch.nn.MultiheadAttention(batch_first=True), scaled_dot_product_attention with
+// nn::MultiHeadAttention against torch.nn.MultiheadAttention (batch_first true and false, add_bias_kv and add_zero_attn
+// with their bias_k / bias_v copied from torch), scaled_dot_product_attention with
 // grouped-query heads against F.scaled_dot_product_attention on repeated k/v heads, and RoPE with grouped-query heads
 // against a plain torch composition. Checked: the output, the attention weights, and the gradient of every input and
 // parameter for loss = sum(out * dout) + sum(weights * dweights), so a loss on the weights must reach q, k and the
@@ -101,9 +102,13 @@ void run_module_case(const Fixture& f, const nlohmann::json& c, int64_t B) {
   config.vdim = c.value("vdim", int64_t(0));
   config.bias = c.at("bias");
   config.rope = c.at("kind") == "mha_rope";
+  config.add_bias_kv = c.value("add_bias_kv", false);
+  config.add_zero_attn = c.value("add_zero_attn", false);
+  config.batch_first = c.value("batch_first", true);  // false: the fixture's inputs, dout and output are (T, B, E)
   Generator gen(0);
   nn::MultiHeadAttention mha(config, gen);
-  for (auto& [name, p] : mha.named_parameters()) p.copy_(f.at(name));
+  for (auto& [name, p] : mha.named_parameters()) p.copy_(f.at(name));  // bias_k, bias_v: (1, 1, E) as torch's
+  CHECK(mha.bias_k.defined() == config.add_bias_kv);
 
   const bool self = c.at("self");
   const bool need_weights = c.at("need_weights");
@@ -111,8 +116,12 @@ void run_module_case(const Fixture& f, const nlohmann::json& c, int64_t B) {
   const Tensor query = self ? x : input_leaf(f, "query");
   const Tensor key = self ? x : input_leaf(f, "key");
   const Tensor value = self ? x : input_leaf(f, "value");
+  // With appended keys torch got the causal mask itself (combined with the case's attn_mask); tinygpt gets is_causal.
   const auto r = mha.forward(query, key, value, f.maybe("key_padding_mask"), attn_mask_for(f, B, config.num_heads),
                              c.value("causal", false), need_weights, c.value("average", true));
+  if (need_weights) {  // S plus the appended bias and zero key positions
+    CHECK(r.weights.size(-1) == c.value("S_total", c.at("S").get<int64_t>()));
+  }
   check_outputs(f, r.out, r.weights, need_weights);
   backward_loss(f, r.out, r.weights);
   for (const auto& [name, p] : mha.named_parameters()) check_grad(f, name, p);
@@ -146,7 +155,7 @@ TEST_CASE("attention agrees with PyTorch: outputs, weights and every gradient (t
   Fixture f{safetensors::load(std::string(TINYGPT_SOURCE_DIR) + "/tests/reference/attention_fixture.safetensors"), ""};
   const auto cases = nlohmann::json::parse(f.contents.metadata.at("cases"));
   const int64_t B = std::stoll(f.contents.metadata.at("B"));
-  REQUIRE(cases.size() >= 15);
+  REQUIRE(cases.size() >= 35);
   for (const auto& c : cases) {
     const std::string name = c.at("name");
     CAPTURE(name);

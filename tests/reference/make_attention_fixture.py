@@ -6,7 +6,7 @@ semantics change, not by CI (it needs PyTorch, installed outside the source tree
   python3 -m venv /tmp/venv-torch && /tmp/venv-torch/bin/pip install torch numpy
   /tmp/venv-torch/bin/python tests/reference/make_attention_fixture.py
 
-Three kinds of case:
+Four kinds of case:
   mha       torch.nn.MultiheadAttention(batch_first=True, dropout=0) itself: self and cross attention, kdim/vdim
             different from embed_dim, bias on and off, key_padding_mask, bool and float attn_mask in 2-D (T, S) and
             per-head 3-D (B * NH, T, S) form, causal masking, need_weights averaged and per head.
@@ -15,9 +15,18 @@ Three kinds of case:
   mha_rope  self-attention with grouped-query heads and rotary embeddings, composed in plain torch: one fused QKV
             projection, the half-split rotation (GPT-NeoX / LLaMA layout), F.scaled_dot_product_attention, the output
             projection.
+  mha (extra) torch.nn.MultiheadAttention's remaining options, drawn from a generator of their own after the cases
+            above (whose values stay as they were): add_bias_kv (tinygpt's bias_k, bias_v of (1, 1, E) as torch's),
+            add_zero_attn, both, and batch_first=False (sequence-first (T, B, E) inputs and outputs), with and without
+            key_padding_mask and attn_mask, causal, need_weights averaged and per head. With the appended key
+            positions torch's is_causal is only a hint: where it goes to F.scaled_dot_product_attention (no weights, no
+            key_padding_mask) torch masks the appended keys too (top-left causal over S + 1 keys), everywhere else it
+            uses attn_mask padded with a visible column. tinygpt does the latter always, so these cases give torch
+            the causal mask (bottom-right over the S real keys, as tinygpt's is_causal) without the is_causal hint.
 Every case differentiates loss = sum(out * dout) + sum(weights * dweights) (the second term only when weights are
 returned), so a loss on the weights has to reach q, k and the projections as it does in torch. Inputs and weights
-are rounded to float32 (what tinygpt computes in); the reference runs in float64.
+are rounded to float32 (what tinygpt computes in); the reference runs in float64. The float64 expectations of a rerun
+may differ from the committed ones in the last bits on another machine (its BLAS); the inputs and weights do not.
 """
 import json
 import math
@@ -49,6 +58,42 @@ MHA_CASES = [
          need_weights=False),
     dict(name="cross_kdim_vdim_padding_avg", E=6, NH=3, kdim=4, vdim=7, bias=True, cross=True, padding=True,
          need_weights=True, average=True),
+]
+# torch.nn.MultiheadAttention's add_bias_kv (bias_kv), add_zero_attn (zero_attn) and batch_first=False (seq_first).
+MHA_EXTRA_CASES = [
+    dict(name="bias_kv_self_avg", E=8, NH=2, bias=True, add_bias_kv=True, need_weights=True, average=True),
+    dict(name="bias_kv_self_padding_per_head", E=8, NH=2, bias=True, add_bias_kv=True, padding=True,
+         need_weights=True, average=False),
+    dict(name="bias_kv_nobias_cross_fused_bool3", E=8, NH=2, bias=False, add_bias_kv=True, cross=True, mask="bool3",
+         need_weights=False),
+    dict(name="bias_kv_causal_per_head", E=8, NH=2, bias=True, add_bias_kv=True, causal=True, need_weights=True,
+         average=False),
+    dict(name="zero_attn_self_bool2", E=8, NH=2, bias=True, add_zero_attn=True, mask="bool2", need_weights=True,
+         average=True),
+    dict(name="zero_attn_causal_float2_no_weights", E=12, NH=3, bias=True, add_zero_attn=True, causal=True,
+         mask="float2", need_weights=False),
+    dict(name="zero_attn_cross_kdim_vdim_per_head", E=8, NH=4, kdim=6, vdim=5, bias=True, add_zero_attn=True,
+         cross=True, need_weights=True, average=False),
+    dict(name="both_self_float3_padding_per_head", E=8, NH=2, bias=True, add_bias_kv=True, add_zero_attn=True,
+         mask="float3", padding=True, need_weights=True, average=False),
+    dict(name="both_cross_kdim_vdim_padding_avg", E=6, NH=3, kdim=4, vdim=7, bias=True, add_bias_kv=True,
+         add_zero_attn=True, cross=True, padding=True, need_weights=True, average=True),
+    dict(name="both_causal_bool2_padding_no_weights", E=8, NH=2, bias=False, add_bias_kv=True, add_zero_attn=True,
+         causal=True, mask="bool2", padding=True, need_weights=False),
+    dict(name="seq_first_self_avg", E=8, NH=2, bias=True, batch_first=False, need_weights=True, average=True),
+    dict(name="seq_first_self_causal_no_weights", E=8, NH=2, bias=True, batch_first=False, causal=True,
+         need_weights=False),
+    dict(name="seq_first_cross_kdim_vdim_padding_float2_per_head", E=8, NH=2, kdim=6, vdim=5, bias=True,
+         batch_first=False, cross=True, padding=True, mask="float2", need_weights=True, average=False),
+    dict(name="seq_first_cross_fused_bool3_no_weights", E=8, NH=4, bias=False, batch_first=False, cross=True,
+         mask="bool3", need_weights=False),
+    dict(name="seq_first_bias_kv_self_padding_avg", E=8, NH=2, bias=True, batch_first=False, add_bias_kv=True,
+         padding=True, need_weights=True, average=True),
+    dict(name="seq_first_both_cross_bool3_padding_per_head", E=8, NH=2, bias=True, batch_first=False,
+         add_bias_kv=True, add_zero_attn=True, cross=True, mask="bool3", padding=True, need_weights=True,
+         average=False),
+    dict(name="seq_first_zero_attn_self_float2_no_weights", E=12, NH=3, bias=False, batch_first=False,
+         add_zero_attn=True, mask="float2", need_weights=False),
 ]
 SDPA_CASES = [
     dict(name="gqa_causal_weights", NH=4, NKV=2, E=4, Ev=4, T=6, S=6, causal=True, need_weights=True),
@@ -107,7 +152,10 @@ def explicit_weights(q, k, scale, bias):
 def mha_case(gen, c):
     E, NH = c["E"], c["NH"]
     kdim, vdim = c.get("kdim", E), c.get("vdim", E)
-    m = torch.nn.MultiheadAttention(E, NH, bias=c["bias"], kdim=kdim, vdim=vdim, batch_first=True, dropout=0.0)
+    batch_first = c.get("batch_first", True)
+    extra_keys = c.get("add_bias_kv", False) or c.get("add_zero_attn", False)
+    m = torch.nn.MultiheadAttention(E, NH, bias=c["bias"], kdim=kdim, vdim=vdim, batch_first=batch_first, dropout=0.0,
+                                    add_bias_kv=c.get("add_bias_kv", False), add_zero_attn=c.get("add_zero_attn", False))
     m = m.double().train()
     with torch.no_grad():
         for p in m.parameters():
@@ -127,17 +175,24 @@ def mha_case(gen, c):
     params["c_proj.weight"] = (m.out_proj.weight, slice(None))
     if c["bias"]:
         params["c_proj.bias"] = (m.out_proj.bias, slice(None))
+    if m.bias_k is not None:  # (1, 1, E) in torch and in tinygpt
+        params["bias_k"] = (m.bias_k, slice(None))
+        params["bias_v"] = (m.bias_v, slice(None))
 
     cross = c.get("cross", False)
     Sk = S if cross else T
     inputs = {}
+
+    def seq(batch, length, features):  # the layout of the inputs (and the output): (B, L, F), or (L, B, F)
+        return (batch, length, features) if batch_first else (length, batch, features)
+
     if cross:
-        inputs["query"] = randn(gen, B, T, E).requires_grad_()
-        inputs["key"] = randn(gen, B, Sk, kdim).requires_grad_()
-        inputs["value"] = randn(gen, B, Sk, vdim).requires_grad_()
+        inputs["query"] = randn(gen, *seq(B, T, E)).requires_grad_()
+        inputs["key"] = randn(gen, *seq(B, Sk, kdim)).requires_grad_()
+        inputs["value"] = randn(gen, *seq(B, Sk, vdim)).requires_grad_()
         query, key, value = inputs["query"], inputs["key"], inputs["value"]
     else:
-        inputs["x"] = randn(gen, B, T, E).requires_grad_()
+        inputs["x"] = randn(gen, *seq(B, T, E)).requires_grad_()
         query = key = value = inputs["x"]
 
     masks = {}
@@ -151,10 +206,28 @@ def mha_case(gen, c):
         masks["attn_mask"] = attn_mask(gen, kind, shape)
         kwargs["attn_mask"] = masks["attn_mask"]
     if c.get("causal"):  # torch takes is_causal as a hint and needs the mask itself
-        kwargs["attn_mask"] = torch.triu(torch.ones(T, Sk, dtype=torch.bool), diagonal=1)
-        kwargs["is_causal"] = True
+        causal = torch.triu(torch.ones(T, Sk, dtype=torch.bool), diagonal=1 + Sk - T)  # bottom-right, as tinygpt
+        if extra_keys:
+            # The mask, not the hint (module docstring): the user's mask (tinygpt gets it and is_causal) with the
+            # causal positions hidden too.
+            mask = masks.get("attn_mask")
+            if mask is None:
+                kwargs["attn_mask"] = causal
+            elif mask.dtype == torch.bool:
+                kwargs["attn_mask"] = mask | causal
+            else:
+                kwargs["attn_mask"] = mask.masked_fill(causal, float("-inf"))
+        else:
+            assert "attn_mask" not in masks, "causal with an attn_mask: torch would take the causal mask alone"
+            kwargs["attn_mask"] = causal
+            kwargs["is_causal"] = True
     out, weights = m(query, key, value, **kwargs)
-    return params, inputs, masks, out, weights, dict(kdim=kdim, vdim=vdim, self=not cross, S=Sk)
+    extra = dict(kdim=kdim, vdim=vdim, self=not cross, S=Sk)
+    if extra_keys:
+        extra["S_total"] = Sk + int(c.get("add_bias_kv", False)) + int(c.get("add_zero_attn", False))
+        if weights is not None:
+            assert weights.shape[-1] == extra["S_total"], weights.shape
+    return params, inputs, masks, out, weights, extra
 
 
 def sdpa_case(gen, c):
@@ -216,9 +289,11 @@ def rope_case(gen, c):
 
 def main():
     gen = torch.Generator().manual_seed(4321)
+    extra_gen = torch.Generator().manual_seed(8765)  # the extra mha cases: the earlier cases' numbers stay as they were
     tensors, cases = {}, []
-    for kind, group, build in (("mha", MHA_CASES, mha_case), ("sdpa", SDPA_CASES, sdpa_case),
-                               ("mha_rope", ROPE_CASES, rope_case)):
+    for kind, group, build, gen in (("mha", MHA_CASES, mha_case, gen), ("sdpa", SDPA_CASES, sdpa_case, gen),
+                                    ("mha_rope", ROPE_CASES, rope_case, gen),
+                                    ("mha", MHA_EXTRA_CASES, mha_case, extra_gen)):
         for c in group:
             params, inputs, masks, out, weights, extra = build(gen, c)
             dout = randn(gen, *out.shape)
