@@ -472,18 +472,47 @@ struct PositionBias {
   int64_t at_rev(int64_t d) const { return kCols<T> + dmax - d; }
 };
 
-/// Per-thread scratch of ModTile: the capped scores of a tile, which the soft-cap's gradient needs.
+/// Per-thread scratch of ModTile: the capped scores of a tile, which the soft-cap's gradient needs; for Shaw's
+/// tables in key-major tiles, the first and last (clipped) columns of R, G and dR for the tile's queries, contiguous.
 template <class T>
 struct ModScratch {
   std::vector<T> capped;
+  std::vector<T> R_ends, G_ends, dR_ends;  // (2, nr): column 0, then column 2m
+  std::vector<T> pbar_ends;                // add_rel_probs's sums of the clipped lanes, likewise
 };
+
+/// The lanes [lo, hi) of a row split by Shaw's clipped column, lane l at distance d0 + l (query-major rows: lanes are
+/// keys) or d0 - l (key-major: lanes are queries). [lo, a) and [b, hi) are clipped (query-major: to column 0, then
+/// 2m; key-major: 2m, then 0), [a, b) is the band |d| < m, lane l in column d + m.
+struct RelSplit {
+  int64_t a, b;
+};
+inline RelSplit rel_split(int64_t lo, int64_t hi, int64_t d0, bool key_major, int64_t m) {
+  if (!key_major) {
+    const int64_t a = std::clamp(-m - d0 + 1, lo, hi);
+    return {a, std::clamp(m - d0, a, hi)};
+  }
+  const int64_t a = std::clamp(d0 - m + 1, lo, hi);
+  return {a, std::clamp(d0 + m, a, hi)};
+}
+
+/// The first and last columns of `table`'s rows first_row .. first_row + n - 1, as two contiguous runs of n.
+template <class T>
+void table_ends(std::vector<T>& ends, const T* table, int64_t first_row, int64_t n, int64_t W) {
+  ends.resize(size_t(2 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    ends[size_t(i)] = table[(first_row + i) * W];
+    ends[size_t(n + i)] = table[(first_row + i) * W + W - 1];
+  }
+}
 
 /// The modifiers over a tile of queries [t0, t0 + nr) and keys [s0, s0 + nc) of head (b, h), row by row with the
 /// row's lanes contiguous: key-major tiles (row j = key s0 + j, lanes = queries) and query-major ones (row i = query
 /// t0 + i, lanes = keys). Element (i, j) has distance d = c0 + j - i. The biases and T5 buckets depend on d only, so
 /// they are computed once per tile, in both lane orders: bias_fwd[d - dmin] (query-major rows, d grows along the
 /// lanes) and bias_rev[dmax - d] (key-major rows, d falls). Scaling, the soft-cap and the biases run on whole
-/// vectors; the gathers (Shaw's R and G, the mask), documents, padding and table gradients per visible element.
+/// vectors; Shaw's R, G and dR by runs of lanes (the lanes clipped to the first or last column, then the band
+/// |d| < m); the mask, documents, padding and T5's gradient per visible element.
 template <class T>
 class ModTile {
  public:
@@ -494,6 +523,7 @@ class ModTile {
 
   /// Key-major raw products st (row stride ld, lanes [0, lanes) computed) -> logits; hidden and padding lanes -inf.
   void logits_key_major(T* st, int64_t ld, int64_t lanes, const T* mask, const uint8_t* kp) {
+    if (rel_.R) table_ends(sc_.R_ends, rel_.R, head_row(g_, b_, h_, t0_), nr_, m_.rel_width());
     for (int64_t j = 0; j < nc_; ++j) key_row(j, st + j * ld, lanes, mask, kp, capped_row(j, ld));
   }
 
@@ -503,11 +533,19 @@ class ModTile {
   /// nothing).
   void probs_and_ds_key_major(T* st, T* dpt, int64_t ld, int64_t lanes, const T* lse_t, const T* D_t, const T* mask,
                               const uint8_t* kp, T* by_distance) {
+    const int64_t W = m_.rel_width(), row0 = head_row(g_, b_, h_, t0_);
+    if (rel_.R) table_ends(sc_.R_ends, rel_.R, row0, nr_, W);
+    if (rel_.G) table_ends(sc_.G_ends, rel_.G, row0, nr_, W);
+    if (rel_.dR) sc_.dR_ends.assign(size_t(2 * nr_), T(0));
     for (int64_t j = 0; j < nc_; ++j) {
       T* capped = capped_row(j, ld);
       const Span v = key_row(j, st + j * ld, lanes, mask, kp, capped);
       backward_row(st + j * ld, dpt + j * ld, lanes, v, lse_t, D_t, true, capped, true,
                    by_distance ? by_distance + pb_.at_rev(c0_ + j) : nullptr, [&](int64_t l) { return Where{t0_ + l, s0_ + j}; });
+    }
+    for (int64_t i = 0; i < nr_ && rel_.dR; ++i) {  // the clipped lanes' sums into the first and last columns
+      rel_.dR[(row0 + i) * W] += sc_.dR_ends[size_t(i)];
+      rel_.dR[(row0 + i) * W + W - 1] += sc_.dR_ends[size_t(nr_ + i)];
     }
   }
 
@@ -563,13 +601,7 @@ class ModTile {
   void forward_row(T* x, int64_t lanes, Span v, const T* bias, const T* mask, const uint8_t* kp, T* capped,
                    bool key_major, At where) {
     constexpr int64_t L = kLanes<T>;
-    const int64_t W = m_.rel_width();
-    if (rel_.R) {
-      for (int64_t l = v.lo; l < v.hi; ++l) {
-        const Where w = where(l);
-        x[l] += rel_.R[head_row(g_, b_, h_, w.t) * W + rel_column(w.s - (w.t + g_.S - g_.T), m_.max_rel)];
-      }
-    }
+    if (rel_.R) add_by_distance(x, v, rel_.R, sc_.R_ends, key_major, where(0));
     const Vec<T> scale = splat(T(g_.scale)), cap = splat(T(m_.softcap)), inv_cap = splat(T(m_.softcap > 0 ? 1.0 / m_.softcap : 0.0));
     for (int64_t l = 0; l < lanes; l += L) {
       Vec<T> y = load(x + l) * scale;
@@ -604,8 +636,8 @@ class ModTile {
   template <class At>
   void backward_row(T* x, T* dp, int64_t lanes, Span v, const T* lse, const T* D, bool per_lane, const T* capped,
                     bool tables, T* by_distance, At where) {
+    const bool key_major = per_lane;  // key-major rows have a query (its lse and D) per lane
     constexpr int64_t L = kLanes<T>;
-    const int64_t W = m_.rel_width();
     const Vec<T> scale = splat(T(g_.scale)), inv_cap = splat(T(m_.softcap > 0 ? 1.0 / m_.softcap : 0.0));
     auto lse_at = [&](int64_t l) { return per_lane ? load(lse + l) : splat(*lse); };
     auto D_at = [&](int64_t l) { return per_lane ? load(D + l) : splat(*D); };
@@ -617,12 +649,7 @@ class ModTile {
       }
       return ds;
     };
-    if (rel_.G) {
-      for (int64_t l = v.lo; l < v.hi; ++l) {
-        const Where w = where(l);
-        dp[l] += rel_.G[head_row(g_, b_, h_, w.t) * W + rel_column(w.s - (w.t + g_.S - g_.T), m_.max_rel)];
-      }
-    }
+    if (rel_.G) add_by_distance(dp, v, rel_.G, sc_.G_ends, key_major, where(0));
     const bool t5 = tables && by_distance;
     if (g_.dropout_p <= 0.0f && !t5) {  // the common case: one pass over whole vectors
       for (int64_t l = 0; l < lanes; l += L) {
@@ -653,17 +680,44 @@ class ModTile {
       }
       for (int64_t l = 0; l < lanes; l += L) store(dp + l, ds_of(load(dp + l), l));
     }
-    if (tables && rel_.dR) {
-      for (int64_t l = v.lo; l < v.hi; ++l) {
-        const Where w = where(l);
-        rel_.dR[head_row(g_, b_, h_, w.t) * W + rel_column(w.s - (w.t + g_.S - g_.T), m_.max_rel)] += dp[l];
-      }
+    if (tables && rel_.dR) {  // key-major rows (pass 2): the clipped lanes into dR_ends, flushed by the caller
+      const Where w0 = where(0);
+      const int64_t d0 = w0.s - (w0.t + g_.S - g_.T), m = m_.max_rel, W = m_.rel_width();
+      const RelSplit r = rel_split(v.lo, v.hi, d0, true, m);
+      T* last = sc_.dR_ends.data() + nr_;
+      T* first = sc_.dR_ends.data();
+      for (int64_t l = v.lo; l < r.a; ++l) last[l] += dp[l];
+      T* band = rel_.dR + head_row(g_, b_, h_, t0_) * W + d0 + m;  // lane l: band[l * (W - 1)]
+      for (int64_t l = r.a; l < r.b; ++l) band[l * (W - 1)] += dp[l];
+      for (int64_t l = r.b; l < v.hi; ++l) first[l] += dp[l];
     }
     // Lanes outside the visible span (and padding lanes): exactly zero.
     std::fill(dp, dp + std::min(v.lo, lanes), T(0));
     std::fill(dp + std::min(v.hi, lanes), dp + lanes, T(0));
     std::fill(x, x + std::min(v.lo, lanes), T(0));
     std::fill(x + std::min(v.hi, lanes), x + lanes, T(0));
+  }
+
+  /// x[l] += table[(query of lane l), clipped column of lane l] over the lanes of v (Shaw's R or G gathered by
+  /// distance): the clipped lanes as whole runs, then the band |d| < m. w0: lane 0's query and key. Key-major rows
+  /// (lanes are the tile's queries) read the clipped columns from `ends` (table_ends of the tile's queries).
+  void add_by_distance(T* x, Span v, const T* table, const std::vector<T>& ends, bool key_major, Where w0) const {
+    const int64_t d0 = w0.s - (w0.t + g_.S - g_.T), m = m_.max_rel, W = m_.rel_width();
+    const RelSplit r = rel_split(v.lo, v.hi, d0, key_major, m);
+    if (!key_major) {  // one query: its row of the table, the band contiguous
+      const T* row = table + head_row(g_, b_, h_, w0.t) * W;
+      const T first = row[0], last = row[W - 1];
+      for (int64_t l = v.lo; l < r.a; ++l) x[l] += first;
+      for (int64_t l = r.a; l < r.b; ++l) x[l] += row[d0 + l + m];
+      for (int64_t l = r.b; l < v.hi; ++l) x[l] += last;
+      return;
+    }
+    const T* first = ends.data();
+    const T* last = ends.data() + nr_;
+    for (int64_t l = v.lo; l < r.a; ++l) x[l] += last[l];
+    const T* band = table + head_row(g_, b_, h_, t0_) * W + d0 + m;  // lane l: band[l * (W - 1)]
+    for (int64_t l = r.a; l < r.b; ++l) x[l] += band[l * (W - 1)];
+    for (int64_t l = r.b; l < v.hi; ++l) x[l] += first[l];
   }
 
   const AttentionGeom& g_;
@@ -676,11 +730,25 @@ class ModTile {
 
 /// pbar (nr x (2m + 1)) += the probabilities of a key-major tile (queries [t0, t0 + nr), keys [s0, s0 + nc), row
 /// stride ld) summed per clipped distance.
+/// The clipped lanes of each key-major row are summed per query in `ends` (2 nr) first, the band added lane by lane.
 template <class T>
-void add_rel_probs(T* pbar, const T* st, int64_t ld, int64_t t0, int64_t nr, int64_t s0, int64_t nc, const AttentionGeom& g) {
-  const int64_t W = g.mods.rel_width();
+void add_rel_probs(T* pbar, const T* st, int64_t ld, int64_t t0, int64_t nr, int64_t s0, int64_t nc, const AttentionGeom& g,
+                   std::vector<T>& ends) {
+  const int64_t W = g.mods.rel_width(), m = g.mods.max_rel;
+  ends.assign(size_t(2 * nr), T(0));
+  T* first = ends.data();
+  T* last = ends.data() + nr;
   for (int64_t j = 0; j < nc; ++j) {
-    for (int64_t i = 0; i < nr; ++i) pbar[i * W + rel_column(s0 + j - (t0 + i + g.S - g.T), g.mods.max_rel)] += st[j * ld + i];
+    const T* row = st + j * ld;
+    const int64_t d0 = s0 + j - (t0 + g.S - g.T);  // lane i (query t0 + i): distance d0 - i
+    const RelSplit r = rel_split(0, nr, d0, true, m);
+    for (int64_t i = 0; i < r.a; ++i) last[i] += row[i];
+    for (int64_t i = r.a; i < r.b; ++i) pbar[i * W + d0 - i + m] += row[i];
+    for (int64_t i = r.b; i < nr; ++i) first[i] += row[i];
+  }
+  for (int64_t i = 0; i < nr; ++i) {
+    pbar[i * W] += first[i];
+    pbar[i * W + W - 1] += last[i];
   }
 }
 
@@ -924,7 +992,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
             }
           }
         }
-        if (rel_probs) add_rel_probs(pbar.data(), st.data(), Br, t0, nr, s0, nc, g);
+        if (rel_probs) add_rel_probs(pbar.data(), st.data(), Br, t0, nr, s0, nc, g, scratch.pbar_ends);
         // O += P V, P read transposed out of the key-major tile.
         matmul_tile(o.data(), g.Ev, st.data(), int64_t(1), Br, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc,
                     g.Ev, true);
