@@ -13,6 +13,7 @@
 
 #include "autograd/attention.h"
 #include "nn/attention.h"
+#include "test_util.h"
 #include "train/safetensors.h"
 
 using namespace tinygpt;
@@ -152,7 +153,7 @@ void run_sdpa_case(const Fixture& f, const nlohmann::json& c) {
 }  // namespace
 
 TEST_CASE("attention agrees with PyTorch: outputs, weights and every gradient (tests/reference/attention_fixture.safetensors)") {
-  Fixture f{safetensors::load(std::string(TINYGPT_SOURCE_DIR) + "/tests/reference/attention_fixture.safetensors"), ""};
+  Fixture f{safetensors::load(test::reference_fixture("TINYGPT_ATTENTION_FIXTURE", "attention_fixture.safetensors")), ""};
   const auto cases = nlohmann::json::parse(f.contents.metadata.at("cases"));
   const int64_t B = std::stoll(f.contents.metadata.at("B"));
   REQUIRE(cases.size() >= 35);

@@ -13,6 +13,7 @@
 
 #include "autograd/attention.h"
 #include "autograd/ops.h"
+#include "test_util.h"
 #include "train/safetensors.h"
 
 using namespace tinygpt;
@@ -116,7 +117,7 @@ void run_case(const Fixture& f, const nlohmann::json& c, AttentionImpl impl) {
 }  // namespace
 
 TEST_CASE("score modifiers agree with PyTorch: outputs and every gradient (tests/reference/score_mods_fixture.safetensors)") {
-  Fixture f{safetensors::load(std::string(TINYGPT_SOURCE_DIR) + "/tests/reference/score_mods_fixture.safetensors"), ""};
+  Fixture f{safetensors::load(test::reference_fixture("TINYGPT_SCORE_MODS_FIXTURE", "score_mods_fixture.safetensors")), ""};
   const auto cases = nlohmann::json::parse(f.contents.metadata.at("cases"));
   REQUIRE(cases.size() >= 15);
   for (const auto& c : cases) {

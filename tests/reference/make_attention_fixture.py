@@ -1,7 +1,8 @@
 """Writes tests/reference/attention_fixture.safetensors: for a matrix of configurations, the weights and inputs of
 an attention layer and what PyTorch computes for them (output, attention weights, and the gradient of every input
 and parameter), for test_attention_reference.cpp to check tinygpt against. Run by developers when the attention
-semantics change, not by CI (it needs PyTorch, installed outside the source tree):
+semantics change (it needs PyTorch, installed outside the source tree); tests/torch_reference_test.sh also runs it live, into a
+temporary file from other random numbers, when a torch is present:
 
   python3 -m venv /tmp/venv-torch && /tmp/venv-torch/bin/pip install torch numpy
   /tmp/venv-torch/bin/python tests/reference/make_attention_fixture.py
@@ -31,13 +32,17 @@ may differ from the committed ones in the last bits on another machine (its BLAS
 import json
 import math
 import pathlib
+import sys
 
 import torch
 import torch.nn.functional as F
 
 from fixture_io import save_safetensors
 
-OUT = pathlib.Path(__file__).with_name("attention_fixture.safetensors")
+# Arguments (tests/torch_reference_test.sh): an output path instead of the committed fixture, and a seed offset that
+# draws other numbers for the same cases.
+OUT = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else pathlib.Path(__file__).with_name("attention_fixture.safetensors")
+SEED_OFFSET = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 B, T, S = 2, 5, 7
 
 # name, kind, options. mask: none | bool2 | float2 | bool3 | float3 (torch's (B * NH, T, S)); causal: is_causal.
@@ -288,8 +293,8 @@ def rope_case(gen, c):
 
 
 def main():
-    gen = torch.Generator().manual_seed(4321)
-    extra_gen = torch.Generator().manual_seed(8765)  # the extra mha cases: the earlier cases' numbers stay as they were
+    gen = torch.Generator().manual_seed(4321 + SEED_OFFSET)
+    extra_gen = torch.Generator().manual_seed(8765 + SEED_OFFSET)  # the extra mha cases: the earlier cases' numbers stay as they were
     tensors, cases = {}, []
     for kind, group, build, gen in (("mha", MHA_CASES, mha_case, gen), ("sdpa", SDPA_CASES, sdpa_case, gen),
                                     ("mha_rope", ROPE_CASES, rope_case, gen),

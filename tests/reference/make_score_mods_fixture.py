@@ -2,7 +2,8 @@
 modifiers (AttentionOptions::mods, kernels/score_mods.h), the inputs of scaled_dot_product_attention and what a
 PyTorch reference written from the papers computes for them (output, and the gradient of q, k, v and of every learned
 table), for test_score_mods_reference.cpp to check tinygpt against. Run by developers when the semantics of the
-modifiers change, not by CI (it needs PyTorch, installed outside the source tree):
+modifiers change (it needs PyTorch, installed outside the source tree); tests/torch_reference_test.sh also runs it live, into
+a temporary file from other random numbers, when a torch is present:
 
   python3 -m venv /tmp/venv-torch && /tmp/venv-torch/bin/pip install torch numpy
   /tmp/venv-torch/bin/python tests/reference/make_score_mods_fixture.py
@@ -34,6 +35,7 @@ output and gradients) so the reference itself is checked.
 import json
 import math
 import pathlib
+import sys
 
 import numpy as np
 import torch
@@ -41,7 +43,10 @@ import torch.nn as nn
 
 from fixture_io import save_safetensors
 
-OUT = pathlib.Path(__file__).with_name("score_mods_fixture.safetensors")
+# Arguments (tests/torch_reference_test.sh): an output path instead of the committed fixture, and a seed offset that
+# draws other numbers for the same cases.
+OUT = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else pathlib.Path(__file__).with_name("score_mods_fixture.safetensors")
+SEED_OFFSET = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 B = 2
 
 # Every case: NH, NKV, T, S, E, Ev and any of causal, padding, max_rel (Shaw's m) with rel_key / rel_value, alibi,
@@ -388,8 +393,8 @@ def build(c, gen):
 
 
 def main():
-    gen = torch.Generator().manual_seed(2018)
-    check_gen = torch.Generator().manual_seed(7)
+    gen = torch.Generator().manual_seed(2018 + SEED_OFFSET)
+    check_gen = torch.Generator().manual_seed(7 + SEED_OFFSET)
     # The bucket function against T5's known buckets (32 buckets, max distance 128).
     both = lambda d: t5_relative_position_bucket(torch.tensor([d]), True, 32, 128).item()
     causal = lambda d: t5_relative_position_bucket(torch.tensor([d]), False, 32, 128).item()

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The PyTorch references run live when a torch is present: both attention fixtures are made anew by their scripts
+# (tests/reference/make_attention_fixture.py, make_score_mods_fixture.py) from other random numbers than the
+# committed ones, in a temporary directory, and test_attention checks tinygpt against them. Without torch it reports
+# "skipped" (exit 77) and says how to get one; the committed fixtures are checked by test_attention either way.
+#
+#   bash tests/torch_reference_test.sh TEST_ATTENTION_BINARY SOURCE_DIR
+#
+# The python: $TINYGPT_TORCH_PYTHON, else the venv of bench/setup_torch_venv.sh when it has torch, else python3.
+set -euo pipefail
+test_attention=$1
+src=$2
+venv_python=${TINYGPT_BENCH_VENV:-$HOME/.cache/tinygpt/bench-venv}/bin/python
+python=${TINYGPT_TORCH_PYTHON:-}
+if [ -z "$python" ]; then
+  python=python3
+  [ -x "$venv_python" ] && "$venv_python" -c "import torch, numpy" 2> /dev/null && python=$venv_python
+fi
+if ! "$python" -c "import torch, numpy" 2> /dev/null; then
+  echo "skipped: no PyTorch with numpy for $python; the committed fixtures were checked by test_attention." \
+    "To run the references live: bash bench/setup_torch_venv.sh (or TINYGPT_TORCH_PYTHON=/path/to/python)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo "torch $("$python" -c 'import torch; print(torch.__version__)') ($python)"
+"$python" "$src/tests/reference/make_attention_fixture.py" "$tmp/attention.safetensors" 1
+"$python" "$src/tests/reference/make_score_mods_fixture.py" "$tmp/score_mods.safetensors" 1
+TINYGPT_ATTENTION_FIXTURE=$tmp/attention.safetensors TINYGPT_SCORE_MODS_FIXTURE=$tmp/score_mods.safetensors \
+  "$test_attention" --test-case="*agree* with PyTorch*"
