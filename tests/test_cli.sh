@@ -23,6 +23,8 @@ for i in $(seq 300); do echo "First Citizen: we are accounted poor citizens, the
 grep -q "step 40: train loss" "$dir/train.log" || fail "train log has no final evaluation"
 [ -f "$dir/run/ckpt_best.safetensors" ] && [ -f "$dir/run/ckpt_latest.safetensors" ] || fail "checkpoints missing"
 [ "$(grep -c '"tok_per_s"' "$dir/run/metrics.jsonl")" = 40 ] || fail "metrics.jsonl should have 40 iteration lines"
+mfu_max=$(grep -o '"mfu":[0-9.e+-]*' "$dir/run/metrics.jsonl" | cut -d: -f2 | sort -g | tail -n 1)
+awk -v m="$mfu_max" 'BEGIN {exit !(m > 0 && m <= 1)}' || fail "metrics.jsonl's mfu should lie in (0, 1], its largest is $mfu_max"
 
 sample() { "$tinygpt" sample --ckpt "$dir/run" --prompt "First" "$@" 2> "$dir/sample.log"; }
 a=$(sample --seed 7 --max-new-tokens 60) || fail "sample exited non-zero: $(cat "$dir/sample.log")"
