@@ -687,8 +687,8 @@ class ModTile {
       T* last = sc_.dR_ends.data() + nr_;
       T* first = sc_.dR_ends.data();
       for (int64_t l = v.lo; l < r.a; ++l) last[l] += dp[l];
-      T* band = rel_.dR + head_row(g_, b_, h_, t0_) * W + d0 + m;  // lane l: band[l * (W - 1)]
-      for (int64_t l = r.a; l < r.b; ++l) band[l * (W - 1)] += dp[l];
+      const int64_t band = head_row(g_, b_, h_, t0_) * W + d0 + m;  // lane l: dR[band + l (W - 1)]
+      for (int64_t l = r.a; l < r.b; ++l) rel_.dR[band + l * (W - 1)] += dp[l];
       for (int64_t l = r.b; l < v.hi; ++l) first[l] += dp[l];
     }
     // Lanes outside the visible span (and padding lanes): exactly zero.
@@ -715,8 +715,8 @@ class ModTile {
     const T* first = ends.data();
     const T* last = ends.data() + nr_;
     for (int64_t l = v.lo; l < r.a; ++l) x[l] += last[l];
-    const T* band = table + head_row(g_, b_, h_, t0_) * W + d0 + m;  // lane l: band[l * (W - 1)]
-    for (int64_t l = r.a; l < r.b; ++l) x[l] += band[l * (W - 1)];
+    const int64_t band = head_row(g_, b_, h_, t0_) * W + d0 + m;  // lane l: table[band + l (W - 1)]
+    for (int64_t l = r.a; l < r.b; ++l) x[l] += table[band + l * (W - 1)];
     for (int64_t l = r.b; l < v.hi; ++l) x[l] += first[l];
   }
 
