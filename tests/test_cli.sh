@@ -97,6 +97,7 @@ start=$(date +%s%N)
 expect_error "training this model needs about .* of host memory" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-layer 1000000 --n-embd 65536 --n-head 1
 [ $(( ($(date +%s%N) - start) / 1000000 )) -lt 5000 ] || fail "the absurd model size took more than 5 s to be refused"
 expect_error "batch-size must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --batch-size 0
+expect_error "time-budget must not be negative" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --time-budget -1
 expect_error "not in the model's vocabulary" "$tinygpt" sample --ckpt "$dir/run" --prompt "XYZ"
 expect_error "holds no checkpoint" "$tinygpt" sample --ckpt "$dir"
 head -c 100 "$dir/run/ckpt_latest.safetensors" > "$dir/truncated.safetensors"
@@ -113,6 +114,15 @@ expect_error "more than the model's block size" "$tinygpt" attention --ckpt "$di
 expect_error "not in the model's vocabulary" "$tinygpt" eval --ckpt "$dir/run" --data "$dir/huge_vocab.txt"
 expect_error "attention-math must be f32, tf32 or bf16, got 'fp8'" "$tinygpt" eval --ckpt "$dir/run" --data "$dir/text.txt" --attention-math fp8
 expect_error "attention-math tf32 runs attention on GPU tensor cores: it needs --device cuda" "$tinygpt" sample --ckpt "$dir/run" --attention-math tf32
+
+# A time budget ends the run (no --max-iters: the budget alone decides) and the log says after how many iterations.
+"$tinygpt" train --data "$dir/text.txt" --out "$dir/budget" --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 \
+  --batch-size 4 --time-budget 0.5 --eval-iters 1 --log-interval 100000 2> "$dir/budget.log" ||
+  fail "train --time-budget exited non-zero: $(tail -3 "$dir/budget.log")"
+grep -q "^time budget: 0.5 s of training steps" "$dir/budget.log" || fail "train --time-budget does not announce it"
+n=$(sed -n 's/^done: \([0-9]*\) iterations in [0-9.]* s of training steps (time budget 0.5 s).*/\1/p' "$dir/budget.log")
+[ -n "$n" ] && [ "$n" = "$(grep -c '"train_s"' "$dir/budget/metrics.jsonl")" ] ||
+  fail "the budgeted run's summary and metrics disagree: $(tail -1 "$dir/budget.log")"
 
 # Relative positions, window, soft-cap and documents: trained, then sampled far past the block (a sliding cache), read
 # back by info and eval, refused by the GPT-2 export; bad values refused.

@@ -70,6 +70,7 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Cha
   meta["config"] = to_json(model.config()).dump();
   meta["vocab"] = data::encode_utf8(vocab.chars());
   meta["iter"] = std::to_string(state.iter);
+  meta["train_seconds"] = fmt::format("{:.17g}", state.train_seconds);
   meta["best_val_loss"] = std::isfinite(state.best_val_loss) ? fmt::format("{:.17g}", state.best_val_loss) : "inf";
   meta["optimizer_step"] = std::to_string(opt != nullptr ? opt->steps() : 0);
   meta["rng"] = nlohmann::json{{"sampler", to_json(state.sampler_rng)}, {"model", to_json(state.model_rng)}}.dump();
@@ -109,6 +110,7 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
     c.vocab = data::CharVocab::from_chars(data::decode_utf8(field("vocab")));
     c.state.iter = std::stoll(field("iter"));
     c.state.best_val_loss = std::stod(field("best_val_loss"));
+    if (meta.contains("train_seconds")) c.state.train_seconds = std::stod(field("train_seconds"));  // else 0 (older)
     c.optimizer_step = std::stoll(field("optimizer_step"));
     const auto rng = nlohmann::json::parse(field("rng"));
     c.state.sampler_rng = rng_from_json(rng.at("sampler"));

@@ -22,6 +22,7 @@ inline constexpr const char* kBestCheckpoint = "ckpt_best.safetensors";
 /// Everything beyond the weights that a resumed run needs.
 struct TrainState {
   int64_t iter = 0;  // iterations completed
+  double train_seconds = 0;  // time spent in those iterations' steps (what --time-budget counts)
   double best_val_loss = std::numeric_limits<double>::infinity();
   Generator::State sampler_rng{};  // the training batch sampler
   Generator::State model_rng{};    // dropout masks

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "data/corpus.h"
 #include "train/checkpoint.h"
@@ -118,7 +119,11 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--doc-sep", m.doc_separator, "Packed documents: the text that ends one (e.g. $'\\n\\n'); attention stays "
                   "within a document, and sampling starts a fresh context after it (default: none)");
   cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--max-iters", c.max_iters, "Training iterations")->capture_default_str();
+  cmd->add_option("--max-iters", c.max_iters, "Training iterations (with --time-budget: at most this many, if given)")
+      ->capture_default_str();
+  cmd->add_option("--time-budget", c.time_budget, "Train for this many seconds of training steps (evaluations and "
+                  "checkpoints not counted), the cosine decay following the fraction of the budget used; 0: off, "
+                  "--max-iters and --lr-decay-iters decide")->capture_default_str();
   cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
   cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warmup iterations")->capture_default_str();
@@ -197,7 +202,11 @@ void run_info(const std::string& path) {
   fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {}, bias {}, {}\n",
              c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head, c.n_embd, c.block_size, c.vocab_size,
              c.bias ? "on" : "off", describe_attention(c));
-  fmt::print("parameters     {} ({:.2f}M without the position table)\n", params, double(params - positions) / 1e6);
+  if (positions > 0) {
+    fmt::print("parameters     {} ({:.2f}M without the position table)\n", params, double(params - positions) / 1e6);
+  } else {
+    fmt::print("parameters     {} ({:.2f}M)\n", params, double(params) / 1e6);
+  }
   fmt::print("iteration      {}\n", ckpt.state.iter);
   fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
   fmt::print("numerics       on the GPU: {} matmuls, {} attention operands\n", ckpt.numerics.tf32 ? "TF32" : "f32",
@@ -385,6 +394,10 @@ int Cli::run() {
                                     {"--rope", "pos"}, {"--max-relative-position", "max_relative_position"},
                                     {"--window", "window"}, {"--softcap", "attn_softcap"}, {"--doc-sep", "doc_separator"}}) {
       if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
+    }
+    // A time budget ends the run; --max-iters still caps it when given, and only then.
+    if (train_config.time_budget > 0 && train_cmd->count("--max-iters") == 0) {
+      train_config.max_iters = std::numeric_limits<int64_t>::max();
     }
   }
   if (threads > 0) omp_set_num_threads(threads);

@@ -173,6 +173,7 @@ nlohmann::json flags_json(const TrainConfig& c) {
   return {{"data", c.data},
           {"batch_size", c.batch_size},
           {"max_iters", c.max_iters},
+          {"time_budget", c.time_budget},
           {"lr", c.lr},
           {"min_lr", c.min_lr},
           {"warmup_iters", c.warmup_iters},
@@ -240,6 +241,17 @@ class Console {
     fmt::print(stderr, "\r{}/{} ({:.0f}%)  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", iter + 1, max_iters,
                100.0 * double(iter + 1) / double(std::max<int64_t>(max_iters, 1)), loss, tok_per_s, eta / 3600,
                eta / 60 % 60, eta % 60);
+    live_ = true;
+  }
+  /// The status line of a run with a time budget: progress and ETA by the budget's seconds.
+  void status_budget(int64_t iter, double spent, double budget, double loss, double tok_per_s) {
+    if (quiet_ || !tty_) return;
+    const auto now = Clock::now();
+    if (live_ && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    const auto eta = int64_t(std::max(budget - spent, 0.0));
+    fmt::print(stderr, "\riter {} ({:.0f}% of {:g} s)  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", iter + 1,
+               100.0 * std::min(spent / budget, 1.0), budget, loss, tok_per_s, eta / 3600, eta / 60 % 60, eta % 60);
     live_ = true;
   }
   void clear() {
@@ -347,6 +359,7 @@ void TrainConfig::validate() const {
   if (data.empty()) throw Error("--data is required: the UTF-8 text file to train on");
   positive("--batch-size", double(batch_size));
   non_negative("--max-iters", double(max_iters));
+  non_negative("--time-budget", time_budget);
   positive("--lr", lr);
   non_negative("--min-lr", min_lr);
   if (min_lr > lr) throw Error(fmt::format("--min-lr ({}) must not exceed --lr ({})", min_lr, lr));
@@ -372,8 +385,12 @@ void TrainConfig::validate() const {
   m.validate();
 }
 
-double learning_rate(const TrainConfig& c, int64_t iter) {
+double learning_rate(const TrainConfig& c, int64_t iter, double seconds) {
   if (iter < c.warmup_iters) return c.lr * double(iter + 1) / double(c.warmup_iters + 1);
+  if (c.time_budget > 0) {
+    const double ratio = std::clamp(seconds / c.time_budget, 0.0, 1.0);
+    return c.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (c.lr - c.min_lr);
+  }
   if (iter > c.lr_decay_iters) return c.min_lr;
   if (c.lr_decay_iters == c.warmup_iters) return c.min_lr;
   const double ratio = double(iter - c.warmup_iters) / double(c.lr_decay_iters - c.warmup_iters);
@@ -715,13 +732,19 @@ TrainResult train(const TrainConfig& cfg_in) {
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
   double ms_avg = 0;  // moving average of the iteration time, for the ETA
+  const bool budget = cfg.time_budget > 0;
+  if (budget) {
+    console.line("time budget: {:g} s of training steps{}\n", cfg.time_budget,
+                 state.train_seconds > 0 ? fmt::format(", {:.1f} s spent before this run", state.train_seconds) : "");
+  }
   for (int64_t iter = state.iter;; ++iter) {
-    const double lr = learning_rate(cfg, iter);
-    if ((iter % cfg.eval_interval == 0 || iter == cfg.max_iters) && !(cfg.resume && iter == first)) {
+    const double lr = learning_rate(cfg, iter, state.train_seconds);
+    const bool done = iter >= cfg.max_iters || (budget && state.train_seconds >= cfg.time_budget);
+    if ((iter % cfg.eval_interval == 0 || done) && !(cfg.resume && iter == first)) {
       profile::Phase phase("evaluation");
       result.last_val_loss = run.evaluate(iter);
     }
-    if (iter >= cfg.max_iters) {
+    if (done) {
       result.iters = iter;
       break;
     }
@@ -731,6 +754,9 @@ TrainResult train(const TrainConfig& cfg_in) {
       return run.step(iter, lr);
     }();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    state.train_seconds += ms / 1e3;
+    // Every rank stops after the same iteration and schedules the same learning rate: rank 0's clock decides.
+    if (budget && world > 1) comm.broadcast(&state.train_seconds, sizeof(double), 0);
     const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
     const double gflops = flops_per_iter / (ms / 1e3) / 1e9;
     if (gflops > peak_gflops * world) {  // the step outran the start-up matmul: that was not the peak
@@ -743,7 +769,8 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     const double mfu = gflops / (peak_gflops * world);
     nlohmann::json row = {{"iter", iter},           {"loss", s.loss},   {"lr", lr},   {"grad_norm", s.grad_norm},
-                          {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops}, {"mfu", mfu}};
+                          {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops}, {"mfu", mfu},
+                          {"train_s", state.train_seconds}};
     if (world > 1) row["comm_ms"] = s.comm_ms;
     metrics.write(row);
     if (iter % cfg.log_interval == 0) {
@@ -751,7 +778,11 @@ TrainResult train(const TrainConfig& cfg_in) {
                    "of peak)\n", iter, s.loss, lr, s.grad_norm, ms, tok_per_s, gflops, 100 * mfu);
     }
     ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
-    console.status(iter, cfg.max_iters, s.loss, tok_per_s, ms_avg);
+    if (budget) {
+      console.status_budget(iter, state.train_seconds, cfg.time_budget, s.loss, tok_per_s);
+    } else {
+      console.status(iter, cfg.max_iters, s.loss, tok_per_s, ms_avg);
+    }
     if (world > 1 ? s.stop_from_any_rank : stop.requested()) {  // one process: checked after the step's logging
       run.save_latest(iter + 1);
       console.clear();
@@ -765,8 +796,11 @@ TrainResult train(const TrainConfig& cfg_in) {
   result.best_val_loss = state.best_val_loss;
   if (result.interrupted) return result;
   console.clear();
-  if (lead) fmt::print(stderr, "done: {} iterations, best val loss {:.4f}; checkpoints in {}\n", result.iters,
-                       result.best_val_loss, out.string());
+  if (lead) {
+    fmt::print(stderr, "done: {} iterations in {:.1f} s of training steps{}, best val loss {:.4f}; checkpoints in {}\n",
+               result.iters, state.train_seconds, budget ? fmt::format(" (time budget {:g} s)", cfg.time_budget) : "",
+               result.best_val_loss, out.string());
+  }
   return result;
 }
 

@@ -22,6 +22,9 @@ struct TrainConfig {
   }();
   int64_t batch_size = 64;
   int64_t max_iters = 5000;
+  // > 0: train until this many seconds of training steps are spent (evaluations and checkpoints not counted), the
+  // cosine decay following the fraction of the budget used; max_iters then only caps the iterations.
+  double time_budget = 0;
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup_iters = 100;
@@ -68,8 +71,9 @@ Numerics numerics_of(const TrainConfig& c);
 void check_numerics(const Numerics& numerics, Device device, const char* how);
 
 /// nanoGPT's schedule: linear warmup to lr over warmup_iters, cosine decay to min_lr at lr_decay_iters,
-/// min_lr after that.
-double learning_rate(const TrainConfig& c, int64_t iter);
+/// min_lr after that. With a time budget the decay after the warmup follows `seconds / time_budget` (the training
+/// steps' seconds so far) instead of the iterations, reaching min_lr when the budget is spent.
+double learning_rate(const TrainConfig& c, int64_t iter, double seconds = 0);
 
 class Communicator;
 
