@@ -502,7 +502,7 @@ double step_flops(const nn::GPT& model, int64_t tokens_per_step) {
 }
 
 /// The machine's practical peak for this run: square f32 matmuls on the run's device and threads, with the run's TF32
-/// setting, growing from 128 while one takes under 25 ms (up to 1536 on the CPU, 4096 on a GPU), then the best of
+/// setting, growing from 128 while one takes under 100 ms (up to 1536 on the CPU, 4096 on a GPU), then the best of
 /// runs at the last size repeated for at least 0.3 s and 5 runs (one run when that took over 100 ms, as under a
 /// sanitizer): cold caches, a core still ramping up its clock or a page-faulting first touch made three short runs
 /// read low (112 GFLOP/s where training then reached 141 on a 2-core Zen 4). Model FLOPs utilization (MFU) is
@@ -525,7 +525,7 @@ std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& nu
     n = std::min(largest, n * 2);
     a = randn({n, n}, gen).to(device), b = randn({n, n}, gen).to(device);
     best = seconds();
-  } while (n < largest && best < 0.025);
+  } while (n < largest && best < 0.1);
   if (best < 0.1) {
     double spent = 0;
     for (int i = 0; i < 5 || spent < 0.3; ++i) {
