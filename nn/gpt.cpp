@@ -14,7 +14,7 @@ MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
   a.bias = c.bias;
   a.dropout = c.dropout;
   a.rope = c.pos == Positions::Rope;
-  a.proj_init_std = kInitStd / std::sqrt(2.0 * double(c.n_layer));
+  a.proj_init_std = c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer));
   if (c.pos == Positions::Relative) a.max_relative_position = c.max_relative_position;
   a.alibi = c.pos == Positions::Alibi;
   if (c.pos == Positions::T5) a.t5_buckets = GPTConfig::kT5Buckets, a.t5_max_distance = GPTConfig::kT5MaxDistance;
@@ -76,6 +76,9 @@ void GPTConfig::validate() const {
   if (!(attn_softcap >= 0.0) || !std::isfinite(attn_softcap)) {
     throw Error(fmt::format("model config: attn_softcap must be a finite number >= 0 (0: off), got {}", attn_softcap));
   }
+  if (!(logit_softcap >= 0.0) || !std::isfinite(logit_softcap)) {
+    throw Error(fmt::format("model config: logit_softcap must be a finite number >= 0 (0: off), got {}", logit_softcap));
+  }
   if (pos == Positions::Rope && (n_embd / n_head) % 2 != 0) {
     throw Error(fmt::format("model config: RoPE needs an even head size, got n_embd / n_head = {}", n_embd / n_head));
   }
@@ -84,9 +87,22 @@ void GPTConfig::validate() const {
 
 MLP::MLP(const GPTConfig& c, Generator& gen)
     : c_fc(c.n_embd, 4 * c.n_embd, c.bias, gen),
-      c_proj(4 * c.n_embd, c.n_embd, c.bias, gen, kInitStd / std::sqrt(2.0 * double(c.n_layer))) {
+      c_proj(4 * c.n_embd, c.n_embd, c.bias, gen, c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer))),
+      relu2_(c.relu2) {
   register_module("c_fc", c_fc);
   register_module("c_proj", c_proj);
+}
+
+Tensor relu_squared(const Tensor& x) {
+  const Tensor r = relu(x);
+  return r * r;
+}
+
+Tensor soft_cap(const Tensor& x, double cap) { return cap * tanh(x * (1.0 / cap)); }
+
+Tensor MLP::forward(const Tensor& x) const {
+  const Tensor h = c_fc.forward(x);
+  return c_proj.forward(relu2_ ? relu_squared(h) : gelu(h));
 }
 
 Block::Block(const GPTConfig& c, Generator& gen)
@@ -168,14 +184,19 @@ bool GPT::ends_document(const std::vector<int32_t>& context) const {
 
 GPT::Output GPT::forward(const Tensor& ids, const Tensor& targets) const {
   Output out;
-  out.logits = linear(hidden(ids, document_ids(ids)), wte.weight, Tensor(), numerics());  // (B, T, V), weights tied with the token embedding
+  out.logits = head(hidden(ids, document_ids(ids)));  // (B, T, V)
   if (targets.defined()) out.loss = cross_entropy(out.logits, targets);
   return out;
 }
 
 Tensor GPT::last_logits(const Tensor& ids) const {
   const Tensor x = hidden(ids, document_ids(ids));
-  return linear(reshape(narrow(x, 1, x.size(1) - 1, 1), {x.size(0), x.size(2)}), wte.weight, Tensor(), numerics());
+  return head(reshape(narrow(x, 1, x.size(1) - 1, 1), {x.size(0), x.size(2)}));
+}
+
+Tensor GPT::head(const Tensor& x) const {
+  const Tensor logits = linear(x, wte.weight, Tensor(), numerics());  // weights tied with the token embedding
+  return config_.logit_softcap > 0 ? soft_cap(logits, config_.logit_softcap) : logits;
 }
 
 Tensor GPT::attention_weights(const Tensor& ids, int64_t layer) const {
@@ -213,7 +234,7 @@ Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
   for (size_t i = 0; i < h.size(); ++i) x = h[i]->forward_cached(x, cache, i);
   cache.len += T;
   x = ln_f.forward(narrow(x, 1, T - 1, 1));
-  return linear(reshape(x, {x.size(0), x.size(2)}), wte.weight, Tensor(), numerics());
+  return head(reshape(x, {x.size(0), x.size(2)}));
 }
 
 void GPT::slide_cache(KVCache& cache, int64_t n) const {

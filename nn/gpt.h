@@ -39,6 +39,10 @@ struct GPTConfig {
   int64_t window = 0;        // > 0: sliding-window attention over the last `window` positions
   double attn_softcap = 0;   // > 0: attention logits soft-capped to (-attn_softcap, attn_softcap)
   std::string doc_separator = {};  // packed documents: the text ending one; attention stays within (empty: none)
+  // Modern small-GPT options (modded-nanogpt's speedrun), all off by default:
+  bool relu2 = false;          // MLP activation relu(x)^2 instead of GELU
+  double logit_softcap = 0;    // > 0: the head's logits soft-capped, cap * tanh(logits / cap)
+  bool zero_init_proj = false;  // the residual output projections (attn.c_proj, mlp.c_proj) start at zero
   static constexpr int32_t kT5Buckets = 32, kT5MaxDistance = 128;  // pos t5: T5's defaults
 
   /// Whether positions enter only through distances (relative, alibi, t5, none): no table bounds the length.
@@ -49,13 +53,21 @@ struct GPTConfig {
   bool operator==(const GPTConfig&) const = default;
 };
 
-/// Linear 4C -> GELU -> Linear C.
+/// relu(x)^2, the MLP activation of relu2 (composed of gradient-checked ops: relu, then the product with itself).
+Tensor relu_squared(const Tensor& x);
+/// cap * tanh(x / cap): x soft-capped to (-cap, cap), the head's logits with logit_softcap.
+Tensor soft_cap(const Tensor& x, double cap);
+
+/// Linear 4C -> GELU (or relu^2) -> Linear C.
 class MLP : public Module {
  public:
   MLP(const GPTConfig& c, Generator& gen);
-  Tensor forward(const Tensor& x) const { return c_proj.forward(gelu(c_fc.forward(x))); }
+  Tensor forward(const Tensor& x) const;
 
   Linear c_fc, c_proj;
+
+ private:
+  bool relu2_;
 };
 
 /// The keys and values of every layer for the positions seen so far, for incremental decoding.
@@ -127,6 +139,9 @@ class GPT : public Module {
   LayerNorm ln_f;
 
  private:
+  /// The head: logits (..., vocab_size) of hidden states (..., n_embd), through the tied token embedding, soft-capped
+  /// with logit_softcap.
+  Tensor head(const Tensor& x) const;
   /// Token plus position embeddings of ids (B, T) at positions [pos0, pos0 + T), after checking both.
   Tensor embed(const Tensor& ids, int64_t pos0) const;
   Tensor hidden(const Tensor& ids, const Tensor& doc_ids) const;

@@ -2,6 +2,7 @@
 // generation, and agreement with PyTorch on a committed fixture (tests/reference/make_gpt_fixture.py).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -9,6 +10,7 @@
 #include "nn/gpt.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
+#include "test_util.h"
 #include "train/safetensors.h"
 
 using namespace tinygpt;
@@ -189,6 +191,75 @@ TEST_CASE("gpt: every position scheme, window and soft-cap: the KV cache gives t
         CHECK(max_abs_diff(narrow(out, 1, 39, 1), narrow(out2, 1, 39, 1)) < 1e-6);
       }
     }
+  }
+}
+
+TEST_CASE("gpt: relu^2 MLP, soft-capped logits, zero-initialized projections: their math, gradients and the KV cache") {
+  // The two functions in f64, gradient-checked (relu's kink avoided: no input within 1e-3 of 0).
+  Generator g64(5);
+  Tensor x = test::leaf({3, 7}, g64);
+  std::vector<double> xv = x.to_vector<double>();
+  for (double& v : xv) v = std::abs(v) < 1e-3 ? 0.5 : v;
+  x = from_vector(xv, {3, 7});
+  x.requires_grad_();
+  test::expect_gradcheck([](const std::vector<Tensor>& in) { return nn::relu_squared(in[0]); }, {x});
+  test::expect_gradcheck([](const std::vector<Tensor>& in) { return nn::soft_cap(in[0] * 4.0, 2.5); }, {x});
+  const std::vector<double> r = nn::relu_squared(x).to_vector<double>(), c = nn::soft_cap(x * 4.0, 2.5).to_vector<double>();
+  for (size_t i = 0; i < xv.size(); ++i) {
+    CHECK(r[i] == doctest::Approx(xv[i] > 0 ? xv[i] * xv[i] : 0.0));
+    CHECK(c[i] == doctest::Approx(2.5 * std::tanh(4.0 * xv[i] / 2.5)));
+  }
+
+  nn::GPTConfig plain = tiny_config();
+  nn::GPTConfig modern = plain;
+  modern.relu2 = true, modern.logit_softcap = 1.5, modern.zero_init_proj = true;
+  Generator gen_a(21), gen_b(21);
+  nn::GPT a(plain, gen_a), b(modern, gen_b);
+  // Zero-initialized output projections.
+  for (const auto& [name, p] : b.named_parameters()) {
+    INFO(name);
+    const auto v = p.to_vector<float>();
+    const bool proj = name.find("c_proj.weight") != std::string::npos;
+    if (proj) CHECK(std::all_of(v.begin(), v.end(), [](float e) { return e == 0.0f; }));
+  }
+  auto copy_from_a = [&](nn::GPT& to) {  // the plain model's weights, so every comparison below has nonzero blocks
+    const auto from = a.named_parameters();
+    for (auto& [name, p] : to.named_parameters()) {
+      const auto it = std::find_if(from.begin(), from.end(), [&](const auto& e) { return e.first == name; });
+      REQUIRE(it != from.end());
+      p.copy_(it->second);
+    }
+  };
+  copy_from_a(b);
+  b.train(false);
+  a.train(false);
+  NoGradGuard no_grad;
+  const Tensor ids = random_ids(2, 16, 11, gen_a);
+  // The MLP: c_proj(relu(c_fc(x))^2), written out here with the layer's own weights.
+  const Tensor h0 = randn({2, 5, 32}, gen_a);
+  const Tensor fc = linear(h0, b.h[0]->mlp.c_fc.weight, b.h[0]->mlp.c_fc.bias);
+  const Tensor relu_fc = relu(fc);
+  CHECK(max_abs_diff(b.h[0]->mlp.forward(h0), linear(relu_fc * relu_fc, b.h[0]->mlp.c_proj.weight, b.h[0]->mlp.c_proj.bias)) < 1e-6);
+  // The head: the capped logits are cap * tanh(logits / cap) of a model with the same blocks and no cap.
+  nn::GPTConfig uncapped = modern;
+  uncapped.logit_softcap = 0;
+  Generator gen_c(21);
+  nn::GPT u(uncapped, gen_c);
+  copy_from_a(u);
+  u.train(false);
+  const Tensor capped = b.forward(ids).logits, raw = u.forward(ids).logits;
+  const std::vector<float> cv = capped.to_vector<float>(), rv = raw.to_vector<float>();
+  for (size_t i = 0; i < cv.size(); ++i) {
+    REQUIRE(std::abs(cv[i]) < 1.5f);
+    CHECK(cv[i] == doctest::Approx(1.5 * std::tanh(rv[i] / 1.5)).epsilon(1e-5));
+  }
+  // The KV cache goes through the same head.
+  nn::KVCache cache = b.make_cache(2);
+  Tensor last = b.forward_cached(id_columns(ids, 0, 6), cache);
+  CHECK(max_abs_diff(last, reshape(narrow(capped, 1, 5, 1), {2, 11})) < 1e-5);
+  for (int64_t t = 6; t < 16; ++t) {
+    last = b.forward_cached(id_columns(ids, t, 1), cache);
+    CHECK(max_abs_diff(last, reshape(narrow(capped, 1, t, 1), {2, 11})) < 1e-5);
   }
 }
 

@@ -506,20 +506,34 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
   CHECK_THROWS_WITH(check_hf_exportable(gqa), doctest::Contains("grouped-query attention (2 key/value heads for 4"));
   gqa.n_kv_head = 4;
   CHECK_NOTHROW(check_hf_exportable(gqa));
+  nn::GPTConfig modern = gqa;
+  modern.relu2 = true;
+  CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("relu^2 MLP (--mlp relu2)"));
+  modern.relu2 = false, modern.logit_softcap = 15;
+  CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("soft-capped logits (--logit-softcap)"));
+  modern.logit_softcap = 0, modern.zero_init_proj = true;  // only how training starts: GPT-2 holds the result
+  CHECK_NOTHROW(check_hf_exportable(modern));
 }
 
 TEST_CASE("checkpoint config: the position scheme and attention options round-trip; old checkpoints read as saved") {
   nn::GPTConfig c;
   c.vocab_size = 7, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
   c.pos = nn::Positions::Relative, c.max_relative_position = 3, c.window = 5, c.attn_softcap = 30, c.doc_separator = "\n\n";
+  c.relu2 = true, c.logit_softcap = 15, c.zero_init_proj = true;
   CHECK(gpt_config_from_json(to_json(c)) == c);
   nlohmann::json old = to_json(c);
-  for (const char* key : {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator"}) old.erase(key);
+  for (const char* key : {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator", "relu2",
+                          "logit_softcap", "zero_init_proj"}) {
+    old.erase(key);
+  }
   old["rope"] = true;
   const nn::GPTConfig read = gpt_config_from_json(old);
   CHECK(read.pos == nn::Positions::Rope);
   CHECK(read.window == 0);
   CHECK(read.doc_separator.empty());
+  CHECK(!read.relu2);
+  CHECK(read.logit_softcap == 0);
+  CHECK(!read.zero_init_proj);
   old.erase("rope");
   CHECK(gpt_config_from_json(old).pos == nn::Positions::Learned);
   old["pos"] = "sinusoidal";

@@ -35,7 +35,8 @@ nlohmann::json to_json(const nn::GPTConfig& c) {
           {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},   {"n_embd", c.n_embd},
           {"dropout", c.dropout},       {"bias", c.bias},             {"pos", nn::positions_name(c.pos)},
           {"max_relative_position", c.max_relative_position}, {"window", c.window}, {"attn_softcap", c.attn_softcap},
-          {"doc_separator", c.doc_separator}};
+          {"doc_separator", c.doc_separator}, {"relu2", c.relu2}, {"logit_softcap", c.logit_softcap},
+          {"zero_init_proj", c.zero_init_proj}};
 }
 
 nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
@@ -55,6 +56,9 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   c.window = j.value("window", int64_t(0));
   c.attn_softcap = j.value("attn_softcap", 0.0);
   c.doc_separator = j.value("doc_separator", std::string());
+  c.relu2 = j.value("relu2", false);  // absent in older checkpoints: off
+  c.logit_softcap = j.value("logit_softcap", 0.0);
+  c.zero_init_proj = j.value("zero_init_proj", false);
   c.validate();
   return c;
 }

@@ -118,6 +118,14 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   cmd->add_option("--doc-sep", m.doc_separator, "Packed documents: the text that ends one (e.g. $'\\n\\n'); attention stays "
                   "within a document, and sampling starts a fresh context after it (default: none)");
+  cmd->add_option_function<std::string>("--mlp", [&m](const std::string& name) { m.relu2 = name == "relu2"; },
+                                        "The MLP's activation: gelu (GPT-2) or relu2 (relu(x)^2, modded-nanogpt)")
+      ->check(CLI::IsMember({"gelu", "relu2"}))
+      ->default_str("gelu");
+  cmd->add_option("--logit-softcap", m.logit_softcap, "Soft-cap the head's logits: x -> CAP tanh(x / CAP) (0: off; "
+                  "modded-nanogpt uses 15 to 30)")->capture_default_str();
+  cmd->add_flag("--zero-init-proj", m.zero_init_proj, "Start the residual output projections (attn.c_proj, mlp.c_proj) "
+                "at zero");
   cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
   cmd->add_option("--max-iters", c.max_iters, "Training iterations (with --time-budget: at most this many, if given)")
       ->capture_default_str();
@@ -160,6 +168,9 @@ std::string describe_attention(const nn::GPTConfig& c) {
   if (c.window > 0) s += fmt::format(", window {}", c.window);
   if (c.attn_softcap > 0) s += fmt::format(", soft-cap {}", c.attn_softcap);
   if (!c.doc_separator.empty()) s += ", documents";
+  if (c.relu2) s += ", relu^2 MLP";
+  if (c.logit_softcap > 0) s += fmt::format(", logits soft-capped at {}", c.logit_softcap);
+  if (c.zero_init_proj) s += ", output projections initialized to zero";
   return s;
 }
 
@@ -392,7 +403,8 @@ int Cli::run() {
     for (const auto& [flag, key] : {std::pair{"--n-layer", "n_layer"}, {"--n-head", "n_head"}, {"--n-kv-head", "n_kv_head"},
                                     {"--n-embd", "n_embd"}, {"--block-size", "block_size"}, {"--bias", "bias"}, {"--pos", "pos"},
                                     {"--rope", "pos"}, {"--max-relative-position", "max_relative_position"},
-                                    {"--window", "window"}, {"--softcap", "attn_softcap"}, {"--doc-sep", "doc_separator"}}) {
+                                    {"--window", "window"}, {"--softcap", "attn_softcap"}, {"--doc-sep", "doc_separator"},
+                                    {"--mlp", "relu2"}, {"--logit-softcap", "logit_softcap"}, {"--zero-init-proj", "zero_init_proj"}}) {
       if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
     }
     // A time budget ends the run; --max-iters still caps it when given, and only then.
