@@ -98,6 +98,7 @@ expect_error "training this model needs about .* of host memory" "$tinygpt" trai
 [ $(( ($(date +%s%N) - start) / 1000000 )) -lt 5000 ] || fail "the absurd model size took more than 5 s to be refused"
 expect_error "batch-size must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --batch-size 0
 expect_error "time-budget must not be negative" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --time-budget -1
+expect_error "time-budget must be a finite number of seconds" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --time-budget inf
 expect_error "not in the model's vocabulary" "$tinygpt" sample --ckpt "$dir/run" --prompt "XYZ"
 expect_error "holds no checkpoint" "$tinygpt" sample --ckpt "$dir"
 head -c 100 "$dir/run/ckpt_latest.safetensors" > "$dir/truncated.safetensors"

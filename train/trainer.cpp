@@ -360,6 +360,7 @@ void TrainConfig::validate() const {
   positive("--batch-size", double(batch_size));
   non_negative("--max-iters", double(max_iters));
   non_negative("--time-budget", time_budget);
+  if (!std::isfinite(time_budget)) throw Error(fmt::format("--time-budget must be a finite number of seconds, got {}", time_budget));
   positive("--lr", lr);
   non_negative("--min-lr", min_lr);
   if (min_lr > lr) throw Error(fmt::format("--min-lr ({}) must not exceed --lr ({})", min_lr, lr));
