@@ -4,27 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 
 namespace tinygpt::test {
-
-#ifdef TINYGPT_SOURCE_DIR
-/// A reference fixture's path: $env when set (tests/torch_reference_test.sh points it at a fixture it just made with
-/// the PyTorch present, from other random numbers), else the committed tests/reference/<file>.
-inline std::string reference_fixture(const char* env, const char* file) {
-  const char* fresh = std::getenv(env);
-  if (fresh && *fresh) {
-    MESSAGE("checking " << fresh << " (from $" << env << ")");
-    return fresh;
-  }
-  return std::string(TINYGPT_SOURCE_DIR) + "/tests/reference/" + file;
-}
-#endif
 
 /// Every element within atol + rtol*|expected|; reports the first mismatch.
 template <class T>
