@@ -51,6 +51,21 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+/// Feeds ids (B, T) through a fresh KV cache, the first `chunk` positions at once and then one at a time, and checks
+/// the logits of each step against the full pass's (B, T, V) at the same position. Returns the filled cache.
+nn::KVCache check_cache_matches_full(const nn::GPT& model, const Tensor& ids, const Tensor& full, int64_t chunk) {
+  const int64_t B = ids.size(0), T = ids.size(1), V = full.size(2);
+  nn::KVCache cache = model.make_cache(B);
+  Tensor last = model.forward_cached(id_columns(ids, 0, chunk), cache);
+  CHECK(max_abs_diff(last, reshape(narrow(full, 1, chunk - 1, 1), {B, V})) < 1e-5);
+  for (int64_t t = chunk; t < T; ++t) {
+    CAPTURE(t);
+    last = model.forward_cached(id_columns(ids, t, 1), cache);
+    CHECK(max_abs_diff(last, reshape(narrow(full, 1, t, 1), {B, V})) < 1e-5);
+  }
+  return cache;
+}
+
 }  // namespace
 
 TEST_CASE("gpt: parameter names are nanoGPT's, in its order") {
@@ -143,14 +158,7 @@ TEST_CASE("gpt: the KV cache gives the full forward pass's logits, position by p
     NoGradGuard no_grad;
     const Tensor ids = random_ids(2, 16, 11, gen);
     const Tensor full = model.forward(ids).logits;  // (2, 16, 11)
-    nn::KVCache cache = model.make_cache(2);
-    // A 5-token chunk, then one token at a time.
-    Tensor last = model.forward_cached(id_columns(ids, 0, 5), cache);
-    CHECK(max_abs_diff(last, reshape(narrow(full, 1, 4, 1), {2, 11})) < 1e-5);
-    for (int64_t t = 5; t < 16; ++t) {
-      last = model.forward_cached(id_columns(ids, t, 1), cache);
-      CHECK(max_abs_diff(last, reshape(narrow(full, 1, t, 1), {2, 11})) < 1e-5);
-    }
+    nn::KVCache cache = check_cache_matches_full(model, ids, full, 5);  // a 5-token chunk, then one token at a time
     CHECK(cache.len == 16);
     CHECK_THROWS_WITH_AS(model.forward_cached(id_columns(ids, 0, 1), cache),
                          doctest::Contains("exceed the block size"), Error);
@@ -172,13 +180,7 @@ TEST_CASE("gpt: every position scheme, window and soft-cap: the KV cache gives t
       NoGradGuard no_grad;
       const Tensor ids = random_ids(2, 16, 11, gen);
       const Tensor full = model.forward(ids).logits;
-      nn::KVCache cache = model.make_cache(2);
-      Tensor last = model.forward_cached(id_columns(ids, 0, 6), cache);
-      CHECK(max_abs_diff(last, reshape(narrow(full, 1, 5, 1), {2, 11})) < 1e-5);
-      for (int64_t t = 6; t < 16; ++t) {
-        last = model.forward_cached(id_columns(ids, t, 1), cache);
-        CHECK(max_abs_diff(last, reshape(narrow(full, 1, t, 1), {2, 11})) < 1e-5);
-      }
+      check_cache_matches_full(model, ids, full, 6);
       // Positions enter through distances only: sequences longer than the block run, and a window makes the last
       // position's logits independent of everything before its window.
       const Tensor longer = random_ids(1, 40, 11, gen);
@@ -254,13 +256,7 @@ TEST_CASE("gpt: relu^2 MLP, soft-capped logits, zero-initialized projections: th
     CHECK(cv[i] == doctest::Approx(1.5 * std::tanh(rv[i] / 1.5)).epsilon(1e-5));
   }
   // The KV cache goes through the same head.
-  nn::KVCache cache = b.make_cache(2);
-  Tensor last = b.forward_cached(id_columns(ids, 0, 6), cache);
-  CHECK(max_abs_diff(last, reshape(narrow(capped, 1, 5, 1), {2, 11})) < 1e-5);
-  for (int64_t t = 6; t < 16; ++t) {
-    last = b.forward_cached(id_columns(ids, t, 1), cache);
-    CHECK(max_abs_diff(last, reshape(narrow(capped, 1, t, 1), {2, 11})) < 1e-5);
-  }
+  check_cache_matches_full(b, ids, capped, 6);
 }
 
 TEST_CASE("gpt: a sliding cache drops the oldest positions and keeps the others' keys and values") {
