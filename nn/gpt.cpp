@@ -138,6 +138,10 @@ GPT::GPT(const GPTConfig& config, Generator& gen)
     register_module(fmt::format("transformer.h.{}", i), *h.back());
   }
   register_module("transformer.ln_f", ln_f);
+  if (config_.untied_head) {
+    lm_head = std::make_unique<Linear>(config_.n_embd, config_.vocab_size, /*bias=*/false, gen);
+    register_module("lm_head", *lm_head);
+  }
 }
 
 int64_t GPT::num_parameters_non_embedding() const { return num_parameters() - (wpe ? wpe->weight.numel() : 0); }
@@ -195,7 +199,7 @@ Tensor GPT::last_logits(const Tensor& ids) const {
 }
 
 Tensor GPT::head(const Tensor& x) const {
-  const Tensor logits = linear(x, wte.weight, Tensor(), numerics());  // weights tied with the token embedding
+  const Tensor logits = linear(x, lm_head ? lm_head->weight : wte.weight, Tensor(), numerics());
   return config_.logit_softcap > 0 ? soft_cap(logits, config_.logit_softcap) : logits;
 }
 

@@ -43,6 +43,7 @@ struct GPTConfig {
   bool relu2 = false;          // MLP activation relu(x)^2 instead of GELU
   double logit_softcap = 0;    // > 0: the head's logits soft-capped, cap * tanh(logits / cap)
   bool zero_init_proj = false;  // the residual output projections (attn.c_proj, mlp.c_proj) start at zero
+  bool untied_head = false;     // the head has its own weight, lm_head.weight (vocab_size, n_embd), not wte's
   static constexpr int32_t kT5Buckets = 32, kT5MaxDistance = 128;  // pos t5: T5's defaults
 
   /// Whether positions enter only through distances (relative, alibi, t5, none): no table bounds the length.
@@ -137,10 +138,11 @@ class GPT : public Module {
   std::unique_ptr<Embedding> wpe;  // with learned positions only
   std::vector<std::unique_ptr<Block>> h;
   LayerNorm ln_f;
+  std::unique_ptr<Linear> lm_head;  // weight (vocab_size, n_embd), no bias; with untied_head only (else wte.weight)
 
  private:
-  /// The head: logits (..., vocab_size) of hidden states (..., n_embd), through the tied token embedding, soft-capped
-  /// with logit_softcap.
+  /// The head: logits (..., vocab_size) of hidden states (..., n_embd), through the tied token embedding (or
+  /// lm_head), soft-capped with logit_softcap.
   Tensor head(const Tensor& x) const;
   /// Token plus position embeddings of ids (B, T) at positions [pos0, pos0 + T), after checking both.
   Tensor embed(const Tensor& ids, int64_t pos0) const;

@@ -259,6 +259,31 @@ TEST_CASE("gpt: relu^2 MLP, soft-capped logits, zero-initialized projections: th
   check_cache_matches_full(b, ids, capped, 6);
 }
 
+TEST_CASE("gpt: an untied head has its own weight, last in nanoGPT's order, and the logits go through it") {
+  nn::GPTConfig c = tiny_config();
+  c.untied_head = true;
+  Generator gen_u(31), gen_t(31);
+  nn::GPT untied(c, gen_u);
+  c.untied_head = false;
+  nn::GPT tied(c, gen_t);  // the same draws for everything but the head, which comes last
+  const auto names = untied.named_parameters();
+  REQUIRE(names.back().first == "lm_head.weight");
+  CHECK(names.back().second.shape() == Shape{11, 32});
+  CHECK(untied.num_parameters() == tied.num_parameters() + 11 * 32);
+  const Tensor ids = random_ids(2, 16, 11, gen_u), targets = random_ids(2, 16, 11, gen_u);
+  {
+    NoGradGuard no_grad;
+    untied.lm_head->weight.copy_(tied.wte.weight);  // the untied head holding the embedding computes the tied model
+    CHECK(max_abs_diff(untied.forward(ids).logits, tied.forward(ids).logits) < 1e-6);
+    untied.lm_head->weight.copy_(tied.wte.weight * 2.0);
+    CHECK(max_abs_diff(untied.forward(ids).logits, tied.forward(ids).logits * 2.0) < 1e-5);
+    check_cache_matches_full(untied, ids, untied.forward(ids).logits, 4);
+  }
+  untied.forward(ids, targets).loss.backward();
+  const auto g = untied.lm_head->weight.grad().to_vector<float>();
+  CHECK(std::any_of(g.begin(), g.end(), [](float x) { return x != 0.0f; }));
+}
+
 TEST_CASE("gpt: a sliding cache drops the oldest positions and keeps the others' keys and values") {
   nn::GPTConfig c = tiny_config();
   c.pos = nn::Positions::Alibi;

@@ -396,6 +396,7 @@ TEST_CASE("memory: the parameter count from a config is the built model's, and a
         nn::GPTConfig c;
         c.vocab_size = 13, c.block_size = 16, c.n_layer = 2, c.n_head = 4, c.n_kv_head = kv, c.n_embd = 32;
         c.bias = bias, c.pos = pos, c.max_relative_position = 5;
+        c.untied_head = kv == 1;
         Generator gen(1);
         const nn::GPT model(c, gen);
         CAPTURE(bias);
@@ -513,17 +514,30 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
   CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("soft-capped logits (--logit-softcap)"));
   modern.logit_softcap = 0, modern.zero_init_proj = true;  // only how training starts: GPT-2 holds the result
   CHECK_NOTHROW(check_hf_exportable(modern));
+
+  // An untied head: GPT-2 keeps it as lm_head.weight with tie_word_embeddings false.
+  const nn::GPTConfig untied{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .untied_head = true};
+  Generator gen(6);
+  nn::GPT model(untied, gen);
+  save_checkpoint(dir.path / "untied.safetensors", model, data::CharVocab(U"\n ab\u00e9"), nullptr, {});
+  export_hf(load_checkpoint(dir.path / "untied.safetensors"), dir.path / "hf_untied");
+  const auto st = safetensors::load(dir.path / "hf_untied" / "model.safetensors");
+  const Tensor head = st.find("lm_head.weight");
+  REQUIRE(head.defined());
+  CHECK(head.shape() == Shape{5, 8});
+  CHECK(head.to_vector<float>() == model.lm_head->weight.to_vector<float>());
+  CHECK(nlohmann::json::parse(read_file(dir.path / "hf_untied" / "config.json"))["tie_word_embeddings"] == false);
 }
 
 TEST_CASE("checkpoint config: the position scheme and attention options round-trip; old checkpoints read as saved") {
   nn::GPTConfig c;
   c.vocab_size = 7, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
   c.pos = nn::Positions::Relative, c.max_relative_position = 3, c.window = 5, c.attn_softcap = 30, c.doc_separator = "\n\n";
-  c.relu2 = true, c.logit_softcap = 15, c.zero_init_proj = true;
+  c.relu2 = true, c.logit_softcap = 15, c.zero_init_proj = true, c.untied_head = true;
   CHECK(gpt_config_from_json(to_json(c)) == c);
   nlohmann::json old = to_json(c);
   for (const char* key : {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator", "relu2",
-                          "logit_softcap", "zero_init_proj"}) {
+                          "logit_softcap", "zero_init_proj", "untied_head"}) {
     old.erase(key);
   }
   old["rope"] = true;
@@ -534,6 +548,7 @@ TEST_CASE("checkpoint config: the position scheme and attention options round-tr
   CHECK(!read.relu2);
   CHECK(read.logit_softcap == 0);
   CHECK(!read.zero_init_proj);
+  CHECK(!read.untied_head);
   old.erase("rope");
   CHECK(gpt_config_from_json(old).pos == nn::Positions::Learned);
   old["pos"] = "sinusoidal";

@@ -126,6 +126,8 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
                   "modded-nanogpt uses 15 to 30)")->capture_default_str();
   cmd->add_flag("--zero-init-proj", m.zero_init_proj, "Start the residual output projections (attn.c_proj, mlp.c_proj) "
                 "at zero");
+  cmd->add_flag("--untied-head", m.untied_head, "Give the head its own weight (lm_head.weight) instead of the token "
+                "embedding's");
   cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
   cmd->add_option("--max-iters", c.max_iters, "Training iterations (with --time-budget: at most this many, if given)")
       ->capture_default_str();
@@ -171,6 +173,7 @@ std::string describe_attention(const nn::GPTConfig& c) {
   if (c.relu2) s += ", relu^2 MLP";
   if (c.logit_softcap > 0) s += fmt::format(", logits soft-capped at {}", c.logit_softcap);
   if (c.zero_init_proj) s += ", output projections initialized to zero";
+  if (c.untied_head) s += ", untied head";
   return s;
 }
 
@@ -404,7 +407,8 @@ int Cli::run() {
                                     {"--n-embd", "n_embd"}, {"--block-size", "block_size"}, {"--bias", "bias"}, {"--pos", "pos"},
                                     {"--rope", "pos"}, {"--max-relative-position", "max_relative_position"},
                                     {"--window", "window"}, {"--softcap", "attn_softcap"}, {"--doc-sep", "doc_separator"},
-                                    {"--mlp", "relu2"}, {"--logit-softcap", "logit_softcap"}, {"--zero-init-proj", "zero_init_proj"}}) {
+                                    {"--mlp", "relu2"}, {"--logit-softcap", "logit_softcap"}, {"--zero-init-proj", "zero_init_proj"},
+                                    {"--untied-head", "untied_head"}}) {
       if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
     }
     // A time budget ends the run; --max-iters still caps it when given, and only then.

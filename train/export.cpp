@@ -65,7 +65,8 @@ std::vector<std::pair<std::string, Tensor>> gpt2_tensors(const Checkpoint& ckpt)
   }
   out.emplace_back("transformer.ln_f.weight", weight("transformer.ln_f.weight"));
   out.emplace_back("transformer.ln_f.bias", bias("transformer.ln_f.bias", C));
-  // No lm_head.weight: it is tied to transformer.wte.weight (tie_word_embeddings), as transformers saves it.
+  // A tied head has no lm_head.weight: it is transformer.wte.weight (tie_word_embeddings), as transformers saves it.
+  if (c.untied_head) out.emplace_back("lm_head.weight", weight("lm_head.weight"));
   return out;
 }
 
@@ -86,7 +87,7 @@ json gpt2_config(const nn::GPTConfig& c) {
       {"attn_pdrop", c.dropout},
       {"initializer_range", 0.02},
       {"scale_attn_weights", true},           // 1 / sqrt(head size)
-      {"tie_word_embeddings", true},
+      {"tie_word_embeddings", !c.untied_head},
       {"use_cache", true},
       {"bos_token_id", nullptr},              // a character vocabulary has no special tokens
       {"eos_token_id", nullptr},

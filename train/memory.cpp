@@ -58,7 +58,8 @@ double gpt_parameter_count(const nn::GPTConfig& c) {
   double positions = c.pos == nn::Positions::Learned ? double(c.block_size) * C : 0.0;  // wpe
   if (c.pos == nn::Positions::Relative) positions = L * 2 * double(2 * c.max_relative_position + 1) * hd;  // A_K, A_V
   if (c.pos == nn::Positions::T5) positions = L * double(c.n_head) * nn::GPTConfig::kT5Buckets;
-  return V * C + positions + L * layer + C * (1 + b);  // wte (tied LM head), position tables, blocks, ln_f
+  const double head = c.untied_head ? V * C : 0.0;  // lm_head (else tied to wte)
+  return V * C + positions + L * layer + C * (1 + b) + head;  // wte, position tables, blocks, ln_f, lm_head
 }
 
 MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size) {
