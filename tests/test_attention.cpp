@@ -18,6 +18,11 @@ using Inputs = std::vector<Tensor>;
 
 namespace {
 
+/// (B, 2, T, E) key or value heads -> (B, 4, T, E): each repeated for the two query heads that read it.
+Tensor repeat_2_kv_heads(const Tensor& t) {
+  return concat({narrow(t, 1, 0, 1), narrow(t, 1, 0, 1), narrow(t, 1, 1, 1), narrow(t, 1, 1, 1)}, 1);
+}
+
 struct Case {
   int64_t B, NH, NKV, T, S, E, Ev;
   bool causal, padding, mask, bool_mask, dropout;
@@ -231,17 +236,14 @@ TEST_CASE("MultiHeadAttention: self-attention equals the computation composed fr
       return permute(reshape(narrow(qkv, 2, first * E, count * E), {B, T, count, E}), {0, 2, 1, 3});
     };
     const Tensor q = heads(0, NH), k = heads(NH, NKV), v = heads(NH + NKV, NKV);
-    auto rep = [](const Tensor& t) {
-      return concat({narrow(t, 1, 0, 1), narrow(t, 1, 0, 1), narrow(t, 1, 1, 1), narrow(t, 1, 1, 1)}, 1);
-    };
     std::vector<float> bias(size_t(B * T * T), 0.0f);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
         for (int64_t s = 0; s < T; ++s)
           if (s > t || (b == 0 && s == 3)) bias[size_t((b * T + t) * T + s)] = -1e30f;
-    const Tensor scores = matmul(q, rep(k), false, true) * (1.0 / std::sqrt(double(E))) + reshape(from_vector(bias, {B, T, T}), {B, 1, T, T});
+    const Tensor scores = matmul(q, repeat_2_kv_heads(k), false, true) * (1.0 / std::sqrt(double(E))) + reshape(from_vector(bias, {B, T, T}), {B, 1, T, T});
     const Tensor p = softmax(scores);
-    const Tensor merged = reshape(permute(matmul(p, rep(v)), {0, 2, 1, 3}), {B, T, NH * E});
+    const Tensor merged = reshape(permute(matmul(p, repeat_2_kv_heads(v)), {0, 2, 1, 3}), {B, T, NH * E});
     check_close(got.out, linear(merged, mha.c_proj.weight, mha.c_proj.bias), 1e-5, 1e-4);
     check_close(got.weights, p, 1e-6, 1e-4);
   }
@@ -318,18 +320,15 @@ TEST_CASE("MultiHeadAttention: add_bias_kv and add_zero_attn with grouped-query 
     return concat({t, b, zeros({B, NKV, 1, E})}, 2);
   };
   const Tensor q = heads(0, NH), k = appended(heads(NH, NKV), mha.bias_k), v = appended(heads(NH + NKV, NKV), mha.bias_v);
-  auto rep = [](const Tensor& t) {
-    return concat({narrow(t, 1, 0, 1), narrow(t, 1, 0, 1), narrow(t, 1, 1, 1), narrow(t, 1, 1, 1)}, 1);
-  };
   std::vector<float> bias(size_t(B * T * S), 0.0f);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t s = 0; s < T; ++s)
         if (s > t || pad_bits[size_t(b * T + s)]) bias[size_t((b * T + t) * S + s)] = -1e30f;
   const Tensor scores =
-      matmul(q, rep(k), false, true) * (1.0 / std::sqrt(double(E))) + reshape(from_vector(bias, {B, T, S}), {B, 1, T, S});
+      matmul(q, repeat_2_kv_heads(k), false, true) * (1.0 / std::sqrt(double(E))) + reshape(from_vector(bias, {B, T, S}), {B, 1, T, S});
   const Tensor p = softmax(scores);
-  const Tensor merged = reshape(permute(matmul(p, rep(v)), {0, 2, 1, 3}), {B, T, NH * E});
+  const Tensor merged = reshape(permute(matmul(p, repeat_2_kv_heads(v)), {0, 2, 1, 3}), {B, T, NH * E});
   check_close(got.out, transpose(linear(merged, mha.c_proj.weight, mha.c_proj.bias), 0, 1), 1e-5, 1e-4);
   check_close(got.weights, p, 1e-6, 1e-4);
 

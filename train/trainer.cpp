@@ -234,25 +234,14 @@ class Console {
   }
   void status(int64_t iter, int64_t max_iters, double loss, double tok_per_s, double ms_per_iter) {
     if (quiet_ || !tty_) return;
-    const auto now = Clock::now();
-    if (live_ && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    const auto eta = int64_t(double(max_iters - iter - 1) * ms_per_iter / 1e3);
-    fmt::print(stderr, "\r{}/{} ({:.0f}%)  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", iter + 1, max_iters,
-               100.0 * double(iter + 1) / double(std::max<int64_t>(max_iters, 1)), loss, tok_per_s, eta / 3600,
-               eta / 60 % 60, eta % 60);
-    live_ = true;
+    show(fmt::format("{}/{} ({:.0f}%)", iter + 1, max_iters, 100.0 * double(iter + 1) / double(std::max<int64_t>(max_iters, 1))),
+         loss, tok_per_s, double(max_iters - iter - 1) * ms_per_iter / 1e3);
   }
   /// The status line of a run with a time budget: progress and ETA by the budget's seconds.
   void status_budget(int64_t iter, double spent, double budget, double loss, double tok_per_s) {
     if (quiet_ || !tty_) return;
-    const auto now = Clock::now();
-    if (live_ && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    const auto eta = int64_t(std::max(budget - spent, 0.0));
-    fmt::print(stderr, "\riter {} ({:.0f}% of {:g} s)  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", iter + 1,
-               100.0 * std::min(spent / budget, 1.0), budget, loss, tok_per_s, eta / 3600, eta / 60 % 60, eta % 60);
-    live_ = true;
+    show(fmt::format("iter {} ({:.0f}% of {:g} s)", iter + 1, 100.0 * std::min(spent / budget, 1.0), budget), loss,
+         tok_per_s, std::max(budget - spent, 0.0));
   }
   void clear() {
     if (live_) fmt::print(stderr, "\r\x1b[K");
@@ -260,6 +249,18 @@ class Console {
   }
 
  private:
+  /// Rewrites the status line (a terminal only, at most every 100 ms): progress, loss, speed and ETA.
+  void show(const std::string& progress, double loss, double tok_per_s, double eta_s) {
+    if (quiet_ || !tty_) return;
+    const auto now = Clock::now();
+    if (live_ && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    const auto eta = int64_t(eta_s);
+    fmt::print(stderr, "\r{}  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", progress, loss, tok_per_s, eta / 3600,
+               eta / 60 % 60, eta % 60);
+    live_ = true;
+  }
+
   bool quiet_, tty_;
   bool live_ = false;
   Clock::time_point last_{};
