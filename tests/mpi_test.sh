@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Data parallelism is gradient accumulation spread over processes: 2 MPI ranks with --grad-accum 1 (and 2) against
-# one process with --grad-accum 2 (and 4), 50 iterations of a small model with dropout (a micro-batch gets the same
+# Data parallelism is gradient accumulation spread over processes: 2 MPI ranks with --grad-accum 1 (and 2, and 1 with
+# --optimizer muon) against one process with --grad-accum 2 (and 4, and 2 with Muon), 50 iterations of a small model with dropout (a micro-batch gets the same
 # masks wherever it is computed), one thread each. Every iteration's loss (within 1e-5 relative) and every tensor of
 # the final checkpoints (largest difference within 1e-5 of the tensor's largest value) agree; two 2-rank runs are
 # bit-identical, one of them reducing the gradients in small buckets during backward; a rank killed with SIGKILL ends the whole job with a non-zero status within 10 s and leaves a
@@ -26,6 +26,11 @@ small=(--data "$dir/text.txt" --n-layer 2 --n-head 2 --n-embd 32 --block-size 32
 # started once backward is done): the same sums, so the same bits.
 "${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/again" --grad-accum 1 --bucket-mb 0.002 ||
   fail "2 ranks (again, small buckets) exited $?"
+# Muon: every rank orthogonalizes the same summed momentum, so the ranks take one process's steps.
+"$tinygpt" --threads 1 train "${small[@]}" --out "$dir/one_muon" --grad-accum 2 --optimizer muon ||
+  fail "one process (Muon) exited $?"
+"${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/two_muon" --grad-accum 1 --optimizer muon ||
+  fail "2 ranks (Muon) exited $?"
 # Resume: a 2-rank run stopped at 25 and resumed with 2 ranks, or with one process accumulating 2, continues as the
 # uninterrupted run did.
 "${mpirun[@]}" "$tinygpt" --threads 1 train "${small[@]}" --out "$dir/half" --max-iters 25 || fail "2 ranks (to 25) exited $?"
@@ -62,7 +67,7 @@ def tensors(path):
 def close(x, y):
     return abs(x - y) <= 1e-5 * max(abs(x), abs(y), 1e-3)
 
-for single, ranks, accum in (("one", "two", 2), ("one4", "two2", 4)):
+for single, ranks, accum in (("one", "two", 2), ("one4", "two2", 4), ("one_muon", "two_muon", 2)):
     one, two = losses(single), losses(ranks)
     assert len(one) == len(two) == 53, (len(one), len(two))  # 50 iterations, evaluations at 0, 25 and 50
     bad = [(i, x, y) for (i, x), (_, y) in zip(one, two) if not close(x, y)]

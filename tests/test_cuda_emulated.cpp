@@ -35,6 +35,7 @@ namespace gpu = tinygpt::cuda::emulated;
                 "kernels/cuda: " #name " does not have the signature of cpu::" #name);
 TINYGPT_SAME_SIGNATURE(fill)
 TINYGPT_SAME_SIGNATURE(axpy)
+TINYGPT_SAME_SIGNATURE(axpby)
 TINYGPT_SAME_SIGNATURE(unary_forward)
 TINYGPT_SAME_SIGNATURE(unary_backward)
 TINYGPT_SAME_SIGNATURE(binary_forward)
@@ -147,7 +148,7 @@ int64_t count(const int64_t (&shape)[kMaxDims]) {
 
 }  // namespace
 
-TEST_CASE("emulated CUDA: fill, axpy") {
+TEST_CASE("emulated CUDA: fill, axpy, axpby") {
   const int64_t n = 700;  // 3 blocks of 256 threads, the last one partial
   compare("fill", {random(n, 1)}, [&](std::vector<Vec>& b, bool g) {
     (g ? gpu::fill : cpu::fill<float>)(b[0].data(), 0.25f, n);
@@ -156,6 +157,14 @@ TEST_CASE("emulated CUDA: fill, axpy") {
   compare("axpy", {random(n, 3)}, [&](std::vector<Vec>& b, bool g) {
     (g ? gpu::axpy : cpu::axpy<float>)(b[0].data(), x.data(), -1.5f, n);
   });
+  compare("axpby", {random(n, 3)}, [&](std::vector<Vec>& b, bool g) {
+    (g ? gpu::axpby : cpu::axpby<float>)(b[0].data(), x.data(), -1.5f, 0.75f, n);
+  });
+  for (const bool g : {true, false}) {  // beta 0 writes alpha x without reading what was there
+    Vec y(size_t(n), NAN);
+    (g ? gpu::axpby : cpu::axpby<float>)(y.data(), x.data(), 2.0f, 0.0f, n);
+    for (int64_t i = 0; i < n; ++i) REQUIRE(y[size_t(i)] == 2.0f * x[size_t(i)]);
+  }
 }
 
 TEST_CASE("emulated CUDA: unary ops, forward and backward") {

@@ -351,40 +351,53 @@ TEST_CASE("checkpoints record the model's numerics; eval's and sample's flags ov
   CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("unknown attention_math 'fp8'"), Error);
 }
 
-TEST_CASE("train: stopping and resuming gives the same losses and weights, bit for bit, as one run") {
-  TempDir dir("resume_exact");
-  TrainConfig c = toy_run(dir, 16);
-  c.model.dropout = 0.1;
-  c.batch_size = 4, c.warmup_iters = 10, c.lr_decay_iters = 200, c.lr = 3e-3;
-  c.eval_interval = 50, c.eval_iters = 2, c.log_interval = 1000, c.quiet = true;
-  auto losses = [](const fs::path& run) {
-    std::vector<double> out;
-    std::ifstream in(run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+TEST_CASE("train: stopping and resuming gives the same losses and weights, bit for bit, as one run (AdamW, Muon)") {
+  for (const std::string optimizer : {"adamw", "muon"}) {
+    INFO("--optimizer " << optimizer);
+    TempDir dir("resume_exact_" + optimizer);
+    TrainConfig c = toy_run(dir, 16);
+    c.optimizer = optimizer;
+    c.model.dropout = 0.1;
+    c.batch_size = 4, c.warmup_iters = 10, c.lr_decay_iters = 200, c.lr = 3e-3;
+    c.eval_interval = 50, c.eval_iters = 2, c.log_interval = 1000, c.quiet = true;
+    auto losses = [](const fs::path& run) {
+      std::vector<double> out;
+      std::ifstream in(run / "metrics.jsonl");
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+      }
+      return out;
+    };
+    c.out = (dir.path / "straight").string();
+    c.max_iters = 200;
+    train(c);
+    c.out = (dir.path / "stopped").string();
+    c.max_iters = 100;
+    train(c);
+    c.max_iters = 200;
+    c.resume = true;
+    train(c);
+    const auto a = losses(dir.path / "straight"), b = losses(dir.path / "stopped");
+    REQUIRE(a.size() == 200);
+    CHECK(a == b);
+    const Checkpoint ca = load_checkpoint(dir.path / "straight" / kLatestCheckpoint);
+    const Checkpoint cb = load_checkpoint(dir.path / "stopped" / kLatestCheckpoint);
+    CHECK(ca.optimizer == optimizer);
+    size_t momenta = 0;
+    for (const auto& [name, t] : ca.contents.tensors) {
+      INFO(name);
+      const Tensor u = cb.contents.find(name);
+      REQUIRE(u.defined());
+      CHECK(t.to_vector<float>() == u.to_vector<float>());  // weights and the optimizer's state
+      momenta += name.ends_with(".momentum_buffer");
     }
-    return out;
-  };
-  c.out = (dir.path / "straight").string();
-  c.max_iters = 200;
-  train(c);
-  c.out = (dir.path / "stopped").string();
-  c.max_iters = 100;
-  train(c);
-  c.max_iters = 200;
-  c.resume = true;
-  train(c);
-  const auto a = losses(dir.path / "straight"), b = losses(dir.path / "stopped");
-  REQUIRE(a.size() == 200);
-  CHECK(a == b);
-  const Checkpoint ca = load_checkpoint(dir.path / "straight" / kLatestCheckpoint);
-  const Checkpoint cb = load_checkpoint(dir.path / "stopped" / kLatestCheckpoint);
-  for (const auto& [name, t] : ca.contents.tensors) {
-    INFO(name);
-    const Tensor u = cb.contents.find(name);
-    REQUIRE(u.defined());
-    CHECK(t.to_vector<float>() == u.to_vector<float>());  // weights and AdamW moments
+    CHECK(momenta == (optimizer == "muon" ? size_t(4 * c.model.n_layer) : 0));  // c_attn, c_proj, c_fc, mlp c_proj
+
+    // Resuming with the other optimizer is refused, naming the one to give.
+    c.optimizer = optimizer == "muon" ? "adamw" : "muon";
+    c.max_iters = 210;
+    CHECK_THROWS_WITH_AS(train(c), doctest::Contains(("was trained with --optimizer " + optimizer).c_str()), Error);
   }
 }
 

@@ -10,20 +10,27 @@ AdamW::AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWConfig con
   }
 }
 
-AdamW::AdamW(FlatParameters& flat, AdamWConfig config) : flat_(&flat), config_(config) {
+AdamW::AdamW(FlatParameters& flat, AdamWConfig config, const std::function<bool(const FlatParameters::Slot&)>& only)
+    : flat_(&flat), config_(config) {
   auto [m, m_views] = flat.make_like();
   auto [v, v_views] = flat.make_like();
   flat_m_ = m, flat_v_ = v;
   const auto& params = flat.slots();
+  bool joins = false;  // the previous slot was updated: a run may continue through this one
   for (size_t i = 0; i < params.size(); ++i) {
+    if (only && !only(params[i])) {
+      joins = false;
+      continue;
+    }
     const bool decay = params[i].param.ndim() >= 2;
     slots_.push_back({params[i].name, params[i].param, m_views[i], v_views[i], decay});
     const int64_t begin = params[i].offset, end = i + 1 < params.size() ? params[i + 1].offset : flat.numel();
-    if (!runs_.empty() && runs_.back().decay == decay) {
+    if (joins && runs_.back().decay == decay) {
       runs_.back().end = end;
     } else {
       runs_.push_back({begin, end, decay});
     }
+    joins = true;
   }
 }
 

@@ -1,12 +1,14 @@
 // AdamW as nanoGPT configures it: weight decay on matrices and embeddings (dims >= 2) only.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../autograd/tensor.h"
 #include "flat_parameters.h"
+#include "optimizer.h"
 
 namespace tinygpt {
 
@@ -18,25 +20,27 @@ struct AdamWConfig {
   double weight_decay = 0.1;
 };
 
-class AdamW {
+class AdamW : public Optimizer {
  public:
   AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWConfig config);
   /// Over packed parameters: the moments get the buffers' layout, and a step is one update per run of
   /// neighbouring parameters with the same weight decay (two runs when the matrices come first). Every parameter
   /// is updated every step (a gradient that stayed zero still decays the weights and the moments).
-  AdamW(FlatParameters& flat, AdamWConfig config);
+  /// With `only`, the parameters it accepts (the others are another optimizer's: no moments are saved for them,
+  /// and a step leaves them alone).
+  AdamW(FlatParameters& flat, AdamWConfig config,
+        const std::function<bool(const FlatParameters::Slot&)>& only = nullptr);
 
   /// One update of every parameter that has a gradient, at learning rate `lr`, taking each gradient times
   /// `grad_scale` (how gradient clipping scales them, without a pass over the gradients of its own).
-  void step(double lr, double grad_scale = 1.0);
+  void step(double lr, double grad_scale = 1.0) override;
   void step() { step(config_.lr); }
-  void zero_grad();
-  int64_t steps() const { return step_; }
-  /// Restores the step count (bias correction) of a resumed run.
-  void set_steps(int64_t steps) { step_ = steps; }
-  /// The moment estimates, named "<param>.exp_avg" and "<param>.exp_avg_sq" (PyTorch's names); they are the
-  /// optimizer's own tensors, so copying into them restores a saved state.
-  std::vector<std::pair<std::string, Tensor>> state() const;
+  void zero_grad() override;
+  int64_t steps() const override { return step_; }
+  void set_steps(int64_t steps) override { step_ = steps; }
+  /// The moment estimates, named "<param>.exp_avg" and "<param>.exp_avg_sq" (PyTorch's names).
+  std::vector<std::pair<std::string, Tensor>> state() const override;
+  const char* name() const override { return "adamw"; }
 
  private:
   struct Slot {

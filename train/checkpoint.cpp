@@ -64,7 +64,7 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   return c;
 }
 
-void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::CharVocab& vocab, const AdamW* opt,
+void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::CharVocab& vocab, const Optimizer* opt,
                      const TrainState& state) {
   std::vector<std::pair<std::string, Tensor>> tensors = model.named_parameters();
   if (opt != nullptr) {
@@ -78,6 +78,7 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Cha
   meta["train_seconds"] = fmt::format("{:.17g}", state.train_seconds);
   meta["best_val_loss"] = std::isfinite(state.best_val_loss) ? fmt::format("{:.17g}", state.best_val_loss) : "inf";
   meta["optimizer_step"] = std::to_string(opt != nullptr ? opt->steps() : 0);
+  meta["optimizer"] = opt != nullptr ? opt->name() : "none";
   meta["rng"] = nlohmann::json{{"sampler", to_json(state.sampler_rng)}, {"model", to_json(state.model_rng)}}.dump();
   meta["train_config"] = state.train_config.dump();
   meta["numerics"] = nlohmann::json{{"tf32", model.numerics().tf32},
@@ -117,6 +118,7 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
     c.state.best_val_loss = std::stod(field("best_val_loss"));
     if (meta.contains("train_seconds")) c.state.train_seconds = std::stod(field("train_seconds"));  // else 0 (older)
     c.optimizer_step = std::stoll(field("optimizer_step"));
+    if (meta.contains("optimizer")) c.optimizer = field("optimizer");
     const auto rng = nlohmann::json::parse(field("rng"));
     c.state.sampler_rng = rng_from_json(rng.at("sampler"));
     c.state.model_rng = rng_from_json(rng.at("model"));
@@ -169,7 +171,11 @@ void load_weights(nn::GPT& model, const Checkpoint& ckpt) {
   }
 }
 
-void load_optimizer(AdamW& opt, const Checkpoint& ckpt) {
+void load_optimizer(Optimizer& opt, const Checkpoint& ckpt) {
+  if (ckpt.optimizer != opt.name() && ckpt.optimizer != "none") {
+    throw Error(fmt::format("'{}' was trained with --optimizer {}, not {}: resume with --optimizer {} (or start a new run "
+                            "in another --out)", ckpt.path.string(), ckpt.optimizer, opt.name(), ckpt.optimizer));
+  }
   for (auto& [name, t] : opt.state()) {
     const Tensor saved = ckpt.contents.find(kOptimizerPrefix + name);
     if (!saved.defined()) {

@@ -1,5 +1,5 @@
 // Checkpoints: one .safetensors file holding the model's weights under nanoGPT's names, the optimizer's
-// moments under "optimizer.<param>.exp_avg" / ".exp_avg_sq", and metadata: the model config, the vocabulary,
+// state under "optimizer.<param>.exp_avg" / ".exp_avg_sq" (AdamW) or ".momentum_buffer" (Muon), and metadata: the model config, the vocabulary,
 // the iteration, the best validation loss, the random generators' states and the run's training flags.
 // A run directory keeps ckpt_latest.safetensors and ckpt_best.safetensors.
 #pragma once
@@ -11,7 +11,7 @@
 #include "../autograd/random.h"
 #include "../data/text.h"
 #include "../nn/gpt.h"
-#include "adamw.h"
+#include "optimizer.h"
 #include "safetensors.h"
 
 namespace tinygpt {
@@ -35,13 +35,14 @@ struct Checkpoint {
   data::CharVocab vocab;
   TrainState state;
   int64_t optimizer_step = 0;
+  std::string optimizer = "adamw";  // its --optimizer ("adamw" in checkpoints from before Muon); "none": weights only
   Numerics numerics;  // what the model computed with in training (eval and sample use it unless told otherwise)
   safetensors::Contents contents;
 };
 
 /// Writes a checkpoint crash-safely (temporary file, flush, rename). opt may be null (weights only).
 void save_checkpoint(const std::filesystem::path& path, const nn::GPT& model, const data::CharVocab& vocab,
-                     const AdamW* opt, const TrainState& state);
+                     const Optimizer* opt, const TrainState& state);
 
 /// A run directory means its best checkpoint, else its latest; a file means itself.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
@@ -52,8 +53,8 @@ Checkpoint load_checkpoint(const std::filesystem::path& path);
 
 /// Copies the checkpoint's weights into a model built from its config.
 void load_weights(nn::GPT& model, const Checkpoint& ckpt);
-/// Restores the optimizer's moments and step count; throws when the checkpoint has none.
-void load_optimizer(AdamW& opt, const Checkpoint& ckpt);
+/// Restores the optimizer's state and step count; throws when the checkpoint has none, or another optimizer's.
+void load_optimizer(Optimizer& opt, const Checkpoint& ckpt);
 
 nlohmann::json to_json(const nn::GPTConfig& c);
 nn::GPTConfig gpt_config_from_json(const nlohmann::json& j);

@@ -141,6 +141,19 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices and embeddings only)")->capture_default_str();
   cmd->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
   cmd->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--optimizer", c.optimizer, "adamw, or muon: Muon (orthogonalized momentum) for the blocks' weight "
+                  "matrices and AdamW for embeddings, head, gains and biases")
+      ->check(CLI::IsMember({"adamw", "muon"}))
+      ->capture_default_str();
+  cmd->add_option("--muon-lr", c.muon_lr, "With --optimizer muon: the matrices' peak rate (scheduled as --lr is)")
+      ->capture_default_str();
+  cmd->add_option("--muon-momentum", c.muon_momentum, "With --optimizer muon: Nesterov momentum")->capture_default_str();
+  cmd->add_option("--muon-weight-decay", c.muon_weight_decay, "With --optimizer muon: decoupled weight decay of the "
+                  "matrices")->capture_default_str();
+  cmd->add_option("--muon-scale", c.muon_scale, "With --optimizer muon: the rate per matrix shape (out A, in B): "
+                  "original sqrt(max(1, A/B)) or match-adamw 0.2 sqrt(max(A, B)) (AdamW's update size)")
+      ->check(CLI::IsMember({"original", "match-adamw"}))
+      ->capture_default_str();
   cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
   cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
   cmd->add_option("--bucket-mb", c.bucket_mb, "Several ranks on CPUs: sum the gradients over the ranks in buckets of this "
@@ -225,7 +238,7 @@ void run_info(const std::string& path) {
   fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
   fmt::print("numerics       on the GPU: {} matmuls, {} attention operands\n", ckpt.numerics.tf32 ? "TF32" : "f32",
              attention_math_name(ckpt.numerics.attention));
-  fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("AdamW, {} steps", ckpt.optimizer_step) : "none saved");
+  fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("{}, {} steps", ckpt.optimizer == "muon" ? "Muon and AdamW" : "AdamW", ckpt.optimizer_step) : "none saved");
   const fs::path metrics = ckpt.path.parent_path() / "metrics.jsonl";
   std::ifstream in(metrics);
   nlohmann::json last_eval;

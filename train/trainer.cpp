@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 
@@ -25,6 +26,7 @@
 #include "train/checkpoint.h"
 #include "train/comm.h"
 #include "train/memory.h"
+#include "train/muon.h"
 
 namespace tinygpt {
 
@@ -170,7 +172,7 @@ void check_numerics(const Numerics& numerics, Device device, const char* how) {
 namespace {
 
 nlohmann::json flags_json(const TrainConfig& c) {
-  return {{"data", c.data},
+  nlohmann::json j = {{"data", c.data},
           {"batch_size", c.batch_size},
           {"max_iters", c.max_iters},
           {"time_budget", c.time_budget},
@@ -182,12 +184,18 @@ nlohmann::json flags_json(const TrainConfig& c) {
           {"beta1", c.beta1},
           {"beta2", c.beta2},
           {"grad_clip", c.grad_clip},
+          {"optimizer", c.optimizer},
           {"grad_accum", c.grad_accum},
           {"eval_interval", c.eval_interval},
           {"eval_iters", c.eval_iters},
           {"train_fraction", c.train_fraction},
           {"seed", std::to_string(c.seed)},
           {"world_size", communicator().world_size()}};
+  if (c.optimizer == "muon") {
+    j.update({{"muon_lr", c.muon_lr}, {"muon_momentum", c.muon_momentum}, {"muon_weight_decay", c.muon_weight_decay},
+              {"muon_scale", c.muon_scale}});
+  }
+  return j;
 }
 
 std::atomic<int> g_stop_signals{0};
@@ -373,6 +381,15 @@ void TrainConfig::validate() const {
   if (!(beta1 >= 0 && beta1 < 1)) throw Error(fmt::format("--beta1 must be in [0, 1), got {}", beta1));
   if (!(beta2 >= 0 && beta2 < 1)) throw Error(fmt::format("--beta2 must be in [0, 1), got {}", beta2));
   non_negative("--grad-clip", grad_clip);
+  if (optimizer != "adamw" && optimizer != "muon") {
+    throw Error(fmt::format("--optimizer must be adamw or muon, got '{}'", optimizer));
+  }
+  positive("--muon-lr", muon_lr);
+  if (!(muon_momentum >= 0 && muon_momentum < 1)) throw Error(fmt::format("--muon-momentum must be in [0, 1), got {}", muon_momentum));
+  non_negative("--muon-weight-decay", muon_weight_decay);
+  if (muon_scale != "original" && muon_scale != "match-adamw") {
+    throw Error(fmt::format("--muon-scale must be original or match-adamw, got '{}'", muon_scale));
+  }
   positive("--grad-accum", double(grad_accum));
   non_negative("--bucket-mb", bucket_mb);
   positive("--eval-interval", double(eval_interval));
@@ -479,6 +496,17 @@ void check_ranks(const nn::GPT& model, Communicator& comm, Device device, const 
                cfg.grad_accum * comm.world_size());
 }
 
+/// The run's optimizer over the packed parameters: AdamW, or Muon for the block matrices with AdamW for the rest.
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, FlatParameters& flat) {
+  const AdamWConfig adamw{.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay};
+  if (cfg.optimizer == "adamw") return std::make_unique<AdamW>(flat, adamw);
+  const MuonConfig muon{.lr = cfg.muon_lr,
+                        .momentum = cfg.muon_momentum,
+                        .weight_decay = cfg.muon_weight_decay,
+                        .scale = cfg.muon_scale == "match-adamw" ? MuonScale::MatchAdamW : MuonScale::Original};
+  return std::make_unique<Muon>(flat, muon, adamw);
+}
+
 /// The log's model line: size, and where and how it computes.
 std::string describe_model(const nn::GPT& model, Device device) {
   const nn::GPTConfig& m = model.config();
@@ -555,7 +583,7 @@ struct Run {
   const data::Split& split;
   nn::GPT& model;
   Generator& model_gen;
-  AdamW& opt;
+  Optimizer& opt;
   data::BatchSampler& sampler;
   TrainState& state;
   MetricsLog& metrics;
@@ -691,8 +719,8 @@ TrainResult train(const TrainConfig& cfg_in) {
   model.set_numerics(numerics_of(cfg));
   model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
   FlatParameters flat(backward_order(model.named_parameters()));
-  AdamW opt(flat,
-            {.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay});
+  const std::unique_ptr<Optimizer> opt_owner = make_optimizer(cfg, flat);
+  Optimizer& opt = *opt_owner;
   data::BatchSampler sampler(split.train, cfg.batch_size, cfg.model.block_size, derived_seed(cfg.seed, kSamplerStream),
                              "training split");
   data::BatchSampler(split.val, 1, cfg.model.block_size, 0, "validation split");  // fails early when too short

@@ -1,4 +1,4 @@
-// The training loop, as nanoGPT's train.py: AdamW, linear warmup then cosine decay of the learning rate,
+// The training loop, as nanoGPT's train.py: AdamW (or Muon), linear warmup then cosine decay of the learning rate,
 // global-norm gradient clipping, gradient accumulation, periodic evaluation, best and latest checkpoints,
 // a log line per iteration on stderr and metrics.jsonl in the run directory.
 #pragma once
@@ -33,6 +33,11 @@ struct TrainConfig {
   double beta1 = 0.9;
   double beta2 = 0.99;
   double grad_clip = 1.0;  // 0: no clipping
+  std::string optimizer = "adamw";  // or "muon": Muon for the blocks' matrices, AdamW (the flags above) for the rest
+  double muon_lr = 0.02;            // the matrices' peak rate; the schedule scales it as it scales lr
+  double muon_momentum = 0.95;
+  double muon_weight_decay = 0.0;
+  std::string muon_scale = "original";  // or "match-adamw" (MuonScale)
   int64_t grad_accum = 1;
   double bucket_mb = 1.0;  // several CPU ranks: gradients reduced in buckets of this size as backward finishes them
   int64_t eval_interval = 250;

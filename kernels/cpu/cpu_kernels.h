@@ -13,6 +13,8 @@ namespace tinygpt::cpu {
 template <class T> void fill(T* out, T value, int64_t n);
 /// y += alpha * x
 template <class T> void axpy(T* y, const T* x, T alpha, int64_t n);
+/// y = beta * y + alpha * x; beta == 0 writes alpha * x without reading y (which may hold anything, NaN included).
+template <class T> void axpby(T* y, const T* x, T alpha, T beta, int64_t n);
 
 /// out = op(inp); alpha is the factor of UnaryOp::Scale.
 template <class T> void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha);

@@ -158,6 +158,17 @@ void axpy(T* y, const T* x, T alpha, int64_t n) {
 }
 
 template <class T>
+void axpby(T* y, const T* x, T alpha, T beta, int64_t n) {
+  if (beta == T(0)) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+    return;
+  }
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) y[i] = beta * y[i] + alpha * x[i];
+}
+
+template <class T>
 void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha) {
   switch (op) {
     case UnaryOp::Neg: return map(out, inp, n, [](T x) { return -x; });
@@ -234,6 +245,7 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
 #define TINYGPT_INSTANTIATE(T)                                                                                   \
   template void fill<T>(T*, T, int64_t);                                                                         \
   template void axpy<T>(T*, const T*, T, int64_t);                                                               \
+  template void axpby<T>(T*, const T*, T, T, int64_t);                                                           \
   template void unary_forward<T>(T*, const T*, int64_t, UnaryOp, T);                                             \
   template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, T);                        \
   template void binary_forward<T>(T*, const T*, const T*, const BroadcastGeom&, BinaryOp);                       \

@@ -6,6 +6,7 @@
 // would be a second overload, and taking its address here would not compile.
 TINYGPT_DEFINED_AS_DECLARED(fill)
 TINYGPT_DEFINED_AS_DECLARED(axpy)
+TINYGPT_DEFINED_AS_DECLARED(axpby)
 TINYGPT_DEFINED_AS_DECLARED(unary_forward)
 TINYGPT_DEFINED_AS_DECLARED(unary_backward)
 TINYGPT_DEFINED_AS_DECLARED(binary_forward)

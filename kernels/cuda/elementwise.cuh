@@ -82,6 +82,10 @@ __global__ void axpy_kernel(float* y, const float* x, float alpha, int64_t n) {
   TINYGPT_CUDA_LOOP(i, n) y[i] += alpha * x[i];
 }
 
+__global__ void axpby_kernel(float* y, const float* x, float alpha, float beta, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, n) y[i] = beta == 0.0f ? alpha * x[i] : beta * y[i] + alpha * x[i];
+}
+
 __global__ void unary_forward_kernel(float* out, const float* inp, int64_t n, UnaryOp op, float alpha) {
   TINYGPT_CUDA_LOOP(i, n) out[i] = unary(op, inp[i], alpha);
 }
@@ -342,6 +346,11 @@ void fill(float* out, float value, int64_t n) {
 void axpy(float* y, const float* x, float alpha, int64_t n) {
   if (n == 0) return;
   launch_kernel("axpy", axpy_kernel, blocks_for(n), kThreads, 0, y, x, alpha, n);
+}
+
+void axpby(float* y, const float* x, float alpha, float beta, int64_t n) {
+  if (n == 0) return;
+  launch_kernel("axpby", axpby_kernel, blocks_for(n), kThreads, 0, y, x, alpha, beta, n);
 }
 
 void unary_forward(float* out, const float* inp, int64_t n, UnaryOp op, float alpha) {

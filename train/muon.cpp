@@ -1,0 +1,96 @@
+#include "train/muon.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "autograd/autograd.h"
+#include "autograd/ops.h"
+
+namespace tinygpt {
+
+namespace {
+
+/// y = beta y + alpha x in place (beta 0: y = alpha x, y's old values not read).
+void axpby(Tensor& y, const Tensor& x, double alpha, double beta) {
+  dispatch_float(y.dtype(), "muon", [&]<class T>() {
+    launch(kernels::axpby<T>, y.device(), y.data<T>(), x.data<T>(), T(alpha), T(beta), y.numel());
+  });
+}
+
+}  // namespace
+
+Tensor newton_schulz(const Tensor& g, int steps, double eps) {
+  NoGradGuard no_grad;
+  if (g.ndim() != 2) throw Error(fmt::format("newton_schulz: needs a matrix, got shape {}", g.shape().str()));
+  // A tall G (M > N) is iterated as Y = X^T: A = Y^T Y (N x N) and Y <- a Y + Y B (B is symmetric).
+  const bool tall = g.shape()[0] > g.shape()[1];
+  Tensor x = g * (1.0 / std::max(std::sqrt(sum(g * g).item()), eps));
+  for (int i = 0; i < steps; ++i) {
+    const Tensor a = tall ? matmul(x, x, true, false) : matmul(x, x, false, true);
+    Tensor b = matmul(a, a);
+    axpby(b, a, kNewtonSchulzB, kNewtonSchulzC);  // b A + c A^2
+    Tensor next = tall ? matmul(x, b) : matmul(b, x);
+    axpby(next, x, kNewtonSchulzA, 1.0);  // a X + B X
+    x = next;
+  }
+  return x;
+}
+
+double muon_scale(MuonScale scale, int64_t rows, int64_t cols) {
+  switch (scale) {
+    case MuonScale::Original: return std::sqrt(std::max(1.0, double(rows) / double(cols)));
+    case MuonScale::MatchAdamW: return 0.2 * std::sqrt(double(std::max(rows, cols)));
+  }
+  return 1.0;
+}
+
+bool muon_updates(const std::string& name, const Tensor& param) {
+  const std::string prefix = "transformer.h.", suffix = ".weight";
+  return param.ndim() == 2 && name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Muon::Muon(FlatParameters& flat, MuonConfig muon, AdamWConfig adamw)
+    : adamw_(flat, adamw, [](const FlatParameters::Slot& s) { return !muon_updates(s.name, s.param); }),
+      config_(muon),
+      adamw_lr_(adamw.lr) {
+  if (!(adamw.lr > 0)) throw Error("Muon: AdamW's base rate must be positive (the matrices' rate follows it)");
+  for (const FlatParameters::Slot& s : flat.slots()) {
+    if (!muon_updates(s.name, s.param)) continue;
+    slots_.push_back({s.name, s.param, buffer_slice(flat.grads(), s.offset, s.param.shape()), zeros_like(s.param),
+                      muon_scale(config_.scale, s.param.shape()[0], s.param.shape()[1])});
+  }
+}
+
+void Muon::step(double lr, double grad_scale) {
+  NoGradGuard no_grad;
+  adamw_.step(lr, grad_scale);
+  const double rate = config_.lr * lr / adamw_lr_, mu = config_.momentum;
+  for (Slot& s : slots_) {
+    axpby(s.momentum, s.grad, (1 - mu) * grad_scale, mu);
+    Tensor update = s.momentum;
+    if (config_.nesterov) {
+      update = empty(s.param.shape(), s.param.dtype(), s.param.device());
+      axpby(update, s.grad, (1 - mu) * grad_scale, 0.0);
+      axpby(update, s.momentum, mu, 1.0);
+    }
+    const Tensor o = newton_schulz(update, config_.ns_steps);
+    axpby(s.param, o, -rate * s.scale, 1.0 - rate * config_.weight_decay);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Muon::state() const {
+  auto out = adamw_.state();
+  for (const Slot& s : slots_) out.emplace_back(s.name + ".momentum_buffer", s.momentum);
+  return out;
+}
+
+std::vector<std::string> Muon::matrices() const {
+  std::vector<std::string> names;
+  for (const Slot& s : slots_) names.push_back(s.name);
+  return names;
+}
+
+}  // namespace tinygpt
