@@ -38,7 +38,7 @@ inline constexpr double kNewtonSchulzA = 3.4445, kNewtonSchulzB = -4.7750, kNewt
 
 /// `steps` Newton-Schulz iterations on G (M, N) / max(||G||_F, eps), f32 or f64, on G's device: about U V^T for
 /// G = U S V^T (singular values land roughly in [0.7, 1.2], not exactly 1; Muon needs no more). A tall G is
-/// iterated as G^T (through the products' transpose flags, not a copy), so the Gram matrix is the smaller one.
+/// iterated as G^T, so the Gram matrix is the smaller one.
 Tensor newton_schulz(const Tensor& g, int steps = 5, double eps = 1e-7);
 
 /// The rate factor of a (out A, in B) matrix under `scale`.
