@@ -113,6 +113,12 @@ void trace(const char* stage, const Tensor& t) {
   if (trace_shapes()) fmt::print(stderr, "[attention] {:<28} {}\n", stage, t.shape().str());
 }
 
+/// x (B, L, H * E) with every head's E values normalized by `norm`.
+Tensor normalize_heads(const LayerNorm& norm, const Tensor& x, int64_t E) {
+  const int64_t B = x.size(0), L = x.size(1), H = x.size(2) / E;
+  return reshape(norm.forward(reshape(x, {B, L, H, E})), {B, L, H * E});
+}
+
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, Generator& gen)
@@ -131,6 +137,12 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, G
     register_module("v_proj", *v_proj);
   }
   register_module("c_proj", c_proj);
+  if (c.qk_norm) {
+    q_norm = std::make_unique<LayerNorm>(E, false);
+    k_norm = std::make_unique<LayerNorm>(E, false);
+    register_module("q_norm", *q_norm);
+    register_module("k_norm", *k_norm);
+  }
   const int64_t m = c.max_relative_position;
   if (m > 0) {
     relative_key = register_parameter("relative_key", randn({2 * m + 1, E}, gen, DType::F32, Device::CPU, kInitStd));
@@ -148,6 +160,14 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, G
     bias_k = register_parameter("bias_k", randn({1, 1, W}, gen, DType::F32, Device::CPU, init_std));
     bias_v = register_parameter("bias_v", randn({1, 1, W}, gen, DType::F32, Device::CPU, init_std));
   }
+}
+
+Tensor MultiHeadAttention::normalize_qk(const Tensor& qkv) const {
+  if (!config_.qk_norm) return qkv;
+  const int64_t NH = config_.num_heads, NKV = config_.num_kv_heads, E = head_dim();
+  return concat({normalize_heads(*q_norm, narrow(qkv, 2, 0, NH * E), E),
+                 normalize_heads(*k_norm, narrow(qkv, 2, NH * E, NKV * E), E), narrow(qkv, 2, (NH + NKV) * E, NKV * E)},
+                2);
 }
 
 ScoreModOptions MultiHeadAttention::score_mods(const Tensor& doc_ids) const {
@@ -210,6 +230,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   if (self && c_attn && !extra_keys) {
     Tensor qkv = c_attn->forward(q_in);  // (B, T, (NH + 2 NKV) * E)
     trace("fused qkv projection", qkv);
+    qkv = normalize_qk(qkv);
     if (c.rope) qkv = rope(qkv, E, NH + NKV, pos0, c.rope_base);  // rotate the q and k heads, not v
     r = fused_self_attention(qkv, NH, NKV, opts);
   } else {
@@ -230,6 +251,10 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
     trace("q projection (B, T, NH*E)", q);
     trace("k projection (B, S, NKV*E)", k);
     trace("v projection (B, S, NKV*E)", v);
+    if (c.qk_norm) {
+      q = normalize_heads(*q_norm, q, E);
+      k = normalize_heads(*k_norm, k, E);
+    }
     if (c.rope) {
       q = rope(q, E, NH, pos0, c.rope_base);
       k = rope(k, E, NKV, pos0, c.rope_base);
@@ -305,7 +330,7 @@ Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tens
   if (pos < 0 || pos + T > k_cache.size(1)) {
     throw Error(fmt::format("MultiHeadAttention: positions [{}, {}) do not fit a cache of {}", pos, pos + T, k_cache.size(1)));
   }
-  Tensor qkv = c_attn->forward(xb);  // (B, T, (NH + 2 NKV) * E)
+  Tensor qkv = normalize_qk(c_attn->forward(xb));  // (B, T, (NH + 2 NKV) * E)
   if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_base);
   write_slice(k_cache, 1, pos, narrow(qkv, 2, NH * E, NKV * E));
   write_slice(v_cache, 1, pos, narrow(qkv, 2, (NH + NKV) * E, NKV * E));

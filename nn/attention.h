@@ -42,6 +42,7 @@ struct MultiHeadAttentionConfig {
   bool t5_bidirectional = false;
   int64_t window = 0;                 // > 0: a query sees keys within `window` positions (causal: the last `window`)
   double softcap = 0;                 // > 0: logits soft-capped to (-softcap, softcap)
+  bool qk_norm = false;  // QK-norm: each head's query and key LayerNorm'd over head_dim (gains q_norm, k_norm), before RoPE
 };
 
 class MultiHeadAttention : public Module {
@@ -79,10 +80,13 @@ class MultiHeadAttention : public Module {
   Tensor relative_key, relative_value;  // (2m + 1, head_dim), with max_relative_position
   Tensor t5_bias;                       // (num_heads, t5_buckets), with t5_buckets
   Tensor bias_k, bias_v;                // (1, 1, NKV * head_dim), with add_bias_kv (torch's names and shape)
+  std::unique_ptr<LayerNorm> q_norm, k_norm;  // over head_dim, gain only, shared by the heads; with qk_norm
 
  private:
   /// The score modifiers of this layer for the kernels.
   ScoreModOptions score_mods(const Tensor& doc_ids) const;
+  /// With qk_norm, the fused projection's (B, L, (NH + 2 NKV) E) with its q and k heads normalized; else as given.
+  Tensor normalize_qk(const Tensor& qkv) const;
 
   MultiHeadAttentionConfig config_;
   Generator* gen_;

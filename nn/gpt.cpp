@@ -20,6 +20,7 @@ MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
   if (c.pos == Positions::T5) a.t5_buckets = GPTConfig::kT5Buckets, a.t5_max_distance = GPTConfig::kT5MaxDistance;
   a.window = c.window;
   a.softcap = c.attn_softcap;
+  a.qk_norm = c.qk_norm;
   return a;
 }
 

@@ -44,6 +44,7 @@ struct GPTConfig {
   double logit_softcap = 0;    // > 0: the head's logits soft-capped, cap * tanh(logits / cap)
   bool zero_init_proj = false;  // the residual output projections (attn.c_proj, mlp.c_proj) start at zero
   bool untied_head = false;     // the head has its own weight, lm_head.weight (vocab_size, n_embd), not wte's
+  bool qk_norm = false;         // QK-norm: queries and keys LayerNorm'd per head (attn.q_norm, attn.k_norm)
   static constexpr int32_t kT5Buckets = 32, kT5MaxDistance = 128;  // pos t5: T5's defaults
 
   /// Whether positions enter only through distances (relative, alibi, t5, none): no table bounds the length.

@@ -291,6 +291,62 @@ TEST_CASE("MultiHeadAttention: gradient check of the whole module in f64") {
   }
 }
 
+TEST_CASE("MultiHeadAttention with QK-norm: gradient check in f64 (self- and cross-attention), and its invariance") {
+  Generator gen(19);
+  for (const bool cross : {false, true}) {
+    CAPTURE(cross);
+    nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2, .kdim = cross ? 6 : 0, .vdim = cross ? 6 : 0,
+                                .bias = false, .rope = true, .qk_norm = true},
+                               gen);
+    std::vector<Tensor> inputs = {leaf({2, 4, 8}, gen), leaf({2, 5, cross ? 6 : 8}, gen)};
+    std::vector<Tensor*> slots;  // the module's tensors, pointed at the f64 inputs for each evaluation
+    for (Tensor* t : {mha.c_attn ? &mha.c_attn->weight : &mha.q_proj->weight, mha.c_attn ? nullptr : &mha.k_proj->weight,
+                      mha.c_attn ? nullptr : &mha.v_proj->weight, &mha.c_proj.weight, &mha.q_norm->weight,
+                      &mha.k_norm->weight}) {
+      if (t == nullptr) continue;
+      Tensor d = t->detach().to(DType::F64);
+      if (t == &mha.q_norm->weight || t == &mha.k_norm->weight) d = d + randn(d.shape(), gen, DType::F64) * 0.3;
+      d = d.detach();
+      d.requires_grad_();
+      inputs.push_back(d);
+      slots.push_back(t);
+    }
+    nn::MultiHeadAttention* m = &mha;
+    expect_gradcheck(
+        [m, slots, cross](const Inputs& in) {
+          for (size_t i = 0; i < slots.size(); ++i) *slots[i] = in[i + 2];
+          return cross ? m->forward(in[0], in[1], in[1]).out : m->forward(in[0], in[0], in[0], {}, {}, true).out;
+        },
+        inputs);
+  }
+  // LayerNorm makes each head's query and key blind to their scale: scaling the q and k rows of the fused projection
+  // changes nothing; scaling the v rows scales the output (no biases), which QK-norm leaves alone. (Unit weights, so
+  // LayerNorm's eps, 1e-5 beside a variance of about 8, does not show.)
+  nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 2, .bias = false, .qk_norm = true}, gen);
+  NoGradGuard no_grad;
+  const Tensor x = randn({2, 5, 8}, gen);
+  mha.c_attn->weight = randn({24, 8}, gen);
+  const Tensor before = mha.forward(x, x, x, {}, {}, true).out;
+  const Tensor w = mha.c_attn->weight;
+  auto scaled_rows = [&](int64_t first, int64_t count, double s) {
+    std::vector<float> v = w.to_vector<float>();
+    for (int64_t i = first * 8; i < (first + count) * 8; ++i) v[size_t(i)] *= float(s);
+    return from_vector(v, w.shape());
+  };
+  mha.c_attn->weight = scaled_rows(0, 16, 3.0);  // every q and k row
+  check_close(mha.forward(x, x, x, {}, {}, true).out, before, 1e-5);
+  mha.c_attn->weight = scaled_rows(16, 8, 2.0);  // the v rows
+  check_close(mha.forward(x, x, x, {}, {}, true).out, before * 2.0, 1e-5);
+  // Without QK-norm the same q and k scaling sharpens the softmax: the output moves.
+  Generator same(0);
+  nn::MultiHeadAttention plain({.embed_dim = 8, .num_heads = 2, .bias = false}, same);
+  plain.c_attn->weight = w, plain.c_proj.weight = mha.c_proj.weight;
+  const Tensor plain_before = plain.forward(x, x, x, {}, {}, true).out;
+  plain.c_attn->weight = scaled_rows(0, 16, 3.0);
+  const auto moved = (plain.forward(x, x, x, {}, {}, true).out - plain_before).to_vector<float>();
+  CHECK(std::any_of(moved.begin(), moved.end(), [](float d) { return std::abs(d) > 1e-2f; }));
+}
+
 TEST_CASE("MultiHeadAttention: add_bias_kv and add_zero_attn with grouped-query heads equal the computation composed "
           "from basic ops, sequence-first") {
   Generator gen(20);

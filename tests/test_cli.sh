@@ -146,14 +146,14 @@ expect_error "model flags contradict the checkpoint: pos \"alibi\" (flags) vs \"
 # The modern options: trained, described by info, refused by the GPT-2 export where GPT-2 cannot hold them.
 "$tinygpt" train --data "$dir/text.txt" --out "$dir/modern" --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 \
   --batch-size 4 --max-iters 4 --eval-interval 4 --eval-iters 1 --mlp relu2 --logit-softcap 10 --zero-init-proj \
-  --untied-head --optimizer muon 2> "$dir/modern.log" || fail "train with the modern options exited non-zero: $(tail -3 "$dir/modern.log")"
+  --untied-head --qk-norm --optimizer muon 2> "$dir/modern.log" || fail "train with the modern options exited non-zero: $(tail -3 "$dir/modern.log")"
 "$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep -q "^optimizer      Muon and AdamW, 4 steps$" ||
   fail "info does not name the optimizer: $("$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep optimizer)"
 expect_error "was trained with --optimizer muon, not adamw: resume with --optimizer muon" "$tinygpt" train \
   --data "$dir/text.txt" --out "$dir/modern" --resume --max-iters 8
 expect_error "^error: --optimizer: sgd not in {adamw,muon}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer sgd
 expect_error "muon-momentum must be in \[0, 1), got 1" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer muon --muon-momentum 1
-"$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep -q "relu^2 MLP, logits soft-capped at 10, output projections initialized to zero, untied head" ||
+"$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep -q "relu^2 MLP, logits soft-capped at 10, output projections initialized to zero, untied head, QK-norm" ||
   fail "info does not describe the modern options: $("$tinygpt" info --ckpt "$dir/modern" 2>&1 | sed -n 2p)"
 expect_error "relu^2 MLP (--mlp relu2): GPT-2's MLP is GELU" "$tinygpt" export --ckpt "$dir/modern" --out "$dir/hf4"
 expect_error "^error: --mlp: relu3 not in {gelu,relu2}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --mlp relu3

@@ -259,6 +259,28 @@ TEST_CASE("gpt: relu^2 MLP, soft-capped logits, zero-initialized projections: th
   check_cache_matches_full(b, ids, capped, 6);
 }
 
+TEST_CASE("gpt: QK-norm adds a gain per head dim for queries and keys to each block, and the KV cache normalizes too") {
+  for (const nn::Positions pos : {nn::Positions::Learned, nn::Positions::Rope}) {
+    nn::GPTConfig c = tiny_config();
+    c.qk_norm = true, c.pos = pos, c.n_kv_head = 2;
+    Generator gen(23);
+    nn::GPT model(c, gen);
+    int gains = 0;
+    for (auto& [name, p] : model.named_parameters()) {
+      if (name.ends_with("attn.q_norm.weight") || name.ends_with("attn.k_norm.weight")) {
+        CHECK(p.shape() == Shape{c.n_embd / c.n_head});
+        ++gains;
+      }
+      if (name.ends_with("_norm.weight")) p.copy_(randn(p.shape(), gen) * 0.5 + ones(p.shape()));  // not the identity
+    }
+    CHECK(gains == 2 * c.n_layer);
+    model.train(false);
+    NoGradGuard no_grad;
+    const Tensor ids = random_ids(2, 16, c.vocab_size, gen);
+    check_cache_matches_full(model, ids, model.forward(ids).logits, 5);
+  }
+}
+
 TEST_CASE("gpt: an untied head has its own weight, last in nanoGPT's order, and the logits go through it") {
   nn::GPTConfig c = tiny_config();
   c.untied_head = true;

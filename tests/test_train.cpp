@@ -410,6 +410,7 @@ TEST_CASE("memory: the parameter count from a config is the built model's, and a
         c.vocab_size = 13, c.block_size = 16, c.n_layer = 2, c.n_head = 4, c.n_kv_head = kv, c.n_embd = 32;
         c.bias = bias, c.pos = pos, c.max_relative_position = 5;
         c.untied_head = kv == 1;
+        c.qk_norm = kv == 2 || bias;
         Generator gen(1);
         const nn::GPT model(c, gen);
         CAPTURE(bias);
@@ -525,7 +526,9 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
   CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("relu^2 MLP (--mlp relu2)"));
   modern.relu2 = false, modern.logit_softcap = 15;
   CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("soft-capped logits (--logit-softcap)"));
-  modern.logit_softcap = 0, modern.zero_init_proj = true;  // only how training starts: GPT-2 holds the result
+  modern.logit_softcap = 0, modern.qk_norm = true;
+  CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("normalized queries and keys (--qk-norm)"));
+  modern.qk_norm = false, modern.zero_init_proj = true;  // only how training starts: GPT-2 holds the result
   CHECK_NOTHROW(check_hf_exportable(modern));
 
   // An untied head: GPT-2 keeps it as lm_head.weight with tie_word_embeddings false.
@@ -546,11 +549,11 @@ TEST_CASE("checkpoint config: the position scheme and attention options round-tr
   nn::GPTConfig c;
   c.vocab_size = 7, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
   c.pos = nn::Positions::Relative, c.max_relative_position = 3, c.window = 5, c.attn_softcap = 30, c.doc_separator = "\n\n";
-  c.relu2 = true, c.logit_softcap = 15, c.zero_init_proj = true, c.untied_head = true;
+  c.relu2 = true, c.logit_softcap = 15, c.zero_init_proj = true, c.untied_head = true, c.qk_norm = true;
   CHECK(gpt_config_from_json(to_json(c)) == c);
   nlohmann::json old = to_json(c);
   for (const char* key : {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator", "relu2",
-                          "logit_softcap", "zero_init_proj", "untied_head"}) {
+                          "logit_softcap", "zero_init_proj", "untied_head", "qk_norm"}) {
     old.erase(key);
   }
   old["rope"] = true;
@@ -562,6 +565,7 @@ TEST_CASE("checkpoint config: the position scheme and attention options round-tr
   CHECK(read.logit_softcap == 0);
   CHECK(!read.zero_init_proj);
   CHECK(!read.untied_head);
+  CHECK(!read.qk_norm);
   old.erase("rope");
   CHECK(gpt_config_from_json(old).pos == nn::Positions::Learned);
   old["pos"] = "sinusoidal";

@@ -36,7 +36,7 @@ nlohmann::json to_json(const nn::GPTConfig& c) {
           {"dropout", c.dropout},       {"bias", c.bias},             {"pos", nn::positions_name(c.pos)},
           {"max_relative_position", c.max_relative_position}, {"window", c.window}, {"attn_softcap", c.attn_softcap},
           {"doc_separator", c.doc_separator}, {"relu2", c.relu2}, {"logit_softcap", c.logit_softcap},
-          {"zero_init_proj", c.zero_init_proj}, {"untied_head", c.untied_head}};
+          {"zero_init_proj", c.zero_init_proj}, {"untied_head", c.untied_head}, {"qk_norm", c.qk_norm}};
 }
 
 nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
@@ -60,6 +60,7 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   c.logit_softcap = j.value("logit_softcap", 0.0);
   c.zero_init_proj = j.value("zero_init_proj", false);
   c.untied_head = j.value("untied_head", false);
+  c.qk_norm = j.value("qk_norm", false);
   c.validate();
   return c;
 }

@@ -128,6 +128,8 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
                 "at zero");
   cmd->add_flag("--untied-head", m.untied_head, "Give the head its own weight (lm_head.weight) instead of the token "
                 "embedding's");
+  cmd->add_flag("--qk-norm", m.qk_norm, "QK-norm: LayerNorm each head's queries and keys (learned gains) before the "
+                "scores");
   cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
   cmd->add_option("--max-iters", c.max_iters, "Training iterations (with --time-budget: at most this many, if given)")
       ->capture_default_str();
@@ -187,6 +189,7 @@ std::string describe_attention(const nn::GPTConfig& c) {
   if (c.logit_softcap > 0) s += fmt::format(", logits soft-capped at {}", c.logit_softcap);
   if (c.zero_init_proj) s += ", output projections initialized to zero";
   if (c.untied_head) s += ", untied head";
+  if (c.qk_norm) s += ", QK-norm";
   return s;
 }
 
@@ -421,7 +424,7 @@ int Cli::run() {
                                     {"--rope", "pos"}, {"--max-relative-position", "max_relative_position"},
                                     {"--window", "window"}, {"--softcap", "attn_softcap"}, {"--doc-sep", "doc_separator"},
                                     {"--mlp", "relu2"}, {"--logit-softcap", "logit_softcap"}, {"--zero-init-proj", "zero_init_proj"},
-                                    {"--untied-head", "untied_head"}}) {
+                                    {"--untied-head", "untied_head"}, {"--qk-norm", "qk_norm"}}) {
       if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
     }
     // A time budget ends the run; --max-iters still caps it when given, and only then.

@@ -23,10 +23,12 @@ void check_hf_exportable(const nn::GPTConfig& c) {
                             "without a cap. Export a model trained without --window and --softcap",
                             c.window > 0 ? "sliding-window attention (--window)" : "soft-capped attention logits (--softcap)"));
   }
-  if (c.relu2 || c.logit_softcap > 0) {
-    throw Error(fmt::format("this model uses {}, which GPT-2 cannot express. Export a model trained without --mlp relu2 "
-                            "and --logit-softcap",
-                            c.relu2 ? "a relu^2 MLP (--mlp relu2): GPT-2's MLP is GELU" : "soft-capped logits (--logit-softcap)"));
+  if (c.relu2 || c.logit_softcap > 0 || c.qk_norm) {
+    throw Error(fmt::format("this model uses {}, which GPT-2 cannot express. Export a model trained without --mlp relu2, "
+                            "--logit-softcap and --qk-norm",
+                            c.relu2                ? "a relu^2 MLP (--mlp relu2): GPT-2's MLP is GELU"
+                            : c.logit_softcap > 0 ? "soft-capped logits (--logit-softcap)"
+                                                  : "normalized queries and keys (--qk-norm)"));
   }
   if (c.n_kv_head > 0 && c.n_kv_head != c.n_head) {
     throw Error(fmt::format("this model has grouped-query attention ({} key/value heads for {} query heads), which "

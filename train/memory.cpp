@@ -54,7 +54,8 @@ double gpt_parameter_count(const nn::GPTConfig& c) {
   const double layer = 2 * C * (1 + b)    // ln_1, ln_2
                        + qkv * C + qkv * b  // c_attn
                        + C * C + C * b      // attn.c_proj
-                       + 4 * C * C + 4 * C * b + 4 * C * C + C * b;  // mlp.c_fc, mlp.c_proj
+                       + 4 * C * C + 4 * C * b + 4 * C * C + C * b  // mlp.c_fc, mlp.c_proj
+                       + (c.qk_norm ? 2 * hd : 0.0);                 // attn.q_norm, attn.k_norm
   double positions = c.pos == nn::Positions::Learned ? double(c.block_size) * C : 0.0;  // wpe
   if (c.pos == nn::Positions::Relative) positions = L * 2 * double(2 * c.max_relative_position + 1) * hd;  // A_K, A_V
   if (c.pos == nn::Positions::T5) positions = L * double(c.n_head) * nn::GPTConfig::kT5Buckets;
