@@ -3,30 +3,24 @@
 #include <fmt/core.h>
 #include <omp.h>
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <csignal>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <optional>
-#include <unordered_map>
 
 #include "kernels/device.h"
 #include "kernels/profile.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/comm.h"
+#include "train/console.h"
+#include "train/gradient_buckets.h"
 #include "train/memory.h"
 #include "train/muon.h"
+#include "train/run_dir.h"
+#include "train/speed.h"
 
 namespace tinygpt {
 
@@ -59,115 +53,9 @@ std::vector<std::pair<std::string, Tensor>> backward_order(std::vector<std::pair
   return params;
 }
 
-/// Several ranks on CPUs: the gradient buffer cut into buckets of about `mb` megabytes at parameter boundaries,
-/// each summed over the ranks (Communicator::start_all_reduce_sum) as soon as backward has finished every gradient
-/// in it, in bucket order, so the reduction runs while backward goes on. The sums are those of one reduction of
-/// the whole buffer (each element is added in rank order either way).
-class GradientBuckets {
- public:
-  GradientBuckets(const FlatParameters& flat, double mb, Communicator& comm) : grads_(flat.grads()), comm_(comm) {
-    const auto& slots = flat.slots();
-    const int64_t limit = std::max<int64_t>(1, int64_t(mb * 1e6 / sizeof(float)));
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (buckets_.empty() || slots[i].offset - buckets_.back().begin >= limit) {
-        buckets_.push_back({slots[i].offset, 0, 0, 0});
-      }
-      ++buckets_.back().params;
-      bucket_of_[&slots[i].param.impl()] = buckets_.size() - 1;
-    }
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      buckets_[b].end = b + 1 < buckets_.size() ? buckets_[b + 1].begin : flat.numel();
-    }
-  }
-
-  /// Before the backward pass that completes the step's gradients.
-  void arm() {
-    for (Bucket& b : buckets_) b.remaining = b.params;
-    next_ = 0;
-  }
-  /// Backward has finished this leaf's gradient: starts, in order, every bucket that is complete.
-  void ready(const Tensor& leaf) {
-    const auto found = bucket_of_.find(&leaf.impl());
-    if (found == bucket_of_.end()) return;
-    --buckets_[found->second].remaining;
-    start_complete();
-    comm_.progress();
-  }
-  /// After backward: starts what is left and waits for every sum.
-  void finish() {
-    while (next_ < buckets_.size()) start(buckets_[next_++]);
-    comm_.wait_all();
-  }
-  size_t count() const { return buckets_.size(); }
-
- private:
-  struct Bucket {
-    int64_t begin, end;  // elements of the gradient buffer
-    int params, remaining;
-  };
-  void start(const Bucket& b) { comm_.start_all_reduce_sum(grads_.data<float>() + b.begin, b.end - b.begin); }
-  void start_complete() {
-    while (next_ < buckets_.size() && buckets_[next_].remaining == 0) start(buckets_[next_++]);
-  }
-
-  Tensor grads_;
-  Communicator& comm_;
-  std::vector<Bucket> buckets_;
-  std::unordered_map<const TensorImpl*, size_t> bucket_of_;
-  size_t next_ = 0;  // the first bucket not started
-};
 
 }  // namespace
 
-void use_document_separator(nn::GPT& model, const data::CharVocab& vocab) {
-  const std::string& sep = model.config().doc_separator;
-  if (sep.empty()) return;
-  std::vector<int32_t> ids;
-  for (const char32_t c : data::decode_utf8(sep)) {
-    if (vocab.id(c) < 0) {
-      throw Error(fmt::format("--doc-sep: character '{}' (U+{:04X}) is not in the data's vocabulary, so no document "
-                              "ever ends; give a separator that occurs in the text",
-                              data::encode_utf8(std::u32string(1, c)), uint32_t(c)));
-    }
-    ids.push_back(vocab.id(c));
-  }
-  model.set_document_separator(std::move(ids));
-}
-
-Device parse_device(const std::string& device) {
-  if (device == "cpu") return Device::CPU;
-  if (device != "cuda") throw Error(fmt::format("--device must be cpu or cuda, got '{}'", device));
-  if (!cuda::built_with_cuda()) {
-    throw Error("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured); use --device cpu");
-  }
-  if (cuda::device_count() == 0) throw Error("--device cuda: no CUDA GPU is visible; use --device cpu");
-  return Device::CUDA;
-}
-
-AttentionMath parse_attention_math(const std::string& math) {
-  AttentionMath m{};
-  if (!tinygpt::parse_attention_math(math, m)) {
-    throw Error(fmt::format("--attention-math must be f32, tf32 or bf16, got '{}'", math));
-  }
-  return m;
-}
-
-void check_attention_math_flag(const std::string& math, const std::string& device) {
-  if (parse_attention_math(math) != AttentionMath::F32 && device != "cuda") {
-    throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", math));
-  }
-}
-
-Numerics numerics_of(const TrainConfig& c) {
-  if (c.device != "cuda") return {};
-  return {c.tf32, parse_attention_math(c.attention_math)};
-}
-
-void check_numerics(const Numerics& numerics, Device device, const char* how) {
-  if (device != Device::CUDA || numerics.attention == AttentionMath::F32 || cuda::compute_capability() >= 80) return;
-  throw Error(fmt::format("{} flash attention needs tensor cores of compute capability 8.0 or newer; {} has none: {}",
-                          attention_math_name(numerics.attention), cuda::device_description(), how));
-}
 
 namespace {
 
@@ -198,151 +86,7 @@ nlohmann::json flags_json(const TrainConfig& c) {
   return j;
 }
 
-std::atomic<int> g_stop_signals{0};
 
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signals.fetch_add(1) > 0) _exit(128 + sig);  // a second signal: leave at once
-  constexpr char kMsg[] = "\nsignal received: finishing this iteration and saving a checkpoint (again to quit now)\n";
-  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-}
-
-/// While alive, SIGINT and SIGTERM ask the training loop to stop after the current iteration.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signals = 0;
-    struct sigaction sa{};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  bool requested() const { return g_stop_signals.load() > 0; }
-
- private:
-  struct sigaction old_int_{}, old_term_{};
-};
-
-/// Progress on stderr: a live status line on a terminal (redrawn in place, at most 10 times a second) besides
-/// the log lines, plain log lines when stderr is not a terminal, and only the final summary when quiet.
-class Console {
- public:
-  explicit Console(bool quiet) : quiet_(quiet), tty_(::isatty(STDERR_FILENO) == 1) {}
-  ~Console() { clear(); }
-
-  template <class... Args>
-  void line(fmt::format_string<Args...> format, Args&&... args) {
-    if (quiet_) return;
-    clear();
-    fmt::print(stderr, format, std::forward<Args>(args)...);
-  }
-  void status(int64_t iter, int64_t max_iters, double loss, double tok_per_s, double ms_per_iter) {
-    if (quiet_ || !tty_) return;
-    show(fmt::format("{}/{} ({:.0f}%)", iter + 1, max_iters, 100.0 * double(iter + 1) / double(std::max<int64_t>(max_iters, 1))),
-         loss, tok_per_s, double(max_iters - iter - 1) * ms_per_iter / 1e3);
-  }
-  /// The status line of a run with a time budget: progress and ETA by the budget's seconds.
-  void status_budget(int64_t iter, double spent, double budget, double loss, double tok_per_s) {
-    if (quiet_ || !tty_) return;
-    show(fmt::format("iter {} ({:.0f}% of {:g} s)", iter + 1, 100.0 * std::min(spent / budget, 1.0), budget), loss,
-         tok_per_s, std::max(budget - spent, 0.0));
-  }
-  void clear() {
-    if (live_) fmt::print(stderr, "\r\x1b[K");
-    live_ = false;
-  }
-
- private:
-  /// Rewrites the status line (a terminal only, at most every 100 ms): progress, loss, speed and ETA.
-  void show(const std::string& progress, double loss, double tok_per_s, double eta_s) {
-    if (quiet_ || !tty_) return;
-    const auto now = Clock::now();
-    if (live_ && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    const auto eta = int64_t(eta_s);
-    fmt::print(stderr, "\r{}  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", progress, loss, tok_per_s, eta / 3600,
-               eta / 60 % 60, eta % 60);
-    live_ = true;
-  }
-
-  bool quiet_, tty_;
-  bool live_ = false;
-  Clock::time_point last_{};
-};
-
-/// One writer per run directory: an exclusive flock on OUT/train.lock, held until the run ends. The kernel drops
-/// the lock when the process dies however it dies, so a crashed run never leaves the directory locked. Readers
-/// (sample, eval, info, plot) take no lock: checkpoints are replaced by rename and metrics lines are whole.
-class RunLock {
- public:
-  explicit RunLock(const fs::path& dir) : path_(dir / "train.lock") {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw Error(fmt::format("cannot create '{}': {}", path_.string(), std::strerror(errno)));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      char pid[32] = {};
-      [[maybe_unused]] const auto n = ::pread(fd_, pid, sizeof(pid) - 1, 0);
-      ::close(fd_);
-      throw Error(fmt::format("'{}' is being trained into by another tinygpt train (pid {}): one run directory takes one "
-                              "writer. Wait for it, stop it (Ctrl-C saves), or choose another --out; sample, eval and "
-                              "info can read it meanwhile",
-                              dir.string(), std::string(pid).empty() ? "unknown" : std::string(pid)));
-    }
-    const std::string pid = std::to_string(::getpid());
-    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
-      ::close(fd_);
-      throw Error(fmt::format("cannot write '{}': {}", path_.string(), std::strerror(errno)));
-    }
-  }
-  ~RunLock() { ::close(fd_); }
-  RunLock(const RunLock&) = delete;
-  RunLock& operator=(const RunLock&) = delete;
-
- private:
-  fs::path path_;
-  int fd_ = -1;
-};
-
-/// On resume: drops the lines a stopped run wrote after its checkpoint (iterations from `iter` on, evaluations
-/// after it), so the resumed run's lines follow without repeats.
-void truncate_metrics(const fs::path& path, int64_t iter) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string kept;
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("iter") || !j["iter"].is_number_integer()) continue;
-    const int64_t it = j["iter"].get<int64_t>();
-    if (j.contains("val_loss") ? it <= iter : it < iter) kept += line + '\n';
-  }
-  in.close();
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out || !(out << kept) || !out.flush()) throw Error(fmt::format("cannot rewrite '{}'", path.string()));
-  }
-  fs::rename(tmp, path);
-}
-
-/// Appends one JSON object per line, flushed, so a crash keeps every line written before it. Disabled (it
-/// writes nothing) on every rank but the first.
-class MetricsLog {
- public:
-  MetricsLog(const fs::path& path, bool append, bool enabled) {
-    if (!enabled) return;
-    out_.open(path, append ? std::ios::app : std::ios::trunc);
-    if (!out_) throw Error(fmt::format("cannot write '{}'", path.string()));
-  }
-  void write(const nlohmann::json& j) {
-    if (out_.is_open()) out_ << j.dump() << '\n' << std::flush;
-  }
-
- private:
-  std::ofstream out_;
-};
 
 /// A checksum of every parameter's bytes (FNV-1a), to check that all ranks start from the same weights.
 uint64_t weights_checksum(const std::vector<Tensor>& params) {
@@ -358,63 +102,6 @@ uint64_t weights_checksum(const std::vector<Tensor>& params) {
 
 }  // namespace
 
-void TrainConfig::validate() const {
-  auto positive = [](const char* flag, double v) {
-    if (!(v > 0)) throw Error(fmt::format("{} must be positive, got {}", flag, v));
-  };
-  auto non_negative = [](const char* flag, double v) {
-    if (!(v >= 0)) throw Error(fmt::format("{} must not be negative, got {}", flag, v));
-  };
-  if (data.empty()) throw Error("--data is required: the UTF-8 text file to train on");
-  positive("--batch-size", double(batch_size));
-  non_negative("--max-iters", double(max_iters));
-  non_negative("--time-budget", time_budget);
-  if (!std::isfinite(time_budget)) throw Error(fmt::format("--time-budget must be a finite number of seconds, got {}", time_budget));
-  positive("--lr", lr);
-  non_negative("--min-lr", min_lr);
-  if (min_lr > lr) throw Error(fmt::format("--min-lr ({}) must not exceed --lr ({})", min_lr, lr));
-  non_negative("--warmup-iters", double(warmup_iters));
-  if (lr_decay_iters < warmup_iters) {
-    throw Error(fmt::format("--lr-decay-iters ({}) must be at least --warmup-iters ({})", lr_decay_iters, warmup_iters));
-  }
-  non_negative("--weight-decay", weight_decay);
-  if (!(beta1 >= 0 && beta1 < 1)) throw Error(fmt::format("--beta1 must be in [0, 1), got {}", beta1));
-  if (!(beta2 >= 0 && beta2 < 1)) throw Error(fmt::format("--beta2 must be in [0, 1), got {}", beta2));
-  non_negative("--grad-clip", grad_clip);
-  if (optimizer != "adamw" && optimizer != "muon") {
-    throw Error(fmt::format("--optimizer must be adamw or muon, got '{}'", optimizer));
-  }
-  positive("--muon-lr", muon_lr);
-  if (!(muon_momentum >= 0 && muon_momentum < 1)) throw Error(fmt::format("--muon-momentum must be in [0, 1), got {}", muon_momentum));
-  non_negative("--muon-weight-decay", muon_weight_decay);
-  if (muon_scale != "original" && muon_scale != "match-adamw") {
-    throw Error(fmt::format("--muon-scale must be original or match-adamw, got '{}'", muon_scale));
-  }
-  positive("--grad-accum", double(grad_accum));
-  non_negative("--bucket-mb", bucket_mb);
-  positive("--eval-interval", double(eval_interval));
-  positive("--eval-iters", double(eval_iters));
-  positive("--log-interval", double(log_interval));
-  if (!(train_fraction > 0 && train_fraction < 1)) {
-    throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
-  }
-  check_attention_math_flag(attention_math, device);
-  nn::GPTConfig m = model;
-  m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
-  m.validate();
-}
-
-double learning_rate(const TrainConfig& c, int64_t iter, double seconds) {
-  if (iter < c.warmup_iters) return c.lr * double(iter + 1) / double(c.warmup_iters + 1);
-  if (c.time_budget > 0) {
-    const double ratio = std::clamp(seconds / c.time_budget, 0.0, 1.0);
-    return c.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (c.lr - c.min_lr);
-  }
-  if (iter > c.lr_decay_iters) return c.min_lr;
-  if (c.lr_decay_iters == c.warmup_iters) return c.min_lr;
-  const double ratio = double(iter - c.warmup_iters) / double(c.lr_decay_iters - c.warmup_iters);
-  return c.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (c.lr - c.min_lr);
-}
 
 double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t batch_size, int64_t iters,
                      uint64_t seed, const char* what, Communicator* comm) {
@@ -440,16 +127,6 @@ double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t b
 
 namespace {
 
-/// The run's output directory, created when missing.
-fs::path make_output_dir(const std::string& dir) {
-  const fs::path out = dir;
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec || !fs::is_directory(out, ec)) {
-    throw Error(fmt::format("cannot create the output directory '{}': {}", out.string(), ec ? ec.message() : "not a directory"));
-  }
-  return out;
-}
 
 /// --resume: the run's latest checkpoint, whose model config the run takes (all but dropout, which may change);
 /// throws when the data's vocabulary or a model flag given contradicts it.
@@ -522,50 +199,6 @@ std::string describe_model(const nn::GPT& model, Device device) {
                      m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where);
 }
 
-/// FLOPs of one training step as nanoGPT's estimate_mfu counts them: per token, 6 per weight (the position table
-/// left out; forward and backward) plus 12 L T C for attention's two products, forward and backward.
-double step_flops(const nn::GPT& model, int64_t tokens_per_step) {
-  const nn::GPTConfig& c = model.config();
-  const double per_token = 6.0 * double(model.num_parameters_non_embedding()) +
-                           12.0 * double(c.n_layer) * double(c.block_size) * double(c.n_embd);
-  return per_token * double(tokens_per_step);
-}
-
-/// The machine's practical peak for this run: square f32 matmuls on the run's device and threads, with the run's TF32
-/// setting, growing from 128 while one takes under 100 ms (up to 1536 on the CPU, 4096 on a GPU), then the best of
-/// runs at the last size repeated for at least 0.3 s and 5 runs (one run when that took over 100 ms, as under a
-/// sanitizer): cold caches, a core still ramping up its clock or a page-faulting first touch made three short runs
-/// read low (112 GFLOP/s where training then reached 141 on a 2-core Zen 4). Model FLOPs utilization (MFU) is
-/// measured against it, and the trainer raises it to any step that runs faster, so MFU never reads above 100%.
-/// Returns GFLOP/s and the size used.
-std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& numerics) {
-  NoGradGuard no_grad;
-  const int64_t largest = device == Device::CPU ? 1536 : 4096;
-  Generator gen(0);
-  Tensor a, b;
-  auto seconds = [&] {
-    const auto t0 = Clock::now();
-    const Tensor c = matmul(a, b, false, false, numerics);
-    if (device == Device::CUDA) cuda::synchronize();
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  int64_t n = 64;
-  double best = 0;
-  do {
-    n = std::min(largest, n * 2);
-    a = randn({n, n}, gen).to(device), b = randn({n, n}, gen).to(device);
-    best = seconds();
-  } while (n < largest && best < 0.1);
-  if (best < 0.1) {
-    double spent = 0;
-    for (int i = 0; i < 5 || spent < 0.3; ++i) {
-      const double t = seconds();
-      spent += t;
-      best = std::min(best, t);
-    }
-  }
-  return {2.0 * double(n) * double(n) * double(n) / best / 1e9, n};
-}
 
 struct StepStats {
   double loss = 0, grad_norm = 0;

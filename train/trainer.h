@@ -1,6 +1,11 @@
 // The training loop, as nanoGPT's train.py: AdamW (or Muon), linear warmup then cosine decay of the learning rate,
 // global-norm gradient clipping, gradient accumulation, periodic evaluation, best and latest checkpoints,
 // a log line per iteration on stderr and metrics.jsonl in the run directory.
+//
+// The pieces, one concern each: train_config.cpp (the flags' checks, the schedule, device and numerics flags),
+// optimizer.h (AdamW in adamw.h, Muon in muon.h), gradient_buckets.h (several CPU ranks), speed.h (FLOPs and the
+// matmul peak behind MFU), console.h (stderr and stop signals), run_dir.h (the run lock, metrics.jsonl),
+// checkpoint.h; trainer.cpp holds the loop that joins them: setup, the step, evaluation, the log.
 #pragma once
 
 #include <span>

@@ -1,0 +1,13 @@
+#include "train/console.h"
+
+namespace tinygpt {
+
+std::atomic<int> g_stop_signals{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signals.fetch_add(1) > 0) _exit(128 + sig);  // a second signal: leave at once
+  constexpr char kMsg[] = "\nsignal received: finishing this iteration and saving a checkpoint (again to quit now)\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+}
+
+}  // namespace tinygpt

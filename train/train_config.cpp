@@ -1,0 +1,120 @@
+// TrainConfig: its flags' checks, the learning-rate schedule, and the device and numerics flags.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/device.h"
+#include "train/trainer.h"
+
+namespace tinygpt {
+
+void use_document_separator(nn::GPT& model, const data::CharVocab& vocab) {
+  const std::string& sep = model.config().doc_separator;
+  if (sep.empty()) return;
+  std::vector<int32_t> ids;
+  for (const char32_t c : data::decode_utf8(sep)) {
+    if (vocab.id(c) < 0) {
+      throw Error(fmt::format("--doc-sep: character '{}' (U+{:04X}) is not in the data's vocabulary, so no document "
+                              "ever ends; give a separator that occurs in the text",
+                              data::encode_utf8(std::u32string(1, c)), uint32_t(c)));
+    }
+    ids.push_back(vocab.id(c));
+  }
+  model.set_document_separator(std::move(ids));
+}
+
+Device parse_device(const std::string& device) {
+  if (device == "cpu") return Device::CPU;
+  if (device != "cuda") throw Error(fmt::format("--device must be cpu or cuda, got '{}'", device));
+  if (!cuda::built_with_cuda()) {
+    throw Error("--device cuda: this build has no CUDA backend (nvcc was not found when it was configured); use --device cpu");
+  }
+  if (cuda::device_count() == 0) throw Error("--device cuda: no CUDA GPU is visible; use --device cpu");
+  return Device::CUDA;
+}
+
+AttentionMath parse_attention_math(const std::string& math) {
+  AttentionMath m{};
+  if (!tinygpt::parse_attention_math(math, m)) {
+    throw Error(fmt::format("--attention-math must be f32, tf32 or bf16, got '{}'", math));
+  }
+  return m;
+}
+
+void check_attention_math_flag(const std::string& math, const std::string& device) {
+  if (parse_attention_math(math) != AttentionMath::F32 && device != "cuda") {
+    throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", math));
+  }
+}
+
+Numerics numerics_of(const TrainConfig& c) {
+  if (c.device != "cuda") return {};
+  return {c.tf32, parse_attention_math(c.attention_math)};
+}
+
+void check_numerics(const Numerics& numerics, Device device, const char* how) {
+  if (device != Device::CUDA || numerics.attention == AttentionMath::F32 || cuda::compute_capability() >= 80) return;
+  throw Error(fmt::format("{} flash attention needs tensor cores of compute capability 8.0 or newer; {} has none: {}",
+                          attention_math_name(numerics.attention), cuda::device_description(), how));
+}
+
+void TrainConfig::validate() const {
+  auto positive = [](const char* flag, double v) {
+    if (!(v > 0)) throw Error(fmt::format("{} must be positive, got {}", flag, v));
+  };
+  auto non_negative = [](const char* flag, double v) {
+    if (!(v >= 0)) throw Error(fmt::format("{} must not be negative, got {}", flag, v));
+  };
+  if (data.empty()) throw Error("--data is required: the UTF-8 text file to train on");
+  positive("--batch-size", double(batch_size));
+  non_negative("--max-iters", double(max_iters));
+  non_negative("--time-budget", time_budget);
+  if (!std::isfinite(time_budget)) throw Error(fmt::format("--time-budget must be a finite number of seconds, got {}", time_budget));
+  positive("--lr", lr);
+  non_negative("--min-lr", min_lr);
+  if (min_lr > lr) throw Error(fmt::format("--min-lr ({}) must not exceed --lr ({})", min_lr, lr));
+  non_negative("--warmup-iters", double(warmup_iters));
+  if (lr_decay_iters < warmup_iters) {
+    throw Error(fmt::format("--lr-decay-iters ({}) must be at least --warmup-iters ({})", lr_decay_iters, warmup_iters));
+  }
+  non_negative("--weight-decay", weight_decay);
+  if (!(beta1 >= 0 && beta1 < 1)) throw Error(fmt::format("--beta1 must be in [0, 1), got {}", beta1));
+  if (!(beta2 >= 0 && beta2 < 1)) throw Error(fmt::format("--beta2 must be in [0, 1), got {}", beta2));
+  non_negative("--grad-clip", grad_clip);
+  if (optimizer != "adamw" && optimizer != "muon") {
+    throw Error(fmt::format("--optimizer must be adamw or muon, got '{}'", optimizer));
+  }
+  positive("--muon-lr", muon_lr);
+  if (!(muon_momentum >= 0 && muon_momentum < 1)) throw Error(fmt::format("--muon-momentum must be in [0, 1), got {}", muon_momentum));
+  non_negative("--muon-weight-decay", muon_weight_decay);
+  if (muon_scale != "original" && muon_scale != "match-adamw") {
+    throw Error(fmt::format("--muon-scale must be original or match-adamw, got '{}'", muon_scale));
+  }
+  positive("--grad-accum", double(grad_accum));
+  non_negative("--bucket-mb", bucket_mb);
+  positive("--eval-interval", double(eval_interval));
+  positive("--eval-iters", double(eval_iters));
+  positive("--log-interval", double(log_interval));
+  if (!(train_fraction > 0 && train_fraction < 1)) {
+    throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
+  }
+  check_attention_math_flag(attention_math, device);
+  nn::GPTConfig m = model;
+  m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
+  m.validate();
+}
+
+double learning_rate(const TrainConfig& c, int64_t iter, double seconds) {
+  if (iter < c.warmup_iters) return c.lr * double(iter + 1) / double(c.warmup_iters + 1);
+  if (c.time_budget > 0) {
+    const double ratio = std::clamp(seconds / c.time_budget, 0.0, 1.0);
+    return c.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (c.lr - c.min_lr);
+  }
+  if (iter > c.lr_decay_iters) return c.min_lr;
+  if (c.lr_decay_iters == c.warmup_iters) return c.min_lr;
+  const double ratio = double(iter - c.warmup_iters) / double(c.lr_decay_iters - c.warmup_iters);
+  return c.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (c.lr - c.min_lr);
+}
+
+}  // namespace tinygpt
