@@ -358,8 +358,8 @@ TEST_CASE("train: stopping and resuming gives the same losses and weights, bit f
     TrainConfig c = toy_run(dir, 16);
     c.optimizer = optimizer;
     c.model.dropout = 0.1;
-    c.batch_size = 4, c.warmup_iters = 10, c.lr_decay_iters = 200, c.lr = 3e-3;
-    c.eval_interval = 50, c.eval_iters = 2, c.log_interval = 1000, c.quiet = true;
+    c.batch_size = 4, c.warmup_iters = 10, c.lr_decay_iters = 120, c.lr = 3e-3;
+    c.eval_interval = 30, c.eval_iters = 2, c.log_interval = 1000, c.quiet = true;
     auto losses = [](const fs::path& run) {
       std::vector<double> out;
       std::ifstream in(run / "metrics.jsonl");
@@ -370,16 +370,16 @@ TEST_CASE("train: stopping and resuming gives the same losses and weights, bit f
       return out;
     };
     c.out = (dir.path / "straight").string();
-    c.max_iters = 200;
+    c.max_iters = 120;
     train(c);
     c.out = (dir.path / "stopped").string();
-    c.max_iters = 100;
+    c.max_iters = 60;
     train(c);
-    c.max_iters = 200;
+    c.max_iters = 120;
     c.resume = true;
     train(c);
     const auto a = losses(dir.path / "straight"), b = losses(dir.path / "stopped");
-    REQUIRE(a.size() == 200);
+    REQUIRE(a.size() == 120);
     CHECK(a == b);
     const Checkpoint ca = load_checkpoint(dir.path / "straight" / kLatestCheckpoint);
     const Checkpoint cb = load_checkpoint(dir.path / "stopped" / kLatestCheckpoint);
@@ -396,7 +396,7 @@ TEST_CASE("train: stopping and resuming gives the same losses and weights, bit f
 
     // Resuming with the other optimizer is refused, naming the one to give.
     c.optimizer = optimizer == "muon" ? "adamw" : "muon";
-    c.max_iters = 210;
+    c.max_iters = 130;
     CHECK_THROWS_WITH_AS(train(c), doctest::Contains(("was trained with --optimizer " + optimizer).c_str()), Error);
   }
 }
