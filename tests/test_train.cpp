@@ -427,6 +427,8 @@ TEST_CASE("memory: the parameter count from a config is the built model's, and a
   nn::GPTConfig small;
   small.vocab_size = 65, small.n_layer = 4, small.n_head = 4, small.n_embd = 128, small.block_size = 64;
   CHECK_NOTHROW(require_memory(training_memory(small, 12), Device::CPU, "training this model", "use less"));
+  // Muon's momentum: one more copy of the parameters in the optimizer's share.
+  CHECK(training_memory(small, 12, true).optimizer == doctest::Approx(training_memory(small, 12).optimizer * 4.0 / 3.0));
   CHECK(available_memory(Device::CPU) > 0);
 }
 

@@ -63,11 +63,11 @@ double gpt_parameter_count(const nn::GPTConfig& c) {
   return V * C + positions + L * layer + C * (1 + b) + head;  // wte, position tables, blocks, ln_f, lm_head
 }
 
-MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size) {
+MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon) {
   const double P = gpt_parameter_count(c), BT = double(batch_size) * double(c.block_size), C = double(c.n_embd);
   MemoryNeed need;
   need.weights = P * kFloat;
-  need.optimizer = 3 * P * kFloat;
+  need.optimizer = (muon ? 4 : 3) * P * kFloat;
   // Kept for backward, per block: the residual input, both LayerNorm outputs, q/k/v, the attention output, the two
   // residual sums, the attention and MLP projections (~10 C per token) and the 4C-wide MLP hidden layer before and
   // after GELU (8 C); then the logits and their gradient, and backward's widest transient (the 4C MLP gradient).

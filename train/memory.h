@@ -15,7 +15,7 @@ namespace tinygpt {
 
 struct MemoryNeed {
   double weights = 0;      // the parameters
-  double optimizer = 0;    // gradients and AdamW's two moments (training only)
+  double optimizer = 0;    // gradients, AdamW's two moments and Muon's momentum (training only)
   double activations = 0;  // what a forward pass keeps for backward (training), or its transients and KV cache
   double total() const { return weights + optimizer + activations; }
 };
@@ -25,7 +25,9 @@ struct MemoryNeed {
 double gpt_parameter_count(const nn::GPTConfig& c);
 
 /// Training at batch_size sequences of c.block_size tokens (one micro-batch's activations: accumulation frees them).
-MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size);
+/// `muon`: --optimizer muon, which adds a momentum per parameter at most (AdamW's moments keep the whole buffer's
+/// layout), counted as one more copy of the parameters.
+MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon = false);
 /// Inference (eval, sampling) at batch_size sequences of c.block_size tokens, without a graph.
 MemoryNeed inference_memory(const nn::GPTConfig& c, int64_t batch_size);
 

@@ -344,7 +344,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   cfg.model.vocab_size = corpus.vocab.size();
   std::optional<Checkpoint> ckpt;
   if (cfg.resume) ckpt = resume_checkpoint(cfg, out, corpus);
-  require_memory(training_memory(cfg.model, cfg.batch_size), device, "training this model",
+  require_memory(training_memory(cfg.model, cfg.batch_size, cfg.optimizer == "muon"), device, "training this model",
                  "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
