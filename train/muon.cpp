@@ -48,9 +48,7 @@ double muon_scale(MuonScale scale, int64_t rows, int64_t cols) {
 }
 
 bool muon_updates(const std::string& name, const Tensor& param) {
-  const std::string prefix = "transformer.h.", suffix = ".weight";
-  return param.ndim() == 2 && name.rfind(prefix, 0) == 0 && name.size() > prefix.size() + suffix.size() &&
-         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return param.ndim() == 2 && name.starts_with("transformer.h.") && name.ends_with(".weight");
 }
 
 Muon::Muon(FlatParameters& flat, MuonConfig muon, AdamWConfig adamw)
@@ -86,12 +84,6 @@ std::vector<std::pair<std::string, Tensor>> Muon::state() const {
   auto out = adamw_.state();
   for (const Slot& s : slots_) out.emplace_back(s.name + ".momentum_buffer", s.momentum);
   return out;
-}
-
-std::vector<std::string> Muon::matrices() const {
-  std::vector<std::string> names;
-  for (const Slot& s : slots_) names.push_back(s.name);
-  return names;
 }
 
 }  // namespace tinygpt

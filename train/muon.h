@@ -60,8 +60,6 @@ class Muon : public Optimizer {
   /// AdamW's moments, then "<matrix>.momentum_buffer" (torch.optim.Muon's name) for each matrix.
   std::vector<std::pair<std::string, Tensor>> state() const override;
   const char* name() const override { return "muon"; }
-  /// The matrices Muon updates, in the buffer's order.
-  std::vector<std::string> matrices() const;
 
  private:
   struct Slot {
