@@ -10,7 +10,8 @@ seconds=${1:-60}
 targets=(fuzz_checkpoint fuzz_text fuzz_cli)
 generator=()
 command -v ninja > /dev/null && [ ! -f build-fuzz/CMakeCache.txt ] && generator=(-G Ninja)
-CC=clang CXX=clang++ cmake -S . -B build-fuzz "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTINYGPT_FUZZ=ON \
+CC=clang CXX=clang++ cmake -S . -B build-fuzz "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" -DTINYGPT_FUZZ=ON \
   -DTINYGPT_SANITIZE=fuzzer-no-link,address,undefined -DTINYGPT_CUDA=OFF -DTINYGPT_BUILD_TESTS=OFF \
   -DTINYGPT_BUILD_BENCH=OFF > /dev/null
 cmake --build build-fuzz --parallel "$(nproc)" --target "${targets[@]}"
