@@ -22,6 +22,7 @@ Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor relu(const Tensor& x);
+Tensor sqrt(const Tensor& x);
 /// GELU, tanh approximation (as GPT-2).
 Tensor gelu(const Tensor& x);
 
@@ -35,6 +36,9 @@ inline Tensor operator*(double s, const Tensor& x) { return scale(x, s); }
 
 // --- reductions
 Tensor sum(const Tensor& x);
+/// sum(x * x) over every element, as a 0-d tensor, in one pass without a temporary: gradient clipping's norm. Records
+/// no gradient (throws for an input that requires one while gradients are recorded).
+Tensor sum_squares(const Tensor& x);
 Tensor sum(const Tensor& x, int dim, bool keepdim = false);
 Tensor mean(const Tensor& x);
 Tensor mean(const Tensor& x, int dim, bool keepdim = false);
@@ -53,6 +57,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // --- layers
 /// Normalizes over the last dimension; saves mean and rstd for backward. bias may be undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+/// {a + b, layer_norm(a + b, weight, bias)} in one pass (a residual add and the layer norm that reads it), the same
+/// values and gradients as the two ops.
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                                         double eps = 1e-5);
 /// weight (V, C) gathered at ids (any shape, i32) -> (ids..., C).
 Tensor embedding(const Tensor& ids, const Tensor& weight);
 /// Mean cross-entropy over rows of logits (..., V) against i32 targets (...); rows whose target is

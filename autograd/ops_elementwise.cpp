@@ -82,8 +82,8 @@ Tensor unary(const char* name, UnaryOp op, const Tensor& x, double alpha = 0.0) 
   dispatch_float(x.dtype(), name, [&]<class T>() {
     launch(kernels::unary_forward<T>, x.device(), out.data<T>(), x.data<T>(), x.numel(), op, T(alpha));
   });
-  // exp and tanh differentiate through their output; a detached alias keeps the node off its own output.
-  const Tensor saved = (op == UnaryOp::Exp || op == UnaryOp::Tanh) ? out.detach() : Tensor();
+  // exp, tanh and sqrt differentiate through their output; a detached alias keeps the node off its own output.
+  const Tensor saved = (op == UnaryOp::Exp || op == UnaryOp::Tanh || op == UnaryOp::Sqrt) ? out.detach() : Tensor();
   return record(name, out, {x}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
     dispatch_float(dout.dtype(), name, [&]<class T>() {
       launch(kernels::unary_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), in[0].data<T>(),
@@ -135,11 +135,24 @@ Tensor exp(const Tensor& x) { return unary("exp", UnaryOp::Exp, x); }
 Tensor log(const Tensor& x) { return unary("log", UnaryOp::Log, x); }
 Tensor tanh(const Tensor& x) { return unary("tanh", UnaryOp::Tanh, x); }
 Tensor relu(const Tensor& x) { return unary("relu", UnaryOp::Relu, x); }
+Tensor sqrt(const Tensor& x) { return unary("sqrt", UnaryOp::Sqrt, x); }
 Tensor gelu(const Tensor& x) { return unary("gelu", UnaryOp::Gelu, x); }
 
 Tensor sum(const Tensor& x) { return reduce_sum("sum", x, 0, false, true, false); }
 Tensor sum(const Tensor& x, int dim, bool keepdim) { return reduce_sum("sum", x, dim, keepdim, false, false); }
 Tensor mean(const Tensor& x) { return reduce_sum("mean", x, 0, false, true, true); }
+
+Tensor sum_squares(const Tensor& x) {
+  detail::check_float("sum_squares", x);
+  if (grad_enabled() && x.requires_grad()) {
+    throw Error("sum_squares: records no gradient; use sum(x * x) to differentiate, or call it under NoGradGuard");
+  }
+  Tensor out = empty({}, x.dtype(), x.device());
+  dispatch_float(x.dtype(), "sum_squares", [&]<class T>() {
+    launch(kernels::sum_squares<T>, x.device(), out.data<T>(), x.data<T>(), x.numel());
+  });
+  return out;
+}
 Tensor mean(const Tensor& x, int dim, bool keepdim) { return reduce_sum("mean", x, dim, keepdim, false, true); }
 
 }  // namespace tinygpt

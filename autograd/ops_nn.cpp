@@ -116,25 +116,24 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const N
                 });
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  detail::check_float("layer_norm", x);
-  detail::check_float("layer_norm", weight, "weight");
-  detail::check_same("layer_norm", x, weight);
-  const auto [N_, C_] = rows_cols(x);
-  const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
-  if (weight.ndim() != 1 || weight.size(0) != C) shape_error("layer_norm", "weight must be (C)", x.shape(), weight.shape());
+/// Checks layer norm's operands; returns its rows and features.
+std::pair<int64_t, int64_t> check_layer_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_float(op, x);
+  detail::check_float(op, weight, "weight");
+  detail::check_same(op, x, weight);
+  const auto [N, C] = rows_cols(x);
+  if (weight.ndim() != 1 || weight.size(0) != C) shape_error(op, "weight must be (C)", x.shape(), weight.shape());
   if (bias.defined()) {
-    detail::check_same("layer_norm", x, bias);
-    if (!(bias.shape() == weight.shape())) shape_error("layer_norm", "bias must be (C)", x.shape(), bias.shape());
+    detail::check_same(op, x, bias);
+    if (!(bias.shape() == weight.shape())) shape_error(op, "bias must be (C)", x.shape(), bias.shape());
   }
-  Tensor out = empty(x.shape(), x.dtype(), x.device());
-  const Tensor mean = empty({N}, x.dtype(), x.device());
-  const Tensor rstd = empty({N}, x.dtype(), x.device());
-  dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
-    launch(kernels::layernorm_forward<T>, x.device(), out.data<T>(), ptr<T>(mean), ptr<T>(rstd), x.data<T>(),
-           weight.data<T>(), ptr<T>(bias), N, C, T(eps));
-  });
-  return record("layer_norm", out, {x, weight, bias},
+  return {N, C};
+}
+
+/// Records layer norm's backward for out = layer_norm(x, weight, bias), whose statistics are mean and rstd.
+Tensor record_layer_norm(Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean,
+                         const Tensor& rstd, int64_t N, int64_t C) {
+  return record("layer_norm", std::move(out), {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_float(dout.dtype(), "layer_norm", [&]<class T>() {
                     launch(kernels::layernorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
@@ -142,6 +141,42 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                            rstd.data<T>(), N, C);
                   });
                 });
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const auto rows_features = check_layer_norm("layer_norm", x, weight, bias);
+  const int64_t N = rows_features.first, C = rows_features.second;  // clang 14 cannot capture structured bindings
+  Tensor out = empty(x.shape(), x.dtype(), x.device());
+  const Tensor mean = empty({N}, x.dtype(), x.device());
+  const Tensor rstd = empty({N}, x.dtype(), x.device());
+  dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
+    launch(kernels::layernorm_forward<T>, x.device(), out.data<T>(), ptr<T>(mean), ptr<T>(rstd), x.data<T>(),
+           weight.data<T>(), ptr<T>(bias), N, C, T(eps));
+  });
+  return record_layer_norm(out, x, weight, bias, mean, rstd, N, C);
+}
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                                         double eps) {
+  const auto rows_features = check_layer_norm("add_layer_norm", a, weight, bias);
+  const int64_t N = rows_features.first, C = rows_features.second;  // clang 14 cannot capture structured bindings
+  detail::check_same("add_layer_norm", a, b);
+  if (!(a.shape() == b.shape())) shape_error("add_layer_norm", "a and b must have one shape", a.shape(), b.shape());
+  Tensor sum = empty(a.shape(), a.dtype(), a.device()), out = empty(a.shape(), a.dtype(), a.device());
+  const Tensor mean = empty({N}, a.dtype(), a.device());
+  const Tensor rstd = empty({N}, a.dtype(), a.device());
+  dispatch_float(a.dtype(), "add_layer_norm", [&]<class T>() {
+    launch(kernels::add_layernorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<T>(mean), ptr<T>(rstd),
+           a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, T(eps));
+  });
+  // Two nodes, as the two ops would record: the sum's gradient (from its other readers and from the norm) reaches a
+  // and b once it is complete.
+  sum = record("add", sum, {a, b}, [](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
+    for (Tensor& g : grads) {
+      if (g.defined()) accumulate_into(g, dout);
+    }
+  });
+  return {sum, record_layer_norm(out, sum, weight, bias, mean, rstd, N, C)};
 }
 
 Tensor embedding(const Tensor& ids, const Tensor& weight) {
@@ -160,7 +195,7 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_float(dout.dtype(), "embedding", [&]<class T>() {
                     launch(kernels::embedding_backward<T>, dout.device(), grads[1].data<T>(), dout.data<T>(),
-                           in[0].data<int32_t>(), N, C);
+                           in[0].data<int32_t>(), in[0].host_copy(), N, C);
                   });
                 });
 }
@@ -192,8 +227,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   if (count == 0) return;
                   dispatch_float(dout.dtype(), "cross_entropy", [&]<class T>() {
-                    launch(kernels::crossentropy_backward<T>, dout.device(), grads[0].data<T>(),
-                           T(dout.item() / double(count)), in[0].data<T>(), lse.data<T>(), in[1].data<int32_t>(), N, V,
+                    launch(kernels::crossentropy_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(),
+                           T(1.0 / double(count)), in[0].data<T>(), lse.data<T>(), in[1].data<int32_t>(), N, V,
                            ignore_index);
                   });
                 });

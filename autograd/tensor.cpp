@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -194,9 +195,21 @@ TensorImpl& Tensor::impl() const {
   return *impl_;
 }
 
+namespace {
+std::atomic<int64_t> float_reads{0};
+
+/// Counts a read of floating-point data to the host (see Tensor::float_host_reads).
+void count_read(DType dtype) {
+  if (dtype == DType::F32 || dtype == DType::F64) ++float_reads;
+}
+}  // namespace
+
+int64_t Tensor::float_host_reads() { return float_reads.load(); }
+
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  const Tensor host = to(Device::CPU);
+  count_read(dtype());
+  const Tensor host = device() == Device::CPU ? *this : copy_to(Device::CPU);
   const T* p = host.data<T>();
   return std::vector<T>(p, p + numel());
 }
@@ -207,7 +220,8 @@ template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
 double Tensor::item() const {
   if (numel() != 1) throw Error(fmt::format("item: tensor has {} elements (shape {}), not 1", numel(), shape().str()));
-  const Tensor host = to(Device::CPU);
+  count_read(dtype());
+  const Tensor host = device() == Device::CPU ? *this : copy_to(Device::CPU);
   switch (dtype()) {
     case DType::F32: return *host.data<float>();
     case DType::F64: return *host.data<double>();
@@ -219,14 +233,31 @@ double Tensor::item() const {
 
 Tensor Tensor::to(Device dev) const {
   if (dev == device()) return *this;
+  if (dev == Device::CPU) count_read(dtype());
+  return copy_to(dev);
+}
+
+Tensor Tensor::copy_to(Device dev) const {
   Tensor out = empty(shape(), dtype(), dev);
   const size_t bytes = size_t(numel()) * dtype_size(dtype());
   if (dev == Device::CUDA) {
     cuda::copy_to_device(out.raw_data(), raw_data(), bytes);
+    if (dtype() == DType::I32) {
+      auto copy = std::make_shared<Storage>(bytes, Device::CPU);
+      if (bytes) std::memcpy(copy->data, raw_data(), bytes);
+      out.impl().storage->host_copy = std::move(copy);
+    }
+  } else if (const int32_t* ids = host_copy()) {
+    if (bytes) std::memcpy(out.raw_data(), ids, bytes);
   } else {
     cuda::copy_to_host(out.raw_data(), raw_data(), bytes);
   }
   return out;
+}
+
+const int32_t* Tensor::host_copy() const {
+  const auto& copy = impl().storage->host_copy;
+  return copy ? static_cast<const int32_t*>(copy->data) : nullptr;
 }
 
 void Tensor::move_to_(Device dev) {
@@ -277,6 +308,7 @@ void Tensor::copy_(const Tensor& src) {
                             src.shape().str(), dtype_name(dtype()), shape().str()));
   }
   const size_t bytes = size_t(numel()) * dtype_size(dtype());
+  impl().storage->host_copy.reset();
   if (device() == Device::CPU && src.device() == Device::CPU) {
     std::memcpy(raw_data(), src.raw_data(), bytes);
   } else if (device() == Device::CPU) {

@@ -68,6 +68,9 @@ struct Storage {
   size_t bytes = 0;
   Device device = Device::CPU;
   std::shared_ptr<Storage> base;  // set for a slice
+  /// Device ids (i32) uploaded from the host with Tensor::to keep a host copy, so reading them back (checks, the
+  /// embedding's sort) needs no host synchronisation; copy_ into the storage drops it.
+  std::shared_ptr<const Storage> host_copy;
 };
 
 struct Node;
@@ -112,6 +115,12 @@ class Tensor {
   double item() const;
 
   Tensor to(Device device) const;
+  /// How many times floating-point data has been read to the host: item() and to_vector() calls whatever the
+  /// tensor's device, to(Device::CPU) of a GPU tensor. On the GPU each waits for it; tests count them on the CPU to
+  /// hold a training step to one.
+  static int64_t float_host_reads();
+  /// The host copy of an i32 tensor uploaded to the GPU with to(Device::CUDA), or null (see Storage::host_copy).
+  const int32_t* host_copy() const;
   Tensor to(DType dtype) const;
   /// Moves this tensor's data to `device` in place, so every handle of it (a module's parameter lists, the
   /// optimizer) sees the moved data; the gradient is dropped. For leaves outside any graph, and not for a slice of
@@ -151,6 +160,9 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
  private:
+  /// A copy on the other device (to() without its counting).
+  Tensor copy_to(Device device) const;
+
   std::shared_ptr<TensorImpl> impl_;
 };
 

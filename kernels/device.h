@@ -40,11 +40,17 @@ void reset_peak_memory();
 size_t free_memory();
 
 void memset_zero(void* ptr, size_t bytes);
+/// Queued after the GPU work before it (cudaMemcpyAsync): the host does not wait for that work; the driver stages
+/// the pageable source before returning, so it may be reused at once.
 void copy_to_device(void* dst, const void* src, size_t bytes);
+/// Waits for the GPU work queued before it: a host synchronisation.
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
 /// Waits for all queued GPU work; throws if any of it failed.
 void synchronize();
+/// How many times this process has waited for the GPU (copy_to_host and synchronize calls): tests hold a training
+/// step to one.
+int64_t host_syncs();
 
 /// Makes GPU `index` (0 .. device_count() - 1) this process's GPU, before any other GPU work: one GPU per rank.
 void set_device(int index);

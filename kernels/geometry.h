@@ -31,7 +31,7 @@ inline void contiguous_strides(const int64_t* shape, int64_t* strides, int ndim)
   }
 }
 
-enum class UnaryOp : uint8_t { Neg, Scale, Exp, Log, Tanh, Relu, Gelu };
+enum class UnaryOp : uint8_t { Neg, Scale, Exp, Log, Tanh, Relu, Gelu, Sqrt };
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div };
 
 }  // namespace tinygpt

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace tinygpt::nn {
 namespace {
@@ -121,6 +122,13 @@ Tensor Block::forward(const Tensor& x, Generator& gen, const Tensor& doc_ids) co
   return x1 + dropout(mlp.forward(ln_2.forward(x1)), dropout_, gen, training());
 }
 
+std::pair<Tensor, Tensor> Block::forward_fused(const Tensor& x, const Tensor& a, const LayerNorm& next, Generator& gen,
+                                               const Tensor& doc_ids) const {
+  const Tensor attended = attn.forward(a, a, a, {}, {}, /*is_causal=*/true, false, true, 0, doc_ids).out;
+  const auto [x1, b] = ln_2.forward_add(x, dropout(attended, dropout_, gen, training()));
+  return next.forward_add(x1, dropout(mlp.forward(b), dropout_, gen, training()));
+}
+
 Tensor Block::forward_cached(const Tensor& x, KVCache& cache, size_t layer) const {
   const Tensor x1 = x + attn.forward_cached(ln_1.forward(x), cache.k[layer], cache.v[layer], cache.len);
   return x1 + mlp.forward(ln_2.forward(x1));
@@ -162,8 +170,13 @@ Tensor GPT::embed(const Tensor& ids, int64_t pos0) const {
 
 Tensor GPT::hidden(const Tensor& ids, const Tensor& doc_ids) const {
   Tensor x = dropout(embed(ids, 0), config_.dropout, *gen_, training());
-  for (const auto& block : h) x = block->forward(x, *gen_, doc_ids);
-  return ln_f.forward(x);
+  if (h.empty()) return ln_f.forward(x);
+  // Each block's residual adds fused with the norms that read them: its ln_2, then the next block's ln_1 (ln_f last).
+  Tensor a = h[0]->ln_1.forward(x);
+  for (size_t i = 0; i < h.size(); ++i) {
+    std::tie(x, a) = h[i]->forward_fused(x, a, i + 1 < h.size() ? h[i + 1]->ln_1 : ln_f, *gen_, doc_ids);
+  }
+  return a;
 }
 
 Tensor GPT::document_ids(const Tensor& ids) const {

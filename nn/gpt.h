@@ -84,6 +84,11 @@ class Block : public Module {
  public:
   Block(const GPTConfig& c, Generator& gen);
   Tensor forward(const Tensor& x, Generator& gen, const Tensor& doc_ids = {}) const;
+  /// forward's training path with each residual add fused with the layer norm that reads it: given x and
+  /// a = ln_1(x), returns {y, next(y)} where y = forward(x) and `next` is the following norm (the next block's ln_1, or
+  /// ln_f after the last block).
+  std::pair<Tensor, Tensor> forward_fused(const Tensor& x, const Tensor& a, const LayerNorm& next, Generator& gen,
+                                          const Tensor& doc_ids = {}) const;
   /// Inference for new positions [cache.len, cache.len + T) given the cached earlier ones; writes this
   /// layer's keys and values into cache.k[layer], cache.v[layer].
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer) const;

@@ -221,7 +221,12 @@ class Scratch {
   std::vector<unsigned char> bytes_;
 };
 
-inline void copy_to_host(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
+/// Copies back to the host: each would be a host synchronisation on the GPU.
+inline int64_t host_copies = 0;
+inline void copy_to_host(void* dst, const void* src, size_t bytes) {
+  ++host_copies;
+  if (bytes) std::memcpy(dst, src, bytes);
+}
 inline void copy_to_device(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
 
 /// What the launchers read of the GPU: an H100's shared memory per block.

@@ -7,6 +7,8 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 
 #include "autograd/attention.h"
@@ -15,6 +17,7 @@
 #include "nn/gpt.h"
 #include "tests/attention_cases.h"
 #include "train/adamw.h"
+#include "train/trainer.h"
 
 using namespace tinygpt;
 
@@ -410,6 +413,33 @@ TEST_CASE("cuda: GPT training with tensor-core attention (tf32, bf16) tracks f32
     INFO("attention operands: " << std::string(attention_math_name(format)));
     check_tracks(train_losses(Device::CUDA, format), f32, format == AttentionMath::BF16 ? 1e-2 : 3e-3);
   }
+}
+
+TEST_CASE("cuda: a training step waits for the GPU once (the loss and the gradient norm, read together)") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "tinygpt_test_cuda_syncs";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream text(dir / "toy.txt");
+    for (int i = 0; i < 400; ++i) text << (i % 2 ? "the cat sat on the mat. " : "a dog ran. ");
+  }
+  for (const char* optimizer : {"adamw", "muon"}) {
+    for (const int64_t accum : {1, 3}) {
+      INFO(optimizer << ", --grad-accum " << accum);
+      TrainConfig c;
+      c.data = (dir / "toy.txt").string();
+      c.out = (dir / fmt::format("{}_{}", optimizer, accum)).string();
+      c.device = "cuda";
+      c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 32, c.model.block_size = 16;
+      c.batch_size = 4, c.max_iters = 8, c.eval_interval = 100, c.eval_iters = 2, c.warmup_iters = 2;
+      c.lr_decay_iters = 8, c.grad_accum = accum, c.optimizer = optimizer, c.quiet = true;
+      const TrainResult r = train(c);
+      CHECK(r.iters == 8);
+      CHECK(r.max_step_syncs == 1);
+    }
+  }
+  fs::remove_all(dir);
 }
 
 int main(int argc, char** argv) {

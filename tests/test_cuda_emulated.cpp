@@ -41,12 +41,14 @@ TINYGPT_SAME_SIGNATURE(unary_backward)
 TINYGPT_SAME_SIGNATURE(binary_forward)
 TINYGPT_SAME_SIGNATURE(binary_backward)
 TINYGPT_SAME_SIGNATURE(sum_forward)
+TINYGPT_SAME_SIGNATURE(sum_squares)
 TINYGPT_SAME_SIGNATURE(sum_backward)
 TINYGPT_SAME_SIGNATURE(softmax_forward)
 TINYGPT_SAME_SIGNATURE(softmax_backward)
 TINYGPT_SAME_SIGNATURE(log_softmax_forward)
 TINYGPT_SAME_SIGNATURE(log_softmax_backward)
 TINYGPT_SAME_SIGNATURE(layernorm_forward)
+TINYGPT_SAME_SIGNATURE(add_layernorm_forward)
 TINYGPT_SAME_SIGNATURE(layernorm_backward)
 TINYGPT_SAME_SIGNATURE(embedding_forward)
 TINYGPT_SAME_SIGNATURE(embedding_backward)
@@ -120,7 +122,7 @@ void compare(const std::string& what, std::vector<Vec> start, F run, double atol
 }
 
 const char* unary_name(UnaryOp op) {
-  constexpr const char* names[] = {"neg", "scale", "exp", "log", "tanh", "relu", "gelu"};
+  constexpr const char* names[] = {"neg", "scale", "exp", "log", "tanh", "relu", "gelu", "sqrt"};
   return names[int(op)];
 }
 
@@ -170,8 +172,9 @@ TEST_CASE("emulated CUDA: fill, axpy, axpby") {
 TEST_CASE("emulated CUDA: unary ops, forward and backward") {
   const int64_t n = 300;
   for (const UnaryOp op : {UnaryOp::Neg, UnaryOp::Scale, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Tanh, UnaryOp::Relu,
-                           UnaryOp::Gelu}) {
-    const Vec x = op == UnaryOp::Log ? random(n, 4, 0.1f, 3.0f) : random(n, 4, -3.0f, 3.0f);
+                           UnaryOp::Gelu, UnaryOp::Sqrt}) {
+    const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt;
+    const Vec x = positive ? random(n, 4, 0.1f, 3.0f) : random(n, 4, -3.0f, 3.0f);
     Vec y(static_cast<size_t>(n));
     cpu::unary_forward<float>(y.data(), x.data(), n, op, 0.7f);
     const Vec dy = random(n, 5);
@@ -233,6 +236,15 @@ TEST_CASE("emulated CUDA: sums over a middle dim (strided) and over long rows (c
   }
 }
 
+TEST_CASE("emulated CUDA: sum of squares (empty, one chunk, several chunks)") {
+  for (const int64_t n : {int64_t(0), int64_t(300), int64_t(50000)}) {
+    const Vec x = random(size_t(n), 13);
+    compare("sum_squares of " + std::to_string(n), {Vec(1)}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::sum_squares : cpu::sum_squares<float>)(o[0].data(), x.data(), n);
+    }, 1e-4, 1e-4);
+  }
+}
+
 TEST_CASE("emulated CUDA: softmax and log-softmax (rows wider than a warp, a fully masked row), forward and backward") {
   const int64_t N = 5, C = 70;
   Vec x = random(size_t(N * C), 16, -4.0f, 4.0f);
@@ -259,13 +271,19 @@ TEST_CASE("emulated CUDA: softmax and log-softmax (rows wider than a warp, a ful
 TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial sums), forward and backward") {
   const int64_t N = 70, C = 45;
   const Vec x = random(size_t(N * C), 20), w = random(size_t(C), 21), bias = random(size_t(C), 22);
-  const Vec dout = random(size_t(N * C), 23);
+  const Vec dout = random(size_t(N * C), 23), residual = random(size_t(N * C), 27);
   for (const bool with_bias : {true, false}) {
     const std::string name = with_bias ? "layernorm" : "layernorm without bias";
     compare(name + " forward", {Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
       (g ? gpu::layernorm_forward : cpu::layernorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), x.data(),
                                                                    w.data(), with_bias ? bias.data() : nullptr, N, C, 1e-5f);
     });
+    compare(name + " after a residual add, forward",
+            {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+              (g ? gpu::add_layernorm_forward : cpu::add_layernorm_forward<float>)(
+                  o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(), residual.data(), w.data(),
+                  with_bias ? bias.data() : nullptr, N, C, 1e-5f);
+            });
     Vec y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
     cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
     compare(name + " backward", {random(size_t(N * C), 24), random(size_t(C), 25), random(size_t(C), 26)},
@@ -285,9 +303,16 @@ TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backw
   compare("embedding forward", {Vec(size_t(N * C))}, [&](std::vector<Vec>& o, bool g) {
     (g ? gpu::embedding_forward : cpu::embedding_forward<float>)(o[0].data(), ids.data(), weight.data(), N, C);
   });
-  compare("embedding backward", {random(size_t(V * C), 29)}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::embedding_backward : cpu::embedding_backward<float>)(o[0].data(), dout.data(), ids.data(), N, C);
-  });
+  // With the ids' host copy the launcher sorts without copying them back (no host synchronisation); without it, it
+  // copies them.
+  for (const int32_t* host_ids : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ids.data())}) {
+    const int64_t copies = gpu::host_copies;
+    compare("embedding backward", {random(size_t(V * C), 29)}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::embedding_backward : cpu::embedding_backward<float>)(o[0].data(), dout.data(), ids.data(), host_ids, N,
+                                                                     C);
+    });
+    CHECK(gpu::host_copies - copies == (host_ids ? 0 : 1));
+  }
 }
 
 TEST_CASE("emulated CUDA: cross-entropy (an ignored row), forward and backward") {
@@ -301,8 +326,9 @@ TEST_CASE("emulated CUDA: cross-entropy (an ignored row), forward and backward")
   Vec losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N));
   cpu::crossentropy_forward<float>(losses.data(), lse.data(), logits.data(), targets.data(), N, V, -100);
   compare("crossentropy backward", {random(size_t(N * V), 31)}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::crossentropy_backward : cpu::crossentropy_backward<float>)(o[0].data(), 0.3f, logits.data(), lse.data(),
-                                                                         targets.data(), N, V, -100);
+    const float dloss = 0.6f;  // the upstream gradient, read from (device) memory, times the scale
+    (g ? gpu::crossentropy_backward : cpu::crossentropy_backward<float>)(o[0].data(), &dloss, 0.5f, logits.data(),
+                                                                         lse.data(), targets.data(), N, V, -100);
   });
 }
 

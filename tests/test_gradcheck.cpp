@@ -36,6 +36,7 @@ TEST_CASE("gradcheck: unary ops") {
   Tensor positive = exp(randn({3, 4}, gen, DType::F64)).detach();
   positive.requires_grad_();
   expect_gradcheck([](const Inputs& in) { return log(in[0]); }, {positive});
+  expect_gradcheck([](const Inputs& in) { return sqrt(in[0]); }, {positive});
   expect_gradcheck([](const Inputs& in) { return tanh(in[0]); }, {leaf({3, 4}, gen)});
   expect_gradcheck([](const Inputs& in) { return gelu(in[0]); }, {leaf({3, 4}, gen, 2.0)});
   // relu: inputs kept away from the kink at 0, where the central difference is meaningless.
@@ -85,6 +86,14 @@ TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout, rotary embe
                    {leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
   expect_gradcheck([](const Inputs& in) { return layer_norm(in[0], in[1], Tensor()); },
                    {leaf({4, 5}, gen), leaf({5}, gen)});
+  // The fused residual add and norm: both outputs, the sum also read by a second op (as the next residual add does).
+  expect_gradcheck([](const Inputs& in) {
+                     const auto [sum, normed] = add_layer_norm(in[0], in[1], in[2], in[3]);
+                     return concat({sum * 0.7, normed * normed}, 0);
+                   },
+                   {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
+  expect_gradcheck([](const Inputs& in) { return add_layer_norm(in[0], in[1], in[2], Tensor()).second; },
+                   {leaf({4, 5}, gen), leaf({4, 5}, gen), leaf({5}, gen)});
   const Tensor ids = from_vector(std::vector<int32_t>{1, 3, 1, 0, 3, 3}, {2, 3});  // repeated ids accumulate
   expect_gradcheck([ids](const Inputs& in) { return embedding(ids, in[0]); }, {leaf({4, 3}, gen)});
   const Tensor targets = from_vector(std::vector<int32_t>{2, -1, 0, 4, 1, -1}, {2, 3});

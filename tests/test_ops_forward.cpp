@@ -50,6 +50,12 @@ TEST_CASE("forward: sum and mean, over everything and over a dim") {
   check_close(mean(a, 1), {2, 5});
   const Tensor b = arange(24).to(DType::F64);
   check_close(sum(reshape(b, {2, 3, 4}), 1), {12, 15, 18, 21, 48, 51, 54, 57});
+  CHECK(sum_squares(a).item() == 91);  // 1 + 4 + 9 + 16 + 25 + 36
+  CHECK(sum_squares(fvec({}, {0})).item() == 0);
+  const Tensor w = fvec({1, 2}, {2}).requires_grad_();
+  CHECK_THROWS_WITH_AS(sum_squares(w), doctest::Contains("records no gradient"), Error);
+  NoGradGuard no_grad;
+  CHECK(sum_squares(w).item() == 5);
 }
 
 TEST_CASE("forward: softmax and log-softmax") {
@@ -89,6 +95,13 @@ TEST_CASE("forward: layer norm") {
               {-1.3416354199689269, -0.447211806656309, 0.447211806656309, 1.3416354199689269, 0, 0, 0, 0}, 1e-12);
   check_close(layer_norm(x, full({4}, 2.0, DType::F64), Tensor()),
               {-2.6832708399378538, -0.894423613312618, 0.894423613312618, 2.6832708399378538, 0, 0, 0, 0}, 1e-12);
+  // Fused with a residual add: the same numbers as the add and the norm apart, bit for bit.
+  Generator gen(3);
+  const Tensor a = randn({5, 7}, gen), b = randn({5, 7}, gen), w = randn({7}, gen), bias = randn({7}, gen);
+  const auto [sum, normed] = add_layer_norm(a, b, w, bias);
+  CHECK(sum.to_vector<float>() == (a + b).to_vector<float>());
+  CHECK(normed.to_vector<float>() == layer_norm(a + b, w, bias).to_vector<float>());
+  CHECK_THROWS_WITH_AS(add_layer_norm(a, randn({5, 6}, gen), w, bias), doctest::Contains("add_layer_norm"), Error);
 }
 
 TEST_CASE("forward: embedding lookup") {

@@ -1,6 +1,7 @@
-// .safetensors files, checkpoints, the token cache and batch sampler, the LR schedule, and a short training run
-// that checkpoints, resumes and samples.
+// .safetensors files, checkpoints, the token cache and batch sampler, the LR schedule, host reads per step, and a
+// short training run that checkpoints, resumes and samples.
 #include <doctest/doctest.h>
+#include <fmt/core.h>
 
 #include <cmath>
 #include <filesystem>
@@ -61,6 +62,23 @@ TrainConfig toy_run(const TempDir& dir, int64_t n_embd) {
 }
 
 }  // namespace
+
+TEST_CASE("train: a step reads its loss and gradient norm to the host once (on the GPU: one synchronisation)") {
+  for (const char* optimizer : {"adamw", "muon"}) {
+    for (const int64_t accum : {1, 3}) {
+      INFO(optimizer << ", --grad-accum " << accum);
+      TempDir dir(fmt::format("step_reads_{}_{}", optimizer, accum));
+      TrainConfig c = toy_run(dir, 32);
+      c.out = (dir.path / "run").string();
+      c.batch_size = 4, c.max_iters = 5, c.eval_interval = 100, c.eval_iters = 2, c.warmup_iters = 2;
+      c.lr_decay_iters = 5, c.grad_accum = accum, c.optimizer = optimizer, c.quiet = true;
+      const TrainResult r = train(c);
+      CHECK(r.iters == 5);
+      CHECK(r.max_step_float_reads == 1);
+      CHECK(r.max_step_syncs == 0);  // the CPU never waits for a GPU
+    }
+  }
+}
 
 TEST_CASE("safetensors: round trip of every dtype with metadata, and the layout other readers expect") {
   TempDir dir("st_roundtrip");

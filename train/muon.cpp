@@ -27,7 +27,10 @@ Tensor newton_schulz(const Tensor& g, int steps, double eps) {
   // A tall G (M > N) is iterated transposed, so the Gram matrix A is the smaller one. (Copied, not read through the
   // products' transpose flags: with 2 threads a chain of op(A) = A^T products ran 8x slower than 1 thread here.)
   const bool tall = g.shape()[0] > g.shape()[1];
-  Tensor x = (tall ? transpose(g, 0, 1) : g) * (1.0 / std::max(std::sqrt(sum(g * g).item()), eps));
+  // X = G / max(||G||_F, eps), the norm kept where G is (on the GPU: no host synchronisation).
+  const Tensor norm = sqrt(sum_squares(g));
+  const Tensor floored = norm + relu(full({}, eps, g.dtype(), g.device()) - norm);
+  Tensor x = (tall ? transpose(g, 0, 1) : g) / floored;
   for (int i = 0; i < steps; ++i) {
     const Tensor a = matmul(x, x, false, true);
     Tensor b = matmul(a, a);

@@ -34,11 +34,17 @@ using Clock = std::chrono::steady_clock;
 uint64_t derived_seed(uint64_t seed, uint64_t purpose) { return seed * 0x9E3779B97F4A7C15ULL + purpose; }
 constexpr uint64_t kSamplerStream = 1, kModelStream = 2, kEvalTrainStream = 3, kEvalValStream = 4, kDropoutStream = 5;
 
-/// The global L2 norm of the gradient.
-double grad_norm(const FlatParameters& flat) {
+/// The step's loss sum and the gradient's global L2 norm, read together: the step's one host synchronisation.
+std::pair<double, double> loss_and_grad_norm(const Tensor& loss_sum, const FlatParameters& flat) {
   NoGradGuard no_grad;
-  const Tensor g = flat.grads();
-  return std::sqrt(sum(g * g).item());  // the gaps between parameters hold zeros
+  const Tensor g = flat.grads();  // the gaps between parameters hold zeros
+  const Tensor both = concat({reshape(loss_sum, {1}), reshape(sum_squares(g), {1})}, 0);
+  if (both.dtype() == DType::F64) {
+    const std::vector<double> v = both.to_vector<double>();
+    return {v[0], std::sqrt(v[1])};
+  }
+  const std::vector<float> v = both.to_vector<float>();
+  return {v[0], std::sqrt(double(v[1]))};
 }
 
 /// The factor that clips a gradient of this norm to max_norm (1 when it is below, or max_norm is 0: no clipping);
@@ -258,7 +264,7 @@ struct Run {
   StepStats step(int64_t iter, double lr) {
     const int rank = comm.rank(), world = comm.world_size();
     const int64_t micro_steps = cfg.grad_accum * world;
-    double reduced[2] = {0, 0};  // this rank's loss sum; whether a stop was asked of it (summed: of any rank)
+    Tensor loss_sum;  // this rank's micro-batch losses, summed where they are (on the GPU: no synchronisation)
     for (int64_t micro = 0; micro < micro_steps; ++micro) {
       if (micro / cfg.grad_accum != rank) {
         sampler.skip();
@@ -273,7 +279,10 @@ struct Run {
         profile::Phase phase("forward");
         loss = model.forward(batch.x.to(device), batch.y.to(device)).loss;
       }
-      reduced[0] += loss.item();
+      {
+        NoGradGuard no_grad;
+        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+      }
       std::optional<GradReadyHook> hook;  // this rank's last backward of the step: reduce buckets as they complete
       if (buckets != nullptr && micro % cfg.grad_accum == cfg.grad_accum - 1) {
         buckets->arm();
@@ -285,7 +294,6 @@ struct Run {
     StepStats s;
     if (world > 1) {
       profile::Phase phase("gradient reduction");
-      reduced[1] = stop.requested() ? 1.0 : 0.0;  // all ranks stop after the same iteration
       const auto c0 = Clock::now();
       if (buckets != nullptr) {  // the buckets backward has not started yet, then every sum
         buckets->finish();
@@ -294,11 +302,18 @@ struct Run {
         float* grads = g.data<float>();
         device == Device::CPU ? comm.all_reduce_sum(grads, flat.numel()) : comm.all_reduce_sum_gpu(grads, flat.numel());
       }
-      comm.all_reduce_sum(reduced, 2);
       s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
     profile::Phase phase("optimizer");
-    s.grad_norm = grad_norm(flat);
+    const auto [rank_loss, grad_norm] = loss_and_grad_norm(loss_sum, flat);
+    // Summed over the ranks: the loss, and whether a stop was asked of any rank (all stop after the same iteration).
+    double reduced[2] = {rank_loss, stop.requested() ? 1.0 : 0.0};
+    if (world > 1) {
+      const auto c0 = Clock::now();
+      comm.all_reduce_sum(reduced, 2);
+      s.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
+    }
+    s.grad_norm = grad_norm;
     s.loss = reduced[0] / double(micro_steps);
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // before the update: the weights stay finite
       throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
@@ -412,11 +427,15 @@ TrainResult train(const TrainConfig& cfg_in) {
       break;
     }
     const auto t0 = Clock::now();
+    const int64_t syncs0 = cuda::host_syncs(), reads0 = Tensor::float_host_reads();
     const StepStats s = [&] {
       profile::Phase phase("step");
       return run.step(iter, lr);
     }();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const int64_t step_syncs = cuda::host_syncs() - syncs0;
+    result.max_step_syncs = std::max(result.max_step_syncs, step_syncs);
+    result.max_step_float_reads = std::max(result.max_step_float_reads, Tensor::float_host_reads() - reads0);
     state.train_seconds += ms / 1e3;
     // Every rank stops after the same iteration and schedules the same learning rate: rank 0's clock decides.
     if (budget && world > 1) comm.broadcast(&state.train_seconds, sizeof(double), 0);
@@ -435,6 +454,7 @@ TrainResult train(const TrainConfig& cfg_in) {
                           {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops}, {"mfu", mfu},
                           {"train_s", state.train_seconds}};
     if (world > 1) row["comm_ms"] = s.comm_ms;
+    if (device == Device::CUDA) row["host_syncs"] = step_syncs;
     metrics.write(row);
     if (iter % cfg.log_interval == 0) {
       console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s, {:.1f} GFLOP/s ({:.0f}% "

@@ -98,6 +98,8 @@ struct TrainResult {
   double last_val_loss;
   int64_t iters;
   bool interrupted = false;  // SIGINT/SIGTERM: stopped after an iteration and saved the latest checkpoint
+  int64_t max_step_syncs = 0;  // on the GPU: the most times one step waited for it (the aim is 1); 0 on the CPU
+  int64_t max_step_float_reads = 0;  // the most floating-point reads to the host in one step (Tensor::float_host_reads)
 };
 
 /// Trains (or resumes) per the config; progress on stderr. Returns the final evaluation. SIGINT or SIGTERM

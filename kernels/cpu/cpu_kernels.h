@@ -27,6 +27,8 @@ template <class T> void binary_backward(T* da, T* db, const T* dout, const T* a,
 
 /// out[o, i] = alpha * sum_d inp[o, d, i]     inp (outer, D, inner), out (outer, inner)
 template <class T> void sum_forward(T* out, const T* inp, int64_t outer, int64_t D, int64_t inner, T alpha);
+/// out[0] = sum of inp[i]^2 over n elements, in one pass (gradient clipping's norm), in a fixed order.
+template <class T> void sum_squares(T* out, const T* inp, int64_t n);
 template <class T> void sum_backward(T* dinp, const T* dout, int64_t outer, int64_t D, int64_t inner, T alpha);
 
 /// A row whose entries are all -inf (every key masked out) gives zeros, not NaN.
@@ -37,16 +39,20 @@ template <class T> void log_softmax_backward(T* dinp, const T* dout, const T* ou
 
 /// Normalizes each row of inp (N, C); saves mean (N) and rstd (N) for the backward pass.
 template <class T> void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, T eps);
+/// sum = a + b and out = layernorm(sum) in one pass over the rows (a residual add and the layer norm that reads it);
+/// mean and rstd as layernorm_forward's.
+template <class T> void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, T eps);
 template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
 
 /// out (N, C) = weight[ids] with weight (V, C). Backward splits the channels across threads: no races.
 template <class T> void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C);
-template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, int64_t N, int64_t C);
+template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t C);
 
 /// losses (N) = lse - logits[target]; lse (N) saved. Rows whose target is ignore_index get loss 0.
 template <class T> void crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
-/// dlogits += dloss * (softmax(logits) - onehot(target)) for every row that is not ignored.
-template <class T> void crossentropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+/// dlogits += dloss * (softmax(logits) - onehot(target)) for every row that is not ignored, with dloss = *dloss_in *
+/// scale: the upstream gradient is read where it lies (device memory on the GPU: no host synchronisation).
+template <class T> void crossentropy_backward(T* dlogits, const T* dloss, T scale, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 
 /// Keeps element i with probability 1-p (scaled by 1/(1-p)); the mask is a hash of (seed, i), so
 /// backward recomputes it instead of storing it, and any thread split gives the same mask.

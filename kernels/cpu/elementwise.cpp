@@ -178,6 +178,7 @@ void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha) {
     case UnaryOp::Tanh: return map(out, inp, n, [](T x) { return std::tanh(x); });
     case UnaryOp::Relu: return map(out, inp, n, [](T x) { return x > T(0) ? x : T(0); });
     case UnaryOp::Gelu: return map(out, inp, n, [](T x) { return gelu(x, [](T u) { return gelu_tanh(u); }); });
+    case UnaryOp::Sqrt: return map(out, inp, n, [](T x) { return std::sqrt(x); });
   }
 }
 
@@ -191,6 +192,7 @@ void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t 
     case UnaryOp::Tanh: return accumulate_map(dinp, dout, out, n, [](T y) { return T(1) - y * y; });
     case UnaryOp::Relu: return accumulate_map(dinp, dout, inp, n, [](T x) { return x > T(0) ? T(1) : T(0); });
     case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](T x) { return gelu_grad(x, [](T u) { return gelu_tanh(u); }); });
+    case UnaryOp::Sqrt: return accumulate_map(dinp, dout, out, n, [](T y) { return T(0.5) / y; });
   }
 }
 

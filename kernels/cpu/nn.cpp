@@ -17,26 +17,41 @@ inline std::pair<int64_t, int64_t> thread_range(int64_t n, int tid, int nth) {
 
 }  // namespace
 
+/// One row of layer norm: y = (x - mean) * rstd * weight + bias, with its mean and rstd.
+template <class T>
+inline void layernorm_row(T* y, T& mean, T& rstd, const T* x, const T* weight, const T* bias, int64_t C, T eps) {
+  // Vector reductions (lanes summed in their own order): a plain loop is one dependent add per element.
+  T m = 0;
+#pragma omp simd reduction(+ : m)
+  for (int64_t c = 0; c < C; ++c) m += x[c];
+  m /= T(C);
+  T v = 0;
+#pragma omp simd reduction(+ : v)
+  for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+  v /= T(C);
+  const T s = T(1) / std::sqrt(v + eps);
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + (bias ? bias[c] : T(0));
+  mean = m;
+  rstd = s;
+}
+
 template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, T eps) {
 #pragma omp parallel for if (N * C >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) layernorm_row(out + n * C, mean[n], rstd[n], inp + n * C, weight, bias, C, eps);
+}
+
+template <class T>
+void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T* b, const T* weight, const T* bias,
+                           int64_t N, int64_t C, T eps) {
+#pragma omp parallel for if (N * C >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
-    const T* x = inp + n * C;
-    // Vector reductions (lanes summed in their own order): a plain loop is one dependent add per element.
-    T m = 0;
-#pragma omp simd reduction(+ : m)
-    for (int64_t c = 0; c < C; ++c) m += x[c];
-    m /= T(C);
-    T v = 0;
-#pragma omp simd reduction(+ : v)
-    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    v /= T(C);
-    const T s = T(1) / std::sqrt(v + eps);
-    T* y = out + n * C;
+    T* s = sum + n * C;
+    const T *x = a + n * C, *y = b + n * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + (bias ? bias[c] : T(0));
-    mean[n] = m;
-    rstd[n] = s;
+    for (int64_t c = 0; c < C; ++c) s[c] = x[c] + y[c];
+    layernorm_row(out + n * C, mean[n], rstd[n], s, weight, bias, C, eps);  // s is still in L1
   }
 }
 
@@ -94,7 +109,7 @@ void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, i
 }
 
 template <class T>
-void embedding_backward(T* dweight, const T* dout, const int32_t* ids, int64_t N, int64_t C) {
+void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t*, int64_t N, int64_t C) {
   // Threads own disjoint channel ranges and walk all rows in order: race-free and deterministic.
 #pragma omp parallel if (N * C >= kParallelGrain)
   {
@@ -121,7 +136,8 @@ void crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* tar
 }
 
 template <class T>
-void crossentropy_backward(T* dlogits, T dloss, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+void crossentropy_backward(T* dlogits, const T* dloss_in, T scale, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+  const T dloss = *dloss_in * scale;
 #pragma omp parallel for if (N * V >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
     if (targets[n] == ignore_index) continue;
@@ -150,11 +166,12 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
 
 #define TINYGPT_INSTANTIATE(T)                                                                                          \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, T);                    \
+  template void add_layernorm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T);  \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t);  \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
-  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t);                                  \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t);                                  \
   template void crossentropy_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int32_t);                   \
-  template void crossentropy_backward<T>(T*, T, const T*, const T*, const int32_t*, int64_t, int64_t, int32_t);         \
+  template void crossentropy_backward<T>(T*, const T*, T, const T*, const T*, const int32_t*, int64_t, int64_t, int32_t);         \
   template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \
   template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);
 TINYGPT_INSTANTIATE(float)

@@ -29,6 +29,14 @@ void sum_forward(T* out, const T* inp, int64_t outer, int64_t D, int64_t inner, 
 }
 
 template <class T>
+void sum_squares(T* out, const T* inp, int64_t n) {
+  double acc = 0;  // a fixed static split: reproducible
+#pragma omp parallel for reduction(+ : acc) schedule(static) if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) acc += double(inp[i]) * double(inp[i]);
+  out[0] = T(acc);
+}
+
+template <class T>
 void sum_backward(T* dinp, const T* dout, int64_t outer, int64_t D, int64_t inner, T alpha) {
 #pragma omp parallel for if (outer * D * inner >= kParallelGrain)
   for (int64_t od = 0; od < outer * D; ++od) {
@@ -102,6 +110,7 @@ void log_softmax_backward(T* dinp, const T* dout, const T* out, int64_t N, int64
 #define TINYGPT_INSTANTIATE(T)                                                              \
   template void sum_forward<T>(T*, const T*, int64_t, int64_t, int64_t, T);                 \
   template void sum_backward<T>(T*, const T*, int64_t, int64_t, int64_t, T);                \
+  template void sum_squares<T>(T*, const T*, int64_t);                                      \
   template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                         \
   template void softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t);              \
   template void log_softmax_forward<T>(T*, const T*, int64_t, int64_t);                     \

@@ -26,6 +26,7 @@ void copy_to_device(void*, const void*, size_t) { unavailable(); }
 void copy_to_host(void*, const void*, size_t) { unavailable(); }
 void copy_on_device(void*, const void*, size_t) { unavailable(); }
 void synchronize() {}
+int64_t host_syncs() { return 0; }
 void set_device(int) { unavailable(); }
 bool profiling() { return false; }
 void profile_add(const char*, double) {}

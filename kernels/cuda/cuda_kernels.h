@@ -19,6 +19,7 @@ void unary_backward(float* dinp, const float* dout, const float* inp, const floa
 void binary_forward(float* out, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op);
 void binary_backward(float* da, float* db, const float* dout, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op);
 void sum_forward(float* out, const float* inp, int64_t outer, int64_t D, int64_t inner, float alpha);
+void sum_squares(float* out, const float* inp, int64_t n);
 void sum_backward(float* dinp, const float* dout, int64_t outer, int64_t D, int64_t inner, float alpha);
 void softmax_forward(float* out, const float* inp, int64_t N, int64_t C);
 void softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C);
@@ -26,13 +27,14 @@ void log_softmax_forward(float* out, const float* inp, int64_t N, int64_t C);
 void log_softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C);
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, float eps);
 /// dweight/dbias: per-block partial sums added in a fixed order by a second kernel (deterministic).
+void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a, const float* b, const float* weight, const float* bias, int64_t N, int64_t C, float eps);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C);
 /// Deterministic, no float atomics: each thread owns one (token id, channel) pair of dweight and sums its
 /// rows in order (a first pass buckets the rows by id with a stable counting sort).
-void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t N, int64_t C);
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t C);
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
-void crossentropy_backward(float* dlogits, float dloss, const float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+void crossentropy_backward(float* dlogits, const float* dloss, float scale, const float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 void dropout_forward(float* out, const float* inp, int64_t n, float p, uint64_t seed);
 void dropout_backward(float* dinp, const float* dout, int64_t n, float p, uint64_t seed);
 void permute(float* out, const float* inp, const PermuteGeom& g, bool accumulate);

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -178,11 +179,18 @@ size_t free_memory() {
 
 void memset_zero(void* ptr, size_t bytes) { check(cudaMemsetAsync(ptr, 0, bytes), "cudaMemsetAsync"); }
 
+namespace {
+std::atomic<int64_t> syncs{0};
+}
+
+int64_t host_syncs() { return syncs.load(); }
+
 void copy_to_device(void* dst, const void* src, size_t bytes) {
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (host to device)");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpyAsync (host to device)");
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
+  ++syncs;
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
 }
 
@@ -190,7 +198,10 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync (device to device)");
 }
 
-void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void synchronize() {
+  ++syncs;
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
 
 void set_device(int index) {
   const int n = device_count();

@@ -26,6 +26,7 @@ __device__ float unary(UnaryOp op, float x, float alpha) {
     case UnaryOp::Tanh: return tanhf(x);
     case UnaryOp::Relu: return x > 0.0f ? x : 0.0f;
     case UnaryOp::Gelu: return gelu(x, Tanh{});
+    case UnaryOp::Sqrt: return sqrtf(x);
   }
   return 0.0f;
 }
@@ -40,6 +41,7 @@ __device__ float unary_grad(UnaryOp op, float x, float y, float alpha) {
     case UnaryOp::Tanh: return 1.0f - y * y;
     case UnaryOp::Relu: return x > 0.0f ? 1.0f : 0.0f;
     case UnaryOp::Gelu: return gelu_grad(x, Tanh{});
+    case UnaryOp::Sqrt: return 0.5f / y;
   }
   return 0.0f;
 }
@@ -204,11 +206,12 @@ __global__ void sum_strided_kernel(float* out, const float* inp, int64_t outer, 
 }
 
 /// inner == 1, first pass: block (row, chunk) sums its chunk of the row into partial[row * chunks + chunk].
+template <bool kSquares>
 __global__ void sum_rows_kernel(float* partial, const float* inp, int64_t D, int64_t chunk) {
   const float* x = inp + int64_t(blockIdx.x) * D;
   const int64_t d0 = int64_t(blockIdx.y) * chunk, d1 = min(D, d0 + chunk);
   float acc = 0.0f;
-  for (int64_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) acc += x[d];
+  for (int64_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) acc += kSquares ? x[d] * x[d] : x[d];
   acc = block_sum(acc);
   if (threadIdx.x == 0) partial[int64_t(blockIdx.x) * gridDim.y + blockIdx.y] = acc;
 }
@@ -395,7 +398,7 @@ void sum_forward(float* out, const float* inp, int64_t outer, int64_t D, int64_t
     // Rows are split in chunks of at least 16K elements over up to 256 blocks per row; fixed order throughout.
     const int64_t chunks = std::clamp<int64_t>(D / 16384, 1, 256), chunk = (D + chunks - 1) / chunks;
     Scratch partial(size_t(outer * chunks) * sizeof(float));
-    launch_kernel("sum_forward (chunks)", sum_rows_kernel, dim3(unsigned(outer), unsigned(chunks)), 512, 0,
+    launch_kernel("sum_forward (chunks)", sum_rows_kernel<false>, dim3(unsigned(outer), unsigned(chunks)), 512, 0,
                   partial.as<float>(), inp, D, chunk);
     launch_kernel("sum_forward (partials)", sum_partials_kernel, blocks_for(outer), kThreads, 0, out,
                   partial.as<float>(), outer, chunks, alpha);
@@ -403,6 +406,16 @@ void sum_forward(float* out, const float* inp, int64_t outer, int64_t D, int64_t
     launch_kernel("sum_forward", sum_strided_kernel, blocks_for(outer * inner), kThreads, 0, out, inp, outer, D, inner,
                   alpha);
   }
+}
+
+void sum_squares(float* out, const float* inp, int64_t n) {
+  // As sum_forward over one row: chunks of at least 16K elements over up to 256 blocks, added in a fixed order.
+  const int64_t chunks = std::clamp<int64_t>(n / 16384, 1, 256), chunk = (n + chunks - 1) / chunks;
+  Scratch partial(size_t(chunks) * sizeof(float));
+  launch_kernel("sum_squares (chunks)", sum_rows_kernel<true>, dim3(1, unsigned(chunks)), 512, 0, partial.as<float>(),
+                inp, n, chunk);
+  launch_kernel("sum_squares (partials)", sum_partials_kernel, 1, kThreads, 0, out, partial.as<float>(), int64_t(1),
+                chunks, 1.0f);
 }
 
 void sum_backward(float* dinp, const float* dout, int64_t outer, int64_t D, int64_t inner, float alpha) {

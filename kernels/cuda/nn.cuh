@@ -13,24 +13,39 @@ TINYGPT_CUDA_BEGIN
 namespace {
 
 /// One warp per row.
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                         const float* bias, int64_t N, int64_t C, float eps) {
-  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (n >= N) return;
-  const float* x = inp + n * C;
+/// One warp normalizes a row x into y, lane l taking features l, l + 32, ...; lane 0 writes mean and rstd.
+__device__ void layernorm_row(float* y, float* mean, float* rstd, const float* x, const float* weight,
+                              const float* bias, int64_t C, float eps, int lane) {
   float s = 0.0f;
   for (int64_t c = lane; c < C; c += 32) s += x[c];
   const float m = warp_sum(s) / float(C);
   float v = 0.0f;
   for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
   const float r = rsqrtf(warp_sum(v) / float(C) + eps);
-  float* y = out + n * C;
   for (int64_t c = lane; c < C; c += 32) y[c] = (x[c] - m) * r * weight[c] + (bias ? bias[c] : 0.0f);
   if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = r;
+    *mean = m;
+    *rstd = r;
   }
+}
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                         const float* bias, int64_t N, int64_t C, float eps) {
+  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (n >= N) return;
+  layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C, eps, int(threadIdx.x % 32));
+}
+
+/// sum = a + b, then its layer norm: each lane reads back only the sums it wrote itself.
+__global__ void add_layernorm_forward_kernel(float* sum, float* out, float* mean, float* rstd, const float* a,
+                                             const float* b, const float* weight, const float* bias, int64_t N,
+                                             int64_t C, float eps) {
+  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x % 32);
+  if (n >= N) return;
+  float* s = sum + n * C;
+  for (int64_t c = lane; c < C; c += 32) s[c] = a[n * C + c] + b[n * C + c];
+  layernorm_row(out + n * C, mean + n, rstd + n, s, weight, bias, C, eps, lane);
 }
 
 /// dinp, one warp per row.
@@ -123,14 +138,15 @@ __global__ void crossentropy_forward_kernel(float* losses, float* lse, const flo
   }
 }
 
-__global__ void crossentropy_backward_kernel(float* dlogits, float dloss, const float* logits, const float* lse,
-                                             const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+__global__ void crossentropy_backward_kernel(float* dlogits, const float* dloss_in, float scale, const float* logits,
+                                             const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                                             int32_t ignore_index) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (n >= N || targets[n] == ignore_index) return;
   const float* x = logits + n * V;
   float* dx = dlogits + n * V;
-  const float l = lse[n];
+  const float l = lse[n], dloss = *dloss_in * scale;
   const int32_t t = targets[n];
   for (int64_t v = lane; v < V; v += 32) dx[v] += dloss * (expf(x[v] - l) - (v == t ? 1.0f : 0.0f));
 }
@@ -141,6 +157,13 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        int64_t N, int64_t C, float eps) {
   if (N == 0) return;
   launch_kernel("layernorm_forward", layernorm_forward_kernel, blocks_for(N * 32), kThreads, 0, out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+
+void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a, const float* b,
+                           const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
+  if (N == 0) return;
+  launch_kernel("add_layernorm_forward", add_layernorm_forward_kernel, blocks_for(N * 32), kThreads, 0, sum, out, mean,
+                rstd, a, b, weight, bias, N, C, eps);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -163,12 +186,19 @@ void embedding_forward(float* out, const int32_t* ids, const float* weight, int6
   launch_kernel("embedding_forward", embedding_forward_kernel, blocks_for(N * C), kThreads, 0, out, ids, weight, N, C);
 }
 
-void embedding_backward(float* dweight, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_copy, int64_t N,
+                        int64_t C) {
   if (N * C == 0) return;
-  // Stable counting sort of the rows by token id, on the host (N ids: a small copy), so each block below
-  // sums the rows of one id in row order.
-  std::vector<int32_t> host_ids(static_cast<size_t>(N));
-  copy_to_host(host_ids.data(), ids, size_t(N) * sizeof(int32_t));
+  // Stable counting sort of the rows by token id, on the host, so each block below sums the rows of one id in row
+  // order. The ids' host copy when the caller has one (ids uploaded from the host); else they are copied back (a
+  // host synchronisation).
+  std::vector<int32_t> host_ids;
+  if (host_copy == nullptr) {
+    host_ids.resize(static_cast<size_t>(N));
+    copy_to_host(host_ids.data(), ids, size_t(N) * sizeof(int32_t));
+  } else {
+    host_ids.assign(host_copy, host_copy + N);
+  }
   int32_t max_id = 0;
   for (int32_t id : host_ids) max_id = std::max(max_id, id);
   std::vector<int32_t> count(size_t(max_id) + 2, 0);
@@ -204,10 +234,10 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
   launch_kernel("crossentropy_forward", crossentropy_forward_kernel, blocks_for(N * 32), kThreads, 0, losses, lse, logits, targets, N, V, ignore_index);
 }
 
-void crossentropy_backward(float* dlogits, float dloss, const float* logits, const float* lse, const int32_t* targets,
-                           int64_t N, int64_t V, int32_t ignore_index) {
+void crossentropy_backward(float* dlogits, const float* dloss, float scale, const float* logits, const float* lse,
+                           const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
   if (N == 0) return;
-  launch_kernel("crossentropy_backward", crossentropy_backward_kernel, blocks_for(N * 32), kThreads, 0, dlogits, dloss, logits, lse, targets, N, V, ignore_index);
+  launch_kernel("crossentropy_backward", crossentropy_backward_kernel, blocks_for(N * 32), kThreads, 0, dlogits, dloss, scale, logits, lse, targets, N, V, ignore_index);
 }
 
 TINYGPT_CUDA_END
