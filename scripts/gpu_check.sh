@@ -87,10 +87,12 @@ ours_train_ms() {
     --eval-interval 100000 --eval-iters 1 --log-interval 10 "$@" >> "$logs/train_throughput.log" 2>&1
   grep -o '"ms":[0-9.e+-]*' "$run/metrics.jsonl" | cut -d: -f2 | tail -n +11 | sort -g |
     awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'
+  grep -o '"host_syncs":[0-9]*' "$run/metrics.jsonl" | cut -d: -f2 | sort -n | tail -1 > "$logs/host_syncs"
   rm -rf "$run"
 }
 : > "$logs/train_throughput.log"
 ours_ms=$(ours_train_ms)
+note "host syncs per training step" "$(cat "$logs/host_syncs") at most (aim: 1; metrics.jsonl host_syncs)"
 ours_tf32_attn_ms=$(ours_train_ms --attention-math tf32)
 ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
 tokens=$((64 * 256))

@@ -149,8 +149,13 @@ expect_error "model flags contradict the checkpoint: pos \"alibi\" (flags) vs \"
   --untied-head --qk-norm --optimizer muon 2> "$dir/modern.log" || fail "train with the modern options exited non-zero: $(tail -3 "$dir/modern.log")"
 "$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep -q "^optimizer      Muon and AdamW, 4 steps$" ||
   fail "info does not name the optimizer: $("$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep optimizer)"
-expect_error "was trained with --optimizer muon, not adamw: resume with --optimizer muon" "$tinygpt" train \
-  --data "$dir/text.txt" --out "$dir/modern" --resume --max-iters 8
+# Without --optimizer a resumed run takes the checkpoint's; naming the other one is refused.
+"$tinygpt" train --data "$dir/text.txt" --out "$dir/modern" --resume --max-iters 6 --eval-interval 6 --eval-iters 1 \
+  2> "$dir/modern_resume.log" || fail "resuming a Muon run without --optimizer failed: $(tail -2 "$dir/modern_resume.log")"
+grep -q "at iteration 4 .*--optimizer muon)" "$dir/modern_resume.log" ||
+  fail "the resumed run does not say it took Muon: $(grep resuming "$dir/modern_resume.log")"
+expect_error "was trained with --optimizer muon, not adamw: resume with --optimizer muon or without the flag" "$tinygpt" \
+  train --data "$dir/text.txt" --out "$dir/modern" --resume --max-iters 8 --optimizer adamw
 expect_error "^error: --optimizer: sgd not in {adamw,muon}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer sgd
 expect_error "muon-momentum must be in \[0, 1), got 1" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer muon --muon-momentum 1
 "$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep -q "relu^2 MLP, logits soft-capped at 10, output projections initialized to zero, untied head, QK-norm" ||

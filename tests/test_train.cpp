@@ -416,6 +416,10 @@ TEST_CASE("train: stopping and resuming gives the same losses and weights, bit f
     c.optimizer = optimizer == "muon" ? "adamw" : "muon";
     c.max_iters = 130;
     CHECK_THROWS_WITH_AS(train(c), doctest::Contains(("was trained with --optimizer " + optimizer).c_str()), Error);
+    // Not naming one (the CLI without --optimizer), the run takes the checkpoint's.
+    c.optimizer_given = false;
+    CHECK(train(c).iters == 130);
+    CHECK(load_checkpoint(dir.path / "stopped" / kLatestCheckpoint).optimizer == optimizer);
   }
 }
 

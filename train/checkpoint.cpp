@@ -174,8 +174,9 @@ void load_weights(nn::GPT& model, const Checkpoint& ckpt) {
 
 void load_optimizer(Optimizer& opt, const Checkpoint& ckpt) {
   if (ckpt.optimizer != opt.name() && ckpt.optimizer != "none") {
-    throw Error(fmt::format("'{}' was trained with --optimizer {}, not {}: resume with --optimizer {} (or start a new run "
-                            "in another --out)", ckpt.path.string(), ckpt.optimizer, opt.name(), ckpt.optimizer));
+    throw Error(fmt::format("'{}' was trained with --optimizer {}, not {}: resume with --optimizer {} or without the "
+                            "flag (or start a new run in another --out)",
+                            ckpt.path.string(), ckpt.optimizer, opt.name(), ckpt.optimizer));
   }
   for (auto& [name, t] : opt.state()) {
     const Tensor saved = ckpt.contents.find(kOptimizerPrefix + name);

@@ -427,6 +427,7 @@ int Cli::run() {
                                     {"--untied-head", "untied_head"}, {"--qk-norm", "qk_norm"}}) {
       if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
     }
+    train_config.optimizer_given = train_cmd->count("--optimizer") > 0;
     // A time budget ends the run; --max-iters still caps it when given, and only then.
     if (train_config.time_budget > 0 && train_cmd->count("--max-iters") == 0) {
       train_config.max_iters = std::numeric_limits<int64_t>::max();

@@ -157,6 +157,7 @@ Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out, const data::
   const double dropout = cfg.model.dropout;
   cfg.model = ckpt.config;
   cfg.model.dropout = dropout;
+  if (!cfg.optimizer_given && (ckpt.optimizer == "adamw" || ckpt.optimizer == "muon")) cfg.optimizer = ckpt.optimizer;
   return ckpt;
 }
 
@@ -380,8 +381,8 @@ TrainResult train(const TrainConfig& cfg_in) {
     state = ckpt->state;
     sampler.generator().set_state(state.sampler_rng);
     model_gen.set_state(state.model_rng);
-    console.line("resuming from {} at iteration {} (best val loss {:.4f})\n", ckpt->path.string(), state.iter,
-                 state.best_val_loss);
+    console.line("resuming from {} at iteration {} (best val loss {:.4f}, --optimizer {})\n", ckpt->path.string(),
+                 state.iter, state.best_val_loss, opt.name());
   }
   state.train_config = flags_json(cfg);
   if (cfg.resume && lead) truncate_metrics(out / "metrics.jsonl", state.iter);

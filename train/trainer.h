@@ -54,6 +54,7 @@ struct TrainConfig {
   bool tf32 = true;  // on the GPU: TF32 tensor cores for f32 matmuls (as nanoGPT); --no-tf32 for full f32
   std::string attention_math = "f32";  // on the GPU: flash attention's operands, f32, tf32 or bf16 (AttentionMath)
   bool resume = false;
+  bool optimizer_given = true;  // false: --resume takes the checkpoint's optimizer (the CLI, without --optimizer)
   bool quiet = false;  // only the final summary and errors on stderr
   std::vector<std::string> model_flags_given;  // config keys set by flags ("n_embd", ...): on resume they must match
 
