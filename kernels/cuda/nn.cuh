@@ -12,7 +12,6 @@
 TINYGPT_CUDA_BEGIN
 namespace {
 
-/// One warp per row.
 /// One warp normalizes a row x into y, lane l taking features l, l + 32, ...; lane 0 writes mean and rstd.
 __device__ void layernorm_row(float* y, float* mean, float* rstd, const float* x, const float* weight,
                               const float* bias, int64_t C, float eps, int lane) {
@@ -29,6 +28,7 @@ __device__ void layernorm_row(float* y, float* mean, float* rstd, const float* x
   }
 }
 
+/// One warp per row.
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                          const float* bias, int64_t N, int64_t C, float eps) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
