@@ -206,10 +206,14 @@ void count_read(DType dtype) {
 
 int64_t Tensor::float_host_reads() { return float_reads.load(); }
 
+Tensor Tensor::read_to_host() const {
+  count_read(dtype());
+  return device() == Device::CPU ? *this : copy_to(Device::CPU);
+}
+
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  count_read(dtype());
-  const Tensor host = device() == Device::CPU ? *this : copy_to(Device::CPU);
+  const Tensor host = read_to_host();
   const T* p = host.data<T>();
   return std::vector<T>(p, p + numel());
 }
@@ -220,8 +224,7 @@ template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
 double Tensor::item() const {
   if (numel() != 1) throw Error(fmt::format("item: tensor has {} elements (shape {}), not 1", numel(), shape().str()));
-  count_read(dtype());
-  const Tensor host = device() == Device::CPU ? *this : copy_to(Device::CPU);
+  const Tensor host = read_to_host();
   switch (dtype()) {
     case DType::F32: return *host.data<float>();
     case DType::F64: return *host.data<double>();

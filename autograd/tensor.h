@@ -162,6 +162,8 @@ class Tensor {
  private:
   /// A copy on the other device (to() without its counting).
   Tensor copy_to(Device device) const;
+  /// This tensor's data on the host, for item() and to_vector(), counted as a read (float_host_reads).
+  Tensor read_to_host() const;
 
   std::shared_ptr<TensorImpl> impl_;
 };

@@ -192,24 +192,23 @@ void embedding_backward(float* dweight, const float* dout, const int32_t* ids, c
   // Stable counting sort of the rows by token id, on the host, so each block below sums the rows of one id in row
   // order. The ids' host copy when the caller has one (ids uploaded from the host); else they are copied back (a
   // host synchronisation).
-  std::vector<int32_t> host_ids;
+  std::vector<int32_t> copied;
   if (host_copy == nullptr) {
-    host_ids.resize(static_cast<size_t>(N));
-    copy_to_host(host_ids.data(), ids, size_t(N) * sizeof(int32_t));
-  } else {
-    host_ids.assign(host_copy, host_copy + N);
+    copied.resize(static_cast<size_t>(N));
+    copy_to_host(copied.data(), ids, size_t(N) * sizeof(int32_t));
   }
+  const int32_t* host_ids = host_copy ? host_copy : copied.data();
   int32_t max_id = 0;
-  for (int32_t id : host_ids) max_id = std::max(max_id, id);
+  for (int64_t n = 0; n < N; ++n) max_id = std::max(max_id, host_ids[n]);
   std::vector<int32_t> count(size_t(max_id) + 2, 0);
-  for (int32_t id : host_ids) ++count[size_t(id) + 1];
+  for (int64_t n = 0; n < N; ++n) ++count[size_t(host_ids[n]) + 1];
   for (size_t v = 1; v < count.size(); ++v) count[v] += count[v - 1];  // count[v] = first slot of id v
   // One device upload: order (N), then bucket starts and ids (used buckets only).
   std::vector<int32_t> packed(static_cast<size_t>(N));
   std::vector<int32_t> start, bucket_id;
   {
     std::vector<int32_t> next(count.begin(), count.end() - 1);
-    for (int64_t n = 0; n < N; ++n) packed[size_t(next[size_t(host_ids[size_t(n)])]++)] = int32_t(n);
+    for (int64_t n = 0; n < N; ++n) packed[size_t(next[size_t(host_ids[n])]++)] = int32_t(n);
   }
   for (int32_t v = 0; v <= max_id; ++v) {
     if (count[size_t(v) + 1] > count[size_t(v)]) {
