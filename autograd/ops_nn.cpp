@@ -52,7 +52,7 @@ Tensor softmax(const Tensor& x) { return rowwise_softmax("softmax", x, false); }
 Tensor log_softmax(const Tensor& x) { return rowwise_softmax("log_softmax", x, true); }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Numerics& numerics) {
-  const bool tf32 = numerics.tf32;
+  const MatmulMath math = numerics.matmul();
   detail::check_float("matmul", a, "first operand");
   detail::check_float("matmul", b, "second operand");
   detail::check_same("matmul", a, b);
@@ -75,18 +75,18 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
   Tensor out = empty(Shape(dims), a.dtype(), a.device());
   dispatch_float(a.dtype(), "matmul", [&]<class T>() {
     launch(kernels::matmul_forward<T>, a.device(), out.data<T>(), a.data<T>(), b.data<T>(), batch_a, batch_b, M, K, N,
-           trans_a, trans_b, tf32);
+           trans_a, trans_b, math);
   });
   return record("matmul", out, {a, b}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
     dispatch_float(dout.dtype(), "matmul", [&]<class T>() {
       launch(kernels::matmul_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]), dout.data<T>(),
-             in[0].data<T>(), in[1].data<T>(), batch_a, batch_b, M, K, N, trans_a, trans_b, tf32);
+             in[0].data<T>(), in[1].data<T>(), batch_a, batch_b, M, K, N, trans_a, trans_b, math);
     });
   });
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Numerics& numerics) {
-  const bool tf32 = numerics.tf32;
+  const MatmulMath math = numerics.matmul();
   detail::check_float("linear", x);
   detail::check_float("linear", weight, "weight");
   detail::check_same("linear", x, weight);
@@ -105,13 +105,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const N
   Tensor out = empty(Shape(dims), x.dtype(), x.device());
   dispatch_float(x.dtype(), "linear", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(), out.data<T>(), x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, OC,
-           tf32);
+           math);
   });
   return record("linear", out, {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_float(dout.dtype(), "linear", [&]<class T>() {
                     launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
-                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC, tf32);
+                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC, math);
                   });
                 });
 }

@@ -7,13 +7,14 @@
 #
 #   bash bench/recipe_search.sh [DATA] [BUDGET] [THREADS]        # defaults: the corpus, 180, nproc
 #
-# Candidates: CANDIDATES="name|flags;name|flags;..." replaces the built-in list below.
+# Candidates: CANDIDATES="name|flags;name|flags;..." replaces the built-in list below. TINYGPT=path runs another
+# binary than ./build/tinygpt (a copy, so that the tree can be rebuilt while a long search runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-$(bash scripts/get_data.sh)}
 budget=${2:-180}
 threads=${3:-$(nproc)}
-tinygpt=./build/tinygpt
+tinygpt=${TINYGPT:-./build/tinygpt}
 [ -x "$tinygpt" ] || { echo "error: $tinygpt not found: build first (bash scripts/build.sh)" >&2; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

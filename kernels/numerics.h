@@ -1,7 +1,7 @@
-// How the GPU kernels compute, as a value that travels with each call (never a process-wide switch): a command
-// builds one from its flags (train) or from the checkpoint it loads (eval, sample; their flags override it), the
-// model hands it to its layers, the layers to the ops, the ops to the kernels. The CPU kernels compute every
-// product in full f32/f64 and ignore it.
+// How the kernels compute, as a value that travels with each call (never a process-wide switch): a command builds
+// one from its flags (train) or from the checkpoint it loads (eval, sample; their flags override it), the model
+// hands it to its layers, the layers to the ops, the ops to the kernels. On the CPU only bf16 matmuls change
+// anything (the CPU kernels otherwise compute every product in full f32/f64).
 #pragma once
 
 #include <cstdint>
@@ -30,9 +30,23 @@ inline bool parse_attention_math(std::string_view name, AttentionMath& math) {
   return false;
 }
 
+/// The operands of a matmul's products; inputs, outputs and accumulation are f32 in every case. F32: full f32.
+/// TF32 (GPU only; the CPU computes it as F32): tensor cores with 10-bit mantissas. BF16: each operand rounded to
+/// bfloat16 (8-bit mantissa, round to nearest even) as it is read, its products summed in f32, as PyTorch's autocast
+/// and the bf16 tensor cores or AVX512-BF16 compute them; on the GPU on tensor cores, on the CPU by the packing of the
+/// blocked GEMM (kernels/cpu/gemm.cpp), at f32 speed until kernels for AVX512-BF16 or AMX exist.
+enum class MatmulMath : uint8_t { F32, TF32, BF16 };
+
+inline const char* matmul_math_name(MatmulMath math) {
+  return math == MatmulMath::BF16 ? "bf16" : math == MatmulMath::TF32 ? "tf32" : "f32";
+}
+
 struct Numerics {
-  bool tf32 = false;  // f32 matmuls on TF32 tensor cores (10-bit mantissa products, f32 accumulation)
+  bool tf32 = false;  // on the GPU, f32 matmuls on TF32 tensor cores (10-bit mantissa products, f32 accumulation)
+  bool bf16 = false;  // --dtype bf16: matmul operands rounded to bf16 (on every device; before tf32)
   AttentionMath attention = AttentionMath::F32;
+
+  MatmulMath matmul() const { return bf16 ? MatmulMath::BF16 : tf32 ? MatmulMath::TF32 : MatmulMath::F32; }
 };
 
 }  // namespace tinygpt

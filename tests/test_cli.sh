@@ -156,6 +156,16 @@ grep -q "at iteration 4 .*--optimizer muon)" "$dir/modern_resume.log" ||
   fail "the resumed run does not say it took Muon: $(grep resuming "$dir/modern_resume.log")"
 expect_error "was trained with --optimizer muon, not adamw: resume with --optimizer muon or without the flag" "$tinygpt" \
   train --data "$dir/text.txt" --out "$dir/modern" --resume --max-iters 8 --optimizer adamw
+# --dtype bf16 on the CPU: said in the model line, recorded in the checkpoint, used by eval; a bad value refused.
+"$tinygpt" train --data "$dir/text.txt" --out "$dir/bf16" --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 \
+  --batch-size 4 --max-iters 4 --eval-interval 4 --eval-iters 1 --dtype bf16 2> "$dir/bf16.log" ||
+  fail "train --dtype bf16 exited non-zero: $(tail -3 "$dir/bf16.log")"
+grep -q "^model: .*, bf16 matmul operands (rounded in software: no faster than fp32" "$dir/bf16.log" ||
+  fail "the model line does not say bf16: $(grep '^model' "$dir/bf16.log")"
+"$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep -q "^numerics       bf16 matmul operands (--dtype bf16); on the GPU: bf16 matmuls" ||
+  fail "info does not report bf16: $("$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep numerics)"
+"$tinygpt" eval --ckpt "$dir/bf16" --data "$dir/text.txt" --eval-iters 2 --dtype fp32 > /dev/null 2>&1 || fail "eval --dtype fp32 of a bf16 run failed"
+expect_error "^error: --dtype: fp16 not in {fp32,bf16}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --dtype fp16
 expect_error "^error: --optimizer: sgd not in {adamw,muon}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer sgd
 expect_error "muon-momentum must be in \[0, 1), got 1" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer muon --muon-momentum 1
 "$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep -q "relu^2 MLP, logits soft-capped at 10, output projections initialized to zero, untied head, QK-norm" ||
@@ -168,7 +178,7 @@ expect_error "logit_softcap must be a finite number >= 0" "$tinygpt" train --dat
 "$tinygpt" info --ckpt "$dir/run" > "$dir/info.out" 2>&1 || fail "info exited non-zero: $(cat "$dir/info.out")"
 grep -q "^iteration      40$" "$dir/info.out" || fail "info did not report iteration 40: $(cat "$dir/info.out")"
 # The run's numerics are recorded in its checkpoints: full f32 for a run on the CPU (whatever --tf32 says).
-grep -q "^numerics       on the GPU: f32 matmuls, f32 attention operands$" "$dir/info.out" \
+grep -q "^numerics       fp32; on the GPU: f32 matmuls, f32 attention operands$" "$dir/info.out" \
   || fail "info did not report the training numerics: $(cat "$dir/info.out")"
 "$tinygpt" plot --run "$dir/run" --out "$dir/loss.svg" 2> /dev/null || fail "plot exited non-zero"
 grep -q "<polyline" "$dir/loss.svg" && grep -q "</svg>" "$dir/loss.svg" || fail "loss.svg has no curve"

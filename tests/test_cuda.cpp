@@ -171,6 +171,19 @@ TEST_CASE("cuda: matmul and linear (cuBLAS, f32) match the CPU") {
            {randn_f32({3000, 48}, 8), w, bias}, 1e-4, 1e-4);
 }
 
+TEST_CASE("cuda: bf16 matmuls (cuBLAS on bf16 copies) match the CPU's bf16 products") {
+  // Both round the same operands to bf16 and sum exact products in f32: they differ only in summation order.
+  const Numerics bf16{.bf16 = true};
+  for (bool ta : {false, true}) {
+    const Tensor a = ta ? randn_f32({3, 40, 25}, 1) : randn_f32({3, 25, 40}, 1);
+    const Tensor b = randn_f32({40, 30}, 3);
+    check_op(fmt::format("bf16 matmul shared b trans_a={}", ta),
+             [=](auto& x) { return matmul(x[0], x[1], ta, false, bf16); }, {a, b}, 1e-4, 1e-4);
+  }
+  const Tensor x = randn_f32({2, 70, 48}, 5), w = randn_f32({96, 48}, 6, 0.2), bias = randn_f32({96}, 7);
+  check_op("bf16 linear", [=](auto& in) { return linear(in[0], in[1], in[2], bf16); }, {x, w, bias}, 1e-4, 1e-4);
+}
+
 TEST_CASE("cuda: layernorm, embedding, cross-entropy and rope match the CPU") {
   const Tensor x = randn_f32({3, 50, 96}, 1), w = randn_f32({96}, 2), b = randn_f32({96}, 3);
   check_op("layer_norm", [](auto& in) { return layer_norm(in[0], in[1], in[2]); }, {x, w, b}, 1e-4, 1e-4);

@@ -368,70 +368,75 @@ TEST_CASE("emulated CUDA: permute and copy_slice, storing and accumulating") {
 }
 
 TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched operands) and linear") {
-  const int64_t M = 5, K = 7, N = 6;
-  struct Batches {
-    int64_t a, b;
-  };
-  for (const Batches bt : {Batches{3, 3}, Batches{3, 1}, Batches{1, 3}, Batches{1, 1}}) {
-    for (const bool ta : {false, true}) {
-      for (const bool tb : {false, true}) {
-        const std::string name = "matmul batch " + std::to_string(bt.a) + "x" + std::to_string(bt.b) +
-                                 (ta ? " trans_a" : "") + (tb ? " trans_b" : "");
-        const int64_t batch = std::max(bt.a, bt.b);
-        const Vec a = random(size_t(bt.a * M * K), 39), b = random(size_t(bt.b * K * N), 40);
-        const Vec dout = random(size_t(batch * M * N), 41);
-        compare(name + " forward", {Vec(size_t(batch * M * N))}, [&](std::vector<Vec>& o, bool g) {
-          (g ? gpu::matmul_forward : cpu::matmul_forward<float>)(o[0].data(), a.data(), b.data(), bt.a, bt.b, M, K, N, ta,
-                                                                 tb, false);
-        });
-        compare(name + " backward", {random(a.size(), 42), random(b.size(), 43)}, [&](std::vector<Vec>& o, bool g) {
-          (g ? gpu::matmul_backward : cpu::matmul_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(),
-                                                                   b.data(), bt.a, bt.b, M, K, N, ta, tb, false);
-        }, 1e-4, 1e-4);
+  // Each in f32 and with bf16 operands (their rounded copies span every batch, row and transpose the product reads).
+  for (const MatmulMath math : {MatmulMath::F32, MatmulMath::BF16}) {
+    INFO(matmul_math_name(math));
+    const int64_t M = 5, K = 7, N = 6;
+    struct Batches {
+      int64_t a, b;
+    };
+    for (const Batches bt : {Batches{3, 3}, Batches{3, 1}, Batches{1, 3}, Batches{1, 1}}) {
+      for (const bool ta : {false, true}) {
+        for (const bool tb : {false, true}) {
+          const std::string name = "matmul batch " + std::to_string(bt.a) + "x" + std::to_string(bt.b) +
+                                   (ta ? " trans_a" : "") + (tb ? " trans_b" : "");
+          const int64_t batch = std::max(bt.a, bt.b);
+          const Vec a = random(size_t(bt.a * M * K), 39), b = random(size_t(bt.b * K * N), 40);
+          const Vec dout = random(size_t(batch * M * N), 41);
+          compare(name + " forward", {Vec(size_t(batch * M * N))}, [&](std::vector<Vec>& o, bool g) {
+            (g ? gpu::matmul_forward : cpu::matmul_forward<float>)(o[0].data(), a.data(), b.data(), bt.a, bt.b, M, K,
+                                                                   N, ta, tb, math);
+          });
+          compare(name + " backward", {random(a.size(), 42), random(b.size(), 43)}, [&](std::vector<Vec>& o, bool g) {
+            (g ? gpu::matmul_backward : cpu::matmul_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(),
+                                                                     b.data(), bt.a, bt.b, M, K, N, ta, tb, math);
+          }, 1e-4, 1e-4);
+        }
       }
     }
-  }
-  const int64_t rows = 70, C = 9, OC = 11;  // 70 rows: three blocks of bias-gradient partial sums
-  const Vec x = random(size_t(rows * C), 44), w = random(size_t(OC * C), 45), bias = random(size_t(OC), 46);
-  const Vec dout = random(size_t(rows * OC), 47);
-  for (const bool with_bias : {true, false}) {
-    const std::string name = with_bias ? "linear" : "linear without bias";
-    compare(name + " forward", {Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::linear_forward : cpu::linear_forward<float>)(o[0].data(), x.data(), w.data(),
-                                                             with_bias ? bias.data() : nullptr, rows, C, OC, false);
-    });
-    compare(name + " backward", {random(x.size(), 48), random(w.size(), 49), random(size_t(OC), 50)},
-            [&](std::vector<Vec>& o, bool g) {
-              (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
-                                                                       with_bias ? o[2].data() : nullptr, dout.data(),
-                                                                       x.data(), w.data(), rows, C, OC, false);
-            }, 1e-4, 1e-4);
+    const int64_t rows = 70, C = 9, OC = 11;  // 70 rows: three blocks of bias-gradient partial sums
+    const Vec x = random(size_t(rows * C), 44), w = random(size_t(OC * C), 45), bias = random(size_t(OC), 46);
+    const Vec dout = random(size_t(rows * OC), 47);
+    for (const bool with_bias : {true, false}) {
+      const std::string name = with_bias ? "linear" : "linear without bias";
+      compare(name + " forward", {Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
+        (g ? gpu::linear_forward : cpu::linear_forward<float>)(o[0].data(), x.data(), w.data(),
+                                                               with_bias ? bias.data() : nullptr, rows, C, OC, math);
+      });
+      compare(name + " backward", {random(x.size(), 48), random(w.size(), 49), random(size_t(OC), 50)},
+              [&](std::vector<Vec>& o, bool g) {
+                (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
+                                                                         with_bias ? o[2].data() : nullptr, dout.data(),
+                                                                         x.data(), w.data(), rows, C, OC, math);
+              }, 1e-4, 1e-4);
+    }
   }
 }
 
-TEST_CASE("emulated CUDA: matmul and linear pass tf32 on to the product") {
-  // The stand-in for cuBLAS rounds the operands to TF32 when asked: a launcher that dropped the flag would give
-  // the f32 result, one that invented it a rounded one.
+TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to the product") {
+  // The stand-ins for cuBLAS round the operands to TF32 or bf16 when asked: a launcher that dropped the request
+  // would give the f32 result, one that invented it a rounded one.
   const int64_t M = 8, K = 64, N = 12;
   const Vec a = random(size_t(M * K), 60), b = random(size_t(K * N), 61), dout = random(size_t(M * N), 62);
-  for (const bool tf32 : {false, true}) {
-    INFO("tf32 " << tf32);
+  for (const MatmulMath math : {MatmulMath::F32, MatmulMath::TF32, MatmulMath::BF16}) {
+    INFO(matmul_math_name(math));
+    const bool rounded = math != MatmulMath::F32;
     Vec out(size_t(M * N)), ref(size_t(M * N));
-    gpu::matmul_forward(out.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, tf32);
-    cpu::matmul_forward<float>(ref.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, false);
-    check_same(out, ref, "matmul forward", tf32 ? 5e-2 : 1e-5, tf32 ? 1e-2 : 1e-4);
-    CHECK((largest_difference(out, ref) > 1e-4) == tf32);
+    gpu::matmul_forward(out.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, math);
+    cpu::matmul_forward<float>(ref.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, MatmulMath::F32);
+    check_same(out, ref, "matmul forward", rounded ? 5e-2 : 1e-5, rounded ? 1e-2 : 1e-4);
+    CHECK((largest_difference(out, ref) > 1e-4) == rounded);
     Vec da(a.size(), 0.0f), db(b.size(), 0.0f), ref_da = da, ref_db = db;
-    gpu::matmul_backward(da.data(), db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, tf32);
+    gpu::matmul_backward(da.data(), db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, math);
     cpu::matmul_backward<float>(ref_da.data(), ref_db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false,
-                                false, false);
-    CHECK((largest_difference(da, ref_da) > 1e-4) == tf32);
-    CHECK((largest_difference(db, ref_db) > 1e-4) == tf32);
+                                false, MatmulMath::F32);
+    CHECK((largest_difference(da, ref_da) > 1e-4) == rounded);
+    CHECK((largest_difference(db, ref_db) > 1e-4) == rounded);
     Vec y(size_t(M * N)), ref_y(size_t(M * N));
     const Vec w = random(size_t(N * K), 63);
-    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, tf32);
-    cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, false);
-    CHECK((largest_difference(y, ref_y) > 1e-4) == tf32);
+    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, math);
+    cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, MatmulMath::F32);
+    CHECK((largest_difference(y, ref_y) > 1e-4) == rounded);
   }
 }
 

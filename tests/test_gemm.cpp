@@ -19,7 +19,17 @@ struct Case {
   double alpha, beta;
   int64_t pad_a = 0, pad_b = 0, pad_c = 0;  // leading dimension = row length + pad
   bool nan_c = false;                       // fill C with NaN (only meaningful with beta == 0)
+  bool bf16 = false;                        // operands rounded to bfloat16 (gemm's bf16 argument)
 };
+
+/// x rounded to bfloat16's 8 significant bits, nearest with ties to even, computed from frexp (not from the bits,
+/// as gemm rounds): x = m 2^e with m in [0.5, 1), m * 256 rounded by nearbyint (ties to even by default).
+double bf16_reference(double x) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  int e = 0;
+  const double m = std::frexp(double(float(x)), &e);
+  return std::ldexp(std::nearbyint(m * 256.0) / 256.0, e);
+}
 
 // Runs gemm<T> on random data and compares with a double-precision triple loop. Per-element tolerance
 // eps * K * (8 + 8 * |ref|): accumulation error grows with K; the atol term covers cancellation near zero.
@@ -36,7 +46,7 @@ void check(const Case& c, uint32_t seed = 1) {
   for (auto& v : C) v = c.nan_c ? std::numeric_limits<T>::quiet_NaN() : T(dist(rng));
   const std::vector<T> C0 = C;
 
-  gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc);
+  gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16);
 
   const double eps = std::numeric_limits<T>::epsilon();
   int64_t bad = 0;
@@ -52,7 +62,7 @@ void check(const Case& c, uint32_t seed = 1) {
       for (int64_t k = 0; k < c.K; ++k) {
         const double a = c.ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)];
         const double b = c.tb ? B[size_t(j * ldb + k)] : B[size_t(k * ldb + j)];
-        acc += a * b;
+        acc += c.bf16 ? bf16_reference(a) * bf16_reference(b) : a * b;
       }
       double ref = c.alpha * acc;
       if (c.beta != 0) ref += c.beta * double(C0[size_t(i * ldc + j)]);
@@ -63,7 +73,7 @@ void check(const Case& c, uint32_t seed = 1) {
     }
   }
   INFO("ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K << " alpha=" << c.alpha
-             << " beta=" << c.beta << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
+             << " beta=" << c.beta << " bf16=" << c.bf16 << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
   CHECK(bad == 0);
 }
 
@@ -122,6 +132,36 @@ TEST_CASE_TEMPLATE("gemm large: multiple cache blocks and threads", T, float, do
   // Packed op(B) too large for one slab: K is processed in several groups.
   check<T>({false, true, 37, 1100, 2100, 1.0, 1.0});
   check<T>({true, false, 37, 1100, 2100, 0.5, 0.0, 0, 0, 0, true});
+}
+
+TEST_CASE_TEMPLATE("gemm with bf16 operands matches naive products of the rounded operands", T, float, double) {
+  // The sums stay in T, so the tolerance is T's: an operand truncated instead of rounded, or one left unrounded,
+  // is off by up to 2^-8 of itself, far beyond it. A few rows, which skip the packing in f32, round as well.
+  uint32_t seed = 100;
+  for (int64_t M : {1, 3, 17, 65})
+    for (int64_t N : {1, 17, 130})
+      for (int64_t K : {3, 31, 130}) check_all_trans<T>({false, false, M, N, K, 1.0, 0.0, 0, 0, 0, false, true}, ++seed);
+  check_all_trans<T>({false, false, 130, 65, 300, 0.25, 2.0, 5, 5, 5, false, true});
+  check<T>({false, true, 37, 1100, 2100, 1.0, 1.0, 0, 0, 0, false, true});  // K in several groups
+}
+
+TEST_CASE("gemm with bf16 operands rounds to nearest, ties to even") {
+  // 1 + 2^-8 lies halfway between bf16's 1 and 1 + 2^-7 (ties to 1, the even one), 1 + 3 * 2^-8 between 1 + 2^-7 and
+  // 1 + 2^-6 (ties to 1 + 2^-6), and 1 + 2^-8 + 2^-20 is nearer 1 + 2^-7.
+  const float one = 1.0f;
+  const struct {
+    float x, rounded;
+  } cases[] = {{1.0f + 0x1p-8f, 1.0f},
+               {1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-6f},
+               {1.0f + 0x1p-8f + 0x1p-20f, 1.0f + 0x1p-7f},
+               {-(1.0f + 3 * 0x1p-8f), -(1.0f + 0x1p-6f)}};
+  for (const auto& c : cases) {
+    float out = 0.0f;
+    gemm<float>(false, false, 1, 1, 1, 1.0f, &c.x, 1, &one, 1, 0.0f, &out, 1, true);
+    CHECK(out == c.rounded);
+    gemm<float>(false, false, 1, 1, 1, 1.0f, &one, 1, &c.x, 1, 0.0f, &out, 1, true);
+    CHECK(out == c.rounded);
+  }
 }
 
 TEST_CASE("gemm result does not depend on the thread count") {

@@ -80,6 +80,26 @@ TEST_CASE("train: a step reads its loss and gradient norm to the host once (on t
   }
 }
 
+TEST_CASE("train --dtype bf16: rounded operands change the losses a little, and the checkpoint records it") {
+  auto run = [](const std::string& dtype) {
+    TempDir dir("dtype_" + dtype);
+    TrainConfig c = toy_run(dir, 32);
+    c.out = (dir.path / "run").string();
+    c.batch_size = 4, c.max_iters = 30, c.eval_interval = 30, c.eval_iters = 4, c.warmup_iters = 5;
+    c.lr_decay_iters = 30, c.lr = 3e-3, c.dtype = dtype, c.quiet = true;
+    const TrainResult r = train(c);
+    CHECK(load_checkpoint(dir.path / "run").numerics.bf16 == (dtype == "bf16"));
+    return r.last_val_loss;
+  };
+  const double fp32 = run("fp32"), bf16 = run("bf16");
+  CHECK(fp32 != bf16);                     // the rounding is applied in training
+  CHECK(std::abs(fp32 - bf16) < 0.05);     // and it trains the same
+  CHECK(bf16 < std::log(double(17)) - 0.5);  // well below a uniform guess over the toy's characters
+  TrainConfig bad;
+  bad.data = "x.txt", bad.dtype = "fp16";
+  CHECK_THROWS_WITH_AS(bad.validate(), "--dtype must be fp32 or bf16, got 'fp16'", Error);
+}
+
 TEST_CASE("safetensors: round trip of every dtype with metadata, and the layout other readers expect") {
   TempDir dir("st_roundtrip");
   const fs::path p = dir.path / "t.safetensors";
@@ -345,25 +365,45 @@ TEST_CASE("checkpoints record the model's numerics; eval's and sample's flags ov
   cfg.vocab_size = 3, cfg.block_size = 4, cfg.n_layer = 1, cfg.n_head = 1, cfg.n_embd = 8;
   Generator gen(1);
   nn::GPT model(cfg, gen);
-  const Numerics trained{.tf32 = false, .attention = AttentionMath::BF16};
+  const Numerics trained{.tf32 = false, .bf16 = true, .attention = AttentionMath::BF16};
   model.set_numerics(trained);
   CHECK(model.h[0]->attn.numerics().attention == AttentionMath::BF16);  // the children follow
+  CHECK(model.h[0]->mlp.c_fc.numerics().bf16);
   const fs::path p = dir.path / kLatestCheckpoint;
   save_checkpoint(p, model, data::CharVocab(U"abc"), nullptr, {});
   const Checkpoint ckpt = load_checkpoint(p);
   CHECK(ckpt.numerics.tf32 == false);
+  CHECK(ckpt.numerics.bf16);
   CHECK(ckpt.numerics.attention == AttentionMath::BF16);
 
-  CHECK(NumericsFlags{}.over(ckpt.numerics).attention == AttentionMath::BF16);  // no flags: what training used
-  const Numerics over = NumericsFlags{.tf32 = true, .attention_math = "tf32"}.over(ckpt.numerics);
+  for (const Device d : {Device::CPU, Device::CUDA}) {  // no flags: what training used
+    CHECK(NumericsFlags{}.over(ckpt.numerics, d).attention == AttentionMath::BF16);
+    CHECK(NumericsFlags{}.over(ckpt.numerics, d).matmul() == MatmulMath::BF16);
+  }
+  auto flags = [](std::string dtype, std::optional<bool> tf32, std::string attention_math) {
+    return NumericsFlags{std::move(dtype), tf32, std::move(attention_math)};
+  };
+  const Numerics over = flags("", true, "tf32").over(ckpt.numerics, Device::CUDA);
   CHECK(over.tf32);
+  CHECK(over.bf16);  // --dtype not given: still the checkpoint's
   CHECK(over.attention == AttentionMath::TF32);
+  // --dtype fp32: f32 operands, and on the GPU f32 attention unless --attention-math says otherwise.
+  const Numerics fp32 = flags("fp32", {}, "").over(ckpt.numerics, Device::CUDA);
+  CHECK(fp32.matmul() == MatmulMath::F32);
+  CHECK(fp32.attention == AttentionMath::F32);
+  CHECK(flags("fp32", {}, "bf16").over(ckpt.numerics, Device::CUDA).attention == AttentionMath::BF16);
+  CHECK(flags("fp32", {}, "").over(ckpt.numerics, Device::CPU).matmul() == MatmulMath::F32);
+  CHECK(flags("bf16", {}, "").over(Numerics{}, Device::CUDA).attention == AttentionMath::BF16);
 
   // A checkpoint from before numerics were recorded loads as full f32; an unknown format is refused.
   auto contents = safetensors::load(p);
   contents.metadata.erase("numerics");
   safetensors::save(p, contents.tensors, contents.metadata);
   CHECK(load_checkpoint(p).numerics.attention == AttentionMath::F32);
+  CHECK(load_checkpoint(p).numerics.matmul() == MatmulMath::F32);
+  contents.metadata["numerics"] = R"({"tf32": true, "attention_math": "f32"})";  // from before --dtype: no bf16
+  safetensors::save(p, contents.tensors, contents.metadata);
+  CHECK(load_checkpoint(p).numerics.matmul() == MatmulMath::TF32);
   contents.metadata["numerics"] = R"({"tf32": true, "attention_math": "fp8"})";
   safetensors::save(p, contents.tensors, contents.metadata);
   CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("unknown attention_math 'fp8'"), Error);

@@ -83,6 +83,7 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Cha
   meta["rng"] = nlohmann::json{{"sampler", to_json(state.sampler_rng)}, {"model", to_json(state.model_rng)}}.dump();
   meta["train_config"] = state.train_config.dump();
   meta["numerics"] = nlohmann::json{{"tf32", model.numerics().tf32},
+                                    {"bf16", model.numerics().bf16},
                                     {"attention_math", attention_math_name(model.numerics().attention)}}.dump();
   safetensors::save(path, tensors, meta);
 }
@@ -127,6 +128,7 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
     if (meta.contains("numerics")) {  // absent in checkpoints written before it was recorded: full f32
       const auto numerics = nlohmann::json::parse(field("numerics"));
       c.numerics.tf32 = numerics.at("tf32").get<bool>();
+      c.numerics.bf16 = numerics.value("bf16", false);  // absent before --dtype existed: f32
       if (!parse_attention_math(numerics.at("attention_math").get<std::string>(), c.numerics.attention)) {
         throw Error(fmt::format("unknown attention_math '{}'", numerics.at("attention_math").get<std::string>()));
       }

@@ -13,12 +13,14 @@
 
 namespace tinygpt {
 
-/// eval's and sample's --tf32/--no-tf32 and --attention-math: unset, the checkpoint's numerics (what training used).
+/// eval's and sample's --dtype, --tf32/--no-tf32 and --attention-math: unset, the checkpoint's numerics (what
+/// training used).
 struct NumericsFlags {
+  std::string dtype;  // empty: the checkpoint's
   std::optional<bool> tf32;
-  std::string attention_math;  // empty: the checkpoint's
+  std::string attention_math;  // empty: the checkpoint's, or with --dtype on the GPU that dtype's
   bool operator==(const NumericsFlags&) const = default;
-  Numerics over(const Numerics& checkpoint) const;
+  Numerics over(const Numerics& checkpoint, Device device) const;
 };
 
 struct SampleArgs {

@@ -34,6 +34,10 @@ Device parse_device(const std::string& device) {
   return Device::CUDA;
 }
 
+void check_dtype_flag(const std::string& dtype) {
+  if (dtype != "fp32" && dtype != "bf16") throw Error(fmt::format("--dtype must be fp32 or bf16, got '{}'", dtype));
+}
+
 AttentionMath parse_attention_math(const std::string& math) {
   AttentionMath m{};
   if (!tinygpt::parse_attention_math(math, m)) {
@@ -43,20 +47,32 @@ AttentionMath parse_attention_math(const std::string& math) {
 }
 
 void check_attention_math_flag(const std::string& math, const std::string& device) {
-  if (parse_attention_math(math) != AttentionMath::F32 && device != "cuda") {
+  if (!math.empty() && parse_attention_math(math) != AttentionMath::F32 && device != "cuda") {
     throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", math));
   }
 }
 
 Numerics numerics_of(const TrainConfig& c) {
-  if (c.device != "cuda") return {};
-  return {c.tf32, parse_attention_math(c.attention_math)};
+  Numerics n;
+  n.bf16 = c.dtype == "bf16";
+  if (c.device != "cuda") return n;
+  n.tf32 = c.tf32;
+  n.attention = !c.attention_math.empty() ? parse_attention_math(c.attention_math)
+                : n.bf16                   ? AttentionMath::BF16
+                                           : AttentionMath::F32;
+  return n;
 }
 
 void check_numerics(const Numerics& numerics, Device device, const char* how) {
-  if (device != Device::CUDA || numerics.attention == AttentionMath::F32 || cuda::compute_capability() >= 80) return;
-  throw Error(fmt::format("{} flash attention needs tensor cores of compute capability 8.0 or newer; {} has none: {}",
-                          attention_math_name(numerics.attention), cuda::device_description(), how));
+  if (device != Device::CUDA || cuda::compute_capability() >= 80) return;
+  if (numerics.attention != AttentionMath::F32) {
+    throw Error(fmt::format("{} flash attention needs tensor cores of compute capability 8.0 or newer; {} has none: {}",
+                            attention_math_name(numerics.attention), cuda::device_description(), how));
+  }
+  if (numerics.bf16) {
+    throw Error(fmt::format("bf16 matmuls need tensor cores of compute capability 8.0 or newer; {} has none: use "
+                            "--dtype fp32", cuda::device_description()));
+  }
 }
 
 void TrainConfig::validate() const {
@@ -99,6 +115,7 @@ void TrainConfig::validate() const {
   if (!(train_fraction > 0 && train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", train_fraction));
   }
+  check_dtype_flag(dtype);
   check_attention_math_flag(attention_math, device);
   nn::GPTConfig m = model;
   m.vocab_size = std::max<int64_t>(m.vocab_size, 1);

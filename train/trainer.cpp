@@ -79,6 +79,7 @@ nlohmann::json flags_json(const TrainConfig& c) {
           {"beta2", c.beta2},
           {"grad_clip", c.grad_clip},
           {"optimizer", c.optimizer},
+          {"dtype", c.dtype},
           {"grad_accum", c.grad_accum},
           {"eval_interval", c.eval_interval},
           {"eval_iters", c.eval_iters},
@@ -197,11 +198,15 @@ std::string describe_model(const nn::GPT& model, Device device) {
   const Numerics& n = model.numerics();
   const std::string where =
       device == Device::CUDA
-          ? fmt::format("on {}{}{}", cuda::device_description(), n.tf32 ? ", TF32 matmuls" : "",
+          ? fmt::format("on {}{}{}", cuda::device_description(),
+                        n.bf16 ? ", bf16 matmuls" : n.tf32 ? ", TF32 matmuls" : "",
                         n.attention != AttentionMath::F32
                             ? fmt::format(", {} tensor-core attention", attention_math_name(n.attention))
                             : "")
-          : fmt::format("{} threads", omp_get_max_threads());
+          : fmt::format("{} threads{}", omp_get_max_threads(),
+                        n.bf16 ? ", bf16 matmul operands (rounded in software: no faster than fp32, tinygpt has no "
+                                 "AVX512-BF16 or AMX kernel yet)"
+                               : "");
   return fmt::format("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
                      m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where);
 }

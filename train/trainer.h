@@ -51,8 +51,11 @@ struct TrainConfig {
   double train_fraction = 0.9;
   uint64_t seed = 1337;
   std::string device = "cpu";
+  // fp32, or bf16 (autocast): matmul operands rounded to bf16, f32 accumulation; weights, gradients, optimizer state,
+  // LayerNorm, softmax and the loss stay f32. On the GPU it also makes flash attention's operands bf16.
+  std::string dtype = "fp32";
   bool tf32 = true;  // on the GPU: TF32 tensor cores for f32 matmuls (as nanoGPT); --no-tf32 for full f32
-  std::string attention_math = "f32";  // on the GPU: flash attention's operands, f32, tf32 or bf16 (AttentionMath)
+  std::string attention_math;  // on the GPU: flash attention's operands, f32, tf32 or bf16; empty: as dtype
   bool resume = false;
   bool optimizer_given = true;  // false: --resume takes the checkpoint's optimizer (the CLI, without --optimizer)
   bool quiet = false;  // only the final summary and errors on stderr
@@ -70,15 +73,18 @@ Device parse_device(const std::string& device);
 /// character of the separator that the vocabulary lacks.
 void use_document_separator(nn::GPT& model, const data::CharVocab& vocab);
 
+/// Throws unless `dtype` is fp32 or bf16, naming the flag.
+void check_dtype_flag(const std::string& dtype);
 /// AttentionMath for "f32", "tf32" or "bf16"; else throws naming the flag.
 AttentionMath parse_attention_math(const std::string& math);
-/// Throws unless --attention-math `math` is valid and, when it asks for tensor cores, --device is cuda.
+/// Throws unless --attention-math `math` is empty or valid and, when it asks for tensor cores, --device is cuda.
 void check_attention_math_flag(const std::string& math, const std::string& device);
-/// The numerics a run computes with and its checkpoints record: its flags' on the GPU; full f32 on the CPU, which
-/// has no other (so eval and sample of a CPU-trained model on a GPU use full f32 too, unless told otherwise).
+/// The numerics a run computes with and its checkpoints record: --dtype's on every device, and on the GPU the TF32
+/// and attention flags (the CPU has no TF32 and computes attention in f32, so eval and sample of a CPU-trained model
+/// on a GPU use those in f32 too, unless told otherwise).
 Numerics numerics_of(const TrainConfig& c);
-/// Throws before any work when `device` cannot compute with `numerics` (tensor-core attention needs compute
-/// capability 8.0); `how` says which flag to change.
+/// Throws before any work when `device` cannot compute with `numerics` (tensor-core attention and bf16 matmuls need
+/// compute capability 8.0); `how` says which flag to change.
 void check_numerics(const Numerics& numerics, Device device, const char* how);
 
 /// nanoGPT's schedule: linear warmup to lr over warmup_iters, cosine decay to min_lr at lr_decay_iters,

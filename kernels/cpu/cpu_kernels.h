@@ -7,6 +7,7 @@
 #include "attention_kernels.h"
 #include "gemm.h"
 #include "../geometry.h"
+#include "../numerics.h"
 
 namespace tinygpt::cpu {
 
@@ -65,14 +66,14 @@ template <class T> void permute(T* out, const T* inp, const PermuteGeom& g, bool
 template <class T> void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start, int64_t src_D, int64_t src_start, int64_t len, bool accumulate);
 
 /// out (batch, M, N) = op(a) @ op(b), a is (batch_a, M, K) or (batch_a, K, M) when trans_a, b likewise;
-/// batch = max(batch_a, batch_b) and an operand with batch 1 is shared by every batch. tf32 asks the GPU for TF32
-/// tensor cores; the CPU computes in full precision and ignores it (so do the other products here).
-template <class T> void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, bool tf32);
-template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, bool tf32);
+/// batch = max(batch_a, batch_b) and an operand with batch 1 is shared by every batch. math: MatmulMath::BF16 rounds
+/// the operands to bf16 (gemm's packing); TF32 is for the GPU's tensor cores, and the CPU computes it as F32.
+template <class T> void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
+template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
 
 /// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be null.
-template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, bool tf32);
-template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, bool tf32);
+template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math);
+template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math);
 
 /// One AdamW step on n parameters (decoupled weight decay, bias-corrected moments; step counts from 1), with the
 /// gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as it is).

@@ -37,6 +37,22 @@ namespace {
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
+/// x rounded to bfloat16 (its top 16 bits), to nearest with ties to even, as PyTorch and the hardware round; NaN
+/// stays NaN, overflow goes to infinity.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof u);
+  return x;
+}
+
+/// Rounds n packed operands in place (bf16 products: each operand read as bfloat16, the sums stay in T).
+template <class T>
+void round_packed_bf16(T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = T(round_bf16(float(x[i])));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Portable pieces (double everywhere; float when AVX2/FMA is not available).
 
@@ -386,7 +402,7 @@ void note_idle(Clock::duration idle, Clock::duration span) {
 
 template <class T>
 void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-                  int64_t ldb, T beta, T* C, int64_t ldc, int nt) {
+                  int64_t ldb, T beta, T* C, int64_t ldc, int nt, bool bf16) {
   using Cfg = Config<T>;
   constexpr int MR = Cfg::MR, NR = Cfg::NR;
 
@@ -450,8 +466,9 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
     const int64_t q0 = panels * c / sg.chunks, q1 = panels * (c + 1) / sg.chunks;
     const int64_t k0 = sg.g0 + kb * kc_blk, kc = std::min(kc_blk, sg.g0 + sg.gk - k0);
     // Slab layout: k block kb at kb * kc_blk * ncp, panel p at p * kc * NR in it.
-    Cfg::template pack<NR>(tb, B, ldb, sg.j0 + q0 * NR, std::min(sg.nc, q1 * NR) - q0 * NR, k0, kc,
-                           bpack + kb * kc_blk * ncp + q0 * kc * NR);
+    T* const dst = bpack + kb * kc_blk * ncp + q0 * kc * NR;
+    Cfg::template pack<NR>(tb, B, ldb, sg.j0 + q0 * NR, std::min(sg.nc, q1 * NR) - q0 * NR, k0, kc, dst);
+    if (bf16) round_packed_bf16(dst, (q1 - q0) * kc * NR);
   };
 
   // Compute ticket: C[row block, column chunk] += op(A) block @ slab over the group's k blocks. `after` is the
@@ -465,6 +482,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
       int64_t i0, mc, k0, kc;
       a_block(sg, rb, kb, i0, mc, k0, kc);
       Cfg::template pack<MR>(!ta, A, lda, i0, mc, k0, kc, apack);
+      if (bf16) round_packed_bf16(apack, round_up(mc, MR) * kc);
       // Pull the next op(A) block's source into cache during this block's compute, so its packing does not stall
       // on DRAM with the FMA units idle (x and dy of the big shapes are 8-100 MB).
       Prefetch pf;
@@ -586,23 +604,23 @@ constexpr int64_t kFewRows = 4;
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0 || alpha == T(0)) {  // C = beta * C, with beta == 0 overwriting (BLAS semantics)
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
     return;
   }
-  if (M <= kFewRows) return gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (M <= kFewRows && !bf16) return gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   int nt = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
   const double fmas = double(M) * double(N) * double(K);
   nt = int(std::clamp<double>(fmas / kMinFmasPerThread, 1.0, double(std::max(nt, 1))));
-  gemm_blocked<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt);
+  gemm_blocked<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
-                          float, float*, int64_t);
+                          float, float*, int64_t, bool);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
-                           int64_t, double, double*, int64_t);
+                           int64_t, double, double*, int64_t, bool);
 
 }  // namespace tinygpt::cpu

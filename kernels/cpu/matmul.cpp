@@ -21,24 +21,26 @@ void for_each_batch(int64_t batch, int64_t flops_per_batch, F f) {
 
 template <class T>
 void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N,
-                    bool trans_a, bool trans_b, bool /*tf32*/) {
+                    bool trans_a, bool trans_b, MatmulMath math) {
+  const bool bf16 = math == MatmulMath::BF16;
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   if (batch_b == 1 && !trans_a) {
     // Rows of every batch of a are contiguous: one product of (batch_a * M, K) by the shared b.
-    gemm<T>(false, trans_b, batch_a * M, N, K, T(1), a, lda, b, ldb, T(0), out, N);
+    gemm<T>(false, trans_b, batch_a * M, N, K, T(1), a, lda, b, ldb, T(0), out, N, bf16);
     return;
   }
   const int64_t batch = std::max(batch_a, batch_b);
   for_each_batch(batch, M * N * K, [&](int64_t i) {
     const T* ai = a + (batch_a == 1 ? 0 : i) * M * K;
     const T* bi = b + (batch_b == 1 ? 0 : i) * K * N;
-    gemm<T>(trans_a, trans_b, M, N, K, T(1), ai, lda, bi, ldb, T(0), out + i * M * N, N);
+    gemm<T>(trans_a, trans_b, M, N, K, T(1), ai, lda, bi, ldb, T(0), out + i * M * N, N, bf16);
   });
 }
 
 template <class T>
 void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M,
-                     int64_t K, int64_t N, bool trans_a, bool trans_b, bool /*tf32*/) {
+                     int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math) {
+  const bool bf16 = math == MatmulMath::BF16;
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const int64_t batch = std::max(batch_a, batch_b);
   // da: op(a) = dout @ op(b)^T, stored transposed when trans_a. Accumulates (beta = 1).
@@ -46,9 +48,9 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
     const T* bi = b + (batch_b == 1 ? 0 : i) * K * N;
     const T* gi = dout + i * M * N;
     if (trans_a) {
-      gemm<T>(trans_b, true, K, M, N, T(1), bi, ldb, gi, N, T(1), dai, M);
+      gemm<T>(trans_b, true, K, M, N, T(1), bi, ldb, gi, N, T(1), dai, M, bf16);
     } else {
-      gemm<T>(false, !trans_b, M, K, N, T(1), gi, N, bi, ldb, T(1), dai, K);
+      gemm<T>(false, !trans_b, M, K, N, T(1), gi, N, bi, ldb, T(1), dai, K, bf16);
     }
   };
   // db: op(b) = op(a)^T @ dout, stored transposed when trans_b.
@@ -56,19 +58,19 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
     const T* ai = a + (batch_a == 1 ? 0 : i) * M * K;
     const T* gi = dout + i * M * N;
     if (trans_b) {
-      gemm<T>(true, trans_a, N, K, M, T(1), gi, N, ai, lda, T(1), dbi, K);
+      gemm<T>(true, trans_a, N, K, M, T(1), gi, N, ai, lda, T(1), dbi, K, bf16);
     } else {
-      gemm<T>(!trans_a, false, K, N, M, T(1), ai, lda, gi, N, T(1), dbi, N);
+      gemm<T>(!trans_a, false, K, N, M, T(1), ai, lda, gi, N, T(1), dbi, N, bf16);
     }
   };
   if (batch_b == 1 && !trans_a) {
     // Same flattening as the forward pass: a and dout are (batch_a * M, .) matrices.
-    if (da) gemm<T>(false, !trans_b, batch_a * M, K, N, T(1), dout, N, b, ldb, T(1), da, K);
+    if (da) gemm<T>(false, !trans_b, batch_a * M, K, N, T(1), dout, N, b, ldb, T(1), da, K, bf16);
     if (db) {
       if (trans_b) {
-        gemm<T>(true, false, N, K, batch_a * M, T(1), dout, N, a, lda, T(1), db, K);
+        gemm<T>(true, false, N, K, batch_a * M, T(1), dout, N, a, lda, T(1), db, K, bf16);
       } else {
-        gemm<T>(true, false, K, N, batch_a * M, T(1), a, lda, dout, N, T(1), db, N);
+        gemm<T>(true, false, K, N, batch_a * M, T(1), a, lda, dout, N, T(1), db, N, bf16);
       }
     }
     return;
@@ -92,8 +94,9 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 
 template <class T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
-                    bool /*tf32*/) {
-  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
+                    MatmulMath math) {
+  const bool bf16 = math == MatmulMath::BF16;
+  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, bf16);
   if (bias) {
 #pragma omp parallel for if (N * OC >= kParallelGrain)
     for (int64_t n = 0; n < N; ++n) {
@@ -105,9 +108,10 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 template <class T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                     int64_t OC, bool /*tf32*/) {
-  if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);  // (N, OC) @ (OC, C)
-  if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);  // (OC, N) @ (N, C)
+                     int64_t OC, MatmulMath math) {
+  const bool bf16 = math == MatmulMath::BF16;
+  if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C, bf16);  // (N, OC) @ (OC, C)
+  if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C, bf16);  // (OC, N) @ (N, C)
   if (dbias) {
     // Column sums of dout: private rows per thread, added in thread order.
     const int nth = N * OC >= kParallelGrain ? omp_get_max_threads() : 1;
@@ -129,11 +133,11 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 
 #define TINYGPT_INSTANTIATE(T)                                                                                         \
   template void matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,     \
-                                  bool);                                                                               \
+                                  MatmulMath);                                                                               \
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
-                                   bool, bool, bool);                                                                  \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool);                  \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool);
+                                   bool, bool, MatmulMath);                                                                  \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath);            \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
 #undef TINYGPT_INSTANTIATE

@@ -1,19 +1,61 @@
-// Matmuls: batched matmul and the linear layer, forward and backward, as cuBLAS products (gemm in
-// kernels/cuda/cublas.cu) plus the small kernels around them (bias, fixed-order bias gradient). Twins of
-// kernels/cpu/matmul.cpp; f32 throughout, TF32 tensor cores when the call asks for them. Compiled by nvcc in
-// matmul.cu and under tests/emulated_cuda.h, where a loop stands in for cuBLAS.
+// Matmuls: batched matmul and the linear layer, forward and backward, as cuBLAS products (gemm and gemm_bf16 in
+// kernels/cuda/cublas.cu) plus the small kernels around them (bf16 rounding of the operands, bias, fixed-order bias
+// gradient). Twins of kernels/cpu/matmul.cpp; f32 in and out, the products' operands f32, TF32 or bf16 as the call
+// asks (MatmulMath). Compiled by nvcc in matmul.cu and under tests/emulated_cuda.h, where a loop stands in for cuBLAS.
 #pragma once
 
 #include <algorithm>
 
 #include "kernels/cuda/launch.cuh"
+#if !defined(TINYGPT_EMULATED_CUDA)
+#include "kernels/cuda/mma.cuh"  // pack_bf16
+#endif
 
 TINYGPT_CUDA_BEGIN
 
-/// The unbatched product (beside the batched one of runtime.cuh, so both overloads are found).
-inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc, bool tf32, const char* what) {
-  gemm(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, tf32, what);
+namespace {
+
+/// Pairs of x (n floats) rounded to bf16, two to a word (element 2i in the low half, as a bf16 array lays them out).
+__global__ void round_bf16_kernel(uint32_t* out, const float* x, int64_t pairs, int64_t n) {
+  TINYGPT_CUDA_LOOP(i, pairs) out[i] = pack_bf16(x[2 * i], 2 * i + 1 < n ? x[2 * i + 1] : 0.0f);
+}
+
+/// Elements from an operand's first to its last read: `rows` rows of `cols` at stride ld, `batch` times at `stride`.
+int64_t operand_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch) {
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+/// The first n elements of x rounded to bf16 into `copy` (an array of n bf16 bit patterns).
+const uint16_t* rounded_bf16(Scratch& copy, const float* x, int64_t n, const char* what) {
+  const int64_t pairs = (n + 1) / 2;
+  launch_kernel(what, round_bf16_kernel, blocks_for(pairs), kThreads, 0, copy.as<uint32_t>(), x, pairs, n);
+  return copy.as<uint16_t>();
+}
+
+}  // namespace
+
+/// gemm (runtime.cuh) computed as `math` says: F32 or TF32 by cuBLAS from the f32 operands; BF16 from copies of the
+/// operands rounded to bf16 (nearest even), f32 accumulation (on tensor cores).
+inline void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+                    int64_t ldc, int64_t stride_c, int64_t batch, MatmulMath math, const char* what) {
+  if (math != MatmulMath::BF16 || K == 0 || M == 0 || N == 0 || batch == 0) {
+    gemm(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch,
+         math == MatmulMath::TF32, what);
+    return;
+  }
+  const int64_t na = operand_span(trans_a ? K : M, trans_a ? M : K, lda, stride_a, batch);
+  const int64_t nb = operand_span(trans_b ? N : K, trans_b ? K : N, ldb, stride_b, batch);
+  Scratch a16(size_t((na + 1) / 2) * 4), b16(size_t((nb + 1) / 2) * 4);
+  gemm_bf16(trans_a, trans_b, M, N, K, alpha, rounded_bf16(a16, A, na, what), lda, stride_a,
+            rounded_bf16(b16, B, nb, what), ldb, stride_b, beta, C, ldc, stride_c, batch, what);
+}
+
+/// The unbatched product.
+inline void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, MatmulMath math,
+                    const char* what) {
+  product(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, math, what);
 }
 
 namespace {
@@ -54,27 +96,27 @@ __global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int64_
 
 
 void matmul_forward(float* out, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K,
-                    int64_t N, bool trans_a, bool trans_b, bool tf32) {
+                    int64_t N, bool trans_a, bool trans_b, MatmulMath math) {
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   if (batch_b == 1 && !trans_a) {
-    gemm(false, trans_b, batch_a * M, N, K, 1.0f, a, lda, b, ldb, 0.0f, out, N, tf32, "matmul_forward");
+    product(false, trans_b, batch_a * M, N, K, 1.0f, a, lda, b, ldb, 0.0f, out, N, math, "matmul_forward");
     return;
   }
-  gemm(trans_a, trans_b, M, N, K, 1.0f, a, lda, batch_a == 1 ? 0 : M * K, b, ldb, batch_b == 1 ? 0 : K * N, 0.0f, out,
-       N, M * N, std::max(batch_a, batch_b), tf32, "matmul_forward");
+  product(trans_a, trans_b, M, N, K, 1.0f, a, lda, batch_a == 1 ? 0 : M * K, b, ldb, batch_b == 1 ? 0 : K * N, 0.0f, out,
+       N, M * N, std::max(batch_a, batch_b), math, "matmul_forward");
 }
 
 void matmul_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t batch_a,
-                     int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, bool tf32) {
+                     int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math) {
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const int64_t batch = std::max(batch_a, batch_b);
   if (batch_b == 1 && !trans_a) {
-    if (da) gemm(false, !trans_b, batch_a * M, K, N, 1.0f, dout, N, b, ldb, 1.0f, da, K, tf32, "matmul_backward (da)");
+    if (da) product(false, !trans_b, batch_a * M, K, N, 1.0f, dout, N, b, ldb, 1.0f, da, K, math, "matmul_backward (da)");
     if (db) {
       if (trans_b) {
-        gemm(true, false, N, K, batch_a * M, 1.0f, dout, N, a, lda, 1.0f, db, K, tf32, "matmul_backward (db)");
+        product(true, false, N, K, batch_a * M, 1.0f, dout, N, a, lda, 1.0f, db, K, math, "matmul_backward (db)");
       } else {
-        gemm(true, false, K, N, batch_a * M, 1.0f, a, lda, dout, N, 1.0f, db, N, tf32, "matmul_backward (db)");
+        product(true, false, K, N, batch_a * M, 1.0f, a, lda, dout, N, 1.0f, db, N, math, "matmul_backward (db)");
       }
     }
     return;
@@ -87,9 +129,9 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
       const float* gi = dout + first * M * N;
       float* dai = da + (sda == 0 ? 0 : first * M * K);
       if (trans_a) {
-        gemm(trans_b, true, K, M, N, 1.0f, bi, ldb, sb, gi, N, M * N, 1.0f, dai, M, sda, count, tf32, "matmul_backward (da)");
+        product(trans_b, true, K, M, N, 1.0f, bi, ldb, sb, gi, N, M * N, 1.0f, dai, M, sda, count, math, "matmul_backward (da)");
       } else {
-        gemm(false, !trans_b, M, K, N, 1.0f, gi, N, M * N, bi, ldb, sb, 1.0f, dai, K, sda, count, tf32, "matmul_backward (da)");
+        product(false, !trans_b, M, K, N, 1.0f, gi, N, M * N, bi, ldb, sb, 1.0f, dai, K, sda, count, math, "matmul_backward (da)");
       }
     };
     if (batch_a == 1) {
@@ -105,9 +147,9 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
       const float* gi = dout + first * M * N;
       float* dbi = db + (sdb == 0 ? 0 : first * K * N);
       if (trans_b) {
-        gemm(true, trans_a, N, K, M, 1.0f, gi, N, M * N, ai, lda, sa, 1.0f, dbi, K, sdb, count, tf32, "matmul_backward (db)");
+        product(true, trans_a, N, K, M, 1.0f, gi, N, M * N, ai, lda, sa, 1.0f, dbi, K, sdb, count, math, "matmul_backward (db)");
       } else {
-        gemm(!trans_a, false, K, N, M, 1.0f, ai, lda, sa, gi, N, M * N, 1.0f, dbi, N, sdb, count, tf32, "matmul_backward (db)");
+        product(!trans_a, false, K, N, M, 1.0f, ai, lda, sa, gi, N, M * N, 1.0f, dbi, N, sdb, count, math, "matmul_backward (db)");
       }
     };
     if (batch_b == 1) {
@@ -118,19 +160,22 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
   }
 }
 
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, bool tf32) {
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math) {
   if (N == 0 || OC == 0) return;
-  if (bias && C > 0 && linear_forward_epilogue(out, inp, weight, bias, N, C, OC, tf32)) return;
-  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, tf32, "linear_forward");
+  if (bias && C > 0 && math != MatmulMath::BF16 &&
+      linear_forward_epilogue(out, inp, weight, bias, N, C, OC, math == MatmulMath::TF32)) {
+    return;
+  }
+  product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
   if (bias) {
     launch_kernel("linear_forward (bias)", add_bias_kernel, blocks_for(N * OC), kThreads, 0, out, bias, N, OC);
   }
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                     int64_t N, int64_t C, int64_t OC, bool tf32) {
-  if (dinp) gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, tf32, "linear_backward (dinp)");
-  if (dweight) gemm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, tf32, "linear_backward (dweight)");
+                     int64_t N, int64_t C, int64_t OC, MatmulMath math) {
+  if (dinp) product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, math, "linear_backward (dinp)");
+  if (dweight) product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
   if (dbias && N > 0) add_column_sums(dbias, dout, N, OC);
 }
 TINYGPT_CUDA_END

@@ -49,6 +49,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
           int64_t stride_c, int64_t batch, bool tf32, const char* what);
 
+/// gemm with op(A) and op(B) already rounded to bf16 (arrays of bf16 bit patterns): f32 products of the bf16 values
+/// summed in f32 on tensor cores (cuBLAS's CUBLAS_COMPUTE_32F with CUDA_R_16BF operands).
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, float* C,
+               int64_t ldc, int64_t stride_c, int64_t batch, const char* what);
+
 /// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias with the bias added in cublasLt's epilogue. Returns false
 /// when cublasLt offers no algorithm for the shape (the caller then adds the bias itself).
 bool linear_forward_epilogue(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
