@@ -2,8 +2,8 @@
 # The GPU check, run on a machine with an NVIDIA GPU: configures for that GPU, builds, runs the GPU tests,
 # compute-sanitizer (memcheck and racecheck) on the attention tests, the attention benchmark (f32 and bf16
 # tensor-core flash) against PyTorch's scaled_dot_product_attention, and training throughput on nanoGPT's
-# Shakespeare config (f32, and with tf32 and bf16 tensor-core attention) against eager PyTorch (both when PyTorch is
-# importable);
+# Shakespeare config (f32, with tf32 and bf16 tensor-core attention, and --dtype bf16: bf16 matmuls and attention)
+# against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable);
 # then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full]
@@ -95,6 +95,7 @@ ours_ms=$(ours_train_ms)
 note "host syncs per training step" "$(cat "$logs/host_syncs") at most (aim: 1; metrics.jsonl host_syncs)"
 ours_tf32_attn_ms=$(ours_train_ms --attention-math tf32)
 ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
+ours_bf16_ms=$(ours_train_ms --dtype bf16)
 tokens=$((64 * 256))
 tok() { awk "BEGIN {printf \"%.0f\", $tokens * 1000 / $1}"; }
 printf "%-36s %10s %12s\n" "implementation" "ms/iter" "tokens/s" | tee "$logs/train.log"
@@ -103,6 +104,7 @@ printf "%-36s %10.2f %12s\n" "tinygpt, tf32 tensor-core attention" "$ours_tf32_a
   tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "tinygpt, bf16 tensor-core attention" "$ours_bf16_attn_ms" "$(tok "$ours_bf16_attn_ms")" |
   tee -a "$logs/train.log"
+printf "%-36s %10.2f %12s\n" "tinygpt --dtype bf16" "$ours_bf16_ms" "$(tok "$ours_bf16_ms")" | tee -a "$logs/train.log"
 if [ $has_torch = 1 ]; then
   torch_ms() { $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" | $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'; }
   t32=$(torch_ms)
@@ -118,6 +120,8 @@ if [ $has_torch = 1 ]; then
   note "training tok/s vs torch eager f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $t32 / $ours_ms, $ours_ms, $t32}")"
   note "  with --attention-math tf32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_tf32_attn_ms, $ours_tf32_attn_ms}")"
   note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
+  note "--dtype bf16 vs torch autocast bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $tbf / $ours_bf16_ms, $ours_bf16_ms, $tbf}")"
+  [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
 else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
 fi
@@ -126,9 +130,10 @@ echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations, each ke
 for math in f32 tf32 bf16; do
   run=$(mktemp -d)
   TINYGPT_CUDA_PROFILE=1 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" --max-iters 20 \
-    --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math > /dev/null 2> "$logs/profile_$math.log"
+    --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math $([ $math = bf16 ] && echo --dtype bf16) \
+    > /dev/null 2> "$logs/profile_$math.log"
   rm -rf "$run"
-  echo "-- --attention-math $math"
+  echo "-- --attention-math $math$([ $math = bf16 ] && echo ' --dtype bf16')"
   sed -n '/^TINYGPT_CUDA_PROFILE/,$p' "$logs/profile_$math.log" | tail -n +3 | sort -k3,3gr | head -12
 done
 
