@@ -18,6 +18,10 @@
 # Each runs at 1 and THREADS threads on the CPU recipe; the faster is its result there and its thread count for the
 # 6-layer config. The pip torch also runs torch.compile'd at THREADS threads (COMPILE=0 leaves that out). bench/torch_gpt.py --describe reports, at run time, the BLAS torch really loaded (library, threading,
 # kernel set), its thread count and its attention path; a peer with any problem is shown and not compared.
+# bf16 (BF16=0 leaves it out): the CPU recipe again (BF16_ITERS=20 timed iterations after 5: torch's CPU autocast
+# is slow without bf16 instructions), ROUNDS alternating rounds, tinygpt --dtype bf16 against the pip
+# torch under torch.autocast("cpu", dtype=torch.bfloat16), eager at its best thread count and compiled; the CPU's
+# bf16 instructions (AVX512-BF16, AMX-BF16) are printed first, since both sides' speed depends on them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-$(bash scripts/get_data.sh)}
@@ -132,6 +136,34 @@ for i in "${!names[@]}"; do
   printf "tinygpt / %s at %s threads, tokens/s per round: min %.2fx, median %.2fx, max %.2fx\n" "${names[$i]}" \
     "${best_t[$i]}" "$(sort -g "$out/ratio$i" | head -n 1)" "$(median < "$out/ratio$i")" "$(sort -g "$out/ratio$i" | tail -n 1)"
 done
+
+# --- the CPU recipe in bf16: tinygpt --dtype bf16 against torch's CPU autocast -------------------------------------
+pip_i=""
+for i in "${!names[@]}"; do [ "${names[$i]}" = torch-pip ] && pip_i=$i; done
+if [ "${BF16:-1}" = 1 ] && [ -n "$pip_i" ] && [ -n "${best_t[$pip_i]:-}" ]; then
+  cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+  has() { [[ " $cpu_flags " == *" $1 "* ]] && echo yes || echo no; }
+  echo
+  echo "== nanoGPT's CPU recipe in bf16, $rounds rounds, ms/iter (this CPU: AVX512-BF16 $(has avx512_bf16), AMX-BF16 $(has amx_bf16))"
+  bf_names=("torch-pip bf16") bf_threads=("${best_t[$pip_i]}") bf_extra=("--dtype bf16")
+  if [ "${COMPILE:-1}" = 1 ]; then
+    bf_names+=("torch-pip-compile bf16") bf_threads+=("$threads") bf_extra+=("--dtype bf16 --compile")
+  fi
+  for r in $(seq "$rounds"); do
+    ours 5 "${BF16_ITERS:-20}" "${small[@]}" --dtype bf16 >> "$out/ours_bf16.ms"
+    for j in "${!bf_names[@]}"; do
+      theirs "$pip_i" "${bf_threads[$j]}" "${BF16_ITERS:-20}" 5 ${bf_extra[$j]} >> "$out/bf$j.ms"
+    done
+  done
+  printf "%-22s %8s %8s %8s %8s %10s\n" "implementation" "threads" "min" "median" "max" "tokens/s"
+  row "tinygpt --dtype bf16" "$threads" "$out/ours_bf16.ms"
+  for j in "${!bf_names[@]}"; do row "${bf_names[$j]}" "${bf_threads[$j]}" "$out/bf$j.ms"; done
+  for j in "${!bf_names[@]}"; do
+    paste "$out/bf$j.ms" "$out/ours_bf16.ms" | awk '{print $1 / $2}' > "$out/bf_ratio$j"
+    printf "tinygpt bf16 / %s, tokens/s per round: min %.2fx, median %.2fx, max %.2fx\n" "${bf_names[$j]}" \
+      "$(sort -g "$out/bf_ratio$j" | head -n 1)" "$(median < "$out/bf_ratio$j")" "$(sort -g "$out/bf_ratio$j" | tail -n 1)"
+  done
+fi
 
 # --- nanoGPT's 6-layer config, once each ---------------------------------------------------------------------------
 if [ "$big_iters" -gt 0 ]; then

@@ -128,7 +128,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1337, help="weights and batches")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast (mixed precision) on the GPU")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast to bfloat16 (mixed precision) on the run's device")
     ap.add_argument("--no-tf32", action="store_true", help="full f32 matmuls on the GPU (default: TF32, as nanoGPT)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--progress", action="store_true", help="print each timed iteration's time on stderr")
@@ -157,7 +157,7 @@ def main():
     val = torch.tensor([stoi[c] for c in text[int(0.9 * len(text)):]], dtype=torch.long)
     step_model = torch.compile(model) if a.compile else model
     # (torch 1.13's autocast checks for bf16 on a GPU even when disabled)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if a.dtype == "bf16" else contextlib.nullcontext()
+    autocast = torch.autocast(a.device, dtype=torch.bfloat16) if a.dtype == "bf16" else contextlib.nullcontext()
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     if a.full_run:
         a.warmup = 0

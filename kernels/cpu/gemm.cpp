@@ -42,7 +42,8 @@ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 inline float round_bf16(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
-  u = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  u = nan ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   std::memcpy(&x, &u, sizeof u);
   return x;
 }

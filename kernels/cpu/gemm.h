@@ -12,8 +12,9 @@ namespace tinygpt::cpu {
 // calls made while other processes keep a team thread off its core, also run single-threaded. The result does not
 // depend on the number of threads.
 // Instantiated for float (packed, cache-blocked, AVX2/FMA micro-kernel) and double (same blocking, generic kernel).
-// bf16: every element of op(A) and op(B) is rounded to bfloat16 (nearest, ties to even) as it is packed, and the
-// products of the rounded values are summed in T, as a bf16 matmul with f32 accumulation computes (MatmulMath::BF16).
+// bf16: every element of op(A) and op(B) is rounded to bfloat16 (nearest, ties to even; a double through float) as
+// it is packed, and the products of the rounded values are summed in T, as a bf16 matmul with f32 accumulation
+// computes (MatmulMath::BF16).
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false);

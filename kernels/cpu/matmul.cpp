@@ -131,12 +131,12 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   }
 }
 
-#define TINYGPT_INSTANTIATE(T)                                                                                         \
-  template void matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,     \
-                                  MatmulMath);                                                                               \
-  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
-                                   bool, bool, MatmulMath);                                                                  \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath);            \
+#define TINYGPT_INSTANTIATE(T)                                                                                        \
+  template void matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,    \
+                                  MatmulMath);                                                                        \
+  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, \
+                                   bool, bool, MatmulMath);                                                           \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath);           \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
