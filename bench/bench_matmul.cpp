@@ -108,10 +108,15 @@ struct Product {
   float beta;
 };
 
-bool g_bf16 = false;  // --bf16: our products with bf16 operands
+bool g_bf16 = false;  // --bf16: our products with bf16 operands, on g_kernel
+tinygpt::cpu::Bf16Kernel g_kernel = tinygpt::cpu::Bf16Kernel::F32Units;
 
 void run_ours(const Product& p, float* c) {
-  tinygpt::cpu::gemm<float>(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a, p.lda, p.b, p.ldb, p.beta, c, p.ldc, g_bf16);
+  if (g_bf16) {
+    tinygpt::cpu::gemm_bf16(g_kernel, p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a, p.lda, p.b, p.ldb, p.beta, c, p.ldc);
+  } else {
+    tinygpt::cpu::gemm<float>(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a, p.lda, p.b, p.ldb, p.beta, c, p.ldc);
+  }
 }
 
 void run_blas(const Product& p, float* c) {
@@ -203,11 +208,12 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
 
 void usage() {
   std::printf(
-      "usage: bench_matmul [--threads N] [--quick] [--bf16] [--json] [--help]\n"
+      "usage: bench_matmul [--threads N] [--quick] [--bf16] [--bf16-kernel NAME] [--json] [--help]\n"
       "  Compares tinygpt::cpu::gemm<float> with OpenBLAS sgemm on the linear-layer products fwd/dinp/dw.\n"
       "  --threads N  threads for both (default: omp_get_max_threads())\n"
       "  --quick      only M = 768 (default: M in {768, 16384})\n"
-      "  --bf16       ours with bf16 operands (rounded as packed), OpenBLAS in f32\n"
+      "  --bf16       ours with bf16 operands on this CPU's fastest bf16 kernel, OpenBLAS in f32\n"
+      "  --bf16-kernel f32|avx512|amx  ours with bf16 operands on this kernel (f32: rounded as packed, f32 units)\n"
       "  --json       one JSON object per row instead of the table\n");
 }
 
@@ -221,6 +227,20 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--bf16")) {
       g_bf16 = true;
+      g_kernel = tinygpt::cpu::bf16_kernel();
+    } else if (!std::strcmp(argv[i], "--bf16-kernel") && i + 1 < argc) {
+      const std::string name = argv[++i];
+      using tinygpt::cpu::Bf16Kernel;
+      g_bf16 = true;
+      g_kernel = name == "amx" ? Bf16Kernel::Amx : name == "avx512" ? Bf16Kernel::Avx512Bf16 : Bf16Kernel::F32Units;
+      const auto& have = tinygpt::cpu::bf16_kernels_available();
+      if ((name != "amx" && name != "avx512" && name != "f32") ||
+          std::find(have.begin(), have.end(), g_kernel) == have.end()) {
+        std::fprintf(stderr, "bench_matmul: --bf16-kernel %s: not a kernel this CPU can run (it has:", name.c_str());
+        for (const Bf16Kernel k : have) std::fprintf(stderr, " %s", tinygpt::cpu::bf16_kernel_name(k));
+        std::fprintf(stderr, ")\n");
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--json")) {
@@ -262,7 +282,9 @@ int main(int argc, char** argv) {
   if (!json) {
     std::printf("threads=%d, GFLOP/s from the median call time of batches interleaved with OpenBLAS (%s kernels)%s\n",
                 threads, openblas_get_corename(),
-                g_bf16 ? "; ours with bf16 operands (rounded in packing, f32 micro-kernel), OpenBLAS f32" : "");
+                g_bf16 ? (std::string("; ours with bf16 operands on ") + tinygpt::cpu::bf16_kernel_name(g_kernel) +
+                          " kernels, OpenBLAS f32").c_str()
+                       : "");
     std::printf("%6s %5s %5s %-5s %12s %16s %7s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", "ratio");
   }
   double min_ratio = INFINITY, log_sum = 0;
@@ -281,9 +303,9 @@ int main(int argc, char** argv) {
           if (!std::isnan(r.other_load)) std::snprintf(load, sizeof load, "%.2f", r.other_load);
           std::printf(
               "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
-              "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s}\n",
+              "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\"}\n",
               (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load,
-              g_bf16 ? "true" : "false");
+              g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "");
         } else {
           const bool busy = r.other_load > kBusyCores;
           busy_rows += busy;

@@ -4,12 +4,19 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
 
+using tinygpt::cpu::Bf16Kernel;
+using tinygpt::cpu::bf16_kernel_name;
+using tinygpt::cpu::bf16_kernels_available;
 using tinygpt::cpu::gemm;
+using tinygpt::cpu::gemm_bf16;
 
 namespace {
 
@@ -20,6 +27,7 @@ struct Case {
   int64_t pad_a = 0, pad_b = 0, pad_c = 0;  // leading dimension = row length + pad
   bool nan_c = false;                       // fill C with NaN (only meaningful with beta == 0)
   bool bf16 = false;                        // operands rounded to bfloat16 (gemm's bf16 argument)
+  std::optional<Bf16Kernel> kernel{};       // bf16 on this kernel (gemm_bf16), float only
 };
 
 /// x rounded to bfloat16's 8 significant bits, nearest with ties to even, computed from frexp (not from the bits,
@@ -46,7 +54,16 @@ void check(const Case& c, uint32_t seed = 1) {
   for (auto& v : C) v = c.nan_c ? std::numeric_limits<T>::quiet_NaN() : T(dist(rng));
   const std::vector<T> C0 = C;
 
-  gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16);
+  if constexpr (std::is_same_v<T, float>) {
+    if (c.kernel) {
+      gemm_bf16(*c.kernel, c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(),
+                ldc);
+    } else {
+      gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16);
+    }
+  } else {
+    gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16);
+  }
 
   const double eps = std::numeric_limits<T>::epsilon();
   int64_t bad = 0;
@@ -62,7 +79,7 @@ void check(const Case& c, uint32_t seed = 1) {
       for (int64_t k = 0; k < c.K; ++k) {
         const double a = c.ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)];
         const double b = c.tb ? B[size_t(j * ldb + k)] : B[size_t(k * ldb + j)];
-        acc += c.bf16 ? bf16_reference(a) * bf16_reference(b) : a * b;
+        acc += c.bf16 || c.kernel ? bf16_reference(a) * bf16_reference(b) : a * b;
       }
       double ref = c.alpha * acc;
       if (c.beta != 0) ref += c.beta * double(C0[size_t(i * ldc + j)]);
@@ -73,7 +90,8 @@ void check(const Case& c, uint32_t seed = 1) {
     }
   }
   INFO("ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K << " alpha=" << c.alpha
-             << " beta=" << c.beta << " bf16=" << c.bf16 << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
+             << " beta=" << c.beta << " bf16=" << c.bf16
+             << " kernel=" << (c.kernel ? bf16_kernel_name(*c.kernel) : "-") << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
   CHECK(bad == 0);
 }
 
@@ -145,6 +163,46 @@ TEST_CASE_TEMPLATE("gemm with bf16 operands matches naive products of the rounde
   check<T>({false, true, 37, 1100, 2100, 1.0, 1.0, 0, 0, 0, false, true});  // K in several groups
 }
 
+TEST_CASE("every bf16 kernel this CPU has matches naive products of the rounded operands") {
+  // The packing of the AVX512-BF16 and AMX kernels (bf16 pairs, k padded to 2 or 32) and their tiles (8 x 32,
+  // 32 x 32) against the same reference: odd sizes and strides, every transpose, alpha/beta, NaN in C with beta = 0,
+  // several K blocks and groups.
+  for (const Bf16Kernel kernel : bf16_kernels_available()) {
+    MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(kernel)));
+    uint32_t seed = 200;
+    for (int64_t M : {1, 9, 33, 70})
+      for (int64_t N : {1, 17, 33, 130})
+        for (int64_t K : {1, 3, 31, 33, 130}) {
+          Case c{false, false, M, N, K, 1.0, 0.0, 0, 0, 0, false, false, kernel};
+          check_all_trans<float>(c, ++seed);
+        }
+    check_all_trans<float>({false, false, 130, 65, 300, 0.25, 2.0, 5, 5, 5, false, false, kernel});
+    check_all_trans<float>({false, false, 70, 50, 600, -0.5, 0.0, 2, 0, 1, true, false, kernel});
+    check_all_trans<float>({false, false, 517, 300, 700, 1.0, 0.5, 3, 0, 1, false, false, kernel});
+    check<float>({false, true, 37, 1100, 2100, 1.0, 1.0, 0, 0, 0, false, false, kernel});
+    check<float>({true, false, 37, 1100, 2100, 0.5, 0.0, 0, 0, 0, true, false, kernel});
+  }
+}
+
+TEST_CASE("every bf16 kernel propagates NaN and infinity from its operands") {
+  const int64_t M = 40, N = 40, K = 40;
+  for (const Bf16Kernel kernel : bf16_kernels_available()) {
+    INFO("kernel " << bf16_kernel_name(kernel));
+    std::vector<float> A(size_t(M * K), 0.5f), B(size_t(K * N), 0.25f), C(size_t(M * N), 0.0f);
+    A[size_t(3 * K + 5)] = std::numeric_limits<float>::quiet_NaN();   // row 3 of C
+    B[size_t(7 * N + 11)] = std::numeric_limits<float>::infinity();  // column 11 of C
+    gemm_bf16(kernel, false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        const float c = C[size_t(i * N + j)];
+        if (i == 3) CHECK(std::isnan(c));
+        else if (j == 11) CHECK(c == std::numeric_limits<float>::infinity());
+        else CHECK(c == doctest::Approx(K * 0.125f));
+      }
+    }
+  }
+}
+
 TEST_CASE("gemm with bf16 operands rounds to nearest, ties to even") {
   // 1 + 2^-8 lies halfway between bf16's 1 and 1 + 2^-7 (ties to 1, the even one), 1 + 3 * 2^-8 between 1 + 2^-7 and
   // 1 + 2^-6 (ties to 1 + 2^-6), and 1 + 2^-8 + 2^-20 is nearer 1 + 2^-7.
@@ -161,6 +219,23 @@ TEST_CASE("gemm with bf16 operands rounds to nearest, ties to even") {
     CHECK(out == c.rounded);
     gemm<float>(false, false, 1, 1, 1, 1.0f, &one, 1, &c.x, 1, 0.0f, &out, 1, true);
     CHECK(out == c.rounded);
+    for (const Bf16Kernel kernel : bf16_kernels_available()) {
+      INFO("kernel " << bf16_kernel_name(kernel));
+      // Both operands through both packings (k contiguous or not): x times one, one times x, as 1 x 1 x 1 and as
+      // a row of 40 (k padded) against a column.
+      for (const bool ta : {false, true}) {
+        gemm_bf16(kernel, ta, !ta, 1, 1, 1, 1.0f, &c.x, 1, &one, 1, 0.0f, &out, 1);
+        CHECK(out == c.rounded);
+        gemm_bf16(kernel, !ta, ta, 1, 1, 1, 1.0f, &one, 1, &c.x, 1, 0.0f, &out, 1);
+        CHECK(out == c.rounded);
+      }
+      std::vector<float> xs(40, 0.0f), ones(40, 0.0f);
+      xs[37] = c.x, ones[37] = 1.0f;
+      gemm_bf16(kernel, false, false, 1, 1, 40, 1.0f, xs.data(), 40, ones.data(), 1, 0.0f, &out, 1);
+      CHECK(out == c.rounded);
+      gemm_bf16(kernel, true, true, 1, 1, 40, 1.0f, ones.data(), 1, xs.data(), 40, 0.0f, &out, 1);
+      CHECK(out == c.rounded);
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 #include "kernels/cpu/gemm.h"
 
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +11,16 @@
 #include <cstring>
 #include <ctime>
 #include <new>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
+
+#include "kernels/cpu/gemm_bf16.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -98,9 +109,15 @@ template <class T, int MR_, int NR_, int64_t MC_, int64_t KC_, int64_t NC_>
 struct GenericConfig {
   static constexpr int MR = MR_, NR = NR_;
   static constexpr int64_t MC = MC_, KC = KC_, NC = NC_;
-  template <int W>
-  static void pack(bool k_contig, const T* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc, T* dst) {
-    pack_generic<T, W>(k_contig, X, ld, r0, rows, k0, kc, dst);
+  static constexpr int64_t KU = 8;
+  using Packed = T;
+  struct ThreadScope {};
+  static constexpr int64_t kpad(int64_t kc) { return kc; }
+  static void pack_a(bool k_contig, const T* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc, T* dst) {
+    pack_generic<T, MR>(k_contig, X, ld, r0, rows, k0, kc, dst);
+  }
+  static void pack_b(bool k_contig, const T* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc, T* dst) {
+    pack_generic<T, NR>(k_contig, X, ld, r0, rows, k0, kc, dst);
   }
   static void kernel(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, T alpha, T beta) {
     kernel_generic<T, MR, NR>(kc, a, b, c, ldc, alpha, beta);
@@ -180,6 +197,18 @@ struct Config<float> {
   // 144 x 256 floats = 144 KB of op(A) in the 512 KB L2; a 256 x 16 B panel is 16 KB of the 32 KB L1 (AVX-512:
   // 256 x 32, 32 KB of the Xeon's 48 KB L1).
   static constexpr int64_t MC = 144, KC = 256, NC = 4096;
+  static constexpr int64_t KU = 8;
+  using Packed = float;
+  struct ThreadScope {};
+  static constexpr int64_t kpad(int64_t kc) { return kc; }
+  static void pack_a(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                     float* dst) {
+    pack<MR>(k_contig, X, ld, r0, rows, k0, kc, dst);
+  }
+  static void pack_b(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                     float* dst) {
+    pack<NR>(k_contig, X, ld, r0, rows, k0, kc, dst);
+  }
 
   // Same contract as pack_generic; W is MR = 6 (op(A)) or NR = 16 or 32 (op(B)).
   template <int W>
@@ -401,20 +430,24 @@ void note_idle(Clock::duration idle, Clock::duration span) {
   solo_until_ns.store(now_ns() + window, std::memory_order_relaxed);
 }
 
-template <class T>
+// Cfg: tile and block sizes, packing and micro-kernel. Packed (Cfg::Packed) is the element type of the packed
+// operands: T itself (rounded to bf16 in place when `bf16`), or bf16 bits for the bf16 micro-kernels, whose packing
+// pads each k block to Cfg::kpad(kc) with zeros.
+template <class Cfg, class T>
 void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
                   int64_t ldb, T beta, T* C, int64_t ldc, int nt, bool bf16) {
-  using Cfg = Config<T>;
+  using P = typename Cfg::Packed;
   constexpr int MR = Cfg::MR, NR = Cfg::NR;
 
-  // Balanced blocks (e.g. K = 384 -> 2 x 192, not 256 + 128); KC a multiple of 8 keeps the packing transposes full.
-  const int64_t kc_blk = std::min(K, round_up(ceil_div(K, ceil_div(K, Cfg::KC)), 8));
+  // Balanced blocks (e.g. K = 384 -> 2 x 192, not 256 + 128) in multiples of KU: 8 keeps the f32 packing transposes
+  // full, 32 is an AMX tile's depth.
+  const int64_t kc_blk = std::min(K, round_up(ceil_div(K, ceil_div(K, Cfg::KC)), Cfg::KU));
   const int64_t nc_blk = round_up(ceil_div(N, ceil_div(N, Cfg::NC)), NR);
   // K groups of equal size (all of K when it fits, see kSlabBytes).
   const int64_t kb_total = ceil_div(K, kc_blk);
-  const int64_t kb_cap = K * nc_blk * int64_t(sizeof(T)) <= 2 * kSlabBytes
+  const int64_t kb_cap = K * nc_blk * int64_t(sizeof(P)) <= 2 * kSlabBytes
                              ? kb_total
-                             : std::max<int64_t>(1, kSlabBytes / int64_t(sizeof(T)) / (kc_blk * nc_blk));
+                             : std::max<int64_t>(1, kSlabBytes / int64_t(sizeof(P)) / (kc_blk * nc_blk));
   const int64_t group_k = std::min(K, ceil_div(kb_total, ceil_div(kb_total, kb_cap)) * kc_blk);
   // Row blocks: as many as MC requires, rounded up to a multiple of the thread count so the dynamic claiming ends
   // even (M = 1536: 12 blocks, not 11; M = 384: 4 x 96, not 3 x 128). Block rb covers MR-row tiles
@@ -440,11 +473,12 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   }
 
   // One allocation: the shared op(B) slab, then one op(A) block per thread (page-aligned, plus slack for the
-  // overlapping stores of the A packing).
-  const int64_t b_elems = round_up(group_k * nc_blk, 1024);
-  const int64_t a_elems = round_up(mc_max * kc_blk + 64, 1024);
-  T* const work = scratch<T>(b_elems + a_elems * nt);
-  T* const bpack = work;
+  // overlapping stores of the A packing). A k block takes kc_pad rows of the slab and of op(A) blocks.
+  const int64_t kc_pad = Cfg::kpad(kc_blk);
+  const int64_t b_elems = round_up(ceil_div(group_k, kc_blk) * kc_pad * nc_blk, 1024);
+  const int64_t a_elems = round_up(mc_max * kc_pad + 64, 1024);
+  P* const work = scratch<P>(b_elems + a_elems * nt);
+  P* const bpack = work;
   std::atomic<int64_t> next{0};
   Progress progress;
 
@@ -466,15 +500,16 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
     const int64_t kb = u / sg.chunks, c = u % sg.chunks;
     const int64_t q0 = panels * c / sg.chunks, q1 = panels * (c + 1) / sg.chunks;
     const int64_t k0 = sg.g0 + kb * kc_blk, kc = std::min(kc_blk, sg.g0 + sg.gk - k0);
-    // Slab layout: k block kb at kb * kc_blk * ncp, panel p at p * kc * NR in it.
-    T* const dst = bpack + kb * kc_blk * ncp + q0 * kc * NR;
-    Cfg::template pack<NR>(tb, B, ldb, sg.j0 + q0 * NR, std::min(sg.nc, q1 * NR) - q0 * NR, k0, kc, dst);
-    if (bf16) round_packed_bf16(dst, (q1 - q0) * kc * NR);
+    // Slab layout: k block kb at kb * kc_pad * ncp, panel p at p * kpad(kc) * NR in it.
+    P* const dst = bpack + kb * kc_pad * ncp + q0 * Cfg::kpad(kc) * NR;
+    Cfg::pack_b(tb, B, ldb, sg.j0 + q0 * NR, std::min(sg.nc, q1 * NR) - q0 * NR, k0, kc, dst);
+    if constexpr (std::is_same_v<P, T>)
+      if (bf16) round_packed_bf16(dst, (q1 - q0) * kc * NR);
   };
 
   // Compute ticket: C[row block, column chunk] += op(A) block @ slab over the group's k blocks. `after` is the
   // thread's next ticket in the same segment (or -1), whose first op(A) block is prefetched during the last k block.
-  auto run_compute = [&](const Segment& sg, int64_t u, int64_t after, T* apack) {
+  auto run_compute = [&](const Segment& sg, int64_t u, int64_t after, P* apack) {
     const int64_t panels = ceil_div(sg.nc, NR), ncp = panels * NR;
     const int64_t rb = u / sg.chunks, c = u % sg.chunks;
     const int64_t p0 = panels * c / sg.chunks, p1 = panels * (c + 1) / sg.chunks;
@@ -482,8 +517,10 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       int64_t i0, mc, k0, kc;
       a_block(sg, rb, kb, i0, mc, k0, kc);
-      Cfg::template pack<MR>(!ta, A, lda, i0, mc, k0, kc, apack);
-      if (bf16) round_packed_bf16(apack, round_up(mc, MR) * kc);
+      Cfg::pack_a(!ta, A, lda, i0, mc, k0, kc, apack);
+      if constexpr (std::is_same_v<P, T>)
+        if (bf16) round_packed_bf16(apack, round_up(mc, MR) * kc);
+      const int64_t kp = Cfg::kpad(kc);
       // Pull the next op(A) block's source into cache during this block's compute, so its packing does not stall
       // on DRAM with the FMA units idle (x and dy of the big shapes are 8-100 MB).
       Prefetch pf;
@@ -491,21 +528,21 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
       else if (after >= 0) pf = a_source(sg, after / sg.chunks, 0);
       const int64_t pf_step = ceil_div(pf.lines(), std::max<int64_t>(1, (p1 - p0) * ceil_div(mc, MR)));
       const T b_eff = k0 == 0 ? beta : T(1);
-      const T* bblk = bpack + (k0 - sg.g0) * ncp;
+      const P* bblk = bpack + kb * kc_pad * ncp;
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t jj = p * NR, nr = std::min<int64_t>(NR, sg.nc - jj);
-        const T* bp = bblk + p * kc * NR;
+        const P* bp = bblk + p * kp * NR;
         for (int64_t ii = 0; ii < mc; ii += MR) {
           pf.step(pf_step);
           const int64_t mr = std::min<int64_t>(MR, mc - ii);
           T* cp = C + (i0 + ii) * ldc + sg.j0 + jj;
           if (mr == MR && nr == NR) {
-            Cfg::kernel(kc, apack + ii * kc, bp, cp, ldc, alpha, b_eff);
+            Cfg::kernel(kp, apack + ii * kp, bp, cp, ldc, alpha, b_eff);
             continue;
           }
           // Edge tile: full-size product into a local tile, then merge only the valid part.
           alignas(64) T tile[MR * NR];
-          Cfg::kernel(kc, apack + ii * kc, bp, tile, NR, T(1), T(0));
+          Cfg::kernel(kp, apack + ii * kp, bp, tile, NR, T(1), T(0));
           for (int64_t i = 0; i < mr; ++i)
             for (int64_t j = 0; j < nr; ++j)
               cp[i * ldc + j] = b_eff == T(0) ? alpha * tile[i * NR + j]
@@ -516,7 +553,8 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   };
 
   auto worker = [&](int tid) {
-    T* const apack = work + b_elems + a_elems * tid;
+    [[maybe_unused]] const typename Cfg::ThreadScope scope;
+    P* const apack = work + b_elems + a_elems * tid;
     size_t s = 0;
     // Claim one ticket ahead, so a compute ticket knows which op(A) block to prefetch for.
     for (int64_t t = next.fetch_add(1); t < total;) {
@@ -601,22 +639,119 @@ void gemm_few_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 
 constexpr int64_t kFewRows = 4;
 
+// bf16 kernels the CPU reports and the OS has enabled (XCR0: the AVX-512 state; the AMX tile state after Linux grants
+// it to the process, which it does only when asked).
+#if defined(TINYGPT_GEMM_BF16)
+uint64_t xcr0() {
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t(hi) << 32) | lo;
+}
+
+std::vector<Bf16Kernel> detect_bf16_kernels() {
+  std::vector<Bf16Kernel> kernels{Bf16Kernel::F32Units};
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return kernels;
+  const uint64_t xcr = xcr0();
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return kernels;
+  const uint32_t ebx7 = b, edx7 = d;
+  __get_cpuid_count(7, 1, &a, &b, &c, &d);
+  const uint32_t eax7_1 = a;
+  const bool avx512 = (xcr & 0xe6) == 0xe6 && (ebx7 & (1u << 16)) && (ebx7 & (1u << 17)) && (ebx7 & (1u << 30)) &&
+                      (ebx7 & (1u << 31));  // F, DQ, BW, VL
+  if (!avx512 || !(eax7_1 & (1u << 5))) return kernels;  // AVX512_BF16
+  kernels.push_back(Bf16Kernel::Avx512Bf16);
+  const bool amx = (edx7 & (1u << 22)) && (edx7 & (1u << 24));  // AMX-BF16, AMX-TILE
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (amx && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0 && (xcr0() & 0x60000) == 0x60000)
+    kernels.push_back(Bf16Kernel::Amx);
+  return kernels;
+}
+#else
+std::vector<Bf16Kernel> detect_bf16_kernels() { return {Bf16Kernel::F32Units}; }
+#endif
+
+template <class Cfg, class T>
+void gemm_with(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+               const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16) {
+  int nt = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
+  const double fmas = double(M) * double(N) * double(K);
+  nt = int(std::clamp<double>(fmas / kMinFmasPerThread, 1.0, double(std::max(nt, 1))));
+  gemm_blocked<Cfg>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16);
+}
+
+/// C = beta * C for an empty product (K == 0 or alpha == 0), beta == 0 overwriting (BLAS semantics); false when the
+/// product is not empty.
+template <class T>
+bool scale_only(int64_t M, int64_t N, int64_t K, T alpha, T beta, T* C, int64_t ldc) {
+  if (K > 0 && alpha != T(0)) return false;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+  return true;
+}
+
 }  // namespace
+
+const char* bf16_kernel_name(Bf16Kernel kernel) {
+  return kernel == Bf16Kernel::Amx ? "AMX-BF16" : kernel == Bf16Kernel::Avx512Bf16 ? "AVX512-BF16" : "f32 units";
+}
+
+const std::vector<Bf16Kernel>& bf16_kernels_available() {
+  static const std::vector<Bf16Kernel> kernels = detect_bf16_kernels();
+  return kernels;
+}
+
+namespace {
+
+// AMX where the CPU has it. AVX512-BF16 only on request: on the Xeon it was measured on (Emerald Rapids) its
+// vdpbf16ps issues at half the rate of the f32 FMAs, so the kernel ran at 0.6-0.9x of the f32 units; on AMD Zen 4,
+// where it may be twice as fast as f32, it has not been run.
+Bf16Kernel choose_bf16_kernel() {
+  const std::vector<Bf16Kernel>& have = bf16_kernels_available();
+  const char* env = std::getenv("TINYGPT_CPU_BF16");
+  if (!env || !*env) return have.back() == Bf16Kernel::Amx ? Bf16Kernel::Amx : Bf16Kernel::F32Units;
+  const std::string name = env;
+  const Bf16Kernel want = name == "amx" ? Bf16Kernel::Amx : name == "avx512" ? Bf16Kernel::Avx512Bf16 : Bf16Kernel::F32Units;
+  if (name != "amx" && name != "avx512" && name != "f32")
+    throw std::invalid_argument("TINYGPT_CPU_BF16 must be amx, avx512 or f32, got '" + name + "'");
+  if (std::find(have.begin(), have.end(), want) == have.end())
+    throw std::invalid_argument(std::string("TINYGPT_CPU_BF16=") + name + ": this CPU has no " + bf16_kernel_name(want) +
+                                " (unset it to use the fastest kernel it has)");
+  return want;
+}
+
+}  // namespace
+
+Bf16Kernel bf16_kernel() {
+  static const Bf16Kernel kernel = choose_bf16_kernel();
+  return kernel;
+}
+
+void gemm_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0 || scale_only(M, N, K, alpha, beta, C, ldc)) return;
+  const auto& have = bf16_kernels_available();
+  if (std::find(have.begin(), have.end(), kernel) == have.end())
+    throw std::invalid_argument(std::string("gemm_bf16: this CPU cannot run the ") + bf16_kernel_name(kernel) +
+                                " kernel");
+#if defined(TINYGPT_GEMM_BF16)
+  if (kernel == Bf16Kernel::Amx)
+    return gemm_with<bf16::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+  if (kernel == Bf16Kernel::Avx512Bf16)
+    return gemm_with<bf16::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+#endif
+  gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+}
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == T(0)) {  // C = beta * C, with beta == 0 overwriting (BLAS semantics)
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
-    return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16) return gemm_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
+  if (M <= 0 || N <= 0 || scale_only(M, N, K, alpha, beta, C, ldc)) return;
   if (M <= kFewRows && !bf16) return gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  int nt = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
-  const double fmas = double(M) * double(N) * double(K);
-  nt = int(std::clamp<double>(fmas / kMinFmasPerThread, 1.0, double(std::max(nt, 1))));
-  gemm_blocked<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16);
+  gemm_with<Config<T>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,

@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace tinygpt::cpu {
 
@@ -15,8 +16,29 @@ namespace tinygpt::cpu {
 // bf16: every element of op(A) and op(B) is rounded to bfloat16 (nearest, ties to even; a double through float) as
 // it is packed, and the products of the rounded values are summed in T, as a bf16 matmul with f32 accumulation
 // computes (MatmulMath::BF16).
+// bf16 products in float run on the fastest kernel this CPU has (bf16_kernel()); in double on f32 units.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false);
+
+/// How bf16 products are computed. All take the same rounded operands and sum in f32, in different orders.
+/// F32Units: rounded as packed, then the f32 micro-kernel (every CPU). Avx512Bf16: `vdpbf16ps`, two products per
+/// f32 lane per instruction. Amx: AMX-BF16 tiles (16 x 16 x 32 products per instruction).
+enum class Bf16Kernel : uint8_t { F32Units, Avx512Bf16, Amx };
+
+/// "f32 units", "AVX512-BF16" or "AMX-BF16".
+const char* bf16_kernel_name(Bf16Kernel kernel);
+
+/// The kernels this CPU and OS can run, F32Units first, the fastest last (AMX after Linux granted the tile state).
+const std::vector<Bf16Kernel>& bf16_kernels_available();
+
+/// The kernel gemm uses for bf16 products in float: Amx where available, else F32Units (Avx512Bf16 was slower than
+/// the f32 units on the Intel CPU it ran on). The environment variable TINYGPT_CPU_BF16=amx|avx512|f32, read once,
+/// picks one; throws std::invalid_argument when it names something else or a kernel this CPU lacks.
+Bf16Kernel bf16_kernel();
+
+/// gemm<float> with bf16 operands on the given kernel, which must be available (tests and bench_matmul compare them).
+void gemm_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 }  // namespace tinygpt::cpu

@@ -1,0 +1,235 @@
+#pragma once
+// bf16 micro-kernels and their packing for the blocked GEMM in gemm.cpp (internal to it). Compiled whatever -march
+// says, through target attributes, and run only where the CPU reports the instructions (bf16_kernels_available).
+//
+// Both kernels read op(B) packed in the VNNI layout: a panel of NR = 32 columns holds, for each pair of k (kp), the
+// 32 columns' pairs (k = 2 kp, 2 kp + 1) side by side as 32-bit words: word kp * NR + j. op(A) is packed as pairs
+// too: for AVX512-BF16 word kp * MR + i (a pair is broadcast to every lane), for AMX in rows of 32 k per tile
+// depth: word (kp / 16) * MR * 16 + i * 16 + kp % 16. The operands are rounded to bf16 as they are packed, exactly as
+// round_bf16 does (nearest, ties to even; NaN stays NaN): the same operands as the f32 units' bf16 path.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define TINYGPT_GEMM_BF16 1
+#include <immintrin.h>
+
+namespace tinygpt::cpu::bf16 {
+
+#define TINYGPT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2")))
+#define TINYGPT_TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2,amx-tile,amx-bf16")))
+
+constexpr int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+/// Lanes [0, n) of a 16-lane mask (n clamped to [0, 16]).
+inline __mmask16 lanes16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
+
+// Shifts of 32-bit lanes by 16 (the maskz forms: GCC 12's unmasked ones warn of an uninitialized operand).
+TINYGPT_TARGET_AVX512 inline __m512i shr16(__m512i v) { return _mm512_maskz_srli_epi32(__mmask16(0xffff), v, 16); }
+TINYGPT_TARGET_AVX512 inline __m512i shl16(__m512i v) { return _mm512_maskz_slli_epi32(__mmask16(0xffff), v, 16); }
+
+/// 16 floats rounded to bf16 (nearest, ties to even; a NaN quieted), the bits in the low half of each 32-bit lane.
+TINYGPT_TARGET_AVX512 inline __m512i bf16_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i hi = shr16(u);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i rounded = shr16(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
+
+/// Packs rows [r0, r0 + rows) x k [k0, k0 + kc) of X (X(r, k) = X[r * ld + k] when k_contig, else X[k * ld + r])
+/// into panels W rows wide of bf16 pairs, kcp (even) deep, zero-padded: panel p at dst + p * W * kcp, the pair kp of
+/// row r at 32-bit word L::at(kp, r) of it. L::kRowStep and L::kPairStep are the word distances between rows and
+/// between pairs (within 16 aligned pairs).
+template <int W, class L>
+TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows,
+                                           int64_t k0, int64_t kc, int64_t kcp, uint16_t* dst) {
+  const int64_t pairs = kcp / 2;
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // 16-bit element e of (a, b) is 2 e: the low halves of a's 16 lanes, then of b's.
+  const __m512i low_halves = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28,
+                                              26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  for (int64_t p = 0; p * W < rows; ++p) {
+    auto* const d = reinterpret_cast<int32_t*>(dst + p * W * kcp);
+    const int64_t valid = std::min<int64_t>(W, rows - p * W);
+    if (!k_contig) {
+      // Rows are contiguous in X: per pair, 16 rows from X's rows k and k + 1.
+      const float* src = X + k0 * ld + r0 + p * W;
+      for (int64_t kp = 0; kp < pairs; ++kp) {
+        const int64_t k = 2 * kp;
+        for (int h = 0; h < W; h += 16) {
+          const __mmask16 m = lanes16(valid - h);
+          const __m512 x0 = k < kc ? _mm512_maskz_loadu_ps(m, src + k * ld + h) : _mm512_setzero_ps();
+          const __m512 x1 = k + 1 < kc ? _mm512_maskz_loadu_ps(m, src + (k + 1) * ld + h) : _mm512_setzero_ps();
+          const __m512i w = _mm512_or_si512(bf16_bits(x0), shl16(bf16_bits(x1)));
+          const __mmask16 out = lanes16(W - h);
+          if constexpr (L::kRowStep == 1) {
+            _mm512_mask_storeu_epi32(d + L::at(kp, h), out, w);
+          } else {
+            _mm512_mask_i32scatter_epi32(d + L::at(kp, h), out, _mm512_mullo_epi32(lane, _mm512_set1_epi32(L::kRowStep)),
+                                         w, 4);
+          }
+        }
+      }
+    } else {
+      // k is contiguous in X: per row, 16 pairs (32 k) at a time.
+      for (int64_t r = 0; r < W; ++r) {
+        const float* src = X + (r0 + p * W + r) * ld + k0;
+        for (int64_t kp = 0; kp < pairs; kp += 16) {
+          __m512i w = _mm512_setzero_si512();
+          if (r < valid) {
+            const int64_t k = 2 * kp;
+            const __m512 x0 = _mm512_maskz_loadu_ps(lanes16(kc - k), src + k);
+            const __m512 x1 = _mm512_maskz_loadu_ps(lanes16(kc - k - 16), src + k + 16);
+            // 32 bf16 in k order are 16 pairs in k order: the low halves of x0's and x1's lanes, in turn.
+            w = _mm512_permutex2var_epi16(bf16_bits(x0), low_halves, bf16_bits(x1));
+          }
+          const __mmask16 out = lanes16(pairs - kp);
+          if constexpr (L::kPairStep == 1) {
+            _mm512_mask_storeu_epi32(d + L::at(kp, r), out, w);
+          } else {
+            _mm512_mask_i32scatter_epi32(d + L::at(kp, r), out,
+                                         _mm512_mullo_epi32(lane, _mm512_set1_epi32(L::kPairStep)), w, 4);
+          }
+        }
+      }
+    }
+  }
+}
+
+/// Pair kp of row r at word kp * W + r: the VNNI layout (op(B) for both kernels, op(A) for AVX512-BF16).
+template <int W>
+struct PairsByK {
+  static constexpr int64_t kRowStep = 1, kPairStep = W;
+  static constexpr int64_t at(int64_t kp, int64_t r) { return kp * W + r; }
+};
+/// Rows of 16 pairs per 32-k tile depth (op(A) for AMX: an A tile is 16 rows of 64 bytes).
+template <int W>
+struct PairsByRow {
+  static constexpr int64_t kRowStep = 16, kPairStep = 1;
+  static constexpr int64_t at(int64_t kp, int64_t r) { return (kp / 16) * W * 16 + r * 16 + kp % 16; }
+};
+
+/// c[MR x 32] = alpha * acc + beta * c (c not read when beta == 0), from f32 rows of `acc_ld` floats.
+template <int MR>
+TINYGPT_TARGET_AVX512 inline void store_tile(const float* acc, int64_t acc_ld, float* c, int64_t ldc, float alpha,
+                                             float beta) {
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int i = 0; i < MR; ++i) {
+    for (int h = 0; h < 32; h += 16) {
+      const __m512 v = _mm512_mul_ps(va, _mm512_loadu_ps(acc + i * acc_ld + h));
+      float* ci = c + i * ldc + h;
+      _mm512_storeu_ps(ci, beta == 0.0f ? v : _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci), v));
+    }
+  }
+}
+
+/// AVX512-BF16: `vdpbf16ps` adds two products of bf16 pairs into each f32 lane, 32 products per instruction (twice
+/// an f32 FMA's). An MR x 32 tile of C in 2 MR zmm accumulators; per pair of k, 2 loads of B and MR broadcasts of A.
+struct Avx512Bf16Config {
+  static constexpr int MR = 8, NR = 32;
+  static constexpr int64_t MC = 192, KC = 512, NC = 4096, KU = 8;
+  using Packed = uint16_t;
+  struct ThreadScope {};
+  static constexpr int64_t kpad(int64_t kc) { return round_up(kc, 2); }
+  static void pack_a(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                     uint16_t* dst) {
+    pack_bf16_pairs<MR, PairsByK<MR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
+  }
+  static void pack_b(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                     uint16_t* dst) {
+    pack_bf16_pairs<NR, PairsByK<NR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
+  }
+  TINYGPT_TARGET_AVX512 static void kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
+                                           float* c, int64_t ldc, float alpha, float beta) {
+    __m512 acc[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int64_t kp = 0; kp < kcp / 2; ++kp) {
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + kp * 2 * NR);
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + kp * 2 * NR + NR);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, a + (kp * MR + i) * 2, sizeof pair);
+        const __m512bh ai = (__m512bh)_mm512_set1_epi32(pair);
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+      }
+    }
+    alignas(64) float out[MR * NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      _mm512_store_ps(out + i * NR, acc[i][0]);
+      _mm512_store_ps(out + i * NR + 16, acc[i][1]);
+    }
+    store_tile<MR>(out, NR, c, ldc, alpha, beta);
+  }
+};
+
+/// AMX-BF16: `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 32 x 16 one (16 x 16 x 32 products) into a 16 x 16 f32
+/// tile. A 32 x 32 tile of C in 4 tile registers, per 32 k: 2 A tiles, 2 B tiles, 4 products. Linux hands a process
+/// the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM, done by the detection); a thread configures its
+/// tiles once per call (ThreadScope) and releases them after.
+struct AmxConfig {
+  static constexpr int MR = 32, NR = 32;
+  static constexpr int64_t MC = 256, KC = 512, NC = 4096, KU = 32;
+  using Packed = uint16_t;
+  struct TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  };
+  struct ThreadScope {
+    TINYGPT_TARGET_AMX ThreadScope() {
+      alignas(64) TileConfig cfg;
+      for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+      _tile_loadconfig(&cfg);
+    }
+    TINYGPT_TARGET_AMX ~ThreadScope() { _tile_release(); }
+    ThreadScope(const ThreadScope&) = delete;
+    ThreadScope& operator=(const ThreadScope&) = delete;
+  };
+  static constexpr int64_t kpad(int64_t kc) { return round_up(kc, 32); }
+  static void pack_a(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                     uint16_t* dst) {
+    pack_bf16_pairs<MR, PairsByRow<MR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
+  }
+  static void pack_b(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+                     uint16_t* dst) {
+    pack_bf16_pairs<NR, PairsByK<NR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
+  }
+  // Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5 A, 6-7 B.
+  TINYGPT_TARGET_AMX static void kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
+                                        float* c, int64_t ldc, float alpha, float beta) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k = 0; k < kcp; k += 32) {
+      const uint16_t* at = a + k * MR;  // 32 rows x 32 k
+      const uint16_t* bt = b + k * NR;  // 16 pairs x 32 columns x 2
+      _tile_loadd(4, at, 64);
+      _tile_loadd(5, at + 16 * 32, 64);
+      _tile_loadd(6, bt, 4 * NR);
+      _tile_loadd(7, bt + 32, 4 * NR);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    alignas(64) float out[MR * NR];
+    _tile_stored(0, out, 4 * NR);
+    _tile_stored(1, out + 16, 4 * NR);
+    _tile_stored(2, out + 16 * NR, 4 * NR);
+    _tile_stored(3, out + 16 * NR + 16, 4 * NR);
+    store_tile<MR>(out, NR, c, ldc, alpha, beta);
+  }
+};
+
+}  // namespace tinygpt::cpu::bf16
+#endif
