@@ -88,6 +88,26 @@ TEST_CASE("muon: the Newton-Schulz iteration is Keller Jordan's quintic, for wid
   CHECK_THROWS_WITH_AS(newton_schulz(zeros({2, 3, 4})), doctest::Contains("needs a matrix"), Error);
 }
 
+TEST_CASE("muon: Newton-Schulz with bf16 operands stays near the f32 iteration, and is not the f32 iteration") {
+  // bf16 operands carry 8 significant bits: each product is off by about 2^-8 relative, and five iterations of a
+  // contraction keep the result within a few percent of the f32 one; an iteration that ignored the flag would match
+  // f32 to 1e-6.
+  Generator gen(11);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{48, 128}, {128, 48}}) {
+    INFO(rows << " x " << cols);
+    const Tensor g = randn({rows, cols}, gen, DType::F32);
+    const auto f32 = newton_schulz(g).to_vector<float>();
+    const auto b16 = newton_schulz(g, 5, 1e-7, true).to_vector<float>();
+    double worst = 0, norm = 0;
+    for (size_t i = 0; i < f32.size(); ++i) {
+      worst = std::max(worst, double(std::abs(f32[i] - b16[i])));
+      norm = std::max(norm, double(std::abs(f32[i])));
+    }
+    CHECK(worst < 0.05 * norm);
+    CHECK(worst > 1e-5 * norm);
+  }
+}
+
 TEST_CASE("muon: the blocks' weight matrices go to Muon; embeddings, head, gains, biases and tables to AdamW") {
   const Tensor matrix = zeros({4, 3}), vector = zeros({4});
   CHECK(muon_updates("transformer.h.0.attn.c_attn.weight", matrix));

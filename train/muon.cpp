@@ -21,7 +21,7 @@ void axpby(Tensor& y, const Tensor& x, double alpha, double beta) {
 
 }  // namespace
 
-Tensor newton_schulz(const Tensor& g, int steps, double eps) {
+Tensor newton_schulz(const Tensor& g, int steps, double eps, bool bf16) {
   NoGradGuard no_grad;
   if (g.ndim() != 2) throw Error(fmt::format("newton_schulz: needs a matrix, got shape {}", g.shape().str()));
   // A tall G (M > N) is iterated transposed, so the Gram matrix A is the smaller one. (Copied, not read through the
@@ -31,11 +31,13 @@ Tensor newton_schulz(const Tensor& g, int steps, double eps) {
   const Tensor norm = sqrt(sum_squares(g));
   const Tensor floored = norm + relu(full({}, eps, g.dtype(), g.device()) - norm);
   Tensor x = (tall ? transpose(g, 0, 1) : g) / floored;
+  Numerics numerics;
+  numerics.bf16 = bf16;
   for (int i = 0; i < steps; ++i) {
-    const Tensor a = matmul(x, x, false, true);
-    Tensor b = matmul(a, a);
+    const Tensor a = matmul(x, x, false, true, numerics);
+    Tensor b = matmul(a, a, false, false, numerics);
     axpby(b, a, kNewtonSchulzB, kNewtonSchulzC);  // b A + c A^2
-    Tensor next = matmul(b, x);
+    Tensor next = matmul(b, x, false, false, numerics);
     axpby(next, x, kNewtonSchulzA, 1.0);  // a X + B X
     x = next;
   }
@@ -78,7 +80,7 @@ void Muon::step(double lr, double grad_scale) {
       axpby(update, s.grad, (1 - mu) * grad_scale, 0.0);
       axpby(update, s.momentum, mu, 1.0);
     }
-    const Tensor o = newton_schulz(update, config_.ns_steps);
+    const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
     axpby(s.param, o, -rate * s.scale, 1.0 - rate * config_.weight_decay);
   }
 }

@@ -30,6 +30,8 @@ struct MuonConfig {
   int ns_steps = 5;
   double weight_decay = 0.0;  // decoupled, on the matrices: W <- (1 - lr wd) W
   MuonScale scale = MuonScale::Original;
+  // Newton-Schulz products with bf16 operands and f32 sums (--dtype bf16): Keller Jordan's Muon iterates in bf16.
+  bool bf16 = false;
 };
 
 /// The quintic Newton-Schulz iteration's coefficients (a, b, c), chosen by Keller Jordan to make the slope at zero
@@ -38,8 +40,9 @@ inline constexpr double kNewtonSchulzA = 3.4445, kNewtonSchulzB = -4.7750, kNewt
 
 /// `steps` Newton-Schulz iterations on G (M, N) / max(||G||_F, eps), f32 or f64, on G's device: about U V^T for
 /// G = U S V^T (singular values land roughly in [0.7, 1.2], not exactly 1; Muon needs no more). A tall G is
-/// iterated as G^T, so the Gram matrix is the smaller one.
-Tensor newton_schulz(const Tensor& g, int steps = 5, double eps = 1e-7);
+/// iterated as G^T, so the Gram matrix is the smaller one. `bf16`: the products' operands rounded to bf16, their sums
+/// and X in f32 (as --dtype bf16 computes a matmul).
+Tensor newton_schulz(const Tensor& g, int steps = 5, double eps = 1e-7, bool bf16 = false);
 
 /// The rate factor of a (out A, in B) matrix under `scale`.
 double muon_scale(MuonScale scale, int64_t rows, int64_t cols);

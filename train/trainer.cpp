@@ -189,7 +189,8 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, FlatParameters
   const MuonConfig muon{.lr = cfg.muon_lr,
                         .momentum = cfg.muon_momentum,
                         .weight_decay = cfg.muon_weight_decay,
-                        .scale = cfg.muon_scale == "match-adamw" ? MuonScale::MatchAdamW : MuonScale::Original};
+                        .scale = cfg.muon_scale == "match-adamw" ? MuonScale::MatchAdamW : MuonScale::Original,
+                        .bf16 = cfg.dtype == "bf16"};
   return std::make_unique<Muon>(flat, muon, adamw);
 }
 
