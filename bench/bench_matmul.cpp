@@ -7,8 +7,9 @@
 // batches (3 rounds of ours then OpenBLAS) so background noise hits both; GFLOP/s = 2*M*N*K / median call time.
 //
 // Rows timed while other processes were busy are flagged with '*' (from /proc/stat): rerun those.
-// --bf16 times our products with bf16 operands (--dtype bf16: rounded as they are packed, f32 micro-kernels) against
-// OpenBLAS's f32 ones: what the rounding costs until a bf16 micro-kernel exists.
+// --bf16 times our products with bf16 operands (--dtype bf16) on the CPU's default bf16 kernel (AMX-BF16 where
+// present, else rounded for the f32 micro-kernel), --bf16-kernel f32|avx512|amx on a chosen one, against OpenBLAS's
+// f32 products (there is no bf16 sgemm to compare with; PyTorch's autocast is compared in bench/compare_torch.sh).
 //
 // Notes from tuning. Machine: 2-core AMD EPYC (Zen 3) KVM guest, AVX2+FMA, 32 KB L1d and 512 KB L2 per core,
 // 32 MB L3; g++ 12.2 -O3 -march=native; Debian OpenBLAS 0.3.21 (pthreads). GFLOP/s at 2 threads unless stated;
@@ -43,6 +44,13 @@
 //   accumulators) at 215-291 with the blocking unchanged. OpenBLAS 0.3.21 chose its SSE "Prescott" kernels here
 //   (~60 GFLOP/s); with OPENBLAS_CORETYPE=SkylakeX it reaches 193-311: full run, ratio min 0.86, geomean 1.07
 //   (weakest: dw with N=128 or K=1536, 0.86-0.91).
+// - bf16 kernels, same Xeon (AVX512-BF16 and AMX-BF16), M=768, 2 threads. AMX: a 32x32 C tile in four 16x16 tiles,
+//   per 32 k two A tiles (rows of 32 bf16) and two B tiles (VNNI pairs, 64-byte rows of the 32-wide panel), four
+//   tdpbf16ps; first version 640-1330 GFLOP/s, 2.6-4.6x OpenBLAS's f32 (the 1536^3 product: ~1600). Most of the
+//   gap to the tiles' peak (1024 flop/cycle/core) is the packing: f32 operands read, rounded and rearranged every call.
+//   AVX512-BF16 (vdpbf16ps, 8x32 tile, A pairs broadcast): 160-200 GFLOP/s, 0.6-0.9x OpenBLAS's f32 and below our f32
+//   kernel; on this core vdpbf16ps issues at half the f32 FMA rate (one port), so its twice-as-many products per
+//   instruction buy nothing. Not the default; unmeasured on AMD Zen 4, where it may pay.
 #include <cblas.h>
 #include <omp.h>
 

@@ -18,7 +18,7 @@
 # Each runs at 1 and THREADS threads on the CPU recipe; the faster is its result there and its thread count for the
 # 6-layer config. The pip torch also runs torch.compile'd at THREADS threads (COMPILE=0 leaves that out). bench/torch_gpt.py --describe reports, at run time, the BLAS torch really loaded (library, threading,
 # kernel set), its thread count and its attention path; a peer with any problem is shown and not compared.
-# bf16 (BF16=0 leaves it out): the CPU recipe again (BF16_ITERS=20 timed iterations after 5: torch's CPU autocast
+# bf16 (BF16=0 leaves it out): the CPU recipe again, and the 6-layer config after its f32 rows (BF16_ITERS=20 timed iterations after 5: torch's CPU autocast
 # is slow without bf16 instructions), ROUNDS alternating rounds, tinygpt --dtype bf16 against the pip
 # torch under torch.autocast("cpu", dtype=torch.bfloat16), eager at its best thread count and compiled; the CPU's
 # bf16 instructions (AVX512-BF16, AMX-BF16) are printed first, since both sides' speed depends on them.
@@ -138,7 +138,7 @@ for i in "${!names[@]}"; do
 done
 
 # --- the CPU recipe in bf16: tinygpt --dtype bf16 against torch's CPU autocast -------------------------------------
-pip_i=""
+pip_i="" bf_names=()
 for i in "${!names[@]}"; do [ "${names[$i]}" = torch-pip ] && pip_i=$i; done
 if [ "${BF16:-1}" = 1 ] && [ -n "$pip_i" ] && [ -n "${best_t[$pip_i]:-}" ]; then
   cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
@@ -179,6 +179,16 @@ if [ "$big_iters" -gt 0 ]; then
     printf "%-22s %8s %10.2f %10.0f   tinygpt is %.2fx\n" "${names[$i]}" "${best_t[$i]}" "$(calc "$pms / 1000")" \
       "$(calc "$big_tokens * 1000 / $pms")" "$(calc "$pms / $ms")"
   done
+  if [ -n "${bf_names[*]:-}" ]; then  # the same in bf16: tinygpt --dtype bf16 against torch's CPU autocast
+    ms=$(ours 1 "$big_iters" "${big[@]}" --dtype bf16)
+    printf "%-22s %8s %10.2f %10.0f\n" "tinygpt --dtype bf16" "$threads" "$(calc "$ms / 1000")" "$(calc "$big_tokens * 1000 / $ms")"
+    for j in "${!bf_names[@]}"; do
+      pms=$(theirs "$pip_i" "${bf_threads[$j]}" "$big_iters" 1 ${bf_extra[$j]} --n-layer 6 --n-head 6 --n-embd 384 \
+        --block-size 256 --batch-size 64)
+      printf "%-22s %8s %10.2f %10.0f   tinygpt bf16 is %.2fx\n" "${bf_names[$j]}" "${bf_threads[$j]}" \
+        "$(calc "$pms / 1000")" "$(calc "$big_tokens * 1000 / $pms")" "$(calc "$pms / $ms")"
+    done
+  fi
 fi
 
 # --- sampling 500 tokens from a CPU-recipe run: KV cache against rerunning the context for every token ----------------

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does --dtype bf16 train as well as fp32? The main job's recipe (scripts/train_shakespeare.sh: 4 layers, 4 heads,
-# 128 wide, context 64, batch 24, Muon at 0.02 for the blocks' matrices and AdamW at 2e-3 for the rest, no dropout)
+# 128 wide, context 128, batch 12, Muon at 0.02 for the blocks' matrices and AdamW at 2e-3 for the rest, no dropout)
 # trained for ITERS iterations (a fixed count, so both see the same steps; cosine to a tenth at ITERS) in fp32 and in
 # bf16, once per seed, the two side by side with one thread each. Each val loss is the mean over 200 batches after
 # the last iteration. Prints every pair, the mean and spread of each dtype and of their differences, and whether the
@@ -16,7 +16,7 @@ tinygpt=${TINYGPT:-./build/tinygpt}
 [ -x "$tinygpt" ] || { echo "error: $tinygpt not found: build first (bash scripts/build.sh)" >&2; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-recipe=(--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 24 --optimizer muon --muon-lr 0.02
+recipe=(--n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --batch-size 12 --optimizer muon --muon-lr 0.02
   --lr 2e-3 --min-lr 2e-4 --warmup-iters 100 --lr-decay-iters "$iters" --dropout 0)
 
 val_of() { grep '"val_loss"' "$1/metrics.jsonl" | tail -n 1 | grep -o '"val_loss":[0-9.e+-]*' | cut -d: -f2; }

@@ -7,7 +7,8 @@
 #
 #   bash bench/recipe_search.sh [DATA] [BUDGET] [THREADS]        # defaults: the corpus, 180, nproc
 #
-# Candidates: CANDIDATES="name|flags;name|flags;..." replaces the built-in list below. TINYGPT=path runs another
+# Candidates: CANDIDATES="name|flags;name|flags;..." replaces the built-in list below (no dropout unless a
+# candidate's flags say --dropout). TINYGPT=path runs another
 # binary than ./build/tinygpt (a copy, so that the tree can be rebuilt while a long search runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ for c in "${cands[@]}"; do
   lr=$(printf "%s\n" "${flags[@]}" | awk 'prev == "--lr" {print; exit} {prev = $0}')
   rm -rf "$out/r"
   start=$(date +%s.%N)
-  "$tinygpt" --threads "$threads" train --data "$data" --out "$out/r" "${flags[@]}" --dropout 0 --time-budget "$budget" \
+  "$tinygpt" --threads "$threads" train --data "$data" --out "$out/r" --dropout 0 "${flags[@]}" --time-budget "$budget" \
     --min-lr "$(awk -v l="${lr:-1e-3}" 'BEGIN {print l / 10}')" --warmup-iters 100 --eval-interval 1000000000 \
     --eval-iters 200 --quiet 2> "$out/log" || { echo "$name:" >&2; cat "$out/log" >&2; exit 1; }
   ms=$(grep -o '"ms":[0-9.e+-]*' "$out/r/metrics.jsonl" | cut -d: -f2 | median)

@@ -33,8 +33,9 @@ inline bool parse_attention_math(std::string_view name, AttentionMath& math) {
 /// The operands of a matmul's products; inputs, outputs and accumulation are f32 in every case. F32: full f32.
 /// TF32 (GPU only; the CPU computes it as F32): tensor cores with 10-bit mantissas. BF16: each operand rounded to
 /// bfloat16 (8-bit mantissa, round to nearest even) as it is read, its products summed in f32, as PyTorch's autocast
-/// and the bf16 tensor cores or AVX512-BF16 compute them; on the GPU on tensor cores, on the CPU by the packing of the
-/// blocked GEMM (kernels/cpu/gemm.cpp), at f32 speed until kernels for AVX512-BF16 or AMX exist.
+/// and the bf16 tensor cores or AVX512-BF16 compute them; on the GPU on tensor cores, on the CPU rounded by the packing
+/// of the blocked GEMM (kernels/cpu/gemm.cpp), then multiplied on AMX-BF16 tiles where the CPU has them, else on the
+/// f32 units at f32 speed (cpu::bf16_kernel).
 enum class MatmulMath : uint8_t { F32, TF32, BF16 };
 
 inline const char* matmul_math_name(MatmulMath math) {
