@@ -160,8 +160,16 @@ expect_error "was trained with --optimizer muon, not adamw: resume with --optimi
 "$tinygpt" train --data "$dir/text.txt" --out "$dir/bf16" --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 \
   --batch-size 4 --max-iters 4 --eval-interval 4 --eval-iters 1 --dtype bf16 2> "$dir/bf16.log" ||
   fail "train --dtype bf16 exited non-zero: $(tail -3 "$dir/bf16.log")"
-grep -q "^model: .*, bf16 matmul operands (rounded in software: no faster than fp32" "$dir/bf16.log" ||
+grep -Eq "^model: .*, bf16 (matmuls on AMX-BF16|matmul operands rounded for f32 units)" "$dir/bf16.log" ||
   fail "the model line does not say bf16: $(grep '^model' "$dir/bf16.log")"
+# TINYGPT_CPU_BF16 picks the CPU's bf16 kernel: f32 works everywhere; a name it does not know is refused.
+TINYGPT_CPU_BF16=f32 "$tinygpt" train --data "$dir/text.txt" --out "$dir/bf16_f32" --n-layer 1 --n-head 2 --n-embd 32 \
+  --block-size 16 --batch-size 4 --max-iters 2 --eval-interval 2 --eval-iters 1 --dtype bf16 2> "$dir/bf16_f32.log" ||
+  fail "train --dtype bf16 with TINYGPT_CPU_BF16=f32 exited non-zero: $(tail -3 "$dir/bf16_f32.log")"
+grep -q "^model: .*, bf16 matmul operands rounded for f32 units" "$dir/bf16_f32.log" ||
+  fail "TINYGPT_CPU_BF16=f32 is not in the model line: $(grep '^model' "$dir/bf16_f32.log")"
+expect_error "^error: TINYGPT_CPU_BF16 must be amx, avx512 or f32, got 'tiles'" env TINYGPT_CPU_BF16=tiles "$tinygpt" \
+  train --data "$dir/text.txt" --out "$dir/r2" --max-iters 1 --dtype bf16
 "$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep -q "^numerics       bf16 matmul operands (--dtype bf16); on the GPU: bf16 matmuls" ||
   fail "info does not report bf16: $("$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep numerics)"
 "$tinygpt" eval --ckpt "$dir/bf16" --data "$dir/text.txt" --eval-iters 2 --dtype fp32 > /dev/null 2>&1 || fail "eval --dtype fp32 of a bf16 run failed"
