@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_bf16.h"
 
 namespace {
 
@@ -74,17 +75,9 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) double dpbf16_zmm(long r
   return 12.0 * 64 * double(reps);
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Four accumulator tiles, two A and two B tiles (as the GEMM's 32 x 32 kernel), four products per round.
-__attribute__((target("amx-tile,amx-bf16"), noinline)) double amx_tiles(long reps) {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-  _tile_loadconfig(&cfg);
+TINYGPT_TARGET_AMX __attribute__((noinline)) double amx_tiles(long reps) {
+  tinygpt::cpu::bf16::load_tile_config(tinygpt::cpu::bf16::kAllTiles16x64);
   alignas(64) static thread_local uint16_t ab[16 * 32];
   for (auto& v : ab) v = 0x3f80;
   _tile_zero(0);

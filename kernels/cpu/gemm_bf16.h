@@ -127,22 +127,29 @@ TINYGPT_TARGET_AVX512 inline void store_tile(const float* acc, int64_t acc_ld, f
   }
 }
 
-/// AVX512-BF16: `vdpbf16ps` adds two products of bf16 pairs into each f32 lane, 32 products per instruction (twice
-/// an f32 FMA's). An MR x 32 tile of C in 2 MR zmm accumulators; per pair of k, 2 loads of B and MR broadcasts of A.
-struct Avx512Bf16Config {
-  static constexpr int MR = 8, NR = 32;
-  static constexpr int64_t MC = 192, KC = 512, NC = 4096, KU = 8;
+/// The packing of the bf16 kernels: MR x NR tiles, op(A) in layout ALayout, op(B) in the VNNI layout, each k block
+/// zero-padded to a multiple of KPad.
+template <int MR_, int NR_, template <int> class ALayout, int64_t KPad>
+struct Bf16Packing {
+  static constexpr int MR = MR_, NR = NR_;
   using Packed = uint16_t;
-  struct ThreadScope {};
-  static constexpr int64_t kpad(int64_t kc) { return round_up(kc, 2); }
+  static constexpr int64_t kpad(int64_t kc) { return round_up(kc, KPad); }
   static void pack_a(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
                      uint16_t* dst) {
-    pack_bf16_pairs<MR, PairsByK<MR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
+    pack_bf16_pairs<MR, ALayout<MR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
   }
   static void pack_b(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
                      uint16_t* dst) {
     pack_bf16_pairs<NR, PairsByK<NR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
   }
+};
+
+/// AVX512-BF16: `vdpbf16ps` adds two products of bf16 pairs into each f32 lane, 32 products per instruction (twice
+/// an f32 FMA's, but on the Xeon it ran on it issues at a quarter of their rate: bench_peak). An MR x 32 tile of C in
+/// 2 MR zmm accumulators; per pair of k, 2 loads of B and MR broadcasts of A.
+struct Avx512Bf16Config : Bf16Packing<8, 32, PairsByK, 2> {
+  static constexpr int64_t MC = 192, KC = 512, NC = 4096, KU = 8;
+  struct ThreadScope {};
   TINYGPT_TARGET_AVX512 static void kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
                                            float* c, int64_t ldc, float alpha, float beta) {
     __m512 acc[MR][2];
@@ -171,38 +178,37 @@ struct Avx512Bf16Config {
   }
 };
 
+/// AMX's tile configuration (palette 1): for each of the 8 tiles its rows and bytes per row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+/// Every tile 16 rows of 64 bytes: 16 x 16 f32, or 16 x 32 bf16.
+inline constexpr TileConfig kAllTiles16x64 = [] {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
+  return c;
+}();
+
+/// ldtilecfg. Not GCC 12's _tile_loadconfig: its asm operand tells the compiler it reads 8 bytes, so the stores
+/// filling the other 56 of a local config could be dropped (they were, in an -march=x86-64-v3 build: the first
+/// tilezero then faulted); this operand is the whole configuration.
+TINYGPT_TARGET_AMX inline void load_tile_config(const TileConfig& cfg) { __asm__ volatile("ldtilecfg %0" : : "m"(cfg)); }
+
 /// AMX-BF16: `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 32 x 16 one (16 x 16 x 32 products) into a 16 x 16 f32
 /// tile. A 32 x 32 tile of C in 4 tile registers, per 32 k: 2 A tiles, 2 B tiles, 4 products. Linux hands a process
 /// the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM, done by the detection); a thread configures its
 /// tiles once per call (ThreadScope) and releases them after.
-struct AmxConfig {
-  static constexpr int MR = 32, NR = 32;
+struct AmxConfig : Bf16Packing<32, 32, PairsByRow, 32> {
   static constexpr int64_t MC = 256, KC = 512, NC = 4096, KU = 32;
-  using Packed = uint16_t;
-  struct TileConfig {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  };
   struct ThreadScope {
-    TINYGPT_TARGET_AMX ThreadScope() {
-      alignas(64) TileConfig cfg;
-      for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-      _tile_loadconfig(&cfg);
-    }
+    TINYGPT_TARGET_AMX ThreadScope() { load_tile_config(kAllTiles16x64); }
     TINYGPT_TARGET_AMX ~ThreadScope() { _tile_release(); }
     ThreadScope(const ThreadScope&) = delete;
     ThreadScope& operator=(const ThreadScope&) = delete;
   };
-  static constexpr int64_t kpad(int64_t kc) { return round_up(kc, 32); }
-  static void pack_a(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
-                     uint16_t* dst) {
-    pack_bf16_pairs<MR, PairsByRow<MR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
-  }
-  static void pack_b(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
-                     uint16_t* dst) {
-    pack_bf16_pairs<NR, PairsByK<NR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
-  }
   // Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5 A, 6-7 B.
   TINYGPT_TARGET_AMX static void kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
                                         float* c, int64_t ldc, float alpha, float beta) {
