@@ -175,7 +175,9 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--dtype", c.dtype, "fp32, or bf16 as autocast computes it: the matmuls' operands rounded to bf16 "
                   "and their products summed in f32 (on the GPU on tensor cores, with bf16 flash attention); weights, "
                   "gradients, optimizer state, LayerNorm, softmax and the loss stay f32. On the CPU: AMX-BF16 tiles where "
-                  "the CPU has them (Intel Sapphire Rapids and newer), else rounded for the f32 units at fp32 speed")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+                  "the CPU has them (Intel Sapphire Rapids and newer), else rounded for the f32 units at fp32 speed")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   add_switch(cmd, "tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls");
   cmd->add_option("--attention-math", c.attention_math,
                   "On the GPU, the operands of flash attention's products: f32 (CUDA cores), tf32 or bf16 (tensor cores; "

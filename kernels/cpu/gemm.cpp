@@ -680,6 +680,18 @@ void gemm_with(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T al
   gemm_blocked<Cfg>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16);
 }
 
+/// bf16 products on `kernel`, known to be available.
+void run_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+#if defined(TINYGPT_GEMM_BF16)
+  if (kernel == Bf16Kernel::Amx)
+    return gemm_with<bf16::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+  if (kernel == Bf16Kernel::Avx512Bf16)
+    return gemm_with<bf16::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+#endif
+  gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+}
+
 /// C = beta * C for an empty product (K == 0 or alpha == 0), beta == 0 overwriting (BLAS semantics); false when the
 /// product is not empty.
 template <class T>
@@ -729,27 +741,21 @@ Bf16Kernel bf16_kernel() {
 
 void gemm_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M <= 0 || N <= 0 || scale_only(M, N, K, alpha, beta, C, ldc)) return;
   const auto& have = bf16_kernels_available();
   if (std::find(have.begin(), have.end(), kernel) == have.end())
     throw std::invalid_argument(std::string("gemm_bf16: this CPU cannot run the ") + bf16_kernel_name(kernel) +
                                 " kernel");
-#if defined(TINYGPT_GEMM_BF16)
-  if (kernel == Bf16Kernel::Amx)
-    return gemm_with<bf16::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
-  if (kernel == Bf16Kernel::Avx512Bf16)
-    return gemm_with<bf16::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
-#endif
-  gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+  if (M <= 0 || N <= 0 || scale_only(M, N, K, alpha, beta, C, ldc)) return;
+  run_bf16(kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (bf16) return gemm_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  }
   if (M <= 0 || N <= 0 || scale_only(M, N, K, alpha, beta, C, ldc)) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16) return run_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
   if (M <= kFewRows && !bf16) return gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   gemm_with<Config<T>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16);
 }
