@@ -40,60 +40,110 @@ TINYGPT_TARGET_AVX512 inline __m512i bf16_bits(__m512 x) {
   return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
 }
 
+/// v[i] lane j <- v[j] lane i: a 16 x 16 transpose of 32-bit words (pairs of bf16), in registers. (The maskz
+/// forms throughout, all lanes on: GCC 12's unmasked ones warn of an uninitialized operand.)
+TINYGPT_TARGET_AVX512 inline void transpose16x16(__m512i v[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane L: [a0 b0 a1 b1], [a2 b2 a3 b3]
+    t[i] = _mm512_maskz_unpacklo_epi32(__mmask16(0xffff), v[i], v[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_epi32(__mmask16(0xffff), v[i], v[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) {  // u[g + j] lane L: rows g..g+3 of column 4 L + j
+    v[g] = _mm512_maskz_unpacklo_epi64(__mmask8(0xff), t[g], t[g + 2]);
+    v[g + 1] = _mm512_maskz_unpackhi_epi64(__mmask8(0xff), t[g], t[g + 2]);
+    v[g + 2] = _mm512_maskz_unpacklo_epi64(__mmask8(0xff), t[g + 1], t[g + 3]);
+    v[g + 3] = _mm512_maskz_unpackhi_epi64(__mmask8(0xff), t[g + 1], t[g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // a 4 x 4 transpose of 128-bit lanes: column 4 L + j gathers lane L of each u
+    const __m512i x0 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[j], v[4 + j], 0x44), x1 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[j], v[4 + j], 0xee);
+    const __m512i x2 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[8 + j], v[12 + j], 0x44), x3 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[8 + j], v[12 + j], 0xee);
+    t[j] = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), x0, x2, 0x88);
+    t[4 + j] = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), x0, x2, 0xdd);
+    t[8 + j] = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), x1, x3, 0x88);
+    t[12 + j] = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), x1, x3, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) v[i] = t[i];
+}
+
+/// The pair words (k, k + 1) of 16 consecutive r from rows k and k + 1 of X (r contiguous), lanes past `m` and k
+/// past kc zero: lane i is r = i.
+TINYGPT_TARGET_AVX512 inline __m512i pairs_across(const float* src, int64_t ld, int64_t k, int64_t kc, __mmask16 m) {
+  const __m512 x0 = k < kc ? _mm512_maskz_loadu_ps(m, src + k * ld) : _mm512_setzero_ps();
+  const __m512 x1 = k + 1 < kc ? _mm512_maskz_loadu_ps(m, src + (k + 1) * ld) : _mm512_setzero_ps();
+  return _mm512_or_si512(bf16_bits(x0), shl16(bf16_bits(x1)));
+}
+
+/// The 16 pair words of k in [k, k + 32) of one row of X with k contiguous (k past kc zero): lane i is pair i.
+TINYGPT_TARGET_AVX512 inline __m512i pairs_along(const float* src, int64_t k, int64_t kc) {
+  // 16-bit element e of (a, b) is 2 e: the low halves of a's 16 lanes, then of b's.
+  const __m512i low_halves = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28,
+                                              26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512 x0 = _mm512_maskz_loadu_ps(lanes16(kc - k), src + k);
+  const __m512 x1 = _mm512_maskz_loadu_ps(lanes16(kc - k - 16), src + k + 16);
+  return _mm512_permutex2var_epi16(bf16_bits(x0), low_halves, bf16_bits(x1));
+}
+
 /// Packs rows [r0, r0 + rows) x k [k0, k0 + kc) of X (X(r, k) = X[r * ld + k] when k_contig, else X[k * ld + r])
 /// into panels W rows wide of bf16 pairs, kcp (even) deep, zero-padded: panel p at dst + p * W * kcp, the pair kp of
 /// row r at 32-bit word L::at(kp, r) of it. L::kRowStep and L::kPairStep are the word distances between rows and
-/// between pairs (within 16 aligned pairs).
+/// between pairs (within 16 aligned pairs). Where the source's contiguous axis is not the layout's, 16 x 16 blocks of
+/// pair words are transposed in registers (a scatter store per vector was a third of the packing's time).
 template <int W, class L>
 TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows,
                                            int64_t k0, int64_t kc, int64_t kcp, uint16_t* dst) {
   const int64_t pairs = kcp / 2;
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  // 16-bit element e of (a, b) is 2 e: the low halves of a's 16 lanes, then of b's.
-  const __m512i low_halves = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28,
-                                              26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   for (int64_t p = 0; p * W < rows; ++p) {
     auto* const d = reinterpret_cast<int32_t*>(dst + p * W * kcp);
     const int64_t valid = std::min<int64_t>(W, rows - p * W);
     if (!k_contig) {
       // Rows are contiguous in X: per pair, 16 rows from X's rows k and k + 1.
       const float* src = X + k0 * ld + r0 + p * W;
-      for (int64_t kp = 0; kp < pairs; ++kp) {
-        const int64_t k = 2 * kp;
-        for (int h = 0; h < W; h += 16) {
-          const __mmask16 m = lanes16(valid - h);
-          const __m512 x0 = k < kc ? _mm512_maskz_loadu_ps(m, src + k * ld + h) : _mm512_setzero_ps();
-          const __m512 x1 = k + 1 < kc ? _mm512_maskz_loadu_ps(m, src + (k + 1) * ld + h) : _mm512_setzero_ps();
-          const __m512i w = _mm512_or_si512(bf16_bits(x0), shl16(bf16_bits(x1)));
-          const __mmask16 out = lanes16(W - h);
-          if constexpr (L::kRowStep == 1) {
-            _mm512_mask_storeu_epi32(d + L::at(kp, h), out, w);
-          } else {
-            _mm512_mask_i32scatter_epi32(d + L::at(kp, h), out, _mm512_mullo_epi32(lane, _mm512_set1_epi32(L::kRowStep)),
-                                         w, 4);
+      for (int h = 0; h < W; h += 16) {
+        const __mmask16 m = lanes16(valid - h);
+        if constexpr (L::kRowStep == 1) {
+          for (int64_t kp = 0; kp < pairs; ++kp)
+            _mm512_mask_storeu_epi32(d + L::at(kp, h), lanes16(W - h), pairs_across(src + h, ld, 2 * kp, kc, m));
+        } else {
+          static_assert(W % 16 == 0 && L::kPairStep == 1, "rows of pairs are written 16 rows at a time");
+          for (int64_t kp0 = 0; kp0 < pairs; kp0 += 16) {
+            __m512i v[16];
+            for (int i = 0; i < 16; ++i) v[i] = pairs_across(src + h, ld, 2 * (kp0 + i), kc, m);
+            transpose16x16(v);  // v[r]: row h + r's pairs kp0 .. kp0 + 15
+            const __mmask16 out = lanes16(pairs - kp0);
+            for (int r = 0; r < 16; ++r) _mm512_mask_storeu_epi32(d + L::at(kp0, h + r), out, v[r]);
           }
         }
       }
-    } else {
-      // k is contiguous in X: per row, 16 pairs (32 k) at a time.
+    } else if constexpr (L::kPairStep == 1) {
+      // k is contiguous in X and in the layout: per row, 16 pairs (32 k) at a time.
       for (int64_t r = 0; r < W; ++r) {
         const float* src = X + (r0 + p * W + r) * ld + k0;
         for (int64_t kp = 0; kp < pairs; kp += 16) {
-          __m512i w = _mm512_setzero_si512();
-          if (r < valid) {
-            const int64_t k = 2 * kp;
-            const __m512 x0 = _mm512_maskz_loadu_ps(lanes16(kc - k), src + k);
-            const __m512 x1 = _mm512_maskz_loadu_ps(lanes16(kc - k - 16), src + k + 16);
-            // 32 bf16 in k order are 16 pairs in k order: the low halves of x0's and x1's lanes, in turn.
-            w = _mm512_permutex2var_epi16(bf16_bits(x0), low_halves, bf16_bits(x1));
+          const __m512i w = r < valid ? pairs_along(src, 2 * kp, kc) : _mm512_setzero_si512();
+          _mm512_mask_storeu_epi32(d + L::at(kp, r), lanes16(pairs - kp), w);
+        }
+      }
+    } else if constexpr (W % 16 == 0) {
+      // k is contiguous in X, rows in the layout: 16 rows' 16 pairs at a time, transposed.
+      for (int h = 0; h < W; h += 16) {
+        for (int64_t kp0 = 0; kp0 < pairs; kp0 += 16) {
+          __m512i v[16];
+          for (int i = 0; i < 16; ++i) {
+            v[i] = h + i < valid ? pairs_along(X + (r0 + p * W + h + i) * ld + k0, 2 * kp0, kc) : _mm512_setzero_si512();
           }
-          const __mmask16 out = lanes16(pairs - kp);
-          if constexpr (L::kPairStep == 1) {
-            _mm512_mask_storeu_epi32(d + L::at(kp, r), out, w);
-          } else {
-            _mm512_mask_i32scatter_epi32(d + L::at(kp, r), out,
-                                         _mm512_mullo_epi32(lane, _mm512_set1_epi32(L::kPairStep)), w, 4);
-          }
+          transpose16x16(v);  // v[j]: pair kp0 + j of rows h .. h + 15
+          for (int j = 0; j < 16 && kp0 + j < pairs; ++j) _mm512_storeu_si512(d + L::at(kp0 + j, h), v[j]);
+        }
+      }
+    } else {
+      // Panels narrower than 16 rows: per row, 16 pairs scattered to their places.
+      for (int64_t r = 0; r < W; ++r) {
+        const float* src = X + (r0 + p * W + r) * ld + k0;
+        for (int64_t kp = 0; kp < pairs; kp += 16) {
+          const __m512i w = r < valid ? pairs_along(src, 2 * kp, kc) : _mm512_setzero_si512();
+          _mm512_mask_i32scatter_epi32(d + L::at(kp, r), lanes16(pairs - kp),
+                                       _mm512_mullo_epi32(lane, _mm512_set1_epi32(L::kPairStep)), w, 4);
         }
       }
     }
