@@ -38,6 +38,7 @@
 
 #include "autograd/attention.h"
 #include "autograd/ops.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/device.h"
 
 namespace {
@@ -258,13 +259,54 @@ int run_mods_table(bool quick, int rounds) {
   return 0;
 }
 
+/// The CPU's bf16 table: flash attention with f32 operands against bf16 ones (AttentionMath::BF16: tile products on
+/// AMX-BF16 where the CPU has it, else rounded for the f32 units), forward+backward timed alternately `rounds` times
+/// on the training shapes of the main job (B=12, NH=4, T=128, E=32) and of nanoGPT's 6-layer config (B=64, NH=6,
+/// T=256, E=64), and at T=1024.
+int run_bf16_table(int rounds) {
+  fmt::print("threads: {}, bf16 products on {}\n{:<26} {:>26} {:>26} {:>8} {:>12}\n", omp_get_max_threads(),
+             cpu::bf16_kernel_name(cpu::bf16_kernel()), "shape (causal)", "f32 fwd+bwd ms (min/med/max)",
+             "bf16 (min/med/max)", "speed-up", "bf16 GF/s");
+  struct Shape4 {
+    int64_t B, NH, T, E;
+  };
+  for (const Shape4 sh : {Shape4{12, 4, 128, 32}, Shape4{64, 6, 256, 64}, Shape4{4, 6, 1024, 64}}) {
+    Generator gen(1);
+    auto input = [&] { return randn({sh.B, sh.NH, sh.T, sh.E}, gen); };
+    Tensor q = input(), k = input(), v = input();
+    for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
+    const Tensor dout = input();
+    AttentionOptions f32, bf16;
+    f32.is_causal = bf16.is_causal = true;
+    f32.impl = bf16.impl = AttentionImpl::Flash;
+    bf16.numerics.attention = AttentionMath::BF16;
+    auto timed = [&](const AttentionOptions& o) {
+      const auto t0 = std::chrono::steady_clock::now();
+      scaled_dot_product_attention(q, k, v, o).out.backward(dout);
+      return seconds_since(t0) * 1e3;
+    };
+    std::vector<double> a, b;
+    for (int r = 0; r < rounds + 1; ++r) {
+      const double ta = timed(f32), tb = timed(bf16);
+      if (r > 0) a.push_back(ta), b.push_back(tb);  // the first round warms up
+    }
+    const Spread sa = spread(a), sb = spread(b);
+    const double flops = 3.5 * 4.0 * double(sh.B * sh.NH) * double(sh.T * sh.T) * double(sh.E) * 0.5;
+    fmt::print("{:<26} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.2f}x {:>12.1f}\n",
+               fmt::format("B={} NH={} T={} E={}", sh.B, sh.NH, sh.T, sh.E), sa.min, sa.median, sa.max, sb.min,
+               sb.median, sb.max, sa.median / sb.median, flops / (sb.median * 1e-3) / 1e9);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Tensors straight from operator new (no host cache keeping freed blocks), so the count above sees what each
   // algorithm allocates and frees.
   setenv("TINYGPT_HOST_CACHE", "0", 1);
-  bool json = false, quick = false, long_only = false, mods = false;
+  bool json = false, quick = false, long_only = false, mods = false, bf16 = false;
   Device device = Device::CPU;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -276,6 +318,8 @@ int main(int argc, char** argv) {
       long_only = true;
     } else if (a == "--mods") {
       mods = true;
+    } else if (a == "--bf16") {
+      bf16 = true;
     } else if (a == "--threads" && i + 1 < argc) {
       omp_set_num_threads(std::atoi(argv[++i]));
     } else if (a == "--device" && i + 1 < argc) {
@@ -290,15 +334,17 @@ int main(int argc, char** argv) {
       }
     } else {
       fmt::print(stderr,
-                 "usage: bench_attention [--json] [--quick | --long] [--mods] [--threads N] [--device cpu|cuda]\n"
+                 "usage: bench_attention [--json] [--quick | --long] [--mods] [--bf16] [--threads N] [--device cpu|cuda]\n"
                  "  Times flash and naive attention (forward, forward+backward) and their peak extra memory.\n"
                  "  --quick: T up to 1024 and no long case.\n"
                  "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n"
-                 "  --mods: the score modifiers' table (each over plain causal flash attention; a window at T=16384).\n");
+                 "  --mods: the score modifiers' table (each over plain causal flash attention; a window at T=16384).\n"
+                 "  --bf16: on the CPU, flash with bf16 operands against f32 on the training shapes (5 rounds).\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
   if (mods) return run_mods_table(quick, quick ? 3 : 5);
+  if (bf16) return run_bf16_table(5);
   std::vector<Row> rows;
   auto emit = [&](const Row& r) {
     if (json) {

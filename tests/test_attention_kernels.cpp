@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm.h"
 #include "tests/attention_cases.h"
 
 namespace tinygpt::cpu {
@@ -184,6 +185,41 @@ TEST_CASE("attention_flash results do not depend on the number of threads") {
   CHECK(one.lse == three.lse);
   CHECK(gather(one.out, o_elements(p)) == gather(three.out, o_elements(p)));
   CHECK(one.dqkv == three.dqkv);
+}
+
+/// Flash with bf16 operands (AttentionMath::BF16: Q, K, V, dO, P and dS rounded to bf16 for the tile products, sums
+/// in f32) against naive in double on the same problem with Q, K, V and dO rounded: what is left is the rounding of P
+/// and dS, a relative 2^-9 per term, hence the tolerances. It must also differ from the f32 kernel (the operands were
+/// rounded). The products themselves are checked exactly in test_gemm ("AmxTiles"); this runs whichever path
+/// bf16_kernel() picks (ctest runs it again with TINYGPT_CPU_BF16=f32 for the rounded f32-units path).
+TEST_CASE("attention_flash with bf16 operands matches naive on rounded operands, forward and backward") {
+  MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(bf16_kernel())));
+  const std::vector<Config> cases = {
+      {.B = 2, .NH = 4, .NKV = 2, .T = 70, .S = 70, .E = 32, .Ev = 32, .causal = true, .dropout = 0.1f,
+       .layout = Layout::Fused},
+      {.B = 1, .NH = 2, .NKV = 2, .T = 150, .S = 140, .E = 64, .Ev = 64, .mask = MaskKind::Full},
+      {.B = 2, .NH = 2, .NKV = 1, .T = 33, .S = 47, .E = 24, .Ev = 40, .key_padding = true, .layout = Layout::SeqMajor},
+      {.B = 1, .NH = 1, .NKV = 1, .T = 40, .S = 40, .E = 130, .Ev = 20, .causal = true},
+  };
+  for (const Config& c : cases) {
+    INFO(describe(c));
+    Problem p = make_problem(c), rounded = p;
+    for (double& x : rounded.qkv) x = round_operand(x, AttentionMath::BF16);
+    for (double& x : rounded.dout) x = round_operand(x, AttentionMath::BF16);
+    const Run<double> ref = run<double>(rounded, false, true);
+    const Run<float> f32 = run<float>(p, true, true);
+    p.g.math = AttentionMath::BF16;
+    const Run<float> bf = run<float>(p, true, true);
+    const std::vector<int64_t> outs = o_elements(p);
+    check_close(gather(bf.out, outs), gather(ref.out, outs), 1e-2, 1e-2, "out");
+    check_close(bf.lse, ref.lse, 1e-4, 1e-4, "lse");
+    check_close(gather(bf.dqkv, q_elements(p)), gather(ref.dqkv, q_elements(p)), 2e-2, 2e-2, "dq");
+    check_close(gather(bf.dqkv, k_elements(p)), gather(ref.dqkv, k_elements(p)), 2e-2, 2e-2, "dk");
+    check_close(gather(bf.dqkv, v_elements(p)), gather(ref.dqkv, v_elements(p)), 2e-2, 2e-2, "dv");
+    double moved = 0;
+    for (int64_t i : outs) moved = std::max(moved, std::abs(double(bf.out[size_t(i)]) - double(f32.out[size_t(i)])));
+    CHECK(moved > 1e-4);
+  }
 }
 
 }  // namespace

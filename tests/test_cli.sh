@@ -88,7 +88,7 @@ expect_error "no CUDA\|no CUDA GPU\|not available yet" "$tinygpt" train --data "
 expect_error "the loss is nan\|the loss is inf\|the gradient norm is" "$tinygpt" train --data "$dir/text.txt" --out "$dir/nan" \
   --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 --max-iters 200 --lr 1e30 --grad-clip 0 --eval-iters 1 --quiet
 expect_error "must be cpu or cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device tpu
-expect_error "attention-math bf16 runs attention on GPU tensor cores: it needs --device cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --attention-math bf16
+expect_error "attention-math tf32 runs attention on GPU tensor cores: it needs --device cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --attention-math tf32
 expect_error "attention-math must be f32, tf32 or bf16, got 'f16'" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --attention-math f16
 expect_error "is empty" "$tinygpt" train --data "$dir/empty.txt" --out "$dir/r2"
 expect_error "invalid UTF-8 at byte offset 3" "$tinygpt" train --data "$dir/bad.txt" --out "$dir/r2"
@@ -160,8 +160,18 @@ expect_error "was trained with --optimizer muon, not adamw: resume with --optimi
 "$tinygpt" train --data "$dir/text.txt" --out "$dir/bf16" --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 \
   --batch-size 4 --max-iters 4 --eval-interval 4 --eval-iters 1 --dtype bf16 2> "$dir/bf16.log" ||
   fail "train --dtype bf16 exited non-zero: $(tail -3 "$dir/bf16.log")"
-grep -Eq "^model: .*, bf16 (matmuls on AMX-BF16|matmul operands rounded for f32 units)" "$dir/bf16.log" ||
+grep -Eq "^model: .*, bf16 (matmuls and attention on AMX-BF16|matmul operands rounded for f32 units)" "$dir/bf16.log" ||
   fail "the model line does not say bf16: $(grep '^model' "$dir/bf16.log")"
+# Attention takes bf16 operands by default where the CPU has AMX (else f32: rounding alone only costs time); the
+# checkpoint records which, and --attention-math bf16 asks for it on any CPU.
+if grep -q "and attention on AMX-BF16" "$dir/bf16.log"; then want_attention=bf16; else want_attention=f32; fi
+"$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep -q "^numerics       bf16 matmul operands (--dtype bf16), $want_attention attention operands; on the GPU: bf16 matmuls" ||
+  fail "info does not report bf16 with $want_attention attention: $("$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep numerics)"
+TINYGPT_CPU_BF16=f32 "$tinygpt" train --data "$dir/text.txt" --out "$dir/bf16_attn" --n-layer 1 --n-head 2 --n-embd 32 \
+  --block-size 16 --batch-size 4 --max-iters 2 --eval-interval 2 --eval-iters 1 --dtype bf16 --attention-math bf16 \
+  > /dev/null 2>&1 || fail "train --attention-math bf16 on the f32 units exited non-zero"
+"$tinygpt" info --ckpt "$dir/bf16_attn" 2>&1 | grep -q "bf16 attention operands" ||
+  fail "info does not report --attention-math bf16: $("$tinygpt" info --ckpt "$dir/bf16_attn" 2>&1 | grep numerics)"
 # TINYGPT_CPU_BF16 picks the CPU's bf16 kernel: f32 works everywhere; a name it does not know is refused.
 TINYGPT_CPU_BF16=f32 "$tinygpt" train --data "$dir/text.txt" --out "$dir/bf16_f32" --n-layer 1 --n-head 2 --n-embd 32 \
   --block-size 16 --batch-size 4 --max-iters 2 --eval-interval 2 --eval-iters 1 --dtype bf16 2> "$dir/bf16_f32.log" ||
@@ -170,8 +180,6 @@ grep -q "^model: .*, bf16 matmul operands rounded for f32 units" "$dir/bf16_f32.
   fail "TINYGPT_CPU_BF16=f32 is not in the model line: $(grep '^model' "$dir/bf16_f32.log")"
 expect_error "^error: TINYGPT_CPU_BF16 must be amx, avx512 or f32, got 'tiles'" env TINYGPT_CPU_BF16=tiles "$tinygpt" \
   train --data "$dir/text.txt" --out "$dir/r2" --max-iters 1 --dtype bf16
-"$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep -q "^numerics       bf16 matmul operands (--dtype bf16); on the GPU: bf16 matmuls" ||
-  fail "info does not report bf16: $("$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep numerics)"
 "$tinygpt" eval --ckpt "$dir/bf16" --data "$dir/text.txt" --eval-iters 2 --dtype fp32 > /dev/null 2>&1 || fail "eval --dtype fp32 of a bf16 run failed"
 expect_error "^error: --dtype: fp16 not in {fp32,bf16}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --dtype fp16
 expect_error "^error: --optimizer: sgd not in {adamw,muon}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer sgd
@@ -186,7 +194,7 @@ expect_error "logit_softcap must be a finite number >= 0" "$tinygpt" train --dat
 "$tinygpt" info --ckpt "$dir/run" > "$dir/info.out" 2>&1 || fail "info exited non-zero: $(cat "$dir/info.out")"
 grep -q "^iteration      40$" "$dir/info.out" || fail "info did not report iteration 40: $(cat "$dir/info.out")"
 # The run's numerics are recorded in its checkpoints: full f32 for a run on the CPU (whatever --tf32 says).
-grep -q "^numerics       fp32; on the GPU: f32 matmuls, f32 attention operands$" "$dir/info.out" \
+grep -q "^numerics       fp32, f32 attention operands; on the GPU: f32 matmuls$" "$dir/info.out" \
   || fail "info did not report the training numerics: $(cat "$dir/info.out")"
 "$tinygpt" plot --run "$dir/run" --out "$dir/loss.svg" 2> /dev/null || fail "plot exited non-zero"
 grep -q "<polyline" "$dir/loss.svg" && grep -q "</svg>" "$dir/loss.svg" || fail "loss.svg has no curve"

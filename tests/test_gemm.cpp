@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/tile_bf16.h"
 
 using tinygpt::cpu::Bf16Kernel;
 using tinygpt::cpu::bf16_kernel_name;
@@ -182,6 +184,51 @@ TEST_CASE("every bf16 kernel this CPU has matches naive products of the rounded 
     check<float>({false, true, 37, 1100, 2100, 1.0, 1.0, 0, 0, 0, false, false, kernel});
     check<float>({true, false, 37, 1100, 2100, 0.5, 0.0, 0, 0, 0, true, false, kernel});
   }
+}
+
+TEST_CASE("AmxTiles: the flash kernels' bf16 tile products match naive products of the rounded operands") {
+  const auto& have = bf16_kernels_available();
+  if (std::find(have.begin(), have.end(), Bf16Kernel::Amx) == have.end()) {
+    MESSAGE("skipped: this CPU has no AMX-BF16");
+    return;
+  }
+  tinygpt::cpu::AmxTiles tiles;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  for (const bool k_contig : {true, false})
+    for (int64_t M : {1, 16, 33, 64})
+      for (int64_t K : {1, 20, 32, 64, 130})
+        for (int64_t N : {3, 32, 64, 70})
+          for (const bool accumulate : {false, true}) {
+            CAPTURE(k_contig);
+            CAPTURE(M);
+            CAPTURE(K);
+            CAPTURE(N);
+            CAPTURE(accumulate);
+            // A (r, k) at A[r * ars + k * aks] with a gap after each row or column; C with 3 spare columns.
+            const int64_t ars = k_contig ? K + 2 : 1, aks = k_contig ? 1 : M + 5, ldb = N + 1, ldc = N + 3;
+            std::vector<float> A(size_t(k_contig ? M * ars : K * aks)), B(size_t(K * ldb)), C(size_t(M * ldc));
+            for (auto& x : A) x = float(dist(rng));
+            for (auto& x : B) x = float(dist(rng));
+            for (auto& x : C) x = float(dist(rng));
+            const std::vector<float> C0 = C;
+            tiles.product(C.data(), ldc, A.data(), ars, aks, B.data(), ldb, M, K, N, accumulate);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < M; ++i) {
+              for (int64_t j = 0; j < ldc; ++j) {
+                const double got = C[size_t(i * ldc + j)];
+                if (j >= N) {
+                  bad += got != double(C0[size_t(i * ldc + j)]);
+                  continue;
+                }
+                double ref = accumulate ? double(C0[size_t(i * ldc + j)]) : 0.0;
+                for (int64_t k = 0; k < K; ++k)
+                  ref += bf16_reference(A[size_t(i * ars + k * aks)]) * bf16_reference(B[size_t(k * ldb + j)]);
+                bad += !(std::abs(got - ref) <= 1e-6 * double(K + 1) * (1 + std::abs(ref)));
+              }
+            }
+            CHECK(bad == 0);
+          }
 }
 
 TEST_CASE("every bf16 kernel propagates NaN and infinity from its operands") {

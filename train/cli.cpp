@@ -24,7 +24,7 @@ Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
   Numerics n = checkpoint;
   if (!dtype.empty()) {
     n.bf16 = dtype == "bf16";
-    if (device == Device::CUDA) n.attention = n.bf16 ? AttentionMath::BF16 : AttentionMath::F32;
+    n.attention = default_attention_math(n.bf16, device == Device::CUDA);
   }
   if (tf32) n.tf32 = *tf32;
   if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
@@ -70,13 +70,14 @@ void add_switch(CLI::App* cmd, const std::string& name, bool& value, const std::
 }
 
 void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
-  cmd->add_option("--dtype", n.dtype, "fp32, or bf16: matmul operands (on the GPU also flash attention's) rounded to "
-                  "bf16 (default: as the checkpoint was trained)")->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--dtype", n.dtype, "fp32, or bf16: matmul operands (on the GPU and on CPUs with AMX-BF16 also flash "
+                  "attention's) rounded to bf16 (default: as the checkpoint was trained)")->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_flag_callback("--tf32", [&n] { n.tf32 = true; },
                          "On the GPU, TF32 tensor cores for f32 matmuls (default: as the checkpoint was trained)");
   cmd->add_flag_callback("--no-tf32", [&n] { n.tf32 = false; }, "On the GPU, full f32 matmuls");
   cmd->add_option("--attention-math", n.attention_math,
-                  "On the GPU, flash attention's operands: f32, tf32 or bf16 (default: as the checkpoint was trained)");
+                  "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
+                  "as --dtype's default)");
 }
 
 /// The ids of a flag's text; throws naming the flag and the first character outside the vocabulary.
@@ -174,14 +175,16 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--dtype", c.dtype, "fp32, or bf16 as autocast computes it: the matmuls' operands rounded to bf16 "
                   "and their products summed in f32 (on the GPU on tensor cores, with bf16 flash attention); weights, "
-                  "gradients, optimizer state, LayerNorm, softmax and the loss stay f32. On the CPU: AMX-BF16 tiles where "
-                  "the CPU has them (Intel Sapphire Rapids and newer), else rounded for the f32 units at fp32 speed")
+                  "gradients, optimizer state, LayerNorm, softmax and the loss stay f32. On the CPU: AMX-BF16 tiles, for "
+                  "flash attention's products too, where the CPU has them (Intel Sapphire Rapids and newer), else "
+                  "rounded for the f32 units at fp32 speed (attention then stays f32; see --attention-math)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   add_switch(cmd, "tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls");
   cmd->add_option("--attention-math", c.attention_math,
-                  "On the GPU, the operands of flash attention's products: f32 (CUDA cores), tf32 or bf16 (tensor cores; "
-                  "f32 accumulation and softmax) (default: bf16 with --dtype bf16, else f32)");
+                  "The operands of flash attention's products: f32, bf16 (f32 accumulation and softmax; on the GPU on "
+                  "tensor cores, on the CPU on AMX-BF16 tiles where it has them, else rounded for the f32 units), or "
+                  "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with AMX-BF16, else f32)");
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
 }
@@ -251,9 +254,9 @@ void run_info(const std::string& path) {
   }
   fmt::print("iteration      {}\n", ckpt.state.iter);
   fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
-  fmt::print("numerics       {}; on the GPU: {} matmuls, {} attention operands\n",
+  fmt::print("numerics       {}, {} attention operands; on the GPU: {} matmuls\n",
              ckpt.numerics.bf16 ? "bf16 matmul operands (--dtype bf16)" : "fp32",
-             matmul_math_name(ckpt.numerics.matmul()), attention_math_name(ckpt.numerics.attention));
+             attention_math_name(ckpt.numerics.attention), matmul_math_name(ckpt.numerics.matmul()));
   fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("{}, {} steps", ckpt.optimizer == "muon" ? "Muon and AdamW" : "AdamW", ckpt.optimizer_step) : "none saved");
   const fs::path metrics = ckpt.path.parent_path() / "metrics.jsonl";
   std::ifstream in(metrics);

@@ -18,7 +18,7 @@ namespace tinygpt {
 struct NumericsFlags {
   std::string dtype;  // empty: the checkpoint's
   std::optional<bool> tf32;
-  std::string attention_math;  // empty: the checkpoint's, or with --dtype on the GPU that dtype's
+  std::string attention_math;  // empty: the checkpoint's, or with --dtype that dtype's (default_attention_math)
   bool operator==(const NumericsFlags&) const = default;
   Numerics over(const Numerics& checkpoint, Device device) const;
 };

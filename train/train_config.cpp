@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/device.h"
 #include "train/trainer.h"
 
@@ -47,19 +48,22 @@ AttentionMath parse_attention_math(const std::string& math) {
 }
 
 void check_attention_math_flag(const std::string& math, const std::string& device) {
-  if (!math.empty() && parse_attention_math(math) != AttentionMath::F32 && device != "cuda") {
-    throw Error(fmt::format("--attention-math {} runs attention on GPU tensor cores: it needs --device cuda", math));
+  if (!math.empty() && parse_attention_math(math) == AttentionMath::TF32 && device != "cuda") {
+    throw Error("--attention-math tf32 runs attention on GPU tensor cores: it needs --device cuda (the CPU has f32 and bf16)");
   }
+}
+
+AttentionMath default_attention_math(bool bf16, bool cuda) {
+  if (!bf16) return AttentionMath::F32;
+  return cuda || cpu::bf16_kernel() == cpu::Bf16Kernel::Amx ? AttentionMath::BF16 : AttentionMath::F32;
 }
 
 Numerics numerics_of(const TrainConfig& c) {
   Numerics n;
   n.bf16 = c.dtype == "bf16";
-  if (c.device != "cuda") return n;
-  n.tf32 = c.tf32;
-  n.attention = !c.attention_math.empty() ? parse_attention_math(c.attention_math)
-                : n.bf16                   ? AttentionMath::BF16
-                                           : AttentionMath::F32;
+  const bool cuda = c.device == "cuda";
+  if (cuda) n.tf32 = c.tf32;
+  n.attention = !c.attention_math.empty() ? parse_attention_math(c.attention_math) : default_attention_math(n.bf16, cuda);
   return n;
 }
 

@@ -195,9 +195,12 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, FlatParameters
 }
 
 /// How the CPU computes bf16 matmuls, for the model line: the kernel, or why it is no faster than fp32.
-std::string cpu_bf16_description() {
+std::string cpu_bf16_description(AttentionMath attention) {
   const cpu::Bf16Kernel kernel = cpu::bf16_kernel();
-  if (kernel != cpu::Bf16Kernel::F32Units) return fmt::format(", bf16 matmuls on {}", cpu::bf16_kernel_name(kernel));
+  if (kernel != cpu::Bf16Kernel::F32Units) {
+    return fmt::format(", bf16 matmuls{} on {}", attention == AttentionMath::BF16 ? " and attention" : "",
+                       cpu::bf16_kernel_name(kernel));
+  }
   const bool has_amx = std::ranges::count(cpu::bf16_kernels_available(), cpu::Bf16Kernel::Amx) > 0;
   return has_amx ? ", bf16 matmul operands rounded for f32 units (TINYGPT_CPU_BF16=f32)"
                  : ", bf16 matmul operands rounded for f32 units: this CPU has no AMX-BF16, so no faster than fp32";
@@ -214,7 +217,7 @@ std::string describe_model(const nn::GPT& model, Device device) {
                         n.attention != AttentionMath::F32
                             ? fmt::format(", {} tensor-core attention", attention_math_name(n.attention))
                             : "")
-          : fmt::format("{} threads{}", omp_get_max_threads(), n.bf16 ? cpu_bf16_description() : "");
+          : fmt::format("{} threads{}", omp_get_max_threads(), n.bf16 ? cpu_bf16_description(n.attention) : "");
   return fmt::format("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
                      m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where);
 }

@@ -77,11 +77,15 @@ void use_document_separator(nn::GPT& model, const data::CharVocab& vocab);
 void check_dtype_flag(const std::string& dtype);
 /// AttentionMath for "f32", "tf32" or "bf16"; else throws naming the flag.
 AttentionMath parse_attention_math(const std::string& math);
-/// Throws unless --attention-math `math` is empty or valid and, when it asks for tensor cores, --device is cuda.
+/// Throws unless --attention-math `math` is empty or valid and, when it asks for tf32, --device is cuda.
 void check_attention_math_flag(const std::string& math, const std::string& device);
-/// The numerics a run computes with and its checkpoints record: --dtype's on every device, and on the GPU the TF32
-/// and attention flags (the CPU has no TF32 and computes attention in f32, so eval and sample of a CPU-trained model
-/// on a GPU use those in f32 too, unless told otherwise).
+/// Flash attention's operands when --attention-math is not given: bf16 with --dtype bf16 on the GPU (tensor cores)
+/// and on CPUs with AMX-BF16 (cpu::bf16_kernel()); else f32. Without AMX the CPU would only round the operands for
+/// its f32 units, which costs attention 15-20% (bench_attention --bf16 with TINYGPT_CPU_BF16=f32) and buys nothing;
+/// --attention-math bf16 asks for it anyway.
+AttentionMath default_attention_math(bool bf16, bool cuda);
+/// The numerics a run computes with and its checkpoints record: --dtype's on every device, the attention operands
+/// (--attention-math, else default_attention_math), and on the GPU the TF32 flag (the CPU has no TF32).
 Numerics numerics_of(const TrainConfig& c);
 /// Throws before any work when `device` cannot compute with `numerics` (tensor-core attention and bf16 matmuls need
 /// compute capability 8.0); `how` says which flag to change.

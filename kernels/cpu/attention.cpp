@@ -33,11 +33,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/tile_bf16.h"
 #include "kernels/scalar_math.h"
 
 namespace tinygpt::cpu {
@@ -196,6 +199,62 @@ void matmul_tile(T* C, int64_t ldc, const T* A, int64_t ars, int64_t aks, const 
   if (r < M) matmul_rows<T, 1>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, N, accumulate);
 }
 
+/// dst[0, n) = src[0, n) rounded to bf16, as round_bf16 (branch-free, so the loop vectorizes).
+inline void round_row(float* __restrict dst, const float* __restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, sizeof u);
+    const uint32_t nan = uint32_t((u & 0x7fffffffu) > 0x7f800000u);
+    u = (nan ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(dst + i, &u, sizeof u);
+  }
+}
+
+/// The flash kernels' tile products, one per thread: matmul_tile, or with bf16 attention math (AttentionMath::BF16,
+/// float only) each operand rounded to bf16 and the products summed in f32, as PyTorch's CPU autocast computes them:
+/// on AMX-BF16 tiles where gemm's bf16 products run there (bf16_kernel()), else rounded into scratch for the f32 units.
+template <class T>
+class TileProducts {
+ public:
+  explicit TileProducts(const AttentionGeom& g) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (g.math != AttentionMath::BF16) return;
+      if (bf16_kernel() == Bf16Kernel::Amx) {
+        amx_.emplace();
+      } else {
+        round_ = true;
+      }
+    }
+  }
+
+  /// C (M x N, row stride ldc) (+)= A (M x K, element (r, k) at A[r * ars + k * aks]; ars or aks is 1) @ B (K x N,
+  /// row stride ldb).
+  void operator()(T* C, int64_t ldc, const T* A, int64_t ars, int64_t aks, const T* B, int64_t ldb, int64_t M,
+                  int64_t K, int64_t N, bool accumulate) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (amx_) return amx_->product(C, ldc, A, ars, aks, B, ldb, M, K, N, accumulate);
+      if (round_) {
+        ra_.resize(size_t(M * K));
+        rb_.resize(size_t(K * N));
+        const bool k_contig = aks == 1;  // the rounded copy keeps A's orientation: rows of K, or columns of M
+        if (k_contig) {
+          for (int64_t r = 0; r < M; ++r) round_row(ra_.data() + r * K, A + r * ars, K);
+        } else {
+          for (int64_t k = 0; k < K; ++k) round_row(ra_.data() + k * M, A + k * aks, M);
+        }
+        for (int64_t k = 0; k < K; ++k) round_row(rb_.data() + k * N, B + k * ldb, N);
+        return matmul_tile(C, ldc, ra_.data(), k_contig ? K : 1, k_contig ? 1 : M, rb_.data(), N, M, K, N, accumulate);
+      }
+    }
+    matmul_tile(C, ldc, A, ars, aks, B, ldb, M, K, N, accumulate);
+  }
+
+ private:
+  std::optional<AmxTiles> amx_;
+  bool round_ = false;
+  std::vector<T> ra_, rb_;
+};
+
 /// dst (D x ld) = rows [0, n) of src (row stride src_stride, D contiguous features) transposed; columns
 /// [n, round_up(n, kCols)) are zeroed so the tile products can run whole register blocks.
 template <class T>
@@ -215,6 +274,11 @@ struct Tiles {
 /// Tile sizes by head dim (see the header comment for the measurements).
 inline Tiles flash_tiles(const AttentionGeom& g) {
   if (std::max(g.E, g.Ev) > 128) return Tiles{32, 32};
+  // bf16 operands: every product packs its operands, so larger tiles pay (bench_attention --bf16 on AMX, fwd+bwd
+  // against f32: B=12 NH=4 T=128 E=32 at 32 x 32 0.94x, 64 x 64 1.14x, 128 x 128 1.07x; B=64 NH=6 T=256 E=64 at
+  // 64 x 64 1.35x, 128 x 128 1.57x).
+  if (g.math == AttentionMath::BF16 && bf16_kernel() == Bf16Kernel::Amx)
+    return g.causal && g.T <= 128 ? Tiles{64, 64} : Tiles{128, 128};
   return g.causal && g.T <= 128 ? Tiles{kCols<float>, kCols<float>} : Tiles{64, 64};
 }
 
@@ -930,6 +994,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
         alpha(static_cast<size_t>(Br)), sums(static_cast<size_t>(Br));
     std::vector<T> pbar(rel_probs ? size_t(Br * W) : 0);
     ModScratch<T> scratch;
+    TileProducts<T> product(g);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       // Last query tiles first: under a causal mask they see the most keys, so the dynamic schedule ends evenly.
@@ -946,7 +1011,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
       for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
         const int64_t nc = std::min(Bc, s_end - s0);
         if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-        matmul_tile(st.data(), Br, at(k, g.k_stride, b, kvh, s0), g.k_stride[2], int64_t(1), qt.data(), Br, nc, g.E,
+        product(st.data(), Br, at(k, g.k_stride, b, kvh, s0), g.k_stride[2], int64_t(1), qt.data(), Br, nc, g.E,
                     n_pad, false);
         if (mods) {
           ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch).logits_key_major(st.data(), Br, n_pad, mask, key_padding);
@@ -994,7 +1059,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
         }
         if (rel_probs) add_rel_probs(pbar.data(), st.data(), Br, t0, nr, s0, nc, g, scratch.pbar_ends);
         // O += P V, P read transposed out of the key-major tile.
-        matmul_tile(o.data(), g.Ev, st.data(), int64_t(1), Br, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc,
+        product(o.data(), g.Ev, st.data(), int64_t(1), Br, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc,
                     g.Ev, true);
       }
       for (int64_t i = 0; i < nr; ++i) {
@@ -1043,6 +1108,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
       std::vector<T> kt(size_t(g.E * Bc)), vt(size_t(g.Ev * Bc)), s(size_t(Br * Bc)), dp(size_t(Br * Bc));
       std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev));
       ModScratch<T> scratch;
+      TileProducts<T> product(g);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task / (g.NKV * n_ktiles), kvh = task / n_ktiles % g.NKV, s0 = task % n_ktiles * Bc;
@@ -1060,8 +1126,8 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
             if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
             const T* q0 = at(q, g.q_stride, b, h, t0);
             const T* do0 = at(dout, g.o_stride, b, h, t0);
-            matmul_tile(s.data(), Bc, q0, qs, int64_t(1), kt.data(), Bc, nr, g.E, nc_pad, false);
-            matmul_tile(dp.data(), Bc, do0, os, int64_t(1), vt.data(), Bc, nr, g.Ev, nc_pad, false);
+            product(s.data(), Bc, q0, qs, int64_t(1), kt.data(), Bc, nr, g.E, nc_pad, false);
+            product(dp.data(), Bc, do0, os, int64_t(1), vt.data(), Bc, nr, g.Ev, nc_pad, false);
             if (mods) {
               ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
                   .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding);
@@ -1069,8 +1135,8 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
               query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
             }
             // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed.
-            if (dv) matmul_tile(dv_acc.data(), g.Ev, s.data(), int64_t(1), Bc, do0, os, nc, nr, g.Ev, true);
-            if (dk) matmul_tile(dk_acc.data(), g.E, dp.data(), int64_t(1), Bc, q0, qs, nc, nr, g.E, true);
+            if (dv) product(dv_acc.data(), g.Ev, s.data(), int64_t(1), Bc, do0, os, nc, nr, g.Ev, true);
+            if (dk) product(dk_acc.data(), g.E, dp.data(), int64_t(1), Bc, q0, qs, nc, nr, g.E, true);
           }
         }
         for (int64_t j = 0; j < nc; ++j) {
@@ -1095,6 +1161,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
       std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
       std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
       ModScratch<T> scratch;
+      TileProducts<T> product(g);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task / (g.NH * n_qtiles), h = task / n_qtiles % g.NH;
@@ -1117,8 +1184,8 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
           const int64_t nc = std::min(Bc, s_end - s0);
           if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
           const T* k0 = at(k, g.k_stride, b, kvh, s0);
-          matmul_tile(st.data(), Br, k0, ks, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
-          matmul_tile(dpt.data(), Br, at(v, g.v_stride, b, kvh, s0), vs, int64_t(1), dot_.data(), Br, nc, g.Ev, n_pad, false);
+          product(st.data(), Br, k0, ks, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
+          product(dpt.data(), Br, at(v, g.v_stride, b, kvh, s0), vs, int64_t(1), dot_.data(), Br, nc, g.Ev, n_pad, false);
           if (mods) {
             ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
                 .probs_and_ds_key_major(st.data(), dpt.data(), Br, n_pad, lse_t.data(), D_t.data(), mask, key_padding,
@@ -1142,7 +1209,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
             }
           }
           // dQ += dS K, dS read transposed out of the key-major tile.
-          if (dq) matmul_tile(dq_acc.data(), g.E, dpt.data(), int64_t(1), Br, k0, ks, nr, nc, g.E, true);
+          if (dq) product(dq_acc.data(), g.E, dpt.data(), int64_t(1), Br, k0, ks, nr, nc, g.E, true);
         }
         for (size_t k = 0; k < by_distance.size() && dt5; ++k) dt5[position.bucket_rev[k]] += by_distance[k];
         if (!dq) continue;

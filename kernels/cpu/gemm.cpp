@@ -48,17 +48,6 @@ namespace {
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-/// x rounded to bfloat16 (its top 16 bits), to nearest with ties to even, as PyTorch and the hardware round; NaN
-/// stays NaN, overflow goes to infinity.
-inline float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  u = nan ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &u, sizeof u);
-  return x;
-}
-
 /// Rounds n packed operands in place (bf16 products: each operand read as bfloat16, the sums stay in T).
 template <class T>
 void round_packed_bf16(T* x, int64_t n) {

@@ -1,8 +1,20 @@
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace tinygpt::cpu {
+
+/// x rounded to bfloat16 (its top 16 bits), to nearest with ties to even, as PyTorch and the hardware round; NaN
+/// stays NaN, overflow goes to infinity.
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  u = nan ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof u);
+  return x;
+}
 
 // Row-major C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T (read through the leading dimension, no copy of
 // the caller's data). op(A) is (M, K), op(B) is (K, N), C is (M, N). lda/ldb/ldc are row strides in elements of the

@@ -259,33 +259,43 @@ struct AmxConfig : Bf16Packing<32, 32, PairsByRow, 32> {
     ThreadScope(const ThreadScope&) = delete;
     ThreadScope& operator=(const ThreadScope&) = delete;
   };
-  // Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5 A, 6-7 B.
   TINYGPT_TARGET_AMX static void kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
-                                        float* c, int64_t ldc, float alpha, float beta) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t k = 0; k < kcp; k += 32) {
-      const uint16_t* at = a + k * MR;  // 32 rows x 32 k
-      const uint16_t* bt = b + k * NR;  // 16 pairs x 32 columns x 2
-      _tile_loadd(4, at, 64);
-      _tile_loadd(5, at + 16 * 32, 64);
-      _tile_loadd(6, bt, 4 * NR);
-      _tile_loadd(7, bt + 32, 4 * NR);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    alignas(64) float out[MR * NR];
-    _tile_stored(0, out, 4 * NR);
-    _tile_stored(1, out + 16, 4 * NR);
-    _tile_stored(2, out + 16 * NR, 4 * NR);
-    _tile_stored(3, out + 16 * NR + 16, 4 * NR);
-    store_tile<MR>(out, NR, c, ldc, alpha, beta);
-  }
+                                        float* c, int64_t ldc, float alpha, float beta);
 };
+
+/// out (32 x 32 f32, rows of 32) = a (32 rows packed as AmxConfig's op(A)) @ b (32 columns in the VNNI layout), kcp
+/// (a multiple of 32) deep. Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5 A, 6-7 B.
+TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
+                                                 float* out) {
+  constexpr int64_t MR = 32, NR = 32;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < kcp; k += 32) {
+    const uint16_t* at = a + k * MR;  // 32 rows x 32 k
+    const uint16_t* bt = b + k * NR;  // 16 pairs x 32 columns x 2
+    _tile_loadd(4, at, 64);
+    _tile_loadd(5, at + 16 * 32, 64);
+    _tile_loadd(6, bt, 4 * NR);
+    _tile_loadd(7, bt + 32, 4 * NR);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 4 * NR);
+  _tile_stored(1, out + 16, 4 * NR);
+  _tile_stored(2, out + 16 * NR, 4 * NR);
+  _tile_stored(3, out + 16 * NR + 16, 4 * NR);
+}
+
+TINYGPT_TARGET_AMX inline void AmxConfig::kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
+                                                 float* c, int64_t ldc, float alpha, float beta) {
+  alignas(64) float out[MR * NR];
+  amx_product_32x32(kcp, a, b, out);
+  store_tile<MR>(out, NR, c, ldc, alpha, beta);
+}
 
 }  // namespace tinygpt::cpu::bf16
 #endif
