@@ -58,7 +58,7 @@ GradReadyHook::~GradReadyHook() { g_grad_ready = previous_; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 
-Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward) {
+Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward, uint32_t writes_unwritten) {
   if (!g_grad_enabled) return out;
   bool needs = false;
   for (const Tensor& t : inputs) needs = needs || (t.defined() && t.requires_grad());
@@ -66,6 +66,7 @@ Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, Backward
   out.impl().requires_grad = true;
   out.impl().from_op = true;
   out.impl().grad_fn = std::make_shared<Node>(name, std::move(inputs), std::move(backward));
+  out.impl().grad_fn->writes_unwritten = writes_unwritten;
   return out;
 }
 
@@ -136,7 +137,8 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     }
   }
 
-  auto gradient_slot = [&](const Tensor& t) -> Tensor {
+  // uninitialized: the slot goes to a node that writes this input's unwritten slot (and reads t once).
+  auto gradient_slot = [&](const Tensor& t, bool uninitialized = false) -> Tensor {
     TensorImpl& impl = t.impl();
     if (impl.from_op && !impl.grad_fn) {
       throw Error("backward: this graph was already freed by an earlier backward(); pass retain_graph=true to "
@@ -144,7 +146,10 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     }
     if (impl.grad_fn) {
       Tensor& slot = pending[&impl];
-      if (!slot.defined()) slot = zeros_like(t);
+      if (!slot.defined()) {
+        slot = uninitialized ? empty(t.shape(), t.dtype(), t.device()) : zeros_like(t);
+        slot.impl().unwritten = uninitialized;
+      }
       return slot;
     }
     if (!impl.grad) impl.grad = zeros_like(t).impl_ptr();
@@ -166,9 +171,15 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     std::vector<Tensor> grads(node.inputs.size());
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       const Tensor& in = node.inputs[i];
-      if (in.defined() && in.requires_grad()) grads[i] = gradient_slot(in);
+      if (!in.defined() || !in.requires_grad()) continue;
+      bool once = true;  // an input read twice by the node (x * x) gets one slot for both: it must start at zero
+      for (size_t j = 0; j < node.inputs.size(); ++j) once = once && (j == i || node.inputs[j].impl_ptr() != in.impl_ptr());
+      grads[i] = gradient_slot(in, once && i < 32 && (node.writes_unwritten >> i & 1u));
     }
     node.backward(dout, node.inputs, grads);
+    for (Tensor& g : grads) {
+      if (g.defined()) g.impl().unwritten = false;
+    }
     if (on_ready != nullptr) {
       for (const Tensor& in : node.inputs) {
         if (is_leaf_input(in) && --adders[&in.impl()] == 0) (*on_ready)(in);

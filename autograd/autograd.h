@@ -3,6 +3,7 @@
 // walks it in reverse topological order (iteratively: no recursion limit) and frees it as it goes.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
@@ -12,7 +13,8 @@
 namespace tinygpt {
 
 /// Receives the gradient of the op's output and the op's inputs; accumulates (+=) into grads[i] for every
-/// input that needs a gradient (grads[i] is undefined otherwise). Captures only saved plain tensors.
+/// input that needs a gradient (grads[i] is undefined otherwise), or, for a node that writes_unwritten, writes (=)
+/// into a slot whose `unwritten` is set. Captures only saved plain tensors.
 using BackwardFn = std::function<void(const Tensor& dout, std::span<const Tensor> inputs, std::span<Tensor> grads)>;
 
 struct Node {
@@ -22,6 +24,11 @@ struct Node {
   const char* name;
   std::vector<Tensor> inputs;
   BackwardFn backward;
+  /// Bit i set: the backward writes (=) input i's gradient slot when no op has written it yet
+  /// (TensorImpl::unwritten, detail::unwritten) instead of adding to it, so backward hands such a slot out
+  /// uninitialized rather than zeroed: no memset, and no read of zeros, for the large activation gradients (a slot
+  /// reached by several ops is written by the first and added to by the others). Leaves' .grad stay zeroed.
+  uint32_t writes_unwritten = 0;
 
   static std::atomic<int64_t> live_count;
 };
@@ -57,7 +64,9 @@ class GradReadyHook {
 };
 
 /// Attaches `backward` to `out` when recording is on and any input requires a gradient; returns `out`.
-Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward);
+/// writes_unwritten: see Node (bit i for input i).
+Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward,
+              uint32_t writes_unwritten = 0);
 
 /// Backpropagates `grad` (the gradient of `root`) through the graph into the leaves' .grad.
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);

@@ -14,6 +14,10 @@ T* ptr(const Tensor& t) {
   return t.defined() ? const_cast<Tensor&>(t).data<T>() : nullptr;
 }
 
+/// True when `grad` is a gradient slot no op has written yet: a backward recorded with writes_unwritten writes it
+/// (=) instead of adding to it (Node::writes_unwritten).
+inline bool unwritten(const Tensor& grad) { return grad.defined() && grad.impl().unwritten; }
+
 /// Throws unless t is defined and of a floating dtype.
 void check_float(const char* op, const Tensor& t, const char* what = "input");
 /// Throws unless a and b share dtype and device.

@@ -87,9 +87,9 @@ Tensor unary(const char* name, UnaryOp op, const Tensor& x, double alpha = 0.0) 
   return record(name, out, {x}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
     dispatch_float(dout.dtype(), name, [&]<class T>() {
       launch(kernels::unary_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), in[0].data<T>(),
-             ptr<T>(saved), dout.numel(), op, T(alpha));
+             ptr<T>(saved), dout.numel(), op, T(alpha), detail::unwritten(grads[0]));
     });
-  });
+  }, /*writes_unwritten=*/1u);
 }
 
 /// alpha * sum over dim (or over everything when all == true).

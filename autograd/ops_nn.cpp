@@ -111,9 +111,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const N
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_float(dout.dtype(), "linear", [&]<class T>() {
                     launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
-                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC, math);
+                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC, math,
+                           detail::unwritten(grads[0]));
                   });
-                });
+                }, /*writes_unwritten=*/1u);
 }
 
 /// Checks layer norm's operands; returns its rows and features.
@@ -138,9 +139,9 @@ Tensor record_layer_norm(Tensor out, const Tensor& x, const Tensor& weight, cons
                   dispatch_float(dout.dtype(), "layer_norm", [&]<class T>() {
                     launch(kernels::layernorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
                            ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), mean.data<T>(),
-                           rstd.data<T>(), N, C);
+                           rstd.data<T>(), N, C, detail::unwritten(grads[0]));
                   });
-                });
+                }, /*writes_unwritten=*/1u);
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
@@ -173,9 +174,13 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const
   // and b once it is complete.
   sum = record("add", sum, {a, b}, [](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
     for (Tensor& g : grads) {
-      if (g.defined()) accumulate_into(g, dout);
+      if (detail::unwritten(g)) {
+        g.copy_(dout);
+      } else if (g.defined()) {
+        accumulate_into(g, dout);
+      }
     }
-  });
+  }, /*writes_unwritten=*/3u);
   return {sum, record_layer_norm(out, sum, weight, bias, mean, rstd, N, C)};
 }
 

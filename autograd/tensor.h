@@ -86,6 +86,7 @@ struct TensorImpl {
   bool from_op = false;              // produced by a recorded op: not a leaf, even once its graph is freed
   std::shared_ptr<TensorImpl> grad;  // accumulated gradient of a leaf
   std::shared_ptr<Node> grad_fn;     // the op that produced this tensor; null for leaves
+  bool unwritten = false;            // a gradient slot handed out uninitialized (Node::writes_unwritten)
 
   /// Number of live TensorImpl objects: tests use it to prove the graph is freed.
   static std::atomic<int64_t> live_count;

@@ -1,6 +1,7 @@
 // Raw compute, no autograd. Every kernel is a {cpu, cuda} pair of function pointers with one signature (checked
 // at compile time below); launch(kernel, device, args...) picks one. Conventions (llm.c style): outputs first, then inputs, then
-// sizes; gradients carry a `d` prefix and backward kernels accumulate (+=) into them.
+// sizes; gradients carry a `d` prefix and backward kernels accumulate (+=) into them, except where an `overwrite`
+// flag asks them to write (=) one (a gradient slot not yet written: autograd's Node::writes_unwritten).
 //
 // The one legend of shape letters, for names and trailing comments across the project:
 //   B   batch size             T   sequence length (queries)    S   sequence length (keys and values)

@@ -182,9 +182,15 @@ TEST_CASE("emulated CUDA: unary ops, forward and backward") {
     compare(name + " forward", {Vec(size_t(n))}, [&](std::vector<Vec>& b, bool g) {
       (g ? gpu::unary_forward : cpu::unary_forward<float>)(b[0].data(), x.data(), n, op, 0.7f);
     });
-    compare(name + " backward", {random(n, 6)}, [&](std::vector<Vec>& b, bool g) {
-      (g ? gpu::unary_backward : cpu::unary_backward<float>)(b[0].data(), dy.data(), x.data(), y.data(), n, op, 0.7f);
-    });
+    // Accumulating into a gradient, and overwriting one that holds NaN (an unwritten slot: never read).
+    for (const bool overwrite : {false, true}) {
+      compare(name + (overwrite ? " backward, overwriting" : " backward"),
+              {overwrite ? Vec(size_t(n), std::numeric_limits<float>::quiet_NaN()) : random(n, 6)},
+              [&](std::vector<Vec>& b, bool g) {
+                (g ? gpu::unary_backward : cpu::unary_backward<float>)(b[0].data(), dy.data(), x.data(), y.data(), n,
+                                                                       op, 0.7f, overwrite);
+              });
+    }
   }
 }
 
@@ -286,12 +292,16 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
             });
     Vec y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
     cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
-    compare(name + " backward", {random(size_t(N * C), 24), random(size_t(C), 25), random(size_t(C), 26)},
-            [&](std::vector<Vec>& o, bool g) {
-              (g ? gpu::layernorm_backward : cpu::layernorm_backward<float>)(
-                  o[0].data(), o[1].data(), with_bias ? o[2].data() : nullptr, dout.data(), x.data(), w.data(),
-                  mean.data(), rstd.data(), N, C);
-            }, 1e-4, 1e-4);
+    for (const bool overwrite : {false, true}) {
+      const Vec dinp = overwrite ? Vec(size_t(N * C), std::numeric_limits<float>::quiet_NaN()) : random(size_t(N * C), 24);
+      compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
+              {dinp, random(size_t(C), 25), random(size_t(C), 26)},
+              [&](std::vector<Vec>& o, bool g) {
+                (g ? gpu::layernorm_backward : cpu::layernorm_backward<float>)(
+                    o[0].data(), o[1].data(), with_bias ? o[2].data() : nullptr, dout.data(), x.data(), w.data(),
+                    mean.data(), rstd.data(), N, C, overwrite);
+              }, 1e-4, 1e-4);
+    }
   }
 }
 
@@ -403,12 +413,16 @@ TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched 
         (g ? gpu::linear_forward : cpu::linear_forward<float>)(o[0].data(), x.data(), w.data(),
                                                                with_bias ? bias.data() : nullptr, rows, C, OC, math);
       });
-      compare(name + " backward", {random(x.size(), 48), random(w.size(), 49), random(size_t(OC), 50)},
-              [&](std::vector<Vec>& o, bool g) {
-                (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
-                                                                         with_bias ? o[2].data() : nullptr, dout.data(),
-                                                                         x.data(), w.data(), rows, C, OC, math);
-              }, 1e-4, 1e-4);
+      for (const bool overwrite : {false, true}) {
+        const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
+        compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
+                {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
+                  (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
+                                                                           with_bias ? o[2].data() : nullptr,
+                                                                           dout.data(), x.data(), w.data(), rows, C,
+                                                                           OC, math, overwrite);
+                }, 1e-4, 1e-4);
+      }
     }
   }
 }
@@ -625,14 +639,16 @@ TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core ke
     const float nan = std::numeric_limits<float>::quiet_NaN();
     Vec out(static_cast<size_t>(p.out_size), nan), lse(static_cast<size_t>(p.g.B * p.g.NH * p.g.T), nan);
     Vec ref_out = out, ref_lse = lse, d(in.qkv.size(), 0.0f), ref_d = d;
+    AttentionGeom f32 = p.g;  // the reference: the CPU kernels with f32 operands (the CPU has bf16 ones too)
+    f32.math = AttentionMath::F32;
     gpu::attention_flash_forward(out.data(), lse.data(), in.q, in.k, in.v, in.m, in.kp, p.g);
-    cpu::attention_flash_forward<float>(ref_out.data(), ref_lse.data(), in.q, in.k, in.v, in.m, in.kp, p.g);
+    cpu::attention_flash_forward<float>(ref_out.data(), ref_lse.data(), in.q, in.k, in.v, in.m, in.kp, f32);
     gpu::attention_flash_backward(d.data() + p.q_off, d.data() + p.k_off, d.data() + p.v_off, in.dout.data(), in.q,
                                   in.k, in.v, out.data(), lse.data(), in.m, in.kp, p.g);
     // The CPU's backward from the emulated forward's out and lse: the gradients then differ by the backward
     // kernels' own operand rounding alone.
     cpu::attention_flash_backward<float>(ref_d.data() + p.q_off, ref_d.data() + p.k_off, ref_d.data() + p.v_off,
-                                         in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp, p.g);
+                                         in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp, f32);
     const double tol = k.math == AttentionMath::BF16 ? 5e-2 : 5e-3;
     check_same(out, ref_out, "flash forward, " + name, tol, tol);
     check_same(d, ref_d, "flash backward, " + name, 2 * tol, 2 * tol);

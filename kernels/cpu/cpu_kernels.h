@@ -20,7 +20,7 @@ template <class T> void axpby(T* y, const T* x, T alpha, T beta, int64_t n);
 /// out = op(inp); alpha is the factor of UnaryOp::Scale.
 template <class T> void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha);
 /// dinp += dout * op'(inp); exp and tanh read their saved output `out` instead of recomputing it.
-template <class T> void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, T alpha);
+template <class T> void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, T alpha, bool overwrite);
 
 template <class T> void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op);
 /// da += reduce(dout * d(out)/da) over broadcast dims; same for db. Either gradient may be null.
@@ -43,7 +43,7 @@ template <class T> void layernorm_forward(T* out, T* mean, T* rstd, const T* inp
 /// sum = a + b and out = layernorm(sum) in one pass over the rows (a residual add and the layer norm that reads it);
 /// mean and rstd as layernorm_forward's.
 template <class T> void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, T eps);
-template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 
 /// out (N, C) = weight[ids] with weight (V, C). Backward splits the channels across threads: no races.
 template <class T> void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C);
@@ -73,7 +73,7 @@ template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a,
 
 /// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be null.
 template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math);
-template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math);
+template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp);
 
 /// One AdamW step on n parameters (decoupled weight decay, bias-corrected moments; step counts from 1), with the
 /// gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as it is).

@@ -16,8 +16,14 @@ void map(T* out, const T* inp, int64_t n, F f) {
   for (int64_t i = 0; i < n; ++i) out[i] = f(inp[i]);
 }
 
+/// dinp (+)= dout * dfdx(x): written when overwrite (dinp is then never read), else added.
 template <class T, class F>
-void accumulate_map(T* dinp, const T* dout, const T* x, int64_t n, F dfdx) {
+void accumulate_map(T* dinp, const T* dout, const T* x, int64_t n, F dfdx, bool overwrite) {
+  if (overwrite) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) dinp[i] = dout[i] * dfdx(x[i]);
+    return;
+  }
 #pragma omp parallel for simd if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) dinp[i] += dout[i] * dfdx(x[i]);
 }
@@ -183,16 +189,16 @@ void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha) {
 }
 
 template <class T>
-void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, T alpha) {
+void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, T alpha, bool overwrite) {
   switch (op) {
-    case UnaryOp::Neg: return accumulate_map(dinp, dout, inp, n, [](T) { return T(-1); });
-    case UnaryOp::Scale: return accumulate_map(dinp, dout, inp, n, [alpha](T) { return alpha; });
-    case UnaryOp::Exp: return accumulate_map(dinp, dout, out, n, [](T y) { return y; });
-    case UnaryOp::Log: return accumulate_map(dinp, dout, inp, n, [](T x) { return T(1) / x; });
-    case UnaryOp::Tanh: return accumulate_map(dinp, dout, out, n, [](T y) { return T(1) - y * y; });
-    case UnaryOp::Relu: return accumulate_map(dinp, dout, inp, n, [](T x) { return x > T(0) ? T(1) : T(0); });
-    case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](T x) { return gelu_grad(x, [](T u) { return gelu_tanh(u); }); });
-    case UnaryOp::Sqrt: return accumulate_map(dinp, dout, out, n, [](T y) { return T(0.5) / y; });
+    case UnaryOp::Neg: return accumulate_map(dinp, dout, inp, n, [](T) { return T(-1); }, overwrite);
+    case UnaryOp::Scale: return accumulate_map(dinp, dout, inp, n, [alpha](T) { return alpha; }, overwrite);
+    case UnaryOp::Exp: return accumulate_map(dinp, dout, out, n, [](T y) { return y; }, overwrite);
+    case UnaryOp::Log: return accumulate_map(dinp, dout, inp, n, [](T x) { return T(1) / x; }, overwrite);
+    case UnaryOp::Tanh: return accumulate_map(dinp, dout, out, n, [](T y) { return T(1) - y * y; }, overwrite);
+    case UnaryOp::Relu: return accumulate_map(dinp, dout, inp, n, [](T x) { return x > T(0) ? T(1) : T(0); }, overwrite);
+    case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](T x) { return gelu_grad(x, [](T u) { return gelu_tanh(u); }); }, overwrite);
+    case UnaryOp::Sqrt: return accumulate_map(dinp, dout, out, n, [](T y) { return T(0.5) / y; }, overwrite);
   }
 }
 
@@ -249,7 +255,7 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   template void axpy<T>(T*, const T*, T, int64_t);                                                               \
   template void axpby<T>(T*, const T*, T, T, int64_t);                                                           \
   template void unary_forward<T>(T*, const T*, int64_t, UnaryOp, T);                                             \
-  template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, T);                        \
+  template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, T, bool);                        \
   template void binary_forward<T>(T*, const T*, const T*, const BroadcastGeom&, BinaryOp);                       \
   template void binary_backward<T>(T*, T*, const T*, const T*, const T*, const BroadcastGeom&, BinaryOp);
 TINYGPT_INSTANTIATE(float)

@@ -108,9 +108,10 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 template <class T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                     int64_t OC, MatmulMath math) {
+                     int64_t OC, MatmulMath math, bool overwrite_dinp) {
   const bool bf16 = math == MatmulMath::BF16;
-  if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C, bf16);  // (N, OC) @ (OC, C)
+  const T beta = overwrite_dinp ? T(0) : T(1);  // beta 0: dinp is never read
+  if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, beta, dinp, C, bf16);  // (N, OC) @ (OC, C)
   if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C, bf16);  // (OC, N) @ (N, C)
   if (dbias) {
     // Column sums of dout: private rows per thread, added in thread order.
@@ -137,7 +138,7 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, \
                                    bool, bool, MatmulMath);                                                           \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath);           \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath);
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath, bool);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
 #undef TINYGPT_INSTANTIATE

@@ -57,7 +57,7 @@ void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T
 
 template <class T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                        const T* rstd, int64_t N, int64_t C) {
+                        const T* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
   // dweight/dbias: each thread sums its rows into a private row, then the rows are added in thread order.
   const int nth = N * C >= kParallelGrain ? omp_get_max_threads() : 1;
   std::vector<T> partial(size_t(2 * nth * C), T(0));
@@ -88,7 +88,8 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) {
           const T norm = (x[c] - m) * s;
-          dx[c] += (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+          const T d = (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+          dx[c] = overwrite_dinp ? d : dx[c] + d;  // overwrite: whatever dx held (uninitialized) is not used
         }
       }
     }
@@ -167,7 +168,7 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
 #define TINYGPT_INSTANTIATE(T)                                                                                          \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, T);                    \
   template void add_layernorm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T);  \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t);  \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, bool);  \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
   template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t);                                  \
   template void crossentropy_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int32_t);                   \

@@ -15,7 +15,7 @@ void fill(float* out, float value, int64_t n);
 void axpy(float* y, const float* x, float alpha, int64_t n);
 void axpby(float* y, const float* x, float alpha, float beta, int64_t n);
 void unary_forward(float* out, const float* inp, int64_t n, UnaryOp op, float alpha);
-void unary_backward(float* dinp, const float* dout, const float* inp, const float* out, int64_t n, UnaryOp op, float alpha);
+void unary_backward(float* dinp, const float* dout, const float* inp, const float* out, int64_t n, UnaryOp op, float alpha, bool overwrite);
 void binary_forward(float* out, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op);
 void binary_backward(float* da, float* db, const float* dout, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op);
 void sum_forward(float* out, const float* inp, int64_t outer, int64_t D, int64_t inner, float alpha);
@@ -28,7 +28,7 @@ void log_softmax_backward(float* dinp, const float* dout, const float* out, int6
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, float eps);
 /// dweight/dbias: per-block partial sums added in a fixed order by a second kernel (deterministic).
 void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a, const float* b, const float* weight, const float* bias, int64_t N, int64_t C, float eps);
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C);
 /// Deterministic, no float atomics: each thread owns one (token id, channel) pair of dweight and sums its
 /// rows in order (a first pass buckets the rows by id with a stable counting sort).
@@ -44,7 +44,7 @@ void matmul_forward(float* out, const float* a, const float* b, int64_t batch_a,
 void matmul_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
 /// cublasLt with the bias added in the matmul's epilogue.
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math);
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math);
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp);
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, double grad_scale);
 /// out (n) = the rows of parts (rows, n) added in row order: the owner's step of the fixed-order all-reduce
 /// (nccl.cu), as the MPI one adds on the host (train/comm.cpp).

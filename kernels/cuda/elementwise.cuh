@@ -93,8 +93,11 @@ __global__ void unary_forward_kernel(float* out, const float* inp, int64_t n, Un
 }
 
 __global__ void unary_backward_kernel(float* dinp, const float* dout, const float* inp, const float* out, int64_t n,
-                                      UnaryOp op, float alpha) {
-  TINYGPT_CUDA_LOOP(i, n) dinp[i] += dout[i] * unary_grad(op, inp[i], out ? out[i] : 0.0f, alpha);
+                                      UnaryOp op, float alpha, bool overwrite) {
+  TINYGPT_CUDA_LOOP(i, n) {
+    const float d = dout[i] * unary_grad(op, inp[i], out ? out[i] : 0.0f, alpha);
+    dinp[i] = overwrite ? d : dinp[i] + d;
+  }
 }
 
 /// Offsets in a and b of the output element with linear index i.
@@ -361,9 +364,11 @@ void unary_forward(float* out, const float* inp, int64_t n, UnaryOp op, float al
   launch_kernel("unary_forward", unary_forward_kernel, blocks_for(n), kThreads, 0, out, inp, n, op, alpha);
 }
 
-void unary_backward(float* dinp, const float* dout, const float* inp, const float* out, int64_t n, UnaryOp op, float alpha) {
+void unary_backward(float* dinp, const float* dout, const float* inp, const float* out, int64_t n, UnaryOp op, float alpha,
+                    bool overwrite) {
   if (n == 0) return;
-  launch_kernel("unary_backward", unary_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, inp, out, n, op, alpha);
+  launch_kernel("unary_backward", unary_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, inp, out, n, op, alpha,
+                overwrite);
 }
 
 void binary_forward(float* out, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op) {

@@ -173,8 +173,11 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                     int64_t N, int64_t C, int64_t OC, MatmulMath math) {
-  if (dinp) product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, math, "linear_backward (dinp)");
+                     int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp) {
+  if (dinp) {
+    product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, overwrite_dinp ? 0.0f : 1.0f, dinp, C, math,
+            "linear_backward (dinp)");
+  }
   if (dweight) product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
   if (dbias && N > 0) add_column_sums(dbias, dout, N, OC);
 }

@@ -50,7 +50,7 @@ __global__ void add_layernorm_forward_kernel(float* sum, float* out, float* mean
 
 /// dinp, one warp per row.
 __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
-                                                const float* mean, const float* rstd, int64_t N, int64_t C) {
+                                                const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (n >= N) return;
@@ -68,7 +68,8 @@ __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, 
   float* dx = dinp + n * C;
   for (int64_t c = lane; c < C; c += 32) {
     const float norm = (x[c] - m) * s;
-    dx[c] += (g[c] * weight[c] - dmean - norm * dnorm_mean) * s;
+    const float d = (g[c] * weight[c] - dmean - norm * dnorm_mean) * s;
+    dx[c] = overwrite ? d : dx[c] + d;
   }
 }
 
@@ -167,10 +168,10 @@ void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, con
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C) {
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
   if (N == 0) return;
   if (dinp) {
-    launch_kernel("layernorm_backward (input)", layernorm_backward_input_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, inp, weight, mean, rstd, N, C);
+    launch_kernel("layernorm_backward (input)", layernorm_backward_input_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, inp, weight, mean, rstd, N, C, overwrite_dinp);
   }
   if (dweight || dbias) {
     const int64_t rows = std::max<int64_t>(32, (N + 255) / 256);  // about 256 blocks
