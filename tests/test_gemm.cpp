@@ -30,6 +30,7 @@ struct Case {
   bool nan_c = false;                       // fill C with NaN (only meaningful with beta == 0)
   bool bf16 = false;                        // operands rounded to bfloat16 (gemm's bf16 argument)
   std::optional<Bf16Kernel> kernel{};       // bf16 on this kernel (gemm_bf16), float only
+  bool bias = false;                        // gemm's bias epilogue: C[i, j] += bias[j]
 };
 
 /// x rounded to bfloat16's 8 significant bits, nearest with ties to even, computed from frexp (not from the bits,
@@ -55,16 +56,21 @@ void check(const Case& c, uint32_t seed = 1) {
   for (auto& v : B) v = T(dist(rng));
   for (auto& v : C) v = c.nan_c ? std::numeric_limits<T>::quiet_NaN() : T(dist(rng));
   const std::vector<T> C0 = C;
+  std::vector<T> bias(c.bias ? size_t(c.N) : 0);
+  for (auto& v : bias) v = T(dist(rng));
+  const T* const bias_ptr = c.bias ? bias.data() : nullptr;
 
   if constexpr (std::is_same_v<T, float>) {
     if (c.kernel) {
       gemm_bf16(*c.kernel, c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(),
                 ldc);
     } else {
-      gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16);
+      gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16,
+              bias_ptr);
     }
   } else {
-    gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16);
+    gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16,
+            bias_ptr);
   }
 
   const double eps = std::numeric_limits<T>::epsilon();
@@ -85,6 +91,7 @@ void check(const Case& c, uint32_t seed = 1) {
       }
       double ref = c.alpha * acc;
       if (c.beta != 0) ref += c.beta * double(C0[size_t(i * ldc + j)]);
+      if (c.bias) ref += double(bias[size_t(j)]);
       const double err = std::abs(got - ref);
       const double tol = eps * double(std::max<int64_t>(c.K, 1)) * (8 + 8 * std::abs(ref));
       if (!(err <= tol)) ++bad;  // also catches NaN
@@ -92,7 +99,7 @@ void check(const Case& c, uint32_t seed = 1) {
     }
   }
   INFO("ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K << " alpha=" << c.alpha
-             << " beta=" << c.beta << " bf16=" << c.bf16
+             << " beta=" << c.beta << " bf16=" << c.bf16 << " bias=" << c.bias
              << " kernel=" << (c.kernel ? bf16_kernel_name(*c.kernel) : "-") << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
   CHECK(bad == 0);
 }
@@ -128,6 +135,20 @@ TEST_CASE_TEMPLATE("gemm matches naive: alpha, beta and leading dimensions", T, 
   check_all_trans<T>({false, false, 3, 300, 129, 0.5, 1.0, 1, 2, 3});
   check_all_trans<T>({false, false, 4, 33, 513, -1.0, 0.25, 0, 0, 0});
   check_all_trans<T>({false, false, 5, 33, 513, -1.0, 0.25, 0, 0, 0});
+}
+
+TEST_CASE_TEMPLATE("gemm's bias epilogue adds bias[j] to every row once, on every path", T, float, double) {
+  // Blocked (several k blocks and k groups: the epilogue must run on the last only), few rows, an empty product,
+  // beta 0 and 1, and with bf16 operands (the AMX kernel where the CPU has it).
+  for (const bool bf16 : {false, true}) {
+    Case c{false, false, 70, 130, 300, 1.0, 0.0};
+    c.bias = true;
+    c.bf16 = bf16;
+    check_all_trans<T>(c, 301);
+    check_all_trans<T>({false, false, 37, 1100, 2100, 0.5, 1.0, 0, 0, 0, false, bf16, {}, true}, 302);
+    check_all_trans<T>({false, false, 3, 65, 31, 1.0, 1.0, 2, 1, 3, false, bf16, {}, true}, 303);
+    check<T>({false, false, 9, 17, 0, 1.0, 0.5, 0, 0, 0, false, bf16, {}, true}, 304);
+  }
 }
 
 TEST_CASE_TEMPLATE("gemm beta == 0 ignores NaN in C", T, float, double) {

@@ -424,7 +424,7 @@ void note_idle(Clock::duration idle, Clock::duration span) {
 // pads each k block to Cfg::kpad(kc) with zeros.
 template <class Cfg, class T>
 void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-                  int64_t ldb, T beta, T* C, int64_t ldc, int nt, bool bf16) {
+                  int64_t ldb, T beta, T* C, int64_t ldc, int nt, bool bf16, const T* bias) {
   using P = typename Cfg::Packed;
   constexpr int MR = Cfg::MR, NR = Cfg::NR;
 
@@ -517,6 +517,8 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
       else if (after >= 0) pf = a_source(sg, after / sg.chunks, 0);
       const int64_t pf_step = ceil_div(pf.lines(), std::max<int64_t>(1, (p1 - p0) * ceil_div(mc, MR)));
       const T b_eff = k0 == 0 ? beta : T(1);
+      // The epilogue (bias) runs on a tile when its last k block is added, while the tile is still in cache.
+      const T* const bias_now = k0 + kc == K ? bias : nullptr;
       const P* bblk = bpack + kb * kc_pad * ncp;
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t jj = p * NR, nr = std::min<int64_t>(NR, sg.nc - jj);
@@ -527,15 +529,23 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
           T* cp = C + (i0 + ii) * ldc + sg.j0 + jj;
           if (mr == MR && nr == NR) {
             Cfg::kernel(kp, apack + ii * kp, bp, cp, ldc, alpha, b_eff);
-            continue;
+          } else {
+            // Edge tile: full-size product into a local tile, then merge only the valid part.
+            alignas(64) T tile[MR * NR];
+            Cfg::kernel(kp, apack + ii * kp, bp, tile, NR, T(1), T(0));
+            for (int64_t i = 0; i < mr; ++i)
+              for (int64_t j = 0; j < nr; ++j)
+                cp[i * ldc + j] = b_eff == T(0) ? alpha * tile[i * NR + j]
+                                                : alpha * tile[i * NR + j] + b_eff * cp[i * ldc + j];
           }
-          // Edge tile: full-size product into a local tile, then merge only the valid part.
-          alignas(64) T tile[MR * NR];
-          Cfg::kernel(kp, apack + ii * kp, bp, tile, NR, T(1), T(0));
-          for (int64_t i = 0; i < mr; ++i)
-            for (int64_t j = 0; j < nr; ++j)
-              cp[i * ldc + j] = b_eff == T(0) ? alpha * tile[i * NR + j]
-                                              : alpha * tile[i * NR + j] + b_eff * cp[i * ldc + j];
+          if (bias_now) {
+            const T* bj = bias_now + sg.j0 + jj;
+            for (int64_t i = 0; i < mr; ++i) {
+              T* row = cp + i * ldc;
+#pragma omp simd
+              for (int64_t j = 0; j < nr; ++j) row[j] += bj[j];
+            }
+          }
         }
       }
     }
@@ -662,23 +672,32 @@ std::vector<Bf16Kernel> detect_bf16_kernels() { return {Bf16Kernel::F32Units}; }
 
 template <class Cfg, class T>
 void gemm_with(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-               const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16) {
+               const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const T* bias = nullptr) {
   int nt = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
   const double fmas = double(M) * double(N) * double(K);
   nt = int(std::clamp<double>(fmas / kMinFmasPerThread, 1.0, double(std::max(nt, 1))));
-  gemm_blocked<Cfg>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16);
+  gemm_blocked<Cfg>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16, bias);
 }
 
 /// bf16 products on `kernel`, known to be available.
 void run_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+              const float* bias = nullptr) {
 #if defined(TINYGPT_GEMM_BF16)
   if (kernel == Bf16Kernel::Amx)
-    return gemm_with<bf16::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+    return gemm_with<bf16::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, bias);
   if (kernel == Bf16Kernel::Avx512Bf16)
-    return gemm_with<bf16::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+    return gemm_with<bf16::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true,
+                                             bias);
 #endif
-  gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+  gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, bias);
+}
+
+/// C[i, j] += bias[j] (the epilogue of the paths that are not blocked).
+template <class T>
+void add_bias(int64_t M, int64_t N, T* C, int64_t ldc, const T* bias) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] += bias[j];
 }
 
 /// C = beta * C for an empty product (K == 0 or alpha == 0), beta == 0 overwriting (BLAS semantics); false when the
@@ -740,18 +759,26 @@ void gemm_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16) {
-  if (M <= 0 || N <= 0 || scale_only(M, N, K, alpha, beta, C, ldc)) return;
-  if constexpr (std::is_same_v<T, float>) {
-    if (bf16) return run_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const T* bias) {
+  if (M <= 0 || N <= 0) return;
+  if (scale_only(M, N, K, alpha, beta, C, ldc)) {
+    if (bias) add_bias(M, N, C, ldc, bias);
+    return;
   }
-  if (M <= kFewRows && !bf16) return gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  gemm_with<Config<T>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16);
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16) return run_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+  }
+  if (M <= kFewRows && !bf16) {
+    gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (bias) add_bias(M, N, C, ldc, bias);
+    return;
+  }
+  gemm_with<Config<T>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16, bias);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
-                          float, float*, int64_t, bool);
+                          float, float*, int64_t, bool, const float*);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
-                           int64_t, double, double*, int64_t, bool);
+                           int64_t, double, double*, int64_t, bool, const double*);
 
 }  // namespace tinygpt::cpu

@@ -29,9 +29,11 @@ inline float round_bf16(float x) {
 // it is packed, and the products of the rounded values are summed in T, as a bf16 matmul with f32 accumulation
 // computes (MatmulMath::BF16).
 // bf16 products in float run on the fastest kernel this CPU has (bf16_kernel()); in double on f32 units.
+// bias (N values, may be null): then C[i, j] += bias[j] after the product, applied to each tile of C as its last k
+// block is added (an epilogue: no second pass over C).
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false);
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false, const T* bias = nullptr);
 
 /// How bf16 products are computed. All take the same rounded operands and sum in f32, in different orders.
 /// F32Units: rounded as packed, then the f32 micro-kernel (every CPU). Avx512Bf16: `vdpbf16ps`, two products per

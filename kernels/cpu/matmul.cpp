@@ -96,14 +96,7 @@ template <class T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
                     MatmulMath math) {
   const bool bf16 = math == MatmulMath::BF16;
-  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, bf16);
-  if (bias) {
-#pragma omp parallel for if (N * OC >= kParallelGrain)
-    for (int64_t n = 0; n < N; ++n) {
-      T* y = out + n * OC;
-      for (int64_t o = 0; o < OC; ++o) y[o] += bias[o];
-    }
-  }
+  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, bf16, bias);  // bias in the epilogue
 }
 
 template <class T>
