@@ -247,6 +247,10 @@ inline constexpr TileConfig kAllTiles16x64 = [] {
 /// tilezero then faulted); this operand is the whole configuration.
 TINYGPT_TARGET_AMX inline void load_tile_config(const TileConfig& cfg) { __asm__ volatile("ldtilecfg %0" : : "m"(cfg)); }
 
+/// tilerelease, callable from code compiled without AMX (GCC does not apply a target attribute written on an
+/// out-of-class destructor, so the intrinsic cannot be inlined there).
+TINYGPT_TARGET_AMX inline void release_tiles() { _tile_release(); }
+
 /// AMX-BF16: `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 32 x 16 one (16 x 16 x 32 products) into a 16 x 16 f32
 /// tile. A 32 x 32 tile of C in 4 tile registers, per 32 k: 2 A tiles, 2 B tiles, 4 products. Linux hands a process
 /// the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM, done by the detection); a thread configures its

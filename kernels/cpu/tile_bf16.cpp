@@ -9,8 +9,8 @@ namespace tinygpt::cpu {
 
 #if defined(TINYGPT_GEMM_BF16)
 
-TINYGPT_TARGET_AMX AmxTiles::AmxTiles() { bf16::load_tile_config(bf16::kAllTiles16x64); }
-TINYGPT_TARGET_AMX AmxTiles::~AmxTiles() { _tile_release(); }
+AmxTiles::AmxTiles() { bf16::load_tile_config(bf16::kAllTiles16x64); }
+AmxTiles::~AmxTiles() { bf16::release_tiles(); }
 
 TINYGPT_TARGET_AMX void AmxTiles::product(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks,
                                           const float* B, int64_t ldb, int64_t M, int64_t K, int64_t N,
