@@ -39,7 +39,7 @@ struct AttentionGeom {
   bool causal;
   float dropout_p;
   uint64_t dropout_seed;
-  AttentionMath math = AttentionMath::F32;  // the GPU flash kernels' operand format (the CPU computes in full)
+  AttentionMath math = AttentionMath::F32;  // the flash kernels' operand format (the CPU has F32 and BF16; TF32 as F32)
   ScoreMods mods;  // relative positions, ALiBi, T5 bias, window, documents, soft-cap (kernels/score_mods.h)
 };
 

@@ -9,10 +9,11 @@
 
 namespace tinygpt {
 
-/// The operands of flash attention's products on the GPU; accumulation, softmax, logsumexp, inputs and outputs are
-/// f32 in every case. F32: CUDA cores (the default). TF32, BF16: tensor cores (mma.sync, compute capability 8.0
-/// or newer), Q, K, V, dO, P and dS rounded to that format as they are loaded; TF32 falls back to F32 for head dims
-/// whose tiles do not fit in the GPU's shared memory (128 on an A100).
+/// The operands of flash attention's products; accumulation, softmax, logsumexp, inputs and outputs are f32 in every
+/// case. F32: CUDA cores (the default). TF32, BF16: tensor cores (mma.sync, compute capability 8.0 or newer), Q, K,
+/// V, dO, P and dS rounded to that format as they are loaded; TF32 falls back to F32 for head dims whose tiles do not
+/// fit in the GPU's shared memory (128 on an A100). On the CPU, BF16 rounds the same operands for AMX-BF16 tiles (or
+/// for the f32 units where the CPU has no AMX) and TF32 computes as F32.
 enum class AttentionMath : uint8_t { F32, TF32, BF16 };
 
 inline const char* attention_math_name(AttentionMath math) {
