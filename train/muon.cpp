@@ -1,9 +1,11 @@
 #include "train/muon.h"
 
 #include <fmt/core.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
@@ -72,7 +74,8 @@ void Muon::step(double lr, double grad_scale) {
   NoGradGuard no_grad;
   adamw_.step(lr, grad_scale);
   const double rate = config_.lr * lr / adamw_lr_, mu = config_.momentum;
-  for (Slot& s : slots_) {
+  auto update_one = [&](Slot& s) {
+    NoGradGuard no_grad_here;  // the guard above is the calling thread's; a worker thread needs its own
     axpby(s.momentum, s.grad, (1 - mu) * grad_scale, mu);
     Tensor update = s.momentum;
     if (config_.nesterov) {
@@ -82,7 +85,26 @@ void Muon::step(double lr, double grad_scale) {
     }
     const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
     axpby(s.param, o, -rate * s.scale, 1.0 - rate * config_.weight_decay);
+  };
+  // On the CPU the matrices are orthogonalized side by side, one per thread: their products are small (the main
+  // job's are 128 x 128 x 384 at most), so a product spread over every thread spends more on starting and joining
+  // its team than it saves. Each product's result does not depend on its thread count, so neither does the step.
+  const bool cpu = !slots_.empty() && slots_.front().param.device() == Device::CPU;
+  if (!cpu) {
+    for (Slot& s : slots_) update_one(s);
+    return;
   }
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    try {
+      update_one(slots_[i]);
+    } catch (...) {
+#pragma omp critical(tinygpt_muon_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 std::vector<std::pair<std::string, Tensor>> Muon::state() const {
