@@ -204,15 +204,9 @@ void matmul_tile(T* C, int64_t ldc, const T* A, int64_t ars, int64_t aks, const 
   if (r < M) matmul_rows<T, 1>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, N, accumulate);
 }
 
-/// dst[0, n) = src[0, n) rounded to bf16, as round_bf16 (branch-free, so the loop vectorizes).
+/// dst[0, n) = src[0, n) rounded to bf16 (round_bf16 is branch-free, so the loop vectorizes).
 inline void round_row(float* __restrict dst, const float* __restrict src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, src + i, sizeof u);
-    const uint32_t nan = uint32_t((u & 0x7fffffffu) > 0x7f800000u);
-    u = (nan ? u | 0x00400000u : u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    std::memcpy(dst + i, &u, sizeof u);
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = round_bf16(src[i]);
 }
 
 /// The flash kernels' tile products, one per thread: matmul_tile, or with bf16 attention math (AttentionMath::BF16,
