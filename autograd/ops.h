@@ -7,6 +7,7 @@
 
 #include "autograd.h"
 #include "tensor.h"
+#include "../kernels/geometry.h"
 #include "../kernels/numerics.h"
 
 namespace tinygpt {
@@ -53,6 +54,12 @@ Tensor log_softmax(const Tensor& x);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false, const Numerics& numerics = {});
 /// x (..., C) @ weight (OC, C)^T + bias (OC); bias may be undefined. numerics as for matmul.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Numerics& numerics = {});
+/// The transformer's MLP, linear(act(linear(x, w_fc, b_fc)), w_proj, b_proj), as one op with the same values and
+/// gradients: the activation runs in the first product's epilogue, and its derivative in the epilogue of the
+/// backward product that forms its gradient (no separate passes over the hidden activations). act is not None;
+/// biases may be undefined.
+Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj,
+           Activation act, const Numerics& numerics = {});
 
 // --- layers
 /// Normalizes over the last dimension; saves mean and rstd for backward. bias may be undefined.

@@ -1,4 +1,4 @@
-// Ops with fused kernels: softmax, matmul, linear, layernorm, embedding, cross-entropy, dropout.
+// Ops with fused kernels: softmax, matmul, linear, the MLP, layernorm, embedding, cross-entropy, dropout.
 #include <optional>
 
 #include "autograd/op_helpers.h"
@@ -85,34 +85,84 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
   });
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Numerics& numerics) {
-  const MatmulMath math = numerics.matmul();
-  detail::check_float("linear", x);
-  detail::check_float("linear", weight, "weight");
-  detail::check_same("linear", x, weight);
+/// Checks linear's operands (x (..., C), weight (OC, C), bias (OC) or undefined); returns OC.
+int64_t check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_float(op, x);
+  detail::check_float(op, weight, "weight");
+  detail::check_same(op, x, weight);
   if (weight.ndim() != 2 || x.ndim() < 1 || x.size(-1) != weight.size(1)) {
-    shape_error("linear", "input (..., C) needs weight (OC, C)", x.shape(), weight.shape());
+    shape_error(op, "input (..., C) needs weight (OC, C)", x.shape(), weight.shape());
   }
   const int64_t OC = weight.size(0);
   if (bias.defined()) {
-    detail::check_same("linear", x, bias);
-    if (bias.ndim() != 1 || bias.size(0) != OC) shape_error("linear", "bias must be (OC)", bias.shape(), weight.shape());
+    detail::check_same(op, x, bias);
+    if (bias.ndim() != 1 || bias.size(0) != OC) shape_error(op, "bias must be (OC)", bias.shape(), weight.shape());
   }
+  return OC;
+}
+
+/// x's shape with the last dimension n.
+Shape with_last(const Tensor& x, int64_t n) {
+  std::vector<int64_t> dims = x.shape().vec();
+  dims.back() = n;
+  return Shape(dims);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Numerics& numerics) {
+  const MatmulMath math = numerics.matmul();
+  const int64_t OC = check_linear("linear", x, weight, bias);
   const auto [N_, C_] = rows_cols(x);
   const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
-  std::vector<int64_t> dims = x.shape().vec();
-  dims.back() = OC;
-  Tensor out = empty(Shape(dims), x.dtype(), x.device());
+  Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
   dispatch_float(x.dtype(), "linear", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(), out.data<T>(), x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, OC,
-           math);
+           math, Activation::None, static_cast<T*>(nullptr));
   });
   return record("linear", out, {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_float(dout.dtype(), "linear", [&]<class T>() {
                     launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
                            ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC, math,
-                           detail::unwritten(grads[0]));
+                           detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr));
+                  });
+                }, /*writes_unwritten=*/1u);
+}
+
+Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj,
+           Activation act, const Numerics& numerics) {
+  if (act == Activation::None) throw Error("mlp: needs an activation (GELU or ReLU squared); use linear for none");
+  const MatmulMath math = numerics.matmul();
+  const int64_t H = check_linear("mlp", x, w_fc, b_fc);
+  if (w_proj.defined() && w_proj.ndim() == 2 && w_proj.size(1) != H) {
+    shape_error("mlp", "the hidden width of w_fc (H, C) must be w_proj's (OC, H)", w_fc.shape(), w_proj.shape());
+  }
+  Tensor pre = empty(with_last(x, H), x.dtype(), x.device());
+  const int64_t OC = check_linear("mlp", pre, w_proj, b_proj);
+  const auto [N_, C_] = rows_cols(x);
+  const int64_t N = N_, C = C_;
+  // pre = x w_fc^T + b_fc and h = act(pre) from one product (the activation in its epilogue); both kept for backward.
+  Tensor h = empty(pre.shape(), x.dtype(), x.device());
+  Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
+  dispatch_float(x.dtype(), "mlp", [&]<class T>() {
+    launch(kernels::linear_forward<T>, x.device(), pre.data<T>(), x.data<T>(), w_fc.data<T>(), ptr<T>(b_fc), N, C, H,
+           math, act, h.data<T>());
+    launch(kernels::linear_forward<T>, x.device(), out.data<T>(), h.data<T>(), w_proj.data<T>(), ptr<T>(b_proj), N, H,
+           OC, math, Activation::None, static_cast<T*>(nullptr));
+  });
+  return record("mlp", out, {x, w_fc, b_fc, w_proj, b_proj},
+                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                  const bool first = grads[0].defined() || grads[1].defined() || grads[2].defined();
+                  // The gradient at pre, dout w_proj * act'(pre), formed with act' in the product's epilogue.
+                  const Tensor dpre = first ? empty(pre.shape(), dout.dtype(), dout.device()) : Tensor();
+                  dispatch_float(dout.dtype(), "mlp", [&]<class T>() {
+                    launch(kernels::linear_backward<T>, dout.device(), ptr<T>(dpre), ptr<T>(grads[3]),
+                           ptr<T>(grads[4]), dout.data<T>(), h.data<T>(), in[3].data<T>(), N, H, OC, math, true, act,
+                           pre.data<T>());
+                    if (first) {
+                      launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
+                             ptr<T>(grads[2]), dpre.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, H, math,
+                             detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr));
+                    }
                   });
                 }, /*writes_unwritten=*/1u);
 }

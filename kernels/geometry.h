@@ -33,5 +33,8 @@ inline void contiguous_strides(const int64_t* shape, int64_t* strides, int ndim)
 
 enum class UnaryOp : uint8_t { Neg, Scale, Exp, Log, Tanh, Relu, Gelu, Sqrt };
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div };
+/// The activation a linear layer's epilogue applies (the transformer MLP's): none, GELU (tanh approximation) or
+/// ReLU squared.
+enum class Activation : uint8_t { None, Gelu, ReluSquared };
 
 }  // namespace tinygpt

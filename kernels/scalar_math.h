@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "attention.h"
+#include "geometry.h"
 #include "dropout_hash.h"  // TINYGPT_HOST_DEVICE
 
 namespace tinygpt {
@@ -33,6 +34,22 @@ TINYGPT_HOST_DEVICE inline T gelu_grad(T x, Tanh tanh) {
   const T t = tanh(T(kGeluScale) * (x + T(kGeluCubic) * x * x * x));
   const T du = T(kGeluScale) * (T(1) + T(3) * T(kGeluCubic) * x * x);
   return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+}
+
+/// act(x), with `tanh` the caller's (for GELU).
+template <class T, class Tanh>
+TINYGPT_HOST_DEVICE inline T activation(Activation act, T x, Tanh tanh) {
+  if (act == Activation::Gelu) return gelu(x, tanh);
+  if (act == Activation::ReluSquared) return x > T(0) ? x * x : T(0);
+  return x;
+}
+
+/// d act(x) / dx.
+template <class T, class Tanh>
+TINYGPT_HOST_DEVICE inline T activation_grad(Activation act, T x, Tanh tanh) {
+  if (act == Activation::Gelu) return gelu_grad(x, tanh);
+  if (act == Activation::ReluSquared) return x > T(0) ? T(2) * x : T(0);
+  return T(1);
 }
 
 /// AdamW's bias correction 1 / (1 - beta^step), in double.

@@ -103,8 +103,9 @@ Tensor relu_squared(const Tensor& x) {
 Tensor soft_cap(const Tensor& x, double cap) { return cap * tanh(x * (1.0 / cap)); }
 
 Tensor MLP::forward(const Tensor& x) const {
-  const Tensor h = c_fc.forward(x);
-  return c_proj.forward(relu2_ ? relu_squared(h) : gelu(h));
+  // c_proj(act(c_fc(x))) as one op: the activation in the products' epilogues.
+  return mlp(x, c_fc.weight, c_fc.bias, c_proj.weight, c_proj.bias, relu2_ ? Activation::ReluSquared : Activation::Gelu,
+             c_fc.numerics());
 }
 
 Block::Block(const GPTConfig& c, Generator& gen)

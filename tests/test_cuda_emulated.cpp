@@ -407,21 +407,28 @@ TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched 
     const int64_t rows = 70, C = 9, OC = 11;  // 70 rows: three blocks of bias-gradient partial sums
     const Vec x = random(size_t(rows * C), 44), w = random(size_t(OC * C), 45), bias = random(size_t(OC), 46);
     const Vec dout = random(size_t(rows * OC), 47);
+    // The activation's input for backward: the pre-activation whose act(.) was inp (both signs, for ReLU squared).
+    const Vec pre = random(x.size(), 51, -3.0f, 3.0f);
     for (const bool with_bias : {true, false}) {
-      const std::string name = with_bias ? "linear" : "linear without bias";
-      compare(name + " forward", {Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::linear_forward : cpu::linear_forward<float>)(o[0].data(), x.data(), w.data(),
-                                                               with_bias ? bias.data() : nullptr, rows, C, OC, math);
-      });
-      for (const bool overwrite : {false, true}) {
-        const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
-        compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
-                {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
-                  (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
-                                                                           with_bias ? o[2].data() : nullptr,
-                                                                           dout.data(), x.data(), w.data(), rows, C,
-                                                                           OC, math, overwrite);
-                }, 1e-4, 1e-4);
+      for (const Activation act : {Activation::None, Activation::Gelu, Activation::ReluSquared}) {
+        const std::string name = std::string(with_bias ? "linear" : "linear without bias") +
+                                 (act == Activation::Gelu ? ", GELU" : act == Activation::ReluSquared ? ", ReLU^2" : "");
+        compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::linear_forward : cpu::linear_forward<float>)(o[0].data(), x.data(), w.data(),
+                                                                 with_bias ? bias.data() : nullptr, rows, C, OC, math,
+                                                                 act, o[1].data());
+        });
+        for (const bool overwrite : {false, true}) {
+          if (act != Activation::None && !overwrite) continue;  // an activation's gradient overwrites dinp
+          const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
+          compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
+                  {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
+                    (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
+                                                                             with_bias ? o[2].data() : nullptr,
+                                                                             dout.data(), x.data(), w.data(), rows, C,
+                                                                             OC, math, overwrite, act, pre.data());
+                  }, 1e-4, 1e-4);
+        }
       }
     }
   }
@@ -448,8 +455,9 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     CHECK((largest_difference(db, ref_db) > 1e-4) == rounded);
     Vec y(size_t(M * N)), ref_y(size_t(M * N));
     const Vec w = random(size_t(N * K), 63);
-    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, math);
-    cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, MatmulMath::F32);
+    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, math, Activation::None, nullptr);
+    cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, MatmulMath::F32, Activation::None,
+                               nullptr);
     CHECK((largest_difference(y, ref_y) > 1e-4) == rounded);
   }
 }

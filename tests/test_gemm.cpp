@@ -14,6 +14,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/tile_bf16.h"
 
+using tinygpt::Activation;
 using tinygpt::cpu::Bf16Kernel;
 using tinygpt::cpu::bf16_kernel_name;
 using tinygpt::cpu::bf16_kernels_available;
@@ -31,7 +32,20 @@ struct Case {
   bool bf16 = false;                        // operands rounded to bfloat16 (gemm's bf16 argument)
   std::optional<Bf16Kernel> kernel{};       // bf16 on this kernel (gemm_bf16), float only
   bool bias = false;                        // gemm's bias epilogue: C[i, j] += bias[j]
+  Activation act = Activation::None;        // the activation epilogue: act_out = act(C), or with
+  bool act_grad = false;                    // act_grad, C *= act'(act_of)
 };
+
+/// act(x) and act'(x) in double, from the formulas (not the kernels' code).
+double act_ref(Activation act, double x) {
+  if (act == Activation::Gelu) return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  return act == Activation::ReluSquared ? (x > 0 ? x * x : 0.0) : x;
+}
+double act_grad_ref(Activation act, double x) {
+  if (act == Activation::ReluSquared) return x > 0 ? 2 * x : 0.0;
+  const double s = std::sqrt(2 / M_PI), t = std::tanh(s * (x + 0.044715 * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * s * (1 + 3 * 0.044715 * x * x);
+}
 
 /// x rounded to bfloat16's 8 significant bits, nearest with ties to even, computed from frexp (not from the bits,
 /// as gemm rounds): x = m 2^e with m in [0.5, 1), m * 256 rounded by nearbyint (ties to even by default).
@@ -59,6 +73,19 @@ void check(const Case& c, uint32_t seed = 1) {
   std::vector<T> bias(c.bias ? size_t(c.N) : 0);
   for (auto& v : bias) v = T(dist(rng));
   const T* const bias_ptr = c.bias ? bias.data() : nullptr;
+  // The activation's output (starts at a sentinel, so padding can be checked), or what its derivative is taken of.
+  std::vector<T> act_buf(c.act == Activation::None ? 0 : C.size(), T(7));
+  if (c.act_grad)
+    for (auto& v : act_buf) v = T(3 * dist(rng));
+  tinygpt::cpu::Epilogue<T> ep{bias_ptr};
+  if (c.act != Activation::None) {
+    ep.act = c.act;
+    if (c.act_grad) {
+      ep.act_of = act_buf.data();
+    } else {
+      ep.act_out = act_buf.data();
+    }
+  }
 
   if constexpr (std::is_same_v<T, float>) {
     if (c.kernel) {
@@ -66,11 +93,10 @@ void check(const Case& c, uint32_t seed = 1) {
                 ldc);
     } else {
       gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16,
-              bias_ptr);
+              ep);
     }
   } else {
-    gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16,
-            bias_ptr);
+    gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16, ep);
   }
 
   const double eps = std::numeric_limits<T>::epsilon();
@@ -81,6 +107,7 @@ void check(const Case& c, uint32_t seed = 1) {
       const double got = C[size_t(i * ldc + j)];
       if (j >= c.N) {  // padding between rows must be untouched
         if (!(got == double(C0[size_t(i * ldc + j)]) || (std::isnan(got) && c.nan_c))) ++bad;
+        if (c.act != Activation::None && !c.act_grad && act_buf[size_t(i * ldc + j)] != T(7)) ++bad;
         continue;
       }
       double acc = 0;
@@ -92,14 +119,25 @@ void check(const Case& c, uint32_t seed = 1) {
       double ref = c.alpha * acc;
       if (c.beta != 0) ref += c.beta * double(C0[size_t(i * ldc + j)]);
       if (c.bias) ref += double(bias[size_t(j)]);
+      double tol = eps * double(std::max<int64_t>(c.K, 1)) * (8 + 8 * std::abs(ref));
+      if (c.act != Activation::None && !c.act_grad) {
+        // C keeps the pre-activation; act_out = act(C), to C's tolerance times the slope, plus the float tanh's.
+        const double a = act_buf[size_t(i * ldc + j)], want = act_ref(c.act, ref);
+        const double act_tol = tol * (1.5 + 2 * std::abs(ref)) + 8 * eps * (1 + std::abs(want));
+        if (!(std::abs(a - want) <= act_tol)) ++bad;
+      } else if (c.act_grad) {
+        const double g = act_grad_ref(c.act, double(act_buf[size_t(i * ldc + j)]));
+        ref *= g;
+        tol = tol * (1 + std::abs(g)) + 8 * eps * std::abs(ref);
+      }
       const double err = std::abs(got - ref);
-      const double tol = eps * double(std::max<int64_t>(c.K, 1)) * (8 + 8 * std::abs(ref));
       if (!(err <= tol)) ++bad;  // also catches NaN
       if (!(err <= worst)) worst = err;
     }
   }
   INFO("ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K << " alpha=" << c.alpha
-             << " beta=" << c.beta << " bf16=" << c.bf16 << " bias=" << c.bias
+             << " beta=" << c.beta << " bf16=" << c.bf16 << " bias=" << c.bias << " act=" << int(c.act)
+             << " act_grad=" << c.act_grad
              << " kernel=" << (c.kernel ? bf16_kernel_name(*c.kernel) : "-") << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
   CHECK(bad == 0);
 }
@@ -149,6 +187,31 @@ TEST_CASE_TEMPLATE("gemm's bias epilogue adds bias[j] to every row once, on ever
     check_all_trans<T>({false, false, 3, 65, 31, 1.0, 1.0, 2, 1, 3, false, bf16, {}, true}, 303);
     check<T>({false, false, 9, 17, 0, 1.0, 0.5, 0, 0, 0, false, bf16, {}, true}, 304);
   }
+}
+
+TEST_CASE_TEMPLATE("gemm's activation epilogue: act(C) beside C, or C times act'(x), on every path", T, float, double) {
+  // As the bias: blocked with several k blocks and k groups, few rows, an empty product, bf16 operands; beta 0 (the
+  // epilogue's contract), NaN in C ignored.
+  for (const Activation act : {Activation::Gelu, Activation::ReluSquared})
+    for (const bool grad : {false, true})
+      for (const bool bf16 : {false, true}) {
+        const auto with = [&](Case c) {
+          c.act = act;
+          c.act_grad = grad;
+          c.bf16 = bf16;
+          return c;
+        };
+        check_all_trans<T>(with({false, false, 70, 130, 300, 1.0, 0.0, 0, 0, 5, true, false, {}, !grad}), 401);
+        check<T>(with({false, true, 37, 1100, 2100, 0.5, 0.0, 0, 0, 3, false, false, {}, true}), 402);
+        check_all_trans<T>(with({false, false, 3, 65, 31, 1.0, 0.0, 2, 1, 3}), 403);
+        check<T>(with({false, false, 9, 17, 0, 1.0, 0.0, 0, 0, 0, false, false, {}, true}), 404);
+      }
+  std::vector<T> x(4), y(4);
+  tinygpt::cpu::Epilogue<T> ep;
+  ep.act = Activation::Gelu;
+  CHECK_THROWS(gemm<T>(false, false, 2, 2, 1, T(1), x.data(), 1, x.data(), 2, T(0), y.data(), 2, false, ep));
+  ep.act_out = x.data();
+  CHECK_THROWS(gemm<T>(false, false, 2, 2, 1, T(1), x.data(), 1, x.data(), 2, T(1), y.data(), 2, false, ep));
 }
 
 TEST_CASE_TEMPLATE("gemm beta == 0 ignores NaN in C", T, float, double) {

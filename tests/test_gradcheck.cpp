@@ -78,6 +78,14 @@ TEST_CASE("gradcheck: matmul in every layout, and linear") {
   expect_gradcheck([](const Inputs& in) { return linear(in[0], in[1], in[2]); },
                    {leaf({2, 3, 4}, gen), leaf({5, 4}, gen), leaf({5}, gen)});
   expect_gradcheck([](const Inputs& in) { return linear(in[0], in[1]); }, {leaf({3, 4}, gen), leaf({2, 4}, gen)});
+  // The fused MLP, both activations, with and without biases (the hidden width 6 from w_fc (6, 4)).
+  for (const Activation act : {Activation::Gelu, Activation::ReluSquared}) {
+    CAPTURE(int(act));
+    expect_gradcheck([act](const Inputs& in) { return mlp(in[0], in[1], in[2], in[3], in[4], act); },
+                     {leaf({2, 3, 4}, gen), leaf({6, 4}, gen), leaf({6}, gen), leaf({5, 6}, gen), leaf({5}, gen)});
+    expect_gradcheck([act](const Inputs& in) { return mlp(in[0], in[1], Tensor(), in[2], Tensor(), act); },
+                     {leaf({3, 4}, gen), leaf({6, 4}, gen), leaf({4, 6}, gen)});
+  }
 }
 
 TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout, rotary embedding") {

@@ -88,6 +88,50 @@ TEST_CASE("forward: matmul, transposed operands, batches, linear") {
   CHECK_THROWS_AS(matmul(batch, concat({bb, bb}, 0)), Error);  // batch dims differ
 }
 
+TEST_CASE("mlp: the values and gradients of linear, activation, linear, in f32 and with bf16 products") {
+  // The activation's epilogues compute what the unary ops do; the products are the same products.
+  Generator gen(11);
+  const Tensor x = randn({3, 5, 16}, gen), w1 = randn({40, 16}, gen), b1 = randn({40}, gen);
+  const Tensor w2 = randn({12, 40}, gen), b2 = randn({12}, gen), dy = randn({3, 5, 12}, gen);
+  for (const Activation act : {Activation::Gelu, Activation::ReluSquared}) {
+    for (const bool bf16 : {false, true}) {
+      CAPTURE(int(act));
+      CAPTURE(bf16);
+      Numerics num;
+      num.bf16 = bf16;
+      std::vector<std::vector<float>> got, want;
+      for (const bool fused : {true, false}) {
+        std::vector<Tensor> p = {x.detach(), w1.detach(), b1.detach(), w2.detach(), b2.detach()};
+        for (Tensor& t : p) t.requires_grad_();
+        Tensor y;
+        if (fused) {
+          y = mlp(p[0], p[1], p[2], p[3], p[4], act, num);
+        } else {
+          const Tensor h = linear(p[0], p[1], p[2], num);
+          const Tensor r = relu(h);
+          y = linear(act == Activation::Gelu ? gelu(h) : r * r, p[3], p[4], num);
+        }
+        sum(y * dy).backward();
+        auto& out = fused ? got : want;
+        out.push_back(y.to_vector<float>());
+        for (const Tensor& t : p) out.push_back(t.grad().to_vector<float>());
+      }
+      for (size_t i = 0; i < got.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(got[i].size() == want[i].size());
+        double worst = 0, scale = 0;
+        for (size_t j = 0; j < got[i].size(); ++j) {
+          worst = std::max(worst, double(std::abs(got[i][j] - want[i][j])));
+          scale = std::max(scale, double(std::abs(want[i][j])));
+        }
+        CHECK(worst <= 1e-5 * (1 + scale));
+      }
+    }
+  }
+  CHECK_THROWS_WITH_AS(mlp(x, w1, b1, w2, b2, Activation::None), doctest::Contains("mlp"), Error);
+  CHECK_THROWS_WITH_AS(mlp(x, w1, b1, randn({12, 39}, gen), b2, Activation::Gelu), doctest::Contains("mlp"), Error);
+}
+
 TEST_CASE("forward: layer norm") {
   const Tensor x = vec({1, 2, 3, 4, 2, 2, 2, 2}, {2, 4});
   // (x - 2.5) / sqrt(1.25 + 1e-5) for the first row; a constant row normalizes to 0.

@@ -71,9 +71,11 @@ template <class T> void copy_slice(T* dst, const T* src, int64_t outer, int64_t 
 template <class T> void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
 template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
 
-/// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be null.
-template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math);
-template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp);
+/// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be null. With an activation, act_out (N, OC)
+/// = act(out) too (out keeps the pre-activation). Backward: with an activation (and overwrite_dinp), dinp is the
+/// gradient through the activation that made inp, dinp = (dout @ weight) * act'(act_of), act_of (N, C).
+template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, T* act_out);
+template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of);
 
 /// One AdamW step on n parameters (decoupled weight decay, bias-corrected moments; step counts from 1), with the
 /// gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as it is).

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/vec_math.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -419,12 +420,49 @@ void note_idle(Clock::duration idle, Clock::duration span) {
   solo_until_ns.store(now_ns() + window, std::memory_order_relaxed);
 }
 
+template <class T>
+bool has_epilogue(const Epilogue<T>& ep) {
+  return ep.bias != nullptr || ep.act != Activation::None;
+}
+
+/// The activation part of the epilogue on mr x nr elements of C at c, act's out or act_of at offset `at` from C.
+template <Activation A, class T>
+void activation_epilogue(const Epilogue<T>& ep, T* c, int64_t ldc, int64_t at, int64_t mr, int64_t nr) {
+  for (int64_t i = 0; i < mr; ++i) {
+    T* row = c + i * ldc;
+    if (ep.act_out) {
+      T* out = ep.act_out + at + i * ldc;
+#pragma omp simd
+      for (int64_t j = 0; j < nr; ++j) out[j] = activation_of(A, row[j]);
+    } else {
+      const T* of = ep.act_of + at + i * ldc;
+#pragma omp simd
+      for (int64_t j = 0; j < nr; ++j) row[j] *= activation_grad_of(A, of[j]);
+    }
+  }
+}
+
+/// The epilogue on the mr x nr elements of C at c, which is C + at, in columns [j, j + nr): bias, then activation.
+template <class T>
+void run_epilogue(const Epilogue<T>& ep, T* c, int64_t ldc, int64_t at, int64_t j, int64_t mr, int64_t nr) {
+  if (ep.bias) {
+    const T* b = ep.bias + j;
+    for (int64_t i = 0; i < mr; ++i) {
+      T* row = c + i * ldc;
+#pragma omp simd
+      for (int64_t jj = 0; jj < nr; ++jj) row[jj] += b[jj];
+    }
+  }
+  if (ep.act == Activation::Gelu) activation_epilogue<Activation::Gelu>(ep, c, ldc, at, mr, nr);
+  if (ep.act == Activation::ReluSquared) activation_epilogue<Activation::ReluSquared>(ep, c, ldc, at, mr, nr);
+}
+
 // Cfg: tile and block sizes, packing and micro-kernel. Packed (Cfg::Packed) is the element type of the packed
 // operands: T itself (rounded to bf16 in place when `bf16`), or bf16 bits for the bf16 micro-kernels, whose packing
 // pads each k block to Cfg::kpad(kc) with zeros.
 template <class Cfg, class T>
 void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-                  int64_t ldb, T beta, T* C, int64_t ldc, int nt, bool bf16, const T* bias) {
+                  int64_t ldb, T beta, T* C, int64_t ldc, int nt, bool bf16, const Epilogue<T>& ep) {
   using P = typename Cfg::Packed;
   constexpr int MR = Cfg::MR, NR = Cfg::NR;
 
@@ -517,8 +555,8 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
       else if (after >= 0) pf = a_source(sg, after / sg.chunks, 0);
       const int64_t pf_step = ceil_div(pf.lines(), std::max<int64_t>(1, (p1 - p0) * ceil_div(mc, MR)));
       const T b_eff = k0 == 0 ? beta : T(1);
-      // The epilogue (bias) runs on a tile when its last k block is added, while the tile is still in cache.
-      const T* const bias_now = k0 + kc == K ? bias : nullptr;
+      // The epilogue runs on a tile when its last k block is added, while the tile is still in cache.
+      const bool epilogue_now = k0 + kc == K && has_epilogue(ep);
       const P* bblk = bpack + kb * kc_pad * ncp;
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t jj = p * NR, nr = std::min<int64_t>(NR, sg.nc - jj);
@@ -538,14 +576,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
                 cp[i * ldc + j] = b_eff == T(0) ? alpha * tile[i * NR + j]
                                                 : alpha * tile[i * NR + j] + b_eff * cp[i * ldc + j];
           }
-          if (bias_now) {
-            const T* bj = bias_now + sg.j0 + jj;
-            for (int64_t i = 0; i < mr; ++i) {
-              T* row = cp + i * ldc;
-#pragma omp simd
-              for (int64_t j = 0; j < nr; ++j) row[j] += bj[j];
-            }
-          }
+          if (epilogue_now) run_epilogue(ep, cp, ldc, (i0 + ii) * ldc + sg.j0 + jj, sg.j0 + jj, mr, nr);
         }
       }
     }
@@ -672,33 +703,26 @@ std::vector<Bf16Kernel> detect_bf16_kernels() { return {Bf16Kernel::F32Units}; }
 
 template <class Cfg, class T>
 void gemm_with(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-               const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const T* bias = nullptr) {
+               const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const Epilogue<T>& ep = {}) {
   int nt = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
   const double fmas = double(M) * double(N) * double(K);
   nt = int(std::clamp<double>(fmas / kMinFmasPerThread, 1.0, double(std::max(nt, 1))));
-  gemm_blocked<Cfg>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16, bias);
+  gemm_blocked<Cfg>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16, ep);
 }
 
 /// bf16 products on `kernel`, known to be available.
 void run_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-              const float* bias = nullptr) {
+              const Epilogue<float>& ep = {}) {
 #if defined(TINYGPT_GEMM_BF16)
   if (kernel == Bf16Kernel::Amx)
-    return gemm_with<bf16::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, bias);
+    return gemm_with<bf16::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
   if (kernel == Bf16Kernel::Avx512Bf16)
-    return gemm_with<bf16::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true,
-                                             bias);
+    return gemm_with<bf16::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
 #endif
-  gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, bias);
+  gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
 }
 
-/// C[i, j] += bias[j] (the epilogue of the paths that are not blocked).
-template <class T>
-void add_bias(int64_t M, int64_t N, T* C, int64_t ldc, const T* bias) {
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] += bias[j];
-}
 
 /// C = beta * C for an empty product (K == 0 or alpha == 0), beta == 0 overwriting (BLAS semantics); false when the
 /// product is not empty.
@@ -759,26 +783,28 @@ void gemm_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const T* bias) {
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const Epilogue<T>& ep) {
+  if (ep.act != Activation::None && ((ep.act_out == nullptr) == (ep.act_of == nullptr) || beta != T(0)))
+    throw std::invalid_argument("gemm: an activation epilogue needs one of act_out and act_of, and beta 0");
   if (M <= 0 || N <= 0) return;
   if (scale_only(M, N, K, alpha, beta, C, ldc)) {
-    if (bias) add_bias(M, N, C, ldc, bias);
+    if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (bf16) return run_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+    if (bf16) return run_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep);
   }
   if (M <= kFewRows && !bf16) {
     gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    if (bias) add_bias(M, N, C, ldc, bias);
+    if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
     return;
   }
-  gemm_with<Config<T>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16, bias);
+  gemm_with<Config<T>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16, ep);
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
-                          float, float*, int64_t, bool, const float*);
+                          float, float*, int64_t, bool, const Epilogue<float>&);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
-                           int64_t, double, double*, int64_t, bool, const double*);
+                           int64_t, double, double*, int64_t, bool, const Epilogue<double>&);
 
 }  // namespace tinygpt::cpu

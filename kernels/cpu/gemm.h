@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/geometry.h"
+
 namespace tinygpt::cpu {
 
 /// x rounded to bfloat16 (its top 16 bits), to nearest with ties to even, as PyTorch and the hardware round; NaN
@@ -29,11 +31,18 @@ inline float round_bf16(float x) {
 // it is packed, and the products of the rounded values are summed in T, as a bf16 matmul with f32 accumulation
 // computes (MatmulMath::BF16).
 // bf16 products in float run on the fastest kernel this CPU has (bf16_kernel()); in double on f32 units.
-// bias (N values, may be null): then C[i, j] += bias[j] after the product, applied to each tile of C as its last k
-// block is added (an epilogue: no second pass over C).
+// The epilogue (`Epilogue`) runs on each tile of C as its last k block is added, while the tile is in cache: no
+// second pass over C.
+template <class T>
+struct Epilogue {
+  const T* bias = nullptr;            // N values: C[i, j] += bias[j] after the product
+  Activation act = Activation::None;  // with act_out or act_of (one of them), and beta == 0:
+  T* act_out = nullptr;               //   act_out[i * ldc + j] = act(C[i, j]) (C keeps the pre-activation)
+  const T* act_of = nullptr;          //   C[i, j] *= act'(act_of[i * ldc + j]) (a gradient through the activation)
+};
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false, const T* bias = nullptr);
+          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false, const Epilogue<T>& epilogue = {});
 
 /// How bf16 products are computed. All take the same rounded operands and sum in f32, in different orders.
 /// F32Units: rounded as packed, then the f32 micro-kernel (every CPU). Avx512Bf16: `vdpbf16ps`, two products per

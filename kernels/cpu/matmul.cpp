@@ -94,17 +94,22 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 
 template <class T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
-                    MatmulMath math) {
+                    MatmulMath math, Activation act, T* act_out) {
   const bool bf16 = math == MatmulMath::BF16;
-  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, bf16, bias);  // bias in the epilogue
+  // Bias and activation in the epilogue, while each tile of out is in cache.
+  const Epilogue<T> ep{bias, act, act != Activation::None ? act_out : nullptr, nullptr};
+  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, bf16, ep);
 }
 
 template <class T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                     int64_t OC, MatmulMath math, bool overwrite_dinp) {
+                     int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of) {
   const bool bf16 = math == MatmulMath::BF16;
   const T beta = overwrite_dinp ? T(0) : T(1);  // beta 0: dinp is never read
-  if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, beta, dinp, C, bf16);  // (N, OC) @ (OC, C)
+  // With an activation, dinp = (dout @ weight) * act'(act_of): the gradient through the activation that made inp,
+  // multiplied in the epilogue.
+  const Epilogue<T> ep{nullptr, act, nullptr, act != Activation::None ? act_of : nullptr};
+  if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, beta, dinp, C, bf16, ep);  // (N, OC) @ (OC, C)
   if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C, bf16);  // (OC, N) @ (N, C)
   if (dbias) {
     // Column sums of dout: private rows per thread, added in thread order.
@@ -130,8 +135,10 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                                   MatmulMath);                                                                        \
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, \
                                    bool, bool, MatmulMath);                                                           \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath);           \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath, bool);
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath, Activation,   \
+                                  T*);                                                                                \
+  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath, bool, \
+                                   Activation, const T*);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
 #undef TINYGPT_INSTANTIATE

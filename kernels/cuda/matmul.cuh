@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/scalar_math.h"
 #if !defined(TINYGPT_EMULATED_CUDA)
 #include "kernels/cuda/mma.cuh"  // pack_bf16
 #endif
@@ -92,6 +93,21 @@ __global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int64_
   TINYGPT_CUDA_LOOP(i, N * OC) out[i] += bias[i % OC];
 }
 
+/// tanhf for the activations' shared math (kernels/scalar_math.h).
+struct ActivationTanh {
+  __host__ __device__ float operator()(float u) const { return tanhf(u); }
+};
+
+/// out = act(pre), n elements.
+__global__ void activation_kernel(float* out, const float* pre, int64_t n, Activation act) {
+  TINYGPT_CUDA_LOOP(i, n) out[i] = activation(act, pre[i], ActivationTanh{});
+}
+
+/// d *= act'(of), n elements: a gradient taken through the activation.
+__global__ void activation_grad_kernel(float* d, const float* of, int64_t n, Activation act) {
+  TINYGPT_CUDA_LOOP(i, n) d[i] *= activation_grad(act, of[i], ActivationTanh{});
+}
+
 }  // namespace
 
 
@@ -160,23 +176,32 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
   }
 }
 
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math) {
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
+                    int64_t OC, MatmulMath math, Activation act, float* act_out) {
   if (N == 0 || OC == 0) return;
-  if (bias && C > 0 && math != MatmulMath::BF16 &&
-      linear_forward_epilogue(out, inp, weight, bias, N, C, OC, math == MatmulMath::TF32)) {
-    return;
+  if (!(bias && C > 0 && math != MatmulMath::BF16 &&
+        linear_forward_epilogue(out, inp, weight, bias, N, C, OC, math == MatmulMath::TF32))) {
+    product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
+    if (bias) {
+      launch_kernel("linear_forward (bias)", add_bias_kernel, blocks_for(N * OC), kThreads, 0, out, bias, N, OC);
+    }
   }
-  product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
-  if (bias) {
-    launch_kernel("linear_forward (bias)", add_bias_kernel, blocks_for(N * OC), kThreads, 0, out, bias, N, OC);
+  if (act != Activation::None) {
+    launch_kernel("linear_forward (activation)", activation_kernel, blocks_for(N * OC), kThreads, 0, act_out, out,
+                  N * OC, act);
   }
 }
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                     int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp) {
+                     int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act,
+                     const float* act_of) {
   if (dinp) {
     product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, overwrite_dinp ? 0.0f : 1.0f, dinp, C, math,
             "linear_backward (dinp)");
+    if (act != Activation::None) {
+      launch_kernel("linear_backward (activation)", activation_grad_kernel, blocks_for(N * C), kThreads, 0, dinp,
+                    act_of, N * C, act);
+    }
   }
   if (dweight) product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
   if (dbias && N > 0) add_column_sums(dbias, dout, N, OC);
