@@ -3,8 +3,8 @@
 // callers never need an #ifdef. How kernels compute (TF32, the attention operand format) is not set here: it is
 // an argument of each call (kernels/numerics.h).
 //
-// All GPU work runs on one stream (the default stream), so memory handed back to the caching allocator
-// can be reused at once by later work: the stream orders it after every kernel that used it.
+// All GPU work runs on one stream (cuda::stream() in kernels/cuda/runtime.cuh), so memory handed back to the caching
+// allocator can be reused at once by later work: the stream orders it after every kernel that used it.
 #pragma once
 
 #include <cstddef>
@@ -54,6 +54,40 @@ int64_t host_syncs();
 
 /// Makes GPU `index` (0 .. device_count() - 1) this process's GPU, before any other GPU work: one GPU per rank.
 void set_device(int index);
+
+// --- CUDA graphs. The GPU work queued between begin_capture() and end_capture() is recorded instead of run, and
+// Graph::replay() queues all of it again, with the same arguments and the same memory: what changes between replays
+// must be in device memory the captured work reads (copied there before each replay). Memory allocated or freed
+// while capturing belongs to the graph from then on: the allocator hands it to nothing else until the graph is
+// destroyed, so the captured work finds its buffers as it left them.
+class Graph {
+ public:
+  Graph() = default;
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph();
+  explicit operator bool() const { return exec_ != nullptr; }
+  /// Queues the recorded work on the stream; the host does not wait for it.
+  void replay() const;
+
+ private:
+  friend Graph end_capture();
+  void* exec_ = nullptr;  // cudaGraphExec_t
+  uint64_t pool_ = 0;     // the allocator's pool of the graph's memory
+};
+/// Starts recording the GPU work this thread queues. Anything that waits for the GPU while recording (a copy to the
+/// host, synchronize) makes end_capture throw.
+void begin_capture();
+/// Ends the recording and returns it as a graph; throws an Error naming CUDA's reason when the work could not be
+/// captured (the capture is then abandoned, and its memory returned to the allocator).
+Graph end_capture();
+/// True between begin_capture and end_capture: host-side shortcuts that bake this step's data into the recorded work
+/// (the embedding's host sort of the ids) must not be taken.
+bool capturing();
+/// Abandons a capture begun by begin_capture (after an exception in the captured code); nothing when none is open.
+void abort_capture();
 
 // --- NCCL, the CUDA toolkit's collectives, for data-parallel training on several GPUs: one communicator per
 // process, bootstrapped by the caller, which hands rank 0's id to every rank (over MPI, as llm.c does).

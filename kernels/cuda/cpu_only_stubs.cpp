@@ -28,6 +28,14 @@ void copy_on_device(void*, const void*, size_t) { unavailable(); }
 void synchronize() {}
 int64_t host_syncs() { return 0; }
 void set_device(int) { unavailable(); }
+Graph::Graph(Graph&&) noexcept {}
+Graph& Graph::operator=(Graph&&) noexcept { return *this; }
+Graph::~Graph() {}
+void Graph::replay() const { unavailable(); }
+void begin_capture() { unavailable(); }
+Graph end_capture() { unavailable(); }
+void abort_capture() {}
+bool capturing() { return false; }
 bool profiling() { return false; }
 void profile_add(const char*, double) {}
 

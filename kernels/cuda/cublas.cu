@@ -82,7 +82,7 @@ bool linear_forward_epilogue(float* out, const float* inp, const float* weight, 
       found > 0) {
     const float alpha = 1.0f, beta = 0.0f;
     check(cublasLtMatmul(cublaslt(), op, &alpha, weight, la, inp, lb, &beta, out, ld, out, ld, &heuristic.algo, ws,
-                         ws_bytes, nullptr),
+                         ws_bytes, stream()),
           "linear_forward (cublasLtMatmul)");
     ok = true;
   }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "kernels/cuda/runtime.cuh"
 
@@ -69,7 +70,9 @@ const char* device_description() {
 // Block sizes are rounded (512 B granules below 1 MiB, 2 MiB granules above) so similar requests share
 // blocks; a freed block goes to a free list keyed by its size and is handed to the next request of the same
 // rounded size. Every step of a training loop asks for the same sizes, so after the first step no
-// cudaMalloc happens at all.
+// cudaMalloc happens at all. While a CUDA graph is captured, every block allocated or freed joins the graph's pool,
+// whose free blocks go only to allocations of that capture, until the graph is destroyed and the pool released:
+// a replay must find its buffers where the capture left them, untouched by work outside the graph.
 namespace {
 
 size_t round_size(size_t bytes) {
@@ -84,13 +87,19 @@ class CachingAllocator {
     const size_t size = round_size(bytes);
     std::lock_guard lock(mutex_);
     void* ptr = nullptr;
-    if (auto it = free_.find(size); it != free_.end()) {
-      ptr = it->second;
-      free_.erase(it);
-    } else {
+    std::multimap<size_t, void*>* lists[2] = {capture_pool_ ? &pool_free_[capture_pool_] : nullptr, &free_};
+    for (auto* list : lists) {
+      if (list == nullptr || ptr != nullptr) continue;
+      if (auto it = list->find(size); it != list->end()) {
+        ptr = it->second;
+        list->erase(it);
+      }
+    }
+    if (ptr == nullptr) {
       ptr = device_malloc(bytes, size);
       cached_ += size;
     }
+    if (capture_pool_) owner_[ptr] = capture_pool_;
     in_use_[ptr] = size;
     allocated_ += size;
     peak_ = std::max(peak_, allocated_);
@@ -102,8 +111,30 @@ class CachingAllocator {
     const auto it = in_use_.find(ptr);
     if (it == in_use_.end()) return;
     allocated_ -= it->second;
-    free_.emplace(it->second, ptr);
+    const auto own = owner_.find(ptr);
+    const uint64_t pool = own != owner_.end() ? own->second : capture_pool_;
+    if (pool) {
+      owner_[ptr] = pool;
+      pool_free_[pool].emplace(it->second, ptr);
+    } else {
+      free_.emplace(it->second, ptr);
+    }
     in_use_.erase(it);
+  }
+
+  /// While capturing into `pool` (0: not capturing).
+  void set_capture_pool(uint64_t pool) {
+    std::lock_guard lock(mutex_);
+    capture_pool_ = pool;
+  }
+  /// The pool's blocks back to everyone: free ones to the free list, ones still in use when they are freed.
+  void release_pool(uint64_t pool) {
+    std::lock_guard lock(mutex_);
+    if (const auto it = pool_free_.find(pool); it != pool_free_.end()) {
+      for (const auto& [size, ptr] : it->second) free_.emplace(size, ptr);
+      pool_free_.erase(it);
+    }
+    for (auto it = owner_.begin(); it != owner_.end();) it = it->second == pool ? owner_.erase(it) : std::next(it);
   }
 
   void empty_cache() {
@@ -154,6 +185,9 @@ class CachingAllocator {
   std::mutex mutex_;
   std::multimap<size_t, void*> free_;
   std::unordered_map<void*, size_t> in_use_;
+  uint64_t capture_pool_ = 0;
+  std::unordered_map<void*, uint64_t> owner_;                   // blocks of a graph's pool
+  std::unordered_map<uint64_t, std::multimap<size_t, void*>> pool_free_;  // their free ones, per pool
   size_t allocated_ = 0, cached_ = 0, peak_ = 0;
 };
 
@@ -177,7 +211,16 @@ size_t free_memory() {
   return free_bytes + (s.cached - s.allocated);
 }
 
-void memset_zero(void* ptr, size_t bytes) { check(cudaMemsetAsync(ptr, 0, bytes), "cudaMemsetAsync"); }
+cudaStream_t stream() {
+  static const cudaStream_t s = [] {
+    cudaStream_t created = nullptr;
+    check(cudaStreamCreate(&created), "cudaStreamCreate");  // blocking: ordered with the legacy default stream
+    return created;
+  }();
+  return s;
+}
+
+void memset_zero(void* ptr, size_t bytes) { check(cudaMemsetAsync(ptr, 0, bytes, stream()), "cudaMemsetAsync"); }
 
 namespace {
 std::atomic<int64_t> syncs{0};
@@ -186,21 +229,111 @@ std::atomic<int64_t> syncs{0};
 int64_t host_syncs() { return syncs.load(); }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpyAsync (host to device)");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync (host to device)");
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
   ++syncs;
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()), "cudaMemcpyAsync (device to host)");
+  check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize (device to host)");
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync (device to device)");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()), "cudaMemcpyAsync (device to device)");
 }
 
 void synchronize() {
   ++syncs;
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+// --- CUDA graphs
+
+namespace {
+uint64_t g_capturing = 0;  // the pool of the open capture (0: none); captures come from one host thread
+uint64_t g_next_pool = 1;
+
+/// Ends the open capture; the recorded graph (null when CUDA refused it) and CUDA's status.
+std::pair<cudaGraph_t, cudaError_t> finish_capture() {
+  const uint64_t pool = g_capturing;
+  g_capturing = 0;
+  allocator().set_capture_pool(0);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t status = cudaStreamEndCapture(stream(), &graph);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    allocator().release_pool(pool);
+    return {nullptr, status};
+  }
+  return {graph, status};
+}
+}  // namespace
+
+Graph::Graph(Graph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)), pool_(std::exchange(other.pool_, 0)) {}
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    Graph dropped(std::move(*this));
+    exec_ = std::exchange(other.exec_, nullptr);
+    pool_ = std::exchange(other.pool_, 0);
+  }
+  return *this;
+}
+
+Graph::~Graph() {
+  if (exec_ == nullptr) return;
+  // Work queued after a replay is ordered after it on the stream, so the pool's blocks can go back at once.
+  cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  allocator().release_pool(pool_);
+}
+
+void Graph::replay() const {
+  if (exec_ == nullptr) throw Error("Graph::replay: an empty graph");
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream()), "cudaGraphLaunch");
+}
+
+void begin_capture() {
+  if (g_capturing) throw Error("begin_capture: a capture is already open");
+  const uint64_t pool = g_next_pool++;
+  allocator().set_capture_pool(pool);
+  // Relaxed: the allocator may still cudaMalloc a block the capture needs; waits for the GPU fail all the same.
+  const cudaError_t status = cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed);
+  if (status != cudaSuccess) {
+    allocator().set_capture_pool(0);
+    allocator().release_pool(pool);
+    check(status, "cudaStreamBeginCapture");
+  }
+  g_capturing = pool;
+}
+
+Graph end_capture() {
+  if (!g_capturing) throw Error("end_capture: no capture is open");
+  const uint64_t pool = g_capturing;
+  const auto [graph, status] = finish_capture();
+  check(status, "cudaStreamEndCapture (the captured work waited for the GPU, or was invalidated by an error)");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) allocator().release_pool(pool);
+  check(made, "cudaGraphInstantiate");
+  Graph g;
+  g.exec_ = exec;
+  g.pool_ = pool;
+  return g;
+}
+
+bool capturing() { return g_capturing != 0; }
+
+void abort_capture() {
+  if (!g_capturing) return;
+  const uint64_t pool = g_capturing;
+  const auto [graph, status] = finish_capture();  // which releases the pool when CUDA refused the capture
+  if (graph) {
+    cudaGraphDestroy(graph);
+    allocator().release_pool(pool);
+  }
+  cudaGetLastError();
 }
 
 void set_device(int index) {
@@ -256,6 +389,12 @@ cublasHandle_t cublas() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h = nullptr;
     check(cublasCreate(&h), "cublasCreate");
+    check(cublasSetStream(h, stream()), "cublasSetStream");
+    // A workspace of our own, so cuBLAS never allocates inside a captured graph.
+    constexpr size_t kWorkspace = size_t(32) << 20;
+    void* ws = nullptr;
+    check(cudaMalloc(&ws, kWorkspace), "cudaMalloc (cuBLAS workspace)");
+    check(cublasSetWorkspace(h, ws, kWorkspace), "cublasSetWorkspace");
     return h;
   }();
   return handle;

@@ -24,7 +24,7 @@
 
 namespace tinygpt::cuda {
 
-/// kernel<<<grid, threads, smem_bytes>>>(args...) on the default stream; throws naming `what` when the launch
+/// kernel<<<grid, threads, smem_bytes>>>(args...) on the stream (stream()); throws naming `what` when the launch
 /// fails. Dynamic shared memory above the default 48 KiB is opted into first.
 template <class... Params, class... Args>
 void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsigned threads, size_t smem_bytes,
@@ -32,7 +32,7 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
   if (smem_bytes > 48 * 1024) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)), what);
   }
-  kernel<<<grid, threads, smem_bytes>>>(std::forward<Args>(args)...);
+  kernel<<<grid, threads, smem_bytes, stream()>>>(std::forward<Args>(args)...);
   check_launch(what);
 }
 

@@ -57,15 +57,17 @@ void nccl_all_reduce_sum(float* data, int64_t n) {
   Scratch parts(size_t(own) * size_t(N) * sizeof(float));  // (N, own): rank i's part of my slice in row i
   check(ncclGroupStart(), "ncclGroupStart");
   for (int i = 0; i < N; ++i) {
-    check(ncclSend(data + begin(i), size_t(begin(i + 1) - begin(i)), ncclFloat, i, g_nccl.comm, 0), "ncclSend");
-    check(ncclRecv(parts.as<float>() + int64_t(i) * own, size_t(own), ncclFloat, i, g_nccl.comm, 0), "ncclRecv");
+    check(ncclSend(data + begin(i), size_t(begin(i + 1) - begin(i)), ncclFloat, i, g_nccl.comm, stream()), "ncclSend");
+    check(ncclRecv(parts.as<float>() + int64_t(i) * own, size_t(own), ncclFloat, i, g_nccl.comm, stream()),
+          "ncclRecv");
   }
   check(ncclGroupEnd(), "ncclGroupEnd");
   sum_rows_in_order(data + begin(me), parts.as<float>(), N, own);
   // Every owner's sums to every rank, in place (slices may differ by one element, which ncclAllGather does not allow).
   check(ncclGroupStart(), "ncclGroupStart");
   for (int i = 0; i < N; ++i) {
-    check(ncclBroadcast(data + begin(i), data + begin(i), size_t(begin(i + 1) - begin(i)), ncclFloat, i, g_nccl.comm, 0),
+    check(ncclBroadcast(data + begin(i), data + begin(i), size_t(begin(i + 1) - begin(i)), ncclFloat, i, g_nccl.comm,
+                        stream()),
           "ncclBroadcast");
   }
   check(ncclGroupEnd(), "ncclGroupEnd");

@@ -22,6 +22,10 @@ void check(cublasStatus_t status, const char* what);
 /// this GPU, or an earlier asynchronous error).
 inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
 
+/// The stream all of this process's GPU work is queued on: created once, blocking (ordered with the legacy default
+/// stream, as that stream's own work would be), and, unlike the legacy stream, one that a CUDA graph can capture.
+cudaStream_t stream();
+
 /// The current GPU's properties, read once.
 const cudaDeviceProp& properties();
 
