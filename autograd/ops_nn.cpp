@@ -3,6 +3,7 @@
 
 #include "autograd/op_helpers.h"
 #include "autograd/ops.h"
+#include "kernels/device.h"
 
 namespace tinygpt {
 
@@ -250,7 +251,8 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_float(dout.dtype(), "embedding", [&]<class T>() {
                     launch(kernels::embedding_backward<T>, dout.device(), grads[1].data<T>(), dout.data<T>(),
-                           in[0].data<int32_t>(), in[0].host_copy(), N, C);
+                           in[0].data<int32_t>(),
+                           cuda::capturing() ? nullptr : in[0].host_copy(), N, in[1].size(0), C);
                   });
                 });
 }

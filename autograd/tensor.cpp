@@ -240,16 +240,21 @@ Tensor Tensor::to(Device dev) const {
   return copy_to(dev);
 }
 
+namespace {
+/// A host copy of `bytes` bytes at data (Storage::host_copy).
+std::shared_ptr<const Storage> host_snapshot(const void* data, size_t bytes) {
+  auto copy = std::make_shared<Storage>(bytes, Device::CPU);
+  if (bytes) std::memcpy(copy->data, data, bytes);
+  return copy;
+}
+}  // namespace
+
 Tensor Tensor::copy_to(Device dev) const {
   Tensor out = empty(shape(), dtype(), dev);
   const size_t bytes = size_t(numel()) * dtype_size(dtype());
   if (dev == Device::CUDA) {
     cuda::copy_to_device(out.raw_data(), raw_data(), bytes);
-    if (dtype() == DType::I32) {
-      auto copy = std::make_shared<Storage>(bytes, Device::CPU);
-      if (bytes) std::memcpy(copy->data, raw_data(), bytes);
-      out.impl().storage->host_copy = std::move(copy);
-    }
+    if (dtype() == DType::I32) out.impl().storage->host_copy = host_snapshot(raw_data(), bytes);
   } else if (const int32_t* ids = host_copy()) {
     if (bytes) std::memcpy(out.raw_data(), ids, bytes);
   } else {
@@ -311,7 +316,11 @@ void Tensor::copy_(const Tensor& src) {
                             src.shape().str(), dtype_name(dtype()), shape().str()));
   }
   const size_t bytes = size_t(numel()) * dtype_size(dtype());
-  impl().storage->host_copy.reset();
+  Storage& storage = *impl().storage;
+  // Ids uploaded over a whole device tensor keep their host copy, as Tensor::to's do; any other write drops it.
+  const bool upload = device() == Device::CUDA && src.device() == Device::CPU && dtype() == DType::I32 &&
+                      !storage.base && bytes == storage.bytes;
+  storage.host_copy = upload ? host_snapshot(src.raw_data(), bytes) : nullptr;
   if (device() == Device::CPU && src.device() == Device::CPU) {
     std::memcpy(raw_data(), src.raw_data(), bytes);
   } else if (device() == Device::CPU) {

@@ -69,7 +69,8 @@ struct Storage {
   Device device = Device::CPU;
   std::shared_ptr<Storage> base;  // set for a slice
   /// Device ids (i32) uploaded from the host with Tensor::to keep a host copy, so reading them back (checks, the
-  /// embedding's sort) needs no host synchronisation; copy_ into the storage drops it.
+  /// embedding's sort) needs no host synchronisation; copy_ of host ids over the whole storage replaces it, any other
+  /// copy_ into the storage drops it.
   std::shared_ptr<const Storage> host_copy;
 };
 

@@ -52,6 +52,16 @@ TINYGPT_HOST_DEVICE inline T activation_grad(Activation act, T x, Tanh tanh) {
   return T(1);
 }
 
+/// True for a number that is neither infinite nor NaN (x - x is NaN for both), the same on both compilers.
+TINYGPT_HOST_DEVICE inline bool is_finite(double x) { return x - x == 0.0; }
+
+/// The factor that clips a gradient whose squares sum to sum_squares to L2 norm max_norm: max_norm / (norm + 1e-6)
+/// above it, 1 at or below it or when max_norm is 0 (no clipping).
+TINYGPT_HOST_DEVICE inline double clip_scale(double sum_squares, double max_norm) {
+  const double norm = sqrt(sum_squares);
+  return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
 /// AdamW's bias correction 1 / (1 - beta^step), in double.
 inline double adamw_correction(float beta, int64_t step) { return 1.0 / (1.0 - std::pow(double(beta), double(step))); }
 

@@ -47,7 +47,7 @@ template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const 
 
 /// out (N, C) = weight[ids] with weight (V, C). Backward splits the channels across threads: no races.
 template <class T> void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C);
-template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t C);
+template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V, int64_t C);
 
 /// losses (N) = lse - logits[target]; lse (N) saved. Rows whose target is ignore_index get loss 0.
 template <class T> void crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
@@ -79,6 +79,11 @@ template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* 
 
 /// One AdamW step on n parameters (decoupled weight decay, bias-corrected moments; step counts from 1), with the
 /// gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as it is).
+/// adamw_update with the step's scalars read from memory the step's own work wrote (so that a captured CUDA graph
+/// replays with each step's values): sched = {lr, c1, c2}, c1 and c2 adamw_correction(beta1|2, step) as floats;
+/// stats = {the loss, the gradient's sum of squares}. The gradient is clipped to max_norm (0: not clipped) by
+/// clip_scale of the sum; when the loss or the sum is not finite nothing is updated.
+template <class T> void adamw_update_indirect(T* param, const T* grad, T* m, T* v, int64_t n, const float* sched, const T* stats, double max_norm, float beta1, float beta2, float eps, float weight_decay);
 template <class T> void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, float lr, float beta1, float beta2,
                                      float eps, float weight_decay, int64_t step, double grad_scale);
 

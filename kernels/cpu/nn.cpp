@@ -110,7 +110,7 @@ void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, i
 }
 
 template <class T>
-void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t*, int64_t N, int64_t C) {
+void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t*, int64_t N, int64_t, int64_t C) {
   // Threads own disjoint channel ranges and walk all rows in order: race-free and deterministic.
 #pragma omp parallel if (N * C >= kParallelGrain)
   {
@@ -170,7 +170,7 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
   template void add_layernorm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T);  \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, bool);  \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
-  template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t);                                  \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t);                         \
   template void crossentropy_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int32_t);                   \
   template void crossentropy_backward<T>(T*, const T*, T, const T*, const T*, const int32_t*, int64_t, int64_t, int32_t);         \
   template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \

@@ -32,7 +32,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C);
 /// Deterministic, no float atomics: each thread owns one (token id, channel) pair of dweight and sums its
 /// rows in order (a first pass buckets the rows by id with a stable counting sort).
-void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t C);
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V, int64_t C);
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 void crossentropy_backward(float* dlogits, const float* dloss, float scale, const float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 void dropout_forward(float* out, const float* inp, int64_t n, float p, uint64_t seed);
@@ -45,6 +45,7 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
 /// cublasLt with the bias added in the matmul's epilogue.
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, float* act_out);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const float* act_of);
+void adamw_update_indirect(float* param, const float* grad, float* m, float* v, int64_t n, const float* sched, const float* stats, double max_norm, float beta1, float beta2, float eps, float weight_decay);
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, double grad_scale);
 /// out (n) = the rows of parts (rows, n) added in row order: the owner's step of the fixed-order all-reduce
 /// (nccl.cu), as the MPI one adds on the host (train/comm.cpp).

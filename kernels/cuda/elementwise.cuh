@@ -310,6 +310,15 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
   TINYGPT_CUDA_LOOP(i, n) adamw_element(param[i], grad_scale * grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2);
 }
 
+/// adamw_kernel with lr, c1, c2 from sched and the gradient's clip factor from stats (see adamw_update_indirect).
+__global__ void adamw_indirect_kernel(float* param, const float* grad, float* m, float* v, int64_t n, const float* sched,
+                                      const float* stats, double max_norm, float beta1, float beta2, float eps,
+                                      float weight_decay) {
+  if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
+  const float gs = float(clip_scale(double(stats[1]), max_norm)), lr = sched[0], c1 = sched[1], c2 = sched[2];
+  TINYGPT_CUDA_LOOP(i, n) adamw_element(param[i], gs * grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2);
+}
+
 /// out[e] = parts[0][e] + parts[1][e] + ... + parts[rows - 1][e], added left to right.
 __global__ void sum_rows_in_order_kernel(float* out, const float* parts, int64_t rows, int64_t n) {
   TINYGPT_CUDA_LOOP(e, n) {
@@ -478,6 +487,13 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const float c1 = float(adamw_correction(beta1, step)), c2 = float(adamw_correction(beta2, step));
   launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2,
                 float(grad_scale));
+}
+
+void adamw_update_indirect(float* param, const float* grad, float* m, float* v, int64_t n, const float* sched,
+                           const float* stats, double max_norm, float beta1, float beta2, float eps, float weight_decay) {
+  if (n == 0) return;
+  launch_kernel("adamw_update", adamw_indirect_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, sched, stats,
+                max_norm, beta1, beta2, eps, weight_decay);
 }
 
 void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) {

@@ -119,6 +119,23 @@ __global__ void embedding_backward_kernel(float* dweight, const float* dout, con
   }
 }
 
+/// Without the ids on the host: block (v, channel chunk) scans every row's id in order and sums the rows of id v into its
+/// channels, in row order as above (the same sums), with no host round trip (so it can be captured in a graph).
+__global__ void embedding_backward_scan_kernel(float* dweight, const float* dout, const int32_t* ids, int64_t N,
+                                               int64_t C) {
+  const int64_t v = blockIdx.x, c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc = 0.0f;
+  bool any = false;
+  for (int64_t n = 0; n < N; ++n) {
+    if (ids[n] == v) {
+      acc += dout[n * C + c];
+      any = true;
+    }
+  }
+  if (any) dweight[v * C + c] += acc;
+}
+
 /// One warp per row: lse and the loss.
 __global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
                                             int64_t N, int64_t V, int32_t ignore_index) {
@@ -187,18 +204,18 @@ void embedding_forward(float* out, const int32_t* ids, const float* weight, int6
   launch_kernel("embedding_forward", embedding_forward_kernel, blocks_for(N * C), kThreads, 0, out, ids, weight, N, C);
 }
 
-void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_copy, int64_t N,
-                        int64_t C) {
+void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_ids, int64_t N,
+                        int64_t V, int64_t C) {
   if (N * C == 0) return;
-  // Stable counting sort of the rows by token id, on the host, so each block below sums the rows of one id in row
-  // order. The ids' host copy when the caller has one (ids uploaded from the host); else they are copied back (a
-  // host synchronisation).
-  std::vector<int32_t> copied;
-  if (host_copy == nullptr) {
-    copied.resize(static_cast<size_t>(N));
-    copy_to_host(copied.data(), ids, size_t(N) * sizeof(int32_t));
+  if (host_ids == nullptr) {  // ids made on the device, or refilled in place: scanned there
+    const int threads = int(std::min<int64_t>(256, (C + 31) / 32 * 32));
+    launch_kernel("embedding_backward (scan)", embedding_backward_scan_kernel,
+                  dim3(unsigned(V), unsigned((C + threads - 1) / threads)), unsigned(threads), 0, dweight, dout, ids, N,
+                  C);
+    return;
   }
-  const int32_t* host_ids = host_copy ? host_copy : copied.data();
+  // Stable counting sort of the rows by token id, on the host (the ids' copy from their upload), so each block below
+  // sums the rows of one id in row order.
   int32_t max_id = 0;
   for (int64_t n = 0; n < N; ++n) max_id = std::max(max_id, host_ids[n]);
   std::vector<int32_t> count(size_t(max_id) + 2, 0);
