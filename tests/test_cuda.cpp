@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "autograd/attention.h"
 #include "autograd/ops.h"
@@ -428,15 +429,23 @@ TEST_CASE("cuda: GPT training with tensor-core attention (tf32, bf16) tracks f32
   }
 }
 
+namespace {
+
+/// A fresh temporary directory `name` holding toy.txt, a small corpus to train on.
+std::filesystem::path toy_corpus_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream text(dir / "toy.txt");
+  for (int i = 0; i < 400; ++i) text << (i % 2 ? "the cat sat on the mat. " : "a dog ran. ");
+  return dir;
+}
+
+}  // namespace
+
 TEST_CASE("cuda: a training step waits for the GPU once (the loss and the gradient norm, read together)") {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / "tinygpt_test_cuda_syncs";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  {
-    std::ofstream text(dir / "toy.txt");
-    for (int i = 0; i < 400; ++i) text << (i % 2 ? "the cat sat on the mat. " : "a dog ran. ");
-  }
+  const fs::path dir = toy_corpus_dir("tinygpt_test_cuda_syncs");
   for (const char* optimizer : {"adamw", "muon"}) {
     for (const int64_t accum : {1, 3}) {
       INFO(optimizer << ", --grad-accum " << accum);
@@ -450,6 +459,47 @@ TEST_CASE("cuda: a training step waits for the GPU once (the loss and the gradie
       const TrainResult r = train(c);
       CHECK(r.iters == 8);
       CHECK(r.max_step_syncs == 1);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("cuda: the training step as a CUDA graph gives the losses of the step queued op by op, bit for bit") {
+  namespace fs = std::filesystem;
+  const fs::path dir = toy_corpus_dir("tinygpt_test_cuda_graphs");
+  for (const int64_t accum : {1, 2}) {
+    for (const char* dtype : {"fp32", "bf16"}) {
+      INFO("--grad-accum " << accum << ", --dtype " << dtype);
+      std::vector<TrainResult> runs;
+      for (const bool graphs : {true, false}) {
+        TrainConfig c;
+        c.data = (dir / "toy.txt").string();
+        c.out = (dir / fmt::format("{}_{}_{}", accum, dtype, graphs ? 1 : 0)).string();
+        c.device = "cuda";
+        c.dtype = dtype;
+        c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 32, c.model.block_size = 16;
+        c.batch_size = 4, c.max_iters = 12, c.eval_interval = 5, c.eval_iters = 2, c.warmup_iters = 2;
+        c.lr_decay_iters = 12, c.grad_accum = accum, c.cuda_graphs = graphs, c.quiet = true;
+        runs.push_back(train(c));
+        CHECK(runs.back().max_step_syncs == 1);
+      }
+      CHECK(runs[0].graph_replays == 12 - 2);  // queued the first step, captured and replayed the second on
+      CHECK(runs[1].graph_replays == 0);
+      CHECK(runs[0].last_val_loss == runs[1].last_val_loss);  // evaluations between replays: the same model
+      CHECK(runs[0].best_val_loss == runs[1].best_val_loss);
+      const auto losses = [&](const std::string& name) {
+        std::vector<double> out;
+        std::ifstream in(dir / name / "metrics.jsonl");
+        for (std::string line; std::getline(in, line);) {
+          const auto j = nlohmann::json::parse(line);
+          if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+        }
+        return out;
+      };
+      const auto a = losses(fmt::format("{}_{}_1", accum, dtype));
+      const auto b = losses(fmt::format("{}_{}_0", accum, dtype));
+      CHECK(a.size() == 12);
+      CHECK(a == b);
     }
   }
   fs::remove_all(dir);

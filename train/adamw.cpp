@@ -1,6 +1,7 @@
 #include "train/adamw.h"
 
 #include "autograd/autograd.h"
+#include "kernels/scalar_math.h"
 
 namespace tinygpt {
 
@@ -57,6 +58,26 @@ void AdamW::step(double lr, double grad_scale) {
       launch(kernels::adamw_update<T>, s.param.device(), s.param.data<T>(), g.data<T>(), s.m.data<T>(), s.v.data<T>(),
              s.param.numel(), float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_,
              grad_scale);
+    });
+  }
+}
+
+std::array<float, 3> AdamW::next_indirect(double lr) {
+  ++step_;
+  return {float(lr), float(adamw_correction(float(config_.beta1), step_)),
+          float(adamw_correction(float(config_.beta2), step_))};
+}
+
+void AdamW::step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) {
+  NoGradGuard no_grad;
+  if (!flat_) throw Error("AdamW::step_indirect: needs packed parameters (FlatParameters)");
+  Tensor p = flat_->values(), g = flat_->grads();
+  for (const Run& r : runs_) {
+    const float wd = r.decay ? float(config_.weight_decay) : 0.0f;
+    dispatch_float(p.dtype(), "adamw", [&]<class T>() {
+      launch(kernels::adamw_update_indirect<T>, p.device(), p.data<T>() + r.begin, g.data<T>() + r.begin,
+             flat_m_.data<T>() + r.begin, flat_v_.data<T>() + r.begin, r.end - r.begin, sched.data<float>(),
+             stats.data<T>(), max_norm, float(config_.beta1), float(config_.beta2), float(config_.eps), wd);
     });
   }
 }

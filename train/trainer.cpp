@@ -223,6 +223,21 @@ std::string describe_model(const nn::GPT& model, Device device) {
 }
 
 
+/// The GPU's step on one GPU with AdamW: every per-step value the work reads is in device memory, refilled before
+/// the step (the micro-batches, AdamW's {lr, c1, c2}), and what the host needs is read back after it ({loss sum,
+/// gradient sum of squares}: the step's one host synchronisation); AdamW clips and refuses a non-finite step on the
+/// device. So the step's work is the same every step, and with CUDA graphs on (and no dropout, whose masks are
+/// drawn on the host) it is captured once, on the second step (the first warms the allocator and loads the
+/// kernels), and replayed from then on.
+struct DeviceStep {
+  std::vector<Tensor> x, y;  // the micro-batches, refilled in place
+  Tensor sched, stats;       // {lr, c1, c2} in, {loss sum, sum of squares} out
+  bool use_graph = false;
+  int64_t queued = 0;   // steps queued op by op so far
+  int64_t replays = 0;  // steps run as a replay of `graph`
+  cuda::Graph graph;
+};
+
 struct StepStats {
   double loss = 0, grad_norm = 0;
   double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
@@ -247,6 +262,7 @@ struct Run {
   const StopSignals& stop;
   FlatParameters& flat;
   GradientBuckets* buckets;  // several CPU ranks with --bucket-mb > 0, else null
+  std::optional<DeviceStep> device_step = {};  // one GPU with AdamW (see DeviceStep)
 
   bool lead() const { return comm.rank() == 0; }  // rank 0 speaks for the run: log lines, metrics, checkpoints
 
@@ -279,6 +295,7 @@ struct Run {
   /// computes the ones a single process with --grad-accum world * grad_accum computes at micro-steps
   /// r * grad_accum .. r * grad_accum + A - 1. Throws before the update when the loss or gradient is not finite.
   StepStats step(int64_t iter, double lr) {
+    if (device_step) return step_on_device(iter, lr);
     const int rank = comm.rank(), world = comm.world_size();
     const int64_t micro_steps = cfg.grad_accum * world;
     Tensor loss_sum;  // this rank's micro-batch losses, summed where they are (on the GPU: no synchronisation)
@@ -342,6 +359,74 @@ struct Run {
     opt.zero_grad();
     s.stop_from_any_rank = reduced[1] > 0;
     return s;
+  }
+
+  /// The step as DeviceStep describes: refill, then replay the graph, capture it, or queue the work op by op.
+  StepStats step_on_device(int64_t iter, double lr) {
+    DeviceStep& d = *device_step;
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      const auto batch = sampler.next();
+      d.x[size_t(micro)].copy_(batch.x);
+      d.y[size_t(micro)].copy_(batch.y);
+    }
+    const std::array<float, 3> sched = static_cast<AdamW&>(opt).next_indirect(lr);
+    d.sched.copy_(from_vector(std::vector<float>(sched.begin(), sched.end()), {3}));
+    if (!d.graph && d.use_graph && d.queued >= 1) {
+      cuda::begin_capture();
+      try {
+        queue_step(iter);
+        d.graph = cuda::end_capture();
+      } catch (const Error& e) {  // nothing recorded ran: queue the step instead, and every later one
+        cuda::abort_capture();
+        d.use_graph = false;
+        console.line("CUDA graphs off: the training step could not be captured ({}); queueing it op by op\n", e.what());
+      }
+    }
+    if (d.graph) {
+      d.graph.replay();
+      ++d.replays;
+    } else {
+      queue_step(iter);
+      ++d.queued;
+    }
+    const std::vector<float> stats = d.stats.to_vector<float>();  // the step's one host synchronisation
+    StepStats s;
+    s.loss = double(stats[0]) / double(cfg.grad_accum);
+    s.grad_norm = std::sqrt(double(stats[1]));
+    s.stop_from_any_rank = stop.requested();
+    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // AdamW left the weights as they were
+      throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
+                              "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
+                              iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
+                              std::isfinite(s.loss) ? s.grad_norm : s.loss, cfg.lr, (out / kLatestCheckpoint).string()));
+    }
+    return s;
+  }
+
+  /// Queues (or, while capturing, records) the step's work: each micro-batch's forward and backward, the loss sum and
+  /// the gradient's sum of squares into stats, AdamW's update reading them, the gradients zeroed.
+  void queue_step(int64_t iter) {
+    DeviceStep& d = *device_step;
+    Tensor loss_sum;
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      model_gen.manual_seed(derived_seed(derived_seed(cfg.seed, kDropoutStream) + uint64_t(iter), uint64_t(micro)));
+      Tensor loss;
+      {
+        profile::Phase phase("forward");
+        loss = model.forward(d.x[size_t(micro)], d.y[size_t(micro)]).loss;
+      }
+      {
+        NoGradGuard no_grad;
+        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
+      }
+      profile::Phase phase("backward");
+      (cfg.grad_accum == 1 ? loss : scale(loss, 1.0 / double(cfg.grad_accum))).backward();
+    }
+    profile::Phase phase("optimizer");
+    NoGradGuard no_grad;
+    d.stats.copy_(concat({reshape(loss_sum, {1}), reshape(sum_squares(flat.grads()), {1})}, 0));
+    static_cast<AdamW&>(opt).step_indirect(d.sched, d.stats, cfg.grad_clip);
+    opt.zero_grad();
   }
 };
 
@@ -415,6 +500,20 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   Run run{cfg, device, out,     comm,    corpus,  split, model, model_gen,
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
+  if (device == Device::CUDA && world == 1 && cfg.optimizer == "adamw") {
+    DeviceStep& d = run.device_step.emplace();
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      d.x.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
+      d.y.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
+    }
+    d.sched = empty({3}, DType::F32, device);
+    d.stats = empty({2}, DType::F32, device);
+    d.use_graph = cfg.cuda_graphs && cfg.model.dropout == 0;
+    console.line("{}\n", d.use_graph ? "CUDA graphs: the training step is captured on its second iteration and replayed"
+                          : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
+                                             : "CUDA graphs off: dropout draws its masks on the host every step "
+                                               "(--dropout 0 lets the step be captured); the step is queued op by op");
+  }
   const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
   const double flops_per_iter = step_flops(model, tokens_per_iter);
   const auto peak = measure_peak_gflops(device, model.numerics());
@@ -494,6 +593,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
   }
   result.best_val_loss = state.best_val_loss;
+  if (run.device_step) result.graph_replays = run.device_step->replays;
   if (result.interrupted) return result;
   console.clear();
   if (lead) {

@@ -55,6 +55,9 @@ struct TrainConfig {
   // LayerNorm, softmax and the loss stay f32. On the GPU it also makes flash attention's operands bf16.
   std::string dtype = "fp32";
   bool tf32 = true;  // on the GPU: TF32 tensor cores for f32 matmuls (as nanoGPT); --no-tf32 for full f32
+  // On one GPU with AdamW and no dropout: the step captured once as a CUDA graph and replayed (--no-cuda-graphs: queued
+  // op by op, the same work and results).
+  bool cuda_graphs = true;
   std::string attention_math;  // on the GPU: flash attention's operands, f32, tf32 or bf16; empty: as dtype
   bool resume = false;
   bool optimizer_given = true;  // false: --resume takes the checkpoint's optimizer (the CLI, without --optimizer)
@@ -111,6 +114,7 @@ struct TrainResult {
   bool interrupted = false;  // SIGINT/SIGTERM: stopped after an iteration and saved the latest checkpoint
   int64_t max_step_syncs = 0;  // on the GPU: the most times one step waited for it (the aim is 1); 0 on the CPU
   int64_t max_step_float_reads = 0;  // the most floating-point reads to the host in one step (Tensor::float_host_reads)
+  int64_t graph_replays = 0;  // on the GPU: steps run as a replay of the captured CUDA graph
 };
 
 /// Trains (or resumes) per the config; progress on stderr. Returns the final evaluation. SIGINT or SIGTERM
