@@ -500,7 +500,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   Run run{cfg, device, out,     comm,    corpus,  split, model, model_gen,
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
-  if (device == Device::CUDA && world == 1 && cfg.optimizer == "adamw") {
+  if ((device == Device::CUDA || cfg.device_step_on_cpu) && world == 1 && cfg.optimizer == "adamw") {
     DeviceStep& d = run.device_step.emplace();
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       d.x.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
@@ -508,8 +508,8 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     d.sched = empty({3}, DType::F32, device);
     d.stats = empty({2}, DType::F32, device);
-    d.use_graph = cfg.cuda_graphs && cfg.model.dropout == 0;
-    console.line("{}\n", d.use_graph ? "CUDA graphs: the training step is captured on its second iteration and replayed"
+    d.use_graph = device == Device::CUDA && cfg.cuda_graphs && cfg.model.dropout == 0;
+    if (device == Device::CUDA) console.line("{}\n", d.use_graph ? "CUDA graphs: the training step is captured on its second iteration and replayed"
                           : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
                                              : "CUDA graphs off: dropout draws its masks on the host every step "
                                                "(--dropout 0 lets the step be captured); the step is queued op by op");

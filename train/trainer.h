@@ -58,6 +58,7 @@ struct TrainConfig {
   // On one GPU with AdamW and no dropout: the step captured once as a CUDA graph and replayed (--no-cuda-graphs: queued
   // op by op, the same work and results).
   bool cuda_graphs = true;
+  bool device_step_on_cpu = false;  // tests: the GPU's step form (reading its per-step values from memory) on the CPU
   std::string attention_math;  // on the GPU: flash attention's operands, f32, tf32 or bf16; empty: as dtype
   bool resume = false;
   bool optimizer_given = true;  // false: --resume takes the checkpoint's optimizer (the CLI, without --optimizer)
