@@ -95,6 +95,7 @@ constexpr Want* gpu_slot(Have* f) {
 TINYGPT_KERNEL_PAIR(fill)
 TINYGPT_KERNEL_PAIR(axpy)
 TINYGPT_KERNEL_PAIR(axpby)
+TINYGPT_KERNEL_PAIR(axpby_indirect)
 TINYGPT_KERNEL_PAIR(unary_forward)
 TINYGPT_KERNEL_PAIR(unary_backward)
 TINYGPT_KERNEL_PAIR(binary_forward)

@@ -36,6 +36,7 @@ namespace gpu = tinygpt::cuda::emulated;
 TINYGPT_SAME_SIGNATURE(fill)
 TINYGPT_SAME_SIGNATURE(axpy)
 TINYGPT_SAME_SIGNATURE(axpby)
+TINYGPT_SAME_SIGNATURE(axpby_indirect)
 TINYGPT_SAME_SIGNATURE(unary_forward)
 TINYGPT_SAME_SIGNATURE(unary_backward)
 TINYGPT_SAME_SIGNATURE(binary_forward)
@@ -508,6 +509,30 @@ TEST_CASE("emulated CUDA: AdamW step with its scalars in device memory: clipped,
                                sched.data(), stats.data(), max_norm, 0.9f, 0.95f, 1e-8f, 0.1f);
     for (int i = 0; i < 3; ++i) CHECK(direct[size_t(i)] == indirect[size_t(i)]);
   }
+}
+
+TEST_CASE("emulated CUDA: axpby with its factors in device memory (Muon's step form)") {
+  const int64_t n = 300;
+  const Vec x = random(size_t(n), 60), y0 = random(size_t(n), 61);
+  const Vec coef = {-0.25f, 0.875f}, fine = {2.5f, 16.0f}, refused = {2.5f, NAN};
+  for (const double beta : {0.95, 0.0}) {  // beta 0: y is not read
+    CAPTURE(beta);
+    compare("axpby indirect, clipped", {y0}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::axpby_indirect : cpu::axpby_indirect<float>)(o[0].data(), x.data(), n, 0.05, beta, nullptr, fine.data(), 1.0);
+    });
+  }
+  compare("axpby indirect, coefficients", {y0}, [&](std::vector<Vec>& o, bool g) {
+    (g ? gpu::axpby_indirect : cpu::axpby_indirect<float>)(o[0].data(), x.data(), n, 0, 0, coef.data(), fine.data(), 1.0);
+  });
+  // What the direct form computes with the factors the host would pass, bit for bit: alpha 0.05 * (1 / (4 + 1e-6)),
+  // beta 0.95.
+  Vec direct = y0, indirect = y0;
+  gpu::axpby(direct.data(), x.data(), float(0.05 * (1.0 / (4.0 + 1e-6))), 0.95f, n);
+  gpu::axpby_indirect(indirect.data(), x.data(), n, 0.05, 0.95, nullptr, fine.data(), 1.0);
+  CHECK(direct == indirect);
+  Vec untouched = y0;
+  gpu::axpby_indirect(untouched.data(), x.data(), n, 0, 0, coef.data(), refused.data(), 1.0);
+  CHECK(untouched == y0);
 }
 
 TEST_CASE("emulated CUDA: the all-reduce's owner sums the ranks' parts in rank order, as the MPI one does") {

@@ -80,20 +80,21 @@ TEST_CASE("train: a step reads its loss and gradient norm to the host once (on t
   }
 }
 
-TEST_CASE("train: the GPU's step form (values read from memory, clipping on the device) gives the same losses") {
+TEST_CASE("train: the GPU's step form (values read from memory, clipping on the device) gives the same losses (AdamW, Muon)") {
   // DeviceStep on the CPU: the micro-batches refilled in place, AdamW's scalars staged, the loss and sum of squares
   // written where adamw_update_indirect reads them. Bit for bit the losses of the ordinary step, clipping or not.
+  for (const char* optimizer : {"adamw", "muon"}) {
   for (const int64_t accum : {1, 2}) {
     for (const double clip : {1.0, 0.05}) {
-      INFO("--grad-accum " << accum << ", --grad-clip " << clip);
+      INFO(optimizer << ", --grad-accum " << accum << ", --grad-clip " << clip);
       std::vector<std::vector<double>> losses;
       std::vector<double> val;
       for (const bool device_form : {false, true}) {
-        TempDir dir(fmt::format("device_step_{}_{}_{}", accum, clip, device_form));
+        TempDir dir(fmt::format("device_step_{}_{}_{}_{}", optimizer, accum, clip, device_form));
         TrainConfig c = toy_run(dir, 32);
         c.out = (dir.path / "run").string();
         c.batch_size = 4, c.max_iters = 10, c.eval_interval = 5, c.eval_iters = 2, c.warmup_iters = 2;
-        c.lr_decay_iters = 10, c.grad_accum = accum, c.grad_clip = clip, c.quiet = true;
+        c.lr_decay_iters = 10, c.grad_accum = accum, c.grad_clip = clip, c.optimizer = optimizer, c.quiet = true;
         c.device_step_on_cpu = device_form;
         const TrainResult r = train(c);
         CHECK(r.max_step_float_reads == 1);
@@ -109,6 +110,7 @@ TEST_CASE("train: the GPU's step form (values read from memory, clipping on the 
       CHECK(losses[0] == losses[1]);
       CHECK(val[0] == val[1]);
     }
+  }
   }
 }
 

@@ -62,7 +62,7 @@ void AdamW::step(double lr, double grad_scale) {
   }
 }
 
-std::array<float, 3> AdamW::next_indirect(double lr) {
+std::vector<float> AdamW::next_indirect(double lr) {
   ++step_;
   return {float(lr), float(adamw_correction(float(config_.beta1), step_)),
           float(adamw_correction(float(config_.beta2), step_))};

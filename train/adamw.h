@@ -39,13 +39,11 @@ class AdamW : public Optimizer {
   void zero_grad() override;
   int64_t steps() const override { return step_; }
   void set_steps(int64_t steps) override { step_ = steps; }
-  /// For steps whose scalars live in device memory (the GPU's step, captured as a CUDA graph: train/trainer.cpp):
-  /// counts the step and returns its {lr, c1, c2} (c1, c2 the bias corrections), for the `sched` step_indirect reads.
-  std::array<float, 3> next_indirect(double lr);
-  /// Queues the update of every parameter with lr, c1, c2 read from sched and the loss and the gradient's sum of
-  /// squares from stats (where the step's own work wrote them): clipped to max_norm (0: not clipped), and no update
-  /// at all when either is not finite (kernels' adamw_update_indirect). Packed parameters only.
-  void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm);
+  /// The step form that reads its values from memory (Optimizer): sched = {lr, c1, c2} (c1, c2 the bias corrections).
+  std::vector<float> next_indirect(double lr) override;
+  /// Its update: adamw_update_indirect over each run of the packed buffers.
+  void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) override;
+  bool has_indirect() const override { return flat_ != nullptr; }
   /// The moment estimates, named "<param>.exp_avg" and "<param>.exp_avg_sq" (PyTorch's names).
   std::vector<std::pair<std::string, Tensor>> state() const override;
   const char* name() const override { return "adamw"; }

@@ -70,12 +70,35 @@ Muon::Muon(FlatParameters& flat, MuonConfig muon, AdamWConfig adamw)
   }
 }
 
+template <class F>
+void Muon::for_each_slot(F update) {
+  // On the CPU the matrices are orthogonalized side by side, one per thread: their products are small (the main
+  // job's are 128 x 128 x 384 at most), so a product spread over every thread spends more on starting and joining
+  // its team than it saves. Each product's result does not depend on its thread count, so neither does the step.
+  const bool cpu = !slots_.empty() && slots_.front().param.device() == Device::CPU;
+  if (!cpu) {
+    for (size_t i = 0; i < slots_.size(); ++i) update(slots_[i], i);
+    return;
+  }
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    try {
+      NoGradGuard no_grad_here;  // the caller's guard is its own thread's; a worker thread needs its own
+      update(slots_[i], i);
+    } catch (...) {
+#pragma omp critical(tinygpt_muon_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 void Muon::step(double lr, double grad_scale) {
   NoGradGuard no_grad;
   adamw_.step(lr, grad_scale);
   const double rate = config_.lr * lr / adamw_lr_, mu = config_.momentum;
-  auto update_one = [&](Slot& s) {
-    NoGradGuard no_grad_here;  // the guard above is the calling thread's; a worker thread needs its own
+  for_each_slot([&](Slot& s, size_t) {
     axpby(s.momentum, s.grad, (1 - mu) * grad_scale, mu);
     Tensor update = s.momentum;
     if (config_.nesterov) {
@@ -85,26 +108,41 @@ void Muon::step(double lr, double grad_scale) {
     }
     const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
     axpby(s.param, o, -rate * s.scale, 1.0 - rate * config_.weight_decay);
+  });
+}
+
+std::vector<float> Muon::next_indirect(double lr) {
+  std::vector<float> sched = adamw_.next_indirect(lr);
+  const double rate = config_.lr * lr / adamw_lr_;
+  for (const Slot& s : slots_) {  // the factors step() hands axpby, rounded as it rounds them
+    sched.push_back(float(-rate * s.scale));
+    sched.push_back(float(1.0 - rate * config_.weight_decay));
+  }
+  return sched;
+}
+
+void Muon::step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) {
+  NoGradGuard no_grad;
+  adamw_.step_indirect(sched, stats, max_norm);
+  const double mu = config_.momentum;
+  // step()'s updates with clipping's factor and the rate's factors read from memory (axpby_indirect).
+  auto axpby_from = [&](Tensor& y, const Tensor& x, double alpha, double beta, const float* coef) {
+    dispatch_float(y.dtype(), "muon", [&]<class T>() {
+      launch(kernels::axpby_indirect<T>, y.device(), y.data<T>(), x.data<T>(), y.numel(), alpha, beta, coef,
+             stats.data<T>(), max_norm);
+    });
   };
-  // On the CPU the matrices are orthogonalized side by side, one per thread: their products are small (the main
-  // job's are 128 x 128 x 384 at most), so a product spread over every thread spends more on starting and joining
-  // its team than it saves. Each product's result does not depend on its thread count, so neither does the step.
-  const bool cpu = !slots_.empty() && slots_.front().param.device() == Device::CPU;
-  if (!cpu) {
-    for (Slot& s : slots_) update_one(s);
-    return;
-  }
-  std::exception_ptr error;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    try {
-      update_one(slots_[i]);
-    } catch (...) {
-#pragma omp critical(tinygpt_muon_error)
-      if (!error) error = std::current_exception();
+  for_each_slot([&](Slot& s, size_t i) {
+    axpby_from(s.momentum, s.grad, 1 - mu, mu, nullptr);
+    Tensor update = s.momentum;
+    if (config_.nesterov) {
+      update = empty(s.param.shape(), s.param.dtype(), s.param.device());
+      axpby_from(update, s.grad, 1 - mu, 0.0, nullptr);
+      axpby(update, s.momentum, mu, 1.0);
     }
-  }
-  if (error) std::rethrow_exception(error);
+    const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
+    axpby_from(s.param, o, 0, 0, sched.data<float>() + 3 + 2 * i);
+  });
 }
 
 std::vector<std::pair<std::string, Tensor>> Muon::state() const {

@@ -63,6 +63,11 @@ class Muon : public Optimizer {
   /// AdamW's moments, then "<matrix>.momentum_buffer" (torch.optim.Muon's name) for each matrix.
   std::vector<std::pair<std::string, Tensor>> state() const override;
   const char* name() const override { return "muon"; }
+  /// The step form that reads its values from memory (Optimizer): sched = AdamW's {lr, c1, c2}, then each matrix's
+  /// update factors {-rate * scale, 1 - rate * weight decay}; the momentum takes clipping's factor from stats.
+  bool has_indirect() const override { return true; }
+  std::vector<float> next_indirect(double lr) override;
+  void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) override;
 
  private:
   struct Slot {
@@ -74,6 +79,10 @@ class Muon : public Optimizer {
   AdamW adamw_;
   MuonConfig config_;
   double adamw_lr_;
+
+  /// Runs update(slot, index) for every matrix: side by side on the CPU (see step), in order on the GPU.
+  template <class F>
+  void for_each_slot(F update);
 };
 
 }  // namespace tinygpt

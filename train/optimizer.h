@@ -27,6 +27,24 @@ class Optimizer {
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
   /// "adamw" or "muon": what --optimizer and the checkpoint's metadata call it.
   virtual const char* name() const = 0;
+
+  // The GPU's step form (DeviceStep in train/trainer.cpp): what changes from step to step is read from device memory,
+  // so the step can be captured once as a CUDA graph and replayed.
+  /// Whether this optimizer has that form (over packed parameters).
+  virtual bool has_indirect() const { return false; }
+  /// Counts the step and returns the values its update reads from memory this step (`sched`: the rate, AdamW's bias
+  /// corrections, ...).
+  virtual std::vector<float> next_indirect(double lr);
+  /// Queues the update reading next_indirect's values from `sched` and {loss, gradient sum of squares} from `stats`:
+  /// clipped to max_norm (0: not clipped), and no update at all when either is not finite.
+  virtual void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm);
 };
+
+inline std::vector<float> Optimizer::next_indirect(double) {
+  throw Error(std::string(name()) + ": no step form that reads its values from device memory");
+}
+inline void Optimizer::step_indirect(const Tensor&, const Tensor&, double) {
+  throw Error(std::string(name()) + ": no step form that reads its values from device memory");
+}
 
 }  // namespace tinygpt

@@ -223,15 +223,15 @@ std::string describe_model(const nn::GPT& model, Device device) {
 }
 
 
-/// The GPU's step on one GPU with AdamW: every per-step value the work reads is in device memory, refilled before
-/// the step (the micro-batches, AdamW's {lr, c1, c2}), and what the host needs is read back after it ({loss sum,
-/// gradient sum of squares}: the step's one host synchronisation); AdamW clips and refuses a non-finite step on the
-/// device. So the step's work is the same every step, and with CUDA graphs on (and no dropout, whose masks are
+/// The GPU's step on one GPU: every per-step value the work reads is in device memory, refilled before the step (the
+/// micro-batches, the optimizer's rates: Optimizer::next_indirect), and what the host needs is read back after it
+/// ({loss sum, gradient sum of squares}: the step's one host synchronisation); the optimizer clips and refuses a
+/// non-finite step on the device. So the step's work is the same every step, and with CUDA graphs on (and no dropout, whose masks are
 /// drawn on the host) it is captured once, on the second step (the first warms the allocator and loads the
 /// kernels), and replayed from then on.
 struct DeviceStep {
   std::vector<Tensor> x, y;  // the micro-batches, refilled in place
-  Tensor sched, stats;       // {lr, c1, c2} in, {loss sum, sum of squares} out
+  Tensor sched, stats;       // the optimizer's values in, {loss sum, sum of squares} out
   bool use_graph = false;
   int64_t queued = 0;   // steps queued op by op so far
   int64_t replays = 0;  // steps run as a replay of `graph`
@@ -262,7 +262,7 @@ struct Run {
   const StopSignals& stop;
   FlatParameters& flat;
   GradientBuckets* buckets;  // several CPU ranks with --bucket-mb > 0, else null
-  std::optional<DeviceStep> device_step = {};  // one GPU with AdamW (see DeviceStep)
+  std::optional<DeviceStep> device_step = {};  // one GPU (see DeviceStep)
 
   bool lead() const { return comm.rank() == 0; }  // rank 0 speaks for the run: log lines, metrics, checkpoints
 
@@ -369,8 +369,9 @@ struct Run {
       d.x[size_t(micro)].copy_(batch.x);
       d.y[size_t(micro)].copy_(batch.y);
     }
-    const std::array<float, 3> sched = static_cast<AdamW&>(opt).next_indirect(lr);
-    d.sched.copy_(from_vector(std::vector<float>(sched.begin(), sched.end()), {3}));
+    const std::vector<float> sched = opt.next_indirect(lr);
+    if (!d.sched.defined()) d.sched = empty({int64_t(sched.size())}, DType::F32, device);
+    d.sched.copy_(from_vector(sched, {int64_t(sched.size())}));
     if (!d.graph && d.use_graph && d.queued >= 1) {
       cuda::begin_capture();
       try {
@@ -394,7 +395,7 @@ struct Run {
     s.loss = double(stats[0]) / double(cfg.grad_accum);
     s.grad_norm = std::sqrt(double(stats[1]));
     s.stop_from_any_rank = stop.requested();
-    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // AdamW left the weights as they were
+    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // the optimizer left the weights as they were
       throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
                               "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
                               iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
@@ -404,7 +405,7 @@ struct Run {
   }
 
   /// Queues (or, while capturing, records) the step's work: each micro-batch's forward and backward, the loss sum and
-  /// the gradient's sum of squares into stats, AdamW's update reading them, the gradients zeroed.
+  /// the gradient's sum of squares into stats, the optimizer's update reading them, the gradients zeroed.
   void queue_step(int64_t iter) {
     DeviceStep& d = *device_step;
     Tensor loss_sum;
@@ -425,7 +426,7 @@ struct Run {
     profile::Phase phase("optimizer");
     NoGradGuard no_grad;
     d.stats.copy_(concat({reshape(loss_sum, {1}), reshape(sum_squares(flat.grads()), {1})}, 0));
-    static_cast<AdamW&>(opt).step_indirect(d.sched, d.stats, cfg.grad_clip);
+    opt.step_indirect(d.sched, d.stats, cfg.grad_clip);
     opt.zero_grad();
   }
 };
@@ -500,13 +501,12 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   Run run{cfg, device, out,     comm,    corpus,  split, model, model_gen,
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
-  if ((device == Device::CUDA || cfg.device_step_on_cpu) && world == 1 && cfg.optimizer == "adamw") {
+  if ((device == Device::CUDA || cfg.device_step_on_cpu) && world == 1 && opt.has_indirect()) {
     DeviceStep& d = run.device_step.emplace();
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       d.x.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
       d.y.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
     }
-    d.sched = empty({3}, DType::F32, device);
     d.stats = empty({2}, DType::F32, device);
     d.use_graph = device == Device::CUDA && cfg.cuda_graphs && cfg.model.dropout == 0;
     if (device == Device::CUDA) console.line("{}\n", d.use_graph ? "CUDA graphs: the training step is captured on its second iteration and replayed"

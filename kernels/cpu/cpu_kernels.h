@@ -16,6 +16,10 @@ template <class T> void fill(T* out, T value, int64_t n);
 template <class T> void axpy(T* y, const T* x, T alpha, int64_t n);
 /// y = beta * y + alpha * x; beta == 0 writes alpha * x without reading y (which may hold anything, NaN included).
 template <class T> void axpby(T* y, const T* x, T alpha, T beta, int64_t n);
+/// axpby for a step whose values are in memory (see adamw_update_indirect): with coef, alpha = coef[0] and beta =
+/// coef[1]; without, alpha = T(alpha * clip_scale(stats[1], max_norm)) and beta = T(beta) (the gradient's clipping
+/// factor folded in). Nothing is written when stats {loss, sum of squares} are not finite.
+template <class T> void axpby_indirect(T* y, const T* x, int64_t n, double alpha, double beta, const float* coef, const T* stats, double max_norm);
 
 /// out = op(inp); alpha is the factor of UnaryOp::Scale.
 template <class T> void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha);

@@ -148,6 +148,14 @@ void axpby(T* y, const T* x, T alpha, T beta, int64_t n) {
 }
 
 template <class T>
+void axpby_indirect(T* y, const T* x, int64_t n, double alpha, double beta, const float* coef, const T* stats,
+                    double max_norm) {
+  if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
+  const T a = coef ? T(coef[0]) : T(alpha * clip_scale(double(stats[1]), max_norm)), b = coef ? T(coef[1]) : T(beta);
+  axpby(y, x, a, b, n);
+}
+
+template <class T>
 void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha) {
   switch (op) {
     case UnaryOp::Neg: return map(out, inp, n, [](T x) { return -x; });
@@ -227,6 +235,7 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   template void fill<T>(T*, T, int64_t);                                                                         \
   template void axpy<T>(T*, const T*, T, int64_t);                                                               \
   template void axpby<T>(T*, const T*, T, T, int64_t);                                                           \
+  template void axpby_indirect<T>(T*, const T*, int64_t, double, double, const float*, const T*, double);         \
   template void unary_forward<T>(T*, const T*, int64_t, UnaryOp, T);                                             \
   template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, T, bool);                        \
   template void binary_forward<T>(T*, const T*, const T*, const BroadcastGeom&, BinaryOp);                       \

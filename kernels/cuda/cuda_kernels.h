@@ -14,6 +14,7 @@ namespace tinygpt::cuda {
 void fill(float* out, float value, int64_t n);
 void axpy(float* y, const float* x, float alpha, int64_t n);
 void axpby(float* y, const float* x, float alpha, float beta, int64_t n);
+void axpby_indirect(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef, const float* stats, double max_norm);
 void unary_forward(float* out, const float* inp, int64_t n, UnaryOp op, float alpha);
 void unary_backward(float* dinp, const float* dout, const float* inp, const float* out, int64_t n, UnaryOp op, float alpha, bool overwrite);
 void binary_forward(float* out, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op);

@@ -88,6 +88,14 @@ __global__ void axpby_kernel(float* y, const float* x, float alpha, float beta, 
   TINYGPT_CUDA_LOOP(i, n) y[i] = beta == 0.0f ? alpha * x[i] : beta * y[i] + alpha * x[i];
 }
 
+/// axpby_kernel with alpha and beta from coef, or alpha times the gradient's clipping factor (axpby_indirect).
+__global__ void axpby_indirect_kernel(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef,
+                                      const float* stats, double max_norm) {
+  if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
+  const float a = coef ? coef[0] : float(alpha * clip_scale(double(stats[1]), max_norm)), b = coef ? coef[1] : float(beta);
+  TINYGPT_CUDA_LOOP(i, n) y[i] = b == 0.0f ? a * x[i] : b * y[i] + a * x[i];
+}
+
 __global__ void unary_forward_kernel(float* out, const float* inp, int64_t n, UnaryOp op, float alpha) {
   TINYGPT_CUDA_LOOP(i, n) out[i] = unary(op, inp[i], alpha);
 }
@@ -361,6 +369,12 @@ void fill(float* out, float value, int64_t n) {
 void axpy(float* y, const float* x, float alpha, int64_t n) {
   if (n == 0) return;
   launch_kernel("axpy", axpy_kernel, blocks_for(n), kThreads, 0, y, x, alpha, n);
+}
+
+void axpby_indirect(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef,
+                    const float* stats, double max_norm) {
+  if (n == 0) return;
+  launch_kernel("axpby", axpby_indirect_kernel, blocks_for(n), kThreads, 0, y, x, n, alpha, beta, coef, stats, max_norm);
 }
 
 void axpby(float* y, const float* x, float alpha, float beta, int64_t n) {
