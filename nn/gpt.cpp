@@ -165,8 +165,16 @@ Tensor GPT::embed(const Tensor& ids, int64_t pos0) const {
     throw Error(fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", pos0 + T, config_.block_size));
   }
   Tensor x = wte.forward(ids);  // (B, T, C)
-  if (wpe) x = x + wpe->forward(positions(pos0, T).to(ids.device()));
+  if (wpe) x = x + wpe->forward(position_ids(pos0, T, ids.device()));
   return x;
+}
+
+Tensor GPT::position_ids(int64_t pos0, int64_t T, Device device) const {
+  if (pos0 != 0 || device == Device::CPU) return positions(pos0, T).to(device);
+  if (!(positions_.defined() && positions_.device() == device && positions_.size(0) == T)) {
+    positions_ = positions(0, T).to(device);
+  }
+  return positions_;
 }
 
 Tensor GPT::hidden(const Tensor& ids, const Tensor& doc_ids) const {

@@ -153,8 +153,12 @@ class GPT : public Module {
   /// Token plus position embeddings of ids (B, T) at positions [pos0, pos0 + T), after checking both.
   Tensor embed(const Tensor& ids, int64_t pos0) const;
   Tensor hidden(const Tensor& ids, const Tensor& doc_ids) const;
+  /// Position ids [pos0, pos0 + T) on `device`; from position 0 on the GPU the last ones are kept (positions_), so a
+  /// training step uploads nothing (and can be captured as a CUDA graph).
+  Tensor position_ids(int64_t pos0, int64_t T, Device device) const;
 
   GPTConfig config_;
+  mutable Tensor positions_;  // the GPU's position ids from 0 of the last length asked for
   Generator* gen_;  // dropout masks
   std::vector<int32_t> doc_separator_;
 };

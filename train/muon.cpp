@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
@@ -21,6 +24,18 @@ void axpby(Tensor& y, const Tensor& x, double alpha, double beta) {
   });
 }
 
+/// value as a 0-d tensor, made once per device, dtype and value: on the GPU no upload per step (which a captured
+/// CUDA graph could not replay).
+Tensor constant(double value, DType dtype, Device device) {
+  if (device == Device::CPU) return full({}, value, dtype, device);
+  static std::mutex mutex;
+  static std::map<std::tuple<double, DType, Device>, Tensor> made;
+  std::lock_guard lock(mutex);
+  Tensor& t = made[{value, dtype, device}];
+  if (!t.defined()) t = full({}, value, dtype, device);
+  return t;
+}
+
 }  // namespace
 
 Tensor newton_schulz(const Tensor& g, int steps, double eps, bool bf16) {
@@ -31,7 +46,7 @@ Tensor newton_schulz(const Tensor& g, int steps, double eps, bool bf16) {
   const bool tall = g.shape()[0] > g.shape()[1];
   // X = G / max(||G||_F, eps), the norm kept where G is (on the GPU: no host synchronisation).
   const Tensor norm = sqrt(sum_squares(g));
-  const Tensor floored = norm + relu(full({}, eps, g.dtype(), g.device()) - norm);
+  const Tensor floored = norm + relu(constant(eps, g.dtype(), g.device()) - norm);
   Tensor x = (tall ? transpose(g, 0, 1) : g) / floored;
   Numerics numerics;
   numerics.bf16 = bf16;

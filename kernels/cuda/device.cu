@@ -224,11 +224,15 @@ void memset_zero(void* ptr, size_t bytes) { check(cudaMemsetAsync(ptr, 0, bytes,
 
 namespace {
 std::atomic<int64_t> syncs{0};
-}
+uint64_t g_capturing = 0;  // the pool of the open CUDA graph capture (0: none); captures come from one host thread
+uint64_t g_next_pool = 1;
+}  // namespace
 
 int64_t host_syncs() { return syncs.load(); }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
+  // A captured copy would read its host source again at every replay, long after the caller freed or changed it.
+  if (g_capturing) throw Error("copy_to_device: an upload from host memory cannot be captured in a CUDA graph");
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()), "cudaMemcpyAsync (host to device)");
 }
 
@@ -250,8 +254,6 @@ void synchronize() {
 // --- CUDA graphs
 
 namespace {
-uint64_t g_capturing = 0;  // the pool of the open capture (0: none); captures come from one host thread
-uint64_t g_next_pool = 1;
 
 /// Ends the open capture; the recorded graph (null when CUDA refused it) and CUDA's status.
 std::pair<cudaGraph_t, cudaError_t> finish_capture() {
