@@ -226,9 +226,9 @@ std::string describe_model(const nn::GPT& model, Device device) {
 /// The GPU's step on one GPU: every per-step value the work reads is in device memory, refilled before the step (the
 /// micro-batches, the optimizer's rates: Optimizer::next_indirect), and what the host needs is read back after it
 /// ({loss sum, gradient sum of squares}: the step's one host synchronisation); the optimizer clips and refuses a
-/// non-finite step on the device. So the step's work is the same every step, and with CUDA graphs on (and no dropout, whose masks are
-/// drawn on the host) it is captured once, on the second step (the first warms the allocator and loads the
-/// kernels), and replayed from then on.
+/// non-finite step on the device. So the step's work is the same every step, and with CUDA graphs on (and no
+/// dropout, whose masks are drawn on the host) it is captured once, on the second step (the first warms the allocator
+/// and loads the kernels), and replayed from then on.
 struct DeviceStep {
   std::vector<Tensor> x, y;  // the micro-batches, refilled in place
   Tensor sched, stats;       // the optimizer's values in, {loss sum, sum of squares} out
@@ -291,6 +291,14 @@ struct Run {
     return val_loss;
   }
 
+  /// The error that stops a run whose step's loss or gradient norm is not finite (the weights were not updated).
+  [[noreturn]] void refuse_non_finite(int64_t iter, const StepStats& s) const {
+    throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
+                            "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
+                            iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
+                            std::isfinite(s.loss) ? s.grad_norm : s.loss, cfg.lr, (out / kLatestCheckpoint).string()));
+  }
+
   /// One optimizer step over the step's world * grad_accum micro-batches, drawn in order by every rank; rank r
   /// computes the ones a single process with --grad-accum world * grad_accum computes at micro-steps
   /// r * grad_accum .. r * grad_accum + A - 1. Throws before the update when the loss or gradient is not finite.
@@ -350,10 +358,7 @@ struct Run {
     s.grad_norm = grad_norm;
     s.loss = reduced[0] / double(micro_steps);
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // before the update: the weights stay finite
-      throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
-                              "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
-                              iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
-                              std::isfinite(s.loss) ? s.grad_norm : s.loss, cfg.lr, (out / kLatestCheckpoint).string()));
+      refuse_non_finite(iter, s);
     }
     opt.step(lr, clip_factor(s.grad_norm, cfg.grad_clip));
     opt.zero_grad();
@@ -396,10 +401,7 @@ struct Run {
     s.grad_norm = std::sqrt(double(stats[1]));
     s.stop_from_any_rank = stop.requested();
     if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // the optimizer left the weights as they were
-      throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
-                              "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
-                              iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
-                              std::isfinite(s.loss) ? s.grad_norm : s.loss, cfg.lr, (out / kLatestCheckpoint).string()));
+      refuse_non_finite(iter, s);
     }
     return s;
   }
@@ -509,10 +511,12 @@ TrainResult train(const TrainConfig& cfg_in) {
     }
     d.stats = empty({2}, DType::F32, device);
     d.use_graph = device == Device::CUDA && cfg.cuda_graphs && cfg.model.dropout == 0;
-    if (device == Device::CUDA) console.line("{}\n", d.use_graph ? "CUDA graphs: the training step is captured on its second iteration and replayed"
-                          : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
-                                             : "CUDA graphs off: dropout draws its masks on the host every step "
-                                               "(--dropout 0 lets the step be captured); the step is queued op by op");
+    const char* graphs =
+        d.use_graph        ? "CUDA graphs: the training step is captured on its second iteration and replayed"
+        : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
+                           : "CUDA graphs off: dropout draws its masks on the host every step (--dropout 0 lets the "
+                             "step be captured); the step is queued op by op";
+    if (device == Device::CUDA) console.line("{}\n", graphs);
   }
   const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
   const double flops_per_iter = step_flops(model, tokens_per_iter);

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/geometry.h"
+#include "../geometry.h"
 
 namespace tinygpt::cpu {
 

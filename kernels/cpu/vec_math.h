@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/scalar_math.h"
+#include "../scalar_math.h"
 
 namespace tinygpt::cpu {
 
