@@ -272,7 +272,8 @@ std::pair<cudaGraph_t, cudaError_t> finish_capture() {
 }
 }  // namespace
 
-Graph::Graph(Graph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)), pool_(std::exchange(other.pool_, 0)) {}
+Graph::Graph(Graph&& other) noexcept
+    : exec_(std::exchange(other.exec_, nullptr)), pool_(std::exchange(other.pool_, 0)) {}
 
 Graph& Graph::operator=(Graph&& other) noexcept {
   if (this != &other) {

@@ -92,7 +92,8 @@ __global__ void axpby_kernel(float* y, const float* x, float alpha, float beta, 
 __global__ void axpby_indirect_kernel(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef,
                                       const float* stats, double max_norm) {
   if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
-  const float a = coef ? coef[0] : float(alpha * clip_scale(double(stats[1]), max_norm)), b = coef ? coef[1] : float(beta);
+  const float a = coef ? coef[0] : float(alpha * clip_scale(double(stats[1]), max_norm));
+  const float b = coef ? coef[1] : float(beta);
   TINYGPT_CUDA_LOOP(i, n) y[i] = b == 0.0f ? a * x[i] : b * y[i] + a * x[i];
 }
 
