@@ -256,7 +256,9 @@ TINYGPT_TARGET_AMX inline void release_tiles() { _tile_release(); }
 /// the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM, done by the detection); a thread configures its
 /// tiles once per call (ThreadScope) and releases them after.
 struct AmxConfig : Bf16Packing<32, 32, PairsByRow, 32> {
-  static constexpr int64_t MC = 256, KC = 512, NC = 4096, KU = 32;
+  // KC 256: a 32-row op(A) block and a 32-column op(B) panel of one k block (16 KB each) share L1 (with 512 the big
+  // 6-layer shapes ran 5-20% slower; 128 helped some shapes and hurt others).
+  static constexpr int64_t MC = 256, KC = 256, NC = 4096, KU = 32;
   struct ThreadScope {
     TINYGPT_TARGET_AMX ThreadScope() { load_tile_config(kAllTiles16x64); }
     TINYGPT_TARGET_AMX ~ThreadScope() { _tile_release(); }
