@@ -14,6 +14,7 @@
 
 #include "autograd/autograd.h"
 #include "kernels/device.h"
+#include "kernels/kernels.h"
 
 namespace tinygpt {
 
@@ -427,6 +428,11 @@ Tensor generate(const Shape& shape, DType dtype, Device device, const char* op, 
 }  // namespace
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  if (device == Device::CUDA && dtype == DType::F32) {  // filled where it lives: no upload, so a CUDA graph can hold it
+    Tensor t = empty(shape, dtype, device);
+    launch(kernels::fill<float>, device, t.data<float>(), float(value), t.numel());
+    return t;
+  }
   return generate(shape, dtype, device, "full", [value](int64_t) { return value; });
 }
 

@@ -71,11 +71,14 @@ class Graph {
   explicit operator bool() const { return exec_ != nullptr; }
   /// Queues the recorded work on the stream; the host does not wait for it.
   void replay() const;
+  /// The recorded kernels, copies and memsets.
+  size_t nodes() const { return nodes_; }
 
  private:
   friend Graph end_capture();
   void* exec_ = nullptr;  // cudaGraphExec_t
   uint64_t pool_ = 0;     // the allocator's pool of the graph's memory
+  size_t nodes_ = 0;
 };
 /// Starts recording the GPU work this thread queues. Anything that waits for the GPU while recording (a copy to the
 /// host, synchronize) makes end_capture throw.

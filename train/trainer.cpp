@@ -382,6 +382,8 @@ struct Run {
       try {
         queue_step(iter);
         d.graph = cuda::end_capture();
+        console.line("CUDA graphs: iteration {} captured ({} kernels, copies and memsets); replayed from here on\n",
+                     iter, d.graph.nodes());
       } catch (const Error& e) {  // nothing recorded ran: queue the step instead, and every later one
         cuda::abort_capture();
         d.use_graph = false;

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -10,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/runtime.cuh"
 
@@ -273,13 +275,15 @@ std::pair<cudaGraph_t, cudaError_t> finish_capture() {
 }  // namespace
 
 Graph::Graph(Graph&& other) noexcept
-    : exec_(std::exchange(other.exec_, nullptr)), pool_(std::exchange(other.pool_, 0)) {}
+    : exec_(std::exchange(other.exec_, nullptr)), pool_(std::exchange(other.pool_, 0)),
+      nodes_(std::exchange(other.nodes_, 0)) {}
 
 Graph& Graph::operator=(Graph&& other) noexcept {
   if (this != &other) {
     Graph dropped(std::move(*this));
     exec_ = std::exchange(other.exec_, nullptr);
     pool_ = std::exchange(other.pool_, 0);
+    nodes_ = std::exchange(other.nodes_, 0);
   }
   return *this;
 }
@@ -315,6 +319,8 @@ Graph end_capture() {
   const uint64_t pool = g_capturing;
   const auto [graph, status] = finish_capture();
   check(status, "cudaStreamEndCapture (the captured work waited for the GPU, or was invalidated by an error)");
+  size_t nodes = 0;
+  cudaGraphGetNodes(graph, nullptr, &nodes);
   cudaGraphExec_t exec = nullptr;
   const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
@@ -323,6 +329,7 @@ Graph end_capture() {
   Graph g;
   g.exec_ = exec;
   g.pool_ = pool;
+  g.nodes_ = nodes;
   return g;
 }
 
@@ -359,7 +366,9 @@ struct Profile {
     for (const auto& [name, e] : entries) total += e.ms;
     fmt::print(stderr, "TINYGPT_CUDA_PROFILE: GPU kernel time (each kernel synchronized alone)\n{:<28} {:>10} {:>10} {:>7}\n",
                "kernel", "calls", "ms", "share");
-    for (const auto& [name, e] : entries) {
+    std::vector<std::pair<std::string, Entry>> by_time(entries.begin(), entries.end());
+    std::sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    for (const auto& [name, e] : by_time) {  // the costliest first
       fmt::print(stderr, "{:<28} {:>10} {:>10.1f} {:>6.1f}%\n", name, e.calls, e.ms, 100.0 * e.ms / std::max(total, 1e-9));
     }
   }
