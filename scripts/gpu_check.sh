@@ -6,74 +6,65 @@
 # against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable);
 # then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
-#   bash scripts/gpu_check.sh [--full]
+#   bash scripts/gpu_check.sh [--full] [--no-build]
 #
-# --full also trains the Shakespeare config for 5000 iterations on the GPU (nanoGPT's shakespeare_char recipe,
-# dropout 0.2) and reports its best val loss. Set CMAKE_CUDA_ARCHITECTURES to build for another GPU.
+# --no-build uses the binaries already in build-gpu (built elsewhere for this GPU, e.g. with
+# -DCMAKE_CUDA_ARCHITECTURES=90 -DTINYGPT_NATIVE=OFF) instead of configuring and building here.
+# Each step runs under a time limit, and the summary is also written line by line to build-gpu/gpu_check/summary.txt,
+# so a run cut short still says how far it got; the sanitizer runs last, being the slowest. --full also trains the
+# Shakespeare config for 5000 iterations on the GPU (nanoGPT's shakespeare_char recipe, dropout 0.2) and reports its
+# best val loss. Set CMAKE_CUDA_ARCHITECTURES to build for another GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 full=0
-[ "${1:-}" = "--full" ] && full=1
+build_here=1
+for arg in "$@"; do
+  case $arg in
+    --full) full=1 ;;
+    --no-build) build_here=0 ;;
+    *) echo "error: gpu_check: unknown argument '$arg' (expected --full or --no-build)" >&2; exit 2 ;;
+  esac
+done
 build=build-gpu
 logs=$build/gpu_check
 if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 mkdir -p "$logs"
 summary=()
-note() { summary+=("$(printf '%-34s %s' "$1" "$2")"); }
+: > "$logs/summary.txt"
+note() {
+  summary+=("$(printf '%-34s %s' "$1" "$2")")
+  printf '%-34s %s\n' "$1" "$2" >> "$logs/summary.txt"
+}
 py=python3
 has_torch=0
 $py -c "import torch; assert torch.cuda.is_available()" 2> /dev/null && has_torch=1
 
-echo "== configure and build ($build, CUDA architectures ${CMAKE_CUDA_ARCHITECTURES:-native})"
-generator=()
-command -v ninja > /dev/null && [ ! -f $build/CMakeCache.txt ] && generator=(-G Ninja)
-if ! { cmake -S . -B $build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTINYGPT_CUDA=ON \
-         -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-native}" > "$logs/configure.log" 2>&1 &&
-       cmake --build $build --parallel "$(nproc)" > "$logs/build.log" 2>&1; }; then
-  tail -30 "$logs/configure.log" "$logs/build.log"
-  echo "gpu_check: the build failed"
-  exit 1
+if [ $build_here = 1 ]; then
+  echo "== configure and build ($build, CUDA architectures ${CMAKE_CUDA_ARCHITECTURES:-native})"
+  generator=()
+  command -v ninja > /dev/null && [ ! -f $build/CMakeCache.txt ] && generator=(-G Ninja)
+  if ! { cmake -S . -B $build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTINYGPT_CUDA=ON \
+           -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-native}" > "$logs/configure.log" 2>&1 &&
+         cmake --build $build --parallel "$(nproc)" > "$logs/build.log" 2>&1; }; then
+    tail -30 "$logs/configure.log" "$logs/build.log"
+    echo "gpu_check: the build failed"
+    exit 1
+  fi
+else
+  for bin in tinygpt tests/test_cuda bench/bench_attention; do
+    [ -x $build/$bin ] || { echo "error: gpu_check --no-build: $build/$bin is missing (build it first)"; exit 1; }
+  done
+  missing=$(ldd $build/tinygpt | grep 'not found')
+  [ -n "$missing" ] && { echo "error: gpu_check --no-build: libraries not found: $missing"; exit 1; }
 fi
 note "build" "ok ($(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1))"
 
 echo "== GPU tests"
 status=0
-$build/tests/test_cuda > "$logs/test_cuda.log" 2>&1 || status=$?
+timeout 240 $build/tests/test_cuda > "$logs/test_cuda.log" 2>&1 || status=$?
 tail -4 "$logs/test_cuda.log"
 note "test_cuda" "$([ $status = 0 ] && echo passed || echo "FAILED (exit $status)"): $(grep -E '^\[doctest\] (test cases|assertions)' "$logs/test_cuda.log" | tr -s ' ' | paste -sd ';')"
 [ $status != 0 ] && grep -B2 -A12 "ERROR" "$logs/test_cuda.log" | head -60
-
-echo "== compute-sanitizer on the attention tests"
-if command -v compute-sanitizer > /dev/null; then
-  for tool in memcheck racecheck; do
-    filter='*flash attention is deterministic*,*attention op runs on the GPU*'
-    [ $tool = memcheck ] && filter="$filter,*naive attention matches*"
-    timeout 900 compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
-      > "$logs/sanitizer_$tool.log" 2>&1
-    rc=$?
-    tail -3 "$logs/sanitizer_$tool.log"
-    note "compute-sanitizer $tool" "$([ $rc = 0 ] && echo clean || echo "FAILED (exit $rc)"): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_$tool.log" | tail -1)"
-  done
-else
-  note "compute-sanitizer" "not found, not run"
-fi
-
-echo "== attention benchmark"
-if [ $has_torch = 1 ]; then
-  $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention | tee "$logs/attention.log"
-  # The ratios of every shape, sorted: fields NF-2, NF-1 and NF are forward, backward and forward+backward.
-  ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention.log" | tr -d x | sort -g | paste -sd ' '; }
-  note "f32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash 2)"
-  note "f32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash 0)"
-  note "tf32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 2)"
-  note "tf32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 0)"
-  note "bf16 flash fwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 2)"
-  note "bf16 flash bwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 1)"
-  note "bf16 flash f+b vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 0)"
-else
-  $build/bench/bench_attention --device cuda | tee "$logs/attention.log"
-  note "attention benchmark" "ran without PyTorch (no comparison)"
-fi
 
 echo "== training throughput, nanoGPT Shakespeare config (6 layers, 6 heads, 384 wide, block 256, batch 64)"
 data=$(bash scripts/get_data.sh)
@@ -83,7 +74,7 @@ iters=60
 ours_train_ms() {
   local run
   run=$(mktemp -d)
-  ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" --max-iters $((iters + 10)) \
+  timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" --max-iters $((iters + 10)) \
     --eval-interval 100000 --eval-iters 1 --log-interval 10 "$@" >> "$logs/train_throughput.log" 2>&1
   grep -o '"ms":[0-9.e+-]*' "$run/metrics.jsonl" | cut -d: -f2 | tail -n +11 | sort -g |
     awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'
@@ -115,12 +106,15 @@ printf "%-36s %10.2f %12s\n" "  dropout 0: CUDA graph" "$ours_graph_ms" "$(tok "
 printf "%-36s %10.2f %12s\n" "  dropout 0: --no-cuda-graphs" "$ours_nograph_ms" "$(tok "$ours_nograph_ms")" |
   tee -a "$logs/train.log"
 if [ $has_torch = 1 ]; then
-  torch_ms() { $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" | $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'; }
+  torch_ms() {
+    timeout 180 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" |
+      $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'
+  }
   t32=$(torch_ms)
   printf "%-36s %10.2f %12s\n" "pytorch eager f32 (TF32 matmuls)" "$t32" "$(tok "$t32")" | tee -a "$logs/train.log"
   tbf=$(torch_ms --dtype bf16)
   printf "%-36s %10.2f %12s\n" "pytorch eager bf16 autocast" "$tbf" "$(tok "$tbf")" | tee -a "$logs/train.log"
-  if tcomp=$(timeout 600 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 --dtype bf16 --compile \
+  if tcomp=$(timeout 300 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 --dtype bf16 --compile \
                2> "$logs/torch_compile.log" | $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'); then
     printf "%-36s %10.2f %12s\n" "pytorch torch.compile bf16 autocast" "$tcomp" "$(tok "$tcomp")" | tee -a "$logs/train.log"
   else
@@ -135,16 +129,50 @@ else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
 fi
 
-echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations, each kernel synchronized alone; top 12)"
+echo "== attention benchmark"
+if [ $has_torch = 1 ]; then
+  timeout 240 $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention | tee "$logs/attention.log"
+  # The ratios of every shape, sorted: fields NF-2, NF-1 and NF are forward, backward and forward+backward.
+  ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention.log" | tr -d x | sort -g | paste -sd ' '; }
+  note "f32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash 2)"
+  note "f32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash 0)"
+  note "tf32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 2)"
+  note "tf32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 0)"
+  note "bf16 flash fwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 2)"
+  note "bf16 flash bwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 1)"
+  note "bf16 flash f+b vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 0)"
+else
+  $build/bench/bench_attention --device cuda | tee "$logs/attention.log"
+  note "attention benchmark" "ran without PyTorch (no comparison)"
+fi
+
+echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations, each kernel synchronized alone; top 12;"
+echo "   matmul_forward is mostly the start-up product that measures the peak for MFU)"
 for math in f32 tf32 bf16; do
   run=$(mktemp -d)
-  TINYGPT_CUDA_PROFILE=1 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" --max-iters 20 \
-    --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math $([ $math = bf16 ] && echo --dtype bf16) \
+  TINYGPT_CUDA_PROFILE=1 timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" \
+    --max-iters 20 --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math $([ $math = bf16 ] && echo --dtype bf16) \
     > /dev/null 2> "$logs/profile_$math.log"
   rm -rf "$run"
   echo "-- --attention-math $math$([ $math = bf16 ] && echo ' --dtype bf16')"
-  sed -n '/^TINYGPT_CUDA_PROFILE/,$p' "$logs/profile_$math.log" | tail -n +3 | sort -k3,3gr | head -12
+  sed -n '/^TINYGPT_CUDA_PROFILE/,$p' "$logs/profile_$math.log" | head -14  # sorted by time, the costliest first
 done
+
+echo "== compute-sanitizer on the attention tests"
+if command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    filter='*flash attention is deterministic*,*attention op runs on the GPU*'
+    [ $tool = memcheck ] && filter="$filter,*naive attention matches*"
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
+      > "$logs/sanitizer_$tool.log" 2>&1
+    rc=$?
+    tail -3 "$logs/sanitizer_$tool.log"
+    note "compute-sanitizer $tool" "$([ $rc = 0 ] && echo clean || echo "FAILED (exit $rc)"): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_$tool.log" | tail -1)"
+  done
+else
+  note "compute-sanitizer" "not found, not run"
+fi
+
 
 if [ $full = 1 ]; then
   echo "== 5000 iterations of the Shakespeare config on the GPU"
