@@ -40,6 +40,10 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
   unsigned x, y, z;
 };
+// CUDA's 16-byte vector of floats (one 128-bit load or store on the GPU).
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
 
 // CUDA's device math that the host's <cmath> lacks.
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
