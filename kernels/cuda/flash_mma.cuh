@@ -292,22 +292,30 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
     __syncthreads();
     float sc[kCols / 8][4];
     warp_dot<Op, EP, kCols>(sc, Qs, Ks, p);
-    const bool unmasked = tile_unmasked(g, kp, mask, t0, kRows, s0, kCols);
+    // The logits. A tile every query sees whole, without modifiers, has a loop of its own: the checks of the other
+    // case, unrolled over the tile, would sit between its instructions (on an H200 half the stalls of this kernel
+    // were waits for instructions to be fetched).
+    if (tile_unmasked(g, kp, mask, t0, kRows, s0, kCols)) {
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[j][i] *= scale;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float capped;
+          sc[j][i] = score_logit(g, kp, mask, b, h, t0 + frag_row(p, i), s0 + 8 * j + frag_col(p, i), sc[j][i], capped);
+        }
+      }
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t t = t0 + frag_row(p, 2 * half);
       float mx = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t s = s0 + 8 * j + frag_col(p, e);
-          float& x = sc[j][2 * half + e];
-          float capped;
-          x = unmasked ? scale * x + mask_at(mask, g, b, h, t, s) : score_logit(g, kp, mask, b, h, t, s, x, capped);
-          mx = fmaxf(mx, x);
-        }
-      }
+      for (int j = 0; j < kCols / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * half], sc[j][2 * half + 1]));
       const float m_new = fmaxf(m[half], quad_max(mx));
       const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet: exp(-inf - 0) = 0
       const float alpha = expf(m[half] - m_sub);
@@ -387,28 +395,38 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
       float pt[Q / 8][4], dst[Q / 8][4];  // P^T, then dS^T (rows keys, columns queries)
       warp_dot<Op, EP, Q>(pt, Ks, Qs, p);
       warp_dot<Op, EP, Q>(dst, Vs, dOs, p);  // dP^T
-      const bool unmasked = tile_unmasked(g, kp, mask, t0, Q, s0, kRows);
+      if (tile_unmasked(g, kp, mask, t0, Q, s0, kRows)) {  // every query sees every key: a loop of its own (forward)
 #pragma unroll
-      for (int j = 0; j < Q / 8; ++j) {
+        for (int j = 0; j < Q / 8; ++j) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t s = s0 + frag_row(p, i);
-          const int tj = 8 * j + frag_col(p, i);
-          const int64_t t = t0 + tj;
-          float pd = 0.0f, ds = 0.0f, capped = 0.0f;
-          float x = -INFINITY;
-          if (lse_s[tj] != -INFINITY) {
-            x = unmasked ? scale * pt[j][i] + mask_at(mask, g, b, h, t, s) : score_logit(g, kp, mask, b, h, t, s, pt[j][i], capped);
+          for (int i = 0; i < 4; ++i) {
+            const int tj = 8 * j + frag_col(p, i);
+            const float pr = expf(scale * pt[j][i] - lse_s[tj]);
+            const float f = dropout_factor(g, b, h, t0 + tj, s0 + frag_row(p, i));
+            pt[j][i] = pr * f;
+            dst[j][i] = pr * (dst[j][i] * f - D_s[tj]) * scale;
           }
-          if (x != -INFINITY) {
-            const float pr = expf(x - lse_s[tj]);
-            const float f = dropout_factor(g, b, h, t, s);
-            pd = pr * f;
-            ds = unmasked ? pr * (dst[j][i] * f - D_s[tj]) * scale
-                          : score_ds(g, pr * (score_dp(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < Q / 8; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int64_t s = s0 + frag_row(p, i);
+            const int tj = 8 * j + frag_col(p, i);
+            const int64_t t = t0 + tj;
+            float pd = 0.0f, ds = 0.0f, capped = 0.0f;
+            float x = -INFINITY;
+            if (lse_s[tj] != -INFINITY) x = score_logit(g, kp, mask, b, h, t, s, pt[j][i], capped);
+            if (x != -INFINITY) {
+              const float pr = expf(x - lse_s[tj]);
+              const float f = dropout_factor(g, b, h, t, s);
+              pd = pr * f;
+              ds = score_ds(g, pr * (score_dp(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
+            }
+            pt[j][i] = pd;
+            dst[j][i] = ds;
           }
-          pt[j][i] = pd;
-          dst[j][i] = ds;
         }
       }
       warp_accumulate<Op, Q, EP>(dv_acc, pt, dOt, p);
@@ -459,22 +477,32 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
     float ds[kCols / 8][4], dp[kCols / 8][4];
     warp_dot<Op, EP, kCols>(ds, Qs, Ks, p);  // scores, turned into dS below
     warp_dot<Op, EP, kCols>(dp, dOs, Vs, p);
-    const bool unmasked = tile_unmasked(g, kp, mask, t0, kRows, s0, kCols);
+    if (tile_unmasked(g, kp, mask, t0, kRows, s0, kCols)) {  // every query sees every key: a loop of its own (forward)
 #pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
+      for (int j = 0; j < kCols / 8; ++j) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int half = i / 2;
-        const int64_t t = t0 + frag_row(p, i), s = s0 + 8 * j + frag_col(p, i);
-        float x = 0.0f, capped = 0.0f, logit = -INFINITY;
-        if (row_lse[half] != -INFINITY) {
-          logit = unmasked ? scale * ds[j][i] + mask_at(mask, g, b, h, t, s) : score_logit(g, kp, mask, b, h, t, s, ds[j][i], capped);
+        for (int i = 0; i < 4; ++i) {
+          const int half = i / 2;
+          const float pr = expf(scale * ds[j][i] - row_lse[half]);
+          const float f = dropout_factor(g, b, h, t0 + frag_row(p, i), s0 + 8 * j + frag_col(p, i));
+          ds[j][i] = pr * (dp[j][i] * f - row_D[half]) * scale;
         }
-        if (logit != -INFINITY) {
-          const float pr = expf(logit - row_lse[half]);
-          x = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[j][i]) * dropout_factor(g, b, h, t, s) - row_D[half]), capped);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int half = i / 2;
+          const int64_t t = t0 + frag_row(p, i), s = s0 + 8 * j + frag_col(p, i);
+          float x = 0.0f, capped = 0.0f, logit = -INFINITY;
+          if (row_lse[half] != -INFINITY) logit = score_logit(g, kp, mask, b, h, t, s, ds[j][i], capped);
+          if (logit != -INFINITY) {
+            const float pr = expf(logit - row_lse[half]);
+            x = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[j][i]) * dropout_factor(g, b, h, t, s) - row_D[half]), capped);
+          }
+          ds[j][i] = x;
         }
-        ds[j][i] = x;
       }
     }
     warp_accumulate<Op, kCols, EP>(dq_acc, ds, Kt, p);
