@@ -146,8 +146,7 @@ else
   note "attention benchmark" "ran without PyTorch (no comparison)"
 fi
 
-echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations, each kernel synchronized alone; top 12;"
-echo "   matmul_forward is mostly the start-up product that measures the peak for MFU)"
+echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations, each kernel synchronized alone; top 12)"
 for math in f32 tf32 bf16; do
   run=$(mktemp -d)
   TINYGPT_CUDA_PROFILE=1 timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" \
