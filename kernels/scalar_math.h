@@ -14,9 +14,9 @@
 namespace tinygpt {
 
 TINYGPT_HOST_DEVICE inline float sqrt_of(float x) { return sqrtf(x); }
-TINYGPT_HOST_DEVICE inline double sqrt_of(double x) { return sqrt(x); }
+TINYGPT_HOST_DEVICE inline double sqrt_of(double x) { return ::sqrt(x); }
 TINYGPT_HOST_DEVICE inline float tanh_of(float x) { return tanhf(x); }
-TINYGPT_HOST_DEVICE inline double tanh_of(double x) { return tanh(x); }
+TINYGPT_HOST_DEVICE inline double tanh_of(double x) { return ::tanh(x); }
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
 inline constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
@@ -55,11 +55,15 @@ TINYGPT_HOST_DEVICE inline T activation_grad(Activation act, T x, Tanh tanh) {
 /// True for a number that is neither infinite nor NaN (x - x is NaN for both), the same on both compilers.
 TINYGPT_HOST_DEVICE inline bool is_finite(double x) { return x - x == 0.0; }
 
-/// The factor that clips a gradient whose squares sum to sum_squares to L2 norm max_norm: max_norm / (norm + 1e-6)
-/// above it, 1 at or below it or when max_norm is 0 (no clipping).
-TINYGPT_HOST_DEVICE inline double clip_scale(double sum_squares, double max_norm) {
-  const double norm = sqrt(sum_squares);
+/// The factor that clips a gradient of L2 norm `norm` to max_norm: max_norm / (norm + 1e-6) above it, 1 at or below
+/// it or when max_norm is 0 (no clipping). AdamW applies it as it reads the gradient.
+TINYGPT_HOST_DEVICE inline double clip_factor(double norm, double max_norm) {
   return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
+/// clip_factor of a gradient whose squares sum to sum_squares.
+TINYGPT_HOST_DEVICE inline double clip_scale(double sum_squares, double max_norm) {
+  return clip_factor(sqrt_of(sum_squares), max_norm);
 }
 
 /// AdamW's bias correction 1 / (1 - beta^step), in double.

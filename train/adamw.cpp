@@ -35,19 +35,26 @@ AdamW::AdamW(FlatParameters& flat, AdamWConfig config, const std::function<bool(
   }
 }
 
+template <class F>
+void AdamW::for_each_run(F update) {
+  Tensor p = flat_->values(), g = flat_->grads();
+  for (const Run& r : runs_) {
+    const float wd = r.decay ? float(config_.weight_decay) : 0.0f;
+    dispatch_float(p.dtype(), "adamw", [&]<class T>() {
+      update.template operator()<T>(p.data<T>() + r.begin, g.data<T>() + r.begin, flat_m_.data<T>() + r.begin,
+                                    flat_v_.data<T>() + r.begin, r.end - r.begin, wd, p.device());
+    });
+  }
+}
+
 void AdamW::step(double lr, double grad_scale) {
   NoGradGuard no_grad;
   ++step_;
   if (flat_) {
-    Tensor p = flat_->values(), g = flat_->grads();
-    for (const Run& r : runs_) {
-      const float wd = r.decay ? float(config_.weight_decay) : 0.0f;
-      dispatch_float(p.dtype(), "adamw", [&]<class T>() {
-        launch(kernels::adamw_update<T>, p.device(), p.data<T>() + r.begin, g.data<T>() + r.begin,
-               flat_m_.data<T>() + r.begin, flat_v_.data<T>() + r.begin, r.end - r.begin, float(lr),
-               float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_, grad_scale);
-      });
-    }
+    for_each_run([&]<class T>(T* p, T* g, T* m, T* v, int64_t n, float wd, Device device) {
+      launch(kernels::adamw_update<T>, device, p, g, m, v, n, float(lr), float(config_.beta1), float(config_.beta2),
+             float(config_.eps), wd, step_, grad_scale);
+    });
     return;
   }
   for (Slot& s : slots_) {
@@ -71,15 +78,10 @@ std::vector<float> AdamW::next_indirect(double lr) {
 void AdamW::step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) {
   NoGradGuard no_grad;
   if (!flat_) throw Error("AdamW::step_indirect: needs packed parameters (FlatParameters)");
-  Tensor p = flat_->values(), g = flat_->grads();
-  for (const Run& r : runs_) {
-    const float wd = r.decay ? float(config_.weight_decay) : 0.0f;
-    dispatch_float(p.dtype(), "adamw", [&]<class T>() {
-      launch(kernels::adamw_update_indirect<T>, p.device(), p.data<T>() + r.begin, g.data<T>() + r.begin,
-             flat_m_.data<T>() + r.begin, flat_v_.data<T>() + r.begin, r.end - r.begin, sched.data<float>(),
-             stats.data<T>(), max_norm, float(config_.beta1), float(config_.beta2), float(config_.eps), wd);
-    });
-  }
+  for_each_run([&]<class T>(T* p, T* g, T* m, T* v, int64_t n, float wd, Device device) {
+    launch(kernels::adamw_update_indirect<T>, device, p, g, m, v, n, sched.data<float>(), stats.data<T>(), max_norm,
+           float(config_.beta1), float(config_.beta2), float(config_.eps), wd);
+  });
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

@@ -59,6 +59,9 @@ class AdamW : public Optimizer {
     int64_t begin, end;  // elements of the flat buffers
     bool decay;
   };
+  /// Calls update<T>(param, grad, m, v, n, weight decay, device) on each run of the flat buffers.
+  template <class F>
+  void for_each_run(F update);
   FlatParameters* flat_ = nullptr;  // packed: the runs cover the buffers
   Tensor flat_m_, flat_v_;
   std::vector<Run> runs_;

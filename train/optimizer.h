@@ -38,12 +38,14 @@ class Optimizer {
   /// Queues the update reading next_indirect's values from `sched` and {loss, gradient sum of squares} from `stats`:
   /// clipped to max_norm (0: not clipped), and no update at all when either is not finite.
   virtual void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm);
+
+ private:
+  [[noreturn]] void no_indirect() const;
 };
 
-inline std::vector<float> Optimizer::next_indirect(double) {
-  throw Error(std::string(name()) + ": no step form that reads its values from device memory");
-}
-inline void Optimizer::step_indirect(const Tensor&, const Tensor&, double) {
+inline std::vector<float> Optimizer::next_indirect(double) { no_indirect(); }
+inline void Optimizer::step_indirect(const Tensor&, const Tensor&, double) { no_indirect(); }
+inline void Optimizer::no_indirect() const {
   throw Error(std::string(name()) + ": no step form that reads its values from device memory");
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/device.h"
 #include "kernels/profile.h"
+#include "kernels/scalar_math.h"
 #include "train/adamw.h"
 #include "train/checkpoint.h"
 #include "train/comm.h"
@@ -47,10 +48,6 @@ std::pair<double, double> loss_and_grad_norm(const Tensor& loss_sum, const FlatP
   const std::vector<float> v = both.to_vector<float>();
   return {v[0], std::sqrt(double(v[1]))};
 }
-
-/// The factor that clips a gradient of this norm to max_norm (1 when it is below, or max_norm is 0: no clipping);
-/// AdamW applies it as it reads the gradient.
-double clip_factor(double norm, double max_norm) { return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0; }
 
 /// Parameters in the order the flat buffers keep them: the reverse of the model's, which is about the order in which
 /// backward finishes their gradients (the last block's first, the token embedding, used by the LM head too, last),
