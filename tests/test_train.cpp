@@ -12,6 +12,7 @@
 
 #include "autograd/ops.h"
 #include "data/corpus.h"
+#include "kernels/cpu/gemm.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"
 #include "train/export.h"
@@ -428,6 +429,23 @@ TEST_CASE("checkpoints record the model's numerics; eval's and sample's flags ov
   CHECK(flags("fp32", {}, "bf16").over(ckpt.numerics, Device::CUDA).attention == AttentionMath::BF16);
   CHECK(flags("fp32", {}, "").over(ckpt.numerics, Device::CPU).matmul() == MatmulMath::F32);
   CHECK(flags("bf16", {}, "").over(Numerics{}, Device::CUDA).attention == AttentionMath::BF16);
+  // TF32 matmuls on the GPU bring tf32 attention by default; --no-tf32 takes both back to f32; the CPU has no tf32.
+  CHECK(flags("fp32", true, "").over(ckpt.numerics, Device::CUDA).attention == AttentionMath::TF32);
+  CHECK(flags("fp32", true, "").over(ckpt.numerics, Device::CPU).attention == AttentionMath::F32);
+  const Numerics tf32_run{.tf32 = true, .bf16 = false, .attention = AttentionMath::TF32};
+  CHECK(flags("", false, "").over(tf32_run, Device::CUDA).attention == AttentionMath::F32);
+  CHECK(flags("", false, "").over(tf32_run, Device::CUDA).matmul() == MatmulMath::F32);
+  CHECK(flags("", {}, "").over(tf32_run, Device::CUDA).attention == AttentionMath::TF32);  // no flags: the checkpoint's
+  TrainConfig gpu_run;
+  gpu_run.device = "cuda";
+  CHECK(numerics_of(gpu_run).attention == AttentionMath::TF32);
+  gpu_run.tf32 = false;
+  CHECK(numerics_of(gpu_run).attention == AttentionMath::F32);
+  gpu_run.dtype = "bf16";
+  CHECK(numerics_of(gpu_run).attention == AttentionMath::BF16);
+  gpu_run.device = "cpu";
+  CHECK(numerics_of(gpu_run).attention ==
+        (cpu::bf16_kernel() == cpu::Bf16Kernel::Amx ? AttentionMath::BF16 : AttentionMath::F32));
 
   // A checkpoint from before numerics were recorded loads as full f32; an unknown format is refused.
   auto contents = safetensors::load(p);

@@ -22,11 +22,10 @@ namespace tinygpt {
 
 Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
   Numerics n = checkpoint;
-  if (!dtype.empty()) {
-    n.bf16 = dtype == "bf16";
-    n.attention = default_attention_math(n.bf16, device == Device::CUDA);
-  }
+  if (!dtype.empty()) n.bf16 = dtype == "bf16";
   if (tf32) n.tf32 = *tf32;
+  // --dtype or --tf32 / --no-tf32 given: attention's default follows them, unless --attention-math says otherwise.
+  if (!dtype.empty() || tf32) n.attention = default_attention_math(n.bf16, n.tf32, device == Device::CUDA);
   if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
   return n;
 }
@@ -77,7 +76,7 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
   cmd->add_flag_callback("--no-tf32", [&n] { n.tf32 = false; }, "On the GPU, full f32 matmuls");
   cmd->add_option("--attention-math", n.attention_math,
                   "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
-                  "as --dtype's default)");
+                  "as --dtype's and --tf32's default)");
 }
 
 /// The ids of a flag's text; throws naming the flag and the first character outside the vocabulary.
@@ -187,7 +186,8 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--attention-math", c.attention_math,
                   "The operands of flash attention's products: f32, bf16 (f32 accumulation and softmax; on the GPU on "
                   "tensor cores, on the CPU on AMX-BF16 tiles where it has them, else rounded for the f32 units), or "
-                  "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with AMX-BF16, else f32)");
+                  "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with AMX-BF16; on the GPU "
+                  "tf32 with TF32 matmuls; else f32)");
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
 }

@@ -53,9 +53,14 @@ void check_attention_math_flag(const std::string& math, const std::string& devic
   }
 }
 
-AttentionMath default_attention_math(bool bf16, bool cuda) {
-  if (!bf16) return AttentionMath::F32;
-  return cuda || cpu::bf16_kernel() == cpu::Bf16Kernel::Amx ? AttentionMath::BF16 : AttentionMath::F32;
+AttentionMath default_attention_math(bool bf16, bool tf32, bool cuda) {
+  if (cuda) {
+    // Without tensor cores only the f32 kernels run. (0: no GPU visible, as when numerics are worked out ahead of one.)
+    const int capability = cuda::compute_capability();
+    if (capability != 0 && capability < 80) return AttentionMath::F32;
+    return bf16 ? AttentionMath::BF16 : tf32 ? AttentionMath::TF32 : AttentionMath::F32;
+  }
+  return bf16 && cpu::bf16_kernel() == cpu::Bf16Kernel::Amx ? AttentionMath::BF16 : AttentionMath::F32;
 }
 
 Numerics numerics_of(const TrainConfig& c) {
@@ -63,7 +68,8 @@ Numerics numerics_of(const TrainConfig& c) {
   n.bf16 = c.dtype == "bf16";
   const bool cuda = c.device == "cuda";
   if (cuda) n.tf32 = c.tf32;
-  n.attention = !c.attention_math.empty() ? parse_attention_math(c.attention_math) : default_attention_math(n.bf16, cuda);
+  n.attention = !c.attention_math.empty() ? parse_attention_math(c.attention_math)
+                                           : default_attention_math(n.bf16, n.tf32, cuda);
   return n;
 }
 
