@@ -499,7 +499,8 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
           if (row_lse[half] != -INFINITY) logit = score_logit(g, kp, mask, b, h, t, s, ds[j][i], capped);
           if (logit != -INFINITY) {
             const float pr = expf(logit - row_lse[half]);
-            x = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[j][i]) * dropout_factor(g, b, h, t, s) - row_D[half]), capped);
+            const float f = dropout_factor(g, b, h, t, s);
+            x = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[j][i]) * f - row_D[half]), capped);
           }
           ds[j][i] = x;
         }
