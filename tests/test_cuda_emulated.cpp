@@ -277,7 +277,7 @@ TEST_CASE("emulated CUDA: softmax and log-softmax (rows wider than a warp, a ful
 }
 
 TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial sums), forward and backward") {
-  const int64_t N = 70, C = 45;
+  const int64_t N = 530, C = 45;  // 34 blocks of 16 rows: lanes of the partial sums' warps add two rows or one
   const Vec x = random(size_t(N * C), 20), w = random(size_t(C), 21), bias = random(size_t(C), 22);
   const Vec dout = random(size_t(N * C), 23), residual = random(size_t(N * C), 27);
   for (const bool with_bias : {true, false}) {
@@ -410,7 +410,7 @@ TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched 
         }
       }
     }
-    const int64_t rows = 70, C = 9, OC = 11;  // 70 rows: three blocks of bias-gradient partial sums
+    const int64_t rows = 70, C = 9, OC = 11;  // 70 rows: five blocks of bias-gradient partial sums
     const Vec x = random(size_t(rows * C), 44), w = random(size_t(OC * C), 45), bias = random(size_t(OC), 46);
     const Vec dout = random(size_t(rows * OC), 47);
     // The activation's input for backward: the pre-activation whose act(.) was inp (both signs, for ReLU squared).

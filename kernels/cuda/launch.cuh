@@ -7,6 +7,7 @@
 // declared with TINYGPT_DYNAMIC_SMEM. The kernel headers are not a public API.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -78,5 +79,33 @@ __device__ inline float block_sum(float x) {
   x = lane < warps ? partial[lane] : 0.0f;
   return warp_sum(x);
 }
+
+namespace {
+
+/// out[c] += the sum over r < rows of partial[r * stride + c], for c < C; a warp a column, lane l summing rows l,
+/// l + 32, ... in turn, then the warp's shuffle tree: a fixed order, so results repeat exactly.
+__global__ void add_partial_rows_kernel(float* out, const float* partial, int64_t rows, int64_t stride, int64_t C) {
+  const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (c >= C) return;  // the whole warp: c is the same for its lanes
+  const int lane = int(threadIdx.x % 32);
+  float acc = 0.0f;
+  for (int64_t r = lane; r < rows; r += 32) acc += partial[r * stride + c];
+  acc = warp_sum(acc);
+  if (lane == 0) out[c] += acc;
+}
+
+}  // namespace
+
+/// Adds the column sums of the partial sums of blocks of rows (add_partial_rows_kernel). A warp a column: a thread a
+/// column looping over a few hundred rows kept a handful of multiprocessors busy and waited on each load in turn.
+inline void add_partial_rows(const char* what, float* out, const float* partial, int64_t rows, int64_t stride,
+                             int64_t C) {
+  if (C == 0) return;
+  launch_kernel(what, add_partial_rows_kernel, blocks_for(C * 32), kThreads, 0, out, partial, rows, stride, C);
+}
+
+/// Blocks of rows for a column sum over N rows in two passes (partial sums of blocks of rows, then
+/// add_partial_rows): about 1024 blocks of at least 16 rows, enough to keep every multiprocessor's loads in flight.
+inline int64_t rows_per_partial(int64_t N) { return std::max<int64_t>(16, (N + 1023) / 1024); }
 
 TINYGPT_CUDA_END

@@ -72,21 +72,14 @@ __global__ void column_partials_kernel(float* partial, const float* x, int64_t N
   }
 }
 
-__global__ void add_partials_kernel(float* out, const float* partial, int64_t blocks, int64_t C) {
-  TINYGPT_CUDA_LOOP(c, C) {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b) acc += partial[C * b + c];
-    out[c] += acc;
-  }
-}
-
 /// out (C) += column sums of x (N, C), in a fixed order.
 void add_column_sums(float* out, const float* x, int64_t N, int64_t C) {
-  const int64_t rows = std::max<int64_t>(32, (N + 255) / 256);
+  const int64_t rows = rows_per_partial(N);
   const int64_t blocks = (N + rows - 1) / rows;
   Scratch partial(size_t(C * blocks) * sizeof(float));
-  launch_kernel("linear_backward (bias partial sums)", column_partials_kernel, unsigned(blocks), 256, 0, partial.as<float>(), x, N, C, rows);
-  launch_kernel("linear_backward (bias sum)", add_partials_kernel, blocks_for(C), kThreads, 0, out, partial.as<float>(), blocks, C);
+  launch_kernel("linear_backward (bias partial sums)", column_partials_kernel, unsigned(blocks), 256, 0,
+                partial.as<float>(), x, N, C, rows);
+  add_partial_rows("linear_backward (bias sum)", out, partial.as<float>(), blocks, C, C);
 }
 
 __global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int64_t OC) {

@@ -89,19 +89,6 @@ __global__ void layernorm_backward_params_kernel(float* partial, const float* do
   }
 }
 
-/// Adds the partial sums of every block, in block order.
-__global__ void layernorm_sum_partials_kernel(float* dweight, float* dbias, const float* partial, int64_t blocks, int64_t C) {
-  TINYGPT_CUDA_LOOP(c, C) {
-    float dw = 0.0f, db = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b) {
-      dw += partial[2 * C * b + c];
-      db += partial[2 * C * b + C + c];
-    }
-    if (dweight) dweight[c] += dw;
-    if (dbias) dbias[c] += db;
-  }
-}
-
 __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C) {
   TINYGPT_CUDA_LOOP(i, N * C) out[i] = weight[int64_t(ids[i / C]) * C + i % C];
 }
@@ -192,11 +179,14 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     launch_kernel("layernorm_backward (input)", layernorm_backward_input_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, inp, weight, mean, rstd, N, C, overwrite_dinp);
   }
   if (dweight || dbias) {
-    const int64_t rows = std::max<int64_t>(32, (N + 255) / 256);  // about 256 blocks
+    const int64_t rows = rows_per_partial(N);
     const int64_t blocks = (N + rows - 1) / rows;
-    Scratch partial(size_t(2 * C * blocks) * sizeof(float));
-    launch_kernel("layernorm_backward (weight and bias)", layernorm_backward_params_kernel, unsigned(blocks), 128, 0, partial.as<float>(), dout, inp, mean, rstd, N, C, rows);
-    launch_kernel("layernorm_backward (sum of partials)", layernorm_sum_partials_kernel, blocks_for(C), kThreads, 0, dweight, dbias, partial.as<float>(), blocks, C);
+    Scratch partial(size_t(2 * C * blocks) * sizeof(float));  // block b: C weight sums, then C bias sums
+    launch_kernel("layernorm_backward (weight and bias)", layernorm_backward_params_kernel, unsigned(blocks), 128, 0,
+                  partial.as<float>(), dout, inp, mean, rstd, N, C, rows);
+    const float* sums = partial.as<float>();
+    if (dweight) add_partial_rows("layernorm_backward (weight sum)", dweight, sums, blocks, 2 * C, C);
+    if (dbias) add_partial_rows("layernorm_backward (bias sum)", dbias, sums + C, blocks, 2 * C, C);
   }
 }
 
