@@ -50,6 +50,21 @@ def torch_row(B, NH, T, E, causal, dtype):
     return time_ms(fwd), time_ms(fwd_bwd)
 
 
+def sdpa_kernels(dtype):
+    """The GPU kernels one scaled_dot_product_attention call runs (forward and backward), as the profiler names them:
+    which of torch's attention paths the comparison measures."""
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+            torch.cuda.synchronize()
+        names = {e.key for e in prof.key_averages()}
+    except Exception as e:  # the profiler is a check, not the benchmark
+        return f"(could not tell: {e})"
+    picked = sorted(n for n in names if any(w in n.lower() for w in ("flash", "fmha", "attention", "efficient", "cudnn")))
+    return ", ".join(n[:80] for n in picked) or "(no attention kernel named)"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", default="build/bench/bench_attention")
@@ -58,6 +73,8 @@ def main():
     args = [a.bench, "--device", "cuda", "--json"] + (["--quick"] if a.quick else [])
     rows = [json.loads(line) for line in subprocess.run(args, check=True, capture_output=True, text=True).stdout.splitlines()]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; inputs (B, NH, T, E); TF/s as FlashAttention counts")
+    for dtype in (torch.float32, torch.bfloat16):
+        print(f"torch sdpa {str(dtype).replace('torch.', '')}: {sdpa_kernels(dtype)}")
     print(f"{'impl':<20} {'dtype':>5} {'B':>3} {'NH':>3} {'T':>5} {'E':>4} {'causal':>6} {'fwd ms':>8} {'fwd TF/s':>9} "
           f"{'bwd ms':>8} {'bwd TF/s':>9} {'f+b ms':>8} {'f+b TF/s':>9} {'fwd vs torch':>12} {'bwd vs torch':>12} "
           f"{'f+b vs torch':>12}")
