@@ -4,7 +4,6 @@
 #include <chrono>
 
 #include "autograd/autograd.h"
-#include "autograd/ops.h"
 #include "kernels/device.h"
 #include "kernels/kernels.h"
 
