@@ -484,30 +484,31 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
   }
 }
 
-// Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array.
-template <class Op, int EP>
+// Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array. Each is
+// built with and without the score modifiers' per-element code (kMods: score_logit in attention_common.cuh).
+template <class Op, int EP, bool kMods>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_forward_kernel(float* out, float* lse, const float* q,
                                                                                 const float* k, const float* v,
                                                                                 const float* mask, const uint8_t* kp,
                                                                                 AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
-  flash_mma::forward_body<Op, EP>(mma_smem, out, lse, q, k, v, mask, kp, g);
+  flash_mma::forward_body<Op, EP, kMods>(mma_smem, out, lse, q, k, v, mask, kp, g);
 }
 
-template <class Op, int EP>
+template <class Op, int EP, bool kMods>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dkdv_kernel(
     float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
     const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
-  flash_mma::backward_dkdv_body<Op, EP>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
+  flash_mma::backward_dkdv_body<Op, EP, kMods>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
 }
 
-template <class Op, int EP>
+template <class Op, int EP, bool kMods>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dq_kernel(
     float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
     const float* mask, const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
-  flash_mma::backward_dq_body<Op, EP>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
+  flash_mma::backward_dq_body<Op, EP, kMods>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
 }
 
 /// The f32 kernels on CUDA cores, as a with_flash_path choice.
@@ -536,6 +537,14 @@ void with_flash_path(AttentionMath math, F f) {
       break;
   }
   return f(CudaCores{});
+}
+
+/// Calls f(std::true_type{}) when the call has score modifiers, f(std::false_type{}) when not: which build of a
+/// tensor-core kernel runs.
+template <class F>
+void with_mods(const AttentionGeom& g, F f) {
+  if (g.mods.any()) return f(std::true_type{});
+  return f(std::false_type{});
 }
 
 static_assert(flash_mma::kThreads == kFlashThreads && flash_mma::kRows == kTile && flash_mma::kCols == kTile,
@@ -608,7 +617,11 @@ void attention_flash_forward(float* out, float* lse, const float* q, const float
       if constexpr (std::is_same_v<Op, CudaCores>) {
         launch_kernel("attention_flash_forward", flash_forward_kernel<EP>, grid, kFlashThreads, size_t(4 * forward_smem_floats<EP>()), out, lse, q, k, v, mask, key_padding, g);
       } else {
-        launch_kernel("attention_flash_forward (tensor cores)", flash_mma_forward_kernel<Op, EP>, grid, kFlashThreads, size_t(flash_mma::forward_smem_bytes<Op, EP>()), out, lse, q, k, v, mask, key_padding, g);
+        with_mods(g, [&](auto mods_code) {
+          launch_kernel("attention_flash_forward (tensor cores)", flash_mma_forward_kernel<Op, EP, decltype(mods_code)::value>, grid,
+                        kFlashThreads, size_t(flash_mma::forward_smem_bytes<Op, EP>()), out, lse, q, k, v, mask,
+                        key_padding, g);
+        });
       }
     });
   });
@@ -635,9 +648,11 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
         if constexpr (kCudaCores) {
           launch_kernel("attention_flash_backward (dk, dv)", flash_backward_dkdv_kernel<EP>, grid, kFlashThreads, size_t(4 * dkdv_smem_floats<EP>()), dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
         } else {
-          launch_kernel("attention_flash_backward (dk, dv; tensor cores)", flash_mma_dkdv_kernel<Op, EP>, grid,
-                        kFlashThreads, size_t(flash_mma::dkdv_smem_bytes<Op, EP>()), dk, dv, dout, q, k, v, lse,
-                        D.as<float>(), mask, key_padding, g);
+          with_mods(g, [&](auto mods_code) {
+            launch_kernel("attention_flash_backward (dk, dv; tensor cores)", flash_mma_dkdv_kernel<Op, EP, decltype(mods_code)::value>,
+                          grid, kFlashThreads, size_t(flash_mma::dkdv_smem_bytes<Op, EP>()), dk, dv, dout, q, k, v, lse,
+                          D.as<float>(), mask, key_padding, g);
+          });
         }
       }
       if (dq) {
@@ -645,9 +660,11 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
         if constexpr (kCudaCores) {
           launch_kernel("attention_flash_backward (dq)", flash_backward_dq_kernel<EP>, grid, kFlashThreads, size_t(4 * dq_smem_floats<EP>()), dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
         } else {
-          launch_kernel("attention_flash_backward (dq; tensor cores)", flash_mma_dq_kernel<Op, EP>, grid, kFlashThreads,
-                        size_t(flash_mma::dq_smem_bytes<Op, EP>()), dq, dout, q, k, v, lse, D.as<float>(), mask,
-                        key_padding, g);
+          with_mods(g, [&](auto mods_code) {
+            launch_kernel("attention_flash_backward (dq; tensor cores)", flash_mma_dq_kernel<Op, EP, decltype(mods_code)::value>, grid,
+                          kFlashThreads, size_t(flash_mma::dq_smem_bytes<Op, EP>()), dq, dout, q, k, v, lse,
+                          D.as<float>(), mask, key_padding, g);
+          });
         }
       }
     });

@@ -44,10 +44,13 @@ __device__ __forceinline__ bool tile_unmasked(const AttentionGeom& g, const uint
 
 /// The logit of (t, s) from its raw product qk, -inf where the key is hidden (out of range, causal, padding, and the
 /// score modifiers of kernels/score_mods.h); `capped` gets the soft-capped scaled score, which the backward needs.
-/// Shaw's R rows come from g.mods.gpu_R.
+/// Shaw's R rows come from g.mods.gpu_R. kMods = false promises a call without score modifiers (!g.mods.any()): the
+/// tensor-core kernels are built twice, and the build without the modifiers' per-element code is a quarter the size
+/// (instruction cache) and needs fewer registers.
+template <bool kMods = true>
 __device__ __forceinline__ float score_logit(const AttentionGeom& g, const uint8_t* kp, const float* mask, int64_t b,
                                              int64_t h, int64_t t, int64_t s, float qk, float& capped) {
-  if (!g.mods.any()) {
+  if (!kMods || !g.mods.any()) {
     capped = float(g.scale) * qk;
     return visible(g, kp, b, t, s) ? capped + mask_at(mask, g, b, h, t, s) : -INFINITY;
   }
@@ -60,14 +63,17 @@ __device__ __forceinline__ float score_logit(const AttentionGeom& g, const uint8
 }
 
 /// dP of (t, s) from dO_t . v_s: plus Shaw's G rows (g.mods.gpu_G) on the value side.
+template <bool kMods = true>
 __device__ __forceinline__ float score_dp(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s, float dov) {
   const ScoreMods& m = g.mods;
-  if (!m.gpu_G) return dov;
+  if (!kMods || !m.gpu_G) return dov;
   return dov + m.gpu_G[((b * g.NH + h) * g.T + t) * m.rel_width() + rel_column(s - (t + g.S - g.T), m.max_rel)];
 }
 
 /// The raw product's gradient from the logit's: times the soft-cap's derivative and the scale.
+template <bool kMods = true>
 __device__ __forceinline__ float score_ds(const AttentionGeom& g, float dlogit, float capped) {
+  if (!kMods) return dlogit * float(g.scale);
   return dlogit * softcap_grad(capped, g.mods.softcap) * float(g.scale);
 }
 

@@ -20,6 +20,11 @@
 // stored transposed, written while loading; in those tiles word w of row e sits at w ^ ((e / 8) % 8) (swizzled),
 // because the loading lanes write one column of eight rows 8 apart, which would otherwise share 4 banks.
 //
+// Each body is built twice (kMods): with the score modifiers' per-element code (kernels/score_mods.h), and without it
+// for calls that have none, where it would be dead weight: inlined into every element of the unrolled tiles it made
+// the kernels 28-33 thousand instructions long, far past the instruction cache (H200: half the stalls of the
+// forward were instruction fetches), and without it they are 7.5-14 thousand (sm_90, bf16, head dim 64).
+//
 // Backward, deterministic as the f32 one: D = rowsum(dO * O) first (attention.cu); one block per key tile
 // keeps dK and dV in registers over the group's heads and all queries; one block per query tile keeps dQ.
 // No atomics. For head dim 128 the dK/dV kernel takes 32 queries per step to stay within 255 registers.
@@ -271,7 +276,7 @@ constexpr int forward_smem_bytes() {
 }
 
 /// Output and logsumexp of one query tile (query_tile).
-template <class Op, int EP>
+template <class Op, int EP, bool kMods>
 __device__ void forward_body(unsigned char* smem, float* out, float* lse, const float* q, const float* k, const float* v,
                              const float* mask, const uint8_t* kp, const AttentionGeom& g) {
   uint32_t* Qs = reinterpret_cast<uint32_t*>(smem);
@@ -306,7 +311,7 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           float capped;
-          sc[j][i] = score_logit(g, kp, mask, b, h, t0 + frag_row(p, i), s0 + 8 * j + frag_col(p, i), sc[j][i], capped);
+          sc[j][i] = score_logit<kMods>(g, kp, mask, b, h, t0 + frag_row(p, i), s0 + 8 * j + frag_col(p, i), sc[j][i], capped);
         }
       }
     }
@@ -358,7 +363,7 @@ constexpr int dkdv_smem_bytes() {
 
 /// Block (blockIdx.x = b * NKV + kv head, key tile blockIdx.y): dK and dV of 64 keys (accumulated into), summed
 /// over the group's query heads and every query. Rows of the warp fragments are keys, columns queries.
-template <class Op, int EP>
+template <class Op, int EP, bool kMods>
 __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, const float* dout, const float* q,
                                    const float* k, const float* v, const float* lse, const float* D, const float* mask,
                                    const uint8_t* kp, const AttentionGeom& g) {
@@ -417,12 +422,12 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
             const int64_t t = t0 + tj;
             float pd = 0.0f, ds = 0.0f, capped = 0.0f;
             float x = -INFINITY;
-            if (lse_s[tj] != -INFINITY) x = score_logit(g, kp, mask, b, h, t, s, pt[j][i], capped);
+            if (lse_s[tj] != -INFINITY) x = score_logit<kMods>(g, kp, mask, b, h, t, s, pt[j][i], capped);
             if (x != -INFINITY) {
               const float pr = expf(x - lse_s[tj]);
               const float f = dropout_factor(g, b, h, t, s);
               pd = pr * f;
-              ds = score_ds(g, pr * (score_dp(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
+              ds = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
             }
             pt[j][i] = pd;
             dst[j][i] = ds;
@@ -445,7 +450,7 @@ constexpr int dq_smem_bytes() {
 }
 
 /// dQ of one query tile (query_tile), accumulated into.
-template <class Op, int EP>
+template <class Op, int EP, bool kMods>
 __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* dout, const float* q, const float* k,
                                  const float* v, const float* lse, const float* D, const float* mask, const uint8_t* kp,
                                  const AttentionGeom& g) {
@@ -496,11 +501,11 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
           const int half = i / 2;
           const int64_t t = t0 + frag_row(p, i), s = s0 + 8 * j + frag_col(p, i);
           float x = 0.0f, capped = 0.0f, logit = -INFINITY;
-          if (row_lse[half] != -INFINITY) logit = score_logit(g, kp, mask, b, h, t, s, ds[j][i], capped);
+          if (row_lse[half] != -INFINITY) logit = score_logit<kMods>(g, kp, mask, b, h, t, s, ds[j][i], capped);
           if (logit != -INFINITY) {
             const float pr = expf(logit - row_lse[half]);
             const float f = dropout_factor(g, b, h, t, s);
-            x = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[j][i]) * f - row_D[half]), capped);
+            x = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dp[j][i]) * f - row_D[half]), capped);
           }
           ds[j][i] = x;
         }
