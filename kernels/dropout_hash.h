@@ -1,5 +1,11 @@
 // The dropout mask as a pure function of (seed, element index): no mask is stored, backward recomputes
 // it, any thread split gives the same mask, and the CUDA kernels can use the same function.
+//
+// Element i of the stream of `seed` is kept iff dropout_uniform(dropout_key(seed, i >> 32), uint32(i)) >= p: one
+// 64-bit mix per 2^32 elements (the key) and a 32-bit one per element (murmur3's finalizer over the low word times
+// an odd constant, xor the key). Both steps are bijections of the low word, so within a block of 2^32 elements every
+// 24-bit value appears equally often. Kernels keep the key of a row (DropoutRow) and pay a few 32-bit integer
+// operations a score, where two 64-bit products a score made dropout most of the attention kernels' arithmetic.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +27,60 @@ TINYGPT_HOST_DEVICE inline uint64_t mix64(uint64_t x) {
   return x;
 }
 
+TINYGPT_HOST_DEVICE inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85ebca6bu;
+  x ^= x >> 13;
+  x *= 0xc2b2ae35u;
+  x ^= x >> 16;
+  return x;
+}
+
+/// The key of elements [hi * 2^32, (hi + 1) * 2^32) of the stream of `seed`.
+TINYGPT_HOST_DEVICE inline uint32_t dropout_key(uint64_t seed, uint64_t hi) {
+  return uint32_t(mix64(seed + 0x9e3779b97f4a7c15ULL * (hi + 1)) >> 32);
+}
+
+/// Uniform in [0, 1) with 24 random bits, from a block's key and the element's low word.
+TINYGPT_HOST_DEVICE inline float dropout_uniform(uint32_t key, uint32_t lo) {
+  return float(mix32((lo * 0x9e3779b9u) ^ key) >> 8) * 0x1.0p-24f;
+}
+
 /// Uniform in [0, 1) with 24 random bits, from (seed, i).
 TINYGPT_HOST_DEVICE inline float hash_uniform(uint64_t seed, int64_t i) {
-  return float(mix64(seed + 0x9e3779b97f4a7c15ULL * uint64_t(i + 1)) >> 40) * 0x1.0p-24f;
+  return dropout_uniform(dropout_key(seed, uint64_t(i) >> 32), uint32_t(uint64_t(i)));
 }
 
 /// True when element i survives dropout with probability p.
 TINYGPT_HOST_DEVICE inline bool dropout_keep(uint64_t seed, int64_t i, float p) { return hash_uniform(seed, i) >= p; }
+
+/// dropout_keep for a whole stream, with the key of its first 2^32 elements computed once.
+struct DropoutStream {
+  uint64_t seed;
+  uint32_t key0;
+
+  TINYGPT_HOST_DEVICE explicit DropoutStream(uint64_t s) : seed(s), key0(dropout_key(s, 0)) {}
+
+  TINYGPT_HOST_DEVICE bool keep(int64_t i, float p) const {
+    return uint64_t(i) >> 32 == 0 ? dropout_uniform(key0, uint32_t(i)) >= p : dropout_keep(seed, i, p);
+  }
+};
+
+/// dropout_keep over a run of fewer than 2^32 elements from i0 (a row of attention scores): the keys of the block
+/// i0 is in and of the next, so each element costs only dropout_uniform.
+struct DropoutRow {
+  uint32_t lo0 = 0, key0 = 0, key1 = 0;
+
+  DropoutRow() = default;
+  TINYGPT_HOST_DEVICE DropoutRow(uint64_t seed, int64_t i0)
+      : lo0(uint32_t(uint64_t(i0))), key0(dropout_key(seed, uint64_t(i0) >> 32)),
+        key1(dropout_key(seed, (uint64_t(i0) >> 32) + 1)) {}
+
+  /// dropout_keep(seed, i0 + j, p).
+  TINYGPT_HOST_DEVICE bool keep(int64_t j, float p) const {
+    const uint32_t lo = lo0 + uint32_t(j);
+    return dropout_uniform(lo < lo0 ? key1 : key0, lo) >= p;  // lo < lo0: past the end of i0's block
+  }
+};
 
 }  // namespace tinygpt

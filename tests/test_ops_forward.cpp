@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "autograd/ops.h"
+#include "kernels/dropout_hash.h"
 #include "test_util.h"
 
 using namespace tinygpt;
@@ -187,6 +188,38 @@ TEST_CASE("forward: dropout keeps about 1-p of the elements, scaled, with a repr
   Generator gen(3);
   CHECK(dropout(x, 0.5, gen, false).impl_ptr() == x.impl_ptr());  // eval mode: identity
   CHECK_THROWS_AS(dropout(x, 1.5, 1), Error);
+}
+
+TEST_CASE("dropout hash: row and stream forms agree with dropout_keep, across a 2^32 block; uniform, uncorrelated") {
+  const uint64_t seed = 0x1234abcdULL;
+  const float p = 0.3f;
+  const int64_t block = int64_t(1) << 32;
+  // A row that starts 100 elements before a block boundary: the row form switches keys there.
+  for (int64_t i0 : {int64_t(0), int64_t(77) * 4096, block - 100, 5 * block - 1}) {
+    const DropoutRow row(seed, i0);
+    for (int64_t j = 0; j < 300; ++j) REQUIRE(row.keep(j, p) == dropout_keep(seed, i0 + j, p));
+  }
+  const DropoutStream stream(seed);
+  for (int64_t i : {int64_t(0), int64_t(12345), block - 1, block, block + 7, 3 * block + 11}) {
+    REQUIRE(stream.keep(i, p) == dropout_keep(seed, i, p));
+  }
+  // Elements i and i + 2^32 have different keys, so different masks.
+  int64_t same = 0;
+  for (int64_t i = 0; i < 10000; ++i) same += dropout_keep(seed, i, 0.5f) == dropout_keep(seed, i + block, 0.5f);
+  CHECK(std::abs(double(same) / 10000 - 0.5) < 0.03);
+  // Uniform: 16 bins of 2^20 draws within 2% of 1/16 (5 standard deviations); neighbours (rows of attention scores) uncorrelated, and so are
+  // elements a row apart (S = 256).
+  const int64_t n = int64_t(1) << 20;
+  std::vector<double> u(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) u[size_t(i)] = hash_uniform(seed, i);
+  std::vector<int64_t> bins(16);
+  for (double x : u) ++bins[size_t(x * 16)];
+  for (int64_t c : bins) CHECK(std::abs(double(c) / double(n) - 1.0 / 16) < 0.02 / 16);
+  for (int64_t lag : {1, 2, 256}) {
+    double cov = 0;
+    for (int64_t i = 0; i + lag < n; ++i) cov += (u[size_t(i)] - 0.5) * (u[size_t(i + lag)] - 0.5);
+    CHECK(std::abs(cov / double(n - lag) * 12) < 0.01);  // the correlation (variance 1/12)
+  }
 }
 
 TEST_CASE("forward: reshape, permute, transpose") {

@@ -343,9 +343,9 @@ void query_major_probs_and_ds(T* s, T* dp, int64_t ld, int64_t nr, int64_t nc, i
       if (!dropout) store(dr + j, p * (load(dr + j) - D) * scale);
     }
     if (dropout) {
-      const int64_t drop0 = dropout_row(g, b, h, t) + s0;
+      const DropoutRow drop(g.dropout_seed, dropout_row(g, b, h, t) + s0);
       for (int64_t j = 0; j < lim; ++j) {
-        const T f = dropout_keep(g.dropout_seed, drop0 + j, g.dropout_p) ? keep_scale : T(0);
+        const T f = drop.keep(j, g.dropout_p) ? keep_scale : T(0);
         dr[j] = sr[j] * (dr[j] * f - D) * scale;
         sr[j] *= f;
       }
@@ -875,9 +875,10 @@ void attention_naive_forward(T* out, T* weights, T* lse, const T* q, const T* k,
       for (int64_t s = 0; s < g.S; ++s) sum += p[s] = std::exp(p[s] - mx);
       for (int64_t s = 0; s < g.S; ++s) p[s] /= sum;
       lse[row] = mx + std::log(sum);
+      const DropoutRow drop(g.dropout_seed, dropout_row(g, b, h, t));
       for (int64_t s = 0; s < g.S; ++s) {
         T w = p[s];
-        if (g.dropout_p > 0.0f) w = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t) + s, g.dropout_p) ? w * keep_scale : T(0);
+        if (g.dropout_p > 0.0f) w = drop.keep(s, g.dropout_p) ? w * keep_scale : T(0);
         if (w != T(0)) axpy_row(o, w, at(v, g.v_stride, b, kvh, s), g.Ev);
         if (pbar) pbar[row * W + rel_column(s - (t + g.S - g.T), g.mods.max_rel)] += w;
       }
@@ -992,6 +993,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     std::vector<T> m(static_cast<size_t>(Br)), l(static_cast<size_t>(Br)), m_sub(static_cast<size_t>(Br)),
         alpha(static_cast<size_t>(Br)), sums(static_cast<size_t>(Br));
     std::vector<T> pbar(rel_probs ? size_t(Br * W) : 0);
+    std::vector<DropoutRow> drop(dropout ? size_t(Br) : 0);  // the tile's query rows
     ModScratch<T> scratch;
     TileProducts<T> product(g);
 #pragma omp for schedule(dynamic, 1)
@@ -1000,6 +1002,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
       const int64_t b = task / (g.NH * n_qtiles), h = task / n_qtiles % g.NH;
       const int64_t t0 = (n_qtiles - 1 - task % n_qtiles) * Br;
       const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
+      for (size_t i = 0; i < drop.size(); ++i) drop[i] = DropoutRow(g.dropout_seed, dropout_row(g, b, h, t0 + int64_t(i)));
       pack_transposed(qt.data(), Br, at(q, g.q_stride, b, h, t0), g.q_stride[2], nr, g.E);
       std::fill(o.begin(), o.end(), T(0));
       std::fill(m.begin(), m.end(), kNegInf<T>);
@@ -1051,8 +1054,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
           for (int64_t j = 0; j < nc; ++j) {
             T* row = st.data() + j * Br;
             for (int64_t i = 0; i < nr; ++i) {
-              const bool keep = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t0 + i) + s0 + j, g.dropout_p);
-              row[i] = keep ? row[i] * keep_scale : T(0);
+              row[i] = drop[size_t(i)].keep(s0 + j, g.dropout_p) ? row[i] * keep_scale : T(0);
             }
           }
         }
@@ -1159,6 +1161,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
       std::vector<T> qt(size_t(g.E * Br)), dot_(size_t(g.Ev * Br)), st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
       std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
       std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
+      std::vector<DropoutRow> drop(dropout ? size_t(Br) : 0);  // the tile's query rows
       ModScratch<T> scratch;
       TileProducts<T> product(g);
 #pragma omp for schedule(dynamic, 1)
@@ -1168,6 +1171,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
         const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
         const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
         if (s_begin >= s_end) continue;
+        for (size_t i = 0; i < drop.size(); ++i) drop[i] = DropoutRow(g.dropout_seed, dropout_row(g, b, h, t0 + int64_t(i)));
         T* const dt5 = t5_partial.empty() ? nullptr : t5_partial.data() + task * buckets;
         std::fill(by_distance.begin(), by_distance.end(), T(0));
         pack_transposed(qt.data(), Br, at(q, g.q_stride, b, h, t0), qs, nr, g.E);
@@ -1201,7 +1205,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
               }
               if (dropout) {
                 for (int64_t i = 0; i < nr; ++i) {
-                  const bool keep = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t0 + i) + s0 + j, g.dropout_p);
+                  const bool keep = drop[size_t(i)].keep(s0 + j, g.dropout_p);
                   drow[i] = row[i] * (drow[i] * (keep ? keep_scale : T(0)) - D_t[size_t(i)]) * scale;
                 }
               }

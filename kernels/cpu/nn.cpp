@@ -152,16 +152,18 @@ void crossentropy_backward(T* dlogits, const T* dloss_in, T scale, const T* logi
 template <class T>
 void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
   const T scale = dropout_scale<T>(p);
+  const DropoutStream stream(seed);
 #pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) out[i] = dropout_keep(seed, i, p) ? inp[i] * scale : T(0);
+  for (int64_t i = 0; i < n; ++i) out[i] = stream.keep(i, p) ? inp[i] * scale : T(0);
 }
 
 template <class T>
 void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed) {
   const T scale = dropout_scale<T>(p);
+  const DropoutStream stream(seed);
 #pragma omp parallel for if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
-    if (dropout_keep(seed, i, p)) dinp[i] += dout[i] * scale;
+    if (stream.keep(i, p)) dinp[i] += dout[i] * scale;
   }
 }
 

@@ -35,6 +35,18 @@ __device__ __forceinline__ float dropout_factor(const AttentionGeom& g, int64_t 
   return keep ? dropout_scale<float>(g.dropout_p) : 0.0f;
 }
 
+/// The dropout of score row (b, h, t): dropout_keep's key for it (kernels/dropout_hash.h), or nothing without dropout.
+__device__ __forceinline__ DropoutRow dropout_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) {
+  return g.dropout_p > 0.0f ? DropoutRow(g.dropout_seed, ((b * g.NH + h) * g.T + t) * g.S) : DropoutRow();
+}
+
+/// dropout_factor of key s of the row `row` (dropout_row), with keep_scale = dropout_scale<float>(g.dropout_p): the
+/// tensor-core kernels' form, a few 32-bit operations a score.
+__device__ __forceinline__ float dropout_factor(const AttentionGeom& g, const DropoutRow& row, float keep_scale, int64_t s) {
+  if (g.dropout_p <= 0.0f) return 1.0f;
+  return row.keep(s, g.dropout_p) ? keep_scale : 0.0f;
+}
+
 /// True when every query of [t0, t0 + rows) sees every key of [s0, s0 + cols): no padding, no additive mask, no
 /// score modifier, all in range and below the causal diagonal. Such tiles skip the per-element checks.
 __device__ __forceinline__ bool tile_unmasked(const AttentionGeom& g, const uint8_t* kp, const float* mask, int64_t t0,

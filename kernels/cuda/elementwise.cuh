@@ -284,12 +284,14 @@ __global__ void softmax_backward_kernel(float* dinp, const float* dout, const fl
 }
 
 __global__ void dropout_forward_kernel(float* out, const float* inp, int64_t n, float p, uint64_t seed, float scale) {
-  TINYGPT_CUDA_LOOP(i, n) out[i] = dropout_keep(seed, i, p) ? inp[i] * scale : 0.0f;
+  const DropoutStream stream(seed);
+  TINYGPT_CUDA_LOOP(i, n) out[i] = stream.keep(i, p) ? inp[i] * scale : 0.0f;
 }
 
 __global__ void dropout_backward_kernel(float* dinp, const float* dout, int64_t n, float p, uint64_t seed, float scale) {
+  const DropoutStream stream(seed);
   TINYGPT_CUDA_LOOP(i, n) {
-    if (dropout_keep(seed, i, p)) dinp[i] += dout[i] * scale;
+    if (stream.keep(i, p)) dinp[i] += dout[i] * scale;
   }
 }
 

@@ -287,6 +287,8 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
   const float scale = float(g.scale);
 
   load_tile<Op, kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
+  const float keep_scale = dropout_scale<float>(g.dropout_p);
+  const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + frag_row(p, 0)), dropout_row(g, b, h, t0 + frag_row(p, 2))};
   float o[EP / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
@@ -317,7 +319,6 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int64_t t = t0 + frag_row(p, 2 * half);
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kCols / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * half], sc[j][2 * half + 1]));
@@ -332,7 +333,7 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
           float& x = sc[j][2 * half + e];
           const float pr = expf(x - m_sub);
           sum += pr;
-          x = pr * dropout_factor(g, b, h, t, s0 + 8 * j + frag_col(p, e));
+          x = pr * dropout_factor(g, drop[half], keep_scale, s0 + 8 * j + frag_col(p, e));
         }
       }
       l[half] = l[half] * alpha + quad_sum(sum);
@@ -358,7 +359,8 @@ template <class Op, int EP>
 constexpr int dkdv_smem_bytes() {
   constexpr int Q = dkdv_queries(EP);
   return 4 * (2 * kRows * row_words<Op>(EP) /* K, V */ + 2 * Q * row_words<Op>(EP) /* Q, dO */ +
-              2 * EP * row_words<Op>(Q) /* Q^T, dO^T */ + 2 * Q /* lse, D */);
+              2 * EP * row_words<Op>(Q) /* Q^T, dO^T */ + 2 * Q /* lse, D */ +
+              Q * int(sizeof(DropoutRow) / 4) /* the queries' dropout rows */);
 }
 
 /// Block (blockIdx.x = b * NKV + kv head, key tile blockIdx.y): dK and dV of 64 keys (accumulated into), summed
@@ -376,10 +378,11 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   uint32_t* dOt = Qt + EP * row_words<Op>(Q);
   float* lse_s = reinterpret_cast<float*>(dOt + EP * row_words<Op>(Q));
   float* D_s = lse_s + Q;
+  DropoutRow* drop_s = reinterpret_cast<DropoutRow*>(D_s + Q);
   const int64_t b = blockIdx.x / g.NKV, kvh = blockIdx.x % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kRows;
   const Lane p = lane_pos();
-  const float scale = float(g.scale);
+  const float scale = float(g.scale), keep_scale = dropout_scale<float>(g.dropout_p);
 
   load_tile<Op, kRows, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
   load_tile<Op, kRows, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
@@ -395,6 +398,7 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
         const int64_t row = (b * g.NH + h) * g.T + t0 + i;
         lse_s[i] = t0 + i < g.T ? lse[row] : -INFINITY;
         D_s[i] = t0 + i < g.T ? D[row] : 0.0f;
+        drop_s[i] = dropout_row(g, b, h, t0 + i);
       }
       __syncthreads();
       float pt[Q / 8][4], dst[Q / 8][4];  // P^T, then dS^T (rows keys, columns queries)
@@ -407,7 +411,7 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
           for (int i = 0; i < 4; ++i) {
             const int tj = 8 * j + frag_col(p, i);
             const float pr = expf(scale * pt[j][i] - lse_s[tj]);
-            const float f = dropout_factor(g, b, h, t0 + tj, s0 + frag_row(p, i));
+            const float f = dropout_factor(g, drop_s[tj], keep_scale, s0 + frag_row(p, i));
             pt[j][i] = pr * f;
             dst[j][i] = pr * (dst[j][i] * f - D_s[tj]) * scale;
           }
@@ -425,7 +429,7 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
             if (lse_s[tj] != -INFINITY) x = score_logit<kMods>(g, kp, mask, b, h, t, s, pt[j][i], capped);
             if (x != -INFINITY) {
               const float pr = expf(x - lse_s[tj]);
-              const float f = dropout_factor(g, b, h, t, s);
+              const float f = dropout_factor(g, drop_s[tj], keep_scale, s);
               pd = pr * f;
               ds = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
             }
@@ -472,6 +476,8 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
     row_lse[half] = t < g.T ? lse[(b * g.NH + h) * g.T + t] : -INFINITY;
     row_D[half] = t < g.T ? D[(b * g.NH + h) * g.T + t] : 0.0f;
   }
+  const float keep_scale = dropout_scale<float>(g.dropout_p);
+  const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + frag_row(p, 0)), dropout_row(g, b, h, t0 + frag_row(p, 2))};
   float dq_acc[EP / 8][4] = {};
   const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
   for (int64_t s0 = key_begin(g, t0); s0 < s_end; s0 += kCols) {
@@ -489,7 +495,7 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
         for (int i = 0; i < 4; ++i) {
           const int half = i / 2;
           const float pr = expf(scale * ds[j][i] - row_lse[half]);
-          const float f = dropout_factor(g, b, h, t0 + frag_row(p, i), s0 + 8 * j + frag_col(p, i));
+          const float f = dropout_factor(g, drop[half], keep_scale, s0 + 8 * j + frag_col(p, i));
           ds[j][i] = pr * (dp[j][i] * f - row_D[half]) * scale;
         }
       }
@@ -504,7 +510,7 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
           if (row_lse[half] != -INFINITY) logit = score_logit<kMods>(g, kp, mask, b, h, t, s, ds[j][i], capped);
           if (logit != -INFINITY) {
             const float pr = expf(logit - row_lse[half]);
-            const float f = dropout_factor(g, b, h, t, s);
+            const float f = dropout_factor(g, drop[half], keep_scale, s);
             x = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dp[j][i]) * f - row_D[half]), capped);
           }
           ds[j][i] = x;
