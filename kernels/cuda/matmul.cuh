@@ -188,15 +188,31 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                      int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act,
                      const float* act_of) {
+  // In bf16 both products read dout: it is rounded once for the two.
+  const bool round_once = math == MatmulMath::BF16 && dinp && dweight && N * OC * C > 0;
+  Scratch dout16_copy(round_once ? size_t((N * OC + 1) / 2) * 4 : 0);
+  const uint16_t* dout16 = round_once ? rounded_bf16(dout16_copy, dout, N * OC, "linear_backward (dout to bf16)") : nullptr;
   if (dinp) {
-    product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, overwrite_dinp ? 0.0f : 1.0f, dinp, C, math,
-            "linear_backward (dinp)");
+    const float beta = overwrite_dinp ? 0.0f : 1.0f;
+    if (dout16) {
+      Scratch w16(size_t((OC * C + 1) / 2) * 4);
+      gemm_bf16(false, false, N, C, OC, 1.0f, dout16, OC, 0, rounded_bf16(w16, weight, OC * C, "linear_backward (dinp)"),
+                C, 0, beta, dinp, C, 0, 1, "linear_backward (dinp)");
+    } else {
+      product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, beta, dinp, C, math, "linear_backward (dinp)");
+    }
     if (act != Activation::None) {
       launch_kernel("linear_backward (activation)", activation_grad_kernel, blocks_for(N * C), kThreads, 0, dinp,
                     act_of, N * C, act);
     }
   }
-  if (dweight) product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
+  if (dweight && dout16) {
+    Scratch inp16(size_t((N * C + 1) / 2) * 4);
+    gemm_bf16(true, false, OC, C, N, 1.0f, dout16, OC, 0, rounded_bf16(inp16, inp, N * C, "linear_backward (dweight)"), C,
+              0, 1.0f, dweight, C, 0, 1, "linear_backward (dweight)");
+  } else if (dweight) {
+    product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
+  }
   if (dbias && N > 0) add_column_sums(dbias, dout, N, OC);
 }
 TINYGPT_CUDA_END
