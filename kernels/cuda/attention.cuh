@@ -11,6 +11,9 @@
 // The flash entry points run the tensor-core kernels of flash_mma.cuh instead when the call's AttentionGeom::math
 // asks for tf32 or bf16 operands (f32 accumulation either way; with_flash_path below).
 //
+// Every flash kernel (f32 here, tf32 and bf16 in flash_mma.cuh) is built with and without the score modifiers'
+// per-element code (kMods: score_logit in attention_common.cuh), and a call without modifiers runs the lean build.
+//
 // Backward, FlashAttention-2 style, deterministic: D = rowsum(dO * O) first; then one block per key tile
 // walks the query tiles of every head of its group and keeps dK and dV in registers; then one block per
 // query tile walks the key tiles and keeps dQ in registers. No gradient is written by two blocks, so there
@@ -259,7 +262,7 @@ constexpr int forward_smem_floats() {
   return kTile * (EP + 1) /* Q */ + EP * kT /* K^T */ + kTile * (EP + 1) /* V */ + kTile * kT /* P */;
 }
 
-template <int EP>
+template <int EP, bool kMods>
 __global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out, float* lse, const float* q,
                                                                       const float* k, const float* v, const float* mask,
                                                                       const uint8_t* kp, AttentionGeom g) {
@@ -271,6 +274,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out
   const int64_t bh = blockIdx.x, b = bh / g.NH, h = bh % g.NH, kvh = h / (g.NH / g.NKV);
   const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kTile;  // the longest causal tiles start first
   const ThreadPos p = thread_pos();
+  const float keep_scale = dropout_scale<float>(g.dropout_p);
 
   load_rows<EP>(Qs, q, g.q_stride, b, h, t0, g.T, g.E);
   float o[4][EP / 8] = {};
@@ -297,18 +301,19 @@ __global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out
       for (int j = 0; j < 8; ++j) {
         const int64_t s = s0 + p.col0 + 8 * j;
         float capped;
-        sc[i][j] = score_logit(g, kp, mask, b, h, t, s, sc[i][j], capped);
+        sc[i][j] = score_logit<kMods>(g, kp, mask, b, h, t, s, sc[i][j], capped);
         mx = fmaxf(mx, sc[i][j]);
       }
       const float m_new = fmaxf(m[i], group_max(mx));
       const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet: exp(-inf - 0) = 0
       const float alpha = expf(m[i] - m_sub);
+      const DropoutRow drop = dropout_row(g, b, h, t);
       float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const float e = expf(sc[i][j] - m_sub);
         sum += e;
-        Ps[(p.row0 + i) * kT + p.col0 + 8 * j] = e * dropout_factor(g, b, h, t, s0 + p.col0 + 8 * j);
+        Ps[(p.row0 + i) * kT + p.col0 + 8 * j] = e * dropout_factor(g, drop, keep_scale, s0 + p.col0 + 8 * j);
       }
       l[i] = l[i] * alpha + group_sum(sum);
       m[i] = m_new;
@@ -339,7 +344,7 @@ constexpr int dkdv_smem_floats() {
 }
 
 /// One block per (key tile, batch, kv head): dK and dV of 64 keys, summed over the group's heads and every query.
-template <int EP>
+template <int EP, bool kMods>
 __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
     float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
     const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
@@ -355,6 +360,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
   const int64_t bkv = blockIdx.x, b = bkv / g.NKV, kvh = bkv % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kTile;
   const ThreadPos p = thread_pos();  // rows: keys; columns: queries
+  const float keep_scale = dropout_scale<float>(g.dropout_p);
 
   load_rows<EP>(Ks, k, g.k_stride, b, kvh, s0, g.S, g.E);
   load_rows<EP>(Vs, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
@@ -375,20 +381,24 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
       float sc[4][8], dp[4][8];
       tile_dot<EP>(sc, Ks, Qt, p);
       tile_dot<EP>(dp, Vs, dOt, p);
+      // Query columns outside, keys inside: each query's dropout row serves the thread's 4 keys. (Kept in shared memory,
+      // as the tensor-core kernel keeps them, the rows would take head dim 128 past an A100's 163 KB a block.)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t s = s0 + p.row0 + i;
+      for (int j = 0; j < 8; ++j) {
+        const int tj = p.col0 + 8 * j;
+        const int64_t t = t0 + tj;
+        const DropoutRow drop = dropout_row(g, b, h, t);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int tj = p.col0 + 8 * j;
-          const int64_t t = t0 + tj;
+        for (int i = 0; i < 4; ++i) {
+          const int64_t s = s0 + p.row0 + i;
           float pd = 0.0f, ds = 0.0f, capped;
-          const float x = lse_s[tj] != -INFINITY ? score_logit(g, kp, mask, b, h, t, s, sc[i][j], capped) : -INFINITY;
+          const float x =
+              lse_s[tj] != -INFINITY ? score_logit<kMods>(g, kp, mask, b, h, t, s, sc[i][j], capped) : -INFINITY;
           if (x != -INFINITY) {
             const float pr = expf(x - lse_s[tj]);
-            const float f = dropout_factor(g, b, h, t, s);
+            const float f = dropout_factor(g, drop, keep_scale, s);
             pd = pr * f;
-            ds = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[i][j]) * f - D_s[tj]), capped);
+            ds = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dp[i][j]) * f - D_s[tj]), capped);
           }
           PT[(p.row0 + i) * kT + tj] = pd;
           dST[(p.row0 + i) * kT + tj] = ds;
@@ -420,7 +430,7 @@ constexpr int dq_smem_floats() {
 }
 
 /// One block per (query tile, batch, head): dQ of 64 queries.
-template <int EP>
+template <int EP, bool kMods>
 __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
     float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
     const float* mask, const uint8_t* kp, AttentionGeom g) {
@@ -444,6 +454,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
     row_D[i] = t < g.T ? D[(b * g.NH + h) * g.T + t] : 0.0f;
   }
   float dq_acc[4][EP / 8] = {};
+  const float keep_scale = dropout_scale<float>(g.dropout_p);
   const int64_t s_end = key_end(g, min64(t0 + kTile, g.T) - 1);
   for (int64_t s0 = key_begin(g, t0); s0 < s_end; s0 += kTile) {
     __syncthreads();
@@ -456,14 +467,17 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t t = t0 + p.row0 + i;
+      const DropoutRow drop = dropout_row(g, b, h, t);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int64_t s = s0 + p.col0 + 8 * j;
         float ds = 0.0f, capped;
-        const float x = row_lse[i] != -INFINITY ? score_logit(g, kp, mask, b, h, t, s, sc[i][j], capped) : -INFINITY;
+        const float x =
+            row_lse[i] != -INFINITY ? score_logit<kMods>(g, kp, mask, b, h, t, s, sc[i][j], capped) : -INFINITY;
         if (x != -INFINITY) {
           const float pr = expf(x - row_lse[i]);
-          ds = score_ds(g, pr * (score_dp(g, b, h, t, s, dp[i][j]) * dropout_factor(g, b, h, t, s) - row_D[i]), capped);
+          const float f = dropout_factor(g, drop, keep_scale, s);
+          ds = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dp[i][j]) * f - row_D[i]), capped);
         }
         dSs[(p.row0 + i) * kT + p.col0 + 8 * j] = ds;
       }
@@ -484,8 +498,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
   }
 }
 
-// Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array. Each is
-// built with and without the score modifiers' per-element code (kMods: score_logit in attention_common.cuh).
+// Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array.
 template <class Op, int EP, bool kMods>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_forward_kernel(float* out, float* lse, const float* q,
                                                                                 const float* k, const float* v,
@@ -615,7 +628,10 @@ void attention_flash_forward(float* out, float* lse, const float* q, const float
     with_flash_path<EP>(g.math, [&](auto path) {
       using Op = decltype(path);
       if constexpr (std::is_same_v<Op, CudaCores>) {
-        launch_kernel("attention_flash_forward", flash_forward_kernel<EP>, grid, kFlashThreads, size_t(4 * forward_smem_floats<EP>()), out, lse, q, k, v, mask, key_padding, g);
+        with_mods(g, [&](auto mods_code) {
+          launch_kernel("attention_flash_forward", flash_forward_kernel<EP, decltype(mods_code)::value>, grid,
+                        kFlashThreads, size_t(4 * forward_smem_floats<EP>()), out, lse, q, k, v, mask, key_padding, g);
+        });
       } else {
         with_mods(g, [&](auto mods_code) {
           launch_kernel("attention_flash_forward (tensor cores)", flash_mma_forward_kernel<Op, EP, decltype(mods_code)::value>, grid,
@@ -646,7 +662,11 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
       if ((dk || dv) && g.S > 0) {
         const dim3 grid(unsigned(g.B * g.NKV), tiles(g.S));
         if constexpr (kCudaCores) {
-          launch_kernel("attention_flash_backward (dk, dv)", flash_backward_dkdv_kernel<EP>, grid, kFlashThreads, size_t(4 * dkdv_smem_floats<EP>()), dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+          with_mods(g, [&](auto mods_code) {
+            launch_kernel("attention_flash_backward (dk, dv)", flash_backward_dkdv_kernel<EP, decltype(mods_code)::value>,
+                          grid, kFlashThreads, size_t(4 * dkdv_smem_floats<EP>()), dk, dv, dout, q, k, v, lse,
+                          D.as<float>(), mask, key_padding, g);
+          });
         } else {
           with_mods(g, [&](auto mods_code) {
             launch_kernel("attention_flash_backward (dk, dv; tensor cores)", flash_mma_dkdv_kernel<Op, EP, decltype(mods_code)::value>,
@@ -658,7 +678,11 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
       if (dq) {
         const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
         if constexpr (kCudaCores) {
-          launch_kernel("attention_flash_backward (dq)", flash_backward_dq_kernel<EP>, grid, kFlashThreads, size_t(4 * dq_smem_floats<EP>()), dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, g);
+          with_mods(g, [&](auto mods_code) {
+            launch_kernel("attention_flash_backward (dq)", flash_backward_dq_kernel<EP, decltype(mods_code)::value>, grid,
+                          kFlashThreads, size_t(4 * dq_smem_floats<EP>()), dq, dout, q, k, v, lse, D.as<float>(), mask,
+                          key_padding, g);
+          });
         } else {
           with_mods(g, [&](auto mods_code) {
             launch_kernel("attention_flash_backward (dq; tensor cores)", flash_mma_dq_kernel<Op, EP, decltype(mods_code)::value>, grid,
