@@ -3,9 +3,8 @@
 # compute-sanitizer (memcheck and racecheck) on the attention tests, the attention benchmark (f32 and bf16
 # tensor-core flash) against PyTorch's scaled_dot_product_attention, and training throughput on nanoGPT's
 # Shakespeare config (f32 with TF32 matmuls and attention, with f32 and bf16 attention, and --dtype bf16: bf16 matmuls
-# and attention)
-# against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable);
-# then prints one summary table. Logs go to build-gpu/gpu_check/.
+# and attention, also with the pipelined attention kernels of TINYGPT_FLASH_PIPELINE=1) against PyTorch eager,
+# autocast bf16 and torch.compile (when PyTorch is importable); then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full] [--no-build]
 #
@@ -88,6 +87,8 @@ note "host syncs per training step" "$(cat "$logs/host_syncs") at most (aim: 1; 
 ours_f32_attn_ms=$(ours_train_ms --attention-math f32)
 ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
 ours_bf16_ms=$(ours_train_ms --dtype bf16)
+# The pipelined tensor-core attention kernels (cp.async stages; not the default until measured here).
+ours_pipe_ms=$(TINYGPT_FLASH_PIPELINE=1 ours_train_ms --dtype bf16)
 # Without dropout the step is captured as a CUDA graph and replayed; --no-cuda-graphs queues the same work op by op.
 nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0)
 ours_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16)
@@ -103,6 +104,7 @@ printf "%-36s %10.2f %12s\n" "tinygpt, f32 attention (CUDA cores)" "$ours_f32_at
 printf "%-36s %10.2f %12s\n" "tinygpt, bf16 tensor-core attention" "$ours_bf16_attn_ms" "$(tok "$ours_bf16_attn_ms")" |
   tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "tinygpt --dtype bf16" "$ours_bf16_ms" "$(tok "$ours_bf16_ms")" | tee -a "$logs/train.log"
+printf "%-36s %10.2f %12s\n" "  TINYGPT_FLASH_PIPELINE=1" "$ours_pipe_ms" "$(tok "$ours_pipe_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  dropout 0: CUDA graph" "$ours_graph_ms" "$(tok "$ours_graph_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  dropout 0: --no-cuda-graphs" "$ours_nograph_ms" "$(tok "$ours_nograph_ms")" |
   tee -a "$logs/train.log"
@@ -125,6 +127,7 @@ if [ $has_torch = 1 ]; then
   note "  with --attention-math f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_f32_attn_ms, $ours_f32_attn_ms}")"
   note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
   note "--dtype bf16 vs torch autocast bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $tbf / $ours_bf16_ms, $ours_bf16_ms, $tbf}")"
+  note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
   [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
 else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
@@ -142,6 +145,12 @@ if [ $has_torch = 1 ]; then
   note "bf16 flash fwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 2)"
   note "bf16 flash bwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 1)"
   note "bf16 flash f+b vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 0)"
+  # The pipelined kernels (TINYGPT_FLASH_PIPELINE=1) on the quick shapes.
+  TINYGPT_FLASH_PIPELINE=1 timeout 180 $py bench/compare_attention_cuda.py --quick --bench $build/bench/bench_attention \
+    > "$logs/attention_pipelined.log" 2>&1
+  pipe_ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention_pipelined.log" | tr -d x | sort -g | paste -sd ' '; }
+  note "pipelined tf32 f+b vs sdpa f32" "$(pipe_ratios tinygpt:flash_tf32 0)"
+  note "pipelined bf16 f+b vs sdpa bf16" "$(pipe_ratios tinygpt:flash_bf16 0)"
 else
   $build/bench/bench_attention --device cuda | tee "$logs/attention.log"
   note "attention benchmark" "ran without PyTorch (no comparison)"

@@ -6,7 +6,8 @@
 // get wrong; operands are rounded as the hardware rounds them (bf16 nearest-even, tf32 nearest-away).
 //
 // What it cannot show: speed, bank conflicts, register spills, and memory races between warps that the barriers
-// happen to order (compute-sanitizer's racecheck covers those on a GPU). Dynamic shared memory starts filled with
+// happen to order (compute-sanitizer's racecheck covers those on a GPU). Asynchronous copies (cp.async) land when
+// their thread waits for them, so a read of a stage before the wait sees the old contents. Dynamic shared memory starts filled with
 // 0xff bytes (bf16 NaN), so a fragment read of a word no thread wrote shows up as NaN; static __shared__ arrays are
 // plain statics (zero at first, then whatever the last block left).
 //
@@ -18,6 +19,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -150,6 +153,41 @@ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
       [](Slots s, int k, int n) { return bf16_half(s[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); });
 }
 
+}  // namespace tinygpt::cuda
+
+namespace tinygpt::emu {
+
+/// A cp.async in flight: it lands (the copy, zero-filled past `valid` bytes) only when its thread waits for its
+/// group, so a kernel that reads a stage before waiting reads what was there before, as it may on a GPU.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes, valid;
+};
+inline thread_local std::vector<PendingCopy> tl_open_copies;                  // issued, not yet committed
+inline thread_local std::vector<std::vector<PendingCopy>> tl_copy_groups;     // committed, oldest first
+
+}  // namespace tinygpt::emu
+
+namespace tinygpt::cuda {
+
+inline void cp_async16(void* smem, const void* gmem, int valid) { emu::tl_open_copies.push_back({smem, gmem, 16, valid}); }
+inline void cp_async4(void* smem, const void* gmem, int valid) { emu::tl_open_copies.push_back({smem, gmem, 4, valid}); }
+inline void cp_async_commit() {
+  emu::tl_copy_groups.push_back(std::move(emu::tl_open_copies));
+  emu::tl_open_copies.clear();
+}
+template <int N>
+void cp_async_wait() {
+  while (emu::tl_copy_groups.size() > size_t(N)) {
+    for (const emu::PendingCopy& c : emu::tl_copy_groups.front()) {
+      std::memcpy(c.dst, c.src, size_t(c.valid));
+      std::memset(static_cast<unsigned char*>(c.dst) + c.valid, 0, size_t(c.bytes - c.valid));
+    }
+    emu::tl_copy_groups.erase(emu::tl_copy_groups.begin());
+  }
+}
+
 /// cvt.rna.tf32.f32: nearest, ties away from zero, to a 10-bit mantissa; the low 13 bits are zero.
 inline uint32_t to_tf32(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
@@ -189,6 +227,10 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
             tl_warp = block.warps[i / 32].get();
             tl_smem = smem.data();
             body(smem.data());
+            if (!tl_open_copies.empty() || !tl_copy_groups.empty()) {  // copies a kernel never waited for
+              std::fprintf(stderr, "emulated CUDA: a thread ended with cp.async copies it never waited for\n");
+              std::abort();
+            }
             // A returned thread no longer holds up its block's or warp's barriers (as on the GPU).
             tl_warp->bar.arrive_and_drop();
             tl_block->bar.arrive_and_drop();

@@ -330,11 +330,25 @@ TEST_CASE("cuda: tensor-core flash attention (tf32, bf16) matches the double ref
                                 .layout = Layout::Fused, .seed = 13});
 }
 
+TEST_CASE("cuda: the pipelined tensor-core kernels (TINYGPT_FLASH_PIPELINE=1) match the double reference") {
+  setenv("TINYGPT_FLASH_PIPELINE", "1", 1);
+  for (const Config& c : flash_cases()) check_tensor_cores_against_reference(c);
+  check_tensor_cores_against_reference({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
+                                .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 11});
+  check_tensor_cores_against_reference({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128, .causal = true,
+                                .layout = Layout::Fused, .seed = 13});
+  unsetenv("TINYGPT_FLASH_PIPELINE");
+}
+
 TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (f32, tf32 and bf16 kernels)") {
   const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
                  .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};
-  for (const auto format : {AttentionMath::F32, AttentionMath::TF32, AttentionMath::BF16}) {
-    INFO("operands: " << std::string(attention_math_name(format)));
+  // The tensor-core formats twice: the second time pipelined (gpu_check runs compute-sanitizer on this test).
+  for (const auto& [format, pipelined] : {std::pair{AttentionMath::F32, false}, std::pair{AttentionMath::TF32, false},
+                                         std::pair{AttentionMath::BF16, false}, std::pair{AttentionMath::TF32, true},
+                                         std::pair{AttentionMath::BF16, true}}) {
+    INFO("operands: " << std::string(attention_math_name(format)) << (pipelined ? ", pipelined" : ""));
+    if (pipelined) setenv("TINYGPT_FLASH_PIPELINE", "1", 1);
     Problem p = make_problem(c);
     p.g.math = format;
     const Run<float> a = run_cuda(p, true, 1), b = run_cuda(p, true, 1);
@@ -346,6 +360,7 @@ TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (
     int64_t bad = 0;
     for (size_t i = 0; i < twice.size(); ++i) bad += twice[i] != 2.0f * a.dqkv[i];
     CHECK(bad == 0);
+    unsetenv("TINYGPT_FLASH_PIPELINE");
   }
 }
 

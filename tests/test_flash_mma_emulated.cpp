@@ -48,9 +48,16 @@ void check_format(const Config& c, AttentionMath format) {
   check_rounded_run(p, ref, format, got.out, got.lse, got.dqkv);
 }
 
+/// Both formats, in the kernels' default builds and in their pipelined ones (TINYGPT_FLASH_PIPELINE=1: cp.async
+/// stages, which the emulator lands only when a thread waits for them).
 void check_emulated(const Config& c) {
-  check_format(c, AttentionMath::BF16);
-  check_format(c, AttentionMath::TF32);
+  for (const bool pipelined : {false, true}) {
+    INFO("TINYGPT_FLASH_PIPELINE=" << pipelined);
+    if (pipelined) setenv("TINYGPT_FLASH_PIPELINE", "1", 1);
+    check_format(c, AttentionMath::BF16);
+    check_format(c, AttentionMath::TF32);
+    unsetenv("TINYGPT_FLASH_PIPELINE");
+  }
 }
 
 }  // namespace

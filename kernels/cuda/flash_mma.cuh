@@ -25,6 +25,12 @@
 // the kernels 28-33 thousand instructions long, far past the instruction cache (H200: half the stalls of the
 // forward were instruction fetches), and without it they are 7.5-14 thousand (sm_90, bf16, head dim 64).
 //
+// The lean builds come pipelined too (kPipe, TINYGPT_FLASH_PIPELINE=1; not the default until measured on a GPU): the
+// f32 rows of the next K/V tile (forward, dQ) or Q/dO tile (dK/dV) stream into a shared-memory stage with cp.async
+// while the block computes on the current one, and are rounded into operand tiles once they have landed, where the
+// default builds load each tile with synchronous loads between two barriers (Nsight Compute, H100: dK/dV's warps
+// spent half their stalled cycles waiting for those loads).
+//
 // Backward, deterministic as the f32 one: D = rowsum(dO * O) first (attention.cu); one block per key tile
 // keeps dK and dV in registers over the group's heads and all queries; one block per query tile keeps dQ.
 // No atomics. For head dim 128 the dK/dV kernel takes 32 queries per step to stay within 255 registers.
@@ -112,34 +118,18 @@ __device__ __forceinline__ Lane lane_pos() {
   return {16 * int(threadIdx.x / 32), lane / 4, lane % 4};
 }
 
-/// Rows r0 .. r0+R-1 of (b, head) of a strided f32 operand, rounded to the operand format: row-major into `rows`
-/// (R x row_words<Op>(EP) words) and/or transposed into `cols` (EP x row_words<Op>(R) words). Zero past n rows or
-/// `width` features, so padding contributes nothing to any product.
-///
-/// Each step takes rows r, r+1 x features e .. e+3, so the 16 lanes on a pair of rows read 256 contiguous bytes of
-/// each: one 16-byte load a row where the row is in range, has the four features and is 16-byte aligned (two scalar
-/// loads of adjacent floats a lane left half of every sector unused: Nsight Compute on an H200), scalar ones else.
-template <class Op, int R, int EP>
-__device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, const int64_t* stride, int64_t b,
-                          int64_t head, int64_t r0, int64_t n, int64_t width) {
+/// Fills an operand tile from f32 values: row-major into `rows` (R x row_words<Op>(EP) words) and/or transposed into
+/// `cols` (EP x row_words<Op>(R) words), rounded to the operand format. fetch(r, e, x) gives rows r, r+1 x features
+/// e .. e+3 (zero past the operand's rows or features, so padding contributes nothing to any product).
+template <class Op, int R, int EP, class Fetch>
+__device__ __forceinline__ void fill_tile(uint32_t* rows, uint32_t* cols, Fetch fetch) {
   constexpr int kQuads = EP / 4;               // four features a step
   constexpr int kSteps = (R / 2) * kQuads;     // each step: rows r, r+1 x features e .. e+3
   constexpr int kWords = 2 / Op::kPerWord;     // words that two features (or rows) take
   for (int idx = int(threadIdx.x); idx < kSteps; idx += kThreads) {
     const int r = 2 * (idx / kQuads), e = 4 * (idx % kQuads);
     float x[2][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const bool in = r0 + r + i < n;
-      const float* src = in ? at(base, stride, b, head, r0 + r + i) + e : nullptr;
-      if (in && e + 4 <= width && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) x[i][j] = in && e + j < width ? src[j] : 0.0f;
-      }
-    }
+    fetch(r, e, x);
     if (rows) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -160,6 +150,75 @@ __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, con
       }
     }
   }
+}
+
+/// Rows r0 .. r0+R-1 of (b, head) of a strided f32 operand into an operand tile (fill_tile), read from global memory.
+///
+/// Each step takes rows r, r+1 x features e .. e+3, so the 16 lanes on a pair of rows read 256 contiguous bytes of
+/// each: one 16-byte load a row where the row is in range, has the four features and is 16-byte aligned (two scalar
+/// loads of adjacent floats a lane left half of every sector unused: Nsight Compute on an H200), scalar ones else.
+template <class Op, int R, int EP>
+__device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, const int64_t* stride, int64_t b,
+                          int64_t head, int64_t r0, int64_t n, int64_t width) {
+  fill_tile<Op, R, EP>(rows, cols, [&](int r, int e, float (&x)[2][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const bool in = r0 + r + i < n;
+      const float* src = in ? at(base, stride, b, head, r0 + r + i) + e : nullptr;
+      if (in && e + 4 <= width && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) x[i][j] = in && e + j < width ? src[j] : 0.0f;
+      }
+    }
+  });
+}
+
+/// Pipelined loading (kPipe), FlashAttention-2's: the f32 rows of the next tile are copied into a shared-memory stage
+/// with cp.async while the block computes on the current one, and rounded into operand tiles (round_staged) once
+/// they have landed. stage_rows issues the copies of rows r0 .. r0+R-1 (R x EP floats, zero past n rows or `width`
+/// features); a quad that is partial or not 16-byte aligned is loaded and stored at once instead.
+template <int R, int EP>
+__device__ void stage_rows(float* stage, const float* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
+                           int64_t n, int64_t width) {
+  constexpr int kQuads = EP / 4;
+  for (int idx = int(threadIdx.x); idx < R * kQuads; idx += kThreads) {
+    const int r = idx / kQuads, e = 4 * (idx % kQuads);
+    float* dst = stage + r * EP + e;
+    const bool in = r0 + r < n && e < width;
+    const float* src = in ? at(base, stride, b, head, r0 + r) + e : base;
+    if (!in) {
+      cp_async16(dst, base, 0);  // zeros
+    } else if (e + 4 <= width && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+      cp_async16(dst, src, 16);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[j] = e + j < width ? src[j] : 0.0f;
+    }
+  }
+}
+
+/// The copies of key tile s0's K and V rows (kCols x EP each) into their stages Kf and Vf, one group (forward, dQ).
+template <int EP>
+__device__ void stage_kv(float* Kf, float* Vf, const float* k, const float* v, const AttentionGeom& g, int64_t b,
+                         int64_t kvh, int64_t s0) {
+  stage_rows<kCols, EP>(Kf, k, g.k_stride, b, kvh, s0, g.S, g.E);
+  stage_rows<kCols, EP>(Vf, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+  cp_async_commit();
+}
+
+/// An operand tile (fill_tile) from a landed stage of R x EP floats.
+template <class Op, int R, int EP>
+__device__ void round_staged(uint32_t* rows, uint32_t* cols, const float* stage) {
+  fill_tile<Op, R, EP>(rows, cols, [&](int r, int e, float (&x)[2][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(stage + (r + i) * EP + e);
+      x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
+    }
+  });
 }
 
 /// A operand of a k-step: rows row0 .. row0+15, the 8 words from word k0 of each row of a row-major tile.
@@ -270,18 +329,21 @@ __device__ __forceinline__ QueryTile query_tile(const AttentionGeom& g) {
   return {blockIdx.x / g.NH, h, h / (g.NH / g.NKV), int64_t(gridDim.y - 1 - blockIdx.y) * kRows};
 }
 
-template <class Op, int EP>
+template <class Op, int EP, bool kPipe = false>
 constexpr int forward_smem_bytes() {
-  return 4 * (kRows * row_words<Op>(EP) /* Q */ + kCols * row_words<Op>(EP) /* K */ + EP * row_words<Op>(kCols) /* V^T */);
+  return 4 * (kRows * row_words<Op>(EP) /* Q */ + kCols * row_words<Op>(EP) /* K */ + EP * row_words<Op>(kCols) /* V^T */ +
+              (kPipe ? 2 * kCols * EP : 0) /* the stage of K and V */);
 }
 
 /// Output and logsumexp of one query tile (query_tile).
-template <class Op, int EP, bool kMods>
+template <class Op, int EP, bool kMods, bool kPipe>
 __device__ void forward_body(unsigned char* smem, float* out, float* lse, const float* q, const float* k, const float* v,
                              const float* mask, const uint8_t* kp, const AttentionGeom& g) {
   uint32_t* Qs = reinterpret_cast<uint32_t*>(smem);
   uint32_t* Ks = Qs + kRows * row_words<Op>(EP);
   uint32_t* Vt = Ks + kCols * row_words<Op>(EP);
+  float* Kf = reinterpret_cast<float*>(Vt + EP * row_words<Op>(kCols));  // kPipe: the stage of K, then of V
+  float* Vf = Kf + kCols * EP;
   const auto [b, h, kvh, t0] = query_tile(g);
   const Lane p = lane_pos();
   const float scale = float(g.scale);
@@ -291,12 +353,22 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
   const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + frag_row(p, 0)), dropout_row(g, b, h, t0 + frag_row(p, 2))};
   float o[EP / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
-  for (int64_t s0 = key_begin(g, t0); s0 < s_end; s0 += kCols) {
-    __syncthreads();  // the previous tiles of K and V are no longer read
-    load_tile<Op, kCols, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
-    load_tile<Op, kCols, EP>(nullptr, Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
-    __syncthreads();
+  const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  if (kPipe && s_begin < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s_begin);
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += kCols) {
+    if constexpr (kPipe) {
+      cp_async_wait<0>();
+      __syncthreads();  // this tile has landed for every thread, and the previous tiles of K and V are no longer read
+      round_staged<Op, kCols, EP>(Ks, nullptr, Kf);
+      round_staged<Op, kCols, EP>(nullptr, Vt, Vf);
+      __syncthreads();  // the operand tiles are ready and the stage is free: the next tile streams in meanwhile
+      if (s0 + kCols < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s0 + kCols);
+    } else {
+      __syncthreads();  // the previous tiles of K and V are no longer read
+      load_tile<Op, kCols, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
+      load_tile<Op, kCols, EP>(nullptr, Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+      __syncthreads();
+    }
     float sc[kCols / 8][4];
     warp_dot<Op, EP, kCols>(sc, Qs, Ks, p);
     // The logits. A tile every query sees whole, without modifiers, has a loop of its own: the checks of the other
@@ -355,17 +427,18 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
   }
 }
 
-template <class Op, int EP>
+template <class Op, int EP, bool kPipe = false>
 constexpr int dkdv_smem_bytes() {
   constexpr int Q = dkdv_queries(EP);
   return 4 * (2 * kRows * row_words<Op>(EP) /* K, V */ + 2 * Q * row_words<Op>(EP) /* Q, dO */ +
               2 * EP * row_words<Op>(Q) /* Q^T, dO^T */ + 2 * Q /* lse, D */ +
-              Q * int(sizeof(DropoutRow) / 4) /* the queries' dropout rows */);
+              Q * int(sizeof(DropoutRow) / 4) /* the queries' dropout rows */ +
+              (kPipe ? 2 * Q * EP + 2 * Q : 0) /* the stage of Q, dO, lse and D */);
 }
 
 /// Block (blockIdx.x = b * NKV + kv head, key tile blockIdx.y): dK and dV of 64 keys (accumulated into), summed
 /// over the group's query heads and every query. Rows of the warp fragments are keys, columns queries.
-template <class Op, int EP, bool kMods>
+template <class Op, int EP, bool kMods, bool kPipe>
 __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, const float* dout, const float* q,
                                    const float* k, const float* v, const float* lse, const float* D, const float* mask,
                                    const uint8_t* kp, const AttentionGeom& g) {
@@ -379,6 +452,10 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   float* lse_s = reinterpret_cast<float*>(dOt + EP * row_words<Op>(Q));
   float* D_s = lse_s + Q;
   DropoutRow* drop_s = reinterpret_cast<DropoutRow*>(D_s + Q);
+  float* Qf = reinterpret_cast<float*>(drop_s + Q);  // kPipe: the stage of Q, dO, lse and D
+  float* dOf = Qf + Q * EP;
+  float* lse_f = dOf + Q * EP;
+  float* D_f = lse_f + Q;
   const int64_t b = blockIdx.x / g.NKV, kvh = blockIdx.x % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kRows;
   const Lane p = lane_pos();
@@ -389,72 +466,94 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   float dk_acc[EP / 8][4] = {}, dv_acc[EP / 8][4] = {};
   // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
   const int64_t t_first = query_begin(g, s0) / Q * Q, t_end = query_end(g, min64(s0 + kRows, g.S) - 1);
-  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int64_t t0 = t_first; t0 < t_end; t0 += Q) {
+  // The steps: query tiles t_first, t_first + Q, .. below t_end of each head of the group.
+  const int64_t tiles_per_head = t_end > t_first ? (t_end - t_first + Q - 1) / Q : 0, steps = group * tiles_per_head;
+  auto stage = [&](int64_t step) {
+    const int64_t h = kvh * group + step / tiles_per_head, t0 = t_first + step % tiles_per_head * Q;
+    stage_rows<Q, EP>(Qf, q, g.q_stride, b, h, t0, g.T, g.E);
+    stage_rows<Q, EP>(dOf, dout, g.o_stride, b, h, t0, g.T, g.Ev);
+    for (int i = int(threadIdx.x); i < Q; i += kThreads) {
+      const int64_t row = (b * g.NH + h) * g.T + t0 + i;
+      const bool in = t0 + i < g.T;
+      cp_async4(lse_f + i, in ? lse + row : lse, in ? 4 : 0);
+      cp_async4(D_f + i, in ? D + row : D, in ? 4 : 0);
+    }
+    cp_async_commit();
+  };
+  if (kPipe && steps > 0) stage(0);
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t h = kvh * group + step / tiles_per_head, t0 = t_first + step % tiles_per_head * Q;
+    if constexpr (kPipe) {  // as in the forward
+      cp_async_wait<0>();
+      __syncthreads();
+      round_staged<Op, Q, EP>(Qs, Qt, Qf);
+      round_staged<Op, Q, EP>(dOs, dOt, dOf);
+    } else {
       __syncthreads();  // the previous query tile is no longer read
       load_tile<Op, Q, EP>(Qs, Qt, q, g.q_stride, b, h, t0, g.T, g.E);
       load_tile<Op, Q, EP>(dOs, dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
-      for (int i = int(threadIdx.x); i < Q; i += kThreads) {
-        const int64_t row = (b * g.NH + h) * g.T + t0 + i;
-        lse_s[i] = t0 + i < g.T ? lse[row] : -INFINITY;
-        D_s[i] = t0 + i < g.T ? D[row] : 0.0f;
-        drop_s[i] = dropout_row(g, b, h, t0 + i);
-      }
-      __syncthreads();
-      float pt[Q / 8][4], dst[Q / 8][4];  // P^T, then dS^T (rows keys, columns queries)
-      warp_dot<Op, EP, Q>(pt, Ks, Qs, p);
-      warp_dot<Op, EP, Q>(dst, Vs, dOs, p);  // dP^T
-      if (tile_unmasked(g, kp, mask, t0, Q, s0, kRows)) {  // every query sees every key: a loop of its own (forward)
-#pragma unroll
-        for (int j = 0; j < Q / 8; ++j) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int tj = 8 * j + frag_col(p, i);
-            const float pr = expf(scale * pt[j][i] - lse_s[tj]);
-            const float f = dropout_factor(g, drop_s[tj], keep_scale, s0 + frag_row(p, i));
-            pt[j][i] = pr * f;
-            dst[j][i] = pr * (dst[j][i] * f - D_s[tj]) * scale;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < Q / 8; ++j) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int64_t s = s0 + frag_row(p, i);
-            const int tj = 8 * j + frag_col(p, i);
-            const int64_t t = t0 + tj;
-            float pd = 0.0f, ds = 0.0f, capped = 0.0f;
-            float x = -INFINITY;
-            if (lse_s[tj] != -INFINITY) x = score_logit<kMods>(g, kp, mask, b, h, t, s, pt[j][i], capped);
-            if (x != -INFINITY) {
-              const float pr = expf(x - lse_s[tj]);
-              const float f = dropout_factor(g, drop_s[tj], keep_scale, s);
-              pd = pr * f;
-              ds = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
-            }
-            pt[j][i] = pd;
-            dst[j][i] = ds;
-          }
-        }
-      }
-      warp_accumulate<Op, Q, EP>(dv_acc, pt, dOt, p);
-      warp_accumulate<Op, Q, EP>(dk_acc, dst, Qt, p);
     }
+    for (int i = int(threadIdx.x); i < Q; i += kThreads) {
+      const int64_t row = (b * g.NH + h) * g.T + t0 + i;
+      lse_s[i] = t0 + i < g.T ? (kPipe ? lse_f[i] : lse[row]) : -INFINITY;
+      D_s[i] = t0 + i < g.T ? (kPipe ? D_f[i] : D[row]) : 0.0f;
+      drop_s[i] = dropout_row(g, b, h, t0 + i);
+    }
+    __syncthreads();
+    if (kPipe && step + 1 < steps) stage(step + 1);
+    float pt[Q / 8][4], dst[Q / 8][4];  // P^T, then dS^T (rows keys, columns queries)
+    warp_dot<Op, EP, Q>(pt, Ks, Qs, p);
+    warp_dot<Op, EP, Q>(dst, Vs, dOs, p);  // dP^T
+    if (tile_unmasked(g, kp, mask, t0, Q, s0, kRows)) {  // every query sees every key: a loop of its own (forward)
+#pragma unroll
+      for (int j = 0; j < Q / 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int tj = 8 * j + frag_col(p, i);
+          const float pr = expf(scale * pt[j][i] - lse_s[tj]);
+          const float f = dropout_factor(g, drop_s[tj], keep_scale, s0 + frag_row(p, i));
+          pt[j][i] = pr * f;
+          dst[j][i] = pr * (dst[j][i] * f - D_s[tj]) * scale;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < Q / 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t s = s0 + frag_row(p, i);
+          const int tj = 8 * j + frag_col(p, i);
+          const int64_t t = t0 + tj;
+          float pd = 0.0f, ds = 0.0f, capped = 0.0f;
+          float x = -INFINITY;
+          if (lse_s[tj] != -INFINITY) x = score_logit<kMods>(g, kp, mask, b, h, t, s, pt[j][i], capped);
+          if (x != -INFINITY) {
+            const float pr = expf(x - lse_s[tj]);
+            const float f = dropout_factor(g, drop_s[tj], keep_scale, s);
+            pd = pr * f;
+            ds = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
+          }
+          pt[j][i] = pd;
+          dst[j][i] = ds;
+        }
+      }
+    }
+    warp_accumulate<Op, Q, EP>(dv_acc, pt, dOt, p);
+    warp_accumulate<Op, Q, EP>(dk_acc, dst, Qt, p);
   }
   const float one[2] = {1.0f, 1.0f};
   if (dk) store_rows<EP>(dk, g.k_stride, b, kvh, s0, g.S, g.E, dk_acc, one, true, p);
   if (dv) store_rows<EP>(dv, g.v_stride, b, kvh, s0, g.S, g.Ev, dv_acc, one, true, p);
 }
 
-template <class Op, int EP>
+template <class Op, int EP, bool kPipe = false>
 constexpr int dq_smem_bytes() {
   return 4 * (2 * kRows * row_words<Op>(EP) /* Q, dO */ + 2 * kCols * row_words<Op>(EP) /* K, V */ +
-              EP * row_words<Op>(kCols) /* K^T */);
+              EP * row_words<Op>(kCols) /* K^T */ + (kPipe ? 2 * kCols * EP : 0) /* the stage of K and V */);
 }
 
 /// dQ of one query tile (query_tile), accumulated into.
-template <class Op, int EP, bool kMods>
+template <class Op, int EP, bool kMods, bool kPipe>
 __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* dout, const float* q, const float* k,
                                  const float* v, const float* lse, const float* D, const float* mask, const uint8_t* kp,
                                  const AttentionGeom& g) {
@@ -463,6 +562,8 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
   uint32_t* Ks = dOs + kRows * row_words<Op>(EP);
   uint32_t* Vs = Ks + kCols * row_words<Op>(EP);
   uint32_t* Kt = Vs + kCols * row_words<Op>(EP);
+  float* Kf = reinterpret_cast<float*>(Kt + EP * row_words<Op>(kCols));  // kPipe: the stage of K, then of V
+  float* Vf = Kf + kCols * EP;
   const auto [b, h, kvh, t0] = query_tile(g);
   const Lane p = lane_pos();
   const float scale = float(g.scale);
@@ -479,12 +580,22 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
   const float keep_scale = dropout_scale<float>(g.dropout_p);
   const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + frag_row(p, 0)), dropout_row(g, b, h, t0 + frag_row(p, 2))};
   float dq_acc[EP / 8][4] = {};
-  const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
-  for (int64_t s0 = key_begin(g, t0); s0 < s_end; s0 += kCols) {
-    __syncthreads();
-    load_tile<Op, kCols, EP>(Ks, Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
-    load_tile<Op, kCols, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
-    __syncthreads();
+  const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  if (kPipe && s_begin < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s_begin);
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += kCols) {
+    if constexpr (kPipe) {  // as in the forward
+      cp_async_wait<0>();
+      __syncthreads();
+      round_staged<Op, kCols, EP>(Ks, Kt, Kf);
+      round_staged<Op, kCols, EP>(Vs, nullptr, Vf);
+      __syncthreads();
+      if (s0 + kCols < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s0 + kCols);
+    } else {
+      __syncthreads();
+      load_tile<Op, kCols, EP>(Ks, Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
+      load_tile<Op, kCols, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+      __syncthreads();
+    }
     float ds[kCols / 8][4], dp[kCols / 8][4];
     warp_dot<Op, EP, kCols>(ds, Qs, Ks, p);  // scores, turned into dS below
     warp_dot<Op, EP, kCols>(dp, dOs, Vs, p);

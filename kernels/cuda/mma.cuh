@@ -1,5 +1,5 @@
 // Warp-level tensor-core primitives (compute capability 8.0+): operand rounding (bf16, tf32), mma.sync with f32
-// accumulation (m16n8k16 bf16, m16n8k8 tf32), and the lane shuffle. tests/emulated_cuda.h defines the same
+// accumulation (m16n8k16 bf16, m16n8k8 tf32), and asynchronous copies to shared memory (cp.async). tests/emulated_cuda.h defines the same
 // functions for the CPU, with the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with
 // floating point type", "... for mma.m16n8k8"), so the kernels built on them (flash_mma.cuh) can be checked
 // without a GPU.
@@ -56,6 +56,39 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
   __trap();
+#endif
+}
+
+/// cp.async (compute capability 8.0+): copies `bytes` (4 or 16) from global to shared memory without passing through
+/// registers, asynchronously; bytes past `valid` (0 or all of them here) are zero-filled and the source not read.
+/// cp_async_commit closes the group of the copies this thread issued since the last one; cp_async_wait<N> waits
+/// until at most N of this thread's groups are still in flight (other threads' copies need a barrier after their
+/// waits to be seen).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
