@@ -41,7 +41,7 @@ __device__ __forceinline__ DropoutRow dropout_row(const AttentionGeom& g, int64_
 }
 
 /// dropout_factor of key s of the row `row` (dropout_row), with keep_scale = dropout_scale<float>(g.dropout_p): the
-/// tensor-core kernels' form, a few 32-bit operations a score.
+/// flash kernels' form, a few 32-bit operations a score.
 __device__ __forceinline__ float dropout_factor(const AttentionGeom& g, const DropoutRow& row, float keep_scale, int64_t s) {
   if (g.dropout_p <= 0.0f) return 1.0f;
   return row.keep(s, g.dropout_p) ? keep_scale : 0.0f;
@@ -57,7 +57,7 @@ __device__ __forceinline__ bool tile_unmasked(const AttentionGeom& g, const uint
 /// The logit of (t, s) from its raw product qk, -inf where the key is hidden (out of range, causal, padding, and the
 /// score modifiers of kernels/score_mods.h); `capped` gets the soft-capped scaled score, which the backward needs.
 /// Shaw's R rows come from g.mods.gpu_R. kMods = false promises a call without score modifiers (!g.mods.any()): the
-/// tensor-core kernels are built twice, and the build without the modifiers' per-element code is a quarter the size
+/// flash kernels are built twice, and the build without the modifiers' per-element code is a quarter the size
 /// (instruction cache) and needs fewer registers.
 template <bool kMods = true>
 __device__ __forceinline__ float score_logit(const AttentionGeom& g, const uint8_t* kp, const float* mask, int64_t b,

@@ -348,13 +348,13 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
   const Lane p = lane_pos();
   const float scale = float(g.scale);
 
+  const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  if (kPipe && s_begin < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s_begin);  // streams in meanwhile
   load_tile<Op, kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
   const float keep_scale = dropout_scale<float>(g.dropout_p);
   const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + frag_row(p, 0)), dropout_row(g, b, h, t0 + frag_row(p, 2))};
   float o[EP / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
-  if (kPipe && s_begin < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s_begin);
   for (int64_t s0 = s_begin; s0 < s_end; s0 += kCols) {
     if constexpr (kPipe) {
       cp_async_wait<0>();
@@ -461,8 +461,6 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   const Lane p = lane_pos();
   const float scale = float(g.scale), keep_scale = dropout_scale<float>(g.dropout_p);
 
-  load_tile<Op, kRows, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
-  load_tile<Op, kRows, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
   float dk_acc[EP / 8][4] = {}, dv_acc[EP / 8][4] = {};
   // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
   const int64_t t_first = query_begin(g, s0) / Q * Q, t_end = query_end(g, min64(s0 + kRows, g.S) - 1);
@@ -480,7 +478,9 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
     }
     cp_async_commit();
   };
-  if (kPipe && steps > 0) stage(0);
+  if (kPipe && steps > 0) stage(0);  // streams in meanwhile
+  load_tile<Op, kRows, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
+  load_tile<Op, kRows, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
   for (int64_t step = 0; step < steps; ++step) {
     const int64_t h = kvh * group + step / tiles_per_head, t0 = t_first + step % tiles_per_head * Q;
     if constexpr (kPipe) {  // as in the forward
@@ -568,6 +568,8 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
   const Lane p = lane_pos();
   const float scale = float(g.scale);
 
+  const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  if (kPipe && s_begin < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s_begin);  // streams in meanwhile
   load_tile<Op, kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
   load_tile<Op, kRows, EP>(dOs, nullptr, dout, g.o_stride, b, h, t0, g.T, g.Ev);
   float row_lse[2], row_D[2];
@@ -580,8 +582,6 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
   const float keep_scale = dropout_scale<float>(g.dropout_p);
   const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + frag_row(p, 0)), dropout_row(g, b, h, t0 + frag_row(p, 2))};
   float dq_acc[EP / 8][4] = {};
-  const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
-  if (kPipe && s_begin < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s_begin);
   for (int64_t s0 = s_begin; s0 < s_end; s0 += kCols) {
     if constexpr (kPipe) {  // as in the forward
       cp_async_wait<0>();
