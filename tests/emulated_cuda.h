@@ -43,7 +43,10 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
   unsigned x, y, z;
 };
-// CUDA's 16-byte vector of floats (one 128-bit load or store on the GPU).
+// CUDA's vectors of floats (one 64- or 128-bit load or store on the GPU).
+struct alignas(8) float2 {
+  float x, y;
+};
 struct alignas(16) float4 {
   float x, y, z, w;
 };
