@@ -82,18 +82,19 @@ void add_column_sums(float* out, const float* x, int64_t N, int64_t C) {
   add_partial_rows("linear_backward (bias sum)", out, partial.as<float>(), blocks, C, C);
 }
 
-__global__ void add_bias_kernel(float* out, const float* bias, int64_t N, int64_t OC) {
-  TINYGPT_CUDA_LOOP(i, N * OC) out[i] += bias[i % OC];
-}
-
 /// tanhf for the activations' shared math (kernels/scalar_math.h).
 struct ActivationTanh {
   __host__ __device__ float operator()(float u) const { return tanhf(u); }
 };
 
-/// out = act(pre), n elements.
-__global__ void activation_kernel(float* out, const float* pre, int64_t n, Activation act) {
-  TINYGPT_CUDA_LOOP(i, n) out[i] = activation(act, pre[i], ActivationTanh{});
+/// out += bias (when given) and act_out = act(out) (when act is not None), in one pass over out (N, OC).
+__global__ void bias_activation_kernel(float* out, float* act_out, const float* bias, int64_t N, int64_t OC,
+                                       Activation act) {
+  TINYGPT_CUDA_LOOP(i, N * OC) {
+    float x = out[i];
+    if (bias) out[i] = x += bias[i % OC];
+    if (act != Activation::None) act_out[i] = activation(act, x, ActivationTanh{});
+  }
 }
 
 /// d *= act'(of), n elements: a gradient taken through the activation.
@@ -172,16 +173,13 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
                     int64_t OC, MatmulMath math, Activation act, float* act_out) {
   if (N == 0 || OC == 0) return;
-  if (!(bias && C > 0 && math != MatmulMath::BF16 &&
-        linear_forward_epilogue(out, inp, weight, bias, N, C, OC, math == MatmulMath::TF32))) {
-    product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
-    if (bias) {
-      launch_kernel("linear_forward (bias)", add_bias_kernel, blocks_for(N * OC), kThreads, 0, out, bias, N, OC);
-    }
-  }
-  if (act != Activation::None) {
-    launch_kernel("linear_forward (activation)", activation_kernel, blocks_for(N * OC), kThreads, 0, act_out, out,
-                  N * OC, act);
+  const bool bias_in_epilogue = bias && C > 0 && math != MatmulMath::BF16 &&
+                                linear_forward_epilogue(out, inp, weight, bias, N, C, OC, math == MatmulMath::TF32);
+  if (!bias_in_epilogue) product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
+  const float* pending_bias = bias_in_epilogue ? nullptr : bias;
+  if (pending_bias || act != Activation::None) {  // the bias and the activation in one pass
+    launch_kernel("linear_forward (bias, activation)", bias_activation_kernel, blocks_for(N * OC), kThreads, 0, out,
+                  act_out, pending_bias, N, OC, act);
   }
 }
 
