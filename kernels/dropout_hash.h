@@ -77,7 +77,10 @@ struct DropoutRow {
         key1(dropout_key(seed, (uint64_t(i0) >> 32) + 1)) {}
 
   /// dropout_keep(seed, i0 + j, p).
-  TINYGPT_HOST_DEVICE bool keep(int64_t j, float p) const {
+  TINYGPT_HOST_DEVICE bool keep(int64_t j, float p) const { return keep(lo0, key0, key1, j, p); }
+
+  /// The same from the three fields, for rows kept as separate arrays (a loop across rows then vectorizes).
+  TINYGPT_HOST_DEVICE static bool keep(uint32_t lo0, uint32_t key0, uint32_t key1, int64_t j, float p) {
     const uint32_t lo = lo0 + uint32_t(j);
     return dropout_uniform(lo < lo0 ? key1 : key0, lo) >= p;  // lo < lo0: past the end of i0's block
   }

@@ -61,6 +61,24 @@ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 /// Index of attention element (b, h, t, s = 0) in the dropout hash (kernels/attention.h).
 inline int64_t dropout_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) { return ((b * g.NH + h) * g.T + t) * g.S; }
 
+/// The dropout rows (DropoutRow) of a tile's queries t0 .. t0+n-1, as three arrays, so that a loop down a column of a
+/// key-major tile (one key, the tile's queries) vectorizes.
+struct DropoutRows {
+  std::vector<uint32_t> lo0, key0, key1;
+
+  explicit DropoutRows(int64_t n) : lo0(size_t(n)), key0(size_t(n)), key1(size_t(n)) {}
+  void fill(const AttentionGeom& g, int64_t b, int64_t h, int64_t t0) {
+    for (size_t i = 0; i < lo0.size(); ++i) {
+      const DropoutRow r(g.dropout_seed, dropout_row(g, b, h, t0 + int64_t(i)));
+      lo0[i] = r.lo0, key0[i] = r.key0, key1[i] = r.key1;
+    }
+  }
+  /// dropout_keep of key s for query t0 + i.
+  bool keep(int64_t i, int64_t s, float p) const {
+    return DropoutRow::keep(lo0[size_t(i)], key0[size_t(i)], key1[size_t(i)], s, p);
+  }
+};
+
 /// Row (i0, i1, i2) of a tensor read through three element strides (features contiguous).
 template <class P> P at(P base, const int64_t* stride, int64_t i0, int64_t i1, int64_t i2) {
   return base + i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
@@ -993,7 +1011,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     std::vector<T> m(static_cast<size_t>(Br)), l(static_cast<size_t>(Br)), m_sub(static_cast<size_t>(Br)),
         alpha(static_cast<size_t>(Br)), sums(static_cast<size_t>(Br));
     std::vector<T> pbar(rel_probs ? size_t(Br * W) : 0);
-    std::vector<DropoutRow> drop(dropout ? size_t(Br) : 0);  // the tile's query rows
+    DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
     ModScratch<T> scratch;
     TileProducts<T> product(g);
 #pragma omp for schedule(dynamic, 1)
@@ -1002,7 +1020,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
       const int64_t b = task / (g.NH * n_qtiles), h = task / n_qtiles % g.NH;
       const int64_t t0 = (n_qtiles - 1 - task % n_qtiles) * Br;
       const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
-      for (size_t i = 0; i < drop.size(); ++i) drop[i] = DropoutRow(g.dropout_seed, dropout_row(g, b, h, t0 + int64_t(i)));
+      drop.fill(g, b, h, t0);
       pack_transposed(qt.data(), Br, at(q, g.q_stride, b, h, t0), g.q_stride[2], nr, g.E);
       std::fill(o.begin(), o.end(), T(0));
       std::fill(m.begin(), m.end(), kNegInf<T>);
@@ -1054,7 +1072,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
           for (int64_t j = 0; j < nc; ++j) {
             T* row = st.data() + j * Br;
             for (int64_t i = 0; i < nr; ++i) {
-              row[i] = drop[size_t(i)].keep(s0 + j, g.dropout_p) ? row[i] * keep_scale : T(0);
+              row[i] = drop.keep(i, s0 + j, g.dropout_p) ? row[i] * keep_scale : T(0);
             }
           }
         }
@@ -1161,7 +1179,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
       std::vector<T> qt(size_t(g.E * Br)), dot_(size_t(g.Ev * Br)), st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
       std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
       std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
-      std::vector<DropoutRow> drop(dropout ? size_t(Br) : 0);  // the tile's query rows
+      DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
       ModScratch<T> scratch;
       TileProducts<T> product(g);
 #pragma omp for schedule(dynamic, 1)
@@ -1171,7 +1189,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
         const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
         const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
         if (s_begin >= s_end) continue;
-        for (size_t i = 0; i < drop.size(); ++i) drop[i] = DropoutRow(g.dropout_seed, dropout_row(g, b, h, t0 + int64_t(i)));
+        drop.fill(g, b, h, t0);
         T* const dt5 = t5_partial.empty() ? nullptr : t5_partial.data() + task * buckets;
         std::fill(by_distance.begin(), by_distance.end(), T(0));
         pack_transposed(qt.data(), Br, at(q, g.q_stride, b, h, t0), qs, nr, g.E);
@@ -1205,7 +1223,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
               }
               if (dropout) {
                 for (int64_t i = 0; i < nr; ++i) {
-                  const bool keep = drop[size_t(i)].keep(s0 + j, g.dropout_p);
+                  const bool keep = drop.keep(i, s0 + j, g.dropout_p);
                   drow[i] = row[i] * (drow[i] * (keep ? keep_scale : T(0)) - D_t[size_t(i)]) * scale;
                 }
               }

@@ -152,18 +152,24 @@ void crossentropy_backward(T* dlogits, const T* dloss_in, T scale, const T* logi
 template <class T>
 void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
   const T scale = dropout_scale<T>(p);
-  const DropoutStream stream(seed);
+  const uint32_t key = dropout_key(seed, 0);
+  const int64_t low = std::min(n, int64_t(1) << 32);  // the elements of the first key: a loop that vectorizes
 #pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) out[i] = stream.keep(i, p) ? inp[i] * scale : T(0);
+  for (int64_t i = 0; i < low; ++i) out[i] = dropout_uniform(key, uint32_t(i)) >= p ? inp[i] * scale : T(0);
+  for (int64_t i = low; i < n; ++i) out[i] = dropout_keep(seed, i, p) ? inp[i] * scale : T(0);
 }
 
 template <class T>
 void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed) {
   const T scale = dropout_scale<T>(p);
-  const DropoutStream stream(seed);
+  const uint32_t key = dropout_key(seed, 0);
+  const int64_t low = std::min(n, int64_t(1) << 32);  // as in the forward
 #pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) {
-    if (stream.keep(i, p)) dinp[i] += dout[i] * scale;
+  for (int64_t i = 0; i < low; ++i) {
+    if (dropout_uniform(key, uint32_t(i)) >= p) dinp[i] += dout[i] * scale;
+  }
+  for (int64_t i = low; i < n; ++i) {
+    if (dropout_keep(seed, i, p)) dinp[i] += dout[i] * scale;
   }
 }
 
