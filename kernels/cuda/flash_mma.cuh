@@ -23,7 +23,8 @@
 // Each body is built twice (kMods): with the score modifiers' per-element code (kernels/score_mods.h), and without it
 // for calls that have none, where it would be dead weight: inlined into every element of the unrolled tiles it made
 // the kernels 28-33 thousand instructions long, far past the instruction cache (H200: half the stalls of the
-// forward were instruction fetches), and without it they are 7.5-14 thousand (sm_90, bf16, head dim 64).
+// forward were instruction fetches), and without it (and with the 32-bit dropout hash) they are 7-12 thousand (sm_90,
+// bf16, head dim 64).
 //
 // The lean builds come pipelined too (kPipe, TINYGPT_FLASH_PIPELINE=1; not the default until measured on a GPU): the
 // f32 rows of the next K/V tile (forward, dQ) or Q/dO tile (dK/dV) stream into a shared-memory stage with cp.async
