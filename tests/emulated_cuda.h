@@ -29,6 +29,10 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/numerics.h"
+#include "kernels/scalar_math.h"
+
 #define TINYGPT_EMULATED_CUDA 1
 #define __device__
 #define __host__
@@ -339,9 +343,36 @@ inline void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
             [](uint16_t x) { return double(bf16_bits_to_float(x)); });
 }
 
-/// cublasLt's bias epilogue has no stand-in: the launcher then adds the bias with its own kernel.
-inline bool linear_forward_epilogue(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, bool) {
-  return false;
+/// Whether the stand-in for cublasLt (fused_gemm) finds an algorithm: tests turn it off to run the launchers' own
+/// epilogue kernels, which the real backend runs when cublasLt has none for a call.
+inline bool fused_gemm_available = true;
+
+/// What fused_gemm in kernels/cuda/cublas.cu computes: the product as gemm or gemm_bf16 would, then the epilogue
+/// (cublasLt's GELU is the tanh form that kernels/scalar_math.h computes).
+inline bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+                       const void* B, int64_t ldb, float* D, int64_t ldd, MatmulMath math, Epilogue epilogue,
+                       const float* bias, float* aux, int64_t ldaux, const char* what) {
+  if (!fused_gemm_available) return false;
+  if (math == MatmulMath::BF16) {
+    gemm_bf16(trans_a, trans_b, M, N, K, 1.0f, static_cast<const uint16_t*>(A), lda, 0,
+              static_cast<const uint16_t*>(B), ldb, 0, 0.0f, D, ldd, 0, 1, what);
+  } else {
+    gemm(trans_a, trans_b, M, N, K, 1.0f, static_cast<const float*>(A), lda, 0, static_cast<const float*>(B), ldb, 0,
+         0.0f, D, ldd, 0, 1, math == MatmulMath::TF32, what);
+  }
+  const auto tanh = [](float u) { return std::tanh(u); };
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      float& d = D[m * ldd + n];
+      if (epilogue == Epilogue::Bias || epilogue == Epilogue::GeluBias) d += bias[n];
+      if (epilogue == Epilogue::Gelu || epilogue == Epilogue::GeluBias) {
+        aux[m * ldaux + n] = d;
+        d = gelu(d, tanh);
+      }
+      if (epilogue == Epilogue::DGelu) d *= gelu_grad(aux[m * ldaux + n], tanh);
+    }
+  }
+  return true;
 }
 
 }  // namespace tinygpt::cuda::emulated

@@ -383,6 +383,46 @@ TEST_CASE("emulated CUDA: permute and copy_slice, storing and accumulating") {
   }
 }
 
+namespace {
+
+/// The linear launchers against their CPU twins, each bias and activation, x (70, C) and weight (OC, C); lt: whether
+/// the stand-in for cublasLt finds an algorithm (when not, the launchers add the bias and activation themselves).
+void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
+  const int64_t rows = 70;  // five blocks of bias-gradient partial sums
+  gpu::fused_gemm_available = lt;
+  const Vec x = random(size_t(rows * C), 44), w = random(size_t(OC * C), 45), bias = random(size_t(OC), 46);
+  const Vec dout = random(size_t(rows * OC), 47);
+  // The activation's input for backward: the pre-activation whose act(.) was inp (both signs, for ReLU squared).
+  const Vec pre = random(x.size(), 51, -3.0f, 3.0f);
+  for (const bool with_bias : {true, false}) {
+    for (const Activation act : {Activation::None, Activation::Gelu, Activation::ReluSquared}) {
+      const std::string name = std::string(with_bias ? "linear" : "linear without bias") +
+                               (act == Activation::Gelu ? ", GELU" : act == Activation::ReluSquared ? ", ReLU^2" : "") +
+                               " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
+                               (lt ? "" : ", no cublasLt algorithm");
+      compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
+        (g ? gpu::linear_forward : cpu::linear_forward<float>)(o[0].data(), x.data(), w.data(),
+                                                               with_bias ? bias.data() : nullptr, rows, C, OC, math,
+                                                               act, o[1].data());
+      });
+      for (const bool overwrite : {false, true}) {
+        if (act != Activation::None && !overwrite) continue;  // an activation's gradient overwrites dinp
+        const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
+        compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
+                {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
+                  (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
+                                                                           with_bias ? o[2].data() : nullptr,
+                                                                           dout.data(), x.data(), w.data(), rows, C,
+                                                                           OC, math, overwrite, act, pre.data());
+                }, 1e-4, 1e-4);
+      }
+    }
+  }
+  gpu::fused_gemm_available = true;
+}
+
+}  // namespace
+
 TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched operands) and linear") {
   // Each in f32 and with bf16 operands (their rounded copies span every batch, row and transpose the product reads).
   for (const MatmulMath math : {MatmulMath::F32, MatmulMath::BF16}) {
@@ -410,33 +450,11 @@ TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched 
         }
       }
     }
-    const int64_t rows = 70, C = 9, OC = 11;  // 70 rows: five blocks of bias-gradient partial sums
-    const Vec x = random(size_t(rows * C), 44), w = random(size_t(OC * C), 45), bias = random(size_t(OC), 46);
-    const Vec dout = random(size_t(rows * OC), 47);
-    // The activation's input for backward: the pre-activation whose act(.) was inp (both signs, for ReLU squared).
-    const Vec pre = random(x.size(), 51, -3.0f, 3.0f);
-    for (const bool with_bias : {true, false}) {
-      for (const Activation act : {Activation::None, Activation::Gelu, Activation::ReluSquared}) {
-        const std::string name = std::string(with_bias ? "linear" : "linear without bias") +
-                                 (act == Activation::Gelu ? ", GELU" : act == Activation::ReluSquared ? ", ReLU^2" : "");
-        compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
-          (g ? gpu::linear_forward : cpu::linear_forward<float>)(o[0].data(), x.data(), w.data(),
-                                                                 with_bias ? bias.data() : nullptr, rows, C, OC, math,
-                                                                 act, o[1].data());
-        });
-        for (const bool overwrite : {false, true}) {
-          if (act != Activation::None && !overwrite) continue;  // an activation's gradient overwrites dinp
-          const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
-          compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
-                  {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
-                    (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
-                                                                             with_bias ? o[2].data() : nullptr,
-                                                                             dout.data(), x.data(), w.data(), rows, C,
-                                                                             OC, math, overwrite, act, pre.data());
-                  }, 1e-4, 1e-4);
-        }
-      }
-    }
+    // Widths of 9 and 11 leave GELU to the launchers' kernels (cublasLt's aux needs rows of a multiple of 8); 16 and
+    // 24 put it in the product's epilogue, or in the launchers' kernels again when cublasLt has no algorithm.
+    check_linear_launchers(math, 9, 11, true);
+    check_linear_launchers(math, 16, 24, true);
+    check_linear_launchers(math, 16, 24, false);
   }
 }
 
@@ -465,6 +483,20 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, MatmulMath::F32, Activation::None,
                                nullptr);
     CHECK((largest_difference(y, ref_y) > 1e-4) == rounded);
+    // And through cublasLt's epilogues: the bias with GELU (a width of 16, a multiple of 8), GELU's derivative.
+    const int64_t OC = 16;
+    const Vec w2 = random(size_t(OC * K), 64), bias = random(size_t(OC), 65), dout2 = random(size_t(M * OC), 66);
+    Vec pre(size_t(M * OC)), act(pre.size()), ref_pre(pre.size()), ref_act(pre.size());
+    gpu::linear_forward(pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, math, Activation::Gelu, act.data());
+    cpu::linear_forward<float>(ref_pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, MatmulMath::F32,
+                               Activation::Gelu, ref_act.data());
+    CHECK((largest_difference(act, ref_act) > 1e-4) == rounded);
+    Vec dx(a.size()), ref_dx(a.size());
+    gpu::linear_backward(dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC, math, true,
+                         Activation::Gelu, b.data());
+    cpu::linear_backward<float>(ref_dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC,
+                                MatmulMath::F32, true, Activation::Gelu, b.data());
+    CHECK((largest_difference(dx, ref_dx) > 1e-4) == rounded);
   }
 }
 

@@ -53,37 +53,49 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                   stride_c, batch, CUBLAS_COMPUTE_32F, what);
 }
 
-bool linear_forward_epilogue(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
-                             int64_t OC, bool tf32) {
+bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+                int64_t ldb, float* D, int64_t ldd, MatmulMath math, Epilogue epilogue, const float* bias, float* aux,
+                int64_t ldaux, const char* what) {
+  static constexpr cublasLtEpilogue_t kEpilogue[] = {CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX,
+                                                     CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU};
+  const cublasLtEpilogue_t ep = kEpilogue[int(epilogue)];
+  const bool bf16 = math == MatmulMath::BF16;
+  const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F : compute_type(math == MatmulMath::TF32, lda, ldb, ldd);
+  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   bool ok = false;
-  const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   size_t ws_bytes = 0;
   void* ws = cublaslt_workspace(&ws_bytes);
-  // Column-major: D (OC, N) = W^T-as-stored (C, OC)^T @ inp-as-stored (C, N).
-  check(cublasLtMatmulDescCreate(&op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-  check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)), "cublasLt TRANSA");
-  check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)), "cublasLt TRANSB");
-  check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "cublasLt EPILOGUE");
-  check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "cublasLt BIAS_POINTER");
-  check(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, uint64_t(C), uint64_t(OC), C), "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, uint64_t(C), uint64_t(N), C), "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, uint64_t(OC), uint64_t(N), OC), "cublasLtMatrixLayoutCreate");
-  check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  // Column-major, as strided_batched: D^T (N, M) = op(B)^T (N, K) @ op(A)^T (K, M), B as stored is cublasLt's A.
+  check(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F), what);
+  check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), what);
+  check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)), what);
+  check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)), what);
+  if (epilogue == Epilogue::Bias || epilogue == Epilogue::GeluBias) {
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), what);
+  }
+  if (epilogue != Epilogue::Bias) {
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)), what);
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof(ldaux)), what);
+  }
+  check(cublasLtMatrixLayoutCreate(&la, type, uint64_t(trans_b ? K : N), uint64_t(trans_b ? N : K), ldb), what);
+  check(cublasLtMatrixLayoutCreate(&lb, type, uint64_t(trans_a ? M : K), uint64_t(trans_a ? K : M), lda), what);
+  check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, uint64_t(N), uint64_t(M), ldd), what);
+  check(cublasLtMatmulPreferenceCreate(&pref), what);
   check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)),
-        "cublasLt workspace");
+        what);
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   if (cublasLtMatmulAlgoGetHeuristic(cublaslt(), op, la, lb, ld, ld, pref, 1, &heuristic, &found) ==
           CUBLAS_STATUS_SUCCESS &&
       found > 0) {
     const float alpha = 1.0f, beta = 0.0f;
-    check(cublasLtMatmul(cublaslt(), op, &alpha, weight, la, inp, lb, &beta, out, ld, out, ld, &heuristic.algo, ws,
-                         ws_bytes, stream()),
-          "linear_forward (cublasLtMatmul)");
+    check(cublasLtMatmul(cublaslt(), op, &alpha, B, la, A, lb, &beta, D, ld, D, ld, &heuristic.algo, ws, ws_bytes,
+                         stream()),
+          what);
     ok = true;
   }
   cublasLtMatmulPreferenceDestroy(pref);

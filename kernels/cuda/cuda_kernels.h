@@ -11,6 +11,11 @@
 
 namespace tinygpt::cuda {
 
+/// What cublasLt does to a product in its epilogue (fused_gemm in kernels/cuda/runtime.cuh, and its stand-in in
+/// tests/emulated_cuda.h): add the bias; GELU (tanh form) with the value before it written to aux; both; or, for a
+/// gradient, multiply by GELU's derivative at aux.
+enum class Epilogue : uint8_t { Bias, Gelu, GeluBias, DGelu };
+
 void fill(float* out, float value, int64_t n);
 void axpy(float* y, const float* x, float alpha, int64_t n);
 void axpby(float* y, const float* x, float alpha, float beta, int64_t n);

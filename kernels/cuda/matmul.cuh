@@ -170,16 +170,34 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
   }
 }
 
+namespace {
+
+/// cublasLt's aux matrix (GELU's input) needs a row stride of a multiple of 8 elements.
+bool aux_ok(int64_t ld) { return ld % 8 == 0; }
+
+}  // namespace
+
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
                     int64_t OC, MatmulMath math, Activation act, float* act_out) {
   if (N == 0 || OC == 0) return;
-  const bool bias_in_epilogue = bias && C > 0 && math != MatmulMath::BF16 &&
-                                linear_forward_epilogue(out, inp, weight, bias, N, C, OC, math == MatmulMath::TF32);
-  if (!bias_in_epilogue) product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
-  const float* pending_bias = bias_in_epilogue ? nullptr : bias;
-  if (pending_bias || act != Activation::None) {  // the bias and the activation in one pass
+  // The bias, and GELU with out as its aux (the pre-activation), in cublasLt's epilogue where it has an algorithm.
+  const bool gelu = act == Activation::Gelu && aux_ok(OC);
+  bool fused = false;
+  if (C > 0 && (bias || gelu)) {
+    const Epilogue e = !gelu ? Epilogue::Bias : bias ? Epilogue::GeluBias : Epilogue::Gelu;
+    const bool bf16 = math == MatmulMath::BF16;
+    Scratch inp16(bf16 ? size_t((N * C + 1) / 2) * 4 : 0), w16(bf16 ? size_t((OC * C + 1) / 2) * 4 : 0);
+    const void* a = bf16 ? rounded_bf16(inp16, inp, N * C, "linear_forward") : static_cast<const void*>(inp);
+    const void* b = bf16 ? rounded_bf16(w16, weight, OC * C, "linear_forward") : static_cast<const void*>(weight);
+    fused = fused_gemm(false, true, N, OC, C, a, C, b, C, gelu ? act_out : out, OC, math, e, bias, gelu ? out : nullptr,
+                       OC, "linear_forward (cublasLt)");
+  }
+  if (!fused) product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
+  const float* pending_bias = fused ? nullptr : bias;
+  const Activation pending_act = fused && gelu ? Activation::None : act;
+  if (pending_bias || pending_act != Activation::None) {  // the bias and the activation in one pass
     launch_kernel("linear_forward (bias, activation)", bias_activation_kernel, blocks_for(N * OC), kThreads, 0, out,
-                  act_out, pending_bias, N, OC, act);
+                  act_out, pending_bias, N, OC, pending_act);
   }
 }
 
@@ -187,24 +205,31 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act,
                      const float* act_of) {
   // In bf16 both products read dout: it is rounded once for the two.
-  const bool round_once = math == MatmulMath::BF16 && dinp && dweight && N * OC * C > 0;
-  Scratch dout16_copy(round_once ? size_t((N * OC + 1) / 2) * 4 : 0);
-  const uint16_t* dout16 = round_once ? rounded_bf16(dout16_copy, dout, N * OC, "linear_backward (dout to bf16)") : nullptr;
+  const bool bf16 = math == MatmulMath::BF16 && (dinp || dweight) && N * OC * C > 0;
+  Scratch dout16_copy(bf16 ? size_t((N * OC + 1) / 2) * 4 : 0);
+  const uint16_t* dout16 = bf16 ? rounded_bf16(dout16_copy, dout, N * OC, "linear_backward (dout to bf16)") : nullptr;
   if (dinp) {
-    const float beta = overwrite_dinp ? 0.0f : 1.0f;
-    if (dout16) {
-      Scratch w16(size_t((OC * C + 1) / 2) * 4);
-      gemm_bf16(false, false, N, C, OC, 1.0f, dout16, OC, 0, rounded_bf16(w16, weight, OC * C, "linear_backward (dinp)"),
-                C, 0, beta, dinp, C, 0, 1, "linear_backward (dinp)");
-    } else {
-      product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, beta, dinp, C, math, "linear_backward (dinp)");
-    }
-    if (act != Activation::None) {
-      launch_kernel("linear_backward (activation)", activation_grad_kernel, blocks_for(N * C), kThreads, 0, dinp,
-                    act_of, N * C, act);
+    Scratch w16_copy(bf16 ? size_t((OC * C + 1) / 2) * 4 : 0);
+    const uint16_t* w16 = bf16 ? rounded_bf16(w16_copy, weight, OC * C, "linear_backward (dinp)") : nullptr;
+    // GELU's derivative at act_of (cublasLt's aux, read) in the epilogue of an overwriting product.
+    const bool fused = act == Activation::Gelu && overwrite_dinp && aux_ok(C) && N * OC * C > 0 &&
+                       fused_gemm(false, false, N, C, OC, bf16 ? static_cast<const void*>(dout16) : dout, OC,
+                                  bf16 ? static_cast<const void*>(w16) : weight, C, dinp, C, math, Epilogue::DGelu,
+                                  nullptr, const_cast<float*>(act_of), C, "linear_backward (dinp, cublasLt)");
+    if (!fused) {
+      const float beta = overwrite_dinp ? 0.0f : 1.0f;
+      if (bf16) {
+        gemm_bf16(false, false, N, C, OC, 1.0f, dout16, OC, 0, w16, C, 0, beta, dinp, C, 0, 1, "linear_backward (dinp)");
+      } else {
+        product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, beta, dinp, C, math, "linear_backward (dinp)");
+      }
+      if (act != Activation::None) {
+        launch_kernel("linear_backward (activation)", activation_grad_kernel, blocks_for(N * C), kThreads, 0, dinp,
+                      act_of, N * C, act);
+      }
     }
   }
-  if (dweight && dout16) {
+  if (dweight && bf16) {
     Scratch inp16(size_t((N * C + 1) / 2) * 4);
     gemm_bf16(true, false, OC, C, N, 1.0f, dout16, OC, 0, rounded_bf16(inp16, inp, N * C, "linear_backward (dweight)"), C,
               0, 1.0f, dweight, C, 0, 1, "linear_backward (dweight)");

@@ -59,9 +59,13 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, float* C,
                int64_t ldc, int64_t stride_c, int64_t batch, const char* what);
 
-/// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias with the bias added in cublasLt's epilogue. Returns false
-/// when cublasLt offers no algorithm for the shape (the caller then adds the bias itself).
-bool linear_forward_epilogue(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
-                             int64_t OC, bool tf32);
+/// Row-major D (M, N) = op(A) @ op(B) then `epilogue`, through cublasLt, overwriting D. A and B are f32 (TF32 tensor
+/// cores when math is TF32 and the rows are aligned) or, when math is BF16, arrays of bf16 bit patterns; f32
+/// accumulation. bias: N floats added to every row. aux: (M, N) at row stride ldaux, written by Gelu and GeluBias
+/// (the value GELU was applied to), read by DGelu. Returns false, having queued nothing, when cublasLt offers no
+/// algorithm for the call (the caller then does the epilogue's work itself).
+bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
+                int64_t ldb, float* D, int64_t ldd, MatmulMath math, Epilogue epilogue, const float* bias, float* aux,
+                int64_t ldaux, const char* what);
 
 }  // namespace tinygpt::cuda
