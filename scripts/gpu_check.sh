@@ -3,7 +3,8 @@
 # compute-sanitizer (memcheck and racecheck) on the attention tests, the attention benchmark (f32 and bf16
 # tensor-core flash) against PyTorch's scaled_dot_product_attention, and training throughput on nanoGPT's
 # Shakespeare config (f32 with TF32 matmuls and attention, with f32 and bf16 attention, and --dtype bf16: bf16 matmuls
-# and attention, also with the pipelined attention kernels of TINYGPT_FLASH_PIPELINE=1) against PyTorch eager,
+# and attention, also with the pipelined attention kernels of TINYGPT_FLASH_PIPELINE=1 and without cublasLt's
+# epilogues, TINYGPT_CUBLASLT_EPILOGUES=0) against PyTorch eager,
 # autocast bf16 and torch.compile (when PyTorch is importable); then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full] [--no-build]
@@ -89,6 +90,8 @@ ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
 ours_bf16_ms=$(ours_train_ms --dtype bf16)
 # The pipelined tensor-core attention kernels (cp.async stages; not the default until measured here).
 ours_pipe_ms=$(TINYGPT_FLASH_PIPELINE=1 ours_train_ms --dtype bf16)
+# Without cublasLt's epilogues (the MLP's bias and GELU, GELU's derivative): our own kernels after each product.
+ours_noepi_ms=$(TINYGPT_CUBLASLT_EPILOGUES=0 ours_train_ms --dtype bf16)
 # Without dropout the step is captured as a CUDA graph and replayed; --no-cuda-graphs queues the same work op by op.
 nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0)
 ours_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16)
@@ -105,6 +108,7 @@ printf "%-36s %10.2f %12s\n" "tinygpt, bf16 tensor-core attention" "$ours_bf16_a
   tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "tinygpt --dtype bf16" "$ours_bf16_ms" "$(tok "$ours_bf16_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  TINYGPT_FLASH_PIPELINE=1" "$ours_pipe_ms" "$(tok "$ours_pipe_ms")" | tee -a "$logs/train.log"
+printf "%-36s %10.2f %12s\n" "  TINYGPT_CUBLASLT_EPILOGUES=0" "$ours_noepi_ms" "$(tok "$ours_noepi_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  dropout 0: CUDA graph" "$ours_graph_ms" "$(tok "$ours_graph_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  dropout 0: --no-cuda-graphs" "$ours_nograph_ms" "$(tok "$ours_nograph_ms")" |
   tee -a "$logs/train.log"
@@ -128,6 +132,7 @@ if [ $has_torch = 1 ]; then
   note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
   note "--dtype bf16 vs torch autocast bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $tbf / $ours_bf16_ms, $ours_bf16_ms, $tbf}")"
   note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
+  note "  TINYGPT_CUBLASLT_EPILOGUES=0" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_noepi_ms, $ours_noepi_ms}")"
   [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
 else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
