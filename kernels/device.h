@@ -109,9 +109,13 @@ void nccl_init(const NcclId& id, int rank, int world);
 /// picks for the size and topology.)
 void nccl_all_reduce_sum(float* data, int64_t n);
 
-/// True when the environment sets TINYGPT_CUDA_PROFILE=1: launch() then synchronizes around every GPU kernel
-/// and adds its time to a per-kernel table printed to stderr at exit (a coarse profiler; it slows runs down).
+/// True when the environment sets TINYGPT_CUDA_PROFILE=1: launch() then synchronizes around every GPU op and adds
+/// its time to a per-op table, and every kernel launch and cuBLAS call inside is timed with CUDA events into a
+/// per-kernel table (kernels/cuda/runtime.cuh: ProfiledRegion); both are printed to stderr at exit (a coarse
+/// profiler: it slows runs down, and is off while a CUDA graph is captured).
 bool profiling();
-void profile_add(const char* kernel, double ms);
+/// Adds an op's time to the per-op table, and the times of the kernels queued since the last call to the per-kernel
+/// table (after the caller has synchronized).
+void profile_add(const char* op, double ms);
 
 }  // namespace tinygpt::cuda

@@ -161,7 +161,7 @@ else
   note "attention benchmark" "ran without PyTorch (no comparison)"
 fi
 
-echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations, each kernel synchronized alone; top 12)"
+echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations; by op and by kernel, the top 14 of each)"
 for math in f32 tf32 bf16; do
   run=$(mktemp -d)
   TINYGPT_CUDA_PROFILE=1 timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" \
@@ -169,7 +169,7 @@ for math in f32 tf32 bf16; do
     > /dev/null 2> "$logs/profile_$math.log"
   rm -rf "$run"
   echo "-- --attention-math $math$([ $math = bf16 ] && echo ' --dtype bf16')"
-  sed -n '/^TINYGPT_CUDA_PROFILE/,$p' "$logs/profile_$math.log" | head -14  # sorted by time, the costliest first
+  awk '/^TINYGPT_CUDA_PROFILE/ {n = 16} n-- > 0' "$logs/profile_$math.log"  # each table the costliest first
 done
 
 echo "== compute-sanitizer on the attention tests"

@@ -509,10 +509,11 @@ TrainResult train(const TrainConfig& cfg_in) {
       d.y.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
     }
     d.stats = empty({2}, DType::F32, device);
-    d.use_graph = device == Device::CUDA && cfg.cuda_graphs && cfg.model.dropout == 0;
+    d.use_graph = device == Device::CUDA && cfg.cuda_graphs && cfg.model.dropout == 0 && !cuda::profiling();
     const char* graphs =
         d.use_graph        ? "CUDA graphs: the training step is captured on its second iteration and replayed"
         : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
+        : cuda::profiling() ? "CUDA graphs off: TINYGPT_CUDA_PROFILE=1 times each op alone; the step is queued op by op"
                            : "CUDA graphs off: dropout draws its masks on the host every step (--dropout 0 lets the "
                              "step be captured); the step is queued op by op";
     if (device == Device::CUDA) console.line("{}\n", graphs);

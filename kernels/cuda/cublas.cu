@@ -29,6 +29,7 @@ void strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
                      int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, cudaDataType_t type,
                      float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch, cublasComputeType_t compute,
                      const char* what) {
+  const ProfiledRegion timed(what);
   check(cublasGemmStridedBatchedEx(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    int(N), int(M), int(K), &alpha, B, type, int(ldb), stride_b, A, type, int(lda),
                                    stride_a, &beta, C, CUDA_R_32F, int(ldc), stride_c, int(batch), compute,
@@ -102,6 +103,7 @@ bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
           CUBLAS_STATUS_SUCCESS &&
       found > 0) {
     const float alpha = 1.0f, beta = 0.0f;
+    const ProfiledRegion timed(what);
     check(cublasLtMatmul(cublaslt(), op, &alpha, B, la, A, lb, &beta, D, ld, D, ld, &heuristic.algo, ws, ws_bytes,
                          stream()),
           what);

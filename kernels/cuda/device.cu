@@ -355,22 +355,60 @@ void set_device(int index) {
 namespace {
 
 struct Profile {
+  /// Times of one op or kernel; the first call is kept apart, as it includes loading the kernel's module (CUDA loads
+  /// modules lazily) and cuBLAS's choice of an algorithm.
   struct Entry {
-    double ms = 0;
+    double ms = 0, first_ms = 0;
     int64_t calls = 0;
+    void add(double t) {
+      if (calls++ == 0) first_ms = t;
+      ms += t;
+    }
+  };
+  struct Pending {
+    std::string what;
+    cudaEvent_t start, stop;
   };
   std::mutex mutex;
-  std::map<std::string, Entry> entries;
-  ~Profile() {
-    double total = 0;
-    for (const auto& [name, e] : entries) total += e.ms;
-    fmt::print(stderr, "TINYGPT_CUDA_PROFILE: GPU kernel time (each kernel synchronized alone)\n{:<28} {:>10} {:>10} {:>7}\n",
-               "kernel", "calls", "ms", "share");
-    std::vector<std::pair<std::string, Entry>> by_time(entries.begin(), entries.end());
-    std::sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-    for (const auto& [name, e] : by_time) {  // the costliest first
-      fmt::print(stderr, "{:<28} {:>10} {:>10.1f} {:>6.1f}%\n", name, e.calls, e.ms, 100.0 * e.ms / std::max(total, 1e-9));
+  std::map<std::string, Entry> ops, kernels;
+  std::vector<Pending> pending;
+
+  /// The pending kernels' times into `kernels` (waits for their stop events).
+  void flush() {
+    for (Pending& p : pending) {
+      float ms = 0;
+      if (cudaEventSynchronize(p.stop) == cudaSuccess && cudaEventElapsedTime(&ms, p.start, p.stop) == cudaSuccess) {
+        kernels[p.what].add(ms);
+      }
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.stop);
     }
+    pending.clear();
+  }
+
+  static void print(const char* title, const char* what, const std::map<std::string, Entry>& entries) {
+    double total = 0;
+    for (const auto& [name, e] : entries) total += e.ms - e.first_ms;
+    fmt::print(stderr, "{}\n{:<44} {:>7} {:>10} {:>9} {:>7} {:>9}\n", title, what, "calls", "ms", "us/call", "share",
+               "first ms");
+    std::vector<std::pair<std::string, Entry>> by_time(entries.begin(), entries.end());
+    std::sort(by_time.begin(), by_time.end(),
+              [](const auto& a, const auto& b) { return a.second.ms - a.second.first_ms > b.second.ms - b.second.first_ms; });
+    for (const auto& [name, e] : by_time) {  // the costliest first
+      const double ms = e.ms - e.first_ms;
+      const int64_t calls = e.calls - 1;
+      fmt::print(stderr, "{:<44} {:>7} {:>10.2f} {:>9.1f} {:>6.1f}% {:>9.2f}\n", name, calls, ms,
+                 calls > 0 ? 1000.0 * ms / double(calls) : 0.0, 100.0 * ms / std::max(total, 1e-9), e.first_ms);
+    }
+  }
+
+  ~Profile() {
+    flush();
+    print("TINYGPT_CUDA_PROFILE: GPU time by op (each op synchronized alone, host time; without each op's first call)",
+          "op", ops);
+    print("TINYGPT_CUDA_PROFILE: GPU time by kernel (CUDA events around each launch and cuBLAS call; without each "
+          "kernel's first call)",
+          "kernel", kernels);
   }
 };
 
@@ -389,12 +427,32 @@ bool profiling() {
   return on;
 }
 
-void profile_add(const char* kernel, double ms) {
+void profile_add(const char* op, double ms) {
   Profile& p = profile();
   std::lock_guard lock(p.mutex);
-  Profile::Entry& e = p.entries[kernel];
-  e.ms += ms;
-  ++e.calls;
+  p.ops[op].add(ms);
+  p.flush();
+}
+
+void ProfiledRegion::begin(const char* what) {
+  what_ = what;
+  if (cudaEventCreate(&start_) != cudaSuccess) {
+    start_ = nullptr;
+    return;
+  }
+  cudaEventRecord(start_, stream());
+}
+
+void ProfiledRegion::end() {
+  cudaEvent_t stop = nullptr;
+  if (cudaEventCreate(&stop) != cudaSuccess) {
+    cudaEventDestroy(start_);
+    return;
+  }
+  cudaEventRecord(stop, stream());
+  Profile& p = profile();
+  std::lock_guard lock(p.mutex);
+  p.pending.push_back({what_, start_, stop});
 }
 
 cublasHandle_t cublas() {

@@ -33,6 +33,7 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
   if (smem_bytes > 48 * 1024) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)), what);
   }
+  const ProfiledRegion timed(what);
   kernel<<<grid, threads, smem_bytes, stream()>>>(std::forward<Args>(args)...);
   check_launch(what);
 }

@@ -34,6 +34,27 @@ cublasLtHandle_t cublaslt();
 /// A workspace for cublasLt, allocated once.
 void* cublaslt_workspace(size_t* bytes);
 
+/// Under TINYGPT_CUDA_PROFILE=1 (and not capturing a graph), the GPU time of the work queued during its scope goes to
+/// the per-kernel table under `what`: an event recorded on the stream at each end, read at the next profile_add.
+/// Nothing otherwise.
+class ProfiledRegion {
+ public:
+  explicit ProfiledRegion(const char* what) {
+    if (profiling() && !capturing()) begin(what);
+  }
+  ~ProfiledRegion() {
+    if (start_) end();
+  }
+  ProfiledRegion(const ProfiledRegion&) = delete;
+  ProfiledRegion& operator=(const ProfiledRegion&) = delete;
+
+ private:
+  void begin(const char* what);
+  void end();
+  const char* what_ = nullptr;
+  cudaEvent_t start_ = nullptr;
+};
+
 /// Device scratch memory for the duration of one kernel call, back to the cache at scope exit.
 class Scratch {
  public:
