@@ -72,13 +72,39 @@ __global__ void column_partials_kernel(float* partial, const float* x, int64_t N
   }
 }
 
-/// out (C) += column sums of x (N, C), in a fixed order.
-void add_column_sums(float* out, const float* x, int64_t N, int64_t C) {
+/// column_partials_kernel for an even C that also writes x rounded to bf16 into x16 (pairs packed as
+/// round_bf16_kernel packs them): one pass over x for a product's bf16 operand and the bias gradient. Each column is
+/// summed in the same order as column_partials_kernel sums it.
+__global__ void column_partials_bf16_kernel(float* partial, uint32_t* x16, const float* x, int64_t N, int64_t C,
+                                            int64_t rows) {
+  const int64_t n0 = int64_t(blockIdx.x) * rows, n1 = min(N, n0 + rows), pairs = C / 2;
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll 4
+    for (int64_t n = n0; n < n1; ++n) {
+      const float2 v = reinterpret_cast<const float2*>(x + n * C)[p];
+      x16[n * pairs + p] = pack_bf16(v.x, v.y);
+      acc0 += v.x;
+      acc1 += v.y;
+    }
+    partial[C * blockIdx.x + 2 * p] = acc0;
+    partial[C * blockIdx.x + 2 * p + 1] = acc1;
+  }
+}
+
+/// out (C) += column sums of x (N, C), in a fixed order. With x16 (C even), x rounded to bf16 is written there in
+/// the same pass.
+void add_column_sums(float* out, const float* x, int64_t N, int64_t C, uint32_t* x16 = nullptr) {
   const int64_t rows = rows_per_partial(N);
   const int64_t blocks = (N + rows - 1) / rows;
   Scratch partial(size_t(C * blocks) * sizeof(float));
-  launch_kernel("linear_backward (bias partial sums)", column_partials_kernel, unsigned(blocks), 256, 0,
-                partial.as<float>(), x, N, C, rows);
+  if (x16) {
+    launch_kernel("linear_backward (dout to bf16, bias partial sums)", column_partials_bf16_kernel, unsigned(blocks),
+                  256, 0, partial.as<float>(), x16, x, N, C, rows);
+  } else {
+    launch_kernel("linear_backward (bias partial sums)", column_partials_kernel, unsigned(blocks), 256, 0,
+                  partial.as<float>(), x, N, C, rows);
+  }
   add_partial_rows("linear_backward (bias sum)", out, partial.as<float>(), blocks, C, C);
 }
 
@@ -204,10 +230,15 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                      int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act,
                      const float* act_of) {
-  // In bf16 both products read dout: it is rounded once for the two.
+  // In bf16 both products read dout: it is rounded once for the two, in the bias gradient's pass over dout when
+  // there is one (and OC is even, so that rows start on whole pairs).
   const bool bf16 = math == MatmulMath::BF16 && (dinp || dweight) && N * OC * C > 0;
   Scratch dout16_copy(bf16 ? size_t((N * OC + 1) / 2) * 4 : 0);
-  const uint16_t* dout16 = bf16 ? rounded_bf16(dout16_copy, dout, N * OC, "linear_backward (dout to bf16)") : nullptr;
+  const bool bias_pass = bf16 && dbias && OC % 2 == 0;
+  if (bias_pass) add_column_sums(dbias, dout, N, OC, dout16_copy.as<uint32_t>());
+  const uint16_t* dout16 = bias_pass ? dout16_copy.as<uint16_t>()
+                           : bf16    ? rounded_bf16(dout16_copy, dout, N * OC, "linear_backward (dout to bf16)")
+                                     : nullptr;
   if (dinp) {
     Scratch w16_copy(bf16 ? size_t((OC * C + 1) / 2) * 4 : 0);
     const uint16_t* w16 = bf16 ? rounded_bf16(w16_copy, weight, OC * C, "linear_backward (dinp)") : nullptr;
@@ -236,6 +267,6 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   } else if (dweight) {
     product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
   }
-  if (dbias && N > 0) add_column_sums(dbias, dout, N, OC);
+  if (dbias && N > 0 && !bias_pass) add_column_sums(dbias, dout, N, OC);
 }
 TINYGPT_CUDA_END
