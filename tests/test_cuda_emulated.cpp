@@ -316,8 +316,8 @@ TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backw
     (g ? gpu::embedding_forward : cpu::embedding_forward<float>)(o[0].data(), ids.data(), weight.data(), N, C);
   });
   // With the ids' host copy the launcher sorts them on the host; without it, it scans them on the device (no copy
-  // back, nothing of this step's ids baked into a captured graph). Both sum each id's rows in row order: the same
-  // bits.
+  // back, nothing of this step's ids baked into a captured graph). Both sum each id's rows in chunks of rows (50 rows:
+  // four chunks), in row order within a chunk and chunk order after: the same bits.
   std::vector<Vec> results;
   for (const int32_t* host_ids : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ids.data())}) {
     const int64_t copies = gpu::host_copies;

@@ -36,8 +36,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a, const float* b, const float* weight, const float* bias, int64_t N, int64_t C, float eps);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C);
-/// Deterministic, no float atomics: each thread owns one (token id, channel) pair of dweight and sums its
-/// rows in order (a first pass buckets the rows by id with a stable counting sort).
+/// Deterministic, no float atomics: each (token id, channel) of dweight sums its rows in chunks of rows, in row order
+/// within a chunk and chunk order after (with host_ids, a host pass buckets the rows by id with a stable counting
+/// sort; without, blocks scan the device ids a chunk each and a second pass adds the chunks).
 void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V, int64_t C);
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 void crossentropy_backward(float* dlogits, const float* dloss, float scale, const float* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);

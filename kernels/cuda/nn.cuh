@@ -93,35 +93,72 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const f
   TINYGPT_CUDA_LOOP(i, N * C) out[i] = weight[int64_t(ids[i / C]) * C + i % C];
 }
 
+/// The rows of an embedding's gradient are summed in chunks of this many rows (by row index): each id's rows within a
+/// chunk in row order, then the chunks' sums in chunk order. Both launchers below sum that way, so they agree bit for
+/// bit; the chunks let the scan over device ids run on many blocks. Up to 64 chunks of at least 16 rows, fewer where
+/// their partial sums (chunks x V x C floats) would pass 64 MiB.
+inline int64_t embedding_chunk_rows(int64_t N, int64_t V, int64_t C) {
+  const int64_t max_chunks = std::max<int64_t>(1, (int64_t(1) << 24) / std::max<int64_t>(1, V * C));
+  const int64_t rows = std::max<int64_t>(16, (N + 63) / 64);
+  return (N + rows - 1) / rows <= max_chunks ? rows : (N + max_chunks - 1) / max_chunks;
+}
+
 /// Block j handles token id ids_sorted-bucket j: rows order[start[j] .. start[j + 1]) in increasing row order.
 __global__ void embedding_backward_kernel(float* dweight, const float* dout, const int32_t* order, const int32_t* start,
-                                          const int32_t* bucket_id, int64_t C) {
+                                          const int32_t* bucket_id, int64_t C, int64_t chunk_rows) {
   const int32_t first = start[blockIdx.x], last = start[blockIdx.x + 1];
   float* dw = dweight + int64_t(bucket_id[blockIdx.x]) * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int32_t j = first; j < last; ++j) acc += dout[int64_t(order[j]) * C + c];
-    dw[c] += acc;
+    float total = 0.0f, acc = 0.0f;
+    int64_t chunk = order[first] / chunk_rows;
+    for (int32_t j = first; j < last; ++j) {
+      const int64_t row = order[j];
+      if (row / chunk_rows != chunk) {  // a later chunk: the previous chunk's sum joins the total
+        total += acc;
+        acc = 0.0f;
+        chunk = row / chunk_rows;
+      }
+      acc += dout[row * C + c];
+    }
+    dw[c] += total + acc;
   }
 }
 
-/// Without the ids on the host: block (v, channel chunk) scans every row's id in order and sums the rows of id v
-/// into its channels, in row order as above (the same sums), with no host round trip (so it can be captured in a
-/// graph). It reads all N ids per id v: cheap for characters, V times the ids for a large vocabulary.
-__global__ void embedding_backward_scan_kernel(float* dweight, const float* dout, const int32_t* ids, int64_t N,
-                                               int64_t C) {
-  const int64_t v = blockIdx.x, c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+/// Without the ids on the host, first pass: block (v, channel slice, chunk s) scans the chunk's ids in order and sums
+/// the rows of id v into partial[(s * V + v) * C + c], marking hit[s * V + v] when the chunk has any. No host round
+/// trip (so it can be captured in a graph); every id reads every row's id: cheap for characters, V times the ids for
+/// a large vocabulary.
+__global__ void embedding_backward_scan_kernel(float* partial, int32_t* hit, const float* dout, const int32_t* ids,
+                                               int64_t N, int64_t V, int64_t C, int64_t chunk_rows) {
+  const int64_t v = blockIdx.x, c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x, s = blockIdx.z;
+  const int64_t n0 = s * chunk_rows, n1 = min(N, n0 + chunk_rows);
   float acc = 0.0f;
   bool any = false;
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = n0; n < n1; ++n) {
     if (ids[n] == v) {
-      acc += dout[n * C + c];
+      if (c < C) acc += dout[n * C + c];
       any = true;
     }
   }
-  if (any) dweight[v * C + c] += acc;
+  if (c < C) partial[(s * V + v) * C + c] = acc;
+  if (blockIdx.y == 0 && threadIdx.x == 0) hit[s * V + v] = any;
+}
+
+/// Second pass: dweight[v, c] += the sum of the chunks that have id v, in chunk order (untouched when none has it).
+__global__ void embedding_backward_chunks_kernel(float* dweight, const float* partial, const int32_t* hit, int64_t V,
+                                                 int64_t C, int64_t chunks) {
+  TINYGPT_CUDA_LOOP(i, V * C) {
+    const int64_t v = i / C, c = i % C;
+    float total = 0.0f;
+    bool any = false;
+    for (int64_t s = 0; s < chunks; ++s) {
+      if (hit[s * V + v]) {
+        total += partial[(s * V + v) * C + c];
+        any = true;
+      }
+    }
+    if (any) dweight[i] += total;
+  }
 }
 
 /// One warp per row: lse and the loss.
@@ -198,11 +235,16 @@ void embedding_forward(float* out, const int32_t* ids, const float* weight, int6
 void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_ids, int64_t N,
                         int64_t V, int64_t C) {
   if (N * C == 0) return;
+  const int64_t chunk_rows = embedding_chunk_rows(N, V, C);
   if (host_ids == nullptr) {  // ids made on the device, or refilled in place: scanned there
+    const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
     const int threads = int(std::min<int64_t>(256, (C + 31) / 32 * 32));
+    Scratch partial(size_t(chunks * V * C) * sizeof(float)), hit(size_t(chunks * V) * sizeof(int32_t));
     launch_kernel("embedding_backward (scan)", embedding_backward_scan_kernel,
-                  dim3(unsigned(V), unsigned((C + threads - 1) / threads)), unsigned(threads), 0, dweight, dout, ids, N,
-                  C);
+                  dim3(unsigned(V), unsigned((C + threads - 1) / threads), unsigned(chunks)), unsigned(threads), 0,
+                  partial.as<float>(), hit.as<int32_t>(), dout, ids, N, V, C, chunk_rows);
+    launch_kernel("embedding_backward (chunk sums)", embedding_backward_chunks_kernel, blocks_for(V * C), kThreads, 0,
+                  dweight, partial.as<float>(), hit.as<int32_t>(), V, C, chunks);
     return;
   }
   // Stable counting sort of the rows by token id, on the host (the ids' copy from their upload), so each block below
@@ -233,7 +275,8 @@ void embedding_backward(float* dweight, const float* dout, const int32_t* ids, c
   copy_to_device(dev.as<int32_t>(), packed.data(), packed.size() * sizeof(int32_t));
   const int32_t* order = dev.as<int32_t>();
   const int threads = int(std::min<int64_t>(1024, (C + 31) / 32 * 32));
-  launch_kernel("embedding_backward", embedding_backward_kernel, unsigned(buckets), threads, 0, dweight, dout, order, order + N, order + N + buckets + 1, C);
+  launch_kernel("embedding_backward", embedding_backward_kernel, unsigned(buckets), threads, 0, dweight, dout, order,
+                order + N, order + N + buckets + 1, C, chunk_rows);
 }
 
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V,
