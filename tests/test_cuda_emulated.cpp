@@ -205,6 +205,11 @@ TEST_CASE("emulated CUDA: binary ops over broadcast shapes, forward and backward
       {{1, 1, 3, 4, 70}, {1, 1, 1, 1, 70}},  // b broadcast over rows: a summed gradient per element of b
       {{1, 1, 3, 1, 5}, {1, 1, 1, 6, 1}},    // both broadcast
       {{1, 2, 1, 3, 1}, {1, 2, 5, 3, 4}},    // a broadcast over two dims, b full
+      // Broadcast over leading dims only (row-block partial sums): a position embedding's shape, 80 rows (five
+      // blocks of rows), and a broadcast over the leading dims of a
+      {{1, 1, 5, 9, 7}, {1, 1, 1, 9, 7}},
+      {{1, 1, 2, 40, 3}, {1, 1, 1, 1, 3}},
+      {{1, 1, 1, 9, 7}, {1, 1, 5, 9, 7}},
   };
   for (const Shapes& s : cases) {
     const BroadcastGeom geom = broadcast(s.a, s.b);

@@ -182,6 +182,51 @@ __global__ void binary_backward_broadcast_kernel(float* dx, bool is_a, const flo
   if (lane == 0) dx[warp] += acc;
 }
 
+/// The gradient of an operand x broadcast over the output's leading dims only (a bias, a position embedding added to
+/// every batch): the output is (rows, cols) and x its last cols elements. Block (i, j) sums output rows
+/// [i * per, (i + 1) * per) for columns j * blockDim.x + threadIdx.x (coalesced) into partial row i; add_partial_rows
+/// adds the partial rows in order. The warp-per-element kernel above read each output row with a stride of cols.
+__global__ void binary_backward_rows_kernel(float* partial, bool is_a, const float* dout, const float* a,
+                                            const float* b, BroadcastGeom g, BinaryOp op, int64_t rows, int64_t cols,
+                                            int64_t per) {
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t r0 = int64_t(blockIdx.x) * per, r1 = min(rows, r0 + per);
+  const bool constant = op == BinaryOp::Add || op == BinaryOp::Sub;  // a derivative that reads neither operand
+  const float unit = is_a ? binary_grad_a(op, 0.0f, 1.0f) : binary_grad_b(op, 0.0f, 1.0f);
+  float acc = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t i = r * cols + c;
+    float grad = unit;
+    if (!constant) {
+      int64_t oa, ob;
+      broadcast_offsets(g, i, oa, ob);
+      grad = is_a ? binary_grad_a(op, a[oa], b[ob]) : binary_grad_b(op, a[oa], b[ob]);
+    }
+    acc += dout[i] * grad;
+  }
+  partial[int64_t(blockIdx.x) * cols + c] = acc;
+}
+
+/// True when x (strides x_stride) broadcasts over the output's leading dims only and its other dims are the output's
+/// trailing dims, contiguous: the output is then (rows, cols) with x its last cols elements.
+bool broadcast_over_leading_dims(const int64_t* x_stride, const BroadcastGeom& g, int64_t& rows, int64_t& cols) {
+  int d = kMaxDims - 1;
+  rows = cols = 1;
+  for (; d >= 0; --d) {
+    if (g.out[d] == 1) continue;
+    if (x_stride[d] == 0) break;
+    if (x_stride[d] != cols) return false;
+    cols *= g.out[d];
+  }
+  for (; d >= 0; --d) {
+    if (g.out[d] == 1) continue;
+    if (x_stride[d] != 0) return false;
+    rows *= g.out[d];
+  }
+  return rows > 1;
+}
+
 /// The gradient of an operand with the output's own shape (nothing to sum) while the other one broadcasts.
 __global__ void binary_backward_full_kernel(float* dx, bool is_a, const float* dout, const float* a, const float* b,
                                             BroadcastGeom g, BinaryOp op, int64_t n) {
@@ -419,7 +464,18 @@ void binary_backward(float* da, float* db, const float* dout, const float* a, co
       launch_kernel("binary_backward", binary_backward_full_kernel, blocks_for(n), kThreads, 0, dx, is_a, dout, a, b, g, op, n);
       continue;
     }
-    launch_kernel("binary_backward (broadcast)", binary_backward_broadcast_kernel, blocks_for(r.xn * 32), kThreads, 0, dx, is_a, dout, a, b, g, r, op);
+    int64_t rows = 0, cols = 0;
+    if (broadcast_over_leading_dims(is_a ? g.a_stride : g.b_stride, g, rows, cols) && cols <= 65535 * int64_t(kThreads)) {
+      const int64_t per = rows_per_partial(rows), row_blocks = (rows + per - 1) / per;
+      Scratch partial(size_t(row_blocks * cols) * sizeof(float));
+      launch_kernel("binary_backward (broadcast rows)", binary_backward_rows_kernel,
+                    dim3(unsigned(row_blocks), unsigned((cols + kThreads - 1) / kThreads)), kThreads, 0,
+                    partial.as<float>(), is_a, dout, a, b, g, op, rows, cols, per);
+      add_partial_rows("binary_backward (broadcast sum)", dx, partial.as<float>(), row_blocks, cols, cols);
+      continue;
+    }
+    launch_kernel("binary_backward (broadcast)", binary_backward_broadcast_kernel, blocks_for(r.xn * 32), kThreads, 0,
+                  dx, is_a, dout, a, b, g, r, op);
   }
 }
 
