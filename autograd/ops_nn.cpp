@@ -109,22 +109,38 @@ Shape with_last(const Tensor& x, int64_t n) {
   return Shape(dims);
 }
 
+namespace {
+
+/// Where the GPU keeps a layer's input rounded to bf16 from the forward product to the backward one (the kernels'
+/// inp16): n bf16 values, two to an I32 element. Undefined, and nothing kept, on the CPU (its GEMM rounds as it packs)
+/// or without bf16 products.
+Tensor bf16_operand(const Tensor& x, int64_t n, MatmulMath math) {
+  if (x.device() != Device::CUDA || math != MatmulMath::BF16 || x.dtype() != DType::F32) return Tensor();
+  return empty({(n + 1) / 2}, DType::I32, x.device());
+}
+
+uint16_t* bf16_bits(const Tensor& t) { return t.defined() ? reinterpret_cast<uint16_t*>(ptr<int32_t>(t)) : nullptr; }
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Numerics& numerics) {
   const MatmulMath math = numerics.matmul();
   const int64_t OC = check_linear("linear", x, weight, bias);
   const auto [N_, C_] = rows_cols(x);
   const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
   Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
+  const Tensor x16 = bf16_operand(x, N * C, math);
   dispatch_float(x.dtype(), "linear", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(), out.data<T>(), x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, OC,
-           math, Activation::None, static_cast<T*>(nullptr));
+           math, Activation::None, static_cast<T*>(nullptr), bf16_bits(x16));
   });
   return record("linear", out, {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_float(dout.dtype(), "linear", [&]<class T>() {
                     launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
                            ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC, math,
-                           detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr));
+                           detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr),
+                           bf16_bits(x16));
                   });
                 }, /*writes_unwritten=*/1u);
 }
@@ -144,11 +160,12 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
   // pre = x w_fc^T + b_fc and h = act(pre) from one product (the activation in its epilogue); both kept for backward.
   Tensor h = empty(pre.shape(), x.dtype(), x.device());
   Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
+  const Tensor x16 = bf16_operand(x, N * C, math), h16 = bf16_operand(x, N * H, math);
   dispatch_float(x.dtype(), "mlp", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(), pre.data<T>(), x.data<T>(), w_fc.data<T>(), ptr<T>(b_fc), N, C, H,
-           math, act, h.data<T>());
+           math, act, h.data<T>(), bf16_bits(x16));
     launch(kernels::linear_forward<T>, x.device(), out.data<T>(), h.data<T>(), w_proj.data<T>(), ptr<T>(b_proj), N, H,
-           OC, math, Activation::None, static_cast<T*>(nullptr));
+           OC, math, Activation::None, static_cast<T*>(nullptr), bf16_bits(h16));
   });
   return record("mlp", out, {x, w_fc, b_fc, w_proj, b_proj},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
@@ -158,11 +175,12 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
                   dispatch_float(dout.dtype(), "mlp", [&]<class T>() {
                     launch(kernels::linear_backward<T>, dout.device(), ptr<T>(dpre), ptr<T>(grads[3]),
                            ptr<T>(grads[4]), dout.data<T>(), h.data<T>(), in[3].data<T>(), N, H, OC, math, true, act,
-                           pre.data<T>());
+                           pre.data<T>(), bf16_bits(h16));
                     if (first) {
                       launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
                              ptr<T>(grads[2]), dpre.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, H, math,
-                             detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr));
+                             detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr),
+                             bf16_bits(x16));
                     }
                   });
                 }, /*writes_unwritten=*/1u);

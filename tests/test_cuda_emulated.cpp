@@ -399,27 +399,48 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
   const Vec dout = random(size_t(rows * OC), 47);
   // The activation's input for backward: the pre-activation whose act(.) was inp (both signs, for ReLU squared).
   const Vec pre = random(x.size(), 51, -3.0f, 3.0f);
-  for (const bool with_bias : {true, false}) {
-    for (const Activation act : {Activation::None, Activation::Gelu, Activation::ReluSquared}) {
-      const std::string name = std::string(with_bias ? "linear" : "linear without bias") +
-                               (act == Activation::Gelu ? ", GELU" : act == Activation::ReluSquared ? ", ReLU^2" : "") +
-                               " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
-                               (lt ? "" : ", no cublasLt algorithm");
-      compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::linear_forward : cpu::linear_forward<float>)(o[0].data(), x.data(), w.data(),
-                                                               with_bias ? bias.data() : nullptr, rows, C, OC, math,
-                                                               act, o[1].data());
-      });
-      for (const bool overwrite : {false, true}) {
-        if (act != Activation::None && !overwrite) continue;  // an activation's gradient overwrites dinp
-        const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
-        compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
-                {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
-                  (g ? gpu::linear_backward : cpu::linear_backward<float>)(o[0].data(), o[1].data(),
-                                                                           with_bias ? o[2].data() : nullptr,
-                                                                           dout.data(), x.data(), w.data(), rows, C,
-                                                                           OC, math, overwrite, act, pre.data());
-                }, 1e-4, 1e-4);
+  // With bf16 products the GPU may keep inp rounded to bf16 from forward to backward (inp16): backward is then given
+  // an inp of NaNs, which it must not read.
+  const Vec nan_x(x.size(), std::numeric_limits<float>::quiet_NaN());
+  for (const bool keep16 : {false, true}) {
+    if (keep16 && math != MatmulMath::BF16) continue;
+    std::vector<uint16_t> x16(x.size() + 1, 0xffff);
+    for (const bool with_bias : {true, false}) {
+      for (const Activation act : {Activation::None, Activation::Gelu, Activation::ReluSquared}) {
+        const std::string name = std::string(with_bias ? "linear" : "linear without bias") +
+                                 (act == Activation::Gelu ? ", GELU" : act == Activation::ReluSquared ? ", ReLU^2" : "") +
+                                 " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
+                                 (lt ? "" : ", no cublasLt algorithm") + (keep16 ? ", inp kept in bf16" : "");
+        compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
+          if (g) {
+            gpu::linear_forward(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
+                                act, o[1].data(), keep16 ? x16.data() : nullptr);
+          } else {
+            cpu::linear_forward<float>(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC,
+                                       math, act, o[1].data(), nullptr);
+          }
+        });
+        if (keep16) {
+          bool rounded = true;
+          for (size_t k = 0; k < x.size(); ++k) rounded = rounded && x16[k] == tinygpt::cuda::to_bf16_bits(x[k]);
+          CHECK(rounded);
+        }
+        for (const bool overwrite : {false, true}) {
+          if (act != Activation::None && !overwrite) continue;  // an activation's gradient overwrites dinp
+          const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
+          compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
+                  {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
+                    float* db = with_bias ? o[2].data() : nullptr;
+                    if (g) {
+                      gpu::linear_backward(o[0].data(), o[1].data(), db, dout.data(), keep16 ? nan_x.data() : x.data(),
+                                           w.data(), rows, C, OC, math, overwrite, act, pre.data(),
+                                           keep16 ? x16.data() : nullptr);
+                    } else {
+                      cpu::linear_backward<float>(o[0].data(), o[1].data(), db, dout.data(), x.data(), w.data(), rows,
+                                                  C, OC, math, overwrite, act, pre.data(), nullptr);
+                    }
+                  }, 1e-4, 1e-4);
+        }
       }
     }
   }
@@ -484,23 +505,24 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     CHECK((largest_difference(db, ref_db) > 1e-4) == rounded);
     Vec y(size_t(M * N)), ref_y(size_t(M * N));
     const Vec w = random(size_t(N * K), 63);
-    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, math, Activation::None, nullptr);
+    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, math, Activation::None, nullptr, nullptr);
     cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, MatmulMath::F32, Activation::None,
-                               nullptr);
+                               nullptr, nullptr);
     CHECK((largest_difference(y, ref_y) > 1e-4) == rounded);
     // And through cublasLt's epilogues: the bias with GELU (a width of 16, a multiple of 8), GELU's derivative.
     const int64_t OC = 16;
     const Vec w2 = random(size_t(OC * K), 64), bias = random(size_t(OC), 65), dout2 = random(size_t(M * OC), 66);
     Vec pre(size_t(M * OC)), act(pre.size()), ref_pre(pre.size()), ref_act(pre.size());
-    gpu::linear_forward(pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, math, Activation::Gelu, act.data());
+    gpu::linear_forward(pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, math, Activation::Gelu, act.data(),
+                        nullptr);
     cpu::linear_forward<float>(ref_pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, MatmulMath::F32,
-                               Activation::Gelu, ref_act.data());
+                               Activation::Gelu, ref_act.data(), nullptr);
     CHECK((largest_difference(act, ref_act) > 1e-4) == rounded);
     Vec dx(a.size()), ref_dx(a.size());
     gpu::linear_backward(dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC, math, true,
-                         Activation::Gelu, b.data());
+                         Activation::Gelu, b.data(), nullptr);
     cpu::linear_backward<float>(ref_dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC,
-                                MatmulMath::F32, true, Activation::Gelu, b.data());
+                                MatmulMath::F32, true, Activation::Gelu, b.data(), nullptr);
     CHECK((largest_difference(dx, ref_dx) > 1e-4) == rounded);
   }
 }

@@ -78,8 +78,11 @@ template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a,
 /// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be null. With an activation, act_out (N, OC)
 /// = act(out) too (out keeps the pre-activation). Backward: with an activation (and overwrite_dinp), dinp is the
 /// gradient through the activation that made inp, dinp = (dout @ weight) * act'(act_of), act_of (N, C).
-template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, T* act_out);
-template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of);
+/// inp16 (may be null; N * C bf16 bit patterns, 4-byte aligned): where the GPU keeps inp rounded to bf16 between the
+/// two calls with bf16 math (linear_forward writes it, linear_backward reads it instead of rounding inp again). The
+/// CPU rounds inside its GEMM and ignores it; the results are the same with it or without.
+template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, T* act_out, uint16_t* inp16);
+template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of, const uint16_t* inp16);
 
 /// One AdamW step on n parameters (decoupled weight decay, bias-corrected moments; step counts from 1), with the
 /// gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as it is).

@@ -26,12 +26,20 @@ int64_t operand_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int
   return (batch - 1) * stride + (rows - 1) * ld + cols;
 }
 
+/// The first n elements of x rounded to bf16 into dst (n bf16 bit patterns, 4-byte aligned); returns dst.
+const uint16_t* round_to_bf16(uint16_t* dst, const float* x, int64_t n, const char* what) {
+  const int64_t pairs = (n + 1) / 2;
+  launch_kernel(what, round_bf16_kernel, blocks_for(pairs), kThreads, 0, reinterpret_cast<uint32_t*>(dst), x, pairs, n);
+  return dst;
+}
+
 /// The first n elements of x rounded to bf16 into `copy` (an array of n bf16 bit patterns).
 const uint16_t* rounded_bf16(Scratch& copy, const float* x, int64_t n, const char* what) {
-  const int64_t pairs = (n + 1) / 2;
-  launch_kernel(what, round_bf16_kernel, blocks_for(pairs), kThreads, 0, copy.as<uint32_t>(), x, pairs, n);
-  return copy.as<uint16_t>();
+  return round_to_bf16(copy.as<uint16_t>(), x, n, what);
 }
+
+/// Bytes of n bf16 values rounded up to whole 4-byte words (round_bf16_kernel writes pairs).
+size_t bf16_bytes(int64_t n) { return size_t((n + 1) / 2) * 4; }
 
 }  // namespace
 
@@ -204,21 +212,29 @@ bool aux_ok(int64_t ld) { return ld % 8 == 0; }
 }  // namespace
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
-                    int64_t OC, MatmulMath math, Activation act, float* act_out) {
+                    int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16) {
   if (N == 0 || OC == 0) return;
+  // bf16: each operand rounded once, inp into inp16 when the caller keeps it for linear_backward.
+  const bool bf16 = math == MatmulMath::BF16 && C > 0;
+  Scratch inp16_copy(bf16 && !inp16 ? bf16_bytes(N * C) : 0), w16_copy(bf16 ? bf16_bytes(OC * C) : 0);
+  const uint16_t* a16 =
+      bf16 ? round_to_bf16(inp16 ? inp16 : inp16_copy.as<uint16_t>(), inp, N * C, "linear_forward (inp to bf16)")
+           : nullptr;
+  const uint16_t* w16 = bf16 ? rounded_bf16(w16_copy, weight, OC * C, "linear_forward (weight to bf16)") : nullptr;
   // The bias, and GELU with out as its aux (the pre-activation), in cublasLt's epilogue where it has an algorithm.
   const bool gelu = act == Activation::Gelu && aux_ok(OC);
   bool fused = false;
   if (C > 0 && (bias || gelu)) {
     const Epilogue e = !gelu ? Epilogue::Bias : bias ? Epilogue::GeluBias : Epilogue::Gelu;
-    const bool bf16 = math == MatmulMath::BF16;
-    Scratch inp16(bf16 ? size_t((N * C + 1) / 2) * 4 : 0), w16(bf16 ? size_t((OC * C + 1) / 2) * 4 : 0);
-    const void* a = bf16 ? rounded_bf16(inp16, inp, N * C, "linear_forward") : static_cast<const void*>(inp);
-    const void* b = bf16 ? rounded_bf16(w16, weight, OC * C, "linear_forward") : static_cast<const void*>(weight);
-    fused = fused_gemm(false, true, N, OC, C, a, C, b, C, gelu ? act_out : out, OC, math, e, bias, gelu ? out : nullptr,
-                       OC, "linear_forward (cublasLt)");
+    fused = fused_gemm(false, true, N, OC, C, bf16 ? static_cast<const void*>(a16) : inp, C,
+                       bf16 ? static_cast<const void*>(w16) : weight, C, gelu ? act_out : out, OC, math, e, bias,
+                       gelu ? out : nullptr, OC, "linear_forward (cublasLt)");
   }
-  if (!fused) product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
+  if (!fused && bf16) {
+    gemm_bf16(false, true, N, OC, C, 1.0f, a16, C, 0, w16, C, 0, 0.0f, out, OC, 0, 1, "linear_forward");
+  } else if (!fused) {
+    product(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, math, "linear_forward");
+  }
   const float* pending_bias = fused ? nullptr : bias;
   const Activation pending_act = fused && gelu ? Activation::None : act;
   if (pending_bias || pending_act != Activation::None) {  // the bias and the activation in one pass
@@ -229,19 +245,19 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                      int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act,
-                     const float* act_of) {
+                     const float* act_of, const uint16_t* inp16) {
   // In bf16 both products read dout: it is rounded once for the two, in the bias gradient's pass over dout when
   // there is one (and OC is even, so that rows start on whole pairs).
   const bool bf16 = math == MatmulMath::BF16 && (dinp || dweight) && N * OC * C > 0;
-  Scratch dout16_copy(bf16 ? size_t((N * OC + 1) / 2) * 4 : 0);
+  Scratch dout16_copy(bf16 ? bf16_bytes(N * OC) : 0);
   const bool bias_pass = bf16 && dbias && OC % 2 == 0;
   if (bias_pass) add_column_sums(dbias, dout, N, OC, dout16_copy.as<uint32_t>());
   const uint16_t* dout16 = bias_pass ? dout16_copy.as<uint16_t>()
                            : bf16    ? rounded_bf16(dout16_copy, dout, N * OC, "linear_backward (dout to bf16)")
                                      : nullptr;
   if (dinp) {
-    Scratch w16_copy(bf16 ? size_t((OC * C + 1) / 2) * 4 : 0);
-    const uint16_t* w16 = bf16 ? rounded_bf16(w16_copy, weight, OC * C, "linear_backward (dinp)") : nullptr;
+    Scratch w16_copy(bf16 ? bf16_bytes(OC * C) : 0);
+    const uint16_t* w16 = bf16 ? rounded_bf16(w16_copy, weight, OC * C, "linear_backward (weight to bf16)") : nullptr;
     // GELU's derivative at act_of (cublasLt's aux, read) in the epilogue of an overwriting product.
     const bool fused = act == Activation::Gelu && overwrite_dinp && aux_ok(C) && N * OC * C > 0 &&
                        fused_gemm(false, false, N, C, OC, bf16 ? static_cast<const void*>(dout16) : dout, OC,
@@ -260,10 +276,10 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
       }
     }
   }
-  if (dweight && bf16) {
-    Scratch inp16(size_t((N * C + 1) / 2) * 4);
-    gemm_bf16(true, false, OC, C, N, 1.0f, dout16, OC, 0, rounded_bf16(inp16, inp, N * C, "linear_backward (dweight)"), C,
-              0, 1.0f, dweight, C, 0, 1, "linear_backward (dweight)");
+  if (dweight && bf16) {  // inp as linear_forward rounded it, when the caller kept that
+    Scratch inp16_copy(inp16 ? 0 : bf16_bytes(N * C));
+    const uint16_t* a16 = inp16 ? inp16 : rounded_bf16(inp16_copy, inp, N * C, "linear_backward (inp to bf16)");
+    gemm_bf16(true, false, OC, C, N, 1.0f, dout16, OC, 0, a16, C, 0, 1.0f, dweight, C, 0, 1, "linear_backward (dweight)");
   } else if (dweight) {
     product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
   }
