@@ -309,7 +309,24 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
                     mean.data(), rstd.data(), N, C, overwrite);
               }, 1e-4, 1e-4);
     }
+    compare(name + " backward, weight and bias only", {random(size_t(C), 25), random(size_t(C), 26)},
+            [&](std::vector<Vec>& o, bool g) {
+              (g ? gpu::layernorm_backward : cpu::layernorm_backward<float>)(
+                  nullptr, o[0].data(), with_bias ? o[1].data() : nullptr, dout.data(), x.data(), w.data(),
+                  mean.data(), rstd.data(), N, C, false);
+            }, 1e-4, 1e-4);
   }
+  // Rows wider than the fused backward kernel's shared memory takes (C > 768): the input and parameter kernels.
+  const int64_t N2 = 40, C2 = 800;
+  const Vec x2 = random(size_t(N2 * C2), 30), w2 = random(size_t(C2), 31), dout2 = random(size_t(N2 * C2), 32);
+  Vec y2(static_cast<size_t>(N2 * C2)), mean2(static_cast<size_t>(N2)), rstd2(static_cast<size_t>(N2));
+  cpu::layernorm_forward<float>(y2.data(), mean2.data(), rstd2.data(), x2.data(), w2.data(), nullptr, N2, C2, 1e-5f);
+  compare("layernorm backward, wide rows", {random(size_t(N2 * C2), 33), random(size_t(C2), 34), random(size_t(C2), 35)},
+          [&](std::vector<Vec>& o, bool g) {
+            (g ? gpu::layernorm_backward : cpu::layernorm_backward<float>)(
+                o[0].data(), o[1].data(), o[2].data(), dout2.data(), x2.data(), w2.data(), mean2.data(), rstd2.data(),
+                N2, C2, false);
+          }, 1e-4, 1e-4);
 }
 
 TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backward") {

@@ -89,6 +89,52 @@ __global__ void layernorm_backward_params_kernel(float* partial, const float* do
   }
 }
 
+/// The warps of a block of layernorm_backward_fused_kernel, and the widest row it takes: each warp keeps 2C floats
+/// of partial sums in shared memory, 48 KiB in all at C = 768.
+inline constexpr int kLayerNormWarps = 8;
+inline constexpr int64_t kLayerNormFusedMaxC = 768;
+
+/// layernorm_backward_input_kernel and layernorm_backward_params_kernel in one pass over dout and inp: block b takes
+/// rows [b * rows, (b + 1) * rows), warp w its rows n0 + w, n0 + w + warps, ... in turn; each warp writes its rows'
+/// dinp and adds their norm * dout and dout to its own 2C floats of shared memory (a lane its columns); the warps'
+/// sums are then added in warp order into partial[b] (2C floats: weight sums, then bias sums).
+__global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, const float* dout, const float* inp,
+                                                const float* weight, const float* mean, const float* rstd, int64_t N,
+                                                int64_t C, int64_t rows, bool overwrite) {
+  TINYGPT_DYNAMIC_SMEM(float, sums);  // warp w: sums[w * 2C, (w + 1) * 2C)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float* mine = sums + int64_t(warp) * 2 * C;
+  for (int64_t c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;
+  const int64_t n0 = int64_t(blockIdx.x) * rows, n1 = min(N, n0 + rows);
+  for (int64_t n = n0 + warp; n < n1; n += warps) {
+    const float* g = dout + n * C;
+    const float* x = inp + n * C;
+    const float m = mean[n], s = rstd[n];
+    float dmean = 0.0f, dnorm_mean = 0.0f;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float dnorm = g[c] * weight[c];
+      dmean += dnorm;
+      dnorm_mean += dnorm * (x[c] - m) * s;
+    }
+    dmean = warp_sum(dmean) / float(C);
+    dnorm_mean = warp_sum(dnorm_mean) / float(C);
+    float* dx = dinp + n * C;
+    for (int64_t c = lane; c < C; c += 32) {
+      const float norm = (x[c] - m) * s;
+      const float d = (g[c] * weight[c] - dmean - norm * dnorm_mean) * s;
+      dx[c] = overwrite ? d : dx[c] + d;
+      mine[c] += norm * g[c];
+      mine[C + c] += g[c];
+    }
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += sums[int64_t(w) * 2 * C + c];
+    partial[2 * C * blockIdx.x + c] = total;
+  }
+}
+
 __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C) {
   TINYGPT_CUDA_LOOP(i, N * C) out[i] = weight[int64_t(ids[i / C]) * C + i % C];
 }
@@ -212,15 +258,24 @@ void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, con
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
   if (N == 0) return;
-  if (dinp) {
-    launch_kernel("layernorm_backward (input)", layernorm_backward_input_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, inp, weight, mean, rstd, N, C, overwrite_dinp);
+  // All three in one pass over dout and inp where the rows fit the fused kernel's shared memory.
+  const bool fused = dinp && (dweight || dbias) && C <= kLayerNormFusedMaxC;
+  if (dinp && !fused) {
+    launch_kernel("layernorm_backward (input)", layernorm_backward_input_kernel, blocks_for(N * 32), kThreads, 0, dinp,
+                  dout, inp, weight, mean, rstd, N, C, overwrite_dinp);
   }
   if (dweight || dbias) {
     const int64_t rows = rows_per_partial(N);
     const int64_t blocks = (N + rows - 1) / rows;
     Scratch partial(size_t(2 * C * blocks) * sizeof(float));  // block b: C weight sums, then C bias sums
-    launch_kernel("layernorm_backward (weight and bias)", layernorm_backward_params_kernel, unsigned(blocks), 128, 0,
-                  partial.as<float>(), dout, inp, mean, rstd, N, C, rows);
+    if (fused) {
+      launch_kernel("layernorm_backward (input, weight and bias)", layernorm_backward_fused_kernel, unsigned(blocks),
+                    32 * kLayerNormWarps, size_t(kLayerNormWarps * 2 * C) * sizeof(float), dinp, partial.as<float>(),
+                    dout, inp, weight, mean, rstd, N, C, rows, overwrite_dinp);
+    } else {
+      launch_kernel("layernorm_backward (weight and bias)", layernorm_backward_params_kernel, unsigned(blocks), 128, 0,
+                    partial.as<float>(), dout, inp, mean, rstd, N, C, rows);
+    }
     const float* sums = partial.as<float>();
     if (dweight) add_partial_rows("layernorm_backward (weight sum)", dweight, sums, blocks, 2 * C, C);
     if (dbias) add_partial_rows("layernorm_backward (bias sum)", dbias, sums + C, blocks, 2 * C, C);
