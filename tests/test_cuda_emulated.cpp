@@ -330,27 +330,31 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
 }
 
 TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backward") {
-  const int64_t V = 12, N = 50, C = 40;
-  std::vector<int32_t> ids(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = int32_t((n * 7 + n / 3) % 9);  // ids 9..11 unused
-  const Vec weight = random(size_t(V * C), 27), dout = random(size_t(N * C), 28);
-  compare("embedding forward", {Vec(size_t(N * C))}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::embedding_forward : cpu::embedding_forward<float>)(o[0].data(), ids.data(), weight.data(), N, C);
-  });
-  // With the ids' host copy the launcher sorts them on the host; without it, it scans them on the device (no copy
-  // back, nothing of this step's ids baked into a captured graph). Both sum each id's rows in chunks of rows (50 rows:
-  // four chunks), in row order within a chunk and chunk order after: the same bits.
-  std::vector<Vec> results;
-  for (const int32_t* host_ids : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ids.data())}) {
-    const int64_t copies = gpu::host_copies;
-    compare("embedding backward", {random(size_t(V * C), 29)}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::embedding_backward : cpu::embedding_backward<float>)(o[0].data(), dout.data(), ids.data(), host_ids, N,
-                                                                     V, C);
-      if (g) results.push_back(o[0]);
+  // 50 rows: four chunks of rows in the backward's sums; 10: one, which the device scan adds straight into dweight.
+  for (const int64_t N : {50, 10}) {
+    CAPTURE(N);
+    const int64_t V = 12, C = 40;
+    std::vector<int32_t> ids(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = int32_t((n * 7 + n / 3) % 9);  // ids 9..11 unused
+    const Vec weight = random(size_t(V * C), 27), dout = random(size_t(N * C), 28);
+    compare("embedding forward", {Vec(size_t(N * C))}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::embedding_forward : cpu::embedding_forward<float>)(o[0].data(), ids.data(), weight.data(), N, C);
     });
-    CHECK(gpu::host_copies == copies);
+    // With the ids' host copy the launcher sorts them on the host; without it, it scans them on the device (no copy
+    // back, nothing of this step's ids baked into a captured graph). Both sum each id's rows in chunks of rows, in row
+    // order within a chunk and chunk order after: the same bits.
+    std::vector<Vec> results;
+    for (const int32_t* host_ids : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ids.data())}) {
+      const int64_t copies = gpu::host_copies;
+      compare("embedding backward", {random(size_t(V * C), 29)}, [&](std::vector<Vec>& o, bool g) {
+        (g ? gpu::embedding_backward : cpu::embedding_backward<float>)(o[0].data(), dout.data(), ids.data(), host_ids,
+                                                                       N, V, C);
+        if (g) results.push_back(o[0]);
+      });
+      CHECK(gpu::host_copies == copies);
+    }
+    CHECK(results[0] == results[1]);
   }
-  CHECK(results[0] == results[1]);
 }
 
 TEST_CASE("emulated CUDA: cross-entropy (an ignored row), forward and backward") {

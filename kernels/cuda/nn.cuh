@@ -142,7 +142,7 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* ids, const f
 /// The rows of an embedding's gradient are summed in chunks of this many rows (by row index): each id's rows within a
 /// chunk in row order, then the chunks' sums in chunk order. Both launchers below sum that way, so they agree bit for
 /// bit; the chunks let the scan over device ids run on many blocks. Up to 64 chunks of at least 16 rows, fewer where
-/// their partial sums (chunks x V x C floats) would pass 64 MiB.
+/// their partial sums (chunks x V x C floats) would pass 64 MiB, and one (no partial sums) where even two would.
 inline int64_t embedding_chunk_rows(int64_t N, int64_t V, int64_t C) {
   const int64_t max_chunks = std::max<int64_t>(1, (int64_t(1) << 24) / std::max<int64_t>(1, V * C));
   const int64_t rows = std::max<int64_t>(16, (N + 63) / 64);
@@ -171,11 +171,12 @@ __global__ void embedding_backward_kernel(float* dweight, const float* dout, con
 }
 
 /// Without the ids on the host, first pass: block (v, channel slice, chunk s) scans the chunk's ids in order and sums
-/// the rows of id v into partial[(s * V + v) * C + c], marking hit[s * V + v] when the chunk has any. No host round
-/// trip (so it can be captured in a graph); every id reads every row's id: cheap for characters, V times the ids for
-/// a large vocabulary.
-__global__ void embedding_backward_scan_kernel(float* partial, int32_t* hit, const float* dout, const int32_t* ids,
-                                               int64_t N, int64_t V, int64_t C, int64_t chunk_rows) {
+/// the rows of id v into partial[(s * V + v) * C + c], marking hit[s * V + v] when the chunk has any; with one chunk
+/// (partial null) it adds them to dweight itself, which then needs no second pass. No host round trip (so it can be
+/// captured in a graph); every id reads every row's id: cheap for characters, V times the ids for a large vocabulary.
+__global__ void embedding_backward_scan_kernel(float* partial, int32_t* hit, float* dweight, const float* dout,
+                                               const int32_t* ids, int64_t N, int64_t V, int64_t C,
+                                               int64_t chunk_rows) {
   const int64_t v = blockIdx.x, c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x, s = blockIdx.z;
   const int64_t n0 = s * chunk_rows, n1 = min(N, n0 + chunk_rows);
   float acc = 0.0f;
@@ -185,6 +186,10 @@ __global__ void embedding_backward_scan_kernel(float* partial, int32_t* hit, con
       if (c < C) acc += dout[n * C + c];
       any = true;
     }
+  }
+  if (!partial) {
+    if (any && c < C) dweight[v * C + c] += acc;
+    return;
   }
   if (c < C) partial[(s * V + v) * C + c] = acc;
   if (blockIdx.y == 0 && threadIdx.x == 0) hit[s * V + v] = any;
@@ -294,12 +299,15 @@ void embedding_backward(float* dweight, const float* dout, const int32_t* ids, c
   if (host_ids == nullptr) {  // ids made on the device, or refilled in place: scanned there
     const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
     const int threads = int(std::min<int64_t>(256, (C + 31) / 32 * 32));
-    Scratch partial(size_t(chunks * V * C) * sizeof(float)), hit(size_t(chunks * V) * sizeof(int32_t));
+    const bool one = chunks == 1;  // (a large vocabulary) straight into dweight
+    Scratch partial(one ? 0 : size_t(chunks * V * C) * sizeof(float)), hit(one ? 0 : size_t(chunks * V) * sizeof(int32_t));
     launch_kernel("embedding_backward (scan)", embedding_backward_scan_kernel,
                   dim3(unsigned(V), unsigned((C + threads - 1) / threads), unsigned(chunks)), unsigned(threads), 0,
-                  partial.as<float>(), hit.as<int32_t>(), dout, ids, N, V, C, chunk_rows);
-    launch_kernel("embedding_backward (chunk sums)", embedding_backward_chunks_kernel, blocks_for(V * C), kThreads, 0,
-                  dweight, partial.as<float>(), hit.as<int32_t>(), V, C, chunks);
+                  partial.as<float>(), hit.as<int32_t>(), dweight, dout, ids, N, V, C, chunk_rows);
+    if (!one) {
+      launch_kernel("embedding_backward (chunk sums)", embedding_backward_chunks_kernel, blocks_for(V * C), kThreads, 0,
+                    dweight, partial.as<float>(), hit.as<int32_t>(), V, C, chunks);
+    }
     return;
   }
   // Stable counting sort of the rows by token id, on the host (the ids' copy from their upload), so each block below
