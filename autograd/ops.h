@@ -65,9 +65,10 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
 /// Normalizes over the last dimension; saves mean and rstd for backward. bias may be undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 /// {a + b, layer_norm(a + b, weight, bias)} in one pass (a residual add and the layer norm that reads it), the same
-/// values and gradients as the two ops.
+/// values and gradients as the two ops. With p > 0, b is added as dropout(b, p, seed) would make it (the same mask),
+/// without the dropped-out tensor in memory.
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
-                                         double eps = 1e-5);
+                                         double eps = 1e-5, double p = 0.0, uint64_t seed = 0);
 /// weight (V, C) gathered at ids (any shape, i32) -> (ids..., C).
 Tensor embedding(const Tensor& ids, const Tensor& weight);
 /// Mean cross-entropy over rows of logits (..., V) against i32 targets (...); rows whose target is

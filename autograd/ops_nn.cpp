@@ -227,29 +227,35 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
-                                         double eps) {
+                                         double eps, double p, uint64_t seed) {
   const auto rows_features = check_layer_norm("add_layer_norm", a, weight, bias);
   const int64_t N = rows_features.first, C = rows_features.second;  // clang 14 cannot capture structured bindings
   detail::check_same("add_layer_norm", a, b);
   if (!(a.shape() == b.shape())) shape_error("add_layer_norm", "a and b must have one shape", a.shape(), b.shape());
+  if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("add_layer_norm: dropout probability must be in [0, 1), got {}", p));
   Tensor sum = empty(a.shape(), a.dtype(), a.device()), out = empty(a.shape(), a.dtype(), a.device());
   const Tensor mean = empty({N}, a.dtype(), a.device());
   const Tensor rstd = empty({N}, a.dtype(), a.device());
   dispatch_float(a.dtype(), "add_layer_norm", [&]<class T>() {
     launch(kernels::add_layernorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<T>(mean), ptr<T>(rstd),
-           a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, T(eps));
+           a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, T(eps), float(p), seed);
   });
   // Two nodes, as the two ops would record: the sum's gradient (from its other readers and from the norm) reaches a
-  // and b once it is complete.
-  sum = record("add", sum, {a, b}, [](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
-    for (Tensor& g : grads) {
-      if (detail::unwritten(g)) {
+  // and b once it is complete; b's through the dropout's mask when there is one.
+  sum = record("add", sum, {a, b}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      Tensor& g = grads[i];
+      if (i == 1 && p > 0.0 && g.defined()) {
+        dispatch_float(dout.dtype(), "add_layer_norm", [&]<class T>() {
+          launch(kernels::dropout_backward<T>, dout.device(), g.data<T>(), dout.data<T>(), dout.numel(), float(p), seed);
+        });
+      } else if (detail::unwritten(g)) {
         g.copy_(dout);
       } else if (g.defined()) {
         accumulate_into(g, dout);
       }
     }
-  }, /*writes_unwritten=*/3u);
+  }, /*writes_unwritten=*/p > 0.0 ? 1u : 3u);
   return {sum, record_layer_norm(out, sum, weight, bias, mean, rstd, N, C)};
 }
 

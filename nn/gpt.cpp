@@ -126,8 +126,11 @@ Tensor Block::forward(const Tensor& x, Generator& gen, const Tensor& doc_ids) co
 std::pair<Tensor, Tensor> Block::forward_fused(const Tensor& x, const Tensor& a, const LayerNorm& next, Generator& gen,
                                                const Tensor& doc_ids) const {
   const Tensor attended = attn.forward(a, a, a, {}, {}, /*is_causal=*/true, false, true, 0, doc_ids).out;
-  const auto [x1, b] = ln_2.forward_add(x, dropout(attended, dropout_, gen, training()));
-  return next.forward_add(x1, dropout(mlp.forward(b), dropout_, gen, training()));
+  // The residual dropouts inside the adds (the same masks as dropout(), seeds drawn at the same points).
+  const double p = training() ? dropout_ : 0.0;
+  const auto [x1, b] = ln_2.forward_add(x, attended, p, p > 0.0 ? gen.next_u64() : 0);
+  const Tensor m = mlp.forward(b);
+  return next.forward_add(x1, m, p, p > 0.0 ? gen.next_u64() : 0);
 }
 
 Tensor Block::forward_cached(const Tensor& x, KVCache& cache, size_t layer) const {

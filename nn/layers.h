@@ -32,9 +32,10 @@ class LayerNorm : public Module {
  public:
   LayerNorm(int64_t dim, bool bias, double eps = 1e-5);
   Tensor forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps_); }
-  /// {x + r, forward(x + r)} in one pass: a residual add and this norm fused (add_layer_norm).
-  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r) const {
-    return add_layer_norm(x, r, weight, bias, eps_);
+  /// {x + r, forward(x + r)} in one pass: a residual add and this norm fused (add_layer_norm); with p > 0, r is
+  /// added as dropout(r, p, seed) would make it.
+  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r, double p = 0.0, uint64_t seed = 0) const {
+    return add_layer_norm(x, r, weight, bias, eps_, p, seed);
   }
 
   Tensor weight;  // (C)

@@ -291,12 +291,14 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
       (g ? gpu::layernorm_forward : cpu::layernorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), x.data(),
                                                                    w.data(), with_bias ? bias.data() : nullptr, N, C, 1e-5f);
     });
-    compare(name + " after a residual add, forward",
-            {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
-              (g ? gpu::add_layernorm_forward : cpu::add_layernorm_forward<float>)(
-                  o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(), residual.data(), w.data(),
-                  with_bias ? bias.data() : nullptr, N, C, 1e-5f);
-            });
+    for (const float p : {0.0f, 0.3f}) {  // the residual without and with dropout
+      compare(name + " after a residual add, forward" + (p > 0 ? " (dropout)" : ""),
+              {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+                (g ? gpu::add_layernorm_forward : cpu::add_layernorm_forward<float>)(
+                    o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(), residual.data(), w.data(),
+                    with_bias ? bias.data() : nullptr, N, C, 1e-5f, p, 77);
+              });
+    }
     Vec y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
     cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
     for (const bool overwrite : {false, true}) {

@@ -102,6 +102,12 @@ TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout, rotary embe
                    {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
   expect_gradcheck([](const Inputs& in) { return add_layer_norm(in[0], in[1], in[2], Tensor()).second; },
                    {leaf({4, 5}, gen), leaf({4, 5}, gen), leaf({5}, gen)});
+  // With the residual's dropout inside (a fixed seed: a fixed mask).
+  expect_gradcheck([](const Inputs& in) {
+                     const auto [sum, normed] = add_layer_norm(in[0], in[1], in[2], in[3], 1e-5, 0.4, 99);
+                     return concat({sum * 0.7, normed * normed}, 0);
+                   },
+                   {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
   const Tensor ids = from_vector(std::vector<int32_t>{1, 3, 1, 0, 3, 3}, {2, 3});  // repeated ids accumulate
   expect_gradcheck([ids](const Inputs& in) { return embedding(ids, in[0]); }, {leaf({4, 3}, gen)});
   const Tensor targets = from_vector(std::vector<int32_t>{2, -1, 0, 4, 1, -1}, {2, 3});

@@ -147,6 +147,18 @@ TEST_CASE("forward: layer norm") {
   CHECK(sum.to_vector<float>() == (a + b).to_vector<float>());
   CHECK(normed.to_vector<float>() == layer_norm(a + b, w, bias).to_vector<float>());
   CHECK_THROWS_WITH_AS(add_layer_norm(a, randn({5, 6}, gen), w, bias), doctest::Contains("add_layer_norm"), Error);
+  CHECK_THROWS_WITH_AS(add_layer_norm(a, b, w, bias, 1e-5, 1.0, 7), doctest::Contains("[0, 1)"), Error);
+  // With dropout on b: the add of dropout(b, p, seed) (the same mask), and the same gradients.
+  const Tensor da = randn({5, 7}, gen), db = randn({5, 7}, gen);
+  auto run = [&](bool fused) {
+    const Tensor x = a.clone().requires_grad_(), y = b.clone().requires_grad_();
+    const auto [s, n] =
+        fused ? add_layer_norm(x, y, w, bias, 1e-5, 0.3, 11) : add_layer_norm(x, dropout(y, 0.3, 11), w, bias);
+    (tinygpt::sum(s * da) + tinygpt::sum(n * db)).backward();
+    return std::vector<Tensor>{s.detach(), n.detach(), x.grad(), y.grad()};
+  };
+  const std::vector<Tensor> fused = run(true), apart = run(false);
+  for (size_t k = 0; k < fused.size(); ++k) check_close(fused[k], apart[k], 1e-6, 1e-5);
 }
 
 TEST_CASE("forward: embedding lookup") {

@@ -46,7 +46,8 @@ template <class T> void log_softmax_backward(T* dinp, const T* dout, const T* ou
 template <class T> void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, T eps);
 /// sum = a + b and out = layernorm(sum) in one pass over the rows (a residual add and the layer norm that reads it);
 /// mean and rstd as layernorm_forward's.
-template <class T> void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, T eps);
+/// With p > 0, b enters dropped out: element i of b as dropout_forward(b, p, seed) would make it (the same mask).
+template <class T> void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, T eps, float p, uint64_t seed);
 template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 
 /// out (N, C) = weight[ids] with weight (V, C). Backward splits the channels across threads: no races.

@@ -44,13 +44,26 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 
 template <class T>
 void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T* b, const T* weight, const T* bias,
-                           int64_t N, int64_t C, T eps) {
+                           int64_t N, int64_t C, T eps, float p, uint64_t seed) {
+  const T scale = dropout_scale<T>(p);
+  const DropoutStream stream(seed);
 #pragma omp parallel for if (N * C >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
     T* s = sum + n * C;
     const T *x = a + n * C, *y = b + n * C;
+    if (p == 0.0f) {
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) s[c] = x[c] + y[c];
+      for (int64_t c = 0; c < C; ++c) s[c] = x[c] + y[c];
+    } else if (uint64_t((n + 1) * C) <= uint64_t(1) << 32) {  // the row's elements all on the first key: vectorizes
+      const uint32_t i0 = uint32_t(n * C);
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        const T kept = dropout_uniform(stream.key0, i0 + uint32_t(c)) >= p ? y[c] * scale : T(0);
+        s[c] = x[c] + kept;
+      }
+    } else {
+      for (int64_t c = 0; c < C; ++c) s[c] = x[c] + (stream.keep(n * C + c, p) ? y[c] * scale : T(0));
+    }
     layernorm_row(out + n * C, mean[n], rstd[n], s, weight, bias, C, eps);  // s is still in L1
   }
 }
@@ -175,7 +188,8 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
 
 #define TINYGPT_INSTANTIATE(T)                                                                                          \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, T);                    \
-  template void add_layernorm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T);  \
+  template void add_layernorm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T,     \
+                                         float, uint64_t);                                                              \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, bool);  \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
   template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t);                         \

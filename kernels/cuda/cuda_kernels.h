@@ -33,7 +33,7 @@ void log_softmax_forward(float* out, const float* inp, int64_t N, int64_t C);
 void log_softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C);
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, float eps);
 /// dweight/dbias: per-block partial sums added in a fixed order by a second kernel (deterministic).
-void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a, const float* b, const float* weight, const float* bias, int64_t N, int64_t C, float eps);
+void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a, const float* b, const float* weight, const float* bias, int64_t N, int64_t C, float eps, float p, uint64_t seed);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C);
 /// Deterministic, no float atomics: each (token id, channel) of dweight sums its rows in chunks of rows, in row order

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/scalar_math.h"  // dropout_scale, DropoutStream
 
 TINYGPT_CUDA_BEGIN
 namespace {
@@ -36,15 +37,24 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C, eps, int(threadIdx.x % 32));
 }
 
-/// sum = a + b, then its layer norm: each lane reads back only the sums it wrote itself.
+/// sum = a + b (b dropped out as dropout_forward would when p > 0), then its layer norm: each lane reads back only the
+/// sums it wrote itself.
 __global__ void add_layernorm_forward_kernel(float* sum, float* out, float* mean, float* rstd, const float* a,
                                              const float* b, const float* weight, const float* bias, int64_t N,
-                                             int64_t C, float eps) {
+                                             int64_t C, float eps, float p, uint64_t seed, float scale) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x % 32);
   if (n >= N) return;
   float* s = sum + n * C;
-  for (int64_t c = lane; c < C; c += 32) s[c] = a[n * C + c] + b[n * C + c];
+  if (p == 0.0f) {
+    for (int64_t c = lane; c < C; c += 32) s[c] = a[n * C + c] + b[n * C + c];
+  } else {
+    const DropoutStream stream(seed);
+    for (int64_t c = lane; c < C; c += 32) {
+      const int64_t i = n * C + c;
+      s[c] = a[i] + (stream.keep(i, p) ? b[i] * scale : 0.0f);
+    }
+  }
   layernorm_row(out + n * C, mean + n, rstd + n, s, weight, bias, C, eps, lane);
 }
 
@@ -254,10 +264,11 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 }
 
 void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a, const float* b,
-                           const float* weight, const float* bias, int64_t N, int64_t C, float eps) {
+                           const float* weight, const float* bias, int64_t N, int64_t C, float eps, float p,
+                           uint64_t seed) {
   if (N == 0) return;
   launch_kernel("add_layernorm_forward", add_layernorm_forward_kernel, blocks_for(N * 32), kThreads, 0, sum, out, mean,
-                rstd, a, b, weight, bias, N, C, eps);
+                rstd, a, b, weight, bias, N, C, eps, p, seed, dropout_scale<float>(p));
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
