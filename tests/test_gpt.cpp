@@ -146,29 +146,38 @@ TEST_CASE("gpt: the loss at initialization is about ln(vocab), and backward reac
 }
 
 TEST_CASE("gpt: the forward pass (residual adds fused with the norms after them) matches the blocks one by one") {
-  Generator gen(4);
-  const nn::GPT model(tiny_config(), gen);
-  const Tensor ids = random_ids(2, 16, 11, gen), targets = random_ids(2, 16, 11, gen);
-  auto gradients = [&](const Tensor& loss) {
-    for (auto& [name, p] : model.named_parameters()) p.zero_grad();
-    loss.backward();
-    std::vector<Tensor> g;
-    for (const auto& [name, p] : model.named_parameters()) g.push_back(p.grad().clone());
-    return g;
-  };
-  const Tensor fused = model.forward(ids, targets).loss;
-  const auto fused_grads = gradients(fused);
-  // The same model from its public pieces, each block through Block::forward (no fusion), the tied head.
-  std::vector<int32_t> pos(16);
-  for (int32_t t = 0; t < 16; ++t) pos[size_t(t)] = t;
-  Tensor x = model.wte.forward(ids) + model.wpe->forward(from_vector(pos, {16}));
-  for (const auto& block : model.h) x = block->forward(x, gen);
-  const Tensor apart = cross_entropy(matmul(model.ln_f.forward(x), model.wte.weight, false, true), targets);
-  CHECK(fused.item() == doctest::Approx(apart.item()).epsilon(1e-6));
-  const auto apart_grads = gradients(apart);
-  for (size_t i = 0; i < fused_grads.size(); ++i) {
-    INFO("parameter " << model.named_parameters()[i].first);
-    test::check_close(fused_grads[i], apart_grads[i], 1e-6, 1e-5);
+  // With dropout too: the fused adds drop out the residual branch with the masks that dropout() draws, from the same
+  // generator at the same points (the generator is wound back between the two passes).
+  for (const double p : {0.0, 0.2}) {
+    CAPTURE(p);
+    nn::GPTConfig c = tiny_config();
+    c.dropout = p;
+    Generator gen(4);
+    const nn::GPT model(c, gen);
+    const Tensor ids = random_ids(2, 16, 11, gen), targets = random_ids(2, 16, 11, gen);
+    auto gradients = [&](const Tensor& loss) {
+      for (auto& [name, param] : model.named_parameters()) param.zero_grad();
+      loss.backward();
+      std::vector<Tensor> g;
+      for (const auto& [name, param] : model.named_parameters()) g.push_back(param.grad().clone());
+      return g;
+    };
+    const Generator before = gen;
+    const Tensor fused = model.forward(ids, targets).loss;
+    const auto fused_grads = gradients(fused);
+    // The same model from its public pieces, each block through Block::forward (no fusion), the tied head.
+    gen = before;
+    std::vector<int32_t> pos(16);
+    for (int32_t t = 0; t < 16; ++t) pos[size_t(t)] = t;
+    Tensor x = dropout(model.wte.forward(ids) + model.wpe->forward(from_vector(pos, {16})), p, gen, true);
+    for (const auto& block : model.h) x = block->forward(x, gen);
+    const Tensor apart = cross_entropy(matmul(model.ln_f.forward(x), model.wte.weight, false, true), targets);
+    CHECK(fused.item() == doctest::Approx(apart.item()).epsilon(1e-6));
+    const auto apart_grads = gradients(apart);
+    for (size_t i = 0; i < fused_grads.size(); ++i) {
+      INFO("parameter " << model.named_parameters()[i].first);
+      test::check_close(fused_grads[i], apart_grads[i], 1e-6, 1e-5);
+    }
   }
 }
 
