@@ -58,15 +58,10 @@ __global__ void add_layernorm_forward_kernel(float* sum, float* out, float* mean
   layernorm_row(out + n * C, mean + n, rstd + n, s, weight, bias, C, eps, lane);
 }
 
-/// dinp, one warp per row.
-__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
-                                                const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite) {
-  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (n >= N) return;
-  const float* g = dout + n * C;
-  const float* x = inp + n * C;
-  const float m = mean[n], s = rstd[n];
+/// One row's dinp, by the row's warp (lane `lane` taking columns lane, lane + 32, ...); with sums, the lane also adds
+/// the row's norm * dout and dout to sums[c] and sums[C + c] for its columns.
+__device__ void layernorm_backward_row(float* dx, const float* g, const float* x, const float* weight, float m, float s,
+                                       int64_t C, int lane, bool overwrite, float* sums) {
   float dmean = 0.0f, dnorm_mean = 0.0f;
   for (int64_t c = lane; c < C; c += 32) {
     const float dnorm = g[c] * weight[c];
@@ -75,12 +70,24 @@ __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, 
   }
   dmean = warp_sum(dmean) / float(C);
   dnorm_mean = warp_sum(dnorm_mean) / float(C);
-  float* dx = dinp + n * C;
   for (int64_t c = lane; c < C; c += 32) {
     const float norm = (x[c] - m) * s;
     const float d = (g[c] * weight[c] - dmean - norm * dnorm_mean) * s;
     dx[c] = overwrite ? d : dx[c] + d;
+    if (sums) {
+      sums[c] += norm * g[c];
+      sums[C + c] += g[c];
+    }
   }
+}
+
+/// dinp, one warp per row.
+__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
+                                                const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite) {
+  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (n >= N) return;
+  layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean[n], rstd[n], C, int(threadIdx.x % 32),
+                         overwrite, nullptr);
 }
 
 /// Block b sums rows [b * rows, (b + 1) * rows) of norm * dout and dout into partial[b] (2 * C floats).
@@ -117,25 +124,7 @@ __global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, con
   for (int64_t c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;
   const int64_t n0 = int64_t(blockIdx.x) * rows, n1 = min(N, n0 + rows);
   for (int64_t n = n0 + warp; n < n1; n += warps) {
-    const float* g = dout + n * C;
-    const float* x = inp + n * C;
-    const float m = mean[n], s = rstd[n];
-    float dmean = 0.0f, dnorm_mean = 0.0f;
-    for (int64_t c = lane; c < C; c += 32) {
-      const float dnorm = g[c] * weight[c];
-      dmean += dnorm;
-      dnorm_mean += dnorm * (x[c] - m) * s;
-    }
-    dmean = warp_sum(dmean) / float(C);
-    dnorm_mean = warp_sum(dnorm_mean) / float(C);
-    float* dx = dinp + n * C;
-    for (int64_t c = lane; c < C; c += 32) {
-      const float norm = (x[c] - m) * s;
-      const float d = (g[c] * weight[c] - dmean - norm * dnorm_mean) * s;
-      dx[c] = overwrite ? d : dx[c] + d;
-      mine[c] += norm * g[c];
-      mine[C + c] += g[c];
-    }
+    layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean[n], rstd[n], C, lane, overwrite, mine);
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) {
