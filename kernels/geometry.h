@@ -31,6 +31,35 @@ inline void contiguous_strides(const int64_t* shape, int64_t* strides, int ndim)
   }
 }
 
+/// Where one AdamW launch updates: up to kMaxRuns runs of packed buffers, each with its own weight decay (matrices
+/// decay; biases and norms do not). Run r is the upto[r] - upto[r - 1] elements from begin[r]; a kernel's threads
+/// take the runs as one index space of upto[count - 1] elements, so a step over the whole model is one launch
+/// (more runs than kMaxRuns take one launch per kMaxRuns). Passed by value to the CUDA kernel (about 1.3 KB).
+struct AdamWRuns {
+  static constexpr int kMaxRuns = 64;
+  int count = 0;
+  int64_t begin[kMaxRuns];
+  int64_t upto[kMaxRuns];  // elements of runs 0 .. r together
+  float weight_decay[kMaxRuns];
+
+  int64_t total() const { return count > 0 ? upto[count - 1] : 0; }
+  int64_t length(int r) const { return upto[r] - (r > 0 ? upto[r - 1] : 0); }
+  bool full() const { return count == kMaxRuns; }
+  /// Appends a run of n elements from `first` (the caller checks full() first).
+  void add(int64_t first, int64_t n, float decay) {
+    begin[count] = first;
+    upto[count] = total() + n;
+    weight_decay[count] = decay;
+    ++count;
+  }
+  /// One run: the n elements from 0.
+  static AdamWRuns one(int64_t n, float decay) {
+    AdamWRuns runs;
+    runs.add(0, n, decay);
+    return runs;
+  }
+};
+
 enum class UnaryOp : uint8_t { Neg, Scale, Exp, Log, Tanh, Relu, Gelu, Sqrt };
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div };
 /// The activation a linear layer's epilogue applies (the transformer MLP's): none, GELU (tanh approximation) or

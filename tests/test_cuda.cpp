@@ -224,11 +224,15 @@ TEST_CASE("cuda: adamw_update matches the CPU") {
   Tensor p = randn_f32({1000}, 1), g = randn_f32({1000}, 2), m = randn_f32({1000}, 3, 0.1);
   Tensor v = scale(exp(randn_f32({1000}, 4)), 0.01);
   Tensor pd = p.to(Device::CUDA), gd = g.to(Device::CUDA), md = m.to(Device::CUDA), vd = v.to(Device::CUDA);
+  AdamWRuns runs;  // three runs with their own decays, and elements 400 .. 499 in none of them
+  runs.add(0, 400, 0.1f);
+  runs.add(500, 300, 0.0f);
+  runs.add(800, 200, 0.3f);
   for (int64_t step = 1; step <= 3; ++step) {
     launch(kernels::adamw_update<float>, Device::CPU, p.data<float>(), g.data<float>(), m.data<float>(),
-           v.data<float>(), int64_t(1000), 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, step, 0.5);
+           v.data<float>(), runs, 1e-3f, 0.9f, 0.99f, 1e-8f, step, 0.5);
     launch(kernels::adamw_update<float>, Device::CUDA, pd.data<float>(), gd.data<float>(), md.data<float>(),
-           vd.data<float>(), int64_t(1000), 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f, step, 0.5);
+           vd.data<float>(), runs, 1e-3f, 0.9f, 0.99f, 1e-8f, step, 0.5);
   }
   check_matches(pd, p, 1e-6, 1e-5, "param");
   check_matches(md, m, 1e-6, 1e-5, "exp_avg");

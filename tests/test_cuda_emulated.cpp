@@ -550,20 +550,48 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
   }
 }
 
-TEST_CASE("emulated CUDA: AdamW step") {
+namespace {
+
+/// Three runs of a 300-element buffer with their own decays, elements 100 .. 149 in none of them.
+AdamWRuns three_runs() {
+  AdamWRuns runs;
+  runs.add(0, 100, 0.1f);
+  runs.add(150, 70, 0.0f);
+  runs.add(220, 80, 0.3f);
+  return runs;
+}
+
+}  // namespace
+
+TEST_CASE("emulated CUDA: AdamW step over runs of a packed buffer, each with its weight decay") {
   const int64_t n = 300;
+  const AdamWRuns runs = three_runs();
   const Vec grad = random(size_t(n), 51);
-  compare("adamw", {random(size_t(n), 52), random(size_t(n), 53, -0.1f, 0.1f), random(size_t(n), 54, 0.0f, 0.1f)},
-          [&](std::vector<Vec>& o, bool g) {
-            (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), n,
-                                                               1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.75);
-          });
+  const std::vector<Vec> start = {random(size_t(n), 52), random(size_t(n), 53, -0.1f, 0.1f),
+                                  random(size_t(n), 54, 0.0f, 0.1f)};
+  compare("adamw", start, [&](std::vector<Vec>& o, bool g) {
+    (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), runs, 1e-2f,
+                                                       0.9f, 0.95f, 1e-8f, 3, 0.75);
+  });
+  // The one launch against a launch per run, bit for bit; the elements in no run are left alone.
+  std::vector<Vec> one = start, each = start;
+  gpu::adamw_update(one[0].data(), grad.data(), one[1].data(), one[2].data(), runs, 1e-2f, 0.9f, 0.95f, 1e-8f, 3, 0.75);
+  for (int r = 0; r < runs.count; ++r) {
+    const int64_t at = runs.begin[r];
+    gpu::adamw_update(each[0].data() + at, grad.data() + at, each[1].data() + at, each[2].data() + at,
+                      AdamWRuns::one(runs.length(r), runs.weight_decay[r]), 1e-2f, 0.9f, 0.95f, 1e-8f, 3, 0.75);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(one[i] == each[i]);
+    CHECK(Vec(one[i].begin() + 100, one[i].begin() + 150) == Vec(start[i].begin() + 100, start[i].begin() + 150));
+  }
 }
 
 TEST_CASE("emulated CUDA: AdamW step with its scalars in device memory: clipped, unclipped, refused when not finite") {
   const int64_t n = 300;
   const Vec grad = random(size_t(n), 51);
   const Vec start = random(size_t(n), 52), m0 = random(size_t(n), 53, -0.1f, 0.1f), v0 = random(size_t(n), 54, 0.0f, 0.1f);
+  const AdamWRuns runs = three_runs();
   const float c1 = float(adamw_correction(0.9f, 3)), c2 = float(adamw_correction(0.95f, 3));
   const Vec sched = {1e-2f, c1, c2};
   constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -575,8 +603,8 @@ TEST_CASE("emulated CUDA: AdamW step with its scalars in device memory: clipped,
     CAPTURE(max_norm);
     compare("adamw indirect", {start, m0, v0}, [&](std::vector<Vec>& o, bool g) {
       (g ? gpu::adamw_update_indirect : cpu::adamw_update_indirect<float>)(
-          o[0].data(), grad.data(), o[1].data(), o[2].data(), n, sched.data(), stats.data(), max_norm, 0.9f, 0.95f,
-          1e-8f, 0.1f);
+          o[0].data(), grad.data(), o[1].data(), o[2].data(), runs, sched.data(), stats.data(), max_norm, 0.9f, 0.95f,
+          1e-8f);
     }, 0, 0);
     // The same update as adamw_update with the factor the trainer computes on the host, bit for bit; none when the
     // loss or the norm is not finite.
@@ -584,11 +612,11 @@ TEST_CASE("emulated CUDA: AdamW step with its scalars in device memory: clipped,
     const bool finite = std::isfinite(stats[0]) && std::isfinite(stats[1]);
     const double norm = std::sqrt(double(stats[1]));
     if (finite) {
-      cpu::adamw_update<float>(direct[0].data(), grad.data(), direct[1].data(), direct[2].data(), n, 1e-2f, 0.9f,
-                               0.95f, 1e-8f, 0.1f, 3, max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0);
+      cpu::adamw_update<float>(direct[0].data(), grad.data(), direct[1].data(), direct[2].data(), runs, 1e-2f, 0.9f,
+                               0.95f, 1e-8f, 3, max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0);
     }
-    gpu::adamw_update_indirect(indirect[0].data(), grad.data(), indirect[1].data(), indirect[2].data(), n,
-                               sched.data(), stats.data(), max_norm, 0.9f, 0.95f, 1e-8f, 0.1f);
+    gpu::adamw_update_indirect(indirect[0].data(), grad.data(), indirect[1].data(), indirect[2].data(), runs,
+                               sched.data(), stats.data(), max_norm, 0.9f, 0.95f, 1e-8f);
     for (int i = 0; i < 3; ++i) CHECK(direct[size_t(i)] == indirect[size_t(i)]);
   }
 }

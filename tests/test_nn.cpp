@@ -1,6 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
+#include <string>
 
 #include "nn/layers.h"
 #include "test_util.h"
@@ -157,4 +160,33 @@ TEST_CASE("adamw over flat parameters updates as it does tensor by tensor, bit f
     CHECK(sa[i].first == sb[i].first);
     CHECK(sa[i].second.to_vector<float>() == sb[i].second.to_vector<float>());
   }
+}
+
+TEST_CASE("adamw over flat parameters with more runs than one launch takes (AdamWRuns::kMaxRuns)") {
+  // Matrices and vectors alternating: a run each, 2 kMaxRuns + 6 of them, so three launches.
+  Generator g(7);
+  std::vector<std::pair<std::string, Tensor>> a, b;
+  for (int i = 0; i < AdamWRuns::kMaxRuns + 3; ++i) {
+    for (const Shape& shape : {Shape{2, 3}, Shape{3}}) {
+      Tensor p = randn(shape, g);
+      const std::string name = fmt::format("p{}.{}", i, shape.ndim());
+      a.emplace_back(name, p.clone().requires_grad_());
+      b.emplace_back(name, p.clone().requires_grad_());
+    }
+  }
+  FlatParameters flat(b);
+  const AdamWConfig config{.lr = 0.01, .weight_decay = 0.3};
+  AdamW per_tensor(a, config), packed(flat, config);
+  for (int step = 0; step < 2; ++step) {
+    for (auto* params : {&a, &b}) {
+      Tensor loss = zeros({});
+      for (size_t i = 0; i < params->size(); ++i) loss = loss + sum(scale((*params)[i].second, double(i % 7) - 3.0));
+      loss.backward();
+    }
+    per_tensor.step(0.01);
+    packed.step(0.01);
+    per_tensor.zero_grad();
+    packed.zero_grad();
+  }
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].second.to_vector<float>() == b[i].second.to_vector<float>());
 }

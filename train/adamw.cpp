@@ -17,7 +17,12 @@ AdamW::AdamW(FlatParameters& flat, AdamWConfig config, const std::function<bool(
   auto [v, v_views] = flat.make_like();
   flat_m_ = m, flat_v_ = v;
   const auto& params = flat.slots();
-  bool joins = false;  // the previous slot was updated: a run may continue through this one
+  struct Run {
+    int64_t begin, end;  // elements of the flat buffers
+    bool decay;
+  };
+  std::vector<Run> runs;  // neighbouring parameters with the same weight decay
+  bool joins = false;     // the previous slot was updated: a run may continue through this one
   for (size_t i = 0; i < params.size(); ++i) {
     if (only && !only(params[i])) {
       joins = false;
@@ -26,23 +31,26 @@ AdamW::AdamW(FlatParameters& flat, AdamWConfig config, const std::function<bool(
     const bool decay = params[i].param.ndim() >= 2;
     slots_.push_back({params[i].name, params[i].param, m_views[i], v_views[i], decay});
     const int64_t begin = params[i].offset, end = i + 1 < params.size() ? params[i + 1].offset : flat.numel();
-    if (joins && runs_.back().decay == decay) {
-      runs_.back().end = end;
+    if (joins && runs.back().decay == decay) {
+      runs.back().end = end;
     } else {
-      runs_.push_back({begin, end, decay});
+      runs.push_back({begin, end, decay});
     }
     joins = true;
+  }
+  // The runs in launches of AdamWRuns::kMaxRuns (one for models of up to about 15 layers).
+  for (const Run& r : runs) {
+    if (launches_.empty() || launches_.back().full()) launches_.emplace_back();
+    launches_.back().add(r.begin, r.end - r.begin, r.decay ? float(config_.weight_decay) : 0.0f);
   }
 }
 
 template <class F>
-void AdamW::for_each_run(F update) {
+void AdamW::for_each_launch(F update) {
   Tensor p = flat_->values(), g = flat_->grads();
-  for (const Run& r : runs_) {
-    const float wd = r.decay ? float(config_.weight_decay) : 0.0f;
+  for (const AdamWRuns& runs : launches_) {
     dispatch_float(p.dtype(), "adamw", [&]<class T>() {
-      update.template operator()<T>(p.data<T>() + r.begin, g.data<T>() + r.begin, flat_m_.data<T>() + r.begin,
-                                    flat_v_.data<T>() + r.begin, r.end - r.begin, wd, p.device());
+      update.template operator()<T>(p.data<T>(), g.data<T>(), flat_m_.data<T>(), flat_v_.data<T>(), runs, p.device());
     });
   }
 }
@@ -51,20 +59,19 @@ void AdamW::step(double lr, double grad_scale) {
   NoGradGuard no_grad;
   ++step_;
   if (flat_) {
-    for_each_run([&]<class T>(T* p, T* g, T* m, T* v, int64_t n, float wd, Device device) {
-      launch(kernels::adamw_update<T>, device, p, g, m, v, n, float(lr), float(config_.beta1), float(config_.beta2),
-             float(config_.eps), wd, step_, grad_scale);
+    for_each_launch([&]<class T>(T* p, T* g, T* m, T* v, const AdamWRuns& runs, Device device) {
+      launch(kernels::adamw_update<T>, device, p, g, m, v, runs, float(lr), float(config_.beta1),
+             float(config_.beta2), float(config_.eps), step_, grad_scale);
     });
     return;
   }
   for (Slot& s : slots_) {
     const Tensor g = s.param.grad();
     if (!g.defined()) continue;
-    const float wd = s.decay ? float(config_.weight_decay) : 0.0f;
+    const AdamWRuns runs = AdamWRuns::one(s.param.numel(), s.decay ? float(config_.weight_decay) : 0.0f);
     dispatch_float(s.param.dtype(), "adamw", [&]<class T>() {
       launch(kernels::adamw_update<T>, s.param.device(), s.param.data<T>(), g.data<T>(), s.m.data<T>(), s.v.data<T>(),
-             s.param.numel(), float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), wd, step_,
-             grad_scale);
+             runs, float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), step_, grad_scale);
     });
   }
 }
@@ -78,9 +85,9 @@ std::vector<float> AdamW::next_indirect(double lr) {
 void AdamW::step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) {
   NoGradGuard no_grad;
   if (!flat_) throw Error("AdamW::step_indirect: needs packed parameters (FlatParameters)");
-  for_each_run([&]<class T>(T* p, T* g, T* m, T* v, int64_t n, float wd, Device device) {
-    launch(kernels::adamw_update_indirect<T>, device, p, g, m, v, n, sched.data<float>(), stats.data<T>(), max_norm,
-           float(config_.beta1), float(config_.beta2), float(config_.eps), wd);
+  for_each_launch([&]<class T>(T* p, T* g, T* m, T* v, const AdamWRuns& runs, Device device) {
+    launch(kernels::adamw_update_indirect<T>, device, p, g, m, v, runs, sched.data<float>(), stats.data<T>(), max_norm,
+           float(config_.beta1), float(config_.beta2), float(config_.eps));
   });
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../autograd/tensor.h"
+#include "../kernels/geometry.h"
 #include "flat_parameters.h"
 #include "optimizer.h"
 
@@ -24,8 +25,8 @@ struct AdamWConfig {
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWConfig config);
-  /// Over packed parameters: the moments get the buffers' layout, and a step is one update per run of
-  /// neighbouring parameters with the same weight decay (two runs when the matrices come first). Every parameter
+  /// Over packed parameters: the moments get the buffers' layout, and a step is one update of every run of
+  /// neighbouring parameters with the same weight decay: one kernel launch for up to AdamWRuns::kMaxRuns runs. Every parameter
   /// is updated every step (a gradient that stayed zero still decays the weights and the moments).
   /// With `only`, the parameters it accepts (the others are another optimizer's: no moments are saved for them,
   /// and a step leaves them alone).
@@ -41,7 +42,7 @@ class AdamW : public Optimizer {
   void set_steps(int64_t steps) override { step_ = steps; }
   /// The step form that reads its values from memory (Optimizer): sched = {lr, c1, c2} (c1, c2 the bias corrections).
   std::vector<float> next_indirect(double lr) override;
-  /// Its update: adamw_update_indirect over each run of the packed buffers.
+  /// Its update: adamw_update_indirect over the runs of the packed buffers.
   void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) override;
   bool has_indirect() const override { return flat_ != nullptr; }
   /// The moment estimates, named "<param>.exp_avg" and "<param>.exp_avg_sq" (PyTorch's names).
@@ -55,16 +56,12 @@ class AdamW : public Optimizer {
     bool decay;
   };
   std::vector<Slot> slots_;
-  struct Run {
-    int64_t begin, end;  // elements of the flat buffers
-    bool decay;
-  };
-  /// Calls update<T>(param, grad, m, v, n, weight decay, device) on each run of the flat buffers.
+  /// Calls update<T>(param, grad, m, v, runs, device) with the flat buffers, once per launch.
   template <class F>
-  void for_each_run(F update);
+  void for_each_launch(F update);
   FlatParameters* flat_ = nullptr;  // packed: the runs cover the buffers
   Tensor flat_m_, flat_v_;
-  std::vector<Run> runs_;
+  std::vector<AdamWRuns> launches_;  // the runs of neighbouring parameters with the same weight decay
   AdamWConfig config_;
   int64_t step_ = 0;
 };

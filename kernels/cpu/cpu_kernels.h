@@ -85,15 +85,16 @@ template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a,
 template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, T* act_out, uint16_t* inp16);
 template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of, const uint16_t* inp16);
 
-/// One AdamW step on n parameters (decoupled weight decay, bias-corrected moments; step counts from 1), with the
-/// gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as it is).
+/// One AdamW step on the parameters of `runs` (decoupled weight decay, each run's own; bias-corrected moments; step
+/// counts from 1), with the gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as
+/// it is). param, grad, m and v are the packed buffers the runs index.
 /// adamw_update with the step's scalars read from memory the step's own work wrote (so that a captured CUDA graph
 /// replays with each step's values): sched = {lr, c1, c2}, c1 and c2 adamw_correction(beta1|2, step) as floats;
 /// stats = {the loss, the gradient's sum of squares}. The gradient is clipped to max_norm (0: not clipped) by
 /// clip_scale of the sum; when the loss or the sum is not finite nothing is updated.
-template <class T> void adamw_update_indirect(T* param, const T* grad, T* m, T* v, int64_t n, const float* sched, const T* stats, double max_norm, float beta1, float beta2, float eps, float weight_decay);
-template <class T> void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, float lr, float beta1, float beta2,
-                                     float eps, float weight_decay, int64_t step, double grad_scale);
+template <class T> void adamw_update_indirect(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, const float* sched, const T* stats, double max_norm, float beta1, float beta2, float eps);
+template <class T> void adamw_update(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, float lr, float beta1,
+                                     float beta2, float eps, int64_t step, double grad_scale);
 
 /// Rotary embedding of x (B, L, NH, E) at positions pos0 .. pos0+L-1: the first n_rot heads are rotated, the rest
 /// copied. E must be even. Backward applies the inverse rotation and accumulates.

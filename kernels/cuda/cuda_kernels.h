@@ -52,8 +52,8 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
 /// cublasLt with the bias added in the matmul's epilogue.
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const float* act_of, const uint16_t* inp16);
-void adamw_update_indirect(float* param, const float* grad, float* m, float* v, int64_t n, const float* sched, const float* stats, double max_norm, float beta1, float beta2, float eps, float weight_decay);
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step, double grad_scale);
+void adamw_update_indirect(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, const float* sched, const float* stats, double max_norm, float beta1, float beta2, float eps);
+void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, float lr, float beta1, float beta2, float eps, int64_t step, double grad_scale);
 /// out (n) = the rows of parts (rows, n) added in row order: the owner's step of the fixed-order all-reduce
 /// (nccl.cu), as the MPI one adds on the host (train/comm.cpp).
 void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n);

@@ -361,18 +361,34 @@ __global__ void copy_slice_kernel(float* dst, const float* src, int64_t outer, i
   }
 }
 
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-                             float beta2, float eps, float weight_decay, float c1, float c2, float grad_scale) {
-  TINYGPT_CUDA_LOOP(i, n) adamw_element(param[i], grad_scale * grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2);
+/// Element i of the runs taken as one index space, and its run r (i only grows from one call to the next of a
+/// thread: its grid-stride loop, so r only moves forward).
+__device__ __forceinline__ int64_t run_element(const AdamWRuns& runs, int64_t i, int& r) {
+  while (i >= runs.upto[r]) ++r;
+  return runs.begin[r] + i - (r > 0 ? runs.upto[r - 1] : 0);
+}
+
+/// One AdamW step over every run of the packed buffers (AdamWRuns), each with its weight decay.
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, const AdamWRuns runs, int64_t n,
+                             float lr, float beta1, float beta2, float eps, float c1, float c2, float grad_scale) {
+  int r = 0;
+  TINYGPT_CUDA_LOOP(i, n) {
+    const int64_t j = run_element(runs, i, r);
+    adamw_element(param[j], grad_scale * grad[j], m[j], v[j], lr, beta1, beta2, eps, runs.weight_decay[r], c1, c2);
+  }
 }
 
 /// adamw_kernel with lr, c1, c2 from sched and the gradient's clip factor from stats (see adamw_update_indirect).
-__global__ void adamw_indirect_kernel(float* param, const float* grad, float* m, float* v, int64_t n, const float* sched,
-                                      const float* stats, double max_norm, float beta1, float beta2, float eps,
-                                      float weight_decay) {
+__global__ void adamw_indirect_kernel(float* param, const float* grad, float* m, float* v, const AdamWRuns runs,
+                                      int64_t n, const float* sched, const float* stats, double max_norm, float beta1,
+                                      float beta2, float eps) {
   if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
   const float gs = float(clip_scale(double(stats[1]), max_norm)), lr = sched[0], c1 = sched[1], c2 = sched[2];
-  TINYGPT_CUDA_LOOP(i, n) adamw_element(param[i], gs * grad[i], m[i], v[i], lr, beta1, beta2, eps, weight_decay, c1, c2);
+  int r = 0;
+  TINYGPT_CUDA_LOOP(i, n) {
+    const int64_t j = run_element(runs, i, r);
+    adamw_element(param[j], gs * grad[j], m[j], v[j], lr, beta1, beta2, eps, runs.weight_decay[r], c1, c2);
+  }
 }
 
 /// out[e] = parts[0][e] + parts[1][e] + ... + parts[rows - 1][e], added left to right.
@@ -554,19 +570,21 @@ void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int6
   launch_kernel("copy_slice", copy_slice_kernel, blocks_for(n), kThreads, 0, dst, src, outer, inner, dst_D, dst_start, src_D, src_start, len, accumulate);
 }
 
-void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                  float eps, float weight_decay, int64_t step, double grad_scale) {
+void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, float lr, float beta1,
+                  float beta2, float eps, int64_t step, double grad_scale) {
+  const int64_t n = runs.total();
   if (n == 0) return;
   const float c1 = float(adamw_correction(beta1, step)), c2 = float(adamw_correction(beta2, step));
-  launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2,
-                float(grad_scale));
+  launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, runs, n, lr, beta1, beta2,
+                eps, c1, c2, float(grad_scale));
 }
 
-void adamw_update_indirect(float* param, const float* grad, float* m, float* v, int64_t n, const float* sched,
-                           const float* stats, double max_norm, float beta1, float beta2, float eps, float weight_decay) {
+void adamw_update_indirect(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs,
+                           const float* sched, const float* stats, double max_norm, float beta1, float beta2, float eps) {
+  const int64_t n = runs.total();
   if (n == 0) return;
-  launch_kernel("adamw_update", adamw_indirect_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, n, sched, stats,
-                max_norm, beta1, beta2, eps, weight_decay);
+  launch_kernel("adamw_update", adamw_indirect_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, runs, n, sched,
+                stats, max_norm, beta1, beta2, eps);
 }
 
 void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) {
