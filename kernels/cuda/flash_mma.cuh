@@ -119,48 +119,83 @@ __device__ __forceinline__ Lane lane_pos() {
   return {16 * int(threadIdx.x / 32), lane / 4, lane % 4};
 }
 
-/// Fills an operand tile from f32 values: row-major into `rows` (R x row_words<Op>(EP) words) and/or transposed into
-/// `cols` (EP x row_words<Op>(R) words), rounded to the operand format. fetch(r, e, x) gives rows r, r+1 x features
-/// e .. e+3 (zero past the operand's rows or features, so padding contributes nothing to any product).
-template <class Op, int R, int EP, class Fetch>
-__device__ __forceinline__ void fill_tile(uint32_t* rows, uint32_t* cols, Fetch fetch) {
-  constexpr int kQuads = EP / 4;               // four features a step
-  constexpr int kSteps = (R / 2) * kQuads;     // each step: rows r, r+1 x features e .. e+3
-  constexpr int kWords = 2 / Op::kPerWord;     // words that two features (or rows) take
-  for (int idx = int(threadIdx.x); idx < kSteps; idx += kThreads) {
-    const int r = 2 * (idx / kQuads), e = 4 * (idx % kQuads);
-    float x[2][4];
-    fetch(r, e, x);
-    if (rows) {
+/// Stores step (r, e) of an operand tile: rows r, r+1 x features e .. e+3 of x, rounded to the operand format,
+/// row-major into `rows` (R x row_words<Op>(EP) words) and/or transposed into `cols` (EP x row_words<Op>(R) words).
+template <class Op, int R, int EP>
+__device__ __forceinline__ void store_step(uint32_t* rows, uint32_t* cols, int r, int e, const float (&x)[2][4]) {
+  constexpr int kWords = 2 / Op::kPerWord;  // words that two features (or rows) take
+  if (rows) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        uint32_t* row = rows + (r + i) * row_words<Op>(EP) + e / Op::kPerWord;
-        Op::store(row, x[i][0], x[i][1]);
-        Op::store(row + kWords, x[i][2], x[i][3]);
-      }
+    for (int i = 0; i < 2; ++i) {
+      uint32_t* row = rows + (r + i) * row_words<Op>(EP) + e / Op::kPerWord;
+      Op::store(row, x[i][0], x[i][1]);
+      Op::store(row + kWords, x[i][2], x[i][3]);
     }
-    if (cols) {
+  }
+  if (cols) {
 #pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        uint32_t words[2];
-        Op::store(words, x[0][f], x[1][f]);
+    for (int f = 0; f < 4; ++f) {
+      uint32_t words[2];
+      Op::store(words, x[0][f], x[1][f]);
 #pragma unroll
-        for (int w = 0; w < kWords; ++w) {
-          cols[(e + f) * row_words<Op>(R) + swizzled(e + f, r / Op::kPerWord + w)] = words[w];
-        }
-      }
+      for (int w = 0; w < kWords; ++w) cols[(e + f) * row_words<Op>(R) + swizzled(e + f, r / Op::kPerWord + w)] = words[w];
     }
   }
 }
 
-/// Rows r0 .. r0+R-1 of (b, head) of a strided f32 operand into an operand tile (fill_tile), read from global memory.
+/// Fills an operand tile (store_step) from f32 values, a step at a time: fetch(r, e, x) gives rows r, r+1 x features
+/// e .. e+3 (zero past the operand's rows or features, so padding contributes nothing to any product).
+template <class Op, int R, int EP, class Fetch>
+__device__ __forceinline__ void fill_tile(uint32_t* rows, uint32_t* cols, Fetch fetch) {
+  constexpr int kQuads = EP / 4;            // four features a step
+  constexpr int kSteps = (R / 2) * kQuads;  // each step: rows r, r+1 x features e .. e+3
+  for (int idx = int(threadIdx.x); idx < kSteps; idx += kThreads) {
+    const int r = 2 * (idx / kQuads), e = 4 * (idx % kQuads);
+    float x[2][4];
+    fetch(r, e, x);
+    store_step<Op, R, EP>(rows, cols, r, e, x);
+  }
+}
+
+/// Rows r0 .. r0+R-1 of (b, head) of a strided f32 operand into an operand tile, read from global memory.
 ///
 /// Each step takes rows r, r+1 x features e .. e+3, so the 16 lanes on a pair of rows read 256 contiguous bytes of
-/// each: one 16-byte load a row where the row is in range, has the four features and is 16-byte aligned (two scalar
-/// loads of adjacent floats a lane left half of every sector unused: Nsight Compute on an H200), scalar ones else.
+/// each: one 16-byte load a row (two scalar loads of adjacent floats a lane left half of every sector unused: Nsight
+/// Compute on an H200). A whole tile (every row in range, all EP features, rows on 16-byte boundaries: every tile of
+/// a head dim of 32, 64 or 128 but a sequence's last partial one) is fetched four steps at a time (or all of a
+/// thread's, if fewer) before any is stored,
+/// so a thread's loads are in flight together; one step at a time, each load waited for the previous step's stores
+/// to shared memory, which the compiler may not move a load of a plain pointer above (SASS of the bf16 forward,
+/// sm_90: load, round, store, branch, four times a tile). Other tiles check each quad, a step at a time.
 template <class Op, int R, int EP>
 __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, const int64_t* stride, int64_t b,
                           int64_t head, int64_t r0, int64_t n, int64_t width) {
+  constexpr int kQuads = EP / 4, kSteps = (R / 2) * kQuads, kPerThread = kSteps / kThreads;
+  constexpr int kBatch = kPerThread < 4 ? kPerThread : 4;  // steps a thread fetches before it stores any
+  static_assert(kSteps % kThreads == 0 && kPerThread % kBatch == 0, "whole batches");
+  const float* first = at(base, stride, b, head, r0);
+  const int64_t rs = stride[2];
+  if (r0 + R <= n && width == EP && rs % 4 == 0 && (reinterpret_cast<uintptr_t>(first) & 15) == 0) {
+#pragma unroll
+    for (int batch = 0; batch < kSteps; batch += kBatch * kThreads) {
+      float x[kBatch][2][4];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int idx = batch + j * kThreads + int(threadIdx.x), r = 2 * (idx / kQuads), e = 4 * (idx % kQuads);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float4 v = *reinterpret_cast<const float4*>(first + (r + i) * rs + e);
+          x[j][i][0] = v.x, x[j][i][1] = v.y, x[j][i][2] = v.z, x[j][i][3] = v.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int idx = batch + j * kThreads + int(threadIdx.x);
+        store_step<Op, R, EP>(rows, cols, 2 * (idx / kQuads), 4 * (idx % kQuads), x[j]);
+      }
+    }
+    return;
+  }
   fill_tile<Op, R, EP>(rows, cols, [&](int r, int e, float (&x)[2][4]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
