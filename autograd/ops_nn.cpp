@@ -132,7 +132,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const N
   const Tensor x16 = bf16_operand(x, N * C, math);
   dispatch_float(x.dtype(), "linear", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(), out.data<T>(), x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, OC,
-           math, Activation::None, static_cast<T*>(nullptr), bf16_bits(x16));
+           math, Activation::None, static_cast<T*>(nullptr), bf16_bits(x16), static_cast<uint16_t*>(nullptr));
   });
   return record("linear", out, {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
@@ -158,14 +158,16 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
   const auto [N_, C_] = rows_cols(x);
   const int64_t N = N_, C = C_;
   // pre = x w_fc^T + b_fc and h = act(pre) from one product (the activation in its epilogue); both kept for backward.
-  Tensor h = empty(pre.shape(), x.dtype(), x.device());
-  Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
+  // Where the GPU keeps h rounded to bf16 (h16), the first product writes only that copy of h: the second product's
+  // operand, and its weight gradient's in backward. The f32 h is never made.
   const Tensor x16 = bf16_operand(x, N * C, math), h16 = bf16_operand(x, N * H, math);
+  const Tensor h = h16.defined() ? Tensor() : empty(pre.shape(), x.dtype(), x.device());
+  Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
   dispatch_float(x.dtype(), "mlp", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(), pre.data<T>(), x.data<T>(), w_fc.data<T>(), ptr<T>(b_fc), N, C, H,
-           math, act, h.data<T>(), bf16_bits(x16));
-    launch(kernels::linear_forward<T>, x.device(), out.data<T>(), h.data<T>(), w_proj.data<T>(), ptr<T>(b_proj), N, H,
-           OC, math, Activation::None, static_cast<T*>(nullptr), bf16_bits(h16));
+           math, act, ptr<T>(h), bf16_bits(x16), bf16_bits(h16));
+    launch(kernels::linear_forward<T>, x.device(), out.data<T>(), ptr<T>(h), w_proj.data<T>(), ptr<T>(b_proj), N, H,
+           OC, math, Activation::None, static_cast<T*>(nullptr), bf16_bits(h16), static_cast<uint16_t*>(nullptr));
   });
   return record("mlp", out, {x, w_fc, b_fc, w_proj, b_proj},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
@@ -174,7 +176,7 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
                   const Tensor dpre = first ? empty(pre.shape(), dout.dtype(), dout.device()) : Tensor();
                   dispatch_float(dout.dtype(), "mlp", [&]<class T>() {
                     launch(kernels::linear_backward<T>, dout.device(), ptr<T>(dpre), ptr<T>(grads[3]),
-                           ptr<T>(grads[4]), dout.data<T>(), h.data<T>(), in[3].data<T>(), N, H, OC, math, true, act,
+                           ptr<T>(grads[4]), dout.data<T>(), ptr<T>(h), in[3].data<T>(), N, H, OC, math, true, act,
                            pre.data<T>(), bf16_bits(h16));
                     if (first) {
                       launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),

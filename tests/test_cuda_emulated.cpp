@@ -437,16 +437,40 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
         compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
           if (g) {
             gpu::linear_forward(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
-                                act, o[1].data(), keep16 ? x16.data() : nullptr);
+                                act, o[1].data(), keep16 ? x16.data() : nullptr, nullptr);
           } else {
             cpu::linear_forward<float>(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC,
-                                       math, act, o[1].data(), nullptr);
+                                       math, act, o[1].data(), nullptr, nullptr);
           }
         });
         if (keep16) {
           bool rounded = true;
           for (size_t k = 0; k < x.size(); ++k) rounded = rounded && x16[k] == tinygpt::cuda::to_bf16_bits(x[k]);
           CHECK(rounded);
+        }
+        if (keep16 && act != Activation::None) {
+          // The activation straight to bf16 (act16): out as before, act16 act(out) rounded, act_out not written;
+          // then a product reading act16 in place of its input, bit for bit the one that rounds the f32 activation.
+          Vec out(size_t(rows * OC)), act_out(out.size()), ref_out(out.size()), ref_act(out.size());
+          std::vector<uint16_t> act16(out.size() + 1, 0xffff);
+          Vec untouched(out.size(), -7.0f);
+          Vec no_act = untouched;
+          gpu::linear_forward(out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math, act,
+                              no_act.data(), x16.data(), act16.data());
+          gpu::linear_forward(ref_out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
+                              act, ref_act.data(), nullptr, nullptr);
+          CHECK(out == ref_out);
+          CHECK(no_act == untouched);
+          bool rounded = true;
+          for (size_t k = 0; k < out.size(); ++k) rounded = rounded && act16[k] == tinygpt::cuda::to_bf16_bits(ref_act[k]);
+          CHECK(rounded);
+          const Vec w_next = random(size_t(5 * OC), 52);
+          Vec next(size_t(rows * 5)), ref_next(next.size());
+          gpu::linear_forward(next.data(), nullptr, w_next.data(), nullptr, rows, OC, 5, math, Activation::None, nullptr,
+                              act16.data(), nullptr);
+          gpu::linear_forward(ref_next.data(), ref_act.data(), w_next.data(), nullptr, rows, OC, 5, math,
+                              Activation::None, nullptr, nullptr, nullptr);
+          CHECK(next == ref_next);
         }
         for (const bool overwrite : {false, true}) {
           if (act != Activation::None && !overwrite) continue;  // an activation's gradient overwrites dinp
@@ -528,18 +552,19 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     CHECK((largest_difference(db, ref_db) > 1e-4) == rounded);
     Vec y(size_t(M * N)), ref_y(size_t(M * N));
     const Vec w = random(size_t(N * K), 63);
-    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, math, Activation::None, nullptr, nullptr);
+    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, math, Activation::None, nullptr, nullptr,
+                        nullptr);
     cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, MatmulMath::F32, Activation::None,
-                               nullptr, nullptr);
+                               nullptr, nullptr, nullptr);
     CHECK((largest_difference(y, ref_y) > 1e-4) == rounded);
     // And through cublasLt's epilogues: the bias with GELU (a width of 16, a multiple of 8), GELU's derivative.
     const int64_t OC = 16;
     const Vec w2 = random(size_t(OC * K), 64), bias = random(size_t(OC), 65), dout2 = random(size_t(M * OC), 66);
     Vec pre(size_t(M * OC)), act(pre.size()), ref_pre(pre.size()), ref_act(pre.size());
     gpu::linear_forward(pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, math, Activation::Gelu, act.data(),
-                        nullptr);
+                        nullptr, nullptr);
     cpu::linear_forward<float>(ref_pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, MatmulMath::F32,
-                               Activation::Gelu, ref_act.data(), nullptr);
+                               Activation::Gelu, ref_act.data(), nullptr, nullptr);
     CHECK((largest_difference(act, ref_act) > 1e-4) == rounded);
     Vec dx(a.size()), ref_dx(a.size());
     gpu::linear_backward(dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC, math, true,

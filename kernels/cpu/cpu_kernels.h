@@ -82,7 +82,11 @@ template <class T> void matmul_backward(T* da, T* db, const T* dout, const T* a,
 /// inp16 (may be null; N * C bf16 bit patterns, 4-byte aligned): where the GPU keeps inp rounded to bf16 between the
 /// two calls with bf16 math (linear_forward writes it, linear_backward reads it instead of rounding inp again). The
 /// CPU rounds inside its GEMM and ignores it; the results are the same with it or without.
-template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, T* act_out, uint16_t* inp16);
+/// GPU only, with bf16 math: an inp that is null means inp16 already holds it (an act16 of the previous layer's), and
+/// act16 (may be null; N * OC bf16 bit patterns, 4-byte aligned), with an activation, takes act(out) rounded to bf16
+/// in place of act_out, which is then not written: the next product's operand, without an f32 copy of it. The CPU
+/// ignores act16 (and always needs inp and act_out).
+template <class T> void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, T* act_out, uint16_t* inp16, uint16_t* act16);
 template <class T> void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of, const uint16_t* inp16);
 
 /// One AdamW step on the parameters of `runs` (decoupled weight decay, each run's own; bias-corrected moments; step

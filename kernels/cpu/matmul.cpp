@@ -94,7 +94,7 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 
 template <class T>
 void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
-                    MatmulMath math, Activation act, T* act_out, uint16_t*) {
+                    MatmulMath math, Activation act, T* act_out, uint16_t*, uint16_t*) {
   const bool bf16 = math == MatmulMath::BF16;
   // Bias and activation in the epilogue, while each tile of out is in cache.
   const Epilogue<T> ep{bias, act, act != Activation::None ? act_out : nullptr, nullptr};
@@ -137,7 +137,7 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, \
                                    bool, bool, MatmulMath);                                                           \
   template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath, Activation,   \
-                                  T*, uint16_t*);                                                                     \
+                                  T*, uint16_t*, uint16_t*);                                                          \
   template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath, bool, \
                                    Activation, const T*, const uint16_t*);
 TINYGPT_INSTANTIATE(float)

@@ -50,7 +50,7 @@ void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int6
 void matmul_forward(float* out, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
 void matmul_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
 /// cublasLt with the bias added in the matmul's epilogue.
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16);
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16, uint16_t* act16);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const float* act_of, const uint16_t* inp16);
 void adamw_update_indirect(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, const float* sched, const float* stats, double max_norm, float beta1, float beta2, float eps);
 void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, float lr, float beta1, float beta2, float eps, int64_t step, double grad_scale);

@@ -131,6 +131,23 @@ __global__ void bias_activation_kernel(float* out, float* act_out, const float* 
   }
 }
 
+/// out += bias (when given), and act(out) rounded to bf16 into act16, two to a word as round_bf16_kernel writes them
+/// (n elements of out, in pairs): the next product's operand, with no f32 copy of the activation.
+__global__ void bias_activation_bf16_kernel(float* out, uint32_t* act16, const float* bias, int64_t pairs, int64_t n,
+                                            int64_t OC, Activation act) {
+  TINYGPT_CUDA_LOOP(p, pairs) {
+    float y[2] = {0.0f, 0.0f};
+    for (int j = 0; j < 2; ++j) {
+      const int64_t i = 2 * p + j;
+      if (i >= n) break;
+      float x = out[i];
+      if (bias) out[i] = x += bias[i % OC];
+      y[j] = activation(act, x, ActivationTanh{});
+    }
+    act16[p] = pack_bf16(y[0], y[1]);
+  }
+}
+
 /// d *= act'(of), n elements: a gradient taken through the activation.
 __global__ void activation_grad_kernel(float* d, const float* of, int64_t n, Activation act) {
   TINYGPT_CUDA_LOOP(i, n) d[i] *= activation_grad(act, of[i], ActivationTanh{});
@@ -212,17 +229,22 @@ bool aux_ok(int64_t ld) { return ld % 8 == 0; }
 }  // namespace
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
-                    int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16) {
+                    int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16, uint16_t* act16) {
   if (N == 0 || OC == 0) return;
-  // bf16: each operand rounded once, inp into inp16 when the caller keeps it for linear_backward.
+  // bf16: each operand rounded once, inp into inp16 when the caller keeps it for linear_backward (or already there,
+  // without inp).
   const bool bf16 = math == MatmulMath::BF16 && C > 0;
   Scratch inp16_copy(bf16 && !inp16 ? bf16_bytes(N * C) : 0), w16_copy(bf16 ? bf16_bytes(OC * C) : 0);
-  const uint16_t* a16 =
-      bf16 ? round_to_bf16(inp16 ? inp16 : inp16_copy.as<uint16_t>(), inp, N * C, "linear_forward (inp to bf16)")
-           : nullptr;
+  const uint16_t* a16 = !bf16 ? nullptr
+                        : !inp ? inp16
+                               : round_to_bf16(inp16 ? inp16 : inp16_copy.as<uint16_t>(), inp, N * C,
+                                               "linear_forward (inp to bf16)");
   const uint16_t* w16 = bf16 ? rounded_bf16(w16_copy, weight, OC * C, "linear_forward (weight to bf16)") : nullptr;
+  // The activation straight to bf16 (act16): after the product, by our kernel, as cublasLt's GELU epilogue would
+  // write it in f32 (its aux, the pre-activation, takes D's type: bf16 there, where backward wants f32).
+  const bool to16 = bf16 && act16 && act != Activation::None;
   // The bias, and GELU with out as its aux (the pre-activation), in cublasLt's epilogue where it has an algorithm.
-  const bool gelu = act == Activation::Gelu && aux_ok(OC);
+  const bool gelu = act == Activation::Gelu && aux_ok(OC) && !to16;
   bool fused = false;
   if (C > 0 && (bias || gelu)) {
     const Epilogue e = !gelu ? Epilogue::Bias : bias ? Epilogue::GeluBias : Epilogue::Gelu;
@@ -237,7 +259,11 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
   }
   const float* pending_bias = fused ? nullptr : bias;
   const Activation pending_act = fused && gelu ? Activation::None : act;
-  if (pending_bias || pending_act != Activation::None) {  // the bias and the activation in one pass
+  if (to16) {  // the bias (unless the epilogue added it) and the activation, to bf16, in one pass
+    const int64_t pairs = (N * OC + 1) / 2;
+    launch_kernel("linear_forward (bias, activation to bf16)", bias_activation_bf16_kernel, blocks_for(pairs), kThreads,
+                  0, out, reinterpret_cast<uint32_t*>(act16), pending_bias, pairs, N * OC, OC, act);
+  } else if (pending_bias || pending_act != Activation::None) {  // the bias and the activation in one pass
     launch_kernel("linear_forward (bias, activation)", bias_activation_kernel, blocks_for(N * OC), kThreads, 0, out,
                   act_out, pending_bias, N, OC, pending_act);
   }
