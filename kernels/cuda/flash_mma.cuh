@@ -521,22 +521,29 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   if (kPipe && steps > 0) stage(0);  // streams in meanwhile
   load_tile<Op, kRows, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
   load_tile<Op, kRows, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+  static_assert(Q <= kThreads, "a thread for each query of a step");
   for (int64_t step = 0; step < steps; ++step) {
     const int64_t h = kvh * group + step / tiles_per_head, t0 = t_first + step % tiles_per_head * Q;
+    // Thread i < Q takes query t0 + i's logsumexp and D, loaded before the tiles so that the loads overlap theirs.
+    const int i = int(threadIdx.x);
+    const bool in = i < Q && t0 + i < g.T;
+    const int64_t row = (b * g.NH + h) * g.T + t0 + i;
+    float lse_i = -INFINITY, D_i = 0.0f;
+    if (!kPipe && in) lse_i = lse[row], D_i = D[row];
     if constexpr (kPipe) {  // as in the forward
       cp_async_wait<0>();
       __syncthreads();
       round_staged<Op, Q, EP>(Qs, Qt, Qf);
       round_staged<Op, Q, EP>(dOs, dOt, dOf);
+      if (in) lse_i = lse_f[i], D_i = D_f[i];
     } else {
       __syncthreads();  // the previous query tile is no longer read
       load_tile<Op, Q, EP>(Qs, Qt, q, g.q_stride, b, h, t0, g.T, g.E);
       load_tile<Op, Q, EP>(dOs, dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
     }
-    for (int i = int(threadIdx.x); i < Q; i += kThreads) {
-      const int64_t row = (b * g.NH + h) * g.T + t0 + i;
-      lse_s[i] = t0 + i < g.T ? (kPipe ? lse_f[i] : lse[row]) : -INFINITY;
-      D_s[i] = t0 + i < g.T ? (kPipe ? D_f[i] : D[row]) : 0.0f;
+    if (i < Q) {
+      lse_s[i] = lse_i;
+      D_s[i] = D_i;
       drop_s[i] = dropout_row(g, b, h, t0 + i);
     }
     __syncthreads();
