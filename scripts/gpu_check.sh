@@ -15,6 +15,10 @@
 # so a run cut short still says how far it got; the sanitizer runs last, being the slowest. --full also trains the
 # Shakespeare config for 5000 iterations on the GPU (nanoGPT's shakespeare_char recipe, dropout 0.2) and reports its
 # best val loss. Set CMAKE_CUDA_ARCHITECTURES to build for another GPU.
+#
+# TINYGPT_BASELINE_BUILD=DIR (a build of another commit, holding tinygpt and bench/bench_attention, such as a
+# worktree's build-gpu) adds that build's --dtype bf16 training row and its bf16 attention on the quick shapes,
+# measured in the same run, so a change can be judged against the code before it on the same GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 full=0
@@ -58,6 +62,12 @@ else
   missing=$(ldd $build/tinygpt | grep 'not found')
   [ -n "$missing" ] && { echo "error: gpu_check --no-build: libraries not found: $missing"; exit 1; }
 fi
+baseline=${TINYGPT_BASELINE_BUILD:-}
+if [ -n "$baseline" ]; then
+  for bin in tinygpt bench/bench_attention; do
+    [ -x "$baseline/$bin" ] || { echo "error: gpu_check: TINYGPT_BASELINE_BUILD=$baseline has no $bin (build it first)"; exit 1; }
+  done
+fi
 note "build" "ok ($(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1))"
 
 echo "== GPU tests"
@@ -75,7 +85,7 @@ iters=60
 ours_train_ms() {
   local run
   run=$(mktemp -d)
-  timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" --max-iters $((iters + 10)) \
+  timeout 120 "${tinygpt_bin:-./$build/tinygpt}" train --device cuda --data "$data" --out "$run" "${cfg[@]}" --max-iters $((iters + 10)) \
     --eval-interval 100000 --eval-iters 1 --log-interval 10 "$@" >> "$logs/train_throughput.log" 2>&1
   grep -o '"ms":[0-9.e+-]*' "$run/metrics.jsonl" | cut -d: -f2 | tail -n +11 | sort -g |
     awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'
@@ -97,6 +107,7 @@ nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --d
 ours_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16)
 note "host syncs per step, CUDA graph" "$(cat "$logs/host_syncs") at most (aim: 1)"
 ours_nograph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16 --no-cuda-graphs)
+[ -n "$baseline" ] && base_bf16_ms=$(tinygpt_bin=$baseline/tinygpt ours_train_ms --dtype bf16)
 note "CUDA graph capture" "$(grep -m1 -o 'could not be captured.*' "$logs/train_throughput.log" || echo 'captured and replayed (no fallback logged)')"
 tokens=$((64 * 256))
 tok() { awk "BEGIN {printf \"%.0f\", $tokens * 1000 / $1}"; }
@@ -109,6 +120,8 @@ printf "%-36s %10.2f %12s\n" "tinygpt, bf16 tensor-core attention" "$ours_bf16_a
 printf "%-36s %10.2f %12s\n" "tinygpt --dtype bf16" "$ours_bf16_ms" "$(tok "$ours_bf16_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  TINYGPT_FLASH_PIPELINE=1" "$ours_pipe_ms" "$(tok "$ours_pipe_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  TINYGPT_CUBLASLT_EPILOGUES=0" "$ours_noepi_ms" "$(tok "$ours_noepi_ms")" | tee -a "$logs/train.log"
+[ -n "$baseline" ] && printf "%-36s %10.2f %12s\n" "  the baseline build" "$base_bf16_ms" "$(tok "$base_bf16_ms")" |
+  tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  dropout 0: CUDA graph" "$ours_graph_ms" "$(tok "$ours_graph_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  dropout 0: --no-cuda-graphs" "$ours_nograph_ms" "$(tok "$ours_nograph_ms")" |
   tee -a "$logs/train.log"
@@ -133,6 +146,7 @@ if [ $has_torch = 1 ]; then
   note "--dtype bf16 vs torch autocast bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $tbf / $ours_bf16_ms, $ours_bf16_ms, $tbf}")"
   note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
   note "  TINYGPT_CUBLASLT_EPILOGUES=0" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_noepi_ms, $ours_noepi_ms}")"
+  [ -n "$baseline" ] && note "  the baseline build" "$(awk "BEGIN {printf \"%.2fx autocast (baseline %.1f ms/iter; this build %.2fx it)\", $tbf / $base_bf16_ms, $base_bf16_ms, $base_bf16_ms / $ours_bf16_ms}")"
   [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
 else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
@@ -156,6 +170,12 @@ if [ $has_torch = 1 ]; then
   pipe_ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention_pipelined.log" | tr -d x | sort -g | paste -sd ' '; }
   note "pipelined tf32 f+b vs sdpa f32" "$(pipe_ratios tinygpt:flash_tf32 0)"
   note "pipelined bf16 f+b vs sdpa bf16" "$(pipe_ratios tinygpt:flash_bf16 0)"
+  if [ -n "$baseline" ]; then  # the baseline build's kernels on the quick shapes
+    timeout 180 $py bench/compare_attention_cuda.py --quick --bench "$baseline/bench/bench_attention" \
+      > "$logs/attention_baseline.log" 2>&1
+    base_ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention_baseline.log" | tr -d x | sort -g | paste -sd ' '; }
+    note "baseline bf16 f+b vs sdpa bf16" "$(base_ratios tinygpt:flash_bf16 0) (quick shapes)"
+  fi
 else
   $build/bench/bench_attention --device cuda | tee "$logs/attention.log"
   note "attention benchmark" "ran without PyTorch (no comparison)"
