@@ -199,24 +199,55 @@ __device__ __forceinline__ float group_sum(float x) {
   return x;
 }
 
+/// Rows r0 .. r0+63 of (b, head) of a strided operand, zero past n rows or width, element (r, e) stored at
+/// dst[kTransposed ? e * kT + r : r * (EP + 1) + e].
+///
+/// A whole tile (every row in range, all EP features) is read eight elements a thread at a time, each thread's eight
+/// loads issued before any of its stores; one element at a time, each load waited for the previous one's store to
+/// shared memory, which the compiler may not move a load of a plain pointer above: 32 round trips to global memory a
+/// thread for a 64 x 64 tile, where there are now 4. Other tiles check each element, one at a time.
+template <int EP, bool kTransposed>
+__device__ void load_tile_f32(float* dst, const float* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
+                              int64_t n, int64_t width) {
+  auto store = [&](int idx, float x) {
+    const int r = idx / EP, e = idx % EP;
+    dst[kTransposed ? e * kT + r : r * (EP + 1) + e] = x;
+  };
+  constexpr int kPerThread = kTile * EP / kFlashThreads, kBatch = kPerThread < 8 ? kPerThread : 8;
+  static_assert(kTile * EP % kFlashThreads == 0 && kPerThread % kBatch == 0, "whole batches");
+  if (r0 + kTile <= n && width == EP) {
+    const float* first = at(base, stride, b, head, r0);
+    const int64_t rs = stride[2];
+    for (int batch = 0; batch < kPerThread; batch += kBatch) {
+      float x[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int idx = (batch + j) * kFlashThreads + int(threadIdx.x);
+        x[j] = first[(idx / EP) * rs + idx % EP];
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) store((batch + j) * kFlashThreads + int(threadIdx.x), x[j]);
+    }
+    return;
+  }
+  for (int idx = threadIdx.x; idx < kTile * EP; idx += kFlashThreads) {
+    const int r = idx / EP, e = idx % EP;
+    store(idx, (r0 + r < n && e < width) ? at(base, stride, b, head, r0 + r)[e] : 0.0f);
+  }
+}
+
 /// dst[r][e] (row stride EP + 1) = rows r0 .. r0+63 of (b, head) of a strided operand, zero past n rows or width.
 template <int EP>
 __device__ void load_rows(float* dst, const float* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
                           int64_t n, int64_t width) {
-  for (int idx = threadIdx.x; idx < kTile * EP; idx += blockDim.x) {
-    const int r = idx / EP, e = idx % EP;
-    dst[r * (EP + 1) + e] = (r0 + r < n && e < width) ? at(base, stride, b, head, r0 + r)[e] : 0.0f;
-  }
+  load_tile_f32<EP, false>(dst, base, stride, b, head, r0, n, width);
 }
 
 /// dst[e][r] (row stride kT), the same rows stored transposed.
 template <int EP>
 __device__ void load_cols(float* dst, const float* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
                           int64_t n, int64_t width) {
-  for (int idx = threadIdx.x; idx < kTile * EP; idx += blockDim.x) {
-    const int r = idx / EP, e = idx % EP;
-    dst[e * kT + r] = (r0 + r < n && e < width) ? at(base, stride, b, head, r0 + r)[e] : 0.0f;
-  }
+  load_tile_f32<EP, true>(dst, base, stride, b, head, r0, n, width);
 }
 
 /// acc[i][j] = sum_e rows[row0 + i][e] * cols[e][col0 + 8j]
