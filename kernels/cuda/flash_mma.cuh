@@ -163,10 +163,10 @@ __device__ __forceinline__ void fill_tile(uint32_t* rows, uint32_t* cols, Fetch 
 /// each: one 16-byte load a row (two scalar loads of adjacent floats a lane left half of every sector unused: Nsight
 /// Compute on an H200). A whole tile (every row in range, all EP features, rows on 16-byte boundaries: every tile of
 /// a head dim of 32, 64 or 128 but a sequence's last partial one) is fetched four steps at a time (or all of a
-/// thread's, if fewer) before any is stored,
-/// so a thread's loads are in flight together; one step at a time, each load waited for the previous step's stores
-/// to shared memory, which the compiler may not move a load of a plain pointer above (SASS of the bf16 forward,
-/// sm_90: load, round, store, branch, four times a tile). Other tiles check each quad, a step at a time.
+/// thread's, if fewer) before any is stored, so a thread's loads are in flight together. One step at a time, each
+/// load waited for the previous step's stores to shared memory, which the compiler may not move a load of a plain
+/// pointer above (SASS of the bf16 forward, sm_90: load, round, store, branch, four times a tile). Other tiles check
+/// each quad, a step at a time.
 template <class Op, int R, int EP>
 __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, const int64_t* stride, int64_t b,
                           int64_t head, int64_t r0, int64_t n, int64_t width) {

@@ -240,8 +240,8 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
                                : round_to_bf16(inp16 ? inp16 : inp16_copy.as<uint16_t>(), inp, N * C,
                                                "linear_forward (inp to bf16)");
   const uint16_t* w16 = bf16 ? rounded_bf16(w16_copy, weight, OC * C, "linear_forward (weight to bf16)") : nullptr;
-  // The activation straight to bf16 (act16): after the product, by our kernel, as cublasLt's GELU epilogue would
-  // write it in f32 (its aux, the pre-activation, takes D's type: bf16 there, where backward wants f32).
+  // With act16 the activation goes straight to bf16, by our kernel after the product: cublasLt's GELU epilogue would
+  // write its aux (the pre-activation, which backward reads in f32) in D's type, bf16 there.
   const bool to16 = bf16 && act16 && act != Activation::None;
   // The bias, and GELU with out as its aux (the pre-activation), in cublasLt's epilogue where it has an algorithm.
   const bool gelu = act == Activation::Gelu && aux_ok(OC) && !to16;
