@@ -169,8 +169,10 @@ AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv,
 }
 
 /// out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
+/// qkv_partition: q, k and v are the three views of one fused qkv tensor that together cover it
+/// (fused_self_attention), so the flash backward may write its gradient without its being zeroed first.
 AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
-                          const AttentionOptions& o) {
+                          const AttentionOptions& o, bool qkv_partition = false) {
   const Tensor& qb = q.base;
   detail::check_float("attention", qb, "q");
   detail::check_same("attention", qb, k.base);
@@ -258,6 +260,8 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                  (void)doc_ids, (void)key_doc_ids, (void)rel_probs;
                  AttentionGeom gb = g;
+                 gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) &&
+                                      detail::unwritten(grads[2]);
                  gb.mods.d_t5_bias = grads[5].defined() ? grads[5].raw_data() : nullptr;
                  gb.mods.d_rel_k = grads[6].defined() ? grads[6].raw_data() : nullptr;
                  gb.mods.d_rel_v = grads[7].defined() ? grads[7].raw_data() : nullptr;
@@ -268,7 +272,12 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
                           in[0].data<T>() + qo, in[1].data<T>() + ko, in[2].data<T>() + vo, saved_out.data<T>(),
                           lse.data<T>(), ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, gb);
                  });
-               });
+               },
+               // The flash kernels write the gradients of a fused qkv's three views, together all of it, uninitialized.
+               !naive && qkv_partition && qb.impl_ptr() == k.base.impl_ptr() && qb.impl_ptr() == v.base.impl_ptr()
+                   ? 7u
+                   : 0u,
+               /*unwritten_disjoint=*/true);
   return {out, weights};
 }
 
@@ -288,7 +297,8 @@ AttentionResult fused_self_attention(const Tensor& qkv, int64_t num_heads, int64
   }
   const int64_t E = qkv.size(2) / total;
   return attention(heads_last(qkv, 0, num_heads, total, E), heads_last(qkv, num_heads, num_kv_heads, total, E),
-                   heads_last(qkv, num_heads + num_kv_heads, num_kv_heads, total, E), true, options);
+                   heads_last(qkv, num_heads + num_kv_heads, num_kv_heads, total, E), true, options,
+                   /*qkv_partition=*/true);
 }
 
 AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads,

@@ -58,7 +58,8 @@ GradReadyHook::~GradReadyHook() { g_grad_ready = previous_; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = previous_; }
 
-Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward, uint32_t writes_unwritten) {
+Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward, uint32_t writes_unwritten,
+              bool unwritten_disjoint) {
   if (!g_grad_enabled) return out;
   bool needs = false;
   for (const Tensor& t : inputs) needs = needs || (t.defined() && t.requires_grad());
@@ -67,6 +68,7 @@ Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, Backward
   out.impl().from_op = true;
   out.impl().grad_fn = std::make_shared<Node>(name, std::move(inputs), std::move(backward));
   out.impl().grad_fn->writes_unwritten = writes_unwritten;
+  out.impl().grad_fn->unwritten_disjoint = unwritten_disjoint;
   return out;
 }
 
@@ -172,9 +174,14 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       const Tensor& in = node.inputs[i];
       if (!in.defined() || !in.requires_grad()) continue;
-      bool once = true;  // an input read twice by the node (x * x) gets one slot for both: it must start at zero
-      for (size_t j = 0; j < node.inputs.size(); ++j) once = once && (j == i || node.inputs[j].impl_ptr() != in.impl_ptr());
-      grads[i] = gradient_slot(in, once && i < 32 && (node.writes_unwritten >> i & 1u));
+      // An input read twice by the node (x * x) gets one slot for both: it must start at zero, unless the node writes
+      // disjoint parts of it that cover it (unwritten_disjoint), one at each of its places, each with its bit set.
+      auto writes = [&](size_t j) { return j < 32 && (node.writes_unwritten >> j & 1u); };
+      bool unwritten = writes(i);
+      for (size_t j = 0; j < node.inputs.size(); ++j) {
+        if (j != i && node.inputs[j].impl_ptr() == in.impl_ptr()) unwritten = unwritten && node.unwritten_disjoint && writes(j);
+      }
+      grads[i] = gradient_slot(in, unwritten);
     }
     node.backward(dout, node.inputs, grads);
     for (Tensor& g : grads) {

@@ -29,6 +29,10 @@ struct Node {
   /// uninitialized rather than zeroed: no memset, and no read of zeros, for the large activation gradients (a slot
   /// reached by several ops is written by the first and added to by the others). Leaves' .grad stay zeroed.
   uint32_t writes_unwritten = 0;
+  /// One tensor at several inputs whose writes_unwritten bits are all set: the backward writes a different part of
+  /// it for each, the parts together the whole (fused attention's q, k and v, three views that partition one qkv
+  /// tensor), so that slot may start unwritten too. Without it such a slot is zeroed (x * x adds twice into one).
+  bool unwritten_disjoint = false;
 
   static std::atomic<int64_t> live_count;
 };
@@ -64,9 +68,9 @@ class GradReadyHook {
 };
 
 /// Attaches `backward` to `out` when recording is on and any input requires a gradient; returns `out`.
-/// writes_unwritten: see Node (bit i for input i).
+/// writes_unwritten (bit i for input i) and unwritten_disjoint: see Node.
 Tensor record(const char* name, Tensor out, std::vector<Tensor> inputs, BackwardFn backward,
-              uint32_t writes_unwritten = 0);
+              uint32_t writes_unwritten = 0, bool unwritten_disjoint = false);
 
 /// Backpropagates `grad` (the gradient of `root`) through the graph into the leaves' .grad.
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);

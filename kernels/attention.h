@@ -40,6 +40,10 @@ struct AttentionGeom {
   float dropout_p;
   uint64_t dropout_seed;
   AttentionMath math = AttentionMath::F32;  // the flash kernels' operand format (the CPU has F32 and BF16; TF32 as F32)
+  // Flash backward only: dq, dk and dv hold anything (NaN included) and are written (=), not added to; the GPU
+  // kernels store each row once, the CPU zeroes them first. For the views of a fused qkv gradient that no op has
+  // written yet (Node::unwritten_disjoint): no memset of it, and no read of those zeros.
+  bool grads_unwritten = false;
   ScoreMods mods;  // relative positions, ALiBi, T5 bias, window, documents, soft-cap (kernels/score_mods.h)
 };
 

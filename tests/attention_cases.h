@@ -84,6 +84,23 @@ inline std::vector<int64_t> k_elements(const Problem& p) { return elements(p.k_o
 inline std::vector<int64_t> v_elements(const Problem& p) { return elements(p.v_off, p.g.v_stride, p.g.B, p.g.NKV, p.g.S, p.g.Ev); }
 inline std::vector<int64_t> o_elements(const Problem& p) { return elements(0, p.g.o_stride, p.g.B, p.g.NH, p.g.T, p.g.Ev); }
 
+/// After a flash backward with AttentionGeom::grads_unwritten into a dqkv buffer that started as NaN: the elements
+/// of no view (a layout's gaps, which no kernel writes) set to 0; returns how many elements of the views are NaN
+/// still (each should have been written).
+template <class T>
+int64_t settle_unwritten(std::vector<T>& dqkv, const Problem& p) {
+  std::vector<bool> in_view(dqkv.size(), false);
+  for (const auto& view : {q_elements(p), k_elements(p), v_elements(p)}) {
+    for (const int64_t i : view) in_view[size_t(i)] = true;
+  }
+  int64_t nan = 0;
+  for (size_t i = 0; i < dqkv.size(); ++i) {
+    if (!in_view[i]) dqkv[i] = T(0);
+    nan += std::isnan(dqkv[i]);
+  }
+  return nan;
+}
+
 template <class T>
 std::vector<double> gather(const std::vector<T>& buf, const std::vector<int64_t>& idx) {
   std::vector<double> r;

@@ -730,6 +730,17 @@ void check_attention(const Config& c, bool flash, AttentionMath math = Attention
                          : (gp ? gpu::attention_naive_backward : cpu::attention_naive_backward<float>);
     f(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp, g);
   }, 1e-4, 2e-4);
+  if (!flash) return;
+  // The flash backward into gradients no op has written (grads_unwritten): buffers of NaN, each element of q, k and
+  // v's views written (=), on the GPU without a read, on the CPU after zeroing them.
+  AttentionGeom gu = g;
+  gu.grads_unwritten = true;
+  compare(name + " backward into unwritten gradients", {Vec(in.qkv.size(), nan)}, [&](std::vector<Vec>& o, bool gp) {
+    float* d = o[0].data();
+    (gp ? gpu::attention_flash_backward : cpu::attention_flash_backward<float>)(
+        d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp, gu);
+    CHECK(settle_unwritten(o[0], p) == 0);
+  }, 1e-4, 2e-4);
 }
 
 /// Which score modifiers a case turns on (kernels/score_mods.h).

@@ -22,42 +22,52 @@ struct EmulatedRun {
   std::vector<float> out, lse, dqkv;
 };
 
-/// Forward and backward through the emulated backend's flash entry points, in the operand format p.g.math.
-EmulatedRun run_emulated(const Problem& p) {
+/// Forward and backward through the emulated backend's flash entry points, in the operand format p.g.math; with
+/// `unwritten`, the gradients start as NaN and the backward is told to write them (AttentionGeom::grads_unwritten).
+EmulatedRun run_emulated(const Problem& p, bool unwritten) {
   const AttentionGeom& g = p.g;
   const HostInputs<float> in(p);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EmulatedRun r;
   r.out.assign(size_t(p.out_size), nan);
   r.lse.assign(size_t(g.B * g.NH * g.T), nan);
-  r.dqkv.assign(in.qkv.size(), kGradStart);
+  r.dqkv.assign(in.qkv.size(), unwritten ? nan : kGradStart);
   cuda::emulated::attention_flash_forward(r.out.data(), r.lse.data(), in.q, in.k, in.v, in.m, in.kp, g);
   float* d = r.dqkv.data();
+  AttentionGeom gb = g;
+  gb.grads_unwritten = unwritten;
   cuda::emulated::attention_flash_backward(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v,
-                                           r.out.data(), r.lse.data(), in.m, in.kp, g);
-  for (float& x : r.dqkv) x -= kGradStart;
+                                           r.out.data(), r.lse.data(), in.m, in.kp, gb);
+  if (unwritten) {
+    CHECK(settle_unwritten(r.dqkv, p) == 0);
+  } else {
+    for (float& x : r.dqkv) x -= kGradStart;
+  }
   return r;
 }
 
-void check_format(const Config& c, AttentionMath format) {
-  INFO("tensor-core flash (emulated, " << attention_math_name(format) << " operands): " << describe(c));
+void check_format(const Config& c, AttentionMath format, bool unwritten) {
+  INFO("tensor-core flash (emulated, " << attention_math_name(format) << " operands" <<
+       (unwritten ? ", into unwritten gradients" : "") << "): " << describe(c));
   Problem p = rounded_to(make_problem(c), format);
   const Run<double> ref = run<double>(p, false, true);
   p.g.math = format;
-  const EmulatedRun got = run_emulated(p);
+  const EmulatedRun got = run_emulated(p, unwritten);
   check_rounded_run(p, ref, format, got.out, got.lse, got.dqkv);
 }
 
 /// Both formats, in the kernels' default builds and in their pipelined ones (TINYGPT_FLASH_PIPELINE=1: cp.async
-/// stages, which the emulator lands only when a thread waits for them).
+/// stages, which the emulator lands only when a thread waits for them); then bf16 into unwritten gradients.
 void check_emulated(const Config& c) {
   for (const bool pipelined : {false, true}) {
     INFO("TINYGPT_FLASH_PIPELINE=" << pipelined);
     if (pipelined) setenv("TINYGPT_FLASH_PIPELINE", "1", 1);
-    check_format(c, AttentionMath::BF16);
-    check_format(c, AttentionMath::TF32);
+    check_format(c, AttentionMath::BF16, false);
+    check_format(c, AttentionMath::TF32, false);
     unsetenv("TINYGPT_FLASH_PIPELINE");
   }
+  // Gradients no op has written yet (grads_unwritten: NaN buffers, stored rather than added to), in bf16.
+  check_format(c, AttentionMath::BF16, true);
 }
 
 }  // namespace

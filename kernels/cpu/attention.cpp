@@ -1117,6 +1117,15 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T;
     D[size_t(row)] = dot(at(dout, g.o_stride, b, h, t), at(out, g.o_stride, b, h, t), g.Ev);
+    if (g.grads_unwritten && dq) std::fill_n(at(dq, g.q_stride, b, h, t), g.E, T(0));  // the passes below add
+  }
+  if (g.grads_unwritten) {
+#pragma omp parallel for if (parallel)
+    for (int64_t row = 0; row < g.B * g.NKV * g.S; ++row) {
+      const int64_t b = row / (g.NKV * g.S), h = row / g.S % g.NKV, s = row % g.S;
+      if (dk) std::fill_n(at(dk, g.k_stride, b, h, s), g.E, T(0));
+      if (dv) std::fill_n(at(dv, g.v_stride, b, h, s), g.Ev, T(0));
+    }
   }
   const int64_t os = g.o_stride[2], qs = g.q_stride[2], ks = g.k_stride[2], vs = g.v_stride[2];
 

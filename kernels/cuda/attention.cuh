@@ -451,8 +451,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
 #pragma unroll
     for (int d = 0; d < EP / 8; ++d) {
       const int e = p.col0 + 8 * d;
-      if (dkr && e < g.E) dkr[e] += dk_acc[i][d];
-      if (dvr && e < g.Ev) dvr[e] += dv_acc[i][d];
+      if (dkr && e < g.E) dkr[e] = g.grads_unwritten ? dk_acc[i][d] : dkr[e] + dk_acc[i][d];
+      if (dvr && e < g.Ev) dvr[e] = g.grads_unwritten ? dv_acc[i][d] : dvr[e] + dv_acc[i][d];
     }
   }
 }
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
 #pragma unroll
     for (int d = 0; d < EP / 8; ++d) {
       const int e = p.col0 + 8 * d;
-      if (e < g.E) dqr[e] += dq_acc[i][d];
+      if (e < g.E) dqr[e] = g.grads_unwritten ? dq_acc[i][d] : dqr[e] + dq_acc[i][d];
     }
   }
 }

@@ -589,8 +589,8 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
     warp_accumulate<Op, Q, EP>(dk_acc, dst, Qt, p);
   }
   const float one[2] = {1.0f, 1.0f};
-  if (dk) store_rows<EP>(dk, g.k_stride, b, kvh, s0, g.S, g.E, dk_acc, one, true, p);
-  if (dv) store_rows<EP>(dv, g.v_stride, b, kvh, s0, g.S, g.Ev, dv_acc, one, true, p);
+  if (dk) store_rows<EP>(dk, g.k_stride, b, kvh, s0, g.S, g.E, dk_acc, one, !g.grads_unwritten, p);
+  if (dv) store_rows<EP>(dv, g.v_stride, b, kvh, s0, g.S, g.Ev, dv_acc, one, !g.grads_unwritten, p);
 }
 
 template <class Op, int EP, bool kPipe = false>
@@ -678,7 +678,7 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
     warp_accumulate<Op, kCols, EP>(dq_acc, ds, Kt, p);
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows<EP>(dq, g.q_stride, b, h, t0, g.T, g.E, dq_acc, one, true, p);
+  store_rows<EP>(dq, g.q_stride, b, h, t0, g.T, g.E, dq_acc, one, !g.grads_unwritten, p);
 }
 
 }  // namespace tinygpt::cuda::flash_mma
