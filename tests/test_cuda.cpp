@@ -271,7 +271,8 @@ Run<float> run_cuda(const Problem& p, bool flash, int backward) {
   DeviceBuffer<uint8_t> kp(p.kp);
   DeviceBuffer<float> out(std::vector<float>(size_t(p.out_size), nan)), lse(std::vector<float>(size_t(g.B * g.NH * g.T), nan));
   DeviceBuffer<float> weights(std::vector<float>(flash ? 0 : size_t(g.B * g.NH * g.T * g.S), nan));
-  DeviceBuffer<float> dqkv(std::vector<float>(backward ? p.qkv.size() : 0, 0.0f));
+  // Gradients start at zero, or as NaN where the backward is told they are unwritten (it must store each element).
+  DeviceBuffer<float> dqkv(std::vector<float>(backward ? p.qkv.size() : 0, g.grads_unwritten ? nan : 0.0f));
   const float* q = qkv.ptr + p.q_off;
   const float* k = qkv.ptr + p.k_off;
   const float* v = qkv.ptr + p.v_off;
@@ -361,7 +362,7 @@ TEST_CASE("cuda: the pipelined tensor-core kernels (TINYGPT_FLASH_PIPELINE=1) ma
   unsetenv("TINYGPT_FLASH_PIPELINE");
 }
 
-TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (f32, tf32 and bf16 kernels)") {
+TEST_CASE("cuda: flash attention is deterministic, its backward accumulates or stores (f32, tf32 and bf16 kernels)") {
   const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
                  .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};
   // The tensor-core formats twice: the second time pipelined (gpu_check runs compute-sanitizer on this test).
@@ -381,6 +382,13 @@ TEST_CASE("cuda: flash attention is deterministic and its backward accumulates (
     int64_t bad = 0;
     for (size_t i = 0; i < twice.size(); ++i) bad += twice[i] != 2.0f * a.dqkv[i];
     CHECK(bad == 0);
+    // Into gradients no op has written (grads_unwritten: NaN buffers, stored rather than added to): the same
+    // gradient bit for bit in every element of the views.
+    Problem unwritten = p;
+    unwritten.g.grads_unwritten = true;
+    std::vector<float> stored = run_cuda(unwritten, true, 1).dqkv;
+    CHECK(settle_unwritten(stored, p) == 0);
+    CHECK(stored == a.dqkv);
     unsetenv("TINYGPT_FLASH_PIPELINE");
   }
 }
