@@ -17,12 +17,7 @@ AdamW::AdamW(FlatParameters& flat, AdamWConfig config, const std::function<bool(
   auto [v, v_views] = flat.make_like();
   flat_m_ = m, flat_v_ = v;
   const auto& params = flat.slots();
-  struct Run {
-    int64_t begin, end;  // elements of the flat buffers
-    bool decay;
-  };
-  std::vector<Run> runs;  // neighbouring parameters with the same weight decay
-  bool joins = false;     // the previous slot was updated: a run may continue through this one
+  bool joins = false;  // the previous slot was updated: a run may continue through this one
   for (size_t i = 0; i < params.size(); ++i) {
     if (only && !only(params[i])) {
       joins = false;
@@ -31,18 +26,17 @@ AdamW::AdamW(FlatParameters& flat, AdamWConfig config, const std::function<bool(
     const bool decay = params[i].param.ndim() >= 2;
     slots_.push_back({params[i].name, params[i].param, m_views[i], v_views[i], decay});
     const int64_t begin = params[i].offset, end = i + 1 < params.size() ? params[i + 1].offset : flat.numel();
-    if (joins && runs.back().decay == decay) {
-      runs.back().end = end;
+    const float wd = decay ? float(config_.weight_decay) : 0.0f;
+    // Runs of neighbouring parameters with the same weight decay, AdamWRuns::kMaxRuns to a launch: one launch for a
+    // GPT of up to 15 layers without biases (four runs a layer), 7 with them (eight).
+    AdamWRuns* last = launches_.empty() ? nullptr : &launches_.back();
+    if (joins && last->weight_decay[last->count - 1] == wd) {
+      last->upto[last->count - 1] += end - begin;  // the run goes on through this parameter
     } else {
-      runs.push_back({begin, end, decay});
+      if (!last || last->full()) last = &launches_.emplace_back();
+      last->add(begin, end - begin, wd);
     }
     joins = true;
-  }
-  // The runs in launches of AdamWRuns::kMaxRuns: one for a GPT of up to 15 layers without biases (four runs a
-  // layer), 7 with them (eight).
-  for (const Run& r : runs) {
-    if (launches_.empty() || launches_.back().full()) launches_.emplace_back();
-    launches_.back().add(r.begin, r.end - r.begin, r.decay ? float(config_.weight_decay) : 0.0f);
   }
 }
 

@@ -9,14 +9,15 @@ namespace tinygpt::cpu {
 
 namespace {
 
-/// update(param, grad, m, v, weight decay) on every element of the runs, one run after another.
-template <class T, class F>
-void for_each_element(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, F update) {
+/// One AdamW update of every element of the runs, each run with its weight decay, the gradient taken as gs * grad.
+template <class T>
+void update_runs(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, float lr, float beta1, float beta2,
+                 float eps, T gs, T c1, T c2) {
   for (int r = 0; r < runs.count; ++r) {
     const int64_t first = runs.begin[r], n = runs.length(r);
     const float wd = runs.weight_decay[r];
 #pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = first; i < first + n; ++i) update(param[i], grad[i], m[i], v[i], wd);
+    for (int64_t i = first; i < first + n; ++i) adamw_element(param[i], gs * grad[i], m[i], v[i], lr, beta1, beta2, eps, wd, c1, c2);
   }
 }
 
@@ -25,21 +26,16 @@ void for_each_element(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs
 template <class T>
 void adamw_update(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, float lr, float beta1, float beta2,
                   float eps, int64_t step, double grad_scale) {
-  const T c1 = T(adamw_correction(beta1, step)), c2 = T(adamw_correction(beta2, step)), gs = T(grad_scale);
-  for_each_element(param, grad, m, v, runs, [&](T& p, T g, T& mi, T& vi, float wd) {
-    adamw_element(p, gs * g, mi, vi, lr, beta1, beta2, eps, wd, c1, c2);
-  });
+  update_runs(param, grad, m, v, runs, lr, beta1, beta2, eps, T(grad_scale), T(adamw_correction(beta1, step)),
+              T(adamw_correction(beta2, step)));
 }
 
 template <class T>
 void adamw_update_indirect(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, const float* sched,
                            const T* stats, double max_norm, float beta1, float beta2, float eps) {
   if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;  // the step is refused: nothing moves
-  const T gs = T(clip_scale(double(stats[1]), max_norm)), c1 = T(sched[1]), c2 = T(sched[2]);
-  const float lr = sched[0];
-  for_each_element(param, grad, m, v, runs, [&](T& p, T g, T& mi, T& vi, float wd) {
-    adamw_element(p, gs * g, mi, vi, lr, beta1, beta2, eps, wd, c1, c2);
-  });
+  update_runs(param, grad, m, v, runs, sched[0], beta1, beta2, eps, T(clip_scale(double(stats[1]), max_norm)),
+              T(sched[1]), T(sched[2]));
 }
 
 template void adamw_update_indirect<float>(float*, const float*, float*, float*, const AdamWRuns&, const float*,

@@ -361,21 +361,23 @@ __global__ void copy_slice_kernel(float* dst, const float* src, int64_t outer, i
   }
 }
 
-/// Element i of the runs taken as one index space, and its run r (i only grows from one call to the next of a
-/// thread: its grid-stride loop, so r only moves forward).
-__device__ __forceinline__ int64_t run_element(const AdamWRuns& runs, int64_t i, int& r) {
-  while (i >= runs.upto[r]) ++r;
-  return runs.begin[r] + i - (r > 0 ? runs.upto[r - 1] : 0);
-}
-
-/// One AdamW step over every run of the packed buffers (AdamWRuns), each with its weight decay.
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, const AdamWRuns runs, int64_t n,
-                             float lr, float beta1, float beta2, float eps, float c1, float c2, float grad_scale) {
+/// One AdamW update of every element of the runs (AdamWRuns: taken as one index space of n elements, each run with
+/// its weight decay), the gradient taken as gs * grad. A thread's grid-stride loop only moves forward, and so does
+/// its run r.
+__device__ __forceinline__ void adamw_runs(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs,
+                                           int64_t n, float lr, float beta1, float beta2, float eps, float gs, float c1,
+                                           float c2) {
   int r = 0;
   TINYGPT_CUDA_LOOP(i, n) {
-    const int64_t j = run_element(runs, i, r);
-    adamw_element(param[j], grad_scale * grad[j], m[j], v[j], lr, beta1, beta2, eps, runs.weight_decay[r], c1, c2);
+    while (i >= runs.upto[r]) ++r;
+    const int64_t j = runs.begin[r] + i - (r > 0 ? runs.upto[r - 1] : 0);
+    adamw_element(param[j], gs * grad[j], m[j], v[j], lr, beta1, beta2, eps, runs.weight_decay[r], c1, c2);
   }
+}
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, const AdamWRuns runs, int64_t n,
+                             float lr, float beta1, float beta2, float eps, float c1, float c2, float grad_scale) {
+  adamw_runs(param, grad, m, v, runs, n, lr, beta1, beta2, eps, grad_scale, c1, c2);
 }
 
 /// adamw_kernel with lr, c1, c2 from sched and the gradient's clip factor from stats (see adamw_update_indirect).
@@ -383,12 +385,8 @@ __global__ void adamw_indirect_kernel(float* param, const float* grad, float* m,
                                       int64_t n, const float* sched, const float* stats, double max_norm, float beta1,
                                       float beta2, float eps) {
   if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
-  const float gs = float(clip_scale(double(stats[1]), max_norm)), lr = sched[0], c1 = sched[1], c2 = sched[2];
-  int r = 0;
-  TINYGPT_CUDA_LOOP(i, n) {
-    const int64_t j = run_element(runs, i, r);
-    adamw_element(param[j], gs * grad[j], m[j], v[j], lr, beta1, beta2, eps, runs.weight_decay[r], c1, c2);
-  }
+  adamw_runs(param, grad, m, v, runs, n, sched[0], beta1, beta2, eps, float(clip_scale(double(stats[1]), max_norm)),
+             sched[1], sched[2]);
 }
 
 /// out[e] = parts[0][e] + parts[1][e] + ... + parts[rows - 1][e], added left to right.

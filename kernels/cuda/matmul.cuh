@@ -121,13 +121,19 @@ struct ActivationTanh {
   __host__ __device__ float operator()(float u) const { return tanhf(u); }
 };
 
+/// Element i of out (rows of OC) plus its bias (when given), written back; returns act of it.
+__device__ __forceinline__ float add_bias_activate(float* out, const float* bias, int64_t i, int64_t OC, Activation act) {
+  float x = out[i];
+  if (bias) out[i] = x += bias[i % OC];
+  return activation(act, x, ActivationTanh{});
+}
+
 /// out += bias (when given) and act_out = act(out) (when act is not None), in one pass over out (N, OC).
 __global__ void bias_activation_kernel(float* out, float* act_out, const float* bias, int64_t N, int64_t OC,
                                        Activation act) {
   TINYGPT_CUDA_LOOP(i, N * OC) {
-    float x = out[i];
-    if (bias) out[i] = x += bias[i % OC];
-    if (act != Activation::None) act_out[i] = activation(act, x, ActivationTanh{});
+    const float y = add_bias_activate(out, bias, i, OC, act);
+    if (act != Activation::None) act_out[i] = y;
   }
 }
 
@@ -136,15 +142,8 @@ __global__ void bias_activation_kernel(float* out, float* act_out, const float* 
 __global__ void bias_activation_bf16_kernel(float* out, uint32_t* act16, const float* bias, int64_t pairs, int64_t n,
                                             int64_t OC, Activation act) {
   TINYGPT_CUDA_LOOP(p, pairs) {
-    float y[2] = {0.0f, 0.0f};
-    for (int j = 0; j < 2; ++j) {
-      const int64_t i = 2 * p + j;
-      if (i >= n) break;
-      float x = out[i];
-      if (bias) out[i] = x += bias[i % OC];
-      y[j] = activation(act, x, ActivationTanh{});
-    }
-    act16[p] = pack_bf16(y[0], y[1]);
+    const float lo = add_bias_activate(out, bias, 2 * p, OC, act);
+    act16[p] = pack_bf16(lo, 2 * p + 1 < n ? add_bias_activate(out, bias, 2 * p + 1, OC, act) : 0.0f);
   }
 }
 
