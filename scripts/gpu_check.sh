@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The GPU check, run on a machine with an NVIDIA GPU: configures for that GPU, builds, runs the GPU tests,
-# compute-sanitizer (memcheck and racecheck) on the attention tests, the attention benchmark (f32 and bf16
-# tensor-core flash) against PyTorch's scaled_dot_product_attention, and training throughput on nanoGPT's
-# Shakespeare config (f32 with TF32 matmuls and attention, with f32 and bf16 attention, and --dtype bf16: bf16 matmuls
-# and attention, also with the pipelined attention kernels of TINYGPT_FLASH_PIPELINE=1 and without cublasLt's
-# epilogues, TINYGPT_CUBLASLT_EPILOGUES=0) against PyTorch eager,
-# autocast bf16 and torch.compile (when PyTorch is importable); then prints one summary table. Logs go to build-gpu/gpu_check/.
+# compute-sanitizer (memcheck and racecheck) on the attention tests, training throughput on nanoGPT's
+# Shakespeare config (f32 with TF32 matmuls and attention, also with cublasLt's epilogues, TINYGPT_CUBLASLT_EPILOGUES=1;
+# with f32 and bf16 attention; and --dtype bf16: bf16 matmuls and attention, also with the pipelined attention kernels
+# of TINYGPT_FLASH_PIPELINE=1) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
+# and the attention benchmark (f32 and bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention; then
+# prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full] [--no-build]
 #
 # --no-build uses the binaries already in build-gpu (built elsewhere for this GPU, e.g. with
 # -DCMAKE_CUDA_ARCHITECTURES=90 -DTINYGPT_NATIVE=OFF) instead of configuring and building here.
 # Each step runs under a time limit, and the summary is also written line by line to build-gpu/gpu_check/summary.txt,
-# so a run cut short still says how far it got; the sanitizer runs last, being the slowest. --full also trains the
+# so a run cut short still says how far it got (each section's start, in seconds, is printed). --full also trains the
 # Shakespeare config for 5000 iterations on the GPU (nanoGPT's shakespeare_char recipe, dropout 0.2) and reports its
 # best val loss. Set CMAKE_CUDA_ARCHITECTURES to build for another GPU.
 #
@@ -70,14 +70,29 @@ if [ -n "$baseline" ]; then
 fi
 note "build" "ok ($(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1))"
 
-echo "== GPU tests"
+echo "== GPU tests (at ${SECONDS} s)"
 status=0
 timeout 240 $build/tests/test_cuda > "$logs/test_cuda.log" 2>&1 || status=$?
 tail -4 "$logs/test_cuda.log"
 note "test_cuda" "$([ $status = 0 ] && echo passed || echo "FAILED (exit $status)"): $(grep -E '^\[doctest\] (test cases|assertions)' "$logs/test_cuda.log" | tr -s ' ' | paste -sd ';')"
 [ $status != 0 ] && grep -B2 -A12 "ERROR" "$logs/test_cuda.log" | head -60
 
-echo "== training throughput, nanoGPT Shakespeare config (6 layers, 6 heads, 384 wide, block 256, batch 64)"
+echo "== compute-sanitizer on the attention tests (at ${SECONDS} s)"
+if command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    filter='*flash attention is deterministic*,*attention op runs on the GPU*'
+    [ $tool = memcheck ] && filter="$filter,*naive attention matches*"
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
+      > "$logs/sanitizer_$tool.log" 2>&1
+    rc=$?
+    tail -3 "$logs/sanitizer_$tool.log"
+    note "compute-sanitizer $tool" "$([ $rc = 0 ] && echo clean || echo "FAILED (exit $rc)"): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_$tool.log" | tail -1)"
+  done
+else
+  note "compute-sanitizer" "not found, not run"
+fi
+
+echo "== (at ${SECONDS} s) training throughput, nanoGPT Shakespeare config (6 layers, 6 heads, 384 wide, block 256, batch 64)"
 data=$(bash scripts/get_data.sh)
 cfg=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0.2)
 iters=60
@@ -95,13 +110,14 @@ ours_train_ms() {
 : > "$logs/train_throughput.log"
 ours_ms=$(ours_train_ms)
 note "host syncs per training step" "$(cat "$logs/host_syncs") at most (aim: 1; metrics.jsonl host_syncs)"
+# With cublasLt's epilogues (the MLP's bias and GELU, GELU's derivative; f32 products only, not the default until
+# measured faster here).
+ours_epi_ms=$(TINYGPT_CUBLASLT_EPILOGUES=1 ours_train_ms)
 ours_f32_attn_ms=$(ours_train_ms --attention-math f32)
 ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
 ours_bf16_ms=$(ours_train_ms --dtype bf16)
 # The pipelined tensor-core attention kernels (cp.async stages; not the default until measured here).
 ours_pipe_ms=$(TINYGPT_FLASH_PIPELINE=1 ours_train_ms --dtype bf16)
-# Without cublasLt's epilogues (the MLP's bias and GELU, GELU's derivative): our own kernels after each product.
-ours_noepi_ms=$(TINYGPT_CUBLASLT_EPILOGUES=0 ours_train_ms --dtype bf16)
 # Without dropout the step is captured as a CUDA graph and replayed; --no-cuda-graphs queues the same work op by op.
 nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0)
 ours_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16)
@@ -113,13 +129,13 @@ tokens=$((64 * 256))
 tok() { awk "BEGIN {printf \"%.0f\", $tokens * 1000 / $1}"; }
 printf "%-36s %10s %12s\n" "implementation" "ms/iter" "tokens/s" | tee "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "tinygpt f32 (TF32 matmuls, attention)" "$ours_ms" "$(tok "$ours_ms")" | tee -a "$logs/train.log"
+printf "%-36s %10.2f %12s\n" "  TINYGPT_CUBLASLT_EPILOGUES=1" "$ours_epi_ms" "$(tok "$ours_epi_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "tinygpt, f32 attention (CUDA cores)" "$ours_f32_attn_ms" "$(tok "$ours_f32_attn_ms")" |
   tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "tinygpt, bf16 tensor-core attention" "$ours_bf16_attn_ms" "$(tok "$ours_bf16_attn_ms")" |
   tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "tinygpt --dtype bf16" "$ours_bf16_ms" "$(tok "$ours_bf16_ms")" | tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  TINYGPT_FLASH_PIPELINE=1" "$ours_pipe_ms" "$(tok "$ours_pipe_ms")" | tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "  TINYGPT_CUBLASLT_EPILOGUES=0" "$ours_noepi_ms" "$(tok "$ours_noepi_ms")" | tee -a "$logs/train.log"
 [ -n "$baseline" ] && printf "%-36s %10.2f %12s\n" "  the baseline build" "$base_bf16_ms" "$(tok "$base_bf16_ms")" |
   tee -a "$logs/train.log"
 printf "%-36s %10.2f %12s\n" "  dropout 0: CUDA graph" "$ours_graph_ms" "$(tok "$ours_graph_ms")" | tee -a "$logs/train.log"
@@ -141,18 +157,29 @@ if [ $has_torch = 1 ]; then
     echo "pytorch torch.compile bf16: did not run here (see $logs/torch_compile.log)" | tee -a "$logs/train.log"
   fi
   note "training tok/s vs torch eager f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $t32 / $ours_ms, $ours_ms, $t32}")"
+  note "  TINYGPT_CUBLASLT_EPILOGUES=1" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_epi_ms, $ours_epi_ms}")"
   note "  with --attention-math f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_f32_attn_ms, $ours_f32_attn_ms}")"
   note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
   note "--dtype bf16 vs torch autocast bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $tbf / $ours_bf16_ms, $ours_bf16_ms, $tbf}")"
   note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
-  note "  TINYGPT_CUBLASLT_EPILOGUES=0" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_noepi_ms, $ours_noepi_ms}")"
   [ -n "$baseline" ] && note "  the baseline build" "$(awk "BEGIN {printf \"%.2fx autocast (baseline %.1f ms/iter; this build %.2fx it)\", $tbf / $base_bf16_ms, $base_bf16_ms, $base_bf16_ms / $ours_bf16_ms}")"
   [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
 else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
 fi
 
-echo "== attention benchmark"
+echo "== (at ${SECONDS} s) where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations; by op and by kernel, the top 14 of each)"
+for math in f32 tf32 bf16; do
+  run=$(mktemp -d)
+  TINYGPT_CUDA_PROFILE=1 timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" \
+    --max-iters 20 --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math $([ $math = bf16 ] && echo --dtype bf16) \
+    > /dev/null 2> "$logs/profile_$math.log"
+  rm -rf "$run"
+  echo "-- --attention-math $math$([ $math = bf16 ] && echo ' --dtype bf16')"
+  awk '/^TINYGPT_CUDA_PROFILE/ {n = 16} n-- > 0' "$logs/profile_$math.log"  # each table the costliest first
+done
+
+echo "== attention benchmark (at ${SECONDS} s)"
 if [ $has_torch = 1 ]; then
   timeout 240 $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention | tee "$logs/attention.log"
   # The ratios of every shape, sorted: fields NF-2, NF-1 and NF are forward, backward and forward+backward.
@@ -181,33 +208,6 @@ else
   note "attention benchmark" "ran without PyTorch (no comparison)"
 fi
 
-echo "== where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations; by op and by kernel, the top 14 of each)"
-for math in f32 tf32 bf16; do
-  run=$(mktemp -d)
-  TINYGPT_CUDA_PROFILE=1 timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" \
-    --max-iters 20 --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math $([ $math = bf16 ] && echo --dtype bf16) \
-    > /dev/null 2> "$logs/profile_$math.log"
-  rm -rf "$run"
-  echo "-- --attention-math $math$([ $math = bf16 ] && echo ' --dtype bf16')"
-  awk '/^TINYGPT_CUDA_PROFILE/ {n = 16} n-- > 0' "$logs/profile_$math.log"  # each table the costliest first
-done
-
-echo "== compute-sanitizer on the attention tests"
-if command -v compute-sanitizer > /dev/null; then
-  for tool in memcheck racecheck; do
-    filter='*flash attention is deterministic*,*attention op runs on the GPU*'
-    [ $tool = memcheck ] && filter="$filter,*naive attention matches*"
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
-      > "$logs/sanitizer_$tool.log" 2>&1
-    rc=$?
-    tail -3 "$logs/sanitizer_$tool.log"
-    note "compute-sanitizer $tool" "$([ $rc = 0 ] && echo clean || echo "FAILED (exit $rc)"): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitizer_$tool.log" | tail -1)"
-  done
-else
-  note "compute-sanitizer" "not found, not run"
-fi
-
-
 if [ $full = 1 ]; then
   echo "== 5000 iterations of the Shakespeare config on the GPU"
   rm -rf out-gpu-shakespeare
@@ -225,6 +225,7 @@ if [ $full = 1 ]; then
   ./$build/tinygpt sample --device cuda --ckpt out-gpu-shakespeare --max-new-tokens 300 --seed 1 2> /dev/null | tee "$logs/sample.txt"
 fi
 
+note "gpu_check took" "$SECONDS s"
 echo
 echo "== gpu_check summary"
 printf '%s\n' "${summary[@]}"

@@ -346,12 +346,15 @@ inline void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 /// Whether the stand-in for cublasLt (fused_gemm) finds an algorithm: tests turn it off to run the launchers' own
 /// epilogue kernels, which the real backend runs when cublasLt has none for a call.
 inline bool fused_gemm_available = true;
+/// How many times the launchers have called fused_gemm (tests check when they ask cublasLt at all).
+inline int fused_gemm_calls = 0;
 
 /// What fused_gemm in kernels/cuda/cublas.cu computes: the product as gemm or gemm_bf16 would, then the epilogue
 /// (cublasLt's GELU is the tanh form that kernels/scalar_math.h computes).
 inline bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
                        const void* B, int64_t ldb, float* D, int64_t ldd, MatmulMath math, Epilogue epilogue,
                        const float* bias, float* aux, int64_t ldaux, const char* what) {
+  ++fused_gemm_calls;
   if (!fused_gemm_available) return false;
   if (math == MatmulMath::BF16) {
     gemm_bf16(trans_a, trans_b, M, N, K, 1.0f, static_cast<const uint16_t*>(A), lda, 0,

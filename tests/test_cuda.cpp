@@ -185,21 +185,27 @@ TEST_CASE("cuda: bf16 matmuls (cuBLAS on bf16 copies) match the CPU's bf16 produ
   check_op("bf16 linear", [=](auto& in) { return linear(in[0], in[1], in[2], bf16); }, {x, w, bias}, 1e-4, 1e-4);
 }
 
-TEST_CASE("cuda: the MLP with GELU in cublasLt's epilogues (and ReLU squared in our kernels) matches the CPU") {
-  // Hidden width 96, a multiple of 8: GELU (tanh form) and its derivative run in cublasLt's epilogues. cublasLt may
-  // evaluate tanh with the GPU's approximate instruction (relative error about 2^-11), hence GELU's looser bound;
-  // a wrong operand in an epilogue is off by order one.
+TEST_CASE("cuda: the MLP with GELU and ReLU squared matches the CPU, with and without cublasLt's epilogues") {
+  // Hidden width 96, a multiple of 8: with TINYGPT_CUBLASLT_EPILOGUES=1 and f32 products, GELU (tanh form) and its
+  // derivative run in cublasLt's epilogues (with bf16 products, and by default, in our kernels). cublasLt may evaluate
+  // tanh with the GPU's approximate instruction (relative error about 2^-11), hence GELU's looser bound; a wrong
+  // operand in an epilogue is off by order one.
   const Tensor x = randn_f32({2, 70, 48}, 5), w_fc = randn_f32({96, 48}, 6, 0.2), b_fc = randn_f32({96}, 7);
   const Tensor w_proj = randn_f32({40, 96}, 8, 0.2), b_proj = randn_f32({40}, 9);
-  for (const bool bf16 : {false, true}) {
-    const Numerics numerics{.bf16 = bf16};
-    for (const Activation act : {Activation::Gelu, Activation::ReluSquared}) {
-      const double tol = act == Activation::Gelu ? 5e-3 : 1e-4;
-      check_op(fmt::format("mlp {}{}", act == Activation::Gelu ? "GELU" : "ReLU^2", bf16 ? " bf16" : ""),
-               [=](auto& in) { return mlp(in[0], in[1], in[2], in[3], in[4], act, numerics); },
-               {x, w_fc, b_fc, w_proj, b_proj}, tol, tol);
+  for (const bool epilogues : {false, true}) {
+    if (epilogues) setenv("TINYGPT_CUBLASLT_EPILOGUES", "1", 1);
+    for (const bool bf16 : {false, true}) {
+      const Numerics numerics{.bf16 = bf16};
+      for (const Activation act : {Activation::Gelu, Activation::ReluSquared}) {
+        const double tol = act == Activation::Gelu ? 5e-3 : 1e-4;
+        check_op(fmt::format("mlp {}{}{}", act == Activation::Gelu ? "GELU" : "ReLU^2", bf16 ? " bf16" : "",
+                             epilogues ? ", TINYGPT_CUBLASLT_EPILOGUES=1" : ""),
+                 [=](auto& in) { return mlp(in[0], in[1], in[2], in[3], in[4], act, numerics); },
+                 {x, w_fc, b_fc, w_proj, b_proj}, tol, tol);
+      }
     }
   }
+  unsetenv("TINYGPT_CUBLASLT_EPILOGUES");
 }
 
 TEST_CASE("cuda: layernorm, embedding, cross-entropy and rope match the CPU") {

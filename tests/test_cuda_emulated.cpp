@@ -413,11 +413,13 @@ TEST_CASE("emulated CUDA: permute and copy_slice, storing and accumulating") {
 
 namespace {
 
-/// The linear launchers against their CPU twins, each bias and activation, x (70, C) and weight (OC, C); lt: whether
+/// The linear launchers against their CPU twins, each bias and activation, x (70, C) and weight (OC, C), with
+/// cublasLt's epilogues asked for (TINYGPT_CUBLASLT_EPILOGUES=1; they are then used with f32 products); lt: whether
 /// the stand-in for cublasLt finds an algorithm (when not, the launchers add the bias and activation themselves).
 void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
   const int64_t rows = 70;  // five blocks of bias-gradient partial sums
   gpu::fused_gemm_available = lt;
+  setenv("TINYGPT_CUBLASLT_EPILOGUES", "1", 1);
   const Vec x = random(size_t(rows * C), 44), w = random(size_t(OC * C), 45), bias = random(size_t(OC), 46);
   const Vec dout = random(size_t(rows * OC), 47);
   // The activation's input for backward: the pre-activation whose act(.) was inp (both signs, for ReLU squared).
@@ -492,9 +494,33 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
     }
   }
   gpu::fused_gemm_available = true;
+  unsetenv("TINYGPT_CUBLASLT_EPILOGUES");
 }
 
 }  // namespace
+
+TEST_CASE("emulated CUDA: linear asks cublasLt for its epilogues only when TINYGPT_CUBLASLT_EPILOGUES=1, in f32") {
+  // A GELU layer with a bias, forward and backward, widths cublasLt's aux accepts: the calls of fused_gemm counted.
+  const int64_t rows = 8, C = 16, OC = 24;
+  const Vec x = random(size_t(rows * C), 60), w = random(size_t(OC * C), 61), bias = random(size_t(OC), 62);
+  const Vec dout = random(size_t(rows * OC), 63);
+  const auto calls = [&](MatmulMath math) {
+    Vec out(size_t(rows * OC)), act_out(out.size()), dinp(x.size()), dw(w.size()), db(bias.size());
+    gpu::fused_gemm_calls = 0;
+    gpu::linear_forward(out.data(), x.data(), w.data(), bias.data(), rows, C, OC, math, Activation::Gelu,
+                        act_out.data(), nullptr, nullptr);
+    // backward as if x were GELU's output, of pre-activations x too
+    gpu::linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), rows, C, OC, math, true,
+                         Activation::Gelu, x.data(), nullptr);
+    return gpu::fused_gemm_calls;
+  };
+  for (const MatmulMath math : {MatmulMath::F32, MatmulMath::TF32, MatmulMath::BF16}) CHECK(calls(math) == 0);
+  setenv("TINYGPT_CUBLASLT_EPILOGUES", "1", 1);
+  CHECK(calls(MatmulMath::F32) == 2);  // the forward's bias and GELU, the backward's GELU derivative
+  CHECK(calls(MatmulMath::TF32) == 2);
+  CHECK(calls(MatmulMath::BF16) == 0);
+  unsetenv("TINYGPT_CUBLASLT_EPILOGUES");
+}
 
 TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched operands) and linear") {
   // Each in f32 and with bf16 operands (their rounded copies span every batch, row and transpose the product reads).

@@ -1,8 +1,6 @@
 // The cuBLAS products under kernels/cuda/matmul.cuh (declared in runtime.cuh). Row-major products are computed as
 // the column-major product of the transposes (C^T = B^T A^T), so no data is ever transposed. The emulated backend
 // of the tests replaces this file with a loop (tests/emulated_cuda.h).
-#include <cstdlib>
-#include <string>
 
 #include "kernels/cuda/runtime.cuh"
 
@@ -60,12 +58,6 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,
                 int64_t ldb, float* D, int64_t ldd, MatmulMath math, Epilogue epilogue, const float* bias, float* aux,
                 int64_t ldaux, const char* what) {
-  // TINYGPT_CUBLASLT_EPILOGUES=0 leaves every epilogue to our own kernels (scripts/gpu_check.sh measures both).
-  static const bool off = [] {
-    const char* v = std::getenv("TINYGPT_CUBLASLT_EPILOGUES");
-    return v != nullptr && std::string(v) == "0";
-  }();
-  if (off) return false;
   static constexpr cublasLtEpilogue_t kEpilogue[] = {CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX,
                                                      CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU};
   const cublasLtEpilogue_t ep = kEpilogue[int(epilogue)];
