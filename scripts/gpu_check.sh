@@ -4,8 +4,8 @@
 # Shakespeare config (f32 with TF32 matmuls and attention, also with cublasLt's epilogues, TINYGPT_CUBLASLT_EPILOGUES=1;
 # with f32 and bf16 attention; and --dtype bf16: bf16 matmuls and attention, also with the pipelined attention kernels
 # of TINYGPT_FLASH_PIPELINE=1) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
-# and the attention benchmark (f32 and bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention; then
-# prints one summary table. Logs go to build-gpu/gpu_check/.
+# the attention benchmark (f32 and bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
+# Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full] [--no-build]
 #
@@ -206,6 +206,24 @@ if [ $has_torch = 1 ]; then
 else
   $build/bench/bench_attention --device cuda | tee "$logs/attention.log"
   note "attention benchmark" "ran without PyTorch (no comparison)"
+fi
+
+echo "== (at ${SECONDS} s) Nsight Compute on the bf16 tensor-core flash kernels at the training shape"
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+if [ -n "$ncu_bin" ]; then
+  # Each kernel's seventh launch (the second step's first layer), with the sections that say where its time goes.
+  for kernel in forward dkdv dq; do
+    run=$(mktemp -d)
+    timeout 90 "$ncu_bin" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section LaunchStats --section Occupancy --section WarpStateStats --print-units base \
+      -k "regex:flash_mma_${kernel}_kernel" -s 6 -c 1 ./$build/tinygpt train --device cuda --data "$data" --out "$run" \
+      "${cfg[@]}" --dtype bf16 --max-iters 3 --eval-interval 100000 --eval-iters 1 --quiet > "$logs/ncu_$kernel.log" 2>&1
+    rm -rf "$run"
+    field() { awk -v f="$1" 'index($0, f) == 5 {print $NF; exit}' "$logs/ncu_$kernel.log"; }
+    note "ncu bf16 flash $kernel" "$(field Duration) ns, $(field 'Registers Per Thread') registers, occupancy $(field 'Achieved Occupancy')%, IPC $(field 'Executed Ipc Active'), $(field 'Warp Cycles Per Issued Instruction') cycles an issue"
+  done
+else
+  note "ncu" "not found, not run"
 fi
 
 if [ $full = 1 ]; then
