@@ -182,8 +182,11 @@ done
 echo "== attention benchmark (at ${SECONDS} s)"
 if [ $has_torch = 1 ]; then
   timeout 240 $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention | tee "$logs/attention.log"
-  # The ratios of every shape, sorted: fields NF-2, NF-1 and NF are forward, backward and forward+backward.
-  ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention.log" | tr -d x | sort -g | paste -sd ' '; }
+  # The ratios of every shape in log $3 (attention.log unless given), sorted: fields NF-2, NF-1 and NF are forward,
+  # backward and forward+backward.
+  ratios() {
+    awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/${3:-attention.log}" | tr -d x | sort -g | paste -sd ' '
+  }
   note "f32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash 2)"
   note "f32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash 0)"
   note "tf32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 2)"
@@ -194,14 +197,12 @@ if [ $has_torch = 1 ]; then
   # The pipelined kernels (TINYGPT_FLASH_PIPELINE=1) on the quick shapes.
   TINYGPT_FLASH_PIPELINE=1 timeout 180 $py bench/compare_attention_cuda.py --quick --bench $build/bench/bench_attention \
     > "$logs/attention_pipelined.log" 2>&1
-  pipe_ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention_pipelined.log" | tr -d x | sort -g | paste -sd ' '; }
-  note "pipelined tf32 f+b vs sdpa f32" "$(pipe_ratios tinygpt:flash_tf32 0)"
-  note "pipelined bf16 f+b vs sdpa bf16" "$(pipe_ratios tinygpt:flash_bf16 0)"
+  note "pipelined tf32 f+b vs sdpa f32" "$(ratios tinygpt:flash_tf32 0 attention_pipelined.log)"
+  note "pipelined bf16 f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16 0 attention_pipelined.log)"
   if [ -n "$baseline" ]; then  # the baseline build's kernels on the quick shapes
     timeout 180 $py bench/compare_attention_cuda.py --quick --bench "$baseline/bench/bench_attention" \
       > "$logs/attention_baseline.log" 2>&1
-    base_ratios() { awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/attention_baseline.log" | tr -d x | sort -g | paste -sd ' '; }
-    note "baseline bf16 f+b vs sdpa bf16" "$(base_ratios tinygpt:flash_bf16 0) (quick shapes)"
+    note "baseline bf16 f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16 0 attention_baseline.log) (quick shapes)"
   fi
 else
   $build/bench/bench_attention --device cuda | tee "$logs/attention.log"
@@ -211,6 +212,8 @@ fi
 echo "== (at ${SECONDS} s) Nsight Compute on the bf16 tensor-core flash kernels at the training shape"
 ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
 if [ -n "$ncu_bin" ]; then
+  # The value of ncu's line named $1 in the kernel's log (names start at column 5).
+  field() { awk -v f="$1" 'index($0, f) == 5 {print $NF; exit}' "$logs/ncu_$kernel.log"; }
   # Each kernel's seventh launch (the second step's first layer), with the sections that say where its time goes.
   for kernel in forward dkdv dq; do
     run=$(mktemp -d)
@@ -219,7 +222,6 @@ if [ -n "$ncu_bin" ]; then
       -k "regex:flash_mma_${kernel}_kernel" -s 6 -c 1 ./$build/tinygpt train --device cuda --data "$data" --out "$run" \
       "${cfg[@]}" --dtype bf16 --max-iters 3 --eval-interval 100000 --eval-iters 1 --quiet > "$logs/ncu_$kernel.log" 2>&1
     rm -rf "$run"
-    field() { awk -v f="$1" 'index($0, f) == 5 {print $NF; exit}' "$logs/ncu_$kernel.log"; }
     note "ncu bf16 flash $kernel" "$(field Duration) ns, $(field 'Registers Per Thread') registers, occupancy $(field 'Achieved Occupancy')%, IPC $(field 'Executed Ipc Active'), $(field 'Warp Cycles Per Issued Instruction') cycles an issue"
   done
 else

@@ -49,7 +49,7 @@ void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int6
 /// cuBLAS (strided batched sgemm); TF32 tensor cores when tf32.
 void matmul_forward(float* out, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
 void matmul_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math);
-/// cublasLt with the bias added in the matmul's epilogue.
+/// The product by cuBLAS, then the bias and activation by our kernel (in cublasLt's epilogue with TINYGPT_CUBLASLT_EPILOGUES=1, f32).
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C, int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16, uint16_t* act16);
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const float* act_of, const uint16_t* inp16);
 void adamw_update_indirect(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, const float* sched, const float* stats, double max_norm, float beta1, float beta2, float eps);

@@ -233,8 +233,9 @@ bool aux_ok(int64_t ld) { return ld % 8 == 0; }
 /// and their GELU derivative, with the GPU's approximate tanh, then rounded to bf16, flipped roundings the CPU's did
 /// not: the weight gradient was 3% off the CPU's in places. Their f32 speed is yet to be measured.
 bool lt_epilogues(MatmulMath math) {
+  if (math == MatmulMath::BF16) return false;
   const char* asked = std::getenv("TINYGPT_CUBLASLT_EPILOGUES");
-  return math != MatmulMath::BF16 && asked != nullptr && std::string_view(asked) == "1";
+  return asked != nullptr && std::string_view(asked) == "1";
 }
 
 }  // namespace
@@ -255,7 +256,7 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
   const bool to16 = bf16 && act16 && act != Activation::None;
   // When asked for (f32 products only), the bias, and GELU with out as its aux (the pre-activation), in cublasLt's
   // epilogue where it has an algorithm.
-  const bool lt = C > 0 && lt_epilogues(math);
+  const bool lt = C > 0 && (bias || act == Activation::Gelu) && lt_epilogues(math);
   const bool gelu = lt && act == Activation::Gelu && aux_ok(OC);
   bool fused = false;
   if (lt && (bias || gelu)) {
