@@ -3,7 +3,7 @@
 # (`tinygpt train --time-budget`: its cosine schedule ends when they are spent, however fast the machine runs at the
 # time; the evaluations at the start and the end, 200 batches of each split, are not counted); the table gives each
 # one's median ms/iter, iterations, wall time of the whole run and its final val loss. scripts/train_shakespeare.sh
-# runs the winner found on a 2-core machine (see the README).
+# runs the winner found on a 2-core machine (docs/RESULTS.md).
 #
 #   bash bench/recipe_search.sh [DATA] [BUDGET] [THREADS]        # defaults: the corpus, 180, nproc
 #

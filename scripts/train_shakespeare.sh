@@ -3,7 +3,7 @@
 #   scripts/train_shakespeare.sh [TEXT_FILE] [--nanogpt] [extra `tinygpt train` flags...]
 # Without a file: ../shared/data/tinyshakespeare.txt when it exists, else tiny Shakespeare, fetched once.
 # The recipe is the one that reached the lowest val loss in 180 s of training on a 2-core machine
-# (bench/recipe_search.sh; the search is in the README), trained for 180 s of steps (--time-budget) whatever the
+# (bench/recipe_search.sh; the search is in docs/RESULTS.md), trained for 180 s of steps (--time-budget) whatever the
 # machine's speed. --nanogpt runs nanoGPT's CPU recipe instead (4 layers,
 # 4 heads, 128 wide, context 64, batch 12, 2000 iterations), for comparison.
 set -euo pipefail
