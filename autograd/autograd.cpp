@@ -76,8 +76,8 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
   if (!(dst.shape().numel() == src.shape().numel()) || dst.dtype() != src.dtype()) {
     shape_error("accumulate", "gradient does not match", dst.shape(), src.shape());
   }
-  dispatch_float(dst.dtype(), "accumulate", [&]<class T>() {
-    launch(kernels::axpy<T>, dst.device(), dst.data<T>(), src.data<T>(), T(1), dst.numel());
+  dispatch_storage(dst.dtype(), "accumulate", [&]<class T>() {
+    launch(kernels::axpy<T>, dst.device(), dst.data<T>(), src.data<T>(), compute_t<T>(1), dst.numel());
   });
 }
 

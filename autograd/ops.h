@@ -13,6 +13,10 @@
 namespace tinygpt {
 
 // --- elementwise (binary ops broadcast)
+/// x converted to `dtype` (Tensor::to: bf16 rounds to nearest even), differentiable: the gradient comes back
+/// converted to x's dtype. The way into and out of bf16 storage inside a graph (f32 <-> bf16 on either device).
+Tensor cast(const Tensor& x, DType dtype);
+
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);

@@ -14,6 +14,13 @@ void check_float(const char* op, const Tensor& t, const char* what) {
   }
 }
 
+void check_storage(const char* op, const Tensor& t, const char* what) {
+  if (!t.defined()) throw Error(fmt::format("{}: {} is undefined", op, what));
+  if (t.dtype() != DType::F32 && t.dtype() != DType::F64 && t.dtype() != DType::BF16) {
+    throw Error(fmt::format("{}: {} must be f32, f64 or bf16, got {}", op, what, dtype_name(t.dtype())));
+  }
+}
+
 void check_same(const char* op, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype()) {
     throw Error(fmt::format("{}: dtypes differ ({} and {})", op, dtype_name(a.dtype()), dtype_name(b.dtype())));
@@ -59,17 +66,17 @@ BroadcastGeom broadcast_geom(const char* op, const Shape& a, const Shape& b, Sha
 }
 
 Tensor binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
-  detail::check_float(name, a, "first operand");
-  detail::check_float(name, b, "second operand");
+  detail::check_storage(name, a, "first operand");
+  detail::check_storage(name, b, "second operand");
   detail::check_same(name, a, b);
   Shape out_shape;
   const BroadcastGeom g = broadcast_geom(name, a.shape(), b.shape(), out_shape);
   Tensor out = empty(out_shape, a.dtype(), a.device());
-  dispatch_float(a.dtype(), name, [&]<class T>() {
+  dispatch_storage(a.dtype(), name, [&]<class T>() {
     launch(kernels::binary_forward<T>, a.device(), out.data<T>(), a.data<T>(), b.data<T>(), g, op);
   });
   return record(name, out, {a, b}, [g, op, name](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-    dispatch_float(dout.dtype(), name, [&]<class T>() {
+    dispatch_storage(dout.dtype(), name, [&]<class T>() {
       launch(kernels::binary_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]), dout.data<T>(),
              in[0].data<T>(), in[1].data<T>(), g, op);
     });
@@ -77,17 +84,17 @@ Tensor binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
 }
 
 Tensor unary(const char* name, UnaryOp op, const Tensor& x, double alpha = 0.0) {
-  detail::check_float(name, x);
+  detail::check_storage(name, x);
   Tensor out = empty(x.shape(), x.dtype(), x.device());
-  dispatch_float(x.dtype(), name, [&]<class T>() {
-    launch(kernels::unary_forward<T>, x.device(), out.data<T>(), x.data<T>(), x.numel(), op, T(alpha));
+  dispatch_storage(x.dtype(), name, [&]<class T>() {
+    launch(kernels::unary_forward<T>, x.device(), out.data<T>(), x.data<T>(), x.numel(), op, compute_t<T>(alpha));
   });
   // exp, tanh and sqrt differentiate through their output; a detached alias keeps the node off its own output.
   const Tensor saved = (op == UnaryOp::Exp || op == UnaryOp::Tanh || op == UnaryOp::Sqrt) ? out.detach() : Tensor();
   return record(name, out, {x}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-    dispatch_float(dout.dtype(), name, [&]<class T>() {
+    dispatch_storage(dout.dtype(), name, [&]<class T>() {
       launch(kernels::unary_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), in[0].data<T>(),
-             ptr<T>(saved), dout.numel(), op, T(alpha), detail::unwritten(grads[0]));
+             ptr<T>(saved), dout.numel(), op, compute_t<T>(alpha), detail::unwritten(grads[0]));
     });
   }, /*writes_unwritten=*/1u);
 }
@@ -123,6 +130,18 @@ Tensor reduce_sum(const char* name, const Tensor& x, int dim, bool keepdim, bool
 }
 
 }  // namespace
+
+Tensor cast(const Tensor& x, DType dtype) {
+  detail::check_storage("cast", x);
+  if (dtype != DType::F32 && dtype != DType::F64 && dtype != DType::BF16) {
+    throw Error(fmt::format("cast: to {}: only f32, f64 and bf16 carry gradients", dtype_name(dtype)));
+  }
+  if (dtype == x.dtype()) return x;
+  const DType from = x.dtype();
+  return record("cast", x.to(dtype), {x}, [from](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
+    accumulate_into(grads[0], dout.to(from));
+  });
+}
 
 Tensor add(const Tensor& a, const Tensor& b) { return binary("add", BinaryOp::Add, a, b); }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", BinaryOp::Sub, a, b); }

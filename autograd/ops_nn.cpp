@@ -54,8 +54,8 @@ Tensor log_softmax(const Tensor& x) { return rowwise_softmax("log_softmax", x, t
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, const Numerics& numerics) {
   const MatmulMath math = numerics.matmul();
-  detail::check_float("matmul", a, "first operand");
-  detail::check_float("matmul", b, "second operand");
+  detail::check_storage("matmul", a, "first operand");
+  detail::check_storage("matmul", b, "second operand");
   detail::check_same("matmul", a, b);
   if (a.ndim() < 2 || b.ndim() < 2) shape_error("matmul", "operands need at least 2 dims", a.shape(), b.shape());
   const int64_t M = trans_a ? a.size(-1) : a.size(-2);
@@ -74,12 +74,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
   dims.push_back(M);
   dims.push_back(N);
   Tensor out = empty(Shape(dims), a.dtype(), a.device());
-  dispatch_float(a.dtype(), "matmul", [&]<class T>() {
+  dispatch_storage(a.dtype(), "matmul", [&]<class T>() {
     launch(kernels::matmul_forward<T>, a.device(), out.data<T>(), a.data<T>(), b.data<T>(), batch_a, batch_b, M, K, N,
            trans_a, trans_b, math);
   });
   return record("matmul", out, {a, b}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-    dispatch_float(dout.dtype(), "matmul", [&]<class T>() {
+    dispatch_storage(dout.dtype(), "matmul", [&]<class T>() {
       launch(kernels::matmul_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]), dout.data<T>(),
              in[0].data<T>(), in[1].data<T>(), batch_a, batch_b, M, K, N, trans_a, trans_b, math);
     });

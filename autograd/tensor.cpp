@@ -24,6 +24,7 @@ size_t dtype_size(DType dtype) {
     case DType::F64: return 8;
     case DType::I32: return 4;
     case DType::Bool: return 1;
+    case DType::BF16: return 2;
   }
   return 0;
 }
@@ -34,6 +35,7 @@ const char* dtype_name(DType dtype) {
     case DType::F64: return "f64";
     case DType::I32: return "i32";
     case DType::Bool: return "bool";
+    case DType::BF16: return "bf16";
   }
   return "?";
 }
@@ -201,7 +203,7 @@ std::atomic<int64_t> float_reads{0};
 
 /// Counts a read of floating-point data to the host (see Tensor::float_host_reads).
 void count_read(DType dtype) {
-  if (dtype == DType::F32 || dtype == DType::F64) ++float_reads;
+  if (dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16) ++float_reads;
 }
 }  // namespace
 
@@ -222,6 +224,7 @@ template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+template std::vector<bf16> Tensor::to_vector<bf16>() const;
 
 double Tensor::item() const {
   if (numel() != 1) throw Error(fmt::format("item: tensor has {} elements (shape {}), not 1", numel(), shape().str()));
@@ -231,6 +234,7 @@ double Tensor::item() const {
     case DType::F64: return *host.data<double>();
     case DType::I32: return *host.data<int32_t>();
     case DType::Bool: return *host.data<uint8_t>() != 0;
+    case DType::BF16: return float(*host.data<bf16>());
   }
   throw Error("item: unknown dtype");
 }
@@ -280,15 +284,35 @@ void Tensor::move_to_(Device dev) {
 
 Tensor Tensor::to(DType dt) const {
   if (dt == dtype()) return *this;
-  if (device() != Device::CPU) throw Error("to(dtype): conversion runs on the CPU; move the tensor there first");
+  if (device() != Device::CPU) {
+    Tensor out = empty(shape(), dt, device());
+    if (dtype() == DType::F32 && dt == DType::BF16) {
+      launch(kernels::round_to_bf16, device(), out.data<bf16>(), data<float>(), numel());
+    } else if (dtype() == DType::BF16 && dt == DType::F32) {
+      launch(kernels::widen_bf16, device(), out.data<float>(), data<bf16>(), numel());
+    } else {
+      throw Error(fmt::format("to(dtype): {} -> {} converts on the CPU only (f32 <-> bf16 on the GPU too); move the "
+                              "tensor there first", dtype_name(dtype()), dtype_name(dt)));
+    }
+    return out;
+  }
   Tensor out = empty(shape(), dt);
+  const int64_t n = numel();
+  if (dtype() == DType::F32 && dt == DType::BF16) {
+    launch(kernels::round_to_bf16, Device::CPU, out.data<bf16>(), data<float>(), n);
+    return out;
+  }
+  if (dtype() == DType::BF16 && dt == DType::F32) {
+    launch(kernels::widen_bf16, Device::CPU, out.data<float>(), data<bf16>(), n);
+    return out;
+  }
   auto convert = [&]<class From>(const From* src) {
-    const int64_t n = numel();
     switch (dt) {
-      case DType::F32: std::copy_n(src, n, out.data<float>()); return;
-      case DType::F64: std::copy_n(src, n, out.data<double>()); return;
-      case DType::I32: std::copy_n(src, n, out.data<int32_t>()); return;
+      case DType::F32: std::transform(src, src + n, out.data<float>(), [](From x) { return float(x); }); return;
+      case DType::F64: std::transform(src, src + n, out.data<double>(), [](From x) { return double(x); }); return;
+      case DType::I32: std::transform(src, src + n, out.data<int32_t>(), [](From x) { return int32_t(x); }); return;
       case DType::Bool: std::transform(src, src + n, out.data<uint8_t>(), [](From x) { return uint8_t(x != From(0)); }); return;
+      case DType::BF16: std::transform(src, src + n, out.data<bf16>(), [](From x) { return bf16(float(x)); }); return;
     }
   };
   switch (dtype()) {
@@ -296,6 +320,12 @@ Tensor Tensor::to(DType dt) const {
     case DType::F64: convert(data<double>()); break;
     case DType::I32: convert(data<int32_t>()); break;
     case DType::Bool: convert(data<uint8_t>()); break;
+    case DType::BF16: {
+      std::vector<float> wide(static_cast<size_t>(n));
+      std::copy_n(data<bf16>(), n, wide.begin());
+      convert(wide.data());
+      break;
+    }
   }
   return out;
 }
@@ -335,7 +365,7 @@ void Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::requires_grad_(bool on) {
   if (on && !is_leaf()) throw Error("requires_grad_: only leaf tensors can be marked (use detach() first)");
-  if (on && dtype() != DType::F32 && dtype() != DType::F64) {
+  if (on && dtype() != DType::F32 && dtype() != DType::F64 && dtype() != DType::BF16) {
     throw Error(fmt::format("requires_grad_: only floating tensors have gradients, this one is {}", dtype_name(dtype())));
   }
   impl().requires_grad = on;
@@ -421,6 +451,7 @@ Tensor generate(const Shape& shape, DType dtype, Device device, const char* op, 
     case DType::F64: for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = gen(i); break;
     case DType::I32: for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = int32_t(gen(i)); break;
     case DType::Bool: for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = gen(i) != 0.0; break;
+    case DType::BF16: for (int64_t i = 0; i < n; ++i) t.data<bf16>()[i] = bf16(float(gen(i))); break;
   }
   return t.to(device);
 }
@@ -468,6 +499,7 @@ Tensor from_values(const std::vector<T>& values, const Shape& shape, Device devi
 Tensor from_vector(const std::vector<float>& v, const Shape& s, Device d) { return from_values(v, s, d); }
 Tensor from_vector(const std::vector<double>& v, const Shape& s, Device d) { return from_values(v, s, d); }
 Tensor from_vector(const std::vector<int32_t>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+Tensor from_vector(const std::vector<bf16>& v, const Shape& s, Device d) { return from_values(v, s, d); }
 Tensor from_vector(const std::vector<uint8_t>& v, const Shape& s, Device d) {
   std::vector<uint8_t> bits(v.size());
   std::transform(v.begin(), v.end(), bits.begin(), [](uint8_t x) { return uint8_t(x != 0); });
@@ -499,7 +531,7 @@ void format_dim(std::string& out, const T* p, const tinygpt::Shape& shape, int d
       } else if constexpr (std::is_integral_v<T>) {
         out += fmt::format("{}", p[offset + i]);
       } else {
-        out += fmt::format("{:.4f}", double(p[offset + i]));
+        out += fmt::format("{:.4f}", double(float(p[offset + i])));
       }
     } else {
       format_dim(out, p, shape, dim + 1, offset + i * inner, inner);
@@ -521,7 +553,11 @@ auto fmt::formatter<tinygpt::Tensor>::format(const tinygpt::Tensor& t, fmt::form
     if (t.numel() == 0) {
       s += "[]";
     } else if (t.ndim() == 0) {
-      s += std::is_integral_v<T> ? fmt::format("{}", int64_t(p[0])) : fmt::format("{:.4f}", double(p[0]));
+      if constexpr (std::is_integral_v<T>) {
+        s += fmt::format("{}", int64_t(p[0]));
+      } else {
+        s += fmt::format("{:.4f}", double(float(p[0])));
+      }
     } else {
       format_dim(s, p, t.shape(), 0, 0, t.numel());
     }
@@ -531,6 +567,7 @@ auto fmt::formatter<tinygpt::Tensor>::format(const tinygpt::Tensor& t, fmt::form
     case DType::F64: body(host.data<double>()); break;
     case DType::I32: body(host.data<int32_t>()); break;
     case DType::Bool: body(host.data<uint8_t>()); break;
+    case DType::BF16: body(host.data<tinygpt::bf16>()); break;
   }
   s += fmt::format(", dtype={}", tinygpt::dtype_name(t.dtype()));
   if (t.device() != tinygpt::Device::CPU) s += ", device=cuda";

@@ -14,13 +14,14 @@
 #include <vector>
 
 #include "random.h"
+#include "../kernels/bf16.h"
 #include "../kernels/kernels.h"
 
 namespace tinygpt {
 
-/// f32 everywhere; f64 on the CPU (gradient checks); i32 for token ids;
-/// bool (one byte, 0 or 1) for masks.
-enum class DType : uint8_t { F32, F64, I32, Bool };
+/// f32 everywhere; f64 on the CPU (gradient checks); bf16 (kernels/bf16.h) as a storage type, computed in f32 by the
+/// ops that take it (kernels/kernels.h lists them); i32 for token ids; bool (one byte, 0 or 1) for masks.
+enum class DType : uint8_t { F32, F64, I32, Bool, BF16 };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
@@ -123,6 +124,8 @@ class Tensor {
   static int64_t float_host_reads();
   /// The host copy of an i32 tensor uploaded to the GPU with to(Device::CUDA), or null (see Storage::host_copy).
   const int32_t* host_copy() const;
+  /// A copy converted to `dtype` (on the same device): to bf16 rounds to nearest even (f64 through f32), from bf16
+  /// is exact. On the GPU only f32 <-> bf16 converts (a kernel); other pairs convert on the CPU.
   Tensor to(DType dtype) const;
   /// Moves this tensor's data to `device` in place, so every handle of it (a module's parameter lists, the
   /// optimizer) sees the moved data; the gradient is dropped. For leaves outside any graph, and not for a slice of
@@ -192,6 +195,7 @@ Tensor from_vector(const std::vector<double>& values, const Shape& shape, Device
 Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device = Device::CPU);
 /// A bool tensor (0 = false, anything else = true).
 Tensor from_vector(const std::vector<uint8_t>& values, const Shape& shape, Device device = Device::CPU);
+Tensor from_vector(const std::vector<bf16>& values, const Shape& shape, Device device = Device::CPU);
 
 /// Calls f.template operator()<T>() with T = float or double for the tensor's dtype; throws naming `op`
 /// for any other dtype.
@@ -200,8 +204,18 @@ decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
     case DType::F32: return f.template operator()<float>();
     case DType::F64: return f.template operator()<double>();
+    case DType::BF16:
+      throw Error(fmt::format("{}: dtype bf16 is not supported by this op (it takes f32 or f64: convert with .to(DType::F32))", op));
     default: throw Error(fmt::format("{}: dtype {} is not supported here (use f32 or f64)", op, dtype_name(dtype)));
   }
+}
+
+/// dispatch_float, with T = bf16 too: for the ops whose kernels take bf16 storage (computing in f32 inside). The
+/// kernel tables refuse at compile time an op that dispatches bf16 to a kernel without it (kernels/kernels.h).
+template <class F>
+decltype(auto) dispatch_storage(DType dtype, const char* op, F&& f) {
+  if (dtype == DType::BF16) return f.template operator()<bf16>();
+  return dispatch_float(dtype, op, std::forward<F>(f));
 }
 
 template <class T>
@@ -210,6 +224,7 @@ constexpr DType dtype_of() {
   else if constexpr (std::is_same_v<T, double>) return DType::F64;
   else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
   else if constexpr (std::is_same_v<T, uint8_t>) return DType::Bool;
+  else if constexpr (std::is_same_v<T, bf16>) return DType::BF16;
   else static_assert(sizeof(T) == 0, "no DType for this C++ type");
 }
 

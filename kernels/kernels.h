@@ -18,6 +18,7 @@
 #include <string>
 #include <type_traits>
 
+#include "bf16.h"
 #include "cpu/cpu_kernels.h"
 #include "device.h"
 #include "cuda/cuda_kernels.h"
@@ -80,57 +81,89 @@ constexpr Want* gpu_slot(Have* f) {
   }
 }
 
+/// The storage types a kernel takes (bits of kF32 | kF64 | kBf16): the list of its cpu::<name><T> instantiations. An
+/// op that launches kernels::<name><T> for a T its line below does not list fails to compile (storage_checked), and
+/// a kernel's .cpp instantiates every type its line lists (a missing one fails to link).
+inline constexpr unsigned kF32 = 1, kF64 = 2, kBf16 = 4;
+inline constexpr unsigned kFloats = kF32 | kF64;
+
+template <class T>
+constexpr unsigned storage_bit() {
+  if constexpr (std::is_same_v<T, float>) return kF32;
+  else if constexpr (std::is_same_v<T, double>) return kF64;
+  else if constexpr (std::is_same_v<T, bf16>) return kBf16;
+  else return 0;
+}
+
+template <class T, unsigned Takes, class K>
+constexpr K storage_checked(K k) {
+  static_assert((Takes & storage_bit<T>()) != 0,
+                "this kernel does not take this storage type: kernels/kernels.h lists the types each kernel takes");
+  return k;
+}
+
 // One declaration per kernel pair: cpu::name<float> and cuda::name must have the same signature (checked here, in
 // every build: only the declarations are compared, so a CPU-only build checks them too), and the table's
-// signature is that one at element type T. A CUDA definition that drifts from its declaration in
-// kernels/cuda/cuda_kernels.h is another overload, which fails the compile of its .cu file (CUDA builds) and of
-// tests/test_cuda_emulated.cpp (every build).
-#define TINYGPT_KERNEL_PAIR(name)                                                                              \
+// signature is that one at element type T, for each storage type T the line lists. A CUDA definition that drifts
+// from its declaration in kernels/cuda/cuda_kernels.h is another overload, which fails the compile of its .cu file
+// (CUDA builds) and of tests/test_cuda_emulated.cpp (every build). The CUDA kernels are f32 (the GPU slot of any
+// other T is empty: launching one there throws naming the kernel).
+#define TINYGPT_KERNEL_PAIR(name, takes)                                                                       \
   static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name)>,                             \
                 "cpu::" #name " and cuda::" #name " must have one signature (kernels/cpu/cpu_kernels.h and "   \
                 "kernels/cuda/cuda_kernels.h)");                                                               \
   template <class T>                                                                                          \
-  inline constexpr Kernel<decltype(cpu::name<T>)> name{#name, cpu::name<T>, gpu_slot<decltype(cpu::name<T>)>(cuda::name)};
+  inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                            \
+      Kernel<decltype(cpu::name<T>)>{#name, cpu::name<T>, gpu_slot<decltype(cpu::name<T>)>(cuda::name)});
 
-TINYGPT_KERNEL_PAIR(fill)
-TINYGPT_KERNEL_PAIR(axpy)
-TINYGPT_KERNEL_PAIR(axpby)
-TINYGPT_KERNEL_PAIR(axpby_indirect)
-TINYGPT_KERNEL_PAIR(unary_forward)
-TINYGPT_KERNEL_PAIR(unary_backward)
-TINYGPT_KERNEL_PAIR(binary_forward)
-TINYGPT_KERNEL_PAIR(binary_backward)
-TINYGPT_KERNEL_PAIR(sum_forward)
-TINYGPT_KERNEL_PAIR(sum_backward)
-TINYGPT_KERNEL_PAIR(sum_squares)
-TINYGPT_KERNEL_PAIR(softmax_forward)
-TINYGPT_KERNEL_PAIR(softmax_backward)
-TINYGPT_KERNEL_PAIR(log_softmax_forward)
-TINYGPT_KERNEL_PAIR(log_softmax_backward)
-TINYGPT_KERNEL_PAIR(layernorm_forward)
-TINYGPT_KERNEL_PAIR(add_layernorm_forward)
-TINYGPT_KERNEL_PAIR(layernorm_backward)
-TINYGPT_KERNEL_PAIR(embedding_forward)
-TINYGPT_KERNEL_PAIR(embedding_backward)
-TINYGPT_KERNEL_PAIR(crossentropy_forward)
-TINYGPT_KERNEL_PAIR(crossentropy_backward)
-TINYGPT_KERNEL_PAIR(dropout_forward)
-TINYGPT_KERNEL_PAIR(dropout_backward)
-TINYGPT_KERNEL_PAIR(permute)
-TINYGPT_KERNEL_PAIR(copy_slice)
-TINYGPT_KERNEL_PAIR(matmul_forward)
-TINYGPT_KERNEL_PAIR(matmul_backward)
-TINYGPT_KERNEL_PAIR(linear_forward)
-TINYGPT_KERNEL_PAIR(linear_backward)
-TINYGPT_KERNEL_PAIR(adamw_update)
-TINYGPT_KERNEL_PAIR(adamw_update_indirect)
-TINYGPT_KERNEL_PAIR(rope_forward)
-TINYGPT_KERNEL_PAIR(rope_backward)
-TINYGPT_KERNEL_PAIR(attention_naive_forward)
-TINYGPT_KERNEL_PAIR(attention_naive_backward)
-TINYGPT_KERNEL_PAIR(attention_flash_forward)
-TINYGPT_KERNEL_PAIR(attention_flash_backward)
+/// A pair that is not a template (a conversion between storage types).
+#define TINYGPT_KERNEL_PAIR_PLAIN(name)                                                                        \
+  static_assert(std::is_same_v<decltype(cpu::name), decltype(cuda::name)>,                                    \
+                "cpu::" #name " and cuda::" #name " must have one signature");                                 \
+  inline constexpr Kernel<decltype(cpu::name)> name{#name, cpu::name, gpu_slot<decltype(cpu::name)>(cuda::name)};
 
+TINYGPT_KERNEL_PAIR_PLAIN(round_to_bf16)
+TINYGPT_KERNEL_PAIR_PLAIN(widen_bf16)
+TINYGPT_KERNEL_PAIR(fill, kFloats)
+TINYGPT_KERNEL_PAIR(axpy, kFloats | kBf16)
+TINYGPT_KERNEL_PAIR(axpby, kFloats)
+TINYGPT_KERNEL_PAIR(axpby_indirect, kFloats)
+TINYGPT_KERNEL_PAIR(unary_forward, kFloats | kBf16)
+TINYGPT_KERNEL_PAIR(unary_backward, kFloats | kBf16)
+TINYGPT_KERNEL_PAIR(binary_forward, kFloats | kBf16)
+TINYGPT_KERNEL_PAIR(binary_backward, kFloats | kBf16)
+TINYGPT_KERNEL_PAIR(sum_forward, kFloats)
+TINYGPT_KERNEL_PAIR(sum_backward, kFloats)
+TINYGPT_KERNEL_PAIR(sum_squares, kFloats)
+TINYGPT_KERNEL_PAIR(softmax_forward, kFloats)
+TINYGPT_KERNEL_PAIR(softmax_backward, kFloats)
+TINYGPT_KERNEL_PAIR(log_softmax_forward, kFloats)
+TINYGPT_KERNEL_PAIR(log_softmax_backward, kFloats)
+TINYGPT_KERNEL_PAIR(layernorm_forward, kFloats)
+TINYGPT_KERNEL_PAIR(add_layernorm_forward, kFloats)
+TINYGPT_KERNEL_PAIR(layernorm_backward, kFloats)
+TINYGPT_KERNEL_PAIR(embedding_forward, kFloats)
+TINYGPT_KERNEL_PAIR(embedding_backward, kFloats)
+TINYGPT_KERNEL_PAIR(crossentropy_forward, kFloats)
+TINYGPT_KERNEL_PAIR(crossentropy_backward, kFloats)
+TINYGPT_KERNEL_PAIR(dropout_forward, kFloats)
+TINYGPT_KERNEL_PAIR(dropout_backward, kFloats)
+TINYGPT_KERNEL_PAIR(permute, kFloats)
+TINYGPT_KERNEL_PAIR(copy_slice, kFloats)
+TINYGPT_KERNEL_PAIR(matmul_forward, kFloats | kBf16)
+TINYGPT_KERNEL_PAIR(matmul_backward, kFloats | kBf16)
+TINYGPT_KERNEL_PAIR(linear_forward, kFloats)
+TINYGPT_KERNEL_PAIR(linear_backward, kFloats)
+TINYGPT_KERNEL_PAIR(adamw_update, kFloats)
+TINYGPT_KERNEL_PAIR(adamw_update_indirect, kFloats)
+TINYGPT_KERNEL_PAIR(rope_forward, kFloats)
+TINYGPT_KERNEL_PAIR(rope_backward, kFloats)
+TINYGPT_KERNEL_PAIR(attention_naive_forward, kFloats)
+TINYGPT_KERNEL_PAIR(attention_naive_backward, kFloats)
+TINYGPT_KERNEL_PAIR(attention_flash_forward, kFloats)
+TINYGPT_KERNEL_PAIR(attention_flash_backward, kFloats)
+
+#undef TINYGPT_KERNEL_PAIR_PLAIN
 #undef TINYGPT_KERNEL_PAIR
 
 }  // namespace kernels

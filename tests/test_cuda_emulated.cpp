@@ -15,6 +15,7 @@
 // (then the CPU twins)
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -34,6 +35,8 @@ namespace gpu = tinygpt::cuda::emulated;
   static_assert(std::is_same_v<decltype(gpu::name), decltype(cpu::name<float>)>,          \
                 "kernels/cuda: " #name " does not have the signature of cpu::" #name);
 TINYGPT_SAME_SIGNATURE(fill)
+static_assert(std::is_same_v<decltype(gpu::round_to_bf16), decltype(cpu::round_to_bf16)> &&
+              std::is_same_v<decltype(gpu::widen_bf16), decltype(cpu::widen_bf16)>);
 TINYGPT_SAME_SIGNATURE(axpy)
 TINYGPT_SAME_SIGNATURE(axpby)
 TINYGPT_SAME_SIGNATURE(axpby_indirect)
@@ -168,6 +171,28 @@ TEST_CASE("emulated CUDA: fill, axpy, axpby") {
     Vec y(size_t(n), NAN);
     (g ? gpu::axpby : cpu::axpby<float>)(y.data(), x.data(), 2.0f, 0.0f, n);
     for (int64_t i = 0; i < n; ++i) REQUIRE(y[size_t(i)] == 2.0f * x[size_t(i)]);
+  }
+}
+
+TEST_CASE("emulated CUDA: f32 <-> bf16 conversion, vector and element paths, bit for bit") {
+  // 2053 elements: 256 groups of eight and a tail of 5. Offsets 0 (both pointers 16-byte aligned: the vector path)
+  // and 1 (not aligned: an element at a time).
+  const int64_t n = 2053;
+  Vec x = random(size_t(n) + 1, 7, -3.0f, 3.0f);
+  x[3] = NAN, x[4] = INFINITY, x[5] = -0.0f, x[6] = std::bit_cast<float>(0x3f818000u);  // a tie: rounds to even
+  for (const int64_t off : {0, 1}) {
+    CAPTURE(off);
+    std::vector<bf16> h_gpu(size_t(n) + 8, bf16::from_bits(0xffff)), h_cpu = h_gpu;
+    gpu::round_to_bf16(h_gpu.data() + off, x.data() + off, n);
+    cpu::round_to_bf16(h_cpu.data() + off, x.data() + off, n);
+    size_t same = 0;
+    for (size_t i = 0; i < h_gpu.size(); ++i) same += h_gpu[i].bits == h_cpu[i].bits;
+    CHECK(same == h_gpu.size());  // the elements past n untouched on both
+    CHECK(h_gpu[6].bits == 0x3f82);  // h[off + i] is x[off + i] rounded
+    Vec w_gpu(size_t(n) + 8, -7.0f), w_cpu = w_gpu;
+    gpu::widen_bf16(w_gpu.data() + off, h_gpu.data() + off, n);
+    cpu::widen_bf16(w_cpu.data() + off, h_cpu.data() + off, n);
+    check_same(w_gpu, w_cpu, "widen_bf16", 0, 0);
   }
 }
 

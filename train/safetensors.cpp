@@ -23,12 +23,13 @@ const char* st_dtype(DType d) {
     case DType::F64: return "F64";
     case DType::I32: return "I32";
     case DType::Bool: return "BOOL";
+    case DType::BF16: return "BF16";
   }
   return "?";
 }
 
 std::optional<DType> parse_dtype(const std::string& s) {
-  for (DType d : {DType::F32, DType::F64, DType::I32, DType::Bool}) {
+  for (DType d : {DType::F32, DType::F64, DType::I32, DType::Bool, DType::BF16}) {
     if (s == st_dtype(d)) return d;
   }
   return std::nullopt;

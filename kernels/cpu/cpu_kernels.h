@@ -1,4 +1,5 @@
-// CPU kernels (OpenMP), templated for float and double; explicit instantiations live beside each definition.
+// CPU kernels (OpenMP), templated for float and double, and for bf16 storage where kernels/kernels.h lists it (f32
+// arithmetic inside: compute_t<T>); explicit instantiations live beside each definition.
 // Shapes in trailing comments use the letters defined in kernels/kernels.h.
 #pragma once
 
@@ -6,14 +7,18 @@
 
 #include "attention_kernels.h"
 #include "gemm.h"
+#include "../bf16.h"
 #include "../geometry.h"
 #include "../numerics.h"
 
 namespace tinygpt::cpu {
 
 template <class T> void fill(T* out, T value, int64_t n);
+/// out = inp rounded to bf16 (nearest, ties to even: kernels/bf16.h); widen_bf16: out = inp, exactly.
+void round_to_bf16(bf16* out, const float* inp, int64_t n);
+void widen_bf16(float* out, const bf16* inp, int64_t n);
 /// y += alpha * x
-template <class T> void axpy(T* y, const T* x, T alpha, int64_t n);
+template <class T> void axpy(T* y, const T* x, compute_t<T> alpha, int64_t n);
 /// y = beta * y + alpha * x; beta == 0 writes alpha * x without reading y (which may hold anything, NaN included).
 template <class T> void axpby(T* y, const T* x, T alpha, T beta, int64_t n);
 /// axpby for a step whose values are in memory (see adamw_update_indirect): with coef, alpha = coef[0] and beta =
@@ -22,9 +27,9 @@ template <class T> void axpby(T* y, const T* x, T alpha, T beta, int64_t n);
 template <class T> void axpby_indirect(T* y, const T* x, int64_t n, double alpha, double beta, const float* coef, const T* stats, double max_norm);
 
 /// out = op(inp); alpha is the factor of UnaryOp::Scale.
-template <class T> void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha);
+template <class T> void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, compute_t<T> alpha);
 /// dinp += dout * op'(inp); exp and tanh read their saved output `out` instead of recomputing it.
-template <class T> void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, T alpha, bool overwrite);
+template <class T> void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, compute_t<T> alpha, bool overwrite);
 
 template <class T> void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op);
 /// da += reduce(dout * d(out)/da) over broadcast dims; same for db. Either gradient may be null.

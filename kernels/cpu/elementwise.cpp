@@ -11,22 +11,26 @@
 namespace tinygpt::cpu {
 namespace {
 
+// The maps read each element as compute_t<T> (f32 for bf16 storage), compute there, and store T.
+
 template <class T, class F>
 void map(T* out, const T* inp, int64_t n, F f) {
+  using C = compute_t<T>;
 #pragma omp parallel for simd if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) out[i] = f(inp[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = T(f(C(inp[i])));
 }
 
 /// dinp (+)= dout * dfdx(x): written when overwrite (dinp is then never read), else added.
 template <class T, class F>
 void accumulate_map(T* dinp, const T* dout, const T* x, int64_t n, F dfdx, bool overwrite) {
+  using C = compute_t<T>;
   if (overwrite) {
 #pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) dinp[i] = dout[i] * dfdx(x[i]);
+    for (int64_t i = 0; i < n; ++i) dinp[i] = T(C(dout[i]) * dfdx(C(x[i])));
     return;
   }
 #pragma omp parallel for simd if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) dinp[i] += dout[i] * dfdx(x[i]);
+  for (int64_t i = 0; i < n; ++i) dinp[i] = T(C(dinp[i]) + C(dout[i]) * dfdx(C(x[i])));
 }
 
 /// Offsets of output coordinate c into out, a and b.
@@ -46,10 +50,11 @@ inline Offsets offsets_of(const int64_t* c, const int64_t* out_stride, const Bro
 
 template <class T, class F>
 void broadcast_map(T* out, const T* a, const T* b, const BroadcastGeom& g, F f) {
+  using C = compute_t<T>;
   if (g.same_shape) {
     const int64_t n = g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4];
 #pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = T(f(C(a[i]), C(b[i])));
     return;
   }
   int64_t out_stride[kMaxDims];
@@ -68,7 +73,7 @@ void broadcast_map(T* out, const T* a, const T* b, const BroadcastGeom& g, F f) 
     T* y = out + off.out;
     const T* pa = a + off.a;
     const T* pb = b + off.b;
-    for (int64_t i = 0; i < inner; ++i) y[i] = f(pa[i * sa], pb[i * sb]);
+    for (int64_t i = 0; i < inner; ++i) y[i] = T(f(C(pa[i * sa]), C(pb[i * sb])));
   }
 }
 
@@ -117,7 +122,7 @@ void accumulate_broadcast(T* dx, const int64_t* x_stride, const BroadcastGeom& g
         for (int64_t i = 0; i < n; ++i) acc[i] += contrib(Offsets{o.out + i * so, o.a + i * sa, o.b + i * sb});
       }
       T* dxr = dx + row * inner + i0;
-      for (int64_t i = 0; i < n; ++i) dxr[i] += T(acc[i]);
+      for (int64_t i = 0; i < n; ++i) dxr[i] = T(compute_t<T>(dxr[i]) + compute_t<T>(acc[i]));
     }
   }
 }
@@ -130,10 +135,21 @@ void fill(T* out, T value, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = value;
 }
 
-template <class T>
-void axpy(T* y, const T* x, T alpha, int64_t n) {
+void round_to_bf16(bf16* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16(inp[i]);
+}
+
+void widen_bf16(float* out, const bf16* inp, int64_t n) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) out[i] = float(inp[i]);
+}
+
+template <class T>
+void axpy(T* y, const T* x, compute_t<T> alpha, int64_t n) {
+  using C = compute_t<T>;
+#pragma omp parallel for simd if (n >= kParallelGrain)
+  for (int64_t i = 0; i < n; ++i) y[i] = T(C(y[i]) + alpha * C(x[i]));
 }
 
 template <class T>
@@ -156,40 +172,44 @@ void axpby_indirect(T* y, const T* x, int64_t n, double alpha, double beta, cons
 }
 
 template <class T>
-void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, T alpha) {
+void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, compute_t<T> alpha) {
+  using C = compute_t<T>;
   switch (op) {
-    case UnaryOp::Neg: return map(out, inp, n, [](T x) { return -x; });
-    case UnaryOp::Scale: return map(out, inp, n, [alpha](T x) { return alpha * x; });
-    case UnaryOp::Exp: return map(out, inp, n, [](T x) { return std::exp(x); });
-    case UnaryOp::Log: return map(out, inp, n, [](T x) { return std::log(x); });
-    case UnaryOp::Tanh: return map(out, inp, n, [](T x) { return std::tanh(x); });
-    case UnaryOp::Relu: return map(out, inp, n, [](T x) { return x > T(0) ? x : T(0); });
-    case UnaryOp::Gelu: return map(out, inp, n, [](T x) { return gelu(x, [](T u) { return gelu_tanh(u); }); });
-    case UnaryOp::Sqrt: return map(out, inp, n, [](T x) { return std::sqrt(x); });
+    case UnaryOp::Neg: return map(out, inp, n, [](C x) { return -x; });
+    case UnaryOp::Scale: return map(out, inp, n, [alpha](C x) { return alpha * x; });
+    case UnaryOp::Exp: return map(out, inp, n, [](C x) { return std::exp(x); });
+    case UnaryOp::Log: return map(out, inp, n, [](C x) { return std::log(x); });
+    case UnaryOp::Tanh: return map(out, inp, n, [](C x) { return std::tanh(x); });
+    case UnaryOp::Relu: return map(out, inp, n, [](C x) { return x > C(0) ? x : C(0); });
+    case UnaryOp::Gelu: return map(out, inp, n, [](C x) { return gelu(x, [](C u) { return gelu_tanh(u); }); });
+    case UnaryOp::Sqrt: return map(out, inp, n, [](C x) { return std::sqrt(x); });
   }
 }
 
 template <class T>
-void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, T alpha, bool overwrite) {
+void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, compute_t<T> alpha,
+                    bool overwrite) {
+  using C = compute_t<T>;
   switch (op) {
-    case UnaryOp::Neg: return accumulate_map(dinp, dout, inp, n, [](T) { return T(-1); }, overwrite);
+    case UnaryOp::Neg: return accumulate_map(dinp, dout, inp, n, [](C) { return C(-1); }, overwrite);
     case UnaryOp::Scale: return accumulate_map(dinp, dout, inp, n, [alpha](T) { return alpha; }, overwrite);
-    case UnaryOp::Exp: return accumulate_map(dinp, dout, out, n, [](T y) { return y; }, overwrite);
-    case UnaryOp::Log: return accumulate_map(dinp, dout, inp, n, [](T x) { return T(1) / x; }, overwrite);
-    case UnaryOp::Tanh: return accumulate_map(dinp, dout, out, n, [](T y) { return T(1) - y * y; }, overwrite);
-    case UnaryOp::Relu: return accumulate_map(dinp, dout, inp, n, [](T x) { return x > T(0) ? T(1) : T(0); }, overwrite);
-    case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](T x) { return gelu_grad(x, [](T u) { return gelu_tanh(u); }); }, overwrite);
-    case UnaryOp::Sqrt: return accumulate_map(dinp, dout, out, n, [](T y) { return T(0.5) / y; }, overwrite);
+    case UnaryOp::Exp: return accumulate_map(dinp, dout, out, n, [](C y) { return y; }, overwrite);
+    case UnaryOp::Log: return accumulate_map(dinp, dout, inp, n, [](C x) { return C(1) / x; }, overwrite);
+    case UnaryOp::Tanh: return accumulate_map(dinp, dout, out, n, [](C y) { return C(1) - y * y; }, overwrite);
+    case UnaryOp::Relu: return accumulate_map(dinp, dout, inp, n, [](C x) { return x > C(0) ? C(1) : C(0); }, overwrite);
+    case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](C x) { return gelu_grad(x, [](C u) { return gelu_tanh(u); }); }, overwrite);
+    case UnaryOp::Sqrt: return accumulate_map(dinp, dout, out, n, [](C y) { return C(0.5) / y; }, overwrite);
   }
 }
 
 template <class T>
 void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
+  using C = compute_t<T>;
   switch (op) {
-    case BinaryOp::Add: return broadcast_map(out, a, b, g, [](T x, T y) { return x + y; });
-    case BinaryOp::Sub: return broadcast_map(out, a, b, g, [](T x, T y) { return x - y; });
-    case BinaryOp::Mul: return broadcast_map(out, a, b, g, [](T x, T y) { return x * y; });
-    case BinaryOp::Div: return broadcast_map(out, a, b, g, [](T x, T y) { return x / y; });
+    case BinaryOp::Add: return broadcast_map(out, a, b, g, [](C x, T y) { return x + y; });
+    case BinaryOp::Sub: return broadcast_map(out, a, b, g, [](C x, T y) { return x - y; });
+    case BinaryOp::Mul: return broadcast_map(out, a, b, g, [](C x, T y) { return x * y; });
+    case BinaryOp::Div: return broadcast_map(out, a, b, g, [](C x, T y) { return x / y; });
   }
 }
 
@@ -198,19 +218,20 @@ namespace {
 /// binary_backward with the op's partial derivatives as lambdas, so each loop is compiled for one op.
 template <class T, class FA, class FB>
 void binary_backward_with(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, FA dfda, FB dfdb) {
+  using C = compute_t<T>;
   if (g.same_shape) {
     const int64_t n = g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4];
     if (da) {
 #pragma omp parallel for simd if (n >= kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) da[i] += dout[i] * dfda(a[i], b[i]);
+      for (int64_t i = 0; i < n; ++i) da[i] = T(C(da[i]) + C(dout[i]) * dfda(C(a[i]), C(b[i])));
     }
     if (db) {
 #pragma omp parallel for simd if (n >= kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) db[i] += dout[i] * dfdb(a[i], b[i]);
+      for (int64_t i = 0; i < n; ++i) db[i] = T(C(db[i]) + C(dout[i]) * dfdb(C(a[i]), C(b[i])));
     }
     return;
   }
-  auto at = [&](Offsets o, auto df) { return double(dout[o.out] * df(a[o.a], b[o.b])); };
+  auto at = [&](Offsets o, auto df) { return double(C(dout[o.out]) * df(C(a[o.a]), C(b[o.b]))); };
   if (da) accumulate_broadcast(da, g.a_stride, g, [&](Offsets o) { return at(o, dfda); });
   if (db) accumulate_broadcast(db, g.b_stride, g, [&](Offsets o) { return at(o, dfdb); });
 }
@@ -219,29 +240,37 @@ void binary_backward_with(T* da, T* db, const T* dout, const T* a, const T* b, c
 
 template <class T>
 void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
-  auto one = [](T, T) { return T(1); };
+  using C = compute_t<T>;
+  auto one = [](C, C) { return C(1); };
   switch (op) {
     case BinaryOp::Add: return binary_backward_with(da, db, dout, a, b, g, one, one);
-    case BinaryOp::Sub: return binary_backward_with(da, db, dout, a, b, g, one, [](T, T) { return T(-1); });
+    case BinaryOp::Sub: return binary_backward_with(da, db, dout, a, b, g, one, [](C, C) { return C(-1); });
     case BinaryOp::Mul:
-      return binary_backward_with(da, db, dout, a, b, g, [](T, T y) { return y; }, [](T x, T) { return x; });
+      return binary_backward_with(da, db, dout, a, b, g, [](C, C y) { return y; }, [](C x, T) { return x; });
     case BinaryOp::Div:
-      return binary_backward_with(da, db, dout, a, b, g, [](T, T y) { return T(1) / y; },
-                                  [](T x, T y) { return -x / (y * y); });
+      return binary_backward_with(da, db, dout, a, b, g, [](C, C y) { return C(1) / y; },
+                                  [](C x, T y) { return -x / (y * y); });
   }
 }
 
 #define TINYGPT_INSTANTIATE(T)                                                                                   \
   template void fill<T>(T*, T, int64_t);                                                                         \
-  template void axpy<T>(T*, const T*, T, int64_t);                                                               \
+  template void axpy<T>(T*, const T*, compute_t<T>, int64_t);                                                    \
   template void axpby<T>(T*, const T*, T, T, int64_t);                                                           \
   template void axpby_indirect<T>(T*, const T*, int64_t, double, double, const float*, const T*, double);         \
-  template void unary_forward<T>(T*, const T*, int64_t, UnaryOp, T);                                             \
-  template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, T, bool);                        \
+  template void unary_forward<T>(T*, const T*, int64_t, UnaryOp, compute_t<T>);                                  \
+  template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, compute_t<T>, bool);             \
   template void binary_forward<T>(T*, const T*, const T*, const BroadcastGeom&, BinaryOp);                       \
   template void binary_backward<T>(T*, T*, const T*, const T*, const T*, const BroadcastGeom&, BinaryOp);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
 #undef TINYGPT_INSTANTIATE
+
+// bf16 storage, f32 arithmetic inside (kernels/kernels.h lists these kernels with kBf16).
+template void axpy<bf16>(bf16*, const bf16*, float, int64_t);
+template void unary_forward<bf16>(bf16*, const bf16*, int64_t, UnaryOp, float);
+template void unary_backward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, int64_t, UnaryOp, float, bool);
+template void binary_forward<bf16>(bf16*, const bf16*, const bf16*, const BroadcastGeom&, BinaryOp);
+template void binary_backward<bf16>(bf16*, bf16*, const bf16*, const bf16*, const bf16*, const BroadcastGeom&, BinaryOp);
 
 }  // namespace tinygpt::cpu

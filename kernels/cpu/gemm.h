@@ -3,20 +3,10 @@
 #include <cstring>
 #include <vector>
 
+#include "../bf16.h"  // round_bf16
 #include "../geometry.h"
 
 namespace tinygpt::cpu {
-
-/// x rounded to bfloat16 (its top 16 bits), to nearest with ties to even, as PyTorch and the hardware round; NaN
-/// stays NaN, overflow goes to infinity.
-inline float round_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  u = nan ? (u | 0x00400000u) & 0xffff0000u : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &u, sizeof u);
-  return x;
-}
 
 // Row-major C = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T (read through the leading dimension, no copy of
 // the caller's data). op(A) is (M, K), op(B) is (K, N), C is (M, N). lda/ldb/ldc are row strides in elements of the
@@ -43,6 +33,12 @@ struct Epilogue {
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false, const Epilogue<T>& epilogue = {});
+
+/// gemm<float> over operands stored in bf16 (the products of MatmulMath::BF16, with nothing to round: the operands
+/// are bf16 already), C in f32. The bf16 micro-kernels pack the operands as they lie; on the f32 units they are
+/// widened first (exactly), so every kernel multiplies the same values as gemm<float> with bf16 on their f32 twins.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+          const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc, const Epilogue<float>& epilogue = {});
 
 /// How bf16 products are computed. All take the same rounded operands and sum in f32, in different orders.
 /// F32Units: rounded as packed, then the f32 micro-kernel (every CPU). Avx512Bf16: `vdpbf16ps`, two products per

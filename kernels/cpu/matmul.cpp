@@ -17,6 +17,28 @@ void for_each_batch(int64_t batch, int64_t flops_per_batch, F f) {
   for (int64_t i = 0; i < batch; ++i) f(i);
 }
 
+/// C = alpha op(A) op(B) + beta C with beta 0 or 1, the products as MatmulMath asks (gemm's bf16 rounding).
+template <class T>
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
+             T beta, T* C, int64_t ldc, bool bf16) {
+  gemm<T>(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc, bf16);
+}
+
+/// The same over bf16 storage: the products of the stored values summed in f32 (gemm over bf16), then each element
+/// of C rounded once, after adding what it held when beta is 1.
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
+             int64_t ldb, bf16 beta, bf16* C, int64_t ldc, bool) {
+  std::vector<float> p(static_cast<size_t>(M * N));
+  gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, p.data(), N);
+  const bool add = float(beta) != 0.0f;
+#pragma omp parallel for if (M * N >= kParallelGrain && !omp_in_parallel())
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      const float v = p[size_t(i * N + j)];
+      C[i * ldc + j] = bf16(add ? float(C[i * ldc + j]) + v : v);
+    }
+}
+
 }  // namespace
 
 template <class T>
@@ -26,14 +48,14 @@ void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t bat
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   if (batch_b == 1 && !trans_a) {
     // Rows of every batch of a are contiguous: one product of (batch_a * M, K) by the shared b.
-    gemm<T>(false, trans_b, batch_a * M, N, K, T(1), a, lda, b, ldb, T(0), out, N, bf16);
+    product(false, trans_b, batch_a * M, N, K, a, lda, b, ldb, T(0.0f), out, N, bf16);
     return;
   }
   const int64_t batch = std::max(batch_a, batch_b);
   for_each_batch(batch, M * N * K, [&](int64_t i) {
     const T* ai = a + (batch_a == 1 ? 0 : i) * M * K;
     const T* bi = b + (batch_b == 1 ? 0 : i) * K * N;
-    gemm<T>(trans_a, trans_b, M, N, K, T(1), ai, lda, bi, ldb, T(0), out + i * M * N, N, bf16);
+    product(trans_a, trans_b, M, N, K, ai, lda, bi, ldb, T(0.0f), out + i * M * N, N, bf16);
   });
 }
 
@@ -48,9 +70,9 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
     const T* bi = b + (batch_b == 1 ? 0 : i) * K * N;
     const T* gi = dout + i * M * N;
     if (trans_a) {
-      gemm<T>(trans_b, true, K, M, N, T(1), bi, ldb, gi, N, T(1), dai, M, bf16);
+      product(trans_b, true, K, M, N, bi, ldb, gi, N, T(1.0f), dai, M, bf16);
     } else {
-      gemm<T>(false, !trans_b, M, K, N, T(1), gi, N, bi, ldb, T(1), dai, K, bf16);
+      product(false, !trans_b, M, K, N, gi, N, bi, ldb, T(1.0f), dai, K, bf16);
     }
   };
   // db: op(b) = op(a)^T @ dout, stored transposed when trans_b.
@@ -58,19 +80,19 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
     const T* ai = a + (batch_a == 1 ? 0 : i) * M * K;
     const T* gi = dout + i * M * N;
     if (trans_b) {
-      gemm<T>(true, trans_a, N, K, M, T(1), gi, N, ai, lda, T(1), dbi, K, bf16);
+      product(true, trans_a, N, K, M, gi, N, ai, lda, T(1.0f), dbi, K, bf16);
     } else {
-      gemm<T>(!trans_a, false, K, N, M, T(1), ai, lda, gi, N, T(1), dbi, N, bf16);
+      product(!trans_a, false, K, N, M, ai, lda, gi, N, T(1.0f), dbi, N, bf16);
     }
   };
   if (batch_b == 1 && !trans_a) {
     // Same flattening as the forward pass: a and dout are (batch_a * M, .) matrices.
-    if (da) gemm<T>(false, !trans_b, batch_a * M, K, N, T(1), dout, N, b, ldb, T(1), da, K, bf16);
+    if (da) product(false, !trans_b, batch_a * M, K, N, dout, N, b, ldb, T(1.0f), da, K, bf16);
     if (db) {
       if (trans_b) {
-        gemm<T>(true, false, N, K, batch_a * M, T(1), dout, N, a, lda, T(1), db, K, bf16);
+        product(true, false, N, K, batch_a * M, dout, N, a, lda, T(1.0f), db, K, bf16);
       } else {
-        gemm<T>(true, false, K, N, batch_a * M, T(1), a, lda, dout, N, T(1), db, N, bf16);
+        product(true, false, K, N, batch_a * M, a, lda, dout, N, T(1.0f), db, N, bf16);
       }
     }
     return;
@@ -143,5 +165,11 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
 #undef TINYGPT_INSTANTIATE
+
+// bf16 storage: the products of the stored values in f32, each output rounded once (kernels/kernels.h: kBf16).
+template void matmul_forward<bf16>(bf16*, const bf16*, const bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                                   bool, MatmulMath);
+template void matmul_backward<bf16>(bf16*, bf16*, const bf16*, const bf16*, const bf16*, int64_t, int64_t, int64_t,
+                                    int64_t, int64_t, bool, bool, MatmulMath);
 
 }  // namespace tinygpt::cpu

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "../attention.h"
+#include "../bf16.h"
 #include "../geometry.h"
 
 namespace tinygpt::cuda {
@@ -17,6 +18,8 @@ namespace tinygpt::cuda {
 enum class Epilogue : uint8_t { Bias, Gelu, GeluBias, DGelu };
 
 void fill(float* out, float value, int64_t n);
+void round_to_bf16(bf16* out, const float* inp, int64_t n);
+void widen_bf16(float* out, const bf16* inp, int64_t n);
 void axpy(float* y, const float* x, float alpha, int64_t n);
 void axpby(float* y, const float* x, float alpha, float beta, int64_t n);
 void axpby_indirect(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef, const float* stats, double max_norm);

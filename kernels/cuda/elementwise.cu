@@ -5,6 +5,8 @@
 // Each function is defined with its declared signature: a definition that drifted from kernels/cuda/cuda_kernels.h
 // would be a second overload, and taking its address here would not compile.
 TINYGPT_DEFINED_AS_DECLARED(fill)
+TINYGPT_DEFINED_AS_DECLARED(round_to_bf16)
+TINYGPT_DEFINED_AS_DECLARED(widen_bf16)
 TINYGPT_DEFINED_AS_DECLARED(axpy)
 TINYGPT_DEFINED_AS_DECLARED(axpby)
 TINYGPT_DEFINED_AS_DECLARED(axpby_indirect)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/bf16.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/scalar_math.h"
 
@@ -74,6 +75,44 @@ __device__ float binary_grad_b(BinaryOp op, float a, float b) {
     case BinaryOp::Div: return -a / (b * b);
   }
   return 0.0f;
+}
+
+/// Eight bf16 values: one 16-byte load or store.
+struct alignas(16) Bf16x8 {
+  bf16 v[8];
+};
+
+/// Whether p may be read or written as 16-byte vectors.
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// Eight elements a thread: two float4 loads and one 16-byte store when vec (both pointers 16-byte aligned), the
+/// last partial group (and every group otherwise) an element at a time.
+__global__ void round_to_bf16_kernel(bf16* out, const float* inp, int64_t n, bool vec) {
+  TINYGPT_CUDA_LOOP(g, (n + 7) / 8) {
+    const int64_t e = 8 * g;
+    if (vec && e + 8 <= n) {
+      const float4 a = reinterpret_cast<const float4*>(inp)[2 * g], b = reinterpret_cast<const float4*>(inp)[2 * g + 1];
+      Bf16x8 o;
+      o.v[0] = bf16(a.x), o.v[1] = bf16(a.y), o.v[2] = bf16(a.z), o.v[3] = bf16(a.w);
+      o.v[4] = bf16(b.x), o.v[5] = bf16(b.y), o.v[6] = bf16(b.z), o.v[7] = bf16(b.w);
+      reinterpret_cast<Bf16x8*>(out)[g] = o;
+    } else {
+      for (int64_t i = e; i < e + 8 && i < n; ++i) out[i] = bf16(inp[i]);
+    }
+  }
+}
+
+__global__ void widen_bf16_kernel(float* out, const bf16* inp, int64_t n, bool vec) {
+  TINYGPT_CUDA_LOOP(g, (n + 7) / 8) {
+    const int64_t e = 8 * g;
+    if (vec && e + 8 <= n) {
+      const Bf16x8 x = reinterpret_cast<const Bf16x8*>(inp)[g];
+      reinterpret_cast<float4*>(out)[2 * g] = float4{float(x.v[0]), float(x.v[1]), float(x.v[2]), float(x.v[3])};
+      reinterpret_cast<float4*>(out)[2 * g + 1] = float4{float(x.v[4]), float(x.v[5]), float(x.v[6]), float(x.v[7])};
+    } else {
+      for (int64_t i = e; i < e + 8 && i < n; ++i) out[i] = float(inp[i]);
+    }
+  }
 }
 
 __global__ void fill_kernel(float* out, float value, int64_t n) {
@@ -426,6 +465,18 @@ int64_t numel(const BroadcastGeom& g) { return g.out[0] * g.out[1] * g.out[2] * 
 void fill(float* out, float value, int64_t n) {
   if (n == 0) return;
   launch_kernel("fill", fill_kernel, blocks_for(n), kThreads, 0, out, value, n);
+}
+
+void round_to_bf16(bf16* out, const float* inp, int64_t n) {
+  if (n == 0) return;
+  launch_kernel("round_to_bf16", round_to_bf16_kernel, blocks_for((n + 7) / 8), kThreads, 0, out, inp, n,
+                aligned16(out) && aligned16(inp));
+}
+
+void widen_bf16(float* out, const bf16* inp, int64_t n) {
+  if (n == 0) return;
+  launch_kernel("widen_bf16", widen_bf16_kernel, blocks_for((n + 7) / 8), kThreads, 0, out, inp, n,
+                aligned16(out) && aligned16(inp));
 }
 
 void axpy(float* y, const float* x, float alpha, int64_t n) {
