@@ -8,7 +8,8 @@
 //
 // Rows timed while other processes were busy are flagged with '*' (from /proc/stat): rerun those.
 // --bf16 times our products with bf16 operands (--dtype bf16) on the CPU's default bf16 kernel (AMX-BF16 where
-// present, else rounded for the f32 micro-kernel), --bf16-kernel f32|avx512|amx on a chosen one, against OpenBLAS's
+// present, else rounded for the f32 micro-kernel), from f32 operands rounded as they are packed and, in a column of
+// its own, from operands stored in bf16 (packed as they lie: the same result bit for bit, checked), --bf16-kernel f32|avx512|amx on a chosen one, against OpenBLAS's
 // f32 products (there is no bf16 sgemm to compare with; PyTorch's autocast is compared in bench/compare_torch.sh).
 //
 // Notes from tuning. Machine: 2-core AMD EPYC (Zen 3) KVM guest, AVX2+FMA, 32 KB L1d and 512 KB L2 per core,
@@ -81,6 +82,7 @@ struct Row {
   double ours, blas;  // GFLOP/s
   double err;         // max |ours - blas| / max |blas|
   double other_load;  // cores used by other processes while timing (NaN when unknown)
+  double storage;     // --bf16: GFLOP/s of ours over bf16 storage (NaN when not run)
 };
 
 // CPU seconds used machine-wide (everything but idle and iowait, steal included) and by this process. Over a row,
@@ -114,6 +116,7 @@ struct Product {
   const float *a, *b;
   int64_t lda, ldb, ldc;
   float beta;
+  const tinygpt::bf16 *a16 = nullptr, *b16 = nullptr;  // --bf16: the operands stored in bf16
 };
 
 bool g_bf16 = false;  // --bf16: our products with bf16 operands, on g_kernel
@@ -125,6 +128,11 @@ void run_ours(const Product& p, float* c) {
   } else {
     tinygpt::cpu::gemm<float>(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a, p.lda, p.b, p.ldb, p.beta, c, p.ldc);
   }
+}
+
+/// Ours over operands stored in bf16 (--dtype bf16's tensors): packed as they lie, nothing rounded.
+void run_ours_bf16_storage(const Product& p, float* c) {
+  tinygpt::cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a16, p.lda, p.b16, p.ldb, p.beta, c, p.ldc);
 }
 
 void run_blas(const Product& p, float* c) {
@@ -162,7 +170,22 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   }
   // beta = 0 outputs start as NaN (must not be read); the dW accumulator starts equal for both.
   c0 = p.beta == 0.0f ? std::vector<float>(size_t(p.m * p.n), NAN) : filled(p.m * p.n);
-  std::vector<float> c_ours = c0, c_blas = c0;
+  std::vector<float> c_ours = c0, c_blas = c0, c_storage = c0;
+  // With --bf16 on the default kernel, the same product over bf16 copies of the operands too (bit for bit ours).
+  const bool storage = g_bf16 && g_kernel == tinygpt::cpu::bf16_kernel();
+  const std::vector<tinygpt::bf16> a16 = storage ? std::vector<tinygpt::bf16>(in0.begin(), in0.end()) : std::vector<tinygpt::bf16>{};
+  const std::vector<tinygpt::bf16> b16 = storage ? std::vector<tinygpt::bf16>(in1.begin(), in1.end()) : std::vector<tinygpt::bf16>{};
+  p.a16 = a16.data(), p.b16 = b16.data();
+  if (storage) {
+    run_ours_bf16_storage(p, c_storage.data());
+    std::vector<float> c_check = c0;
+    run_ours(p, c_check.data());
+    if (c_check != c_storage && p.beta == 0.0f) {
+      std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: bf16 storage differs from rounded f32\n",
+                   (long long)M, (long long)K, (long long)N, kind);
+      std::exit(1);
+    }
+  }
 
   run_ours(p, c_ours.data());
   run_blas(p, c_blas.data());
@@ -185,7 +208,7 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   // 2x on small shapes (and tripping gemm's oversubscription guard). So before our batch the process sleeps until
   // OpenBLAS's workers are asleep, and each batch starts with at least one call and 30 ms of calls that are not
   // recorded, then records at least 2 calls and 80 ms (so >= 6 calls and >= 0.24 s per implementation and row).
-  std::vector<double> t_ours, t_blas;
+  std::vector<double> t_ours, t_blas, t_storage;
   auto batch = [&](auto&& fn, float* c, double settle, std::vector<double>& times) {
     std::this_thread::sleep_for(std::chrono::duration<double>(settle));
     const Clock::time_point start = Clock::now();
@@ -205,13 +228,15 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   const CpuSample cpu0 = cpu_sample();
   for (int round = 0; round < 3; ++round) {
     batch(run_ours, c_ours.data(), 0.15, t_ours);
+    if (storage) batch(run_ours_bf16_storage, c_storage.data(), 0.0, t_storage);
     batch(run_blas, c_blas.data(), 0.0, t_blas);
   }
   const CpuSample cpu1 = cpu_sample();
   double other_load = (cpu1.machine - cpu0.machine - (cpu1.self - cpu0.self)) / seconds_since(start);
   if (other_load < 0) other_load = 0;  // tick rounding; NaN (no /proc/stat) stays NaN
   const double flops = 2.0 * double(M) * double(N) * double(K);
-  return {M, K, N, kind, flops / median(t_ours) / 1e9, flops / median(t_blas) / 1e9, err, other_load};
+  return {M, K, N, kind, flops / median(t_ours) / 1e9, flops / median(t_blas) / 1e9, err, other_load,
+          storage ? flops / median(t_storage) / 1e9 : NAN};
 }
 
 void usage() {
@@ -293,9 +318,11 @@ int main(int argc, char** argv) {
                 g_bf16 ? (std::string("; ours with bf16 operands on ") + tinygpt::cpu::bf16_kernel_name(g_kernel) +
                           " kernels, OpenBLAS f32").c_str()
                        : "");
-    std::printf("%6s %5s %5s %-5s %12s %16s %7s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", "ratio");
+    std::printf("%6s %5s %5s %-5s %12s %16s %7s%s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", "ratio",
+                g_bf16 ? "  bf16_storage_gflops  storage/ours" : "");
   }
-  double min_ratio = INFINITY, log_sum = 0;
+  double min_ratio = INFINITY, log_sum = 0, storage_log_sum = 0;
+  int storage_rows = 0;
   int rows = 0, busy_rows = 0;
   for (int64_t M : Ms) {
     if (quick && M != 768) continue;
@@ -311,14 +338,22 @@ int main(int argc, char** argv) {
           if (!std::isnan(r.other_load)) std::snprintf(load, sizeof load, "%.2f", r.other_load);
           std::printf(
               "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
-              "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\"}\n",
+              "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\", "
+              "\"bf16_storage_gflops\": %.2f}\n",
               (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load,
-              g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "");
+              g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "",
+              std::isnan(r.storage) ? 0.0 : r.storage);
         } else {
           const bool busy = r.other_load > kBusyCores;
           busy_rows += busy;
-          std::printf("%6lld %5lld %5lld %-5s %12.1f %16.1f %7.3f%s\n", (long long)r.M, (long long)r.K, (long long)r.N,
-                      r.kind, r.ours, r.blas, ratio, busy ? "  *" : "");
+          std::printf("%6lld %5lld %5lld %-5s %12.1f %16.1f %7.3f", (long long)r.M, (long long)r.K, (long long)r.N,
+                      r.kind, r.ours, r.blas, ratio);
+          if (!std::isnan(r.storage)) {
+            std::printf("  %19.1f  %12.3f", r.storage, r.storage / r.ours);
+            storage_log_sum += std::log(r.storage / r.ours);
+            ++storage_rows;
+          }
+          std::printf("%s\n", busy ? "  *" : "");
         }
         std::fflush(stdout);
       }
@@ -326,6 +361,9 @@ int main(int argc, char** argv) {
   }
   if (!json) {
     std::printf("ratio over %d rows: min %.3f, geomean %.3f\n", rows, min_ratio, std::exp(log_sum / rows));
+    if (storage_rows)
+      std::printf("bf16 storage against f32 operands rounded as packed, geomean over %d rows: %.3f\n", storage_rows,
+                  std::exp(storage_log_sum / storage_rows));
     if (busy_rows)
       std::printf("* %d rows ran while other processes used more than %.2f cores; rerun for clean numbers\n",
                   busy_rows, kBusyCores);

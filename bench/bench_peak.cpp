@@ -77,7 +77,7 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) double dpbf16_zmm(long r
 
 // Four accumulator tiles, two A and two B tiles (as the GEMM's 32 x 32 kernel), four products per round.
 TINYGPT_TARGET_AMX __attribute__((noinline)) double amx_tiles(long reps) {
-  tinygpt::cpu::bf16::load_tile_config(tinygpt::cpu::bf16::kAllTiles16x64);
+  tinygpt::cpu::bf16_isa::load_tile_config(tinygpt::cpu::bf16_isa::kAllTiles16x64);
   alignas(64) static thread_local uint16_t ab[16 * 32];
   for (auto& v : ab) v = 0x3f80;
   _tile_zero(0);

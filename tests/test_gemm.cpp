@@ -270,6 +270,48 @@ TEST_CASE("every bf16 kernel this CPU has matches naive products of the rounded 
   }
 }
 
+TEST_CASE("gemm on bf16 storage: bit for bit gemm<float> with bf16 operands, on the kernel this CPU picks") {
+  // The same products of the same bf16 values on the same blocking: the packing from bf16 storage (a load of the
+  // pairs as they lie, or pairs gathered across rows) must give the packed words that rounding the f32 copies gives.
+  // Odd sizes and strides (edge tiles, k padded to 2 or 32), every transpose, alpha/beta, and the epilogue.
+  MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(tinygpt::cpu::bf16_kernel())));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  struct Shape3 { int64_t M, N, K, pad; };
+  for (const Shape3 sh : {Shape3{1, 1, 1, 0}, Shape3{9, 17, 31, 3}, Shape3{33, 130, 33, 0}, Shape3{70, 65, 300, 5},
+                          Shape3{130, 300, 384, 1}}) {
+    for (const int t : {0, 1, 2, 3}) {
+      const bool ta = t & 1, tb = t & 2;
+      CAPTURE(sh.M);
+      CAPTURE(sh.N);
+      CAPTURE(sh.K);
+      CAPTURE(t);
+      const int64_t lda = (ta ? sh.M : sh.K) + sh.pad, ldb = (tb ? sh.K : sh.N) + sh.pad, ldc = sh.N + sh.pad;
+      const int64_t a_rows = ta ? sh.K : sh.M, b_rows = tb ? sh.N : sh.K;
+      std::vector<float> a(size_t(a_rows * lda)), b(size_t(b_rows * ldb)), bias(size_t(sh.N));
+      for (float& x : a) x = tinygpt::round_bf16(dist(rng));
+      for (float& x : b) x = tinygpt::round_bf16(dist(rng));
+      for (float& x : bias) x = dist(rng);
+      std::vector<tinygpt::bf16> a16(a.begin(), a.end()), b16(b.begin(), b.end());
+      for (const bool epilogue : {false, true}) {
+        std::vector<float> c_ref(size_t(sh.M * ldc)), c(size_t(sh.M * ldc));
+        for (size_t i = 0; i < c.size(); ++i) c[i] = c_ref[i] = dist(rng);
+        std::vector<float> act_ref(c.size()), act(c.size());
+        tinygpt::cpu::Epilogue<float> ep_ref, ep;
+        if (epilogue) {
+          ep_ref = {bias.data(), Activation::Gelu, act_ref.data(), nullptr};
+          ep = {bias.data(), Activation::Gelu, act.data(), nullptr};
+        }
+        const float beta = epilogue ? 0.0f : 0.5f;
+        gemm<float>(ta, tb, sh.M, sh.N, sh.K, 1.5f, a.data(), lda, b.data(), ldb, beta, c_ref.data(), ldc, true, ep_ref);
+        gemm(ta, tb, sh.M, sh.N, sh.K, 1.5f, a16.data(), lda, b16.data(), ldb, beta, c.data(), ldc, ep);
+        CHECK(c == c_ref);
+        if (epilogue) CHECK(act == act_ref);
+      }
+    }
+  }
+}
+
 TEST_CASE("AmxTiles: the flash kernels' bf16 tile products match naive products of the rounded operands") {
   const auto& have = bf16_kernels_available();
   if (std::find(have.begin(), have.end(), Bf16Kernel::Amx) == have.end()) {

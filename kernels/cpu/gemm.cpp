@@ -459,10 +459,13 @@ void run_epilogue(const Epilogue<T>& ep, T* c, int64_t ldc, int64_t at, int64_t 
 
 // Cfg: tile and block sizes, packing and micro-kernel. Packed (Cfg::Packed) is the element type of the packed
 // operands: T itself (rounded to bf16 in place when `bf16`), or bf16 bits for the bf16 micro-kernels, whose packing
-// pads each k block to Cfg::kpad(kc) with zeros.
-template <class Cfg, class T>
-void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+// pads each k block to Cfg::kpad(kc) with zeros. S is the operands' storage: T, or bf16 for the bf16 micro-kernels
+// (packed as they lie, no rounding).
+template <class Cfg, class T, class S = T>
+void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const S* A, int64_t lda, const S* B,
                   int64_t ldb, T beta, T* C, int64_t ldc, int nt, bool bf16, const Epilogue<T>& ep) {
+  static_assert(std::is_same_v<S, T> || !std::is_same_v<typename Cfg::Packed, T>,
+                "bf16 storage is packed by the bf16 micro-kernels' packing only");
   using P = typename Cfg::Packed;
   constexpr int MR = Cfg::MR, NR = Cfg::NR;
 
@@ -518,7 +521,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   auto a_source = [&](const Segment& sg, int64_t rb, int64_t kb) {
     int64_t i0, mc, k0, kc;
     a_block(sg, rb, kb, i0, mc, k0, kc);
-    const int64_t es = sizeof(T);
+    const int64_t es = sizeof(S);
     return ta ? Prefetch(A + k0 * lda + i0, lda * es, mc * es, kc) : Prefetch(A + i0 * lda + k0, lda * es, kc * es, mc);
   };
 
@@ -701,13 +704,13 @@ std::vector<Bf16Kernel> detect_bf16_kernels() {
 std::vector<Bf16Kernel> detect_bf16_kernels() { return {Bf16Kernel::F32Units}; }
 #endif
 
-template <class Cfg, class T>
-void gemm_with(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-               const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const Epilogue<T>& ep = {}) {
+template <class Cfg, class T, class S = T>
+void gemm_with(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const S* A, int64_t lda,
+               const S* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const Epilogue<T>& ep = {}) {
   int nt = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
   const double fmas = double(M) * double(N) * double(K);
   nt = int(std::clamp<double>(fmas / kMinFmasPerThread, 1.0, double(std::max(nt, 1))));
-  gemm_blocked<Cfg>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16, ep);
+  gemm_blocked<Cfg, T, S>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nt, bf16, ep);
 }
 
 /// bf16 products on `kernel`, known to be available.
@@ -716,9 +719,9 @@ void run_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t 
               const Epilogue<float>& ep = {}) {
 #if defined(TINYGPT_GEMM_BF16)
   if (kernel == Bf16Kernel::Amx)
-    return gemm_with<bf16::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
+    return gemm_with<bf16_isa::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
   if (kernel == Bf16Kernel::Avx512Bf16)
-    return gemm_with<bf16::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
+    return gemm_with<bf16_isa::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
 #endif
   gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
 }
@@ -804,6 +807,37 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t, bool, const Epilogue<float>&);
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+          const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc, const Epilogue<float>& ep) {
+  if (ep.act != Activation::None && ((ep.act_out == nullptr) == (ep.act_of == nullptr) || beta != 0.0f))
+    throw std::invalid_argument("gemm: an activation epilogue needs one of act_out and act_of, and beta 0");
+  if (M <= 0 || N <= 0) return;
+  if (scale_only(M, N, K, alpha, beta, C, ldc)) {
+    if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
+    return;
+  }
+#if defined(TINYGPT_GEMM_BF16)
+  const Bf16Kernel kernel = bf16_kernel();
+  if (kernel == Bf16Kernel::Amx)
+    return gemm_with<bf16_isa::AmxConfig, float, bf16>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                                        true, ep);
+  if (kernel == Bf16Kernel::Avx512Bf16)
+    return gemm_with<bf16_isa::Avx512Bf16Config, float, bf16>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
+                                                               C, ldc, true, ep);
+#endif
+  // The f32 units: the operands widened (exactly) into f32 copies of the spans the product reads.
+  auto widened = [](const bf16* X, int64_t rows, int64_t cols, int64_t ld) {
+    const int64_t span = (rows - 1) * ld + cols;
+    std::vector<float> w(static_cast<size_t>(span));
+#pragma omp parallel for simd if (span >= (int64_t(1) << 16))
+    for (int64_t i = 0; i < span; ++i) w[size_t(i)] = float(X[i]);
+    return w;
+  };
+  const std::vector<float> a = trans_a ? widened(A, K, M, lda) : widened(A, M, K, lda);
+  const std::vector<float> b = trans_b ? widened(B, N, K, ldb) : widened(B, K, N, ldb);
+  gemm<float>(trans_a, trans_b, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc, false, ep);
+}
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
                            int64_t, double, double*, int64_t, bool, const Epilogue<double>&);
 

@@ -12,11 +12,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../bf16.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TINYGPT_GEMM_BF16 1
 #include <immintrin.h>
 
-namespace tinygpt::cpu::bf16 {
+namespace tinygpt::cpu::bf16_isa {
 
 #define TINYGPT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2")))
 #define TINYGPT_TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2,amx-tile,amx-bf16")))
@@ -73,6 +75,13 @@ TINYGPT_TARGET_AVX512 inline __m512i pairs_across(const float* src, int64_t ld, 
   return _mm512_or_si512(bf16_bits(x0), shl16(bf16_bits(x1)));
 }
 
+/// pairs_across from bf16 storage: the values are bf16 already, so each 16-bit element is widened to its lane.
+TINYGPT_TARGET_AVX512 inline __m512i pairs_across(const tinygpt::bf16* src, int64_t ld, int64_t k, int64_t kc, __mmask16 m) {
+  const __m512i x0 = k < kc ? _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), _mm256_maskz_loadu_epi16(m, src + k * ld)) : _mm512_setzero_si512();
+  const __m512i x1 = k + 1 < kc ? _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), _mm256_maskz_loadu_epi16(m, src + (k + 1) * ld)) : _mm512_setzero_si512();
+  return _mm512_or_si512(x0, shl16(x1));
+}
+
 /// The 16 pair words of k in [k, k + 32) of one row of X with k contiguous (k past kc zero): lane i is pair i.
 TINYGPT_TARGET_AVX512 inline __m512i pairs_along(const float* src, int64_t k, int64_t kc) {
   // 16-bit element e of (a, b) is 2 e: the low halves of a's 16 lanes, then of b's.
@@ -83,13 +92,21 @@ TINYGPT_TARGET_AVX512 inline __m512i pairs_along(const float* src, int64_t k, in
   return _mm512_permutex2var_epi16(bf16_bits(x0), low_halves, bf16_bits(x1));
 }
 
+/// pairs_along from bf16 storage: 32 consecutive bf16 values are the 16 pair words as they lie.
+TINYGPT_TARGET_AVX512 inline __m512i pairs_along(const tinygpt::bf16* src, int64_t k, int64_t kc) {
+  const int64_t n = kc - k;
+  const __mmask32 m = n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1);
+  return _mm512_maskz_loadu_epi16(m, src + k);
+}
+
 /// Packs rows [r0, r0 + rows) x k [k0, k0 + kc) of X (X(r, k) = X[r * ld + k] when k_contig, else X[k * ld + r])
 /// into panels W rows wide of bf16 pairs, kcp (even) deep, zero-padded: panel p at dst + p * W * kcp, the pair kp of
 /// row r at 32-bit word L::at(kp, r) of it. L::kRowStep and L::kPairStep are the word distances between rows and
 /// between pairs (within 16 aligned pairs). Where the source's contiguous axis is not the layout's, 16 x 16 blocks of
 /// pair words are transposed in registers (a scatter store per vector was a third of the packing's time).
-template <int W, class L>
-TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows,
+/// S is the storage read: f32 (rounded as packed) or bf16 (as it is).
+template <int W, class L, class S>
+TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const S* X, int64_t ld, int64_t r0, int64_t rows,
                                            int64_t k0, int64_t kc, int64_t kcp, uint16_t* dst) {
   const int64_t pairs = kcp / 2;
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -98,7 +115,7 @@ TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const float* X, int64_
     const int64_t valid = std::min<int64_t>(W, rows - p * W);
     if (!k_contig) {
       // Rows are contiguous in X: per pair, 16 rows from X's rows k and k + 1.
-      const float* src = X + k0 * ld + r0 + p * W;
+      const S* src = X + k0 * ld + r0 + p * W;
       for (int h = 0; h < W; h += 16) {
         const __mmask16 m = lanes16(valid - h);
         if constexpr (L::kRowStep == 1) {
@@ -118,7 +135,7 @@ TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const float* X, int64_
     } else if constexpr (L::kPairStep == 1) {
       // k is contiguous in X and in the layout: per row, 16 pairs (32 k) at a time.
       for (int64_t r = 0; r < W; ++r) {
-        const float* src = X + (r0 + p * W + r) * ld + k0;
+        const S* src = X + (r0 + p * W + r) * ld + k0;
         for (int64_t kp = 0; kp < pairs; kp += 16) {
           const __m512i w = r < valid ? pairs_along(src, 2 * kp, kc) : _mm512_setzero_si512();
           _mm512_mask_storeu_epi32(d + L::at(kp, r), lanes16(pairs - kp), w);
@@ -139,7 +156,7 @@ TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const float* X, int64_
     } else {
       // Panels narrower than 16 rows: per row, 16 pairs scattered to their places.
       for (int64_t r = 0; r < W; ++r) {
-        const float* src = X + (r0 + p * W + r) * ld + k0;
+        const S* src = X + (r0 + p * W + r) * ld + k0;
         for (int64_t kp = 0; kp < pairs; kp += 16) {
           const __m512i w = r < valid ? pairs_along(src, 2 * kp, kc) : _mm512_setzero_si512();
           _mm512_mask_i32scatter_epi32(d + L::at(kp, r), lanes16(pairs - kp),
@@ -184,11 +201,13 @@ struct Bf16Packing {
   static constexpr int MR = MR_, NR = NR_;
   using Packed = uint16_t;
   static constexpr int64_t kpad(int64_t kc) { return round_up(kc, KPad); }
-  static void pack_a(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+  template <class S>  // f32 (rounded as packed) or bf16 storage
+  static void pack_a(bool k_contig, const S* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
                      uint16_t* dst) {
     pack_bf16_pairs<MR, ALayout<MR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
   }
-  static void pack_b(bool k_contig, const float* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
+  template <class S>
+  static void pack_b(bool k_contig, const S* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0, int64_t kc,
                      uint16_t* dst) {
     pack_bf16_pairs<NR, PairsByK<NR>>(k_contig, X, ld, r0, rows, k0, kc, kpad(kc), dst);
   }
@@ -304,5 +323,5 @@ TINYGPT_TARGET_AMX inline void AmxConfig::kernel(int64_t kcp, const uint16_t* __
   store_tile<MR>(out, NR, c, ldc, alpha, beta);
 }
 
-}  // namespace tinygpt::cpu::bf16
+}  // namespace tinygpt::cpu::bf16_isa
 #endif
