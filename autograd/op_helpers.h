@@ -22,6 +22,8 @@ inline bool unwritten(const Tensor& grad) { return grad.defined() && grad.impl()
 void check_float(const char* op, const Tensor& t, const char* what = "input");
 /// Throws unless t is defined and of a dtype whose storage the op's kernels take: f32, f64 or bf16.
 void check_storage(const char* op, const Tensor& t, const char* what = "input");
+/// The dtype an op computes and keeps its statistics in for storage `dtype`: f32 for bf16, else dtype itself.
+inline DType compute_dtype(DType dtype) { return dtype == DType::BF16 ? DType::F32 : dtype; }
 /// Throws unless a and b share dtype and device.
 void check_same(const char* op, const Tensor& a, const Tensor& b);
 /// Product of the dims [begin, end) of shape.

@@ -17,6 +17,14 @@ namespace tinygpt {
 /// converted to x's dtype. The way into and out of bf16 storage inside a graph (f32 <-> bf16 on either device).
 Tensor cast(const Tensor& x, DType dtype);
 
+/// The bf16 working copy of the f32 parameter p, as a differentiable bf16 tensor whose gradient is widened into p's:
+/// the copy write_bf16_copy last wrote (no rounding here), or p rounded now when it has none. A bf16 p is returned as
+/// it is.
+Tensor working_copy(const Tensor& p);
+/// (Re)writes p's bf16 working copy from p: into `into` (a bf16 tensor of p's shape and device, such as a slice of
+/// a buffer of copies), which becomes the copy, or into the copy p has, or a new one.
+void write_bf16_copy(const Tensor& p, const Tensor& into = Tensor());
+
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);

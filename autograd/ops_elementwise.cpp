@@ -143,6 +143,33 @@ Tensor cast(const Tensor& x, DType dtype) {
   });
 }
 
+void write_bf16_copy(const Tensor& p, const Tensor& into) {
+  if (p.dtype() != DType::F32) throw Error(fmt::format("write_bf16_copy: the parameter must be f32, got {}", dtype_name(p.dtype())));
+  TensorImpl& impl = p.impl();
+  if (into.defined()) {
+    if (into.dtype() != DType::BF16 || !(into.shape() == p.shape()) || into.device() != p.device()) {
+      throw Error(fmt::format("write_bf16_copy: the copy must be bf16 {} on {}, got {} {} on {}", p.shape().str(),
+                              device_name(p.device()), dtype_name(into.dtype()), into.shape().str(),
+                              device_name(into.device())));
+    }
+    impl.bf16_copy = into.impl_ptr();
+  } else if (!impl.bf16_copy || impl.bf16_copy->storage->device != p.device()) {
+    impl.bf16_copy = empty(p.shape(), DType::BF16, p.device()).impl_ptr();
+  }
+  launch(kernels::round_to_bf16, p.device(), static_cast<bf16*>(impl.bf16_copy->storage->data), p.data<float>(), p.numel());
+}
+
+Tensor working_copy(const Tensor& p) {
+  if (p.dtype() == DType::BF16) return p;
+  const auto& copy = p.impl().bf16_copy;
+  if (!copy || !(copy->shape == p.shape()) || copy->storage->device != p.device()) return cast(p, DType::BF16);
+  // A new handle on the copy's storage, so the node below belongs to this use only.
+  const Tensor out(std::make_shared<TensorImpl>(copy->storage, copy->shape, DType::BF16));
+  return record("cast", out, {p}, [](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
+    accumulate_into(grads[0], dout.to(DType::F32));
+  });
+}
+
 Tensor add(const Tensor& a, const Tensor& b) { return binary("add", BinaryOp::Add, a, b); }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", BinaryOp::Sub, a, b); }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", BinaryOp::Mul, a, b); }

@@ -88,8 +88,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
 
 /// Checks linear's operands (x (..., C), weight (OC, C), bias (OC) or undefined); returns OC.
 int64_t check_linear(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  detail::check_float(op, x);
-  detail::check_float(op, weight, "weight");
+  detail::check_storage(op, x);
+  detail::check_storage(op, weight, "weight");
   detail::check_same(op, x, weight);
   if (weight.ndim() != 2 || x.ndim() < 1 || x.size(-1) != weight.size(1)) {
     shape_error(op, "input (..., C) needs weight (OC, C)", x.shape(), weight.shape());
@@ -130,13 +130,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const N
   const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
   Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
   const Tensor x16 = bf16_operand(x, N * C, math);
-  dispatch_float(x.dtype(), "linear", [&]<class T>() {
+  dispatch_storage(x.dtype(), "linear", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(), out.data<T>(), x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, OC,
            math, Activation::None, static_cast<T*>(nullptr), bf16_bits(x16), static_cast<uint16_t*>(nullptr));
   });
   return record("linear", out, {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                  dispatch_float(dout.dtype(), "linear", [&]<class T>() {
+                  dispatch_storage(dout.dtype(), "linear", [&]<class T>() {
                     launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
                            ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC, math,
                            detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr),
@@ -163,7 +163,7 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
   const Tensor x16 = bf16_operand(x, N * C, math), h16 = bf16_operand(x, N * H, math);
   const Tensor h = h16.defined() ? Tensor() : empty(pre.shape(), x.dtype(), x.device());
   Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
-  dispatch_float(x.dtype(), "mlp", [&]<class T>() {
+  dispatch_storage(x.dtype(), "mlp", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(), pre.data<T>(), x.data<T>(), w_fc.data<T>(), ptr<T>(b_fc), N, C, H,
            math, act, ptr<T>(h), bf16_bits(x16), bf16_bits(h16));
     launch(kernels::linear_forward<T>, x.device(), out.data<T>(), ptr<T>(h), w_proj.data<T>(), ptr<T>(b_proj), N, H,
@@ -174,7 +174,7 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
                   const bool first = grads[0].defined() || grads[1].defined() || grads[2].defined();
                   // The gradient at pre, dout w_proj * act'(pre), formed with act' in the product's epilogue.
                   const Tensor dpre = first ? empty(pre.shape(), dout.dtype(), dout.device()) : Tensor();
-                  dispatch_float(dout.dtype(), "mlp", [&]<class T>() {
+                  dispatch_storage(dout.dtype(), "mlp", [&]<class T>() {
                     launch(kernels::linear_backward<T>, dout.device(), ptr<T>(dpre), ptr<T>(grads[3]),
                            ptr<T>(grads[4]), dout.data<T>(), ptr<T>(h), in[3].data<T>(), N, H, OC, math, true, act,
                            pre.data<T>(), bf16_bits(h16));
@@ -190,8 +190,8 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
 
 /// Checks layer norm's operands; returns its rows and features.
 std::pair<int64_t, int64_t> check_layer_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  detail::check_float(op, x);
-  detail::check_float(op, weight, "weight");
+  detail::check_storage(op, x);
+  detail::check_storage(op, weight, "weight");
   detail::check_same(op, x, weight);
   const auto [N, C] = rows_cols(x);
   if (weight.ndim() != 1 || weight.size(0) != C) shape_error(op, "weight must be (C)", x.shape(), weight.shape());
@@ -207,10 +207,10 @@ Tensor record_layer_norm(Tensor out, const Tensor& x, const Tensor& weight, cons
                          const Tensor& rstd, int64_t N, int64_t C) {
   return record("layer_norm", std::move(out), {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                  dispatch_float(dout.dtype(), "layer_norm", [&]<class T>() {
+                  dispatch_storage(dout.dtype(), "layer_norm", [&]<class T>() {
                     launch(kernels::layernorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
-                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), mean.data<T>(),
-                           rstd.data<T>(), N, C, detail::unwritten(grads[0]));
+                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(),
+                           mean.data<compute_t<T>>(), rstd.data<compute_t<T>>(), N, C, detail::unwritten(grads[0]));
                   });
                 }, /*writes_unwritten=*/1u);
 }
@@ -219,11 +219,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   const auto rows_features = check_layer_norm("layer_norm", x, weight, bias);
   const int64_t N = rows_features.first, C = rows_features.second;  // clang 14 cannot capture structured bindings
   Tensor out = empty(x.shape(), x.dtype(), x.device());
-  const Tensor mean = empty({N}, x.dtype(), x.device());
-  const Tensor rstd = empty({N}, x.dtype(), x.device());
-  dispatch_float(x.dtype(), "layer_norm", [&]<class T>() {
-    launch(kernels::layernorm_forward<T>, x.device(), out.data<T>(), ptr<T>(mean), ptr<T>(rstd), x.data<T>(),
-           weight.data<T>(), ptr<T>(bias), N, C, T(eps));
+  const Tensor mean = empty({N}, detail::compute_dtype(x.dtype()), x.device());
+  const Tensor rstd = empty({N}, detail::compute_dtype(x.dtype()), x.device());
+  dispatch_storage(x.dtype(), "layer_norm", [&]<class T>() {
+    launch(kernels::layernorm_forward<T>, x.device(), out.data<T>(), ptr<compute_t<T>>(mean), ptr<compute_t<T>>(rstd),
+           x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, compute_t<T>(eps));
   });
   return record_layer_norm(out, x, weight, bias, mean, rstd, N, C);
 }
@@ -236,11 +236,12 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const
   if (!(a.shape() == b.shape())) shape_error("add_layer_norm", "a and b must have one shape", a.shape(), b.shape());
   if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("add_layer_norm: dropout probability must be in [0, 1), got {}", p));
   Tensor sum = empty(a.shape(), a.dtype(), a.device()), out = empty(a.shape(), a.dtype(), a.device());
-  const Tensor mean = empty({N}, a.dtype(), a.device());
-  const Tensor rstd = empty({N}, a.dtype(), a.device());
-  dispatch_float(a.dtype(), "add_layer_norm", [&]<class T>() {
-    launch(kernels::add_layernorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<T>(mean), ptr<T>(rstd),
-           a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, T(eps), float(p), seed);
+  const Tensor mean = empty({N}, detail::compute_dtype(a.dtype()), a.device());
+  const Tensor rstd = empty({N}, detail::compute_dtype(a.dtype()), a.device());
+  dispatch_storage(a.dtype(), "add_layer_norm", [&]<class T>() {
+    launch(kernels::add_layernorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<compute_t<T>>(mean),
+           ptr<compute_t<T>>(rstd), a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, compute_t<T>(eps),
+           float(p), seed);
   });
   // Two nodes, as the two ops would record: the sum's gradient (from its other readers and from the norm) reaches a
   // and b once it is complete; b's through the dropout's mask when there is one.
@@ -248,7 +249,7 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const
     for (size_t i = 0; i < grads.size(); ++i) {
       Tensor& g = grads[i];
       if (i == 1 && p > 0.0 && g.defined()) {
-        dispatch_float(dout.dtype(), "add_layer_norm", [&]<class T>() {
+        dispatch_storage(dout.dtype(), "add_layer_norm", [&]<class T>() {
           launch(kernels::dropout_backward<T>, dout.device(), g.data<T>(), dout.data<T>(), dout.numel(), float(p), seed);
         });
       } else if (detail::unwritten(g)) {
@@ -262,7 +263,7 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const
 }
 
 Tensor embedding(const Tensor& ids, const Tensor& weight) {
-  detail::check_float("embedding", weight, "weight");
+  detail::check_storage("embedding", weight, "weight");
   if (weight.ndim() != 2) shape_error("embedding", "weight must be (V, C)", ids.shape(), weight.shape());
   if (ids.device() != weight.device()) throw Error("embedding: ids and weight are on different devices");
   const int64_t V = weight.size(0), C = weight.size(1), N = ids.numel();
@@ -270,12 +271,12 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   std::vector<int64_t> dims = ids.shape().vec();
   dims.push_back(C);
   Tensor out = empty(Shape(dims), weight.dtype(), weight.device());
-  dispatch_float(weight.dtype(), "embedding", [&]<class T>() {
+  dispatch_storage(weight.dtype(), "embedding", [&]<class T>() {
     launch(kernels::embedding_forward<T>, weight.device(), out.data<T>(), ids.data<int32_t>(), weight.data<T>(), N, C);
   });
   return record("embedding", out, {ids, weight},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                  dispatch_float(dout.dtype(), "embedding", [&]<class T>() {
+                  dispatch_storage(dout.dtype(), "embedding", [&]<class T>() {
                     launch(kernels::embedding_backward<T>, dout.device(), grads[1].data<T>(), dout.data<T>(),
                            in[0].data<int32_t>(),
                            cuda::capturing() ? nullptr : in[0].host_copy(), N, in[1].size(0), C);
@@ -284,7 +285,7 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
-  detail::check_float("cross_entropy", logits, "logits");
+  detail::check_storage("cross_entropy", logits, "logits");
   const auto [N_, V_] = rows_cols(logits);
   const int64_t N = N_, V = V_;  // plain variables: clang 14 cannot capture structured bindings
   if (logits.ndim() < 1 || targets.numel() != N ||
@@ -295,24 +296,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   check_ids("cross_entropy", "target", targets, V, ignore_index);
   int64_t count = 0;
   for (int32_t t : targets.to_vector<int32_t>()) count += t != ignore_index;
-  const Tensor losses = empty({N}, logits.dtype(), logits.device());
-  const Tensor lse = empty({N}, logits.dtype(), logits.device());
-  dispatch_float(logits.dtype(), "cross_entropy", [&]<class T>() {
-    launch(kernels::crossentropy_forward<T>, logits.device(), ptr<T>(losses), ptr<T>(lse), logits.data<T>(),
-           targets.data<int32_t>(), N, V, ignore_index);
+  // The losses, the log-sum-exp and the loss are f32 for bf16 logits (compute_dtype).
+  const DType loss_dtype = detail::compute_dtype(logits.dtype());
+  const Tensor losses = empty({N}, loss_dtype, logits.device());
+  const Tensor lse = empty({N}, loss_dtype, logits.device());
+  dispatch_storage(logits.dtype(), "cross_entropy", [&]<class T>() {
+    launch(kernels::crossentropy_forward<T>, logits.device(), ptr<compute_t<T>>(losses), ptr<compute_t<T>>(lse),
+           logits.data<T>(), targets.data<int32_t>(), N, V, ignore_index);
   });
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = count > 0 ? scale(sum(losses), 1.0 / double(count)) : zeros({}, logits.dtype(), logits.device());
+    out = count > 0 ? scale(sum(losses), 1.0 / double(count)) : zeros({}, loss_dtype, logits.device());
   }
   return record("cross_entropy", out, {logits, targets},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   if (count == 0) return;
-                  dispatch_float(dout.dtype(), "cross_entropy", [&]<class T>() {
-                    launch(kernels::crossentropy_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(),
-                           T(1.0 / double(count)), in[0].data<T>(), lse.data<T>(), in[1].data<int32_t>(), N, V,
-                           ignore_index);
+                  dispatch_storage(in[0].dtype(), "cross_entropy", [&]<class T>() {
+                    launch(kernels::crossentropy_backward<T>, dout.device(), grads[0].data<T>(),
+                           dout.data<compute_t<T>>(), compute_t<T>(1.0 / double(count)), in[0].data<T>(),
+                           lse.data<compute_t<T>>(), in[1].data<int32_t>(), N, V, ignore_index);
                   });
                 });
 }
@@ -340,14 +343,14 @@ Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t po
 }
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed) {
-  detail::check_float("dropout", x);
+  detail::check_storage("dropout", x);
   if (!(p >= 0.0 && p <= 1.0)) throw Error(fmt::format("dropout: probability must be in [0, 1], got {}", p));
   Tensor out = empty(x.shape(), x.dtype(), x.device());
-  dispatch_float(x.dtype(), "dropout", [&]<class T>() {
+  dispatch_storage(x.dtype(), "dropout", [&]<class T>() {
     launch(kernels::dropout_forward<T>, x.device(), out.data<T>(), x.data<T>(), x.numel(), float(p), seed);
   });
   return record("dropout", out, {x}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
-    dispatch_float(dout.dtype(), "dropout", [&]<class T>() {
+    dispatch_storage(dout.dtype(), "dropout", [&]<class T>() {
       launch(kernels::dropout_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), dout.numel(), float(p), seed);
     });
   });

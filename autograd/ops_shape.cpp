@@ -47,7 +47,7 @@ Tensor reshape(const Tensor& x, std::vector<int64_t> dims) {
 }
 
 Tensor permute(const Tensor& x, std::vector<int> perm) {
-  detail::check_float("permute", x);
+  detail::check_storage("permute", x);
   std::vector<int> sorted(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) sorted[i] = perm[i] < 0 ? perm[i] + x.ndim() : perm[i];
   perm = sorted;
@@ -64,12 +64,12 @@ Tensor permute(const Tensor& x, std::vector<int> perm) {
   std::vector<int64_t> dims;
   for (int p : perm) dims.push_back(x.shape()[p]);
   Tensor out = empty(Shape(dims), x.dtype(), x.device());
-  dispatch_float(x.dtype(), "permute", [&]<class T>() {
+  dispatch_storage(x.dtype(), "permute", [&]<class T>() {
     launch(kernels::permute<T>, x.device(), out.data<T>(), x.data<T>(), g, false);
   });
   const PermuteGeom back = permute_geom(out.shape(), inverse);
   return record("permute", out, {x}, [back](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
-    dispatch_float(dout.dtype(), "permute", [&]<class T>() {
+    dispatch_storage(dout.dtype(), "permute", [&]<class T>() {
       launch(kernels::permute<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), back, true);
     });
   });
@@ -83,7 +83,7 @@ Tensor transpose(const Tensor& x, int dim0, int dim1) {
 }
 
 Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length) {
-  detail::check_float("narrow", x);
+  detail::check_storage("narrow", x);
   const int d = x.shape().normalize_dim(dim);
   const int64_t D = x.shape()[d];
   if (start < 0 || length < 0 || start + length > D) {
@@ -95,12 +95,12 @@ Tensor narrow(const Tensor& x, int dim, int64_t start, int64_t length) {
   std::vector<int64_t> dims = x.shape().vec();
   dims[size_t(d)] = length;
   Tensor out = empty(Shape(dims), x.dtype(), x.device());
-  dispatch_float(x.dtype(), "narrow", [&]<class T>() {
+  dispatch_storage(x.dtype(), "narrow", [&]<class T>() {
     launch(kernels::copy_slice<T>, x.device(), out.data<T>(), x.data<T>(), outer, inner, length, int64_t(0), D, start,
            length, false);
   });
   return record("narrow", out, {x}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
-    dispatch_float(dout.dtype(), "narrow", [&]<class T>() {
+    dispatch_storage(dout.dtype(), "narrow", [&]<class T>() {
       launch(kernels::copy_slice<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), outer, inner, D, start, length,
              int64_t(0), length, true);
     });
@@ -126,7 +126,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int dim) {
 Tensor concat(const std::vector<Tensor>& xs, int dim) {
   if (xs.empty()) throw Error("concat: no tensors given");
   const Tensor& first = xs[0];
-  detail::check_float("concat", first);
+  detail::check_storage("concat", first);
   const int d = first.shape().normalize_dim(dim);
   std::vector<int64_t> offsets;
   int64_t total = 0;
@@ -143,7 +143,7 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
   std::vector<int64_t> dims = first.shape().vec();
   dims[size_t(d)] = total;
   Tensor out = empty(Shape(dims), first.dtype(), first.device());
-  dispatch_float(first.dtype(), "concat", [&]<class T>() {
+  dispatch_storage(first.dtype(), "concat", [&]<class T>() {
     for (size_t i = 0; i < xs.size(); ++i) {
       const int64_t Di = xs[i].shape()[d];
       launch(kernels::copy_slice<T>, out.device(), out.data<T>(), xs[i].data<T>(), outer, inner, total, offsets[i], Di,
@@ -151,7 +151,7 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
     }
   });
   return record("concat", out, xs, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-    dispatch_float(dout.dtype(), "concat", [&]<class T>() {
+    dispatch_storage(dout.dtype(), "concat", [&]<class T>() {
       for (size_t i = 0; i < in.size(); ++i) {
         if (!grads[i].defined()) continue;
         const int64_t Di = in[i].shape()[d];
@@ -163,7 +163,7 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
 }
 
 void write_slice(Tensor& dst, int dim, int64_t start, const Tensor& src) {
-  detail::check_float("write_slice", dst);
+  detail::check_storage("write_slice", dst);
   detail::check_same("write_slice", dst, src);
   if (dst.requires_grad()) throw Error("write_slice: the destination requires a gradient; write_slice is outside the graph");
   const int d = dst.shape().normalize_dim(dim);
@@ -177,7 +177,7 @@ void write_slice(Tensor& dst, int dim, int64_t start, const Tensor& src) {
   }
   const int64_t outer = detail::dims_product(dst.shape(), 0, d);
   const int64_t inner = detail::dims_product(dst.shape(), d + 1, dst.ndim());
-  dispatch_float(dst.dtype(), "write_slice", [&]<class T>() {
+  dispatch_storage(dst.dtype(), "write_slice", [&]<class T>() {
     launch(kernels::copy_slice<T>, dst.device(), dst.data<T>(), src.data<T>(), outer, inner, D, start, n, int64_t(0), n,
            false);
   });

@@ -89,6 +89,9 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;  // accumulated gradient of a leaf
   std::shared_ptr<Node> grad_fn;     // the op that produced this tensor; null for leaves
   bool unwritten = false;            // a gradient slot handed out uninitialized (Node::writes_unwritten)
+  /// A parameter's bf16 working copy (bf16 storage: autograd/ops.h working_copy), written where the parameter is
+  /// (write_bf16_copy, FlatParameters::write_bf16_copies after an optimizer step).
+  std::shared_ptr<TensorImpl> bf16_copy;
 
   /// Number of live TensorImpl objects: tests use it to prove the graph is freed.
   static std::atomic<int64_t> live_count;

@@ -24,8 +24,9 @@ TINYGPT_HOST_DEVICE inline uint16_t bf16_bits_of(float x) {
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);
 #endif
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  // A select rather than a branch, so loops over it vectorize.
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet_nan = (u >> 16) | 0x0040u;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 /// The float whose top half is `bits` (exact).

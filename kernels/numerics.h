@@ -47,6 +47,10 @@ struct Numerics {
   bool tf32 = false;  // on the GPU, f32 matmuls on TF32 tensor cores (10-bit mantissa products, f32 accumulation)
   bool bf16 = false;  // --dtype bf16: matmul operands rounded to bf16 (on every device; before tf32)
   AttentionMath attention = AttentionMath::F32;
+  // --dtype bf16 on the CPU: activations and their gradients stored in bf16 between ops, the layers reading their
+  // weights through bf16 working copies of the f32 parameters (working_copy in autograd/ops.h); statistics, softmax,
+  // the loss, the parameters, their gradients and the optimizer's state stay f32. Off: f32 tensors, bf16 products.
+  bool bf16_storage = false;
 
   MatmulMath matmul() const { return bf16 ? MatmulMath::BF16 : tf32 ? MatmulMath::TF32 : MatmulMath::F32; }
 };

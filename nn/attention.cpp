@@ -223,12 +223,18 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   AttentionResult r;
   const bool self = query.impl_ptr() == key.impl_ptr() && key.impl_ptr() == value.impl_ptr();
   // Batch-first from here on; self-attention transposes once, so it still reads one tensor.
-  const Tensor q_in = c.batch_first ? query : transpose(query, 0, 1);
-  const Tensor k_in = self ? q_in : c.batch_first ? key : transpose(key, 0, 1);
-  const Tensor v_in = self ? q_in : c.batch_first ? value : transpose(value, 0, 1);
+  // bf16 storage: the fused projection reads and writes bf16, the attention itself (and any other projection path)
+  // runs on f32 copies, and the output projection reads bf16 again.
+  const bool bf16_in = query.dtype() == DType::BF16;
+  const bool fused = self && c_attn && !extra_keys;
+  auto f32_if_unfused = [&](const Tensor& t) { return bf16_in && !fused ? cast(t, DType::F32) : t; };
+  const Tensor q_in = f32_if_unfused(c.batch_first ? query : transpose(query, 0, 1));
+  const Tensor k_in = self ? q_in : f32_if_unfused(c.batch_first ? key : transpose(key, 0, 1));
+  const Tensor v_in = self ? q_in : f32_if_unfused(c.batch_first ? value : transpose(value, 0, 1));
   if (!c.batch_first) trace("query made batch-first", q_in);
-  if (self && c_attn && !extra_keys) {
+  if (fused) {
     Tensor qkv = c_attn->forward(q_in);  // (B, T, (NH + 2 NKV) * E)
+    if (qkv.dtype() == DType::BF16) qkv = cast(qkv, DType::F32);
     trace("fused qkv projection", qkv);
     qkv = normalize_qk(qkv);
     if (c.rope) qkv = rope(qkv, E, NH + NKV, pos0, c.rope_base);  // rotate the q and k heads, not v
@@ -301,7 +307,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
     r = packed_attention(q, k, v, NH, NKV, opts);
   }
   trace("attention output (B, T, NH*E)", r.out);
-  Output out{c_proj.forward(r.out), Tensor()};
+  Output out{c_proj.forward(bf16_in ? cast(r.out, DType::BF16) : r.out), Tensor()};
   trace("output projection", out.out);
   if (!c.batch_first) {
     out.out = transpose(out.out, 0, 1);  // (T, B, embed_dim)
@@ -330,13 +336,15 @@ Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tens
   if (pos < 0 || pos + T > k_cache.size(1)) {
     throw Error(fmt::format("MultiHeadAttention: positions [{}, {}) do not fit a cache of {}", pos, pos + T, k_cache.size(1)));
   }
-  Tensor qkv = normalize_qk(c_attn->forward(xb));  // (B, T, (NH + 2 NKV) * E)
+  Tensor qkv = c_attn->forward(xb);  // (B, T, (NH + 2 NKV) * E)
+  if (qkv.dtype() == DType::BF16) qkv = cast(qkv, DType::F32);  // the cache and cached attention are f32
+  qkv = normalize_qk(qkv);
   if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_base);
   write_slice(k_cache, 1, pos, narrow(qkv, 2, NH * E, NKV * E));
   write_slice(v_cache, 1, pos, narrow(qkv, 2, (NH + NKV) * E, NKV * E));
   const Tensor y = cached_attention(narrow(qkv, 2, 0, NH * E), k_cache, v_cache, pos + T, NH, NKV, numerics(),
                                     score_mods(Tensor()));  // (B, T, NH * E)
-  const Tensor out = c_proj.forward(y);
+  const Tensor out = c_proj.forward(x.dtype() == DType::BF16 ? cast(y, DType::BF16) : y);
   return c.batch_first ? out : transpose(out, 0, 1);
 }
 

@@ -104,7 +104,8 @@ Tensor soft_cap(const Tensor& x, double cap) { return cap * tanh(x * (1.0 / cap)
 
 Tensor MLP::forward(const Tensor& x) const {
   // c_proj(act(c_fc(x))) as one op: the activation in the products' epilogues.
-  return mlp(x, c_fc.weight, c_fc.bias, c_proj.weight, c_proj.bias, relu2_ ? Activation::ReluSquared : Activation::Gelu,
+  return mlp(x, stored(c_fc.weight, x), stored(c_fc.bias, x), stored(c_proj.weight, x), stored(c_proj.bias, x),
+             relu2_ ? Activation::ReluSquared : Activation::Gelu,
              c_fc.numerics());
 }
 
@@ -225,7 +226,7 @@ Tensor GPT::last_logits(const Tensor& ids) const {
 }
 
 Tensor GPT::head(const Tensor& x) const {
-  const Tensor logits = linear(x, lm_head ? lm_head->weight : wte.weight, Tensor(), numerics());
+  const Tensor logits = linear(x, stored(lm_head ? lm_head->weight : wte.weight, x), Tensor(), numerics());
   return config_.logit_softcap > 0 ? soft_cap(logits, config_.logit_softcap) : logits;
 }
 

@@ -12,7 +12,7 @@ inline constexpr double kInitStd = 0.02;
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen, double init_std = kInitStd);
-  Tensor forward(const Tensor& x) const { return linear(x, weight, bias, numerics()); }
+  Tensor forward(const Tensor& x) const { return linear(x, stored(weight, x), stored(bias, x), numerics()); }
 
   Tensor weight;  // (OC, C)
   Tensor bias;    // (OC), undefined without bias
@@ -22,7 +22,10 @@ class Linear : public Module {
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, double init_std = kInitStd);
-  Tensor forward(const Tensor& ids) const { return embedding(ids, weight); }
+  /// With bf16 storage the rows come from the weight's bf16 working copy: the activations start bf16.
+  Tensor forward(const Tensor& ids) const {
+    return embedding(ids, numerics().bf16_storage ? working_copy(weight) : weight);
+  }
 
   Tensor weight;  // (V, C)
 };
@@ -31,11 +34,11 @@ class Embedding : public Module {
 class LayerNorm : public Module {
  public:
   LayerNorm(int64_t dim, bool bias, double eps = 1e-5);
-  Tensor forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps_); }
+  Tensor forward(const Tensor& x) const { return layer_norm(x, stored(weight, x), stored(bias, x), eps_); }
   /// {x + r, forward(x + r)} in one pass: a residual add and this norm fused (add_layer_norm); with p > 0, r is
   /// added as dropout(r, p, seed) would make it.
   std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r, double p = 0.0, uint64_t seed = 0) const {
-    return add_layer_norm(x, r, weight, bias, eps_, p, seed);
+    return add_layer_norm(x, r, stored(weight, x), stored(bias, x), eps_, p, seed);
   }
 
   Tensor weight;  // (C)

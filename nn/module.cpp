@@ -49,6 +49,14 @@ Tensor Module::register_parameter(std::string name, Tensor t) {
 void Module::set_numerics(const Numerics& numerics) {
   numerics_ = numerics;
   for (auto& [name, child] : children_) child->set_numerics(numerics);
+  if (numerics.bf16_storage) write_bf16_copies();
+}
+
+void Module::write_bf16_copies() {
+  for (auto& [name, p] : params_) {
+    if (p.dtype() == DType::F32) write_bf16_copy(p);
+  }
+  for (auto& [name, child] : children_) child->write_bf16_copies();
 }
 
 void Module::register_module(std::string name, Module& child) { children_.emplace_back(std::move(name), &child); }

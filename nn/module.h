@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "../autograd/ops.h"
 #include "../autograd/tensor.h"
 #include "../kernels/numerics.h"
 
@@ -35,6 +36,14 @@ class Module {
   /// every child. The default is full f32; the CPU always computes in full precision.
   void set_numerics(const Numerics& numerics);
   const Numerics& numerics() const { return numerics_; }
+  /// A parameter as an op that also reads `like` takes it: the parameter's bf16 working copy (working_copy) when
+  /// `like` is a bf16 activation, else the parameter itself (or an undefined one: a layer without bias).
+  static Tensor stored(const Tensor& param, const Tensor& like) {
+    return param.defined() && like.dtype() == DType::BF16 && param.dtype() == DType::F32 ? working_copy(param) : param;
+  }
+  /// Writes the bf16 working copy of every parameter (with bf16 storage; set_numerics does): after changing the
+  /// parameters outside an optimizer step (which writes them itself), so the layers read the new values.
+  void write_bf16_copies();
 
  protected:
   /// Marks t as a trainable leaf and records it under `name`; returns t.

@@ -212,6 +212,131 @@ TEST_CASE("bf16 ops: matmul on bf16 storage matches its f32 twin within one roun
   }
 }
 
+namespace {
+
+/// An op run twice from the same bf16-representable inputs: on f32 leaves and on bf16 copies, each backward from the
+/// same output gradient (representable too). What each run produced, for the caller to compare.
+struct Twin {
+  Tensor y32, y16;
+  std::vector<Tensor> g32, g16;
+};
+
+template <class F>
+Twin twin(const std::vector<Tensor>& inputs, F f, uint64_t seed = 21) {
+  Twin t;
+  std::vector<Tensor> in32, in16;
+  for (const Tensor& x : inputs) {
+    in32.push_back(x.clone());
+    in16.push_back(x.to(DType::BF16));
+    in32.back().requires_grad_();
+    in16.back().requires_grad_();
+  }
+  t.y32 = f(in32);
+  t.y16 = f(in16);
+  const Tensor dy = t.y32.numel() == 1 ? Tensor() : from_vector(representable(t.y32.numel(), seed), t.y32.shape());
+  if (dy.defined()) {
+    t.y32.backward(dy);
+    t.y16.backward(t.y16.dtype() == DType::BF16 ? dy.to(DType::BF16) : dy);
+  } else {
+    t.y32.backward();
+    t.y16.backward();
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    t.g32.push_back(in32[i].grad());
+    t.g16.push_back(in16[i].grad());
+  }
+  return t;
+}
+
+Tensor repr(const Shape& shape, uint64_t seed, double scale = 1.0) {
+  return from_vector(representable(shape.numel(), seed, scale), shape);
+}
+
+}  // namespace
+
+TEST_CASE("bf16 ops: layer norm, add + layer norm with dropout, dropout: f32 inside, statistics in f32") {
+  // The f32 twin runs the same f32 arithmetic on the same values, so each stored bf16 element is the twin's rounded
+  // once: within 2^-8 of it.
+  const Tensor x = repr({24, 40}, 31), b = repr({24, 40}, 32), w = repr({40}, 33), bias = repr({40}, 34);
+  const Twin ln = twin({x, w, bias}, [](const std::vector<Tensor>& v) { return layer_norm(v[0], v[1], v[2]); });
+  CHECK(ln.y16.dtype() == DType::BF16);
+  check_close(ln.y16, ln.y32, 1e-6, kHalfUlp);
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(ln.g16[size_t(i)].dtype() == DType::BF16);
+    check_close(ln.g16[size_t(i)], ln.g32[size_t(i)], 1e-5, kHalfUlp);
+  }
+  for (const double p : {0.0, 0.25}) {
+    CAPTURE(p);
+    // The sum is stored in bf16 (the twin keeps it in f32), so the norm reads values 2^-8 apart at most, which its
+    // scale (1 / std, about 0.7 here) and weight carry into the output and the gradients: the absolute tolerance.
+    const Twin fused = twin({x, b, w, bias}, [p](const std::vector<Tensor>& v) {
+      auto [sum, out] = add_layer_norm(v[0], v[1], v[2], v[3], 1e-5, p, 99);
+      return add(scale(sum, 0.5), out);
+    });
+    check_close(fused.y16, fused.y32, 0.05, 4 * kHalfUlp);
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      check_close(fused.g16[size_t(i)], fused.g32[size_t(i)], 0.05, 4 * kHalfUlp);
+    }
+    const Twin drop = twin({x}, [p](const std::vector<Tensor>& v) { return dropout(v[0], p, 7); });
+    check_close(drop.y16, drop.y32, 1e-6, kHalfUlp);
+    check_close(drop.g16[0], drop.g32[0], 1e-6, kHalfUlp);
+  }
+}
+
+TEST_CASE("bf16 ops: embedding and cross-entropy: rows summed in f32, the loss in f32") {
+  const Tensor ids = from_vector(std::vector<int32_t>{3, 1, 3, 3, 0, 2, 1, 3, 3, 4, 3, 3}, {3, 4});
+  const Tensor table = repr({5, 16}, 41);
+  const Twin emb = twin({table}, [&](const std::vector<Tensor>& v) { return embedding(ids, v[0]); });
+  check_close(emb.y16, emb.y32, 0, 0);  // a copy
+  check_close(emb.g16[0], emb.g32[0], 1e-6, kHalfUlp);  // row 3 sums seven rows of the gradient, rounded once
+
+  const Tensor logits = repr({6, 11}, 42, 3.0);
+  const Tensor targets = from_vector(std::vector<int32_t>{0, 10, 5, -1, 3, 3}, {6});
+  const Twin ce = twin({logits}, [&](const std::vector<Tensor>& v) { return cross_entropy(v[0], targets); });
+  CHECK(ce.y16.dtype() == DType::F32);
+  CHECK(ce.y16.item() == ce.y32.item());  // the same f32 arithmetic on the same logits
+  CHECK(ce.g16[0].dtype() == DType::BF16);
+  check_close(ce.g16[0], ce.g32[0], 1e-7, kHalfUlp);
+}
+
+TEST_CASE("bf16 ops: linear and the fused MLP on bf16 storage against their f32 twins") {
+  const Tensor x = repr({2, 13, 48}, 51), w = repr({40, 48}, 52, 0.2), bias = repr({40}, 53);
+  // Products of bf16 values are exact in f32; the sums differ from the twin's in order only (the atol), then each
+  // stored element is rounded once.
+  const Twin lin = twin({x, w, bias}, [](const std::vector<Tensor>& v) { return linear(v[0], v[1], v[2]); });
+  CHECK(lin.y16.dtype() == DType::BF16);
+  check_close(lin.y16, lin.y32, 1e-4, kHalfUlp);
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    check_close(lin.g16[size_t(i)], lin.g32[size_t(i)], 1e-4, kHalfUlp);
+  }
+  // The MLP keeps its hidden activation h = gelu(pre) in bf16: the second product reads h rounded, each of its H terms
+  // off by up to 2^-8 of itself. So out may differ from the twin's by 2^-8 sum_j |w_proj[o, j] h[j]| (computed here
+  // from the twin's values) on top of its own rounding.
+  const Tensor w2 = repr({24, 40}, 54, 0.2), b2 = repr({24}, 55);
+  const Twin m = twin({x, w, bias, w2, b2}, [](const std::vector<Tensor>& v) {
+    return mlp(v[0], v[1], v[2], v[3], v[4], Activation::Gelu);
+  });
+  const std::vector<float> h = gelu(linear(x, w, bias)).to_vector<float>(), wp = w2.to_vector<float>();
+  const std::vector<float> out32 = m.y32.to_vector<float>(), out16 = m.y16.to(DType::F32).to_vector<float>();
+  size_t within = 0;
+  for (int64_t n = 0; n < 26; ++n)
+    for (int64_t o = 0; o < 24; ++o) {
+      double bound = 0;
+      for (int64_t j = 0; j < 40; ++j) bound += std::abs(double(wp[size_t(o * 40 + j)]) * h[size_t(n * 40 + j)]);
+      const double ref = out32[size_t(n * 24 + o)];
+      within += std::abs(out16[size_t(n * 24 + o)] - ref) <= kHalfUlp * (bound + std::abs(ref)) + 1e-4;
+    }
+  CHECK(within == out32.size());
+  for (const size_t i : {2u, 4u}) {  // the biases' gradients: column sums of the output gradient and of dpre
+    CAPTURE(i);
+    CHECK(m.g16[i].dtype() == DType::BF16);
+  }
+  check_close(m.g16[4], m.g32[4], 1e-4, kHalfUlp);
+}
+
 TEST_CASE("bf16 ops: cast is differentiable both ways, and the ops without bf16 kernels refuse it by name") {
   Tensor x = from_vector(std::vector<float>{0.5f, -1.25f, from_bits32(0x3f818000u)}, {3});
   x.requires_grad_();
@@ -232,6 +357,7 @@ TEST_CASE("bf16 ops: cast is differentiable both ways, and the ops without bf16 
   for (const auto& [what, op] : std::vector<std::pair<std::string, std::function<Tensor()>>>{
            {"softmax", [&] { return softmax(b); }},
            {"sum", [&] { return sum(b); }},
+           {"rope", [&] { return rope(reshape(b, {1, 2, 3}), 2, 1, 0, 10000.0); }},
            {"add", [&] { return add(b, ones({2, 3})); }},  // bf16 + f32: no implicit promotion
        }) {
     CAPTURE(what);

@@ -27,6 +27,7 @@ Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
   // --dtype or --tf32 / --no-tf32 given: attention's default follows them, unless --attention-math says otherwise.
   if (!dtype.empty() || tf32) n.attention = default_attention_math(n.bf16, n.tf32, device == Device::CUDA);
   if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
+  n.bf16_storage = bf16_storage_of(storage, n.bf16, device);
   return n;
 }
 
@@ -77,6 +78,8 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
   cmd->add_option("--attention-math", n.attention_math,
                   "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
                   "as --dtype's and --tf32's default)");
+  cmd->add_option("--storage", n.storage, "Activations stored in f32 or bf16 (bf16 with --dtype bf16 on the CPU; default: f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
 }
 
 /// The ids of a flag's text; throws naming the flag and the first character outside the vocabulary.
@@ -188,6 +191,12 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
                   "tensor cores, on the CPU on AMX-BF16 tiles where it has them, else rounded for the f32 units), or "
                   "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with AMX-BF16; on the GPU "
                   "tf32 with TF32 matmuls; else f32)");
+  cmd->add_option("--storage", c.storage,
+                  "How activations and their gradients are stored between ops: f32, or bf16 (half the bytes; each op "
+                  "computes in f32 inside and rounds what it stores; weights, their gradients and the optimizer stay "
+                  "f32, the layers reading bf16 copies written after each update). bf16 needs --dtype bf16 and runs on "
+                  "the CPU only; attention still computes on f32 copies (default: f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
 }

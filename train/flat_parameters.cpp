@@ -36,6 +36,14 @@ void FlatParameters::zero_grad() {
   for (Slot& s : slots_) s.param.set_grad(buffer_slice(grads_, s.offset, s.param.shape()));
 }
 
+void FlatParameters::write_bf16_copies() {
+  if (!values16_.defined()) {
+    values16_ = zeros(values_.shape(), DType::BF16, values_.device());
+    for (const Slot& s : slots_) s.param.impl().bf16_copy = buffer_slice(values16_, s.offset, s.param.shape()).impl_ptr();
+  }
+  launch(kernels::round_to_bf16, values_.device(), values16_.data<bf16>(), values_.data<float>(), values_.numel());
+}
+
 std::pair<Tensor, std::vector<Tensor>> FlatParameters::make_like() const {
   Tensor buffer = zeros(values_.shape(), values_.dtype(), values_.device());
   std::vector<Tensor> views;

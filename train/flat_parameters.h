@@ -37,10 +37,15 @@ class FlatParameters {
   /// A tensor of the buffer's layout (zeros) and, for each slot, the view of its slice: for state that follows
   /// the parameters, such as AdamW's moments.
   std::pair<Tensor, std::vector<Tensor>> make_like() const;
+  /// Writes every parameter's bf16 working copy (bf16 storage: working_copy in autograd/ops.h) in one pass over the
+  /// values, into a bf16 buffer of the same layout whose slices become the copies. After each optimizer step, and
+  /// after anything else wrote the values (a resumed checkpoint, the ranks' broadcast).
+  void write_bf16_copies();
 
  private:
   std::vector<Slot> slots_;
   Tensor values_, grads_;
+  Tensor values16_;  // the bf16 working copies, made by the first write_bf16_copies
 };
 
 }  // namespace tinygpt

@@ -70,7 +70,20 @@ Numerics numerics_of(const TrainConfig& c) {
   if (cuda) n.tf32 = c.tf32;
   n.attention = !c.attention_math.empty() ? parse_attention_math(c.attention_math)
                                            : default_attention_math(n.bf16, n.tf32, cuda);
+  n.bf16_storage = bf16_storage_of(c.storage, n.bf16, cuda ? Device::CUDA : Device::CPU);
   return n;
+}
+
+bool bf16_storage_of(const std::string& storage, bool bf16, Device device) {
+  // Not the default yet: on the Xeon it was measured on, bf16 storage made the main job's step 12% slower and the
+  // 6-layer model's 22% slower (docs/RESULTS.md), with 0.87x of the f32 run's peak memory.
+  if (storage.empty()) return false;
+  if (storage != "f32" && storage != "bf16") throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", storage));
+  if (storage == "bf16" && !bf16) throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");
+  if (storage == "bf16" && device != Device::CPU) {
+    throw Error("--storage bf16 runs on the CPU only for now (the GPU's kernels read f32 activations): use --storage f32");
+  }
+  return storage == "bf16";
 }
 
 void check_numerics(const Numerics& numerics, Device device, const char* how) {
@@ -127,6 +140,7 @@ void TrainConfig::validate() const {
   }
   check_dtype_flag(dtype);
   check_attention_math_flag(attention_math, device);
+  bf16_storage_of(storage, dtype == "bf16", device == "cuda" ? Device::CUDA : Device::CPU);
   nn::GPTConfig m = model;
   m.vocab_size = std::max<int64_t>(m.vocab_size, 1);
   m.validate();

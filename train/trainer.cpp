@@ -358,6 +358,7 @@ struct Run {
       refuse_non_finite(iter, s);
     }
     opt.step(lr, clip_factor(s.grad_norm, cfg.grad_clip));
+    if (model.numerics().bf16_storage) flat.write_bf16_copies();  // the layers' bf16 copies of the updated weights
     opt.zero_grad();
     s.stop_from_any_rank = reduced[1] > 0;
     return s;
@@ -491,6 +492,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   if (cfg.resume && lead) truncate_metrics(out / "metrics.jsonl", state.iter);
   MetricsLog metrics(out / "metrics.jsonl", cfg.resume, lead);
   if (world > 1) check_ranks(model, comm, device, cfg, console);
+  if (model.numerics().bf16_storage) flat.write_bf16_copies();  // of the weights as loaded or broadcast
   console.line("{}", describe_model(model, device));
 
   const StopSignals stop;

@@ -47,23 +47,24 @@ template <class T> void softmax_backward(T* dinp, const T* dout, const T* out, i
 template <class T> void log_softmax_forward(T* out, const T* inp, int64_t N, int64_t C);
 template <class T> void log_softmax_backward(T* dinp, const T* dout, const T* out, int64_t N, int64_t C);
 
-/// Normalizes each row of inp (N, C); saves mean (N) and rstd (N) for the backward pass.
-template <class T> void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, T eps);
+/// Normalizes each row of inp (N, C); saves mean (N) and rstd (N) for the backward pass (f32 for bf16 storage).
+template <class T> void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps);
 /// sum = a + b and out = layernorm(sum) in one pass over the rows (a residual add and the layer norm that reads it);
 /// mean and rstd as layernorm_forward's.
 /// With p > 0, b enters dropped out: element i of b as dropout_forward(b, p, seed) would make it (the same mask).
-template <class T> void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, T eps, float p, uint64_t seed);
-template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C, bool overwrite_dinp);
+template <class T> void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p, uint64_t seed);
+template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 
 /// out (N, C) = weight[ids] with weight (V, C). Backward splits the channels across threads: no races.
 template <class T> void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C);
 template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V, int64_t C);
 
-/// losses (N) = lse - logits[target]; lse (N) saved. Rows whose target is ignore_index get loss 0.
-template <class T> void crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+/// losses (N) = lse - logits[target]; lse (N) saved (both f32 for bf16 logits). Rows whose target is ignore_index get
+/// loss 0.
+template <class T> void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 /// dlogits += dloss * (softmax(logits) - onehot(target)) for every row that is not ignored, with dloss = *dloss_in *
 /// scale: the upstream gradient is read where it lies (device memory on the GPU: no host synchronisation).
-template <class T> void crossentropy_backward(T* dlogits, const T* dloss, T scale, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+template <class T> void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 
 /// Keeps element i with probability 1-p (scaled by 1/(1-p)); the mask is a hash of (seed, i), so
 /// backward recomputes it instead of storing it, and any thread split gives the same mask.

@@ -21,7 +21,7 @@ void permute(T* out, const T* inp, const PermuteGeom& g, bool accumulate) {
     const T* x = inp + off;
     T* y = out + o * inner;
     if (accumulate) {
-      for (int64_t i = 0; i < inner; ++i) y[i] += x[i * si];
+      for (int64_t i = 0; i < inner; ++i) y[i] = T(compute_t<T>(y[i]) + compute_t<T>(x[i * si]));
     } else {
       for (int64_t i = 0; i < inner; ++i) y[i] = x[i * si];
     }
@@ -37,7 +37,7 @@ void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_
     const T* x = src + (o * src_D + src_start + j) * inner;
     T* y = dst + (o * dst_D + dst_start + j) * inner;
     if (accumulate) {
-      for (int64_t i = 0; i < inner; ++i) y[i] += x[i];
+      for (int64_t i = 0; i < inner; ++i) y[i] = T(compute_t<T>(y[i]) + compute_t<T>(x[i]));
     } else {
       std::copy_n(x, inner, y);
     }
@@ -50,6 +50,7 @@ void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_
                               int64_t, int64_t, int64_t, bool);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
+TINYGPT_INSTANTIATE(bf16)
 #undef TINYGPT_INSTANTIATE
 
 }  // namespace tinygpt::cpu

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace tinygpt::cpu {
 namespace {
@@ -17,6 +18,14 @@ void for_each_batch(int64_t batch, int64_t flops_per_batch, F f) {
   for (int64_t i = 0; i < batch; ++i) f(i);
 }
 
+/// n floats of this thread's scratch for the bf16 products, kept from call to call (no allocation, no page faults, no
+/// zeroing): the f32 results before they are rounded into bf16 storage.
+float* f32_scratch(int64_t n) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < size_t(n)) scratch.resize(size_t(n));
+  return scratch.data();
+}
+
 /// C = alpha op(A) op(B) + beta C with beta 0 or 1, the products as MatmulMath asks (gemm's bf16 rounding).
 template <class T>
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
@@ -28,15 +37,17 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
 /// of C rounded once, after adding what it held when beta is 1.
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
              int64_t ldb, bf16 beta, bf16* C, int64_t ldc, bool) {
-  std::vector<float> p(static_cast<size_t>(M * N));
-  gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, p.data(), N);
-  const bool add = float(beta) != 0.0f;
+  float* const p = f32_scratch(M * N);
+  gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, p, N);
+  if (float(beta) != 0.0f) {
 #pragma omp parallel for if (M * N >= kParallelGrain && !omp_in_parallel())
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) {
-      const float v = p[size_t(i * N + j)];
-      C[i * ldc + j] = bf16(add ? float(C[i * ldc + j]) + v : v);
+    for (int64_t i = 0; i < M; ++i) {
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) p[i * N + j] += float(C[i * ldc + j]);
     }
+  }
+  if (ldc == N) return round_to_bf16(C, p, M * N);
+  for (int64_t i = 0; i < M; ++i) round_to_bf16(C + i * ldc, p + i * N, N);
 }
 
 }  // namespace
@@ -150,6 +161,57 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
     for (int t = 0; t < nth; ++t) {
       for (int64_t o = 0; o < OC; ++o) dbias[o] += partial[t * OC + o];
     }
+  }
+}
+
+// bf16 storage: each product in f32 scratch (gemm over bf16, the bias in its epilogue), then one pass that rounds the
+// outputs (and act(out) from the f32 value); backward likewise, the gradients added to what they held in f32 and
+// rounded once.
+template <>
+void linear_forward<bf16>(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int64_t C,
+                          int64_t OC, MatmulMath, Activation act, bf16* act_out, uint16_t*, uint16_t*) {
+  float* const p = f32_scratch(N * OC);
+  std::vector<float> b(bias ? size_t(OC) : 0);
+  std::copy_n(bias, b.size(), b.begin());
+  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, p, OC, Epilogue<float>{bias ? b.data() : nullptr});
+  const int64_t n = N * OC;
+  round_to_bf16(out, p, n);
+  if (act != Activation::None) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) p[i] = activation_of(act, p[i]);
+    round_to_bf16(act_out, p, n);
+  }
+}
+
+template <>
+void linear_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp,
+                           const bf16* weight, int64_t N, int64_t C, int64_t OC, MatmulMath, bool overwrite_dinp,
+                           Activation act, const bf16* act_of, const uint16_t*) {
+  if (dinp) {
+    // (N, OC) @ (OC, C), times act'(act_of) with an activation, plus what dinp held unless it is overwritten.
+    float* const p = f32_scratch(N * C);
+    gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, p, C);
+    const int64_t n = N * C;
+    if (act != Activation::None) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) p[i] *= activation_grad_of(act, float(act_of[i]));
+    }
+    if (!overwrite_dinp) {
+#pragma omp parallel for simd if (n >= kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) p[i] += float(dinp[i]);
+    }
+    round_to_bf16(dinp, p, n);
+  }
+  if (dweight) product(true, false, OC, C, N, dout, OC, inp, C, bf16(1.0f), dweight, C, true);  // (OC, N) @ (N, C)
+  if (dbias) {
+    // Column sums of dout in f32 (rows in a fixed order), added to dbias and rounded once.
+    std::vector<float> sum(static_cast<size_t>(OC), 0.0f);
+    for (int64_t r = 0; r < N; ++r) {
+      const bf16* g = dout + r * OC;
+#pragma omp simd
+      for (int64_t o = 0; o < OC; ++o) sum[size_t(o)] += float(g[o]);
+    }
+    for (int64_t o = 0; o < OC; ++o) dbias[o] = bf16(float(dbias[o]) + sum[size_t(o)]);
   }
 }
 

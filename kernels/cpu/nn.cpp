@@ -1,6 +1,7 @@
 // The fused kernels of a GPT: layernorm, embedding lookup, cross-entropy from logits, dropout.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -17,35 +18,41 @@ inline std::pair<int64_t, int64_t> thread_range(int64_t n, int tid, int nth) {
 
 }  // namespace
 
+// Each kernel reads T (f32, f64, or bf16 storage) and computes in F = compute_t<T> (f32 for bf16): the statistics
+// (mean, rstd), the log-sum-exp and the losses are F whatever the storage.
+
 /// One row of layer norm: y = (x - mean) * rstd * weight + bias, with its mean and rstd.
-template <class T>
-inline void layernorm_row(T* y, T& mean, T& rstd, const T* x, const T* weight, const T* bias, int64_t C, T eps) {
+template <class T, class F = compute_t<T>>
+inline void layernorm_row(T* y, F& mean, F& rstd, const T* x, const T* weight, const T* bias, int64_t C, F eps) {
   // Vector reductions (lanes summed in their own order): a plain loop is one dependent add per element.
-  T m = 0;
+  F m = 0;
 #pragma omp simd reduction(+ : m)
-  for (int64_t c = 0; c < C; ++c) m += x[c];
-  m /= T(C);
-  T v = 0;
+  for (int64_t c = 0; c < C; ++c) m += F(x[c]);
+  m /= F(C);
+  F v = 0;
 #pragma omp simd reduction(+ : v)
-  for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-  v /= T(C);
-  const T s = T(1) / std::sqrt(v + eps);
+  for (int64_t c = 0; c < C; ++c) v += (F(x[c]) - m) * (F(x[c]) - m);
+  v /= F(C);
+  const F s = F(1) / std::sqrt(v + eps);
 #pragma omp simd
-  for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + (bias ? bias[c] : T(0));
+  for (int64_t c = 0; c < C; ++c) y[c] = T((F(x[c]) - m) * s * F(weight[c]) + (bias ? F(bias[c]) : F(0)));
   mean = m;
   rstd = s;
 }
 
 template <class T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, T eps) {
+void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* inp, const T* weight, const T* bias,
+                       int64_t N, int64_t C, compute_t<T> eps) {
 #pragma omp parallel for if (N * C >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) layernorm_row(out + n * C, mean[n], rstd[n], inp + n * C, weight, bias, C, eps);
 }
 
 template <class T>
-void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T* b, const T* weight, const T* bias,
-                           int64_t N, int64_t C, T eps, float p, uint64_t seed) {
-  const T scale = dropout_scale<T>(p);
+void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
+                           const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
+                           uint64_t seed) {
+  using F = compute_t<T>;
+  const F scale = dropout_scale<F>(p);
   const DropoutStream stream(seed);
 #pragma omp parallel for if (N * C >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
@@ -53,65 +60,66 @@ void add_layernorm_forward(T* sum, T* out, T* mean, T* rstd, const T* a, const T
     const T *x = a + n * C, *y = b + n * C;
     if (p == 0.0f) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) s[c] = x[c] + y[c];
+      for (int64_t c = 0; c < C; ++c) s[c] = T(F(x[c]) + F(y[c]));
     } else if (uint64_t((n + 1) * C) <= uint64_t(1) << 32) {  // the row's elements all on the first key: vectorizes
       const uint32_t i0 = uint32_t(n * C);
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
-        const T kept = dropout_uniform(stream.key0, i0 + uint32_t(c)) >= p ? y[c] * scale : T(0);
-        s[c] = x[c] + kept;
+        const F kept = dropout_uniform(stream.key0, i0 + uint32_t(c)) >= p ? F(y[c]) * scale : F(0);
+        s[c] = T(F(x[c]) + kept);
       }
     } else {
-      for (int64_t c = 0; c < C; ++c) s[c] = x[c] + (stream.keep(n * C + c, p) ? y[c] * scale : T(0));
+      for (int64_t c = 0; c < C; ++c) s[c] = T(F(x[c]) + (stream.keep(n * C + c, p) ? F(y[c]) * scale : F(0)));
     }
     layernorm_row(out + n * C, mean[n], rstd[n], s, weight, bias, C, eps);  // s is still in L1
   }
 }
 
 template <class T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                        const T* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
+  using F = compute_t<T>;
   // dweight/dbias: each thread sums its rows into a private row, then the rows are added in thread order.
   const int nth = N * C >= kParallelGrain ? omp_get_max_threads() : 1;
-  std::vector<T> partial(size_t(2 * nth * C), T(0));
+  std::vector<F> partial(size_t(2 * nth * C), F(0));
 #pragma omp parallel num_threads(nth)
   {
     const int tid = omp_get_thread_num();
-    T* pw = partial.data() + 2 * tid * C;
-    T* pb = pw + C;
+    F* pw = partial.data() + 2 * tid * C;
+    F* pb = pw + C;
     const auto [n0, n1] = thread_range(N, tid, omp_get_num_threads());
     for (int64_t n = n0; n < n1; ++n) {
       const T* g = dout + n * C;
       const T* x = inp + n * C;
-      const T m = mean[n], s = rstd[n];
-      T dnorm_mean = 0, dnorm_norm_mean = 0;
+      const F m = mean[n], s = rstd[n];
+      F dnorm_mean = 0, dnorm_norm_mean = 0;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
       for (int64_t c = 0; c < C; ++c) {
-        const T norm = (x[c] - m) * s;
-        const T dnorm = g[c] * weight[c];
+        const F norm = (F(x[c]) - m) * s;
+        const F dnorm = F(g[c]) * F(weight[c]);
         dnorm_mean += dnorm;
         dnorm_norm_mean += dnorm * norm;
-        pw[c] += norm * g[c];
-        pb[c] += g[c];
+        pw[c] += norm * F(g[c]);
+        pb[c] += F(g[c]);
       }
-      dnorm_mean /= T(C);
-      dnorm_norm_mean /= T(C);
+      dnorm_mean /= F(C);
+      dnorm_norm_mean /= F(C);
       if (dinp) {
         T* dx = dinp + n * C;
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) {
-          const T norm = (x[c] - m) * s;
-          const T d = (g[c] * weight[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
-          dx[c] = overwrite_dinp ? d : dx[c] + d;  // overwrite: whatever dx held (uninitialized) is not used
+          const F norm = (F(x[c]) - m) * s;
+          const F d = (F(g[c]) * F(weight[c]) - dnorm_mean - norm * dnorm_norm_mean) * s;
+          dx[c] = T(overwrite_dinp ? d : F(dx[c]) + d);  // overwrite: whatever dx held (uninitialized) is not used
         }
       }
     }
   }
   for (int t = 0; t < nth; ++t) {
-    const T* pw = partial.data() + 2 * t * C;
+    const F* pw = partial.data() + 2 * t * C;
     for (int64_t c = 0; c < C; ++c) {
-      if (dweight) dweight[c] += pw[c];
-      if (dbias) dbias[c] += pw[C + c];
+      if (dweight) dweight[c] = T(F(dweight[c]) + pw[c]);
+      if (dbias) dbias[c] = T(F(dbias[c]) + pw[C + c]);
     }
   }
 }
@@ -123,82 +131,106 @@ void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, i
 }
 
 template <class T>
-void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t*, int64_t N, int64_t, int64_t C) {
+void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t*, int64_t N, int64_t V, int64_t C) {
+  using F = compute_t<T>;
+  // bf16: the rows' sums in an f32 copy of dweight, rounded once at the end (a row may gather thousands of rows).
+  std::vector<F> wide(std::is_same_v<T, F> ? 0 : size_t(V * C));
+  std::copy_n(dweight, wide.size(), wide.begin());
+  F* const acc = std::is_same_v<T, F> ? reinterpret_cast<F*>(dweight) : wide.data();
   // Threads own disjoint channel ranges and walk all rows in order: race-free and deterministic.
 #pragma omp parallel if (N * C >= kParallelGrain)
   {
     const auto [c0, c1] = thread_range(C, omp_get_thread_num(), omp_get_num_threads());
     for (int64_t n = 0; n < N; ++n) {
-      T* dw = dweight + int64_t(ids[n]) * C;
+      F* dw = acc + int64_t(ids[n]) * C;
       const T* g = dout + n * C;
-      for (int64_t c = c0; c < c1; ++c) dw[c] += g[c];
+      for (int64_t c = c0; c < c1; ++c) dw[c] += F(g[c]);
     }
   }
+  for (size_t i = 0; i < wide.size(); ++i) dweight[i] = T(wide[i]);
 }
 
 template <class T>
-void crossentropy_forward(T* losses, T* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logits, const int32_t* targets, int64_t N,
+                          int64_t V, int32_t ignore_index) {
+  using F = compute_t<T>;
 #pragma omp parallel for if (N * V >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * V;
-    const T maxval = *std::max_element(x, x + V);
-    T sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(x[v] - maxval);
+    const F maxval = F(*std::max_element(x, x + V, [](T u, T w) { return F(u) < F(w); }));
+    F sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(F(x[v]) - maxval);
     lse[n] = maxval + std::log(sum);
-    losses[n] = targets[n] == ignore_index ? T(0) : lse[n] - x[targets[n]];
+    losses[n] = targets[n] == ignore_index ? F(0) : lse[n] - F(x[targets[n]]);
   }
 }
 
 template <class T>
-void crossentropy_backward(T* dlogits, const T* dloss_in, T scale, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
-  const T dloss = *dloss_in * scale;
+void crossentropy_backward(T* dlogits, const compute_t<T>* dloss_in, compute_t<T> scale, const T* logits,
+                           const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+  using F = compute_t<T>;
+  const F dloss = *dloss_in * scale;
 #pragma omp parallel for if (N * V >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
     if (targets[n] == ignore_index) continue;
     const T* x = logits + n * V;
     T* dx = dlogits + n * V;
-    for (int64_t v = 0; v < V; ++v) dx[v] += dloss * std::exp(x[v] - lse[n]);
-    dx[targets[n]] -= dloss;
+    if constexpr (std::is_same_v<T, F>) {
+      for (int64_t v = 0; v < V; ++v) dx[v] += dloss * std::exp(x[v] - lse[n]);
+      dx[targets[n]] -= dloss;
+    } else {  // bf16: the target's term inside, so each element is rounded once
+      for (int64_t v = 0; v < V; ++v) {
+        const F g = dloss * (std::exp(F(x[v]) - lse[n]) - (v == targets[n] ? F(1) : F(0)));
+        dx[v] = T(F(dx[v]) + g);
+      }
+    }
   }
 }
 
 template <class T>
 void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
-  const T scale = dropout_scale<T>(p);
+  using F = compute_t<T>;
+  const F scale = dropout_scale<F>(p);
   const uint32_t key = dropout_key(seed, 0);
   const int64_t low = std::min(n, int64_t(1) << 32);  // the elements of the first key: a loop that vectorizes
 #pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t i = 0; i < low; ++i) out[i] = dropout_uniform(key, uint32_t(i)) >= p ? inp[i] * scale : T(0);
-  for (int64_t i = low; i < n; ++i) out[i] = dropout_keep(seed, i, p) ? inp[i] * scale : T(0);
+  for (int64_t i = 0; i < low; ++i) out[i] = T(dropout_uniform(key, uint32_t(i)) >= p ? F(inp[i]) * scale : F(0));
+  for (int64_t i = low; i < n; ++i) out[i] = T(dropout_keep(seed, i, p) ? F(inp[i]) * scale : F(0));
 }
 
 template <class T>
 void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed) {
-  const T scale = dropout_scale<T>(p);
+  using F = compute_t<T>;
+  const F scale = dropout_scale<F>(p);
   const uint32_t key = dropout_key(seed, 0);
   const int64_t low = std::min(n, int64_t(1) << 32);  // as in the forward
 #pragma omp parallel for if (n >= kParallelGrain)
   for (int64_t i = 0; i < low; ++i) {
-    if (dropout_uniform(key, uint32_t(i)) >= p) dinp[i] += dout[i] * scale;
+    if (dropout_uniform(key, uint32_t(i)) >= p) dinp[i] = T(F(dinp[i]) + F(dout[i]) * scale);
   }
   for (int64_t i = low; i < n; ++i) {
-    if (dropout_keep(seed, i, p)) dinp[i] += dout[i] * scale;
+    if (dropout_keep(seed, i, p)) dinp[i] = T(F(dinp[i]) + F(dout[i]) * scale);
   }
 }
 
 #define TINYGPT_INSTANTIATE(T)                                                                                          \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, T);                    \
-  template void add_layernorm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, T,     \
-                                         float, uint64_t);                                                              \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, int64_t, bool);  \
+  template void layernorm_forward<T>(T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, int64_t, int64_t,  \
+                                     compute_t<T>);                                                                     \
+  template void add_layernorm_forward<T>(T*, T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, const T*,  \
+                                         int64_t, int64_t, compute_t<T>, float, uint64_t);                              \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const compute_t<T>*,                    \
+                                      const compute_t<T>*, int64_t, int64_t, bool);                                     \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
-  template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t);                         \
-  template void crossentropy_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int32_t);                   \
-  template void crossentropy_backward<T>(T*, const T*, T, const T*, const T*, const int32_t*, int64_t, int64_t, int32_t);         \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t);         \
+  template void crossentropy_forward<T>(compute_t<T>*, compute_t<T>*, const T*, const int32_t*, int64_t, int64_t,       \
+                                        int32_t);                                                                       \
+  template void crossentropy_backward<T>(T*, const compute_t<T>*, compute_t<T>, const T*, const compute_t<T>*,          \
+                                         const int32_t*, int64_t, int64_t, int32_t);                                    \
   template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \
   template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
+TINYGPT_INSTANTIATE(bf16)
 #undef TINYGPT_INSTANTIATE
 
 }  // namespace tinygpt::cpu
