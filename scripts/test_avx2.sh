@@ -13,6 +13,6 @@ generator=()
 command -v ninja > /dev/null && [ ! -f build-avx2/CMakeCache.txt ] && generator=(-G Ninja)
 cmake -S . -B build-avx2 "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTINYGPT_NATIVE=OFF \
   -DCMAKE_CXX_FLAGS="-march=x86-64-v3" -DTINYGPT_CUDA=OFF -DTINYGPT_BUILD_BENCH=OFF > /dev/null
-suites=(test_kernels test_ops test_attention test_nn test_gpt)
+suites=(test_kernels test_tensor test_ops test_attention test_nn test_gpt)
 cmake --build build-avx2 --parallel "$(nproc)" --target "${suites[@]}"
 ctest --test-dir build-avx2 --output-on-failure --parallel "$(nproc)" -R "^($(IFS='|'; echo "${suites[*]}"))\$"
