@@ -139,7 +139,11 @@ Tensor cast(const Tensor& x, DType dtype) {
   if (dtype == x.dtype()) return x;
   const DType from = x.dtype();
   return record("cast", x.to(dtype), {x}, [from](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
-    accumulate_into(grads[0], dout.to(from));
+    if (from == DType::F32 && dout.dtype() == DType::BF16) {
+      launch(kernels::accumulate_bf16, dout.device(), grads[0].data<float>(), dout.data<bf16>(), dout.numel());
+    } else {
+      accumulate_into(grads[0], dout.to(from));
+    }
   });
 }
 
@@ -166,7 +170,7 @@ Tensor working_copy(const Tensor& p) {
   // A new handle on the copy's storage, so the node below belongs to this use only.
   const Tensor out(std::make_shared<TensorImpl>(copy->storage, copy->shape, DType::BF16));
   return record("cast", out, {p}, [](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
-    accumulate_into(grads[0], dout.to(DType::F32));
+    launch(kernels::accumulate_bf16, dout.device(), grads[0].data<float>(), dout.data<bf16>(), dout.numel());
   });
 }
 

@@ -124,6 +124,7 @@ constexpr K storage_checked(K k) {
 
 TINYGPT_KERNEL_PAIR_PLAIN(round_to_bf16)
 TINYGPT_KERNEL_PAIR_PLAIN(widen_bf16)
+TINYGPT_KERNEL_PAIR_PLAIN(accumulate_bf16)
 TINYGPT_KERNEL_PAIR(fill, kFloats)
 TINYGPT_KERNEL_PAIR(axpy, kFloats | kBf16)
 TINYGPT_KERNEL_PAIR(axpby, kFloats)

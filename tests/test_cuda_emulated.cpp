@@ -36,7 +36,8 @@ namespace gpu = tinygpt::cuda::emulated;
                 "kernels/cuda: " #name " does not have the signature of cpu::" #name);
 TINYGPT_SAME_SIGNATURE(fill)
 static_assert(std::is_same_v<decltype(gpu::round_to_bf16), decltype(cpu::round_to_bf16)> &&
-              std::is_same_v<decltype(gpu::widen_bf16), decltype(cpu::widen_bf16)>);
+              std::is_same_v<decltype(gpu::widen_bf16), decltype(cpu::widen_bf16)> &&
+              std::is_same_v<decltype(gpu::accumulate_bf16), decltype(cpu::accumulate_bf16)>);
 TINYGPT_SAME_SIGNATURE(axpy)
 TINYGPT_SAME_SIGNATURE(axpby)
 TINYGPT_SAME_SIGNATURE(axpby_indirect)
@@ -193,6 +194,10 @@ TEST_CASE("emulated CUDA: f32 <-> bf16 conversion, vector and element paths, bit
     gpu::widen_bf16(w_gpu.data() + off, h_gpu.data() + off, n);
     cpu::widen_bf16(w_cpu.data() + off, h_cpu.data() + off, n);
     check_same(w_gpu, w_cpu, "widen_bf16", 0, 0);
+    Vec y_gpu = random(size_t(n) + 8, 8), y_cpu = y_gpu;  // y += x, the elements past n untouched
+    gpu::accumulate_bf16(y_gpu.data() + off, h_gpu.data() + off, n);
+    cpu::accumulate_bf16(y_cpu.data() + off, h_cpu.data() + off, n);
+    check_same(y_gpu, y_cpu, "accumulate_bf16", 0, 0);
   }
 }
 

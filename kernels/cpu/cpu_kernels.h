@@ -17,6 +17,8 @@ template <class T> void fill(T* out, T value, int64_t n);
 /// out = inp rounded to bf16 (nearest, ties to even: kernels/bf16.h); widen_bf16: out = inp, exactly.
 void round_to_bf16(bf16* out, const float* inp, int64_t n);
 void widen_bf16(float* out, const bf16* inp, int64_t n);
+/// y += x: a bf16 gradient added into an f32 one (a working copy's into its master's).
+void accumulate_bf16(float* y, const bf16* x, int64_t n);
 /// y += alpha * x
 template <class T> void axpy(T* y, const T* x, compute_t<T> alpha, int64_t n);
 /// y = beta * y + alpha * x; beta == 0 writes alpha * x without reading y (which may hold anything, NaN included).

@@ -3,15 +3,11 @@
 #include <bit>
 #include <cmath>
 
+#include "kernels/cpu/bf16_rows.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/scalar_math.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define TINYGPT_ROUND_AVX512 1
-#endif
 
 namespace tinygpt::cpu {
 namespace {
@@ -140,42 +136,6 @@ void fill(T* out, T value, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = value;
 }
 
-namespace {
-
-#if defined(TINYGPT_ROUND_AVX512)
-/// bf16_bits_of on 16 floats at a time (the same bits: nearest even, NaN quieted), on CPUs with AVX-512 BW.
-__attribute__((target("avx512f,avx512bw"))) void round_to_bf16_avx512(bf16* out, const float* inp, int64_t n) {
-  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(inp + i);
-    const __m512i u = _mm512_castps_si512(x);
-    // The maskz forms, all lanes on: GCC 12's unmasked ones warn of an uninitialized operand.
-    const __m512i hi = _mm512_maskz_srli_epi32(__mmask16(0xffff), u, 16);
-    const __m512i rounded = _mm512_maskz_srli_epi32(
-        __mmask16(0xffff), _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(hi, one))), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    const __m512i bits = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, quiet));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_maskz_cvtepi32_epi16(__mmask16(0xffff), bits));
-  }
-  for (; i < n; ++i) out[i] = bf16(inp[i]);
-}
-
-bool has_avx512bw() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return yes;
-}
-#endif
-
-void round_range(bf16* out, const float* inp, int64_t n) {
-#if defined(TINYGPT_ROUND_AVX512)
-  if (has_avx512bw()) return round_to_bf16_avx512(out, inp, n);
-#endif
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16(inp[i]);
-}
-
-}  // namespace
-
 void round_to_bf16(bf16* out, const float* inp, int64_t n) {
   // Chunks of 4096 per task: each thread runs the vector loop over whole chunks.
   constexpr int64_t kChunk = 4096;
@@ -185,8 +145,24 @@ void round_to_bf16(bf16* out, const float* inp, int64_t n) {
 }
 
 void widen_bf16(float* out, const bf16* inp, int64_t n) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) out[i] = float(inp[i]);
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n >= kParallelGrain)
+  for (int64_t c = 0; c < chunks; ++c) widen_range(out + c * kChunk, inp + c * kChunk, std::min(kChunk, n - c * kChunk));
+}
+
+void accumulate_bf16(float* y, const bf16* x, int64_t n) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n >= kParallelGrain)
+  for (int64_t c = 0; c < chunks; ++c) {
+    float wide[kChunk];
+    const int64_t m = std::min(kChunk, n - c * kChunk);
+    widen_range(wide, x + c * kChunk, m);
+    float* yc = y + c * kChunk;
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) yc[i] += wide[i];
+  }
 }
 
 template <class T>
@@ -194,6 +170,23 @@ void axpy(T* y, const T* x, compute_t<T> alpha, int64_t n) {
   using C = compute_t<T>;
 #pragma omp parallel for simd if (n >= kParallelGrain)
   for (int64_t i = 0; i < n; ++i) y[i] = T(C(y[i]) + alpha * C(x[i]));
+}
+
+/// bf16: chunks widened into f32 (bf16_rows.h), added there, rounded back: the loop over the struct does not vectorize.
+template <>
+void axpy<bf16>(bf16* y, const bf16* x, float alpha, int64_t n) {
+  constexpr int64_t kChunk = 2048;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n >= kParallelGrain)
+  for (int64_t c = 0; c < chunks; ++c) {
+    float a[kChunk], b[kChunk];
+    const int64_t m = std::min(kChunk, n - c * kChunk);
+    widen_range(a, y + c * kChunk, m);
+    widen_range(b, x + c * kChunk, m);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) a[i] += alpha * b[i];
+    round_range(y + c * kChunk, a, m);
+  }
 }
 
 template <class T>
@@ -310,8 +303,7 @@ TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
 #undef TINYGPT_INSTANTIATE
 
-// bf16 storage, f32 arithmetic inside (kernels/kernels.h lists these kernels with kBf16).
-template void axpy<bf16>(bf16*, const bf16*, float, int64_t);
+// bf16 storage, f32 arithmetic inside (kernels/kernels.h lists these kernels with kBf16; axpy's is specialized above).
 template void unary_forward<bf16>(bf16*, const bf16*, int64_t, UnaryOp, float);
 template void unary_backward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, int64_t, UnaryOp, float, bool);
 template void binary_forward<bf16>(bf16*, const bf16*, const bf16*, const BroadcastGeom&, BinaryOp);

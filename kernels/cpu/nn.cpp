@@ -4,6 +4,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/bf16_rows.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/scalar_math.h"
@@ -124,6 +125,114 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   }
 }
 
+// bf16 rows: widened into f32 rows (in registers, bf16_rows.h), normalized by the f32 code above, rounded on the way
+// out; the weight and bias widened once a call. The same values as the generic loops, which do not vectorize on bf16.
+
+namespace {
+
+/// An f32 copy of n bf16 values (none for a null pointer).
+std::vector<float> widened(const bf16* x, int64_t n) {
+  std::vector<float> w(x ? size_t(n) : 0);
+  if (x) widen_range(w.data(), x, n);
+  return w;
+}
+
+}  // namespace
+
+template <>
+void layernorm_forward<bf16>(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias,
+                             int64_t N, int64_t C, float eps) {
+  const std::vector<float> w = widened(weight, C), b = widened(bias, C);
+#pragma omp parallel if (N * C >= kParallelGrain)
+  {
+    std::vector<float> x(static_cast<size_t>(C)), y(static_cast<size_t>(C));
+#pragma omp for
+    for (int64_t n = 0; n < N; ++n) {
+      widen_range(x.data(), inp + n * C, C);
+      layernorm_row(y.data(), mean[n], rstd[n], x.data(), w.data(), bias ? b.data() : nullptr, C, eps);
+      round_range(out + n * C, y.data(), C);
+    }
+  }
+}
+
+template <>
+void add_layernorm_forward<bf16>(bf16* sum, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
+                                 const bf16* weight, const bf16* bias, int64_t N, int64_t C, float eps, float p,
+                                 uint64_t seed) {
+  const std::vector<float> w = widened(weight, C), bb = widened(bias, C);
+  const float scale = dropout_scale<float>(p);
+  const DropoutStream stream(seed);
+#pragma omp parallel if (N * C >= kParallelGrain)
+  {
+    std::vector<float> x(static_cast<size_t>(C)), r(static_cast<size_t>(C)), y(static_cast<size_t>(C));
+#pragma omp for
+    for (int64_t n = 0; n < N; ++n) {
+      widen_range(x.data(), a + n * C, C);
+      widen_range(r.data(), b + n * C, C);
+      for (int64_t c = 0; c < C; ++c) {
+        const bool keep = p == 0.0f || stream.keep(n * C + c, p);
+        x[size_t(c)] += keep ? (p == 0.0f ? r[size_t(c)] : r[size_t(c)] * scale) : 0.0f;
+      }
+      // The norm reads the sum as stored (rounded), as its backward will.
+      round_range(sum + n * C, x.data(), C);
+      widen_range(x.data(), sum + n * C, C);
+      layernorm_row(y.data(), mean[n], rstd[n], x.data(), w.data(), bias ? bb.data() : nullptr, C, eps);
+      round_range(out + n * C, y.data(), C);
+    }
+  }
+}
+
+template <>
+void layernorm_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp,
+                              const bf16* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                              bool overwrite_dinp) {
+  const std::vector<float> w = widened(weight, C);
+  const int nth = N * C >= kParallelGrain ? omp_get_max_threads() : 1;
+  std::vector<float> partial(size_t(2 * nth * C), 0.0f);
+#pragma omp parallel num_threads(nth)
+  {
+    const int tid = omp_get_thread_num();
+    float* pw = partial.data() + 2 * tid * C;
+    float* pb = pw + C;
+    std::vector<float> g(static_cast<size_t>(C)), x(static_cast<size_t>(C)), dx(static_cast<size_t>(C));
+    const auto [n0, n1] = thread_range(N, tid, omp_get_num_threads());
+    for (int64_t n = n0; n < n1; ++n) {
+      widen_range(g.data(), dout + n * C, C);
+      widen_range(x.data(), inp + n * C, C);
+      const float m = mean[n], s = rstd[n];
+      float dnorm_mean = 0, dnorm_norm_mean = 0;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+      for (int64_t c = 0; c < C; ++c) {
+        const float norm = (x[size_t(c)] - m) * s;
+        const float dnorm = g[size_t(c)] * w[size_t(c)];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+        pw[c] += norm * g[size_t(c)];
+        pb[c] += g[size_t(c)];
+      }
+      dnorm_mean /= float(C);
+      dnorm_norm_mean /= float(C);
+      if (dinp) {
+        if (!overwrite_dinp) widen_range(dx.data(), dinp + n * C, C);
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          const float norm = (x[size_t(c)] - m) * s;
+          const float d = (g[size_t(c)] * w[size_t(c)] - dnorm_mean - norm * dnorm_norm_mean) * s;
+          dx[size_t(c)] = overwrite_dinp ? d : dx[size_t(c)] + d;
+        }
+        round_range(dinp + n * C, dx.data(), C);
+      }
+    }
+  }
+  for (int t = 0; t < nth; ++t) {
+    const float* pw = partial.data() + 2 * t * C;
+    for (int64_t c = 0; c < C; ++c) {
+      if (dweight) dweight[c] = bf16(float(dweight[c]) + pw[c]);
+      if (dbias) dbias[c] = bf16(float(dbias[c]) + pw[C + c]);
+    }
+  }
+}
+
 template <class T>
 void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C) {
 #pragma omp parallel for if (N * C >= kParallelGrain)
@@ -230,6 +339,17 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
   template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(double)
+#undef TINYGPT_INSTANTIATE
+// bf16: the layer norms are specialized above.
+#define TINYGPT_INSTANTIATE(T)                                                                                          \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t);         \
+  template void crossentropy_forward<T>(compute_t<T>*, compute_t<T>*, const T*, const int32_t*, int64_t, int64_t,       \
+                                        int32_t);                                                                       \
+  template void crossentropy_backward<T>(T*, const compute_t<T>*, compute_t<T>, const T*, const compute_t<T>*,          \
+                                         const int32_t*, int64_t, int64_t, int32_t);                                    \
+  template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \
+  template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);
 TINYGPT_INSTANTIATE(bf16)
 #undef TINYGPT_INSTANTIATE
 

@@ -20,6 +20,7 @@ enum class Epilogue : uint8_t { Bias, Gelu, GeluBias, DGelu };
 void fill(float* out, float value, int64_t n);
 void round_to_bf16(bf16* out, const float* inp, int64_t n);
 void widen_bf16(float* out, const bf16* inp, int64_t n);
+void accumulate_bf16(float* y, const bf16* x, int64_t n);
 void axpy(float* y, const float* x, float alpha, int64_t n);
 void axpby(float* y, const float* x, float alpha, float beta, int64_t n);
 void axpby_indirect(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef, const float* stats, double max_norm);

@@ -115,6 +115,21 @@ __global__ void widen_bf16_kernel(float* out, const bf16* inp, int64_t n, bool v
   }
 }
 
+__global__ void accumulate_bf16_kernel(float* y, const bf16* x, int64_t n, bool vec) {
+  TINYGPT_CUDA_LOOP(g, (n + 7) / 8) {
+    const int64_t e = 8 * g;
+    if (vec && e + 8 <= n) {
+      const Bf16x8 v = reinterpret_cast<const Bf16x8*>(x)[g];
+      float4* y4 = reinterpret_cast<float4*>(y) + 2 * g;
+      const float4 a = y4[0], b = y4[1];
+      y4[0] = float4{a.x + float(v.v[0]), a.y + float(v.v[1]), a.z + float(v.v[2]), a.w + float(v.v[3])};
+      y4[1] = float4{b.x + float(v.v[4]), b.y + float(v.v[5]), b.z + float(v.v[6]), b.w + float(v.v[7])};
+    } else {
+      for (int64_t i = e; i < e + 8 && i < n; ++i) y[i] += float(x[i]);
+    }
+  }
+}
+
 __global__ void fill_kernel(float* out, float value, int64_t n) {
   TINYGPT_CUDA_LOOP(i, n) out[i] = value;
 }
@@ -477,6 +492,12 @@ void widen_bf16(float* out, const bf16* inp, int64_t n) {
   if (n == 0) return;
   launch_kernel("widen_bf16", widen_bf16_kernel, blocks_for((n + 7) / 8), kThreads, 0, out, inp, n,
                 aligned16(out) && aligned16(inp));
+}
+
+void accumulate_bf16(float* y, const bf16* x, int64_t n) {
+  if (n == 0) return;
+  launch_kernel("accumulate_bf16", accumulate_bf16_kernel, blocks_for((n + 7) / 8), kThreads, 0, y, x, n,
+                aligned16(y) && aligned16(x));
 }
 
 void axpy(float* y, const float* x, float alpha, int64_t n) {
