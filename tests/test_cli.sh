@@ -37,6 +37,11 @@ c=$(sample --seed 8 --max-new-tokens 60)
 grep -q "tokens/s" "$dir/sample.log" || fail "sample reports nothing on stderr"
 last=$("$tinygpt" sample --ckpt "$dir/run" --prompt "First" --max-new-tokens 5 2> /dev/null | tail -c 1 | od -An -c | tr -d ' ')
 [ "$last" = '\n' ] || fail "the sample does not end with a newline (stderr's timing line would follow on its line)"
+# bf16 storage on the CPU: sampled and evaluated from the same checkpoint (the weights stay f32 in it).
+e=$(sample --seed 7 --max-new-tokens 20 --dtype bf16 --storage bf16) || fail "sample --storage bf16 failed: $(cat "$dir/sample.log")"
+[[ "$e" == First* ]] || fail "sample --storage bf16 does not start with the prompt: '$e'"
+"$tinygpt" eval --ckpt "$dir/run" --data "$dir/text.txt" --eval-iters 2 --batch-size 4 --dtype bf16 --storage bf16 \
+  > "$dir/eval16.out" 2>&1 || fail "eval --storage bf16 failed: $(cat "$dir/eval16.out")"
 d=$(sample --seed 7 --no-kv-cache --max-new-tokens 20)
 [ "$d" = "${a:0:25}" ] || fail "with and without the KV cache differ before the context is cropped: '$d' vs '${a:0:25}'"
 
@@ -110,6 +115,7 @@ expect_error "^error: --format: gguf not in {hf}" "$tinygpt" export --ckpt "$dir
 expect_error "does not exist" "$tinygpt" export --ckpt "$dir/missing.safetensors" --out "$dir/hf2"
 expect_error "cannot create the export directory" "$tinygpt" export --ckpt "$dir/run" --out "$dir/text.txt/hf"
 expect_error "max-new-tokens must not be negative" "$tinygpt" sample --ckpt "$dir/run" --max-new-tokens -1
+expect_error "storage bf16 needs --dtype bf16" "$tinygpt" sample --ckpt "$dir/run" --dtype fp32 --storage bf16
 expect_error "layer 5 does not exist" "$tinygpt" attention --ckpt "$dir/run" --text "First" --layer 5 --out "$dir/a.svg"
 expect_error "more than the model's block size" "$tinygpt" attention --ckpt "$dir/run" --text "$(head -c 40 "$dir/text.txt")" --out "$dir/a.svg"
 expect_error "not in the model's vocabulary" "$tinygpt" eval --ckpt "$dir/run" --data "$dir/huge_vocab.txt"

@@ -506,6 +506,26 @@ TEST_CASE("generate: same seed, same text; the cache changes nothing until the c
   CHECK(generate(model, prompt, o, g6).size() == 100);
 }
 
+TEST_CASE("generate with bf16 storage: bf16 logits, sampled with and without the cache, past the block size") {
+  Generator init(5);
+  nn::GPT model(tiny_config(), init);
+  model.train(false);
+  Numerics n;
+  n.bf16 = n.bf16_storage = true;
+  model.set_numerics(n);
+  GenerateOptions o;
+  o.max_new_tokens = 40;
+  o.temperature = 0.0;  // greedy
+  for (const bool cache : {true, false}) {
+    CAPTURE(cache);
+    o.kv_cache = cache;
+    Generator g(1);
+    const auto out = generate(model, {1, 2, 3}, o, g);
+    CHECK(out.size() == 40);
+    CHECK(std::all_of(out.begin(), out.end(), [](int32_t t) { return t >= 0 && t < 11; }));
+  }
+}
+
 TEST_CASE("sample_token: temperature 0 and top-k 1 pick the argmax; top-k never picks outside the k best") {
   Generator gen(9);
   const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f, 0.3f};

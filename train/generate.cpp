@@ -66,7 +66,8 @@ std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& 
       const int64_t keep = std::min<int64_t>(in_document(), block);
       logits = model.last_logits(ids_tensor(context.end() - keep, context.end()));
     }
-    const int32_t next = sample_token(logits.to(Device::CPU).to_vector<float>(), o.temperature, o.top_k, gen);
+    // f32 for sampling whatever the storage (bf16 logits with --storage bf16).
+    const int32_t next = sample_token(logits.to(Device::CPU).to(DType::F32).to_vector<float>(), o.temperature, o.top_k, gen);
     const bool new_document = model.ends_document(context);
     out.push_back(next);
     context.push_back(next);
