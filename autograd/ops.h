@@ -21,9 +21,9 @@ Tensor cast(const Tensor& x, DType dtype);
 /// the copy write_bf16_copy last wrote (no rounding here), or p rounded now when it has none. A bf16 p is returned as
 /// it is.
 Tensor working_copy(const Tensor& p);
-/// (Re)writes p's bf16 working copy from p: into `into` (a bf16 tensor of p's shape and device, such as a slice of
-/// a buffer of copies), which becomes the copy, or into the copy p has, or a new one.
-void write_bf16_copy(const Tensor& p, const Tensor& into = Tensor());
+/// (Re)writes p's bf16 working copy from p: into the copy p has, or a new one. (FlatParameters writes the copies
+/// of packed parameters in one pass of its own.)
+void write_bf16_copy(const Tensor& p);
 
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);

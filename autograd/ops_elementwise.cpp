@@ -147,17 +147,10 @@ Tensor cast(const Tensor& x, DType dtype) {
   });
 }
 
-void write_bf16_copy(const Tensor& p, const Tensor& into) {
+void write_bf16_copy(const Tensor& p) {
   if (p.dtype() != DType::F32) throw Error(fmt::format("write_bf16_copy: the parameter must be f32, got {}", dtype_name(p.dtype())));
   TensorImpl& impl = p.impl();
-  if (into.defined()) {
-    if (into.dtype() != DType::BF16 || !(into.shape() == p.shape()) || into.device() != p.device()) {
-      throw Error(fmt::format("write_bf16_copy: the copy must be bf16 {} on {}, got {} {} on {}", p.shape().str(),
-                              device_name(p.device()), dtype_name(into.dtype()), into.shape().str(),
-                              device_name(into.device())));
-    }
-    impl.bf16_copy = into.impl_ptr();
-  } else if (!impl.bf16_copy || impl.bf16_copy->storage->device != p.device()) {
+  if (!impl.bf16_copy || impl.bf16_copy->storage->device != p.device() || !(impl.bf16_copy->shape == p.shape())) {
     impl.bf16_copy = empty(p.shape(), DType::BF16, p.device()).impl_ptr();
   }
   launch(kernels::round_to_bf16, p.device(), static_cast<bf16*>(impl.bf16_copy->storage->data), p.data<float>(), p.numel());

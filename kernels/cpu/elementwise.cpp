@@ -136,33 +136,36 @@ void fill(T* out, T value, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = value;
 }
 
-void round_to_bf16(bf16* out, const float* inp, int64_t n) {
-  // Chunks of 4096 per task: each thread runs the vector loop over whole chunks.
-  constexpr int64_t kChunk = 4096;
+namespace {
+
+constexpr int64_t kChunk = 2048;
+
+/// f(offset, count) over [0, n) in chunks of kChunk elements, the chunks spread over the threads (each runs the
+/// vector loops of bf16_rows.h over whole chunks).
+template <class F>
+void for_chunks(int64_t n, F f) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t c = 0; c < chunks; ++c) round_range(out + c * kChunk, inp + c * kChunk, std::min(kChunk, n - c * kChunk));
+  for (int64_t c = 0; c < chunks; ++c) f(c * kChunk, std::min(kChunk, n - c * kChunk));
+}
+
+}  // namespace
+
+void round_to_bf16(bf16* out, const float* inp, int64_t n) {
+  for_chunks(n, [&](int64_t i, int64_t m) { round_range(out + i, inp + i, m); });
 }
 
 void widen_bf16(float* out, const bf16* inp, int64_t n) {
-  constexpr int64_t kChunk = 4096;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t c = 0; c < chunks; ++c) widen_range(out + c * kChunk, inp + c * kChunk, std::min(kChunk, n - c * kChunk));
+  for_chunks(n, [&](int64_t i, int64_t m) { widen_range(out + i, inp + i, m); });
 }
 
 void accumulate_bf16(float* y, const bf16* x, int64_t n) {
-  constexpr int64_t kChunk = 4096;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t c = 0; c < chunks; ++c) {
+  for_chunks(n, [&](int64_t i, int64_t m) {
     float wide[kChunk];
-    const int64_t m = std::min(kChunk, n - c * kChunk);
-    widen_range(wide, x + c * kChunk, m);
-    float* yc = y + c * kChunk;
+    widen_range(wide, x + i, m);
 #pragma omp simd
-    for (int64_t i = 0; i < m; ++i) yc[i] += wide[i];
-  }
+    for (int64_t j = 0; j < m; ++j) y[i + j] += wide[j];
+  });
 }
 
 template <class T>
@@ -175,18 +178,14 @@ void axpy(T* y, const T* x, compute_t<T> alpha, int64_t n) {
 /// bf16: chunks widened into f32 (bf16_rows.h), added there, rounded back: the loop over the struct does not vectorize.
 template <>
 void axpy<bf16>(bf16* y, const bf16* x, float alpha, int64_t n) {
-  constexpr int64_t kChunk = 2048;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for if (n >= kParallelGrain)
-  for (int64_t c = 0; c < chunks; ++c) {
+  for_chunks(n, [&](int64_t i, int64_t m) {
     float a[kChunk], b[kChunk];
-    const int64_t m = std::min(kChunk, n - c * kChunk);
-    widen_range(a, y + c * kChunk, m);
-    widen_range(b, x + c * kChunk, m);
+    widen_range(a, y + i, m);
+    widen_range(b, x + i, m);
 #pragma omp simd
-    for (int64_t i = 0; i < m; ++i) a[i] += alpha * b[i];
-    round_range(y + c * kChunk, a, m);
-  }
+    for (int64_t j = 0; j < m; ++j) a[j] += alpha * b[j];
+    round_range(y + i, a, m);
+  });
 }
 
 template <class T>

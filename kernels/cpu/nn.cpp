@@ -322,25 +322,13 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
   }
 }
 
-#define TINYGPT_INSTANTIATE(T)                                                                                          \
+#define TINYGPT_INSTANTIATE_NORMS(T)                                                                                    \
   template void layernorm_forward<T>(T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, int64_t, int64_t,  \
                                      compute_t<T>);                                                                     \
   template void add_layernorm_forward<T>(T*, T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, const T*,  \
                                          int64_t, int64_t, compute_t<T>, float, uint64_t);                              \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const compute_t<T>*,                    \
-                                      const compute_t<T>*, int64_t, int64_t, bool);                                     \
-  template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
-  template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t);         \
-  template void crossentropy_forward<T>(compute_t<T>*, compute_t<T>*, const T*, const int32_t*, int64_t, int64_t,       \
-                                        int32_t);                                                                       \
-  template void crossentropy_backward<T>(T*, const compute_t<T>*, compute_t<T>, const T*, const compute_t<T>*,          \
-                                         const int32_t*, int64_t, int64_t, int32_t);                                    \
-  template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \
-  template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);
-TINYGPT_INSTANTIATE(float)
-TINYGPT_INSTANTIATE(double)
-#undef TINYGPT_INSTANTIATE
-// bf16: the layer norms are specialized above.
+                                      const compute_t<T>*, int64_t, int64_t, bool);
 #define TINYGPT_INSTANTIATE(T)                                                                                          \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
   template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t);         \
@@ -350,7 +338,12 @@ TINYGPT_INSTANTIATE(double)
                                          const int32_t*, int64_t, int64_t, int32_t);                                    \
   template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \
   template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);
+TINYGPT_INSTANTIATE_NORMS(float)
+TINYGPT_INSTANTIATE_NORMS(double)  // bf16's layer norms are the specializations above
+TINYGPT_INSTANTIATE(float)
+TINYGPT_INSTANTIATE(double)
 TINYGPT_INSTANTIATE(bf16)
+#undef TINYGPT_INSTANTIATE_NORMS
 #undef TINYGPT_INSTANTIATE
 
 }  // namespace tinygpt::cpu
