@@ -168,13 +168,65 @@ AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv,
   return {out, weights};
 }
 
+AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
+                          const AttentionOptions& o, bool qkv_partition = false);
+
+/// Attention on bf16 storage (g: the call's geometry). The lean calls (flash, no mask, padding, dropout or score
+/// modifier, and what flash_bf16_takes asks) run the flash kernels that read and write bf16 as stored
+/// (kernels/cuda/flash_bf16.cuh), forward and backward. Every other call goes through f32 as a graph: cast,
+/// attention, cast back.
+AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
+                               AttentionGeom g, const AttentionOptions& o, bool qkv_partition) {
+  const Tensor& qb = q.base;
+  const Shape out_shape = out_heads_last ? Shape{g.B, g.T, g.NH * g.Ev} : Shape{g.B, g.NH, g.T, g.Ev};
+  Tensor out = empty(out_shape, DType::BF16, qb.device());
+  const bf16* qp = qb.data<bf16>() + q.offset;
+  const bf16* kp = k.base.data<bf16>() + k.offset;
+  const bf16* vp = v.base.data<bf16>() + v.offset;
+  const bool lean = o.impl != AttentionImpl::Naive && !o.need_weights && !o.attn_mask.defined() &&
+                    !o.key_padding_mask.defined() && !o.mods.any();
+  if (!lean || !flash_bf16_takes(g, qp, kp, vp, out.data<bf16>())) {
+    auto widened = [&](const HeadsView& x, const HeadsView* same) {
+      HeadsView w = x;
+      w.base = same != nullptr && same->base.impl_ptr() == x.base.impl_ptr() ? same->base : cast(x.base, DType::F32);
+      return w;
+    };
+    const HeadsView q32 = widened(q, nullptr), k32 = widened(k, &q32);
+    const HeadsView v32 = widened(v, v.base.impl_ptr() == k.base.impl_ptr() ? &k32 : &q32);
+    AttentionOptions o32 = o;
+    if (o32.attn_mask.defined() && o32.attn_mask.dtype() == DType::BF16) o32.attn_mask = o32.attn_mask.to(DType::F32);
+    AttentionResult r = attention(q32, k32, v32, out_heads_last, o32, qkv_partition);
+    r.out = cast(r.out, DType::BF16);
+    return r;
+  }
+  g.math = AttentionMath::BF16;
+  Tensor lse = empty({g.B, g.NH, g.T}, DType::F32, qb.device());
+  launch(kernels::attention_flash_forward_bf16, qb.device(), out.data<bf16>(), lse.data<float>(), qp, kp, vp, g);
+  const Tensor saved_out = out.detach();
+  const int64_t qo = q.offset, ko = k.offset, vo = v.offset;
+  out = record("attention_flash_bf16", out, {qb, k.base, v.base},
+               [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                 AttentionGeom gb = g;
+                 gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) &&
+                                      detail::unwritten(grads[2]);
+                 auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<bf16>(t) + offset : nullptr; };
+                 launch(kernels::attention_flash_backward_bf16, dout.device(), at(grads[0], qo), at(grads[1], ko),
+                        at(grads[2], vo), dout.data<bf16>(), in[0].data<bf16>() + qo, in[1].data<bf16>() + ko,
+                        in[2].data<bf16>() + vo, saved_out.data<bf16>(), lse.data<float>(), gb);
+               },
+               // As the f32 flash's: a fused qkv's three views are written together, all of it, uninitialized.
+               qkv_partition && qb.impl_ptr() == k.base.impl_ptr() && qb.impl_ptr() == v.base.impl_ptr() ? 7u : 0u,
+               /*unwritten_disjoint=*/true);
+  return {out, Tensor()};
+}
+
 /// out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
 /// qkv_partition: q, k and v are the three views of one fused qkv tensor that together cover it
 /// (fused_self_attention), so the flash backward may write its gradient without its being zeroed first.
 AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
-                          const AttentionOptions& o, bool qkv_partition = false) {
+                          const AttentionOptions& o, bool qkv_partition) {
   const Tensor& qb = q.base;
-  detail::check_float("attention", qb, "q");
+  if (qb.dtype() != DType::BF16) detail::check_float("attention", qb, "q");
   detail::check_same("attention", qb, k.base);
   detail::check_same("attention", qb, v.base);
   const int64_t B = q.batch, NH = q.heads, NKV = k.heads, T = q.len, S = k.len, E = q.dim, Ev = v.dim;
@@ -203,6 +255,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
   g.dropout_p = float(o.dropout_p);
   g.dropout_seed = o.dropout_seed;
   g.math = o.numerics.attention;
+  if (qb.dtype() == DType::BF16) return attention_bf16(q, k, v, out_heads_last, g, o, qkv_partition);
 
   Tensor rel_probs;  // Pbar, when relative values are on: written by the forward, read by the backward
   set_score_mods(g, o.mods, qb, rel_probs);

@@ -163,6 +163,8 @@ TINYGPT_KERNEL_PAIR(attention_naive_forward, kFloats)
 TINYGPT_KERNEL_PAIR(attention_naive_backward, kFloats)
 TINYGPT_KERNEL_PAIR(attention_flash_forward, kFloats)
 TINYGPT_KERNEL_PAIR(attention_flash_backward, kFloats)
+TINYGPT_KERNEL_PAIR_PLAIN(attention_flash_forward_bf16)
+TINYGPT_KERNEL_PAIR_PLAIN(attention_flash_backward_bf16)
 
 #undef TINYGPT_KERNEL_PAIR_PLAIN
 #undef TINYGPT_KERNEL_PAIR

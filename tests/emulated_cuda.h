@@ -47,12 +47,15 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
   unsigned x, y, z;
 };
-// CUDA's vectors of floats (one 64- or 128-bit load or store on the GPU).
+// CUDA's vectors (one 64- or 128-bit load or store on the GPU).
 struct alignas(8) float2 {
   float x, y;
 };
 struct alignas(16) float4 {
   float x, y, z, w;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
 };
 
 // CUDA's device math that the host's <cmath> lacks.
@@ -159,6 +162,33 @@ inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
       d, a, b, [](Slots s, int r, int k) { return bf16_half(s[(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2); },
       [](Slots s, int k, int n) { return bf16_half(s[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); });
 }
+
+/// ldmatrix.x4 (non-transposed and .trans): every lane publishes its row address, and each lane reads its elements
+/// of the four matrices from the rows the others named (mma.cuh states the layout).
+template <bool kTrans>
+void emulated_ldmatrix(uint32_t (&r)[4], const void* row) {
+  const uint64_t addr = reinterpret_cast<uintptr_t>(row);
+  const uint32_t words[2] = {uint32_t(addr), uint32_t(addr >> 32)};
+  struct Out {
+    uint32_t v[4];
+  };
+  const Out out = warp_exchange(words, 2, [](Slots s, unsigned lane) {
+    const auto row_of = [&](int m, int i) {
+      return reinterpret_cast<const uint16_t*>(uintptr_t(s[8 * m + i][0]) | (uintptr_t(s[8 * m + i][1]) << 32));
+    };
+    const int g = int(lane / 4), t = int(lane % 4);
+    Out o;
+    for (int m = 0; m < 4; ++m) {
+      const uint16_t lo = kTrans ? row_of(m, 2 * t)[g] : row_of(m, g)[2 * t];
+      const uint16_t hi = kTrans ? row_of(m, 2 * t + 1)[g] : row_of(m, g)[2 * t + 1];
+      o.v[m] = uint32_t(lo) | (uint32_t(hi) << 16);
+    }
+    return o;
+  });
+  for (int m = 0; m < 4; ++m) r[m] = out.v[m];
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) { emulated_ldmatrix<false>(r, row); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) { emulated_ldmatrix<true>(r, row); }
 
 }  // namespace tinygpt::cuda
 

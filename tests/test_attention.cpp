@@ -9,6 +9,7 @@
 #include "autograd/attention.h"
 #include "nn/attention.h"
 #include "test_util.h"
+#include "tests/attention_bf16_case.h"
 
 using namespace tinygpt;
 using tinygpt::test::check_close;
@@ -501,4 +502,9 @@ TEST_CASE("MultiHeadAttention: add_bias_kv, add_zero_attn and batch_first = fals
   const Tensor mem = randn({3, 2, 8}, gen);  // (S, B, E), but x read sequence-first has B = 5
   CHECK_THROWS_WITH_AS(sf.forward(x, mem, mem), doctest::Contains("key must be (S, B, 8)"), Error);
   CHECK_THROWS_WITH_AS(sf.forward(randn({5, 2, 6}, gen), mem, mem), doctest::Contains("query must be (T, B, 8)"), Error);
+}
+
+TEST_CASE("attention on bf16 tensors tracks the f32 op with bf16 operands (CPU: the bf16-storage forward's twin)") {
+  for (const int64_t E : {64, 128}) test::check_bf16_attention_tracks_f32(Device::CPU, true, E);
+  test::check_bf16_attention_tracks_f32(Device::CPU, false, 64);
 }

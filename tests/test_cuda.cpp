@@ -16,6 +16,7 @@
 #include "autograd/ops.h"
 #include "kernels/device.h"
 #include "nn/gpt.h"
+#include "tests/attention_bf16_case.h"
 #include "tests/attention_cases.h"
 #include "train/adamw.h"
 #include "train/trainer.h"
@@ -356,6 +357,37 @@ TEST_CASE("cuda: tensor-core flash attention (tf32, bf16) matches the double ref
                                 .mask = MaskKind::Full, .dropout = 0.1f, .seed = 12});
   check_tensor_cores_against_reference({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128, .causal = true,
                                 .layout = Layout::Fused, .seed = 13});
+}
+
+/// The flash forward on bf16 storage (bf16 q, k, v and out) against the double reference on the same bf16 inputs;
+/// the output starts as NaN, so a row left unwritten shows.
+void check_bf16_storage_on_gpu(const Config& c) {
+  INFO("flash forward on bf16 storage: " << describe(c));
+  const Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
+  const Run<double> ref = run<double>(p, true, false);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  DeviceBuffer<bf16> qkv(std::vector<bf16>(p.qkv.begin(), p.qkv.end()));
+  DeviceBuffer<bf16> out(std::vector<bf16>(size_t(p.out_size), bf16(nan)));
+  DeviceBuffer<float> lse(std::vector<float>(size_t(p.g.B * p.g.NH * p.g.T), nan));
+  const bf16 *q = qkv.ptr + p.q_off, *k = qkv.ptr + p.k_off, *v = qkv.ptr + p.v_off;
+  REQUIRE(flash_bf16_takes(p.g, q, k, v, out.ptr));
+  launch(kernels::attention_flash_forward_bf16, Device::CUDA, out.ptr, lse.ptr, q, k, v, p.g);
+  cuda::synchronize();
+  const std::vector<bf16> o = out.host();
+  const std::vector<float> of(o.begin(), o.end());
+  check_rounded_close(gather(of, o_elements(p)), gather(ref.out, o_elements(p)), AttentionMath::BF16, "out");
+  check_close(lse.host(), ref.lse, 1e-3, 1e-4, "lse");
+}
+
+TEST_CASE("cuda: the flash forward on bf16 storage matches the double reference; bf16 attention tracks f32") {
+  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
+                             .layout = Layout::Fused, .seed = 11});
+  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12});
+  check_bf16_storage_on_gpu({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128,
+                             .layout = Layout::Fused, .seed = 13});
+  check_bf16_storage_on_gpu({.B = 2, .NH = 2, .NKV = 1, .T = 100, .S = 1000, .E = 64, .Ev = 64, .seed = 14});
+  for (const int64_t E : {64, 128}) test::check_bf16_attention_tracks_f32(Device::CUDA, true, E);
+  test::check_bf16_attention_tracks_f32(Device::CUDA, false, 64);
 }
 
 TEST_CASE("cuda: the pipelined tensor-core kernels (TINYGPT_FLASH_PIPELINE=1) match the double reference") {

@@ -98,6 +98,69 @@ TEST_CASE("tensor-core flash (emulated): whole leading key tiles padded away") {
                   .padded_prefix = 140, .seed = 9});
 }
 
+/// The flash kernels on bf16 storage (kernels/cuda/flash_bf16.cuh: ldmatrix fragments, cp.async double buffering),
+/// emulated, and their CPU twins, against the double reference on the same bf16 inputs: out, lse, and dq, dk, dv.
+/// The emulated run starts its buffers as NaN (the gradients told they are unwritten), so an element left unwritten
+/// fails; the twin's gradients start at 0.25 and are added to, the other mode.
+void check_bf16_storage(const Config& c) {
+  INFO("flash on bf16 storage: " << describe(c));
+  const Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
+  const Run<double> ref = run<double>(p, true, true);
+  const std::vector<bf16> qkv(p.qkv.begin(), p.qkv.end());  // exact: the inputs are rounded to bf16 already
+  const std::vector<bf16> dout(p.dout.begin(), p.dout.end());  // the upstream gradient as bf16 storage holds it
+  const bf16 *q = qkv.data() + p.q_off, *k = qkv.data() + p.k_off, *v = qkv.data() + p.v_off;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const bool emulated : {true, false}) {
+    INFO((emulated ? "the GPU kernels, emulated" : "their CPU twins"));
+    const float start = emulated ? nan : 0.25f;
+    std::vector<bf16> out(size_t(p.out_size), bf16(nan)), grads(qkv.size(), bf16(start));
+    std::vector<float> lse(size_t(p.g.B * p.g.NH * p.g.T), nan);
+    REQUIRE(flash_bf16_takes(p.g, q, k, v, out.data()));
+    (emulated ? cuda::emulated::attention_flash_forward_bf16 : cpu::attention_flash_forward_bf16)(out.data(), lse.data(),
+                                                                                                 q, k, v, p.g);
+    AttentionGeom gb = p.g;
+    gb.grads_unwritten = emulated;
+    bf16* d = grads.data();
+    (emulated ? cuda::emulated::attention_flash_backward_bf16 : cpu::attention_flash_backward_bf16)(
+        d + p.q_off, d + p.k_off, d + p.v_off, dout.data(), q, k, v, out.data(), lse.data(), gb);
+    const std::vector<float> outf(out.begin(), out.end());
+    std::vector<float> gradf(grads.begin(), grads.end());
+    if (!emulated) {
+      for (float& x : gradf) x -= 0.25f;
+    }
+    const std::vector<int64_t> outs = o_elements(p);
+    check_rounded_close(gather(outf, outs), gather(ref.out, outs), AttentionMath::BF16, "out");
+    check_close(lse, ref.lse, 1e-3, 1e-4, "lse");
+    check_rounded_close(gather(gradf, q_elements(p)), gather(ref.dqkv, q_elements(p)), AttentionMath::BF16, "dq");
+    check_rounded_close(gather(gradf, k_elements(p)), gather(ref.dqkv, k_elements(p)), AttentionMath::BF16, "dk");
+    check_rounded_close(gather(gradf, v_elements(p)), gather(ref.dqkv, v_elements(p)), AttentionMath::BF16, "dv");
+  }
+}
+
+TEST_CASE("flash on bf16 storage (emulated): causal, fused QKV, GQA, head dim 64, two tiles") {
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true,
+                      .layout = Layout::Fused});
+}
+
+TEST_CASE("flash on bf16 storage (emulated): partial tiles, T < S causal, head dim 128") {
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5});
+  // Rows off 16-byte boundaries (3 elements of padding a time step), another head dim, dropout: not its calls.
+  const auto takes = [](const Config& c) {
+    const Problem p = make_problem(c);
+    alignas(16) static bf16 buffer[8];
+    return flash_bf16_takes(p.g, buffer, buffer, buffer, buffer);
+  };
+  CHECK(takes({.T = 8, .S = 8, .E = 64, .Ev = 64}));
+  CHECK_FALSE(takes({.T = 8, .S = 8, .E = 64, .Ev = 64, .layout = Layout::SeqMajor}));
+  CHECK_FALSE(takes({.T = 8, .S = 8, .E = 32, .Ev = 32}));
+  CHECK_FALSE(takes({.T = 8, .S = 8, .E = 64, .Ev = 64, .dropout = 0.1f}));
+}
+
+TEST_CASE("flash on bf16 storage (emulated): not causal, three key tiles, T > S causal (rows that see nothing)") {
+  check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 10});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 7});
+}
+
 // The whole attention test matrix (the CPU and GPU suites' flash cases): minutes under the emulator, so it runs
 // only when asked for: test_flash_mma_emulated --no-skip --test-case='*whole matrix*'
 TEST_CASE("tensor-core flash (emulated): the whole matrix" * doctest::skip()) {

@@ -69,6 +69,9 @@ void attention_naive_backward(float* dq, float* dk, float* dv, const float* dout
 /// pass over key tiles for dK and dV and a separate pass over query tiles for dQ, so no gradient needs
 /// atomics and the result is deterministic.
 void attention_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);
+/// Flash forward on bf16 storage (flash_bf16.cuh): bf16 q, k, v and out, f32 lse; the calls flash_bf16_takes accepts.
+void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionGeom& g);
+void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const bf16* out, const float* lse, const AttentionGeom& g);
 void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* out, const float* lse, const float* mask, const uint8_t* key_padding, const AttentionGeom& g);
 
 }  // namespace tinygpt::cuda

@@ -1,5 +1,5 @@
 // Warp-level tensor-core primitives (compute capability 8.0+): operand rounding (bf16, tf32), mma.sync with f32
-// accumulation (m16n8k16 bf16, m16n8k8 tf32), and asynchronous copies to shared memory (cp.async). tests/emulated_cuda.h defines the same
+// accumulation (m16n8k16 bf16, m16n8k8 tf32), fragment loads from shared memory (ldmatrix) and asynchronous copies to shared memory (cp.async). tests/emulated_cuda.h defines the same
 // functions for the CPU, with the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with
 // floating point type", "... for mma.m16n8k8"), so the kernels built on them (flash_mma.cuh) can be checked
 // without a GPU.
@@ -54,6 +54,32 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
+#endif
+}
+
+/// ldmatrix (compute capability 8.0+): four 8x8 matrices of 16-bit elements from shared memory, one register each.
+/// Lane l gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); with g = lane / 4 and
+/// t = lane % 4, r[m] gets matrix m's elements (g, 2t) in bits 0-15 and (g, 2t+1) in bits 16-31: a row-major tile's
+/// A or B fragment of mma_bf16. ldmatrix_x4_trans gives the transposed matrix's: (2t, g) and (2t+1, g), the B
+/// fragment of a tile stored with the reduction index along its rows (V in O = P V).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
 #else
   __trap();
 #endif

@@ -1,0 +1,479 @@
+// Flash attention forward on bf16 storage, in FlashAttention-2's structure: q, k and v are bf16 in memory and
+// reach the tensor cores as they are (no f32 read, no rounding on the way), the output is bf16 and the logsumexp
+// f32. The lean case only: head dims 64 and 128 exactly, causal or not, grouped-query heads, any strides that keep
+// rows on 16-byte boundaries; no mask, padding, dropout or score modifier (flash_bf16_takes in kernels/attention.h
+// says which calls; the others run the f32-tensor kernels of flash_mma.cuh on widened copies).
+//
+// A block of 4 warps owns 64 query rows, a warp 16 of them. Q's tile is copied into shared memory once and its
+// A fragments kept in registers for the whole row of key tiles (EP/16 x 4 registers). K and V tiles of 64 keys are
+// double-buffered: while the block computes on one pair, cp.async streams the next into the other. Fragments come
+// out of shared memory by ldmatrix (.trans for V, whose reduction index, the key, runs down its rows), four 8x8
+// matrices an instruction. Tiles are stored row-major with each 16-byte chunk c of row r at c ^ (r % 8), so the 8
+// rows an ldmatrix phase reads hit 8 different bank groups, and the cp.async writes stay whole 16-byte chunks.
+// P stays in registers as the A operand of P V (the accumulator layout of two 16x8 blocks is the A layout of one
+// 16x16 block). The online softmax runs in base 2 with the scale folded into one FMA a score; each lane keeps
+// partial row sums, summed over the quad once at the end. Causal: key tiles past the block's last row are never
+// loaded, and only tiles crossing the diagonal (or the sequence's end) are masked element by element.
+//
+// Written as a __device__ body over the primitives of mma.cuh, so tests/emulated_cuda.h runs the same source on
+// the CPU (tests/test_flash_mma_emulated.cpp checks it against a double reference).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/bf16.h"
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/flash_mma.cuh"
+
+namespace tinygpt::cuda::flash_bf16 {
+
+constexpr int kRows = 64;  // query rows of a block: 4 warps x 16
+constexpr int kCols = 64;  // keys a tile
+constexpr int kThreads = 128;
+
+/// Bytes of a tile of `rows` rows of EP bf16.
+template <int EP>
+constexpr int tile_bytes(int rows) {
+  return rows * EP * 2;
+}
+
+/// Q, then two stages of K and V.
+template <int EP>
+constexpr int forward_smem_bytes() {
+  return tile_bytes<EP>(kRows) + 4 * tile_bytes<EP>(kCols);
+}
+
+/// Byte offset of 16-byte chunk c (features 8c .. 8c+7) of row r in a swizzled tile.
+template <int EP>
+__device__ __forceinline__ int chunk_at(int r, int c) {
+  return r * (EP * 2) + ((c ^ (r & 7)) << 4);
+}
+
+/// Issues the cp.async copies of rows r0 .. r0+R-1 of (b, head) of a strided bf16 operand into a swizzled tile;
+/// rows at or past n are zero-filled (their source is not read).
+template <int R, int EP>
+__device__ __forceinline__ void copy_tile(unsigned char* tile, const bf16* base, const int64_t* stride, int64_t b,
+                                          int64_t head, int64_t r0, int64_t n) {
+  constexpr int kChunks = EP / 8;
+  static_assert(R * kChunks % kThreads == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+  for (int i = 0; i < R * kChunks / kThreads; ++i) {
+    const int idx = i * kThreads + int(threadIdx.x), r = idx / kChunks, c = idx % kChunks;
+    const bool in = r0 + r < n;
+    const bf16* src = in ? at(base, stride, b, head, r0 + r) + 8 * c : base;
+    cp_async16(tile + chunk_at<EP>(r, c), src, in ? 16 : 0);
+  }
+}
+
+using flash_mma::quad_max;  // max and sum over the 4 lanes that hold one fragment row
+using flash_mma::quad_sum;
+
+/// Output rows and logsumexp of one block of 64 queries: blockIdx.x = b * NH + h, query tiles in reverse order
+/// (blockIdx.y = 0 is the last, longest causal tile, so it starts first).
+template <int EP>
+__device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                             const AttentionGeom& g) {
+  unsigned char* Qs = smem;
+  unsigned char* stage[2][2] = {{Qs + tile_bytes<EP>(kRows), Qs + tile_bytes<EP>(kRows) + tile_bytes<EP>(kCols)},
+                                {Qs + tile_bytes<EP>(kRows) + 2 * tile_bytes<EP>(kCols),
+                                 Qs + tile_bytes<EP>(kRows) + 3 * tile_bytes<EP>(kCols)}};  // [stage][K, V]
+  const int64_t h = blockIdx.x % g.NH, b = blockIdx.x / g.NH, kvh = h / (g.NH / g.NKV);
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kRows;
+  const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
+  // ldmatrix's row for this lane: matrices (rows 0-7 | 8-15) x (chunk 0 | 1) of a 16x16 block, in the order of the
+  // fragment registers: A (Q) and the .trans B (V) go down the rows first, the non-transposed B (K) across first.
+  const int lrow_a = (lane & 7) + 8 * ((lane >> 3) & 1), lchunk_a = lane >> 4;
+  const int lrow_k = (lane & 7) + 8 * (lane >> 4), lchunk_k = (lane >> 3) & 1;
+
+  const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  const int tiles = int((s_end + kCols - 1) / kCols);
+  copy_tile<kRows, EP>(Qs, q, g.q_stride, b, h, t0, g.T);
+  if (tiles > 0) {
+    copy_tile<kCols, EP>(stage[0][0], k, g.k_stride, b, kvh, 0, g.S);
+    copy_tile<kCols, EP>(stage[0][1], v, g.v_stride, b, kvh, 0, g.S);
+  }
+  cp_async_commit();
+
+  const float sl2 = float(g.scale) * 1.4426950408889634f;  // scores in base 2: exp(x * scale) = exp2(x * sl2)
+  uint32_t qf[EP / 16][4];
+  float o[EP / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sums
+  for (int it = 0; it < tiles; ++it) {
+    const int64_t s0 = int64_t(it) * kCols;
+    if (it + 1 < tiles) {  // the next pair streams into the other stage (freed by the barrier ending the last step)
+      copy_tile<kCols, EP>(stage[(it + 1) & 1][0], k, g.k_stride, b, kvh, s0 + kCols, g.S);
+      copy_tile<kCols, EP>(stage[(it + 1) & 1][1], v, g.v_stride, b, kvh, s0 + kCols, g.S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // all but the group just issued: this step's K and V (and, at first, Q)
+    __syncthreads();
+    if (it == 0) {
+#pragma unroll
+      for (int kk = 0; kk < EP / 16; ++kk) ldmatrix_x4(qf[kk], Qs + chunk_at<EP>(row0 + lrow_a, 2 * kk + lchunk_a));
+    }
+    const unsigned char* Ks = stage[it & 1][0];
+    const unsigned char* Vs = stage[it & 1][1];
+
+    float sc[kCols / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < EP / 16; ++kk) {
+#pragma unroll
+      for (int jp = 0; jp < kCols / 16; ++jp) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, Ks + chunk_at<EP>(16 * jp + lrow_k, 2 * kk + lchunk_k));
+        const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+        mma_bf16(sc[2 * jp], qf[kk], b0);
+        mma_bf16(sc[2 * jp + 1], qf[kk], b1);
+      }
+    }
+    // Scores in base 2; -inf where hidden, only in tiles that cross the diagonal or the sequence's end.
+    if (s0 + kCols > causal_end(g, t0)) {
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t t = t0 + row0 + gr + 8 * (i / 2), s = s0 + 8 * j + 2 * tc + i % 2;
+          sc[j][i] = s < causal_end(g, t) ? sc[j][i] * sl2 : -INFINITY;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[j][i] *= sl2;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = m[half];
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * half], sc[j][2 * half + 1]));
+      const float m_new = quad_max(mx);
+      const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet: exp2(-inf - 0) = 0
+      const float alpha = exp2f(m[half] - m_sub);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[j][2 * half + e];
+          x = exp2f(x - m_sub);
+          sum += x;
+        }
+      }
+      l[half] = l[half] * alpha + sum;
+      m[half] = m_new;
+#pragma unroll
+      for (int d = 0; d < EP / 8; ++d) {
+        o[d][2 * half] *= alpha;
+        o[d][2 * half + 1] *= alpha;
+      }
+    }
+    // O += P V: P's A fragments from the score registers, V's B fragments by ldmatrix.trans.
+#pragma unroll
+    for (int kk = 0; kk < kCols / 16; ++kk) {
+      const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                             pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                             pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < EP / 16; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, Vs + chunk_at<EP>(16 * kk + lrow_a, 2 * dp + lchunk_a));
+        const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+        mma_bf16(o[2 * dp], a, b0);
+        mma_bf16(o[2 * dp + 1], a, b1);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next step's copies overwrite it
+  }
+  cp_async_wait<0>();  // the last (empty) group, or Q's when no key is visible
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float sum = quad_sum(l[half]);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int64_t t = t0 + row0 + gr + 8 * half;
+    if (t >= g.T) continue;
+    bf16* row = at(out, g.o_stride, b, h, t);
+#pragma unroll
+    for (int d = 0; d < EP / 8; ++d) {
+      *reinterpret_cast<uint32_t*>(row + 8 * d + 2 * tc) = pack_bf16(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+    }
+    if (tc == 0) lse[(b * g.NH + h) * g.T + t] = sum > 0.0f ? m[half] * 0.6931471805599453f + logf(sum) : -INFINITY;
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// Backward, FlashAttention-2's: D = rowsum(dO * O) and dQ in one pass over each query tile's key tiles, then dK and
+// dV in one pass over each key tile's query tiles (of every head of its group), P and dS recomputed from the
+// logsumexp in both. No atomics: each gradient row is summed by one warp in a fixed order (deterministic). Every
+// operand is a swizzled bf16 tile read by ldmatrix; a tile that is the B operand both as stored and transposed (Q
+// and dO in the dK/dV pass, K in the dQ pass) is read both ways from the one copy.
+
+/// Reads a 16 x 16 block as the A operand: rows r0 .. r0+15, features 16kk .. 16kk+15 of a swizzled tile.
+template <int EP>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const unsigned char* tile, int r0, int kk, int lane) {
+  ldmatrix_x4(a, tile + chunk_at<EP>(r0 + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * kk + (lane >> 4)));
+}
+
+/// acc[N/8] += A x B^T for one warp, A a 16 x EP block (rows r0.. of tile `a`, or fragments given), B^T rows
+/// 0 .. N-1 of tile `b` (N x EP, row-major): scores or dP.
+template <int EP, int N>
+__device__ __forceinline__ void dot_rows(float (&acc)[N / 8][4], const unsigned char* a, int r0, const unsigned char* b,
+                                         int lane) {
+#pragma unroll
+  for (int kk = 0; kk < EP / 16; ++kk) {
+    uint32_t af[4];
+    load_a<EP>(af, a, r0, kk, lane);
+#pragma unroll
+    for (int jp = 0; jp < N / 16; ++jp) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, b + chunk_at<EP>(16 * jp + (lane & 7) + 8 * (lane >> 4), 2 * kk + ((lane >> 3) & 1)));
+      const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+      mma_bf16(acc[2 * jp], af, b0);
+      mma_bf16(acc[2 * jp + 1], af, b1);
+    }
+  }
+}
+
+/// acc[EP/8] += P x B for one warp: P (16 x K) in accumulator registers, rounded to bf16 here; B rows 0 .. K-1 of
+/// tile `b` (K x EP), read transposed.
+template <int EP, int K>
+__device__ __forceinline__ void accumulate_rows(float (&acc)[EP / 8][4], const float (&P)[K / 8][4],
+                                                const unsigned char* b, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    const uint32_t a[4] = {pack_bf16(P[2 * kk][0], P[2 * kk][1]), pack_bf16(P[2 * kk][2], P[2 * kk][3]),
+                           pack_bf16(P[2 * kk + 1][0], P[2 * kk + 1][1]), pack_bf16(P[2 * kk + 1][2], P[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < EP / 16; ++dp) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, b + chunk_at<EP>(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * dp + (lane >> 4)));
+      const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+      mma_bf16(acc[2 * dp], a, b0);
+      mma_bf16(acc[2 * dp + 1], a, b1);
+    }
+  }
+}
+
+/// Stores (or, unless g.grads_unwritten, adds into) rows r0 + row0 .. of a strided bf16 gradient: acc times `scale`,
+/// rows at or past n skipped; each sum rounded once.
+template <int EP>
+__device__ __forceinline__ void store_grad(bf16* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
+                                           int64_t n, const float (&acc)[EP / 8][4], float scale, bool add, int row0,
+                                           int lane) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t r = r0 + row0 + lane / 4 + 8 * half;
+    if (r >= n) continue;
+    bf16* row = at(base, stride, b, head, r);
+#pragma unroll
+    for (int d = 0; d < EP / 8; ++d) {
+      uint32_t* w = reinterpret_cast<uint32_t*>(row + 8 * d + 2 * (lane % 4));
+      float x0 = acc[d][2 * half] * scale, x1 = acc[d][2 * half + 1] * scale;
+      if (add) {
+        const uint32_t old = *w;
+        x0 += float_of_bf16_bits(uint16_t(old & 0xffffu));
+        x1 += float_of_bf16_bits(uint16_t(old >> 16));
+      }
+      *w = pack_bf16(x0, x1);
+    }
+  }
+}
+
+/// The logsumexp of row t in base 2, +inf for a row that sees no key (so every P of it is exp2(-inf) = 0).
+__device__ __forceinline__ float lse_base2(float lse) {
+  return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+}
+
+/// dQ pass: Q and dO, then two stages of K and V.
+template <int EP>
+constexpr int dq_smem_bytes() {
+  return 2 * tile_bytes<EP>(kRows) + 4 * tile_bytes<EP>(kCols);
+}
+
+/// D and dQ of one query tile (blocks as the forward's): D = rowsum(dO * O) of its rows into D (f32, (B, NH, T)),
+/// then, when dq is given, dQ = scale * sum over key tiles of dS K, dS = P * (dO V^T - D).
+template <int EP>
+__device__ void backward_dq_body(unsigned char* smem, bf16* dq, float* D, const bf16* dout, const bf16* out,
+                                 const bf16* q, const bf16* k, const bf16* v, const float* lse, const AttentionGeom& g) {
+  unsigned char* Qs = smem;
+  unsigned char* dOs = Qs + tile_bytes<EP>(kRows);
+  unsigned char* stage[2][2] = {{dOs + tile_bytes<EP>(kRows), dOs + tile_bytes<EP>(kRows) + tile_bytes<EP>(kCols)},
+                                {dOs + tile_bytes<EP>(kRows) + 2 * tile_bytes<EP>(kCols),
+                                 dOs + tile_bytes<EP>(kRows) + 3 * tile_bytes<EP>(kCols)}};  // [stage][K, V]
+  const int64_t h = blockIdx.x % g.NH, b = blockIdx.x / g.NH, kvh = h / (g.NH / g.NKV);
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kRows;
+  const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
+
+  // D of the tile's rows, in f32: two threads a row, each half of its features in 16-byte loads, all in flight
+  // together (one element at a time, dQ's warps spent 41% of their stalls here: Nsight Compute, H200).
+  {
+    constexpr int kLoads = EP / 16;  // 16-byte loads (8 bf16) per thread and operand
+    const int r = int(threadIdx.x) / 2, e0 = (int(threadIdx.x) % 2) * (EP / 2);
+    const int64_t t = t0 + r;
+    float acc = 0.0f;
+    if (t < g.T) {
+      const uint4* o = reinterpret_cast<const uint4*>(at(out, g.o_stride, b, h, t) + e0);
+      const uint4* d = reinterpret_cast<const uint4*>(at(dout, g.o_stride, b, h, t) + e0);
+      uint4 ov[kLoads], dv[kLoads];
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) ov[i] = o[i], dv[i] = d[i];
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const uint32_t ow[4] = {ov[i].x, ov[i].y, ov[i].z, ov[i].w}, dw[4] = {dv[i].x, dv[i].y, dv[i].z, dv[i].w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          acc += float_of_bf16_bits(uint16_t(ow[w] & 0xffffu)) * float_of_bf16_bits(uint16_t(dw[w] & 0xffffu));
+          acc += float_of_bf16_bits(uint16_t(ow[w] >> 16)) * float_of_bf16_bits(uint16_t(dw[w] >> 16));
+        }
+      }
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (t < g.T && e0 == 0) D[(b * g.NH + h) * g.T + t] = acc;
+  }
+  if (dq == nullptr) return;
+  __syncthreads();  // the tile's D rows are written before any warp reads them back below
+
+  const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  const int tiles = int((s_end + kCols - 1) / kCols);
+  copy_tile<kRows, EP>(Qs, q, g.q_stride, b, h, t0, g.T);
+  copy_tile<kRows, EP>(dOs, dout, g.o_stride, b, h, t0, g.T);
+  if (tiles > 0) {
+    copy_tile<kCols, EP>(stage[0][0], k, g.k_stride, b, kvh, 0, g.S);
+    copy_tile<kCols, EP>(stage[0][1], v, g.v_stride, b, kvh, 0, g.S);
+  }
+  cp_async_commit();
+  const float sl2 = float(g.scale) * 1.4426950408889634f;
+  float lse2[2], Drow[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t t = t0 + row0 + gr + 8 * half;
+    const int64_t idx = (b * g.NH + h) * g.T + t;
+    lse2[half] = t < g.T ? lse_base2(lse[idx]) : INFINITY;
+    Drow[half] = t < g.T ? D[idx] : 0.0f;
+  }
+  float acc[EP / 8][4] = {};
+  for (int it = 0; it < tiles; ++it) {
+    const int64_t s0 = int64_t(it) * kCols;
+    if (it + 1 < tiles) {
+      copy_tile<kCols, EP>(stage[(it + 1) & 1][0], k, g.k_stride, b, kvh, s0 + kCols, g.S);
+      copy_tile<kCols, EP>(stage[(it + 1) & 1][1], v, g.v_stride, b, kvh, s0 + kCols, g.S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const unsigned char* Ks = stage[it & 1][0];
+    const unsigned char* Vs = stage[it & 1][1];
+    float P[kCols / 8][4] = {}, dP[kCols / 8][4] = {};
+    dot_rows<EP, kCols>(P, Qs, row0, Ks, lane);
+    dot_rows<EP, kCols>(dP, dOs, row0, Vs, lane);
+    const bool masked = s0 + kCols > causal_end(g, t0);
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t t = t0 + row0 + gr + 8 * (i / 2), s = s0 + 8 * j + 2 * tc + i % 2;
+        const float p = !masked || s < causal_end(g, t) ? exp2f(P[j][i] * sl2 - lse2[i / 2]) : 0.0f;
+        P[j][i] = p * (dP[j][i] - Drow[i / 2]);  // dS
+      }
+    }
+    accumulate_rows<EP, kCols>(acc, P, Ks, lane);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  store_grad<EP>(dq, g.q_stride, b, h, t0, g.T, acc, float(g.scale), !g.grads_unwritten, row0, lane);
+}
+
+/// Queries a step of the dK/dV pass: 32 at head dim 128, to stay within the registers.
+template <int EP>
+constexpr int dkdv_queries() {
+  return EP > 64 ? 32 : 64;
+}
+
+/// dK/dV pass: K and V, then two stages of Q, dO, and the queries' logsumexp (base 2) and D.
+template <int EP>
+constexpr int dkdv_stage_bytes() {
+  return 2 * tile_bytes<EP>(dkdv_queries<EP>()) + 8 * dkdv_queries<EP>();
+}
+template <int EP>
+constexpr int dkdv_smem_bytes() {
+  return 2 * tile_bytes<EP>(kRows) + 2 * dkdv_stage_bytes<EP>();
+}
+
+/// dK and dV of one key tile (blockIdx.x = b * NKV + kv head, blockIdx.y the tile), summed over the group's query
+/// heads and every query that sees a key of it: dV = P^T dO, dK = scale * dS^T Q. Rows of the warp fragments are
+/// keys, columns queries.
+template <int EP>
+__device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
+                                   const bf16* k, const bf16* v, const float* lse, const float* D,
+                                   const AttentionGeom& g) {
+  constexpr int Q = dkdv_queries<EP>();
+  unsigned char* Ks = smem;
+  unsigned char* Vs = Ks + tile_bytes<EP>(kRows);
+  unsigned char* stages = Vs + tile_bytes<EP>(kRows);
+  const int64_t b = blockIdx.x / g.NKV, kvh = blockIdx.x % g.NKV, group = g.NH / g.NKV;
+  const int64_t s0 = int64_t(blockIdx.y) * kRows;
+  const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
+  const float sl2 = float(g.scale) * 1.4426950408889634f;
+
+  const int64_t t_first = query_begin(g, s0) / Q * Q, t_end = query_end(g, min64(s0 + kRows, g.S) - 1);
+  const int64_t per_head = t_end > t_first ? (t_end - t_first + Q - 1) / Q : 0, steps = group * per_head;
+  // Step i: query tile t_first + (i % per_head) * Q of head kvh * group + i / per_head, into stage i % 2.
+  auto issue = [&](int64_t i) {
+    unsigned char* st = stages + (i & 1) * dkdv_stage_bytes<EP>();
+    const int64_t h = kvh * group + i / per_head, t0 = t_first + i % per_head * Q;
+    copy_tile<Q, EP>(st, q, g.q_stride, b, h, t0, g.T);
+    copy_tile<Q, EP>(st + tile_bytes<EP>(Q), dout, g.o_stride, b, h, t0, g.T);
+    float* rows = reinterpret_cast<float*>(st + 2 * tile_bytes<EP>(Q));  // lse, then D
+    for (int r = int(threadIdx.x); r < Q; r += kThreads) {
+      const bool in = t0 + r < g.T;
+      const int64_t idx = (b * g.NH + h) * g.T + t0 + r;
+      cp_async4(rows + r, in ? lse + idx : lse, in ? 4 : 0);
+      cp_async4(rows + Q + r, in ? D + idx : D, in ? 4 : 0);
+    }
+  };
+  copy_tile<kRows, EP>(Ks, k, g.k_stride, b, kvh, s0, g.S);
+  copy_tile<kRows, EP>(Vs, v, g.v_stride, b, kvh, s0, g.S);
+  if (steps > 0) issue(0);
+  cp_async_commit();
+
+  float dk_acc[EP / 8][4] = {}, dv_acc[EP / 8][4] = {};
+  for (int64_t i = 0; i < steps; ++i) {
+    if (i + 1 < steps) issue(i + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const unsigned char* st = stages + (i & 1) * dkdv_stage_bytes<EP>();
+    const unsigned char* Qs = st;
+    const unsigned char* dOs = st + tile_bytes<EP>(Q);
+    const float* lse_s = reinterpret_cast<const float*>(st + 2 * tile_bytes<EP>(Q));
+    const float* D_s = lse_s + Q;
+    const int64_t t0 = t_first + i % per_head * Q;
+    float P[Q / 8][4] = {}, dP[Q / 8][4] = {};
+    dot_rows<EP, Q>(P, Ks, row0, Qs, lane);   // S^T
+    dot_rows<EP, Q>(dP, Vs, row0, dOs, lane);  // dP^T = V dO^T
+    const bool masked = s0 + kRows > causal_end(g, t0);
+#pragma unroll
+    for (int j = 0; j < Q / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * j + 2 * tc + e % 2;  // the query within the step
+        const int64_t s = s0 + row0 + gr + 8 * (e / 2), t = t0 + c;
+        const float l2 = t < g.T ? lse_base2(lse_s[c]) : INFINITY;
+        const float p = !masked || s < causal_end(g, t) ? exp2f(P[j][e] * sl2 - l2) : 0.0f;
+        P[j][e] = p;
+        dP[j][e] = p * (dP[j][e] - D_s[c]);  // dS^T
+      }
+    }
+    accumulate_rows<EP, Q>(dv_acc, P, dOs, lane);
+    accumulate_rows<EP, Q>(dk_acc, dP, Qs, lane);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  const bool add = !g.grads_unwritten;
+  if (dv) store_grad<EP>(dv, g.v_stride, b, kvh, s0, g.S, dv_acc, 1.0f, add, row0, lane);
+  if (dk) store_grad<EP>(dk, g.k_stride, b, kvh, s0, g.S, dk_acc, float(g.scale), add, row0, lane);
+}
+
+}  // namespace tinygpt::cuda::flash_bf16
