@@ -115,9 +115,12 @@ double best_ms(int reps, F f) {
 }
 
 Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool causal, int reps,
-        Device device = Device::CPU, AttentionMath math = AttentionMath::F32) {
+        Device device = Device::CPU, AttentionMath math = AttentionMath::F32, bool bf16_storage = false) {
   Generator gen(1);
-  auto input = [&] { return randn({B, NH, T, E}, gen).to(device); };
+  auto input = [&] {
+    const Tensor x = randn({B, NH, T, E}, gen).to(device);
+    return bf16_storage ? x.to(DType::BF16) : x;
+  };
   Tensor q = input(), k = input(), v = input();
   for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
   const Tensor dout = input();
@@ -145,15 +148,16 @@ Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool ca
   });
   const double both = best_ms(reps, fwd_bwd);
   const double flops = 4.0 * double(B * NH) * double(T) * double(T) * double(E) * (causal ? 0.5 : 1.0);
-  const std::string name = impl == AttentionImpl::Naive        ? "naive"
-                           : math == AttentionMath::F32 ? "flash"
-                                                              : std::string("flash_") + attention_math_name(math);
+  const std::string name = impl == AttentionImpl::Naive ? "naive"
+                           : bf16_storage                ? "flash_bf16_storage"
+                           : math == AttentionMath::F32  ? "flash"
+                                                         : std::string("flash_") + attention_math_name(math);
   return {name, B, NH, T, E, causal, fwd, both,
           flops / (fwd * 1e-3) / 1e9, 3.5 * flops / (both * 1e-3) / 1e9, extra};
 }
 
-/// The GPU table: B*T = 16384 tokens per shape (FlashAttention's benchmark shapes), TFLOP/s.
-int run_cuda_table(bool json, bool quick) {
+/// The GPU table: the training shape, then B*T = 16384 tokens per shape (FlashAttention's benchmark shapes), TFLOP/s.
+int run_cuda_table(bool json, bool quick, bool bf16_only) {
   if (!json) {
     fmt::print("device: {}\n{:<10} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9} {:>11} {:>10} {:>14} {:>10}\n",
                cuda::device_description(), "impl", "B", "NH", "T", "E", "causal", "fwd ms", "fwd+bwd ms", "fwd TF/s",
@@ -161,27 +165,33 @@ int run_cuda_table(bool json, bool quick) {
   }
   const std::vector<int64_t> lengths =
       quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
+  const auto print = [&](const Row& r) {
+    if (json) {
+      fmt::print("{{\"impl\": \"{}\", \"B\": {}, \"NH\": {}, \"T\": {}, \"E\": {}, \"causal\": {}, "
+                 "\"fwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}, \"extra_mib\": {:.2f}}}\n",
+                 r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.extra_mib);
+    } else {
+      fmt::print("{:<10} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9.3f} {:>11.3f} {:>10.2f} {:>14.2f} {:>10.1f}\n", r.impl, r.B,
+                 r.NH, r.T, r.E, r.causal ? "yes" : "no", r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops / 1e3,
+                 r.fwd_bwd_gflops / 1e3, r.extra_mib);
+    }
+    std::fflush(stdout);
+  };
+  // First nanoGPT's Shakespeare training shape (batch 64, 6 heads, T 256, head dim 64, causal), in bf16.
+  print(run(AttentionImpl::Flash, 64, 6, 256, 64, true, 5, Device::CUDA, AttentionMath::BF16));
+  print(run(AttentionImpl::Flash, 64, 6, 256, 64, true, 5, Device::CUDA, AttentionMath::BF16, true));
   for (int64_t E : {64, 128}) {
     for (bool causal : {true, false}) {
       for (int64_t T : lengths) {
         const int64_t B = 16384 / T, NH = 1024 / E;
         std::vector<Row> rows;
         for (auto math : {AttentionMath::F32, AttentionMath::TF32, AttentionMath::BF16}) {
+          if (bf16_only && math != AttentionMath::BF16) continue;
           rows.push_back(run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA, math));
         }
-        if (T <= 1024) rows.push_back(run(AttentionImpl::Naive, B, NH, T, E, causal, 5, Device::CUDA));
-        for (const Row& r : rows) {
-          if (json) {
-            fmt::print("{{\"impl\": \"{}\", \"B\": {}, \"NH\": {}, \"T\": {}, \"E\": {}, \"causal\": {}, "
-                       "\"fwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}, \"extra_mib\": {:.2f}}}\n",
-                       r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.extra_mib);
-          } else {
-            fmt::print("{:<10} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9.3f} {:>11.3f} {:>10.2f} {:>14.2f} {:>10.1f}\n", r.impl,
-                       r.B, r.NH, r.T, r.E, r.causal ? "yes" : "no", r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops / 1e3,
-                       r.fwd_bwd_gflops / 1e3, r.extra_mib);
-          }
-          std::fflush(stdout);
-        }
+        rows.push_back(run(AttentionImpl::Flash, B, NH, T, E, causal, 5, Device::CUDA, AttentionMath::BF16, true));
+        if (T <= 1024 && !bf16_only) rows.push_back(run(AttentionImpl::Naive, B, NH, T, E, causal, 5, Device::CUDA));
+        for (const Row& r : rows) print(r);
       }
     }
   }
@@ -339,12 +349,13 @@ int main(int argc, char** argv) {
                  "  --quick: T up to 1024 and no long case.\n"
                  "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n"
                  "  --mods: the score modifiers' table (each over plain causal flash attention; a window at T=16384).\n"
-                 "  --bf16: on the CPU, flash with bf16 operands against f32 on the training shapes (5 rounds).\n");
+                 "  --bf16: on the CPU, flash with bf16 operands against f32 on the training shapes (5 rounds); on\n"
+                 "          CUDA, only the bf16 rows (bf16 operands on f32 tensors, and bf16 tensors).\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
   if (mods) return run_mods_table(quick, quick ? 3 : 5);
-  if (bf16) return run_bf16_table(5);
+  if (bf16 && device == Device::CPU) return run_bf16_table(5);
   std::vector<Row> rows;
   auto emit = [&](const Row& r) {
     if (json) {
@@ -365,7 +376,7 @@ int main(int argc, char** argv) {
     fmt::print("threads: {}\n{:<6} {:>2} {:>3} {:>6} {:>4} {:>6} {:>11} {:>14} {:>9} {:>12} {:>11}\n", omp_get_max_threads(),
                "impl", "B", "NH", "T", "E", "causal", "fwd ms", "fwd+bwd ms", "fwd GF/s", "fwd+bwd GF/s", "extra MiB");
   }
-  if (device == Device::CUDA) return run_cuda_table(json, quick);
+  if (device == Device::CUDA) return run_cuda_table(json, quick, bf16);
   const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};
   for (bool causal : {true, false}) {
     for (int64_t T : long_only ? std::vector<int64_t>{} : lengths) {

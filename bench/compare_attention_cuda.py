@@ -1,13 +1,14 @@
 """Flash attention on the GPU, tinygpt against PyTorch's scaled_dot_product_attention, side by side in one run.
 
-  python3 bench/compare_attention_cuda.py [--bench build/bench/bench_attention] [--quick]
+  python3 bench/compare_attention_cuda.py [--bench build/bench/bench_attention] [--quick] [--bf16]
 
 Runs `bench_attention --device cuda --json` (tinygpt's flash kernels with f32 operands on CUDA cores, "flash",
 and with tf32 and bf16 operands on tensor cores, "flash_tf32" and "flash_bf16"), then times torch's
 scaled_dot_product_attention on the same shapes and layout (B, NH, T, E): in f32 against "flash" and "flash_tf32"
-(torch picks its memory-efficient kernel) and in bf16 against "flash_bf16" (torch picks its flash kernel).
-tinygpt's tensor-core kernels read and write f32 tensors (tf32 or bf16 is their operand precision), torch's bf16
-run reads and writes bf16. Forward, backward (forward+backward minus forward) and
+(torch picks its memory-efficient kernel) and in bf16 against "flash_bf16" and "flash_bf16_storage" (torch picks its
+flash kernel). "flash_tf32" and "flash_bf16" read and write f32 tensors (tf32 or bf16 is their operand precision);
+"flash_bf16_storage" reads and writes bf16 tensors, as torch's bf16 run does (its forward is the bf16-storage kernel,
+its backward the bf16-operand kernels on widened copies). Forward, backward (forward+backward minus forward) and
 forward+backward, with FlashAttention's FLOP count: 4*B*T^2*NH*E forward, halved when causal; backward 2.5x
 forward. Times are medians of CUDA-event-timed repeats (torch) and best of 5 (tinygpt).
 """
@@ -69,8 +70,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", default="build/bench/bench_attention")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="only the bf16 rows (and torch's bf16)")
     a = ap.parse_args()
-    args = [a.bench, "--device", "cuda", "--json"] + (["--quick"] if a.quick else [])
+    args = [a.bench, "--device", "cuda", "--json"] + (["--quick"] if a.quick else []) + (["--bf16"] if a.bf16 else [])
     rows = [json.loads(line) for line in subprocess.run(args, check=True, capture_output=True, text=True).stdout.splitlines()]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; inputs (B, NH, T, E); TF/s as FlashAttention counts")
     for dtype in (torch.float32, torch.bfloat16):
@@ -92,7 +94,7 @@ def main():
         if r["impl"] == "naive":
             line("naive", "f32", r["fwd_ms"], r["fwd_bwd_ms"])
             continue
-        dtype = "bf16" if r["impl"] == "flash_bf16" else "f32"
+        dtype = "bf16" if r["impl"].startswith("flash_bf16") else "f32"
         key = (B, NH, T, E, causal, dtype)
         if key not in torch_times:
             torch_times[key] = torch_row(B, NH, T, E, causal, torch.bfloat16 if dtype == "bf16" else torch.float32)

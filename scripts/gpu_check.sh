@@ -7,7 +7,15 @@
 # the attention benchmark (f32 and bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
-#   bash scripts/gpu_check.sh [--full] [--no-build]
+#   bash scripts/gpu_check.sh [--full] [--no-build] [--quick | --attention]
+#
+# --attention checks the attention kernels alone: the GPU tests of attention and bf16, the sanitizers on the
+# bf16-storage kernels, the bf16 attention rows on every shape against PyTorch, and Nsight Compute on the
+# bf16-storage kernels at the training shape and at T 2048, head dim 128; no training rows.
+# --quick keeps what a short lease can afford: the tests (the sanitizers on the bf16-storage kernel only), the
+# default f32 and the bf16 training rows
+# (with the baseline's and torch's bf16 ones), the bf16 profile, the bf16 attention rows on every shape, and Nsight
+# Compute; it drops the rows of opt-in paths (epilogues, f32 and bf16 attention math, pipelined kernels, no graphs).
 #
 # --no-build uses the binaries already in build-gpu (built elsewhere for this GPU, e.g. with
 # -DCMAKE_CUDA_ARCHITECTURES=90 -DTINYGPT_NATIVE=OFF) instead of configuring and building here.
@@ -22,12 +30,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 full=0
+quick=0
+attention_only=0
 build_here=1
 for arg in "$@"; do
   case $arg in
     --full) full=1 ;;
     --no-build) build_here=0 ;;
-    *) echo "error: gpu_check: unknown argument '$arg' (expected --full or --no-build)" >&2; exit 2 ;;
+    --quick) quick=1 ;;
+    --attention) quick=1 attention_only=1 ;;
+    *) echo "error: gpu_check: unknown argument '$arg' (expected --full, --no-build, --quick or --attention)" >&2; exit 2 ;;
   esac
 done
 build=build-gpu
@@ -56,10 +68,10 @@ if [ $build_here = 1 ]; then
     exit 1
   fi
 else
-  for bin in tinygpt tests/test_cuda bench/bench_attention; do
+  for bin in $([ $attention_only = 0 ] && echo tinygpt) tests/test_cuda bench/bench_attention; do
     [ -x $build/$bin ] || { echo "error: gpu_check --no-build: $build/$bin is missing (build it first)"; exit 1; }
   done
-  missing=$(ldd $build/tinygpt | grep 'not found')
+  missing=$(ldd $build/tests/test_cuda | grep 'not found')
   [ -n "$missing" ] && { echo "error: gpu_check --no-build: libraries not found: $missing"; exit 1; }
 fi
 baseline=${TINYGPT_BASELINE_BUILD:-}
@@ -72,7 +84,9 @@ note "build" "ok ($(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/nu
 
 echo "== GPU tests (at ${SECONDS} s)"
 status=0
-timeout 240 $build/tests/test_cuda > "$logs/test_cuda.log" 2>&1 || status=$?
+tests=()
+[ $attention_only = 1 ] && tests=(--test-case='*attention*,*flash*,*bf16*')
+timeout $([ $quick = 1 ] && echo 150 || echo 240) $build/tests/test_cuda "${tests[@]}" > "$logs/test_cuda.log" 2>&1 || status=$?
 tail -4 "$logs/test_cuda.log"
 note "test_cuda" "$([ $status = 0 ] && echo passed || echo "FAILED (exit $status)"): $(grep -E '^\[doctest\] (test cases|assertions)' "$logs/test_cuda.log" | tr -s ' ' | paste -sd ';')"
 [ $status != 0 ] && grep -B2 -A12 "ERROR" "$logs/test_cuda.log" | head -60
@@ -80,8 +94,9 @@ note "test_cuda" "$([ $status = 0 ] && echo passed || echo "FAILED (exit $status
 echo "== compute-sanitizer on the attention tests (at ${SECONDS} s)"
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
-    filter='*flash attention is deterministic*,*attention op runs on the GPU*'
+    filter='*flash attention is deterministic*,*attention op runs on the GPU*,*flash forward on bf16 storage*'
     [ $tool = memcheck ] && filter="$filter,*naive attention matches*"
+    [ $quick = 1 ] && filter='*flash forward on bf16 storage*' 
     timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
       > "$logs/sanitizer_$tool.log" 2>&1
     rc=$?
@@ -92,6 +107,7 @@ else
   note "compute-sanitizer" "not found, not run"
 fi
 
+if [ $attention_only = 0 ]; then
 echo "== (at ${SECONDS} s) training throughput, nanoGPT Shakespeare config (6 layers, 6 heads, 384 wide, block 256, batch 64)"
 data=$(bash scripts/get_data.sh)
 cfg=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0.2)
@@ -112,42 +128,40 @@ ours_ms=$(ours_train_ms)
 note "host syncs per training step" "$(cat "$logs/host_syncs") at most (aim: 1; metrics.jsonl host_syncs)"
 # With cublasLt's epilogues (the MLP's bias and GELU, GELU's derivative; f32 products only, not the default until
 # measured faster here).
-ours_epi_ms=$(TINYGPT_CUBLASLT_EPILOGUES=1 ours_train_ms)
-ours_f32_attn_ms=$(ours_train_ms --attention-math f32)
-ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
+[ $quick = 0 ] && ours_epi_ms=$(TINYGPT_CUBLASLT_EPILOGUES=1 ours_train_ms)
+[ $quick = 0 ] && ours_f32_attn_ms=$(ours_train_ms --attention-math f32)
+[ $quick = 0 ] && ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
 ours_bf16_ms=$(ours_train_ms --dtype bf16)
 # The pipelined tensor-core attention kernels (cp.async stages; not the default until measured here).
-ours_pipe_ms=$(TINYGPT_FLASH_PIPELINE=1 ours_train_ms --dtype bf16)
+[ $quick = 0 ] && ours_pipe_ms=$(TINYGPT_FLASH_PIPELINE=1 ours_train_ms --dtype bf16)
 # Without dropout the step is captured as a CUDA graph and replayed; --no-cuda-graphs queues the same work op by op.
 nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0)
 ours_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16)
 note "host syncs per step, CUDA graph" "$(cat "$logs/host_syncs") at most (aim: 1)"
-ours_nograph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16 --no-cuda-graphs)
+[ $quick = 0 ] && ours_nograph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16 --no-cuda-graphs)
 [ -n "$baseline" ] && base_bf16_ms=$(tinygpt_bin=$baseline/tinygpt ours_train_ms --dtype bf16)
 note "CUDA graph capture" "$(grep -m1 -o 'could not be captured.*' "$logs/train_throughput.log" || echo 'captured and replayed (no fallback logged)')"
 tokens=$((64 * 256))
 tok() { awk "BEGIN {printf \"%.0f\", $tokens * 1000 / $1}"; }
+# One row of the training table, when its time was measured (--quick leaves some out).
+row() { [ -n "${2:-}" ] && printf "%-36s %10.2f %12s\n" "$1" "$2" "$(tok "$2")" | tee -a "$logs/train.log"; return 0; }
 printf "%-36s %10s %12s\n" "implementation" "ms/iter" "tokens/s" | tee "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "tinygpt f32 (TF32 matmuls, attention)" "$ours_ms" "$(tok "$ours_ms")" | tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "  TINYGPT_CUBLASLT_EPILOGUES=1" "$ours_epi_ms" "$(tok "$ours_epi_ms")" | tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "tinygpt, f32 attention (CUDA cores)" "$ours_f32_attn_ms" "$(tok "$ours_f32_attn_ms")" |
-  tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "tinygpt, bf16 tensor-core attention" "$ours_bf16_attn_ms" "$(tok "$ours_bf16_attn_ms")" |
-  tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "tinygpt --dtype bf16" "$ours_bf16_ms" "$(tok "$ours_bf16_ms")" | tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "  TINYGPT_FLASH_PIPELINE=1" "$ours_pipe_ms" "$(tok "$ours_pipe_ms")" | tee -a "$logs/train.log"
-[ -n "$baseline" ] && printf "%-36s %10.2f %12s\n" "  the baseline build" "$base_bf16_ms" "$(tok "$base_bf16_ms")" |
-  tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "  dropout 0: CUDA graph" "$ours_graph_ms" "$(tok "$ours_graph_ms")" | tee -a "$logs/train.log"
-printf "%-36s %10.2f %12s\n" "  dropout 0: --no-cuda-graphs" "$ours_nograph_ms" "$(tok "$ours_nograph_ms")" |
-  tee -a "$logs/train.log"
+row "tinygpt f32 (TF32 matmuls, attention)" "$ours_ms"
+row "  TINYGPT_CUBLASLT_EPILOGUES=1" "${ours_epi_ms:-}"
+row "tinygpt, f32 attention (CUDA cores)" "${ours_f32_attn_ms:-}"
+row "tinygpt, bf16 tensor-core attention" "${ours_bf16_attn_ms:-}"
+row "tinygpt --dtype bf16" "$ours_bf16_ms"
+row "  TINYGPT_FLASH_PIPELINE=1" "${ours_pipe_ms:-}"
+row "  the baseline build" "${base_bf16_ms:-}"
+row "  dropout 0: CUDA graph" "$ours_graph_ms"
+row "  dropout 0: --no-cuda-graphs" "${ours_nograph_ms:-}"
 if [ $has_torch = 1 ]; then
   torch_ms() {
     timeout 180 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" |
       $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'
   }
-  t32=$(torch_ms)
-  printf "%-36s %10.2f %12s\n" "pytorch eager f32 (TF32 matmuls)" "$t32" "$(tok "$t32")" | tee -a "$logs/train.log"
+  [ $quick = 0 ] && t32=$(torch_ms)
+  row "pytorch eager f32 (TF32 matmuls)" "${t32:-}"
   tbf=$(torch_ms --dtype bf16)
   printf "%-36s %10.2f %12s\n" "pytorch eager bf16 autocast" "$tbf" "$(tok "$tbf")" | tee -a "$logs/train.log"
   if tcomp=$(timeout 300 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 --dtype bf16 --compile \
@@ -156,12 +170,14 @@ if [ $has_torch = 1 ]; then
   else
     echo "pytorch torch.compile bf16: did not run here (see $logs/torch_compile.log)" | tee -a "$logs/train.log"
   fi
-  note "training tok/s vs torch eager f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $t32 / $ours_ms, $ours_ms, $t32}")"
-  note "  TINYGPT_CUBLASLT_EPILOGUES=1" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_epi_ms, $ours_epi_ms}")"
-  note "  with --attention-math f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_f32_attn_ms, $ours_f32_attn_ms}")"
-  note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
+  [ $quick = 0 ] && note "training tok/s vs torch eager f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $t32 / $ours_ms, $ours_ms, $t32}")"
+  if [ $quick = 0 ]; then
+    note "  TINYGPT_CUBLASLT_EPILOGUES=1" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_epi_ms, $ours_epi_ms}")"
+    note "  with --attention-math f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_f32_attn_ms, $ours_f32_attn_ms}")"
+    note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
+  fi
   note "--dtype bf16 vs torch autocast bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $tbf / $ours_bf16_ms, $ours_bf16_ms, $tbf}")"
-  note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
+  [ $quick = 0 ] && note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
   [ -n "$baseline" ] && note "  the baseline build" "$(awk "BEGIN {printf \"%.2fx autocast (baseline %.1f ms/iter; this build %.2fx it)\", $tbf / $base_bf16_ms, $base_bf16_ms, $base_bf16_ms / $ours_bf16_ms}")"
   [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
 else
@@ -169,7 +185,7 @@ else
 fi
 
 echo "== (at ${SECONDS} s) where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations; by op and by kernel, the top 14 of each)"
-for math in f32 tf32 bf16; do
+for math in $([ $quick = 0 ] && echo f32 tf32) bf16; do
   run=$(mktemp -d)
   TINYGPT_CUDA_PROFILE=1 timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" \
     --max-iters 20 --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math $([ $math = bf16 ] && echo --dtype bf16) \
@@ -178,27 +194,35 @@ for math in f32 tf32 bf16; do
   echo "-- --attention-math $math$([ $math = bf16 ] && echo ' --dtype bf16')"
   awk '/^TINYGPT_CUDA_PROFILE/ {n = 16} n-- > 0' "$logs/profile_$math.log"  # each table the costliest first
 done
+fi  # attention_only
 
 echo "== attention benchmark (at ${SECONDS} s)"
 if [ $has_torch = 1 ]; then
-  timeout 240 $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention | tee "$logs/attention.log"
+  timeout 240 $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention $([ $quick = 1 ] && echo --bf16) |
+    tee "$logs/attention.log"
   # The ratios of every shape in log $3 (attention.log unless given), sorted: fields NF-2, NF-1 and NF are forward,
   # backward and forward+backward.
   ratios() {
     awk -v impl="$1" -v f="$2" '$1 == impl {print $(NF - f)}' "$logs/${3:-attention.log}" | tr -d x | sort -g | paste -sd ' '
   }
-  note "f32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash 2)"
-  note "f32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash 0)"
-  note "tf32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 2)"
-  note "tf32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 0)"
+  if [ $quick = 0 ]; then
+    note "f32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash 2)"
+    note "f32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash 0)"
+    note "tf32 flash fwd vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 2)"
+    note "tf32 flash f+b vs torch sdpa f32" "$(ratios tinygpt:flash_tf32 0)"
+  fi
   note "bf16 flash fwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 2)"
   note "bf16 flash bwd vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 1)"
   note "bf16 flash f+b vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 0)"
-  # The pipelined kernels (TINYGPT_FLASH_PIPELINE=1) on the quick shapes.
-  TINYGPT_FLASH_PIPELINE=1 timeout 180 $py bench/compare_attention_cuda.py --quick --bench $build/bench/bench_attention \
-    > "$logs/attention_pipelined.log" 2>&1
-  note "pipelined tf32 f+b vs sdpa f32" "$(ratios tinygpt:flash_tf32 0 attention_pipelined.log)"
-  note "pipelined bf16 f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16 0 attention_pipelined.log)"
+  note "bf16 storage fwd vs sdpa bf16" "$(ratios tinygpt:flash_bf16_storage 2)"
+  note "bf16 storage f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16_storage 0)"
+  if [ $quick = 0 ]; then
+    # The pipelined kernels (TINYGPT_FLASH_PIPELINE=1) on the quick shapes.
+    TINYGPT_FLASH_PIPELINE=1 timeout 180 $py bench/compare_attention_cuda.py --quick --bench $build/bench/bench_attention \
+      > "$logs/attention_pipelined.log" 2>&1
+    note "pipelined tf32 f+b vs sdpa f32" "$(ratios tinygpt:flash_tf32 0 attention_pipelined.log)"
+    note "pipelined bf16 f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16 0 attention_pipelined.log)"
+  fi
   if [ -n "$baseline" ]; then  # the baseline build's kernels on the quick shapes
     timeout 180 $py bench/compare_attention_cuda.py --quick --bench "$baseline/bench/bench_attention" \
       > "$logs/attention_baseline.log" 2>&1
@@ -215,7 +239,7 @@ if [ -n "$ncu_bin" ]; then
   # The value of ncu's line named $1 in the kernel's log (names start at column 5).
   field() { awk -v f="$1" 'index($0, f) == 5 {print $NF; exit}' "$logs/ncu_$kernel.log"; }
   # Each kernel's seventh launch (the second step's first layer), with the sections that say where its time goes.
-  for kernel in forward dkdv dq; do
+  for kernel in $([ $quick = 0 ] && echo forward dkdv dq); do
     run=$(mktemp -d)
     timeout 90 "$ncu_bin" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section LaunchStats --section Occupancy --section WarpStateStats --print-units base \
@@ -223,6 +247,23 @@ if [ -n "$ncu_bin" ]; then
       "${cfg[@]}" --dtype bf16 --max-iters 3 --eval-interval 100000 --eval-iters 1 --quiet > "$logs/ncu_$kernel.log" 2>&1
     rm -rf "$run"
     note "ncu bf16 flash $kernel" "$(field Duration) ns, $(field 'Registers Per Thread') registers, occupancy $(field 'Achieved Occupancy')%, IPC $(field 'Executed Ipc Active'), $(field 'Warp Cycles Per Issued Instruction') cycles an issue"
+  done
+  # The kernels on bf16 storage (bf16 tensors, which training does not hold on the GPU yet), in the attention
+  # benchmark (--bf16): its first shape is the training one (B 64, 6 heads, T 256, head dim 64, causal), its 14th
+  # T 2048, head dim 128, causal. A shape launches the forward 14 times and the backward's 8; each kernel's third
+  # (forward) or second (backward) launch of the shape is profiled.
+  for shape in "training 0" "T2048_E128 13"; do
+    set -- $shape
+    for kernel in forward dq dkdv; do
+      skip=$(( $2 * 8 + 1 ))
+      [ $kernel = forward ] && skip=$(( $2 * 14 + 2 ))
+      timeout 75 "$ncu_bin" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --print-units base --kill yes -k "regex:flash_bf16_${kernel}_kernel" -s $skip -c 1 \
+        ./$build/bench/bench_attention --device cuda --json --bf16 > "$logs/ncu_bf16_storage_${kernel}_$1.log" 2>&1
+      kernel=bf16_storage_${kernel}_$1
+      note "ncu $kernel" "$(field Duration) ns, $(field 'Registers Per Thread') registers, occupancy $(field 'Achieved Occupancy')%, IPC $(field 'Executed Ipc Active'), $(field 'Warp Cycles Per Issued Instruction') cycles an issue"
+    done
   done
 else
   note "ncu" "not found, not run"
