@@ -14,6 +14,7 @@
 
 #include "autograd/autograd.h"
 #include "kernels/device.h"
+#include "kernels/env.h"
 #include "kernels/kernels.h"
 
 namespace tinygpt {
@@ -143,8 +144,7 @@ class HostCache {
  private:
   static constexpr size_t kMinBytes = size_t(1) << 16;
   const bool enabled_ = [] {
-    const char* v = std::getenv("TINYGPT_HOST_CACHE");
-    return v == nullptr || std::string(v) != "0";
+    return !TINYGPT_ENV_IS("TINYGPT_HOST_CACHE", "0");
   }();
   std::mutex mutex_;
   std::unordered_map<size_t, std::vector<void*>> free_;  // by size in bytes

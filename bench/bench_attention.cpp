@@ -3,19 +3,14 @@
 //
 // --device cuda times the GPU kernels instead: flash with f32 operands on CUDA cores ("flash"), with tf32 and
 // bf16 operands on tensor cores ("flash_tf32", "flash_bf16": f32 tensors in memory, f32 accumulation;
-// AttentionOptions::numerics) and naive where its T x T scores fit comfortably, for B*T = 16384 tokens, T in
-// {512, 1024, 2048, 4096, 8192}, E = 64 with 16 heads and E = 128 with 8, causal and not. extra_mib is then the
-// peak of the caching allocator above what was in use before. bench/compare_attention_cuda.py runs this and
+// AttentionOptions::numerics), flash on bf16 tensors ("flash_bf16_storage") and naive where its T x T scores fit
+// comfortably: first nanoGPT's training shape (bf16 only), then B*T = 16384 tokens, T in {512, 1024, 2048, 4096,
+// 8192}, E = 64 with 16 heads and E = 128 with 8, causal and not. extra_mib is then the peak of the caching
+// allocator above what was in use before. bench/compare_attention_cuda.py runs this and
 // PyTorch's scaled_dot_product_attention side by side.
 //
-// GPU kernel versions (kernels/cuda/attention.cu, flash_mma.cuh), what each measured and taught:
-//   v1 f32, CUDA cores: 64 x 64 tiles, 4 warps, a row over 8 lanes, transposed tiles padded to 65 floats. H100,
-//      E=64 causal, B*T=16384, T=1024: fwd 3.40 ms (10.1 TF/s) vs torch f32 1.22 ms; fwd+bwd 17.3 vs 4.49 ms.
-//      Ratios to torch over the table: 0.09-0.14 (E=128), 0.23-0.39 (E=64). Bound by shared-memory loads;
-//      E=128 fits one block per SM. Lesson: f32 on CUDA cores cannot approach torch's tensor-core kernels.
-//   v2 tensor cores (tf32 and bf16 operands, mma.sync): FlashAttention-2 layout, P and dS reused from the
-//      accumulator registers, no shared-memory round trip; single-buffered tiles, f32 global loads rounded on the
-//      way into shared memory. Checked under the CPU emulator (test_flash_mma_emulated); not yet timed on a GPU.
+// The GPU kernels (f32 on CUDA cores and tf32/bf16 tensor cores on f32 tensors: attention.cuh, flash_mma.cuh; bf16
+// tensors: flash_bf16.cuh), what each version measured against PyTorch and what it taught: docs/RESULTS.md, "One GPU".
 //
 // Rows: B=4, NH=6, E=64, causal and not, T in {256, 1024, 4096}, flash and naive; then B=1, NH=1, E=64,
 // T=16384, flash only (naive would need 1 GiB for one score matrix). FLOPs are counted as FlashAttention's

@@ -18,6 +18,7 @@
 #include <string>
 #include <type_traits>
 
+#include "base.h"
 #include "bf16.h"
 #include "cpu/cpu_kernels.h"
 #include "device.h"
@@ -25,18 +26,6 @@
 #include "profile.h"
 
 namespace tinygpt {
-
-enum class Device : uint8_t { CPU, CUDA };
-
-/// True when the CUDA backend is compiled in (TINYGPT_HAS_CUDA is set by the build for every target).
-inline constexpr bool kCudaBuilt = TINYGPT_HAS_CUDA;
-
-inline const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
-
-/// Thrown for every user-facing error of the library: the message names the op and the problem.
-struct Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 template <class Fn>
 struct Kernel {

@@ -17,14 +17,17 @@
 // gradients summed per clipped distance give dR, then dQ += dR A_K and dA_K += dR^T Q; on the value side
 // dP[t, s] gains dO_t . A_V[rel(d)] and dA_V += Pbar^T dO.
 //
-// The kernels use the modifiers through three pieces only, so a new modifier adds its case here and in
-// ScoreMods, never in the tiling code:
-//   visible_keys / visible_queries  the key (query) range a range of queries (keys) can see: tiles outside are
-//                                   skipped (a window costs O(T W), not O(T S));
-//   key_tile_may_be_visible         whole-tile skipping by data (documents);
-//   score_mod_forward / _backward   the per-element math (kernels/cpu/attention.cpp, the ModTile).
-// To add one: a field in ScoreMods, its term in score_mod_forward and its derivative in score_mod_backward (and a
-// range in the first two if it hides keys); docs/DESIGN.md walks through it.
+// The kernels use the modifiers through these pieces only, so a new modifier adds its case to them and to
+// ScoreMods, never to the tiling code:
+//   key_begin / key_end, query_begin / query_end   (kernels/scalar_math.h) the key (query) range a query (key) can
+//                                   see by position: tiles outside are skipped (a window costs O(T W), not O(T S));
+//   mods_visible                    (kernels/scalar_math.h) whether a modifier hides one (t, s);
+//   docs_may_meet                   whole-tile skipping by data (documents; kernels/cpu/attention.cpp);
+//   the per-element math            on the CPU modified_logit and modified_element_backward, and the ModTile that
+//                                   applies them a row at a time (kernels/cpu/attention.cpp); on the GPU
+//                                   score_logit, score_dp and score_ds (kernels/cuda/attention_common.cuh).
+// To add one: a field in ScoreMods, its term in the per-element forward and its derivative in the backward (and a
+// range in key_begin/key_end if it hides keys); docs/DESIGN.md walks through it.
 #pragma once
 
 #include <cmath>

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/env.h"
+
 namespace tinygpt::nn {
 namespace {
 
@@ -103,8 +105,8 @@ Tensor causal_mask_before_appended(int64_t T, int64_t S, int64_t extra, Device d
 
 bool trace_shapes() {
   static const bool on = [] {
-    const char* v = std::getenv("TINYGPT_TRACE_SHAPES");
-    return v != nullptr && *v != '\0' && std::string(v) != "0";
+    const char* v = TINYGPT_ENV("TINYGPT_TRACE_SHAPES");
+    return v != nullptr && std::string_view(v) != "0";
   }();
   return on;
 }

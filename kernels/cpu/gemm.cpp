@@ -16,8 +16,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/base.h"
 #include "kernels/cpu/gemm_bf16.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/env.h"  // TINYGPT_CPU_BF16
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -739,6 +741,16 @@ bool scale_only(int64_t M, int64_t N, int64_t K, T alpha, T beta, T* C, int64_t 
 
 }  // namespace
 
+int f32_lanes() {
+#if defined(TINYGPT_GEMM_AVX512)
+  return 16;
+#elif defined(TINYGPT_GEMM_AVX2)
+  return 8;
+#else
+  return 4;
+#endif
+}
+
 const char* bf16_kernel_name(Bf16Kernel kernel) {
   return kernel == Bf16Kernel::Amx ? "AMX-BF16" : kernel == Bf16Kernel::Avx512Bf16 ? "AVX512-BF16" : "f32 units";
 }
@@ -755,14 +767,14 @@ namespace {
 // where it may be twice as fast as f32, it has not been run.
 Bf16Kernel choose_bf16_kernel() {
   const std::vector<Bf16Kernel>& have = bf16_kernels_available();
-  const char* env = std::getenv("TINYGPT_CPU_BF16");
-  if (!env || !*env) return have.back() == Bf16Kernel::Amx ? Bf16Kernel::Amx : Bf16Kernel::F32Units;
+  const char* env = TINYGPT_ENV("TINYGPT_CPU_BF16");
+  if (!env) return have.back() == Bf16Kernel::Amx ? Bf16Kernel::Amx : Bf16Kernel::F32Units;
   const std::string name = env;
   const Bf16Kernel want = name == "amx" ? Bf16Kernel::Amx : name == "avx512" ? Bf16Kernel::Avx512Bf16 : Bf16Kernel::F32Units;
   if (name != "amx" && name != "avx512" && name != "f32")
-    throw std::invalid_argument("TINYGPT_CPU_BF16 must be amx, avx512 or f32, got '" + name + "'");
+    throw Error("TINYGPT_CPU_BF16 must be amx, avx512 or f32, got '" + name + "'");
   if (std::find(have.begin(), have.end(), want) == have.end())
-    throw std::invalid_argument(std::string("TINYGPT_CPU_BF16=") + name + ": this CPU has no " + bf16_kernel_name(want) +
+    throw Error(std::string("TINYGPT_CPU_BF16=") + name + ": this CPU has no " + bf16_kernel_name(want) +
                                 " (unset it to use the fastest kernel it has)");
   return want;
 }
@@ -778,7 +790,7 @@ void gemm_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const auto& have = bf16_kernels_available();
   if (std::find(have.begin(), have.end(), kernel) == have.end())
-    throw std::invalid_argument(std::string("gemm_bf16: this CPU cannot run the ") + bf16_kernel_name(kernel) +
+    throw Error(std::string("gemm_bf16: this CPU cannot run the ") + bf16_kernel_name(kernel) +
                                 " kernel");
   if (M <= 0 || N <= 0 || scale_only(M, N, K, alpha, beta, C, ldc)) return;
   run_bf16(kernel, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -788,7 +800,7 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const Epilogue<T>& ep) {
   if (ep.act != Activation::None && ((ep.act_out == nullptr) == (ep.act_of == nullptr) || beta != T(0)))
-    throw std::invalid_argument("gemm: an activation epilogue needs one of act_out and act_of, and beta 0");
+    throw Error("gemm: an activation epilogue needs one of act_out and act_of, and beta 0");
   if (M <= 0 || N <= 0) return;
   if (scale_only(M, N, K, alpha, beta, C, ldc)) {
     if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
@@ -811,7 +823,7 @@ template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const fl
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
           const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc, const Epilogue<float>& ep) {
   if (ep.act != Activation::None && ((ep.act_out == nullptr) == (ep.act_of == nullptr) || beta != 0.0f))
-    throw std::invalid_argument("gemm: an activation epilogue needs one of act_out and act_of, and beta 0");
+    throw Error("gemm: an activation epilogue needs one of act_out and act_of, and beta 0");
   if (M <= 0 || N <= 0) return;
   if (scale_only(M, N, K, alpha, beta, C, ldc)) {
     if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);

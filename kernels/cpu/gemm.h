@@ -48,12 +48,16 @@ enum class Bf16Kernel : uint8_t { F32Units, Avx512Bf16, Amx };
 /// "f32 units", "AVX512-BF16" or "AMX-BF16".
 const char* bf16_kernel_name(Bf16Kernel kernel);
 
+/// f32 lanes of the f32 micro-kernel's vectors: 16 (AVX-512), 8 (AVX2) or 4 (the portable build), fixed at compile
+/// time.
+int f32_lanes();
+
 /// The kernels this CPU and OS can run, F32Units first, the fastest last (AMX after Linux granted the tile state).
 const std::vector<Bf16Kernel>& bf16_kernels_available();
 
 /// The kernel gemm uses for bf16 products in float: Amx where available, else F32Units (Avx512Bf16 was slower than
 /// the f32 units on the Intel CPU it ran on). The environment variable TINYGPT_CPU_BF16=amx|avx512|f32, read once,
-/// picks one; throws std::invalid_argument when it names something else or a kernel this CPU lacks.
+/// picks one; throws Error (kernels/base.h) when it names something else or a kernel this CPU lacks.
 Bf16Kernel bf16_kernel();
 
 /// gemm<float> with bf16 operands on the given kernel, which must be available (tests and bench_matmul compare them).

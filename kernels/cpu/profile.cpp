@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/env.h"
+
 namespace tinygpt::profile {
 namespace {
 
@@ -68,8 +70,7 @@ thread_local int g_depth = 0;  // phases open on this thread
 
 bool enabled() {
   static const bool on = [] {
-    const char* v = std::getenv("TINYGPT_PROFILE");
-    return v != nullptr && std::string(v) == "1";
+    return TINYGPT_ENV_IS("TINYGPT_PROFILE", "1");
   }();
   return on;
 }

@@ -35,8 +35,8 @@
 #include "kernels/cuda/mma.cuh"
 #endif
 #include "kernels/cuda/flash_mma.cuh"  // after the mma primitives: its kernels are written over them
-#include "kernels/cuda/flash_bf16.cuh"
 #include "kernels/cuda/score_mods.cuh"
+#include "kernels/env.h"  // TINYGPT_FLASH_PIPELINE
 
 TINYGPT_CUDA_BEGIN
 namespace {
@@ -558,32 +558,6 @@ __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dq_kernel(
   flash_mma::backward_dq_body<Op, EP, kMods, kPipe>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
 }
 
-template <int EP>
-__global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_forward_kernel(bf16* out, float* lse, const bf16* q,
-                                                                                  const bf16* k, const bf16* v,
-                                                                                  AttentionGeom g) {
-  TINYGPT_DYNAMIC_SMEM(unsigned char, bf16_smem);
-  flash_bf16::forward_body<EP>(bf16_smem, out, lse, q, k, v, g);
-}
-
-template <int EP>
-__global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_dq_kernel(bf16* dq, float* D, const bf16* dout,
-                                                                             const bf16* out, const bf16* q,
-                                                                             const bf16* k, const bf16* v,
-                                                                             const float* lse, AttentionGeom g) {
-  TINYGPT_DYNAMIC_SMEM(unsigned char, bf16_smem);
-  flash_bf16::backward_dq_body<EP>(bf16_smem, dq, D, dout, out, q, k, v, lse, g);
-}
-
-template <int EP>
-__global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout,
-                                                                               const bf16* q, const bf16* k,
-                                                                               const bf16* v, const float* lse,
-                                                                               const float* D, AttentionGeom g) {
-  TINYGPT_DYNAMIC_SMEM(unsigned char, bf16_smem);
-  flash_bf16::backward_dkdv_body<EP>(bf16_smem, dk, dv, dout, q, k, v, lse, D, g);
-}
-
 /// The f32 kernels on CUDA cores, as a with_flash_path choice.
 struct CudaCores {};
 
@@ -622,11 +596,8 @@ void with_mods(const AttentionGeom& g, F f) {
 
 /// TINYGPT_FLASH_PIPELINE=1 asks for the pipelined builds of the tensor-core kernels (kPipe in flash_mma.cuh: the next
 /// tile streams into shared memory with cp.async while the block computes). Read at every call. Not the default:
-/// it has run only under the emulator.
-inline bool flash_pipeline_asked() {
-  const char* v = std::getenv("TINYGPT_FLASH_PIPELINE");
-  return v != nullptr && std::string(v) == "1";
-}
+/// slower than the whole-tile loads on an H100 (docs/RESULTS.md).
+inline bool flash_pipeline_asked() { return TINYGPT_ENV_IS("TINYGPT_FLASH_PIPELINE", "1"); }
 
 /// Calls f(kMods, kPipe) (std::bool_constant each) with the build of the tensor-core kernels for operands Op and
 /// padded head dim EP that a call runs: with the modifiers' code when it has modifiers; else the lean build,
@@ -645,7 +616,6 @@ void with_mma_build(const AttentionGeom& g, F f) {
 
 static_assert(flash_mma::kThreads == kFlashThreads && flash_mma::kRows == kTile && flash_mma::kCols == kTile,
               "both flash paths share the launch geometry");
-static_assert(flash_bf16::kThreads == kFlashThreads && flash_bf16::kRows == kTile, "and the bf16-storage forward");
 
 template <int EP>
 using PaddedDim = std::integral_constant<int, EP>;
@@ -729,51 +699,6 @@ void attention_flash_forward(float* out, float* lse, const float* q, const float
   mods.finish_forward(out, q, k, lse, mask, key_padding);
 }
 
-void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                                  const AttentionGeom& g) {
-  if (g.B * g.NH * g.T == 0) return;
-  if (!flash_bf16_takes(g, q, k, v, out)) {
-    throw Error("attention_flash_forward_bf16: this call needs the general kernels (head dim 64 or 128, no dropout or "
-                "score modifier, rows on 16-byte boundaries; kernels/attention.h, flash_bf16_takes)");
-  }
-  if (properties().major < 8) throw Error("bf16 flash attention needs tensor cores of compute capability 8.0 or newer");
-  check_grid(g);
-  const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
-  const auto run = [&](auto dim) {
-    constexpr int EP = decltype(dim)::value;
-    launch_kernel("attention_flash_forward (bf16 storage)", flash_bf16_forward_kernel<EP>, grid, flash_bf16::kThreads,
-                  size_t(flash_bf16::forward_smem_bytes<EP>()), out, lse, q, k, v, g);
-  };
-  if (g.E == 64) return run(PaddedDim<64>{});
-  return run(PaddedDim<128>{});
-}
-
-void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
-                                   const bf16* v, const bf16* out, const float* lse, const AttentionGeom& g) {
-  if (g.B * g.NH * g.T == 0) return;
-  if (!flash_bf16_takes(g, q, k, v, out) || reinterpret_cast<uintptr_t>(dout) % 16 != 0) {
-    throw Error("attention_flash_backward_bf16: this call needs the general kernels (head dim 64 or 128, no dropout "
-                "or score modifier, rows on 16-byte boundaries; kernels/attention.h, flash_bf16_takes)");
-  }
-  if (properties().major < 8) throw Error("bf16 flash attention needs tensor cores of compute capability 8.0 or newer");
-  check_grid(g);
-  Scratch D(size_t(g.B * g.NH * g.T) * sizeof(float));
-  const auto run = [&](auto dim) {
-    constexpr int EP = decltype(dim)::value;
-    // D (and dQ) first: the dK/dV pass reads D.
-    launch_kernel("attention_flash_backward (dq; bf16 storage)", flash_bf16_dq_kernel<EP>,
-                  dim3(unsigned(g.B * g.NH), tiles(g.T)), flash_bf16::kThreads, size_t(flash_bf16::dq_smem_bytes<EP>()),
-                  dq, D.as<float>(), dout, out, q, k, v, lse, g);
-    if ((dk || dv) && g.S > 0) {
-      launch_kernel("attention_flash_backward (dk, dv; bf16 storage)", flash_bf16_dkdv_kernel<EP>,
-                    dim3(unsigned(g.B * g.NKV), tiles(g.S)), flash_bf16::kThreads,
-                    size_t(flash_bf16::dkdv_smem_bytes<EP>()), dk, dv, dout, q, k, v, lse, D.as<float>(), g);
-    }
-  };
-  if (g.E == 64) return run(PaddedDim<64>{});
-  return run(PaddedDim<128>{});
-}
-
 void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                               const float* v, const float* out, const float* lse, const float* mask,
                               const uint8_t* key_padding, const AttentionGeom& call) {
@@ -829,3 +754,6 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
 }
 
 TINYGPT_CUDA_END
+
+// The kernels on bf16 tensors and their entry points, in the same translation unit (they share its helpers).
+#include "kernels/cuda/attention_bf16.cuh"

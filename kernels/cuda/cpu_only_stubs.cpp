@@ -1,6 +1,6 @@
 // Linked instead of the CUDA sources in a CPU-only build: every GPU request fails with a clear message.
+#include "kernels/base.h"
 #include "kernels/device.h"
-#include "kernels/kernels.h"
 
 namespace tinygpt::cuda {
 namespace {

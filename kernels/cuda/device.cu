@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/runtime.cuh"
+#include "kernels/env.h"
 
 namespace tinygpt::cuda {
 
@@ -421,8 +422,7 @@ Profile& profile() {
 
 bool profiling() {
   static const bool on = [] {
-    const char* v = std::getenv("TINYGPT_CUDA_PROFILE");
-    return v != nullptr && std::string(v) == "1";
+    return TINYGPT_ENV_IS("TINYGPT_CUDA_PROFILE", "1");
   }();
   return on;
 }

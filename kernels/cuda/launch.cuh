@@ -12,7 +12,8 @@
 #include <cstdint>
 #include <utility>
 
-#include "kernels/kernels.h"
+#include "kernels/base.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 #if defined(TINYGPT_EMULATED_CUDA)
 // tests/emulated_cuda.h, included first, provides launch_kernel, Scratch, copies, properties() and gemm.

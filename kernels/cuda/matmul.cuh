@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/env.h"
 #include "kernels/scalar_math.h"
 #if !defined(TINYGPT_EMULATED_CUDA)
 #include "kernels/cuda/mma.cuh"  // pack_bf16
@@ -234,8 +235,7 @@ bool aux_ok(int64_t ld) { return ld % 8 == 0; }
 /// not: the weight gradient was 3% off the CPU's in places. Their f32 speed is yet to be measured.
 bool lt_epilogues(MatmulMath math) {
   if (math == MatmulMath::BF16) return false;
-  const char* asked = std::getenv("TINYGPT_CUBLASLT_EPILOGUES");
-  return asked != nullptr && std::string_view(asked) == "1";
+  return TINYGPT_ENV_IS("TINYGPT_CUBLASLT_EPILOGUES", "1");
 }
 
 }  // namespace

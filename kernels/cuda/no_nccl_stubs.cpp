@@ -1,7 +1,7 @@
 // Linked instead of kernels/cuda/nccl.cu when the build has no NCCL (CPU-only, or nccl.h/libnccl not found):
 // training on several GPUs then reduces the gradients through host memory over MPI.
+#include "kernels/base.h"
 #include "kernels/device.h"
-#include "kernels/kernels.h"
 
 namespace tinygpt::cuda {
 namespace {

@@ -10,8 +10,9 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/base.h"
+#include "kernels/cuda/cuda_kernels.h"  // Epilogue, MatmulMath
 #include "kernels/device.h"
-#include "kernels/kernels.h"
 
 namespace tinygpt::cuda {
 

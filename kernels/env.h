@@ -1,0 +1,73 @@
+// Every environment variable tinygpt reads, in one list: its values, its default and what it changes. The library
+// reads them only through TINYGPT_ENV("NAME"), which fails to compile for a name this list does not hold, so the
+// list stays whole. Numerics themselves (--dtype, --storage, --attention-math, --no-tf32) are command-line options
+// parsed into one Numerics value (kernels/numerics.h); these switches pick among kernels that compute the same
+// thing, or turn on diagnostics. (The MPI launchers' own variables, read by train/comm.cpp to see a launch, are not
+// tinygpt's.)
+#pragma once
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+namespace tinygpt::env {
+
+struct Switch {
+  const char* name;
+  const char* values;  // what it may be set to; unset (or empty) is the default
+  const char* effect;
+};
+
+inline constexpr Switch kSwitches[] = {
+    {"TINYGPT_CPU_BF16", "amx | avx512 | f32",
+     "the CPU unit for bf16 products: AMX tiles, AVX512-BF16 dot products, or the f32 units on rounded operands "
+     "(default: AMX where the CPU has it, else the f32 units; a unit the CPU lacks is an error). Same roundings, "
+     "so results agree up to the order of f32 sums"},
+    {"TINYGPT_FLASH_PIPELINE", "1",
+     "the GPU's tensor-core flash kernels on f32 tensors stream the next tile with cp.async (slower on an H100 than "
+     "the default whole-tile loads; kept to be measured again)"},
+    {"TINYGPT_CUBLASLT_EPILOGUES", "1",
+     "the GPU's f32 linear layers take bias and GELU in cublasLt's epilogue instead of tinygpt's kernels (never for "
+     "bf16 products)"},
+    {"TINYGPT_HOST_CACHE", "0", "turns off the CPU's cache of freed tensor buffers (default on)"},
+    {"TINYGPT_PROFILE", "1", "prints the CPU time by op and kernel at exit"},
+    {"TINYGPT_CUDA_PROFILE", "1", "prints the GPU time by op and kernel at exit (CUDA events; graphs off)"},
+    {"TINYGPT_TRACE_SHAPES", "1", "prints the shapes through each attention layer"},
+};
+
+/// Whether kSwitches lists `name`.
+constexpr bool listed(std::string_view name) {
+  for (const Switch& s : kSwitches) {
+    if (name == s.name) return true;
+  }
+  return false;
+}
+
+/// The variable's value, or nullptr when it is unset or empty.
+inline const char* value(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+/// The listed switches that are set, as "NAME=value" separated by spaces (empty when none): for the logs.
+inline std::string set_switches() {
+  std::string out;
+  for (const Switch& s : kSwitches) {
+    const char* v = value(s.name);
+    if (v == nullptr) continue;
+    if (!out.empty()) out.push_back(' ');
+    out.append(s.name).append("=").append(v);
+  }
+  return out;
+}
+
+}  // namespace tinygpt::env
+
+/// The value of a listed switch (kernels/env.h), or nullptr when unset or empty; an unlisted name does not compile.
+#define TINYGPT_ENV(name)                                                                      \
+  ([] {                                                                                        \
+    static_assert(::tinygpt::env::listed(name), name " is not listed in kernels/env.h");       \
+    return ::tinygpt::env::value(name);                                                        \
+  }())
+/// Whether a listed switch is set to exactly `want`.
+#define TINYGPT_ENV_IS(name, want) (TINYGPT_ENV(name) != nullptr && std::string_view(want) == TINYGPT_ENV(name))
