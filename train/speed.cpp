@@ -1,9 +1,20 @@
 #include "train/speed.h"
 
+#include <fmt/format.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <string_view>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "autograd/autograd.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/device.h"
 #include "kernels/kernels.h"
 
@@ -14,8 +25,90 @@ using Clock = std::chrono::steady_clock;
 double step_flops(const nn::GPT& model, int64_t tokens_per_step) {
   const nn::GPTConfig& c = model.config();
   const double per_token = 6.0 * double(model.num_parameters_non_embedding()) +
-                           12.0 * double(c.n_layer) * double(c.block_size) * double(c.n_embd);
+                           6.0 * double(c.n_layer) * double(c.block_size) * double(c.n_embd);
   return per_token * double(tokens_per_step);
+}
+
+namespace {
+
+/// The CPU's stated clock in GHz and where it was read, or 0 when nothing states one.
+std::pair<double, std::string> stated_cpu_ghz() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) >= 0x16 && __get_cpuid(0x16, &a, &b, &c, &d) && (a & 0xffff) != 0) {
+    return {double(a & 0xffff) / 1e3, "base frequency (CPUID)"};
+  }
+#endif
+  if (std::ifstream f("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"); f) {
+    double khz = 0;
+    if (f >> khz && khz > 0) return {khz / 1e6, "maximum frequency (cpufreq)"};
+  }
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("cpu MHz", 0) == 0 && line.find(':') != std::string::npos) {
+      const double mhz = std::atof(line.c_str() + line.find(':') + 1);
+      if (mhz > 0) return {mhz / 1e3, "clock (/proc/cpuinfo)"};
+    }
+  }
+  return {0.0, ""};
+}
+
+bool amd_cpu() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __get_cpuid(0, &a, &b, &c, &d);
+  return b == 0x68747541u;  // "Auth" of "AuthenticAMD"
+#else
+  return false;
+#endif
+}
+
+/// NVIDIA's dense figures in TFLOP/s (bf16 tensor cores, TF32 tensor cores, f32 CUDA cores), by a part of the name.
+struct GpuPeak {
+  std::string_view name;
+  double bf16, tf32, f32;
+};
+constexpr GpuPeak kGpuPeaks[] = {
+    {"H200", 989.4, 494.7, 66.9},
+    {"H100 PCIe", 756.5, 378.0, 51.2},
+    {"H100", 989.4, 494.7, 66.9},  // SXM
+    {"A100", 312.0, 156.0, 19.5},
+};
+
+}  // namespace
+
+Peak stated_peak(Device device, const Numerics& numerics) {
+  if (device == Device::CUDA) {
+    const std::string name = cuda::device_description();
+    for (const GpuPeak& p : kGpuPeaks) {
+      if (name.find(p.name) == std::string::npos) continue;
+      const char* unit = numerics.bf16 ? "bf16" : numerics.tf32 ? "TF32" : "f32";
+      const double tflops = numerics.bf16 ? p.bf16 : numerics.tf32 ? p.tf32 : p.f32;
+      return {tflops * 1e3, fmt::format("NVIDIA's dense {} figure for the {}", unit, p.name)};
+    }
+  } else {
+    const auto [ghz, source] = stated_cpu_ghz();
+    if (ghz > 0) {
+      const int threads = omp_get_max_threads();
+      const cpu::Bf16Kernel kernel = numerics.bf16 ? cpu::bf16_kernel() : cpu::Bf16Kernel::F32Units;
+      double per_cycle = 0;
+      std::string unit;
+      if (kernel == cpu::Bf16Kernel::Amx) {
+        per_cycle = 1024, unit = "AMX-BF16";
+      } else if (kernel == cpu::Bf16Kernel::Avx512Bf16) {
+        per_cycle = 64, unit = "AVX512-BF16, 16 lanes x 2 products";
+      } else {
+        const int lanes = cpu::f32_lanes(), pipes = amd_cpu() && lanes == 16 ? 1 : 2;
+        per_cycle = 2.0 * lanes * pipes, unit = fmt::format("f32 FMA, {} lanes x {} pipes", lanes, pipes);
+      }
+      return {threads * ghz * per_cycle,
+              fmt::format("{} threads x {:.2f} GHz, the {} x {:.0f} FLOP a cycle ({})", threads, ghz, source,
+                          per_cycle, unit)};
+    }
+  }
+  const auto [gflops, n] = measure_peak_gflops(device, numerics);
+  return {gflops, fmt::format("no stated figure for this {}: a {}^3 matmul measured now",
+                              device == Device::CPU ? "CPU" : "GPU", n)};
 }
 
 std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& numerics) {

@@ -1,24 +1,38 @@
-// How fast a step is against what the machine can do: nanoGPT's FLOP count and the measured matmul peak (MFU).
+// How fast a step is against what the machine can do: the step's FLOPs and a fixed, stated peak (MFU).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "../nn/gpt.h"
 
 namespace tinygpt {
 
-/// FLOPs of one training step as nanoGPT's estimate_mfu counts them: per token, 6 per weight (the position table
-/// left out; forward and backward) plus 12 L T C for attention's two products, forward and backward.
+/// FLOPs of one training step as computed: per token, 6 per weight (the position table left out; forward and
+/// backward, as nanoGPT's estimate_mfu) plus 6 L T C for attention's two products, forward and backward: nanoGPT
+/// counts 12 L T C, the whole T x T, where the causal flash kernels compute about half of it.
 double step_flops(const nn::GPT& model, int64_t tokens_per_step);
+
+/// The peak MFU is measured against, fixed for a machine and the run's numerics, never raised by a step (a step above
+/// it means the FLOP count or the peak is wrong). CPU: threads x the stated clock (CPUID's base frequency, else
+/// cpufreq's maximum, else /proc/cpuinfo) x the FLOPs a cycle of the unit the products run on (AMX-BF16 1024;
+/// AVX512-BF16 64; f32 FMAs 2 x lanes x pipes: 2 pipes, 1 for 16 lanes on AMD, whose AVX-512 is 256 bits wide).
+/// GPU: NVIDIA's dense figure for the card (H100, H200, A100) in the run's matmul format. Where neither is known, a
+/// matmul measured at start-up (measure_peak_gflops), said so in `how`.
+struct Peak {
+  double gflops;    // per rank
+  std::string how;  // for the log: where the figure comes from
+};
+Peak stated_peak(Device device, const Numerics& numerics);
 
 /// The machine's practical peak for this run: square f32 matmuls (bf16 with --dtype bf16) on the run's device and
 /// threads, with the run's TF32 setting, growing from 128 while one takes under 100 ms (up to 1536 on the CPU, 4096 on
 /// a GPU), then the best of runs at the last size repeated for at least 0.3 s and 5 runs (one run when that took over
 /// 100 ms, as under a sanitizer): cold caches, a core still ramping up its clock or a page-faulting first touch made three short runs
-/// read low (112 GFLOP/s where training then reached 141 on a 2-core Zen 4). Model FLOPs utilization (MFU) is
-/// measured against it, and the trainer raises it to any step that runs faster, so MFU never reads above 100%.
-/// Returns GFLOP/s and the size used.
+/// read low (112 GFLOP/s where training then reached 141 on a 2-core Zen 4). It moves between runs (294 to 1293
+/// GFLOP/s on three machines of one kind), so MFU uses it only where stated_peak knows no figure. Returns GFLOP/s
+/// and the size used.
 std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& numerics);
 
 }  // namespace tinygpt

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/device.h"
+#include "kernels/env.h"
 #include "kernels/profile.h"
 #include "kernels/scalar_math.h"
 #include "train/adamw.h"
@@ -215,8 +216,10 @@ std::string describe_model(const nn::GPT& model, Device device) {
                             ? fmt::format(", {} tensor-core attention", attention_math_name(n.attention))
                             : "")
           : fmt::format("{} threads{}", omp_get_max_threads(), n.bf16 ? cpu_bf16_description(n.attention) : "");
-  return fmt::format("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}\n", m.n_layer, m.n_head,
-                     m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where);
+  const std::string switches = env::set_switches();  // kernels/env.h
+  return fmt::format("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}{}\n", m.n_layer, m.n_head,
+                     m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where,
+                     switches.empty() ? "" : "; " + switches);
 }
 
 
@@ -433,6 +436,129 @@ struct Run {
   }
 };
 
+/// One GPU (or --device-step-on-cpu), one rank, an optimizer with device-side rates: the step of DeviceStep, its
+/// input buffers, and whether it runs as a CUDA graph (said in the log).
+void set_up_device_step(Run& run) {
+  const TrainConfig& cfg = run.cfg;
+  const Device device = run.device;
+  const int world = run.comm.world_size();
+  Optimizer& opt = run.opt;
+  Console& console = run.console;
+  if (!((device == Device::CUDA || cfg.device_step_on_cpu) && world == 1 && opt.has_indirect())) return;
+  DeviceStep& d = run.device_step.emplace();
+  for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+    d.x.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
+    d.y.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
+  }
+  d.stats = empty({2}, DType::F32, device);
+  d.use_graph = device == Device::CUDA && cfg.cuda_graphs && cfg.model.dropout == 0 && !cuda::profiling();
+  const char* graphs =
+      d.use_graph        ? "CUDA graphs: the training step is captured on its second iteration and replayed"
+      : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
+      : cuda::profiling() ? "CUDA graphs off: TINYGPT_CUDA_PROFILE=1 times each op alone; the step is queued op by op"
+                         : "CUDA graphs off: dropout draws its masks on the host every step (--dropout 0 lets the "
+                           "step be captured); the step is queued op by op";
+  if (device == Device::CUDA) console.line("{}\n", graphs);
+}
+
+/// The training loop: steps, evaluations, logs and checkpoints, until the last iteration, the time budget or a stop
+/// signal; then the closing line.
+TrainResult run_steps(Run& run) {
+  const TrainConfig& cfg = run.cfg;
+  const Device device = run.device;
+  Communicator& comm = run.comm;
+  const int world = comm.world_size();
+  const bool lead = run.lead();
+  const fs::path& out = run.out;
+  TrainState& state = run.state;
+  MetricsLog& metrics = run.metrics;
+  Console& console = run.console;
+  const StopSignals& stop = run.stop;
+  const nn::GPT& model = run.model;
+  const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
+  const double flops_per_iter = step_flops(model, tokens_per_iter);
+  const Peak peak = stated_peak(device, model.numerics());
+  bool above_peak = false;
+  console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count, causal attention's half); MFU is against {:.0f} "
+               "GFLOP/s per rank: {}\n", flops_per_iter / 1e9, peak.gflops, peak.how);
+  TrainResult result{state.best_val_loss, NAN, state.iter};
+  const int64_t first = state.iter;
+  double ms_avg = 0;  // moving average of the iteration time, for the ETA
+  const bool budget = cfg.time_budget > 0;
+  if (budget) {
+    console.line("time budget: {:g} s of training steps{}\n", cfg.time_budget,
+                 state.train_seconds > 0 ? fmt::format(", {:.1f} s spent before this run", state.train_seconds) : "");
+  }
+  for (int64_t iter = state.iter;; ++iter) {
+    const double lr = learning_rate(cfg, iter, state.train_seconds);
+    const bool done = iter >= cfg.max_iters || (budget && state.train_seconds >= cfg.time_budget);
+    if ((iter % cfg.eval_interval == 0 || done) && !(cfg.resume && iter == first)) {
+      profile::Phase phase("evaluation");
+      result.last_val_loss = run.evaluate(iter);
+    }
+    if (done) {
+      result.iters = iter;
+      break;
+    }
+    const auto t0 = Clock::now();
+    const int64_t syncs0 = cuda::host_syncs(), reads0 = Tensor::float_host_reads();
+    const StepStats s = [&] {
+      profile::Phase phase("step");
+      return run.step(iter, lr);
+    }();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const int64_t step_syncs = cuda::host_syncs() - syncs0;
+    result.max_step_syncs = std::max(result.max_step_syncs, step_syncs);
+    result.max_step_float_reads = std::max(result.max_step_float_reads, Tensor::float_host_reads() - reads0);
+    state.train_seconds += ms / 1e3;
+    // Every rank stops after the same iteration and schedules the same learning rate: rank 0's clock decides.
+    if (budget && world > 1) comm.broadcast(&state.train_seconds, sizeof(double), 0);
+    const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
+    const double gflops = flops_per_iter / (ms / 1e3) / 1e9;
+    if (gflops > peak.gflops * world && !above_peak) {  // the meter stays; say that it cannot be right
+      console.line("speed: iteration {} ran at {:.0f} GFLOP/s, above the stated peak of {:.0f}: the step's FLOP count "
+                   "or the peak is wrong (train/speed.h)\n", iter, gflops, peak.gflops * world);
+      above_peak = true;
+    }
+    const double mfu = gflops / (peak.gflops * world);
+    nlohmann::json row = {{"iter", iter},           {"loss", s.loss},   {"lr", lr},   {"grad_norm", s.grad_norm},
+                          {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops}, {"mfu", mfu},
+                          {"train_s", state.train_seconds}};
+    if (world > 1) row["comm_ms"] = s.comm_ms;
+    if (device == Device::CUDA) row["host_syncs"] = step_syncs;
+    metrics.write(row);
+    if (iter % cfg.log_interval == 0) {
+      console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s, {:.1f} GFLOP/s ({:.0f}% "
+                   "of peak)\n", iter, s.loss, lr, s.grad_norm, ms, tok_per_s, gflops, 100 * mfu);
+    }
+    ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
+    if (budget) {
+      console.status_budget(iter, state.train_seconds, cfg.time_budget, s.loss, tok_per_s);
+    } else {
+      console.status(iter, cfg.max_iters, s.loss, tok_per_s, ms_avg);
+    }
+    if (world > 1 ? s.stop_from_any_rank : stop.requested()) {  // one process: checked after the step's logging
+      run.save_latest(iter + 1);
+      console.clear();
+      if (lead) fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
+                           (out / kLatestCheckpoint).string());
+      result.iters = iter + 1;
+      result.interrupted = true;
+      break;
+    }
+  }
+  result.best_val_loss = state.best_val_loss;
+  if (run.device_step) result.graph_replays = run.device_step->replays;
+  if (result.interrupted) return result;
+  console.clear();
+  if (lead) {
+    fmt::print(stderr, "done: {} iterations in {:.1f} s of training steps{}, best val loss {:.4f}; checkpoints in {}\n",
+               result.iters, state.train_seconds, budget ? fmt::format(" (time budget {:g} s)", cfg.time_budget) : "",
+               result.best_val_loss, out.string());
+  }
+  return result;
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& cfg_in) {
@@ -504,110 +630,8 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   Run run{cfg, device, out,     comm,    corpus,  split, model, model_gen,
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
-  if ((device == Device::CUDA || cfg.device_step_on_cpu) && world == 1 && opt.has_indirect()) {
-    DeviceStep& d = run.device_step.emplace();
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      d.x.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
-      d.y.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
-    }
-    d.stats = empty({2}, DType::F32, device);
-    d.use_graph = device == Device::CUDA && cfg.cuda_graphs && cfg.model.dropout == 0 && !cuda::profiling();
-    const char* graphs =
-        d.use_graph        ? "CUDA graphs: the training step is captured on its second iteration and replayed"
-        : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
-        : cuda::profiling() ? "CUDA graphs off: TINYGPT_CUDA_PROFILE=1 times each op alone; the step is queued op by op"
-                           : "CUDA graphs off: dropout draws its masks on the host every step (--dropout 0 lets the "
-                             "step be captured); the step is queued op by op";
-    if (device == Device::CUDA) console.line("{}\n", graphs);
-  }
-  const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
-  const double flops_per_iter = step_flops(model, tokens_per_iter);
-  const auto peak = measure_peak_gflops(device, model.numerics());
-  double peak_gflops = peak.first;
-  const int64_t peak_n = peak.second;
-  bool peak_raised = false;
-  console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count); MFU is against {:.0f} GFLOP/s per rank, a {}^3 "
-               "matmul measured now on {}\n", flops_per_iter / 1e9, peak_gflops, peak_n,
-               device == Device::CPU ? fmt::format("{} threads", omp_get_max_threads()) : std::string("the GPU"));
-  TrainResult result{state.best_val_loss, NAN, state.iter};
-  const int64_t first = state.iter;
-  double ms_avg = 0;  // moving average of the iteration time, for the ETA
-  const bool budget = cfg.time_budget > 0;
-  if (budget) {
-    console.line("time budget: {:g} s of training steps{}\n", cfg.time_budget,
-                 state.train_seconds > 0 ? fmt::format(", {:.1f} s spent before this run", state.train_seconds) : "");
-  }
-  for (int64_t iter = state.iter;; ++iter) {
-    const double lr = learning_rate(cfg, iter, state.train_seconds);
-    const bool done = iter >= cfg.max_iters || (budget && state.train_seconds >= cfg.time_budget);
-    if ((iter % cfg.eval_interval == 0 || done) && !(cfg.resume && iter == first)) {
-      profile::Phase phase("evaluation");
-      result.last_val_loss = run.evaluate(iter);
-    }
-    if (done) {
-      result.iters = iter;
-      break;
-    }
-    const auto t0 = Clock::now();
-    const int64_t syncs0 = cuda::host_syncs(), reads0 = Tensor::float_host_reads();
-    const StepStats s = [&] {
-      profile::Phase phase("step");
-      return run.step(iter, lr);
-    }();
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    const int64_t step_syncs = cuda::host_syncs() - syncs0;
-    result.max_step_syncs = std::max(result.max_step_syncs, step_syncs);
-    result.max_step_float_reads = std::max(result.max_step_float_reads, Tensor::float_host_reads() - reads0);
-    state.train_seconds += ms / 1e3;
-    // Every rank stops after the same iteration and schedules the same learning rate: rank 0's clock decides.
-    if (budget && world > 1) comm.broadcast(&state.train_seconds, sizeof(double), 0);
-    const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
-    const double gflops = flops_per_iter / (ms / 1e3) / 1e9;
-    if (gflops > peak_gflops * world) {  // the step outran the start-up matmul: that was not the peak
-      peak_gflops = gflops / world;
-      if (!peak_raised) {
-        console.line("speed: iteration {} ran faster than the start-up matmul; MFU is against the fastest step from "
-                     "here on\n", iter);
-        peak_raised = true;
-      }
-    }
-    const double mfu = gflops / (peak_gflops * world);
-    nlohmann::json row = {{"iter", iter},           {"loss", s.loss},   {"lr", lr},   {"grad_norm", s.grad_norm},
-                          {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops}, {"mfu", mfu},
-                          {"train_s", state.train_seconds}};
-    if (world > 1) row["comm_ms"] = s.comm_ms;
-    if (device == Device::CUDA) row["host_syncs"] = step_syncs;
-    metrics.write(row);
-    if (iter % cfg.log_interval == 0) {
-      console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s, {:.1f} GFLOP/s ({:.0f}% "
-                   "of peak)\n", iter, s.loss, lr, s.grad_norm, ms, tok_per_s, gflops, 100 * mfu);
-    }
-    ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
-    if (budget) {
-      console.status_budget(iter, state.train_seconds, cfg.time_budget, s.loss, tok_per_s);
-    } else {
-      console.status(iter, cfg.max_iters, s.loss, tok_per_s, ms_avg);
-    }
-    if (world > 1 ? s.stop_from_any_rank : stop.requested()) {  // one process: checked after the step's logging
-      run.save_latest(iter + 1);
-      console.clear();
-      if (lead) fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
-                           (out / kLatestCheckpoint).string());
-      result.iters = iter + 1;
-      result.interrupted = true;
-      break;
-    }
-  }
-  result.best_val_loss = state.best_val_loss;
-  if (run.device_step) result.graph_replays = run.device_step->replays;
-  if (result.interrupted) return result;
-  console.clear();
-  if (lead) {
-    fmt::print(stderr, "done: {} iterations in {:.1f} s of training steps{}, best val loss {:.4f}; checkpoints in {}\n",
-               result.iters, state.train_seconds, budget ? fmt::format(" (time budget {:g} s)", cfg.time_budget) : "",
-               result.best_val_loss, out.string());
-  }
-  return result;
+  set_up_device_step(run);
+  return run_steps(run);
 }
 
 }  // namespace tinygpt
