@@ -10,29 +10,30 @@ flash kernel). "flash_tf32" and "flash_bf16" read and write f32 tensors (tf32 or
 "flash_bf16_storage" reads and writes bf16 tensors, as torch's bf16 run does (its forward is the bf16-storage kernel,
 its backward the bf16-operand kernels on widened copies). Forward, backward (forward+backward minus forward) and
 forward+backward, with FlashAttention's FLOP count: 4*B*T^2*NH*E forward, halved when causal; backward 2.5x
-forward. Times are medians of CUDA-event-timed repeats (torch) and best of 5 (tinygpt).
+forward. Both sides are timed alike: the best of 5 calls after a warm-up, each from the host up to a device
+synchronisation.
 """
 import argparse
 import json
 import subprocess
+import time
 
 import torch
 import torch.nn.functional as F
 
 
-def time_ms(fn, reps=10):
+def time_ms(fn, reps=5):
+    """Best of `reps` calls after one warm-up, each timed on the host up to a device synchronisation: what
+    bench_attention does for tinygpt, so both sides share the timer and the statistic."""
     fn()
     torch.cuda.synchronize()
-    times = []
+    best = float("inf")
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        t0 = time.perf_counter()
         fn()
-        end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+        best = min(best, (time.perf_counter() - t0) * 1e3)
+    return best
 
 
 def torch_row(B, NH, T, E, causal, dtype):

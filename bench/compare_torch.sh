@@ -101,7 +101,8 @@ theirs() {  # median ms/iter of peer $1 at $2 threads
   shift 4
   env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --iters "$n" --warmup "$warm" "$@" \
     > "$out/torch.json" 2> "$out/torch.err" || { cat "$out/torch.err" >&2; exit 1; }
-  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ms"])' "$out/torch.json"
+  python3 -c 'import json,sys; d = json.load(open(sys.argv[1])); print(d["ms"]); print(d.get("adamw", "?"), file=sys.stderr)' \
+    "$out/torch.json" 2> "$out/adamw.$i"
 }
 tokens=$((12 * 64))
 echo
@@ -113,6 +114,9 @@ for r in $(seq "$rounds"); do
       [ -n "${ok[$i,$t]:-}" ] && theirs "$i" "$t" "$iters" 5 ${extra[$i]} >> "$out/peer$i.$t.ms"
     done
   done
+done
+for i in "${!names[@]}"; do  # which AdamW each peer ran (torch_gpt.py asks for the fused one)
+  if [ -f "$out/adamw.$i" ]; then echo "${names[$i]}: AdamW $(cat "$out/adamw.$i")"; fi
 done
 printf "%-22s %8s %8s %8s %8s %10s\n" "implementation" "threads" "min" "median" "max" "tokens/s"
 row() { read -r lo med hi <<< "$(stats < "$3")"
