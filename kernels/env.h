@@ -69,5 +69,9 @@ inline std::string set_switches() {
     static_assert(::tinygpt::env::listed(name), name " is not listed in kernels/env.h");       \
     return ::tinygpt::env::value(name);                                                        \
   }())
-/// Whether a listed switch is set to exactly `want`.
-#define TINYGPT_ENV_IS(name, want) (TINYGPT_ENV(name) != nullptr && std::string_view(want) == TINYGPT_ENV(name))
+/// Whether a listed switch is set to exactly `want` (the variable read once).
+#define TINYGPT_ENV_IS(name, want)                              \
+  ([] {                                                         \
+    const char* value = TINYGPT_ENV(name);                      \
+    return value != nullptr && std::string_view(want) == value; \
+  }())
