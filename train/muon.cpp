@@ -42,7 +42,8 @@ Tensor newton_schulz(const Tensor& g, int steps, double eps, bool bf16) {
   NoGradGuard no_grad;
   if (g.ndim() != 2) throw Error(fmt::format("newton_schulz: needs a matrix, got shape {}", g.shape().str()));
   // A tall G (M > N) is iterated transposed, so the Gram matrix A is the smaller one. (Copied, not read through the
-  // products' transpose flags: with 2 threads a chain of op(A) = A^T products ran 8x slower than 1 thread here.)
+  // products' transpose flags: a chain of op(A) = A^T products ran far slower with 2 threads than with 1;
+  // docs/RESULTS.md, "Measurements behind design decisions".)
   const bool tall = g.shape()[0] > g.shape()[1];
   // X = G / max(||G||_F, eps), the norm kept where G is (on the GPU: no host synchronisation).
   const Tensor norm = sqrt(sum_squares(g));

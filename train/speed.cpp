@@ -134,7 +134,7 @@ std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& nu
     a = randn({n, n}, gen).to(device), b = randn({n, n}, gen).to(device), c = empty({n, n}, DType::F32, device);
     best = seconds();
     // A slow product is timed again: the first also pays one-time costs (the library's start, loading its kernels),
-    // which on a busy GPU once stopped the search at 128^3 with a peak of 0 GFLOP/s.
+    // which could otherwise stop the search at a small size with a peak far too low.
     if (best >= 0.1) best = std::min(best, seconds());
   } while (n < largest && best < 0.1);
   if (best < 0.1) {

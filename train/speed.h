@@ -29,10 +29,10 @@ Peak stated_peak(Device device, const Numerics& numerics);
 /// The machine's practical peak for this run: square f32 matmuls (bf16 with --dtype bf16) on the run's device and
 /// threads, with the run's TF32 setting, growing from 128 while one takes under 100 ms (up to 1536 on the CPU, 4096 on
 /// a GPU), then the best of runs at the last size repeated for at least 0.3 s and 5 runs (one run when that took over
-/// 100 ms, as under a sanitizer): cold caches, a core still ramping up its clock or a page-faulting first touch made three short runs
-/// read low (112 GFLOP/s where training then reached 141 on a 2-core Zen 4). It moves between runs (294 to 1293
-/// GFLOP/s on three machines of one kind), so MFU uses it only where stated_peak knows no figure. Returns GFLOP/s
-/// and the size used.
+/// 100 ms, as under a sanitizer): cold caches, a core still ramping up its clock or a page-faulting first touch make a
+/// few short runs read low. It moves between runs and between machines of one kind, so MFU uses it only where
+/// stated_peak knows no figure (docs/RESULTS.md, "Measurements behind design decisions"). Returns GFLOP/s and the size
+/// used.
 std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& numerics);
 
 }  // namespace tinygpt

@@ -75,8 +75,8 @@ Numerics numerics_of(const TrainConfig& c) {
 }
 
 bool bf16_storage_of(const std::string& storage, bool bf16, Device device) {
-  // Not the default yet: on the Xeon it was measured on, bf16 storage made the main job's step 3% slower and the
-  // 6-layer model's 13% slower (docs/RESULTS.md), with 0.87x of the f32 run's peak memory.
+  // Not the default yet: bf16 storage saves some peak memory but makes the step slower (docs/RESULTS.md, "bf16 on
+  // the CPU").
   if (storage.empty()) return false;
   if (storage != "f32" && storage != "bf16") throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", storage));
   if (storage == "bf16" && !bf16) throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");

@@ -86,10 +86,10 @@ AttentionMath parse_attention_math(const std::string& math);
 void check_attention_math_flag(const std::string& math, const std::string& device);
 /// Flash attention's operands when --attention-math is not given: the matmuls' format where a kernel computes it
 /// on matrix units. On a GPU with tensor cores (compute capability 8.0+) bf16 with --dtype bf16, tf32 with TF32
-/// matmuls (the default; 1.39x the f32 kernel's training step on an H200), else f32. On the CPU bf16 with --dtype bf16
-/// where AMX-BF16 runs it (cpu::bf16_kernel()), else f32: without AMX the CPU would only round the operands for its
-/// f32 units, which costs attention 15-20% (bench_attention --bf16 with TINYGPT_CPU_BF16=f32) and buys nothing;
-/// --attention-math bf16 asks for it anyway.
+/// matmuls (the default: a faster training step than the f32 kernel, docs/RESULTS.md, "One GPU"), else f32. On the
+/// CPU bf16 with --dtype bf16 where AMX-BF16 runs it (cpu::bf16_kernel()), else f32: without AMX the CPU would only
+/// round the operands for its f32 units, which slows attention down and buys nothing (docs/RESULTS.md, "bf16 on the
+/// CPU"); --attention-math bf16 asks for it anyway.
 AttentionMath default_attention_math(bool bf16, bool tf32, bool cuda);
 /// The numerics a run computes with and its checkpoints record: --dtype's on every device, the attention operands
 /// (--attention-math, else default_attention_math), and on the GPU the TF32 flag (the CPU has no TF32).

@@ -17,11 +17,10 @@
 // the result does not depend on the number of threads. The price is that S and dP are computed in both
 // passes (7 tile products per tile pair instead of 5).
 //
-// Tiles: Br = Bc = 64 for head dims up to 128 (measured on Zen 3: 32..128 all within noise, 64 x 64 never
-// worse); beyond that 32 x 32 keeps the packed E x Br tile at 32 KiB. Causal with T <= 128: one register block
-// (kCols: 16 with AVX2, 32 with AVX-512), as the diagonal tiles compute their masked half too (nanoGPT's CPU
-// recipe, T = 64, E = 32, AVX2 vectors, forward + backward per training step: 64 x 64 6.3 ms, 32 x 32 5.3 ms,
-// 16 x 16 5.1 ms). Per thread the scratch is a few tiles:
+// Tiles: Br = Bc = 64 for head dims up to 128 (sizes from 32 to 128 tied, 64 x 64 never worse); beyond that
+// 32 x 32 keeps the packed E x Br tile at 32 KiB. Causal with T <= 128: one register block (kCols: 16 with AVX2, 32
+// with AVX-512), as the diagonal tiles compute their masked half too, so smaller tiles waste less on nanoGPT's CPU
+// recipe (docs/RESULTS.md, "Measurements behind design decisions"). Per thread the scratch is a few tiles:
 // O(Br * Bc + (Br + Bc) * (E + Ev)), no T x S buffer. Causal: key tiles entirely above the diagonal are never
 // visited (forward and both backward passes); tiles crossing it are masked element by element.
 //

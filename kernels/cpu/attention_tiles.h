@@ -72,8 +72,8 @@ template <class T> void axpy_row(T* y, T alpha, const T* x, int64_t n) {
 
 /// SIMD vectors as GCC/Clang vector extensions: the micro-kernel's accumulators must live in registers, which
 /// plain loops over an accumulator array do not guarantee. As wide as the target's registers (AVX-512: 64 bytes,
-/// AVX: 32; CPU recipe, attention forward + backward per step: 5.3 ms with 32-byte vectors and 16 x 16 tiles,
-/// 4.2 ms with 64-byte vectors and 32 x 32 tiles).
+/// AVX: 32): wider vectors and the wider tiles they bring sped up attention on the CPU recipe (docs/RESULTS.md,
+/// "Measurements behind design decisions").
 #if defined(__AVX512F__)
 constexpr int kVecBytes = 64;
 #elif defined(__AVX__)
@@ -259,12 +259,12 @@ struct Tiles {
   int64_t Br, Bc;  // both multiples of kCols: query lanes and key columns are padded to whole register blocks
 };
 
-/// Tile sizes by head dim (see the header comment for the measurements).
+/// Tile sizes by head dim (the reasons: attention.cpp's header comment; the measurements: docs/RESULTS.md,
+/// "Measurements behind design decisions").
 inline Tiles flash_tiles(const AttentionGeom& g) {
   if (std::max(g.E, g.Ev) > 128) return Tiles{32, 32};
-  // bf16 operands: every product packs its operands, so larger tiles pay (bench_attention --bf16 on AMX, fwd+bwd
-  // against f32: B=12 NH=4 T=128 E=32 at 32 x 32 0.94x, 64 x 64 1.14x, 128 x 128 1.07x; B=64 NH=6 T=256 E=64 at
-  // 64 x 64 1.35x, 128 x 128 1.57x).
+  // bf16 operands: every product packs its operands, so larger tiles pay (bench_attention --bf16 on AMX;
+  // docs/RESULTS.md, "Measurements behind design decisions").
   if (g.math == AttentionMath::BF16 && bf16_kernel() == Bf16Kernel::Amx)
     return g.causal && g.T <= 128 ? Tiles{64, 64} : Tiles{128, 128};
   return g.causal && g.T <= 128 ? Tiles{kCols<float>, kCols<float>} : Tiles{64, 64};

@@ -26,8 +26,8 @@
 #endif
 #endif
 
-// GotoBLAS/BLIS-style GEMM (shapes and numbers below are for float on the 2-core Zen 3 it was tuned on; the notes
-// on what was tried are in bench/bench_matmul.cpp).
+// GotoBLAS/BLIS-style GEMM (shapes and sizes below are for float on the 2-core Zen 3 it was tuned on; what was
+// tried, and what it measured: docs/RESULTS.md, "Measurements behind design decisions").
 // - op(B) is packed into a slab shared by the threads: NR-wide micro-panels, KC deep, so the KC x NR panel the
 //   micro-kernel sweeps stays in L1. The slab holds all of K when that is at most 4 MB (fwd/dinp: W is at most
 //   2.4 MB), so a C tile is finished in one pass; otherwise (dw, where op(B) = x is M x K: 4.7-100 MB) K goes in
@@ -114,8 +114,8 @@ struct Config<double> : GenericConfig<double, 4, 8, 96, 256, 2048> {};
 
 #ifdef TINYGPT_GEMM_AVX2
 
-// Rows of X prefetched ahead when copying panels out of it (16 beat 0/4/8/32 by 2-6% on dw, whose x and dy
-// stream from DRAM).
+// Rows of X prefetched ahead when copying panels out of it: 16 did best of those tried on dw, whose x and dy stream
+// from DRAM (docs/RESULTS.md, "Measurements behind design decisions").
 constexpr int64_t kPackAhead = 16;
 
 // In-register 8x8 transpose: r[i][j] -> r[j][i].
@@ -172,15 +172,15 @@ struct FloatVec {
 template <>
 struct Config<float> {
 #ifdef TINYGPT_GEMM_AVX512
-  // AVX-512: the same 6 rows, 32 columns (two zmm per row). 2-core Xeon (Emerald Rapids, 2 x 512-bit FMA per
-  // core), bench_matmul at 2 threads: the AVX2 6x16 tile reached 130-165 GFLOP/s; see bench/bench_matmul.cpp.
+  // AVX-512: the same 6 rows, 32 columns (two zmm per row), with the blocking unchanged: faster than the AVX2 6x16
+  // tile where both run (docs/RESULTS.md, "CPU matmul kernels").
   static constexpr int MR = 6, NR = 32;
 #else
   static constexpr int MR = 6, NR = 16;
 #endif
-  // Sweeps: MC 72/96/144/192 and KC 256/320/384/512 within noise of each other, KC 192 5-10% slower on dw.
-  // 144 x 256 floats = 144 KB of op(A) in the 512 KB L2; a 256 x 16 B panel is 16 KB of the 32 KB L1 (AVX-512:
-  // 256 x 32, 32 KB of the Xeon's 48 KB L1).
+  // MC and KC: a sweep found a plateau around these, a smaller KC worse on dw (docs/RESULTS.md, "Measurements
+  // behind design decisions"). 144 x 256 floats = 144 KB of op(A) in the 512 KB L2; a 256 x 16 B panel is 16 KB of
+  // the 32 KB L1 (AVX-512: 256 x 32, 32 KB of the Xeon's 48 KB L1).
   static constexpr int64_t MC = 144, KC = 256, NC = 4096;
   static constexpr int64_t KU = 8;
   using Packed = float;
@@ -202,7 +202,7 @@ struct Config<float> {
     const int64_t full = rows / W;
     if (!k_contig) {
       // Panel rows are contiguous in X (op(A) = A^T, op(B) = B): copy W floats per (k, panel), 8 k at a time per
-      // panel, so loads stay within 8 rows and stores within one panel (3x faster than row by row across panels).
+      // panel, so loads stay within 8 rows and stores within one panel (faster than row by row across panels).
       const float* src = X + k0 * ld + r0;
       for (int64_t k8 = 0; k8 < kc; k8 += 8, src += 8 * ld) {
         const int64_t kn = std::min<int64_t>(8, kc - k8);
@@ -297,8 +297,8 @@ struct Config<float> : GenericConfig<float, 4, 16, 128, 256, 4096> {};
 
 #endif
 
-// Target size of the shared op(B) slab when all of K does not fit in twice this (2 MB beat 8 MB by 1-7% on dw at
-// M = 16384; 1 MB was no better).
+// Target size of the shared op(B) slab when all of K does not fit in twice this (it beat 8 MB on dw at M = 16384, and
+// 1 MB was no better: docs/RESULTS.md, "Measurements behind design decisions").
 constexpr int64_t kSlabBytes = 2 << 20;
 // Below this many multiply-adds a call runs on one thread (fork/join would cost more than it saves).
 constexpr double kMinFmasPerThread = 1 << 18;
@@ -378,15 +378,14 @@ class Progress {
 };
 
 // Oversubscription guard. The closing barrier of an OpenMP region needs every team thread to run; when another
-// process holds a core, a team thread queued behind it stalls the caller until the next scheduler tick (4 ms here),
-// and libgomp's idle workers spinning after a region take turns with the caller too. Measured with a busy loop on
-// one of 2 cores, dw M=768 K=512 N=128: 2-thread calls of 0.6 ms took 4-12 ms, 25-29 GFLOP/s overall, against 83
-// single-threaded. Two calls in a row in which the caller spent most of the time off its CPU or waiting make the
-// following calls run single-threaded for a while (50 ms, doubling while it keeps happening, up to 1 s); then
-// threads are tried again. That brought the case above to 66-81 GFLOP/s (calls of ~4 ms, fwd M=768 K=384 N=1152,
-// went from 78 to 65-77; M=16384 is unchanged). With the machine to ourselves the caller waits a fraction of one
-// work unit; a lone stall (an interrupt, a short-lived process) does not count. Results do not depend on the thread
-// count (each element's k order is fixed by the K blocking).
+// process holds a core, a team thread queued behind it stalls the caller until the next scheduler tick, and
+// libgomp's idle workers spinning after a region take turns with the caller too: with another process busy on one
+// of 2 cores, 2-thread calls ran slower than single-threaded ones. Two calls in a row in which the caller spent most
+// of the time off its CPU or waiting make the following calls run single-threaded for a while (50 ms, doubling while
+// it keeps happening, up to 1 s); then threads are tried again. On a busy machine that brings such calls close to
+// single-threaded speed (docs/RESULTS.md, "Measurements behind design decisions"). With the machine to ourselves the
+// caller waits a fraction of one work unit; a lone stall (an interrupt, a short-lived process) does not count.
+// Results do not depend on the thread count (each element's k order is fixed by the K blocking).
 using Clock = std::chrono::steady_clock;
 std::atomic<int64_t> solo_until_ns{0}, solo_window_ns{0};
 std::atomic<int> stalled_calls{0};

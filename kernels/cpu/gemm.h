@@ -56,8 +56,9 @@ int f32_lanes();
 const std::vector<Bf16Kernel>& bf16_kernels_available();
 
 /// The kernel gemm uses for bf16 products in float: Amx where available, else F32Units (Avx512Bf16 was slower than
-/// the f32 units on the Intel CPU it ran on). The environment variable TINYGPT_CPU_BF16=amx|avx512|f32, read once,
-/// picks one; throws Error (kernels/base.h) when it names something else or a kernel this CPU lacks.
+/// the f32 units where it was tried: docs/RESULTS.md, "CPU matmul kernels"). The environment variable
+/// TINYGPT_CPU_BF16=amx|avx512|f32, read once, picks one; throws Error (kernels/base.h) when it names something else
+/// or a kernel this CPU lacks.
 Bf16Kernel bf16_kernel();
 
 /// gemm<float> with bf16 operands on the given kernel, which must be available (tests and bench_matmul compare them).

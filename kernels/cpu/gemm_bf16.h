@@ -275,9 +275,9 @@ TINYGPT_TARGET_AMX inline void release_tiles() { _tile_release(); }
 /// the tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM, done by the detection); a thread configures its
 /// tiles once per call (ThreadScope) and releases them after.
 struct AmxConfig : Bf16Packing<32, 32, PairsByRow, 32> {
-  // KC 256: a 32-row op(A) block and a 32-column op(B) panel of one k block (16 KB each) share L1 (with 512 the big
-  // 6-layer shapes ran 5-20% slower; 128 helped some shapes and hurt others). MC 64: bench_matmul --bf16's geomean
-  // 3.79 against 3.65-3.76 with 256 and 3.53 with 512; the 6-layer step 8% faster than with 256 (docs/RESULTS.md).
+  // KC 256: a 32-row op(A) block and a 32-column op(B) panel of one k block (16 KB each) share L1 (512 was slower on
+  // the big 6-layer shapes, 128 mixed). MC 64: as good as any row block tried in bench_matmul --bf16, and a faster
+  // 6-layer step than 256 (docs/RESULTS.md, "CPU matmul kernels" and "Measurements behind design decisions").
   static constexpr int64_t MC = 64, KC = 256, NC = 4096, KU = 32;
   struct ThreadScope {
     TINYGPT_TARGET_AMX ThreadScope() { load_tile_config(kAllTiles16x64); }

@@ -596,7 +596,7 @@ void with_mods(const AttentionGeom& g, F f) {
 
 /// TINYGPT_FLASH_PIPELINE=1 asks for the pipelined builds of the tensor-core kernels (kPipe in flash_mma.cuh: the next
 /// tile streams into shared memory with cp.async while the block computes). Read at every call. Not the default:
-/// slower than the whole-tile loads on an H100 (docs/RESULTS.md).
+/// slower than the whole-tile loads (docs/RESULTS.md, "One GPU").
 inline bool flash_pipeline_asked() { return TINYGPT_ENV_IS("TINYGPT_FLASH_PIPELINE", "1"); }
 
 /// Calls f(kMods, kPipe) (std::bool_constant each) with the build of the tensor-core kernels for operands Op and

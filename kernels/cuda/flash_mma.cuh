@@ -26,11 +26,11 @@
 // forward were instruction fetches), and without it (and with the 32-bit dropout hash) they are 7-12 thousand (sm_90,
 // bf16, head dim 64).
 //
-// The lean builds come pipelined too (kPipe, TINYGPT_FLASH_PIPELINE=1; not the default: slower on an H100, docs/RESULTS.md): the
-// f32 rows of the next K/V tile (forward, dQ) or Q/dO tile (dK/dV) stream into a shared-memory stage with cp.async
-// while the block computes on the current one, and are rounded into operand tiles once they have landed, where the
-// default builds load each tile with synchronous loads between two barriers (Nsight Compute, H100: dK/dV's warps
-// spent half their stalled cycles waiting for those loads).
+// The lean builds come pipelined too (kPipe, TINYGPT_FLASH_PIPELINE=1; not the default: slower, docs/RESULTS.md,
+// "One GPU"): the f32 rows of the next K/V tile (forward, dQ) or Q/dO tile (dK/dV) stream into a shared-memory
+// stage with cp.async while the block computes on the current one, and are rounded into operand tiles once they
+// have landed, where the default builds load each tile with synchronous loads between two barriers (Nsight Compute,
+// H100: dK/dV's warps spent half their stalled cycles waiting for those loads).
 //
 // Backward, deterministic as the f32 one: D = rowsum(dO * O) first (attention.cu); one block per key tile
 // keeps dK and dV in registers over the group's heads and all queries; one block per query tile keeps dQ.

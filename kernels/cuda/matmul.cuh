@@ -230,9 +230,8 @@ bool aux_ok(int64_t ld) { return ld % 8 == 0; }
 
 /// Whether a product may take its bias, GELU or GELU's derivative in cublasLt's epilogue: only when asked for
 /// (TINYGPT_CUBLASLT_EPILOGUES=1) and never with bf16 products. Otherwise our kernels do that work after the product.
-/// On an H100 the bf16 training step ran faster without the epilogues (12.29 against 12.88 ms, scripts/gpu_check.sh),
-/// and their GELU derivative, with the GPU's approximate tanh, then rounded to bf16, flipped roundings the CPU's did
-/// not: the weight gradient was 3% off the CPU's in places. Their f32 speed is yet to be measured.
+/// The bf16 training step ran faster without the epilogues, and their GELU derivative, with the GPU's approximate
+/// tanh, then rounded to bf16, flipped roundings the CPU's does not (docs/RESULTS.md, "One GPU").
 bool lt_epilogues(MatmulMath math) {
   if (math == MatmulMath::BF16) return false;
   return TINYGPT_ENV_IS("TINYGPT_CUBLASLT_EPILOGUES", "1");

@@ -5,7 +5,8 @@
 //
 // The pieces after the kernels walk one query row (or one head and distance) per thread and recompute the scores
 // they need from q and k, so they cost about one naive attention pass each; every sum runs in a fixed order, so the
-// results are deterministic. They are written for clarity first: their speed was never measured on a GPU.
+// results are deterministic. They are written for clarity first, not tuned for speed (the GPU timings in
+// docs/RESULTS.md, "One GPU", are of attention without modifiers).
 #pragma once
 
 #include "kernels/cuda/attention_common.cuh"
