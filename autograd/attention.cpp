@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "autograd/op_helpers.h"
 #include "autograd/ops.h"
@@ -76,17 +77,65 @@ Tensor additive_mask(const Tensor& mask, DType dtype, int64_t B, int64_t NH, int
   return mask;
 }
 
+}  // namespace
+
+void check_score_mods(const ScoreModSettings& s, std::string_view who) {
+  if (s.window < 0) throw Error(fmt::format("{}: window must be >= 0 (0: none), got {}", who, s.window));
+  if (!(s.softcap >= 0.0) || !std::isfinite(s.softcap)) {
+    throw Error(fmt::format("{}: softcap must be a finite number >= 0 (0: none), got {}", who, s.softcap));
+  }
+  constexpr int64_t kMaxTable = int64_t(1) << 20;  // rows of a learned table: far beyond any use, far below overflow
+  if (s.max_rel < 0 || s.max_rel > kMaxTable) {
+    throw Error(fmt::format("{}: max_rel (Shaw's relative positions) must be in [0, {}] (0: off), got {}", who,
+                            kMaxTable, s.max_rel));
+  }
+  if (s.t5_buckets < 0 || s.t5_buckets > kMaxTable) {
+    throw Error(fmt::format("{}: t5_buckets must be in [0, {}] (0: no T5 bias), got {}", who, kMaxTable, s.t5_buckets));
+  }
+  if (s.t5_buckets > 0) {
+    const int64_t exact = (s.t5_bidirectional ? s.t5_buckets / 2 : s.t5_buckets) / 2;
+    if (exact < 1 || s.t5_max_distance <= exact) {
+      throw Error(fmt::format("{}: T5 bias needs at least {} t5_buckets and a t5_max_distance above the exact half "
+                              "({}); got {} buckets, max distance {}",
+                              who, s.t5_bidirectional ? 4 : 2, exact, s.t5_buckets, s.t5_max_distance));
+    }
+  }
+}
+
+namespace {
+
+/// The options' settings with t5_buckets and max_rel from the tables' shapes, checked (check_score_mods), as is
+/// the data that needs no geometry: key_doc_ids needs doc_ids.
+ScoreModSettings resolved_settings(const ScoreModOptions& o) {
+  ScoreModSettings s = o;
+  auto from_table = [](auto& setting, int64_t rows, bool defined, const char* what, const char* table) {
+    if (defined && setting != 0 && setting != rows) {
+      throw Error(fmt::format("attention: {} is {} but {} gives {}", what, setting, table, rows));
+    }
+    if (!defined && setting != 0) throw Error(fmt::format("attention: {} is {} but there is no {}", what, setting, table));
+    if (defined) setting = static_cast<std::remove_reference_t<decltype(setting)>>(rows);
+  };
+  const Tensor& t5 = o.t5_bias;
+  from_table(s.t5_buckets, t5.defined() && t5.ndim() == 2 ? t5.size(1) : 0, t5.defined(), "t5_buckets",
+             "t5_bias table (NH, buckets)");
+  const Tensor& rel = o.relative_key.defined() ? o.relative_key : o.relative_value;
+  const int64_t rows = rel.defined() && rel.ndim() == 2 ? rel.size(0) : 0;
+  if (rel.defined() && rows % 2 == 0) {
+    throw Error(fmt::format("attention: the relative position tables must have 2m + 1 rows, got shapes {} and {}",
+                            o.relative_key.defined() ? o.relative_key.shape().str() : "-",
+                            o.relative_value.defined() ? o.relative_value.shape().str() : "-"));
+  }
+  from_table(s.max_rel, (rows - 1) / 2, rel.defined(), "max_rel", "relative position table (2m + 1 rows)");
+  check_score_mods(s, "attention");
+  if (o.key_doc_ids.defined() && !o.doc_ids.defined()) throw Error("attention: key_doc_ids needs doc_ids (the queries' documents)");
+  return s;
+}
+
 /// g.mods from the options, checked against the attention's sizes (B, NH, T, S, E, Ev already in g); `rel_probs`
 /// becomes the Pbar buffer (B, NH, T, 2m + 1) the relative values need.
 void set_score_mods(AttentionGeom& g, const ScoreModOptions& o, const Tensor& q, Tensor& rel_probs) {
   ScoreMods& m = g.mods;
-  if (o.window < 0) throw Error(fmt::format("attention: window must be >= 0 (0: none), got {}", o.window));
-  if (!(o.softcap >= 0.0) || !std::isfinite(o.softcap)) {
-    throw Error(fmt::format("attention: softcap must be a finite number >= 0 (0: none), got {}", o.softcap));
-  }
-  m.window = o.window;
-  m.softcap = o.softcap;
-  m.alibi = o.alibi;
+  static_cast<ScoreModSettings&>(m) = resolved_settings(o);
   auto check_ids = [&](const Tensor& ids, int64_t len, const char* what) {
     if (ids.dtype() != DType::I32 || !(ids.shape() == Shape{g.B, len}) || ids.device() != q.device()) {
       throw Error(fmt::format("attention: {} must be an i32 (B, {}) = ({}, {}) tensor on {}, got {} {} on {}", what,
@@ -95,7 +144,6 @@ void set_score_mods(AttentionGeom& g, const ScoreModOptions& o, const Tensor& q,
     }
     return ids.data<int32_t>();
   };
-  if (o.key_doc_ids.defined() && !o.doc_ids.defined()) throw Error("attention: key_doc_ids needs doc_ids (the queries' documents)");
   if (o.doc_ids.defined()) {
     m.q_doc = check_ids(o.doc_ids, g.T, "doc_ids");
     if (!o.key_doc_ids.defined() && g.T != g.S) {
@@ -110,29 +158,15 @@ void set_score_mods(AttentionGeom& g, const ScoreModOptions& o, const Tensor& q,
     }
   };
   if (o.t5_bias.defined()) {
-    check_table(o.t5_bias, "t5_bias", g.NH, o.t5_bias.ndim() == 2 ? o.t5_bias.size(1) : -1, "(NH, buckets)");
-    const int64_t buckets = o.t5_bias.size(1), exact = (o.t5_bidirectional ? buckets / 2 : buckets) / 2;
-    if (exact < 1 || buckets > (int64_t(1) << 20) || o.t5_max_distance <= exact) {
-      throw Error(fmt::format("attention: T5 bias needs at least {} buckets and a max distance above the exact half "
-                              "({}); got {} buckets, max distance {}",
-                              o.t5_bidirectional ? 4 : 2, exact, buckets, o.t5_max_distance));
-    }
+    check_table(o.t5_bias, "t5_bias", g.NH, m.t5_buckets, "(NH, buckets)");
     m.t5_bias = o.t5_bias.raw_data();
-    m.t5_buckets = int32_t(buckets);
-    m.t5_max_distance = o.t5_max_distance;
-    m.t5_bidirectional = o.t5_bidirectional;
   }
   const Tensor& rk = o.relative_key;
   const Tensor& rv = o.relative_value;
   if (rk.defined() || rv.defined()) {
-    const int64_t rows = rk.defined() ? (rk.ndim() == 2 ? rk.size(0) : 0) : (rv.ndim() == 2 ? rv.size(0) : 0);
-    if (rows % 2 == 0) {
-      throw Error(fmt::format("attention: the relative position tables must have 2m + 1 rows, got shapes {} and {}",
-                              rk.defined() ? rk.shape().str() : "-", rv.defined() ? rv.shape().str() : "-"));
-    }
+    const int64_t rows = m.rel_width();
     if (rk.defined()) check_table(rk, "relative_key", rows, g.E, "(2m + 1, E)");
     if (rv.defined()) check_table(rv, "relative_value", rows, g.Ev, "(2m + 1, Ev), with relative_key's rows");
-    m.max_rel = (rows - 1) / 2;
     m.rel_k = rk.defined() ? rk.raw_data() : nullptr;
     m.rel_v = rv.defined() ? rv.raw_data() : nullptr;
     if (rv.defined()) rel_probs = empty({g.B, g.NH, g.T, rows}, q.dtype(), q.device());
@@ -255,7 +289,10 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
   g.dropout_p = float(o.dropout_p);
   g.dropout_seed = o.dropout_seed;
   g.math = o.numerics.attention;
-  if (qb.dtype() == DType::BF16) return attention_bf16(q, k, v, out_heads_last, g, o, qkv_partition);
+  if (qb.dtype() == DType::BF16) {
+    resolved_settings(o.mods);  // its lean path reads no modifier, but bad settings are refused on every path
+    return attention_bf16(q, k, v, out_heads_last, g, o, qkv_partition);
+  }
 
   Tensor rel_probs;  // Pbar, when relative values are on: written by the forward, read by the backward
   set_score_mods(g, o.mods, qb, rel_probs);

@@ -14,10 +14,12 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 #include "autograd.h"
 #include "tensor.h"
 #include "../kernels/numerics.h"
+#include "../kernels/score_mods.h"
 
 namespace tinygpt {
 
@@ -27,17 +29,14 @@ enum class AttentionImpl : uint8_t {
   Flash,  // never holds the (T, S) weights, so it cannot return them
 };
 
-/// Score modifiers inside the kernels (kernels/score_mods.h has the math), all composable with the masks above. A
-/// query's position is t + S - T, a key's s. The learned tables get gradients.
-struct ScoreModOptions {
-  int64_t window = 0;      // > 0: a query sees the keys within `window` positions (with is_causal: the last `window`)
+/// Score modifiers inside the kernels (kernels/score_mods.h has the math), all composable with the masks above: the
+/// settings (window, softcap, alibi, T5's max distance and direction) and the data. A query's position is
+/// t + S - T, a key's s. The learned tables get gradients; their shapes give t5_buckets and max_rel (left 0, or equal
+/// to the tables').
+struct ScoreModOptions : ScoreModSettings {
   Tensor doc_ids;          // (B, T) i32: a query sees only keys of its own document (packed sequences)
   Tensor key_doc_ids;      // (B, S) i32, the keys' documents when they are not the queries' (default: doc_ids)
-  double softcap = 0;      // > 0: scores -> softcap * tanh(scores / softcap), before the biases
-  bool alibi = false;      // ALiBi: - slope_h * |distance|, the paper's slopes for any head count
   Tensor t5_bias;          // (NH, buckets): T5's learned bias per head and log-spaced distance bucket
-  int32_t t5_max_distance = 128;
-  bool t5_bidirectional = false;
   Tensor relative_key;     // (2m + 1, E): Shaw's A_K, distances clipped to [-m, m]
   Tensor relative_value;   // (2m + 1, Ev): Shaw's A_V (needs relative_key's m, or may come alone)
 
@@ -46,6 +45,10 @@ struct ScoreModOptions {
            relative_value.defined();
   }
 };
+
+/// Throws an Error naming the first setting out of range (window, softcap, T5's buckets and max distance, max_rel),
+/// its message starting with `who`. The one check of the settings: the model's config, the layer and the op call it.
+void check_score_mods(const ScoreModSettings& s, std::string_view who);
 
 struct AttentionOptions {
   bool is_causal = false;

@@ -30,11 +30,7 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
     throw Error(fmt::format("MultiHeadAttention: RoPE needs an even head dim, got {}", c.embed_dim / c.num_heads));
   }
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) throw Error(fmt::format("MultiHeadAttention: dropout must be in [0, 1), got {}", c.dropout));
-  if (c.max_relative_position < 0 || c.t5_buckets < 0 || c.window < 0 || !(c.softcap >= 0.0)) {
-    throw Error(fmt::format("MultiHeadAttention: max_relative_position ({}), t5_buckets ({}), window ({}) and softcap ({}) "
-                            "must be >= 0",
-                            c.max_relative_position, c.t5_buckets, c.window, c.softcap));
-  }
+  check_score_mods(c.mods, "MultiHeadAttention");
   if (c.add_bias_kv || c.add_zero_attn) {
     // The appended key positions (bias_k / bias_v, the zero key) stand at no sequence position.
     std::string clash;
@@ -42,10 +38,10 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
       if (on) clash += (clash.empty() ? "" : ", ") + std::string(what);
     };
     note(c.rope, "rope");
-    note(c.max_relative_position > 0, "max_relative_position (Shaw's relative positions)");
-    note(c.alibi, "alibi");
-    note(c.t5_buckets > 0, "t5_buckets (T5 bias)");
-    note(c.window > 0, "window");
+    note(c.mods.max_rel > 0, "max_rel (Shaw's relative positions)");
+    note(c.mods.alibi, "alibi");
+    note(c.mods.t5_buckets > 0, "t5_buckets (T5 bias)");
+    note(c.mods.window > 0, "window");
     if (!clash.empty()) {
       throw Error(fmt::format("MultiHeadAttention: add_bias_kv and add_zero_attn append key positions that have no "
                               "sequence position, which {} needs; turn one or the other off",
@@ -145,15 +141,15 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, G
     register_module("q_norm", *q_norm);
     register_module("k_norm", *k_norm);
   }
-  const int64_t m = c.max_relative_position;
+  const int64_t m = c.mods.max_rel;
   if (m > 0) {
     relative_key = register_parameter("relative_key", randn({2 * m + 1, E}, gen, DType::F32, Device::CPU, kInitStd));
     if (c.relative_values) {
       relative_value = register_parameter("relative_value", randn({2 * m + 1, E}, gen, DType::F32, Device::CPU, kInitStd));
     }
   }
-  if (c.t5_buckets > 0) {
-    t5_bias = register_parameter("t5_bias", randn({c.num_heads, c.t5_buckets}, gen, DType::F32, Device::CPU, kInitStd));
+  if (c.mods.t5_buckets > 0) {
+    t5_bias = register_parameter("t5_bias", randn({c.num_heads, c.mods.t5_buckets}, gen, DType::F32, Device::CPU, kInitStd));
   }
   if (c.add_bias_kv) {
     // torch's xavier_normal_ of its (1, 1, W) bias_k: fan_in = fan_out = W, std = sqrt(2 / (fan_in + fan_out)).
@@ -175,14 +171,10 @@ Tensor MultiHeadAttention::normalize_qk(const Tensor& qkv) const {
 ScoreModOptions MultiHeadAttention::score_mods(const Tensor& doc_ids) const {
   const auto& c = config_;
   ScoreModOptions m;
+  static_cast<ScoreModSettings&>(m) = c.mods;
   m.relative_key = relative_key;
   m.relative_value = relative_value;
-  m.alibi = c.alibi;
   m.t5_bias = t5_bias;
-  m.t5_max_distance = c.t5_max_distance;
-  m.t5_bidirectional = c.t5_bidirectional;
-  m.window = c.window;
-  m.softcap = c.softcap;
   m.doc_ids = doc_ids;
   return m;
 }

@@ -33,15 +33,11 @@ struct MultiHeadAttentionConfig {
   bool rope = false;         // rotate q and k by position (RoPE) instead of relying on learned positions
   double rope_base = 10000.0;
   double proj_init_std = kInitStd;  // of the output projection (GPT-2 scales it down with depth)
-  // Score modifiers inside the attention kernels (autograd/attention.h, kernels/score_mods.h).
-  int64_t max_relative_position = 0;  // > 0: Shaw's relative positions, tables relative_key and relative_value
-  bool relative_values = true;        //   of (2m + 1, head_dim) shared by the heads (false: relative_key only)
-  bool alibi = false;                 // ALiBi's fixed per-head linear bias
-  int32_t t5_buckets = 0;             // > 0: T5's learned bias per head and bucket, t5_bias (num_heads, buckets)
-  int32_t t5_max_distance = 128;
-  bool t5_bidirectional = false;
-  int64_t window = 0;                 // > 0: a query sees keys within `window` positions (causal: the last `window`)
-  double softcap = 0;                 // > 0: logits soft-capped to (-softcap, softcap)
+  // Score modifiers inside the attention kernels (kernels/score_mods.h): window, softcap, alibi, T5's bias (t5_buckets
+  // > 0: a learned table t5_bias (num_heads, buckets)), Shaw's relative positions (max_rel = m > 0: tables
+  // relative_key and relative_value of (2m + 1, head_dim) shared by the heads).
+  ScoreModSettings mods{};
+  bool relative_values = true;  // with max_rel: false, relative_key only
   bool qk_norm = false;  // QK-norm: each head's query and key LayerNorm'd over head_dim (gains q_norm, k_norm), before RoPE
 };
 

@@ -5,6 +5,17 @@
 #include <tuple>
 
 namespace tinygpt::nn {
+
+ScoreModSettings GPTConfig::score_mods() const {
+  ScoreModSettings m;
+  if (pos == Positions::Relative) m.max_rel = max_relative_position;
+  m.alibi = pos == Positions::Alibi;
+  if (pos == Positions::T5) m.t5_buckets = kT5Buckets, m.t5_max_distance = kT5MaxDistance;
+  m.window = window;
+  m.softcap = attn_softcap;
+  return m;
+}
+
 namespace {
 
 MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
@@ -16,11 +27,7 @@ MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
   a.dropout = c.dropout;
   a.rope = c.pos == Positions::Rope;
   a.proj_init_std = c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer));
-  if (c.pos == Positions::Relative) a.max_relative_position = c.max_relative_position;
-  a.alibi = c.pos == Positions::Alibi;
-  if (c.pos == Positions::T5) a.t5_buckets = GPTConfig::kT5Buckets, a.t5_max_distance = GPTConfig::kT5MaxDistance;
-  a.window = c.window;
-  a.softcap = c.attn_softcap;
+  a.mods = c.score_mods();
   a.qk_norm = c.qk_norm;
   return a;
 }
@@ -74,10 +81,7 @@ void GPTConfig::validate() const {
   if (pos == Positions::Relative && max_relative_position <= 0) {
     throw Error(fmt::format("model config: max_relative_position must be positive, got {}", max_relative_position));
   }
-  if (window < 0) throw Error(fmt::format("model config: window must be >= 0 (0: the whole block), got {}", window));
-  if (!(attn_softcap >= 0.0) || !std::isfinite(attn_softcap)) {
-    throw Error(fmt::format("model config: attn_softcap must be a finite number >= 0 (0: off), got {}", attn_softcap));
-  }
+  check_score_mods(score_mods(), "model config");
   if (!(logit_softcap >= 0.0) || !std::isfinite(logit_softcap)) {
     throw Error(fmt::format("model config: logit_softcap must be a finite number >= 0 (0: off), got {}", logit_softcap));
   }

@@ -50,6 +50,9 @@ struct GPTConfig {
   /// Whether positions enter only through distances (relative, alibi, t5, none): no table bounds the length.
   bool relative_positions() const { return pos != Positions::Learned && pos != Positions::Rope; }
 
+  /// The attention's score modifiers this config asks for (pos, window, attn_softcap): what every layer's
+  /// MultiHeadAttentionConfig::mods holds.
+  ScoreModSettings score_mods() const;
   /// Throws an Error naming the first field that is out of range or inconsistent.
   void validate() const;
   bool operator==(const GPTConfig&) const = default;

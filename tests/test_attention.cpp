@@ -472,15 +472,15 @@ TEST_CASE("MultiHeadAttention: add_bias_kv, add_zero_attn and batch_first = fals
   auto build = [](const Config& c) { nn::MultiHeadAttention m(c); };
   CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .rope = true}),
                        doctest::Contains("add_bias_kv and add_zero_attn append key positions"), Error);
-  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_zero_attn = true, .max_relative_position = 2}),
-                       doctest::Contains("max_relative_position"), Error);
-  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_zero_attn = true, .alibi = true}),
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_zero_attn = true, .mods = {.max_rel = 2}}),
+                       doctest::Contains("max_rel"), Error);
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_zero_attn = true, .mods = {.alibi = true}}),
                        doctest::Contains("alibi"), Error);
-  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .t5_buckets = 8}),
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .mods = {.t5_buckets = 8}}),
                        doctest::Contains("t5_buckets"), Error);
-  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .window = 3}),
+  CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .mods = {.window = 3}}),
                        doctest::Contains("window"), Error);
-  CHECK_NOTHROW(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true, .softcap = 5.0}));
+  CHECK_NOTHROW(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true, .mods = {.softcap = 5.0}}));
 
   Generator gen(23);
   nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true}, gen);

@@ -144,7 +144,7 @@ r=$("$tinygpt" sample --ckpt "$dir/rel" --prompt "First" --max-new-tokens 60 --s
 expect_error "positions are relative (trained with --pos relative), which GPT-2 cannot express" "$tinygpt" export --ckpt "$dir/rel" --out "$dir/hf3"
 expect_error "^error: --pos: sinusoidal not in {learned,rope,relative,alibi,t5,none}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --pos sinusoidal
 expect_error "window must be >= 0" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --window -1
-expect_error "attn_softcap must be a finite number >= 0" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --softcap -5
+expect_error "softcap must be a finite number >= 0" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --softcap -5
 expect_error "max_relative_position must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --pos relative --max-relative-position 0
 expect_error "doc-sep: character .* is not in the data's vocabulary" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --doc-sep "@@"
 expect_error "model flags contradict the checkpoint: pos \"alibi\" (flags) vs \"relative\"" "$tinygpt" train --data "$dir/text.txt" --out "$dir/rel" --resume --pos alibi

@@ -311,6 +311,29 @@ TEST_CASE("score modifiers: bad tables, ids and values are refused with a messag
                        doctest::Contains("doc_ids must be an i32 (B, T)"), Error);
   CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.window = -1; }), doctest::Contains("window must be >= 0"), Error);
   CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.softcap = -2; }), doctest::Contains("softcap"), Error);
+  // The settings the tables size must agree with them.
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.t5_buckets = 8; }), doctest::Contains("no t5_bias"), Error);
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.t5_buckets = 4, m.t5_bias = randn({2, 8}, gen, DType::F64); }),
+                       doctest::Contains("t5_buckets is 4 but"), Error);
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.max_rel = 3, m.relative_key = randn({5, 8}, gen, DType::F64); }),
+                       doctest::Contains("max_rel is 3 but"), Error);
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.t5_max_distance = 2, m.t5_bias = randn({2, 8}, gen, DType::F64); }),
+                       doctest::Contains("t5_max_distance above"), Error);
+}
+
+TEST_CASE("score modifiers: bf16 tensors are refused bad settings as f32 ones are, on the lean path too") {
+  Generator gen(2);
+  const Tensor q = cast(randn({1, 2, 4, 8}, gen, DType::F32), DType::BF16);
+  auto attempt = [&](auto set) {
+    AttentionOptions o;
+    set(o.mods);
+    scaled_dot_product_attention(q, q, q, o);
+  };
+  CHECK_NOTHROW(attempt([](ScoreModOptions&) {}));
+  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) { m.window = -1; }), doctest::Contains("window must be >= 0"), Error);
+  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) { m.softcap = std::nan(""); }), doctest::Contains("softcap"), Error);
+  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) { m.key_doc_ids = from_vector(std::vector<int32_t>{0, 0, 1, 1}, {1, 4}); }),
+                       doctest::Contains("key_doc_ids needs doc_ids"), Error);
 }
 
 }  // namespace
