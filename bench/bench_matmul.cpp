@@ -9,50 +9,16 @@
 // Rows timed while other processes were busy are flagged with '*' (from /proc/stat): rerun those.
 // --bf16 times our products with bf16 operands (--dtype bf16) on the CPU's default bf16 kernel (AMX-BF16 where
 // present, else rounded for the f32 micro-kernel), from f32 operands rounded as they are packed and, in a column of
-// its own, from operands stored in bf16 (packed as they lie: the same result bit for bit, checked), --bf16-kernel f32|avx512|amx on a chosen one, against OpenBLAS's
-// f32 products (there is no bf16 sgemm to compare with; PyTorch's autocast is compared in bench/compare_torch.sh).
+// its own, from operands stored in bf16 (packed as they lie: the same result bit for bit, checked); --bf16-kernel
+// f32|avx512|amx on a chosen one. The peer is OpenBLAS's cblas_sbgemm on the bf16 operands where the loaded OpenBLAS
+// has it (looked up at run time: built with BUILD_BFLOAT16); Debian's 0.3.21 declares it but does not contain it, and
+// then the peer is its f32 sgemm and the table says the ratios are bf16 against f32. PyTorch's bf16 matmuls (oneDNN)
+// are compared in bench/compare_torch.sh.
 //
-// Notes from tuning. Machine: 2-core AMD EPYC (Zen 3) KVM guest, AVX2+FMA, 32 KB L1d and 512 KB L2 per core,
-// 32 MB L3; g++ 12.2 -O3 -march=native; Debian OpenBLAS 0.3.21 (pthreads). GFLOP/s at 2 threads unless stated;
-// absolute numbers drift 5-10% between runs on this VM, the side-by-side ratio much less.
-// - Micro-kernel: register tiles timed alone, operands in L1, kc = 256, 1 thread: 6x16 100 GFLOP/s, 4x24 100,
-//   12x8 92, 8x8 90 (9 loads per 8 FMAs), 3x32 44 (spills). 100 is the FMA peak (32 flop/cycle at ~3.1 GHz).
-//   Kept 6x16 (12 accumulators + 2 B vectors + 1 broadcast = 15 of 16 ymm; 16-wide B panels pack with two 8x8
-//   transposes). Prefetching the C tile before the k loop: dw M=16384 K=1536 N=384 131 -> 150-158.
-// - Blocking: MC 48/72/96/144/192 and KC 256/320/384/512 within noise of each other, KC 192 5-10% slower on dw;
-//   kept MC 144, KC 256, NC 4096. Shared op(B) slab: all of K when it fits in 4 MB, else groups of ~2 MB (2 MB beat
-//   8 MB by 1-7% on dw at M=16384, 1 MB no better).
-// - Packing, copy direction (dy^T and x for dw, W for dinp): walking X row by row across all panels ran at
-//   0.38-0.44 ns/element, 8-row strips per panel at 0.15-0.30 (dw +5-10%). Prefetching 16 rows ahead in the copy:
-//   dw M=16384 K=128 N=512 118 (none) / 124 (4 rows) / 123 (8) / 126 (16). Prefetching the next op(A) block's
-//   source while computing the current one: same row 112 -> 125-135.
-// - Threading: a first version split the rows statically and synchronised with OpenMP barriers; with another
-//   process busy on one core every barrier waited out a 4 ms scheduler tick (4.7-6 GFLOP/s at M=768). Now tickets
-//   are claimed dynamically, waits spin then sleep, and a guard runs calls single-threaded while the calling thread
-//   keeps spending most of a call off its CPU or waiting. With a busy loop on one core: dw M=768 K=512 N=128
-//   26 -> 66-81 GFLOP/s overall (one core alone: 83), fwd M=768 K=384 N=1152 78 -> 65-77, M=16384 unchanged.
-//   On an idle machine it fired about once per 10^4 calls (costing 50 ms single-threaded).
-// - Tried without gain: prefetching the next K group's op(B) during compute (from the macro-kernel loop or spread
-//   through the micro-kernel: -7% to +3%), splitting compute tickets by columns for balance, whole-row pack tickets.
-// - Remaining gap: dw with N=128 (dW is 128 x K): packing x takes ~14% of the time, each packed element feeding only
-//   128 rows (timing with that packing skipped: +16%). Those rows sit at 0.85-0.98 of OpenBLAS depending on the run.
-// - This benchmark: alternating single calls put OpenBLAS at 30-80 GFLOP/s on the small shapes (120-170 alone), as
-//   each library's idle workers spin after a call; hence the batches and settle time below.
-// - Two full runs on an idle machine: ratio min 0.89 / 0.94, geomean 1.09 / 1.10; ours 88-187 GFLOP/s, OpenBLAS
-//   84-187 (the low ends are rows where the VM slowed both down).
-// - Later machine: 2-core Xeon (Emerald Rapids, AVX-512, 48 KB L1d and 2 MB L2 per core). The AVX2 6x16 kernel ran
-//   at 130-165 GFLOP/s (M=768, 2 threads); a 6x32 zmm kernel (same A packing, B panels 32 wide, 12 zmm
-//   accumulators) at 215-291 with the blocking unchanged. OpenBLAS 0.3.21 chose its SSE "Prescott" kernels here
-//   (~60 GFLOP/s); with OPENBLAS_CORETYPE=SkylakeX it reaches 193-311: full run, ratio min 0.86, geomean 1.07
-//   (weakest: dw with N=128 or K=1536, 0.86-0.91).
-// - bf16 kernels, same Xeon (AVX512-BF16 and AMX-BF16), M=768, 2 threads. AMX: a 32x32 C tile in four 16x16 tiles,
-//   per 32 k two A tiles (rows of 32 bf16) and two B tiles (VNNI pairs, 64-byte rows of the 32-wide panel), four
-//   tdpbf16ps; first version 640-1330 GFLOP/s, 2.6-4.6x OpenBLAS's f32 (the 1536^3 product: ~1600). Most of the
-//   gap to the tiles' peak (1024 flop/cycle/core) is the packing: f32 operands read, rounded and rearranged every call.
-//   AVX512-BF16 (vdpbf16ps, 8x32 tile, A pairs broadcast): 160-200 GFLOP/s, 0.6-0.9x OpenBLAS's f32 and below our f32
-//   kernel; on this core vdpbf16ps issues at half the f32 FMA rate (one port), so its twice-as-many products per
-//   instruction buy nothing. Not the default; unmeasured on AMD Zen 4, where it may pay.
+// What tuning the GEMM with this benchmark found (the machines, the figures, what was tried without gain):
+// docs/RESULTS.md, "Measurements behind design decisions"; the latest full runs: "CPU matmul kernels".
 #include <cblas.h>
+#include <dlfcn.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -120,6 +86,10 @@ struct Product {
 };
 
 bool g_bf16 = false;  // --bf16: our products with bf16 operands, on g_kernel
+// OpenBLAS's bf16 GEMM (its bfloat16 is uint16_t), when the library has one and --bf16 asks for it.
+using SbgemmFn = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint, float,
+                          const uint16_t*, blasint, const uint16_t*, blasint, float, float*, blasint);
+SbgemmFn g_sbgemm = nullptr;
 tinygpt::cpu::Bf16Kernel g_kernel = tinygpt::cpu::Bf16Kernel::F32Units;
 
 void run_ours(const Product& p, float* c) {
@@ -136,6 +106,13 @@ void run_ours_bf16_storage(const Product& p, float* c) {
 }
 
 void run_blas(const Product& p, float* c) {
+  if (g_sbgemm) {
+    static_assert(sizeof(tinygpt::bf16) == sizeof(uint16_t));
+    g_sbgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans, blasint(p.m),
+             blasint(p.n), blasint(p.k), 1.0f, reinterpret_cast<const uint16_t*>(p.a16), blasint(p.lda),
+             reinterpret_cast<const uint16_t*>(p.b16), blasint(p.ldb), p.beta, c, blasint(p.ldc));
+    return;
+  }
   cblas_sgemm(CblasRowMajor, p.ta ? CblasTrans : CblasNoTrans, p.tb ? CblasTrans : CblasNoTrans, int(p.m), int(p.n),
               int(p.k), 1.0f, p.a, int(p.lda), p.b, int(p.ldb), p.beta, c, int(p.ldc));
 }
@@ -173,8 +150,9 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   std::vector<float> c_ours = c0, c_blas = c0, c_storage = c0;
   // With --bf16 on the default kernel, the same product over bf16 copies of the operands too (bit for bit ours).
   const bool storage = g_bf16 && g_kernel == tinygpt::cpu::bf16_kernel();
-  const std::vector<tinygpt::bf16> a16 = storage ? std::vector<tinygpt::bf16>(in0.begin(), in0.end()) : std::vector<tinygpt::bf16>{};
-  const std::vector<tinygpt::bf16> b16 = storage ? std::vector<tinygpt::bf16>(in1.begin(), in1.end()) : std::vector<tinygpt::bf16>{};
+  const bool copies = storage || g_sbgemm;  // OpenBLAS's sbgemm reads the bf16 copies too
+  const std::vector<tinygpt::bf16> a16 = copies ? std::vector<tinygpt::bf16>(in0.begin(), in0.end()) : std::vector<tinygpt::bf16>{};
+  const std::vector<tinygpt::bf16> b16 = copies ? std::vector<tinygpt::bf16>(in1.begin(), in1.end()) : std::vector<tinygpt::bf16>{};
   p.a16 = a16.data(), p.b16 = b16.data();
   if (storage) {
     run_ours_bf16_storage(p, c_storage.data());
@@ -204,8 +182,8 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
 
   // Interleaved in rounds: a batch of ours, then a batch of OpenBLAS, 3 times. Alternating call by call was tried
   // and measured thread-pool contention instead of GEMM: after a call each library's idle workers keep spinning
-  // (OpenBLAS's for ~110 ms with sched_yield, libgomp's for ~8 ms) and take a core from the other, costing up to
-  // 2x on small shapes (and tripping gemm's oversubscription guard). So before our batch the process sleeps until
+  // (OpenBLAS's for ~110 ms with sched_yield, libgomp's for ~8 ms) and take a core from the other, which slows the
+  // small shapes most (and trips gemm's oversubscription guard). So before our batch the process sleeps until
   // OpenBLAS's workers are asleep, and each batch starts with at least one call and 30 ms of calls that are not
   // recorded, then records at least 2 calls and 80 ms (so >= 6 calls and >= 0.24 s per implementation and row).
   std::vector<double> t_ours, t_blas, t_storage;
@@ -245,7 +223,8 @@ void usage() {
       "  Compares tinygpt::cpu::gemm<float> with OpenBLAS sgemm on the linear-layer products fwd/dinp/dw.\n"
       "  --threads N  threads for both (default: omp_get_max_threads())\n"
       "  --quick      only M = 768 (default: M in {768, 16384})\n"
-      "  --bf16       ours with bf16 operands on this CPU's fastest bf16 kernel, OpenBLAS in f32\n"
+      "  --bf16       ours with bf16 operands on this CPU's fastest bf16 kernel; OpenBLAS's sbgemm where it has one,\n"
+      "               else its f32 sgemm (the table says which)\n"
       "  --bf16-kernel f32|avx512|amx  ours with bf16 operands on this kernel (f32: rounded as packed, f32 units)\n"
       "  --json       one JSON object per row instead of the table\n");
 }
@@ -294,6 +273,7 @@ int main(int argc, char** argv) {
   // The peer at its best: OpenBLAS 0.3.21 (Debian 12) does not recognize recent Xeons and falls back to its SSE
   // "Prescott" kernels, 4x slower than its AVX-512 ones there. Rerun with OPENBLAS_CORETYPE naming the kernels this
   // CPU can run (read when the library loads, so it takes a new process).
+#if defined(__linux__) && defined(__x86_64__)  // x86 kernel names; /proc/self/exe is Linux's
   const std::string core = openblas_get_corename();
   const char* want = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
   if (want && !std::getenv("OPENBLAS_CORETYPE") && (core == "Prescott" || core == "Core2" || core == "Katmai")) {
@@ -304,8 +284,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_matmul: could not run again (%s); OpenBLAS keeps its %s kernels\n", std::strerror(errno),
                  core.c_str());
   }
+#endif
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
+  if (g_bf16) g_sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
+  // Whose precision each side computes in: a ratio across precisions says so in its column's name.
+  const char* peer = !g_bf16 ? "OpenBLAS sgemm (f32)" : g_sbgemm ? "OpenBLAS sbgemm (bf16 operands)"
+                     : "OpenBLAS sgemm (f32: this OpenBLAS has no cblas_sbgemm, built without BUILD_BFLOAT16)";
+  const char* ratio_name = g_bf16 && !g_sbgemm ? "bf16/f32" : "ratio";
 
   const int64_t Ms[] = {768, 16384};
   const int64_t KNs[][2] = {{128, 384}, {128, 512}, {512, 128}, {384, 1152}, {384, 1536}, {1536, 384}};
@@ -316,9 +302,10 @@ int main(int argc, char** argv) {
     std::printf("threads=%d, GFLOP/s from the median call time of batches interleaved with OpenBLAS (%s kernels)%s\n",
                 threads, openblas_get_corename(),
                 g_bf16 ? (std::string("; ours with bf16 operands on ") + tinygpt::cpu::bf16_kernel_name(g_kernel) +
-                          " kernels, OpenBLAS f32").c_str()
+                          " kernels").c_str()
                        : "");
-    std::printf("%6s %5s %5s %-5s %12s %16s %7s%s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", "ratio",
+    std::printf("peer: %s\n", peer);
+    std::printf("%6s %5s %5s %-5s %12s %16s %8s%s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", ratio_name,
                 g_bf16 ? "  bf16_storage_gflops  storage/ours" : "");
   }
   double min_ratio = INFINITY, log_sum = 0, storage_log_sum = 0;
@@ -339,14 +326,14 @@ int main(int argc, char** argv) {
           std::printf(
               "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
               "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\", "
-              "\"bf16_storage_gflops\": %.2f}\n",
+              "\"bf16_storage_gflops\": %.2f, \"openblas_precision\": \"%s\"}\n",
               (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load,
               g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "",
-              std::isnan(r.storage) ? 0.0 : r.storage);
+              std::isnan(r.storage) ? 0.0 : r.storage, g_sbgemm ? "bf16" : "f32");
         } else {
           const bool busy = r.other_load > kBusyCores;
           busy_rows += busy;
-          std::printf("%6lld %5lld %5lld %-5s %12.1f %16.1f %7.3f", (long long)r.M, (long long)r.K, (long long)r.N,
+          std::printf("%6lld %5lld %5lld %-5s %12.1f %16.1f %8.3f", (long long)r.M, (long long)r.K, (long long)r.N,
                       r.kind, r.ours, r.blas, ratio);
           if (!std::isnan(r.storage)) {
             std::printf("  %19.1f  %12.3f", r.storage, r.storage / r.ours);
@@ -360,7 +347,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!json) {
-    std::printf("ratio over %d rows: min %.3f, geomean %.3f\n", rows, min_ratio, std::exp(log_sum / rows));
+    std::printf("%s over %d rows: min %.3f, geomean %.3f\n", ratio_name, rows, min_ratio, std::exp(log_sum / rows));
     if (storage_rows)
       std::printf("bf16 storage against f32 operands rounded as packed, geomean over %d rows: %.3f\n", storage_rows,
                   std::exp(storage_log_sum / storage_rows));

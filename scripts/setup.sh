@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tinygpt needs that are not already present. Safe to run again.
 # The CUDA toolkit is optional and not installed here: when nvcc is on PATH the build adds the GPU backend.
+#   bash scripts/setup.sh             # what building, testing and training need
+#   bash scripts/setup.sh --aarch64   # also the ARM cross toolchain, qemu-user and arm64 libfmt (scripts/test_aarch64.sh)
 set -euo pipefail
+aarch64=0
+case "${1:-}" in
+  "") ;;
+  --aarch64) aarch64=1 ;;
+  *) echo "error: setup.sh: unknown argument '$1' (the one option is --aarch64)" >&2; exit 2 ;;
+esac
 
 packages=(
   g++ cmake ninja-build      # toolchain
@@ -14,6 +22,12 @@ packages=(
   curl ca-certificates       # scripts/get_data.sh: fetches tiny Shakespeare when no local copy exists
   openmpi-bin libopenmpi-dev # data-parallel training over several processes (mpirun)
 )
+
+# The ARM cross build: Debian's cross compiler and the arm64 fmt library from Debian's multiarch (the header-only
+# dependencies are shared); qemu-user runs the test programs.
+if [ $aarch64 = 1 ]; then
+  packages+=(g++-aarch64-linux-gnu qemu-user libfmt-dev:arm64)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -31,5 +45,8 @@ if [ "$(id -u)" -ne 0 ]; then
   sudo="sudo"
 fi
 echo "setup: installing ${missing[*]}"
+if [ $aarch64 = 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  $sudo dpkg --add-architecture arm64
+fi
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -88,8 +88,11 @@ double available_memory(Device device) {
   if (device == Device::CUDA) return double(cuda::free_memory());
   double avail = mem_available();
   if (std::isnan(avail)) {
+    avail = std::numeric_limits<double>::infinity();  // unknown: no limit claimed
+#if defined(_SC_AVPHYS_PAGES)  // glibc's; macOS has no such query
     const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    avail = pages > 0 && page > 0 ? double(pages) * double(page) : std::numeric_limits<double>::infinity();
+    if (pages > 0 && page > 0) avail = double(pages) * double(page);
+#endif
   }
   // A container's limit: cgroup v2, then v1 (whose "no limit" is a huge number, harmless here).
   for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},

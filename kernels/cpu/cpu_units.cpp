@@ -1,8 +1,10 @@
 // Which multiply units this CPU has and which the GEMM's bf16 products use: detection (CPUID, the OS's XCR0, and
 // Linux's permission for the AMX tile state, which a process must ask for), the choice (TINYGPT_CPU_BF16), and the
 // f32 micro-kernel's vector width. Declared in kernels/cpu/gemm.h.
+#if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <string>
@@ -42,10 +44,12 @@ std::vector<Bf16Kernel> detect_bf16_kernels() {
                       (ebx7 & (1u << 31));  // F, DQ, BW, VL
   if (!avx512 || !(eax7_1 & (1u << 5))) return kernels;  // AVX512_BF16
   kernels.push_back(Bf16Kernel::Avx512Bf16);
+#if defined(__linux__)  // only Linux has the permission call (and only it grants the tile state)
   const bool amx = (edx7 & (1u << 22)) && (edx7 & (1u << 24));  // AMX-BF16, AMX-TILE
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (amx && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0 && (xcr0() & 0x60000) == 0x60000)
     kernels.push_back(Bf16Kernel::Amx);
+#endif
   return kernels;
 }
 #else
@@ -75,9 +79,9 @@ const std::vector<Bf16Kernel>& bf16_kernels_available() {
 
 namespace {
 
-// AMX where the CPU has it. AVX512-BF16 only on request: on the Xeon it was measured on (Emerald Rapids) its
-// vdpbf16ps issues at half the rate of the f32 FMAs, so the kernel ran at 0.6-0.9x of the f32 units; on AMD Zen 4,
-// where it may be twice as fast as f32, it has not been run.
+// AMX where the CPU has it. AVX512-BF16 only on request: on the Intel CPU it was tried on, its vdpbf16ps does half
+// the FLOPs a cycle of the f32 FMAs, so the kernel was slower than the f32 units (docs/RESULTS.md, "CPU matmul
+// kernels"); it has not been tried on AMD Zen 4, where it may pay.
 Bf16Kernel choose_bf16_kernel() {
   const std::vector<Bf16Kernel>& have = bf16_kernels_available();
   const char* env = TINYGPT_ENV("TINYGPT_CPU_BF16");
