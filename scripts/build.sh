@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# Configures and builds tinygpt in ./build (Release; CUDA backend when nvcc is found).
-# Extra arguments go to the CMake configure step, e.g. scripts/build.sh -DTINYGPT_CUDA=OFF
+# Configures and builds tinygpt in ./build (Release; CUDA backend when nvcc is found), on all cores.
+#   bash scripts/build.sh                     # everything: the library, the command, tests, benchmarks
+#   bash scripts/build.sh --target tinygpt    # only the command line tool (what training and sampling need)
+# Other arguments go to the CMake configure step, e.g. scripts/build.sh -DTINYGPT_CUDA=OFF
 set -euo pipefail
 cd "$(dirname "$0")/.."
+targets=() configure=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --target)
+      [ $# -ge 2 ] || { echo "error: build.sh: --target needs a target name (e.g. tinygpt)" >&2; exit 2; }
+      targets+=(--target "$2"); shift 2 ;;
+    *) configure+=("$1"); shift ;;
+  esac
+done
 generator=()
 command -v ninja >/dev/null && [ ! -f build/CMakeCache.txt ] && generator=(-G Ninja)
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
-cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build build --parallel "$(nproc)"
+cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${configure[@]}"
+cmake --build build --parallel "$(nproc)" "${targets[@]}"

@@ -198,7 +198,8 @@ TEST_CASE("cuda: the MLP with GELU and ReLU squared matches the CPU, with and wi
     for (const bool bf16 : {false, true}) {
       const Numerics numerics{.bf16 = bf16};
       for (const Activation act : {Activation::Gelu, Activation::ReluSquared}) {
-        const double tol = act == Activation::Gelu ? 5e-3 : 1e-4;
+        // The looser bound only where cublasLt's epilogue computes GELU (f32 products with the switch set).
+        const double tol = act == Activation::Gelu && epilogues && !bf16 ? 5e-3 : 1e-4;
         check_op(fmt::format("mlp {}{}{}", act == Activation::Gelu ? "GELU" : "ReLU^2", bf16 ? " bf16" : "",
                              epilogues ? ", TINYGPT_CUBLASLT_EPILOGUES=1" : ""),
                  [=](auto& in) { return mlp(in[0], in[1], in[2], in[3], in[4], act, numerics); },
