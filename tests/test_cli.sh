@@ -92,6 +92,10 @@ expect_error "model flags contradict the checkpoint: block_size 64" "$tinygpt" t
 expect_error "no CUDA\|no CUDA GPU\|not available yet" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device cuda
 expect_error "the loss is nan\|the loss is inf\|the gradient norm is" "$tinygpt" train --data "$dir/text.txt" --out "$dir/nan" \
   --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 --max-iters 200 --lr 1e30 --grad-clip 0 --eval-iters 1 --quiet
+# The same guard with bf16 tensors (a bf16 inf or NaN widens to one in the f32 loss and gradient norm).
+expect_error "is \(nan\|inf\|-nan\|-inf\): training stopped before the update.*holds the last good checkpoint" "$tinygpt" train \
+  --data "$dir/text.txt" --out "$dir/nan16" --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 \
+  --max-iters 200 --lr 1e30 --grad-clip 0 --eval-iters 1 --quiet --dtype bf16 --storage bf16
 expect_error "must be cpu or cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --device tpu
 expect_error "attention-math tf32 runs attention on GPU tensor cores: it needs --device cuda" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --attention-math tf32
 expect_error "attention-math must be f32, tf32 or bf16, got 'f16'" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --attention-math f16

@@ -149,14 +149,18 @@ TEST_CASE("gpt: bf16 storage: bf16 activations from the embedding on, f32 loss a
   // The same model and batch with bf16 products (f32 tensors), then with bf16 storage: every activation rounded to bf16
   // between ops, the weights read through their bf16 working copies. The loss is f32 and close; every parameter's
   // gradient lands in its f32 master and is close to the f32 run's (relative to its largest element: the values
-  // are sums of thousands of rounded terms). Positions learned and rotary, with and without dropout.
-  for (const auto pos : {nn::Positions::Learned, nn::Positions::Rope}) {
+  // are sums of thousands of rounded terms). Positions learned and rotary, with and without dropout; head dims 8
+  // and 64 (the 6-layer model's).
+  for (const auto pos : {nn::Positions::Learned, nn::Positions::Rope})
+  for (const int64_t head_dim : {8, 64}) {
     for (const double dropout : {0.0, 0.1}) {
       CAPTURE(int(pos));
       CAPTURE(dropout);
+      CAPTURE(head_dim);
       nn::GPTConfig c = tiny_config();
       c.pos = pos;
       c.dropout = dropout;
+      c.n_embd = c.n_head * head_dim;
       Generator gen(5);
       nn::GPT model(c, gen);
       const Tensor ids = random_ids(3, 16, 11, gen), targets = random_ids(3, 16, 11, gen);

@@ -269,6 +269,20 @@ void run_info(const std::string& path) {
   fmt::print("numerics       {}, {} attention operands; on the GPU: {} matmuls\n",
              ckpt.numerics.bf16 ? "bf16 matmul operands (--dtype bf16)" : "fp32",
              attention_math_name(ckpt.numerics.attention), matmul_math_name(ckpt.numerics.matmul()));
+  const nlohmann::json& flags = ckpt.state.train_config;
+  const int64_t batch = flags.is_object() && flags.contains("batch_size") && flags["batch_size"].is_number_integer()
+                            ? flags["batch_size"].get<int64_t>()
+                            : 64;
+  // As the run was trained (its --storage and --dtype; older checkpoints recorded neither: f32).
+  const std::string storage = flags.is_object() ? flags.value("storage", std::string()) : std::string();
+  bool storage_bf16 = false;
+  try {
+    storage_bf16 = bf16_storage_of(storage, ckpt.numerics.bf16, Device::CPU);
+  } catch (const Error&) {  // a value this version does not know: count f32
+  }
+  fmt::print("memory         training at batch {}: about {}; sampling: about {}\n", batch,
+             describe(training_memory(c, batch, ckpt.optimizer == "muon", storage_bf16)),
+             describe(inference_memory(c, 1)));
   fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("{}, {} steps", ckpt.optimizer == "muon" ? "Muon and AdamW" : "AdamW", ckpt.optimizer_step) : "none saved");
   const fs::path metrics = ckpt.path.parent_path() / "metrics.jsonl";
   std::ifstream in(metrics);

@@ -14,6 +14,7 @@ namespace tinygpt {
 namespace {
 
 constexpr double kFloat = 4.0;  // bytes per f32 element
+constexpr double kBf16 = 2.0;   // bytes per bf16 element
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 /// The first number in a file, or NaN when it cannot be read (or says "max").
@@ -35,8 +36,9 @@ double mem_available() {
   return NAN;
 }
 
-/// "512 MiB", "3.2 GiB", "1.4 PiB".
+/// "96 KiB", "512 MiB", "3.2 GiB", "1.4 PiB".
 std::string gib(double bytes) {
+  if (bytes < 1048576.0) return fmt::format("{:.0f} KiB", bytes / 1024.0);
   if (bytes < 0.1 * kGiB) return fmt::format("{:.0f} MiB", bytes / 1048576.0);
   const char* units[] = {"GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
   double v = bytes / kGiB;
@@ -63,15 +65,22 @@ double gpt_parameter_count(const nn::GPTConfig& c) {
   return V * C + positions + L * layer + C * (1 + b) + head;  // wte, position tables, blocks, ln_f, lm_head
 }
 
-MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon) {
+MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon, bool bf16_storage) {
   const double P = gpt_parameter_count(c), BT = double(batch_size) * double(c.block_size), C = double(c.n_embd);
+  const double L = double(c.n_layer), V = double(c.vocab_size);
   MemoryNeed need;
-  need.weights = P * kFloat;
+  need.weights = P * kFloat + (bf16_storage ? P * kBf16 : 0.0);  // f32 masters, and their bf16 working copies
   need.optimizer = (muon ? 4 : 3) * P * kFloat;
   // Kept for backward, per block: the residual input, both LayerNorm outputs, q/k/v, the attention output, the two
   // residual sums, the attention and MLP projections (~10 C per token) and the 4C-wide MLP hidden layer before and
   // after GELU (8 C); then the logits and their gradient, and backward's widest transient (the 4C MLP gradient).
-  need.activations = kFloat * BT * (18 * C * double(c.n_layer) + 2 * double(c.vocab_size) + 8 * C);
+  const double stored = 18 * C * L + 2 * V + 8 * C;
+  if (!bf16_storage) {
+    need.activations = kFloat * BT * stored;
+  } else {
+    // The same in bf16, plus what attention keeps in f32: its copies of q, k and v and its output (4 C per block).
+    need.activations = BT * (kBf16 * stored + kFloat * 4 * C * L);
+  }
   return need;
 }
 
@@ -106,14 +115,18 @@ double available_memory(Device device) {
   return avail;
 }
 
+std::string describe(const MemoryNeed& need) {
+  std::string parts = fmt::format("weights {}", gib(need.weights));
+  if (need.optimizer > 0) parts += fmt::format(", gradients and optimizer state {}", gib(need.optimizer));
+  parts += fmt::format(", activations {}", gib(need.activations));
+  return fmt::format("{} ({})", gib(need.total()), parts);
+}
+
 void require_memory(const MemoryNeed& need, Device device, const std::string& what, const std::string& advice) {
   const double have = available_memory(device);
   if (!(need.total() > have)) return;
-  std::string parts = fmt::format("weights {}", gib(need.weights));
-  if (need.optimizer > 0) parts += fmt::format(", gradients and AdamW moments {}", gib(need.optimizer));
-  parts += fmt::format(", activations {}", gib(need.activations));
-  throw Error(fmt::format("{} needs about {} of {} memory ({}), but {} is available; {}", what, gib(need.total()),
-                          device == Device::CUDA ? "GPU" : "host", parts, gib(have), advice));
+  throw Error(fmt::format("{} needs about {} of {} memory, but {} is available; {}", what, describe(need),
+                          device == Device::CUDA ? "GPU" : "host", gib(have), advice));
 }
 
 void require_memory_to_read(const std::filesystem::path& path) {

@@ -27,13 +27,18 @@ double gpt_parameter_count(const nn::GPTConfig& c);
 /// Training at batch_size sequences of c.block_size tokens (one micro-batch's activations: accumulation frees them).
 /// `muon`: --optimizer muon, which adds a momentum per parameter at most (AdamW's moments keep the whole buffer's
 /// layout), counted as one more copy of the parameters.
-MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon = false);
+/// `bf16_storage` (Numerics::bf16_storage): activations and their gradients in bf16, attention's f32 copies of q, k,
+/// v and its output, and a bf16 working copy of every parameter beside its f32 master.
+MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon = false, bool bf16_storage = false);
 /// Inference (eval, sampling) at batch_size sequences of c.block_size tokens, without a graph.
 MemoryNeed inference_memory(const nn::GPTConfig& c, int64_t batch_size);
 
 /// Bytes this process can still allocate on `device`: for the CPU the smaller of the kernel's MemAvailable and
 /// the room left under a cgroup memory limit (infinity when neither is readable); for CUDA the GPU's free memory.
 double available_memory(Device device);
+
+/// "1.2 GiB (weights 41 MiB, gradients and optimizer state 164 MiB, activations 1.0 GiB)".
+std::string describe(const MemoryNeed& need);
 
 /// Throws an Error naming the need, its parts, and what `device` has, when the need is larger. `what` names
 /// the work ("training this model"), `advice` how to need less.

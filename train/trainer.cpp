@@ -79,6 +79,7 @@ nlohmann::json flags_json(const TrainConfig& c) {
           {"grad_clip", c.grad_clip},
           {"optimizer", c.optimizer},
           {"dtype", c.dtype},
+          {"storage", c.storage},
           {"grad_accum", c.grad_accum},
           {"eval_interval", c.eval_interval},
           {"eval_iters", c.eval_iters},
@@ -590,7 +591,9 @@ TrainResult train(const TrainConfig& cfg_in) {
   cfg.model.vocab_size = corpus.vocab.size();
   std::optional<Checkpoint> ckpt;
   if (cfg.resume) ckpt = resume_checkpoint(cfg, out, corpus);
-  require_memory(training_memory(cfg.model, cfg.batch_size, cfg.optimizer == "muon"), device, "training this model",
+  const MemoryNeed memory_need = training_memory(cfg.model, cfg.batch_size, cfg.optimizer == "muon",
+                                                 numerics_of(cfg).bf16_storage);
+  require_memory(memory_need, device, "training this model",
                  "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
@@ -620,6 +623,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   if (world > 1) check_ranks(model, comm, device, cfg, console);
   if (model.numerics().bf16_storage) flat.write_bf16_copies();  // of the weights as loaded or broadcast
   console.line("{}", describe_model(model, device));
+  console.line("memory: about {} on the {}\n", describe(memory_need), device == Device::CUDA ? "GPU" : "host");
 
   const StopSignals stop;
   std::optional<GradientBuckets> buckets;
