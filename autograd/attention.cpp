@@ -244,8 +244,11 @@ AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const Hea
                  gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) &&
                                       detail::unwritten(grads[2]);
                  auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<bf16>(t) + offset : nullptr; };
-                 launch(kernels::attention_flash_backward_bf16, dout.device(), at(grads[0], qo), at(grads[1], ko),
-                        at(grads[2], vo), dout.data<bf16>(), in[0].data<bf16>() + qo, in[1].data<bf16>() + ko,
+                 // The GPU kernels load dout's rows 16 bytes at a time: a gradient that lies in a slice of a larger
+                 // buffer off a 16-byte boundary is copied first (a fresh tensor is aligned).
+                 const Tensor d = reinterpret_cast<uintptr_t>(dout.raw_data()) % 16 != 0 ? dout.clone() : dout;
+                 launch(kernels::attention_flash_backward_bf16, d.device(), at(grads[0], qo), at(grads[1], ko),
+                        at(grads[2], vo), d.data<bf16>(), in[0].data<bf16>() + qo, in[1].data<bf16>() + ko,
                         in[2].data<bf16>() + vo, saved_out.data<bf16>(), lse.data<float>(), gb);
                },
                // As the f32 flash's: a fused qkv's three views are written together, all of it, uninitialized.

@@ -27,9 +27,11 @@ inline double relative_rms(const std::vector<float>& a, const std::vector<float>
   return std::sqrt(err / std::max(ref, 1e-30));
 }
 
-inline void check_bf16_attention_tracks_f32(Device device, bool lean, int64_t E) {
+/// misaligned_dout: the output's gradient lies in a slice of a larger buffer, one element (2 bytes) off the
+/// 16-byte boundary the GPU kernels load from.
+inline void check_bf16_attention_tracks_f32(Device device, bool lean, int64_t E, bool misaligned_dout = false) {
   INFO("attention on bf16 tensors, " << (lean ? "the bf16-storage flash forward" : "through f32 (key padding)")
-                                     << ", head dim " << E);
+                                     << ", head dim " << E << (misaligned_dout ? ", dout off a 16-byte boundary" : ""));
   const int64_t B = 2, T = 80, NH = 4, NKV = 2;
   Generator gen(5);
   const Tensor qkv32 = randn({B, T, (NH + 2 * NKV) * E}, gen).to(device);
@@ -46,7 +48,13 @@ inline void check_bf16_attention_tracks_f32(Device device, bool lean, int64_t E)
   qkv_b.requires_grad_();
   const Tensor out_b = fused_self_attention(qkv_b, NH, NKV, o).out;
   CHECK(out_b.dtype() == DType::BF16);
-  out_b.backward(dout32.to(DType::BF16));
+  Tensor dout_b = dout32.to(DType::BF16);
+  if (misaligned_dout) {
+    const Tensor buffer = zeros({dout_b.numel() + 1}, DType::BF16, device);
+    dout_b = buffer_slice(buffer, 1, dout_b.shape());
+    dout_b.copy_(dout32.to(DType::BF16));
+  }
+  out_b.backward(dout_b);
   Tensor qkv_r = qkv_b.detach().to(DType::F32);  // the same values, in f32
   qkv_r.requires_grad_();
   const Tensor out_r = fused_self_attention(qkv_r, NH, NKV, o).out;

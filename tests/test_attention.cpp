@@ -507,4 +507,5 @@ TEST_CASE("MultiHeadAttention: add_bias_kv, add_zero_attn and batch_first = fals
 TEST_CASE("attention on bf16 tensors tracks the f32 op with bf16 operands (CPU: the bf16-storage forward's twin)") {
   for (const int64_t E : {64, 128}) test::check_bf16_attention_tracks_f32(Device::CPU, true, E);
   test::check_bf16_attention_tracks_f32(Device::CPU, false, 64);
+  test::check_bf16_attention_tracks_f32(Device::CPU, true, 64, /*misaligned_dout=*/true);
 }

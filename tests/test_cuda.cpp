@@ -389,6 +389,7 @@ TEST_CASE("cuda: the flash forward on bf16 storage matches the double reference;
   check_bf16_storage_on_gpu({.B = 2, .NH = 2, .NKV = 1, .T = 100, .S = 1000, .E = 64, .Ev = 64, .seed = 14});
   for (const int64_t E : {64, 128}) test::check_bf16_attention_tracks_f32(Device::CUDA, true, E);
   test::check_bf16_attention_tracks_f32(Device::CUDA, false, 64);
+  test::check_bf16_attention_tracks_f32(Device::CUDA, true, 64, /*misaligned_dout=*/true);
 }
 
 TEST_CASE("cuda: the pipelined tensor-core kernels (TINYGPT_FLASH_PIPELINE=1) match the double reference") {

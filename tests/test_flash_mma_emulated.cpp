@@ -101,7 +101,8 @@ TEST_CASE("tensor-core flash (emulated): whole leading key tiles padded away") {
 /// The flash kernels on bf16 storage (kernels/cuda/flash_bf16.cuh: ldmatrix fragments, cp.async double buffering),
 /// emulated, and their CPU twins, against the double reference on the same bf16 inputs: out, lse, and dq, dk, dv.
 /// The emulated run starts its buffers as NaN (the gradients told they are unwritten), so an element left unwritten
-/// fails; the twin's gradients start at 0.25 and are added to, the other mode.
+/// fails; then the emulated kernels and the twins again with gradients that start at 0.25 and are added to, the
+/// other mode (the GPU's stores widen, add and round once).
 void check_bf16_storage(const Config& c) {
   INFO("flash on bf16 storage: " << describe(c));
   const Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
@@ -110,22 +111,22 @@ void check_bf16_storage(const Config& c) {
   const std::vector<bf16> dout(p.dout.begin(), p.dout.end());  // the upstream gradient as bf16 storage holds it
   const bf16 *q = qkv.data() + p.q_off, *k = qkv.data() + p.k_off, *v = qkv.data() + p.v_off;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (const bool emulated : {true, false}) {
-    INFO((emulated ? "the GPU kernels, emulated" : "their CPU twins"));
-    const float start = emulated ? nan : 0.25f;
+  for (const auto& [emulated, unwritten] : {std::pair{true, true}, {true, false}, {false, false}}) {
+    INFO((emulated ? "the GPU kernels, emulated" : "their CPU twins") << (unwritten ? ", unwritten gradients" : ", added to"));
+    const float start = unwritten ? nan : 0.25f;
     std::vector<bf16> out(size_t(p.out_size), bf16(nan)), grads(qkv.size(), bf16(start));
     std::vector<float> lse(size_t(p.g.B * p.g.NH * p.g.T), nan);
     REQUIRE(flash_bf16_takes(p.g, q, k, v, out.data()));
     (emulated ? cuda::emulated::attention_flash_forward_bf16 : cpu::attention_flash_forward_bf16)(out.data(), lse.data(),
                                                                                                  q, k, v, p.g);
     AttentionGeom gb = p.g;
-    gb.grads_unwritten = emulated;
+    gb.grads_unwritten = unwritten;
     bf16* d = grads.data();
     (emulated ? cuda::emulated::attention_flash_backward_bf16 : cpu::attention_flash_backward_bf16)(
         d + p.q_off, d + p.k_off, d + p.v_off, dout.data(), q, k, v, out.data(), lse.data(), gb);
     const std::vector<float> outf(out.begin(), out.end());
     std::vector<float> gradf(grads.begin(), grads.end());
-    if (!emulated) {
+    if (!unwritten) {
       for (float& x : gradf) x -= 0.25f;
     }
     const std::vector<int64_t> outs = o_elements(p);
@@ -159,6 +160,11 @@ TEST_CASE("flash on bf16 storage (emulated): partial tiles, T < S causal, head d
 TEST_CASE("flash on bf16 storage (emulated): not causal, three key tiles, T > S causal (rows that see nothing)") {
   check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 10});
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 7});
+}
+
+TEST_CASE("flash on bf16 storage (emulated): head dim 128 not causal; GQA causal with T < S") {
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .seed = 15});
+  check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 50, .S = 140, .E = 64, .Ev = 64, .causal = true, .seed = 16});
 }
 
 // The whole attention test matrix (the CPU and GPU suites' flash cases): minutes under the emulator, so it runs
