@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "bf16.h"
+
 namespace tinygpt {
 
 inline constexpr int kMaxDims = 5;
@@ -38,6 +40,9 @@ inline void contiguous_strides(const int64_t* shape, int64_t* strides, int ndim)
 struct AdamWRuns {
   static constexpr int kMaxRuns = 64;
   int count = 0;
+  // bf16 storage: the parameters' bf16 working copies, at the parameters' indices, each written (rounded to nearest
+  // even) in the same pass that updates its f32 master; null: none. f32 parameters only.
+  bf16* copy = nullptr;
   int64_t begin[kMaxRuns];
   int64_t upto[kMaxRuns];  // elements of runs 0 .. r together
   float weight_decay[kMaxRuns];

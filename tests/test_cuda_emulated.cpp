@@ -666,6 +666,23 @@ TEST_CASE("emulated CUDA: AdamW step over runs of a packed buffer, each with its
     CHECK(one[i] == each[i]);
     CHECK(Vec(one[i].begin() + 100, one[i].begin() + 150) == Vec(start[i].begin() + 100, start[i].begin() + 150));
   }
+  // bf16 storage's working copies, written in the update's pass: each the new master rounded to nearest even, on
+  // both backends; the elements in no run keep their copies.
+  for (const bool g : {true, false}) {
+    INFO((g ? "emulated CUDA" : "CPU"));
+    const auto update = g ? gpu::adamw_update : cpu::adamw_update<float>;
+    std::vector<Vec> o = start, plain = start;
+    std::vector<bf16> copy(size_t(n), bf16(-7.0f));
+    AdamWRuns with_copy = runs;
+    with_copy.copy = copy.data();
+    update(o[0].data(), grad.data(), o[1].data(), o[2].data(), with_copy, 1e-2f, 0.9f, 0.95f, 1e-8f, 3, 0.75);
+    update(plain[0].data(), grad.data(), plain[1].data(), plain[2].data(), runs, 1e-2f, 0.9f, 0.95f, 1e-8f, 3, 0.75);
+    CHECK(o == plain);  // the masters and moments as without copies
+    for (int64_t i = 0; i < n; ++i) {
+      const bool in_run = i < 100 || i >= 150;
+      CHECK(copy[size_t(i)].bits == (in_run ? bf16(o[0][size_t(i)]) : bf16(-7.0f)).bits);
+    }
+  }
 }
 
 TEST_CASE("emulated CUDA: AdamW step with its scalars in device memory: clipped, unclipped, refused when not finite") {

@@ -182,3 +182,57 @@ TEST_CASE("muon and AdamW agree with PyTorch (torch.optim.Muon, torch.optim.Adam
     CHECK(states == (c["optimizer"] == "muon" ? 3 * 2 + 3 : 6 * 2));  // AdamW: two moments each; Muon: one buffer
   }
 }
+
+TEST_CASE("AdamW and Muon write the bf16 working copies as they update: each copy is its new master rounded, and the "
+          "masters move exactly as without copies") {
+  // The f32 masters are the optimizer's: an update of the copies alone, a copy left stale or one rounded another way
+  // than to nearest even shows here.
+  const std::vector<std::pair<std::string, Shape>> shapes = {{"transformer.wte.weight", {11, 8}},
+                                                             {"transformer.h.0.ln_1.weight", {8}},
+                                                             {"transformer.h.0.attn.c_attn.weight", {24, 8}},
+                                                             {"transformer.h.0.mlp.c_fc.weight", {32, 8}}};
+  for (const bool muon : {false, true}) {
+    CAPTURE(muon);
+    auto make = [&](uint64_t seed) {
+      Generator gen(seed);
+      std::vector<std::pair<std::string, Tensor>> params;
+      for (const auto& [name, shape] : shapes) params.emplace_back(name, randn(shape, gen, DType::F32) * 0.5);
+      for (auto& [name, p] : params) p.requires_grad_();
+      return params;
+    };
+    auto with = make(3), without = make(3);
+    FlatParameters flat_with(with), flat_without(without);
+    flat_with.write_bf16_copies();
+    const AdamWConfig adamw{.lr = 1e-2, .weight_decay = 0.1};
+    auto optimizer = [&](FlatParameters& flat) -> std::unique_ptr<Optimizer> {
+      if (muon) return std::make_unique<Muon>(flat, MuonConfig{.lr = 0.02}, adamw);
+      return std::make_unique<AdamW>(flat, adamw);
+    };
+    const auto opt_with = optimizer(flat_with), opt_without = optimizer(flat_without);
+    CHECK(opt_with->writes_bf16_copies());
+    for (int step = 0; step < 3; ++step) {
+      for (auto* params : {&with, &without}) {
+        Tensor loss;
+        for (const auto& [name, p] : *params) {
+          const Tensor term = sum(p * p * p + p * double(step + 1));
+          loss = loss.defined() ? loss + term : term;
+        }
+        loss.backward();
+      }
+      opt_with->step(1e-2);
+      opt_without->step(1e-2);
+      NoGradGuard no_grad;
+      for (size_t i = 0; i < with.size(); ++i) {
+        INFO(with[i].first << " after step " << step);
+        const std::vector<float> master = with[i].second.to_vector<float>();
+        CHECK(master == without[i].second.to_vector<float>());
+        CHECK(master != make(3)[i].second.to_vector<float>());  // it moved
+        REQUIRE(with[i].second.impl().bf16_copy);
+        CHECK(working_copy(with[i].second).to(DType::F32).to_vector<float>() ==
+              with[i].second.to(DType::BF16).to(DType::F32).to_vector<float>());
+      }
+      opt_with->zero_grad();
+      opt_without->zero_grad();
+    }
+  }
+}

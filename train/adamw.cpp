@@ -1,5 +1,7 @@
 #include "train/adamw.h"
 
+#include <type_traits>
+
 #include "autograd/autograd.h"
 #include "kernels/scalar_math.h"
 
@@ -54,8 +56,11 @@ void AdamW::step(double lr, double grad_scale) {
   NoGradGuard no_grad;
   ++step_;
   if (flat_) {
+    bf16* const copies = flat_->bf16_copies();  // bf16 storage: written in the update's pass
     for_each_launch([&]<class T>(T* p, T* g, T* m, T* v, const AdamWRuns& runs, Device device) {
-      launch(kernels::adamw_update<T>, device, p, g, m, v, runs, float(lr), float(config_.beta1),
+      AdamWRuns with_copies = runs;
+      if constexpr (std::is_same_v<T, float>) with_copies.copy = copies;
+      launch(kernels::adamw_update<T>, device, p, g, m, v, with_copies, float(lr), float(config_.beta1),
              float(config_.beta2), float(config_.eps), step_, grad_scale);
     });
     return;

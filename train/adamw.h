@@ -48,6 +48,8 @@ class AdamW : public Optimizer {
   /// The moment estimates, named "<param>.exp_avg" and "<param>.exp_avg_sq" (PyTorch's names).
   std::vector<std::pair<std::string, Tensor>> state() const override;
   const char* name() const override { return "adamw"; }
+  /// Over packed parameters: the copies of the parameters it updates, in the update's pass.
+  bool writes_bf16_copies() const override { return flat_ != nullptr; }
 
  private:
   struct Slot {

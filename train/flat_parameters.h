@@ -41,6 +41,9 @@ class FlatParameters {
   /// values, into a bf16 buffer of the same layout whose slices become the copies. After each optimizer step, and
   /// after anything else wrote the values (a resumed checkpoint, the ranks' broadcast).
   void write_bf16_copies();
+  /// The bf16 working copies' buffer (the values' layout), or null before the first write_bf16_copies: the
+  /// optimizers write into it as they update (AdamWRuns::copy), so a step needs no pass of its own for the copies.
+  bf16* bf16_copies() { return values16_.defined() ? values16_.data<bf16>() : nullptr; }
 
  private:
   std::vector<Slot> slots_;

@@ -124,6 +124,7 @@ void Muon::step(double lr, double grad_scale) {
     }
     const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
     axpby(s.param, o, -rate * s.scale, 1.0 - rate * config_.weight_decay);
+    if (s.param.impl().bf16_copy) write_bf16_copy(s.param);  // bf16 storage: its working copy, while in cache
   });
 }
 

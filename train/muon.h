@@ -57,6 +57,8 @@ class Muon : public Optimizer {
   Muon(FlatParameters& flat, MuonConfig muon, AdamWConfig adamw);
   /// `lr`: AdamW's rate this step; the matrices get muon.lr * lr / adamw.lr.
   void step(double lr, double grad_scale = 1.0) override;
+  /// AdamW's share in its update's pass; each matrix's right after its update (write_bf16_copy), while in cache.
+  bool writes_bf16_copies() const override { return adamw_.writes_bf16_copies(); }
   void zero_grad() override { adamw_.zero_grad(); }
   int64_t steps() const override { return adamw_.steps(); }
   void set_steps(int64_t steps) override { adamw_.set_steps(steps); }

@@ -27,6 +27,9 @@ class Optimizer {
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
   /// "adamw" or "muon": what --optimizer and the checkpoint's metadata call it.
   virtual const char* name() const = 0;
+  /// Whether step() writes each parameter's bf16 working copy (bf16 storage) as it updates the f32 master, where
+  /// the copies exist (FlatParameters::bf16_copies), so the trainer need not write them after it.
+  virtual bool writes_bf16_copies() const { return false; }
 
   // The GPU's step form (DeviceStep in train/trainer.cpp): what changes from step to step is read from device memory,
   // so the step can be captured once as a CUDA graph and replayed.

@@ -362,7 +362,8 @@ struct Run {
       refuse_non_finite(iter, s);
     }
     opt.step(lr, clip_factor(s.grad_norm, cfg.grad_clip));
-    if (model.numerics().bf16_storage) flat.write_bf16_copies();  // the layers' bf16 copies of the updated weights
+    // The layers' bf16 copies of the updated weights: the optimizers write them as they update.
+    if (model.numerics().bf16_storage && !opt.writes_bf16_copies()) flat.write_bf16_copies();
     opt.zero_grad();
     s.stop_from_any_rank = reduced[1] > 0;
     return s;

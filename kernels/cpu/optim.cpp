@@ -1,5 +1,6 @@
 // Optimizer kernels.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
@@ -16,6 +17,16 @@ void update_runs(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, flo
   for (int r = 0; r < runs.count; ++r) {
     const int64_t first = runs.begin[r], n = runs.length(r);
     const float wd = runs.weight_decay[r];
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16* copy = runs.copy) {  // bf16 storage: the working copy written in the same pass
+#pragma omp parallel for simd if (n >= kParallelGrain)
+        for (int64_t i = first; i < first + n; ++i) {
+          adamw_element(param[i], gs * grad[i], m[i], v[i], lr, beta1, beta2, eps, wd, c1, c2);
+          copy[i] = bf16(param[i]);
+        }
+        continue;
+      }
+    }
 #pragma omp parallel for simd if (n >= kParallelGrain)
     for (int64_t i = first; i < first + n; ++i) adamw_element(param[i], gs * grad[i], m[i], v[i], lr, beta1, beta2, eps, wd, c1, c2);
   }

@@ -426,6 +426,7 @@ __device__ __forceinline__ void adamw_runs(float* param, const float* grad, floa
     while (i >= runs.upto[r]) ++r;
     const int64_t j = runs.begin[r] + i - (r > 0 ? runs.upto[r - 1] : 0);
     adamw_element(param[j], gs * grad[j], m[j], v[j], lr, beta1, beta2, eps, runs.weight_decay[r], c1, c2);
+    if (runs.copy != nullptr) runs.copy[j] = bf16(param[j]);  // bf16 storage's working copy, in the same pass
   }
 }
 
