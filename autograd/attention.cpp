@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "autograd/op_helpers.h"
 #include "autograd/ops.h"
@@ -205,10 +207,10 @@ AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv,
 AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
                           const AttentionOptions& o, bool qkv_partition = false);
 
-/// Attention on bf16 storage (g: the call's geometry). The lean calls (flash, no mask, padding, dropout or score
-/// modifier, and what flash_bf16_takes asks) run the flash kernels that read and write bf16 as stored
-/// (kernels/cuda/flash_bf16.cuh), forward and backward. Every other call goes through f32 as a graph: cast,
-/// attention, cast back.
+/// Attention on bf16 storage (g: the call's geometry). The lean calls (flash, no mask, padding or score modifier; on
+/// the GPU also what flash_bf16_takes asks: no dropout, head dim 64 or 128, aligned rows) run the flash kernels that read and write bf16 as stored
+/// (kernels/cuda/flash_bf16.cuh; on the CPU kernels/cpu/attention.cpp, widening tile by tile), forward and backward.
+/// Every other call goes through f32 as a graph: cast, attention, cast back.
 AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
                                AttentionGeom g, const AttentionOptions& o, bool qkv_partition) {
   const Tensor& qb = q.base;
@@ -219,14 +221,21 @@ AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const Hea
   const bf16* vp = v.base.data<bf16>() + v.offset;
   const bool lean = o.impl != AttentionImpl::Naive && !o.need_weights && !o.attn_mask.defined() &&
                     !o.key_padding_mask.defined() && !o.mods.any();
-  if (!lean || !flash_bf16_takes(g, qp, kp, vp, out.data<bf16>())) {
-    auto widened = [&](const HeadsView& x, const HeadsView* same) {
+  // The CPU's kernels widen bf16 tiles as they load them: any head dim, stride or alignment, and dropout.
+  const bool takes = qb.device() == Device::CPU || flash_bf16_takes(g, qp, kp, vp, out.data<bf16>());
+  if (!lean || !takes) {
+    // One f32 copy per distinct base: a fused qkv's three views stay views of one tensor (and keep qkv_partition).
+    auto widened = [&](const HeadsView& x, std::initializer_list<std::pair<const HeadsView*, const HeadsView*>> done) {
       HeadsView w = x;
-      w.base = same != nullptr && same->base.impl_ptr() == x.base.impl_ptr() ? same->base : cast(x.base, DType::F32);
+      w.base = Tensor();
+      for (const auto& [original, copy] : done) {
+        if (original->base.impl_ptr() == x.base.impl_ptr()) w.base = copy->base;
+      }
+      if (!w.base.defined()) w.base = cast(x.base, DType::F32);
       return w;
     };
-    const HeadsView q32 = widened(q, nullptr), k32 = widened(k, &q32);
-    const HeadsView v32 = widened(v, v.base.impl_ptr() == k.base.impl_ptr() ? &k32 : &q32);
+    const HeadsView q32 = widened(q, {}), k32 = widened(k, {{&q, &q32}});
+    const HeadsView v32 = widened(v, {{&q, &q32}, {&k, &k32}});
     AttentionOptions o32 = o;
     if (o32.attn_mask.defined() && o32.attn_mask.dtype() == DType::BF16) o32.attn_mask = o32.attn_mask.to(DType::F32);
     AttentionResult r = attention(q32, k32, v32, out_heads_last, o32, qkv_partition);
@@ -246,7 +255,8 @@ AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const Hea
                  auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<bf16>(t) + offset : nullptr; };
                  // The GPU kernels load dout's rows 16 bytes at a time: a gradient that lies in a slice of a larger
                  // buffer off a 16-byte boundary is copied first (a fresh tensor is aligned).
-                 const Tensor d = reinterpret_cast<uintptr_t>(dout.raw_data()) % 16 != 0 ? dout.clone() : dout;
+                 const bool misaligned = reinterpret_cast<uintptr_t>(dout.raw_data()) % 16 != 0;
+                 const Tensor d = misaligned && dout.device() == Device::CUDA ? dout.clone() : dout;
                  launch(kernels::attention_flash_backward_bf16, d.device(), at(grads[0], qo), at(grads[1], ko),
                         at(grads[2], vo), d.data<bf16>(), in[0].data<bf16>() + qo, in[1].data<bf16>() + ko,
                         in[2].data<bf16>() + vo, saved_out.data<bf16>(), lse.data<float>(), gb);

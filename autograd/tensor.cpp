@@ -2,10 +2,28 @@
 
 #include <fmt/ranges.h>
 
+// Large host blocks are mapped from the system where there is mmap, except under AddressSanitizer, which checks the
+// heap's blocks only.
+#if defined(__SANITIZE_ADDRESS__)
+#define TINYGPT_HOST_MMAP 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TINYGPT_HOST_MMAP 0
+#endif
+#endif
+#if !defined(TINYGPT_HOST_MMAP) && defined(__unix__) || !defined(TINYGPT_HOST_MMAP) && defined(__APPLE__)
+#define TINYGPT_HOST_MMAP 1
+#include <sys/mman.h>
+#endif
+#if !defined(TINYGPT_HOST_MMAP)
+#define TINYGPT_HOST_MMAP 0
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <new>
 #include <string>
@@ -91,12 +109,15 @@ namespace {
 
 constexpr std::align_val_t kHostAlign{64};  // cache lines and AVX loads
 
-/// Host memory for tensors, through operator new (so a program that replaces it, such as bench_attention, sees
-/// tensor memory too). Freed blocks of 64 KiB and more are kept by size and handed out again, as the GPU's caching
-/// allocator does: a training step allocates blocks of the sizes the last step freed, and reusing them saves asking
-/// the system for fresh pages every step (glibc maps large blocks anew each time, and each page then faults in on
-/// first touch). The cache holds at most as many bytes as were ever in use at once, so a run holds at most twice its
-/// peak. TINYGPT_HOST_CACHE=0 turns it off (bench_attention does, to count what each algorithm allocates).
+/// Host memory for tensors. Blocks of 64 KiB and more are mapped from the system (mmap) and, when freed, kept by size
+/// and handed out again, as the GPU's caching allocator does: a training step allocates blocks of the sizes the last
+/// step freed, and reusing them saves fresh pages (each faults in on first touch) every step. The cache never lets
+/// what it holds plus what is in use exceed the most ever in use at once: a block of a new size first unmaps cached
+/// blocks of other sizes, so a run's memory stays at its peak of live tensors (blocks from glibc's heap, where large
+/// ones land once its mmap threshold has risen, held more: docs/RESULTS.md, "bf16 storage").
+/// Smaller blocks, and every block under AddressSanitizer (which checks heap blocks only) or with
+/// TINYGPT_HOST_CACHE=0, go through operator new (bench_attention turns the cache off and replaces operator new to
+/// count what each algorithm allocates).
 class HostCache {
  public:
   void* allocate(size_t bytes) {
@@ -110,6 +131,26 @@ class HostCache {
         cached_ -= bytes;
         return p;
       }
+      // A new block: make room by giving back cached blocks of other sizes.
+      for (auto it = free_.begin(); it != free_.end() && in_use_ + cached_ > peak_in_use_;) {
+        auto& [size, blocks] = *it;
+        while (!blocks.empty() && in_use_ + cached_ > peak_in_use_) {
+          unmap(blocks.back(), size);
+          blocks.pop_back();
+          cached_ -= size;
+        }
+        it = blocks.empty() ? free_.erase(it) : std::next(it);
+      }
+      void* p = map(bytes);
+      if (p == nullptr) {  // give back every cached block, then once more; a second failure goes to the caller
+        release_locked();
+        p = map(bytes);
+      }
+      if (p == nullptr) {
+        in_use_ -= bytes;
+        throw std::bad_alloc();
+      }
+      return p;
     }
     try {
       return ::operator new(bytes, kHostAlign);
@@ -123,25 +164,45 @@ class HostCache {
     if (enabled_ && bytes >= kMinBytes) {
       std::lock_guard lock(mutex_);
       in_use_ -= bytes;
-      if (cached_ + bytes <= peak_in_use_) {
-        free_[bytes].push_back(p);
-        cached_ += bytes;
-        return;
-      }
+      free_[bytes].push_back(p);  // in use + cached is unchanged, so still within the peak
+      cached_ += bytes;
+      return;
     }
     ::operator delete(p, kHostAlign);
   }
 
   void release() {
     std::lock_guard lock(mutex_);
+    release_locked();
+  }
+
+ private:
+  void release_locked() {
     for (auto& [bytes, blocks] : free_) {
-      for (void* p : blocks) ::operator delete(p, kHostAlign);
+      for (void* p : blocks) unmap(p, bytes);
     }
     free_.clear();
     cached_ = 0;
   }
 
- private:
+  /// A fresh block (page-aligned, so kHostAlign-aligned), or null when the system has no memory for it.
+  static void* map(size_t bytes) {
+#if TINYGPT_HOST_MMAP
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+#else
+    return ::operator new(bytes, kHostAlign, std::nothrow);
+#endif
+  }
+  static void unmap(void* p, size_t bytes) {
+#if TINYGPT_HOST_MMAP
+    munmap(p, bytes);
+#else
+    (void)bytes;
+    ::operator delete(p, kHostAlign);
+#endif
+  }
+
   static constexpr size_t kMinBytes = size_t(1) << 16;
   const bool enabled_ = [] {
     return !TINYGPT_ENV_IS("TINYGPT_HOST_CACHE", "0");

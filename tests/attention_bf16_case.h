@@ -1,12 +1,14 @@
 // Attention on bf16 tensors against the same op on f32 tensors holding the same (bf16) values with bf16 operands:
 // the output and the gradients of a fused qkv, on the CPU (tests/test_attention.cpp) and the GPU
-// (tests/test_cuda.cpp). `lean` picks a call the flash forward on bf16 storage takes (kernels/cuda/flash_bf16.cuh);
-// otherwise key padding sends it through f32 as a graph (autograd/attention.cpp, attention_bf16).
+// (tests/test_cuda.cpp). `lean` picks a call the flash kernels on bf16 storage take (kernels/cuda/flash_bf16.cuh, and
+// on the CPU kernels/cpu/attention.cpp); otherwise key padding sends it through f32 as a graph (autograd/attention.cpp,
+// attention_bf16).
 #pragma once
 
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "autograd/attention.h"
@@ -28,10 +30,12 @@ inline double relative_rms(const std::vector<float>& a, const std::vector<float>
 }
 
 /// misaligned_dout: the output's gradient lies in a slice of a larger buffer, one element (2 bytes) off the
-/// 16-byte boundary the GPU kernels load from.
-inline void check_bf16_attention_tracks_f32(Device device, bool lean, int64_t E, bool misaligned_dout = false) {
+/// 16-byte boundary the GPU kernels load from. dropout: its probability (the same masks in both runs).
+inline void check_bf16_attention_tracks_f32(Device device, bool lean, int64_t E, bool misaligned_dout = false,
+                                            double dropout = 0.0) {
   INFO("attention on bf16 tensors, " << (lean ? "the bf16-storage flash forward" : "through f32 (key padding)")
-                                     << ", head dim " << E << (misaligned_dout ? ", dout off a 16-byte boundary" : ""));
+                                     << ", head dim " << E << (misaligned_dout ? ", dout off a 16-byte boundary" : "")
+                                     << ", dropout " << dropout);
   const int64_t B = 2, T = 80, NH = 4, NKV = 2;
   Generator gen(5);
   const Tensor qkv32 = randn({B, T, (NH + 2 * NKV) * E}, gen).to(device);
@@ -39,6 +43,8 @@ inline void check_bf16_attention_tracks_f32(Device device, bool lean, int64_t E,
   AttentionOptions o;
   o.is_causal = true;
   o.numerics.attention = AttentionMath::BF16;
+  o.dropout_p = dropout;
+  o.dropout_seed = 77;
   if (!lean) {
     Tensor kp = zeros({B, T}, DType::Bool);
     kp.data<uint8_t>()[3] = 1;
@@ -48,6 +54,8 @@ inline void check_bf16_attention_tracks_f32(Device device, bool lean, int64_t E,
   qkv_b.requires_grad_();
   const Tensor out_b = fused_self_attention(qkv_b, NH, NKV, o).out;
   CHECK(out_b.dtype() == DType::BF16);
+  // Lean calls run the kernels on bf16 storage; the others cast their operands and output (one f32 copy of qkv).
+  CHECK(std::string(out_b.op_name()) == (lean ? "attention_flash_bf16" : "cast"));
   Tensor dout_b = dout32.to(DType::BF16);
   if (misaligned_dout) {
     const Tensor buffer = zeros({dout_b.numel() + 1}, DType::BF16, device);

@@ -508,4 +508,8 @@ TEST_CASE("attention on bf16 tensors tracks the f32 op with bf16 operands (CPU: 
   for (const int64_t E : {64, 128}) test::check_bf16_attention_tracks_f32(Device::CPU, true, E);
   test::check_bf16_attention_tracks_f32(Device::CPU, false, 64);
   test::check_bf16_attention_tracks_f32(Device::CPU, true, 64, /*misaligned_dout=*/true);
+  // The CPU's kernels take any head dim (widening tile by tile) and dropout; key padding still goes through f32.
+  test::check_bf16_attention_tracks_f32(Device::CPU, true, 32);
+  test::check_bf16_attention_tracks_f32(Device::CPU, true, 24, false, /*dropout=*/0.2);
+  test::check_bf16_attention_tracks_f32(Device::CPU, false, 24, false, /*dropout=*/0.2);
 }

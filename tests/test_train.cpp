@@ -582,12 +582,16 @@ TEST_CASE("memory: the parameter count from a config is the built model's, and a
   // Muon's momentum: one more copy of the parameters in the optimizer's share.
   CHECK(training_memory(small, 12, true).optimizer == doctest::Approx(training_memory(small, 12).optimizer * 4.0 / 3.0));
   // bf16 storage: a 2-byte working copy beside each 4-byte master, the same optimizer state, and activations of 2
-  // bytes but for attention's f32 copies (so between half and all of f32's).
+  // bytes; with RoPE (an f32 op) attention also keeps f32 copies of q, k, v and its output.
   const MemoryNeed f32 = training_memory(small, 12), bf16 = training_memory(small, 12, false, true);
   CHECK(bf16.weights == doctest::Approx(f32.weights * 1.5));
   CHECK(bf16.optimizer == f32.optimizer);
-  CHECK(bf16.activations > 0.5 * f32.activations);
-  CHECK(bf16.activations < 0.75 * f32.activations);
+  CHECK(bf16.activations == doctest::Approx(0.5 * f32.activations));
+  nn::GPTConfig rope = small;
+  rope.pos = nn::Positions::Rope;
+  const MemoryNeed rope_f32 = training_memory(rope, 12), rope_bf16 = training_memory(rope, 12, false, true);
+  CHECK(rope_bf16.activations > 0.5 * rope_f32.activations);
+  CHECK(rope_bf16.activations < 0.75 * rope_f32.activations);
   CHECK(describe(bf16).find("activations") != std::string::npos);
   CHECK(available_memory(Device::CPU) > 0);
 }

@@ -47,6 +47,15 @@ std::string gib(double bytes) {
   return fmt::format("{:.1f} {}", v, units[u]);
 }
 
+/// Whether attention on bf16 storage computes on f32 copies of q, k, v and its output: RoPE and QK-norm run in f32,
+/// and score modifiers and documents go through f32 (nn/attention.cpp; autograd/attention.cpp, attention_bf16).
+/// Otherwise the CPU's flash kernels read q, k and v as stored.
+bool attention_on_f32_copies(const nn::GPTConfig& c) {
+  const ScoreModSettings m = c.score_mods();
+  return c.pos == nn::Positions::Rope || c.qk_norm || m.window > 0 || m.softcap > 0 || m.alibi || m.t5_buckets > 0 ||
+         m.max_rel > 0 || !c.doc_separator.empty();
+}
+
 }  // namespace
 
 double gpt_parameter_count(const nn::GPTConfig& c) {
@@ -78,8 +87,9 @@ MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon
   if (!bf16_storage) {
     need.activations = kFloat * BT * stored;
   } else {
-    // The same in bf16, plus what attention keeps in f32: its copies of q, k and v and its output (4 C per block).
-    need.activations = BT * (kBf16 * stored + kFloat * 4 * C * L);
+    // The same in bf16, plus what attention keeps in f32 where it computes on copies: q, k, v and its output (4 C
+    // per block).
+    need.activations = BT * (kBf16 * stored + (attention_on_f32_copies(c) ? kFloat * 4 * C * L : 0.0));
   }
   return need;
 }

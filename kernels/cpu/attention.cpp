@@ -34,6 +34,9 @@
 // tiles); this file has the naive and flash kernels themselves.
 #include "kernels/cpu/attention_kernels.h"
 
+#include <string>
+
+#include "kernels/base.h"
 #include "kernels/cpu/attention_mods.h"
 #include "kernels/cpu/attention_tiles.h"
 
@@ -185,9 +188,33 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
 // ---------------------------------------------------------------------------------------------------------------
 // Flash attention.
 
-template <class T>
-void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v, const T* mask,
-                             const uint8_t* key_padding, const AttentionGeom& g) {
+namespace {
+
+/// Relative positions (Shaw's) and additive masks are read in the storage type: bf16 storage takes neither.
+template <class T, class S>
+void check_storage_call(const T* mask, const AttentionGeom& g, const char* who) {
+  if constexpr (!std::is_same_v<S, T>) {
+    if (mask != nullptr || g.mods.rel_k != nullptr || g.mods.rel_v != nullptr) {
+      throw Error(std::string(who) + ": bf16 storage takes no additive mask and no relative positions "
+                                     "(kernels/attention.h, flash_bf16_takes)");
+    }
+  }
+}
+
+/// q as the relative-position buffers read it: only where it is stored in T (check_storage_call rules out the rest).
+template <class T, class S> const T* as_math(const S* x) {
+  if constexpr (std::is_same_v<S, T>) {
+    return x;
+  } else {
+    return nullptr;
+  }
+}
+
+/// The flash forward with math type T on operands stored as S (T itself, or bf16 widened tile by tile for f32 math).
+template <class T, class S>
+void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* mask, const uint8_t* key_padding,
+                   const AttentionGeom& g) {
+  check_storage_call<T, S>(mask, g, "attention_flash_forward");
   const Tiles tiles = flash_tiles(g);
   const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t group = g.NH / g.NKV, n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles;
@@ -195,7 +222,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
   const bool dropout = g.dropout_p > 0.0f, mods = g.mods.any();
   T* const rel_probs = g.mods.rel_v ? static_cast<T*>(g.mods.rel_probs) : nullptr;
   const int64_t W = g.mods.rel_width();
-  RelBuffers<T> relative(g, q, nullptr, false);
+  RelBuffers<T> relative(g, as_math<T>(q), nullptr, false);
   const RelRows<T> rel = relative.rows();
   const PositionBias<T> position(g);
   constexpr int64_t L = kLanes<T>;
@@ -207,6 +234,7 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
     std::vector<T> m(static_cast<size_t>(Br)), l(static_cast<size_t>(Br)), m_sub(static_cast<size_t>(Br)),
         alpha(static_cast<size_t>(Br)), sums(static_cast<size_t>(Br));
     std::vector<T> pbar(rel_probs ? size_t(Br * W) : 0);
+    std::vector<T> k_tile, v_tile;  // bf16 storage: the key tile's K and V rows, widened
     DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
     ModScratch<T> scratch;
     TileProducts<T> product(g);
@@ -227,8 +255,9 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
       for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
         const int64_t nc = std::min(Bc, s_end - s0);
         if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-        product(st.data(), Br, at(k, g.k_stride, b, kvh, s0), g.k_stride[2], int64_t(1), qt.data(), Br, nc, g.E,
-                    n_pad, false);
+        int64_t kld, vld;
+        const T* k0 = rows_as(k_tile, at(k, g.k_stride, b, kvh, s0), g.k_stride[2], nc, g.E, kld);
+        product(st.data(), Br, k0, kld, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
         if (mods) {
           ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch).logits_key_major(st.data(), Br, n_pad, mask, key_padding);
         } else {
@@ -274,38 +303,46 @@ void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v,
         }
         if (rel_probs) add_rel_probs(pbar.data(), st.data(), Br, t0, nr, s0, nc, g, scratch.pbar_ends);
         // O += P V, P read transposed out of the key-major tile.
-        product(o.data(), g.Ev, st.data(), int64_t(1), Br, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc,
-                    g.Ev, true);
+        const T* v0 = rows_as(v_tile, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nc, g.Ev, vld);
+        product(o.data(), g.Ev, st.data(), int64_t(1), Br, v0, vld, nr, nc, g.Ev, true);
       }
       for (int64_t i = 0; i < nr; ++i) {
-        T* orow = at(out, g.o_stride, b, h, t0 + i);
+        S* orow = at(out, g.o_stride, b, h, t0 + i);
         T& lse_i = lse[(b * g.NH + h) * g.T + t0 + i];
         if (l[i] > T(0)) {
           const T inv = T(1) / l[i];
-          for (int64_t e = 0; e < g.Ev; ++e) orow[e] = o[size_t(i * g.Ev + e)] * inv;
+          T* acc = o.data() + i * g.Ev;
+          if constexpr (std::is_same_v<S, T>) {
+            for (int64_t e = 0; e < g.Ev; ++e) orow[e] = acc[e] * inv;
+          } else {  // rounded once, as the row is stored
+            for (int64_t e = 0; e < g.Ev; ++e) acc[e] *= inv;
+            round_range(orow, acc, g.Ev);
+          }
           lse_i = m[i] + std::log(l[i]);
           if (rel_probs) {
             for (int64_t c = 0; c < W; ++c) rel_probs[head_row(g, b, h, t0 + i) * W + c] = pbar[size_t(i * W + c)] * inv;
           }
         } else {
-          std::fill_n(orow, g.Ev, T(0));
+          std::fill_n(orow, g.Ev, S(0.0f));
           lse_i = kNegInf<T>;
           if (rel_probs) std::fill_n(rel_probs + head_row(g, b, h, t0 + i) * W, W, T(0));
         }
       }
     }
   }
-  add_relative_values(out, g);
+  if constexpr (std::is_same_v<S, T>) add_relative_values(out, g);
 }
 
-template <class T>
-void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                              const T* lse, const T* mask, const uint8_t* key_padding, const AttentionGeom& g) {
+/// The flash backward with math type T on operands and gradients stored as S (each gradient element rounded once).
+template <class T, class S>
+void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v, const S* out, const T* lse,
+                    const T* mask, const uint8_t* key_padding, const AttentionGeom& g) {
+  check_storage_call<T, S>(mask, g, "attention_flash_backward");
   const Tiles tiles = flash_tiles(g);
   const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV;
   const bool parallel = rows * g.S * (g.E + g.Ev) >= kParallelGrain, mods = g.mods.any();
-  RelBuffers<T> relative(g, q, dout, dq != nullptr);
+  RelBuffers<T> relative(g, as_math<T>(q), as_math<T>(dout), dq != nullptr);
   const RelRows<T> rel = relative.rows();
   const PositionBias<T> position(g);
   std::vector<T> D(static_cast<size_t>(rows));  // rowsum(dO * O), (B, NH, T)
@@ -313,14 +350,14 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T;
     D[size_t(row)] = dot(at(dout, g.o_stride, b, h, t), at(out, g.o_stride, b, h, t), g.Ev);
-    if (g.grads_unwritten && dq) std::fill_n(at(dq, g.q_stride, b, h, t), g.E, T(0));  // the passes below add
+    if (g.grads_unwritten && dq) std::fill_n(at(dq, g.q_stride, b, h, t), g.E, S(0.0f));  // the passes below add
   }
   if (g.grads_unwritten) {
 #pragma omp parallel for if (parallel)
     for (int64_t row = 0; row < g.B * g.NKV * g.S; ++row) {
       const int64_t b = row / (g.NKV * g.S), h = row / g.S % g.NKV, s = row % g.S;
-      if (dk) std::fill_n(at(dk, g.k_stride, b, h, s), g.E, T(0));
-      if (dv) std::fill_n(at(dv, g.v_stride, b, h, s), g.Ev, T(0));
+      if (dk) std::fill_n(at(dk, g.k_stride, b, h, s), g.E, S(0.0f));
+      if (dv) std::fill_n(at(dv, g.v_stride, b, h, s), g.Ev, S(0.0f));
     }
   }
   const int64_t os = g.o_stride[2], qs = g.q_stride[2], ks = g.k_stride[2], vs = g.v_stride[2];
@@ -331,6 +368,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
     {
       std::vector<T> kt(size_t(g.E * Bc)), vt(size_t(g.Ev * Bc)), s(size_t(Br * Bc)), dp(size_t(Br * Bc));
       std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev));
+      std::vector<T> q_tile, do_tile;  // bf16 storage: the query tile's Q and dO rows, widened
       ModScratch<T> scratch;
       TileProducts<T> product(g);
 #pragma omp for schedule(dynamic, 1)
@@ -348,10 +386,11 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
           for (int64_t t0 = t_first / Br * Br; t0 < t_end; t0 += Br) {
             const int64_t nr = std::min(Br, g.T - t0);
             if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-            const T* q0 = at(q, g.q_stride, b, h, t0);
-            const T* do0 = at(dout, g.o_stride, b, h, t0);
-            product(s.data(), Bc, q0, qs, int64_t(1), kt.data(), Bc, nr, g.E, nc_pad, false);
-            product(dp.data(), Bc, do0, os, int64_t(1), vt.data(), Bc, nr, g.Ev, nc_pad, false);
+            int64_t qld, old;
+            const T* q0 = rows_as(q_tile, at(q, g.q_stride, b, h, t0), qs, nr, g.E, qld);
+            const T* do0 = rows_as(do_tile, at(dout, g.o_stride, b, h, t0), os, nr, g.Ev, old);
+            product(s.data(), Bc, q0, qld, int64_t(1), kt.data(), Bc, nr, g.E, nc_pad, false);
+            product(dp.data(), Bc, do0, old, int64_t(1), vt.data(), Bc, nr, g.Ev, nc_pad, false);
             if (mods) {
               ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
                   .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding);
@@ -359,13 +398,13 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
               query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
             }
             // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed.
-            if (dv) product(dv_acc.data(), g.Ev, s.data(), int64_t(1), Bc, do0, os, nc, nr, g.Ev, true);
-            if (dk) product(dk_acc.data(), g.E, dp.data(), int64_t(1), Bc, q0, qs, nc, nr, g.E, true);
+            if (dv) product(dv_acc.data(), g.Ev, s.data(), int64_t(1), Bc, do0, old, nc, nr, g.Ev, true);
+            if (dk) product(dk_acc.data(), g.E, dp.data(), int64_t(1), Bc, q0, qld, nc, nr, g.E, true);
           }
         }
         for (int64_t j = 0; j < nc; ++j) {
-          if (dk) axpy_row(at(dk, g.k_stride, b, kvh, s0 + j), T(1), dk_acc.data() + j * g.E, g.E);
-          if (dv) axpy_row(at(dv, g.v_stride, b, kvh, s0 + j), T(1), dv_acc.data() + j * g.Ev, g.Ev);
+          if (dk) add_row(at(dk, g.k_stride, b, kvh, s0 + j), dk_acc.data() + j * g.E, g.E);
+          if (dv) add_row(at(dv, g.v_stride, b, kvh, s0 + j), dv_acc.data() + j * g.Ev, g.Ev);
         }
       }
     }
@@ -384,6 +423,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
       std::vector<T> qt(size_t(g.E * Br)), dot_(size_t(g.Ev * Br)), st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
       std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
       std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
+      std::vector<T> k_tile, v_tile;  // bf16 storage: the key tile's K and V rows, widened
       DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
       ModScratch<T> scratch;
       TileProducts<T> product(g);
@@ -409,9 +449,11 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
         for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
           const int64_t nc = std::min(Bc, s_end - s0);
           if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-          const T* k0 = at(k, g.k_stride, b, kvh, s0);
-          product(st.data(), Br, k0, ks, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
-          product(dpt.data(), Br, at(v, g.v_stride, b, kvh, s0), vs, int64_t(1), dot_.data(), Br, nc, g.Ev, n_pad, false);
+          int64_t kld, vld;
+          const T* k0 = rows_as(k_tile, at(k, g.k_stride, b, kvh, s0), ks, nc, g.E, kld);
+          const T* v0 = rows_as(v_tile, at(v, g.v_stride, b, kvh, s0), vs, nc, g.Ev, vld);
+          product(st.data(), Br, k0, kld, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
+          product(dpt.data(), Br, v0, vld, int64_t(1), dot_.data(), Br, nc, g.Ev, n_pad, false);
           if (mods) {
             ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
                 .probs_and_ds_key_major(st.data(), dpt.data(), Br, n_pad, lse_t.data(), D_t.data(), mask, key_padding,
@@ -435,11 +477,11 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
             }
           }
           // dQ += dS K, dS read transposed out of the key-major tile.
-          if (dq) product(dq_acc.data(), g.E, dpt.data(), int64_t(1), Br, k0, ks, nr, nc, g.E, true);
+          if (dq) product(dq_acc.data(), g.E, dpt.data(), int64_t(1), Br, k0, kld, nr, nc, g.E, true);
         }
         for (size_t k = 0; k < by_distance.size() && dt5; ++k) dt5[position.bucket_rev[k]] += by_distance[k];
         if (!dq) continue;
-        for (int64_t i = 0; i < nr; ++i) axpy_row(at(dq, g.q_stride, b, h, t0 + i), T(1), dq_acc.data() + i * g.E, g.E);
+        for (int64_t i = 0; i < nr; ++i) add_row(at(dq, g.q_stride, b, h, t0 + i), dq_acc.data() + i * g.E, g.E);
       }
     }
     for (int64_t task = 0; task < tasks && !t5_partial.empty(); ++task) {
@@ -447,7 +489,36 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
       axpy_row(static_cast<T*>(g.mods.d_t5_bias) + h * buckets, T(1), t5_partial.data() + task * buckets, buckets);
     }
   }
-  relative.finish(dq, dout, q, g);
+  if constexpr (std::is_same_v<S, T>) relative.finish(dq, dout, q, g);
+}
+
+}  // namespace
+
+template <class T>
+void attention_flash_forward(T* out, T* lse, const T* q, const T* k, const T* v, const T* mask,
+                             const uint8_t* key_padding, const AttentionGeom& g) {
+  flash_forward<T, T>(out, lse, q, k, v, mask, key_padding, g);
+}
+
+template <class T>
+void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                              const T* lse, const T* mask, const uint8_t* key_padding, const AttentionGeom& g) {
+  flash_backward<T, T>(dq, dk, dv, dout, q, k, v, out, lse, mask, key_padding, g);
+}
+
+// bf16 storage: the f32 kernels with bf16 operands (AttentionMath::BF16), each tile widened where it is used.
+void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                  const AttentionGeom& g) {
+  AttentionGeom f = g;
+  f.math = AttentionMath::BF16;
+  flash_forward<float, bf16>(out, lse, q, k, v, nullptr, nullptr, f);
+}
+
+void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                                   const bf16* v, const bf16* out, const float* lse, const AttentionGeom& g) {
+  AttentionGeom f = g;
+  f.math = AttentionMath::BF16;
+  flash_backward<float, bf16>(dq, dk, dv, dout, q, k, v, out, lse, nullptr, nullptr, f);
 }
 
 #define TINYGPT_INSTANTIATE(T)                                                                                        \

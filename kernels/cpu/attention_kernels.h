@@ -30,13 +30,14 @@ template <class T>
 void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                               const T* lse, const T* mask, const uint8_t* key_padding, const AttentionGeom& g);
 
-/// Flash forward on bf16 storage: out (bf16, strides g.o_stride) and lse (f32) of bf16 q, k, v, for the calls
-/// flash_bf16_takes accepts; the CPU twin of the GPU kernel (kernels/cuda/flash_bf16.cuh): the f32 flash kernel with
-/// bf16 operands (g.math = BF16) on widened copies, its output rounded once.
+/// Flash forward on bf16 storage: out (bf16, strides g.o_stride) and lse (f32) of bf16 q, k, v, without an additive
+/// mask or relative positions (any head dim, stride or alignment); the CPU twin of the GPU kernel
+/// (kernels/cuda/flash_bf16.cuh) on the calls flash_bf16_takes accepts. The f32 flash kernel with bf16 operands
+/// (g.math = BF16), each K, V (and Q) tile widened in the thread's scratch as it is loaded, each output row rounded once.
 void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                   const AttentionGeom& g);
 /// Its backward: dq, dk, dv (bf16, any may be null) get the gradients, stored when g.grads_unwritten, else added
-/// (each sum rounded once); dout has out's strides. The twin runs the f32 flash backward with bf16 operands.
+/// (each sum rounded once); dout has out's strides. The f32 flash backward with bf16 operands, widening tile by tile.
 void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                                    const bf16* v, const bf16* out, const float* lse, const AttentionGeom& g);
 

@@ -16,6 +16,7 @@
 
 #include "../attention.h"
 #include "../scalar_math.h"
+#include "bf16_rows.h"
 #include "gemm.h"
 #include "parallel.h"
 #include "tile_bf16.h"
@@ -55,10 +56,11 @@ template <class P> P at(P base, const int64_t* stride, int64_t i0, int64_t i1, i
   return base + i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
 }
 
-template <class T> T dot(const T* a, const T* b, int64_t n) {
+/// The dot product of two rows, summed in T; rows of bf16 storage (S) are widened as they are read.
+template <class S, class T = compute_t<S>> T dot(const S* a, const S* b, int64_t n) {
   T acc = 0;
 #pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  for (int64_t i = 0; i < n; ++i) acc += T(a[i]) * T(b[i]);
   return acc;
 }
 
@@ -244,15 +246,42 @@ class TileProducts {
 };
 
 /// dst (D x ld) = rows [0, n) of src (row stride src_stride, D contiguous features) transposed; columns
-/// [n, round_up(n, kCols)) are zeroed so the tile products can run whole register blocks.
-template <class T>
-void pack_transposed(T* dst, int64_t ld, const T* src, int64_t src_stride, int64_t n, int64_t D) {
+/// [n, round_up(n, kCols)) are zeroed so the tile products can run whole register blocks. Rows of bf16 storage (S)
+/// are widened as they are packed.
+template <class T, class S>
+void pack_transposed(T* dst, int64_t ld, const S* src, int64_t src_stride, int64_t n, int64_t D) {
   const int64_t n_pad = round_up(n, kCols<T>);
   for (int64_t s = 0; s < n; ++s) {
-    const T* row = src + s * src_stride;
-    for (int64_t d = 0; d < D; ++d) dst[d * ld + s] = row[d];
+    const S* row = src + s * src_stride;
+    for (int64_t d = 0; d < D; ++d) dst[d * ld + s] = T(row[d]);
   }
   for (int64_t d = 0; d < D; ++d) std::fill(dst + d * ld + n, dst + d * ld + n_pad, T(0));
+}
+
+/// Rows [0, n) of `dim` features of an operand stored as S (row stride `stride`), as the tile products read them in
+/// T: the rows themselves where S is T (ld = stride), else widened into the thread's `buf` (ld = dim). A tile of
+/// bf16 storage is widened where it is used, so no f32 copy of a whole operand is ever made.
+template <class T, class S>
+const T* rows_as(std::vector<T>& buf, const S* src, int64_t stride, int64_t n, int64_t dim, int64_t& ld) {
+  if constexpr (std::is_same_v<S, T>) {
+    ld = stride;
+    return src;
+  } else {
+    static_assert(std::is_same_v<S, bf16> && std::is_same_v<T, float>, "bf16 storage is read in f32");
+    if (buf.size() < size_t(n * dim)) buf.resize(size_t(n * dim));
+    for (int64_t r = 0; r < n; ++r) widen_range(buf.data() + r * dim, src + r * stride, dim);
+    ld = dim;
+    return buf.data();
+  }
+}
+
+/// dst[0, n) += src[0, n): in T, or for bf16 storage (S) widened, added and rounded once.
+template <class T, class S> void add_row(S* dst, const T* src, int64_t n) {
+  if constexpr (std::is_same_v<S, T>) {
+    axpy_row(dst, T(1), src, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = S(float(dst[i]) + src[i]);
+  }
 }
 
 struct Tiles {
