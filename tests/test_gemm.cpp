@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/tile_bf16.h"
+#include "kernels/cpu/vec_math.h"
 
 using tinygpt::Activation;
 using tinygpt::cpu::Bf16Kernel;
@@ -307,6 +308,65 @@ TEST_CASE("gemm on bf16 storage: bit for bit gemm<float> with bf16 operands, on 
         gemm(ta, tb, sh.M, sh.N, sh.K, 1.5f, a16.data(), lda, b16.data(), ldb, beta, c.data(), ldc, ep);
         CHECK(c == c_ref);
         if (epilogue) CHECK(act == act_ref);
+      }
+    }
+  }
+}
+
+TEST_CASE("gemm on bf16 storage stored in bf16 (Bf16Out): the f32 result and its epilogue, rounded once, bit for bit") {
+  // Against the product in f32 on the same kernel with the epilogue done by hand in the order Bf16Out promises: few
+  // rows (no blocks), edge tiles, K in several groups (K * N past the op(B) slab), every transpose; forward (bias,
+  // GELU beside the pre-activation) and backward (act' scaling, added to what the output held).
+  using tinygpt::bf16;
+  using tinygpt::cpu::Bf16Out;
+  MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(tinygpt::cpu::bf16_kernel())));
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  struct Shape3 { int64_t M, N, K, pad; };
+  for (const Shape3 sh : {Shape3{3, 40, 50, 1}, Shape3{70, 65, 300, 5}, Shape3{130, 300, 384, 0},
+                          Shape3{40, 1100, 2100, 0}}) {
+    for (const int t : {0, 1, 2, 3}) {
+      const bool ta = t & 1, tb = t & 2;
+      CAPTURE(sh.M);
+      CAPTURE(sh.N);
+      CAPTURE(sh.K);
+      CAPTURE(t);
+      const int64_t lda = (ta ? sh.M : sh.K) + sh.pad, ldb = (tb ? sh.K : sh.N) + sh.pad, ld = sh.N + sh.pad;
+      std::vector<bf16> a(size_t((ta ? sh.K : sh.M) * lda)), b(size_t((tb ? sh.N : sh.K) * ldb));
+      std::vector<float> bias(size_t(sh.N));
+      for (bf16& x : a) x = dist(rng);
+      for (bf16& x : b) x = dist(rng);
+      for (float& x : bias) x = dist(rng);
+      std::vector<float> c(size_t(sh.M * ld));
+      gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ld);
+      std::vector<bf16> held(c.size()), of(c.size());
+      for (size_t i = 0; i < c.size(); ++i) held[i] = dist(rng), of[i] = dist(rng);
+      for (const int mode : {0, 1, 2}) {  // plain; forward with bias and GELU; backward through GELU, accumulating
+        CAPTURE(mode);
+        std::vector<bf16> out = held, act(c.size(), bf16(0.0f)), want = held, want_act = act;
+        Bf16Out o{out.data(), ld, mode == 2};
+        tinygpt::cpu::Epilogue<float> ep;
+        if (mode == 1) ep.bias = bias.data(), ep.act = Activation::Gelu, o.act_out = act.data();
+        if (mode == 2) ep.act = Activation::Gelu, o.act_of = of.data();
+        ep.out16 = &o;
+        gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, nullptr, ld, ep);
+        // Each step a pass of its own, so no multiply-add is fused across steps (the kernel's passes are separate).
+        std::vector<float> x = c;
+        for (int64_t i = 0; i < sh.M && mode == 1; ++i)
+          for (int64_t j = 0; j < sh.N; ++j) x[size_t(i * ld + j)] += bias[size_t(j)];
+        for (size_t i = 0; i < x.size() && mode == 2; ++i)
+          x[i] *= tinygpt::cpu::activation_grad_of(Activation::Gelu, float(of[i]));
+        for (size_t i = 0; i < x.size() && mode == 2; ++i) x[i] += float(held[i]);
+        for (int64_t i = 0; i < sh.M; ++i) {
+          for (int64_t j = 0; j < sh.N; ++j) {
+            const size_t at = size_t(i * ld + j);
+            want[at] = x[at];
+            if (mode == 1) want_act[at] = tinygpt::cpu::activation_of(Activation::Gelu, x[at]);
+          }
+        }
+        bool same = true;
+        for (size_t i = 0; i < out.size(); ++i) same = same && out[i].bits == want[i].bits && act[i].bits == want_act[i].bits;
+        CHECK(same);
       }
     }
   }

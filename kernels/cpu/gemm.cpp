@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "kernels/base.h"
+#include "kernels/cpu/bf16_rows.h"
 #include "kernels/cpu/gemm_bf16.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -303,8 +305,9 @@ constexpr int64_t kSlabBytes = 2 << 20;
 // Below this many multiply-adds a call runs on one thread (fork/join would cost more than it saves).
 constexpr double kMinFmasPerThread = 1 << 18;
 
-// Calling thread's scratch, grown on demand and kept: steady-state calls neither allocate nor page-fault.
-template <class T>
+// Calling thread's scratch, grown on demand and kept: steady-state calls neither allocate nor page-fault. Slot tells
+// apart buffers of one type that are live together.
+template <class T, int Slot = 0>
 T* scratch(int64_t n) {
   struct Buf {
     void* p = nullptr;
@@ -436,6 +439,59 @@ void activation_epilogue(const Epilogue<T>& ep, T* c, int64_t ldc, int64_t at, i
   }
 }
 
+/// The epilogue of a product stored in bf16 (Bf16Out) on the mr x nr f32 results at c (row stride ldc), rows
+/// [row, row + mr) and columns [col, col + nr) of the output: bias, act' scaling, the sum with what the output held,
+/// one rounding each; act of the f32 value, rounded. Each step a vectorized pass over the row.
+template <Activation A>
+void bf16_out_epilogue_with(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t row, int64_t col, int64_t mr,
+                            int64_t nr) {
+  const Bf16Out& o = *ep.out16;
+  for (int64_t i = 0; i < mr; ++i) {
+    float* r = c + i * ldc;
+    const int64_t at = (row + i) * o.ld + col;
+    if (ep.bias) {
+      const float* b = ep.bias + col;
+#pragma omp simd
+      for (int64_t j = 0; j < nr; ++j) r[j] += b[j];
+    }
+    if constexpr (A != Activation::None) {
+      if (o.act_of) {
+        const bf16* of = o.act_of + at;
+#pragma omp simd
+        for (int64_t j = 0; j < nr; ++j) r[j] *= activation_grad_of(A, float(of[j]));
+      }
+    }
+    if (o.accumulate) {
+      const bf16* held = o.out + at;
+#pragma omp simd
+      for (int64_t j = 0; j < nr; ++j) r[j] += float(held[j]);
+    }
+    round_range(o.out + at, r, nr);
+    if constexpr (A != Activation::None) {
+      if (o.act_out) {
+#pragma omp simd
+        for (int64_t j = 0; j < nr; ++j) r[j] = activation_of(A, r[j]);
+        round_range(o.act_out + at, r, nr);
+      }
+    }
+  }
+}
+
+void bf16_out_epilogue(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t row, int64_t col, int64_t mr,
+                       int64_t nr) {
+  switch (ep.act) {
+    case Activation::Gelu: return bf16_out_epilogue_with<Activation::Gelu>(ep, c, ldc, row, col, mr, nr);
+    case Activation::ReluSquared: return bf16_out_epilogue_with<Activation::ReluSquared>(ep, c, ldc, row, col, mr, nr);
+    default: return bf16_out_epilogue_with<Activation::None>(ep, c, ldc, row, col, mr, nr);
+  }
+}
+
+/// bf16_out_epilogue over a whole M x N product in f32 (row stride ldc), rows on the OpenMP threads.
+void bf16_out_rows(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t M, int64_t N) {
+#pragma omp parallel for if (M * N >= kParallelGrain && !omp_in_parallel())
+  for (int64_t i = 0; i < M; ++i) bf16_out_epilogue(ep, c + i * ldc, ldc, i, 0, 1, N);
+}
+
 /// The epilogue on the mr x nr elements of C at c, which is C + at, in columns [j, j + nr): bias, then activation.
 template <class T>
 void run_epilogue(const Epilogue<T>& ep, T* c, int64_t ldc, int64_t at, int64_t j, int64_t mr, int64_t nr) {
@@ -473,6 +529,14 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
                              ? kb_total
                              : std::max<int64_t>(1, kSlabBytes / int64_t(sizeof(P)) / (kc_blk * nc_blk));
   const int64_t group_k = std::min(K, ceil_div(kb_total, ceil_div(kb_total, kb_cap)) * kc_blk);
+  const bool to16 = ep.out16 != nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    if (to16 && group_k < K) {  // K in several groups: C in f32 (scratch), then rounded
+      float* const full = scratch<float, 2>(M * N);
+      gemm_blocked<Cfg, T, S>(ta, tb, M, N, K, alpha, A, lda, B, ldb, T(0), full, N, nt, bf16, Epilogue<T>{});
+      return bf16_out_rows(ep, full, N, M, N);
+    }
+  }
   // Row blocks: as many as MC requires, rounded up to a multiple of the thread count so the dynamic claiming ends
   // even (M = 1536: 12 blocks, not 11; M = 384: 4 x 96, not 3 x 128). Block rb covers MR-row tiles
   // [rb * tiles / rblocks, (rb + 1) * tiles / rblocks), so blocks differ by at most one tile.
@@ -503,6 +567,10 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   const int64_t a_elems = round_up(mc_max * kc_pad + 64, 1024);
   P* const work = scratch<P>(b_elems + a_elems * nt);
   P* const bpack = work;
+  // A product stored in bf16 (ep.out16) sums each compute ticket's block of C in the thread's own f32 block, rounded
+  // into the output by the epilogue: no f32 C of the whole product.
+  const int64_t c_elems = to16 ? round_up(mc_max * round_up(nc_blk, NR), 1024) : 0;
+  T* const cwork = to16 ? scratch<T, 1>(c_elems * nt) : nullptr;
   std::atomic<int64_t> next{0};
   Progress progress;
 
@@ -533,10 +601,11 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
 
   // Compute ticket: C[row block, column chunk] += op(A) block @ slab over the group's k blocks. `after` is the
   // thread's next ticket in the same segment (or -1), whose first op(A) block is prefetched during the last k block.
-  auto run_compute = [&](const Segment& sg, int64_t u, int64_t after, P* apack) {
+  auto run_compute = [&](const Segment& sg, int64_t u, int64_t after, P* apack, T* cblock) {
     const int64_t panels = ceil_div(sg.nc, NR), ncp = panels * NR;
     const int64_t rb = u / sg.chunks, c = u % sg.chunks;
     const int64_t p0 = panels * c / sg.chunks, p1 = panels * (c + 1) / sg.chunks;
+    const int64_t cld = to16 ? (p1 - p0) * NR : ldc;  // the row stride of the C the kernels write
     const int64_t kblocks = ceil_div(sg.gk, kc_blk);
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       int64_t i0, mc, k0, kc;
@@ -553,7 +622,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
       const int64_t pf_step = ceil_div(pf.lines(), std::max<int64_t>(1, (p1 - p0) * ceil_div(mc, MR)));
       const T b_eff = k0 == 0 ? beta : T(1);
       // The epilogue runs on a tile when its last k block is added, while the tile is still in cache.
-      const bool epilogue_now = k0 + kc == K && has_epilogue(ep);
+      const bool epilogue_now = k0 + kc == K && has_epilogue(ep) && !to16;
       const P* bblk = bpack + kb * kc_pad * ncp;
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t jj = p * NR, nr = std::min<int64_t>(NR, sg.nc - jj);
@@ -561,20 +630,28 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
         for (int64_t ii = 0; ii < mc; ii += MR) {
           pf.step(pf_step);
           const int64_t mr = std::min<int64_t>(MR, mc - ii);
-          T* cp = C + (i0 + ii) * ldc + sg.j0 + jj;
+          T* cp = to16 ? cblock + ii * cld + (p - p0) * NR : C + (i0 + ii) * ldc + sg.j0 + jj;
           if (mr == MR && nr == NR) {
-            Cfg::kernel(kp, apack + ii * kp, bp, cp, ldc, alpha, b_eff);
+            Cfg::kernel(kp, apack + ii * kp, bp, cp, cld, alpha, b_eff);
           } else {
             // Edge tile: full-size product into a local tile, then merge only the valid part.
             alignas(64) T tile[MR * NR];
             Cfg::kernel(kp, apack + ii * kp, bp, tile, NR, T(1), T(0));
             for (int64_t i = 0; i < mr; ++i)
               for (int64_t j = 0; j < nr; ++j)
-                cp[i * ldc + j] = b_eff == T(0) ? alpha * tile[i * NR + j]
-                                                : alpha * tile[i * NR + j] + b_eff * cp[i * ldc + j];
+                cp[i * cld + j] = b_eff == T(0) ? alpha * tile[i * NR + j]
+                                                : alpha * tile[i * NR + j] + b_eff * cp[i * cld + j];
           }
           if (epilogue_now) run_epilogue(ep, cp, ldc, (i0 + ii) * ldc + sg.j0 + jj, sg.j0 + jj, mr, nr);
         }
+      }
+    }
+    // Stored in bf16: the ticket's whole block, once its last k block is in (a pass of its own: interleaved with the
+    // tile products, tile by tile, it stalled them; docs/RESULTS.md).
+    if constexpr (std::is_same_v<T, float>) {
+      if (to16) {
+        const int64_t i0 = rb * tiles / rblocks * MR, mc = std::min(M, (rb + 1) * tiles / rblocks * MR) - i0;
+        bf16_out_epilogue(ep, cblock, cld, i0, sg.j0 + p0 * NR, mc, std::min(p1 * NR, sg.nc) - p0 * NR);
       }
     }
   };
@@ -582,6 +659,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   auto worker = [&](int tid) {
     [[maybe_unused]] const typename Cfg::ThreadScope scope;
     P* const apack = work + b_elems + a_elems * tid;
+    T* const cblock = to16 ? cwork + c_elems * tid : nullptr;
     size_t s = 0;
     // Claim one ticket ahead, so a compute ticket knows which op(A) block to prefetch for.
     for (int64_t t = next.fetch_add(1); t < total;) {
@@ -592,7 +670,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
       if (sg.pack) {
         run_pack(sg, t - sg.start);
       } else {
-        run_compute(sg, t - sg.start, t_next < sg.end ? t_next - sg.start : -1, apack);
+        run_compute(sg, t - sg.start, t_next < sg.end ? t_next - sg.start : -1, apack, cblock);
       }
       progress.finish();
       t = t_next;
@@ -736,8 +814,21 @@ template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const fl
 
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
           const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc, const Epilogue<float>& ep) {
-  if (ep.act != Activation::None && ((ep.act_out == nullptr) == (ep.act_of == nullptr) || beta != 0.0f))
+  if (ep.out16 != nullptr) {
+    const Bf16Out& o = *ep.out16;
+    if (alpha != 1.0f || beta != 0.0f || ep.act_out || ep.act_of ||
+        (ep.act != Activation::None && (o.act_out == nullptr) == (o.act_of == nullptr)))
+      throw Error("gemm: a product stored in bf16 takes alpha 1, beta 0, and an activation's array in out16");
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || M <= kFewRows) {  // the paths without blocks: C in f32 (scratch), then rounded
+      float* const full = scratch<float, 2>(M * N);
+      Epilogue<float> none;
+      gemm(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, full, N, none);
+      return bf16_out_rows(ep, full, N, M, N);
+    }
+  } else if (ep.act != Activation::None && ((ep.act_out == nullptr) == (ep.act_of == nullptr) || beta != 0.0f)) {
     throw Error("gemm: an activation epilogue needs one of act_out and act_of, and beta 0");
+  }
   if (M <= 0 || N <= 0) return;
   if (scale_only(M, N, K, alpha, beta, C, ldc)) {
     if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
@@ -762,6 +853,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   };
   const std::vector<float> a = trans_a ? widened(A, K, M, lda) : widened(A, M, K, lda);
   const std::vector<float> b = trans_b ? widened(B, N, K, ldb) : widened(B, K, N, ldb);
+  if (ep.out16 != nullptr) {
+    return gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc, false,
+                                    ep);
+  }
   gemm<float>(trans_a, trans_b, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, C, ldc, false, ep);
 }
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,

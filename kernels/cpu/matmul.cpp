@@ -18,14 +18,6 @@ void for_each_batch(int64_t batch, int64_t flops_per_batch, F f) {
   for (int64_t i = 0; i < batch; ++i) f(i);
 }
 
-/// n floats of this thread's scratch for the bf16 products, kept from call to call (no allocation, no page faults, no
-/// zeroing): the f32 results before they are rounded into bf16 storage.
-float* f32_scratch(int64_t n) {
-  thread_local std::vector<float> scratch;
-  if (scratch.size() < size_t(n)) scratch.resize(size_t(n));
-  return scratch.data();
-}
-
 /// C = alpha op(A) op(B) + beta C with beta 0 or 1, the products as MatmulMath asks (gemm's bf16 rounding).
 template <class T>
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
@@ -33,21 +25,14 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
   gemm<T>(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc, bf16);
 }
 
-/// The same over bf16 storage: the products of the stored values summed in f32 (gemm over bf16), then each element
-/// of C rounded once, after adding what it held when beta is 1.
+/// The same over bf16 storage: the products of the stored values summed in f32 (gemm over bf16), each element of C
+/// rounded once as its block of C is done (Bf16Out), after adding what it held when beta is 1.
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
              int64_t ldb, bf16 beta, bf16* C, int64_t ldc, bool) {
-  float* const p = f32_scratch(M * N);
-  gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, p, N);
-  if (float(beta) != 0.0f) {
-#pragma omp parallel for if (M * N >= kParallelGrain && !omp_in_parallel())
-    for (int64_t i = 0; i < M; ++i) {
-#pragma omp simd
-      for (int64_t j = 0; j < N; ++j) p[i * N + j] += float(C[i * ldc + j]);
-    }
-  }
-  if (ldc == N) return round_to_bf16(C, p, M * N);
-  for (int64_t i = 0; i < M; ++i) round_to_bf16(C + i * ldc, p + i * N, N);
+  const Bf16Out o{C, ldc, float(beta) != 0.0f};
+  Epilogue<float> ep;
+  ep.out16 = &o;
+  gemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, nullptr, N, ep);
 }
 
 }  // namespace
@@ -164,23 +149,19 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   }
 }
 
-// bf16 storage: each product in f32 scratch (gemm over bf16, the bias in its epilogue), then one pass that rounds the
-// outputs (and act(out) from the f32 value); backward likewise, the gradients added to what they held in f32 and
-// rounded once.
+// bf16 storage: each product summed in f32 block by block and stored in bf16 by gemm's epilogue (Bf16Out): the bias
+// added, the output rounded once (and act(out) from the f32 value); backward likewise, the gradients scaled by
+// act', added to what they held in f32 and rounded once.
 template <>
 void linear_forward<bf16>(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int64_t C,
                           int64_t OC, MatmulMath, Activation act, bf16* act_out, uint16_t*, uint16_t*) {
-  float* const p = f32_scratch(N * OC);
   std::vector<float> b(bias ? size_t(OC) : 0);
   std::copy_n(bias, b.size(), b.begin());
-  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, p, OC, Epilogue<float>{bias ? b.data() : nullptr});
-  const int64_t n = N * OC;
-  round_to_bf16(out, p, n);
-  if (act != Activation::None) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) p[i] = activation_of(act, p[i]);
-    round_to_bf16(act_out, p, n);
-  }
+  Bf16Out o{out, OC};
+  Epilogue<float> ep{bias ? b.data() : nullptr, act};
+  if (act != Activation::None) o.act_out = act_out;
+  ep.out16 = &o;
+  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, nullptr, OC, ep);
 }
 
 template <>
@@ -189,18 +170,11 @@ void linear_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* d
                            Activation act, const bf16* act_of, const uint16_t*) {
   if (dinp) {
     // (N, OC) @ (OC, C), times act'(act_of) with an activation, plus what dinp held unless it is overwritten.
-    float* const p = f32_scratch(N * C);
-    gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, p, C);
-    const int64_t n = N * C;
-    if (act != Activation::None) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) p[i] *= activation_grad_of(act, float(act_of[i]));
-    }
-    if (!overwrite_dinp) {
-#pragma omp parallel for simd if (n >= kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) p[i] += float(dinp[i]);
-    }
-    round_to_bf16(dinp, p, n);
+    Bf16Out o{dinp, C, !overwrite_dinp};
+    Epilogue<float> ep;
+    if (act != Activation::None) ep.act = act, o.act_of = act_of;
+    ep.out16 = &o;
+    gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, nullptr, C, ep);
   }
   if (dweight) product(true, false, OC, C, N, dout, OC, inp, C, bf16(1.0f), dweight, C, true);  // (OC, N) @ (N, C)
   if (dbias) {
