@@ -7,6 +7,7 @@
 # mean difference is within the issue's 0.01. Val losses, not timings.
 #
 #   bash bench/dtype_parity.sh [DATA] [SEEDS] [ITERS]        # defaults: the corpus, 3 seeds, 1500 iterations
+#   STORAGE=bf16 bash bench/dtype_parity.sh ...              # the bf16 runs with --storage bf16 (default: the CLI's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-$(bash scripts/get_data.sh)}
@@ -24,9 +25,11 @@ printf "%-6s %6s %10s %10s %11s\n" seed iters fp32 bf16 "bf16-fp32"
 rows=()
 for seed in $(seq 1 "$seeds"); do
   for dtype in fp32 bf16; do
+    storage=()
+    [ "$dtype" = bf16 ] && [ -n "${STORAGE:-}" ] && storage=(--storage "$STORAGE")
     "$tinygpt" --threads 1 train --data "$data" --out "$out/$dtype$seed" "${recipe[@]}" --max-iters "$iters" \
-      --seed "$seed" --dtype "$dtype" --eval-interval "$iters" --eval-iters 200 --log-interval 100000 --quiet \
-      2> "$out/$dtype$seed.log" &
+      --seed "$seed" --dtype "$dtype" "${storage[@]}" --eval-interval "$iters" --eval-iters 200 \
+      --log-interval 100000 --quiet 2> "$out/$dtype$seed.log" &
   done
   wait || { cat "$out"/*"$seed".log >&2; exit 1; }
   f=$(val_of "$out/fp32$seed") b=$(val_of "$out/bf16$seed")

@@ -175,6 +175,13 @@ grep -Eq "^model: .*, bf16 (matmuls and attention on AMX-BF16|matmul operands ro
 # Attention takes bf16 operands by default where the CPU has AMX (else f32: rounding alone only costs time); the
 # checkpoint records which, and --attention-math bf16 asks for it on any CPU.
 if grep -q "and attention on AMX-BF16" "$dir/bf16.log"; then want_attention=bf16; else want_attention=f32; fi
+# Activations are stored in bf16 by default where the GEMM runs on AMX (else f32), and the model line says so.
+if grep -q "on AMX-BF16" "$dir/bf16.log"; then
+  grep -q "^model: .*, bf16 activations" "$dir/bf16.log" ||
+    fail "the model line does not say bf16 activations on AMX: $(grep '^model' "$dir/bf16.log")"
+elif grep -q "bf16 activations" "$dir/bf16.log"; then
+  fail "bf16 activations without AMX: $(grep '^model' "$dir/bf16.log")"
+fi
 "$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep -q "^numerics       bf16 matmul operands (--dtype bf16), $want_attention attention operands; on the GPU: bf16 matmuls" ||
   fail "info does not report bf16 with $want_attention attention: $("$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep numerics)"
 TINYGPT_CPU_BF16=f32 "$tinygpt" train --data "$dir/text.txt" --out "$dir/bf16_attn" --n-layer 1 --n-head 2 --n-embd 32 \

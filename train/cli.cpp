@@ -196,7 +196,8 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
                   "computes in f32 inside and rounds what it stores; weights, their gradients and the optimizer stay "
                   "f32, the layers reading bf16 copies written after each update). bf16 needs --dtype bf16 and runs on "
                   "the CPU only; attention reads q, k and v as stored, except with rope, QK-norm, score modifiers or "
-                  "documents, which run on f32 copies (default: f32)")
+                  "documents, which run on f32 copies (default: bf16 with --dtype bf16 on CPUs with AMX-BF16, else "
+                  "f32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");

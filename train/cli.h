@@ -19,7 +19,7 @@ struct NumericsFlags {
   std::string dtype;  // empty: the checkpoint's
   std::optional<bool> tf32;
   std::string attention_math;  // empty: the checkpoint's, or with --dtype that dtype's (default_attention_math)
-  std::string storage;         // empty: f32 (bf16_storage_of)
+  std::string storage;         // empty: the default (bf16_storage_of)
   bool operator==(const NumericsFlags&) const = default;
   Numerics over(const Numerics& checkpoint, Device device) const;
 };

@@ -216,7 +216,8 @@ std::string describe_model(const nn::GPT& model, Device device) {
                         n.attention != AttentionMath::F32
                             ? fmt::format(", {} tensor-core attention", attention_math_name(n.attention))
                             : "")
-          : fmt::format("{} threads{}", omp_get_max_threads(), n.bf16 ? cpu_bf16_description(n.attention) : "");
+          : fmt::format("{} threads{}{}", omp_get_max_threads(), n.bf16 ? cpu_bf16_description(n.attention) : "",
+                        n.bf16_storage ? ", bf16 activations" : "");
   const std::string switches = env::set_switches();  // kernels/env.h
   return fmt::format("model: {} layers, {} heads, {} wide, block {}, {:.2f}M parameters; {}{}\n", m.n_layer, m.n_head,
                      m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where,
