@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <random>
@@ -23,6 +24,26 @@ using tinygpt::cpu::gemm;
 using tinygpt::cpu::gemm_bf16;
 
 namespace {
+
+/// A product's shape (op(A) M x K, op(B) K x N) and extra elements on every leading dimension.
+struct Shape3 {
+  int64_t M, N, K, pad;
+};
+
+/// f(sh, ta, tb, lda, ldb, ldc) for every shape and every transpose of A and B, the case captured for failures.
+template <class F>
+void for_each_transpose(std::initializer_list<Shape3> shapes, F f) {
+  for (const Shape3 sh : shapes) {
+    for (const int t : {0, 1, 2, 3}) {
+      const bool ta = t & 1, tb = t & 2;
+      CAPTURE(sh.M);
+      CAPTURE(sh.N);
+      CAPTURE(sh.K);
+      CAPTURE(t);
+      f(sh, ta, tb, (ta ? sh.M : sh.K) + sh.pad, (tb ? sh.K : sh.N) + sh.pad, sh.N + sh.pad);
+    }
+  }
+}
 
 struct Case {
   bool ta, tb;
@@ -278,39 +299,30 @@ TEST_CASE("gemm on bf16 storage: bit for bit gemm<float> with bf16 operands, on 
   MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(tinygpt::cpu::bf16_kernel())));
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  struct Shape3 { int64_t M, N, K, pad; };
-  for (const Shape3 sh : {Shape3{1, 1, 1, 0}, Shape3{9, 17, 31, 3}, Shape3{33, 130, 33, 0}, Shape3{70, 65, 300, 5},
-                          Shape3{130, 300, 384, 1}}) {
-    for (const int t : {0, 1, 2, 3}) {
-      const bool ta = t & 1, tb = t & 2;
-      CAPTURE(sh.M);
-      CAPTURE(sh.N);
-      CAPTURE(sh.K);
-      CAPTURE(t);
-      const int64_t lda = (ta ? sh.M : sh.K) + sh.pad, ldb = (tb ? sh.K : sh.N) + sh.pad, ldc = sh.N + sh.pad;
-      const int64_t a_rows = ta ? sh.K : sh.M, b_rows = tb ? sh.N : sh.K;
-      std::vector<float> a(size_t(a_rows * lda)), b(size_t(b_rows * ldb)), bias(size_t(sh.N));
-      for (float& x : a) x = tinygpt::round_bf16(dist(rng));
-      for (float& x : b) x = tinygpt::round_bf16(dist(rng));
-      for (float& x : bias) x = dist(rng);
-      std::vector<tinygpt::bf16> a16(a.begin(), a.end()), b16(b.begin(), b.end());
-      for (const bool epilogue : {false, true}) {
-        std::vector<float> c_ref(size_t(sh.M * ldc)), c(size_t(sh.M * ldc));
-        for (size_t i = 0; i < c.size(); ++i) c[i] = c_ref[i] = dist(rng);
-        std::vector<float> act_ref(c.size()), act(c.size());
-        tinygpt::cpu::Epilogue<float> ep_ref, ep;
-        if (epilogue) {
-          ep_ref = {bias.data(), Activation::Gelu, act_ref.data(), nullptr};
-          ep = {bias.data(), Activation::Gelu, act.data(), nullptr};
-        }
-        const float beta = epilogue ? 0.0f : 0.5f;
-        gemm<float>(ta, tb, sh.M, sh.N, sh.K, 1.5f, a.data(), lda, b.data(), ldb, beta, c_ref.data(), ldc, true, ep_ref);
-        gemm(ta, tb, sh.M, sh.N, sh.K, 1.5f, a16.data(), lda, b16.data(), ldb, beta, c.data(), ldc, ep);
-        CHECK(c == c_ref);
-        if (epilogue) CHECK(act == act_ref);
+  for_each_transpose({{1, 1, 1, 0}, {9, 17, 31, 3}, {33, 130, 33, 0}, {70, 65, 300, 5}, {130, 300, 384, 1}},
+                     [&](const Shape3& sh, bool ta, bool tb, int64_t lda, int64_t ldb, int64_t ldc) {
+    const int64_t a_rows = ta ? sh.K : sh.M, b_rows = tb ? sh.N : sh.K;
+    std::vector<float> a(size_t(a_rows * lda)), b(size_t(b_rows * ldb)), bias(size_t(sh.N));
+    for (float& x : a) x = tinygpt::round_bf16(dist(rng));
+    for (float& x : b) x = tinygpt::round_bf16(dist(rng));
+    for (float& x : bias) x = dist(rng);
+    std::vector<tinygpt::bf16> a16(a.begin(), a.end()), b16(b.begin(), b.end());
+    for (const bool epilogue : {false, true}) {
+      std::vector<float> c_ref(size_t(sh.M * ldc)), c(size_t(sh.M * ldc));
+      for (size_t i = 0; i < c.size(); ++i) c[i] = c_ref[i] = dist(rng);
+      std::vector<float> act_ref(c.size()), act(c.size());
+      tinygpt::cpu::Epilogue<float> ep_ref, ep;
+      if (epilogue) {
+        ep_ref = {bias.data(), Activation::Gelu, act_ref.data(), nullptr};
+        ep = {bias.data(), Activation::Gelu, act.data(), nullptr};
       }
+      const float beta = epilogue ? 0.0f : 0.5f;
+      gemm<float>(ta, tb, sh.M, sh.N, sh.K, 1.5f, a.data(), lda, b.data(), ldb, beta, c_ref.data(), ldc, true, ep_ref);
+      gemm(ta, tb, sh.M, sh.N, sh.K, 1.5f, a16.data(), lda, b16.data(), ldb, beta, c.data(), ldc, ep);
+      CHECK(c == c_ref);
+      if (epilogue) CHECK(act == act_ref);
     }
-  }
+  });
 }
 
 TEST_CASE("gemm on bf16 storage stored in bf16 (Bf16Out): the f32 result and its epilogue, rounded once, bit for bit") {
@@ -322,54 +334,45 @@ TEST_CASE("gemm on bf16 storage stored in bf16 (Bf16Out): the f32 result and its
   MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(tinygpt::cpu::bf16_kernel())));
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  struct Shape3 { int64_t M, N, K, pad; };
-  for (const Shape3 sh : {Shape3{3, 40, 50, 1}, Shape3{70, 65, 300, 5}, Shape3{130, 300, 384, 0},
-                          Shape3{40, 1100, 2100, 0}}) {
-    for (const int t : {0, 1, 2, 3}) {
-      const bool ta = t & 1, tb = t & 2;
-      CAPTURE(sh.M);
-      CAPTURE(sh.N);
-      CAPTURE(sh.K);
-      CAPTURE(t);
-      const int64_t lda = (ta ? sh.M : sh.K) + sh.pad, ldb = (tb ? sh.K : sh.N) + sh.pad, ld = sh.N + sh.pad;
-      std::vector<bf16> a(size_t((ta ? sh.K : sh.M) * lda)), b(size_t((tb ? sh.N : sh.K) * ldb));
-      std::vector<float> bias(size_t(sh.N));
-      for (bf16& x : a) x = dist(rng);
-      for (bf16& x : b) x = dist(rng);
-      for (float& x : bias) x = dist(rng);
-      std::vector<float> c(size_t(sh.M * ld));
-      gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ld);
-      std::vector<bf16> held(c.size()), of(c.size());
-      for (size_t i = 0; i < c.size(); ++i) held[i] = dist(rng), of[i] = dist(rng);
-      for (const int mode : {0, 1, 2}) {  // plain; forward with bias and GELU; backward through GELU, accumulating
-        CAPTURE(mode);
-        std::vector<bf16> out = held, act(c.size(), bf16(0.0f)), want = held, want_act = act;
-        Bf16Out o{out.data(), ld, mode == 2};
-        tinygpt::cpu::Epilogue<float> ep;
-        if (mode == 1) ep.bias = bias.data(), ep.act = Activation::Gelu, o.act_out = act.data();
-        if (mode == 2) ep.act = Activation::Gelu, o.act_of = of.data();
-        ep.out16 = &o;
-        gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, nullptr, ld, ep);
-        // Each step a pass of its own, so no multiply-add is fused across steps (the kernel's passes are separate).
-        std::vector<float> x = c;
-        for (int64_t i = 0; i < sh.M && mode == 1; ++i)
-          for (int64_t j = 0; j < sh.N; ++j) x[size_t(i * ld + j)] += bias[size_t(j)];
-        for (size_t i = 0; i < x.size() && mode == 2; ++i)
-          x[i] *= tinygpt::cpu::activation_grad_of(Activation::Gelu, float(of[i]));
-        for (size_t i = 0; i < x.size() && mode == 2; ++i) x[i] += float(held[i]);
-        for (int64_t i = 0; i < sh.M; ++i) {
-          for (int64_t j = 0; j < sh.N; ++j) {
-            const size_t at = size_t(i * ld + j);
-            want[at] = x[at];
-            if (mode == 1) want_act[at] = tinygpt::cpu::activation_of(Activation::Gelu, x[at]);
-          }
+  for_each_transpose({{3, 40, 50, 1}, {70, 65, 300, 5}, {130, 300, 384, 0}, {40, 1100, 2100, 0}},
+                     [&](const Shape3& sh, bool ta, bool tb, int64_t lda, int64_t ldb, int64_t ld) {
+    std::vector<bf16> a(size_t((ta ? sh.K : sh.M) * lda)), b(size_t((tb ? sh.N : sh.K) * ldb));
+    std::vector<float> bias(size_t(sh.N));
+    for (bf16& x : a) x = dist(rng);
+    for (bf16& x : b) x = dist(rng);
+    for (float& x : bias) x = dist(rng);
+    std::vector<float> c(size_t(sh.M * ld));
+    gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ld);
+    std::vector<bf16> held(c.size()), of(c.size());
+    for (size_t i = 0; i < c.size(); ++i) held[i] = dist(rng), of[i] = dist(rng);
+    for (const int mode : {0, 1, 2}) {  // plain; forward with bias and GELU; backward through GELU, accumulating
+      CAPTURE(mode);
+      std::vector<bf16> out = held, act(c.size(), bf16(0.0f)), want = held, want_act = act;
+      Bf16Out o{out.data(), ld, mode == 2};
+      tinygpt::cpu::Epilogue<float> ep;
+      if (mode == 1) ep.bias = bias.data(), ep.act = Activation::Gelu, o.act_out = act.data();
+      if (mode == 2) ep.act = Activation::Gelu, o.act_of = of.data();
+      ep.out16 = &o;
+      gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, nullptr, ld, ep);
+      // Each step a pass of its own, so no multiply-add is fused across steps (the kernel's passes are separate).
+      std::vector<float> x = c;
+      for (int64_t i = 0; i < sh.M && mode == 1; ++i)
+        for (int64_t j = 0; j < sh.N; ++j) x[size_t(i * ld + j)] += bias[size_t(j)];
+      for (size_t i = 0; i < x.size() && mode == 2; ++i)
+        x[i] *= tinygpt::cpu::activation_grad_of(Activation::Gelu, float(of[i]));
+      for (size_t i = 0; i < x.size() && mode == 2; ++i) x[i] += float(held[i]);
+      for (int64_t i = 0; i < sh.M; ++i) {
+        for (int64_t j = 0; j < sh.N; ++j) {
+          const size_t at = size_t(i * ld + j);
+          want[at] = x[at];
+          if (mode == 1) want_act[at] = tinygpt::cpu::activation_of(Activation::Gelu, x[at]);
         }
-        bool same = true;
-        for (size_t i = 0; i < out.size(); ++i) same = same && out[i].bits == want[i].bits && act[i].bits == want_act[i].bits;
-        CHECK(same);
       }
+      bool same = true;
+      for (size_t i = 0; i < out.size(); ++i) same = same && out[i].bits == want[i].bits && act[i].bits == want_act[i].bits;
+      CHECK(same);
     }
-  }
+  });
 }
 
 bool cpu_has_amx() {
