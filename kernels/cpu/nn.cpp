@@ -169,9 +169,17 @@ void add_layernorm_forward<bf16>(bf16* sum, bf16* out, float* mean, float* rstd,
     for (int64_t n = 0; n < N; ++n) {
       widen_range(x.data(), a + n * C, C);
       widen_range(r.data(), b + n * C, C);
-      for (int64_t c = 0; c < C; ++c) {
-        const bool keep = p == 0.0f || stream.keep(n * C + c, p);
-        x[size_t(c)] += keep ? (p == 0.0f ? r[size_t(c)] : r[size_t(c)] * scale) : 0.0f;
+      float* xs = x.data();
+      const float* rs = r.data();
+      if (p == 0.0f) {
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) xs[c] += rs[c];
+      } else if (uint64_t((n + 1) * C) <= uint64_t(1) << 32) {  // the row's elements all on the first key: vectorizes
+        const uint32_t i0 = uint32_t(n * C);
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) xs[c] += dropout_uniform(stream.key0, i0 + uint32_t(c)) >= p ? rs[c] * scale : 0.0f;
+      } else {
+        for (int64_t c = 0; c < C; ++c) xs[c] += stream.keep(n * C + c, p) ? rs[c] * scale : 0.0f;
       }
       // The norm reads the sum as stored (rounded), as its backward will.
       round_range(sum + n * C, x.data(), C);
