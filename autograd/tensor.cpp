@@ -123,6 +123,7 @@ class HostCache {
   void* allocate(size_t bytes) {
     if (enabled_ && bytes >= kMinBytes) {
       std::lock_guard lock(mutex_);
+      const size_t peak_before = peak_in_use_;
       in_use_ += bytes;
       peak_in_use_ = std::max(peak_in_use_, in_use_);
       if (auto it = free_.find(bytes); it != free_.end() && !it->second.empty()) {
@@ -146,8 +147,9 @@ class HostCache {
         release_locked();
         p = map(bytes);
       }
-      if (p == nullptr) {
+      if (p == nullptr) {  // as if never asked for
         in_use_ -= bytes;
+        peak_in_use_ = peak_before;
         throw std::bad_alloc();
       }
       return p;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "autograd/attention.h"
+#include "autograd/autograd.h"
 #include "autograd/ops.h"
 
 namespace tinygpt::test {
@@ -54,8 +55,18 @@ inline void check_bf16_attention_tracks_f32(Device device, bool lean, int64_t E,
   qkv_b.requires_grad_();
   const Tensor out_b = fused_self_attention(qkv_b, NH, NKV, o).out;
   CHECK(out_b.dtype() == DType::BF16);
-  // Lean calls run the kernels on bf16 storage; the others cast their operands and output (one f32 copy of qkv).
+  // Lean calls run the kernels on bf16 storage; the others cast their operands and output, the fused qkv once: the
+  // f32 attention's q, k and v are views of one f32 copy.
   CHECK(std::string(out_b.op_name()) == (lean ? "attention_flash_bf16" : "cast"));
+  if (!lean) {
+    const auto& cast_node = out_b.impl_ptr()->grad_fn;
+    REQUIRE(cast_node);
+    const auto& attention_node = cast_node->inputs.at(0).impl_ptr()->grad_fn;
+    REQUIRE(attention_node);
+    CHECK(std::string(attention_node->name) == "attention_flash");
+    CHECK(attention_node->inputs.at(0).impl_ptr() == attention_node->inputs.at(1).impl_ptr());
+    CHECK(attention_node->inputs.at(0).impl_ptr() == attention_node->inputs.at(2).impl_ptr());
+  }
   Tensor dout_b = dout32.to(DType::BF16);
   if (misaligned_dout) {
     const Tensor buffer = zeros({dout_b.numel() + 1}, DType::BF16, device);

@@ -190,12 +190,14 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
 
 namespace {
 
-/// Relative positions (Shaw's) and additive masks are read in the storage type: bf16 storage takes neither.
+/// Additive masks and the tables of relative positions (Shaw's) and of T5's bias are read and written in the kernels'
+/// math type: bf16 storage takes none of them (its op sends such calls through f32).
 template <class T, class S>
 void check_storage_call(const T* mask, const AttentionGeom& g, const char* who) {
   if constexpr (!std::is_same_v<S, T>) {
-    if (mask != nullptr || g.mods.rel_k != nullptr || g.mods.rel_v != nullptr) {
-      throw Error(std::string(who) + ": bf16 storage takes no additive mask and no relative positions "
+    const ScoreMods& m = g.mods;
+    if (mask != nullptr || m.rel_k != nullptr || m.rel_v != nullptr || m.t5_bias != nullptr || m.d_t5_bias != nullptr) {
+      throw Error(std::string(who) + ": bf16 storage takes no additive mask, relative positions or T5 bias "
                                      "(kernels/attention.h, flash_bf16_takes)");
     }
   }

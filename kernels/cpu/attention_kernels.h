@@ -31,7 +31,7 @@ void attention_flash_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
                               const T* lse, const T* mask, const uint8_t* key_padding, const AttentionGeom& g);
 
 /// Flash forward on bf16 storage: out (bf16, strides g.o_stride) and lse (f32) of bf16 q, k, v, without an additive
-/// mask or relative positions (any head dim, stride or alignment); the CPU twin of the GPU kernel
+/// mask, relative positions or T5 bias (any head dim, stride or alignment); the CPU twin of the GPU kernel
 /// (kernels/cuda/flash_bf16.cuh) on the calls flash_bf16_takes accepts. The f32 flash kernel with bf16 operands
 /// (g.math = BF16), each K, V (and Q) tile widened in the thread's scratch as it is loaded, each output row rounded once.
 void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,

@@ -531,10 +531,12 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   const int64_t group_k = std::min(K, ceil_div(kb_total, ceil_div(kb_total, kb_cap)) * kc_blk);
   const bool to16 = ep.out16 != nullptr;
   if constexpr (std::is_same_v<T, float>) {
-    if (to16 && group_k < K) {  // K in several groups: C in f32 (scratch), then rounded
-      float* const full = scratch<float, 2>(M * N);
-      gemm_blocked<Cfg, T, S>(ta, tb, M, N, K, alpha, A, lda, B, ldb, T(0), full, N, nt, bf16, Epilogue<T>{});
-      return bf16_out_rows(ep, full, N, M, N);
+    if (to16 && group_k < K) {
+      // K in several groups (K x N past the op(B) slab: weight gradients over many tokens, wide layers): C in f32,
+      // then rounded. A buffer of this call's own, not kept, so a wide layer leaves no f32 product behind.
+      std::vector<float> full(size_t(M * N));
+      gemm_blocked<Cfg, T, S>(ta, tb, M, N, K, alpha, A, lda, B, ldb, T(0), full.data(), N, nt, bf16, Epilogue<T>{});
+      return bf16_out_rows(ep, full.data(), N, M, N);
     }
   }
   // Row blocks: as many as MC requires, rounded up to a multiple of the thread count so the dynamic claiming ends
