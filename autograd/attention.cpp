@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <limits>
 #include <type_traits>
-#include <utility>
 
 #include "autograd/op_helpers.h"
 #include "autograd/ops.h"
@@ -225,17 +223,11 @@ AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const Hea
   const bool takes = qb.device() == Device::CPU || flash_bf16_takes(g, qp, kp, vp, out.data<bf16>());
   if (!lean || !takes) {
     // One f32 copy per distinct base: a fused qkv's three views stay views of one tensor (and keep qkv_partition).
-    auto widened = [&](const HeadsView& x, std::initializer_list<std::pair<const HeadsView*, const HeadsView*>> done) {
-      HeadsView w = x;
-      w.base = Tensor();
-      for (const auto& [original, copy] : done) {
-        if (original->base.impl_ptr() == x.base.impl_ptr()) w.base = copy->base;
-      }
-      if (!w.base.defined()) w.base = cast(x.base, DType::F32);
-      return w;
-    };
-    const HeadsView q32 = widened(q, {}), k32 = widened(k, {{&q, &q32}});
-    const HeadsView v32 = widened(v, {{&q, &q32}, {&k, &k32}});
+    HeadsView q32 = q, k32 = k, v32 = v;
+    q32.base = cast(q.base, DType::F32);
+    const auto same = [](const HeadsView& a, const HeadsView& b) { return a.base.impl_ptr() == b.base.impl_ptr(); };
+    k32.base = same(k, q) ? q32.base : cast(k.base, DType::F32);
+    v32.base = same(v, q) ? q32.base : same(v, k) ? k32.base : cast(v.base, DType::F32);
     AttentionOptions o32 = o;
     if (o32.attn_mask.defined() && o32.attn_mask.dtype() == DType::BF16) o32.attn_mask = o32.attn_mask.to(DType::F32);
     AttentionResult r = attention(q32, k32, v32, out_heads_last, o32, qkv_partition);
