@@ -23,6 +23,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
+#include <iterator>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -264,42 +266,61 @@ int run_mods_table(bool quick, int rounds) {
   return 0;
 }
 
-/// The CPU's bf16 table: flash attention with f32 operands against bf16 ones (AttentionMath::BF16: tile products on
-/// AMX-BF16 where the CPU has it, else rounded for the f32 units), forward+backward timed alternately `rounds` times
-/// on the training shapes of the main job (B=12, NH=4, T=128, E=32) and of nanoGPT's 6-layer config (B=64, NH=6,
-/// T=256, E=64), and at T=1024.
+/// The CPU's bf16 table: flash attention forward+backward with f32 operands, bf16 operands on f32 tensors
+/// (AttentionMath::BF16: tile products on AMX-BF16 where the CPU has it, else rounded for the f32 units), bf16 tensors
+/// (bf16 storage), and bf16 tensors with dropout 0.2 (the training runs' setting), timed in turn `rounds` times on the
+/// training shapes of the main job (B=12, NH=4, T=128, E=32) and of nanoGPT's 6-layer config (B=64, NH=6, T=256,
+/// E=64), and at T=1024. GF/s counts 3.5 x the causal forward's 2 T^2 E / 2 per head (nanoGPT's count).
 int run_bf16_table(int rounds) {
-  fmt::print("threads: {}, bf16 products on {}\n{:<26} {:>26} {:>26} {:>8} {:>12}\n", omp_get_max_threads(),
-             cpu::bf16_kernel_name(cpu::bf16_kernel()), "shape (causal)", "f32 fwd+bwd ms (min/med/max)",
-             "bf16 (min/med/max)", "speed-up", "bf16 GF/s");
+  fmt::print("threads: {}, bf16 products on {}\n{:<26} {:<24} {:>8} {:>8} {:>8} {:>9} {:>9}\n", omp_get_max_threads(),
+             cpu::bf16_kernel_name(cpu::bf16_kernel()), "shape (causal)", "operands", "min ms", "median", "max",
+             "vs f32", "GF/s");
   struct Shape4 {
     int64_t B, NH, T, E;
   };
+  struct Variant {
+    const char* name;
+    AttentionMath math;
+    bool storage;
+    double dropout;
+  };
+  const Variant variants[] = {{"f32", AttentionMath::F32, false, 0.0},
+                              {"bf16 on f32 tensors", AttentionMath::BF16, false, 0.0},
+                              {"bf16 tensors", AttentionMath::BF16, true, 0.0},
+                              {"bf16 tensors, dropout 0.2", AttentionMath::BF16, true, 0.2}};
   for (const Shape4 sh : {Shape4{12, 4, 128, 32}, Shape4{64, 6, 256, 64}, Shape4{4, 6, 1024, 64}}) {
     Generator gen(1);
     auto input = [&] { return randn({sh.B, sh.NH, sh.T, sh.E}, gen); };
-    Tensor q = input(), k = input(), v = input();
-    for (Tensor* t : {&q, &k, &v}) t->requires_grad_();
-    const Tensor dout = input();
-    AttentionOptions f32, bf16;
-    f32.is_causal = bf16.is_causal = true;
-    f32.impl = bf16.impl = AttentionImpl::Flash;
-    bf16.numerics.attention = AttentionMath::BF16;
-    auto timed = [&](const AttentionOptions& o) {
-      const auto t0 = std::chrono::steady_clock::now();
-      scaled_dot_product_attention(q, k, v, o).out.backward(dout);
-      return seconds_since(t0) * 1e3;
-    };
-    std::vector<double> a, b;
-    for (int r = 0; r < rounds + 1; ++r) {
-      const double ta = timed(f32), tb = timed(bf16);
-      if (r > 0) a.push_back(ta), b.push_back(tb);  // the first round warms up
+    const Tensor q = input(), k = input(), v = input(), dout = input();
+    const size_t nv = std::size(variants);
+    std::vector<std::array<Tensor, 4>> in(nv);  // q, k, v, dout per variant
+    std::vector<AttentionOptions> opts(nv);
+    for (size_t i = 0; i < nv; ++i) {
+      const DType dt = variants[i].storage ? DType::BF16 : DType::F32;
+      in[i] = {q.to(dt), k.to(dt), v.to(dt), dout.to(dt)};
+      for (int j = 0; j < 3; ++j) in[i][size_t(j)].requires_grad_();
+      opts[i].is_causal = true;
+      opts[i].impl = AttentionImpl::Flash;
+      opts[i].numerics.attention = variants[i].math;
+      opts[i].dropout_p = variants[i].dropout;
+      opts[i].dropout_seed = 7;
     }
-    const Spread sa = spread(a), sb = spread(b);
+    std::vector<std::vector<double>> ms(nv);
+    for (int r = 0; r < rounds + 1; ++r) {
+      for (size_t i = 0; i < nv; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        scaled_dot_product_attention(in[i][0], in[i][1], in[i][2], opts[i]).out.backward(in[i][3]);
+        if (r > 0) ms[i].push_back(seconds_since(t0) * 1e3);  // the first round warms up
+      }
+    }
     const double flops = 3.5 * 4.0 * double(sh.B * sh.NH) * double(sh.T * sh.T) * double(sh.E) * 0.5;
-    fmt::print("{:<26} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.2f}x {:>12.1f}\n",
-               fmt::format("B={} NH={} T={} E={}", sh.B, sh.NH, sh.T, sh.E), sa.min, sa.median, sa.max, sb.min,
-               sb.median, sb.max, sa.median / sb.median, flops / (sb.median * 1e-3) / 1e9);
+    const double f32_median = spread(ms[0]).median;
+    for (size_t i = 0; i < nv; ++i) {
+      const Spread s = spread(ms[i]);
+      fmt::print("{:<26} {:<24} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f}x {:>9.1f}\n",
+                 fmt::format("B={} NH={} T={} E={}", sh.B, sh.NH, sh.T, sh.E), variants[i].name, s.min, s.median,
+                 s.max, f32_median / s.median, flops / (s.median * 1e-3) / 1e9);
+    }
     std::fflush(stdout);
   }
   return 0;
@@ -344,7 +365,8 @@ int main(int argc, char** argv) {
                  "  --quick: T up to 1024 and no long case.\n"
                  "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n"
                  "  --mods: the score modifiers' table (each over plain causal flash attention; a window at T=16384).\n"
-                 "  --bf16: on the CPU, flash with bf16 operands against f32 on the training shapes (5 rounds); on\n"
+                 "  --bf16: on the CPU, flash with f32 operands, bf16 operands, bf16 tensors (and with dropout 0.2) on\n"
+                 "          the training shapes (5 rounds); on\n"
                  "          CUDA, only the bf16 rows (bf16 operands on f32 tensors, and bf16 tensors).\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
