@@ -232,14 +232,13 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
   {
     // Per thread: Q^T tile, key-major score tile, output accumulator, and per-query m, l, exp(m_old - m_new);
     // with modifiers, the biases per distance and the probabilities per clipped distance (Pbar, unnormalized).
-    std::vector<T> qt(size_t(g.E * Br)), st(size_t(Bc * Br)), o(size_t(Br * g.Ev));
+    std::vector<T> st(size_t(Bc * Br)), o(size_t(Br * g.Ev));
     std::vector<T> m(static_cast<size_t>(Br)), l(static_cast<size_t>(Br)), m_sub(static_cast<size_t>(Br)),
         alpha(static_cast<size_t>(Br)), sums(static_cast<size_t>(Br));
     std::vector<T> pbar(rel_probs ? size_t(Br * W) : 0);
-    std::vector<T> k_tile, v_tile;  // bf16 storage: the key tile's K and V rows, widened
     DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
     ModScratch<T> scratch;
-    TileProducts<T> product(g);
+    TileProducts<T, S> product(g);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       // Last query tiles first: under a causal mask they see the most keys, so the dynamic schedule ends evenly.
@@ -247,7 +246,7 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
       const int64_t t0 = (n_qtiles - 1 - task % n_qtiles) * Br;
       const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
       drop.fill(g, b, h, t0);
-      pack_transposed(qt.data(), Br, at(q, g.q_stride, b, h, t0), g.q_stride[2], nr, g.E);
+      product.hold_transposed(0, at(q, g.q_stride, b, h, t0), g.q_stride[2], nr, n_pad, g.E);  // Q^T
       std::fill(o.begin(), o.end(), T(0));
       std::fill(m.begin(), m.end(), kNegInf<T>);
       std::fill(l.begin(), l.end(), T(0));
@@ -257,9 +256,7 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
       for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
         const int64_t nc = std::min(Bc, s_end - s0);
         if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-        int64_t kld, vld;
-        const T* k0 = rows_as(k_tile, at(k, g.k_stride, b, kvh, s0), g.k_stride[2], nc, g.E, kld);
-        product(st.data(), Br, k0, kld, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
+        product(st.data(), Br, Strided<S>{at(k, g.k_stride, b, kvh, s0), g.k_stride[2], 1}, 0, nc, g.E, n_pad, false);
         if (mods) {
           ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch).logits_key_major(st.data(), Br, n_pad, mask, key_padding);
         } else {
@@ -305,8 +302,8 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
         }
         if (rel_probs) add_rel_probs(pbar.data(), st.data(), Br, t0, nr, s0, nc, g, scratch.pbar_ends);
         // O += P V, P read transposed out of the key-major tile.
-        const T* v0 = rows_as(v_tile, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nc, g.Ev, vld);
-        product(o.data(), g.Ev, st.data(), int64_t(1), Br, v0, vld, nr, nc, g.Ev, true);
+        product(o.data(), g.Ev, Strided<T>{st.data(), 1, Br}, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc, g.Ev,
+                true);
       }
       for (int64_t i = 0; i < nr; ++i) {
         S* orow = at(out, g.o_stride, b, h, t0 + i);
@@ -368,11 +365,10 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
     const int64_t n_ktiles = ceil_div(g.S, Bc), tasks = g.B * g.NKV * n_ktiles;
 #pragma omp parallel if (parallel)
     {
-      std::vector<T> kt(size_t(g.E * Bc)), vt(size_t(g.Ev * Bc)), s(size_t(Br * Bc)), dp(size_t(Br * Bc));
+      std::vector<T> s(size_t(Br * Bc)), dp(size_t(Br * Bc));
       std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev));
-      std::vector<T> q_tile, do_tile;  // bf16 storage: the query tile's Q and dO rows, widened
       ModScratch<T> scratch;
-      TileProducts<T> product(g);
+      TileProducts<T, S> product(g);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task / (g.NKV * n_ktiles), kvh = task / n_ktiles % g.NKV, s0 = task % n_ktiles * Bc;
@@ -380,19 +376,18 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
         // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
         const int64_t t_first = query_begin(g, s0), t_end = query_end(g, s0 + nc - 1);
         if (t_first >= t_end) continue;
-        pack_transposed(kt.data(), Bc, at(k, g.k_stride, b, kvh, s0), ks, nc, g.E);
-        pack_transposed(vt.data(), Bc, at(v, g.v_stride, b, kvh, s0), vs, nc, g.Ev);
+        product.hold_transposed(0, at(k, g.k_stride, b, kvh, s0), ks, nc, nc_pad, g.E);   // K^T
+        product.hold_transposed(1, at(v, g.v_stride, b, kvh, s0), vs, nc, nc_pad, g.Ev);  // V^T
         std::fill(dk_acc.begin(), dk_acc.end(), T(0));
         std::fill(dv_acc.begin(), dv_acc.end(), T(0));
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
           for (int64_t t0 = t_first / Br * Br; t0 < t_end; t0 += Br) {
             const int64_t nr = std::min(Br, g.T - t0);
             if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-            int64_t qld, old;
-            const T* q0 = rows_as(q_tile, at(q, g.q_stride, b, h, t0), qs, nr, g.E, qld);
-            const T* do0 = rows_as(do_tile, at(dout, g.o_stride, b, h, t0), os, nr, g.Ev, old);
-            product(s.data(), Bc, q0, qld, int64_t(1), kt.data(), Bc, nr, g.E, nc_pad, false);
-            product(dp.data(), Bc, do0, old, int64_t(1), vt.data(), Bc, nr, g.Ev, nc_pad, false);
+            const S* q0 = at(q, g.q_stride, b, h, t0);
+            const S* do0 = at(dout, g.o_stride, b, h, t0);
+            product(s.data(), Bc, Strided<S>{q0, qs, 1}, 0, nr, g.E, nc_pad, false);
+            product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false);
             if (mods) {
               ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
                   .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding);
@@ -400,8 +395,8 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
               query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
             }
             // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed.
-            if (dv) product(dv_acc.data(), g.Ev, s.data(), int64_t(1), Bc, do0, old, nc, nr, g.Ev, true);
-            if (dk) product(dk_acc.data(), g.E, dp.data(), int64_t(1), Bc, q0, qld, nc, nr, g.E, true);
+            if (dv) product(dv_acc.data(), g.Ev, Strided<T>{s.data(), 1, Bc}, do0, os, nc, nr, g.Ev, true);
+            if (dk) product(dk_acc.data(), g.E, Strided<T>{dp.data(), 1, Bc}, q0, qs, nc, nr, g.E, true);
           }
         }
         for (int64_t j = 0; j < nc; ++j) {
@@ -422,13 +417,12 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
     constexpr int64_t L = kLanes<T>;
 #pragma omp parallel if (parallel)
     {
-      std::vector<T> qt(size_t(g.E * Br)), dot_(size_t(g.Ev * Br)), st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
+      std::vector<T> st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
       std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
       std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
-      std::vector<T> k_tile, v_tile;  // bf16 storage: the key tile's K and V rows, widened
       DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
       ModScratch<T> scratch;
-      TileProducts<T> product(g);
+      TileProducts<T, S> product(g);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t b = task / (g.NH * n_qtiles), h = task / n_qtiles % g.NH;
@@ -439,8 +433,8 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
         drop.fill(g, b, h, t0);
         T* const dt5 = t5_partial.empty() ? nullptr : t5_partial.data() + task * buckets;
         std::fill(by_distance.begin(), by_distance.end(), T(0));
-        pack_transposed(qt.data(), Br, at(q, g.q_stride, b, h, t0), qs, nr, g.E);
-        pack_transposed(dot_.data(), Br, at(dout, g.o_stride, b, h, t0), os, nr, g.Ev);
+        product.hold_transposed(0, at(q, g.q_stride, b, h, t0), qs, nr, n_pad, g.E);      // Q^T
+        product.hold_transposed(1, at(dout, g.o_stride, b, h, t0), os, nr, n_pad, g.Ev);  // dO^T
         for (int64_t i = 0; i < n_pad; ++i) {
           // +inf for a query with no visible key (and for padding lanes): exp(x - inf) = 0 whatever x is.
           const T L_i = i < nr ? lse[(b * g.NH + h) * g.T + t0 + i] : kNegInf<T>;
@@ -451,11 +445,9 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
         for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
           const int64_t nc = std::min(Bc, s_end - s0);
           if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-          int64_t kld, vld;
-          const T* k0 = rows_as(k_tile, at(k, g.k_stride, b, kvh, s0), ks, nc, g.E, kld);
-          const T* v0 = rows_as(v_tile, at(v, g.v_stride, b, kvh, s0), vs, nc, g.Ev, vld);
-          product(st.data(), Br, k0, kld, int64_t(1), qt.data(), Br, nc, g.E, n_pad, false);
-          product(dpt.data(), Br, v0, vld, int64_t(1), dot_.data(), Br, nc, g.Ev, n_pad, false);
+          const S* k0 = at(k, g.k_stride, b, kvh, s0);
+          product(st.data(), Br, Strided<S>{k0, ks, 1}, 0, nc, g.E, n_pad, false);
+          product(dpt.data(), Br, Strided<S>{at(v, g.v_stride, b, kvh, s0), vs, 1}, 1, nc, g.Ev, n_pad, false);
           if (mods) {
             ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
                 .probs_and_ds_key_major(st.data(), dpt.data(), Br, n_pad, lse_t.data(), D_t.data(), mask, key_padding,
@@ -479,7 +471,7 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
             }
           }
           // dQ += dS K, dS read transposed out of the key-major tile.
-          if (dq) product(dq_acc.data(), g.E, dpt.data(), int64_t(1), Br, k0, kld, nr, nc, g.E, true);
+          if (dq) product(dq_acc.data(), g.E, Strided<T>{dpt.data(), 1, Br}, k0, ks, nr, nc, g.E, true);
         }
         for (size_t k = 0; k < by_distance.size() && dt5; ++k) dt5[position.bucket_rev[k]] += by_distance[k];
         if (!dq) continue;

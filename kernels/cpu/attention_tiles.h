@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -200,51 +201,6 @@ inline void round_row(float* __restrict dst, const float* __restrict src, int64_
   for (int64_t i = 0; i < n; ++i) dst[i] = round_bf16(src[i]);
 }
 
-/// The flash kernels' tile products, one per thread: matmul_tile, or with bf16 attention math (AttentionMath::BF16,
-/// float only) each operand rounded to bf16 and the products summed in f32, as PyTorch's CPU autocast computes them:
-/// on AMX-BF16 tiles where gemm's bf16 products run there (bf16_kernel()), else rounded into scratch for the f32 units.
-template <class T>
-class TileProducts {
- public:
-  explicit TileProducts(const AttentionGeom& g) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (g.math != AttentionMath::BF16) return;
-      if (bf16_kernel() == Bf16Kernel::Amx) {
-        amx_.emplace();
-      } else {
-        round_ = true;
-      }
-    }
-  }
-
-  /// C (M x N, row stride ldc) (+)= A (M x K, element (r, k) at A[r * ars + k * aks]; ars or aks is 1) @ B (K x N,
-  /// row stride ldb).
-  void operator()(T* C, int64_t ldc, const T* A, int64_t ars, int64_t aks, const T* B, int64_t ldb, int64_t M,
-                  int64_t K, int64_t N, bool accumulate) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (amx_) return amx_->product(C, ldc, A, ars, aks, B, ldb, M, K, N, accumulate);
-      if (round_) {
-        ra_.resize(size_t(M * K));
-        rb_.resize(size_t(K * N));
-        const bool k_contig = aks == 1;  // the rounded copy keeps A's orientation: rows of K, or columns of M
-        if (k_contig) {
-          for (int64_t r = 0; r < M; ++r) round_row(ra_.data() + r * K, A + r * ars, K);
-        } else {
-          for (int64_t k = 0; k < K; ++k) round_row(ra_.data() + k * M, A + k * aks, M);
-        }
-        for (int64_t k = 0; k < K; ++k) round_row(rb_.data() + k * N, B + k * ldb, N);
-        return matmul_tile(C, ldc, ra_.data(), k_contig ? K : 1, k_contig ? 1 : M, rb_.data(), N, M, K, N, accumulate);
-      }
-    }
-    matmul_tile(C, ldc, A, ars, aks, B, ldb, M, K, N, accumulate);
-  }
-
- private:
-  std::optional<AmxTiles> amx_;
-  bool round_ = false;
-  std::vector<T> ra_, rb_;
-};
-
 /// dst (D x ld) = rows [0, n) of src (row stride src_stride, D contiguous features) transposed; columns
 /// [n, round_up(n, kCols)) are zeroed so the tile products can run whole register blocks. Rows of bf16 storage (S)
 /// are widened as they are packed.
@@ -258,22 +214,117 @@ void pack_transposed(T* dst, int64_t ld, const S* src, int64_t src_stride, int64
   for (int64_t d = 0; d < D; ++d) std::fill(dst + d * ld + n, dst + d * ld + n_pad, T(0));
 }
 
-/// Rows [0, n) of `dim` features of an operand stored as S (row stride `stride`), as the tile products read them in
-/// T: the rows themselves where S is T (ld = stride), else widened into the thread's `buf` (ld = dim). A tile of
-/// bf16 storage is widened where it is used, so no f32 copy of a whole operand is ever made.
-template <class T, class S>
-const T* rows_as(std::vector<T>& buf, const S* src, int64_t stride, int64_t n, int64_t dim, int64_t& ld) {
-  if constexpr (std::is_same_v<S, T>) {
-    ld = stride;
-    return src;
-  } else {
-    static_assert(std::is_same_v<S, bf16> && std::is_same_v<T, float>, "bf16 storage is read in f32");
-    if (buf.size() < size_t(n * dim)) buf.resize(size_t(n * dim));
-    for (int64_t r = 0; r < n; ++r) widen_range(buf.data() + r * dim, src + r * stride, dim);
-    ld = dim;
-    return buf.data();
+/// An operand of a tile product read where it lies: element (r, c) at p[r * rs + c * cs]; rs or cs is 1.
+template <class X>
+struct Strided {
+  const X* p;
+  int64_t rs, cs;
+};
+
+/// The flash kernels' tile products, one per thread, on operands stored as S (T, or bf16 for f32 math): C (+)= A @ B,
+/// A read where it lies (rows of Q, K, V or dO; a score tile), B either held (X^T of a tile of rows, prepared once
+/// and used by several products) or rows of storage. With f32 math on bf16 operands (AttentionMath::BF16, float
+/// only) each operand is rounded to bf16 and the products summed in f32, as PyTorch's CPU autocast computes them: on
+/// AMX-BF16 tiles where gemm's bf16 products run there (bf16_kernel()), packed straight from storage (bf16 as it
+/// lies, f32 rounded as packed); else rounded (or widened from bf16) into scratch for the f32 micro-kernel.
+template <class T, class S = T>
+class TileProducts {
+ public:
+  static constexpr int kHeld = 2;  // B operands held at once
+
+  explicit TileProducts(const AttentionGeom& g) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (g.math != AttentionMath::BF16) return;
+      if (bf16_kernel() == Bf16Kernel::Amx) {
+        amx_.emplace();
+      } else {
+        round_ = true;
+      }
+    }
   }
-}
+
+  /// Holds X^T as B operand `i` of the products that follow: X's rows [0, n) of `dim` features (row stride `stride`)
+  /// as a dim x n_pad operand, columns [n, n_pad) zero.
+  void hold_transposed(int i, const S* X, int64_t stride, int64_t n, int64_t n_pad, int64_t dim) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (amx_) return amx_->pack_b(i, X, 1, stride, dim, n);
+    }
+    std::vector<T>& buf = held_[size_t(i)];
+    buf.resize(size_t(dim * n_pad));
+    pack_transposed(buf.data(), n_pad, X, stride, n, dim);
+    if constexpr (std::is_same_v<S, T>) {
+      if (round_) for (T& x : buf) x = round_bf16(x);
+    }
+    held_ld_[size_t(i)] = n_pad;
+  }
+
+  /// C (M x N, row stride ldc) (+)= A (M x K) @ held operand `i` (K x N).
+  template <class X>
+  void operator()(T* C, int64_t ldc, Strided<X> A, int i, int64_t M, int64_t K, int64_t N, bool accumulate) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (amx_) {
+        amx_->pack_a(A.p, A.rs, A.cs, M, K);
+        return amx_->run(C, ldc, i, M, K, N, accumulate);
+      }
+    }
+    const Strided<T> a = math_a(A, M, K);
+    matmul_tile(C, ldc, a.p, a.rs, a.cs, held_[size_t(i)].data(), held_ld_[size_t(i)], M, K, N, accumulate);
+  }
+
+  /// C (M x N, row stride ldc) (+)= A (M x K) @ B (K x N, rows of storage: element (k, n) at B[k * ldb + n]).
+  template <class X>
+  void operator()(T* C, int64_t ldc, Strided<X> A, const S* B, int64_t ldb, int64_t M, int64_t K, int64_t N,
+                  bool accumulate) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (amx_) {
+        amx_->pack_a(A.p, A.rs, A.cs, M, K);
+        amx_->pack_b(AmxTiles::kSlots - 1, B, ldb, 1, K, N);
+        return amx_->run(C, ldc, AmxTiles::kSlots - 1, M, K, N, accumulate);
+      }
+    }
+    const Strided<T> a = math_a(A, M, K);
+    if constexpr (std::is_same_v<S, T>) {
+      if (!round_) return matmul_tile(C, ldc, a.p, a.rs, a.cs, B, ldb, M, K, N, accumulate);
+    }
+    rb_.resize(size_t(K * N));
+    round_rows(rb_.data(), B, K, N, ldb);
+    matmul_tile(C, ldc, a.p, a.rs, a.cs, rb_.data(), N, M, K, N, accumulate);
+  }
+
+ private:
+  /// rows x n of src (row stride ld) into dst (row stride n): rounded to bf16 (f32 storage), widened (bf16).
+  template <class X>
+  static void round_rows(T* dst, const X* src, int64_t rows, int64_t n, int64_t ld) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if constexpr (std::is_same_v<X, T>) {
+        if constexpr (std::is_same_v<T, float>) round_row(dst + r * n, src + r * ld, n);  // round_ is float's only
+      } else {
+        widen_range(dst + r * n, src + r * ld, n);
+      }
+    }
+  }
+
+  /// A as the f32 micro-kernel reads it: where it lies, or rounded (widened) into scratch in its own orientation.
+  template <class X>
+  Strided<T> math_a(Strided<X> A, int64_t M, int64_t K) {
+    if constexpr (std::is_same_v<X, T>) {
+      if (!round_) return {A.p, A.rs, A.cs};
+    }
+    ra_.resize(size_t(M * K));
+    if (A.cs == 1) {  // rows of K
+      round_rows(ra_.data(), A.p, M, K, A.rs);
+      return {ra_.data(), K, 1};
+    }
+    round_rows(ra_.data(), A.p, K, M, A.cs);  // columns of M
+    return {ra_.data(), 1, M};
+  }
+
+  std::optional<AmxTiles> amx_;
+  bool round_ = false;
+  std::array<std::vector<T>, kHeld> held_;
+  std::array<int64_t, kHeld> held_ld_{};
+  std::vector<T> ra_, rb_;
+};
 
 /// dst[0, n) += src[0, n): in T, or for bf16 storage (S) widened, added and rounded once.
 template <class T, class S> void add_row(S* dst, const T* src, int64_t n) {

@@ -1,27 +1,50 @@
 // bf16 products of the small tiles inside the CPU flash-attention kernels (kernels/cpu/attention.cpp), on AMX-BF16.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
+#include "../bf16.h"
+
 namespace tinygpt::cpu {
 
-/// C (M x N, row stride ldc) = or += A (M x K, element (r, k) at A[r * ars + k * aks], ars or aks 1) @ B (K x N, row
-/// stride ldb), each operand rounded to bf16 as it is packed (exactly as gemm's bf16 products round it) and the
-/// products summed in f32 on AMX-BF16 tiles. One per thread, and only where bf16_kernel() is Amx: constructing it
-/// configures the calling thread's tiles, destroying it releases them.
+/// Tile products C (M x N) = or += A (M x K) @ B (K x N) on AMX-BF16 tiles, the operands packed into AMX's layouts
+/// straight from where they lie: f32 rounded to bf16 as it is packed (exactly as gemm's bf16 products round it), bf16
+/// storage as it is. Products summed in f32. A B operand is packed into one of kSlots slots and may serve several
+/// products (the flash kernels pack Q^T or K^T once per task); A is packed for each product. One per thread, and
+/// only where bf16_kernel() is Amx: constructing it configures the calling thread's tiles, destroying it releases
+/// them.
 class AmxTiles {
  public:
+  static constexpr int kSlots = 3;
+
   AmxTiles();
   ~AmxTiles();
   AmxTiles(const AmxTiles&) = delete;
   AmxTiles& operator=(const AmxTiles&) = delete;
 
+  /// A (M x K) of the next run: element (r, k) at A[r * rs + k * ks]; ks or rs is 1.
+  void pack_a(const float* A, int64_t rs, int64_t ks, int64_t M, int64_t K);
+  void pack_a(const bf16* A, int64_t rs, int64_t ks, int64_t M, int64_t K);
+  /// B (K x N) into `slot`: element (k, n) at B[k * ks + n * ns]; ks or ns is 1. Columns past N are zero up to the
+  /// next multiple of 32, so a run may ask for that many.
+  void pack_b(int slot, const float* B, int64_t ks, int64_t ns, int64_t K, int64_t N);
+  void pack_b(int slot, const bf16* B, int64_t ks, int64_t ns, int64_t K, int64_t N);
+  /// C (M x N, row stride ldc) = or += the packed A @ slot's B: M at most the packed A's rows, K their common depth.
+  void run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64_t N, bool accumulate);
+
+  /// pack_a, pack_b into the last slot and run: C (+)= A (element (r, k) at A[r * ars + k * aks]) @ B (row stride ldb).
   void product(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb, int64_t M,
                int64_t K, int64_t N, bool accumulate);
 
  private:
-  std::vector<uint16_t> a_, b_;  // the packed operands, grown on demand
+  struct Packed {
+    std::vector<uint16_t> data;  // grown on demand
+    int64_t rows = 0, depth = 0;  // rows (A's M, B's N) and K as packed
+  };
+  Packed a_;
+  std::array<Packed, kSlots> b_;
 };
 
 }  // namespace tinygpt::cpu
