@@ -289,15 +289,24 @@ struct AmxConfig : Bf16Packing<32, 32, PairsByRow, 32> {
                                         float* c, int64_t ldc, float alpha, float beta);
 };
 
-/// out (32 x 32 f32, rows of 32) = a (32 rows packed as AmxConfig's op(A)) @ b (32 columns in the VNNI layout), kcp
-/// (a multiple of 32) deep. Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5 A, 6-7 B.
+/// c (32 x 32 f32, row stride ldc) = (c if `load`, else 0) + a (32 rows packed as AmxConfig's op(A)) @ b (32 columns
+/// in the VNNI layout), kcp (a multiple of 32) deep. Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5
+/// A, 6-7 B. C goes in and out of the tiles directly (tileloadd / tilestored), with no pass of vector code over it.
 TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
-                                                 float* out) {
+                                                 float* c, int64_t ldc, bool load) {
   constexpr int64_t MR = 32, NR = 32;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  const int64_t stride = ldc * int64_t(sizeof(float));
+  if (load) {
+    _tile_loadd(0, c, stride);
+    _tile_loadd(1, c + 16, stride);
+    _tile_loadd(2, c + 16 * ldc, stride);
+    _tile_loadd(3, c + 16 * ldc + 16, stride);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   for (int64_t k = 0; k < kcp; k += 32) {
     const uint16_t* at = a + k * MR;  // 32 rows x 32 k
     const uint16_t* bt = b + k * NR;  // 16 pairs x 32 columns x 2
@@ -310,14 +319,21 @@ TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
   }
-  _tile_stored(0, out, 4 * NR);
-  _tile_stored(1, out + 16, 4 * NR);
-  _tile_stored(2, out + 16 * NR, 4 * NR);
-  _tile_stored(3, out + 16 * NR + 16, 4 * NR);
+  _tile_stored(0, c, stride);
+  _tile_stored(1, c + 16, stride);
+  _tile_stored(2, c + 16 * ldc, stride);
+  _tile_stored(3, c + 16 * ldc + 16, stride);
+}
+
+/// out (32 x 32 f32, rows of 32) = a @ b.
+TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
+                                                 float* out) {
+  amx_product_32x32(kcp, a, b, out, 32, false);
 }
 
 TINYGPT_TARGET_AMX inline void AmxConfig::kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
                                                  float* c, int64_t ldc, float alpha, float beta) {
+  if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) return amx_product_32x32(kcp, a, b, c, ldc, beta == 1.0f);
   alignas(64) float out[MR * NR];
   amx_product_32x32(kcp, a, b, out);
   store_tile<MR>(out, NR, c, ldc, alpha, beta);
