@@ -413,6 +413,14 @@ inline std::vector<Config> flash_cases() {
   cs.push_back({.B = 2, .NH = 4, .NKV = 2, .T = 40, .S = 150, .E = 32, .Ev = 32, .key_padding = true, .padded_prefix = 140});
   cs.push_back({.B = 2, .NH = 4, .NKV = 1, .T = 150, .S = 150, .E = 16, .Ev = 16, .causal = true, .dropout = 0.1f,
                 .padded_prefix = 100});
+  // 32 and more (batch, kv head) pairs: the flash backward's one pass (dQ summed beside dK and dV, no pass 2).
+  cs.push_back({.B = 8, .NH = 4, .NKV = 4, .T = 33, .S = 33, .E = 16, .Ev = 16, .causal = true, .key_padding = true,
+                .mask = MaskKind::Full, .dropout = 0.1f});
+  cs.push_back({.B = 16, .NH = 4, .NKV = 2, .T = 70, .S = 70, .E = 32, .Ev = 32, .causal = true, .layout = Layout::Fused});
+  cs.push_back({.B = 8, .NH = 8, .NKV = 4, .T = 100, .S = 64, .E = 16, .Ev = 24, .mask = MaskKind::BroadcastTS,
+                .layout = Layout::SeqMajor, .masked_row = true});
+  cs.push_back({.B = 32, .NH = 2, .NKV = 1, .T = 130, .S = 130, .E = 8, .Ev = 8, .causal = true, .dropout = 0.2f,
+                .padded_prefix = 60});
   std::mt19937 rng(2024);
   auto pick = [&](auto... xs) {
     const int64_t v[] = {int64_t(xs)...};

@@ -200,6 +200,9 @@ TEST_CASE("attention_flash with bf16 operands matches naive on rounded operands,
       {.B = 1, .NH = 2, .NKV = 2, .T = 150, .S = 140, .E = 64, .Ev = 64, .mask = MaskKind::Full},
       {.B = 2, .NH = 2, .NKV = 1, .T = 33, .S = 47, .E = 24, .Ev = 40, .key_padding = true, .layout = Layout::SeqMajor},
       {.B = 1, .NH = 1, .NKV = 1, .T = 40, .S = 40, .E = 130, .Ev = 20, .causal = true},
+      // the backward's one pass (32 (batch, kv head) pairs)
+      {.B = 16, .NH = 4, .NKV = 2, .T = 70, .S = 70, .E = 32, .Ev = 32, .causal = true, .dropout = 0.1f,
+       .layout = Layout::Fused},
   };
   for (const Config& c : cases) {
     INFO(describe(c));

@@ -15,7 +15,9 @@
 //     S^T = K Q^T, dP^T = V dO^T (key-major), dS as above, dQ += dS K.
 // Each gradient element is summed by exactly one task in a fixed order: no atomics, no per-thread copies, and
 // the result does not depend on the number of threads. The price is that S and dP are computed in both
-// passes (7 tile products per tile pair instead of 5).
+// passes (7 tile products per tile pair instead of 5). Where there are enough (batch, kv head) pairs to keep the
+// threads busy (training shapes) and no score modifier, pass 1's task is a whole (batch, kv head): it then also
+// owns its heads' dQ rows, sums dQ += dS K in a scratch of group x T x E, and pass 2 is skipped (5 products).
 //
 // Tiles: Br = Bc = 64 for head dims up to 128 (sizes from 32 to 128 tied, 64 x 64 never worse); beyond that
 // 32 x 32 keeps the packed E x Br tile at 32 KiB. Causal with T <= 128: one register block (kCols: 16 with AVX2, 32
@@ -361,47 +363,71 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
   }
   const int64_t os = g.o_stride[2], qs = g.q_stride[2], ks = g.k_stride[2], vs = g.v_stride[2];
 
-  if (dk || dv) {  // pass 1: dK, dV per (batch, kv head, key tile), query-major tiles
-    const int64_t n_ktiles = ceil_div(g.S, Bc), tasks = g.B * g.NKV * n_ktiles;
+  // One pass instead of two where each (batch, kv head) can be a task of its own: the task then owns its heads' dQ
+  // rows too and sums dQ += dS K from pass 1's dS tiles, so pass 2's recomputation of S and dP (and their exp) goes
+  // away. Taken when there are tasks enough to share among threads (a fixed count, not the thread count: the
+  // result must not depend on it), the heads' dQ fits a thread's scratch, and no score modifier needs pass 2 (the
+  // learned tables' gradients).
+  constexpr int64_t kOnePassTasks = 32;
+  const bool one_pass = dq != nullptr && !mods && g.B * g.NKV >= kOnePassTasks && group * g.T * g.E <= (int64_t(1) << 20);
+  if (dk || dv || one_pass) {  // pass 1: dK, dV per (batch, kv head, key tile), query-major tiles
+    const int64_t n_ktiles = ceil_div(g.S, Bc), tasks = g.B * g.NKV * (one_pass ? 1 : n_ktiles);
 #pragma omp parallel if (parallel)
     {
       std::vector<T> s(size_t(Br * Bc)), dp(size_t(Br * Bc));
       std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev));
+      std::vector<T> dq_acc(one_pass ? size_t(group * g.T * g.E) : 0);  // one pass: the task's heads' dQ
       ModScratch<T> scratch;
       TileProducts<T, S> product(g);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
-        const int64_t b = task / (g.NKV * n_ktiles), kvh = task / n_ktiles % g.NKV, s0 = task % n_ktiles * Bc;
-        const int64_t nc = std::min(Bc, g.S - s0), nc_pad = round_up(nc, kCols<T>);
-        // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
-        const int64_t t_first = query_begin(g, s0), t_end = query_end(g, s0 + nc - 1);
-        if (t_first >= t_end) continue;
-        product.hold_transposed(0, at(k, g.k_stride, b, kvh, s0), ks, nc, nc_pad, g.E);   // K^T
-        product.hold_transposed(1, at(v, g.v_stride, b, kvh, s0), vs, nc, nc_pad, g.Ev);  // V^T
-        std::fill(dk_acc.begin(), dk_acc.end(), T(0));
-        std::fill(dv_acc.begin(), dv_acc.end(), T(0));
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          for (int64_t t0 = t_first / Br * Br; t0 < t_end; t0 += Br) {
-            const int64_t nr = std::min(Br, g.T - t0);
-            if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-            const S* q0 = at(q, g.q_stride, b, h, t0);
-            const S* do0 = at(dout, g.o_stride, b, h, t0);
-            product(s.data(), Bc, Strided<S>{q0, qs, 1}, 0, nr, g.E, nc_pad, false);
-            product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false);
-            if (mods) {
-              ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
-                  .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding);
-            } else {
-              query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
+        const int64_t bkv = one_pass ? task : task / n_ktiles, b = bkv / g.NKV, kvh = bkv % g.NKV;
+        const int64_t kt_begin = one_pass ? 0 : task % n_ktiles, kt_end = one_pass ? n_ktiles : kt_begin + 1;
+        std::fill(dq_acc.begin(), dq_acc.end(), T(0));
+        for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
+          const int64_t s0 = kt * Bc, nc = std::min(Bc, g.S - s0), nc_pad = round_up(nc, kCols<T>);
+          // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
+          const int64_t t_first = query_begin(g, s0), t_end = query_end(g, s0 + nc - 1);
+          if (t_first >= t_end) continue;
+          const S* k0 = at(k, g.k_stride, b, kvh, s0);
+          product.hold_transposed(0, k0, ks, nc, nc_pad, g.E);                               // K^T
+          product.hold_transposed(1, at(v, g.v_stride, b, kvh, s0), vs, nc, nc_pad, g.Ev);  // V^T
+          if (one_pass) product.hold_rows(2, k0, ks, nc, g.E);                             // K
+          std::fill(dk_acc.begin(), dk_acc.end(), T(0));
+          std::fill(dv_acc.begin(), dv_acc.end(), T(0));
+          for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+            for (int64_t t0 = t_first / Br * Br; t0 < t_end; t0 += Br) {
+              const int64_t nr = std::min(Br, g.T - t0);
+              if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
+              const S* q0 = at(q, g.q_stride, b, h, t0);
+              const S* do0 = at(dout, g.o_stride, b, h, t0);
+              product(s.data(), Bc, Strided<S>{q0, qs, 1}, 0, nr, g.E, nc_pad, false);
+              product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false);
+              if (mods) {
+                ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
+                    .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding);
+              } else {
+                query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
+              }
+              // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed; one pass: dQ += dS K.
+              if (dv) product(dv_acc.data(), g.Ev, Strided<T>{s.data(), 1, Bc}, do0, os, nc, nr, g.Ev, true);
+              if (dk) product(dk_acc.data(), g.E, Strided<T>{dp.data(), 1, Bc}, q0, qs, nc, nr, g.E, true);
+              if (one_pass) {
+                T* dq_rows = dq_acc.data() + ((h - kvh * group) * g.T + t0) * g.E;
+                product(dq_rows, g.E, Strided<T>{dp.data(), Bc, 1}, 2, nr, nc, g.E, true);
+              }
             }
-            // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed.
-            if (dv) product(dv_acc.data(), g.Ev, Strided<T>{s.data(), 1, Bc}, do0, os, nc, nr, g.Ev, true);
-            if (dk) product(dk_acc.data(), g.E, Strided<T>{dp.data(), 1, Bc}, q0, qs, nc, nr, g.E, true);
+          }
+          for (int64_t j = 0; j < nc; ++j) {
+            if (dk) add_row(at(dk, g.k_stride, b, kvh, s0 + j), dk_acc.data() + j * g.E, g.E);
+            if (dv) add_row(at(dv, g.v_stride, b, kvh, s0 + j), dv_acc.data() + j * g.Ev, g.Ev);
           }
         }
-        for (int64_t j = 0; j < nc; ++j) {
-          if (dk) add_row(at(dk, g.k_stride, b, kvh, s0 + j), dk_acc.data() + j * g.E, g.E);
-          if (dv) add_row(at(dv, g.v_stride, b, kvh, s0 + j), dv_acc.data() + j * g.Ev, g.Ev);
+        if (!one_pass) continue;
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          for (int64_t t = 0; t < g.T; ++t) {
+            add_row(at(dq, g.q_stride, b, h, t), dq_acc.data() + ((h - kvh * group) * g.T + t) * g.E, g.E);
+          }
         }
       }
     }
@@ -409,7 +435,7 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
 
   // pass 2: dQ per (batch, head, query tile), key-major tiles; also the learned tables' gradients: a task owns
   // dR's rows of its queries and sums T5's into its own partial, added up in task order at the end.
-  if (dq || rel.dR || g.mods.d_t5_bias) {
+  if (!one_pass && (dq || rel.dR || g.mods.d_t5_bias)) {
     const int64_t n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles, buckets = g.mods.t5_buckets;
     std::vector<T> t5_partial(g.mods.d_t5_bias ? size_t(tasks * buckets) : 0);
     const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);

@@ -230,7 +230,8 @@ struct Strided {
 template <class T, class S = T>
 class TileProducts {
  public:
-  static constexpr int kHeld = 2;  // B operands held at once
+  static constexpr int kHeld = 3;  // B operands held at once (the last AMX slot packs the B of a single product)
+  static_assert(kHeld < AmxTiles::kSlots);
 
   explicit TileProducts(const AttentionGeom& g) {
     if constexpr (std::is_same_v<T, float>) {
@@ -255,7 +256,27 @@ class TileProducts {
     if constexpr (std::is_same_v<S, T>) {
       if (round_) for (T& x : buf) x = round_bf16(x);
     }
+    held_at_[size_t(i)] = buf.data();
     held_ld_[size_t(i)] = n_pad;
+  }
+
+  /// Holds X itself as B operand `i`: rows [0, K) of N features (row stride `stride`), a K x N operand.
+  void hold_rows(int i, const S* X, int64_t stride, int64_t K, int64_t N) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (amx_) return amx_->pack_b(i, X, stride, 1, K, N);
+    }
+    if constexpr (std::is_same_v<S, T>) {
+      if (!round_) {  // read where it lies
+        held_at_[size_t(i)] = X;
+        held_ld_[size_t(i)] = stride;
+        return;
+      }
+    }
+    std::vector<T>& buf = held_[size_t(i)];
+    buf.resize(size_t(K * N));
+    round_rows(buf.data(), X, K, N, stride);
+    held_at_[size_t(i)] = buf.data();
+    held_ld_[size_t(i)] = N;
   }
 
   /// C (M x N, row stride ldc) (+)= A (M x K) @ held operand `i` (K x N).
@@ -268,7 +289,7 @@ class TileProducts {
       }
     }
     const Strided<T> a = math_a(A, M, K);
-    matmul_tile(C, ldc, a.p, a.rs, a.cs, held_[size_t(i)].data(), held_ld_[size_t(i)], M, K, N, accumulate);
+    matmul_tile(C, ldc, a.p, a.rs, a.cs, held_at_[size_t(i)], held_ld_[size_t(i)], M, K, N, accumulate);
   }
 
   /// C (M x N, row stride ldc) (+)= A (M x K) @ B (K x N, rows of storage: element (k, n) at B[k * ldb + n]).
@@ -322,6 +343,7 @@ class TileProducts {
   std::optional<AmxTiles> amx_;
   bool round_ = false;
   std::array<std::vector<T>, kHeld> held_;
+  std::array<const T*, kHeld> held_at_{};
   std::array<int64_t, kHeld> held_ld_{};
   std::vector<T> ra_, rb_;
 };

@@ -17,7 +17,7 @@ namespace tinygpt::cpu {
 /// them.
 class AmxTiles {
  public:
-  static constexpr int kSlots = 3;
+  static constexpr int kSlots = 4;
 
   AmxTiles();
   ~AmxTiles();
