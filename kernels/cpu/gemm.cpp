@@ -507,6 +507,16 @@ void run_epilogue(const Epilogue<T>& ep, T* c, int64_t ldc, int64_t at, int64_t 
   if (ep.act == Activation::ReluSquared) activation_epilogue<Activation::ReluSquared>(ep, c, ldc, at, mr, nr);
 }
 
+/// The row block of a product K deep: Cfg::MC, or Cfg::kLongKMC where a config has one and K spans 8 k blocks or
+/// more (the weight gradients, K = tokens), where each packed op(B) panel pays to serve more row tiles.
+template <class Cfg>
+int64_t row_block(int64_t K) {
+  if constexpr (requires { Cfg::kLongKMC; }) {
+    if (K >= 8 * Cfg::KC) return Cfg::kLongKMC;
+  }
+  return Cfg::MC;
+}
+
 // Cfg: tile and block sizes, packing and micro-kernel. Packed (Cfg::Packed) is the element type of the packed
 // operands: T itself (rounded to bf16 in place when `bf16`), or bf16 bits for the bf16 micro-kernels, whose packing
 // pads each k block to Cfg::kpad(kc) with zeros. S is the operands' storage: T, or bf16 for the bf16 micro-kernels
@@ -543,7 +553,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   // even (M = 1536: 12 blocks, not 11; M = 384: 4 x 96, not 3 x 128). Block rb covers MR-row tiles
   // [rb * tiles / rblocks, (rb + 1) * tiles / rblocks), so blocks differ by at most one tile.
   const int64_t tiles = ceil_div(M, MR);
-  const int64_t rblocks = std::min(round_up(ceil_div(M, Cfg::MC), nt), tiles);
+  const int64_t rblocks = std::min(round_up(ceil_div(M, row_block<Cfg>(K)), nt), tiles);
   const int64_t mc_max = ceil_div(tiles, rblocks) * MR;
   std::vector<Segment> segs;
   int64_t total = 0;
