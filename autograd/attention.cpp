@@ -207,7 +207,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
 
 /// Attention on bf16 storage (g: the call's geometry). The lean calls (flash, no mask, padding or score modifier; on
 /// the GPU also what flash_bf16_takes asks: no dropout, head dim 64 or 128, aligned rows) run the flash kernels that read and write bf16 as stored
-/// (kernels/cuda/flash_bf16.cuh; on the CPU kernels/cpu/attention.cpp, widening tile by tile), forward and backward.
+/// (kernels/cuda/flash_bf16.cuh; on the CPU kernels/cpu/attention.cpp, packing tiles from storage), forward and backward.
 /// Every other call goes through f32 as a graph: cast, attention, cast back.
 AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
                                AttentionGeom g, const AttentionOptions& o, bool qkv_partition) {
@@ -219,7 +219,7 @@ AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const Hea
   const bf16* vp = v.base.data<bf16>() + v.offset;
   const bool lean = o.impl != AttentionImpl::Naive && !o.need_weights && !o.attn_mask.defined() &&
                     !o.key_padding_mask.defined() && !o.mods.any();
-  // The CPU's kernels widen bf16 tiles as they load them: any head dim, stride or alignment, and dropout.
+  // The CPU's kernels pack (or widen) bf16 tiles as they load them: any head dim, stride or alignment, and dropout.
   const bool takes = qb.device() == Device::CPU || flash_bf16_takes(g, qp, kp, vp, out.data<bf16>());
   if (!lean || !takes) {
     // One f32 copy per distinct base: a fused qkv's three views stay views of one tensor (and keep qkv_partition).
