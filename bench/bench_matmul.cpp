@@ -9,7 +9,9 @@
 // Rows timed while other processes were busy are flagged with '*' (from /proc/stat): rerun those.
 // --bf16 times our products with bf16 operands (--dtype bf16) on the CPU's default bf16 kernel (AMX-BF16 where
 // present, else rounded for the f32 micro-kernel), from f32 operands rounded as they are packed and, in a column of
-// its own, from operands stored in bf16 (packed as they lie: the same result bit for bit, checked); --bf16-kernel
+// its own, from operands stored in bf16 (packed as they lie: the same result bit for bit, checked), and in a third the
+// same with the result stored in bf16 (Bf16Out, as the linear layers on bf16 storage run: checked to be the f32
+// result rounded once); --bf16-kernel
 // f32|avx512|amx on a chosen one. The peer is OpenBLAS's cblas_sbgemm on the bf16 operands where the loaded OpenBLAS
 // has it (looked up at run time: built with BUILD_BFLOAT16); Debian's 0.3.21 declares it but does not contain it, and
 // then the peer is its f32 sgemm and the table says the ratios are bf16 against f32. PyTorch's bf16 matmuls (oneDNN)
@@ -49,6 +51,7 @@ struct Row {
   double err;         // max |ours - blas| / max |blas|
   double other_load;  // cores used by other processes while timing (NaN when unknown)
   double storage;     // --bf16: GFLOP/s of ours over bf16 storage (NaN when not run)
+  double out16;       // --bf16: the same, the result stored in bf16 as the linear layers store it (NaN when not run)
 };
 
 // CPU seconds used machine-wide (everything but idle and iowait, steal included) and by this process. Over a row,
@@ -83,6 +86,7 @@ struct Product {
   int64_t lda, ldb, ldc;
   float beta;
   const tinygpt::bf16 *a16 = nullptr, *b16 = nullptr;  // --bf16: the operands stored in bf16
+  tinygpt::bf16* c16 = nullptr;                          // --bf16: the result stored in bf16
 };
 
 bool g_bf16 = false;  // --bf16: our products with bf16 operands, on g_kernel
@@ -103,6 +107,15 @@ void run_ours(const Product& p, float* c) {
 /// Ours over operands stored in bf16 (--dtype bf16's tensors): packed as they lie, nothing rounded.
 void run_ours_bf16_storage(const Product& p, float* c) {
   tinygpt::cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a16, p.lda, p.b16, p.ldb, p.beta, c, p.ldc);
+}
+
+/// Ours over bf16 storage with the result stored in bf16 (Bf16Out), as the linear layers on bf16 storage call it:
+/// each output rounded once, a dW accumulator (beta 1) added to in f32 and rounded. C is not used.
+void run_ours_bf16_out(const Product& p, float*) {
+  tinygpt::cpu::Bf16Out o{p.c16, p.ldc, p.beta != 0.0f};
+  tinygpt::cpu::Epilogue<float> ep;
+  ep.out16 = &o;
+  tinygpt::cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a16, p.lda, p.b16, p.ldb, 0.0f, nullptr, p.ldc, ep);
 }
 
 void run_blas(const Product& p, float* c) {
@@ -154,6 +167,8 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   const std::vector<tinygpt::bf16> a16 = copies ? std::vector<tinygpt::bf16>(in0.begin(), in0.end()) : std::vector<tinygpt::bf16>{};
   const std::vector<tinygpt::bf16> b16 = copies ? std::vector<tinygpt::bf16>(in1.begin(), in1.end()) : std::vector<tinygpt::bf16>{};
   p.a16 = a16.data(), p.b16 = b16.data();
+  std::vector<tinygpt::bf16> c16(storage ? c0.size() : 0);
+  p.c16 = c16.data();
   if (storage) {
     run_ours_bf16_storage(p, c_storage.data());
     std::vector<float> c_check = c0;
@@ -162,6 +177,16 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
       std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: bf16 storage differs from rounded f32\n",
                    (long long)M, (long long)K, (long long)N, kind);
       std::exit(1);
+    }
+    if (p.beta == 0.0f) {  // stored in bf16: the f32 product rounded once, bit for bit
+      run_ours_bf16_out(p, nullptr);
+      for (size_t i = 0; i < c16.size(); ++i) {
+        if (c16[i].bits != tinygpt::bf16(c_storage[i]).bits) {
+          std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the bf16 output is not the f32 one rounded\n",
+                       (long long)M, (long long)K, (long long)N, kind);
+          std::exit(1);
+        }
+      }
     }
   }
 
@@ -186,7 +211,7 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   // small shapes most (and trips gemm's oversubscription guard). So before our batch the process sleeps until
   // OpenBLAS's workers are asleep, and each batch starts with at least one call and 30 ms of calls that are not
   // recorded, then records at least 2 calls and 80 ms (so >= 6 calls and >= 0.24 s per implementation and row).
-  std::vector<double> t_ours, t_blas, t_storage;
+  std::vector<double> t_ours, t_blas, t_storage, t_out16;
   auto batch = [&](auto&& fn, float* c, double settle, std::vector<double>& times) {
     std::this_thread::sleep_for(std::chrono::duration<double>(settle));
     const Clock::time_point start = Clock::now();
@@ -207,6 +232,7 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   for (int round = 0; round < 3; ++round) {
     batch(run_ours, c_ours.data(), 0.15, t_ours);
     if (storage) batch(run_ours_bf16_storage, c_storage.data(), 0.0, t_storage);
+    if (storage) batch(run_ours_bf16_out, nullptr, 0.0, t_out16);
     batch(run_blas, c_blas.data(), 0.0, t_blas);
   }
   const CpuSample cpu1 = cpu_sample();
@@ -214,7 +240,7 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   if (other_load < 0) other_load = 0;  // tick rounding; NaN (no /proc/stat) stays NaN
   const double flops = 2.0 * double(M) * double(N) * double(K);
   return {M, K, N, kind, flops / median(t_ours) / 1e9, flops / median(t_blas) / 1e9, err, other_load,
-          storage ? flops / median(t_storage) / 1e9 : NAN};
+          storage ? flops / median(t_storage) / 1e9 : NAN, storage ? flops / median(t_out16) / 1e9 : NAN};
 }
 
 void usage() {
@@ -224,7 +250,8 @@ void usage() {
       "  --threads N  threads for both (default: omp_get_max_threads())\n"
       "  --quick      only M = 768 (default: M in {768, 16384})\n"
       "  --bf16       ours with bf16 operands on this CPU's fastest bf16 kernel; OpenBLAS's sbgemm where it has one,\n"
-      "               else its f32 sgemm (the table says which)\n"
+      "               else its f32 sgemm (the table says which); also ours over bf16 storage, C in f32\n"
+      "               (bf16_storage) and C stored in bf16 as the linear layers store it (bf16_out)\n"
       "  --bf16-kernel f32|avx512|amx  ours with bf16 operands on this kernel (f32: rounded as packed, f32 units)\n"
       "  --json       one JSON object per row instead of the table\n");
 }
@@ -306,7 +333,7 @@ int main(int argc, char** argv) {
                        : "");
     std::printf("peer: %s\n", peer);
     std::printf("%6s %5s %5s %-5s %12s %16s %8s%s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", ratio_name,
-                g_bf16 ? "  bf16_storage_gflops  storage/ours" : "");
+                g_bf16 ? "  bf16_storage_gflops  storage/ours  bf16_out_gflops" : "");
   }
   double min_ratio = INFINITY, log_sum = 0, storage_log_sum = 0;
   int storage_rows = 0;
@@ -326,17 +353,17 @@ int main(int argc, char** argv) {
           std::printf(
               "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
               "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\", "
-              "\"bf16_storage_gflops\": %.2f, \"openblas_precision\": \"%s\"}\n",
+              "\"bf16_storage_gflops\": %.2f, \"bf16_out_gflops\": %.2f, \"openblas_precision\": \"%s\"}\n",
               (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load,
               g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "",
-              std::isnan(r.storage) ? 0.0 : r.storage, g_sbgemm ? "bf16" : "f32");
+              std::isnan(r.storage) ? 0.0 : r.storage, std::isnan(r.out16) ? 0.0 : r.out16, g_sbgemm ? "bf16" : "f32");
         } else {
           const bool busy = r.other_load > kBusyCores;
           busy_rows += busy;
           std::printf("%6lld %5lld %5lld %-5s %12.1f %16.1f %8.3f", (long long)r.M, (long long)r.K, (long long)r.N,
                       r.kind, r.ours, r.blas, ratio);
           if (!std::isnan(r.storage)) {
-            std::printf("  %19.1f  %12.3f", r.storage, r.storage / r.ours);
+            std::printf("  %19.1f  %12.3f  %15.1f", r.storage, r.storage / r.ours, r.out16);
             storage_log_sum += std::log(r.storage / r.ours);
             ++storage_rows;
           }
