@@ -230,8 +230,8 @@ struct Strided {
 template <class T, class S = T>
 class TileProducts {
  public:
-  static constexpr int kHeld = 3;  // B operands held at once (the last AMX slot packs the B of a single product)
-  static_assert(kHeld < AmxTiles::kSlots);
+  static constexpr int kHeld = 3;  // B operands held at once; one more slot holds the B of a single product
+  static_assert(kHeld + 1 == AmxTiles::kSlots);
 
   explicit TileProducts(const AttentionGeom& g) {
     if constexpr (std::is_same_v<T, float>) {
@@ -292,24 +292,13 @@ class TileProducts {
     matmul_tile(C, ldc, a.p, a.rs, a.cs, held_at_[size_t(i)], held_ld_[size_t(i)], M, K, N, accumulate);
   }
 
-  /// C (M x N, row stride ldc) (+)= A (M x K) @ B (K x N, rows of storage: element (k, n) at B[k * ldb + n]).
+  /// C (M x N, row stride ldc) (+)= A (M x K) @ B (K x N, rows of storage: element (k, n) at B[k * ldb + n]), held
+  /// for this product only.
   template <class X>
   void operator()(T* C, int64_t ldc, Strided<X> A, const S* B, int64_t ldb, int64_t M, int64_t K, int64_t N,
                   bool accumulate) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (amx_) {
-        amx_->pack_a(A.p, A.rs, A.cs, M, K);
-        amx_->pack_b(AmxTiles::kSlots - 1, B, ldb, 1, K, N);
-        return amx_->run(C, ldc, AmxTiles::kSlots - 1, M, K, N, accumulate);
-      }
-    }
-    const Strided<T> a = math_a(A, M, K);
-    if constexpr (std::is_same_v<S, T>) {
-      if (!round_) return matmul_tile(C, ldc, a.p, a.rs, a.cs, B, ldb, M, K, N, accumulate);
-    }
-    rb_.resize(size_t(K * N));
-    round_rows(rb_.data(), B, K, N, ldb);
-    matmul_tile(C, ldc, a.p, a.rs, a.cs, rb_.data(), N, M, K, N, accumulate);
+    hold_rows(kHeld, B, ldb, K, N);
+    (*this)(C, ldc, A, kHeld, M, K, N, accumulate);
   }
 
  private:
@@ -342,10 +331,10 @@ class TileProducts {
 
   std::optional<AmxTiles> amx_;
   bool round_ = false;
-  std::array<std::vector<T>, kHeld> held_;
-  std::array<const T*, kHeld> held_at_{};
-  std::array<int64_t, kHeld> held_ld_{};
-  std::vector<T> ra_, rb_;
+  std::array<std::vector<T>, kHeld + 1> held_;
+  std::array<const T*, kHeld + 1> held_at_{};
+  std::array<int64_t, kHeld + 1> held_ld_{};
+  std::vector<T> ra_;
 };
 
 /// dst[0, n) += src[0, n): in T, or for bf16 storage (S) widened, added and rounded once.
