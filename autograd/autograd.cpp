@@ -77,12 +77,6 @@ void accumulate_into(Tensor& dst, const Tensor& src) {
   if (!(dst.shape().numel() == src.shape().numel()) || dst.dtype() != src.dtype()) {
     shape_error("accumulate", "gradient does not match", dst.shape(), src.shape());
   }
-  if (dst.dtype() == DType::BF16 && dst.device() == Device::CUDA) {
-    // The GPU's bf16 kernels are the conversions yet: widen, add in f32, round once (what axpy<bf16> computes).
-    NoGradGuard no_grad;
-    dst.copy_(add(dst.to(DType::F32), src.to(DType::F32)).to(DType::BF16));
-    return;
-  }
   dispatch_storage(dst.dtype(), "accumulate", [&]<class T>() {
     launch(kernels::axpy<T>, dst.device(), dst.data<T>(), src.data<T>(), compute_t<T>(1), dst.numel());
   });

@@ -70,6 +70,17 @@ constexpr Want* gpu_slot(Have* f) {
   }
 }
 
+/// The GPU slot of a kernel whose CUDA side is a template like its CPU side: cuda::name<T> for every storage type but
+/// f64 (nullptr in a CPU-only build and for f64).
+template <class T, class Fn>
+constexpr Fn* gpu_template_slot(Fn* f) {
+  if constexpr (kCudaBuilt && !std::is_same_v<T, double>) {
+    return f;
+  } else {
+    return nullptr;
+  }
+}
+
 /// The storage types a kernel takes (bits of kF32 | kF64 | kBf16): the list of its cpu::<name><T> instantiations. An
 /// op that launches kernels::<name><T> for a T its line below does not list fails to compile (storage_checked), and
 /// a kernel's .cpp instantiates every type its line lists (a missing one fails to link).
@@ -95,7 +106,7 @@ constexpr K storage_checked(K k) {
 // every build: only the declarations are compared, so a CPU-only build checks them too), and the table's
 // signature is that one at element type T, for each storage type T the line lists. A CUDA definition that drifts
 // from its declaration in kernels/cuda/cuda_kernels.h is another overload, which fails the compile of its .cu file
-// (CUDA builds) and of tests/test_cuda_emulated.cpp (every build). The CUDA kernels are f32 (the GPU slot of any
+// (CUDA builds) and of tests/test_cuda_emulated.cpp (every build). These CUDA kernels are f32 (the GPU slot of any
 // other T is empty: launching one there throws naming the kernel).
 #define TINYGPT_KERNEL_PAIR(name, takes)                                                                       \
   static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name)>,                             \
@@ -104,6 +115,16 @@ constexpr K storage_checked(K k) {
   template <class T>                                                                                          \
   inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                            \
       Kernel<decltype(cpu::name<T>)>{#name, cpu::name<T>, gpu_slot<decltype(cpu::name<T>)>(cuda::name)});
+
+/// A pair whose CUDA side is a template too (kernels/cuda/cuda_kernels.h): cuda::name<T> runs every storage type T the
+/// line lists but f64 (f32 and bf16). Its .cu file instantiates each of them: a missing one fails to link.
+#define TINYGPT_KERNEL_TEMPLATE_PAIR(name, takes)                                                              \
+  static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name<float>)>,                      \
+                "cpu::" #name " and cuda::" #name " must have one signature (kernels/cpu/cpu_kernels.h and "   \
+                "kernels/cuda/cuda_kernels.h)");                                                               \
+  template <class T>                                                                                          \
+  inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                            \
+      Kernel<decltype(cpu::name<T>)>{#name, cpu::name<T>, gpu_template_slot<T>(cuda::name<T>)});
 
 /// A pair that is not a template (a conversion between storage types).
 #define TINYGPT_KERNEL_PAIR_PLAIN(name)                                                                        \
@@ -115,13 +136,13 @@ TINYGPT_KERNEL_PAIR_PLAIN(round_to_bf16)
 TINYGPT_KERNEL_PAIR_PLAIN(widen_bf16)
 TINYGPT_KERNEL_PAIR_PLAIN(accumulate_bf16)
 TINYGPT_KERNEL_PAIR(fill, kFloats)
-TINYGPT_KERNEL_PAIR(axpy, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(axpy, kFloats | kBf16)
 TINYGPT_KERNEL_PAIR(axpby, kFloats)
 TINYGPT_KERNEL_PAIR(axpby_indirect, kFloats)
-TINYGPT_KERNEL_PAIR(unary_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(unary_backward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(binary_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(binary_backward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(unary_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(unary_backward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(binary_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(binary_backward, kFloats | kBf16)
 TINYGPT_KERNEL_PAIR(sum_forward, kFloats)
 TINYGPT_KERNEL_PAIR(sum_backward, kFloats)
 TINYGPT_KERNEL_PAIR(sum_squares, kFloats)
@@ -129,21 +150,21 @@ TINYGPT_KERNEL_PAIR(softmax_forward, kFloats)
 TINYGPT_KERNEL_PAIR(softmax_backward, kFloats)
 TINYGPT_KERNEL_PAIR(log_softmax_forward, kFloats)
 TINYGPT_KERNEL_PAIR(log_softmax_backward, kFloats)
-TINYGPT_KERNEL_PAIR(layernorm_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(add_layernorm_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(layernorm_backward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(embedding_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(embedding_backward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(crossentropy_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(crossentropy_backward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(dropout_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(dropout_backward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(permute, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(copy_slice, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(matmul_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(matmul_backward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(linear_forward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(linear_backward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(layernorm_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(add_layernorm_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(layernorm_backward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(embedding_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(embedding_backward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(crossentropy_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(crossentropy_backward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(dropout_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(dropout_backward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(permute, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(copy_slice, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(matmul_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(matmul_backward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(linear_forward, kFloats | kBf16)
+TINYGPT_KERNEL_TEMPLATE_PAIR(linear_backward, kFloats | kBf16)
 TINYGPT_KERNEL_PAIR(adamw_update, kFloats)
 TINYGPT_KERNEL_PAIR(adamw_update_indirect, kFloats)
 TINYGPT_KERNEL_PAIR(rope_forward, kFloats)
@@ -156,6 +177,7 @@ TINYGPT_KERNEL_PAIR_PLAIN(attention_flash_forward_bf16)
 TINYGPT_KERNEL_PAIR_PLAIN(attention_flash_backward_bf16)
 
 #undef TINYGPT_KERNEL_PAIR_PLAIN
+#undef TINYGPT_KERNEL_TEMPLATE_PAIR
 #undef TINYGPT_KERNEL_PAIR
 
 }  // namespace kernels

@@ -334,23 +334,24 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
 }
 
 /// Row-major C (M, N) = alpha * op(A) @ op(B) + beta * C, `batch` times with the given element strides, each
-/// operand element read as `value(element)`, in f64 sums: the loop that stands in for cuBLAS below.
-template <class E, class Value>
+/// operand element read as `value(element)`, in f64 sums: the loop that stands in for cuBLAS below. C is f32, or bf16
+/// (each result computed in f32 and rounded once).
+template <class E, class CT, class Value>
 void gemm_loop(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const E* A, int64_t lda,
-               int64_t stride_a, const E* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+               int64_t stride_a, const E* B, int64_t ldb, int64_t stride_b, float beta, CT* C, int64_t ldc,
                int64_t stride_c, int64_t batch, Value value) {
   for (int64_t i = 0; i < batch; ++i) {
     const E* a = A + i * stride_a;
     const E* b = B + i * stride_b;
-    float* c = C + i * stride_c;
+    CT* c = C + i * stride_c;
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t n = 0; n < N; ++n) {
         double acc = 0.0;
         for (int64_t k = 0; k < K; ++k) {
           acc += value(trans_a ? a[k * lda + m] : a[m * lda + k]) * value(trans_b ? b[n * ldb + k] : b[k * ldb + n]);
         }
-        float& out = c[m * ldc + n];
-        out = float(alpha * acc + (beta == 0.0f ? 0.0 : double(beta) * double(out)));
+        CT& out = c[m * ldc + n];
+        out = float(alpha * acc + (beta == 0.0f ? 0.0 : double(beta) * double(float(out))));
       }
     }
   }
@@ -369,6 +370,14 @@ inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
 inline void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                       int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta,
                       float* C, int64_t ldc, int64_t stride_c, int64_t batch, const char*) {
+  gemm_loop(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch,
+            [](uint16_t x) { return double(bf16_bits_to_float(x)); });
+}
+
+/// The same with C in bf16.
+inline void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                      int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta,
+                      bf16* C, int64_t ldc, int64_t stride_c, int64_t batch, const char*) {
   gemm_loop(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch,
             [](uint16_t x) { return double(bf16_bits_to_float(x)); });
 }

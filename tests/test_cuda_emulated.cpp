@@ -34,17 +34,22 @@ namespace gpu = tinygpt::cuda::emulated;
 #define TINYGPT_SAME_SIGNATURE(name)                                                      \
   static_assert(std::is_same_v<decltype(gpu::name), decltype(cpu::name<float>)>,          \
                 "kernels/cuda: " #name " does not have the signature of cpu::" #name);
+// The kernels that take bf16 storage too are templates on both sides.
+#define TINYGPT_SAME_TEMPLATE_SIGNATURE(name)                                                              \
+  static_assert(std::is_same_v<decltype(gpu::name<float>), decltype(cpu::name<float>)> &&                  \
+                    std::is_same_v<decltype(gpu::name<bf16>), decltype(cpu::name<bf16>)>,                  \
+                "kernels/cuda: " #name " does not have the signature of cpu::" #name);
 TINYGPT_SAME_SIGNATURE(fill)
 static_assert(std::is_same_v<decltype(gpu::round_to_bf16), decltype(cpu::round_to_bf16)> &&
               std::is_same_v<decltype(gpu::widen_bf16), decltype(cpu::widen_bf16)> &&
               std::is_same_v<decltype(gpu::accumulate_bf16), decltype(cpu::accumulate_bf16)>);
-TINYGPT_SAME_SIGNATURE(axpy)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(axpy)
 TINYGPT_SAME_SIGNATURE(axpby)
 TINYGPT_SAME_SIGNATURE(axpby_indirect)
-TINYGPT_SAME_SIGNATURE(unary_forward)
-TINYGPT_SAME_SIGNATURE(unary_backward)
-TINYGPT_SAME_SIGNATURE(binary_forward)
-TINYGPT_SAME_SIGNATURE(binary_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(unary_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(unary_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(binary_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(binary_backward)
 TINYGPT_SAME_SIGNATURE(sum_forward)
 TINYGPT_SAME_SIGNATURE(sum_squares)
 TINYGPT_SAME_SIGNATURE(sum_backward)
@@ -52,21 +57,21 @@ TINYGPT_SAME_SIGNATURE(softmax_forward)
 TINYGPT_SAME_SIGNATURE(softmax_backward)
 TINYGPT_SAME_SIGNATURE(log_softmax_forward)
 TINYGPT_SAME_SIGNATURE(log_softmax_backward)
-TINYGPT_SAME_SIGNATURE(layernorm_forward)
-TINYGPT_SAME_SIGNATURE(add_layernorm_forward)
-TINYGPT_SAME_SIGNATURE(layernorm_backward)
-TINYGPT_SAME_SIGNATURE(embedding_forward)
-TINYGPT_SAME_SIGNATURE(embedding_backward)
-TINYGPT_SAME_SIGNATURE(crossentropy_forward)
-TINYGPT_SAME_SIGNATURE(crossentropy_backward)
-TINYGPT_SAME_SIGNATURE(dropout_forward)
-TINYGPT_SAME_SIGNATURE(dropout_backward)
-TINYGPT_SAME_SIGNATURE(permute)
-TINYGPT_SAME_SIGNATURE(copy_slice)
-TINYGPT_SAME_SIGNATURE(matmul_forward)
-TINYGPT_SAME_SIGNATURE(matmul_backward)
-TINYGPT_SAME_SIGNATURE(linear_forward)
-TINYGPT_SAME_SIGNATURE(linear_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(layernorm_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(add_layernorm_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(layernorm_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(embedding_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(embedding_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(crossentropy_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(crossentropy_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(dropout_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(dropout_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(permute)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(copy_slice)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(matmul_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(matmul_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(linear_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(linear_backward)
 TINYGPT_SAME_SIGNATURE(adamw_update)
 TINYGPT_SAME_SIGNATURE(adamw_update_indirect)
 TINYGPT_SAME_SIGNATURE(rope_forward)
@@ -75,6 +80,7 @@ TINYGPT_SAME_SIGNATURE(attention_naive_forward)
 TINYGPT_SAME_SIGNATURE(attention_naive_backward)
 TINYGPT_SAME_SIGNATURE(attention_flash_forward)
 TINYGPT_SAME_SIGNATURE(attention_flash_backward)
+#undef TINYGPT_SAME_TEMPLATE_SIGNATURE
 #undef TINYGPT_SAME_SIGNATURE
 
 namespace {
@@ -163,7 +169,7 @@ TEST_CASE("emulated CUDA: fill, axpy, axpby") {
   });
   const Vec x = random(n, 2);
   compare("axpy", {random(n, 3)}, [&](std::vector<Vec>& b, bool g) {
-    (g ? gpu::axpy : cpu::axpy<float>)(b[0].data(), x.data(), -1.5f, n);
+    (g ? gpu::axpy<float> : cpu::axpy<float>)(b[0].data(), x.data(), -1.5f, n);
   });
   compare("axpby", {random(n, 3)}, [&](std::vector<Vec>& b, bool g) {
     (g ? gpu::axpby : cpu::axpby<float>)(b[0].data(), x.data(), -1.5f, 0.75f, n);
@@ -212,14 +218,14 @@ TEST_CASE("emulated CUDA: unary ops, forward and backward") {
     const Vec dy = random(n, 5);
     const std::string name = unary_name(op);
     compare(name + " forward", {Vec(size_t(n))}, [&](std::vector<Vec>& b, bool g) {
-      (g ? gpu::unary_forward : cpu::unary_forward<float>)(b[0].data(), x.data(), n, op, 0.7f);
+      (g ? gpu::unary_forward<float> : cpu::unary_forward<float>)(b[0].data(), x.data(), n, op, 0.7f);
     });
     // Accumulating into a gradient, and overwriting one that holds NaN (an unwritten slot: never read).
     for (const bool overwrite : {false, true}) {
       compare(name + (overwrite ? " backward, overwriting" : " backward"),
               {overwrite ? Vec(size_t(n), std::numeric_limits<float>::quiet_NaN()) : random(n, 6)},
               [&](std::vector<Vec>& b, bool g) {
-                (g ? gpu::unary_backward : cpu::unary_backward<float>)(b[0].data(), dy.data(), x.data(), y.data(), n,
+                (g ? gpu::unary_backward<float> : cpu::unary_backward<float>)(b[0].data(), dy.data(), x.data(), y.data(), n,
                                                                        op, 0.7f, overwrite);
               });
     }
@@ -248,14 +254,14 @@ TEST_CASE("emulated CUDA: binary ops over broadcast shapes, forward and backward
     for (const BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
       const std::string name = "binary op " + std::to_string(int(op)) + " over " + std::to_string(na) + " and " + std::to_string(nb);
       compare(name + " forward", {Vec(size_t(n))}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::binary_forward : cpu::binary_forward<float>)(o[0].data(), a.data(), b.data(), geom, op);
+        (g ? gpu::binary_forward<float> : cpu::binary_forward<float>)(o[0].data(), a.data(), b.data(), geom, op);
       });
       compare(name + " backward", {random(size_t(na), 10), random(size_t(nb), 11)}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::binary_backward : cpu::binary_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(), b.data(),
+        (g ? gpu::binary_backward<float> : cpu::binary_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(), b.data(),
                                                                  geom, op);
       });
       compare(name + " backward, db only", {random(size_t(nb), 12)}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::binary_backward : cpu::binary_backward<float>)(nullptr, o[0].data(), dout.data(), a.data(), b.data(),
+        (g ? gpu::binary_backward<float> : cpu::binary_backward<float>)(nullptr, o[0].data(), dout.data(), a.data(), b.data(),
                                                                  geom, op);
       });
     }
@@ -312,41 +318,45 @@ TEST_CASE("emulated CUDA: softmax and log-softmax (rows wider than a warp, a ful
 }
 
 TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial sums), forward and backward") {
-  const int64_t N = 530, C = 45;  // 34 blocks of 16 rows: lanes of the partial sums' warps add two rows or one
-  const Vec x = random(size_t(N * C), 20), w = random(size_t(C), 21), bias = random(size_t(C), 22);
-  const Vec dout = random(size_t(N * C), 23), residual = random(size_t(N * C), 27);
-  for (const bool with_bias : {true, false}) {
-    const std::string name = with_bias ? "layernorm" : "layernorm without bias";
-    compare(name + " forward", {Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::layernorm_forward : cpu::layernorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), x.data(),
-                                                                   w.data(), with_bias ? bias.data() : nullptr, N, C, 1e-5f);
-    });
-    for (const float p : {0.0f, 0.3f}) {  // the residual without and with dropout
-      compare(name + " after a residual add, forward" + (p > 0 ? " (dropout)" : ""),
-              {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
-                (g ? gpu::add_layernorm_forward : cpu::add_layernorm_forward<float>)(
-                    o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(), residual.data(), w.data(),
-                    with_bias ? bias.data() : nullptr, N, C, 1e-5f, p, 77);
-              });
-    }
-    Vec y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
-    cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
-    for (const bool overwrite : {false, true}) {
-      const Vec dinp = overwrite ? Vec(size_t(N * C), std::numeric_limits<float>::quiet_NaN()) : random(size_t(N * C), 24);
-      compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
-              {dinp, random(size_t(C), 25), random(size_t(C), 26)},
+  // C = 45: an element at a time; 48: whole 16-byte groups (two float4s).
+  for (const int64_t C : {int64_t(45), int64_t(48)}) {
+    CAPTURE(C);
+    const int64_t N = 530;  // 34 blocks of 16 rows: lanes of the partial sums' warps add two rows or one
+    const Vec x = random(size_t(N * C), 20), w = random(size_t(C), 21), bias = random(size_t(C), 22);
+    const Vec dout = random(size_t(N * C), 23), residual = random(size_t(N * C), 27);
+    for (const bool with_bias : {true, false}) {
+      const std::string name = with_bias ? "layernorm" : "layernorm without bias";
+      compare(name + " forward", {Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+        (g ? gpu::layernorm_forward<float> : cpu::layernorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), x.data(),
+                                                                     w.data(), with_bias ? bias.data() : nullptr, N, C, 1e-5f);
+      });
+      for (const float p : {0.0f, 0.3f}) {  // the residual without and with dropout
+        compare(name + " after a residual add, forward" + (p > 0 ? " (dropout)" : ""),
+                {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+                  (g ? gpu::add_layernorm_forward<float> : cpu::add_layernorm_forward<float>)(
+                      o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(), residual.data(), w.data(),
+                      with_bias ? bias.data() : nullptr, N, C, 1e-5f, p, 77);
+                });
+      }
+      Vec y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+      cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
+      for (const bool overwrite : {false, true}) {
+        const Vec dinp = overwrite ? Vec(size_t(N * C), std::numeric_limits<float>::quiet_NaN()) : random(size_t(N * C), 24);
+        compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
+                {dinp, random(size_t(C), 25), random(size_t(C), 26)},
+                [&](std::vector<Vec>& o, bool g) {
+                  (g ? gpu::layernorm_backward<float> : cpu::layernorm_backward<float>)(
+                      o[0].data(), o[1].data(), with_bias ? o[2].data() : nullptr, dout.data(), x.data(), w.data(),
+                      mean.data(), rstd.data(), N, C, overwrite);
+                }, 1e-4, 1e-4);
+      }
+      compare(name + " backward, weight and bias only", {random(size_t(C), 25), random(size_t(C), 26)},
               [&](std::vector<Vec>& o, bool g) {
-                (g ? gpu::layernorm_backward : cpu::layernorm_backward<float>)(
-                    o[0].data(), o[1].data(), with_bias ? o[2].data() : nullptr, dout.data(), x.data(), w.data(),
-                    mean.data(), rstd.data(), N, C, overwrite);
+                (g ? gpu::layernorm_backward<float> : cpu::layernorm_backward<float>)(
+                    nullptr, o[0].data(), with_bias ? o[1].data() : nullptr, dout.data(), x.data(), w.data(),
+                    mean.data(), rstd.data(), N, C, false);
               }, 1e-4, 1e-4);
     }
-    compare(name + " backward, weight and bias only", {random(size_t(C), 25), random(size_t(C), 26)},
-            [&](std::vector<Vec>& o, bool g) {
-              (g ? gpu::layernorm_backward : cpu::layernorm_backward<float>)(
-                  nullptr, o[0].data(), with_bias ? o[1].data() : nullptr, dout.data(), x.data(), w.data(),
-                  mean.data(), rstd.data(), N, C, false);
-            }, 1e-4, 1e-4);
   }
   // Rows wider than the fused backward kernel's shared memory takes (C > 768): the input and parameter kernels.
   const int64_t N2 = 40, C2 = 800;
@@ -355,7 +365,7 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
   cpu::layernorm_forward<float>(y2.data(), mean2.data(), rstd2.data(), x2.data(), w2.data(), nullptr, N2, C2, 1e-5f);
   compare("layernorm backward, wide rows", {random(size_t(N2 * C2), 33), random(size_t(C2), 34), random(size_t(C2), 35)},
           [&](std::vector<Vec>& o, bool g) {
-            (g ? gpu::layernorm_backward : cpu::layernorm_backward<float>)(
+            (g ? gpu::layernorm_backward<float> : cpu::layernorm_backward<float>)(
                 o[0].data(), o[1].data(), o[2].data(), dout2.data(), x2.data(), w2.data(), mean2.data(), rstd2.data(),
                 N2, C2, false);
           }, 1e-4, 1e-4);
@@ -370,7 +380,7 @@ TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backw
     for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = int32_t((n * 7 + n / 3) % 9);  // ids 9..11 unused
     const Vec weight = random(size_t(V * C), 27), dout = random(size_t(N * C), 28);
     compare("embedding forward", {Vec(size_t(N * C))}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::embedding_forward : cpu::embedding_forward<float>)(o[0].data(), ids.data(), weight.data(), N, C);
+      (g ? gpu::embedding_forward<float> : cpu::embedding_forward<float>)(o[0].data(), ids.data(), weight.data(), N, C);
     });
     // With the ids' host copy the launcher sorts them on the host; without it, it scans them on the device (no copy
     // back, nothing of this step's ids baked into a captured graph). Both sum each id's rows in chunks of rows, in row
@@ -379,7 +389,7 @@ TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backw
     for (const int32_t* host_ids : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ids.data())}) {
       const int64_t copies = gpu::host_copies;
       compare("embedding backward", {random(size_t(V * C), 29)}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::embedding_backward : cpu::embedding_backward<float>)(o[0].data(), dout.data(), ids.data(), host_ids,
+        (g ? gpu::embedding_backward<float> : cpu::embedding_backward<float>)(o[0].data(), dout.data(), ids.data(), host_ids,
                                                                        N, V, C);
         if (g) results.push_back(o[0]);
       });
@@ -389,33 +399,16 @@ TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backw
   }
 }
 
-TEST_CASE("emulated CUDA: cross-entropy (an ignored row), forward and backward") {
-  const int64_t N = 6, V = 70;
-  const Vec logits = random(size_t(N * V), 30, -3.0f, 3.0f);
-  const std::vector<int32_t> targets = {3, 69, -100, 0, 33, 64};
-  compare("crossentropy forward", {Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::crossentropy_forward : cpu::crossentropy_forward<float>)(o[0].data(), o[1].data(), logits.data(),
-                                                                       targets.data(), N, V, -100);
-  });
-  Vec losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N));
-  cpu::crossentropy_forward<float>(losses.data(), lse.data(), logits.data(), targets.data(), N, V, -100);
-  compare("crossentropy backward", {random(size_t(N * V), 31)}, [&](std::vector<Vec>& o, bool g) {
-    const float dloss = 0.6f;  // the upstream gradient, read from (device) memory, times the scale
-    (g ? gpu::crossentropy_backward : cpu::crossentropy_backward<float>)(o[0].data(), &dloss, 0.5f, logits.data(),
-                                                                         lse.data(), targets.data(), N, V, -100);
-  });
-}
-
 TEST_CASE("emulated CUDA: dropout draws the CPU's mask, forward and backward") {
   const int64_t n = 600;
   const Vec x = random(size_t(n), 32), dout = random(size_t(n), 33);
   for (const float p : {0.0f, 0.3f, 1.0f}) {
     const std::string name = "dropout p=" + std::to_string(p);
     compare(name + " forward", {Vec(size_t(n))}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::dropout_forward : cpu::dropout_forward<float>)(o[0].data(), x.data(), n, p, 99);
+      (g ? gpu::dropout_forward<float> : cpu::dropout_forward<float>)(o[0].data(), x.data(), n, p, 99);
     }, 0.0, 0.0);
     compare(name + " backward", {random(size_t(n), 34)}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::dropout_backward : cpu::dropout_backward<float>)(o[0].data(), dout.data(), n, p, 99);
+      (g ? gpu::dropout_backward<float> : cpu::dropout_backward<float>)(o[0].data(), dout.data(), n, p, 99);
     }, 0.0, 1e-7);
   }
 }
@@ -431,12 +424,12 @@ TEST_CASE("emulated CUDA: permute and copy_slice, storing and accumulating") {
   const Vec x = random(120, 35);
   for (const bool acc : {false, true}) {
     compare(std::string("permute") + (acc ? " accumulating" : ""), {random(120, 36)}, [&](std::vector<Vec>& o, bool gp) {
-      (gp ? gpu::permute : cpu::permute<float>)(o[0].data(), x.data(), g, acc);
+      (gp ? gpu::permute<float> : cpu::permute<float>)(o[0].data(), x.data(), g, acc);
     }, 0.0, 1e-7);
     // src (3, 7, 4) rows 2..5 into dst (3, 9, 4) rows 4..7
     const Vec src = random(3 * 7 * 4, 37);
     compare(std::string("copy_slice") + (acc ? " accumulating" : ""), {random(3 * 9 * 4, 38)}, [&](std::vector<Vec>& o, bool gp) {
-      (gp ? gpu::copy_slice : cpu::copy_slice<float>)(o[0].data(), src.data(), 3, 4, 9, 4, 7, 2, 4, acc);
+      (gp ? gpu::copy_slice<float> : cpu::copy_slice<float>)(o[0].data(), src.data(), 3, 4, 9, 4, 7, 2, 4, acc);
     }, 0.0, 1e-7);
   }
 }
@@ -468,7 +461,7 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
                                  (lt ? "" : ", no cublasLt algorithm") + (keep16 ? ", inp kept in bf16" : "");
         compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
           if (g) {
-            gpu::linear_forward(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
+            gpu::linear_forward<float>(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
                                 act, o[1].data(), keep16 ? x16.data() : nullptr, nullptr);
           } else {
             cpu::linear_forward<float>(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC,
@@ -487,9 +480,9 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
           std::vector<uint16_t> act16(out.size() + 1, 0xffff);
           Vec untouched(out.size(), -7.0f);
           Vec no_act = untouched;
-          gpu::linear_forward(out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math, act,
+          gpu::linear_forward<float>(out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math, act,
                               no_act.data(), x16.data(), act16.data());
-          gpu::linear_forward(ref_out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
+          gpu::linear_forward<float>(ref_out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
                               act, ref_act.data(), nullptr, nullptr);
           CHECK(out == ref_out);
           CHECK(no_act == untouched);
@@ -498,9 +491,9 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
           CHECK(rounded);
           const Vec w_next = random(size_t(5 * OC), 52);
           Vec next(size_t(rows * 5)), ref_next(next.size());
-          gpu::linear_forward(next.data(), nullptr, w_next.data(), nullptr, rows, OC, 5, math, Activation::None, nullptr,
+          gpu::linear_forward<float>(next.data(), nullptr, w_next.data(), nullptr, rows, OC, 5, math, Activation::None, nullptr,
                               act16.data(), nullptr);
-          gpu::linear_forward(ref_next.data(), ref_act.data(), w_next.data(), nullptr, rows, OC, 5, math,
+          gpu::linear_forward<float>(ref_next.data(), ref_act.data(), w_next.data(), nullptr, rows, OC, 5, math,
                               Activation::None, nullptr, nullptr, nullptr);
           CHECK(next == ref_next);
         }
@@ -511,7 +504,7 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
                   {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
                     float* db = with_bias ? o[2].data() : nullptr;
                     if (g) {
-                      gpu::linear_backward(o[0].data(), o[1].data(), db, dout.data(), keep16 ? nan_x.data() : x.data(),
+                      gpu::linear_backward<float>(o[0].data(), o[1].data(), db, dout.data(), keep16 ? nan_x.data() : x.data(),
                                            w.data(), rows, C, OC, math, overwrite, act, pre.data(),
                                            keep16 ? x16.data() : nullptr);
                     } else {
@@ -537,10 +530,10 @@ TEST_CASE("emulated CUDA: linear asks cublasLt for its epilogues only when TINYG
   const auto calls = [&](MatmulMath math) {
     Vec out(size_t(rows * OC)), act_out(out.size()), dinp(x.size()), dw(w.size()), db(bias.size());
     gpu::fused_gemm_calls = 0;
-    gpu::linear_forward(out.data(), x.data(), w.data(), bias.data(), rows, C, OC, math, Activation::Gelu,
+    gpu::linear_forward<float>(out.data(), x.data(), w.data(), bias.data(), rows, C, OC, math, Activation::Gelu,
                         act_out.data(), nullptr, nullptr);
     // backward as if x were GELU's output, of pre-activations x too
-    gpu::linear_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), rows, C, OC, math, true,
+    gpu::linear_backward<float>(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), rows, C, OC, math, true,
                          Activation::Gelu, x.data(), nullptr);
     return gpu::fused_gemm_calls;
   };
@@ -569,11 +562,11 @@ TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched 
           const Vec a = random(size_t(bt.a * M * K), 39), b = random(size_t(bt.b * K * N), 40);
           const Vec dout = random(size_t(batch * M * N), 41);
           compare(name + " forward", {Vec(size_t(batch * M * N))}, [&](std::vector<Vec>& o, bool g) {
-            (g ? gpu::matmul_forward : cpu::matmul_forward<float>)(o[0].data(), a.data(), b.data(), bt.a, bt.b, M, K,
+            (g ? gpu::matmul_forward<float> : cpu::matmul_forward<float>)(o[0].data(), a.data(), b.data(), bt.a, bt.b, M, K,
                                                                    N, ta, tb, math);
           });
           compare(name + " backward", {random(a.size(), 42), random(b.size(), 43)}, [&](std::vector<Vec>& o, bool g) {
-            (g ? gpu::matmul_backward : cpu::matmul_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(),
+            (g ? gpu::matmul_backward<float> : cpu::matmul_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(),
                                                                      b.data(), bt.a, bt.b, M, K, N, ta, tb, math);
           }, 1e-4, 1e-4);
         }
@@ -596,19 +589,19 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     INFO(matmul_math_name(math));
     const bool rounded = math != MatmulMath::F32;
     Vec out(size_t(M * N)), ref(size_t(M * N));
-    gpu::matmul_forward(out.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, math);
+    gpu::matmul_forward<float>(out.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, math);
     cpu::matmul_forward<float>(ref.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, MatmulMath::F32);
     check_same(out, ref, "matmul forward", rounded ? 5e-2 : 1e-5, rounded ? 1e-2 : 1e-4);
     CHECK((largest_difference(out, ref) > 1e-4) == rounded);
     Vec da(a.size(), 0.0f), db(b.size(), 0.0f), ref_da = da, ref_db = db;
-    gpu::matmul_backward(da.data(), db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, math);
+    gpu::matmul_backward<float>(da.data(), db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, math);
     cpu::matmul_backward<float>(ref_da.data(), ref_db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false,
                                 false, MatmulMath::F32);
     CHECK((largest_difference(da, ref_da) > 1e-4) == rounded);
     CHECK((largest_difference(db, ref_db) > 1e-4) == rounded);
     Vec y(size_t(M * N)), ref_y(size_t(M * N));
     const Vec w = random(size_t(N * K), 63);
-    gpu::linear_forward(y.data(), a.data(), w.data(), nullptr, M, K, N, math, Activation::None, nullptr, nullptr,
+    gpu::linear_forward<float>(y.data(), a.data(), w.data(), nullptr, M, K, N, math, Activation::None, nullptr, nullptr,
                         nullptr);
     cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, MatmulMath::F32, Activation::None,
                                nullptr, nullptr, nullptr);
@@ -617,17 +610,305 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     const int64_t OC = 16;
     const Vec w2 = random(size_t(OC * K), 64), bias = random(size_t(OC), 65), dout2 = random(size_t(M * OC), 66);
     Vec pre(size_t(M * OC)), act(pre.size()), ref_pre(pre.size()), ref_act(pre.size());
-    gpu::linear_forward(pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, math, Activation::Gelu, act.data(),
+    gpu::linear_forward<float>(pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, math, Activation::Gelu, act.data(),
                         nullptr, nullptr);
     cpu::linear_forward<float>(ref_pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, MatmulMath::F32,
                                Activation::Gelu, ref_act.data(), nullptr, nullptr);
     CHECK((largest_difference(act, ref_act) > 1e-4) == rounded);
     Vec dx(a.size()), ref_dx(a.size());
-    gpu::linear_backward(dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC, math, true,
+    gpu::linear_backward<float>(dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC, math, true,
                          Activation::Gelu, b.data(), nullptr);
     cpu::linear_backward<float>(ref_dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC,
                                 MatmulMath::F32, true, Activation::Gelu, b.data(), nullptr);
     CHECK((largest_difference(dx, ref_dx) > 1e-4) == rounded);
+  }
+}
+
+// bf16 storage: each kernel that takes it on the GPU against its CPU twin on the same bf16 inputs. Where both compute
+// the same single f32 operation per element (a sum, a product, a quotient, a scaled copy, a move) the stored bits must
+// be equal (so a rounding that truncates instead of rounding to nearest even fails); elsewhere the f32 values differ
+// by the order of sums, an FMA or the exp and tanh implementations, and one rounding may land on the next bf16 value:
+// within one bf16 ulp (2^-7 relative: 8 bits of mantissa), plus what cancellation leaves near zero.
+
+namespace {
+
+using Bf = std::vector<bf16>;
+
+constexpr double kBf16Ulp = 1.0 / 128;
+
+template <class T>
+Vec widened(const std::vector<T>& v) {
+  Vec out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = float(v[i]);
+  return out;
+}
+
+/// v stored as T.
+template <class T>
+std::vector<T> stored_as(const Vec& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+Bf random_bf16(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) { return stored_as<bf16>(random(n, seed, lo, hi)); }
+
+/// compare() over buffers stored as T (f32 or bf16): run(buffers, on_gpu) into copies of the same start; compared
+/// widened (exact when atol and rtol are 0: the same bits).
+template <class T, class F>
+void compare_stored(const std::string& what, const std::vector<std::vector<T>>& start, F run, double atol = 0,
+                    double rtol = 0) {
+  std::vector<std::vector<T>> emulated = start, cpu = start;
+  run(emulated, true);
+  run(cpu, false);
+  for (size_t i = 0; i < start.size(); ++i) {
+    check_same(widened(emulated[i]), widened(cpu[i]), what + ", output " + std::to_string(i), atol, rtol);
+  }
+}
+
+template <class F>
+void compare_bf16(const std::string& what, const std::vector<Bf>& start, F run, double atol = 0, double rtol = 0) {
+  compare_stored(what, start, run, atol, rtol);
+}
+
+}  // namespace
+
+TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row), forward and backward") {
+  const int64_t N = 6, V = 70;
+  const Vec logits32 = random(size_t(N * V), 30, -3.0f, 3.0f);
+  const std::vector<int32_t> targets = {3, 69, -100, 0, 33, 64};
+  const auto check = [&]<class T>(double atol, double rtol) {
+    const std::vector<T> logits = stored_as<T>(logits32);
+    // losses and lse are f32 for both storage types
+    compare("crossentropy forward", {Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::crossentropy_forward<T> : cpu::crossentropy_forward<T>)(o[0].data(), o[1].data(), logits.data(),
+                                                                        targets.data(), N, V, -100);
+    });
+    Vec losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N));
+    cpu::crossentropy_forward<T>(losses.data(), lse.data(), logits.data(), targets.data(), N, V, -100);
+    const float dloss = 0.6f;  // the upstream gradient, read from (device) memory, times the scale
+    compare_stored<T>("crossentropy backward", {stored_as<T>(random(size_t(N * V), 31))},
+                      [&](std::vector<std::vector<T>>& o, bool g) {
+                        (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(
+                            o[0].data(), &dloss, 0.5f, logits.data(), lse.data(), targets.data(), N, V, -100);
+                      }, atol, rtol);
+  };
+  check.operator()<float>(1e-5, 1e-4);
+  check.operator()<bf16>(1e-5, kBf16Ulp);
+}
+
+TEST_CASE("emulated CUDA: bf16 storage, elementwise maps (16-byte groups and single elements)") {
+  // 2053 elements: 256 groups of eight and a tail of 5. Offset 0: every pointer 16-byte aligned (the vector groups);
+  // offset 1: an element a thread.
+  const int64_t n = 2053;
+  for (const int64_t off : {0, 1}) {
+    CAPTURE(off);
+    const Bf x = random_bf16(size_t(n + 1), 70), y = random_bf16(size_t(n + 1), 71, 0.5f, 2.0f);
+    const Bf dout = random_bf16(size_t(n + 1), 72);
+    const auto at = [off](const Bf& v) { return v.data() + off; };
+    compare_bf16("axpy", {random_bf16(size_t(n + 1), 73)}, [&](std::vector<Bf>& o, bool g) {
+      (g ? gpu::axpy<bf16> : cpu::axpy<bf16>)(o[0].data() + off, at(x), -1.5f, n);
+    }, 1e-6, kBf16Ulp);
+    for (const BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
+      const std::string name = "binary op " + std::to_string(int(op));
+      BroadcastGeom geom{};
+      geom.same_shape = true;
+      for (int d = 0; d < kMaxDims; ++d) geom.out[d] = d == kMaxDims - 1 ? n : 1, geom.a_stride[d] = geom.b_stride[d] = 1;
+      compare_bf16(name + " forward", {Bf(size_t(n + 1))}, [&](std::vector<Bf>& o, bool g) {
+        (g ? gpu::binary_forward<bf16> : cpu::binary_forward<bf16>)(o[0].data() + off, at(x), at(y), geom, op);
+      });
+      compare_bf16(name + " backward", {random_bf16(size_t(n + 1), 74), random_bf16(size_t(n + 1), 75)},
+                   [&](std::vector<Bf>& o, bool g) {
+                     (g ? gpu::binary_backward<bf16> : cpu::binary_backward<bf16>)(
+                         o[0].data() + off, o[1].data() + off, at(dout), at(x), at(y), geom, op);
+                   }, 1e-6, kBf16Ulp);
+    }
+    for (const UnaryOp op : {UnaryOp::Neg, UnaryOp::Scale, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Tanh, UnaryOp::Relu,
+                             UnaryOp::Gelu, UnaryOp::Sqrt}) {
+      const std::string name = unary_name(op);
+      const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt;
+      const Bf in = positive ? random_bf16(size_t(n + 1), 76, 0.1f, 3.0f) : random_bf16(size_t(n + 1), 76, -3.0f, 3.0f);
+      Bf out(static_cast<size_t>(n + 1));
+      cpu::unary_forward<bf16>(out.data() + off, at(in), n, op, 0.7f);
+      compare_bf16(name + " forward", {Bf(size_t(n + 1))}, [&](std::vector<Bf>& o, bool g) {
+        (g ? gpu::unary_forward<bf16> : cpu::unary_forward<bf16>)(o[0].data() + off, at(in), n, op, 0.7f);
+      }, 1e-6, kBf16Ulp);
+      for (const bool overwrite : {false, true}) {
+        compare_bf16(name + (overwrite ? " backward, overwriting" : " backward"), {random_bf16(size_t(n + 1), 77)},
+                     [&](std::vector<Bf>& o, bool g) {
+                       (g ? gpu::unary_backward<bf16> : cpu::unary_backward<bf16>)(
+                           o[0].data() + off, at(dout), at(in), at(out), n, op, 0.7f, overwrite);
+                     }, 1e-6, kBf16Ulp);
+      }
+    }
+    for (const float p : {0.0f, 0.3f}) {
+      compare_bf16("dropout forward", {Bf(size_t(n + 1))}, [&](std::vector<Bf>& o, bool g) {
+        (g ? gpu::dropout_forward<bf16> : cpu::dropout_forward<bf16>)(o[0].data() + off, at(x), n, p, 99);
+      });
+      compare_bf16("dropout backward", {random_bf16(size_t(n + 1), 78)}, [&](std::vector<Bf>& o, bool g) {
+        (g ? gpu::dropout_backward<bf16> : cpu::dropout_backward<bf16>)(o[0].data() + off, at(dout), n, p, 99);
+      }, 1e-6, kBf16Ulp);
+    }
+  }
+  // Broadcast operands (the warp-per-element, row-block and full kernels) and the layout moves.
+  const int64_t a_shape[kMaxDims] = {1, 1, 5, 9, 8}, b_shape[kMaxDims] = {1, 1, 1, 9, 8}, c_shape[kMaxDims] = {1, 1, 5, 1, 1};
+  for (const auto* other : {&b_shape, &c_shape}) {
+    const BroadcastGeom geom = broadcast(a_shape, *other);
+    const int64_t na = count(a_shape), nb = count(*other);
+    const Bf a = random_bf16(size_t(na), 79), b = random_bf16(size_t(nb), 80, 0.5f, 2.0f), d = random_bf16(size_t(na), 81);
+    for (const BinaryOp op : {BinaryOp::Add, BinaryOp::Mul}) {
+      compare_bf16("broadcast forward", {Bf(size_t(na))}, [&](std::vector<Bf>& o, bool g) {
+        (g ? gpu::binary_forward<bf16> : cpu::binary_forward<bf16>)(o[0].data(), a.data(), b.data(), geom, op);
+      });
+      compare_bf16("broadcast backward", {random_bf16(size_t(na), 82), random_bf16(size_t(nb), 83)},
+                   [&](std::vector<Bf>& o, bool g) {
+                     (g ? gpu::binary_backward<bf16> : cpu::binary_backward<bf16>)(o[0].data(), o[1].data(), d.data(),
+                                                                                 a.data(), b.data(), geom, op);
+                   }, 1e-5, kBf16Ulp);
+    }
+  }
+  PermuteGeom g{};
+  const int64_t shape[kMaxDims] = {1, 2, 3, 4, 5};
+  int64_t stride[kMaxDims];
+  contiguous_strides(shape, stride, kMaxDims);
+  const int perm[kMaxDims] = {0, 3, 1, 4, 2};
+  for (int d = 0; d < kMaxDims; ++d) g.out[d] = shape[perm[d]], g.inp_stride[d] = stride[perm[d]];
+  const Bf x = random_bf16(120, 84), src = random_bf16(3 * 7 * 4, 85);
+  for (const bool acc : {false, true}) {
+    compare_bf16("permute", {random_bf16(120, 86)}, [&](std::vector<Bf>& o, bool gp) {
+      (gp ? gpu::permute<bf16> : cpu::permute<bf16>)(o[0].data(), x.data(), g, acc);
+    });
+    compare_bf16("copy_slice", {random_bf16(3 * 9 * 4, 87)}, [&](std::vector<Bf>& o, bool gp) {
+      (gp ? gpu::copy_slice<bf16> : cpu::copy_slice<bf16>)(o[0].data(), src.data(), 3, 4, 9, 4, 7, 2, 4, acc);
+    });
+  }
+}
+
+TEST_CASE("emulated CUDA: bf16 storage, layer norm and embedding") {
+  // C = 48: rows of whole 16-byte groups (two per lane for some lanes: 6 groups); C = 45: an element at a time; N = 530:
+  // 34 blocks of weight and bias partial sums.
+  for (const int64_t C : {48, 45}) {
+    CAPTURE(C);
+    const int64_t N = 530;
+    const Bf x = random_bf16(size_t(N * C), 90), w = random_bf16(size_t(C), 91), bias = random_bf16(size_t(C), 92);
+    const Bf residual = random_bf16(size_t(N * C), 93), dout = random_bf16(size_t(N * C), 94);
+    // The statistics are f32 (compared at f32 tolerances), the rows bf16.
+    Bf y_cpu(static_cast<size_t>(N * C)), y_gpu(static_cast<size_t>(N * C));
+    Vec mean_cpu(static_cast<size_t>(N)), rstd_cpu(static_cast<size_t>(N)), mean_gpu(static_cast<size_t>(N)), rstd_gpu(static_cast<size_t>(N));
+    cpu::layernorm_forward<bf16>(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
+    gpu::layernorm_forward<bf16>(y_gpu.data(), mean_gpu.data(), rstd_gpu.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
+    check_same(widened(y_gpu), widened(y_cpu), "layernorm forward", 1e-5, kBf16Ulp);
+    check_same(mean_gpu, mean_cpu, "layernorm mean", 1e-6, 1e-5);
+    check_same(rstd_gpu, rstd_cpu, "layernorm rstd", 1e-6, 1e-5);
+    for (const float p : {0.0f, 0.3f}) {
+      CAPTURE(p);
+      Bf s_cpu(static_cast<size_t>(N * C)), s_gpu(static_cast<size_t>(N * C));
+      cpu::add_layernorm_forward<bf16>(s_cpu.data(), y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(),
+                                       residual.data(), w.data(), nullptr, N, C, 1e-5f, p, 77);
+      gpu::add_layernorm_forward<bf16>(s_gpu.data(), y_gpu.data(), mean_gpu.data(), rstd_gpu.data(), x.data(),
+                                       residual.data(), w.data(), nullptr, N, C, 1e-5f, p, 77);
+      check_same(widened(s_gpu), widened(s_cpu), "add_layernorm sum", 0, 0);  // a + b (dropped out): one rounding each
+      check_same(widened(y_gpu), widened(y_cpu), "add_layernorm forward", 1e-5, kBf16Ulp);
+      check_same(rstd_gpu, rstd_cpu, "add_layernorm rstd", 1e-6, 1e-5);
+    }
+    cpu::layernorm_forward<bf16>(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
+    for (const bool overwrite : {false, true}) {
+      compare_bf16(std::string("layernorm backward") + (overwrite ? ", overwriting" : ""),
+                   {random_bf16(size_t(N * C), 95), random_bf16(size_t(C), 96), random_bf16(size_t(C), 97)},
+                   [&](std::vector<Bf>& o, bool g) {
+                     (g ? gpu::layernorm_backward<bf16> : cpu::layernorm_backward<bf16>)(
+                         o[0].data(), o[1].data(), o[2].data(), dout.data(), x.data(), w.data(), mean_cpu.data(),
+                         rstd_cpu.data(), N, C, overwrite);
+                   }, 1e-4, kBf16Ulp);
+    }
+  }
+  {  // wider rows than the fused backward takes: the input and parameter kernels
+    const int64_t N = 40, C = 800;
+    const Bf x = random_bf16(size_t(N * C), 98), w = random_bf16(size_t(C), 99), dout = random_bf16(size_t(N * C), 100);
+    Bf y(static_cast<size_t>(N * C));
+    Vec mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    cpu::layernorm_forward<bf16>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N, C, 1e-5f);
+    compare_bf16("layernorm backward, wide rows",
+                 {random_bf16(size_t(N * C), 101), random_bf16(size_t(C), 102), random_bf16(size_t(C), 103)},
+                 [&](std::vector<Bf>& o, bool g) {
+                   (g ? gpu::layernorm_backward<bf16> : cpu::layernorm_backward<bf16>)(
+                       o[0].data(), o[1].data(), o[2].data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                       N, C, false);
+                 }, 1e-4, kBf16Ulp);
+  }
+  for (const int64_t C : {40, 37}) {  // embedding: whole groups of a row, and single elements
+    CAPTURE(C);
+    const int64_t N = 50, V = 12;
+    std::vector<int32_t> ids(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = int32_t((n * 7 + n / 3) % 9);
+    const Bf weight = random_bf16(size_t(V * C), 104), dout = random_bf16(size_t(N * C), 105);
+    compare_bf16("embedding forward", {Bf(size_t(N * C))}, [&](std::vector<Bf>& o, bool g) {
+      (g ? gpu::embedding_forward<bf16> : cpu::embedding_forward<bf16>)(o[0].data(), ids.data(), weight.data(), N, C);
+    });
+    for (const int32_t* host_ids : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ids.data())}) {
+      compare_bf16("embedding backward", {random_bf16(size_t(V * C), 106)}, [&](std::vector<Bf>& o, bool g) {
+        (g ? gpu::embedding_backward<bf16> : cpu::embedding_backward<bf16>)(o[0].data(), dout.data(), ids.data(),
+                                                                            host_ids, N, V, C);
+      }, 1e-5, kBf16Ulp);
+    }
+  }
+}
+
+TEST_CASE("emulated CUDA: bf16 storage, matmul and linear (bf16 in and out, f32 sums)") {
+  const int64_t M = 5, K = 7, N = 6;
+  struct Batches {
+    int64_t a, b;
+  };
+  for (const Batches bt : {Batches{3, 3}, Batches{3, 1}, Batches{1, 3}}) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        const std::string name = "matmul batch " + std::to_string(bt.a) + "x" + std::to_string(bt.b) +
+                                 (ta ? " trans_a" : "") + (tb ? " trans_b" : "");
+        const int64_t batch = std::max(bt.a, bt.b);
+        const Bf a = random_bf16(size_t(bt.a * M * K), 110), b = random_bf16(size_t(bt.b * K * N), 111);
+        const Bf dout = random_bf16(size_t(batch * M * N), 112);
+        compare_bf16(name + " forward", {Bf(size_t(batch * M * N))}, [&](std::vector<Bf>& o, bool g) {
+          (g ? gpu::matmul_forward<bf16> : cpu::matmul_forward<bf16>)(o[0].data(), a.data(), b.data(), bt.a, bt.b, M, K,
+                                                                      N, ta, tb, MatmulMath::BF16);
+        }, 1e-4, kBf16Ulp);
+        compare_bf16(name + " backward", {random_bf16(a.size(), 113), random_bf16(b.size(), 114)},
+                     [&](std::vector<Bf>& o, bool g) {
+                       (g ? gpu::matmul_backward<bf16> : cpu::matmul_backward<bf16>)(
+                           o[0].data(), o[1].data(), dout.data(), a.data(), b.data(), bt.a, bt.b, M, K, N, ta, tb,
+                           MatmulMath::BF16);
+                     }, 1e-4, kBf16Ulp);
+      }
+    }
+  }
+  // Linear: rows of 16 and 24 (16-byte groups) and of 9 and 11 (single elements), each bias and activation.
+  struct Widths {
+    int64_t C, OC;
+  };
+  for (const Widths wd : {Widths{16, 24}, Widths{9, 11}}) {
+    const int64_t rows = 70, C = wd.C, OC = wd.OC;
+    const Bf x = random_bf16(size_t(rows * C), 115), w = random_bf16(size_t(OC * C), 116), bias = random_bf16(size_t(OC), 117);
+    const Bf dout = random_bf16(size_t(rows * OC), 118), pre = random_bf16(x.size(), 119, -3.0f, 3.0f);
+    for (const bool with_bias : {true, false}) {
+      for (const Activation act : {Activation::None, Activation::Gelu, Activation::ReluSquared}) {
+        const std::string name = "linear " + std::to_string(C) + "x" + std::to_string(OC) + (with_bias ? " bias" : "") +
+                                 " act " + std::to_string(int(act));
+        const bool has_act = act != Activation::None;
+        compare_bf16(name + " forward", {Bf(size_t(rows * OC)), Bf(size_t(rows * OC))}, [&](std::vector<Bf>& o, bool g) {
+          (g ? gpu::linear_forward<bf16> : cpu::linear_forward<bf16>)(
+              o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, MatmulMath::BF16, act,
+              has_act ? o[1].data() : nullptr, nullptr, nullptr);
+        }, 1e-4, kBf16Ulp);
+        for (const bool overwrite : {false, true}) {
+          if (has_act && !overwrite) continue;  // a gradient through the activation overwrites dinp
+          compare_bf16(name + " backward" + (overwrite ? ", overwriting" : ""),
+                       {random_bf16(x.size(), 120), random_bf16(w.size(), 121), random_bf16(size_t(OC), 122)},
+                       [&](std::vector<Bf>& o, bool g) {
+                         (g ? gpu::linear_backward<bf16> : cpu::linear_backward<bf16>)(
+                             o[0].data(), o[1].data(), with_bias ? o[2].data() : nullptr, dout.data(), x.data(),
+                             w.data(), rows, C, OC, MatmulMath::BF16, overwrite, act, has_act ? pre.data() : nullptr,
+                             nullptr);
+                       }, 1e-3, kBf16Ulp);
+        }
+      }
+    }
   }
 }
 

@@ -60,7 +60,7 @@ struct TrainConfig {
   bool cuda_graphs = true;
   bool device_step_on_cpu = false;  // tests: the GPU's step form (reading its per-step values from memory) on the CPU
   std::string attention_math;  // on the GPU: flash attention's operands, f32, tf32 or bf16; empty: as dtype
-  std::string storage;  // activations' storage, f32 or bf16 (--dtype bf16 on the CPU); empty: bf16_storage_of's default
+  std::string storage;  // activations' storage, f32 or bf16 (with --dtype bf16); empty: bf16_storage_of's default
   bool resume = false;
   bool optimizer_given = true;  // false: --resume takes the checkpoint's optimizer (the CLI, without --optimizer)
   bool quiet = false;  // only the final summary and errors on stderr
@@ -95,8 +95,8 @@ AttentionMath default_attention_math(bool bf16, bool tf32, bool cuda);
 /// (--attention-math, else default_attention_math), and on the GPU the TF32 flag (the CPU has no TF32).
 Numerics numerics_of(const TrainConfig& c);
 /// Whether activations are stored in bf16 (Numerics::bf16_storage): as --storage says ("f32" or "bf16"; bf16 needs
-/// --dtype bf16 and the CPU, whose kernels take it); when it is not given, bf16 with bf16 products on a CPU whose
-/// GEMM runs on AMX-BF16, else f32. Throws naming the flag.
+/// --dtype bf16); when it is not given, bf16 with bf16 products on a CPU whose GEMM runs on AMX-BF16, else f32 (the
+/// GPU too, for now). Throws naming the flag.
 bool bf16_storage_of(const std::string& storage, bool bf16, Device device);
 /// Throws before any work when `device` cannot compute with `numerics` (tensor-core attention and bf16 matmuls need
 /// compute capability 8.0); `how` says which flag to change.

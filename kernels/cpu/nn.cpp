@@ -232,12 +232,15 @@ void layernorm_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16
       }
     }
   }
-  for (int t = 0; t < nth; ++t) {
-    const float* pw = partial.data() + 2 * t * C;
-    for (int64_t c = 0; c < C; ++c) {
-      if (dweight) dweight[c] = bf16(float(dweight[c]) + pw[c]);
-      if (dbias) dbias[c] = bf16(float(dbias[c]) + pw[C + c]);
-    }
+  // The threads' sums added in f32 in thread order, then to what the gradients held, each rounded once (not once per
+  // thread: the rounding would then depend on the thread count).
+  for (int t = 1; t < nth; ++t) {
+    const float* pt = partial.data() + 2 * t * C;
+    for (int64_t c = 0; c < 2 * C; ++c) partial[size_t(c)] += pt[c];
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    if (dweight) dweight[c] = bf16(float(dweight[c]) + partial[size_t(c)]);
+    if (dbias) dbias[c] = bf16(float(dbias[c]) + partial[size_t(C + c)]);
   }
 }
 

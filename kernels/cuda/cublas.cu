@@ -25,12 +25,12 @@ void set_math_mode(bool tf32) {
 /// The row-major product as cuBLAS's column-major one of the transposes: C^T = op(B)^T op(A)^T.
 void strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                      int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, cudaDataType_t type,
-                     float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch, cublasComputeType_t compute,
-                     const char* what) {
+                     float beta, void* C, cudaDataType_t c_type, int64_t ldc, int64_t stride_c, int64_t batch,
+                     cublasComputeType_t compute, const char* what) {
   const ProfiledRegion timed(what);
   check(cublasGemmStridedBatchedEx(cublas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    int(N), int(M), int(K), &alpha, B, type, int(ldb), stride_b, A, type, int(lda),
-                                   stride_a, &beta, C, CUDA_R_32F, int(ldc), stride_c, int(batch), compute,
+                                   stride_a, &beta, C, c_type, int(ldc), stride_c, int(batch), compute,
                                    CUBLAS_GEMM_DEFAULT),
         what);
 }
@@ -42,17 +42,36 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           int64_t stride_c, int64_t batch, bool tf32, const char* what) {
   if (M == 0 || N == 0 || batch == 0) return;
   set_math_mode(tf32);
-  strided_batched(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, CUDA_R_32F, beta, C, ldc,
-                  stride_c, batch, compute_type(tf32, lda, ldb, ldc), what);
+  strided_batched(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, CUDA_R_32F, beta, C, CUDA_R_32F,
+                  ldc, stride_c, batch, compute_type(tf32, lda, ldb, ldc), what);
 }
+
+namespace {
+
+/// The product of bf16 operands, f32 sums, C of c_type (f32 or bf16).
+void bf16_operands(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+                   int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, void* C,
+                   cudaDataType_t c_type, int64_t ldc, int64_t stride_c, int64_t batch, const char* what) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  set_math_mode(false);
+  strided_batched(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, CUDA_R_16BF, beta, C, c_type,
+                  ldc, stride_c, batch, CUBLAS_COMPUTE_32F, what);
+}
+
+}  // namespace
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
                int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, float* C,
                int64_t ldc, int64_t stride_c, int64_t batch, const char* what) {
-  if (M == 0 || N == 0 || batch == 0) return;
-  set_math_mode(false);
-  strided_batched(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, CUDA_R_16BF, beta, C, ldc,
-                  stride_c, batch, CUBLAS_COMPUTE_32F, what);
+  bf16_operands(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, CUDA_R_32F, ldc,
+                stride_c, batch, what);
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
+               int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, bf16* C,
+               int64_t ldc, int64_t stride_c, int64_t batch, const char* what) {
+  bf16_operands(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, CUDA_R_16BF, ldc,
+                stride_c, batch, what);
 }
 
 bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B,

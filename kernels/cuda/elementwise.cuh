@@ -77,14 +77,6 @@ __device__ float binary_grad_b(BinaryOp op, float a, float b) {
   return 0.0f;
 }
 
-/// Eight bf16 values: one 16-byte load or store.
-struct alignas(16) Bf16x8 {
-  bf16 v[8];
-};
-
-/// Whether p may be read or written as 16-byte vectors.
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 /// Eight elements a thread: two float4 loads and one 16-byte store when vec (both pointers 16-byte aligned), the
 /// last partial group (and every group otherwise) an element at a time.
 __global__ void round_to_bf16_kernel(bf16* out, const float* inp, int64_t n, bool vec) {
@@ -134,8 +126,15 @@ __global__ void fill_kernel(float* out, float value, int64_t n) {
   TINYGPT_CUDA_LOOP(i, n) out[i] = value;
 }
 
-__global__ void axpy_kernel(float* y, const float* x, float alpha, int64_t n) {
-  TINYGPT_CUDA_LOOP(i, n) y[i] += alpha * x[i];
+template <class T>
+__global__ void axpy_kernel(T* y, const T* x, float alpha, int64_t n, bool vec) {
+  map_elements(n, vec, [&](int64_t e) {
+    float a[8], b[8];
+    load8(a, y + e);
+    load8(b, x + e);
+    for (int j = 0; j < 8; ++j) a[j] += alpha * b[j];
+    store8(y + e, a);
+  }, [&](int64_t i) { y[i] = float(y[i]) + alpha * float(x[i]); });
 }
 
 __global__ void axpby_kernel(float* y, const float* x, float alpha, float beta, int64_t n) {
@@ -151,16 +150,31 @@ __global__ void axpby_indirect_kernel(float* y, const float* x, int64_t n, doubl
   TINYGPT_CUDA_LOOP(i, n) y[i] = b == 0.0f ? a * x[i] : b * y[i] + a * x[i];
 }
 
-__global__ void unary_forward_kernel(float* out, const float* inp, int64_t n, UnaryOp op, float alpha) {
-  TINYGPT_CUDA_LOOP(i, n) out[i] = unary(op, inp[i], alpha);
+template <class T>
+__global__ void unary_forward_kernel(T* out, const T* inp, int64_t n, UnaryOp op, float alpha, bool vec) {
+  map_elements(n, vec, [&](int64_t e) {
+    float x[8];
+    load8(x, inp + e);
+    for (int j = 0; j < 8; ++j) x[j] = unary(op, x[j], alpha);
+    store8(out + e, x);
+  }, [&](int64_t i) { out[i] = unary(op, float(inp[i]), alpha); });
 }
 
-__global__ void unary_backward_kernel(float* dinp, const float* dout, const float* inp, const float* out, int64_t n,
-                                      UnaryOp op, float alpha, bool overwrite) {
-  TINYGPT_CUDA_LOOP(i, n) {
-    const float d = dout[i] * unary_grad(op, inp[i], out ? out[i] : 0.0f, alpha);
-    dinp[i] = overwrite ? d : dinp[i] + d;
-  }
+template <class T>
+__global__ void unary_backward_kernel(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op,
+                                      float alpha, bool overwrite, bool vec) {
+  map_elements(n, vec, [&](int64_t e) {
+    float g[8], x[8], y[8] = {}, d[8] = {};
+    load8(g, dout + e);
+    load8(x, inp + e);
+    if (out) load8(y, out + e);
+    if (!overwrite) load8(d, dinp + e);
+    for (int j = 0; j < 8; ++j) d[j] += g[j] * unary_grad(op, x[j], y[j], alpha);
+    store8(dinp + e, d);
+  }, [&](int64_t i) {
+    const float d = float(dout[i]) * unary_grad(op, float(inp[i]), out ? float(out[i]) : 0.0f, alpha);
+    dinp[i] = overwrite ? d : float(dinp[i]) + d;
+  });
 }
 
 /// Offsets in a and b of the output element with linear index i.
@@ -174,24 +188,49 @@ __device__ void broadcast_offsets(const BroadcastGeom& g, int64_t i, int64_t& oa
   }
 }
 
-__global__ void binary_forward_kernel(float* out, const float* a, const float* b, BroadcastGeom g, BinaryOp op, int64_t n) {
+template <class T>
+__global__ void binary_same_kernel(T* out, const T* a, const T* b, BinaryOp op, int64_t n, bool vec) {
+  map_elements(n, vec, [&](int64_t e) {
+    float x[8], y[8];
+    load8(x, a + e);
+    load8(y, b + e);
+    for (int j = 0; j < 8; ++j) x[j] = binary(op, x[j], y[j]);
+    store8(out + e, x);
+  }, [&](int64_t i) { out[i] = binary(op, float(a[i]), float(b[i])); });
+}
+
+template <class T>
+__global__ void binary_forward_kernel(T* out, const T* a, const T* b, BroadcastGeom g, BinaryOp op, int64_t n) {
   TINYGPT_CUDA_LOOP(i, n) {
-    if (g.same_shape) {
-      out[i] = binary(op, a[i], b[i]);
-    } else {
-      int64_t oa, ob;
-      broadcast_offsets(g, i, oa, ob);
-      out[i] = binary(op, a[oa], b[ob]);
-    }
+    int64_t oa, ob;
+    broadcast_offsets(g, i, oa, ob);
+    out[i] = binary(op, float(a[oa]), float(b[ob]));
   }
 }
 
-__global__ void binary_backward_same_kernel(float* da, float* db, const float* dout, const float* a, const float* b,
-                                            BinaryOp op, int64_t n) {
-  TINYGPT_CUDA_LOOP(i, n) {
-    if (da) da[i] += dout[i] * binary_grad_a(op, a[i], b[i]);
-    if (db) db[i] += dout[i] * binary_grad_b(op, a[i], b[i]);
-  }
+template <class T>
+__global__ void binary_backward_same_kernel(T* da, T* db, const T* dout, const T* a, const T* b, BinaryOp op,
+                                            int64_t n, bool vec) {
+  map_elements(n, vec, [&](int64_t e) {
+    float g[8], x[8], y[8], d[8];
+    load8(g, dout + e);
+    load8(x, a + e);
+    load8(y, b + e);
+    if (da) {
+      load8(d, da + e);
+      for (int j = 0; j < 8; ++j) d[j] += g[j] * binary_grad_a(op, x[j], y[j]);
+      store8(da + e, d);
+    }
+    if (db) {
+      load8(d, db + e);
+      for (int j = 0; j < 8; ++j) d[j] += g[j] * binary_grad_b(op, x[j], y[j]);
+      store8(db + e, d);
+    }
+  }, [&](int64_t i) {
+    const float g = float(dout[i]), x = float(a[i]), y = float(b[i]);
+    if (da) da[i] = float(da[i]) + g * binary_grad_a(op, x, y);
+    if (db) db[i] = float(db[i]) + g * binary_grad_b(op, x, y);
+  });
 }
 
 /// The gradient of one broadcast operand x (strides x_stride): one warp per element of x sums the output
@@ -203,7 +242,8 @@ struct ReduceGeom {
   int64_t xn, rn;  // elements of x; positions summed per element
 };
 
-__global__ void binary_backward_broadcast_kernel(float* dx, bool is_a, const float* dout, const float* a, const float* b,
+template <class T>
+__global__ void binary_backward_broadcast_kernel(T* dx, bool is_a, const T* dout, const T* a, const T* b,
                                                  BroadcastGeom g, ReduceGeom r, BinaryOp op) {
   const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -230,19 +270,20 @@ __global__ void binary_backward_broadcast_kernel(float* dx, bool is_a, const flo
       oa += cc[d] * g.a_stride[d];
       ob += cc[d] * g.b_stride[d];
     }
-    acc += dout[o] * (is_a ? binary_grad_a(op, a[oa], b[ob]) : binary_grad_b(op, a[oa], b[ob]));
+    const float x = float(a[oa]), y = float(b[ob]);
+    acc += float(dout[o]) * (is_a ? binary_grad_a(op, x, y) : binary_grad_b(op, x, y));
   }
   acc = warp_sum(acc);
-  if (lane == 0) dx[warp] += acc;
+  if (lane == 0) dx[warp] = float(dx[warp]) + acc;
 }
 
 /// The gradient of an operand x broadcast over the output's leading dims only (a bias, a position embedding added to
 /// every batch): the output is (rows, cols) and x its last cols elements. Block (i, j) sums output rows
 /// [i * per, (i + 1) * per) for columns j * blockDim.x + threadIdx.x (coalesced) into partial row i; add_partial_rows
 /// adds the partial rows in order. The warp-per-element kernel above read each output row with a stride of cols.
-__global__ void binary_backward_rows_kernel(float* partial, bool is_a, const float* dout, const float* a,
-                                            const float* b, BroadcastGeom g, BinaryOp op, int64_t rows, int64_t cols,
-                                            int64_t per) {
+template <class T>
+__global__ void binary_backward_rows_kernel(float* partial, bool is_a, const T* dout, const T* a, const T* b,
+                                            BroadcastGeom g, BinaryOp op, int64_t rows, int64_t cols, int64_t per) {
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const int64_t r0 = int64_t(blockIdx.x) * per, r1 = min(rows, r0 + per);
@@ -255,9 +296,10 @@ __global__ void binary_backward_rows_kernel(float* partial, bool is_a, const flo
     if (!constant) {
       int64_t oa, ob;
       broadcast_offsets(g, i, oa, ob);
-      grad = is_a ? binary_grad_a(op, a[oa], b[ob]) : binary_grad_b(op, a[oa], b[ob]);
+      const float x = float(a[oa]), y = float(b[ob]);
+      grad = is_a ? binary_grad_a(op, x, y) : binary_grad_b(op, x, y);
     }
-    acc += dout[i] * grad;
+    acc += float(dout[i]) * grad;
   }
   partial[int64_t(blockIdx.x) * cols + c] = acc;
 }
@@ -282,12 +324,14 @@ bool broadcast_over_leading_dims(const int64_t* x_stride, const BroadcastGeom& g
 }
 
 /// The gradient of an operand with the output's own shape (nothing to sum) while the other one broadcasts.
-__global__ void binary_backward_full_kernel(float* dx, bool is_a, const float* dout, const float* a, const float* b,
-                                            BroadcastGeom g, BinaryOp op, int64_t n) {
+template <class T>
+__global__ void binary_backward_full_kernel(T* dx, bool is_a, const T* dout, const T* a, const T* b, BroadcastGeom g,
+                                            BinaryOp op, int64_t n) {
   TINYGPT_CUDA_LOOP(i, n) {
     int64_t oa, ob;
     broadcast_offsets(g, i, oa, ob);
-    dx[i] += dout[i] * (is_a ? binary_grad_a(op, a[oa], b[ob]) : binary_grad_b(op, a[oa], b[ob]));
+    const float x = float(a[oa]), y = float(b[ob]);
+    dx[i] = float(dx[i]) + float(dout[i]) * (is_a ? binary_grad_a(op, x, y) : binary_grad_b(op, x, y));
   }
 }
 
@@ -382,36 +426,52 @@ __global__ void softmax_backward_kernel(float* dinp, const float* dout, const fl
   for (int64_t c = lane; c < C; c += 32) dx[c] += log ? g[c] - expf(y[c]) * acc : y[c] * (g[c] - acc);
 }
 
-__global__ void dropout_forward_kernel(float* out, const float* inp, int64_t n, float p, uint64_t seed, float scale) {
+template <class T>
+__global__ void dropout_forward_kernel(T* out, const T* inp, int64_t n, float p, uint64_t seed, float scale, bool vec) {
   const DropoutStream stream(seed);
-  TINYGPT_CUDA_LOOP(i, n) out[i] = stream.keep(i, p) ? inp[i] * scale : 0.0f;
+  map_elements(n, vec, [&](int64_t e) {
+    float x[8];
+    load8(x, inp + e);
+    for (int j = 0; j < 8; ++j) x[j] = stream.keep(e + j, p) ? x[j] * scale : 0.0f;
+    store8(out + e, x);
+  }, [&](int64_t i) { out[i] = stream.keep(i, p) ? float(inp[i]) * scale : 0.0f; });
 }
 
-__global__ void dropout_backward_kernel(float* dinp, const float* dout, int64_t n, float p, uint64_t seed, float scale) {
+template <class T>
+__global__ void dropout_backward_kernel(T* dinp, const T* dout, int64_t n, float p, uint64_t seed, float scale, bool vec) {
   const DropoutStream stream(seed);
-  TINYGPT_CUDA_LOOP(i, n) {
-    if (stream.keep(i, p)) dinp[i] += dout[i] * scale;
-  }
+  map_elements(n, vec, [&](int64_t e) {
+    float g[8], d[8];
+    load8(g, dout + e);
+    load8(d, dinp + e);
+    for (int j = 0; j < 8; ++j) d[j] += stream.keep(e + j, p) ? g[j] * scale : 0.0f;
+    store8(dinp + e, d);
+  }, [&](int64_t i) {
+    if (stream.keep(i, p)) dinp[i] = float(dinp[i]) + float(dout[i]) * scale;
+  });
 }
 
-__global__ void permute_kernel(float* out, const float* inp, PermuteGeom g, bool accumulate, int64_t n) {
+template <class T>
+__global__ void permute_kernel(T* out, const T* inp, PermuteGeom g, bool accumulate, int64_t n) {
   TINYGPT_CUDA_LOOP(i, n) {
     int64_t off = 0, rem = i;
     for (int d = kMaxDims - 1; d >= 0; --d) {
       off += (rem % g.out[d]) * g.inp_stride[d];
       rem /= g.out[d];
     }
-    out[i] = accumulate ? out[i] + inp[off] : inp[off];
+    const float x = float(inp[off]);
+    out[i] = accumulate ? float(out[i]) + x : x;
   }
 }
 
-__global__ void copy_slice_kernel(float* dst, const float* src, int64_t outer, int64_t inner, int64_t dst_D,
-                                  int64_t dst_start, int64_t src_D, int64_t src_start, int64_t len, bool accumulate) {
+template <class T>
+__global__ void copy_slice_kernel(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start,
+                                  int64_t src_D, int64_t src_start, int64_t len, bool accumulate) {
   TINYGPT_CUDA_LOOP(idx, outer * len * inner) {
     const int64_t i = idx % inner, j = idx / inner % len, o = idx / (inner * len);
-    const float x = src[(o * src_D + src_start + j) * inner + i];
-    float& y = dst[(o * dst_D + dst_start + j) * inner + i];
-    y = accumulate ? y + x : x;
+    const T x = src[(o * src_D + src_start + j) * inner + i];
+    T& y = dst[(o * dst_D + dst_start + j) * inner + i];
+    y = accumulate ? T(float(y) + float(x)) : x;  // a copy moves the stored bits
   }
 }
 
@@ -501,9 +561,11 @@ void accumulate_bf16(float* y, const bf16* x, int64_t n) {
                 aligned16(y) && aligned16(x));
 }
 
-void axpy(float* y, const float* x, float alpha, int64_t n) {
+template <class T>
+void axpy(T* y, const T* x, compute_t<T> alpha, int64_t n) {
   if (n == 0) return;
-  launch_kernel("axpy", axpy_kernel, blocks_for(n), kThreads, 0, y, x, alpha, n);
+  const bool vec = vectors_fit(y, x);
+  launch_kernel("axpy", axpy_kernel<T>, map_blocks(n, vec), kThreads, 0, y, x, alpha, n, vec);
 }
 
 void axpby_indirect(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef,
@@ -517,51 +579,63 @@ void axpby(float* y, const float* x, float alpha, float beta, int64_t n) {
   launch_kernel("axpby", axpby_kernel, blocks_for(n), kThreads, 0, y, x, alpha, beta, n);
 }
 
-void unary_forward(float* out, const float* inp, int64_t n, UnaryOp op, float alpha) {
+template <class T>
+void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, compute_t<T> alpha) {
   if (n == 0) return;
-  launch_kernel("unary_forward", unary_forward_kernel, blocks_for(n), kThreads, 0, out, inp, n, op, alpha);
+  const bool vec = vectors_fit(out, inp);
+  launch_kernel("unary_forward", unary_forward_kernel<T>, map_blocks(n, vec), kThreads, 0, out, inp, n, op, alpha, vec);
 }
 
-void unary_backward(float* dinp, const float* dout, const float* inp, const float* out, int64_t n, UnaryOp op, float alpha,
+template <class T>
+void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op, compute_t<T> alpha,
                     bool overwrite) {
   if (n == 0) return;
-  launch_kernel("unary_backward", unary_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, inp, out, n, op, alpha,
-                overwrite);
+  const bool vec = vectors_fit(dinp, dout, inp, out);
+  launch_kernel("unary_backward", unary_backward_kernel<T>, map_blocks(n, vec), kThreads, 0, dinp, dout, inp, out, n,
+                op, alpha, overwrite, vec);
 }
 
-void binary_forward(float* out, const float* a, const float* b, const BroadcastGeom& g, BinaryOp op) {
-  const int64_t n = numel(g);
-  if (n == 0) return;
-  launch_kernel("binary_forward", binary_forward_kernel, blocks_for(n), kThreads, 0, out, a, b, g, op, n);
-}
-
-void binary_backward(float* da, float* db, const float* dout, const float* a, const float* b, const BroadcastGeom& g,
-                     BinaryOp op) {
+template <class T>
+void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
   const int64_t n = numel(g);
   if (n == 0) return;
   if (g.same_shape) {
-    launch_kernel("binary_backward", binary_backward_same_kernel, blocks_for(n), kThreads, 0, da, db, dout, a, b, op, n);
+    const bool vec = vectors_fit(out, a, b);
+    launch_kernel("binary_forward", binary_same_kernel<T>, map_blocks(n, vec), kThreads, 0, out, a, b, op, n, vec);
+    return;
+  }
+  launch_kernel("binary_forward (broadcast)", binary_forward_kernel<T>, blocks_for(n), kThreads, 0, out, a, b, g, op, n);
+}
+
+template <class T>
+void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
+  const int64_t n = numel(g);
+  if (n == 0) return;
+  if (g.same_shape) {
+    const bool vec = vectors_fit(da, db, dout, a, b);
+    launch_kernel("binary_backward", binary_backward_same_kernel<T>, map_blocks(n, vec), kThreads, 0, da, db, dout, a,
+                  b, op, n, vec);
     return;
   }
   for (const bool is_a : {true, false}) {
-    float* dx = is_a ? da : db;
+    T* dx = is_a ? da : db;
     if (!dx) continue;
     const ReduceGeom r = reduce_geom(is_a ? g.a_stride : g.b_stride, g);
     if (r.rn == 1) {
-      launch_kernel("binary_backward", binary_backward_full_kernel, blocks_for(n), kThreads, 0, dx, is_a, dout, a, b, g, op, n);
+      launch_kernel("binary_backward", binary_backward_full_kernel<T>, blocks_for(n), kThreads, 0, dx, is_a, dout, a, b, g, op, n);
       continue;
     }
     int64_t rows = 0, cols = 0;
     if (broadcast_over_leading_dims(is_a ? g.a_stride : g.b_stride, g, rows, cols) && cols <= 65535 * int64_t(kThreads)) {
       const int64_t per = rows_per_partial(rows), row_blocks = (rows + per - 1) / per;
       Scratch partial(size_t(row_blocks * cols) * sizeof(float));
-      launch_kernel("binary_backward (broadcast rows)", binary_backward_rows_kernel,
+      launch_kernel("binary_backward (broadcast rows)", binary_backward_rows_kernel<T>,
                     dim3(unsigned(row_blocks), unsigned((cols + kThreads - 1) / kThreads)), kThreads, 0,
                     partial.as<float>(), is_a, dout, a, b, g, op, rows, cols, per);
       add_partial_rows("binary_backward (broadcast sum)", dx, partial.as<float>(), row_blocks, cols, cols);
       continue;
     }
-    launch_kernel("binary_backward (broadcast)", binary_backward_broadcast_kernel, blocks_for(r.xn * 32), kThreads, 0,
+    launch_kernel("binary_backward (broadcast)", binary_backward_broadcast_kernel<T>, blocks_for(r.xn * 32), kThreads, 0,
                   dx, is_a, dout, a, b, g, r, op);
   }
 }
@@ -618,27 +692,35 @@ void log_softmax_backward(float* dinp, const float* dout, const float* out, int6
   launch_kernel("log_softmax_backward", softmax_backward_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, out, N, C, true);
 }
 
-void dropout_forward(float* out, const float* inp, int64_t n, float p, uint64_t seed) {
+template <class T>
+void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
   if (n == 0) return;
-  launch_kernel("dropout_forward", dropout_forward_kernel, blocks_for(n), kThreads, 0, out, inp, n, p, seed, dropout_scale<float>(p));
+  const bool vec = vectors_fit(out, inp);
+  launch_kernel("dropout_forward", dropout_forward_kernel<T>, map_blocks(n, vec), kThreads, 0, out, inp, n, p, seed,
+                dropout_scale<float>(p), vec);
 }
 
-void dropout_backward(float* dinp, const float* dout, int64_t n, float p, uint64_t seed) {
+template <class T>
+void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed) {
   if (n == 0) return;
-  launch_kernel("dropout_backward", dropout_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, n, p, seed, dropout_scale<float>(p));
+  const bool vec = vectors_fit(dinp, dout);
+  launch_kernel("dropout_backward", dropout_backward_kernel<T>, map_blocks(n, vec), kThreads, 0, dinp, dout, n, p,
+                seed, dropout_scale<float>(p), vec);
 }
 
-void permute(float* out, const float* inp, const PermuteGeom& g, bool accumulate) {
+template <class T>
+void permute(T* out, const T* inp, const PermuteGeom& g, bool accumulate) {
   const int64_t n = g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4];
   if (n == 0) return;
-  launch_kernel("permute", permute_kernel, blocks_for(n), kThreads, 0, out, inp, g, accumulate, n);
+  launch_kernel("permute", permute_kernel<T>, blocks_for(n), kThreads, 0, out, inp, g, accumulate, n);
 }
 
-void copy_slice(float* dst, const float* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start,
-                int64_t src_D, int64_t src_start, int64_t len, bool accumulate) {
+template <class T>
+void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start, int64_t src_D,
+                int64_t src_start, int64_t len, bool accumulate) {
   const int64_t n = outer * len * inner;
   if (n == 0) return;
-  launch_kernel("copy_slice", copy_slice_kernel, blocks_for(n), kThreads, 0, dst, src, outer, inner, dst_D, dst_start, src_D, src_start, len, accumulate);
+  launch_kernel("copy_slice", copy_slice_kernel<T>, blocks_for(n), kThreads, 0, dst, src, outer, inner, dst_D, dst_start, src_D, src_start, len, accumulate);
 }
 
 void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, float lr, float beta1,

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "kernels/base.h"
+#include "kernels/bf16.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 #if defined(TINYGPT_EMULATED_CUDA)
@@ -82,28 +83,110 @@ __device__ inline float block_sum(float x) {
   return warp_sum(x);
 }
 
+/// Eight bf16 values: one 16-byte load or store.
+struct alignas(16) Bf16x8 {
+  bf16 v[8];
+};
+
+/// Whether p may be read or written as 16-byte vectors.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+/// Eight elements of storage (16-byte aligned) as floats, and back: two float4 for f32, one Bf16x8 for bf16, so a
+/// kernel templated on its storage type moves 16 bytes per load and store either way.
+__device__ __forceinline__ void load8(float (&v)[8], const float* p) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(float (&v)[8], const bf16* p) {
+  const Bf16x8 x = *reinterpret_cast<const Bf16x8*>(p);
+  for (int j = 0; j < 8; ++j) v[j] = float(x.v[j]);
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = float4{v[0], v[1], v[2], v[3]};
+  reinterpret_cast<float4*>(p)[1] = float4{v[4], v[5], v[6], v[7]};
+}
+__device__ __forceinline__ void store8(bf16* p, const float (&v)[8]) {
+  Bf16x8 x;
+  for (int j = 0; j < 8; ++j) x.v[j] = bf16(v[j]);
+  *reinterpret_cast<Bf16x8*>(p) = x;
+}
+
+/// Whether every pointer given may be read or written in groups of eight elements of 16 bytes' alignment (null
+/// pointers pass): a bf16 group is one vector, an f32 group two.
+template <class... P>
+bool vectors_fit(const P*... p) {
+  return ((p == nullptr || aligned16(p)) && ...);
+}
+
+/// The maps below take f32 or bf16 storage (f32 arithmetic inside, each result rounded once for bf16). With vec (every
+/// pointer 16-byte aligned: vectors_fit) a thread takes groups of eight elements as 16-byte vectors, group(e) for the
+/// group starting at element e (load8, store8), and the last partial group an element at a time; otherwise a thread
+/// takes an element, element(i).
+template <class Group, class Element>
+__device__ __forceinline__ void map_elements(int64_t n, bool vec, Group group, Element element) {
+  if (vec) {
+    TINYGPT_CUDA_LOOP(g, (n + 7) / 8) {
+      const int64_t e = 8 * g;
+      if (e + 8 <= n) {
+        group(e);
+      } else {
+        for (int64_t i = e; i < n; ++i) element(i);
+      }
+    }
+  } else {
+    TINYGPT_CUDA_LOOP(i, n) element(i);
+  }
+}
+
+/// Threads for a map over n elements (map_elements): one per group of eight with vec, else one per element.
+inline unsigned map_blocks(int64_t n, bool vec) { return blocks_for(vec ? (n + 7) / 8 : n); }
+
+/// Up to eight elements of x from element c on (as many as remain before n) as floats, the rest zero: one vector load
+/// when vec and all eight are there, else one at a time. Returns how many. store_group writes them back likewise.
+template <class T>
+__device__ __forceinline__ int load_group(float (&v)[8], const T* x, int64_t c, int64_t n, bool vec) {
+  if (vec && c + 8 <= n) {
+    load8(v, x + c);
+    return 8;
+  }
+  const int k = int(min(int64_t(8), n - c));
+  for (int j = 0; j < 8; ++j) v[j] = j < k ? float(x[c + j]) : 0.0f;
+  return k;
+}
+
+template <class T>
+__device__ __forceinline__ void store_group(T* y, const float (&v)[8], int64_t c, int64_t n, bool vec) {
+  if (vec && c + 8 <= n) {
+    store8(y + c, v);
+    return;
+  }
+  for (int j = 0; j < 8 && c + j < n; ++j) y[c + j] = v[j];
+}
+
 namespace {
 
 /// out[c] += the sum over r < rows of partial[r * stride + c], for c < C; a warp a column, lane l summing rows l,
-/// l + 32, ... in turn, then the warp's shuffle tree: a fixed order, so results repeat exactly.
-__global__ void add_partial_rows_kernel(float* out, const float* partial, int64_t rows, int64_t stride, int64_t C) {
+/// l + 32, ... in turn, then the warp's shuffle tree: a fixed order, so results repeat exactly. bf16 storage: added
+/// in f32 and rounded once.
+template <class T>
+__global__ void add_partial_rows_kernel(T* out, const float* partial, int64_t rows, int64_t stride, int64_t C) {
   const int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (c >= C) return;  // the whole warp: c is the same for its lanes
   const int lane = int(threadIdx.x % 32);
   float acc = 0.0f;
   for (int64_t r = lane; r < rows; r += 32) acc += partial[r * stride + c];
   acc = warp_sum(acc);
-  if (lane == 0) out[c] += acc;
+  if (lane == 0) out[c] = float(out[c]) + acc;
 }
 
 }  // namespace
 
 /// Adds the column sums of the partial sums of blocks of rows (add_partial_rows_kernel). A warp a column: a thread a
 /// column looping over a few hundred rows kept a handful of multiprocessors busy and waited on each load in turn.
-inline void add_partial_rows(const char* what, float* out, const float* partial, int64_t rows, int64_t stride,
-                             int64_t C) {
+template <class T>
+void add_partial_rows(const char* what, T* out, const float* partial, int64_t rows, int64_t stride, int64_t C) {
   if (C == 0) return;
-  launch_kernel(what, add_partial_rows_kernel, blocks_for(C * 32), kThreads, 0, out, partial, rows, stride, C);
+  launch_kernel(what, add_partial_rows_kernel<T>, blocks_for(C * 32), kThreads, 0, out, partial, rows, stride, C);
 }
 
 /// Blocks of rows for a column sum over N rows in two passes (partial sums of blocks of rows, then

@@ -1,7 +1,7 @@
 // Matmuls: batched matmul and the linear layer, forward and backward, as cuBLAS products (gemm and gemm_bf16 in
 // kernels/cuda/cublas.cu) plus the small kernels around them (bf16 rounding of the operands, bias, fixed-order bias
-// gradient). Twins of kernels/cpu/matmul.cpp; f32 in and out, the products' operands f32, TF32 or bf16 as the call
-// asks (MatmulMath). Compiled by nvcc in matmul.cu and under tests/emulated_cuda.h, where a loop stands in for cuBLAS.
+// gradient). Twins of kernels/cpu/matmul.cpp; on f32 storage the products' operands are f32, TF32 or bf16 as the call
+// asks (MatmulMath); on bf16 storage they are the stored values, the results stored in bf16. Compiled by nvcc in matmul.cu and under tests/emulated_cuda.h, where a loop stands in for cuBLAS.
 #pragma once
 
 #include <algorithm>
@@ -63,22 +63,35 @@ inline void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
             rounded_bf16(b16, B, nb, what), ldb, stride_b, beta, C, ldc, stride_c, batch, what);
 }
 
+/// The product over bf16 storage: the operands as stored, f32 sums on tensor cores, C stored in bf16 (beta 1 adds what
+/// it held in f32 before the one rounding). Every MatmulMath computes it so: bf16 storage comes with bf16 products.
+inline void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A,
+                    int64_t lda, int64_t stride_a, const bf16* B, int64_t ldb, int64_t stride_b, float beta, bf16* C,
+                    int64_t ldc, int64_t stride_c, int64_t batch, MatmulMath, const char* what) {
+  gemm_bf16(trans_a, trans_b, M, N, K, alpha, reinterpret_cast<const uint16_t*>(A), lda, stride_a,
+            reinterpret_cast<const uint16_t*>(B), ldb, stride_b, beta, C, ldc, stride_c, batch, what);
+}
+
 /// The unbatched product.
-inline void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, MatmulMath math,
-                    const char* what) {
+template <class T>
+inline void product(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+                    const T* B, int64_t ldb, float beta, T* C, int64_t ldc, MatmulMath math, const char* what) {
   product(trans_a, trans_b, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, math, what);
 }
+
+/// bf16 bit patterns, as the cuBLAS calls take them.
+inline const uint16_t* bits(const bf16* x) { return reinterpret_cast<const uint16_t*>(x); }
 
 namespace {
 
 /// Block b sums rows [b * rows, (b + 1) * rows) of x (N, C) into partial[b] (C floats).
-__global__ void column_partials_kernel(float* partial, const float* x, int64_t N, int64_t C, int64_t rows) {
+template <class T>
+__global__ void column_partials_kernel(float* partial, const T* x, int64_t N, int64_t C, int64_t rows) {
   const int64_t n0 = int64_t(blockIdx.x) * rows, n1 = min(N, n0 + rows);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     float acc = 0.0f;
 #pragma unroll 4
-    for (int64_t n = n0; n < n1; ++n) acc += x[n * C + c];
+    for (int64_t n = n0; n < n1; ++n) acc += float(x[n * C + c]);
     partial[C * blockIdx.x + c] = acc;
   }
 }
@@ -103,17 +116,21 @@ __global__ void column_partials_bf16_kernel(float* partial, uint32_t* x16, const
   }
 }
 
-/// out (C) += column sums of x (N, C), in a fixed order. With x16 (C even), x rounded to bf16 is written there in
-/// the same pass.
-void add_column_sums(float* out, const float* x, int64_t N, int64_t C, uint32_t* x16 = nullptr) {
+/// out (C) += column sums of x (N, C), in a fixed order (bf16 storage: summed in f32, added and rounded once). With
+/// x16 (f32 x, C even), x rounded to bf16 is written there in the same pass.
+template <class T>
+void add_column_sums(T* out, const T* x, int64_t N, int64_t C, uint32_t* x16 = nullptr) {
   const int64_t rows = rows_per_partial(N);
   const int64_t blocks = (N + rows - 1) / rows;
   Scratch partial(size_t(C * blocks) * sizeof(float));
-  if (x16) {
-    launch_kernel("linear_backward (dout to bf16, bias partial sums)", column_partials_bf16_kernel, unsigned(blocks),
-                  256, 0, partial.as<float>(), x16, x, N, C, rows);
-  } else {
-    launch_kernel("linear_backward (bias partial sums)", column_partials_kernel, unsigned(blocks), 256, 0,
+  if constexpr (std::is_same_v<T, float>) {
+    if (x16) {
+      launch_kernel("linear_backward (dout to bf16, bias partial sums)", column_partials_bf16_kernel, unsigned(blocks),
+                    256, 0, partial.as<float>(), x16, x, N, C, rows);
+    }
+  }
+  if (!x16) {
+    launch_kernel("linear_backward (bias partial sums)", column_partials_kernel<T>, unsigned(blocks), 256, 0,
                   partial.as<float>(), x, N, C, rows);
   }
   add_partial_rows("linear_backward (bias sum)", out, partial.as<float>(), blocks, C, C);
@@ -155,11 +172,50 @@ __global__ void activation_grad_kernel(float* d, const float* of, int64_t n, Act
   TINYGPT_CUDA_LOOP(i, n) d[i] *= activation_grad(act, of[i], ActivationTanh{});
 }
 
+/// bf16 storage, forward: out = acc + bias (when given) and act_out = act of it (when act is not None), from the
+/// product's f32 sums acc (N, OC), each stored once. Groups of eight with vec (OC a multiple of 8, all aligned).
+__global__ void bias_activation_bf16_out_kernel(bf16* out, bf16* act_out, const float* acc, const bf16* bias, int64_t N,
+                                                int64_t OC, Activation act, bool vec) {
+  map_elements(N * OC, vec, [&](int64_t e) {
+    float x[8], b[8] = {};
+    load8(x, acc + e);
+    if (bias) load8(b, bias + e % OC);
+    for (int j = 0; j < 8; ++j) x[j] += b[j];
+    store8(out + e, x);
+    if (act == Activation::None) return;
+    for (int j = 0; j < 8; ++j) x[j] = activation(act, x[j], ActivationTanh{});
+    store8(act_out + e, x);
+  }, [&](int64_t i) {
+    const float x = acc[i] + (bias ? float(bias[i % OC]) : 0.0f);
+    out[i] = x;
+    if (act != Activation::None) act_out[i] = activation(act, x, ActivationTanh{});
+  });
+}
+
+/// bf16 storage, backward through the activation: dinp = acc * act'(act_of), plus what dinp held unless overwrite, in
+/// f32, stored once.
+__global__ void activation_grad_bf16_out_kernel(bf16* dinp, const float* acc, const bf16* act_of, int64_t n,
+                                                Activation act, bool overwrite, bool vec) {
+  map_elements(n, vec, [&](int64_t e) {
+    float x[8], of[8], d[8] = {};
+    load8(x, acc + e);
+    load8(of, act_of + e);
+    if (!overwrite) load8(d, dinp + e);
+    for (int j = 0; j < 8; ++j) d[j] += x[j] * activation_grad(act, of[j], ActivationTanh{});
+    store8(dinp + e, d);
+  }, [&](int64_t i) {
+    const float d = acc[i] * activation_grad(act, float(act_of[i]), ActivationTanh{});
+    dinp[i] = overwrite ? d : float(dinp[i]) + d;
+  });
+}
+
 }  // namespace
 
 
-void matmul_forward(float* out, const float* a, const float* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K,
-                    int64_t N, bool trans_a, bool trans_b, MatmulMath math) {
+// The batched products take f32 or bf16 storage: product() above computes either.
+template <class T>
+void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N,
+                    bool trans_a, bool trans_b, MatmulMath math) {
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   if (batch_b == 1 && !trans_a) {
     product(false, trans_b, batch_a * M, N, K, 1.0f, a, lda, b, ldb, 0.0f, out, N, math, "matmul_forward");
@@ -169,8 +225,9 @@ void matmul_forward(float* out, const float* a, const float* b, int64_t batch_a,
        N, M * N, std::max(batch_a, batch_b), math, "matmul_forward");
 }
 
-void matmul_backward(float* da, float* db, const float* dout, const float* a, const float* b, int64_t batch_a,
-                     int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math) {
+template <class T>
+void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M,
+                     int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math) {
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const int64_t batch = std::max(batch_a, batch_b);
   if (batch_b == 1 && !trans_a) {
@@ -188,9 +245,9 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
   if (da) {
     const int64_t sb = batch_b == 1 ? 0 : K * N;
     auto grad_a = [&](int64_t first, int64_t count, int64_t sda) {
-      const float* bi = b + first * sb;
-      const float* gi = dout + first * M * N;
-      float* dai = da + (sda == 0 ? 0 : first * M * K);
+      const T* bi = b + first * sb;
+      const T* gi = dout + first * M * N;
+      T* dai = da + (sda == 0 ? 0 : first * M * K);
       if (trans_a) {
         product(trans_b, true, K, M, N, 1.0f, bi, ldb, sb, gi, N, M * N, 1.0f, dai, M, sda, count, math, "matmul_backward (da)");
       } else {
@@ -206,9 +263,9 @@ void matmul_backward(float* da, float* db, const float* dout, const float* a, co
   if (db) {
     const int64_t sa = batch_a == 1 ? 0 : M * K;
     auto grad_b = [&](int64_t first, int64_t count, int64_t sdb) {
-      const float* ai = a + first * sa;
-      const float* gi = dout + first * M * N;
-      float* dbi = db + (sdb == 0 ? 0 : first * K * N);
+      const T* ai = a + first * sa;
+      const T* gi = dout + first * M * N;
+      T* dbi = db + (sdb == 0 ? 0 : first * K * N);
       if (trans_b) {
         product(true, trans_a, N, K, M, 1.0f, gi, N, M * N, ai, lda, sa, 1.0f, dbi, K, sdb, count, math, "matmul_backward (db)");
       } else {
@@ -239,8 +296,19 @@ bool lt_epilogues(MatmulMath math) {
 
 }  // namespace
 
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
-                    int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16, uint16_t* act16) {
+// The linear layers: f32 storage (the operands f32, TF32 or rounded to bf16 as math says) and bf16 storage (below).
+template <class T>
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
+                    MatmulMath math, Activation act, T* act_out, uint16_t* inp16, uint16_t* act16);
+template <class T>
+void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
+                     int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of,
+                     const uint16_t* inp16);
+
+template <>
+void linear_forward<float>(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
+                           int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16,
+                           uint16_t* act16) {
   if (N == 0 || OC == 0) return;
   // bf16: each operand rounded once, inp into inp16 when the caller keeps it for linear_backward (or already there,
   // without inp).
@@ -280,9 +348,10 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
   }
 }
 
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                     int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act,
-                     const float* act_of, const uint16_t* inp16) {
+template <>
+void linear_backward<float>(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp,
+                            Activation act, const float* act_of, const uint16_t* inp16) {
   // In bf16 both products read dout: it is rounded once for the two, in the bias gradient's pass over dout when
   // there is one (and OC is even, so that rows start on whole pairs).
   const bool bf16 = math == MatmulMath::BF16 && (dinp || dweight) && N * OC * C > 0;
@@ -322,5 +391,49 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
     product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
   }
   if (dbias && N > 0 && !bias_pass) add_column_sums(dbias, dout, N, OC);
+}
+
+// bf16 storage: the products of the operands as stored (cuBLAS with bf16 in and out, f32 sums). Where a bias or an
+// activation follows, the product's f32 sums go to scratch and one pass adds, activates and stores each output once,
+// as the CPU's GEMM epilogue does (Bf16Out); otherwise cuBLAS stores the bf16 result itself. inp16 and act16 are not
+// used (the operands are bf16 already).
+template <>
+void linear_forward<bf16>(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int64_t C,
+                          int64_t OC, MatmulMath, Activation act, bf16* act_out, uint16_t*, uint16_t*) {
+  if (N == 0 || OC == 0) return;
+  if (!bias && act == Activation::None) {
+    gemm_bf16(false, true, N, OC, C, 1.0f, bits(inp), C, 0, bits(weight), C, 0, 0.0f, out, OC, 0, 1, "linear_forward");
+    return;
+  }
+  Scratch acc(size_t(N * OC) * sizeof(float));
+  gemm_bf16(false, true, N, OC, C, 1.0f, bits(inp), C, 0, bits(weight), C, 0, 0.0f, acc.as<float>(), OC, 0, 1,
+            "linear_forward");
+  const bool vec = OC % 8 == 0 && vectors_fit(out, act_out, bias);
+  launch_kernel("linear_forward (bias, activation)", bias_activation_bf16_out_kernel, map_blocks(N * OC, vec), kThreads,
+                0, out, act_out, acc.as<float>(), bias, N, OC, act, vec);
+}
+
+template <>
+void linear_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp,
+                           const bf16* weight, int64_t N, int64_t C, int64_t OC, MatmulMath, bool overwrite_dinp,
+                           Activation act, const bf16* act_of, const uint16_t*) {
+  if (dinp && N * C > 0) {  // (N, OC) @ (OC, C)
+    if (act == Activation::None) {
+      gemm_bf16(false, false, N, C, OC, 1.0f, bits(dout), OC, 0, bits(weight), C, 0, overwrite_dinp ? 0.0f : 1.0f, dinp,
+                C, 0, 1, "linear_backward (dinp)");
+    } else {
+      Scratch acc(size_t(N * C) * sizeof(float));
+      gemm_bf16(false, false, N, C, OC, 1.0f, bits(dout), OC, 0, bits(weight), C, 0, 0.0f, acc.as<float>(), C, 0, 1,
+                "linear_backward (dinp)");
+      const bool vec = vectors_fit(dinp, act_of);
+      launch_kernel("linear_backward (activation)", activation_grad_bf16_out_kernel, map_blocks(N * C, vec), kThreads, 0,
+                    dinp, acc.as<float>(), act_of, N * C, act, overwrite_dinp, vec);
+    }
+  }
+  if (dweight && OC * C > 0) {  // (OC, N) @ (N, C), added to what dweight held
+    gemm_bf16(true, false, OC, C, N, 1.0f, bits(dout), OC, 0, bits(inp), C, 0, 1.0f, dweight, C, 0, 1,
+              "linear_backward (dweight)");
+  }
+  if (dbias && N > 0) add_column_sums(dbias, dout, N, OC);
 }
 TINYGPT_CUDA_END

@@ -13,16 +13,42 @@
 TINYGPT_CUDA_BEGIN
 namespace {
 
-/// One warp normalizes a row x into y, lane l taking features l, l + 32, ...; lane 0 writes mean and rstd.
-__device__ void layernorm_row(float* y, float* mean, float* rstd, const float* x, const float* weight,
-                              const float* bias, int64_t C, float eps, int lane) {
+// The layer norms take f32 or bf16 storage; statistics and sums in f32. A warp a row, lane l taking the groups of
+// eight columns starting at 8l, 8l + 256, ... (load_group: 16-byte vectors when vec, which the launchers set when
+// the rows and the weights are 16-byte aligned and C is a multiple of 8).
+
+/// Runs f(c, k) for the groups of the row a lane takes: columns c .. c + k - 1.
+template <class F>
+__device__ __forceinline__ void for_lane_groups(int64_t C, int lane, F f) {
+  for (int64_t c = 8 * int64_t(lane); c < C; c += 256) f(c, int(min(int64_t(8), C - c)));
+}
+
+/// One warp normalizes a row x into y; lane 0 writes mean and rstd.
+template <class T>
+__device__ void layernorm_row(T* y, float* mean, float* rstd, const T* x, const T* weight, const T* bias, int64_t C,
+                              float eps, int lane, bool vec) {
   float s = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) s += x[c];
+  for_lane_groups(C, lane, [&](int64_t c, int) {
+    float v[8];
+    load_group(v, x, c, C, vec);
+    for (int j = 0; j < 8; ++j) s += v[j];  // the missing ones are zero
+  });
   const float m = warp_sum(s) / float(C);
-  float v = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
-  const float r = rsqrtf(warp_sum(v) / float(C) + eps);
-  for (int64_t c = lane; c < C; c += 32) y[c] = (x[c] - m) * r * weight[c] + (bias ? bias[c] : 0.0f);
+  float var = 0.0f;
+  for_lane_groups(C, lane, [&](int64_t c, int k) {
+    float v[8];
+    load_group(v, x, c, C, vec);
+    for (int j = 0; j < 8; ++j) var += j < k ? (v[j] - m) * (v[j] - m) : 0.0f;
+  });
+  const float r = rsqrtf(warp_sum(var) / float(C) + eps);
+  for_lane_groups(C, lane, [&](int64_t c, int) {
+    float v[8], w[8], b[8] = {};
+    load_group(v, x, c, C, vec);
+    load_group(w, weight, c, C, vec);
+    if (bias) load_group(b, bias, c, C, vec);
+    for (int j = 0; j < 8; ++j) v[j] = (v[j] - m) * r * w[j] + b[j];
+    store_group(y, v, c, C, vec);
+  });
   if (lane == 0) {
     *mean = m;
     *rstd = r;
@@ -30,75 +56,93 @@ __device__ void layernorm_row(float* y, float* mean, float* rstd, const float* x
 }
 
 /// One warp per row.
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                         const float* bias, int64_t N, int64_t C, float eps) {
+template <class T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
+                                         int64_t N, int64_t C, float eps, bool vec) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (n >= N) return;
-  layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C, eps, int(threadIdx.x % 32));
+  layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C, eps, int(threadIdx.x % 32), vec);
 }
 
-/// sum = a + b (b dropped out as dropout_forward would when p > 0), then its layer norm: each lane reads back only the
-/// sums it wrote itself.
-__global__ void add_layernorm_forward_kernel(float* sum, float* out, float* mean, float* rstd, const float* a,
-                                             const float* b, const float* weight, const float* bias, int64_t N,
-                                             int64_t C, float eps, float p, uint64_t seed, float scale) {
+/// sum = a + b (b dropped out as dropout_forward would when p > 0), then the layer norm of the sum as stored: each lane
+/// reads back only the sums it wrote itself.
+template <class T>
+__global__ void add_layernorm_forward_kernel(T* sum, T* out, float* mean, float* rstd, const T* a, const T* b,
+                                             const T* weight, const T* bias, int64_t N, int64_t C, float eps, float p,
+                                             uint64_t seed, float scale, bool vec) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x % 32);
   if (n >= N) return;
-  float* s = sum + n * C;
-  if (p == 0.0f) {
-    for (int64_t c = lane; c < C; c += 32) s[c] = a[n * C + c] + b[n * C + c];
-  } else {
-    const DropoutStream stream(seed);
-    for (int64_t c = lane; c < C; c += 32) {
-      const int64_t i = n * C + c;
-      s[c] = a[i] + (stream.keep(i, p) ? b[i] * scale : 0.0f);
-    }
-  }
-  layernorm_row(out + n * C, mean + n, rstd + n, s, weight, bias, C, eps, lane);
+  T* s = sum + n * C;
+  const DropoutStream stream(seed);
+  for_lane_groups(C, lane, [&](int64_t c, int) {
+    float x[8], y[8];
+    load_group(x, a + n * C, c, C, vec);
+    load_group(y, b + n * C, c, C, vec);
+    for (int j = 0; j < 8; ++j) x[j] += p == 0.0f ? y[j] : stream.keep(n * C + c + j, p) ? y[j] * scale : 0.0f;
+    store_group(s, x, c, C, vec);
+  });
+  layernorm_row(out + n * C, mean + n, rstd + n, s, weight, bias, C, eps, lane, vec);
 }
 
-/// One row's dinp, by the row's warp (lane `lane` taking columns lane, lane + 32, ...); with sums, the lane also adds
-/// the row's norm * dout and dout to sums[c] and sums[C + c] for its columns.
-__device__ void layernorm_backward_row(float* dx, const float* g, const float* x, const float* weight, float m, float s,
-                                       int64_t C, int lane, bool overwrite, float* sums) {
+/// One row's dinp, by the row's warp (a lane its groups of columns); with sums, the lane also adds the row's
+/// norm * dout and dout to sums[c] and sums[C + c] for its columns.
+template <class T>
+__device__ void layernorm_backward_row(T* dx, const T* g, const T* x, const T* weight, float m, float s, int64_t C,
+                                       int lane, bool overwrite, float* sums, bool vec) {
   float dmean = 0.0f, dnorm_mean = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float dnorm = g[c] * weight[c];
-    dmean += dnorm;
-    dnorm_mean += dnorm * (x[c] - m) * s;
-  }
+  for_lane_groups(C, lane, [&](int64_t c, int) {
+    float gv[8], xv[8], w[8];
+    load_group(gv, g, c, C, vec);
+    load_group(xv, x, c, C, vec);
+    load_group(w, weight, c, C, vec);
+    for (int j = 0; j < 8; ++j) {
+      const float dnorm = gv[j] * w[j];  // zero past the row's end
+      dmean += dnorm;
+      dnorm_mean += dnorm * (xv[j] - m) * s;
+    }
+  });
   dmean = warp_sum(dmean) / float(C);
   dnorm_mean = warp_sum(dnorm_mean) / float(C);
-  for (int64_t c = lane; c < C; c += 32) {
-    const float norm = (x[c] - m) * s;
-    const float d = (g[c] * weight[c] - dmean - norm * dnorm_mean) * s;
-    dx[c] = overwrite ? d : dx[c] + d;
-    if (sums) {
-      sums[c] += norm * g[c];
-      sums[C + c] += g[c];
+  for_lane_groups(C, lane, [&](int64_t c, int k) {
+    float gv[8], xv[8], w[8], d[8] = {};
+    load_group(gv, g, c, C, vec);
+    load_group(xv, x, c, C, vec);
+    load_group(w, weight, c, C, vec);
+    if (!overwrite) load_group(d, dx, c, C, vec);
+    for (int j = 0; j < 8; ++j) {
+      const float norm = (xv[j] - m) * s;
+      d[j] += (gv[j] * w[j] - dmean - norm * dnorm_mean) * s;
+      if (sums && j < k) {
+        sums[c + j] += norm * gv[j];
+        sums[C + c + j] += gv[j];
+      }
     }
-  }
+    store_group(dx, d, c, C, vec);
+  });
 }
 
 /// dinp, one warp per row.
-__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
-                                                const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite) {
+template <class T>
+__global__ void layernorm_backward_input_kernel(T* dinp, const T* dout, const T* inp, const T* weight,
+                                                const float* mean, const float* rstd, int64_t N, int64_t C,
+                                                bool overwrite, bool vec) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (n >= N) return;
   layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean[n], rstd[n], C, int(threadIdx.x % 32),
-                         overwrite, nullptr);
+                         overwrite, static_cast<float*>(nullptr), vec);
 }
 
 /// Block b sums rows [b * rows, (b + 1) * rows) of norm * dout and dout into partial[b] (2 * C floats).
-__global__ void layernorm_backward_params_kernel(float* partial, const float* dout, const float* inp, const float* mean,
+template <class T>
+__global__ void layernorm_backward_params_kernel(float* partial, const T* dout, const T* inp, const float* mean,
                                                  const float* rstd, int64_t N, int64_t C, int64_t rows) {
   const int64_t n0 = int64_t(blockIdx.x) * rows, n1 = min(N, n0 + rows);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     float dw = 0.0f, db = 0.0f;
     for (int64_t n = n0; n < n1; ++n) {
-      const float g = dout[n * C + c];
-      dw += (inp[n * C + c] - mean[n]) * rstd[n] * g;
+      const float g = float(dout[n * C + c]);
+      dw += (float(inp[n * C + c]) - mean[n]) * rstd[n] * g;
       db += g;
     }
     partial[2 * C * blockIdx.x + c] = dw;
@@ -115,16 +159,18 @@ inline constexpr int64_t kLayerNormFusedMaxC = 768;
 /// rows [b * rows, (b + 1) * rows), warp w its rows n0 + w, n0 + w + warps, ... in turn; each warp writes its rows'
 /// dinp and adds their norm * dout and dout to its own 2C floats of shared memory (a lane its columns); the warps'
 /// sums are then added in warp order into partial[b] (2C floats: weight sums, then bias sums).
-__global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, const float* dout, const float* inp,
-                                                const float* weight, const float* mean, const float* rstd, int64_t N,
-                                                int64_t C, int64_t rows, bool overwrite) {
+template <class T>
+__global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* weight,
+                                                const float* mean, const float* rstd, int64_t N, int64_t C,
+                                                int64_t rows, bool overwrite, bool vec) {
   TINYGPT_DYNAMIC_SMEM(float, sums);  // warp w: sums[w * 2C, (w + 1) * 2C)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float* mine = sums + int64_t(warp) * 2 * C;
   for (int64_t c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;
   const int64_t n0 = int64_t(blockIdx.x) * rows, n1 = min(N, n0 + rows);
   for (int64_t n = n0 + warp; n < n1; n += warps) {
-    layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean[n], rstd[n], C, lane, overwrite, mine);
+    layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean[n], rstd[n], C, lane, overwrite, mine,
+                           vec);
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) {
@@ -134,8 +180,15 @@ __global__ void layernorm_backward_fused_kernel(float* dinp, float* partial, con
   }
 }
 
-__global__ void embedding_forward_kernel(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C) {
-  TINYGPT_CUDA_LOOP(i, N * C) out[i] = weight[int64_t(ids[i / C]) * C + i % C];
+/// With vec (C a multiple of 8, rows aligned) a group of eight never crosses a row: one vector copy.
+template <class T>
+__global__ void embedding_forward_kernel(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C, bool vec) {
+  map_elements(N * C, vec, [&](int64_t e) {
+    *reinterpret_cast<uint4*>(out + e) = *reinterpret_cast<const uint4*>(weight + int64_t(ids[e / C]) * C + e % C);
+    if constexpr (sizeof(T) == 4) {  // f32: eight elements are two vectors
+      reinterpret_cast<uint4*>(out + e)[1] = reinterpret_cast<const uint4*>(weight + int64_t(ids[e / C]) * C + e % C)[1];
+    }
+  }, [&](int64_t i) { out[i] = weight[int64_t(ids[i / C]) * C + i % C]; });
 }
 
 /// The rows of an embedding's gradient are summed in chunks of this many rows (by row index): each id's rows within a
@@ -149,10 +202,11 @@ inline int64_t embedding_chunk_rows(int64_t N, int64_t V, int64_t C) {
 }
 
 /// Block j handles token id ids_sorted-bucket j: rows order[start[j] .. start[j + 1]) in increasing row order.
-__global__ void embedding_backward_kernel(float* dweight, const float* dout, const int32_t* order, const int32_t* start,
+template <class T>
+__global__ void embedding_backward_kernel(T* dweight, const T* dout, const int32_t* order, const int32_t* start,
                                           const int32_t* bucket_id, int64_t C, int64_t chunk_rows) {
   const int32_t first = start[blockIdx.x], last = start[blockIdx.x + 1];
-  float* dw = dweight + int64_t(bucket_id[blockIdx.x]) * C;
+  T* dw = dweight + int64_t(bucket_id[blockIdx.x]) * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     float total = 0.0f, acc = 0.0f;
     int64_t chunk = order[first] / chunk_rows;
@@ -163,9 +217,9 @@ __global__ void embedding_backward_kernel(float* dweight, const float* dout, con
         acc = 0.0f;
         chunk = row / chunk_rows;
       }
-      acc += dout[row * C + c];
+      acc += float(dout[row * C + c]);
     }
-    dw[c] += total + acc;
+    dw[c] = float(dw[c]) + (total + acc);
   }
 }
 
@@ -173,7 +227,8 @@ __global__ void embedding_backward_kernel(float* dweight, const float* dout, con
 /// the rows of id v into partial[(s * V + v) * C + c], marking hit[s * V + v] when the chunk has any; with one chunk
 /// (partial null) it adds them to dweight itself, which then needs no second pass. No host round trip (so it can be
 /// captured in a graph); every id reads every row's id: cheap for characters, V times the ids for a large vocabulary.
-__global__ void embedding_backward_scan_kernel(float* partial, int32_t* hit, float* dweight, const float* dout,
+template <class T>
+__global__ void embedding_backward_scan_kernel(float* partial, int32_t* hit, T* dweight, const T* dout,
                                                const int32_t* ids, int64_t N, int64_t V, int64_t C,
                                                int64_t chunk_rows) {
   const int64_t v = blockIdx.x, c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x, s = blockIdx.z;
@@ -182,12 +237,12 @@ __global__ void embedding_backward_scan_kernel(float* partial, int32_t* hit, flo
   bool any = false;
   for (int64_t n = n0; n < n1; ++n) {
     if (ids[n] == v) {
-      if (c < C) acc += dout[n * C + c];
+      if (c < C) acc += float(dout[n * C + c]);
       any = true;
     }
   }
   if (!partial) {
-    if (any && c < C) dweight[v * C + c] += acc;
+    if (any && c < C) dweight[v * C + c] = float(dweight[v * C + c]) + acc;
     return;
   }
   if (c < C) partial[(s * V + v) * C + c] = acc;
@@ -195,7 +250,8 @@ __global__ void embedding_backward_scan_kernel(float* partial, int32_t* hit, flo
 }
 
 /// Second pass: dweight[v, c] += the sum of the chunks that have id v, in chunk order (untouched when none has it).
-__global__ void embedding_backward_chunks_kernel(float* dweight, const float* partial, const int32_t* hit, int64_t V,
+template <class T>
+__global__ void embedding_backward_chunks_kernel(T* dweight, const float* partial, const int32_t* hit, int64_t V,
                                                  int64_t C, int64_t chunks) {
   TINYGPT_CUDA_LOOP(i, V * C) {
     const int64_t v = i / C, c = i % C;
@@ -207,78 +263,97 @@ __global__ void embedding_backward_chunks_kernel(float* dweight, const float* pa
         any = true;
       }
     }
-    if (any) dweight[i] += total;
+    if (any) dweight[i] = float(dweight[i]) + total;
   }
 }
 
 /// One warp per row: lse and the loss.
-__global__ void crossentropy_forward_kernel(float* losses, float* lse, const float* logits, const int32_t* targets,
+template <class T>
+__global__ void crossentropy_forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets,
                                             int64_t N, int64_t V, int32_t ignore_index) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (n >= N) return;
-  const float* x = logits + n * V;
+  const T* x = logits + n * V;
   float mx = -INFINITY;
-  for (int64_t v = lane; v < V; v += 32) mx = fmaxf(mx, x[v]);
+  for (int64_t v = lane; v < V; v += 32) mx = fmaxf(mx, float(x[v]));
   mx = warp_max(mx);
   float sum = 0.0f;
-  for (int64_t v = lane; v < V; v += 32) sum += expf(x[v] - mx);
+  for (int64_t v = lane; v < V; v += 32) sum += expf(float(x[v]) - mx);
   sum = warp_sum(sum);
   if (lane == 0) {
     const float l = mx + logf(sum);
     lse[n] = l;
-    losses[n] = targets[n] == ignore_index ? 0.0f : l - x[targets[n]];
+    losses[n] = targets[n] == ignore_index ? 0.0f : l - float(x[targets[n]]);
   }
 }
 
-__global__ void crossentropy_backward_kernel(float* dlogits, const float* dloss_in, float scale, const float* logits,
+/// Each element's gradient, the target's term included, added in f32 and stored once.
+template <class T>
+__global__ void crossentropy_backward_kernel(T* dlogits, const float* dloss_in, float scale, const T* logits,
                                              const float* lse, const int32_t* targets, int64_t N, int64_t V,
                                              int32_t ignore_index) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (n >= N || targets[n] == ignore_index) return;
-  const float* x = logits + n * V;
-  float* dx = dlogits + n * V;
+  const T* x = logits + n * V;
+  T* dx = dlogits + n * V;
   const float l = lse[n], dloss = *dloss_in * scale;
   const int32_t t = targets[n];
-  for (int64_t v = lane; v < V; v += 32) dx[v] += dloss * (expf(x[v] - l) - (v == t ? 1.0f : 0.0f));
+  for (int64_t v = lane; v < V; v += 32) dx[v] = float(dx[v]) + dloss * (expf(float(x[v]) - l) - (v == t ? 1.0f : 0.0f));
 }
 
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int64_t N, int64_t C, float eps) {
-  if (N == 0) return;
-  launch_kernel("layernorm_forward", layernorm_forward_kernel, blocks_for(N * 32), kThreads, 0, out, mean, rstd, inp, weight, bias, N, C, eps);
+namespace {
+
+/// Whether a layer norm's rows (C elements each) and its parameters may be read as 16-byte vectors.
+template <class... P>
+bool rows_fit(int64_t C, const P*... p) {
+  return C % 8 == 0 && vectors_fit(p...);
 }
 
-void add_layernorm_forward(float* sum, float* out, float* mean, float* rstd, const float* a, const float* b,
-                           const float* weight, const float* bias, int64_t N, int64_t C, float eps, float p,
+}  // namespace
+
+template <class T>
+void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* inp, const T* weight, const T* bias,
+                       int64_t N, int64_t C, compute_t<T> eps) {
+  if (N == 0) return;
+  launch_kernel("layernorm_forward", layernorm_forward_kernel<T>, blocks_for(N * 32), kThreads, 0, out, mean, rstd, inp,
+                weight, bias, N, C, eps, rows_fit(C, out, inp, weight, bias));
+}
+
+template <class T>
+void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
+                           const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
                            uint64_t seed) {
   if (N == 0) return;
-  launch_kernel("add_layernorm_forward", add_layernorm_forward_kernel, blocks_for(N * 32), kThreads, 0, sum, out, mean,
-                rstd, a, b, weight, bias, N, C, eps, p, seed, dropout_scale<float>(p));
+  launch_kernel("add_layernorm_forward", add_layernorm_forward_kernel<T>, blocks_for(N * 32), kThreads, 0, sum, out,
+                mean, rstd, a, b, weight, bias, N, C, eps, p, seed, dropout_scale<float>(p),
+                rows_fit(C, sum, out, a, b, weight, bias));
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
+template <class T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
   if (N == 0) return;
+  const bool vec = rows_fit(C, dinp, dout, inp, weight);
   // All three in one pass over dout and inp where the rows fit the fused kernel's shared memory.
   const bool fused = dinp && (dweight || dbias) && C <= kLayerNormFusedMaxC;
   if (dinp && !fused) {
-    launch_kernel("layernorm_backward (input)", layernorm_backward_input_kernel, blocks_for(N * 32), kThreads, 0, dinp,
-                  dout, inp, weight, mean, rstd, N, C, overwrite_dinp);
+    launch_kernel("layernorm_backward (input)", layernorm_backward_input_kernel<T>, blocks_for(N * 32), kThreads, 0,
+                  dinp, dout, inp, weight, mean, rstd, N, C, overwrite_dinp, vec);
   }
   if (dweight || dbias) {
     const int64_t rows = rows_per_partial(N);
     const int64_t blocks = (N + rows - 1) / rows;
     Scratch partial(size_t(2 * C * blocks) * sizeof(float));  // block b: C weight sums, then C bias sums
     if (fused) {
-      launch_kernel("layernorm_backward (input, weight and bias)", layernorm_backward_fused_kernel, unsigned(blocks),
+      launch_kernel("layernorm_backward (input, weight and bias)", layernorm_backward_fused_kernel<T>, unsigned(blocks),
                     32 * kLayerNormWarps, size_t(kLayerNormWarps * 2 * C) * sizeof(float), dinp, partial.as<float>(),
-                    dout, inp, weight, mean, rstd, N, C, rows, overwrite_dinp);
+                    dout, inp, weight, mean, rstd, N, C, rows, overwrite_dinp, vec);
     } else {
-      launch_kernel("layernorm_backward (weight and bias)", layernorm_backward_params_kernel, unsigned(blocks), 128, 0,
+      launch_kernel("layernorm_backward (weight and bias)", layernorm_backward_params_kernel<T>, unsigned(blocks), 128, 0,
                     partial.as<float>(), dout, inp, mean, rstd, N, C, rows);
     }
     const float* sums = partial.as<float>();
@@ -287,13 +362,17 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
-void embedding_forward(float* out, const int32_t* ids, const float* weight, int64_t N, int64_t C) {
+template <class T>
+void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C) {
   if (N * C == 0) return;
-  launch_kernel("embedding_forward", embedding_forward_kernel, blocks_for(N * C), kThreads, 0, out, ids, weight, N, C);
+  const bool vec = rows_fit(C, out, weight);
+  launch_kernel("embedding_forward", embedding_forward_kernel<T>, map_blocks(N * C, vec), kThreads, 0, out, ids, weight,
+                N, C, vec);
 }
 
-void embedding_backward(float* dweight, const float* dout, const int32_t* ids, const int32_t* host_ids, int64_t N,
-                        int64_t V, int64_t C) {
+template <class T>
+void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V,
+                        int64_t C) {
   if (N * C == 0) return;
   const int64_t chunk_rows = embedding_chunk_rows(N, V, C);
   if (host_ids == nullptr) {  // ids made on the device, or refilled in place: scanned there
@@ -301,11 +380,11 @@ void embedding_backward(float* dweight, const float* dout, const int32_t* ids, c
     const int threads = int(std::min<int64_t>(256, (C + 31) / 32 * 32));
     const bool one = chunks == 1;  // (a large vocabulary) straight into dweight
     Scratch partial(one ? 0 : size_t(chunks * V * C) * sizeof(float)), hit(one ? 0 : size_t(chunks * V) * sizeof(int32_t));
-    launch_kernel("embedding_backward (scan)", embedding_backward_scan_kernel,
+    launch_kernel("embedding_backward (scan)", embedding_backward_scan_kernel<T>,
                   dim3(unsigned(V), unsigned((C + threads - 1) / threads), unsigned(chunks)), unsigned(threads), 0,
                   partial.as<float>(), hit.as<int32_t>(), dweight, dout, ids, N, V, C, chunk_rows);
     if (!one) {
-      launch_kernel("embedding_backward (chunk sums)", embedding_backward_chunks_kernel, blocks_for(V * C), kThreads, 0,
+      launch_kernel("embedding_backward (chunk sums)", embedding_backward_chunks_kernel<T>, blocks_for(V * C), kThreads, 0,
                     dweight, partial.as<float>(), hit.as<int32_t>(), V, C, chunks);
     }
     return;
@@ -338,20 +417,22 @@ void embedding_backward(float* dweight, const float* dout, const int32_t* ids, c
   copy_to_device(dev.as<int32_t>(), packed.data(), packed.size() * sizeof(int32_t));
   const int32_t* order = dev.as<int32_t>();
   const int threads = int(std::min<int64_t>(1024, (C + 31) / 32 * 32));
-  launch_kernel("embedding_backward", embedding_backward_kernel, unsigned(buckets), threads, 0, dweight, dout, order,
+  launch_kernel("embedding_backward", embedding_backward_kernel<T>, unsigned(buckets), threads, 0, dweight, dout, order,
                 order + N, order + N + buckets + 1, C, chunk_rows);
 }
 
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int64_t N, int64_t V,
-                          int32_t ignore_index) {
+template <class T>
+void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logits, const int32_t* targets, int64_t N,
+                          int64_t V, int32_t ignore_index) {
   if (N == 0) return;
-  launch_kernel("crossentropy_forward", crossentropy_forward_kernel, blocks_for(N * 32), kThreads, 0, losses, lse, logits, targets, N, V, ignore_index);
+  launch_kernel("crossentropy_forward", crossentropy_forward_kernel<T>, blocks_for(N * 32), kThreads, 0, losses, lse, logits, targets, N, V, ignore_index);
 }
 
-void crossentropy_backward(float* dlogits, const float* dloss, float scale, const float* logits, const float* lse,
-                           const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+template <class T>
+void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits,
+                           const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
   if (N == 0) return;
-  launch_kernel("crossentropy_backward", crossentropy_backward_kernel, blocks_for(N * 32), kThreads, 0, dlogits, dloss, scale, logits, lse, targets, N, V, ignore_index);
+  launch_kernel("crossentropy_backward", crossentropy_backward_kernel<T>, blocks_for(N * 32), kThreads, 0, dlogits, dloss, scale, logits, lse, targets, N, V, ignore_index);
 }
 
 TINYGPT_CUDA_END
