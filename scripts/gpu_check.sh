@@ -3,7 +3,7 @@
 # compute-sanitizer (memcheck and racecheck) on the attention tests, training throughput on nanoGPT's
 # Shakespeare config (f32 with TF32 matmuls and attention, also with cublasLt's epilogues, TINYGPT_CUBLASLT_EPILOGUES=1;
 # with f32 and bf16 attention; and --dtype bf16: bf16 matmuls and attention, also with the pipelined attention kernels
-# of TINYGPT_FLASH_PIPELINE=1) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
+# of TINYGPT_FLASH_PIPELINE=1, and with bf16 storage, --storage bf16, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
 # the attention benchmark (f32 and bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
@@ -14,7 +14,7 @@
 # bf16-storage kernels at the training shape and at T 2048, head dim 128; no training rows.
 # --quick keeps what a short lease can afford: the tests (the sanitizers on the bf16-storage kernel only), the
 # default f32 and the bf16 training rows
-# (with the baseline's and torch's bf16 ones), the bf16 profile, the bf16 attention rows on every shape, and Nsight
+# (with the baseline's and torch's bf16 ones, and --storage bf16's), the bf16 profile, the bf16 attention rows on every shape, and Nsight
 # Compute; it drops the rows of opt-in paths (epilogues, f32 and bf16 attention math, pipelined kernels, no graphs).
 #
 # --no-build uses the binaries already in build-gpu (built elsewhere for this GPU, e.g. with
@@ -95,7 +95,7 @@ echo "== compute-sanitizer on the attention tests (at ${SECONDS} s)"
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
     filter='*flash attention is deterministic*,*attention op runs on the GPU*,*flash forward on bf16 storage*'
-    [ $tool = memcheck ] && filter="$filter,*naive attention matches*"
+    [ $tool = memcheck ] && filter="$filter,*naive attention matches*,*training on bf16 storage*"
     [ $quick = 1 ] && filter='*flash forward on bf16 storage*' 
     timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
       > "$logs/sanitizer_$tool.log" 2>&1
@@ -121,6 +121,7 @@ ours_train_ms() {
   grep -o '"ms":[0-9.e+-]*' "$run/metrics.jsonl" | cut -d: -f2 | tail -n +11 | sort -g |
     awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'
   grep -o '"host_syncs":[0-9]*' "$run/metrics.jsonl" | cut -d: -f2 | sort -n | tail -1 > "$logs/host_syncs"
+  grep -o '"gpu_peak_mib":[0-9.e+-]*' "$run/metrics.jsonl" | cut -d: -f2 | sort -g | tail -1 > "$logs/gpu_peak_mib"
   rm -rf "$run"
 }
 : > "$logs/train_throughput.log"
@@ -138,6 +139,14 @@ ours_bf16_ms=$(ours_train_ms --dtype bf16)
 nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0)
 ours_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16)
 note "host syncs per step, CUDA graph" "$(cat "$logs/host_syncs") at most (aim: 1)"
+graph_mib=$(cat "$logs/gpu_peak_mib")
+# bf16 storage (activations and their gradients in bf16; opt-in on the GPU until these rows say it pays): with
+# dropout 0.2, and with dropout 0, where attention reads bf16 q, k, v as stored and the step is a CUDA graph.
+ours_bf16s_ms=$(ours_train_ms --dtype bf16 --storage bf16)
+ours_bf16s_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16 --storage bf16)
+bf16s_mib=$(cat "$logs/gpu_peak_mib")
+[ -n "$ours_bf16s_graph_ms" ] && note "--storage bf16 vs f32, dropout 0" \
+  "$(awk "BEGIN {printf \"%.2fx the step (%.2f against %.2f ms), %.2fx the GPU memory (%.0f against %.0f MiB peak)\", $ours_graph_ms / $ours_bf16s_graph_ms, $ours_bf16s_graph_ms, $ours_graph_ms, $bf16s_mib / $graph_mib, $bf16s_mib, $graph_mib}")"
 [ $quick = 0 ] && ours_nograph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16 --no-cuda-graphs)
 [ -n "$baseline" ] && base_bf16_ms=$(tinygpt_bin=$baseline/tinygpt ours_train_ms --dtype bf16)
 note "CUDA graph capture" "$(grep -m1 -o 'could not be captured.*' "$logs/train_throughput.log" || echo 'captured and replayed (no fallback logged)')"
@@ -155,6 +164,8 @@ row "  TINYGPT_FLASH_PIPELINE=1" "${ours_pipe_ms:-}"
 row "  the baseline build" "${base_bf16_ms:-}"
 row "  dropout 0: CUDA graph" "$ours_graph_ms"
 row "  dropout 0: --no-cuda-graphs" "${ours_nograph_ms:-}"
+row "  --storage bf16" "${ours_bf16s_ms:-}"
+row "  --storage bf16, dropout 0: graph" "${ours_bf16s_graph_ms:-}"
 if [ $has_torch = 1 ]; then
   torch_ms() {
     timeout 180 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" |

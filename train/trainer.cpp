@@ -528,7 +528,10 @@ TrainResult run_steps(Run& run) {
                           {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops}, {"mfu", mfu},
                           {"train_s", state.train_seconds}};
     if (world > 1) row["comm_ms"] = s.comm_ms;
-    if (device == Device::CUDA) row["host_syncs"] = step_syncs;
+    if (device == Device::CUDA) {
+      row["host_syncs"] = step_syncs;
+      row["gpu_peak_mib"] = double(cuda::memory_stats().peak_allocated) / (1 << 20);  // the allocator's count: no sync
+    }
     metrics.write(row);
     if (iter % cfg.log_interval == 0) {
       console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s, {:.1f} GFLOP/s ({:.0f}% "
