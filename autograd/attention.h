@@ -18,6 +18,7 @@
 
 #include "autograd.h"
 #include "tensor.h"
+#include "../kernels/dropout_hash.h"
 #include "../kernels/numerics.h"
 #include "../kernels/score_mods.h"
 
@@ -55,7 +56,7 @@ struct AttentionOptions {
   Tensor attn_mask;
   Tensor key_padding_mask;
   double dropout_p = 0.0;  // probability of dropping an attention weight (pass 0 in evaluation)
-  uint64_t dropout_seed = 0;
+  DropoutSeed dropout_seed;
   std::optional<double> scale;  // default 1 / sqrt(E)
   bool need_weights = false;    // also return the (B, NH, T, S) attention weights (after dropout, as torch)
   AttentionImpl impl = AttentionImpl::Auto;

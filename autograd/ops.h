@@ -7,6 +7,7 @@
 
 #include "autograd.h"
 #include "tensor.h"
+#include "../kernels/dropout_hash.h"
 #include "../kernels/geometry.h"
 #include "../kernels/numerics.h"
 
@@ -80,14 +81,14 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 /// values and gradients as the two ops. With p > 0, b is added as dropout(b, p, seed) would make it (the same mask),
 /// without the dropped-out tensor in memory.
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
-                                         double eps = 1e-5, double p = 0.0, uint64_t seed = 0);
+                                         double eps = 1e-5, double p = 0.0, DropoutSeed seed = {});
 /// weight (V, C) gathered at ids (any shape, i32) -> (ids..., C).
 Tensor embedding(const Tensor& ids, const Tensor& weight);
 /// Mean cross-entropy over rows of logits (..., V) against i32 targets (...); rows whose target is
 /// ignore_index are left out of the mean (all ignored: loss 0, gradient 0).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
 /// Zeroes each element with probability p and scales the rest by 1/(1-p); the mask comes from `seed`.
-Tensor dropout(const Tensor& x, double p, uint64_t seed);
+Tensor dropout(const Tensor& x, double p, DropoutSeed seed);
 /// As above with a seed drawn from `gen`; identity when !training or p == 0.
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training = true);
 

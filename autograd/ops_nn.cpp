@@ -229,7 +229,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
-                                         double eps, double p, uint64_t seed) {
+                                         double eps, double p, DropoutSeed seed) {
   const auto rows_features = check_layer_norm("add_layer_norm", a, weight, bias);
   const int64_t N = rows_features.first, C = rows_features.second;  // clang 14 cannot capture structured bindings
   detail::check_same("add_layer_norm", a, b);
@@ -342,7 +342,7 @@ Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t po
   });
 }
 
-Tensor dropout(const Tensor& x, double p, uint64_t seed) {
+Tensor dropout(const Tensor& x, double p, DropoutSeed seed) {
   detail::check_storage("dropout", x);
   if (!(p >= 0.0 && p <= 1.0)) throw Error(fmt::format("dropout: probability must be in [0, 1], got {}", p));
   Tensor out = empty(x.shape(), x.dtype(), x.device());
@@ -358,7 +358,7 @@ Tensor dropout(const Tensor& x, double p, uint64_t seed) {
 
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training) {
   if (!training || p == 0.0) return x;
-  return dropout(x, p, gen.next_u64());
+  return dropout(x, p, gen.dropout_seed());
 }
 
 }  // namespace tinygpt

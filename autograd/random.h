@@ -4,6 +4,8 @@
 #include <array>
 #include <cstdint>
 
+#include "../kernels/dropout_hash.h"  // DropoutSeed
+
 namespace tinygpt {
 
 class Generator {
@@ -15,6 +17,11 @@ class Generator {
   double uniform();
   /// Standard normal (Box-Muller; the second value of each pair is kept for the next call).
   double normal();
+  /// A dropout site's seed: the next value, plus the word at the generator's dropout offset when one is set.
+  DropoutSeed dropout_seed() { return {next_u64(), dropout_offset_}; }
+  /// Where the dropout seeds drawn from here read a per-step offset (DropoutSeed::offset: a word in the memory of
+  /// the device the model runs on), or nullptr for none. Not part of the state.
+  void set_dropout_offset(const uint64_t* offset) { dropout_offset_ = offset; }
 
   /// The whole state, for checkpoints.
   struct State {
@@ -29,6 +36,7 @@ class Generator {
   std::array<uint64_t, 4> s_{};
   bool has_spare_ = false;
   double spare_ = 0;
+  const uint64_t* dropout_offset_ = nullptr;
 };
 
 /// The generator used when none is passed (randn, rand, dropout, weight init).

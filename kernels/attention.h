@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "dropout_hash.h"
 #include "numerics.h"
 #include "score_mods.h"
 
@@ -38,7 +39,7 @@ struct AttentionGeom {
   double scale;            // usually 1 / sqrt(E)
   bool causal;
   float dropout_p;
-  uint64_t dropout_seed;
+  DropoutSeed dropout_seed;  // read where the kernels run (value()): see kernels/dropout_hash.h
   AttentionMath math = AttentionMath::F32;  // the flash kernels' operand format (the CPU has F32 and BF16; TF32 as F32)
   // Flash backward only: dq, dk and dv hold anything (NaN included) and are written (=), not added to; the GPU
   // kernels store each row once, the CPU zeroes them first. For the views of a fused qkv gradient that no op has

@@ -36,6 +36,20 @@ TINYGPT_HOST_DEVICE inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
+/// A dropout stream's seed as kernels take it: `seed`, plus the 64-bit word at `offset` when there is one, read where
+/// the kernel runs (device memory for a GPU kernel, read on the device). A CUDA graph replays its kernels with the
+/// arguments it captured; the word at offset, refilled before each replay, gives each step its own masks (PyTorch's
+/// graph-safe Philox offset, for a counter-based hash). The CPU reads the same word from host memory, so both devices
+/// draw the same masks.
+struct DropoutSeed {
+  uint64_t seed = 0;
+  const uint64_t* offset = nullptr;
+
+  DropoutSeed() = default;
+  TINYGPT_HOST_DEVICE DropoutSeed(uint64_t s, const uint64_t* o = nullptr) : seed(s), offset(o) {}  // NOLINT: implicit
+  TINYGPT_HOST_DEVICE uint64_t value() const { return offset ? seed + *offset : seed; }
+};
+
 /// The key of elements [hi * 2^32, (hi + 1) * 2^32) of the stream of `seed`.
 TINYGPT_HOST_DEVICE inline uint32_t dropout_key(uint64_t seed, uint64_t hi) {
   return uint32_t(mix64(seed + 0x9e3779b97f4a7c15ULL * (hi + 1)) >> 32);

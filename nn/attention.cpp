@@ -211,7 +211,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   opts.mods = score_mods(doc_ids);
   if (training() && c.dropout > 0.0) {
     opts.dropout_p = c.dropout;
-    opts.dropout_seed = gen_->next_u64();
+    opts.dropout_seed = gen_->dropout_seed();
   }
   trace("query", query);
   AttentionResult r;

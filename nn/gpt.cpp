@@ -133,9 +133,9 @@ std::pair<Tensor, Tensor> Block::forward_fused(const Tensor& x, const Tensor& a,
   const Tensor attended = attn.forward(a, a, a, {}, {}, /*is_causal=*/true, false, true, 0, doc_ids).out;
   // The residual dropouts inside the adds (the same masks as dropout(), seeds drawn at the same points).
   const double p = training() ? dropout_ : 0.0;
-  const auto [x1, b] = ln_2.forward_add(x, attended, p, p > 0.0 ? gen.next_u64() : 0);
+  const auto [x1, b] = ln_2.forward_add(x, attended, p, p > 0.0 ? gen.dropout_seed() : DropoutSeed());
   const Tensor m = mlp.forward(b);
-  return next.forward_add(x1, m, p, p > 0.0 ? gen.next_u64() : 0);
+  return next.forward_add(x1, m, p, p > 0.0 ? gen.dropout_seed() : DropoutSeed());
 }
 
 Tensor Block::forward_cached(const Tensor& x, KVCache& cache, size_t layer) const {

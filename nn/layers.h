@@ -37,7 +37,7 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) const { return layer_norm(x, stored(weight, x), stored(bias, x), eps_); }
   /// {x + r, forward(x + r)} in one pass: a residual add and this norm fused (add_layer_norm); with p > 0, r is
   /// added as dropout(r, p, seed) would make it.
-  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r, double p = 0.0, uint64_t seed = 0) const {
+  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r, double p = 0.0, DropoutSeed seed = {}) const {
     return add_layer_norm(x, r, stored(weight, x), stored(bias, x), eps_, p, seed);
   }
 

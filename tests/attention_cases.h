@@ -228,7 +228,7 @@ inline Reference reference_forward(const Problem& p) {
         for (int64_t s = 0; s < g.S; ++s) {
           const double w = std::exp(score[size_t(s)] - mx) / sum;
           r.weights[size_t(row * g.S + s)] = w;
-          const bool keep = g.dropout_p == 0 || dropout_keep(g.dropout_seed, row * g.S + s, g.dropout_p);
+          const bool keep = g.dropout_p == 0 || dropout_keep(g.dropout_seed.value(), row * g.S + s, g.dropout_p);
           if (!keep) continue;
           for (int64_t e = 0; e < g.Ev; ++e) {
             r.out[size_t(row * g.Ev + e)] +=

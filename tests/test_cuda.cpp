@@ -561,22 +561,32 @@ TEST_CASE("cuda: a training step waits for the GPU once (the loss and the gradie
 }
 
 TEST_CASE("cuda: the training step as a CUDA graph gives the losses of the step queued op by op, bit for bit") {
+  // With dropout too: each dropout seed reads the step's offset from device memory, so the replays draw new masks
+  // every step, the same as the steps queued op by op. And on bf16 storage.
   namespace fs = std::filesystem;
   const fs::path dir = toy_corpus_dir("tinygpt_test_cuda_graphs");
+  struct Numbers {
+    const char* dtype;
+    const char* storage;
+  };
   for (const int64_t accum : {1, 2}) {
-    for (const char* dtype : {"fp32", "bf16"}) {
-      INFO("--grad-accum " << accum << ", --dtype " << std::string(dtype));
+    for (const Numbers numbers : {Numbers{"fp32", ""}, Numbers{"bf16", "f32"}, Numbers{"bf16", "bf16"}}) {
+    for (const double dropout : {0.0, 0.2}) {
+      const std::string dtype = fmt::format("{}_{}_{}", numbers.dtype, numbers.storage, dropout);
+      INFO("--grad-accum " << accum << ", --dtype " << numbers.dtype << " --storage " << numbers.storage
+                           << " --dropout " << dropout);
       std::vector<TrainResult> runs;
       for (const bool graphs : {true, false}) {
         TrainConfig c;
         c.data = (dir / "toy.txt").string();
         c.out = (dir / fmt::format("{}_{}_{}", accum, dtype, graphs ? 1 : 0)).string();
         c.device = "cuda";
-        c.dtype = dtype;
+        c.dtype = numbers.dtype;
+        c.storage = numbers.storage;
         c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 32, c.model.block_size = 16;
         c.batch_size = 4, c.max_iters = 12, c.eval_interval = 5, c.eval_iters = 2, c.warmup_iters = 2;
         c.lr_decay_iters = 12, c.grad_accum = accum, c.cuda_graphs = graphs, c.quiet = true;
-        c.model.dropout = 0;  // dropout draws its masks on the host: no graph
+        c.model.dropout = dropout;
         runs.push_back(train(c));
         CHECK(runs.back().max_step_syncs == 1);
       }
@@ -597,6 +607,7 @@ TEST_CASE("cuda: the training step as a CUDA graph gives the losses of the step 
       const auto b = losses(fmt::format("{}_{}_0", accum, dtype));
       CHECK(a.size() == 12);
       CHECK(a == b);
+    }
     }
   }
   fs::remove_all(dir);

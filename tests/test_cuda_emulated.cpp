@@ -87,6 +87,13 @@ namespace {
 
 using Vec = std::vector<float>;
 
+/// `seed` as a captured CUDA graph's kernels get it: a part in the kernel's arguments, the rest in a word of (device)
+/// memory the kernel reads (DropoutSeed::offset).
+DropoutSeed through_offset(uint64_t seed) {
+  static const uint64_t offset = 0x5eed5eed5eedULL;
+  return DropoutSeed(seed - offset, &offset);
+}
+
 Vec random(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -335,7 +342,7 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
                 {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
                   (g ? gpu::add_layernorm_forward<float> : cpu::add_layernorm_forward<float>)(
                       o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(), residual.data(), w.data(),
-                      with_bias ? bias.data() : nullptr, N, C, 1e-5f, p, 77);
+                      with_bias ? bias.data() : nullptr, N, C, 1e-5f, p, g ? through_offset(77) : DropoutSeed(77));
                 });
       }
       Vec y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
@@ -407,8 +414,14 @@ TEST_CASE("emulated CUDA: dropout draws the CPU's mask, forward and backward") {
     compare(name + " forward", {Vec(size_t(n))}, [&](std::vector<Vec>& o, bool g) {
       (g ? gpu::dropout_forward<float> : cpu::dropout_forward<float>)(o[0].data(), x.data(), n, p, 99);
     }, 0.0, 0.0);
+    // The GPU's seed through an offset in (device) memory, as a captured training step reads it: the same mask.
+    compare(name + " forward, seed through an offset", {Vec(size_t(n))}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::dropout_forward<float> : cpu::dropout_forward<float>)(o[0].data(), x.data(), n, p,
+                                                                      g ? through_offset(99) : DropoutSeed(99));
+    }, 0.0, 0.0);
     compare(name + " backward", {random(size_t(n), 34)}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::dropout_backward<float> : cpu::dropout_backward<float>)(o[0].data(), dout.data(), n, p, 99);
+      (g ? gpu::dropout_backward<float> : cpu::dropout_backward<float>)(o[0].data(), dout.data(), n, p,
+                                                                        g ? through_offset(99) : DropoutSeed(99));
     }, 0.0, 1e-7);
   }
 }
@@ -1062,6 +1075,10 @@ void check_attention(const Config& c, bool flash, AttentionMath math = Attention
   Problem p = make_problem(c);
   p.g.math = math;
   const AttentionGeom& g = p.g;
+  // The GPU reads its dropout seed through an offset in (device) memory, as a captured training step does: the same
+  // masks as the CPU's from the whole seed.
+  AttentionGeom g_dev = g;
+  g_dev.dropout_seed = through_offset(g.dropout_seed.seed);
   const HostInputs<float> in(p);
   const size_t rows = size_t(g.B * g.NH * g.T);
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -1070,10 +1087,10 @@ void check_attention(const Config& c, bool flash, AttentionMath math = Attention
     float* w = flash ? nullptr : o[2].data();
     if (flash) {
       (gp ? gpu::attention_flash_forward : cpu::attention_flash_forward<float>)(o[0].data(), o[1].data(), in.q, in.k,
-                                                                               in.v, in.m, in.kp, g);
+                                                                               in.v, in.m, in.kp, gp ? g_dev : g);
     } else {
       (gp ? gpu::attention_naive_forward : cpu::attention_naive_forward<float>)(o[0].data(), w, o[1].data(), in.q, in.k,
-                                                                               in.v, in.m, in.kp, g);
+                                                                               in.v, in.m, in.kp, gp ? g_dev : g);
     }
   }, 2e-5, 2e-4);
   Vec out(static_cast<size_t>(p.out_size), nan), lse(rows, nan);
@@ -1082,17 +1099,19 @@ void check_attention(const Config& c, bool flash, AttentionMath math = Attention
     float* d = o[0].data();
     const auto f = flash ? (gp ? gpu::attention_flash_backward : cpu::attention_flash_backward<float>)
                          : (gp ? gpu::attention_naive_backward : cpu::attention_naive_backward<float>);
-    f(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp, g);
+    f(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp,
+      gp ? g_dev : g);
   }, 1e-4, 2e-4);
   if (!flash) return;
   // The flash backward into gradients no op has written (grads_unwritten): buffers of NaN, each element of q, k and
   // v's views written (=), on the GPU without a read, on the CPU after zeroing them.
-  AttentionGeom gu = g;
-  gu.grads_unwritten = true;
+  AttentionGeom gu = g, gu_dev = g_dev;
+  gu.grads_unwritten = gu_dev.grads_unwritten = true;
   compare(name + " backward into unwritten gradients", {Vec(in.qkv.size(), nan)}, [&](std::vector<Vec>& o, bool gp) {
     float* d = o[0].data();
     (gp ? gpu::attention_flash_backward : cpu::attention_flash_backward<float>)(
-        d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp, gu);
+        d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp,
+        gp ? gu_dev : gu);
     CHECK(settle_unwritten(o[0], p) == 0);
   }, 1e-4, 2e-4);
 }

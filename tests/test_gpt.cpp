@@ -200,6 +200,33 @@ TEST_CASE("gpt: bf16 storage: bf16 activations from the embedding on, f32 loss a
   }
 }
 
+TEST_CASE("gpt: every dropout seed adds the generator's offset, read when the kernels run (a captured step's masks)") {
+  // The trainer seeds the model's generator the same way every step and writes each step's offset to memory, so a
+  // CUDA graph that captured the seeds replays with new masks each step. Here: the same seeds with the same offset
+  // give the same loss, another offset another one, and no offset is offset 0.
+  nn::GPTConfig c = tiny_config();
+  c.dropout = 0.2;
+  Generator gen(4);
+  nn::GPT model(c, gen);
+  model.train(true);
+  Generator data(5);
+  const Tensor ids = random_ids(2, 16, c.vocab_size, data), targets = random_ids(2, 16, c.vocab_size, data);
+  uint64_t offset = 0;
+  gen.set_dropout_offset(&offset);
+  const auto loss_with = [&](uint64_t off) {
+    offset = off;
+    gen.manual_seed(9);
+    return model.forward(ids, targets).loss.item();
+  };
+  const double a = loss_with(1), b = loss_with(2);
+  CHECK(loss_with(1) == a);
+  CHECK(b != a);
+  const double zero = loss_with(0);
+  gen.set_dropout_offset(nullptr);
+  gen.manual_seed(9);
+  CHECK(model.forward(ids, targets).loss.item() == zero);
+}
+
 TEST_CASE("gpt: bf16 storage reads the working copies, not the masters: a stale copy changes the loss until rewritten") {
   // The layers take each weight's bf16 working copy as it was last written; an optimizer step writes the copies
   // (FlatParameters::write_bf16_copies), and write_bf16_copies rewrites them after any other change of the masters.

@@ -83,8 +83,9 @@ TEST_CASE("train: a step reads its loss and gradient norm to the host once (on t
 }
 
 TEST_CASE("train: the GPU's step form (values read from memory, clipping on the device) gives the same losses (AdamW, Muon)") {
-  // DeviceStep on the CPU: the micro-batches refilled in place, AdamW's scalars staged, the loss and sum of squares
-  // written where adamw_update_indirect reads them. Bit for bit the losses of the ordinary step, clipping or not.
+  // DeviceStep on the CPU: the micro-batches refilled in place, AdamW's scalars staged, the dropout offset refilled,
+  // the loss and sum of squares written where adamw_update_indirect reads them. Bit for bit the losses of the
+  // ordinary step, clipping or not, with dropout.
   for (const char* optimizer : {"adamw", "muon"}) {
   for (const int64_t accum : {1, 2}) {
     for (const double clip : {1.0, 0.05}) {
@@ -98,6 +99,7 @@ TEST_CASE("train: the GPU's step form (values read from memory, clipping on the 
         c.batch_size = 4, c.max_iters = 10, c.eval_interval = 5, c.eval_iters = 2, c.warmup_iters = 2;
         c.lr_decay_iters = 10, c.grad_accum = accum, c.grad_clip = clip, c.optimizer = optimizer, c.quiet = true;
         c.device_step_on_cpu = device_form;
+        c.model.dropout = 0.1;
         const TrainResult r = train(c);
         CHECK(r.max_step_float_reads == 1);
         val.push_back(r.last_val_loss);

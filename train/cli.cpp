@@ -184,7 +184,7 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
       ->capture_default_str();
   add_switch(cmd, "tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls");
   add_switch(cmd, "cuda-graphs", c.cuda_graphs,
-             "On one GPU without dropout, capture the training step as a CUDA graph once and replay it "
+             "On one GPU, capture the training step as a CUDA graph once and replay it "
              "(the same work and results as queueing it op by op, without the launch overhead)");
   cmd->add_option("--attention-math", c.attention_math,
                   "The operands of flash attention's products: f32, bf16 (f32 accumulation and softmax; on the GPU on "

@@ -226,11 +226,11 @@ std::string describe_model(const nn::GPT& model, Device device) {
 
 
 /// The GPU's step on one GPU: every per-step value the work reads is in device memory, refilled before the step (the
-/// micro-batches, the optimizer's rates: Optimizer::next_indirect), and what the host needs is read back after it
-/// ({loss sum, gradient sum of squares}: the step's one host synchronisation); the optimizer clips and refuses a
-/// non-finite step on the device. So the step's work is the same every step, and with CUDA graphs on (and no
-/// dropout, whose masks are drawn on the host) it is captured once, on the second step (the first warms the allocator
-/// and loads the kernels), and replayed from then on.
+/// micro-batches, the optimizer's rates: Optimizer::next_indirect, the dropout offset: Run::dropout_for_step), and
+/// what the host needs is read back after it ({loss sum, gradient sum of squares}: the step's one host
+/// synchronisation); the optimizer clips and refuses a non-finite step on the device. So the step's work is the same
+/// every step, and with CUDA graphs on it is captured once, on the second step (the first warms the allocator and
+/// loads the kernels), and replayed from then on, dropout included.
 struct DeviceStep {
   std::vector<Tensor> x, y;  // the micro-batches, refilled in place
   Tensor sched, stats;       // the optimizer's values in, {loss sum, sum of squares} out
@@ -265,8 +265,32 @@ struct Run {
   FlatParameters& flat;
   GradientBuckets* buckets;  // several CPU ranks with --bucket-mb > 0, else null
   std::optional<DeviceStep> device_step = {};  // one GPU (see DeviceStep)
+  // The step's dropout offset (DropoutSeed::offset), one 64-bit word in the model's device memory, which every
+  // dropout seed the model draws from model_gen adds; see dropout_for_step.
+  Tensor dropout_offset = {};
+
+  ~Run() { model_gen.set_dropout_offset(nullptr); }  // the word lives here
 
   bool lead() const { return comm.rank() == 0; }  // rank 0 speaks for the run: log lines, metrics, checkpoints
+
+  /// Dropout masks from the run's seed and the micro-batch's place in the run only, drawn so that a captured step
+  /// replays with each step's own: the sites' seeds come from model_gen seeded by the micro-batch's index in the step
+  /// (the same every step, as a graph captures them), and each adds the step's offset, a hash of the iteration
+  /// written to device memory before the step (as the optimizer's rates are). A rank draws the masks one process would
+  /// draw for its micro-batches, whatever the world size; the CPU draws the same masks as the GPU.
+  void dropout_for_step(int64_t iter) {
+    if (!dropout_offset.defined()) {
+      dropout_offset = zeros({2}, DType::I32, device);
+      model_gen.set_dropout_offset(reinterpret_cast<const uint64_t*>(dropout_offset.data<int32_t>()));
+    }
+    const uint64_t key = mix64(derived_seed(derived_seed(cfg.seed, kDropoutStream), uint64_t(iter)));
+    dropout_offset.copy_(from_vector(std::vector<int32_t>{int32_t(uint32_t(key)), int32_t(uint32_t(key >> 32))}, {2}));
+  }
+
+  /// model_gen as the dropout sites of micro-batch `micro` of a step draw from it (see dropout_for_step).
+  void dropout_for_micro_batch(int64_t micro) {
+    model_gen.manual_seed(derived_seed(derived_seed(cfg.seed, kDropoutStream), uint64_t(micro)));
+  }
 
   void save_latest(int64_t iter) {
     state.iter = iter;
@@ -308,6 +332,7 @@ struct Run {
     if (device_step) return step_on_device(iter, lr);
     const int rank = comm.rank(), world = comm.world_size();
     const int64_t micro_steps = cfg.grad_accum * world;
+    dropout_for_step(iter);
     Tensor loss_sum;  // this rank's micro-batch losses, summed where they are (on the GPU: no synchronisation)
     for (int64_t micro = 0; micro < micro_steps; ++micro) {
       if (micro / cfg.grad_accum != rank) {
@@ -315,9 +340,7 @@ struct Run {
         continue;
       }
       const auto batch = sampler.next();
-      // Dropout masks from the run's seed and the micro-batch's place in the run only: a rank draws the masks one
-      // process would draw for this micro-batch, whatever the world size.
-      model_gen.manual_seed(derived_seed(derived_seed(cfg.seed, kDropoutStream) + uint64_t(iter), uint64_t(micro)));
+      dropout_for_micro_batch(micro);
       Tensor loss;
       {
         profile::Phase phase("forward");
@@ -381,6 +404,7 @@ struct Run {
     const std::vector<float> sched = opt.next_indirect(lr);
     if (!d.sched.defined()) d.sched = empty({int64_t(sched.size())}, DType::F32, device);
     d.sched.copy_(from_vector(sched, {int64_t(sched.size())}));
+    dropout_for_step(iter);
     if (!d.graph && d.use_graph && d.queued >= 1) {
       cuda::begin_capture();
       try {
@@ -418,7 +442,7 @@ struct Run {
     DeviceStep& d = *device_step;
     Tensor loss_sum;
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      model_gen.manual_seed(derived_seed(derived_seed(cfg.seed, kDropoutStream) + uint64_t(iter), uint64_t(micro)));
+      dropout_for_micro_batch(micro);
       Tensor loss;
       {
         profile::Phase phase("forward");
@@ -454,13 +478,11 @@ void set_up_device_step(Run& run) {
     d.y.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
   }
   d.stats = empty({2}, DType::F32, device);
-  d.use_graph = device == Device::CUDA && cfg.cuda_graphs && cfg.model.dropout == 0 && !cuda::profiling();
+  d.use_graph = device == Device::CUDA && cfg.cuda_graphs && !cuda::profiling();
   const char* graphs =
       d.use_graph        ? "CUDA graphs: the training step is captured on its second iteration and replayed"
       : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
-      : cuda::profiling() ? "CUDA graphs off: TINYGPT_CUDA_PROFILE=1 times each op alone; the step is queued op by op"
-                         : "CUDA graphs off: dropout draws its masks on the host every step (--dropout 0 lets the "
-                           "step be captured); the step is queued op by op";
+                         : "CUDA graphs off: TINYGPT_CUDA_PROFILE=1 times each op alone; the step is queued op by op";
   if (device == Device::CUDA) console.line("{}\n", graphs);
 }
 

@@ -55,8 +55,8 @@ struct TrainConfig {
   // LayerNorm, softmax and the loss stay f32. On the GPU it also makes flash attention's operands bf16.
   std::string dtype = "fp32";
   bool tf32 = true;  // on the GPU: TF32 tensor cores for f32 matmuls (as nanoGPT); --no-tf32 for full f32
-  // On one GPU without dropout: the step captured once as a CUDA graph and replayed (--no-cuda-graphs: queued op by
-  // op, the same work and results).
+  // On one GPU: the step captured once as a CUDA graph and replayed, dropout included (--no-cuda-graphs: queued op
+  // by op, the same work and results).
   bool cuda_graphs = true;
   bool device_step_on_cpu = false;  // tests: the GPU's step form (reading its per-step values from memory) on the CPU
   std::string attention_math;  // on the GPU: flash attention's operands, f32, tf32 or bf16; empty: as dtype

@@ -94,7 +94,7 @@ void attention_naive_forward(T* out, T* weights, T* lse, const T* q, const T* k,
       for (int64_t s = 0; s < g.S; ++s) sum += p[s] = std::exp(p[s] - mx);
       for (int64_t s = 0; s < g.S; ++s) p[s] /= sum;
       lse[row] = mx + std::log(sum);
-      const DropoutRow drop(g.dropout_seed, dropout_row(g, b, h, t));
+      const DropoutRow drop(g.dropout_seed.value(), dropout_row(g, b, h, t));
       for (int64_t s = 0; s < g.S; ++s) {
         T w = p[s];
         if (g.dropout_p > 0.0f) w = drop.keep(s, g.dropout_p) ? w * keep_scale : T(0);
@@ -140,7 +140,7 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
     if (mask) x += at(mask, g.mask_stride, b, h, t)[s * g.mask_stride[3]];
     const T p = std::exp(x - lse[row]);
     T f = 1;
-    if (g.dropout_p > 0.0f) f = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t) + s, g.dropout_p) ? keep_scale : T(0);
+    if (g.dropout_p > 0.0f) f = dropout_keep(g.dropout_seed.value(), dropout_row(g, b, h, t) + s, g.dropout_p) ? keep_scale : T(0);
     const T dp = dot(at(dout, g.o_stride, b, h, t), at(v, g.v_stride, b, kvh, s), g.Ev) * f;
     pd = p * f;
     ds = p * (dp - D[row]) * scale;

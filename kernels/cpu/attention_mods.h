@@ -127,7 +127,7 @@ inline void modified_element_backward(const AttentionGeom& g, int64_t b, int64_t
   if (rel.G) dp += rel.G[row * m.rel_width() + col];
   T f = 1;
   if (g.dropout_p > 0.0f) {
-    f = dropout_keep(g.dropout_seed, dropout_row(g, b, h, t) + s, g.dropout_p) ? dropout_scale<T>(g.dropout_p) : T(0);
+    f = dropout_keep(g.dropout_seed.value(), dropout_row(g, b, h, t) + s, g.dropout_p) ? dropout_scale<T>(g.dropout_p) : T(0);
   }
   const T dlogit = p * (dp * f - D[row]);
   const T ds = dlogit * softcap_grad(capped, m.softcap) * T(g.scale);
@@ -379,7 +379,7 @@ class ModTile {
       const T keep_scale = dropout_scale<T>(g_.dropout_p);
       for (int64_t l = v.lo; l < v.hi; ++l) {
         const Where w = where(l);
-        const T f = dropout_keep(g_.dropout_seed, dropout_row(g_, b_, h_, w.t) + w.s, g_.dropout_p) ? keep_scale : T(0);
+        const T f = dropout_keep(g_.dropout_seed.value(), dropout_row(g_, b_, h_, w.t) + w.s, g_.dropout_p) ? keep_scale : T(0);
         const T p = x[l];
         dp[l] = p * (dp[l] * f - (per_lane ? D[l] : *D));
         x[l] = p * f;

@@ -42,7 +42,7 @@ struct DropoutRows {
   explicit DropoutRows(int64_t n) : lo0(size_t(n)), key0(size_t(n)), key1(size_t(n)) {}
   void fill(const AttentionGeom& g, int64_t b, int64_t h, int64_t t0) {
     for (size_t i = 0; i < lo0.size(); ++i) {
-      const DropoutRow r(g.dropout_seed, dropout_row(g, b, h, t0 + int64_t(i)));
+      const DropoutRow r(g.dropout_seed.value(), dropout_row(g, b, h, t0 + int64_t(i)));
       lo0[i] = r.lo0, key0[i] = r.key0, key1[i] = r.key1;
     }
   }
@@ -429,7 +429,7 @@ void query_major_probs_and_ds(T* s, T* dp, int64_t ld, int64_t nr, int64_t nc, i
       if (!dropout) store(dr + j, p * (load(dr + j) - D) * scale);
     }
     if (dropout) {
-      const DropoutRow drop(g.dropout_seed, dropout_row(g, b, h, t) + s0);
+      const DropoutRow drop(g.dropout_seed.value(), dropout_row(g, b, h, t) + s0);
       for (int64_t j = 0; j < lim; ++j) {
         const T f = drop.keep(j, g.dropout_p) ? keep_scale : T(0);
         dr[j] = sr[j] * (dr[j] * f - D) * scale;

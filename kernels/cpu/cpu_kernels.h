@@ -54,7 +54,7 @@ template <class T> void layernorm_forward(T* out, compute_t<T>* mean, compute_t<
 /// sum = a + b and out = layernorm(sum) in one pass over the rows (a residual add and the layer norm that reads it);
 /// mean and rstd as layernorm_forward's.
 /// With p > 0, b enters dropped out: element i of b as dropout_forward(b, p, seed) would make it (the same mask).
-template <class T> void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p, uint64_t seed);
+template <class T> void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p, DropoutSeed seed);
 template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 
 /// out (N, C) = weight[ids] with weight (V, C). Backward splits the channels across threads: no races.
@@ -70,8 +70,8 @@ template <class T> void crossentropy_backward(T* dlogits, const compute_t<T>* dl
 
 /// Keeps element i with probability 1-p (scaled by 1/(1-p)); the mask is a hash of (seed, i), so
 /// backward recomputes it instead of storing it, and any thread split gives the same mask.
-template <class T> void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed);
-template <class T> void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed);
+template <class T> void dropout_forward(T* out, const T* inp, int64_t n, float p, DropoutSeed seed);
+template <class T> void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed seed);
 
 /// out (permuted, contiguous) = inp read through g.inp_stride; accumulate adds instead of storing.
 template <class T> void permute(T* out, const T* inp, const PermuteGeom& g, bool accumulate);

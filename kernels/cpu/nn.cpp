@@ -51,10 +51,10 @@ void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* 
 template <class T>
 void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
                            const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
-                           uint64_t seed) {
+                           DropoutSeed seed) {
   using F = compute_t<T>;
   const F scale = dropout_scale<F>(p);
-  const DropoutStream stream(seed);
+  const DropoutStream stream(seed.value());
 #pragma omp parallel for if (N * C >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
     T* s = sum + n * C;
@@ -158,10 +158,10 @@ void layernorm_forward<bf16>(bf16* out, float* mean, float* rstd, const bf16* in
 template <>
 void add_layernorm_forward<bf16>(bf16* sum, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
                                  const bf16* weight, const bf16* bias, int64_t N, int64_t C, float eps, float p,
-                                 uint64_t seed) {
+                                 DropoutSeed seed) {
   const std::vector<float> w = widened(weight, C), bb = widened(bias, C);
   const float scale = dropout_scale<float>(p);
-  const DropoutStream stream(seed);
+  const DropoutStream stream(seed.value());
 #pragma omp parallel if (N * C >= kParallelGrain)
   {
     std::vector<float> x(static_cast<size_t>(C)), r(static_cast<size_t>(C)), y(static_cast<size_t>(C));
@@ -308,7 +308,8 @@ void crossentropy_backward(T* dlogits, const compute_t<T>* dloss_in, compute_t<T
 }
 
 template <class T>
-void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
+void dropout_forward(T* out, const T* inp, int64_t n, float p, DropoutSeed from) {
+  const uint64_t seed = from.value();
   using F = compute_t<T>;
   const F scale = dropout_scale<F>(p);
   const uint32_t key = dropout_key(seed, 0);
@@ -319,7 +320,8 @@ void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
 }
 
 template <class T>
-void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed) {
+void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed from) {
+  const uint64_t seed = from.value();
   using F = compute_t<T>;
   const F scale = dropout_scale<F>(p);
   const uint32_t key = dropout_key(seed, 0);
@@ -337,7 +339,7 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
   template void layernorm_forward<T>(T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, int64_t, int64_t,  \
                                      compute_t<T>);                                                                     \
   template void add_layernorm_forward<T>(T*, T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, const T*,  \
-                                         int64_t, int64_t, compute_t<T>, float, uint64_t);                              \
+                                         int64_t, int64_t, compute_t<T>, float, DropoutSeed);                              \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const compute_t<T>*,                    \
                                       const compute_t<T>*, int64_t, int64_t, bool);
 #define TINYGPT_INSTANTIATE(T)                                                                                          \
@@ -347,8 +349,8 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed)
                                         int32_t);                                                                       \
   template void crossentropy_backward<T>(T*, const compute_t<T>*, compute_t<T>, const T*, const compute_t<T>*,          \
                                          const int32_t*, int64_t, int64_t, int32_t);                                    \
-  template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \
-  template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);
+  template void dropout_forward<T>(T*, const T*, int64_t, float, DropoutSeed);                                             \
+  template void dropout_backward<T>(T*, const T*, int64_t, float, DropoutSeed);
 TINYGPT_INSTANTIATE_NORMS(float)
 TINYGPT_INSTANTIATE_NORMS(double)  // bf16's layer norms are the specializations above
 TINYGPT_INSTANTIATE(float)

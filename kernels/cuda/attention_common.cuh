@@ -31,13 +31,13 @@ __device__ __forceinline__ float mask_at(const float* mask, const AttentionGeom&
 
 __device__ __forceinline__ float dropout_factor(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s) {
   if (g.dropout_p <= 0.0f) return 1.0f;
-  const bool keep = dropout_keep(g.dropout_seed, ((b * g.NH + h) * g.T + t) * g.S + s, g.dropout_p);
+  const bool keep = dropout_keep(g.dropout_seed.value(), ((b * g.NH + h) * g.T + t) * g.S + s, g.dropout_p);
   return keep ? dropout_scale<float>(g.dropout_p) : 0.0f;
 }
 
 /// The dropout of score row (b, h, t): dropout_keep's key for it (kernels/dropout_hash.h), or nothing without dropout.
 __device__ __forceinline__ DropoutRow dropout_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) {
-  return g.dropout_p > 0.0f ? DropoutRow(g.dropout_seed, ((b * g.NH + h) * g.T + t) * g.S) : DropoutRow();
+  return g.dropout_p > 0.0f ? DropoutRow(g.dropout_seed.value(), ((b * g.NH + h) * g.T + t) * g.S) : DropoutRow();
 }
 
 /// dropout_factor of key s of the row `row` (dropout_row), with keep_scale = dropout_scale<float>(g.dropout_p): the

@@ -39,7 +39,7 @@ void log_softmax_forward(float* out, const float* inp, int64_t N, int64_t C);
 void log_softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C);
 template <class T> void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps);
 /// dweight/dbias: per-block partial sums added in a fixed order by a second kernel (deterministic).
-template <class T> void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p, uint64_t seed);
+template <class T> void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b, const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p, DropoutSeed seed);
 template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 template <class T> void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C);
 /// Deterministic, no float atomics: each (token id, channel) of dweight sums its rows in chunks of rows, in row order
@@ -48,8 +48,8 @@ template <class T> void embedding_forward(T* out, const int32_t* ids, const T* w
 template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V, int64_t C);
 template <class T> void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 template <class T> void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
-template <class T> void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed);
-template <class T> void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed);
+template <class T> void dropout_forward(T* out, const T* inp, int64_t n, float p, DropoutSeed seed);
+template <class T> void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed seed);
 template <class T> void permute(T* out, const T* inp, const PermuteGeom& g, bool accumulate);
 template <class T> void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start, int64_t src_D, int64_t src_start, int64_t len, bool accumulate);
 /// cuBLAS (strided batched sgemm); TF32 tensor cores when tf32.

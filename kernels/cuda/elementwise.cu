@@ -32,8 +32,8 @@ namespace tinygpt::cuda {
   template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, compute_t<T>, bool);              \
   template void binary_forward<T>(T*, const T*, const T*, const BroadcastGeom&, BinaryOp);                              \
   template void binary_backward<T>(T*, T*, const T*, const T*, const T*, const BroadcastGeom&, BinaryOp);               \
-  template void dropout_forward<T>(T*, const T*, int64_t, float, uint64_t);                                             \
-  template void dropout_backward<T>(T*, const T*, int64_t, float, uint64_t);                                            \
+  template void dropout_forward<T>(T*, const T*, int64_t, float, DropoutSeed);                                             \
+  template void dropout_backward<T>(T*, const T*, int64_t, float, DropoutSeed);                                            \
   template void permute<T>(T*, const T*, const PermuteGeom&, bool);                                                     \
   template void copy_slice<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool);
 TINYGPT_INSTANTIATE(float)

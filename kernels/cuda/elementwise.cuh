@@ -427,8 +427,8 @@ __global__ void softmax_backward_kernel(float* dinp, const float* dout, const fl
 }
 
 template <class T>
-__global__ void dropout_forward_kernel(T* out, const T* inp, int64_t n, float p, uint64_t seed, float scale, bool vec) {
-  const DropoutStream stream(seed);
+__global__ void dropout_forward_kernel(T* out, const T* inp, int64_t n, float p, DropoutSeed seed, float scale, bool vec) {
+  const DropoutStream stream(seed.value());
   map_elements(n, vec, [&](int64_t e) {
     float x[8];
     load8(x, inp + e);
@@ -438,8 +438,8 @@ __global__ void dropout_forward_kernel(T* out, const T* inp, int64_t n, float p,
 }
 
 template <class T>
-__global__ void dropout_backward_kernel(T* dinp, const T* dout, int64_t n, float p, uint64_t seed, float scale, bool vec) {
-  const DropoutStream stream(seed);
+__global__ void dropout_backward_kernel(T* dinp, const T* dout, int64_t n, float p, DropoutSeed seed, float scale, bool vec) {
+  const DropoutStream stream(seed.value());
   map_elements(n, vec, [&](int64_t e) {
     float g[8], d[8];
     load8(g, dout + e);
@@ -693,7 +693,7 @@ void log_softmax_backward(float* dinp, const float* dout, const float* out, int6
 }
 
 template <class T>
-void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
+void dropout_forward(T* out, const T* inp, int64_t n, float p, DropoutSeed seed) {
   if (n == 0) return;
   const bool vec = vectors_fit(out, inp);
   launch_kernel("dropout_forward", dropout_forward_kernel<T>, map_blocks(n, vec), kThreads, 0, out, inp, n, p, seed,
@@ -701,7 +701,7 @@ void dropout_forward(T* out, const T* inp, int64_t n, float p, uint64_t seed) {
 }
 
 template <class T>
-void dropout_backward(T* dinp, const T* dout, int64_t n, float p, uint64_t seed) {
+void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed seed) {
   if (n == 0) return;
   const bool vec = vectors_fit(dinp, dout);
   launch_kernel("dropout_backward", dropout_backward_kernel<T>, map_blocks(n, vec), kThreads, 0, dinp, dout, n, p,

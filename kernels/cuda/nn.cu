@@ -9,7 +9,7 @@ namespace tinygpt::cuda {
   template void layernorm_forward<T>(T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, int64_t, int64_t, \
                                      compute_t<T>);                                                                   \
   template void add_layernorm_forward<T>(T*, T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, const T*, \
-                                         int64_t, int64_t, compute_t<T>, float, uint64_t);                            \
+                                         int64_t, int64_t, compute_t<T>, float, DropoutSeed);                            \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const compute_t<T>*,                   \
                                       const compute_t<T>*, int64_t, int64_t, bool);                                   \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                 \

@@ -69,12 +69,12 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
 template <class T>
 __global__ void add_layernorm_forward_kernel(T* sum, T* out, float* mean, float* rstd, const T* a, const T* b,
                                              const T* weight, const T* bias, int64_t N, int64_t C, float eps, float p,
-                                             uint64_t seed, float scale, bool vec) {
+                                             DropoutSeed seed, float scale, bool vec) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x % 32);
   if (n >= N) return;
   T* s = sum + n * C;
-  const DropoutStream stream(seed);
+  const DropoutStream stream(seed.value());
   for_lane_groups(C, lane, [&](int64_t c, int) {
     float x[8], y[8];
     load_group(x, a + n * C, c, C, vec);
@@ -326,7 +326,7 @@ void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* 
 template <class T>
 void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
                            const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
-                           uint64_t seed) {
+                           DropoutSeed seed) {
   if (N == 0) return;
   launch_kernel("add_layernorm_forward", add_layernorm_forward_kernel<T>, blocks_for(N * 32), kThreads, 0, sum, out,
                 mean, rstd, a, b, weight, bias, N, C, eps, p, seed, dropout_scale<float>(p),
