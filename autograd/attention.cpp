@@ -206,7 +206,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
                           const AttentionOptions& o, bool qkv_partition = false);
 
 /// Attention on bf16 storage (g: the call's geometry). The lean calls (flash, no mask, padding or score modifier; on
-/// the GPU also what flash_bf16_takes asks: no dropout, head dim 64 or 128, aligned rows) run the flash kernels that read and write bf16 as stored
+/// the GPU also what flash_bf16_takes asks: head dim 64 or 128, aligned rows; dropout is taken) run the flash kernels that read and write bf16 as stored
 /// (kernels/cuda/flash_bf16.cuh; on the CPU kernels/cpu/attention.cpp, packing tiles from storage), forward and backward.
 /// Every other call goes through f32 as a graph: cast, attention, cast back.
 AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,

@@ -49,13 +49,13 @@ struct AttentionGeom {
 };
 
 /// Whether the flash forward on bf16 storage (attention_flash_forward_bf16) takes a call: head dim 64 or 128 for q, k
-/// and v alike, no dropout or score modifier (a mask or key padding the caller rules out: the kernel takes none),
+/// and v alike, no score modifier (a mask or key padding the caller rules out: the kernel takes none; dropout it does),
 /// and every row of q, k, v and out on a 16-byte boundary (pointers and strides in whole 8-element chunks).
 inline bool flash_bf16_takes(const AttentionGeom& g, const void* q, const void* k, const void* v, const void* out) {
   const auto whole = [](const void* p, const int64_t* stride) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride[0] % 8 == 0 && stride[1] % 8 == 0 && stride[2] % 8 == 0;
   };
-  return (g.E == 64 || g.E == 128) && g.Ev == g.E && g.dropout_p == 0.0f && !g.mods.any() && whole(q, g.q_stride) &&
+  return (g.E == 64 || g.E == 128) && g.Ev == g.E && !g.mods.any() && whole(q, g.q_stride) &&
          whole(k, g.k_stride) && whole(v, g.v_stride) && whole(out, g.o_stride);
 }
 

@@ -136,13 +136,13 @@ ours_bf16_ms=$(ours_train_ms --dtype bf16)
 # The pipelined tensor-core attention kernels (cp.async stages; not the default until measured here).
 [ $quick = 0 ] && ours_pipe_ms=$(TINYGPT_FLASH_PIPELINE=1 ours_train_ms --dtype bf16)
 # The step is captured as a CUDA graph and replayed, dropout included; --no-cuda-graphs queues the same work op by op.
-# And without dropout (where attention on bf16 storage reads q, k, v as stored).
+# And without dropout.
 nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0)
 ours_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16)
 note "host syncs per step, dropout 0" "$(cat "$logs/host_syncs") at most (aim: 1)"
 graph_mib=$(cat "$logs/gpu_peak_mib")
 # bf16 storage (activations and their gradients in bf16; opt-in on the GPU until these rows say it pays): with
-# dropout 0.2, and with dropout 0, where attention reads bf16 q, k, v as stored.
+# dropout 0.2 and with dropout 0.
 ours_bf16s_ms=$(ours_train_ms --dtype bf16 --storage bf16)
 ours_bf16s_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16 --storage bf16)
 bf16s_mib=$(cat "$logs/gpu_peak_mib")

@@ -387,6 +387,8 @@ TEST_CASE("cuda: the flash forward on bf16 storage matches the double reference;
   check_bf16_storage_on_gpu({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128,
                              .layout = Layout::Fused, .seed = 13});
   check_bf16_storage_on_gpu({.B = 2, .NH = 2, .NKV = 1, .T = 100, .S = 1000, .E = 64, .Ev = 64, .seed = 14});
+  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true,
+                             .dropout = 0.2f, .seed = 15});  // the training shape's dropout
   for (const int64_t E : {64, 128}) test::check_bf16_attention_tracks_f32(Device::CUDA, true, E);
   test::check_bf16_attention_tracks_f32(Device::CUDA, false, 64);
   test::check_bf16_attention_tracks_f32(Device::CUDA, true, 64, /*misaligned_dout=*/true);

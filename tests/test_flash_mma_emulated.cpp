@@ -145,7 +145,7 @@ TEST_CASE("flash on bf16 storage (emulated): causal, fused QKV, GQA, head dim 64
 
 TEST_CASE("flash on bf16 storage (emulated): partial tiles, T < S causal, head dim 128") {
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5});
-  // Rows off 16-byte boundaries (3 elements of padding a time step), another head dim, dropout: not its calls.
+  // Rows off 16-byte boundaries (3 elements of padding a time step), another head dim: not its calls. Dropout is.
   const auto takes = [](const Config& c) {
     const Problem p = make_problem(c);
     alignas(16) static bf16 buffer[8];
@@ -154,12 +154,20 @@ TEST_CASE("flash on bf16 storage (emulated): partial tiles, T < S causal, head d
   CHECK(takes({.T = 8, .S = 8, .E = 64, .Ev = 64}));
   CHECK_FALSE(takes({.T = 8, .S = 8, .E = 64, .Ev = 64, .layout = Layout::SeqMajor}));
   CHECK_FALSE(takes({.T = 8, .S = 8, .E = 32, .Ev = 32}));
-  CHECK_FALSE(takes({.T = 8, .S = 8, .E = 64, .Ev = 64, .dropout = 0.1f}));
+  CHECK(takes({.T = 8, .S = 8, .E = 64, .Ev = 64, .dropout = 0.1f}));
 }
 
 TEST_CASE("flash on bf16 storage (emulated): not causal, three key tiles, T > S causal (rows that see nothing)") {
   check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 10});
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 7});
+}
+
+TEST_CASE("flash on bf16 storage (emulated): dropout (causal GQA at head dim 64, head dim 128 with partial tiles)") {
+  // The mask of kernels/dropout_hash.h on P after the row sums: P V forward, dP's factor in dS and dV's P backward
+  // (the dK/dV pass keeps each step's query rows' dropout in shared memory), against the double reference's mask.
+  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f,
+                      .seed = 21});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 22});
 }
 
 TEST_CASE("flash on bf16 storage (emulated): head dim 128 not causal; GQA causal with T < S") {

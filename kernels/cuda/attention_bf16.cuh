@@ -42,8 +42,8 @@ void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf
                                   const AttentionGeom& g) {
   if (g.B * g.NH * g.T == 0) return;
   if (!flash_bf16_takes(g, q, k, v, out)) {
-    throw Error("attention_flash_forward_bf16: this call needs the general kernels (head dim 64 or 128, no dropout or "
-                "score modifier, rows on 16-byte boundaries; kernels/attention.h, flash_bf16_takes)");
+    throw Error("attention_flash_forward_bf16: this call needs the general kernels (head dim 64 or 128, no score "
+                "modifier, rows on 16-byte boundaries; kernels/attention.h, flash_bf16_takes)");
   }
   if (properties().major < 8) throw Error("bf16 flash attention needs tensor cores of compute capability 8.0 or newer");
   check_grid(g);
@@ -61,8 +61,8 @@ void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dou
                                    const bf16* v, const bf16* out, const float* lse, const AttentionGeom& g) {
   if (g.B * g.NH * g.T == 0) return;
   if (!flash_bf16_takes(g, q, k, v, out) || reinterpret_cast<uintptr_t>(dout) % 16 != 0) {
-    throw Error("attention_flash_backward_bf16: this call needs the general kernels (head dim 64 or 128, no dropout "
-                "or score modifier, rows on 16-byte boundaries; kernels/attention.h, flash_bf16_takes)");
+    throw Error("attention_flash_backward_bf16: this call needs the general kernels (head dim 64 or 128, no score "
+                "modifier, rows on 16-byte boundaries; kernels/attention.h, flash_bf16_takes)");
   }
   if (properties().major < 8) throw Error("bf16 flash attention needs tensor cores of compute capability 8.0 or newer");
   check_grid(g);

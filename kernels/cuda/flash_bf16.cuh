@@ -1,8 +1,10 @@
 // Flash attention forward on bf16 storage, in FlashAttention-2's structure: q, k and v are bf16 in memory and
 // reach the tensor cores as they are (no f32 read, no rounding on the way), the output is bf16 and the logsumexp
-// f32. The lean case only: head dims 64 and 128 exactly, causal or not, grouped-query heads, any strides that keep
-// rows on 16-byte boundaries; no mask, padding, dropout or score modifier (flash_bf16_takes in kernels/attention.h
-// says which calls; the others run the f32-tensor kernels of flash_mma.cuh on widened copies).
+// f32. The lean case only: head dims 64 and 128 exactly, causal or not, grouped-query heads, dropout, any strides that
+// keep rows on 16-byte boundaries; no mask, padding or score modifier (flash_bf16_takes in kernels/attention.h says
+// which calls; the others run the f32-tensor kernels of flash_mma.cuh on widened copies). Dropout multiplies P by the
+// mask of kernels/dropout_hash.h after the row sums (as the f32 kernels do): P V in the forward, dP's factor in dS
+// and dV's P in the backward.
 //
 // A block of 4 warps owns 64 query rows, a warp 16 of them. Q's tile is copied into shared memory once and its
 // A fragments kept in registers for the whole row of key tiles (EP/16 x 4 registers). K and V tiles of 64 keys are
@@ -95,6 +97,8 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
   cp_async_commit();
 
   const float sl2 = float(g.scale) * 1.4426950408889634f;  // scores in base 2: exp(x * scale) = exp2(x * sl2)
+  const float keep_scale = dropout_scale<float>(g.dropout_p);
+  const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + row0 + gr), dropout_row(g, b, h, t0 + row0 + gr + 8)};
   uint32_t qf[EP / 16][4];
   float o[EP / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sums
@@ -157,7 +161,8 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
         for (int e = 0; e < 2; ++e) {
           float& x = sc[j][2 * half + e];
           x = exp2f(x - m_sub);
-          sum += x;
+          sum += x;  // the softmax's sum: before dropout
+          x *= dropout_factor(g, drop[half], keep_scale, s0 + 8 * j + 2 * tc + e);
         }
       }
       l[half] = l[half] * alpha + sum;
@@ -344,7 +349,8 @@ __device__ void backward_dq_body(unsigned char* smem, bf16* dq, float* D, const 
     copy_tile<kCols, EP>(stage[0][1], v, g.v_stride, b, kvh, 0, g.S);
   }
   cp_async_commit();
-  const float sl2 = float(g.scale) * 1.4426950408889634f;
+  const float sl2 = float(g.scale) * 1.4426950408889634f, keep_scale = dropout_scale<float>(g.dropout_p);
+  const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + row0 + gr), dropout_row(g, b, h, t0 + row0 + gr + 8)};
   float lse2[2], Drow[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -375,7 +381,7 @@ __device__ void backward_dq_body(unsigned char* smem, bf16* dq, float* D, const 
       for (int i = 0; i < 4; ++i) {
         const int64_t t = t0 + row0 + gr + 8 * (i / 2), s = s0 + 8 * j + 2 * tc + i % 2;
         const float p = !masked || s < causal_end(g, t) ? exp2f(P[j][i] * sl2 - lse2[i / 2]) : 0.0f;
-        P[j][i] = p * (dP[j][i] - Drow[i / 2]);  // dS
+        P[j][i] = p * (dP[j][i] * dropout_factor(g, drop[i / 2], keep_scale, s) - Drow[i / 2]);  // dS
       }
     }
     accumulate_rows<EP, kCols>(acc, P, Ks, lane);
@@ -396,9 +402,10 @@ template <int EP>
 constexpr int dkdv_stage_bytes() {
   return 2 * tile_bytes<EP>(dkdv_queries<EP>()) + 8 * dkdv_queries<EP>();
 }
+/// K and V, the two stages, and the dropout rows of a step's queries.
 template <int EP>
 constexpr int dkdv_smem_bytes() {
-  return 2 * tile_bytes<EP>(kRows) + 2 * dkdv_stage_bytes<EP>();
+  return 2 * tile_bytes<EP>(kRows) + 2 * dkdv_stage_bytes<EP>() + dkdv_queries<EP>() * int(sizeof(DropoutRow));
 }
 
 /// dK and dV of one key tile (blockIdx.x = b * NKV + kv head, blockIdx.y the tile), summed over the group's query
@@ -412,10 +419,11 @@ __device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, cons
   unsigned char* Ks = smem;
   unsigned char* Vs = Ks + tile_bytes<EP>(kRows);
   unsigned char* stages = Vs + tile_bytes<EP>(kRows);
+  DropoutRow* drop_s = reinterpret_cast<DropoutRow*>(stages + 2 * dkdv_stage_bytes<EP>());  // the step's queries
   const int64_t b = blockIdx.x / g.NKV, kvh = blockIdx.x % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kRows;
   const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
-  const float sl2 = float(g.scale) * 1.4426950408889634f;
+  const float sl2 = float(g.scale) * 1.4426950408889634f, keep_scale = dropout_scale<float>(g.dropout_p);
 
   const int64_t t_first = query_begin(g, s0) / Q * Q, t_end = query_end(g, min64(s0 + kRows, g.S) - 1);
   const int64_t per_head = t_end > t_first ? (t_end - t_first + Q - 1) / Q : 0, steps = group * per_head;
@@ -442,6 +450,10 @@ __device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, cons
   for (int64_t i = 0; i < steps; ++i) {
     if (i + 1 < steps) issue(i + 1);
     cp_async_commit();
+    if (g.dropout_p > 0.0f) {  // the step's query rows' dropout (the last step's readers passed its closing barrier)
+      const int64_t h = kvh * group + i / per_head, t0 = t_first + i % per_head * Q;
+      for (int r = int(threadIdx.x); r < Q; r += kThreads) drop_s[r] = dropout_row(g, b, h, t0 + r);
+    }
     cp_async_wait<1>();
     __syncthreads();
     const unsigned char* st = stages + (i & 1) * dkdv_stage_bytes<EP>();
@@ -462,8 +474,9 @@ __device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, cons
         const int64_t s = s0 + row0 + gr + 8 * (e / 2), t = t0 + c;
         const float l2 = t < g.T ? lse_base2(lse_s[c]) : INFINITY;
         const float p = !masked || s < causal_end(g, t) ? exp2f(P[j][e] * sl2 - l2) : 0.0f;
-        P[j][e] = p;
-        dP[j][e] = p * (dP[j][e] - D_s[c]);  // dS^T
+        const float f = dropout_factor(g, drop_s[c], keep_scale, s);
+        P[j][e] = p * f;                          // dropped P^T, for dV
+        dP[j][e] = p * (dP[j][e] * f - D_s[c]);  // dS^T
       }
     }
     accumulate_rows<EP, Q>(dv_acc, P, dOs, lane);
