@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace {
 
@@ -52,6 +53,7 @@ struct Row {
   double other_load;  // cores used by other processes while timing (NaN when unknown)
   double storage;     // --bf16: GFLOP/s of ours over bf16 storage (NaN when not run)
   double out16;       // --bf16: the same, the result stored in bf16 as the linear layers store it (NaN when not run)
+  double gelu;        // --bf16, fwd and dinp: out16 with the MLP's GELU epilogue (bias and GELU; GELU's derivative)
 };
 
 // CPU seconds used machine-wide (everything but idle and iowait, steal included) and by this process. Over a row,
@@ -87,6 +89,10 @@ struct Product {
   float beta;
   const tinygpt::bf16 *a16 = nullptr, *b16 = nullptr;  // --bf16: the operands stored in bf16
   tinygpt::bf16* c16 = nullptr;                          // --bf16: the result stored in bf16
+  // --bf16, the GELU column: the bias (n floats) and GELU's output (fwd) or input (dinp), m x n in bf16
+  const float* bias = nullptr;
+  tinygpt::bf16* act16 = nullptr;
+  bool forward = false;
 };
 
 bool g_bf16 = false;  // --bf16: our products with bf16 operands, on g_kernel
@@ -114,6 +120,22 @@ void run_ours_bf16_storage(const Product& p, float* c) {
 void run_ours_bf16_out(const Product& p, float*) {
   tinygpt::cpu::Bf16Out o{p.c16, p.ldc, p.beta != 0.0f};
   tinygpt::cpu::Epilogue<float> ep;
+  ep.out16 = &o;
+  tinygpt::cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a16, p.lda, p.b16, p.ldb, 0.0f, nullptr, p.ldc, ep);
+}
+
+/// run_ours_bf16_out as the MLP calls it: forward, the bias added and GELU's output written beside the product (the
+/// fc layer); dinp, the product scaled by GELU's derivative at its input (the gradient into the fc layer's output).
+void run_ours_bf16_gelu(const Product& p, float*) {
+  tinygpt::cpu::Bf16Out o{p.c16, p.ldc, false};
+  tinygpt::cpu::Epilogue<float> ep;
+  ep.act = tinygpt::Activation::Gelu;
+  if (p.forward) {
+    ep.bias = p.bias;
+    o.act_out = p.act16;
+  } else {
+    o.act_of = p.act16;
+  }
   ep.out16 = &o;
   tinygpt::cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, p.a16, p.lda, p.b16, p.ldb, 0.0f, nullptr, p.ldc, ep);
 }
@@ -189,6 +211,31 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
       }
     }
   }
+  // The GELU column (fwd and dinp): checked against the f32 product with the epilogue's arithmetic after it.
+  const bool gelu = storage && p.beta == 0.0f;
+  std::vector<float> bias = gelu ? filled(p.n) : std::vector<float>{};
+  std::vector<tinygpt::bf16> act16(gelu ? c0.size() : 0);
+  p.forward = std::strcmp(kind, "fwd") == 0, p.bias = bias.data(), p.act16 = act16.data();
+  if (gelu) {
+    if (!p.forward) {
+      for (size_t i = 0; i < act16.size(); ++i) act16[i] = tinygpt::bf16(float(int64_t(i % 97) - 48) / 16.0f);
+    }
+    run_ours_bf16_gelu(p, nullptr);
+    for (int64_t i = 0; i < p.m; ++i) {
+      for (int64_t j = 0; j < p.n; ++j) {
+        const size_t e = size_t(i * p.ldc + j);
+        const float x = p.forward ? c_storage[e] + bias[size_t(j)]
+                                  : c_storage[e] * tinygpt::cpu::activation_grad_of(tinygpt::Activation::Gelu, float(act16[e]));
+        const bool ok = c16[e].bits == tinygpt::bf16(x).bits &&
+                        (!p.forward || act16[e].bits == tinygpt::bf16(tinygpt::cpu::activation_of(tinygpt::Activation::Gelu, x)).bits);
+        if (!ok) {
+          std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the GELU epilogue's output\n",
+                       (long long)M, (long long)K, (long long)N, kind);
+          std::exit(1);
+        }
+      }
+    }
+  }
 
   run_ours(p, c_ours.data());
   run_blas(p, c_blas.data());
@@ -211,7 +258,7 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   // small shapes most (and trips gemm's oversubscription guard). So before our batch the process sleeps until
   // OpenBLAS's workers are asleep, and each batch starts with at least one call and 30 ms of calls that are not
   // recorded, then records at least 2 calls and 80 ms (so >= 6 calls and >= 0.24 s per implementation and row).
-  std::vector<double> t_ours, t_blas, t_storage, t_out16;
+  std::vector<double> t_ours, t_blas, t_storage, t_out16, t_gelu;
   auto batch = [&](auto&& fn, float* c, double settle, std::vector<double>& times) {
     std::this_thread::sleep_for(std::chrono::duration<double>(settle));
     const Clock::time_point start = Clock::now();
@@ -233,6 +280,7 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
     batch(run_ours, c_ours.data(), 0.15, t_ours);
     if (storage) batch(run_ours_bf16_storage, c_storage.data(), 0.0, t_storage);
     if (storage) batch(run_ours_bf16_out, nullptr, 0.0, t_out16);
+    if (gelu) batch(run_ours_bf16_gelu, nullptr, 0.0, t_gelu);
     batch(run_blas, c_blas.data(), 0.0, t_blas);
   }
   const CpuSample cpu1 = cpu_sample();
@@ -240,7 +288,8 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   if (other_load < 0) other_load = 0;  // tick rounding; NaN (no /proc/stat) stays NaN
   const double flops = 2.0 * double(M) * double(N) * double(K);
   return {M, K, N, kind, flops / median(t_ours) / 1e9, flops / median(t_blas) / 1e9, err, other_load,
-          storage ? flops / median(t_storage) / 1e9 : NAN, storage ? flops / median(t_out16) / 1e9 : NAN};
+          storage ? flops / median(t_storage) / 1e9 : NAN, storage ? flops / median(t_out16) / 1e9 : NAN,
+          gelu ? flops / median(t_gelu) / 1e9 : NAN};
 }
 
 void usage() {
@@ -251,7 +300,9 @@ void usage() {
       "  --quick      only M = 768 (default: M in {768, 16384})\n"
       "  --bf16       ours with bf16 operands on this CPU's fastest bf16 kernel; OpenBLAS's sbgemm where it has one,\n"
       "               else its f32 sgemm (the table says which); also ours over bf16 storage, C in f32\n"
-      "               (bf16_storage) and C stored in bf16 as the linear layers store it (bf16_out)\n"
+      "               (bf16_storage) and C stored in bf16 as the linear layers store it (bf16_out), and that with\n"
+      "               the MLP's GELU epilogue (gelu: fwd adds a bias and writes GELU's output too, dinp scales by\n"
+      "               GELU's derivative; the product's FLOPs only)\n"
       "  --bf16-kernel f32|avx512|amx  ours with bf16 operands on this kernel (f32: rounded as packed, f32 units)\n"
       "  --json       one JSON object per row instead of the table\n");
 }
@@ -333,7 +384,7 @@ int main(int argc, char** argv) {
                        : "");
     std::printf("peer: %s\n", peer);
     std::printf("%6s %5s %5s %-5s %12s %16s %8s%s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", ratio_name,
-                g_bf16 ? "  bf16_storage_gflops  storage/ours  bf16_out_gflops" : "");
+                g_bf16 ? "  bf16_storage_gflops  storage/ours  bf16_out_gflops  gelu_gflops" : "");
   }
   double min_ratio = INFINITY, log_sum = 0, storage_log_sum = 0;
   int storage_rows = 0;
@@ -353,17 +404,18 @@ int main(int argc, char** argv) {
           std::printf(
               "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
               "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\", "
-              "\"bf16_storage_gflops\": %.2f, \"bf16_out_gflops\": %.2f, \"openblas_precision\": \"%s\"}\n",
+              "\"bf16_storage_gflops\": %.2f, \"bf16_out_gflops\": %.2f, \"gelu_gflops\": %.2f, \"openblas_precision\": \"%s\"}\n",
               (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load,
               g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "",
-              std::isnan(r.storage) ? 0.0 : r.storage, std::isnan(r.out16) ? 0.0 : r.out16, g_sbgemm ? "bf16" : "f32");
+              std::isnan(r.storage) ? 0.0 : r.storage, std::isnan(r.out16) ? 0.0 : r.out16,
+              std::isnan(r.gelu) ? 0.0 : r.gelu, g_sbgemm ? "bf16" : "f32");
         } else {
           const bool busy = r.other_load > kBusyCores;
           busy_rows += busy;
           std::printf("%6lld %5lld %5lld %-5s %12.1f %16.1f %8.3f", (long long)r.M, (long long)r.K, (long long)r.N,
                       r.kind, r.ours, r.blas, ratio);
           if (!std::isnan(r.storage)) {
-            std::printf("  %19.1f  %12.3f  %15.1f", r.storage, r.storage / r.ours, r.out16);
+            std::printf("  %19.1f  %12.3f  %15.1f  %11.1f", r.storage, r.storage / r.ours, r.out16, r.gelu);
             storage_log_sum += std::log(r.storage / r.ours);
             ++storage_rows;
           }
