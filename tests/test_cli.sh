@@ -81,6 +81,7 @@ expect_error "cannot create the output directory" "$tinygpt" train --data "$dir/
 expect_error "n_head (4) must be divisible by n_kv_head (3)" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-head 4 --n-embd 32 --n-kv-head 3
 expect_error "n_layer must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-layer 0
 expect_error "min-lr (0.1) must not exceed --lr" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --min-lr 0.1
+expect_error "cooldown must be a fraction in \[0, 1\]" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --cooldown 1.5
 expect_error "dropout must be in \[0, 1)" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --dropout 1.5
 expect_error "^error: Could not convert: --max-iters = ten" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --max-iters ten
 expect_error "^error: The following argument was not expected: --no-such-flag" "$tinygpt" train --data "$dir/text.txt" --no-such-flag

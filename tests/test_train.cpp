@@ -265,6 +265,23 @@ TEST_CASE("learning rate with a time budget: warmup by iterations, then the cosi
   CHECK(learning_rate(c, 5000, 90.0) == doctest::Approx(1e-4));  // past the budget (the last step's overrun)
 }
 
+TEST_CASE("learning rate with a cooldown: warmup, the peak held, then linear to min_lr over the last fraction") {
+  TrainConfig c;
+  c.lr = 1e-3, c.min_lr = 1e-4, c.warmup_iters = 100, c.lr_decay_iters = 2100, c.cooldown = 0.25;
+  CHECK(learning_rate(c, 99) == doctest::Approx(1e-3 * 100 / 101));
+  CHECK(learning_rate(c, 100) == doctest::Approx(1e-3));
+  CHECK(learning_rate(c, 1600) == doctest::Approx(1e-3));  // 75% of the decay's 2000 iterations: still the peak
+  CHECK(learning_rate(c, 1850) == doctest::Approx(1e-4 + 0.5 * 9e-4));
+  CHECK(learning_rate(c, 2100) == doctest::Approx(1e-4));
+  CHECK(learning_rate(c, 3000) == doctest::Approx(1e-4));
+  c.time_budget = 60;  // with a budget the seconds decide, as for the cosine
+  CHECK(learning_rate(c, 5000, 30.0) == doctest::Approx(1e-3));
+  CHECK(learning_rate(c, 5000, 52.5) == doctest::Approx(1e-4 + 0.5 * 9e-4));
+  CHECK(learning_rate(c, 5000, 90.0) == doctest::Approx(1e-4));
+  c.cooldown = 1.0;  // linear over the whole decay
+  CHECK(learning_rate(c, 200, 15.0) == doctest::Approx(1e-4 + 0.75 * 9e-4));
+}
+
 TEST_CASE("train: a time budget ends the run at the first step past it, schedules the decay on it, and resumes it") {
   TempDir dir("budget");
   TrainConfig c = toy_run(dir, 32);

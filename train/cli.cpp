@@ -149,6 +149,9 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
   cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warmup iterations")->capture_default_str();
   cmd->add_option("--lr-decay-iters", c.lr_decay_iters, "Iteration where the cosine decay reaches --min-lr")->capture_default_str();
+  cmd->add_option("--cooldown", c.cooldown, "0: cosine decay to --min-lr (nanoGPT); a fraction in (0, 1]: "
+                  "warmup-stable-decay, --lr held, then linear to --min-lr over this last fraction of the decay "
+                  "(of the iterations to --lr-decay-iters, or of --time-budget)")->capture_default_str();
   cmd->add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices and embeddings only)")->capture_default_str();
   cmd->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
   cmd->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();

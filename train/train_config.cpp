@@ -113,6 +113,9 @@ void TrainConfig::validate() const {
   non_negative("--min-lr", min_lr);
   if (min_lr > lr) throw Error(fmt::format("--min-lr ({}) must not exceed --lr ({})", min_lr, lr));
   non_negative("--warmup-iters", double(warmup_iters));
+  if (!(cooldown >= 0 && cooldown <= 1)) {
+    throw Error(fmt::format("--cooldown must be a fraction in [0, 1] (0: cosine decay), got {}", cooldown));
+  }
   if (lr_decay_iters < warmup_iters) {
     throw Error(fmt::format("--lr-decay-iters ({}) must be at least --warmup-iters ({})", lr_decay_iters, warmup_iters));
   }
@@ -147,13 +150,17 @@ void TrainConfig::validate() const {
 
 double learning_rate(const TrainConfig& c, int64_t iter, double seconds) {
   if (iter < c.warmup_iters) return c.lr * double(iter + 1) / double(c.warmup_iters + 1);
+  // How far the decay has gone, 0 to 1: by the budget's seconds, or by the iterations after the warmup.
+  double ratio = 1.0;
   if (c.time_budget > 0) {
-    const double ratio = std::clamp(seconds / c.time_budget, 0.0, 1.0);
-    return c.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (c.lr - c.min_lr);
+    ratio = std::clamp(seconds / c.time_budget, 0.0, 1.0);
+  } else if (iter < c.lr_decay_iters) {
+    ratio = double(iter - c.warmup_iters) / double(c.lr_decay_iters - c.warmup_iters);
   }
-  if (iter > c.lr_decay_iters) return c.min_lr;
-  if (c.lr_decay_iters == c.warmup_iters) return c.min_lr;
-  const double ratio = double(iter - c.warmup_iters) / double(c.lr_decay_iters - c.warmup_iters);
+  if (c.cooldown > 0) {  // warmup-stable-decay: the peak rate, then linear to min_lr over the last `cooldown`
+    const double left = 1.0 - ratio;
+    return left >= c.cooldown ? c.lr : c.min_lr + (left / c.cooldown) * (c.lr - c.min_lr);
+  }
   return c.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (c.lr - c.min_lr);
 }
 

@@ -90,6 +90,7 @@ nlohmann::json flags_json(const TrainConfig& c) {
     j.update({{"muon_lr", c.muon_lr}, {"muon_momentum", c.muon_momentum}, {"muon_weight_decay", c.muon_weight_decay},
               {"muon_scale", c.muon_scale}});
   }
+  if (c.cooldown > 0) j["cooldown"] = c.cooldown;
   return j;
 }
 

@@ -34,6 +34,9 @@ struct TrainConfig {
   double min_lr = 1e-4;
   int64_t warmup_iters = 100;
   int64_t lr_decay_iters = 5000;
+  // 0: cosine decay from lr to min_lr (nanoGPT). In (0, 1]: warmup-stable-decay, lr held and then decayed linearly to
+  // min_lr over this last fraction of the decay (of the iterations to lr_decay_iters, or of the time budget).
+  double cooldown = 0;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.99;
@@ -104,7 +107,9 @@ void check_numerics(const Numerics& numerics, Device device, const char* how);
 
 /// nanoGPT's schedule: linear warmup to lr over warmup_iters, cosine decay to min_lr at lr_decay_iters,
 /// min_lr after that. With a time budget the decay after the warmup follows `seconds / time_budget` (the training
-/// steps' seconds so far) instead of the iterations, reaching min_lr when the budget is spent.
+/// steps' seconds so far) instead of the iterations, reaching min_lr when the budget is spent. With c.cooldown > 0
+/// the decay is warmup-stable-decay instead: lr until the last `cooldown` fraction of the decay's span, then linear
+/// to min_lr.
 double learning_rate(const TrainConfig& c, int64_t iter, double seconds = 0);
 
 class Communicator;
