@@ -246,6 +246,13 @@ TEST_CASE("score modifiers: flash and naive kernels equal the attention composed
     c.max_rel = 2, c.rel_value = true, c.alibi = true, c.t5 = true, c.window = 4, c.docs = true, c.softcap = 3.0;
     c.padding = true, c.dropout = true, c.T = 9, c.S = 11, c.NH = 4, c.NKV = 1;
   });
+  // 32 (batch, kv head) pairs: the backward's one pass, which sums Shaw's dR in its query-major tiles (T5's table
+  // gradient keeps two passes)
+  with([](Mods& c) { c.B = 16, c.max_rel = 2, c.T = 9, c.S = 9; });
+  with([](Mods& c) {
+    c.B = 16, c.max_rel = 3, c.rel_value = true, c.window = 6, c.docs = true, c.softcap = 3.0, c.padding = true;
+    c.dropout = true, c.alibi = true, c.causal = false, c.T = 9, c.S = 11;
+  });
   for (const Mods& c : cases) check_case(c);
 }
 
@@ -254,10 +261,10 @@ TEST_CASE("score modifiers: flash attention over many tiles (window and document
   Mods c;
   c.B = 1, c.NH = 2, c.NKV = 1, c.T = 150, c.S = 150, c.E = 16, c.Ev = 16;
   c.window = 40, c.docs = true, c.max_rel = 5, c.rel_value = true, c.t5 = true, c.softcap = 5.0, c.alibi = true;
-  const Problem p = make(c, 5);
   for (bool causal : {true, false}) {
     c.causal = causal;
     INFO("causal=" << causal);
+    const Problem p = make(c, 5);
     auto attend = [&](AttentionImpl impl) {
       return [&c, &p, impl](const Inputs& in) {
         return scaled_dot_product_attention(in[0], in[1], in[2], options(c, p, in, impl)).out;
@@ -269,6 +276,20 @@ TEST_CASE("score modifiers: flash attention over many tiles (window and document
       INFO("output/gradient " << i);
       check_close(flash[i], naive[i], 1e-10, 1e-10);
     }
+  }
+  // The backward's one pass over several tiles: 32 (batch, kv head) pairs, Shaw's tables without T5's.
+  c = Mods{};
+  c.B = 32, c.NH = 2, c.NKV = 1, c.T = 130, c.S = 130, c.E = 8, c.Ev = 8, c.max_rel = 5, c.rel_value = true;
+  c.softcap = 5.0;
+  const Problem p = make(c, 6);
+  auto attend = [&](AttentionImpl impl) {
+    return [&c, &p, impl](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], options(c, p, in, impl)).out; };
+  };
+  const auto naive = run(attend(AttentionImpl::Naive), p.inputs, DType::F64);
+  const auto flash = run(attend(AttentionImpl::Flash), p.inputs, DType::F64);
+  for (size_t i = 0; i < naive.size(); ++i) {
+    INFO("one pass: output/gradient " << i);
+    check_close(flash[i], naive[i], 1e-10, 1e-10);
   }
 }
 

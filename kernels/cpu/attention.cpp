@@ -366,10 +366,11 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
   // One pass instead of two where each (batch, kv head) can be a task of its own: the task then owns its heads' dQ
   // rows too and sums dQ += dS K from pass 1's dS tiles, so pass 2's recomputation of S and dP (and their exp) goes
   // away. Taken when there are tasks enough to share among threads (a fixed count, not the thread count: the
-  // result must not depend on it), the heads' dQ fits a thread's scratch, and no score modifier needs pass 2 (the
-  // learned tables' gradients).
+  // result must not depend on it), the heads' dQ fits a thread's scratch, and no score modifier needs pass 2 (T5's
+  // table gradient, summed per distance in key-major tiles; Shaw's dR rows are the task's own, summed in pass 1).
   constexpr int64_t kOnePassTasks = 32;
-  const bool one_pass = dq != nullptr && !mods && g.B * g.NKV >= kOnePassTasks && group * g.T * g.E <= (int64_t(1) << 20);
+  const bool one_pass = dq != nullptr && !g.mods.d_t5_bias && g.B * g.NKV >= kOnePassTasks &&
+                        group * g.T * g.E <= (int64_t(1) << 20);
   if (dk || dv || one_pass) {  // pass 1: dK, dV per (batch, kv head, key tile), query-major tiles
     const int64_t n_ktiles = ceil_div(g.S, Bc), tasks = g.B * g.NKV * (one_pass ? 1 : n_ktiles);
 #pragma omp parallel if (parallel)
@@ -405,7 +406,7 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
               product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false);
               if (mods) {
                 ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
-                    .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding);
+                    .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding, one_pass);
               } else {
                 query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
               }

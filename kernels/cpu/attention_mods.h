@@ -264,9 +264,10 @@ class ModTile {
     }
   }
 
-  /// Query-major raw products s and dp (row stride ld, lanes [0, lanes)) -> Pd and dS; no table gradients.
+  /// Query-major raw products s and dp (row stride ld, lanes [0, lanes)) -> Pd and dS; with `tables`, dS summed into
+  /// dR's rows of the tile's queries too (the one-pass backward, whose task owns them); no T5 gradient.
   void probs_and_ds_query_major(T* s, T* dp, int64_t ld, int64_t lanes, const T* lse, const T* D, const T* mask,
-                                const uint8_t* kp) {
+                                const uint8_t* kp, bool tables) {
     for (int64_t i = 0; i < nr_; ++i) {
       const int64_t t = t0_ + i, row = head_row(g_, b_, h_, t);
       T* x = s + i * ld;
@@ -281,7 +282,7 @@ class ModTile {
       auto where = [&](int64_t l) { return Where{t, s0_ + l}; };
       forward_row(x, lanes, v, pb_.on ? pb_.fwd.data() + h_ * pb_.stride + pb_.at_fwd(c0_ - i) : nullptr, mask, kp, capped,
                   false, where);
-      backward_row(x, d, lanes, v, lse + row, D + row, false, capped, false, nullptr, where);
+      backward_row(x, d, lanes, v, lse + row, D + row, false, capped, tables, nullptr, where);
     }
   }
 
@@ -395,7 +396,21 @@ class ModTile {
       }
       for (int64_t l = 0; l < lanes; l += L) store(dp + l, ds_of(load(dp + l), l));
     }
-    if (tables && rel_.dR) {  // key-major rows (pass 2): the clipped lanes into dR_ends, flushed by the caller
+    if (tables && rel_.dR && !key_major) {  // a query-major row (one pass): the clipped lanes summed, the band added
+      const Where w0 = where(0);
+      const int64_t d0 = w0.s - (w0.t + g_.S - g_.T), m = m_.max_rel, W = m_.rel_width();
+      const RelSplit r = rel_split(v.lo, v.hi, d0, false, m);
+      T* row = rel_.dR + head_row(g_, b_, h_, w0.t) * W;
+      T first = 0, last = 0;
+#pragma omp simd reduction(+ : first)
+      for (int64_t l = v.lo; l < r.a; ++l) first += dp[l];
+      for (int64_t l = r.a; l < r.b; ++l) row[d0 + l + m] += dp[l];
+#pragma omp simd reduction(+ : last)
+      for (int64_t l = r.b; l < v.hi; ++l) last += dp[l];
+      row[0] += first;
+      row[W - 1] += last;
+    }
+    if (tables && rel_.dR && key_major) {  // key-major rows (pass 2): the clipped lanes into dR_ends, flushed by the caller
       const Where w0 = where(0);
       const int64_t d0 = w0.s - (w0.t + g_.S - g_.T), m = m_.max_rel, W = m_.rel_width();
       const RelSplit r = rel_split(v.lo, v.hi, d0, true, m);
