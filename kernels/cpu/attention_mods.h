@@ -30,16 +30,16 @@ template <class P> P head_block(P base, const int64_t* stride, int64_t bh, int64
 }
 
 /// out[row, c] = x_row . table[c] for every query row (b, h, t) of x (read through `stride`) and c < 2m + 1: one
-/// GEMM per head, (T, D) @ (D, 2m + 1).
+/// GEMM per head, (T, D) @ (D, 2m + 1). `out` is resized, never shrunk (its memory is reused call after call).
 template <class T>
-std::vector<T> rows_times_table(const T* x, const int64_t* stride, const T* table, int64_t D, const AttentionGeom& g) {
+void rows_times_table(std::vector<T>& out, const T* x, const int64_t* stride, const T* table, int64_t D,
+                      const AttentionGeom& g) {
   const int64_t W = g.mods.rel_width(), heads = g.B * g.NH;
-  std::vector<T> out(size_t(heads * g.T * W));
+  out.resize(size_t(heads * g.T * W));
 #pragma omp parallel for if (heads * g.T * W * D >= kParallelGrain)
   for (int64_t bh = 0; bh < heads; ++bh) {
     gemm(false, true, g.T, W, D, T(1), head_block(x, stride, bh, g.NH), stride[2], table, D, T(0), out.data() + bh * g.T * W, W);
   }
-  return out;
 }
 
 /// y_row += coef[row] @ table for every query row of y (read through `stride`): dQ += dR A_K, O += Pbar A_V.
@@ -52,34 +52,59 @@ void add_rows_times_table(T* y, const int64_t* stride, const T* coef, const T* t
   }
 }
 
-/// dtable += coef^T y over every query row: dA_K += dR^T Q, dA_V += Pbar^T dO. One GEMM per head, heads in order:
-/// deterministic.
+/// dtable += coef^T y over every query row: dA_K += dR^T Q, dA_V += Pbar^T dO. The heads in a fixed number of chunks,
+/// one GEMM per head into its chunk's partial sum, the chunks side by side and their sums added in order: the result
+/// does not depend on the thread count.
 template <class T>
 void add_table_grad(T* dtable, const T* coef, const T* y, const int64_t* stride, int64_t D, const AttentionGeom& g) {
-  const int64_t W = g.mods.rel_width();
-  for (int64_t bh = 0; bh < g.B * g.NH; ++bh) {
-    gemm(true, false, W, D, g.T, T(1), coef + bh * g.T * W, W, head_block(y, stride, bh, g.NH), stride[2], T(1), dtable, D);
+  const int64_t W = g.mods.rel_width(), heads = g.B * g.NH, chunks = std::min<int64_t>(heads, 8);
+  std::vector<T> partial(size_t(chunks * W * D), T(0));
+#pragma omp parallel for schedule(dynamic, 1) if (heads * g.T * W * D >= kParallelGrain)
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t bh = c * heads / chunks; bh < (c + 1) * heads / chunks; ++bh) {
+      gemm(true, false, W, D, g.T, T(1), coef + bh * g.T * W, W, head_block(y, stride, bh, g.NH), stride[2], T(1),
+           partial.data() + c * W * D, D);
+    }
   }
+  for (int64_t c = 0; c < chunks; ++c) axpy_row(dtable, T(1), partial.data() + c * W * D, W * D);
 }
 
 /// The relative rows a kernel call needs, computed once per call. Forward: R. Backward: R, G, and dR when dQ or
-/// dA_K is wanted; finish() then adds dR A_K to dQ, dR^T Q to dA_K and Pbar^T dO to dA_V.
+/// dA_K is wanted; finish() then adds dR A_K to dQ, dR^T Q to dA_K and Pbar^T dO to dA_V. Their memory is the calling
+/// thread's, kept from call to call (the main job's are 0.8 MB each, four of them a layer and step: allocated afresh,
+/// their pages were faulted in every time).
 template <class T>
 struct RelBuffers {
-  std::vector<T> R, G, dR;
+  std::vector<T>& R = kept(0);
+  std::vector<T>& G = kept(1);
+  std::vector<T>& dR = kept(2);
+  bool has_R = false, has_G = false, has_dR = false;
 
   RelBuffers(const AttentionGeom& g, const T* q, const T* dout, bool want_dq) {
     const ScoreMods& m = g.mods;
-    if (m.rel_k) R = rows_times_table(q, g.q_stride, static_cast<const T*>(m.rel_k), g.E, g);
-    if (dout && m.rel_v) G = rows_times_table(dout, g.o_stride, static_cast<const T*>(m.rel_v), g.Ev, g);
-    if (dout && m.rel_k && (want_dq || m.d_rel_k)) dR.assign(size_t(g.B * g.NH * g.T * m.rel_width()), T(0));
+    has_R = m.rel_k != nullptr;
+    has_G = dout && m.rel_v;
+    has_dR = dout && m.rel_k && (want_dq || m.d_rel_k);
+    if (has_R) rows_times_table(R, q, g.q_stride, static_cast<const T*>(m.rel_k), g.E, g);
+    if (has_G) rows_times_table(G, dout, g.o_stride, static_cast<const T*>(m.rel_v), g.Ev, g);
+    if (has_dR) {
+      dR.resize(size_t(g.B * g.NH * g.T * m.rel_width()));
+      std::fill(dR.begin(), dR.end(), T(0));
+    }
   }
-  RelRows<T> rows() { return {R.empty() ? nullptr : R.data(), G.empty() ? nullptr : G.data(), dR.empty() ? nullptr : dR.data()}; }
+  RelBuffers(const RelBuffers&) = delete;
+  RelBuffers& operator=(const RelBuffers&) = delete;
+  RelRows<T> rows() { return {has_R ? R.data() : nullptr, has_G ? G.data() : nullptr, has_dR ? dR.data() : nullptr}; }
+
+  static std::vector<T>& kept(int i) {
+    thread_local std::array<std::vector<T>, 3> buffers;
+    return buffers[size_t(i)];
+  }
 
   void finish(T* dq, const T* dout, const T* q, const AttentionGeom& g) const {
     const ScoreMods& m = g.mods;
-    if (!dR.empty() && dq) add_rows_times_table(dq, g.q_stride, dR.data(), static_cast<const T*>(m.rel_k), g.E, g);
-    if (!dR.empty() && m.d_rel_k) add_table_grad(static_cast<T*>(m.d_rel_k), dR.data(), q, g.q_stride, g.E, g);
+    if (has_dR && dq) add_rows_times_table(dq, g.q_stride, dR.data(), static_cast<const T*>(m.rel_k), g.E, g);
+    if (has_dR && m.d_rel_k) add_table_grad(static_cast<T*>(m.d_rel_k), dR.data(), q, g.q_stride, g.E, g);
     if (m.rel_v && m.d_rel_v) {
       add_table_grad(static_cast<T*>(m.d_rel_v), static_cast<const T*>(m.rel_probs), dout, g.o_stride, g.Ev, g);
     }
