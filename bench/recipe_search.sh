@@ -25,11 +25,9 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 default_candidates="\
-nanogpt-cpu|--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12 --lr 1e-3;\
-nanogpt-cpu-lr2e-3|--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12 --lr 2e-3;\
-4x128-block128|--n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --batch-size 12 --lr 2e-3;\
-6x192-block128|--n-layer 6 --n-head 6 --n-embd 192 --block-size 128 --batch-size 12 --lr 2e-3;\
-4x192-block128|--n-layer 4 --n-head 4 --n-embd 192 --block-size 128 --batch-size 16 --lr 2e-3"
+main-job-before|--n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --batch-size 12 --optimizer muon --muon-lr 0.02 --dtype bf16 --lr 2e-3 --min-lr 2e-4;\
+wd0.05-cd0.6|--n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --batch-size 12 --optimizer muon --muon-lr 0.02 --dtype bf16 --lr 2e-3 --muon-weight-decay 0.05 --cooldown 0.6 --min-lr 0;\
+wd0.05-cd0.6-batch16|--n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --batch-size 16 --optimizer muon --muon-lr 0.02 --dtype bf16 --lr 2e-3 --muon-weight-decay 0.05 --cooldown 0.6 --min-lr 0"
 IFS=';' read -r -a cands <<< "${CANDIDATES:-$default_candidates}"
 
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
