@@ -421,30 +421,28 @@ class ModTile {
       }
       for (int64_t l = 0; l < lanes; l += L) store(dp + l, ds_of(load(dp + l), l));
     }
-    if (tables && rel_.dR && !key_major) {  // a query-major row (one pass): the clipped lanes summed, the band added
+    if (tables && rel_.dR) {  // Shaw's dR: the clipped lanes summed, the band lane by lane
       const Where w0 = where(0);
       const int64_t d0 = w0.s - (w0.t + g_.S - g_.T), m = m_.max_rel, W = m_.rel_width();
-      const RelSplit r = rel_split(v.lo, v.hi, d0, false, m);
-      T* row = rel_.dR + head_row(g_, b_, h_, w0.t) * W;
-      T first = 0, last = 0;
+      const RelSplit r = rel_split(v.lo, v.hi, d0, key_major, m);
+      if (!key_major) {  // a query-major row (one pass): its own row of dR
+        T* row = rel_.dR + head_row(g_, b_, h_, w0.t) * W;
+        T first = 0, last = 0;
 #pragma omp simd reduction(+ : first)
-      for (int64_t l = v.lo; l < r.a; ++l) first += dp[l];
-      for (int64_t l = r.a; l < r.b; ++l) row[d0 + l + m] += dp[l];
+        for (int64_t l = v.lo; l < r.a; ++l) first += dp[l];
+        for (int64_t l = r.a; l < r.b; ++l) row[d0 + l + m] += dp[l];
 #pragma omp simd reduction(+ : last)
-      for (int64_t l = r.b; l < v.hi; ++l) last += dp[l];
-      row[0] += first;
-      row[W - 1] += last;
-    }
-    if (tables && rel_.dR && key_major) {  // key-major rows (pass 2): the clipped lanes into dR_ends, flushed by the caller
-      const Where w0 = where(0);
-      const int64_t d0 = w0.s - (w0.t + g_.S - g_.T), m = m_.max_rel, W = m_.rel_width();
-      const RelSplit r = rel_split(v.lo, v.hi, d0, true, m);
-      T* last = sc_.dR_ends.data() + nr_;
-      T* first = sc_.dR_ends.data();
-      for (int64_t l = v.lo; l < r.a; ++l) last[l] += dp[l];
-      const int64_t band = head_row(g_, b_, h_, t0_) * W + d0 + m;  // lane l: dR[band + l (W - 1)]
-      for (int64_t l = r.a; l < r.b; ++l) rel_.dR[band + l * (W - 1)] += dp[l];
-      for (int64_t l = r.b; l < v.hi; ++l) first[l] += dp[l];
+        for (int64_t l = r.b; l < v.hi; ++l) last += dp[l];
+        row[0] += first;
+        row[W - 1] += last;
+      } else {  // key-major rows (pass 2): the clipped lanes into dR_ends, flushed by the caller
+        T* last = sc_.dR_ends.data() + nr_;
+        T* first = sc_.dR_ends.data();
+        for (int64_t l = v.lo; l < r.a; ++l) last[l] += dp[l];
+        const int64_t band = head_row(g_, b_, h_, t0_) * W + d0 + m;  // lane l: dR[band + l (W - 1)]
+        for (int64_t l = r.a; l < r.b; ++l) rel_.dR[band + l * (W - 1)] += dp[l];
+        for (int64_t l = r.b; l < v.hi; ++l) first[l] += dp[l];
+      }
     }
     // Lanes outside the visible span (and padding lanes): exactly zero.
     std::fill(dp, dp + std::min(v.lo, lanes), T(0));

@@ -28,7 +28,7 @@ double chunked_sum(const T* x, int64_t n, Term term) {
     for (; i + kLanes <= len; i += kLanes) {
       for (int64_t j = 0; j < kLanes; ++j) lane[j] += term(double(xc[i + j]));
     }
-    for (; i < len; ++i) lane[i - (len / kLanes) * kLanes] += term(double(xc[i]));
+    for (; i < len; ++i) lane[i % kLanes] += term(double(xc[i]));
     partial[size_t(c)] = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
   }
   double acc = 0;
