@@ -198,8 +198,11 @@ TEST_CASE("cuda: the MLP with GELU and ReLU squared matches the CPU, with and wi
     for (const bool bf16 : {false, true}) {
       const Numerics numerics{.bf16 = bf16};
       for (const Activation act : {Activation::Gelu, Activation::ReluSquared}) {
-        // The looser bound only where cublasLt's epilogue computes GELU (f32 products with the switch set).
-        const double tol = act == Activation::Gelu && epilogues && !bf16 ? 5e-3 : 1e-4;
+        // The looser bounds only where the two devices' GELU can differ: cublasLt's epilogue (f32 products with the
+        // switch set), and bf16 products, where GELU's derivative (tanh, one ulp apart between the devices) is rounded
+        // to bf16 before the products, so a rounding can flip: 2^-8 of one term of a gradient's sum (on an H200,
+        // 2 to 5 elements of each gradient, at most 4e-4 off).
+        const double tol = act != Activation::Gelu ? 1e-4 : epilogues && !bf16 ? 5e-3 : bf16 ? 2e-3 : 1e-4;
         check_op(fmt::format("mlp {}{}{}", act == Activation::Gelu ? "GELU" : "ReLU^2", bf16 ? " bf16" : "",
                              epilogues ? ", TINYGPT_CUBLASLT_EPILOGUES=1" : ""),
                  [=](auto& in) { return mlp(in[0], in[1], in[2], in[3], in[4], act, numerics); },

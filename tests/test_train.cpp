@@ -85,11 +85,13 @@ TEST_CASE("train: a step reads its loss and gradient norm to the host once (on t
 TEST_CASE("train: the GPU's step form (values read from memory, clipping on the device) gives the same losses (AdamW, Muon)") {
   // DeviceStep on the CPU: the micro-batches refilled in place, AdamW's scalars staged, the dropout offset refilled,
   // the loss and sum of squares written where adamw_update_indirect reads them. Bit for bit the losses of the
-  // ordinary step, clipping or not, with dropout.
+  // ordinary step, clipping or not, with dropout, on f32 and on bf16 storage (whose working copies the update writes:
+  // a device step that left them alone would train nothing, the loss flat at its start).
   for (const char* optimizer : {"adamw", "muon"}) {
   for (const int64_t accum : {1, 2}) {
     for (const double clip : {1.0, 0.05}) {
-      INFO(optimizer << ", --grad-accum " << accum << ", --grad-clip " << clip);
+    for (const bool bf16_storage : {false, true}) {
+      INFO(optimizer << ", --grad-accum " << accum << ", --grad-clip " << clip << ", bf16 storage " << bf16_storage);
       std::vector<std::vector<double>> losses;
       std::vector<double> val;
       for (const bool device_form : {false, true}) {
@@ -100,6 +102,7 @@ TEST_CASE("train: the GPU's step form (values read from memory, clipping on the 
         c.lr_decay_iters = 10, c.grad_accum = accum, c.grad_clip = clip, c.optimizer = optimizer, c.quiet = true;
         c.device_step_on_cpu = device_form;
         c.model.dropout = 0.1;
+        if (bf16_storage) c.dtype = "bf16", c.storage = "bf16";
         const TrainResult r = train(c);
         CHECK(r.max_step_float_reads == 1);
         val.push_back(r.last_val_loss);
@@ -113,6 +116,8 @@ TEST_CASE("train: the GPU's step form (values read from memory, clipping on the 
       CHECK(losses[0].size() == 10);
       CHECK(losses[0] == losses[1]);
       CHECK(val[0] == val[1]);
+      CHECK(val[1] < losses[1].front() - 0.1);  // it learns
+    }
     }
   }
   }

@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "autograd/autograd.h"
+#include "autograd/ops.h"
 #include "kernels/scalar_math.h"
 
 namespace tinygpt {
@@ -45,9 +46,13 @@ AdamW::AdamW(FlatParameters& flat, AdamWConfig config, const std::function<bool(
 template <class F>
 void AdamW::for_each_launch(F update) {
   Tensor p = flat_->values(), g = flat_->grads();
+  bf16* const copies = flat_->bf16_copies();  // bf16 storage: the working copies, written in the update's pass
   for (const AdamWRuns& runs : launches_) {
     dispatch_float(p.dtype(), "adamw", [&]<class T>() {
-      update.template operator()<T>(p.data<T>(), g.data<T>(), flat_m_.data<T>(), flat_v_.data<T>(), runs, p.device());
+      AdamWRuns with_copies = runs;
+      if constexpr (std::is_same_v<T, float>) with_copies.copy = copies;
+      update.template operator()<T>(p.data<T>(), g.data<T>(), flat_m_.data<T>(), flat_v_.data<T>(), with_copies,
+                                    p.device());
     });
   }
 }
@@ -56,11 +61,8 @@ void AdamW::step(double lr, double grad_scale) {
   NoGradGuard no_grad;
   ++step_;
   if (flat_) {
-    bf16* const copies = flat_->bf16_copies();  // bf16 storage: written in the update's pass
     for_each_launch([&]<class T>(T* p, T* g, T* m, T* v, const AdamWRuns& runs, Device device) {
-      AdamWRuns with_copies = runs;
-      if constexpr (std::is_same_v<T, float>) with_copies.copy = copies;
-      launch(kernels::adamw_update<T>, device, p, g, m, v, with_copies, float(lr), float(config_.beta1),
+      launch(kernels::adamw_update<T>, device, p, g, m, v, runs, float(lr), float(config_.beta1),
              float(config_.beta2), float(config_.eps), step_, grad_scale);
     });
     return;
@@ -73,6 +75,7 @@ void AdamW::step(double lr, double grad_scale) {
       launch(kernels::adamw_update<T>, s.param.device(), s.param.data<T>(), g.data<T>(), s.m.data<T>(), s.v.data<T>(),
              runs, float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), step_, grad_scale);
     });
+    if (s.param.impl().bf16_copy) write_bf16_copy(s.param);  // bf16 storage: the copy the model reads follows
   }
 }
 

@@ -159,6 +159,7 @@ void Muon::step_indirect(const Tensor& sched, const Tensor& stats, double max_no
     }
     const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
     axpby_from(s.param, o, 0, 0, sched.data<float>() + 3 + 2 * i);
+    if (s.param.impl().bf16_copy) write_bf16_copy(s.param);
   });
 }
 
