@@ -130,7 +130,13 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"], help="bf16: autocast to bfloat16 (mixed precision) on the run's device")
     ap.add_argument("--no-tf32", action="store_true", help="full f32 matmuls on the GPU (default: TF32, as nanoGPT)")
+    ap.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
+                    help="muon: torch.optim.Muon (Nesterov momentum 0.95, 5 Newton-Schulz steps, rate 0.02, weight decay "
+                         "0.05) for the blocks' matrices and the fused AdamW for the rest, as tinygpt --optimizer muon")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--compile-mode", default="default",
+                    choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                    help="torch.compile's mode (with --compile)")
     ap.add_argument("--progress", action="store_true", help="print each timed iteration's time on stderr")
     ap.add_argument("--describe", action="store_true", help="print how torch runs here (BLAS, threads) and exit")
     ap.add_argument("--full-run", action="store_true",
@@ -150,8 +156,11 @@ def main():
     stoi = {c: i for i, c in enumerate(chars)}
     data = torch.tensor([stoi[c] for c in text[: int(0.9 * len(text))]], dtype=torch.long)
     model = GPT(len(chars), a.block_size, a.n_layer, a.n_head, a.n_embd, bias=False, dropout=a.dropout).to(dev)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    # With --optimizer muon the blocks' matrices go to Muon (tinygpt's choice: transformer.h.*.weight, 2-D).
+    muon_params = [p for n, p in model.named_parameters() if a.optimizer == "muon" and n.startswith("h.") and p.dim() == 2]
+    rest = [p for p in model.parameters() if all(p is not m for m in muon_params)]
+    decay = [p for p in rest if p.dim() >= 2]
+    no_decay = [p for p in rest if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
     # The fused AdamW (one kernel over every parameter, on CUDA and, since torch 2.4, on the CPU), as a user at their
     # best would pick; where this torch has none, its multi-tensor one, and the output says which ran.
@@ -161,8 +170,16 @@ def main():
     except (RuntimeError, TypeError, ValueError) as e:
         opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99), foreach=True)
         adamw = f"foreach (no fused AdamW here: {e})"
+    opts = [opt]
+    if muon_params:
+        if not hasattr(torch.optim, "Muon"):
+            sys.exit(f"error: torch {torch.__version__} has no torch.optim.Muon (2.9 or later has it)")
+        opts.append(torch.optim.Muon(muon_params, lr=0.02, weight_decay=0.05, momentum=0.95, nesterov=True, ns_steps=5))
+    for o in opts:
+        for group in o.param_groups:
+            group["base_lr"] = group["lr"]
     val = torch.tensor([stoi[c] for c in text[int(0.9 * len(text)):]], dtype=torch.long)
-    step_model = torch.compile(model) if a.compile else model
+    step_model = torch.compile(model, mode=a.compile_mode) if a.compile else model
     # (torch 1.13's autocast checks for bf16 on a GPU even when disabled)
     autocast = torch.autocast(a.device, dtype=torch.bfloat16) if a.dtype == "bf16" else contextlib.nullcontext()
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
@@ -177,8 +194,9 @@ def main():
     times = []
     for it in range(a.warmup + a.iters):
         if a.full_run:
-            for group in opt.param_groups:
-                group["lr"] = get_lr(it)
+            for o in opts:
+                for group in o.param_groups:
+                    group["lr"] = group["base_lr"] * get_lr(it) / 1e-3
         ix = torch.randint(len(data) - a.block_size, (a.batch_size,))
         x = torch.stack([data[i : i + a.block_size] for i in ix])
         y = torch.stack([data[i + 1 : i + 1 + a.block_size] for i in ix])
@@ -187,10 +205,12 @@ def main():
         t0 = time.perf_counter()
         with autocast:
             loss = step_model(x, y)
-        opt.zero_grad(set_to_none=True)
+        for o in opts:
+            o.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        for o in opts:
+            o.step()
         loss_value = loss.item()  # synchronizes, as tinygpt's loop does every iteration
         if it >= a.warmup:
             times.append(time.perf_counter() - t0)
@@ -212,7 +232,7 @@ def main():
     ms = 1e3 * times[len(times) // 2]
     tokens = a.batch_size * a.block_size
     print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "device": a.device, "dtype": a.dtype,
-                      "compile": a.compile, "adamw": adamw, "threads": a.threads, "ms": ms, "tok_per_s": tokens / (ms / 1e3),
+                      "compile": a.compile and a.compile_mode, "optimizer": a.optimizer, "adamw": adamw, "threads": a.threads, "ms": ms, "tok_per_s": tokens / (ms / 1e3),
                       "loss": loss_value}))
 
 

@@ -7,8 +7,12 @@
 # the attention benchmark (f32 and bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
-#   bash scripts/gpu_check.sh [--full] [--no-build] [--quick | --attention]
+#   bash scripts/gpu_check.sh [--full] [--no-build] [--quick | --attention | --step]
 #
+# --step checks the training step alone, for the shortest lease: the GPU tests, the training rows of --quick plus
+# bf16 storage without a CUDA graph and torch.compile's reduce-overhead mode, the profile of the bf16 step on f32
+# and on bf16 storage, then the sanitizers on the bf16-storage kernels (last, so a run cut short has the step's
+# table); no attention benchmark and no Nsight Compute.
 # --attention checks the attention kernels alone: the GPU tests of attention and bf16, the sanitizers on the
 # bf16-storage kernels, the bf16 attention rows on every shape against PyTorch, and Nsight Compute on the
 # bf16-storage kernels at the training shape and at T 2048, head dim 128; no training rows.
@@ -32,6 +36,7 @@ cd "$(dirname "$0")/.."
 full=0
 quick=0
 attention_only=0
+step_only=0
 build_here=1
 for arg in "$@"; do
   case $arg in
@@ -39,7 +44,8 @@ for arg in "$@"; do
     --no-build) build_here=0 ;;
     --quick) quick=1 ;;
     --attention) quick=1 attention_only=1 ;;
-    *) echo "error: gpu_check: unknown argument '$arg' (expected --full, --no-build, --quick or --attention)" >&2; exit 2 ;;
+    --step) quick=1 step_only=1 ;;
+    *) echo "error: gpu_check: unknown argument '$arg' (expected --full, --no-build, --quick, --attention or --step)" >&2; exit 2 ;;
   esac
 done
 build=build-gpu
@@ -68,7 +74,7 @@ if [ $build_here = 1 ]; then
     exit 1
   fi
 else
-  for bin in $([ $attention_only = 0 ] && echo tinygpt) tests/test_cuda bench/bench_attention; do
+  for bin in $([ $attention_only = 0 ] && echo tinygpt) tests/test_cuda $([ $step_only = 0 ] && echo bench/bench_attention); do
     [ -x $build/$bin ] || { echo "error: gpu_check --no-build: $build/$bin is missing (build it first)"; exit 1; }
   done
   missing=$(ldd $build/tests/test_cuda | grep 'not found')
@@ -76,7 +82,7 @@ else
 fi
 baseline=${TINYGPT_BASELINE_BUILD:-}
 if [ -n "$baseline" ]; then
-  for bin in tinygpt bench/bench_attention; do
+  for bin in tinygpt $([ $step_only = 0 ] && echo bench/bench_attention); do
     [ -x "$baseline/$bin" ] || { echo "error: gpu_check: TINYGPT_BASELINE_BUILD=$baseline has no $bin (build it first)"; exit 1; }
   done
 fi
@@ -91,13 +97,15 @@ tail -4 "$logs/test_cuda.log"
 note "test_cuda" "$([ $status = 0 ] && echo passed || echo "FAILED (exit $status)"): $(grep -E '^\[doctest\] (test cases|assertions)' "$logs/test_cuda.log" | tr -s ' ' | paste -sd ';')"
 [ $status != 0 ] && grep -B2 -A12 "ERROR" "$logs/test_cuda.log" | head -60
 
+# compute-sanitizer's memcheck and racecheck on the attention tests (--quick: the bf16-storage kernels alone).
+sanitize() {
 echo "== compute-sanitizer on the attention tests (at ${SECONDS} s)"
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
     filter='*flash attention is deterministic*,*attention op runs on the GPU*,*flash forward on bf16 storage*'
     [ $tool = memcheck ] && filter="$filter,*naive attention matches*,*training on bf16 storage*"
-    [ $quick = 1 ] && filter='*flash forward on bf16 storage*' 
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
+    [ $quick = 1 ] && filter='*flash forward on bf16 storage*'
+    timeout $([ $quick = 1 ] && echo 120 || echo 240) compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
       > "$logs/sanitizer_$tool.log" 2>&1
     rc=$?
     tail -3 "$logs/sanitizer_$tool.log"
@@ -106,6 +114,8 @@ if command -v compute-sanitizer > /dev/null; then
 else
   note "compute-sanitizer" "not found, not run"
 fi
+}
+[ $step_only = 0 ] && sanitize
 
 if [ $attention_only = 0 ]; then
 echo "== (at ${SECONDS} s) training throughput, nanoGPT Shakespeare config (6 layers, 6 heads, 384 wide, block 256, batch 64)"
@@ -149,6 +159,7 @@ bf16s_mib=$(cat "$logs/gpu_peak_mib")
 [ -n "$ours_bf16s_graph_ms" ] && note "--storage bf16 vs f32, dropout 0" \
   "$(awk "BEGIN {printf \"%.2fx the step (%.2f against %.2f ms), %.2fx the GPU memory (%.0f against %.0f MiB peak)\", $ours_graph_ms / $ours_bf16s_graph_ms, $ours_bf16s_graph_ms, $ours_graph_ms, $bf16s_mib / $graph_mib, $bf16s_mib, $graph_mib}")"
 ours_nograph_ms=$(ours_train_ms --dtype bf16 --no-cuda-graphs)
+[ $step_only = 1 ] && ours_bf16s_nograph_ms=$(ours_train_ms --dtype bf16 --storage bf16 --no-cuda-graphs)
 [ -n "$baseline" ] && base_bf16_ms=$(tinygpt_bin=$baseline/tinygpt ours_train_ms --dtype bf16)
 note "CUDA graph capture" "$(grep -m1 -o 'could not be captured.*' "$logs/train_throughput.log" || echo 'captured and replayed (no fallback logged)')"
 tokens=$((64 * 256))
@@ -166,6 +177,7 @@ row "  the baseline build" "${base_bf16_ms:-}"
 row "  --no-cuda-graphs" "${ours_nograph_ms:-}"
 row "  dropout 0" "$ours_graph_ms"
 row "  --storage bf16" "${ours_bf16s_ms:-}"
+row "  --storage bf16 --no-cuda-graphs" "${ours_bf16s_nograph_ms:-}"
 row "  --storage bf16, dropout 0" "${ours_bf16s_graph_ms:-}"
 if [ $has_torch = 1 ]; then
   torch_ms() {
@@ -182,6 +194,15 @@ if [ $has_torch = 1 ]; then
   else
     echo "pytorch torch.compile bf16: did not run here (see $logs/torch_compile.log)" | tee -a "$logs/train.log"
   fi
+  if [ $step_only = 1 ]; then  # torch.compile's CUDA-graph mode (max-autotune's search is too long for a short lease)
+    if tro=$(timeout 300 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 --dtype bf16 --compile \
+               --compile-mode reduce-overhead 2> "$logs/torch_compile_ro.log" | $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'); then
+      printf "%-36s %10.2f %12s\n" "  mode reduce-overhead" "$tro" "$(tok "$tro")" | tee -a "$logs/train.log"
+      [ -n "${tcomp:-}" ] && tcomp=$(awk "BEGIN {print ($tro < $tcomp ? $tro : $tcomp)}")  # the peer at its best
+    else
+      echo "pytorch torch.compile reduce-overhead: did not run here (see $logs/torch_compile_ro.log)" | tee -a "$logs/train.log"
+    fi
+  fi
   [ $quick = 0 ] && note "training tok/s vs torch eager f32" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $t32 / $ours_ms, $ours_ms, $t32}")"
   if [ $quick = 0 ]; then
     note "  TINYGPT_CUBLASLT_EPILOGUES=1" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_epi_ms, $ours_epi_ms}")"
@@ -192,22 +213,28 @@ if [ $has_torch = 1 ]; then
   [ $quick = 0 ] && note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
   [ -n "$baseline" ] && note "  the baseline build" "$(awk "BEGIN {printf \"%.2fx autocast (baseline %.1f ms/iter; this build %.2fx it)\", $tbf / $base_bf16_ms, $base_bf16_ms, $base_bf16_ms / $ours_bf16_ms}")"
   [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
+  [ -n "${tcomp:-}" ] && [ -n "${ours_bf16s_ms:-}" ] && note "  --storage bf16 vs torch.compile" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.2f ms/iter, torch %.2f)\", $tcomp / $ours_bf16s_ms, $ours_bf16s_ms, $tcomp}")"
 else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
 fi
 
 echo "== (at ${SECONDS} s) where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations; by op and by kernel, the top 14 of each)"
-for math in $([ $quick = 0 ] && echo f32 tf32) bf16; do
+for math in $([ $quick = 0 ] && echo f32 tf32) bf16 $([ $step_only = 1 ] && echo bf16s); do
   run=$(mktemp -d)
+  flags=(--attention-math ${math%s})
+  [ $math = bf16 ] && flags+=(--dtype bf16)
+  [ $math = bf16s ] && flags+=(--dtype bf16 --storage bf16)
   TINYGPT_CUDA_PROFILE=1 timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" \
-    --max-iters 20 --eval-interval 100000 --eval-iters 1 --quiet --attention-math $math $([ $math = bf16 ] && echo --dtype bf16) \
-    > /dev/null 2> "$logs/profile_$math.log"
+    --max-iters 20 --eval-interval 100000 --eval-iters 1 --quiet "${flags[@]}" > /dev/null 2> "$logs/profile_$math.log"
   rm -rf "$run"
-  echo "-- --attention-math $math$([ $math = bf16 ] && echo ' --dtype bf16')"
+  echo "-- ${flags[*]}"
   awk '/^TINYGPT_CUDA_PROFILE/ {n = 16} n-- > 0' "$logs/profile_$math.log"  # each table the costliest first
 done
 fi  # attention_only
 
+if [ $step_only = 1 ]; then
+  sanitize
+else
 echo "== attention benchmark (at ${SECONDS} s)"
 if [ $has_torch = 1 ]; then
   timeout 240 $py bench/compare_attention_cuda.py --bench $build/bench/bench_attention $([ $quick = 1 ] && echo --bf16) |
@@ -280,6 +307,7 @@ if [ -n "$ncu_bin" ]; then
 else
   note "ncu" "not found, not run"
 fi
+fi  # step_only
 
 if [ $full = 1 ]; then
   echo "== 5000 iterations of the Shakespeare config on the GPU"
