@@ -8,6 +8,7 @@
 // operations a score (two 64-bit products a score before: a fifth of the GPU dQ kernel's instructions).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -55,9 +56,19 @@ TINYGPT_HOST_DEVICE inline uint32_t dropout_key(uint64_t seed, uint64_t hi) {
   return uint32_t(mix64(seed + 0x9e3779b97f4a7c15ULL * (hi + 1)) >> 32);
 }
 
+/// The 24 random bits of an element, from its block's key and its low word.
+TINYGPT_HOST_DEVICE inline uint32_t dropout_bits(uint32_t key, uint32_t lo) { return mix32((lo * 0x9e3779b9u) ^ key) >> 8; }
+
 /// Uniform in [0, 1) with 24 random bits, from a block's key and the element's low word.
 TINYGPT_HOST_DEVICE inline float dropout_uniform(uint32_t key, uint32_t lo) {
-  return float(mix32((lo * 0x9e3779b9u) ^ key) >> 8) * 0x1.0p-24f;
+  return float(dropout_bits(key, lo)) * 0x1.0p-24f;
+}
+
+/// dropout_uniform(key, lo) >= p as an integer comparison: the float is the 24 bits times 2^-24 exactly, so it is at
+/// least p iff the bits are at least ceil(p 2^24) (p 2^24 is exact in a float). A kernel compares integers instead of
+/// converting every score's bits to a float (a quarter-rate instruction on a GPU). As int32: the bits are below 2^24.
+TINYGPT_HOST_DEVICE inline int32_t dropout_threshold(float p) {
+  return p > 0.0f ? (p < 1.0f ? int32_t(ceilf(p * 0x1.0p24f)) : int32_t(1) << 24) : 0;
 }
 
 /// Uniform in [0, 1) with 24 random bits, from (seed, i).
@@ -76,7 +87,8 @@ struct DropoutStream {
   TINYGPT_HOST_DEVICE explicit DropoutStream(uint64_t s) : seed(s), key0(dropout_key(s, 0)) {}
 
   TINYGPT_HOST_DEVICE bool keep(int64_t i, float p) const {
-    return uint64_t(i) >> 32 == 0 ? dropout_uniform(key0, uint32_t(i)) >= p : dropout_keep(seed, i, p);
+    return uint64_t(i) >> 32 == 0 ? int32_t(dropout_bits(key0, uint32_t(i))) >= dropout_threshold(p)
+                                  : dropout_keep(seed, i, p);
   }
 };
 
@@ -96,7 +108,7 @@ struct DropoutRow {
   /// The same from the three fields, for rows kept as separate arrays (a loop across rows then vectorizes).
   TINYGPT_HOST_DEVICE static bool keep(uint32_t lo0, uint32_t key0, uint32_t key1, int64_t j, float p) {
     const uint32_t lo = lo0 + uint32_t(j);
-    return dropout_uniform(lo < lo0 ? key1 : key0, lo) >= p;  // lo < lo0: past the end of i0's block
+    return int32_t(dropout_bits(lo < lo0 ? key1 : key0, lo)) >= dropout_threshold(p);  // lo < lo0: past i0's block
   }
 };
 

@@ -202,6 +202,22 @@ TEST_CASE("forward: dropout keeps about 1-p of the elements, scaled, with a repr
   CHECK_THROWS_AS(dropout(x, 1.5, 1), Error);
 }
 
+TEST_CASE("dropout hash: the kernels' integer threshold keeps exactly the elements the float comparison keeps") {
+  // Every 24-bit value b next to each threshold: (b >= dropout_threshold(p)) == (b 2^-24 >= p), for the p's training
+  // uses, the edges of [0, 1], values one float step apart and ones that are not multiples of 2^-24.
+  for (const float p : {0.0f, 1e-30f, 0x1.0p-24f, 0x1.0p-24f * 1.5f, 0.1f, 0.2f, 0.25f, 1.0f / 3.0f, 0.5f,
+                        std::nextafter(0.5f, 0.0f), std::nextafter(0.5f, 1.0f), 0.9f, std::nextafter(1.0f, 0.0f), 1.0f,
+                        1.5f}) {
+    INFO("p " << p);
+    const int32_t t = dropout_threshold(p);
+    CHECK(t >= 0);
+    CHECK(t <= (int32_t(1) << 24));
+    for (int64_t b = std::max<int64_t>(0, t - 3); b <= std::min<int64_t>((int64_t(1) << 24) - 1, t + 3); ++b) {
+      CHECK((b >= t) == (float(b) * 0x1.0p-24f >= p));
+    }
+  }
+}
+
 TEST_CASE("dropout hash: row and stream forms agree with dropout_keep, across a 2^32 block; uniform, uncorrelated") {
   const uint64_t seed = 0x1234abcdULL;
   const float p = 0.3f;

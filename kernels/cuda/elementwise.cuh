@@ -444,7 +444,9 @@ __global__ void dropout_backward_kernel(T* dinp, const T* dout, int64_t n, float
     float g[8], d[8];
     load8(g, dout + e);
     load8(d, dinp + e);
-    for (int j = 0; j < 8; ++j) d[j] += stream.keep(e + j, p) ? g[j] * scale : 0.0f;
+    for (int j = 0; j < 8; ++j) {
+      if (stream.keep(e + j, p)) d[j] += g[j] * scale;  // the shape of the scalar step below and the CPU twin
+    }
     store8(dinp + e, d);
   }, [&](int64_t i) {
     if (stream.keep(i, p)) dinp[i] = float(dinp[i]) + float(dout[i]) * scale;
