@@ -201,26 +201,40 @@ inline int64_t embedding_chunk_rows(int64_t N, int64_t V, int64_t C) {
   return (N + rows - 1) / rows <= max_chunks ? rows : (N + max_chunks - 1) / max_chunks;
 }
 
-/// Block j handles token id ids_sorted-bucket j: rows order[start[j] .. start[j + 1]) in increasing row order.
+/// With the ids on the host, first pass: block (k, channel slice) sums segment k of the rows sorted by id, rows
+/// order[seg[k] .. seg[k + 1]) (one id's rows in one chunk, in row order), into dweight's row seg_id[k] when it is
+/// its id's only segment (seg_slot[k] < 0), else into partial[seg_slot[k]]. A segment holds at most a chunk's rows,
+/// so a frequent id (a space: a sixth of the rows) is spread over many blocks instead of one.
 template <class T>
-__global__ void embedding_backward_kernel(T* dweight, const T* dout, const int32_t* order, const int32_t* start,
-                                          const int32_t* bucket_id, int64_t C, int64_t chunk_rows) {
-  const int32_t first = start[blockIdx.x], last = start[blockIdx.x + 1];
-  T* dw = dweight + int64_t(bucket_id[blockIdx.x]) * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float total = 0.0f, acc = 0.0f;
-    int64_t chunk = order[first] / chunk_rows;
-    for (int32_t j = first; j < last; ++j) {
-      const int64_t row = order[j];
-      if (row / chunk_rows != chunk) {  // a later chunk: the previous chunk's sum joins the total
-        total += acc;
-        acc = 0.0f;
-        chunk = row / chunk_rows;
-      }
-      acc += float(dout[row * C + c]);
-    }
-    dw[c] = float(dw[c]) + (total + acc);
+__global__ void embedding_backward_segments_kernel(T* dweight, float* partial, const T* dout, const int32_t* order,
+                                                   const int32_t* seg, const int32_t* seg_id, const int32_t* seg_slot,
+                                                   int64_t C) {
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int32_t first = seg[blockIdx.x], last = seg[blockIdx.x + 1];
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int32_t j = first; j < last; ++j) acc += float(dout[int64_t(order[j]) * C + c]);
+  const int32_t slot = seg_slot[blockIdx.x];
+  if (slot >= 0) {
+    partial[int64_t(slot) * C + c] = acc;
+  } else {
+    T& w = dweight[int64_t(seg_id[blockIdx.x]) * C + c];
+    w = float(w) + acc;
   }
+}
+
+/// Second pass: block (m, channel slice) adds to dweight's row ids[m] the sums of that id's segments,
+/// partial[slot[m] .. slot[m + 1]), in chunk order.
+template <class T>
+__global__ void embedding_backward_gather_kernel(T* dweight, const float* partial, const int32_t* ids,
+                                                 const int32_t* slot, int64_t C) {
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float total = 0.0f;
+  for (int32_t k = slot[blockIdx.x]; k < slot[blockIdx.x + 1]; ++k) total += partial[int64_t(k) * C + c];
+  T& w = dweight[int64_t(ids[blockIdx.x]) * C + c];
+  w = float(w) + total;
 }
 
 /// Without the ids on the host, first pass: block (v, channel slice, chunk s) scans the chunk's ids in order and sums
@@ -389,36 +403,59 @@ void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int
     }
     return;
   }
-  // Stable counting sort of the rows by token id, on the host (the ids' copy from their upload), so each block below
-  // sums the rows of one id in row order.
+  // Stable counting sort of the rows by token id, on the host (the ids' copy from their upload), then each id's rows
+  // cut where their chunk changes: the segments the first pass sums.
   int32_t max_id = 0;
   for (int64_t n = 0; n < N; ++n) max_id = std::max(max_id, host_ids[n]);
   std::vector<int32_t> count(size_t(max_id) + 2, 0);
   for (int64_t n = 0; n < N; ++n) ++count[size_t(host_ids[n]) + 1];
   for (size_t v = 1; v < count.size(); ++v) count[v] += count[v - 1];  // count[v] = first slot of id v
-  // One device upload: order (N), then bucket starts and ids (used buckets only).
+  // One device upload: order (N), then the segments (starts, ids, slots) and the ids gathered from several.
   std::vector<int32_t> packed(static_cast<size_t>(N));
-  std::vector<int32_t> start, bucket_id;
   {
     std::vector<int32_t> next(count.begin(), count.end() - 1);
     for (int64_t n = 0; n < N; ++n) packed[size_t(next[size_t(host_ids[n])]++)] = int32_t(n);
   }
+  std::vector<int32_t> seg, seg_id, seg_slot, gather_id, gather_slot;
+  int32_t slots = 0;
   for (int32_t v = 0; v <= max_id; ++v) {
-    if (count[size_t(v) + 1] > count[size_t(v)]) {
-      start.push_back(count[size_t(v)]);
-      bucket_id.push_back(v);
+    const int32_t first = count[size_t(v)], last = count[size_t(v) + 1];
+    if (first == last) continue;
+    const size_t first_seg = seg.size();
+    for (int32_t i = first; i < last; ++i) {
+      if (i == first || packed[size_t(i)] / chunk_rows != packed[size_t(i) - 1] / chunk_rows) {
+        seg.push_back(i);
+        seg_id.push_back(v);
+      }
     }
+    if (seg.size() - first_seg == 1) {
+      seg_slot.push_back(-1);
+      continue;
+    }
+    gather_id.push_back(v);
+    gather_slot.push_back(slots);
+    for (size_t k = first_seg; k < seg.size(); ++k) seg_slot.push_back(slots++);
   }
-  const size_t buckets = bucket_id.size();
-  start.push_back(int32_t(N));
-  packed.insert(packed.end(), start.begin(), start.end());
-  packed.insert(packed.end(), bucket_id.begin(), bucket_id.end());
-  Scratch dev(packed.size() * sizeof(int32_t));
+  const size_t segments = seg.size(), gathers = gather_id.size();
+  seg.push_back(int32_t(N));
+  gather_slot.push_back(slots);
+  for (const auto* part : {&seg, &seg_id, &seg_slot, &gather_id, &gather_slot}) {  // one upload
+    packed.insert(packed.end(), part->begin(), part->end());
+  }
+  Scratch dev(packed.size() * sizeof(int32_t)), partial(size_t(slots) * size_t(C) * sizeof(float));
   copy_to_device(dev.as<int32_t>(), packed.data(), packed.size() * sizeof(int32_t));
   const int32_t* order = dev.as<int32_t>();
-  const int threads = int(std::min<int64_t>(1024, (C + 31) / 32 * 32));
-  launch_kernel("embedding_backward", embedding_backward_kernel<T>, unsigned(buckets), threads, 0, dweight, dout, order,
-                order + N, order + N + buckets + 1, C, chunk_rows);
+  const int32_t* segs = order + N;
+  const int32_t* gathered = segs + 3 * segments + 1;  // gather_id, then gather_slot
+  const int threads = int(std::min<int64_t>(256, (C + 31) / 32 * 32));
+  const unsigned slices = unsigned((C + threads - 1) / threads);
+  launch_kernel("embedding_backward", embedding_backward_segments_kernel<T>, dim3(unsigned(segments), slices),
+                unsigned(threads), 0, dweight, partial.as<float>(), dout, order, segs, segs + segments + 1,
+                segs + 2 * segments + 1, C);
+  if (gathers > 0) {
+    launch_kernel("embedding_backward (chunk sums)", embedding_backward_gather_kernel<T>, dim3(unsigned(gathers), slices),
+                  unsigned(threads), 0, dweight, partial.as<float>(), gathered, gathered + gathers, C);
+  }
 }
 
 template <class T>
