@@ -2,23 +2,23 @@
 # The GPU check, run on a machine with an NVIDIA GPU: configures for that GPU, builds, runs the GPU tests,
 # compute-sanitizer (memcheck and racecheck) on the attention tests, training throughput on nanoGPT's
 # Shakespeare config (f32 with TF32 matmuls and attention, also with cublasLt's epilogues, TINYGPT_CUBLASLT_EPILOGUES=1;
-# with f32 and bf16 attention; and --dtype bf16: bf16 matmuls and attention, also with the pipelined attention kernels
-# of TINYGPT_FLASH_PIPELINE=1, and with bf16 storage, --storage bf16, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
+# with f32 and bf16 attention; and --dtype bf16: bf16 matmuls, attention and storage, also with the pipelined attention
+# kernels of TINYGPT_FLASH_PIPELINE=1, and on f32 storage, --storage f32, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
 # the attention benchmark (f32 and bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full] [--no-build] [--quick | --attention | --step]
 #
 # --step checks the training step alone, for the shortest lease: the GPU tests, the training rows of --quick plus
-# bf16 storage without a CUDA graph and torch.compile's reduce-overhead mode, the profile of the bf16 step on f32
-# and on bf16 storage, then the sanitizers on the bf16-storage kernels (last, so a run cut short has the step's
+# f32 storage without a CUDA graph and torch.compile's reduce-overhead mode, the profile of the bf16 step on bf16
+# and on f32 storage, then the sanitizers on the bf16-storage kernels (last, so a run cut short has the step's
 # table); no attention benchmark and no Nsight Compute.
 # --attention checks the attention kernels alone: the GPU tests of attention and bf16, the sanitizers on the
 # bf16-storage kernels, the bf16 attention rows on every shape against PyTorch, and Nsight Compute on the
 # bf16-storage kernels at the training shape and at T 2048, head dim 128; no training rows.
 # --quick keeps what a short lease can afford: the tests (the sanitizers on the bf16-storage kernel only), the
 # default f32 and the bf16 training rows
-# (with the baseline's and torch's bf16 ones, and --storage bf16's), the bf16 profile, the bf16 attention rows on every shape, and Nsight
+# (with the baseline's and torch's bf16 ones, and --storage f32's), the bf16 profile, the bf16 attention rows on every shape, and Nsight
 # Compute; it drops the rows of opt-in paths (epilogues, f32 and bf16 attention math, pipelined kernels).
 #
 # --no-build uses the binaries already in build-gpu (built elsewhere for this GPU, e.g. with
@@ -151,15 +151,15 @@ nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --d
 ours_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16)
 note "host syncs per step, dropout 0" "$(cat "$logs/host_syncs") at most (aim: 1)"
 graph_mib=$(cat "$logs/gpu_peak_mib")
-# bf16 storage (activations and their gradients in bf16; opt-in on the GPU until these rows say it pays): with
+# f32 storage (bf16 products over f32 activations, --dtype bf16's default on the GPU before bf16 storage): with
 # dropout 0.2 and with dropout 0.
-ours_bf16s_ms=$(ours_train_ms --dtype bf16 --storage bf16)
-ours_bf16s_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16 --storage bf16)
-bf16s_mib=$(cat "$logs/gpu_peak_mib")
-[ -n "$ours_bf16s_graph_ms" ] && note "--storage bf16 vs f32, dropout 0" \
-  "$(awk "BEGIN {printf \"%.2fx the step (%.2f against %.2f ms), %.2fx the GPU memory (%.0f against %.0f MiB peak)\", $ours_graph_ms / $ours_bf16s_graph_ms, $ours_bf16s_graph_ms, $ours_graph_ms, $bf16s_mib / $graph_mib, $bf16s_mib, $graph_mib}")"
+ours_bf16f_ms=$(ours_train_ms --dtype bf16 --storage f32)
+ours_bf16f_graph_ms=$(cfg=("${nodrop[@]}"); ours_train_ms --dtype bf16 --storage f32)
+f32s_mib=$(cat "$logs/gpu_peak_mib")
+[ -n "$ours_bf16f_graph_ms" ] && note "--storage bf16 vs f32, dropout 0" \
+  "$(awk "BEGIN {printf \"%.2fx the step (%.2f against %.2f ms), %.2fx the GPU memory (%.0f against %.0f MiB peak)\", $ours_bf16f_graph_ms / $ours_graph_ms, $ours_graph_ms, $ours_bf16f_graph_ms, $graph_mib / $f32s_mib, $graph_mib, $f32s_mib}")"
 ours_nograph_ms=$(ours_train_ms --dtype bf16 --no-cuda-graphs)
-[ $step_only = 1 ] && ours_bf16s_nograph_ms=$(ours_train_ms --dtype bf16 --storage bf16 --no-cuda-graphs)
+[ $step_only = 1 ] && ours_bf16f_nograph_ms=$(ours_train_ms --dtype bf16 --storage f32 --no-cuda-graphs)
 [ -n "$baseline" ] && base_bf16_ms=$(tinygpt_bin=$baseline/tinygpt ours_train_ms --dtype bf16)
 note "CUDA graph capture" "$(grep -m1 -o 'could not be captured.*' "$logs/train_throughput.log" || echo 'captured and replayed (no fallback logged)')"
 tokens=$((64 * 256))
@@ -176,9 +176,9 @@ row "  TINYGPT_FLASH_PIPELINE=1" "${ours_pipe_ms:-}"
 row "  the baseline build" "${base_bf16_ms:-}"
 row "  --no-cuda-graphs" "${ours_nograph_ms:-}"
 row "  dropout 0" "$ours_graph_ms"
-row "  --storage bf16" "${ours_bf16s_ms:-}"
-row "  --storage bf16 --no-cuda-graphs" "${ours_bf16s_nograph_ms:-}"
-row "  --storage bf16, dropout 0" "${ours_bf16s_graph_ms:-}"
+row "  --storage f32" "${ours_bf16f_ms:-}"
+row "  --storage f32 --no-cuda-graphs" "${ours_bf16f_nograph_ms:-}"
+row "  --storage f32, dropout 0" "${ours_bf16f_graph_ms:-}"
 if [ $has_torch = 1 ]; then
   torch_ms() {
     timeout 180 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" |
@@ -213,17 +213,17 @@ if [ $has_torch = 1 ]; then
   [ $quick = 0 ] && note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
   [ -n "$baseline" ] && note "  the baseline build" "$(awk "BEGIN {printf \"%.2fx autocast (baseline %.1f ms/iter; this build %.2fx it)\", $tbf / $base_bf16_ms, $base_bf16_ms, $base_bf16_ms / $ours_bf16_ms}")"
   [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
-  [ -n "${tcomp:-}" ] && [ -n "${ours_bf16s_ms:-}" ] && note "  --storage bf16 vs torch.compile" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.2f ms/iter, torch %.2f)\", $tcomp / $ours_bf16s_ms, $ours_bf16s_ms, $tcomp}")"
+  [ -n "${tcomp:-}" ] && [ -n "${ours_bf16f_ms:-}" ] && note "  --storage f32 vs torch.compile" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.2f ms/iter, torch %.2f)\", $tcomp / $ours_bf16f_ms, $ours_bf16f_ms, $tcomp}")"
 else
   note "training tok/s" "$(tok "$ours_ms") (no PyTorch to compare)"
 fi
 
 echo "== (at ${SECONDS} s) where the GPU time goes (TINYGPT_CUDA_PROFILE=1: 20 iterations; by op and by kernel, the top 14 of each)"
-for math in $([ $quick = 0 ] && echo f32 tf32) bf16 $([ $step_only = 1 ] && echo bf16s); do
+for math in $([ $quick = 0 ] && echo f32 tf32) bf16 $([ $step_only = 1 ] && echo bf16f); do
   run=$(mktemp -d)
-  flags=(--attention-math ${math%s})
+  flags=(--attention-math ${math%f})
   [ $math = bf16 ] && flags+=(--dtype bf16)
-  [ $math = bf16s ] && flags+=(--dtype bf16 --storage bf16)
+  [ $math = bf16f ] && flags+=(--dtype bf16 --storage f32)
   TINYGPT_CUDA_PROFILE=1 timeout 120 ./$build/tinygpt train --device cuda --data "$data" --out "$run" "${cfg[@]}" \
     --max-iters 20 --eval-interval 100000 --eval-iters 1 --quiet "${flags[@]}" > /dev/null 2> "$logs/profile_$math.log"
   rm -rf "$run"
@@ -277,17 +277,19 @@ ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-comput
 if [ -n "$ncu_bin" ]; then
   # The value of ncu's line named $1 in the kernel's log (names start at column 5).
   field() { awk -v f="$1" 'index($0, f) == 5 {print $NF; exit}' "$logs/ncu_$kernel.log"; }
-  # Each kernel's seventh launch (the second step's first layer), with the sections that say where its time goes.
+  # Each kernel's seventh launch (the second step's first layer), with the sections that say where its time goes: the
+  # bf16-operand kernels on f32 storage (--storage f32).
   for kernel in $([ $quick = 0 ] && echo forward dkdv dq); do
     run=$(mktemp -d)
     timeout 90 "$ncu_bin" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section LaunchStats --section Occupancy --section WarpStateStats --print-units base \
       -k "regex:flash_mma_${kernel}_kernel" -s 6 -c 1 ./$build/tinygpt train --device cuda --data "$data" --out "$run" \
-      "${cfg[@]}" --dtype bf16 --max-iters 3 --eval-interval 100000 --eval-iters 1 --quiet > "$logs/ncu_$kernel.log" 2>&1
+      "${cfg[@]}" --dtype bf16 --storage f32 --max-iters 3 --eval-interval 100000 --eval-iters 1 --quiet \
+      > "$logs/ncu_$kernel.log" 2>&1
     rm -rf "$run"
     note "ncu bf16 flash $kernel" "$(field Duration) ns, $(field 'Registers Per Thread') registers, occupancy $(field 'Achieved Occupancy')%, IPC $(field 'Executed Ipc Active'), $(field 'Warp Cycles Per Issued Instruction') cycles an issue"
   done
-  # The kernels on bf16 storage (bf16 tensors, which training does not hold on the GPU yet), in the attention
+  # The kernels on bf16 storage (bf16 tensors, what --dtype bf16 trains on), in the attention
   # benchmark (--bf16): its first shape is the training one (B 64, 6 heads, T 256, head dim 64, causal), its 14th
   # T 2048, head dim 128, causal. A shape launches the forward 14 times and the backward's 8; each kernel's third
   # (forward) or second (backward) launch of the shape is profiled.

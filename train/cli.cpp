@@ -78,7 +78,8 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
   cmd->add_option("--attention-math", n.attention_math,
                   "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
                   "as --dtype's and --tf32's default)");
-  cmd->add_option("--storage", n.storage, "Activations stored in f32 or bf16 (bf16 with --dtype bf16; default: f32)")
+  cmd->add_option("--storage", n.storage, "Activations stored in f32 or bf16 (bf16 needs bf16 products; default: bf16 with them on "
+                  "the GPU and on CPUs with AMX-BF16, else f32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
 }
 
@@ -199,8 +200,8 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
                   "computes in f32 inside and rounds what it stores; weights, their gradients and the optimizer stay "
                   "f32, the layers reading bf16 copies written after each update). bf16 needs --dtype bf16; "
                   "attention reads q, k and v as stored, except with rope, QK-norm, score modifiers or "
-                  "documents, which run on f32 copies (default: bf16 with --dtype bf16 on CPUs with AMX-BF16, else "
-                  "f32)")
+                  "documents, which run on f32 copies (default: bf16 with --dtype bf16 on the GPU and on CPUs with "
+                  "AMX-BF16, else f32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");

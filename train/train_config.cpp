@@ -75,11 +75,12 @@ Numerics numerics_of(const TrainConfig& c) {
 }
 
 bool bf16_storage_of(const std::string& storage, bool bf16, Device device) {
-  // The default with bf16 products on AMX: less memory and a faster step there (docs/RESULTS.md, "bf16 on the CPU").
-  // Elsewhere on the CPU its attention would round operands for the f32 units, which costs more than f32 attention
-  // saves. On the GPU the kernels take bf16 storage too, asked for with --storage bf16: not the default until a GPU
-  // has measured it against f32 storage (scripts/gpu_check.sh).
-  if (storage.empty()) return bf16 && device == Device::CPU && cpu::bf16_kernel() == cpu::Bf16Kernel::Amx;
+  // The default with bf16 products on the GPU and on AMX: less memory and a faster step there (docs/RESULTS.md, "One
+  // GPU" and "bf16 on the CPU"). Elsewhere on the CPU its attention would round operands for the f32 units, which
+  // costs more than f32 attention saves.
+  if (storage.empty()) {
+    return bf16 && (device == Device::CUDA || cpu::bf16_kernel() == cpu::Bf16Kernel::Amx);
+  }
   if (storage != "f32" && storage != "bf16") throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", storage));
   if (storage == "bf16" && !bf16) throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");
   return storage == "bf16";
