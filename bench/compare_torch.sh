@@ -22,6 +22,9 @@
 # is slow without bf16 instructions), ROUNDS alternating rounds, tinygpt --dtype bf16 against the pip
 # torch under torch.autocast("cpu", dtype=torch.bfloat16), eager at its best thread count and compiled; the CPU's
 # bf16 instructions (AVX512-BF16, AMX-BF16) are printed first, since both sides' speed depends on them.
+# MAIN_JOB=1 times the main job's model and optimizer (scripts/train_shakespeare.sh: context 128, Muon with weight
+# decay for the blocks' matrices, AdamW for the rest; the peer with torch.optim.Muon) in place of nanoGPT's CPU recipe,
+# f32 and bf16, without the 6-layer config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-$(bash scripts/get_data.sh)}
@@ -32,6 +35,17 @@ big_iters=${BIG_ITERS:-3}
 tinygpt=./build/tinygpt
 [ -x "$tinygpt" ] || { echo "error: $tinygpt not found: build first (bash scripts/build.sh)" >&2; exit 1; }
 small=(--n-layer 4 --n-head 4 --n-embd 128 --block-size 64 --batch-size 12)
+peer_small=()  # what the peer adds to torch_gpt.py's defaults (nanoGPT's CPU recipe) for the same recipe
+recipe="nanoGPT's CPU recipe"
+block=64
+if [ "${MAIN_JOB:-0}" = 1 ]; then
+  small=(--n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --batch-size 12 --optimizer muon --muon-lr 0.02
+    --muon-weight-decay 0.05 --lr 2e-3)
+  peer_small=(--block-size 128 --optimizer muon)
+  recipe="the main job's model and optimizer (context 128, Muon)"
+  block=128
+  big_iters=0
+fi
 big=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -104,14 +118,14 @@ theirs() {  # median ms/iter of peer $1 at $2 threads
   python3 -c 'import json,sys; d = json.load(open(sys.argv[1])); print(d["ms"]); print(d.get("adamw", "?"), file=sys.stderr)' \
     "$out/torch.json" 2> "$out/adamw.$i"
 }
-tokens=$((12 * 64))
+tokens=$((12 * block))
 echo
-echo "== nanoGPT's CPU recipe ($tokens tokens/iter), $threads threads for tinygpt, $rounds rounds, ms/iter"
+echo "== $recipe ($tokens tokens/iter), $threads threads for tinygpt, $rounds rounds, ms/iter"
 for r in $(seq "$rounds"); do
   ours 5 "$iters" "${small[@]}" >> "$out/ours.ms"
   for i in "${!names[@]}"; do
     for t in ${tcounts[$i]}; do
-      [ -n "${ok[$i,$t]:-}" ] && theirs "$i" "$t" "$iters" 5 ${extra[$i]} >> "$out/peer$i.$t.ms"
+      [ -n "${ok[$i,$t]:-}" ] && theirs "$i" "$t" "$iters" 5 ${extra[$i]} "${peer_small[@]}" >> "$out/peer$i.$t.ms"
     done
   done
 done
@@ -148,7 +162,7 @@ if [ "${BF16:-1}" = 1 ] && [ -n "$pip_i" ] && [ -n "${best_t[$pip_i]:-}" ]; then
   cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
   has() { [[ " $cpu_flags " == *" $1 "* ]] && echo yes || echo no; }
   echo
-  echo "== nanoGPT's CPU recipe in bf16, $rounds rounds, ms/iter (this CPU: AVX512-BF16 $(has avx512_bf16), AMX-BF16 $(has amx_bf16))"
+  echo "== $recipe in bf16, $rounds rounds, ms/iter (this CPU: AVX512-BF16 $(has avx512_bf16), AMX-BF16 $(has amx_bf16))"
   bf_names=("torch-pip bf16") bf_threads=("${best_t[$pip_i]}") bf_extra=("--dtype bf16")
   if [ "${COMPILE:-1}" = 1 ]; then
     bf_names+=("torch-pip-compile bf16") bf_threads+=("$threads") bf_extra+=("--dtype bf16 --compile")
@@ -156,7 +170,7 @@ if [ "${BF16:-1}" = 1 ] && [ -n "$pip_i" ] && [ -n "${best_t[$pip_i]:-}" ]; then
   for r in $(seq "$rounds"); do
     ours 5 "${BF16_ITERS:-20}" "${small[@]}" --dtype bf16 >> "$out/ours_bf16.ms"
     for j in "${!bf_names[@]}"; do
-      theirs "$pip_i" "${bf_threads[$j]}" "${BF16_ITERS:-20}" 5 ${bf_extra[$j]} >> "$out/bf$j.ms"
+      theirs "$pip_i" "${bf_threads[$j]}" "${BF16_ITERS:-20}" 5 ${bf_extra[$j]} "${peer_small[@]}" >> "$out/bf$j.ms"
     done
   done
   printf "%-22s %8s %8s %8s %8s %10s\n" "implementation" "threads" "min" "median" "max" "tokens/s"
