@@ -86,7 +86,7 @@ echo "== peers, as configured at run time"
 declare -A ok
 for i in "${!names[@]}"; do
   for t in ${tcounts[$i]}; do
-    if ! desc=$(env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --describe \
+    if ! desc=$(env ${envs[$i]} "${pys[$i]}" bench/torch_gpt.py --data "$data" --threads "$t" --describe "${peer_small[@]}" \
       2> "$out/describe.err"); then
       printf "%-13s %s: PROBLEM: torch_gpt.py --describe failed: %s\n" "${names[$i]}" "$t thr" "$(tail -n 1 "$out/describe.err")"
       continue

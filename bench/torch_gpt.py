@@ -68,7 +68,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def describe(threads):
+def describe(threads, optimizer="adamw"):
     """How this torch really runs, read at run time: its BLAS (the library mapped into the process and, for
     OpenBLAS, its threading and kernel set), its threads and the attention path; and what is wrong with that for a
     fair comparison (`problems`: compare_torch.sh refuses to report a ratio against a peer that has any)."""
@@ -110,6 +110,8 @@ def describe(threads):
     elif any("libblas.so" in lib for lib in blas_libs):
         info["blas"] = "reference BLAS"
         problems.append("the reference BLAS (libblas3) is torch's BLAS: install libopenblas0-openmp")
+    if optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        problems.append(f"torch {torch.__version__} has no torch.optim.Muon (2.9 or later has it)")
     info["problems"] = problems
     return info
 
@@ -144,7 +146,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.describe:
-        print(json.dumps(describe(a.threads)))
+        print(json.dumps(describe(a.threads, a.optimizer)))
         return
     torch.manual_seed(a.seed)
     dev = torch.device(a.device)
