@@ -67,8 +67,10 @@ TINYGPT_HOST_DEVICE inline float dropout_uniform(uint32_t key, uint32_t lo) {
 /// dropout_uniform(key, lo) >= p as an integer comparison: the float is the 24 bits times 2^-24 exactly, so it is at
 /// least p iff the bits are at least ceil(p 2^24) (p 2^24 is exact in a float). A kernel compares integers instead of
 /// converting every score's bits to a float (a quarter-rate instruction on a GPU). As int32: the bits are below 2^24.
+/// A NaN p keeps nothing, as the float comparison does.
 TINYGPT_HOST_DEVICE inline int32_t dropout_threshold(float p) {
-  return p > 0.0f ? (p < 1.0f ? int32_t(ceilf(p * 0x1.0p24f)) : int32_t(1) << 24) : 0;
+  if (p < 1.0f) return p > 0.0f ? int32_t(ceilf(p * 0x1.0p24f)) : 0;
+  return int32_t(1) << 24;  // p >= 1 or NaN
 }
 
 /// Uniform in [0, 1) with 24 random bits, from (seed, i).

@@ -379,12 +379,15 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
 }
 
 TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backward") {
-  // 50 rows: four chunks of rows in the backward's sums; 10: one, which the device scan adds straight into dweight.
-  for (const int64_t N : {50, 10}) {
+  // 50 rows: four chunks of rows in the backward's sums; 10: one, which the device scan adds straight into dweight;
+  // 70 rows 300 wide: two slices of channels. Id 10 appears once (one segment beside ids of several); 9 and 11 never.
+  for (const auto [N, C] : {std::pair<int64_t, int64_t>{50, 40}, {10, 40}, {70, 300}}) {
     CAPTURE(N);
-    const int64_t V = 12, C = 40;
+    CAPTURE(C);
+    const int64_t V = 12;
     std::vector<int32_t> ids(static_cast<size_t>(N));
-    for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = int32_t((n * 7 + n / 3) % 9);  // ids 9..11 unused
+    for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = int32_t((n * 7 + n / 3) % 9);
+    ids[size_t(N / 2)] = 10;
     const Vec weight = random(size_t(V * C), 27), dout = random(size_t(N * C), 28);
     compare("embedding forward", {Vec(size_t(N * C))}, [&](std::vector<Vec>& o, bool g) {
       (g ? gpu::embedding_forward<float> : cpu::embedding_forward<float>)(o[0].data(), ids.data(), weight.data(), N, C);

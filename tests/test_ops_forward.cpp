@@ -207,7 +207,7 @@ TEST_CASE("dropout hash: the kernels' integer threshold keeps exactly the elemen
   // uses, the edges of [0, 1], values one float step apart and ones that are not multiples of 2^-24.
   for (const float p : {0.0f, 1e-30f, 0x1.0p-24f, 0x1.0p-24f * 1.5f, 0.1f, 0.2f, 0.25f, 1.0f / 3.0f, 0.5f,
                         std::nextafter(0.5f, 0.0f), std::nextafter(0.5f, 1.0f), 0.9f, std::nextafter(1.0f, 0.0f), 1.0f,
-                        1.5f}) {
+                        1.5f, std::numeric_limits<float>::quiet_NaN()}) {
     INFO("p " << p);
     const int32_t t = dropout_threshold(p);
     CHECK(t >= 0);

@@ -279,8 +279,9 @@ void run_info(const std::string& path) {
   const int64_t batch = flags.is_object() && flags.contains("batch_size") && flags["batch_size"].is_number_integer()
                             ? flags["batch_size"].get<int64_t>()
                             : 64;
-  // As training here would store activations: the run's --storage, else this machine's default for its --dtype
-  // (bf16 with --dtype bf16 on AMX; older checkpoints recorded no --storage).
+  // As training on this machine's CPU would store activations: the run's --storage, else the CPU's default for its
+  // --dtype (bf16 with --dtype bf16 on AMX; older checkpoints recorded no --storage; a GPU run that took the GPU's
+  // default recorded none either, so its figure is the CPU's).
   const std::string storage = flags.is_object() ? flags.value("storage", std::string()) : std::string();
   bool storage_bf16 = false;
   try {

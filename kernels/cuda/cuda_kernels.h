@@ -43,8 +43,9 @@ template <class T> void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean
 template <class T> void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp);
 template <class T> void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, int64_t C);
 /// Deterministic, no float atomics: each (token id, channel) of dweight sums its rows in chunks of rows, in row order
-/// within a chunk and chunk order after (with host_ids, a host pass buckets the rows by id with a stable counting
-/// sort; without, blocks scan the device ids a chunk each and a second pass adds the chunks).
+/// within a chunk and chunk order after (with host_ids, a host pass sorts the rows by id with a stable counting sort
+/// and a block sums each id's rows within a chunk; without, blocks scan the device ids a chunk each; a second pass
+/// adds the chunks).
 template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V, int64_t C);
 template <class T> void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 template <class T> void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
