@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "tests/attention_bf16_case.h"
 #include "tests/attention_cases.h"
 #include "train/adamw.h"
+#include "train/generate.h"
 #include "train/trainer.h"
 
 using namespace tinygpt;
@@ -616,6 +618,29 @@ TEST_CASE("cuda: the training step as a CUDA graph gives the losses of the step 
     }
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("cuda: generation on bf16 storage (--dtype bf16's default there), with and without the KV cache") {
+  // What `sample --device cuda` runs for a bf16 checkpoint: bf16 logits read as f32 for sampling, the cache's rows in
+  // bf16, past the block size both ways; greedy, so the GPU's tokens follow its own logits.
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 11, cfg.block_size = 16, cfg.n_layer = 2, cfg.n_head = 2, cfg.n_embd = 32;
+  Generator init(5);
+  nn::GPT model(cfg, init);
+  model.train(false);
+  model.set_numerics(Numerics{.bf16 = true, .attention = AttentionMath::BF16, .bf16_storage = true});
+  model.to(Device::CUDA);
+  GenerateOptions o;
+  o.max_new_tokens = 40;
+  o.temperature = 0.0;
+  for (const bool cache : {true, false}) {
+    CAPTURE(cache);
+    o.kv_cache = cache;
+    Generator g(1);
+    const std::vector<int32_t> out = generate(model, {1, 2, 3}, o, g);
+    CHECK(out.size() == 40);
+    CHECK(std::all_of(out.begin(), out.end(), [](int32_t t) { return t >= 0 && t < 11; }));
+  }
 }
 
 int main(int argc, char** argv) {
