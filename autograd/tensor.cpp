@@ -112,9 +112,12 @@ constexpr std::align_val_t kHostAlign{64};  // cache lines and AVX loads
 /// Host memory for tensors. Blocks of 64 KiB and more are mapped from the system (mmap) and, when freed, kept by size
 /// and handed out again, as the GPU's caching allocator does: a training step allocates blocks of the sizes the last
 /// step freed, and reusing them saves fresh pages (each faults in on first touch) every step. The cache never lets
-/// what it holds plus what is in use exceed the most ever in use at once: a block of a new size first unmaps cached
-/// blocks of other sizes, so a run's memory stays at its peak of live tensors (blocks from glibc's heap, where large
-/// ones land once its mmap threshold has risen, held more: docs/RESULTS.md, "bf16 storage").
+/// what it holds plus what is in use exceed the most ever in use at once, or kFloorBytes if that is more: a block of
+/// a new size first unmaps cached blocks of other sizes, so a run's memory stays at its peak of live tensors (blocks
+/// from glibc's heap, where large ones land once its mmap threshold has risen, held more: docs/RESULTS.md, "bf16
+/// storage"). The floor is for a small live set cycling through more sizes than it holds at once, an evaluation's
+/// forward passes before any training step: held to its peak, the cache unmapped and faulted in ~20 MB a pass, which
+/// made the main job's first evaluation twice as slow as the later ones.
 /// Smaller blocks, and every block under AddressSanitizer (which checks heap blocks only) or with
 /// TINYGPT_HOST_CACHE=0, go through operator new (bench_attention turns the cache off and replaces operator new to
 /// count what each algorithm allocates).
@@ -133,9 +136,10 @@ class HostCache {
         return p;
       }
       // A new block: make room by giving back cached blocks of other sizes.
-      for (auto it = free_.begin(); it != free_.end() && in_use_ + cached_ > peak_in_use_;) {
+      const size_t limit = std::max(peak_in_use_, kFloorBytes);
+      for (auto it = free_.begin(); it != free_.end() && in_use_ + cached_ > limit;) {
         auto& [size, blocks] = *it;
-        while (!blocks.empty() && in_use_ + cached_ > peak_in_use_) {
+        while (!blocks.empty() && in_use_ + cached_ > limit) {
           unmap(blocks.back(), size);
           blocks.pop_back();
           cached_ -= size;
@@ -212,6 +216,7 @@ class HostCache {
 
   static constexpr size_t kMinBytes = size_t(1) << 16;
   static constexpr size_t kHugeBytes = size_t(2) << 20;
+  static constexpr size_t kFloorBytes = size_t(64) << 20;
   const bool enabled_ = [] {
     return !TINYGPT_ENV_IS("TINYGPT_HOST_CACHE", "0");
   }();

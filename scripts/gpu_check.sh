@@ -180,6 +180,7 @@ row "  --storage f32" "${ours_bf16f_ms:-}"
 row "  --storage f32 --no-cuda-graphs" "${ours_bf16f_nograph_ms:-}"
 row "  --storage f32, dropout 0" "${ours_bf16f_graph_ms:-}"
 if [ $has_torch = 1 ]; then
+  note "pytorch" "$($py -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>&1 | tail -1)"
   torch_ms() {
     timeout 180 $py bench/torch_gpt.py --device cuda --data "$data" "${cfg[@]}" --iters 40 "$@" |
       $py -c 'import json,sys; print(json.load(sys.stdin)["ms"])'
