@@ -86,8 +86,14 @@ Muon::Muon(FlatParameters& flat, MuonConfig muon, AdamWConfig adamw)
   }
 }
 
+/// update(slot, i) for every matrix, then (bf16 storage) its working copy, while the matrix is in cache: both step
+/// forms write the copies the layers read.
 template <class F>
-void Muon::for_each_slot(F update) {
+void Muon::for_each_slot(F update_matrix) {
+  const auto update = [&](Slot& s, size_t i) {
+    update_matrix(s, i);
+    if (s.param.impl().bf16_copy) write_bf16_copy(s.param);
+  };
   // On the CPU the matrices are orthogonalized side by side, one per thread: their products are small (the main
   // job's are 128 x 128 x 384 at most), so a product spread over every thread spends more on starting and joining
   // its team than it saves. Each product's result does not depend on its thread count, so neither does the step.
@@ -124,7 +130,6 @@ void Muon::step(double lr, double grad_scale) {
     }
     const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
     axpby(s.param, o, -rate * s.scale, 1.0 - rate * config_.weight_decay);
-    if (s.param.impl().bf16_copy) write_bf16_copy(s.param);  // bf16 storage: its working copy, while in cache
   });
 }
 
@@ -159,7 +164,6 @@ void Muon::step_indirect(const Tensor& sched, const Tensor& stats, double max_no
     }
     const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
     axpby_from(s.param, o, 0, 0, sched.data<float>() + 3 + 2 * i);
-    if (s.param.impl().bf16_copy) write_bf16_copy(s.param);
   });
 }
 

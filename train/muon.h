@@ -84,7 +84,7 @@ class Muon : public Optimizer {
 
   /// Runs update(slot, index) for every matrix: side by side on the CPU (see step), in order on the GPU.
   template <class F>
-  void for_each_slot(F update);
+  void for_each_slot(F update_matrix);
 };
 
 }  // namespace tinygpt
