@@ -184,9 +184,20 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       }
       grads[i] = gradient_slot(in, unwritten);
     }
+    const std::vector<Tensor> slots = grads;
     node.backward(dout, node.inputs, grads);
-    for (Tensor& g : grads) {
-      if (g.defined()) g.impl().unwritten = false;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      Tensor& g = grads[i];
+      if (!g.defined()) continue;
+      if (g.impl_ptr() != slots[i].impl_ptr()) {  // the node handed back a gradient of its own for an unwritten slot
+        const Tensor& in = node.inputs[i];
+        if (!slots[i].defined() || !slots[i].impl().unwritten || !(g.shape() == in.shape()) ||
+            g.dtype() != in.dtype() || g.device() != in.device()) {
+          throw Error(std::string("backward: ") + node.name + " replaced a gradient slot it may not replace");
+        }
+        pending[&in.impl()] = g;
+      }
+      g.impl().unwritten = false;
     }
     if (on_ready != nullptr) {
       for (const Tensor& in : node.inputs) {

@@ -28,6 +28,8 @@ struct Node {
   /// (TensorImpl::unwritten, detail::unwritten) instead of adding to it, so backward hands such a slot out
   /// uninitialized rather than zeroed: no memset, and no read of zeros, for the large activation gradients (a slot
   /// reached by several ops is written by the first and added to by the others). Leaves' .grad stay zeroed.
+  /// Instead of writing such a slot the backward may replace it (grads[i] = a tensor of the input's shape, dtype and
+  /// device): a gradient computed ahead, in the forward (the fused classifier's), is then taken as it is.
   uint32_t writes_unwritten = 0;
   /// One tensor at several inputs whose writes_unwritten bits are all set: the backward writes a different part of
   /// it for each, the parts together the whole (fused attention's q, k and v, three views that partition one qkv

@@ -300,24 +300,45 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
   const DType loss_dtype = detail::compute_dtype(logits.dtype());
   const Tensor losses = empty({N}, loss_dtype, logits.device());
   const Tensor lse = empty({N}, loss_dtype, logits.device());
+  const double inv_count = count > 0 ? 1.0 / double(count) : 0.0;
+  // Training (a gradient will be asked for): the fused classifier writes the logits' gradient for a loss gradient of
+  // 1 in the pass that computes the loss, so backward reads the logits again only when the loss gradient is not 1.
+  const bool fused = grad_enabled() && logits.requires_grad();
+  const Tensor dlogits = fused ? empty(logits.shape(), logits.dtype(), logits.device()) : Tensor();
+  const auto handed_out = std::make_shared<bool>(false);  // dlogits went to a slot (and may since have changed)
   dispatch_storage(logits.dtype(), "cross_entropy", [&]<class T>() {
-    launch(kernels::crossentropy_forward<T>, logits.device(), ptr<compute_t<T>>(losses), ptr<compute_t<T>>(lse),
-           logits.data<T>(), targets.data<int32_t>(), N, V, ignore_index);
+    if (fused) {
+      launch(kernels::crossentropy_fused<T>, logits.device(), ptr<compute_t<T>>(losses), ptr<compute_t<T>>(lse),
+             ptr<T>(dlogits), logits.data<T>(), targets.data<int32_t>(), compute_t<T>(inv_count), N, V, ignore_index);
+    } else {
+      launch(kernels::crossentropy_forward<T>, logits.device(), ptr<compute_t<T>>(losses), ptr<compute_t<T>>(lse),
+             logits.data<T>(), targets.data<int32_t>(), N, V, ignore_index);
+    }
   });
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = count > 0 ? scale(sum(losses), 1.0 / double(count)) : zeros({}, loss_dtype, logits.device());
+    out = count > 0 ? scale(sum(losses), inv_count) : zeros({}, loss_dtype, logits.device());
   }
   return record("cross_entropy", out, {logits, targets},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                  // A slot no op has written takes the fused gradient (rewritten below unless dout is 1); one
+                  // already written gets the gradient added, from the logits. dlogits is handed out once: a second
+                  // backward (retain_graph) finds it taken, and the slot is zeroed and added to.
+                  const bool adopt = detail::unwritten(grads[0]) && !*handed_out;
+                  if (adopt) {
+                    grads[0] = dlogits;
+                    *handed_out = true;
+                  } else if (detail::unwritten(grads[0])) {
+                    grads[0].zero_();
+                  }
                   if (count == 0) return;
                   dispatch_storage(in[0].dtype(), "cross_entropy", [&]<class T>() {
                     launch(kernels::crossentropy_backward<T>, dout.device(), grads[0].data<T>(),
-                           dout.data<compute_t<T>>(), compute_t<T>(1.0 / double(count)), in[0].data<T>(),
-                           lse.data<compute_t<T>>(), in[1].data<int32_t>(), N, V, ignore_index);
+                           dout.data<compute_t<T>>(), compute_t<T>(inv_count), in[0].data<T>(),
+                           lse.data<compute_t<T>>(), in[1].data<int32_t>(), N, V, ignore_index, adopt);
                   });
-                });
+                }, /*writes_unwritten=*/1u);
 }
 
 Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t pos0, double base) {

@@ -154,3 +154,59 @@ TEST_CASE("autograd: a ready hook sees each leaf once, as soon as its gradient i
   (sum(a * b)).backward();
   CHECK(seen.empty());
 }
+
+TEST_CASE("autograd: cross-entropy's fused gradient, kept, rewritten, added to, and handed out once") {
+  // logits (3, 4) = 1 * leaf, so their gradient slot starts unwritten and cross_entropy's backward takes the gradient
+  // its forward wrote; row 1 is ignored. Expected: d mean / d logits = (softmax - onehot) / 2 on the rows kept.
+  const std::vector<double> values = {0.5, -1, 2, 0.25, 3, 1, -2, 0, -0.75, 1.5, 0.5, -1};
+  const Tensor targets = from_vector(std::vector<int32_t>{2, -1, 0}, {3});  // -1: ignore_index
+  std::vector<double> expected(values.size(), 0.0);
+  for (int r : {0, 2}) {
+    double total = 0;
+    for (int v = 0; v < 4; ++v) total += std::exp(values[size_t(r * 4 + v)]);
+    const int t = r == 0 ? 2 : 0;
+    for (int v = 0; v < 4; ++v) {
+      expected[size_t(r * 4 + v)] = (std::exp(values[size_t(r * 4 + v)]) / total - (v == t ? 1.0 : 0.0)) / 2;
+    }
+  }
+  auto scaled = [&](double s) {
+    std::vector<double> e = expected;
+    for (double& x : e) x *= s;
+    return e;
+  };
+  for (const DType dtype : {DType::F32, DType::F64}) {
+    CAPTURE(std::string(dtype_name(dtype)));
+    Tensor leaf = from_vector(values, {3, 4}).to(dtype);
+    leaf.requires_grad_();
+    SUBCASE("a loss gradient of 1 keeps the fused gradient") {
+      cross_entropy(leaf * 1.0, targets).backward();
+      check_close(leaf.grad(), expected, 1e-6);
+    }
+    SUBCASE("another loss gradient rewrites it from the logits") {
+      (cross_entropy(leaf * 1.0, targets) * 0.25).backward();
+      check_close(leaf.grad(), scaled(0.25), 1e-6);
+    }
+    SUBCASE("a slot another op wrote first is added to") {
+      const Tensor logits = leaf * 1.0;
+      (cross_entropy(logits, targets) + sum(logits) * 3.0).backward();
+      std::vector<double> e = expected;
+      for (double& x : e) x += 3.0;
+      check_close(leaf.grad(), e, 1e-6);
+    }
+    SUBCASE("a retained graph run twice: the second backward does not reuse what the first handed out") {
+      // The first backward hands the fused gradient out and the sum then adds 3 to it, in place.
+      const Tensor logits = leaf * 1.0;
+      const Tensor loss = sum(logits) * 3.0 + cross_entropy(logits, targets);
+      loss.backward(true);
+      loss.backward();
+      std::vector<double> e = expected;
+      for (double& x : e) x = 2 * (x + 3.0);
+      check_close(leaf.grad(), e, 1e-6);
+    }
+    SUBCASE("without recording, no gradient is computed and the loss is the same") {
+      const double recorded = cross_entropy(leaf * 1.0, targets).item();
+      NoGradGuard no_grad;
+      CHECK(cross_entropy(leaf * 1.0, targets).item() == recorded);
+    }
+  }
+}

@@ -64,6 +64,7 @@ TINYGPT_SAME_TEMPLATE_SIGNATURE(embedding_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(embedding_backward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(crossentropy_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(crossentropy_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(crossentropy_fused)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(dropout_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(dropout_backward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(permute)
@@ -687,7 +688,7 @@ void compare_bf16(const std::string& what, const std::vector<Bf>& start, F run, 
 
 }  // namespace
 
-TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row), forward and backward") {
+TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row), forward, backward and fused") {
   const int64_t N = 6, V = 70;
   const Vec logits32 = random(size_t(N * V), 30, -3.0f, 3.0f);
   const std::vector<int32_t> targets = {3, 69, -100, 0, 33, 64};
@@ -704,8 +705,41 @@ TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row
     compare_stored<T>("crossentropy backward", {stored_as<T>(random(size_t(N * V), 31))},
                       [&](std::vector<std::vector<T>>& o, bool g) {
                         (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(
-                            o[0].data(), &dloss, 0.5f, logits.data(), lse.data(), targets.data(), N, V, -100);
+                            o[0].data(), &dloss, 0.5f, logits.data(), lse.data(), targets.data(), N, V, -100, false);
                       }, atol, rtol);
+    // The fused classifier: losses, lse and the gradient for a loss gradient of 1 (written over what was there; the
+    // ignored row zeroed), then its backward: kept for 1, rewritten for 0.6.
+    const std::vector<T> garbage = stored_as<T>(random(size_t(N * V), 32));
+    std::vector<T> fused_grad;
+    for (const float upstream : {1.0f, 0.6f}) {
+      CAPTURE(upstream);
+      compare("crossentropy fused (losses, lse)", {Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+        std::vector<T> d = garbage;
+        (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(o[0].data(), o[1].data(), d.data(),
+                                                                      logits.data(), targets.data(), 0.5f, N, V, -100);
+      });
+      compare_stored<T>("crossentropy fused, then its backward", {garbage}, [&](std::vector<std::vector<T>>& o, bool g) {
+        Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
+        (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(l.data(), s.data(), o[0].data(), logits.data(),
+                                                                      targets.data(), 0.5f, N, V, -100);
+        (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(
+            o[0].data(), &upstream, 0.5f, logits.data(), s.data(), targets.data(), N, V, -100, true);
+      }, atol, rtol);
+    }
+    // On the CPU the fused gradient is, bit for bit, the unfused backward's into a zeroed slot (for 1 and for 0.6).
+    for (const float upstream : {1.0f, 0.6f}) {
+      CAPTURE(upstream);
+      std::vector<T> fused = garbage, plain(size_t(N * V), T(0.0f));
+      Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
+      cpu::crossentropy_fused<T>(l.data(), s.data(), fused.data(), logits.data(), targets.data(), 0.5f, N, V, -100);
+      CHECK(l == losses);
+      CHECK(s == lse);
+      cpu::crossentropy_backward<T>(fused.data(), &upstream, 0.5f, logits.data(), s.data(), targets.data(), N, V, -100,
+                                    true);
+      cpu::crossentropy_backward<T>(plain.data(), &upstream, 0.5f, logits.data(), lse.data(), targets.data(), N, V,
+                                    -100, false);
+      for (size_t i = 0; i < plain.size(); ++i) REQUIRE(float(fused[i]) == float(plain[i]));
+    }
   };
   check.operator()<float>(1e-5, 1e-4);
   check.operator()<bf16>(1e-5, kBf16Ulp);

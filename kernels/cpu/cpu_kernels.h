@@ -65,8 +65,15 @@ template <class T> void embedding_backward(T* dweight, const T* dout, const int3
 /// loss 0.
 template <class T> void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
 /// dlogits += dloss * (softmax(logits) - onehot(target)) for every row that is not ignored, with dloss = *dloss_in *
-/// scale: the upstream gradient is read where it lies (device memory on the GPU: no host synchronisation).
-template <class T> void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+/// scale: the upstream gradient is read where it lies (device memory on the GPU: no host synchronisation). With
+/// `fused`, dlogits holds crossentropy_fused's gradient (the one for *dloss_in == 1): it is left as it is when
+/// *dloss_in is 1 (the kernel then reads nothing else) and overwritten (=) with the gradient for *dloss_in otherwise.
+template <class T> void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index, bool fused);
+/// The fused classifier (llm.c's): crossentropy_forward's losses and lse, and in the same pass over each row of
+/// logits the gradient for an upstream gradient of 1, written (=): dlogits = scale * (softmax(logits) -
+/// onehot(target)), zero rows where the target is ignored. The logits are read once for loss and gradient; training
+/// runs this, and crossentropy_backward(fused) keeps its gradient when the loss's gradient is 1.
+template <class T> void crossentropy_fused(compute_t<T>* losses, compute_t<T>* lse, T* dlogits, const T* logits, const int32_t* targets, compute_t<T> scale, int64_t N, int64_t V, int32_t ignore_index);
 
 /// Keeps element i with probability 1-p (scaled by 1/(1-p)); the mask is a hash of (seed, i), so
 /// backward recomputes it instead of storing it, and any thread split gives the same mask.

@@ -270,39 +270,76 @@ void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int
   for (size_t i = 0; i < wide.size(); ++i) dweight[i] = T(wide[i]);
 }
 
+namespace {
+
+/// Row n's lse, written with its loss (0 where the target is ignored).
+template <class T>
+compute_t<T> crossentropy_row(compute_t<T>* losses, compute_t<T>* lse, const T* x, int32_t target, int64_t n, int64_t V,
+                              int32_t ignore_index) {
+  using F = compute_t<T>;
+  const F maxval = F(*std::max_element(x, x + V, [](T u, T w) { return F(u) < F(w); }));
+  F sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(F(x[v]) - maxval);
+  const F l = maxval + std::log(sum);
+  lse[n] = l;
+  losses[n] = target == ignore_index ? F(0) : l - F(x[target]);
+  return l;
+}
+
+/// dx (= when `overwrite`, else +=) dloss * (softmax(x) - onehot(target)) for one row whose lse is l.
+template <class T>
+void crossentropy_grad_row(T* dx, const T* x, compute_t<T> l, int32_t target, compute_t<T> dloss, int64_t V,
+                           bool overwrite) {
+  using F = compute_t<T>;
+  if constexpr (std::is_same_v<T, F>) {
+    for (int64_t v = 0; v < V; ++v) dx[v] = (overwrite ? F(0) : dx[v]) + dloss * std::exp(x[v] - l);
+    dx[target] -= dloss;
+  } else {  // bf16: the target's term inside, so each element is rounded once
+    for (int64_t v = 0; v < V; ++v) {
+      const F g = dloss * (std::exp(F(x[v]) - l) - (v == target ? F(1) : F(0)));
+      dx[v] = T((overwrite ? F(0) : F(dx[v])) + g);
+    }
+  }
+}
+
+}  // namespace
+
 template <class T>
 void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logits, const int32_t* targets, int64_t N,
                           int64_t V, int32_t ignore_index) {
-  using F = compute_t<T>;
 #pragma omp parallel for if (N * V >= kParallelGrain)
-  for (int64_t n = 0; n < N; ++n) {
-    const T* x = logits + n * V;
-    const F maxval = F(*std::max_element(x, x + V, [](T u, T w) { return F(u) < F(w); }));
-    F sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(F(x[v]) - maxval);
-    lse[n] = maxval + std::log(sum);
-    losses[n] = targets[n] == ignore_index ? F(0) : lse[n] - F(x[targets[n]]);
-  }
+  for (int64_t n = 0; n < N; ++n) crossentropy_row(losses, lse, logits + n * V, targets[n], n, V, ignore_index);
 }
 
 template <class T>
 void crossentropy_backward(T* dlogits, const compute_t<T>* dloss_in, compute_t<T> scale, const T* logits,
-                           const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+                           const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index,
+                           bool fused) {
   using F = compute_t<T>;
+  if (fused && *dloss_in == F(1)) return;  // crossentropy_fused's gradient is this one
   const F dloss = *dloss_in * scale;
 #pragma omp parallel for if (N * V >= kParallelGrain)
   for (int64_t n = 0; n < N; ++n) {
-    if (targets[n] == ignore_index) continue;
+    if (targets[n] == ignore_index) continue;  // fused: its row is zero already
+    crossentropy_grad_row(dlogits + n * V, logits + n * V, lse[n], targets[n], dloss, V, fused);
+  }
+}
+
+template <class T>
+void crossentropy_fused(compute_t<T>* losses, compute_t<T>* lse, T* dlogits, const T* logits, const int32_t* targets,
+                        compute_t<T> scale, int64_t N, int64_t V, int32_t ignore_index) {
+  using F = compute_t<T>;
+  // dloss as crossentropy_backward computes it for an upstream gradient of 1, so both give the same bits.
+  const F dloss = F(1) * scale;
+#pragma omp parallel for if (N * V >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
     const T* x = logits + n * V;
+    const F l = crossentropy_row(losses, lse, x, targets[n], n, V, ignore_index);
     T* dx = dlogits + n * V;
-    if constexpr (std::is_same_v<T, F>) {
-      for (int64_t v = 0; v < V; ++v) dx[v] += dloss * std::exp(x[v] - lse[n]);
-      dx[targets[n]] -= dloss;
-    } else {  // bf16: the target's term inside, so each element is rounded once
-      for (int64_t v = 0; v < V; ++v) {
-        const F g = dloss * (std::exp(F(x[v]) - lse[n]) - (v == targets[n] ? F(1) : F(0)));
-        dx[v] = T(F(dx[v]) + g);
-      }
+    if (targets[n] == ignore_index) {
+      std::fill(dx, dx + V, T(0.0f));
+    } else {
+      crossentropy_grad_row(dx, x, l, targets[n], dloss, V, true);
     }
   }
 }
@@ -348,7 +385,9 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed fr
   template void crossentropy_forward<T>(compute_t<T>*, compute_t<T>*, const T*, const int32_t*, int64_t, int64_t,       \
                                         int32_t);                                                                       \
   template void crossentropy_backward<T>(T*, const compute_t<T>*, compute_t<T>, const T*, const compute_t<T>*,          \
-                                         const int32_t*, int64_t, int64_t, int32_t);                                    \
+                                         const int32_t*, int64_t, int64_t, int32_t, bool);                     \
+  template void crossentropy_fused<T>(compute_t<T>*, compute_t<T>*, T*, const T*, const int32_t*, compute_t<T>,         \
+                                      int64_t, int64_t, int32_t);                                                       \
   template void dropout_forward<T>(T*, const T*, int64_t, float, DropoutSeed);                                             \
   template void dropout_backward<T>(T*, const T*, int64_t, float, DropoutSeed);
 TINYGPT_INSTANTIATE_NORMS(float)

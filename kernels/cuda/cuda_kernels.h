@@ -48,7 +48,8 @@ template <class T> void embedding_forward(T* out, const int32_t* ids, const T* w
 /// adds the chunks).
 template <class T> void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V, int64_t C);
 template <class T> void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
-template <class T> void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index);
+template <class T> void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index, bool fused);
+template <class T> void crossentropy_fused(compute_t<T>* losses, compute_t<T>* lse, T* dlogits, const T* logits, const int32_t* targets, compute_t<T> scale, int64_t N, int64_t V, int32_t ignore_index);
 template <class T> void dropout_forward(T* out, const T* inp, int64_t n, float p, DropoutSeed seed);
 template <class T> void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed seed);
 template <class T> void permute(T* out, const T* inp, const PermuteGeom& g, bool accumulate);

@@ -17,7 +17,9 @@ namespace tinygpt::cuda {
   template void crossentropy_forward<T>(compute_t<T>*, compute_t<T>*, const T*, const int32_t*, int64_t, int64_t,     \
                                         int32_t);                                                                     \
   template void crossentropy_backward<T>(T*, const compute_t<T>*, compute_t<T>, const T*, const compute_t<T>*,         \
-                                         const int32_t*, int64_t, int64_t, int32_t);
+                                         const int32_t*, int64_t, int64_t, int32_t, bool);                   \
+  template void crossentropy_fused<T>(compute_t<T>*, compute_t<T>*, T*, const T*, const int32_t*, compute_t<T>,       \
+                                      int64_t, int64_t, int32_t);
 TINYGPT_INSTANTIATE(float)
 TINYGPT_INSTANTIATE(bf16)
 #undef TINYGPT_INSTANTIATE

@@ -281,6 +281,25 @@ __global__ void embedding_backward_chunks_kernel(T* dweight, const float* partia
   }
 }
 
+/// Row n's lse from one warp (lane 0 writes it and the loss). The row is read from memory once: the passes after the
+/// first find it in L1.
+template <class T>
+__device__ float crossentropy_row(float* losses, float* lse, const T* x, int32_t target, int64_t n, int64_t V,
+                                  int32_t ignore_index, int lane) {
+  float mx = -INFINITY;
+  for (int64_t v = lane; v < V; v += 32) mx = fmaxf(mx, float(x[v]));
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int64_t v = lane; v < V; v += 32) sum += expf(float(x[v]) - mx);
+  sum = warp_sum(sum);
+  const float l = mx + logf(sum);
+  if (lane == 0) {
+    lse[n] = l;
+    losses[n] = target == ignore_index ? 0.0f : l - float(x[target]);
+  }
+  return l;
+}
+
 /// One warp per row: lse and the loss.
 template <class T>
 __global__ void crossentropy_forward_kernel(float* losses, float* lse, const T* logits, const int32_t* targets,
@@ -288,33 +307,46 @@ __global__ void crossentropy_forward_kernel(float* losses, float* lse, const T* 
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (n >= N) return;
-  const T* x = logits + n * V;
-  float mx = -INFINITY;
-  for (int64_t v = lane; v < V; v += 32) mx = fmaxf(mx, float(x[v]));
-  mx = warp_max(mx);
-  float sum = 0.0f;
-  for (int64_t v = lane; v < V; v += 32) sum += expf(float(x[v]) - mx);
-  sum = warp_sum(sum);
-  if (lane == 0) {
-    const float l = mx + logf(sum);
-    lse[n] = l;
-    losses[n] = targets[n] == ignore_index ? 0.0f : l - float(x[targets[n]]);
-  }
+  crossentropy_row(losses, lse, logits + n * V, targets[n], n, V, ignore_index, lane);
 }
 
-/// Each element's gradient, the target's term included, added in f32 and stored once.
+/// Each element's gradient, the target's term included, added in f32 (or written, `overwrite`) and stored once.
+template <class T>
+__device__ void crossentropy_grad_row(T* dx, const T* x, float l, int32_t t, float dloss, int64_t V, bool overwrite,
+                                      int lane) {
+  for (int64_t v = lane; v < V; v += 32)
+    dx[v] = (overwrite ? 0.0f : float(dx[v])) + dloss * (expf(float(x[v]) - l) - (v == t ? 1.0f : 0.0f));
+}
+
+/// fused: dlogits holds crossentropy_fused's gradient, kept when the upstream gradient is 1 (read here, on the
+/// device, so a captured graph decides at each replay).
 template <class T>
 __global__ void crossentropy_backward_kernel(T* dlogits, const float* dloss_in, float scale, const T* logits,
                                              const float* lse, const int32_t* targets, int64_t N, int64_t V,
-                                             int32_t ignore_index) {
+                                             int32_t ignore_index, bool fused) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (n >= N || targets[n] == ignore_index) return;
+  if (n >= N || (fused && *dloss_in == 1.0f) || targets[n] == ignore_index) return;
+  crossentropy_grad_row(dlogits + n * V, logits + n * V, lse[n], targets[n], *dloss_in * scale, V, fused, lane);
+}
+
+/// The fused classifier: one warp per row, its loss, lse and gradient (for an upstream gradient of 1) from one read.
+template <class T>
+__global__ void crossentropy_fused_kernel(float* losses, float* lse, T* dlogits, const T* logits,
+                                          const int32_t* targets, float scale, int64_t N, int64_t V,
+                                          int32_t ignore_index) {
+  const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (n >= N) return;
   const T* x = logits + n * V;
-  T* dx = dlogits + n * V;
-  const float l = lse[n], dloss = *dloss_in * scale;
   const int32_t t = targets[n];
-  for (int64_t v = lane; v < V; v += 32) dx[v] = float(dx[v]) + dloss * (expf(float(x[v]) - l) - (v == t ? 1.0f : 0.0f));
+  const float l = crossentropy_row(losses, lse, x, t, n, V, ignore_index, lane);
+  T* dx = dlogits + n * V;
+  if (t == ignore_index) {
+    for (int64_t v = lane; v < V; v += 32) dx[v] = T(0.0f);
+  } else {
+    crossentropy_grad_row(dx, x, l, t, 1.0f * scale, V, true, lane);  // dloss as the backward computes it for 1
+  }
 }
 
 }  // namespace
@@ -467,9 +499,17 @@ void crossentropy_forward(compute_t<T>* losses, compute_t<T>* lse, const T* logi
 
 template <class T>
 void crossentropy_backward(T* dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits,
-                           const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index) {
+                           const compute_t<T>* lse, const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index,
+                           bool fused) {
   if (N == 0) return;
-  launch_kernel("crossentropy_backward", crossentropy_backward_kernel<T>, blocks_for(N * 32), kThreads, 0, dlogits, dloss, scale, logits, lse, targets, N, V, ignore_index);
+  launch_kernel("crossentropy_backward", crossentropy_backward_kernel<T>, blocks_for(N * 32), kThreads, 0, dlogits, dloss, scale, logits, lse, targets, N, V, ignore_index, fused);
+}
+
+template <class T>
+void crossentropy_fused(compute_t<T>* losses, compute_t<T>* lse, T* dlogits, const T* logits, const int32_t* targets,
+                        compute_t<T> scale, int64_t N, int64_t V, int32_t ignore_index) {
+  if (N == 0) return;
+  launch_kernel("crossentropy_fused", crossentropy_fused_kernel<T>, blocks_for(N * 32), kThreads, 0, losses, lse, dlogits, logits, targets, scale, N, V, ignore_index);
 }
 
 TINYGPT_CUDA_END
