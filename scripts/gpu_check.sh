@@ -4,7 +4,8 @@
 # Shakespeare config (f32 with TF32 matmuls and attention, also with cublasLt's epilogues, TINYGPT_CUBLASLT_EPILOGUES=1;
 # with f32 and bf16 attention; and --dtype bf16: bf16 matmuls, attention and storage, also with the pipelined attention
 # kernels of TINYGPT_FLASH_PIPELINE=1, and on f32 storage, --storage f32, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
-# the attention benchmark (f32 and bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
+# the fused classifier against the separate kernels (bench_classifier, where built), the attention benchmark (f32 and
+# bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full] [--no-build] [--quick | --attention | --step]
@@ -232,6 +233,15 @@ for math in $([ $quick = 0 ] && echo f32 tf32) bf16 $([ $step_only = 1 ] && echo
   awk '/^TINYGPT_CUDA_PROFILE/ {n = 16} n-- > 0' "$logs/profile_$math.log"  # each table the costliest first
 done
 fi  # attention_only
+
+# The fused classifier (loss and logits' gradient from one read) against the separate kernels, at 65 and 50304 classes.
+if [ $attention_only = 0 ] && [ -x $build/bench/bench_classifier ]; then
+  echo "== (at ${SECONDS} s) the classifier's loss and gradient, fused and separate (bench_classifier)"
+  timeout 90 $build/bench/bench_classifier --device cuda | tee "$logs/classifier.log"
+  for v in 65 50304; do
+    note "fused classifier, bf16, V $v" "$(awk -F'|' -v v="x $v " 'index($2, v) && $3 ~ /bf16/ {printf "%s faster than separate kernels; fused %s GB/s, a copy %s GB/s", $7, $8, $9}' "$logs/classifier.log")"
+  done
+fi
 
 if [ $step_only = 1 ]; then
   sanitize

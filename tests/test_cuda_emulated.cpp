@@ -745,6 +745,54 @@ TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row
   check.operator()<bf16>(1e-5, kBf16Ulp);
 }
 
+TEST_CASE("emulated CUDA: cross-entropy over wide rows (a block a row, online softmax), forward, backward and fused") {
+  // V >= kWideRow: 2056 columns (16-byte groups: the vector path) and 2051 (one element at a time); an ignored row.
+  const int64_t N = 4;
+  const std::vector<int32_t> targets = {5, -100, 2050, 0};
+  for (const int64_t V : {int64_t(2056), int64_t(2051)}) {
+    CAPTURE(V);
+    const Vec logits32 = random(size_t(N * V), 33, -4.0f, 4.0f);
+    const auto check = [&]<class T>(double atol, double rtol) {
+      const std::vector<T> logits = stored_as<T>(logits32);
+      compare("wide crossentropy forward", {Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+        (g ? gpu::crossentropy_forward<T> : cpu::crossentropy_forward<T>)(o[0].data(), o[1].data(), logits.data(),
+                                                                          targets.data(), N, V, -100);
+      });
+      Vec losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N));
+      gpu::crossentropy_forward<T>(losses.data(), lse.data(), logits.data(), targets.data(), N, V, -100);
+      const float dloss = 0.6f;
+      const std::vector<T> start = stored_as<T>(random(size_t(N * V), 34));
+      compare_stored<T>("wide crossentropy backward", {start}, [&](std::vector<std::vector<T>>& o, bool g) {
+        (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(o[0].data(), &dloss, 0.25f, logits.data(),
+                                                                            lse.data(), targets.data(), N, V, -100, false);
+      }, atol, rtol);
+      for (const float upstream : {1.0f, 0.6f}) {
+        CAPTURE(upstream);
+        compare_stored<T>("wide crossentropy fused, then its backward", {start}, [&](std::vector<std::vector<T>>& o, bool g) {
+          Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
+          (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(l.data(), s.data(), o[0].data(), logits.data(),
+                                                                        targets.data(), 0.25f, N, V, -100);
+          (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(
+              o[0].data(), &upstream, 0.25f, logits.data(), s.data(), targets.data(), N, V, -100, true);
+        }, atol, rtol);
+        // On the (emulated) GPU the fused path gives the separate one's bits: the same lse, the same element formula.
+        std::vector<T> fused = start, plain(size_t(N * V), T(0.0f));
+        Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
+        gpu::crossentropy_fused<T>(l.data(), s.data(), fused.data(), logits.data(), targets.data(), 0.25f, N, V, -100);
+        CHECK(l == losses);
+        CHECK(s == lse);
+        gpu::crossentropy_backward<T>(fused.data(), &upstream, 0.25f, logits.data(), s.data(), targets.data(), N, V,
+                                      -100, true);
+        gpu::crossentropy_backward<T>(plain.data(), &upstream, 0.25f, logits.data(), lse.data(), targets.data(), N, V,
+                                      -100, false);
+        for (size_t i = 0; i < plain.size(); ++i) REQUIRE(float(fused[i]) == float(plain[i]));
+      }
+    };
+    check.operator()<float>(1e-5, 1e-4);
+    check.operator()<bf16>(1e-5, kBf16Ulp);
+  }
+}
+
 TEST_CASE("emulated CUDA: bf16 storage, elementwise maps (16-byte groups and single elements)") {
   // 2053 elements: 256 groups of eight and a tail of 5. Offset 0: every pointer 16-byte aligned (the vector groups);
   // offset 1: an element a thread.
