@@ -26,6 +26,10 @@ inline constexpr Switch kSwitches[] = {
     {"TINYGPT_FLASH_PIPELINE", "1",
      "the GPU's tensor-core flash kernels on f32 tensors stream the next tile with cp.async (slower on an H100 than "
      "the default whole-tile loads; kept to be measured again)"},
+    {"TINYGPT_FLASH_ROWS", "128",
+     "the GPU's flash forward on bf16 storage at head dim 64 takes blocks of 128 query rows (each of 4 warps two 16-row "
+     "tiles, so every K and V fragment read from shared memory serves both) instead of 64; not the default until "
+     "measured faster on a GPU (scripts/gpu_check.sh times both)"},
     {"TINYGPT_CUBLASLT_EPILOGUES", "1",
      "the GPU's f32 linear layers take bias and GELU in cublasLt's epilogue instead of tinygpt's kernels (never for "
      "bf16 products)"},

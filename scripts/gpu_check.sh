@@ -162,6 +162,8 @@ f32s_mib=$(cat "$logs/gpu_peak_mib")
 ours_nograph_ms=$(ours_train_ms --dtype bf16 --no-cuda-graphs)
 [ $step_only = 1 ] && ours_bf16f_nograph_ms=$(ours_train_ms --dtype bf16 --storage f32 --no-cuda-graphs)
 [ -n "$baseline" ] && base_bf16_ms=$(tinygpt_bin=$baseline/tinygpt ours_train_ms --dtype bf16)
+# The flash forward's 128-row blocks (not the default until measured faster).
+ours_rows128_ms=$(TINYGPT_FLASH_ROWS=128 ours_train_ms --dtype bf16)
 note "CUDA graph capture" "$(grep -m1 -o 'could not be captured.*' "$logs/train_throughput.log" || echo 'captured and replayed (no fallback logged)')"
 tokens=$((64 * 256))
 tok() { awk "BEGIN {printf \"%.0f\", $tokens * 1000 / $1}"; }
@@ -175,6 +177,7 @@ row "tinygpt, bf16 tensor-core attention" "${ours_bf16_attn_ms:-}"
 row "tinygpt --dtype bf16" "$ours_bf16_ms"
 row "  TINYGPT_FLASH_PIPELINE=1" "${ours_pipe_ms:-}"
 row "  the baseline build" "${base_bf16_ms:-}"
+row "  TINYGPT_FLASH_ROWS=128" "${ours_rows128_ms:-}"
 row "  --no-cuda-graphs" "${ours_nograph_ms:-}"
 row "  dropout 0" "$ours_graph_ms"
 row "  --storage f32" "${ours_bf16f_ms:-}"
@@ -273,6 +276,22 @@ if [ $has_torch = 1 ]; then
     note "pipelined tf32 f+b vs sdpa f32" "$(ratios tinygpt:flash_tf32 0 attention_pipelined.log)"
     note "pipelined bf16 f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16 0 attention_pipelined.log)"
   fi
+  # The forward's 128-row blocks (TINYGPT_FLASH_ROWS=128, head dim 64) against the default 64 rows, the bf16-storage
+  # rows of every shape, one run after the other.
+  $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows64.jsonl" 2> /dev/null
+  TINYGPT_FLASH_ROWS=128 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows128.jsonl" 2> /dev/null
+  $py - "$logs/rows64.jsonl" "$logs/rows128.jsonl" << 'PY' | tee "$logs/rows128.log"
+import json, sys
+runs = [[json.loads(l) for l in open(f) if l.startswith("{")] for f in sys.argv[1:3]]
+pick = lambda rows: {(r["B"], r["NH"], r["T"], r["causal"]): r["fwd_ms"] for r in rows
+                     if r["impl"] == "flash_bf16_storage" and r["E"] == 64}
+a, b = (pick(r) for r in runs)
+print("B x NH x T, causal (head dim 64)   fwd ms 64 rows   fwd ms 128 rows   64 / 128")
+for k in sorted(a):
+    if k in b:
+        print(f"{k[0]} x {k[1]} x {k[2]}, {'causal' if k[3] else 'full':<6} {a[k]:>16.3f} {b[k]:>17.3f} {a[k] / b[k]:>9.2f}x")
+PY
+  note "bf16 fwd 128 vs 64 rows (E 64)" "$(awk 'NR > 1 {print $NF}' "$logs/rows128.log" | tr -d x | sort -g | paste -sd ' ') (the 64-row time over the 128-row one; TINYGPT_FLASH_ROWS=128)"
   if [ -n "$baseline" ]; then  # the baseline build's kernels on the quick shapes
     timeout 180 $py bench/compare_attention_cuda.py --quick --bench "$baseline/bench/bench_attention" \
       > "$logs/attention_baseline.log" 2>&1

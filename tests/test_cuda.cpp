@@ -409,6 +409,15 @@ TEST_CASE("cuda: the pipelined tensor-core kernels (TINYGPT_FLASH_PIPELINE=1) ma
   unsetenv("TINYGPT_FLASH_PIPELINE");
 }
 
+TEST_CASE("cuda: the bf16-storage forward's 128-row blocks (TINYGPT_FLASH_ROWS=128) match the double reference") {
+  setenv("TINYGPT_FLASH_ROWS", "128", 1);
+  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true,
+                             .dropout = 0.2f, .seed = 15});
+  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 300, .E = 64, .Ev = 64, .causal = true, .seed = 16});
+  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 17});
+  unsetenv("TINYGPT_FLASH_ROWS");
+}
+
 TEST_CASE("cuda: flash attention is deterministic, its backward accumulates or stores (f32, tf32 and bf16 kernels)") {
   const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
                  .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};

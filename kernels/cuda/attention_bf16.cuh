@@ -10,12 +10,12 @@ namespace {
 
 static_assert(flash_bf16::kThreads == kFlashThreads && flash_bf16::kRows == kTile, "the f32 kernels' launch geometry");
 
-template <int EP>
+template <int EP, int MT>
 __global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_forward_kernel(bf16* out, float* lse, const bf16* q,
                                                                                   const bf16* k, const bf16* v,
                                                                                   AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, bf16_smem);
-  flash_bf16::forward_body<EP>(bf16_smem, out, lse, q, k, v, g);
+  flash_bf16::forward_body<EP, MT>(bf16_smem, out, lse, q, k, v, g);
 }
 
 template <int EP>
@@ -47,14 +47,17 @@ void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf
   }
   if (properties().major < 8) throw Error("bf16 flash attention needs tensor cores of compute capability 8.0 or newer");
   check_grid(g);
-  const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
-  const auto run = [&](auto dim) {
-    constexpr int EP = decltype(dim)::value;
-    launch_kernel("attention_flash_forward (bf16 storage)", flash_bf16_forward_kernel<EP>, grid, flash_bf16::kThreads,
-                  size_t(flash_bf16::forward_smem_bytes<EP>()), out, lse, q, k, v, g);
+  const auto run = [&](auto dim, auto row_tiles) {
+    constexpr int EP = decltype(dim)::value, MT = decltype(row_tiles)::value;
+    const dim3 grid(unsigned(g.B * g.NH), unsigned((g.T + MT * kTile - 1) / (MT * kTile)));
+    launch_kernel(MT == 1 ? "attention_flash_forward (bf16 storage)" : "attention_flash_forward (bf16 storage, 128 rows)",
+                  flash_bf16_forward_kernel<EP, MT>, grid, flash_bf16::kThreads,
+                  size_t(flash_bf16::forward_smem_bytes<EP, MT>()), out, lse, q, k, v, g);
   };
-  if (g.E == 64) return run(PaddedDim<64>{});
-  return run(PaddedDim<128>{});
+  // TINYGPT_FLASH_ROWS=128: blocks of 128 query rows at head dim 64 (kernels/env.h).
+  if (g.E == 64 && TINYGPT_ENV_IS("TINYGPT_FLASH_ROWS", "128")) return run(PaddedDim<64>{}, std::integral_constant<int, 2>{});
+  if (g.E == 64) return run(PaddedDim<64>{}, std::integral_constant<int, 1>{});
+  return run(PaddedDim<128>{}, std::integral_constant<int, 1>{});
 }
 
 void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,

@@ -39,10 +39,10 @@ constexpr int tile_bytes(int rows) {
   return rows * EP * 2;
 }
 
-/// Q, then two stages of K and V.
-template <int EP>
+/// Q (MT x 64 rows), then two stages of K and V.
+template <int EP, int MT = 1>
 constexpr int forward_smem_bytes() {
-  return tile_bytes<EP>(kRows) + 4 * tile_bytes<EP>(kCols);
+  return tile_bytes<EP>(MT * kRows) + 4 * tile_bytes<EP>(kCols);
 }
 
 /// Byte offset of 16-byte chunk c (features 8c .. 8c+7) of row r in a swizzled tile.
@@ -70,26 +70,31 @@ __device__ __forceinline__ void copy_tile(unsigned char* tile, const bf16* base,
 using flash_mma::quad_max;  // max and sum over the 4 lanes that hold one fragment row
 using flash_mma::quad_sum;
 
-/// Output rows and logsumexp of one block of 64 queries: blockIdx.x = b * NH + h, query tiles in reverse order
-/// (blockIdx.y = 0 is the last, longest causal tile, so it starts first).
-template <int EP>
+/// Output rows and logsumexp of one block of MT x 64 queries: blockIdx.x = b * NH + h, query tiles in reverse order
+/// (blockIdx.y = 0 is the last, longest causal tile, so it starts first). Warp w owns rows 16w + 64mt, mt < MT: with
+/// MT = 2 (FlashAttention-2's 128-row blocks) each K and V fragment read from shared memory serves two row tiles
+/// (a 64-key step reads 20 KB of shared memory for 32 rows instead of 32 KB), for twice the registers of O and the
+/// scores.
+template <int EP, int MT = 1>
 __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                              const AttentionGeom& g) {
+  constexpr int R = MT * kRows;
   unsigned char* Qs = smem;
-  unsigned char* stage[2][2] = {{Qs + tile_bytes<EP>(kRows), Qs + tile_bytes<EP>(kRows) + tile_bytes<EP>(kCols)},
-                                {Qs + tile_bytes<EP>(kRows) + 2 * tile_bytes<EP>(kCols),
-                                 Qs + tile_bytes<EP>(kRows) + 3 * tile_bytes<EP>(kCols)}};  // [stage][K, V]
+  unsigned char* stage[2][2] = {{Qs + tile_bytes<EP>(R), Qs + tile_bytes<EP>(R) + tile_bytes<EP>(kCols)},
+                                {Qs + tile_bytes<EP>(R) + 2 * tile_bytes<EP>(kCols),
+                                 Qs + tile_bytes<EP>(R) + 3 * tile_bytes<EP>(kCols)}};  // [stage][K, V]
   const int64_t h = blockIdx.x % g.NH, b = blockIdx.x / g.NH, kvh = h / (g.NH / g.NKV);
-  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kRows;
-  const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * R;
+  const int lane = int(threadIdx.x % 32), warp_row = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
+  auto row0 = [&](int mt) { return warp_row + kRows * mt; };
   // ldmatrix's row for this lane: matrices (rows 0-7 | 8-15) x (chunk 0 | 1) of a 16x16 block, in the order of the
   // fragment registers: A (Q) and the .trans B (V) go down the rows first, the non-transposed B (K) across first.
   const int lrow_a = (lane & 7) + 8 * ((lane >> 3) & 1), lchunk_a = lane >> 4;
   const int lrow_k = (lane & 7) + 8 * (lane >> 4), lchunk_k = (lane >> 3) & 1;
 
-  const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
+  const int64_t s_end = key_end(g, min64(t0 + R, g.T) - 1);
   const int tiles = int((s_end + kCols - 1) / kCols);
-  copy_tile<kRows, EP>(Qs, q, g.q_stride, b, h, t0, g.T);
+  copy_tile<R, EP>(Qs, q, g.q_stride, b, h, t0, g.T);
   if (tiles > 0) {
     copy_tile<kCols, EP>(stage[0][0], k, g.k_stride, b, kvh, 0, g.S);
     copy_tile<kCols, EP>(stage[0][1], v, g.v_stride, b, kvh, 0, g.S);
@@ -98,10 +103,21 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
 
   const float sl2 = float(g.scale) * 1.4426950408889634f;  // scores in base 2: exp(x * scale) = exp2(x * sl2)
   const float keep_scale = dropout_scale<float>(g.dropout_p);
-  const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + row0 + gr), dropout_row(g, b, h, t0 + row0 + gr + 8)};
-  uint32_t qf[EP / 16][4];
-  float o[EP / 8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sums
+  DropoutRow drop[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    drop[mt][0] = dropout_row(g, b, h, t0 + row0(mt) + gr);
+    drop[mt][1] = dropout_row(g, b, h, t0 + row0(mt) + gr + 8);
+  }
+  // Q's A fragments: with one row tile a warp, all of them in registers for the whole row of key tiles; with two,
+  // one k step's at a time, read again from shared memory (the registers they would take spilled).
+  constexpr bool kQInRegisters = MT == 1;
+  constexpr int QK = kQInRegisters ? EP / 16 : 1;
+  uint32_t qf[MT][QK][4];
+  float o[MT][EP / 8][4] = {};
+  float m[MT][2], l[MT][2];  // l: this lane's part of the row sums
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
   for (int it = 0; it < tiles; ++it) {
     const int64_t s0 = int64_t(it) * kCols;
     if (it + 1 < tiles) {  // the next pair streams into the other stage (freed by the barrier ending the last step)
@@ -111,81 +127,106 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
     cp_async_commit();
     cp_async_wait<1>();  // all but the group just issued: this step's K and V (and, at first, Q)
     __syncthreads();
-    if (it == 0) {
+    if (kQInRegisters && it == 0) {
 #pragma unroll
-      for (int kk = 0; kk < EP / 16; ++kk) ldmatrix_x4(qf[kk], Qs + chunk_at<EP>(row0 + lrow_a, 2 * kk + lchunk_a));
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < QK; ++kk)
+          ldmatrix_x4(qf[mt][kk], Qs + chunk_at<EP>(row0(mt) + lrow_a, 2 * kk + lchunk_a));
     }
     const unsigned char* Ks = stage[it & 1][0];
     const unsigned char* Vs = stage[it & 1][1];
 
-    float sc[kCols / 8][4] = {};
+    float sc[MT][kCols / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < EP / 16; ++kk) {
+      const int qk = kQInRegisters ? kk : 0;
+      if constexpr (!kQInRegisters) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt][0], Qs + chunk_at<EP>(row0(mt) + lrow_a, 2 * kk + lchunk_a));
+      }
 #pragma unroll
       for (int jp = 0; jp < kCols / 16; ++jp) {
         uint32_t kb[4];
         ldmatrix_x4(kb, Ks + chunk_at<EP>(16 * jp + lrow_k, 2 * kk + lchunk_k));
         const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
-        mma_bf16(sc[2 * jp], qf[kk], b0);
-        mma_bf16(sc[2 * jp + 1], qf[kk], b1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(sc[mt][2 * jp], qf[mt][qk], b0);
+          mma_bf16(sc[mt][2 * jp + 1], qf[mt][qk], b1);
+        }
       }
     }
     // Scores in base 2; -inf where hidden, only in tiles that cross the diagonal or the sequence's end.
     if (s0 + kCols > causal_end(g, t0)) {
 #pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t t = t0 + row0 + gr + 8 * (i / 2), s = s0 + 8 * j + 2 * tc + i % 2;
-          sc[j][i] = s < causal_end(g, t) ? sc[j][i] * sl2 : -INFINITY;
-        }
-      }
+        for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int64_t t = t0 + row0(mt) + gr + 8 * (i / 2), s = s0 + 8 * j + 2 * tc + i % 2;
+            sc[mt][j][i] = s < causal_end(g, t) ? sc[mt][j][i] * sl2 : -INFINITY;
+          }
     } else {
 #pragma unroll
-      for (int j = 0; j < kCols / 8; ++j)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) sc[j][i] *= sl2;
+        for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sc[mt][j][i] *= sl2;
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float mx = m[half];
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * half], sc[j][2 * half + 1]));
-      const float m_new = quad_max(mx);
-      const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet: exp2(-inf - 0) = 0
-      const float alpha = exp2f(m[half] - m_sub);
-      float sum = 0.0f;
+      for (int half = 0; half < 2; ++half) {
+        float mx = m[mt][half];
 #pragma unroll
-      for (int j = 0; j < kCols / 8; ++j) {
+        for (int j = 0; j < kCols / 8; ++j) mx = fmaxf(mx, fmaxf(sc[mt][j][2 * half], sc[mt][j][2 * half + 1]));
+        const float m_new = quad_max(mx);
+        const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet: exp2(-inf - 0) = 0
+        const float alpha = exp2f(m[mt][half] - m_sub);
+        float sum = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = sc[j][2 * half + e];
-          x = exp2f(x - m_sub);
-          sum += x;  // the softmax's sum: before dropout
-          x *= dropout_factor(g, drop[half], keep_scale, s0 + 8 * j + 2 * tc + e);
+        for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[mt][j][2 * half + e];
+            x = exp2f(x - m_sub);
+            sum += x;  // the softmax's sum: before dropout
+            x *= dropout_factor(g, drop[mt][half], keep_scale, s0 + 8 * j + 2 * tc + e);
+          }
         }
-      }
-      l[half] = l[half] * alpha + sum;
-      m[half] = m_new;
+        l[mt][half] = l[mt][half] * alpha + sum;
+        m[mt][half] = m_new;
 #pragma unroll
-      for (int d = 0; d < EP / 8; ++d) {
-        o[d][2 * half] *= alpha;
-        o[d][2 * half + 1] *= alpha;
+        for (int d = 0; d < EP / 8; ++d) {
+          o[mt][d][2 * half] *= alpha;
+          o[mt][d][2 * half + 1] *= alpha;
+        }
       }
     }
     // O += P V: P's A fragments from the score registers, V's B fragments by ldmatrix.trans.
 #pragma unroll
     for (int kk = 0; kk < kCols / 16; ++kk) {
-      const uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                             pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                             pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack_bf16(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+        a[mt][1] = pack_bf16(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+        a[mt][2] = pack_bf16(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+        a[mt][3] = pack_bf16(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < EP / 16; ++dp) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, Vs + chunk_at<EP>(16 * kk + lrow_a, 2 * dp + lchunk_a));
         const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-        mma_bf16(o[2 * dp], a, b0);
-        mma_bf16(o[2 * dp + 1], a, b1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(o[mt][2 * dp], a[mt], b0);
+          mma_bf16(o[mt][2 * dp + 1], a[mt], b1);
+        }
       }
     }
     __syncthreads();  // every warp is done with this stage before the next step's copies overwrite it
@@ -193,17 +234,23 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
   cp_async_wait<0>();  // the last (empty) group, or Q's when no key is visible
 
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float sum = quad_sum(l[half]);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const int64_t t = t0 + row0 + gr + 8 * half;
-    if (t >= g.T) continue;
-    bf16* row = at(out, g.o_stride, b, h, t);
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int d = 0; d < EP / 8; ++d) {
-      *reinterpret_cast<uint32_t*>(row + 8 * d + 2 * tc) = pack_bf16(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(l[mt][half]);
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int64_t t = t0 + row0(mt) + gr + 8 * half;
+      if (t >= g.T) continue;
+      bf16* row = at(out, g.o_stride, b, h, t);
+#pragma unroll
+      for (int d = 0; d < EP / 8; ++d) {
+        *reinterpret_cast<uint32_t*>(row + 8 * d + 2 * tc) =
+            pack_bf16(o[mt][d][2 * half] * inv, o[mt][d][2 * half + 1] * inv);
+      }
+      if (tc == 0) {
+        lse[(b * g.NH + h) * g.T + t] = sum > 0.0f ? m[mt][half] * 0.6931471805599453f + logf(sum) : -INFINITY;
+      }
     }
-    if (tc == 0) lse[(b * g.NH + h) * g.T + t] = sum > 0.0f ? m[half] * 0.6931471805599453f + logf(sum) : -INFINITY;
   }
 }
 
