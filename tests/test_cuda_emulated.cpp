@@ -686,6 +686,25 @@ void compare_bf16(const std::string& what, const std::vector<Bf>& start, F run, 
   compare_stored(what, start, run, atol, rtol);
 }
 
+/// crossentropy_fused, then crossentropy_backward(fused), against crossentropy_backward into a zeroed slot, all on
+/// one side (the emulated GPU's kernels, or the CPU's): the same bits, and the fused pass's losses and lse are that
+/// side's forward's (losses, lse).
+template <class T>
+void check_fused_is_separate(bool on_gpu, const std::vector<T>& start, const std::vector<T>& logits,
+                             const std::vector<int32_t>& targets, const Vec& losses, const Vec& lse, float scale,
+                             float upstream, int64_t N, int64_t V) {
+  const auto fused_fn = on_gpu ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>;
+  const auto backward_fn = on_gpu ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>;
+  std::vector<T> fused = start, plain(size_t(N * V), T(0.0f));
+  Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
+  fused_fn(l.data(), s.data(), fused.data(), logits.data(), targets.data(), scale, N, V, -100);
+  CHECK(l == losses);
+  CHECK(s == lse);
+  backward_fn(fused.data(), &upstream, scale, logits.data(), s.data(), targets.data(), N, V, -100, true);
+  backward_fn(plain.data(), &upstream, scale, logits.data(), lse.data(), targets.data(), N, V, -100, false);
+  for (size_t i = 0; i < plain.size(); ++i) REQUIRE(float(fused[i]) == float(plain[i]));
+}
+
 }  // namespace
 
 TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row), forward, backward and fused") {
@@ -710,7 +729,6 @@ TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row
     // The fused classifier: losses, lse and the gradient for a loss gradient of 1 (written over what was there; the
     // ignored row zeroed), then its backward: kept for 1, rewritten for 0.6.
     const std::vector<T> garbage = stored_as<T>(random(size_t(N * V), 32));
-    std::vector<T> fused_grad;
     for (const float upstream : {1.0f, 0.6f}) {
       CAPTURE(upstream);
       compare("crossentropy fused (losses, lse)", {Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
@@ -729,16 +747,7 @@ TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row
     // On the CPU the fused gradient is, bit for bit, the unfused backward's into a zeroed slot (for 1 and for 0.6).
     for (const float upstream : {1.0f, 0.6f}) {
       CAPTURE(upstream);
-      std::vector<T> fused = garbage, plain(size_t(N * V), T(0.0f));
-      Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
-      cpu::crossentropy_fused<T>(l.data(), s.data(), fused.data(), logits.data(), targets.data(), 0.5f, N, V, -100);
-      CHECK(l == losses);
-      CHECK(s == lse);
-      cpu::crossentropy_backward<T>(fused.data(), &upstream, 0.5f, logits.data(), s.data(), targets.data(), N, V, -100,
-                                    true);
-      cpu::crossentropy_backward<T>(plain.data(), &upstream, 0.5f, logits.data(), lse.data(), targets.data(), N, V,
-                                    -100, false);
-      for (size_t i = 0; i < plain.size(); ++i) REQUIRE(float(fused[i]) == float(plain[i]));
+      check_fused_is_separate<T>(false, garbage, logits, targets, losses, lse, 0.5f, upstream, N, V);
     }
   };
   check.operator()<float>(1e-5, 1e-4);
@@ -776,16 +785,7 @@ TEST_CASE("emulated CUDA: cross-entropy over wide rows (a block a row, online so
               o[0].data(), &upstream, 0.25f, logits.data(), s.data(), targets.data(), N, V, -100, true);
         }, atol, rtol);
         // On the (emulated) GPU the fused path gives the separate one's bits: the same lse, the same element formula.
-        std::vector<T> fused = start, plain(size_t(N * V), T(0.0f));
-        Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
-        gpu::crossentropy_fused<T>(l.data(), s.data(), fused.data(), logits.data(), targets.data(), 0.25f, N, V, -100);
-        CHECK(l == losses);
-        CHECK(s == lse);
-        gpu::crossentropy_backward<T>(fused.data(), &upstream, 0.25f, logits.data(), s.data(), targets.data(), N, V,
-                                      -100, true);
-        gpu::crossentropy_backward<T>(plain.data(), &upstream, 0.25f, logits.data(), lse.data(), targets.data(), N, V,
-                                      -100, false);
-        for (size_t i = 0; i < plain.size(); ++i) REQUIRE(float(fused[i]) == float(plain[i]));
+        check_fused_is_separate<T>(true, start, logits, targets, losses, lse, 0.25f, upstream, N, V);
       }
     };
     check.operator()<float>(1e-5, 1e-4);
