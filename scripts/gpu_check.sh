@@ -8,7 +8,7 @@
 # bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
-#   bash scripts/gpu_check.sh [--full] [--no-build] [--quick | --attention | --step]
+#   bash scripts/gpu_check.sh [--full] [--no-build] [--no-tests] [--no-ncu] [--quick | --attention | --step]
 #
 # --step checks the training step alone, for the shortest lease: the GPU tests, the training rows of --quick plus
 # f32 storage without a CUDA graph and torch.compile's reduce-overhead mode, the profile of the bf16 step on bf16
@@ -22,6 +22,8 @@
 # (with the baseline's and torch's bf16 ones, and --storage f32's), the bf16 profile, the bf16 attention rows on every shape, and Nsight
 # Compute; it drops the rows of opt-in paths (epilogues, f32 and bf16 attention math, pipelined kernels).
 #
+# --no-tests leaves out the GPU tests and compute-sanitizer, and --no-ncu Nsight Compute: for a second call in one
+# lease, after a first that ran them (e.g. --step, then --attention --no-tests --no-ncu).
 # --no-build uses the binaries already in build-gpu (built elsewhere for this GPU, e.g. with
 # -DCMAKE_CUDA_ARCHITECTURES=90 -DTINYGPT_NATIVE=OFF) instead of configuring and building here.
 # Each step runs under a time limit, and the summary is also written line by line to build-gpu/gpu_check/summary.txt,
@@ -39,14 +41,18 @@ quick=0
 attention_only=0
 step_only=0
 build_here=1
+run_tests=1
+run_ncu=1
 for arg in "$@"; do
   case $arg in
     --full) full=1 ;;
     --no-build) build_here=0 ;;
+    --no-tests) run_tests=0 ;;
+    --no-ncu) run_ncu=0 ;;
     --quick) quick=1 ;;
     --attention) quick=1 attention_only=1 ;;
     --step) quick=1 step_only=1 ;;
-    *) echo "error: gpu_check: unknown argument '$arg' (expected --full, --no-build, --quick, --attention or --step)" >&2; exit 2 ;;
+    *) echo "error: gpu_check: unknown argument '$arg' (expected --full, --no-build, --no-tests, --no-ncu, --quick, --attention or --step)" >&2; exit 2 ;;
   esac
 done
 build=build-gpu
@@ -89,6 +95,7 @@ if [ -n "$baseline" ]; then
 fi
 note "build" "ok ($(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1))"
 
+if [ $run_tests = 1 ]; then
 echo "== GPU tests (at ${SECONDS} s)"
 status=0
 tests=()
@@ -97,9 +104,13 @@ timeout $([ $quick = 1 ] && echo 150 || echo 240) $build/tests/test_cuda "${test
 tail -4 "$logs/test_cuda.log"
 note "test_cuda" "$([ $status = 0 ] && echo passed || echo "FAILED (exit $status)"): $(grep -E '^\[doctest\] (test cases|assertions)' "$logs/test_cuda.log" | tr -s ' ' | paste -sd ';')"
 [ $status != 0 ] && grep -B2 -A12 "ERROR" "$logs/test_cuda.log" | head -60
+else
+  note "test_cuda" "not run (--no-tests)"
+fi
 
 # compute-sanitizer's memcheck and racecheck on the attention tests (--quick: the bf16-storage kernels alone).
 sanitize() {
+[ $run_tests = 1 ] || return 0
 echo "== compute-sanitizer on the attention tests (at ${SECONDS} s)"
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
@@ -278,8 +289,8 @@ if [ $has_torch = 1 ]; then
   fi
   # The forward's 128-row blocks (TINYGPT_FLASH_ROWS=128, head dim 64) against the default 64 rows, the bf16-storage
   # rows of every shape, one run after the other.
-  $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows64.jsonl" 2> /dev/null
-  TINYGPT_FLASH_ROWS=128 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows128.jsonl" 2> /dev/null
+  timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows64.jsonl" 2> /dev/null
+  TINYGPT_FLASH_ROWS=128 timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows128.jsonl" 2> /dev/null
   $py - "$logs/rows64.jsonl" "$logs/rows128.jsonl" << 'PY' | tee "$logs/rows128.log"
 import json, sys
 runs = [[json.loads(l) for l in open(f) if l.startswith("{")] for f in sys.argv[1:3]]
@@ -304,7 +315,9 @@ fi
 
 echo "== (at ${SECONDS} s) Nsight Compute on the bf16 tensor-core flash kernels at the training shape"
 ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
-if [ -n "$ncu_bin" ]; then
+if [ $run_ncu = 0 ]; then
+  note "ncu" "not run (--no-ncu)"
+elif [ -n "$ncu_bin" ]; then
   # The value of ncu's line named $1 in the kernel's log (names start at column 5).
   field() { awk -v f="$1" 'index($0, f) == 5 {print $NF; exit}' "$logs/ncu_$kernel.log"; }
   # Each kernel's seventh launch (the second step's first layer), with the sections that say where its time goes: the
