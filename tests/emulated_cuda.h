@@ -1,13 +1,23 @@
 // Runs CUDA device code on the CPU, so kernels written over kernels/cuda/mma.cuh (the tensor-core flash attention
-// in kernels/cuda/flash_mma.cuh) are checked on machines without a GPU: one std::thread per CUDA thread, blocks one
-// after another, __syncthreads as a block barrier, and the warp collectives (shuffles, mma.sync) as an exchange
-// through per-warp slots between two warp barriers. mma_bf16 and mma_tf32 rebuild A and B from the 32 lanes'
+// in kernels/cuda/flash_mma.cuh) are checked on machines without a GPU: every CUDA thread of a block is a fiber (its
+// own stack, switched on the calling thread), blocks one after another, __syncthreads as a block barrier,
+// and the warp collectives (shuffles, mma.sync) as an exchange through per-warp slots between two warp barriers.
+// mma_bf16 and mma_tf32 rebuild A and B from the 32 lanes'
 // registers with the fragment layouts of the PTX ISA, which is exactly what a layout mistake in a kernel would
 // get wrong; operands are rounded as the hardware rounds them (bf16 nearest-even, tf32 nearest-away).
 //
+// A fiber runs until it waits at a barrier; then the lowest-numbered thread that can go on runs next (the
+// highest-numbered in odd blocks), so one warp runs as far ahead of the others as the barriers allow, in one
+// direction in even blocks and the other in odd ones: a barrier a kernel lacks between writing shared memory and
+// another warp reading it shows in one of the two, every run alike (threads of an OS scheduler interleave by
+// chance). Asynchronous copies (cp.async) land as late as the GPU may land them, when their thread waits for them,
+// in blocks 0 and 1 of every 4 (a read of a stage before the wait sees the old contents), and as early as it may,
+// when issued, in blocks 2 and 3 (a copy into a stage another warp is still reading overwrites it). Threads that wait
+// at barriers the others can never reach (a __syncthreads in divergent code) end the run with a message instead of
+// hanging.
+//
 // What it cannot show: speed, bank conflicts, register spills, and memory races between warps that the barriers
-// happen to order (compute-sanitizer's racecheck covers those on a GPU). Asynchronous copies (cp.async) land when
-// their thread waits for them, so a read of a stage before the wait sees the old contents. Dynamic shared memory starts filled with
+// happen to order (compute-sanitizer's racecheck covers those on a GPU). Dynamic shared memory starts filled with
 // 0xff bytes (bf16 NaN), so a fragment read of a word no thread wrote shows up as NaN; static __shared__ arrays are
 // plain statics (zero at first, then whatever the last block left).
 //
@@ -15,7 +25,6 @@
 #pragma once
 
 #include <algorithm>
-#include <barrier>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -26,8 +35,20 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#define TINYGPT_EMU_UCONTEXT 1  // x86-64 switches fibers with the few instructions below; elsewhere, ucontext
+#endif
+#if defined(TINYGPT_EMU_UCONTEXT)
+#include <ucontext.h>
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define TINYGPT_EMU_ASAN 1
+#endif
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/numerics.h"
@@ -65,9 +86,17 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 namespace tinygpt::emu {
 
+/// A barrier among the fibers of a block (or of a warp): released when `expected` of them have arrived.
+struct Barrier {
+  explicit Barrier(unsigned n) : expected(n) {}
+  unsigned expected;
+  unsigned arrived = 0;
+  uint64_t generation = 0;  // how many times it was released
+};
+
 struct Warp {
   explicit Warp(unsigned lanes) : bar(lanes) {}
-  std::barrier<> bar;
+  Barrier bar;
   uint32_t slot[32][8]{};  // each lane's operands of the collective in flight (zero for lanes a partial warp lacks)
 };
 
@@ -75,20 +104,167 @@ struct Block {
   explicit Block(unsigned threads) : bar(threads) {
     for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>(std::min(32u, threads - 32 * w)));
   }
-  std::barrier<> bar;
+  Barrier bar;
   std::vector<std::unique_ptr<Warp>> warps;
+};
+
+/// A cp.async in flight, in the blocks where copies land late: it lands (the copy, zero-filled past `valid` bytes)
+/// only when its thread waits for its group, so a kernel that reads a stage before waiting reads what was there
+/// before, as it may on a GPU.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes, valid;
+};
+
+#if !defined(TINYGPT_EMU_UCONTEXT)
+/// A fiber's saved state is its stack pointer: tinygpt_emu_switch pushes the registers the calling convention
+/// (System V, x86-64) has a callee keep, and the SSE and x87 control words, stores the stack pointer, loads the other
+/// fiber's and pops the same from its stack, returning where that fiber last switched away. (glibc's swapcontext also
+/// saves the signal mask, a system call each switch: with it the flash emulator suite took 58 s here, with this 11.)
+struct Context {
+  void* sp = nullptr;
+};
+extern "C" void tinygpt_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .pushsection .text
+  .weak tinygpt_emu_switch
+  .type tinygpt_emu_switch, @function
+tinygpt_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size tinygpt_emu_switch, .-tinygpt_emu_switch
+  .popsection
+)");
+inline void switch_context(Context& save, const Context& load) { tinygpt_emu_switch(&save.sp, load.sp); }
+/// A context that starts entry() on the stack [stack, stack + bytes): the frame tinygpt_emu_switch pops, laid out so
+/// entry begins as if called (its stack pointer 8 past a 16-byte boundary); entry never returns.
+inline void make_context(Context& c, unsigned char* stack, size_t bytes, void (*entry)()) {
+  uint64_t* sp = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15));
+  *--sp = 0;                               // entry's return address
+  *--sp = reinterpret_cast<uint64_t>(entry);  // where the switch returns to
+  for (int i = 0; i < 6; ++i) *--sp = 0;   // rbp, rbx, r12-r15
+  uint16_t x87_control;                    // the calling thread's rounding and flushing modes, as a new thread's
+  asm volatile("fnstcw %0" : "=m"(x87_control));
+  *--sp = uint64_t(__builtin_ia32_stmxcsr()) | uint64_t(x87_control) << 32;
+  c.sp = sp;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline void switch_context(Context& save, const Context& load) { swapcontext(&save.uc, &load.uc); }
+inline void make_context(Context& c, unsigned char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
+/// One CUDA thread: its context and stack, the barrier it waits at, and its cp.async groups.
+struct Fiber {
+  Context context;
+  unsigned char* stack = nullptr;
+  size_t stack_bytes = 0;
+  unsigned index = 0;
+  bool done = false;
+  const Barrier* waiting = nullptr;  // runnable again once its generation moves past waiting_generation
+  uint64_t waiting_generation = 0;
+  std::vector<PendingCopy> open_copies;                // issued, not yet committed
+  std::vector<std::vector<PendingCopy>> copy_groups;  // committed, oldest first
+  void* fake_stack = nullptr;                          // AddressSanitizer's, while switched out
+};
+
+/// The calling thread's side of the switches: where fibers return to.
+struct Scheduler {
+  Context context;
+  void* fake_stack = nullptr;
+  const void* stack_bottom = nullptr;  // the calling thread's stack, for AddressSanitizer
+  size_t stack_bytes = 0;
 };
 
 inline thread_local Warp* tl_warp = nullptr;
 inline thread_local Block* tl_block = nullptr;
+inline thread_local Fiber* tl_fiber = nullptr;
+inline thread_local bool tl_copies_land_early = false;  // cp.async lands when issued, not when waited for
+inline thread_local Scheduler* tl_scheduler = nullptr;
 inline thread_local unsigned char* tl_smem = nullptr;  // the block's dynamic shared memory
+
+// AddressSanitizer's fiber annotations (nothing without it): a switch starts with the stack it goes to and ends
+// by saying where it came from.
+inline void start_switch(void** fake_stack, const void* bottom, size_t bytes) {
+#if defined(TINYGPT_EMU_ASAN)
+  __sanitizer_start_switch_fiber(fake_stack, bottom, bytes);
+#else
+  (void)fake_stack, (void)bottom, (void)bytes;
+#endif
+}
+inline void finish_switch(void* fake_stack, const void** from_bottom, size_t* from_bytes) {
+#if defined(TINYGPT_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(fake_stack, from_bottom, from_bytes);
+#else
+  (void)fake_stack, (void)from_bottom, (void)from_bytes;
+#endif
+}
+
+/// The running fiber gives the CPU back to the scheduler until it is picked again.
+inline void yield_fiber() {
+  Fiber& f = *tl_fiber;
+  Scheduler& s = *tl_scheduler;
+  start_switch(&f.fake_stack, s.stack_bottom, s.stack_bytes);
+  switch_context(f.context, s.context);
+  finish_switch(f.fake_stack, &s.stack_bottom, &s.stack_bytes);
+}
+
+/// Waits until every thread of the barrier has arrived; the last to arrive releases them and the scheduler picks who
+/// goes on first (it too may wait).
+inline void arrive_and_wait(Barrier& b) {
+  if (++b.arrived == b.expected) {
+    b.arrived = 0;
+    ++b.generation;
+  } else {
+    tl_fiber->waiting = &b;
+    tl_fiber->waiting_generation = b.generation;
+  }
+  yield_fiber();
+}
+
+/// A returned thread no longer holds up its block's or warp's barriers (as on the GPU).
+inline void arrive_and_drop(Barrier& b) {
+  --b.expected;
+  if (b.arrived > 0 && b.arrived == b.expected) {
+    b.arrived = 0;
+    ++b.generation;
+  }
+}
 
 }  // namespace tinygpt::emu
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-inline void __syncthreads() { tinygpt::emu::tl_block->bar.arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { tinygpt::emu::tl_warp->bar.arrive_and_wait(); }
+inline void __syncthreads() { tinygpt::emu::arrive_and_wait(tinygpt::emu::tl_block->bar); }
+inline void __syncwarp(unsigned = 0xffffffffu) { tinygpt::emu::arrive_and_wait(tinygpt::emu::tl_warp->bar); }
 
 /// Every lane publishes `words` (n of them), the warp waits, `read` builds this lane's result from all slots, and
 /// the warp waits again before the slots can be reused.
@@ -97,9 +273,9 @@ auto warp_exchange(const uint32_t* words, int n, Read read) {
   tinygpt::emu::Warp& w = *tinygpt::emu::tl_warp;
   const unsigned lane = threadIdx.x % 32;
   std::memcpy(w.slot[lane], words, sizeof(uint32_t) * size_t(n));
-  w.bar.arrive_and_wait();
+  tinygpt::emu::arrive_and_wait(w.bar);
   auto result = read(w.slot, lane);
-  w.bar.arrive_and_wait();
+  tinygpt::emu::arrive_and_wait(w.bar);
   return result;
 }
 
@@ -192,36 +368,34 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) { emulated_ldma
 
 }  // namespace tinygpt::cuda
 
-namespace tinygpt::emu {
-
-/// A cp.async in flight: it lands (the copy, zero-filled past `valid` bytes) only when its thread waits for its
-/// group, so a kernel that reads a stage before waiting reads what was there before, as it may on a GPU.
-struct PendingCopy {
-  void* dst;
-  const void* src;
-  int bytes, valid;
-};
-inline thread_local std::vector<PendingCopy> tl_open_copies;                  // issued, not yet committed
-inline thread_local std::vector<std::vector<PendingCopy>> tl_copy_groups;     // committed, oldest first
-
-}  // namespace tinygpt::emu
-
 namespace tinygpt::cuda {
 
-inline void cp_async16(void* smem, const void* gmem, int valid) { emu::tl_open_copies.push_back({smem, gmem, 16, valid}); }
-inline void cp_async4(void* smem, const void* gmem, int valid) { emu::tl_open_copies.push_back({smem, gmem, 4, valid}); }
+inline void land(const emu::PendingCopy& c) {
+  std::memcpy(c.dst, c.src, size_t(c.valid));
+  std::memset(static_cast<unsigned char*>(c.dst) + c.valid, 0, size_t(c.bytes - c.valid));
+}
+/// A copy lands at the latest when its thread waits for it and at the earliest when issued: in half the blocks
+/// the one, in the other half the other (see the top of this file).
+inline void cp_async(void* smem, const void* gmem, int bytes, int valid) {
+  if (emu::tl_copies_land_early) {
+    land({smem, gmem, bytes, valid});
+  } else {
+    emu::tl_fiber->open_copies.push_back({smem, gmem, bytes, valid});
+  }
+}
+inline void cp_async16(void* smem, const void* gmem, int valid) { cp_async(smem, gmem, 16, valid); }
+inline void cp_async4(void* smem, const void* gmem, int valid) { cp_async(smem, gmem, 4, valid); }
 inline void cp_async_commit() {
-  emu::tl_copy_groups.push_back(std::move(emu::tl_open_copies));
-  emu::tl_open_copies.clear();
+  emu::Fiber& f = *emu::tl_fiber;
+  f.copy_groups.push_back(std::move(f.open_copies));
+  f.open_copies.clear();
 }
 template <int N>
 void cp_async_wait() {
-  while (emu::tl_copy_groups.size() > size_t(N)) {
-    for (const emu::PendingCopy& c : emu::tl_copy_groups.front()) {
-      std::memcpy(c.dst, c.src, size_t(c.valid));
-      std::memset(static_cast<unsigned char*>(c.dst) + c.valid, 0, size_t(c.bytes - c.valid));
-    }
-    emu::tl_copy_groups.erase(emu::tl_copy_groups.begin());
+  std::vector<std::vector<emu::PendingCopy>>& groups = emu::tl_fiber->copy_groups;
+  while (groups.size() > size_t(N)) {
+    for (const emu::PendingCopy& c : groups.front()) land(c);
+    groups.erase(groups.begin());
   }
 }
 
@@ -245,38 +419,118 @@ inline void mma_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
 
 namespace tinygpt::emu {
 
+/// Fiber stacks, mapped once for the calling thread and reused by every block after: 1 MiB each (pages touched only
+/// as used), a page below each without access, so a stack that overflows faults instead of corrupting another.
+class Stacks {
+ public:
+  static constexpr size_t kBytes = size_t(1) << 20, kGuard = 4096;
+  unsigned char* get(size_t i) {
+    while (stacks_.size() <= i) {
+      void* p = mmap(nullptr, kBytes + kGuard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED || mprotect(p, kGuard, PROT_NONE) != 0) {
+        std::fprintf(stderr, "emulated CUDA: could not map a fiber's stack\n");
+        std::abort();
+      }
+      stacks_.push_back(static_cast<unsigned char*>(p) + kGuard);
+    }
+#if defined(TINYGPT_EMU_ASAN)
+    __asan_unpoison_memory_region(stacks_[i], kBytes);  // what the block before left poisoned in its frames
+#endif
+    return stacks_[i];
+  }
+  ~Stacks() {
+    for (unsigned char* s : stacks_) munmap(s - kGuard, kBytes + kGuard);
+  }
+
+ private:
+  std::vector<unsigned char*> stacks_;
+};
+
+inline thread_local const std::function<void(unsigned char*)>* tl_body = nullptr;
+
+/// Where every fiber starts: the kernel's body, then the thread leaves its barriers and never runs again.
+inline void fiber_main() {
+  Scheduler& s = *tl_scheduler;
+  finish_switch(nullptr, &s.stack_bottom, &s.stack_bytes);
+  (*tl_body)(tl_smem);
+  Fiber& f = *tl_fiber;
+  if (!f.open_copies.empty() || !f.copy_groups.empty()) {  // copies a kernel never waited for
+    std::fprintf(stderr, "emulated CUDA: a thread ended with cp.async copies it never waited for\n");
+    std::abort();
+  }
+  arrive_and_drop(tl_warp->bar);
+  arrive_and_drop(tl_block->bar);
+  f.done = true;
+  start_switch(nullptr, s.stack_bottom, s.stack_bytes);  // this stack's frames are done with
+  switch_context(f.context, s.context);
+}
+
+// In functions of their own: to the compiler, getcontext and swapcontext return twice, and the scheduler's locals
+// would be thought clobbered.
+[[gnu::noinline]] inline void make_fiber_context(Fiber& f) { make_context(f.context, f.stack, f.stack_bytes, fiber_main); }
+
+/// Switches to fiber f until it waits at a barrier or ends.
+[[gnu::noinline]] inline void run_fiber(Scheduler& s, Fiber& f) {
+  start_switch(&s.fake_stack, f.stack, f.stack_bytes);
+  switch_context(s.context, f.context);
+  finish_switch(s.fake_stack, nullptr, nullptr);
+}
+
 /// Runs body(shared memory) as every thread of every block of the grid.
 inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::function<void(unsigned char*)>& body) {
+  static thread_local Stacks stacks;
   std::vector<unsigned char> smem(smem_bytes);
+  std::vector<Fiber> fibers(threads);
+  Scheduler scheduler;
+  tl_scheduler = &scheduler;
+  tl_body = &body;
+  tl_smem = smem.data();
+  blockDim = {threads, 1, 1};
+  gridDim = grid;
+  uint64_t block_number = 0;
   for (unsigned z = 0; z < grid.z; ++z) {
     for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
+      for (unsigned x = 0; x < grid.x; ++x, ++block_number) {
         if (!smem.empty()) std::memset(smem.data(), 0xff, smem.size());
         Block block(threads);
-        std::vector<std::thread> pool;
+        blockIdx = {x, y, z};
         for (unsigned i = 0; i < threads; ++i) {
-          pool.emplace_back([&, i] {
-            threadIdx = {i, 0, 0};
-            blockIdx = {x, y, z};
-            blockDim = {threads, 1, 1};
-            gridDim = grid;
-            tl_block = &block;
-            tl_warp = block.warps[i / 32].get();
-            tl_smem = smem.data();
-            body(smem.data());
-            if (!tl_open_copies.empty() || !tl_copy_groups.empty()) {  // copies a kernel never waited for
-              std::fprintf(stderr, "emulated CUDA: a thread ended with cp.async copies it never waited for\n");
-              std::abort();
-            }
-            // A returned thread no longer holds up its block's or warp's barriers (as on the GPU).
-            tl_warp->bar.arrive_and_drop();
-            tl_block->bar.arrive_and_drop();
-          });
+          Fiber& f = fibers[i];
+          f.index = i;
+          f.done = false;
+          f.waiting = nullptr;
+          f.stack = stacks.get(i);
+          f.stack_bytes = Stacks::kBytes;
+          make_fiber_context(f);
         }
-        for (std::thread& t : pool) t.join();
+        // The lowest-numbered thread that can go on runs next (the highest in odd blocks): see the top of this file.
+        const bool down = block_number % 2 == 1;
+        tl_copies_land_early = block_number / 2 % 2 == 1;
+        unsigned done = 0;
+        while (done < threads) {
+          Fiber* next = nullptr;
+          for (unsigned n = 0; n < threads && next == nullptr; ++n) {
+            Fiber& f = fibers[down ? threads - 1 - n : n];
+            if (!f.done && (f.waiting == nullptr || f.waiting->generation != f.waiting_generation)) next = &f;
+          }
+          if (next == nullptr) {
+            std::fprintf(stderr, "emulated CUDA: block (%u, %u, %u): %u of %u threads wait at barriers the others "
+                         "never reach (a __syncthreads in divergent code?)\n", x, y, z, threads - done, threads);
+            std::abort();
+          }
+          next->waiting = nullptr;
+          threadIdx = {next->index, 0, 0};
+          tl_fiber = next;
+          tl_block = &block;
+          tl_warp = block.warps[next->index / 32].get();
+          run_fiber(scheduler, *next);
+          if (next->done) ++done;
+        }
       }
     }
   }
+  tl_fiber = nullptr;
+  tl_scheduler = nullptr;
 }
 
 }  // namespace tinygpt::emu

@@ -1,5 +1,5 @@
 // Every CUDA kernel's device code, run on the CPU: the kernel headers kernels/cuda/*.cuh compiled by the host
-// compiler under tests/emulated_cuda.h (one std::thread per CUDA thread, warp shuffles and block barriers
+// compiler under tests/emulated_cuda.h (a fiber per CUDA thread, warp shuffles and block barriers
 // emulated), each launcher called as the CUDA backend calls it, on small shapes that cover its branches (several
 // blocks, partial warps and tiles, the chunked and broadcast paths), and compared with its CPU twin at
 // atol + rtol * |cpu|. Backward outputs start from nonzero values, so a kernel that stores where it must add fails.
@@ -169,6 +169,37 @@ int64_t count(const int64_t (&shape)[kMaxDims]) {
 }
 
 }  // namespace
+
+TEST_CASE("the emulator: one warp runs ahead of the others, so a missing barrier shows") {
+  // Warp 0 writes a word of shared memory that warp 1 reads: with __syncthreads between, every block reads it; without,
+  // the block where warp 1 runs first (the odd one) reads what was there before (the 0xff fill).
+  for (const bool barrier : {true, false}) {
+    std::vector<uint32_t> seen(2, 0);
+    tinygpt::emu::launch(dim3(2), 64, 4, [&](unsigned char* smem) {
+      uint32_t* word = reinterpret_cast<uint32_t*>(smem);
+      if (threadIdx.x == 0) *word = blockIdx.x + 1;
+      if (barrier) __syncthreads();
+      if (threadIdx.x == 32) seen[blockIdx.x] = *word;
+    });
+    INFO("with __syncthreads: " << barrier);
+    CHECK(seen[0] == 1);
+    CHECK(seen[1] == (barrier ? 2u : 0xffffffffu));
+  }
+  // A cp.async that warp 1 reads after a barrier but before warp 0 waited for it: old contents where warp 1 runs
+  // first and copies land late (block 1), the copy where they land early (block 3).
+  std::vector<uint32_t> seen(4, 0);
+  const uint32_t value = 7;
+  tinygpt::emu::launch(dim3(4), 64, 4, [&](unsigned char* smem) {
+    using namespace tinygpt::cuda::emulated;
+    if (threadIdx.x == 0) tinygpt::cuda::cp_async4(smem, &value, 4);
+    tinygpt::cuda::cp_async_commit();
+    __syncthreads();
+    if (threadIdx.x == 32) seen[blockIdx.x] = *reinterpret_cast<uint32_t*>(smem);
+    tinygpt::cuda::cp_async_wait<0>();
+  });
+  CHECK(seen[1] == 0xffffffffu);
+  CHECK(seen[3] == value);
+}
 
 TEST_CASE("emulated CUDA: fill, axpy, axpby") {
   const int64_t n = 700;  // 3 blocks of 256 threads, the last one partial
