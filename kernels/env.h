@@ -23,9 +23,6 @@ inline constexpr Switch kSwitches[] = {
      "the CPU unit for bf16 products: AMX tiles, AVX512-BF16 dot products, or the f32 units on rounded operands "
      "(default: AMX where the CPU has it, else the f32 units; a unit the CPU lacks is an error). Same roundings, "
      "so results agree up to the order of f32 sums"},
-    {"TINYGPT_FLASH_PIPELINE", "1",
-     "the GPU's tensor-core flash kernels on f32 tensors stream the next tile with cp.async (slower on an H100 than "
-     "the default whole-tile loads; kept to be measured again)"},
     {"TINYGPT_FLASH_ROWS", "128",
      "the GPU's flash forward on bf16 storage at head dim 64 takes blocks of 128 query rows (each of 4 warps two 16-row "
      "tiles, so every K and V fragment read from shared memory serves both) instead of 64; not the default until "

@@ -2,8 +2,8 @@
 # The GPU check, run on a machine with an NVIDIA GPU: configures for that GPU, builds, runs the GPU tests,
 # compute-sanitizer (memcheck and racecheck) on the attention tests, training throughput on nanoGPT's
 # Shakespeare config (f32 with TF32 matmuls and attention, also with cublasLt's epilogues, TINYGPT_CUBLASLT_EPILOGUES=1;
-# with f32 and bf16 attention; and --dtype bf16: bf16 matmuls, attention and storage, also with the pipelined attention
-# kernels of TINYGPT_FLASH_PIPELINE=1, and on f32 storage, --storage f32, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
+# with f32 and bf16 attention; and --dtype bf16: bf16 matmuls, attention and storage, also with the forward's 128-row
+# blocks of TINYGPT_FLASH_ROWS=128, and on f32 storage, --storage f32, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
 # the fused classifier against the separate kernels (bench_classifier, where built), the attention benchmark (f32 and
 # bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
@@ -20,7 +20,7 @@
 # --quick keeps what a short lease can afford: the tests (the sanitizers on the bf16-storage kernel only), the
 # default f32 and the bf16 training rows
 # (with the baseline's and torch's bf16 ones, and --storage f32's), the bf16 profile, the bf16 attention rows on every shape, and Nsight
-# Compute; it drops the rows of opt-in paths (epilogues, f32 and bf16 attention math, pipelined kernels).
+# Compute; it drops the rows of opt-in paths (epilogues, f32 and bf16 attention math).
 #
 # --no-tests leaves out the GPU tests and compute-sanitizer, and --no-ncu Nsight Compute: for a second call in one
 # lease, after a first that ran them (e.g. --step, then --attention --no-tests --no-ncu).
@@ -155,8 +155,6 @@ note "host syncs per training step" "$(cat "$logs/host_syncs") at most (aim: 1; 
 [ $quick = 0 ] && ours_f32_attn_ms=$(ours_train_ms --attention-math f32)
 [ $quick = 0 ] && ours_bf16_attn_ms=$(ours_train_ms --attention-math bf16)
 ours_bf16_ms=$(ours_train_ms --dtype bf16)
-# The pipelined tensor-core attention kernels (cp.async stages; not the default until measured here).
-[ $quick = 0 ] && ours_pipe_ms=$(TINYGPT_FLASH_PIPELINE=1 ours_train_ms --dtype bf16)
 # The step is captured as a CUDA graph and replayed, dropout included; --no-cuda-graphs queues the same work op by op.
 # And without dropout.
 nodrop=(--n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 64 --dropout 0)
@@ -186,7 +184,6 @@ row "  TINYGPT_CUBLASLT_EPILOGUES=1" "${ours_epi_ms:-}"
 row "tinygpt, f32 attention (CUDA cores)" "${ours_f32_attn_ms:-}"
 row "tinygpt, bf16 tensor-core attention" "${ours_bf16_attn_ms:-}"
 row "tinygpt --dtype bf16" "$ours_bf16_ms"
-row "  TINYGPT_FLASH_PIPELINE=1" "${ours_pipe_ms:-}"
 row "  the baseline build" "${base_bf16_ms:-}"
 row "  TINYGPT_FLASH_ROWS=128" "${ours_rows128_ms:-}"
 row "  --no-cuda-graphs" "${ours_nograph_ms:-}"
@@ -226,7 +223,6 @@ if [ $has_torch = 1 ]; then
     note "  with --attention-math bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter)\", $t32 / $ours_bf16_attn_ms, $ours_bf16_attn_ms}")"
   fi
   note "--dtype bf16 vs torch autocast bf16" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.1f ms/iter, torch %.1f)\", $tbf / $ours_bf16_ms, $ours_bf16_ms, $tbf}")"
-  [ $quick = 0 ] && note "  TINYGPT_FLASH_PIPELINE=1" "$(awk "BEGIN {printf \"%.2fx autocast (tinygpt %.1f ms/iter)\", $tbf / $ours_pipe_ms, $ours_pipe_ms}")"
   [ -n "$baseline" ] && note "  the baseline build" "$(awk "BEGIN {printf \"%.2fx autocast (baseline %.1f ms/iter; this build %.2fx it)\", $tbf / $base_bf16_ms, $base_bf16_ms, $base_bf16_ms / $ours_bf16_ms}")"
   [ -n "${tcomp:-}" ] && note "--dtype bf16 vs torch.compile bf16" "$(awk "BEGIN {printf \"%.2fx (aim 1.0x; torch at its best of the modes run %.1f ms/iter)\", $tcomp / $ours_bf16_ms, $tcomp}")"
   [ -n "${tcomp:-}" ] && [ -n "${ours_bf16f_ms:-}" ] && note "  --storage f32 vs torch.compile" "$(awk "BEGIN {printf \"%.2fx (tinygpt %.2f ms/iter, torch %.2f)\", $tcomp / $ours_bf16f_ms, $ours_bf16f_ms, $tcomp}")"
@@ -280,13 +276,6 @@ if [ $has_torch = 1 ]; then
   note "bf16 flash f+b vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 0)"
   note "bf16 storage fwd vs sdpa bf16" "$(ratios tinygpt:flash_bf16_storage 2)"
   note "bf16 storage f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16_storage 0)"
-  if [ $quick = 0 ]; then
-    # The pipelined kernels (TINYGPT_FLASH_PIPELINE=1) on the quick shapes.
-    TINYGPT_FLASH_PIPELINE=1 timeout 180 $py bench/compare_attention_cuda.py --quick --bench $build/bench/bench_attention \
-      > "$logs/attention_pipelined.log" 2>&1
-    note "pipelined tf32 f+b vs sdpa f32" "$(ratios tinygpt:flash_tf32 0 attention_pipelined.log)"
-    note "pipelined bf16 f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16 0 attention_pipelined.log)"
-  fi
   # The forward's 128-row blocks (TINYGPT_FLASH_ROWS=128, head dim 64) against the default 64 rows, the bf16-storage
   # rows of every shape, one run after the other.
   timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows64.jsonl" 2> /dev/null

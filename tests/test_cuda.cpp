@@ -399,16 +399,6 @@ TEST_CASE("cuda: the flash forward on bf16 storage matches the double reference;
   test::check_bf16_attention_tracks_f32(Device::CUDA, true, 64, /*misaligned_dout=*/true);
 }
 
-TEST_CASE("cuda: the pipelined tensor-core kernels (TINYGPT_FLASH_PIPELINE=1) match the double reference") {
-  setenv("TINYGPT_FLASH_PIPELINE", "1", 1);
-  for (const Config& c : flash_cases()) check_tensor_cores_against_reference(c);
-  check_tensor_cores_against_reference({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
-                                .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 11});
-  check_tensor_cores_against_reference({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128, .causal = true,
-                                .layout = Layout::Fused, .seed = 13});
-  unsetenv("TINYGPT_FLASH_PIPELINE");
-}
-
 TEST_CASE("cuda: the bf16-storage forward's 128-row blocks (TINYGPT_FLASH_ROWS=128) match the double reference") {
   setenv("TINYGPT_FLASH_ROWS", "128", 1);
   check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true,
@@ -421,12 +411,8 @@ TEST_CASE("cuda: the bf16-storage forward's 128-row blocks (TINYGPT_FLASH_ROWS=1
 TEST_CASE("cuda: flash attention is deterministic, its backward accumulates or stores (f32, tf32 and bf16 kernels)") {
   const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
                  .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};
-  // The tensor-core formats twice: the second time pipelined (gpu_check runs compute-sanitizer on this test).
-  for (const auto& [format, pipelined] : {std::pair{AttentionMath::F32, false}, std::pair{AttentionMath::TF32, false},
-                                         std::pair{AttentionMath::BF16, false}, std::pair{AttentionMath::TF32, true},
-                                         std::pair{AttentionMath::BF16, true}}) {
-    INFO("operands: " << std::string(attention_math_name(format)) << (pipelined ? ", pipelined" : ""));
-    if (pipelined) setenv("TINYGPT_FLASH_PIPELINE", "1", 1);
+  for (const AttentionMath format : {AttentionMath::F32, AttentionMath::TF32, AttentionMath::BF16}) {
+    INFO("operands: " << std::string(attention_math_name(format)));
     Problem p = make_problem(c);
     p.g.math = format;
     const Run<float> a = run_cuda(p, true, 1), b = run_cuda(p, true, 1);
@@ -445,7 +431,6 @@ TEST_CASE("cuda: flash attention is deterministic, its backward accumulates or s
     std::vector<float> stored = run_cuda(unwritten, true, 1).dqkv;
     CHECK(settle_unwritten(stored, p) == 0);
     CHECK(stored == a.dqkv);
-    unsetenv("TINYGPT_FLASH_PIPELINE");
   }
 }
 

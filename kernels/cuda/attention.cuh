@@ -36,7 +36,7 @@
 #endif
 #include "kernels/cuda/flash_mma.cuh"  // after the mma primitives: its kernels are written over them
 #include "kernels/cuda/score_mods.cuh"
-#include "kernels/env.h"  // TINYGPT_FLASH_PIPELINE
+#include "kernels/env.h"  // TINYGPT_FLASH_ROWS (attention_bf16.cuh)
 
 TINYGPT_CUDA_BEGIN
 namespace {
@@ -533,29 +533,29 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
 }
 
 // Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array.
-template <class Op, int EP, bool kMods, bool kPipe>
+template <class Op, int EP, bool kMods>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_forward_kernel(float* out, float* lse, const float* q,
                                                                                 const float* k, const float* v,
                                                                                 const float* mask, const uint8_t* kp,
                                                                                 AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
-  flash_mma::forward_body<Op, EP, kMods, kPipe>(mma_smem, out, lse, q, k, v, mask, kp, g);
+  flash_mma::forward_body<Op, EP, kMods>(mma_smem, out, lse, q, k, v, mask, kp, g);
 }
 
-template <class Op, int EP, bool kMods, bool kPipe>
+template <class Op, int EP, bool kMods>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dkdv_kernel(
     float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
     const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
-  flash_mma::backward_dkdv_body<Op, EP, kMods, kPipe>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
+  flash_mma::backward_dkdv_body<Op, EP, kMods>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
 }
 
-template <class Op, int EP, bool kMods, bool kPipe>
+template <class Op, int EP, bool kMods>
 __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dq_kernel(
     float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
     const float* mask, const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
-  flash_mma::backward_dq_body<Op, EP, kMods, kPipe>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
+  flash_mma::backward_dq_body<Op, EP, kMods>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
 }
 
 /// The f32 kernels on CUDA cores, as a with_flash_path choice.
@@ -592,26 +592,6 @@ template <class F>
 void with_mods(const AttentionGeom& g, F f) {
   if (g.mods.any()) return f(std::true_type{});
   return f(std::false_type{});
-}
-
-/// TINYGPT_FLASH_PIPELINE=1 asks for the pipelined builds of the tensor-core kernels (kPipe in flash_mma.cuh: the next
-/// tile streams into shared memory with cp.async while the block computes). Read at every call. Not the default:
-/// slower than the whole-tile loads (docs/RESULTS.md, "One GPU").
-inline bool flash_pipeline_asked() { return TINYGPT_ENV_IS("TINYGPT_FLASH_PIPELINE", "1"); }
-
-/// Calls f(kMods, kPipe) (std::bool_constant each) with the build of the tensor-core kernels for operands Op and
-/// padded head dim EP that a call runs: with the modifiers' code when it has modifiers; else the lean build,
-/// pipelined when asked for and its shared memory fits this GPU.
-template <class Op, int EP, class F>
-void with_mma_build(const AttentionGeom& g, F f) {
-  using flash_mma::dkdv_smem_bytes, flash_mma::dq_smem_bytes, flash_mma::forward_smem_bytes;
-  if (g.mods.any()) return f(std::true_type{}, std::false_type{});
-  if (flash_pipeline_asked() &&
-      std::max({forward_smem_bytes<Op, EP, true>(), dkdv_smem_bytes<Op, EP, true>(), dq_smem_bytes<Op, EP, true>()}) <=
-          int(properties().sharedMemPerBlockOptin)) {
-    return f(std::false_type{}, std::true_type{});
-  }
-  return f(std::false_type{}, std::false_type{});
 }
 
 static_assert(flash_mma::kThreads == kFlashThreads && flash_mma::kRows == kTile && flash_mma::kCols == kTile,
@@ -687,11 +667,10 @@ void attention_flash_forward(float* out, float* lse, const float* q, const float
                         kFlashThreads, size_t(4 * forward_smem_floats<EP>()), out, lse, q, k, v, mask, key_padding, g);
         });
       } else {
-        with_mma_build<Op, EP>(g, [&](auto mods_code, auto pipe) {
-          constexpr bool kMods = decltype(mods_code)::value, kPipe = decltype(pipe)::value;
-          launch_kernel("attention_flash_forward (tensor cores)", flash_mma_forward_kernel<Op, EP, kMods, kPipe>, grid,
-                        kFlashThreads, size_t(flash_mma::forward_smem_bytes<Op, EP, kPipe>()), out, lse, q, k, v, mask,
-                        key_padding, g);
+        with_mods(g, [&](auto mods_code) {
+          launch_kernel("attention_flash_forward (tensor cores)",
+                        flash_mma_forward_kernel<Op, EP, decltype(mods_code)::value>, grid, kFlashThreads,
+                        size_t(flash_mma::forward_smem_bytes<Op, EP>()), out, lse, q, k, v, mask, key_padding, g);
         });
       }
     });
@@ -723,11 +702,11 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
                           D.as<float>(), mask, key_padding, g);
           });
         } else {
-          with_mma_build<Op, EP>(g, [&](auto mods_code, auto pipe) {
-            constexpr bool kMods = decltype(mods_code)::value, kPipe = decltype(pipe)::value;
-            launch_kernel("attention_flash_backward (dk, dv; tensor cores)", flash_mma_dkdv_kernel<Op, EP, kMods, kPipe>,
-                          grid, kFlashThreads, size_t(flash_mma::dkdv_smem_bytes<Op, EP, kPipe>()), dk, dv, dout, q, k, v,
-                          lse, D.as<float>(), mask, key_padding, g);
+          with_mods(g, [&](auto mods_code) {
+            launch_kernel("attention_flash_backward (dk, dv; tensor cores)",
+                          flash_mma_dkdv_kernel<Op, EP, decltype(mods_code)::value>, grid, kFlashThreads,
+                          size_t(flash_mma::dkdv_smem_bytes<Op, EP>()), dk, dv, dout, q, k, v, lse, D.as<float>(), mask,
+                          key_padding, g);
           });
         }
       }
@@ -740,11 +719,11 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
                           key_padding, g);
           });
         } else {
-          with_mma_build<Op, EP>(g, [&](auto mods_code, auto pipe) {
-            constexpr bool kMods = decltype(mods_code)::value, kPipe = decltype(pipe)::value;
-            launch_kernel("attention_flash_backward (dq; tensor cores)", flash_mma_dq_kernel<Op, EP, kMods, kPipe>, grid,
-                          kFlashThreads, size_t(flash_mma::dq_smem_bytes<Op, EP, kPipe>()), dq, dout, q, k, v, lse,
-                          D.as<float>(), mask, key_padding, g);
+          with_mods(g, [&](auto mods_code) {
+            launch_kernel("attention_flash_backward (dq; tensor cores)",
+                          flash_mma_dq_kernel<Op, EP, decltype(mods_code)::value>, grid, kFlashThreads,
+                          size_t(flash_mma::dq_smem_bytes<Op, EP>()), dq, dout, q, k, v, lse, D.as<float>(), mask,
+                          key_padding, g);
           });
         }
       }

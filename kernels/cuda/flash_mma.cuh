@@ -26,11 +26,10 @@
 // forward were instruction fetches), and without it (and with the 32-bit dropout hash) they are 7-12 thousand (sm_90,
 // bf16, head dim 64).
 //
-// The lean builds come pipelined too (kPipe, TINYGPT_FLASH_PIPELINE=1; not the default: slower, docs/RESULTS.md,
-// "One GPU"): the f32 rows of the next K/V tile (forward, dQ) or Q/dO tile (dK/dV) stream into a shared-memory
-// stage with cp.async while the block computes on the current one, and are rounded into operand tiles once they
-// have landed, where the default builds load each tile with synchronous loads between two barriers (Nsight Compute,
-// H100: dK/dV's warps spent half their stalled cycles waiting for those loads).
+// Each tile is loaded with synchronous loads between two barriers. Builds that streamed the next tile into a
+// shared-memory stage with cp.async (FlashAttention-2's pipelining, over these f32 rows) were slower on every shape
+// measured (H100, docs/RESULTS.md, "One GPU") and were removed; the kernels on bf16 storage (flash_bf16.cuh) stream
+// their bf16 tiles with cp.async instead.
 //
 // Backward, deterministic as the f32 one: D = rowsum(dO * O) first (attention.cu); one block per key tile
 // keeps dK and dV in registers over the group's heads and all queries; one block per query tile keeps dQ.
@@ -212,51 +211,6 @@ __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, con
   });
 }
 
-/// Pipelined loading (kPipe), FlashAttention-2's: the f32 rows of the next tile are copied into a shared-memory stage
-/// with cp.async while the block computes on the current one, and rounded into operand tiles (round_staged) once
-/// they have landed. stage_rows issues the copies of rows r0 .. r0+R-1 (R x EP floats, zero past n rows or `width`
-/// features); a quad that is partial or not 16-byte aligned is loaded and stored at once instead.
-template <int R, int EP>
-__device__ void stage_rows(float* stage, const float* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
-                           int64_t n, int64_t width) {
-  constexpr int kQuads = EP / 4;
-  for (int idx = int(threadIdx.x); idx < R * kQuads; idx += kThreads) {
-    const int r = idx / kQuads, e = 4 * (idx % kQuads);
-    float* dst = stage + r * EP + e;
-    const bool in = r0 + r < n && e < width;
-    const float* src = in ? at(base, stride, b, head, r0 + r) + e : base;
-    if (!in) {
-      cp_async16(dst, base, 0);  // zeros
-    } else if (e + 4 <= width && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-      cp_async16(dst, src, 16);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) dst[j] = e + j < width ? src[j] : 0.0f;
-    }
-  }
-}
-
-/// The copies of key tile s0's K and V rows (kCols x EP each) into their stages Kf and Vf, one group (forward, dQ).
-template <int EP>
-__device__ void stage_kv(float* Kf, float* Vf, const float* k, const float* v, const AttentionGeom& g, int64_t b,
-                         int64_t kvh, int64_t s0) {
-  stage_rows<kCols, EP>(Kf, k, g.k_stride, b, kvh, s0, g.S, g.E);
-  stage_rows<kCols, EP>(Vf, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
-  cp_async_commit();
-}
-
-/// An operand tile (fill_tile) from a landed stage of R x EP floats.
-template <class Op, int R, int EP>
-__device__ void round_staged(uint32_t* rows, uint32_t* cols, const float* stage) {
-  fill_tile<Op, R, EP>(rows, cols, [&](int r, int e, float (&x)[2][4]) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float4 v = *reinterpret_cast<const float4*>(stage + (r + i) * EP + e);
-      x[i][0] = v.x, x[i][1] = v.y, x[i][2] = v.z, x[i][3] = v.w;
-    }
-  });
-}
-
 /// A operand of a k-step: rows row0 .. row0+15, the 8 words from word k0 of each row of a row-major tile.
 __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const uint32_t* tile, int words, int row0, int k0, Lane p) {
   const uint32_t* lo = tile + (row0 + p.g) * words + k0 + p.t;
@@ -369,46 +323,33 @@ __device__ __forceinline__ QueryTile query_tile(const AttentionGeom& g) {
   return {blockIdx.x / g.NH, h, h / (g.NH / g.NKV), int64_t(gridDim.y - 1 - blockIdx.y) * kRows};
 }
 
-template <class Op, int EP, bool kPipe = false>
+template <class Op, int EP>
 constexpr int forward_smem_bytes() {
-  return 4 * (kRows * row_words<Op>(EP) /* Q */ + kCols * row_words<Op>(EP) /* K */ + EP * row_words<Op>(kCols) /* V^T */ +
-              (kPipe ? 2 * kCols * EP : 0) /* the stage of K and V */);
+  return 4 * (kRows * row_words<Op>(EP) /* Q */ + kCols * row_words<Op>(EP) /* K */ + EP * row_words<Op>(kCols) /* V^T */);
 }
 
 /// Output and logsumexp of one query tile (query_tile).
-template <class Op, int EP, bool kMods, bool kPipe>
+template <class Op, int EP, bool kMods>
 __device__ void forward_body(unsigned char* smem, float* out, float* lse, const float* q, const float* k, const float* v,
                              const float* mask, const uint8_t* kp, const AttentionGeom& g) {
   uint32_t* Qs = reinterpret_cast<uint32_t*>(smem);
   uint32_t* Ks = Qs + kRows * row_words<Op>(EP);
   uint32_t* Vt = Ks + kCols * row_words<Op>(EP);
-  float* Kf = reinterpret_cast<float*>(Vt + EP * row_words<Op>(kCols));  // kPipe: the stage of K, then of V
-  float* Vf = Kf + kCols * EP;
   const auto [b, h, kvh, t0] = query_tile(g);
   const Lane p = lane_pos();
   const float scale = float(g.scale);
 
   const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
-  if (kPipe && s_begin < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s_begin);  // streams in meanwhile
   load_tile<Op, kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
   const float keep_scale = dropout_scale<float>(g.dropout_p);
   const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + frag_row(p, 0)), dropout_row(g, b, h, t0 + frag_row(p, 2))};
   float o[EP / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int64_t s0 = s_begin; s0 < s_end; s0 += kCols) {
-    if constexpr (kPipe) {
-      cp_async_wait<0>();
-      __syncthreads();  // this tile has landed for every thread, and the previous tiles of K and V are no longer read
-      round_staged<Op, kCols, EP>(Ks, nullptr, Kf);
-      round_staged<Op, kCols, EP>(nullptr, Vt, Vf);
-      __syncthreads();  // the operand tiles are ready and the stage is free: the next tile streams in meanwhile
-      if (s0 + kCols < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s0 + kCols);
-    } else {
-      __syncthreads();  // the previous tiles of K and V are no longer read
-      load_tile<Op, kCols, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
-      load_tile<Op, kCols, EP>(nullptr, Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
-      __syncthreads();
-    }
+    __syncthreads();  // the previous tiles of K and V are no longer read
+    load_tile<Op, kCols, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
+    load_tile<Op, kCols, EP>(nullptr, Vt, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+    __syncthreads();
     float sc[kCols / 8][4];
     warp_dot<Op, EP, kCols>(sc, Qs, Ks, p);
     // The logits. A tile every query sees whole, without modifiers, has a loop of its own: the checks of the other
@@ -467,18 +408,17 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
   }
 }
 
-template <class Op, int EP, bool kPipe = false>
+template <class Op, int EP>
 constexpr int dkdv_smem_bytes() {
   constexpr int Q = dkdv_queries(EP);
   return 4 * (2 * kRows * row_words<Op>(EP) /* K, V */ + 2 * Q * row_words<Op>(EP) /* Q, dO */ +
               2 * EP * row_words<Op>(Q) /* Q^T, dO^T */ + 2 * Q /* lse, D */ +
-              Q * int(sizeof(DropoutRow) / 4) /* the queries' dropout rows */ +
-              (kPipe ? 2 * Q * EP + 2 * Q : 0) /* the stage of Q, dO, lse and D */);
+              Q * int(sizeof(DropoutRow) / 4) /* the queries' dropout rows */);
 }
 
 /// Block (blockIdx.x = b * NKV + kv head, key tile blockIdx.y): dK and dV of 64 keys (accumulated into), summed
 /// over the group's query heads and every query. Rows of the warp fragments are keys, columns queries.
-template <class Op, int EP, bool kMods, bool kPipe>
+template <class Op, int EP, bool kMods>
 __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, const float* dout, const float* q,
                                    const float* k, const float* v, const float* lse, const float* D, const float* mask,
                                    const uint8_t* kp, const AttentionGeom& g) {
@@ -492,10 +432,6 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   float* lse_s = reinterpret_cast<float*>(dOt + EP * row_words<Op>(Q));
   float* D_s = lse_s + Q;
   DropoutRow* drop_s = reinterpret_cast<DropoutRow*>(D_s + Q);
-  float* Qf = reinterpret_cast<float*>(drop_s + Q);  // kPipe: the stage of Q, dO, lse and D
-  float* dOf = Qf + Q * EP;
-  float* lse_f = dOf + Q * EP;
-  float* D_f = lse_f + Q;
   const int64_t b = blockIdx.x / g.NKV, kvh = blockIdx.x % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kRows;
   const Lane p = lane_pos();
@@ -506,19 +442,6 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   const int64_t t_first = query_begin(g, s0) / Q * Q, t_end = query_end(g, min64(s0 + kRows, g.S) - 1);
   // The steps: query tiles t_first, t_first + Q, .. below t_end of each head of the group.
   const int64_t tiles_per_head = t_end > t_first ? (t_end - t_first + Q - 1) / Q : 0, steps = group * tiles_per_head;
-  auto stage = [&](int64_t step) {
-    const int64_t h = kvh * group + step / tiles_per_head, t0 = t_first + step % tiles_per_head * Q;
-    stage_rows<Q, EP>(Qf, q, g.q_stride, b, h, t0, g.T, g.E);
-    stage_rows<Q, EP>(dOf, dout, g.o_stride, b, h, t0, g.T, g.Ev);
-    for (int i = int(threadIdx.x); i < Q; i += kThreads) {
-      const int64_t row = (b * g.NH + h) * g.T + t0 + i;
-      const bool in = t0 + i < g.T;
-      cp_async4(lse_f + i, in ? lse + row : lse, in ? 4 : 0);
-      cp_async4(D_f + i, in ? D + row : D, in ? 4 : 0);
-    }
-    cp_async_commit();
-  };
-  if (kPipe && steps > 0) stage(0);  // streams in meanwhile
   load_tile<Op, kRows, EP>(Ks, nullptr, k, g.k_stride, b, kvh, s0, g.S, g.E);
   load_tile<Op, kRows, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
   static_assert(Q <= kThreads, "a thread for each query of a step");
@@ -529,25 +452,16 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
     const bool in = i < Q && t0 + i < g.T;
     const int64_t row = (b * g.NH + h) * g.T + t0 + i;
     float lse_i = -INFINITY, D_i = 0.0f;
-    if (!kPipe && in) lse_i = lse[row], D_i = D[row];
-    if constexpr (kPipe) {  // as in the forward
-      cp_async_wait<0>();
-      __syncthreads();
-      round_staged<Op, Q, EP>(Qs, Qt, Qf);
-      round_staged<Op, Q, EP>(dOs, dOt, dOf);
-      if (in) lse_i = lse_f[i], D_i = D_f[i];
-    } else {
-      __syncthreads();  // the previous query tile is no longer read
-      load_tile<Op, Q, EP>(Qs, Qt, q, g.q_stride, b, h, t0, g.T, g.E);
-      load_tile<Op, Q, EP>(dOs, dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
-    }
+    if (in) lse_i = lse[row], D_i = D[row];
+    __syncthreads();  // the previous query tile is no longer read
+    load_tile<Op, Q, EP>(Qs, Qt, q, g.q_stride, b, h, t0, g.T, g.E);
+    load_tile<Op, Q, EP>(dOs, dOt, dout, g.o_stride, b, h, t0, g.T, g.Ev);
     if (i < Q) {
       lse_s[i] = lse_i;
       D_s[i] = D_i;
       drop_s[i] = dropout_row(g, b, h, t0 + i);
     }
     __syncthreads();
-    if (kPipe && step + 1 < steps) stage(step + 1);
     float pt[Q / 8][4], dst[Q / 8][4];  // P^T, then dS^T (rows keys, columns queries)
     warp_dot<Op, EP, Q>(pt, Ks, Qs, p);
     warp_dot<Op, EP, Q>(dst, Vs, dOs, p);  // dP^T
@@ -593,14 +507,14 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
   if (dv) store_rows<EP>(dv, g.v_stride, b, kvh, s0, g.S, g.Ev, dv_acc, one, !g.grads_unwritten, p);
 }
 
-template <class Op, int EP, bool kPipe = false>
+template <class Op, int EP>
 constexpr int dq_smem_bytes() {
   return 4 * (2 * kRows * row_words<Op>(EP) /* Q, dO */ + 2 * kCols * row_words<Op>(EP) /* K, V */ +
-              EP * row_words<Op>(kCols) /* K^T */ + (kPipe ? 2 * kCols * EP : 0) /* the stage of K and V */);
+              EP * row_words<Op>(kCols) /* K^T */);
 }
 
 /// dQ of one query tile (query_tile), accumulated into.
-template <class Op, int EP, bool kMods, bool kPipe>
+template <class Op, int EP, bool kMods>
 __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* dout, const float* q, const float* k,
                                  const float* v, const float* lse, const float* D, const float* mask, const uint8_t* kp,
                                  const AttentionGeom& g) {
@@ -609,14 +523,11 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
   uint32_t* Ks = dOs + kRows * row_words<Op>(EP);
   uint32_t* Vs = Ks + kCols * row_words<Op>(EP);
   uint32_t* Kt = Vs + kCols * row_words<Op>(EP);
-  float* Kf = reinterpret_cast<float*>(Kt + EP * row_words<Op>(kCols));  // kPipe: the stage of K, then of V
-  float* Vf = Kf + kCols * EP;
   const auto [b, h, kvh, t0] = query_tile(g);
   const Lane p = lane_pos();
   const float scale = float(g.scale);
 
   const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
-  if (kPipe && s_begin < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s_begin);  // streams in meanwhile
   load_tile<Op, kRows, EP>(Qs, nullptr, q, g.q_stride, b, h, t0, g.T, g.E);
   load_tile<Op, kRows, EP>(dOs, nullptr, dout, g.o_stride, b, h, t0, g.T, g.Ev);
   float row_lse[2], row_D[2];
@@ -630,19 +541,10 @@ __device__ void backward_dq_body(unsigned char* smem, float* dq, const float* do
   const DropoutRow drop[2] = {dropout_row(g, b, h, t0 + frag_row(p, 0)), dropout_row(g, b, h, t0 + frag_row(p, 2))};
   float dq_acc[EP / 8][4] = {};
   for (int64_t s0 = s_begin; s0 < s_end; s0 += kCols) {
-    if constexpr (kPipe) {  // as in the forward
-      cp_async_wait<0>();
-      __syncthreads();
-      round_staged<Op, kCols, EP>(Ks, Kt, Kf);
-      round_staged<Op, kCols, EP>(Vs, nullptr, Vf);
-      __syncthreads();
-      if (s0 + kCols < s_end) stage_kv<EP>(Kf, Vf, k, v, g, b, kvh, s0 + kCols);
-    } else {
-      __syncthreads();
-      load_tile<Op, kCols, EP>(Ks, Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
-      load_tile<Op, kCols, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
-      __syncthreads();
-    }
+    __syncthreads();
+    load_tile<Op, kCols, EP>(Ks, Kt, k, g.k_stride, b, kvh, s0, g.S, g.E);
+    load_tile<Op, kCols, EP>(Vs, nullptr, v, g.v_stride, b, kvh, s0, g.S, g.Ev);
+    __syncthreads();
     float ds[kCols / 8][4], dp[kCols / 8][4];
     warp_dot<Op, EP, kCols>(ds, Qs, Ks, p);  // scores, turned into dS below
     warp_dot<Op, EP, kCols>(dp, dOs, Vs, p);
