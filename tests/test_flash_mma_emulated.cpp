@@ -170,10 +170,16 @@ TEST_CASE("flash on bf16 storage (emulated): head dim 128 not causal; GQA causal
 }
 
 TEST_CASE("flash on bf16 storage (emulated): the forward's 128-row blocks (TINYGPT_FLASH_ROWS=128, head dim 64)") {
-  // Each warp two 16-row tiles (rows 16w and 64 + 16w): a second block cut short by T (rows past T, and warps whose
-  // second tile is wholly past it) with a fused qkv; keys past the rows (T < S, GQA); not causal over three key tiles
-  // with dropout. The backward is the default's. (Three shapes: this suite is the slowest of CI's sanitizer run.)
+  // Each warp two 16-row tiles (rows 16w and 64 + 16w): one block exactly; a second block cut short by T (rows past T,
+  // and warps whose second tile is wholly past it) with a fused qkv; keys past the rows (T < S, GQA); rows that see
+  // nothing (T > S); not causal over three key tiles with dropout; dropout on the training shape's pattern. The
+  // backward is the default's.
   setenv("TINYGPT_FLASH_ROWS", "128", 1);
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true,
+                      .layout = Layout::Fused});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 33});
+  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 160, .S = 160, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f,
+                      .seed = 35});
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
                       .layout = Layout::Fused, .seed = 31});
   check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 50, .S = 140, .E = 64, .Ev = 64, .causal = true, .seed = 32});
