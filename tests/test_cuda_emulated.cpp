@@ -413,7 +413,7 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
 TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backward") {
   // 50 rows: four chunks of rows in the backward's sums; 10: one, which the device scan adds straight into dweight;
   // 70 rows 300 wide: two slices of channels. Id 10 appears once (one segment beside ids of several); 9 and 11 never.
-  for (const auto [N, C] : {std::pair<int64_t, int64_t>{50, 40}, {10, 40}, {70, 300}}) {
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{50, 40}, {10, 40}, {70, 300}}) {
     CAPTURE(N);
     CAPTURE(C);
     const int64_t V = 12;
