@@ -86,23 +86,26 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 namespace tinygpt::emu {
 
-/// A barrier among the fibers of a block (or of a warp): released when `expected` of them have arrived.
+/// A barrier among the threads first .. first + n - 1 of a block (a warp's or the block's): released when
+/// `expected` of them have arrived (those that returned no longer count).
 struct Barrier {
-  explicit Barrier(unsigned n) : expected(n) {}
+  Barrier(unsigned first_, unsigned n) : first(first_), threads(n), expected(n) {}
+  unsigned first, threads;
   unsigned expected;
   unsigned arrived = 0;
-  uint64_t generation = 0;  // how many times it was released
 };
 
 struct Warp {
-  explicit Warp(unsigned lanes) : bar(lanes) {}
+  Warp(unsigned first, unsigned lanes) : bar(first, lanes) {}
   Barrier bar;
   uint32_t slot[32][8]{};  // each lane's operands of the collective in flight (zero for lanes a partial warp lacks)
 };
 
 struct Block {
-  explicit Block(unsigned threads) : bar(threads) {
-    for (unsigned w = 0; w < (threads + 31) / 32; ++w) warps.push_back(std::make_unique<Warp>(std::min(32u, threads - 32 * w)));
+  explicit Block(unsigned threads) : bar(0, threads) {
+    for (unsigned w = 0; w < (threads + 31) / 32; ++w) {
+      warps.push_back(std::make_unique<Warp>(32 * w, std::min(32u, threads - 32 * w)));
+    }
   }
   Barrier bar;
   std::vector<std::unique_ptr<Warp>> warps;
@@ -189,8 +192,7 @@ struct Fiber {
   size_t stack_bytes = 0;
   unsigned index = 0;
   bool done = false;
-  const Barrier* waiting = nullptr;  // runnable again once its generation moves past waiting_generation
-  uint64_t waiting_generation = 0;
+  const Barrier* waiting = nullptr;  // the barrier it waits at, until released
   std::vector<PendingCopy> open_copies;                // issued, not yet committed
   std::vector<std::vector<PendingCopy>> copy_groups;  // committed, oldest first
   void* fake_stack = nullptr;                          // AddressSanitizer's, while switched out
@@ -202,6 +204,21 @@ struct Scheduler {
   void* fake_stack = nullptr;
   const void* stack_bottom = nullptr;  // the calling thread's stack, for AddressSanitizer
   size_t stack_bytes = 0;
+  Fiber* fibers = nullptr;     // the block's threads
+  std::vector<uint64_t> ready;  // a bit a thread: neither waiting nor returned
+  void set_ready(unsigned i) { ready[i / 64] |= uint64_t(1) << (i % 64); }
+  void clear_ready(unsigned i) { ready[i / 64] &= ~(uint64_t(1) << (i % 64)); }
+  /// The lowest-numbered ready thread (or the highest, `down`), or -1 when none is.
+  int pick(bool down) const {
+    const int words = int(ready.size());
+    for (int n = 0; n < words; ++n) {
+      const int w = down ? words - 1 - n : n;
+      if (ready[size_t(w)] != 0) {
+        return 64 * w + (down ? 63 - std::countl_zero(ready[size_t(w)]) : std::countr_zero(ready[size_t(w)]));
+      }
+    }
+    return -1;
+  }
 };
 
 inline thread_local Warp* tl_warp = nullptr;
@@ -237,15 +254,26 @@ inline void yield_fiber() {
   finish_switch(f.fake_stack, &s.stack_bottom, &s.stack_bytes);
 }
 
+/// Every thread waiting at b goes on.
+inline void release(Barrier& b) {
+  Scheduler& s = *tl_scheduler;
+  b.arrived = 0;
+  for (unsigned i = b.first; i < b.first + b.threads; ++i) {
+    if (s.fibers[i].waiting == &b) {
+      s.fibers[i].waiting = nullptr;
+      s.set_ready(i);
+    }
+  }
+}
+
 /// Waits until every thread of the barrier has arrived; the last to arrive releases them and the scheduler picks who
 /// goes on first (it too may wait).
 inline void arrive_and_wait(Barrier& b) {
   if (++b.arrived == b.expected) {
-    b.arrived = 0;
-    ++b.generation;
+    release(b);
   } else {
     tl_fiber->waiting = &b;
-    tl_fiber->waiting_generation = b.generation;
+    tl_scheduler->clear_ready(tl_fiber->index);
   }
   yield_fiber();
 }
@@ -253,10 +281,7 @@ inline void arrive_and_wait(Barrier& b) {
 /// A returned thread no longer holds up its block's or warp's barriers (as on the GPU).
 inline void arrive_and_drop(Barrier& b) {
   --b.expected;
-  if (b.arrived > 0 && b.arrived == b.expected) {
-    b.arrived = 0;
-    ++b.generation;
-  }
+  if (b.arrived > 0 && b.arrived == b.expected) release(b);
 }
 
 }  // namespace tinygpt::emu
@@ -461,6 +486,7 @@ inline void fiber_main() {
   arrive_and_drop(tl_warp->bar);
   arrive_and_drop(tl_block->bar);
   f.done = true;
+  s.clear_ready(f.index);
   start_switch(nullptr, s.stack_bottom, s.stack_bytes);  // this stack's frames are done with
   switch_context(f.context, s.context);
 }
@@ -482,6 +508,8 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
   std::vector<unsigned char> smem(smem_bytes);
   std::vector<Fiber> fibers(threads);
   Scheduler scheduler;
+  scheduler.fibers = fibers.data();
+  scheduler.ready.resize((threads + 63) / 64);
   tl_scheduler = &scheduler;
   tl_body = &body;
   tl_smem = smem.data();
@@ -502,23 +530,20 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
           f.stack = stacks.get(i);
           f.stack_bytes = Stacks::kBytes;
           make_fiber_context(f);
+          scheduler.set_ready(i);
         }
         // The lowest-numbered thread that can go on runs next (the highest in odd blocks): see the top of this file.
         const bool down = block_number % 2 == 1;
         tl_copies_land_early = block_number / 2 % 2 == 1;
         unsigned done = 0;
         while (done < threads) {
-          Fiber* next = nullptr;
-          for (unsigned n = 0; n < threads && next == nullptr; ++n) {
-            Fiber& f = fibers[down ? threads - 1 - n : n];
-            if (!f.done && (f.waiting == nullptr || f.waiting->generation != f.waiting_generation)) next = &f;
-          }
-          if (next == nullptr) {
+          const int i = scheduler.pick(down);
+          if (i < 0) {
             std::fprintf(stderr, "emulated CUDA: block (%u, %u, %u): %u of %u threads wait at barriers the others "
                          "never reach (a __syncthreads in divergent code?)\n", x, y, z, threads - done, threads);
             std::abort();
           }
-          next->waiting = nullptr;
+          Fiber* next = &fibers[unsigned(i)];
           threadIdx = {next->index, 0, 0};
           tl_fiber = next;
           tl_block = &block;
