@@ -491,8 +491,8 @@ inline void fiber_main() {
   switch_context(f.context, s.context);
 }
 
-// In functions of their own: to the compiler, getcontext and swapcontext return twice, and the scheduler's locals
-// would be thought clobbered.
+// In functions of their own: on the ucontext path getcontext and swapcontext return twice to the compiler, and the
+// scheduler's locals would be thought clobbered.
 [[gnu::noinline]] inline void make_fiber_context(Fiber& f) { make_context(f.context, f.stack, f.stack_bytes, fiber_main); }
 
 /// Switches to fiber f until it waits at a barrier or ends.
@@ -522,6 +522,7 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
         if (!smem.empty()) std::memset(smem.data(), 0xff, smem.size());
         Block block(threads);
         blockIdx = {x, y, z};
+        tl_block = &block;
         for (unsigned i = 0; i < threads; ++i) {
           Fiber& f = fibers[i];
           f.index = i;
@@ -546,7 +547,6 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
           Fiber* next = &fibers[unsigned(i)];
           threadIdx = {next->index, 0, 0};
           tl_fiber = next;
-          tl_block = &block;
           tl_warp = block.warps[next->index / 32].get();
           run_fiber(scheduler, *next);
           if (next->done) ++done;

@@ -190,7 +190,6 @@ TEST_CASE("the emulator: one warp runs ahead of the others, so a missing barrier
   std::vector<uint32_t> seen(4, 0);
   const uint32_t value = 7;
   tinygpt::emu::launch(dim3(4), 64, 4, [&](unsigned char* smem) {
-    using namespace tinygpt::cuda::emulated;
     if (threadIdx.x == 0) tinygpt::cuda::cp_async4(smem, &value, 4);
     tinygpt::cuda::cp_async_commit();
     __syncthreads();
