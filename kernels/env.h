@@ -27,6 +27,11 @@ inline constexpr Switch kSwitches[] = {
      "the GPU's flash forward on bf16 storage at head dim 64 takes blocks of 128 query rows (each of 4 warps two 16-row "
      "tiles, so every K and V fragment read from shared memory serves both) instead of 64; not the default until "
      "measured faster on a GPU (scripts/gpu_check.sh times both)"},
+    {"TINYGPT_FLASH_DQ", "atomic",
+     "the GPU's flash backward on bf16 storage computes dQ in the dK/dV pass (FlashAttention-2's one pass: 5 products "
+     "a tile pair instead of 7), each key tile's part added to f32 sums with atomics, then rounded once; the sums' "
+     "order, so dQ's last bits, vary from run to run. Not the default until measured faster on a GPU "
+     "(scripts/gpu_check.sh times both)"},
     {"TINYGPT_CUBLASLT_EPILOGUES", "1",
      "the GPU's f32 linear layers take bias and GELU in cublasLt's epilogue instead of tinygpt's kernels (never for "
      "bf16 products)"},

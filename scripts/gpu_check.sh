@@ -3,7 +3,7 @@
 # compute-sanitizer (memcheck and racecheck) on the attention tests, training throughput on nanoGPT's
 # Shakespeare config (f32 with TF32 matmuls and attention, also with cublasLt's epilogues, TINYGPT_CUBLASLT_EPILOGUES=1;
 # with f32 and bf16 attention; and --dtype bf16: bf16 matmuls, attention and storage, also with the forward's 128-row
-# blocks of TINYGPT_FLASH_ROWS=128, and on f32 storage, --storage f32, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
+# blocks of TINYGPT_FLASH_ROWS=128, with the one-pass backward of TINYGPT_FLASH_DQ=atomic, and on f32 storage, --storage f32, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
 # the fused classifier against the separate kernels (bench_classifier, where built), the attention benchmark (f32 and
 # bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
@@ -114,9 +114,9 @@ sanitize() {
 echo "== compute-sanitizer on the attention tests (at ${SECONDS} s)"
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
-    filter='*flash attention is deterministic*,*attention op runs on the GPU*,*flash forward on bf16 storage*'
+    filter='*flash attention is deterministic*,*attention op runs on the GPU*,*attention on bf16 storage*,*one-pass*'
     [ $tool = memcheck ] && filter="$filter,*naive attention matches*,*training on bf16 storage*"
-    [ $quick = 1 ] && filter='*flash forward on bf16 storage*'
+    [ $quick = 1 ] && filter='*attention on bf16 storage*,*one-pass*'
     timeout $([ $quick = 1 ] && echo 120 || echo 240) compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
       > "$logs/sanitizer_$tool.log" 2>&1
     rc=$?
@@ -173,6 +173,8 @@ ours_nograph_ms=$(ours_train_ms --dtype bf16 --no-cuda-graphs)
 [ -n "$baseline" ] && base_bf16_ms=$(tinygpt_bin=$baseline/tinygpt ours_train_ms --dtype bf16)
 # The flash forward's 128-row blocks (not the default until measured faster).
 ours_rows128_ms=$(TINYGPT_FLASH_ROWS=128 ours_train_ms --dtype bf16)
+# The one-pass backward (dQ by atomics; not the default until measured faster).
+ours_dq_atomic_ms=$(TINYGPT_FLASH_DQ=atomic ours_train_ms --dtype bf16)
 note "CUDA graph capture" "$(grep -m1 -o 'could not be captured.*' "$logs/train_throughput.log" || echo 'captured and replayed (no fallback logged)')"
 tokens=$((64 * 256))
 tok() { awk "BEGIN {printf \"%.0f\", $tokens * 1000 / $1}"; }
@@ -186,6 +188,7 @@ row "tinygpt, bf16 tensor-core attention" "${ours_bf16_attn_ms:-}"
 row "tinygpt --dtype bf16" "$ours_bf16_ms"
 row "  the baseline build" "${base_bf16_ms:-}"
 row "  TINYGPT_FLASH_ROWS=128" "${ours_rows128_ms:-}"
+row "  TINYGPT_FLASH_DQ=atomic" "${ours_dq_atomic_ms:-}"
 row "  --no-cuda-graphs" "${ours_nograph_ms:-}"
 row "  dropout 0" "$ours_graph_ms"
 row "  --storage f32" "${ours_bf16f_ms:-}"
@@ -276,22 +279,31 @@ if [ $has_torch = 1 ]; then
   note "bf16 flash f+b vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 0)"
   note "bf16 storage fwd vs sdpa bf16" "$(ratios tinygpt:flash_bf16_storage 2)"
   note "bf16 storage f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16_storage 0)"
-  # The forward's 128-row blocks (TINYGPT_FLASH_ROWS=128, head dim 64) against the default 64 rows, the bf16-storage
-  # rows of every shape, one run after the other.
+  # The opt-in paths against the defaults, the bf16-storage rows of every shape, one run after the other: the
+  # forward's 128-row blocks (TINYGPT_FLASH_ROWS=128, head dim 64; forward times) and the one-pass backward
+  # (TINYGPT_FLASH_DQ=atomic; forward+backward times).
   timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows64.jsonl" 2> /dev/null
   TINYGPT_FLASH_ROWS=128 timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows128.jsonl" 2> /dev/null
-  $py - "$logs/rows64.jsonl" "$logs/rows128.jsonl" << 'PY' | tee "$logs/rows128.log"
+  TINYGPT_FLASH_DQ=atomic timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/dq_atomic.jsonl" 2> /dev/null
+  # The table of one opt-in run ($2) against the default ($1): $3 the time's field, $4 the head dim (0: every one).
+  ab_table() {
+    $py - "$@" << 'PY'
 import json, sys
 runs = [[json.loads(l) for l in open(f) if l.startswith("{")] for f in sys.argv[1:3]]
-pick = lambda rows: {(r["B"], r["NH"], r["T"], r["causal"]): r["fwd_ms"] for r in rows
-                     if r["impl"] == "flash_bf16_storage" and r["E"] == 64}
+field, E = sys.argv[3], int(sys.argv[4])
+pick = lambda rows: {(r["B"], r["NH"], r["T"], r["E"], r["causal"]): r[field] for r in rows
+                     if r["impl"] == "flash_bf16_storage" and E in (0, r["E"])}
 a, b = (pick(r) for r in runs)
-print("B x NH x T, causal (head dim 64)   fwd ms 64 rows   fwd ms 128 rows   64 / 128")
+print(f"B x NH x T x E, causal        {field} default   {field} opt-in   default / opt-in")
 for k in sorted(a):
     if k in b:
-        print(f"{k[0]} x {k[1]} x {k[2]}, {'causal' if k[3] else 'full':<6} {a[k]:>16.3f} {b[k]:>17.3f} {a[k] / b[k]:>9.2f}x")
+        print(f"{k[0]} x {k[1]} x {k[2]} x {k[3]}, {'causal' if k[4] else 'full':<6} {a[k]:>16.3f} {b[k]:>15.3f} {a[k] / b[k]:>17.2f}x")
 PY
+  }
+  ab_table "$logs/rows64.jsonl" "$logs/rows128.jsonl" fwd_ms 64 | tee "$logs/rows128.log"
   note "bf16 fwd 128 vs 64 rows (E 64)" "$(awk 'NR > 1 {print $NF}' "$logs/rows128.log" | tr -d x | sort -g | paste -sd ' ') (the 64-row time over the 128-row one; TINYGPT_FLASH_ROWS=128)"
+  ab_table "$logs/rows64.jsonl" "$logs/dq_atomic.jsonl" fwd_bwd_ms 0 | tee "$logs/dq_atomic.log"
+  note "bf16 f+b one pass vs two" "$(awk 'NR > 1 {print $NF}' "$logs/dq_atomic.log" | tr -d x | sort -g | paste -sd ' ') (the two-pass time over the one-pass; TINYGPT_FLASH_DQ=atomic)"
   if [ -n "$baseline" ]; then  # the baseline build's kernels on the quick shapes
     timeout 180 $py bench/compare_attention_cuda.py --quick --bench "$baseline/bench/bench_attention" \
       > "$logs/attention_baseline.log" 2>&1
@@ -338,6 +350,13 @@ elif [ -n "$ncu_bin" ]; then
       note "ncu $kernel" "$(field Duration) ns, $(field 'Registers Per Thread') registers, occupancy $(field 'Achieved Occupancy')%, IPC $(field 'Executed Ipc Active'), $(field 'Warp Cycles Per Issued Instruction') cycles an issue"
     done
   done
+  # The one-pass backward's dK/dV kernel (which adds dQ too) at the training shape.
+  TINYGPT_FLASH_DQ=atomic timeout 75 "$ncu_bin" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section LaunchStats --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+    --print-units base --kill yes -k "regex:flash_bf16_dkdv_kernel" -s 1 -c 1 \
+    ./$build/bench/bench_attention --device cuda --json --bf16 > "$logs/ncu_bf16_storage_dkdv_atomic_training.log" 2>&1
+  kernel=bf16_storage_dkdv_atomic_training
+  note "ncu $kernel" "$(field Duration) ns, $(field 'Registers Per Thread') registers, occupancy $(field 'Achieved Occupancy')%, IPC $(field 'Executed Ipc Active'), $(field 'Warp Cycles Per Issued Instruction') cycles an issue"
 else
   note "ncu" "not found, not run"
 fi

@@ -304,6 +304,13 @@ auto warp_exchange(const uint32_t* words, int n, Read read) {
   return result;
 }
 
+// Fibers switch only at barriers and warp collectives, so a read-modify-write is atomic as it stands.
+inline float atomicAdd(float* address, float value) {
+  const float old = *address;
+  *address = old + value;
+  return old;
+}
+
 inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
   return warp_exchange(&bits, 1, [&](const uint32_t (*slot)[8], unsigned lane) {

@@ -365,12 +365,13 @@ TEST_CASE("cuda: tensor-core flash attention (tf32, bf16) matches the double ref
                                 .layout = Layout::Fused, .seed = 13});
 }
 
-/// The flash forward on bf16 storage (bf16 q, k, v and out) against the double reference on the same bf16 inputs;
-/// the output starts as NaN, so a row left unwritten shows.
+/// The flash forward and backward on bf16 storage (bf16 q, k, v, out and gradients) against the double reference
+/// on the same bf16 inputs; the output and the gradients start as NaN (the backward told they are unwritten), so an
+/// element left unwritten shows.
 void check_bf16_storage_on_gpu(const Config& c) {
-  INFO("flash forward on bf16 storage: " << describe(c));
+  INFO("flash on bf16 storage: " << describe(c));
   const Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
-  const Run<double> ref = run<double>(p, true, false);
+  const Run<double> ref = run<double>(p, true, true);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   DeviceBuffer<bf16> qkv(std::vector<bf16>(p.qkv.begin(), p.qkv.end()));
   DeviceBuffer<bf16> out(std::vector<bf16>(size_t(p.out_size), bf16(nan)));
@@ -383,9 +384,23 @@ void check_bf16_storage_on_gpu(const Config& c) {
   const std::vector<float> of(o.begin(), o.end());
   check_rounded_close(gather(of, o_elements(p)), gather(ref.out, o_elements(p)), AttentionMath::BF16, "out");
   check_close(lse.host(), ref.lse, 1e-3, 1e-4, "lse");
+  DeviceBuffer<bf16> dout(std::vector<bf16>(p.dout.begin(), p.dout.end()));
+  DeviceBuffer<bf16> grads(std::vector<bf16>(p.qkv.size(), bf16(nan)));
+  AttentionGeom gb = p.g;
+  gb.grads_unwritten = true;
+  launch(kernels::attention_flash_backward_bf16, Device::CUDA, grads.ptr + p.q_off, grads.ptr + p.k_off,
+         grads.ptr + p.v_off, dout.ptr, q, k, v, out.ptr, lse.ptr, gb);
+  cuda::synchronize();
+  const std::vector<bf16> gh = grads.host();
+  const std::vector<float> gf(gh.begin(), gh.end());
+  check_rounded_close(gather(gf, q_elements(p)), gather(ref.dqkv, q_elements(p)), AttentionMath::BF16, "dq");
+  check_rounded_close(gather(gf, k_elements(p)), gather(ref.dqkv, k_elements(p)), AttentionMath::BF16, "dk");
+  check_rounded_close(gather(gf, v_elements(p)), gather(ref.dqkv, v_elements(p)), AttentionMath::BF16, "dv");
 }
 
-TEST_CASE("cuda: the flash forward on bf16 storage matches the double reference; bf16 attention tracks f32") {
+/// The bf16-storage kernels' shapes on the GPU: many tiles causal (fused, GQA), head dim 128 with partial tiles and
+/// long and not causal, few queries over many keys, the training shape's dropout.
+void check_bf16_storage_shapes_on_gpu() {
   check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
                              .layout = Layout::Fused, .seed = 11});
   check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12});
@@ -393,7 +408,11 @@ TEST_CASE("cuda: the flash forward on bf16 storage matches the double reference;
                              .layout = Layout::Fused, .seed = 13});
   check_bf16_storage_on_gpu({.B = 2, .NH = 2, .NKV = 1, .T = 100, .S = 1000, .E = 64, .Ev = 64, .seed = 14});
   check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true,
-                             .dropout = 0.2f, .seed = 15});  // the training shape's dropout
+                             .dropout = 0.2f, .seed = 15});
+}
+
+TEST_CASE("cuda: flash attention on bf16 storage matches the double reference; bf16 attention tracks f32") {
+  check_bf16_storage_shapes_on_gpu();
   for (const int64_t E : {64, 128}) test::check_bf16_attention_tracks_f32(Device::CUDA, true, E);
   test::check_bf16_attention_tracks_f32(Device::CUDA, false, 64);
   test::check_bf16_attention_tracks_f32(Device::CUDA, true, 64, /*misaligned_dout=*/true);
@@ -406,6 +425,12 @@ TEST_CASE("cuda: the bf16-storage forward's 128-row blocks (TINYGPT_FLASH_ROWS=1
   check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 300, .E = 64, .Ev = 64, .causal = true, .seed = 16});
   check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 17});
   unsetenv("TINYGPT_FLASH_ROWS");
+}
+
+TEST_CASE("cuda: the one-pass bf16-storage backward (TINYGPT_FLASH_DQ=atomic) matches the double reference") {
+  setenv("TINYGPT_FLASH_DQ", "atomic", 1);
+  check_bf16_storage_shapes_on_gpu();
+  unsetenv("TINYGPT_FLASH_DQ");
 }
 
 TEST_CASE("cuda: flash attention is deterministic, its backward accumulates or stores (f32, tf32 and bf16 kernels)") {

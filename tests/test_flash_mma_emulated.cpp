@@ -187,6 +187,23 @@ TEST_CASE("flash on bf16 storage (emulated): the forward's 128-row blocks (TINYG
   unsetenv("TINYGPT_FLASH_ROWS");
 }
 
+TEST_CASE("flash on bf16 storage (emulated): the one-pass backward, dQ by atomics (TINYGPT_FLASH_DQ=atomic)") {
+  // dQ summed in the dK/dV pass: each step's dS^T through shared memory, a quarter of the step's dQ block a warp,
+  // added to f32 sums zeroed by the D kernel, then scaled and rounded once. Head dim 64 (64 queries a step: four
+  // row groups) and 128 (32 a step: two row groups, two feature halves), causal and not, GQA (several query heads
+  // into one key tile's pass), rows past T, rows that see nothing, dropout, into unwritten gradients and added to.
+  setenv("TINYGPT_FLASH_DQ", "atomic", 1);
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true,
+                      .layout = Layout::Fused});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5});
+  check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 10});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 7});
+  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f,
+                      .seed = 21});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 15});
+  unsetenv("TINYGPT_FLASH_DQ");
+}
+
 // The whole attention test matrix (the CPU and GPU suites' flash cases): minutes under the emulator, so it runs
 // only when asked for: test_flash_mma_emulated --no-skip --test-case='*whole matrix*'
 TEST_CASE("tensor-core flash (emulated): the whole matrix" * doctest::skip()) {

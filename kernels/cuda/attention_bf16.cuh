@@ -19,21 +19,28 @@ __global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_forward_kerne
 }
 
 template <int EP>
-__global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_dq_kernel(bf16* dq, float* D, const bf16* dout,
-                                                                             const bf16* out, const bf16* q,
-                                                                             const bf16* k, const bf16* v,
-                                                                             const float* lse, AttentionGeom g) {
+__global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_dq_kernel(bf16* dq, float* D, float* dq_acc,
+                                                                             const bf16* dout, const bf16* out,
+                                                                             const bf16* q, const bf16* k,
+                                                                             const bf16* v, const float* lse,
+                                                                             AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, bf16_smem);
-  flash_bf16::backward_dq_body<EP>(bf16_smem, dq, D, dout, out, q, k, v, lse, g);
+  flash_bf16::backward_dq_body<EP>(bf16_smem, dq, D, dq_acc, dout, out, q, k, v, lse, g);
+}
+
+template <int EP, bool kDq>
+__global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_dkdv_kernel(bf16* dk, bf16* dv, float* dq_acc,
+                                                                               const bf16* dout, const bf16* q,
+                                                                               const bf16* k, const bf16* v,
+                                                                               const float* lse, const float* D,
+                                                                               AttentionGeom g) {
+  TINYGPT_DYNAMIC_SMEM(unsigned char, bf16_smem);
+  flash_bf16::backward_dkdv_body<EP, kDq>(bf16_smem, dk, dv, dq_acc, dout, q, k, v, lse, D, g);
 }
 
 template <int EP>
-__global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout,
-                                                                               const bf16* q, const bf16* k,
-                                                                               const bf16* v, const float* lse,
-                                                                               const float* D, AttentionGeom g) {
-  TINYGPT_DYNAMIC_SMEM(unsigned char, bf16_smem);
-  flash_bf16::backward_dkdv_body<EP>(bf16_smem, dk, dv, dout, q, k, v, lse, D, g);
+__global__ void flash_bf16_dq_from_acc_kernel(bf16* dq, const float* dq_acc, AttentionGeom g) {
+  flash_bf16::dq_from_acc_body<EP>(dq, dq_acc, g);
 }
 
 }  // namespace
@@ -70,16 +77,27 @@ void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dou
   if (properties().major < 8) throw Error("bf16 flash attention needs tensor cores of compute capability 8.0 or newer");
   check_grid(g);
   Scratch D(size_t(g.B * g.NH * g.T) * sizeof(float));
+  // TINYGPT_FLASH_DQ=atomic: dQ in the dK/dV pass, added up in f32 with atomics (kernels/env.h).
+  const bool one_pass = dq && (dk || dv) && g.S > 0 && TINYGPT_ENV_IS("TINYGPT_FLASH_DQ", "atomic");
   const auto run = [&](auto dim) {
     constexpr int EP = decltype(dim)::value;
-    // D (and dQ) first: the dK/dV pass reads D.
-    launch_kernel("attention_flash_backward (dq; bf16 storage)", flash_bf16_dq_kernel<EP>,
-                  dim3(unsigned(g.B * g.NH), tiles(g.T)), flash_bf16::kThreads, size_t(flash_bf16::dq_smem_bytes<EP>()),
-                  dq, D.as<float>(), dout, out, q, k, v, lse, g);
-    if ((dk || dv) && g.S > 0) {
-      launch_kernel("attention_flash_backward (dk, dv; bf16 storage)", flash_bf16_dkdv_kernel<EP>,
+    Scratch dq_acc(one_pass ? size_t(g.B * g.NH * g.T * EP) * sizeof(float) : 0);
+    float* acc = one_pass ? dq_acc.as<float>() : nullptr;
+    // D first (and dQ, or the zeroed dQ sums of the one pass): the dK/dV pass reads D.
+    launch_kernel(one_pass ? "attention_flash_backward (D; bf16 storage)" : "attention_flash_backward (dq; bf16 storage)",
+                  flash_bf16_dq_kernel<EP>, dim3(unsigned(g.B * g.NH), tiles(g.T)), flash_bf16::kThreads,
+                  size_t(one_pass ? 0 : flash_bf16::dq_smem_bytes<EP>()), one_pass ? nullptr : dq, D.as<float>(), acc,
+                  dout, out, q, k, v, lse, g);
+    if (one_pass) {
+      launch_kernel("attention_flash_backward (dk, dv, dq by atomics; bf16 storage)", flash_bf16_dkdv_kernel<EP, true>,
                     dim3(unsigned(g.B * g.NKV), tiles(g.S)), flash_bf16::kThreads,
-                    size_t(flash_bf16::dkdv_smem_bytes<EP>()), dk, dv, dout, q, k, v, lse, D.as<float>(), g);
+                    size_t(flash_bf16::dkdv_smem_bytes<EP, true>()), dk, dv, acc, dout, q, k, v, lse, D.as<float>(), g);
+      launch_kernel("attention_flash_backward (dq from its f32 sums; bf16 storage)", flash_bf16_dq_from_acc_kernel<EP>,
+                    blocks_for(g.B * g.NH * g.T * (EP / 8)), kThreads, 0, dq, static_cast<const float*>(acc), g);
+    } else if ((dk || dv) && g.S > 0) {
+      launch_kernel("attention_flash_backward (dk, dv; bf16 storage)", flash_bf16_dkdv_kernel<EP, false>,
+                    dim3(unsigned(g.B * g.NKV), tiles(g.S)), flash_bf16::kThreads,
+                    size_t(flash_bf16::dkdv_smem_bytes<EP>()), dk, dv, nullptr, dout, q, k, v, lse, D.as<float>(), g);
     }
   };
   if (g.E == 64) return run(PaddedDim<64>{});

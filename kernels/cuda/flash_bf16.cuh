@@ -345,10 +345,12 @@ constexpr int dq_smem_bytes() {
 }
 
 /// D and dQ of one query tile (blocks as the forward's): D = rowsum(dO * O) of its rows into D (f32, (B, NH, T)),
-/// then, when dq is given, dQ = scale * sum over key tiles of dS K, dS = P * (dO V^T - D).
+/// then, when dq is given, dQ = scale * sum over key tiles of dS K, dS = P * (dO V^T - D). Without dq, the tile's
+/// rows of dq_acc (f32, (B, NH, T, EP)), when given, are zeroed for the dK/dV pass to add dQ into.
 template <int EP>
-__device__ void backward_dq_body(unsigned char* smem, bf16* dq, float* D, const bf16* dout, const bf16* out,
-                                 const bf16* q, const bf16* k, const bf16* v, const float* lse, const AttentionGeom& g) {
+__device__ void backward_dq_body(unsigned char* smem, bf16* dq, float* D, float* dq_acc, const bf16* dout,
+                                 const bf16* out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                                 const AttentionGeom& g) {
   unsigned char* Qs = smem;
   unsigned char* dOs = Qs + tile_bytes<EP>(kRows);
   unsigned char* stage[2][2] = {{dOs + tile_bytes<EP>(kRows), dOs + tile_bytes<EP>(kRows) + tile_bytes<EP>(kCols)},
@@ -384,7 +386,14 @@ __device__ void backward_dq_body(unsigned char* smem, bf16* dq, float* D, const 
     acc += __shfl_xor_sync(0xffffffffu, acc, 1);
     if (t < g.T && e0 == 0) D[(b * g.NH + h) * g.T + t] = acc;
   }
-  if (dq == nullptr) return;
+  if (dq == nullptr) {
+    if (dq_acc != nullptr) {
+      const int64_t rows = min64(kRows, g.T - t0);
+      float4* acc = reinterpret_cast<float4*>(dq_acc + ((b * g.NH + h) * g.T + t0) * EP);
+      for (int64_t i = threadIdx.x; i < rows * EP / 4; i += kThreads) acc[i] = float4{0.0f, 0.0f, 0.0f, 0.0f};
+    }
+    return;
+  }
   __syncthreads();  // the tile's D rows are written before any warp reads them back below
 
   const int64_t s_end = key_end(g, min64(t0 + kRows, g.T) - 1);
@@ -449,24 +458,77 @@ template <int EP>
 constexpr int dkdv_stage_bytes() {
   return 2 * tile_bytes<EP>(dkdv_queries<EP>()) + 8 * dkdv_queries<EP>();
 }
-/// K and V, the two stages, and the dropout rows of a step's queries.
-template <int EP>
+/// The dS^T tile of the one-pass backward's steps (64 keys x the step's queries, bf16), when it has one.
+template <int EP, bool kDq>
+constexpr int dkdv_ds_bytes() {
+  return kDq ? kRows * dkdv_queries<EP>() * 2 : 0;
+}
+/// K and V, the two stages, the dS^T tile (one pass) and the dropout rows of a step's queries.
+template <int EP, bool kDq = false>
 constexpr int dkdv_smem_bytes() {
-  return 2 * tile_bytes<EP>(kRows) + 2 * dkdv_stage_bytes<EP>() + dkdv_queries<EP>() * int(sizeof(DropoutRow));
+  return 2 * tile_bytes<EP>(kRows) + 2 * dkdv_stage_bytes<EP>() + dkdv_ds_bytes<EP, kDq>() +
+         dkdv_queries<EP>() * int(sizeof(DropoutRow));
+}
+
+/// Byte offset of 16-byte chunk c (queries 8c .. 8c+7) of key row r in the dS^T tile (rows of Q bf16): swizzled so
+/// the 8 rows an ldmatrix phase reads hit 8 different 16-byte bank groups (at Q = 32 two rows share a 128-byte line).
+template <int Q>
+__device__ __forceinline__ int ds_at(int r, int c) {
+  constexpr int kRowsPerLine = 64 / Q;
+  return r * (Q * 2) + ((c ^ ((r / kRowsPerLine) & (Q / 8 - 1))) << 4);
+}
+
+/// One step's part of dQ in the one-pass backward: dq_acc[t0 + r] += (dS K)[r] for the step's Q queries (rows of
+/// this head's dq_acc, at or past T skipped), dS read transposed from the step's dS^T tile and K from the key tile.
+/// Warp w sums query rows 16 (w % (Q/16)) .. +15 and a 4/(Q/16)-th of the features, over all 64 keys.
+template <int EP, int Q>
+__device__ __forceinline__ void add_dq_part(float* dq_acc, int64_t t0, int64_t T, const unsigned char* dSs,
+                                            const unsigned char* Ks, int lane) {
+  constexpr int kGroups = Q / 16, W = EP * kGroups / 4;  // row groups; features a warp
+  static_assert(kThreads / 32 % kGroups == 0 && W % 16 == 0, "whole 16-row groups and 16-feature blocks a warp");
+  const int warp = int(threadIdx.x / 32), rg = warp % kGroups, f0 = warp / kGroups * W;
+  float acc[W / 8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < kRows / 16; ++kk) {
+    uint32_t a[4];  // dS (queries x keys) = the stored dS^T read transposed
+    ldmatrix_x4_trans(a, dSs + ds_at<Q>(16 * kk + (lane & 7) + 8 * (lane >> 4), 2 * rg + ((lane >> 3) & 1)));
+#pragma unroll
+    for (int dp = 0; dp < W / 16; ++dp) {
+      uint32_t kb[4];
+      ldmatrix_x4_trans(kb, Ks + chunk_at<EP>(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), f0 / 8 + 2 * dp + (lane >> 4)));
+      const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+      mma_bf16(acc[2 * dp], a, b0);
+      mma_bf16(acc[2 * dp + 1], a, b1);
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t t = t0 + 16 * rg + lane / 4 + 8 * half;
+    if (t >= T) continue;
+    float* row = dq_acc + t * EP + f0 + 2 * (lane % 4);
+#pragma unroll
+    for (int d = 0; d < W / 8; ++d) {
+      atomicAdd(row + 8 * d, acc[d][2 * half]);
+      atomicAdd(row + 8 * d + 1, acc[d][2 * half + 1]);
+    }
+  }
 }
 
 /// dK and dV of one key tile (blockIdx.x = b * NKV + kv head, blockIdx.y the tile), summed over the group's query
 /// heads and every query that sees a key of it: dV = P^T dO, dK = scale * dS^T Q. Rows of the warp fragments are
-/// keys, columns queries.
-template <int EP>
-__device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
-                                   const bf16* k, const bf16* v, const float* lse, const float* D,
+/// keys, columns queries. With kDq (the one-pass backward), each step also adds its key tile's part of dQ, dS K,
+/// into dq_acc (f32, (B, NH, T, EP), unscaled) with atomics: the warps' dS^T rows go through shared memory, so that
+/// each warp sums a quarter of the step's dQ block over all 64 keys before adding it (FlashAttention-2's scheme).
+template <int EP, bool kDq = false>
+__device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, float* dq_acc, const bf16* dout,
+                                   const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* D,
                                    const AttentionGeom& g) {
   constexpr int Q = dkdv_queries<EP>();
   unsigned char* Ks = smem;
   unsigned char* Vs = Ks + tile_bytes<EP>(kRows);
   unsigned char* stages = Vs + tile_bytes<EP>(kRows);
-  DropoutRow* drop_s = reinterpret_cast<DropoutRow*>(stages + 2 * dkdv_stage_bytes<EP>());  // the step's queries
+  unsigned char* dSs = stages + 2 * dkdv_stage_bytes<EP>();  // dS^T, one pass only
+  DropoutRow* drop_s = reinterpret_cast<DropoutRow*>(dSs + dkdv_ds_bytes<EP, kDq>());  // the step's queries
   const int64_t b = blockIdx.x / g.NKV, kvh = blockIdx.x % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kRows;
   const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
@@ -526,14 +588,51 @@ __device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, cons
         dP[j][e] = p * (dP[j][e] * f - D_s[c]);  // dS^T
       }
     }
+    if constexpr (kDq) {  // this warp's 16 rows of dS^T, rounded as the products read them
+#pragma unroll
+      for (int j = 0; j < Q / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          *reinterpret_cast<uint32_t*>(dSs + ds_at<Q>(row0 + gr + 8 * half, j) + 4 * tc) =
+              pack_bf16(dP[j][2 * half], dP[j][2 * half + 1]);
+    }
     accumulate_rows<EP, Q>(dv_acc, P, dOs, lane);
     accumulate_rows<EP, Q>(dk_acc, dP, Qs, lane);
+    if constexpr (kDq) {
+      __syncthreads();  // every warp's dS^T rows are in shared memory
+      add_dq_part<EP, Q>(dq_acc + (b * g.NH + kvh * group + i / per_head) * g.T * EP, t0, g.T, dSs, Ks, lane);
+    }
     __syncthreads();
   }
   cp_async_wait<0>();
   const bool add = !g.grads_unwritten;
   if (dv) store_grad<EP>(dv, g.v_stride, b, kvh, s0, g.S, dv_acc, 1.0f, add, row0, lane);
   if (dk) store_grad<EP>(dk, g.k_stride, b, kvh, s0, g.S, dk_acc, float(g.scale), add, row0, lane);
+}
+
+/// The one-pass backward's last step: dq = scale * dq_acc, stored (g.grads_unwritten) or added to dq and rounded
+/// once; thread i takes 8 features of one row (a 16-byte store).
+template <int EP>
+__device__ void dq_from_acc_body(bf16* dq, const float* dq_acc, const AttentionGeom& g) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, row = i / (EP / 8);
+  if (row >= g.B * g.NH * g.T) return;
+  const int64_t t = row % g.T, h = row / g.T % g.NH, b = row / g.T / g.NH;
+  const int f = int(i % (EP / 8)) * 8;
+  const float4* acc = reinterpret_cast<const float4*>(dq_acc + row * EP + f);
+  const float4 a0 = acc[0], a1 = acc[1];
+  float x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  uint32_t* out = reinterpret_cast<uint32_t*>(at(dq, g.q_stride, b, h, t) + f);  // 4-byte aligned, as dq's rows are
+  const float scale = float(g.scale);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float x0 = x[2 * j] * scale, x1 = x[2 * j + 1] * scale;
+    if (!g.grads_unwritten) {
+      const uint32_t old = out[j];
+      x0 += float_of_bf16_bits(uint16_t(old & 0xffffu));
+      x1 += float_of_bf16_bits(uint16_t(old >> 16));
+    }
+    out[j] = pack_bf16(x0, x1);
+  }
 }
 
 }  // namespace tinygpt::cuda::flash_bf16
