@@ -304,13 +304,6 @@ auto warp_exchange(const uint32_t* words, int n, Read read) {
   return result;
 }
 
-// Fibers switch only at barriers and warp collectives, so a read-modify-write is atomic as it stands.
-inline float atomicAdd(float* address, float value) {
-  const float old = *address;
-  *address = old + value;
-  return old;
-}
-
 inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
   return warp_exchange(&bits, 1, [&](const uint32_t (*slot)[8], unsigned lane) {
@@ -414,6 +407,11 @@ inline void cp_async(void* smem, const void* gmem, int bytes, int valid) {
   } else {
     emu::tl_fiber->open_copies.push_back({smem, gmem, bytes, valid});
   }
+}
+// Fibers switch only at barriers and warp collectives, so a read-modify-write is atomic as it stands.
+inline void atomic_add2(float* dst, float a, float b) {
+  dst[0] += a;
+  dst[1] += b;
 }
 inline void cp_async16(void* smem, const void* gmem, int valid) { cp_async(smem, gmem, 16, valid); }
 inline void cp_async4(void* smem, const void* gmem, int valid) { cp_async(smem, gmem, 4, valid); }

@@ -507,10 +507,7 @@ __device__ __forceinline__ void add_dq_part(float* dq_acc, int64_t t0, int64_t T
     if (t >= T) continue;
     float* row = dq_acc + t * EP + f0 + 2 * (lane % 4);
 #pragma unroll
-    for (int d = 0; d < W / 8; ++d) {
-      atomicAdd(row + 8 * d, acc[d][2 * half]);
-      atomicAdd(row + 8 * d + 1, acc[d][2 * half + 1]);
-    }
+    for (int d = 0; d < W / 8; ++d) atomic_add2(row + 8 * d, acc[d][2 * half], acc[d][2 * half + 1]);
   }
 }
 

@@ -1,5 +1,6 @@
 // Warp-level tensor-core primitives (compute capability 8.0+): operand rounding (bf16, tf32), mma.sync with f32
-// accumulation (m16n8k16 bf16, m16n8k8 tf32), fragment loads from shared memory (ldmatrix) and asynchronous copies to shared memory (cp.async). tests/emulated_cuda.h defines the same
+// accumulation (m16n8k16 bf16, m16n8k8 tf32), fragment loads from shared memory (ldmatrix), asynchronous copies to
+// shared memory (cp.async) and paired f32 atomic adds to global memory. tests/emulated_cuda.h defines the same
 // functions for the CPU, with the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16 with
 // floating point type", "... for mma.m16n8k8"), so the kernels built on them (flash_mma.cuh) can be checked
 // without a GPU.
@@ -115,6 +116,17 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/// dst[0] += a and dst[1] += b, atomically (dst 8-byte aligned): one vector reduction on compute capability 9.0+,
+/// two scalar ones before it.
+__device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
 #endif
 }
 
