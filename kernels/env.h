@@ -27,6 +27,10 @@ inline constexpr Switch kSwitches[] = {
      "the GPU's flash forward on bf16 storage at head dim 64 takes blocks of 128 query rows (each of 4 warps two 16-row "
      "tiles, so every K and V fragment read from shared memory serves both) instead of 64; not the default until "
      "measured faster on a GPU (scripts/gpu_check.sh times both)"},
+    {"TINYGPT_FLASH_Q", "smem",
+     "the GPU's flash forward on bf16 storage at head dim 128 reads Q's fragments from shared memory at every k step "
+     "(FlashAttention-2's default; no spills for sm_90) instead of holding them in registers (68 bytes a thread "
+     "spilled); not the default until measured faster on a GPU (scripts/gpu_check.sh times both)"},
     {"TINYGPT_FLASH_DQ", "atomic",
      "the GPU's flash backward on bf16 storage computes dQ in the dK/dV pass (FlashAttention-2's one pass: 5 products "
      "a tile pair instead of 7), each key tile's part added to f32 sums with atomics, then rounded once; the sums' "

@@ -5,7 +5,8 @@
 # with f32 and bf16 attention; and --dtype bf16: bf16 matmuls, attention and storage, also with the forward's 128-row
 # blocks of TINYGPT_FLASH_ROWS=128, with the one-pass backward of TINYGPT_FLASH_DQ=atomic, and on f32 storage, --storage f32, step and GPU memory) against PyTorch eager, autocast bf16 and torch.compile (when PyTorch is importable),
 # the fused classifier against the separate kernels (bench_classifier, where built), the attention benchmark (f32 and
-# bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention, and Nsight
+# bf16 tensor-core flash) against PyTorch's scaled_dot_product_attention and the opt-in bf16-storage kernels
+# (TINYGPT_FLASH_ROWS=128, TINYGPT_FLASH_Q=smem, TINYGPT_FLASH_DQ=atomic) against the defaults, and Nsight
 # Compute on the bf16 flash kernels at the training shape; then prints one summary table. Logs go to build-gpu/gpu_check/.
 #
 #   bash scripts/gpu_check.sh [--full] [--no-build] [--no-tests] [--no-ncu] [--quick | --attention | --step]
@@ -114,9 +115,9 @@ sanitize() {
 echo "== compute-sanitizer on the attention tests (at ${SECONDS} s)"
 if command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
-    filter='*flash attention is deterministic*,*attention op runs on the GPU*,*attention on bf16 storage*,*one-pass*'
+    filter='*flash attention is deterministic*,*attention op runs on the GPU*,*attention on bf16 storage*,*one-pass*,*Q from shared*'
     [ $tool = memcheck ] && filter="$filter,*naive attention matches*,*training on bf16 storage*"
-    [ $quick = 1 ] && filter='*attention on bf16 storage*,*one-pass*'
+    [ $quick = 1 ] && filter='*attention on bf16 storage*,*one-pass*,*Q from shared*'
     timeout $([ $quick = 1 ] && echo 120 || echo 240) compute-sanitizer --tool $tool --error-exitcode 9 $build/tests/test_cuda --test-case="$filter" \
       > "$logs/sanitizer_$tool.log" 2>&1
     rc=$?
@@ -279,31 +280,31 @@ if [ $has_torch = 1 ]; then
   note "bf16 flash f+b vs torch sdpa bf16" "$(ratios tinygpt:flash_bf16 0)"
   note "bf16 storage fwd vs sdpa bf16" "$(ratios tinygpt:flash_bf16_storage 2)"
   note "bf16 storage f+b vs sdpa bf16" "$(ratios tinygpt:flash_bf16_storage 0)"
-  # The opt-in paths against the defaults, the bf16-storage rows of every shape, one run after the other: the
-  # forward's 128-row blocks (TINYGPT_FLASH_ROWS=128, head dim 64; forward times) and the one-pass backward
-  # (TINYGPT_FLASH_DQ=atomic; forward+backward times).
-  timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows64.jsonl" 2> /dev/null
-  TINYGPT_FLASH_ROWS=128 timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/rows128.jsonl" 2> /dev/null
-  TINYGPT_FLASH_DQ=atomic timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/dq_atomic.jsonl" 2> /dev/null
-  # The table of one opt-in run ($2) against the default ($1): $3 the time's field, $4 the head dim (0: every one).
-  ab_table() {
-    $py - "$@" << 'PY'
+  # The opt-in kernels against the defaults, the bf16-storage rows of every shape, one run after the other; the
+  # switches touch different kernels, so one run takes them all: the forward's 128-row blocks at head dim 64
+  # (TINYGPT_FLASH_ROWS=128) and Q from shared memory at head dim 128 (TINYGPT_FLASH_Q=smem) in the forward's times,
+  # the one-pass backward (TINYGPT_FLASH_DQ=atomic) in the backward's (forward + backward less forward).
+  timeout 120 $build/bench/bench_attention --device cuda --json --bf16 > "$logs/default.jsonl" 2> /dev/null
+  TINYGPT_FLASH_ROWS=128 TINYGPT_FLASH_Q=smem TINYGPT_FLASH_DQ=atomic timeout 120 $build/bench/bench_attention \
+    --device cuda --json --bf16 > "$logs/opt_in.jsonl" 2> /dev/null
+  $py - "$logs/default.jsonl" "$logs/opt_in.jsonl" << 'PY' | tee "$logs/opt_in.log"
 import json, sys
 runs = [[json.loads(l) for l in open(f) if l.startswith("{")] for f in sys.argv[1:3]]
-field, E = sys.argv[3], int(sys.argv[4])
-pick = lambda rows: {(r["B"], r["NH"], r["T"], r["E"], r["causal"]): r[field] for r in rows
-                     if r["impl"] == "flash_bf16_storage" and E in (0, r["E"])}
+pick = lambda rows: {(r["B"], r["NH"], r["T"], r["E"], r["causal"]): (r["fwd_ms"], r["fwd_bwd_ms"] - r["fwd_ms"])
+                     for r in rows if r["impl"] == "flash_bf16_storage"}
 a, b = (pick(r) for r in runs)
-print(f"B x NH x T x E, causal        {field} default   {field} opt-in   default / opt-in")
+print("B x NH x T x E, causal      fwd ms default   opt-in   ratio    bwd ms default   opt-in   ratio")
 for k in sorted(a):
     if k in b:
-        print(f"{k[0]} x {k[1]} x {k[2]} x {k[3]}, {'causal' if k[4] else 'full':<6} {a[k]:>16.3f} {b[k]:>15.3f} {a[k] / b[k]:>17.2f}x")
+        (fa, ba), (fb, bb) = a[k], b[k]
+        print(f"{k[0]} x {k[1]} x {k[2]} x {k[3]}, {'causal' if k[4] else 'full':<6} {fa:>14.3f} {fb:>8.3f} {fa / fb:>6.2f}x"
+              f" {ba:>16.3f} {bb:>8.3f} {ba / bb:>6.2f}x")
 PY
-  }
-  ab_table "$logs/rows64.jsonl" "$logs/rows128.jsonl" fwd_ms 64 | tee "$logs/rows128.log"
-  note "bf16 fwd 128 vs 64 rows (E 64)" "$(awk 'NR > 1 {print $NF}' "$logs/rows128.log" | tr -d x | sort -g | paste -sd ' ') (the 64-row time over the 128-row one; TINYGPT_FLASH_ROWS=128)"
-  ab_table "$logs/rows64.jsonl" "$logs/dq_atomic.jsonl" fwd_bwd_ms 0 | tee "$logs/dq_atomic.log"
-  note "bf16 f+b one pass vs two" "$(awk 'NR > 1 {print $NF}' "$logs/dq_atomic.log" | tr -d x | sort -g | paste -sd ' ') (the two-pass time over the one-pass; TINYGPT_FLASH_DQ=atomic)"
+  # The default's time over the opt-in's at one head dim: the forward's ratios (field 11), the backward's (14).
+  ratios_at() { awk -v e="$1" -v c="$2" 'NR > 1 && $7 == e"," {print $c}' "$logs/opt_in.log" | tr -d x | sort -g | paste -sd ' '; }
+  note "bf16 fwd 128 vs 64 rows (E 64)" "$(ratios_at 64 11) (the default's time over TINYGPT_FLASH_ROWS=128's)"
+  note "bf16 fwd Q smem vs regs (E 128)" "$(ratios_at 128 11) (the default's time over TINYGPT_FLASH_Q=smem's)"
+  note "bf16 bwd one pass vs two" "$(ratios_at 64 14) at E 64; $(ratios_at 128 14) at E 128 (the default's over TINYGPT_FLASH_DQ=atomic's)"
   if [ -n "$baseline" ]; then  # the baseline build's kernels on the quick shapes
     timeout 180 $py bench/compare_attention_cuda.py --quick --bench "$baseline/bench/bench_attention" \
       > "$logs/attention_baseline.log" 2>&1

@@ -427,6 +427,16 @@ TEST_CASE("cuda: the bf16-storage forward's 128-row blocks (TINYGPT_FLASH_ROWS=1
   unsetenv("TINYGPT_FLASH_ROWS");
 }
 
+TEST_CASE("cuda: the bf16-storage forward with Q from shared memory (TINYGPT_FLASH_Q=smem) matches the double reference") {
+  setenv("TINYGPT_FLASH_Q", "smem", 1);
+  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12});
+  check_bf16_storage_on_gpu({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128,
+                             .layout = Layout::Fused, .seed = 13});
+  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 128, .Ev = 128, .causal = true,
+                             .dropout = 0.2f, .seed = 18});
+  unsetenv("TINYGPT_FLASH_Q");
+}
+
 TEST_CASE("cuda: the one-pass bf16-storage backward (TINYGPT_FLASH_DQ=atomic) matches the double reference") {
   setenv("TINYGPT_FLASH_DQ", "atomic", 1);
   check_bf16_storage_shapes_on_gpu();

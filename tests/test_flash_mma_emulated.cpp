@@ -187,6 +187,17 @@ TEST_CASE("flash on bf16 storage (emulated): the forward's 128-row blocks (TINYG
   unsetenv("TINYGPT_FLASH_ROWS");
 }
 
+TEST_CASE("flash on bf16 storage (emulated): the head-dim-128 forward with Q from shared memory (TINYGPT_FLASH_Q=smem)") {
+  // Q's fragments read at each k step instead of held in registers: partial tiles with T < S causal, not causal over
+  // several key tiles with GQA, rows that see nothing, dropout.
+  setenv("TINYGPT_FLASH_Q", "smem", 1);
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .seed = 15});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 128, .Ev = 128, .causal = true, .seed = 7});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 22});
+  unsetenv("TINYGPT_FLASH_Q");
+}
+
 TEST_CASE("flash on bf16 storage (emulated): the one-pass backward, dQ by atomics (TINYGPT_FLASH_DQ=atomic)") {
   // dQ summed in the dK/dV pass: each step's dS^T through shared memory, a quarter of the step's dQ block a warp,
   // added to f32 sums zeroed by the D kernel, then scaled and rounded once. Head dim 64 (64 queries a step: four

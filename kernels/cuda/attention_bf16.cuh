@@ -10,12 +10,12 @@ namespace {
 
 static_assert(flash_bf16::kThreads == kFlashThreads && flash_bf16::kRows == kTile, "the f32 kernels' launch geometry");
 
-template <int EP, int MT>
+template <int EP, int MT, bool kQRegs>
 __global__ void __launch_bounds__(flash_bf16::kThreads) flash_bf16_forward_kernel(bf16* out, float* lse, const bf16* q,
                                                                                   const bf16* k, const bf16* v,
                                                                                   AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, bf16_smem);
-  flash_bf16::forward_body<EP, MT>(bf16_smem, out, lse, q, k, v, g);
+  flash_bf16::forward_body<EP, MT, kQRegs>(bf16_smem, out, lse, q, k, v, g);
 }
 
 template <int EP>
@@ -54,17 +54,25 @@ void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf
   }
   if (properties().major < 8) throw Error("bf16 flash attention needs tensor cores of compute capability 8.0 or newer");
   check_grid(g);
-  const auto run = [&](auto dim, auto row_tiles) {
+  const auto run = [&](auto dim, auto row_tiles, auto q_regs) {
     constexpr int EP = decltype(dim)::value, MT = decltype(row_tiles)::value;
+    constexpr bool kQRegs = decltype(q_regs)::value;
     const dim3 grid(unsigned(g.B * g.NH), unsigned((g.T + MT * kTile - 1) / (MT * kTile)));
-    launch_kernel(MT == 1 ? "attention_flash_forward (bf16 storage)" : "attention_flash_forward (bf16 storage, 128 rows)",
-                  flash_bf16_forward_kernel<EP, MT>, grid, flash_bf16::kThreads,
+    launch_kernel(MT == 2   ? "attention_flash_forward (bf16 storage, 128 rows)"
+                  : kQRegs ? "attention_flash_forward (bf16 storage)"
+                           : "attention_flash_forward (bf16 storage, Q from shared memory)",
+                  flash_bf16_forward_kernel<EP, MT, kQRegs>, grid, flash_bf16::kThreads,
                   size_t(flash_bf16::forward_smem_bytes<EP, MT>()), out, lse, q, k, v, g);
   };
-  // TINYGPT_FLASH_ROWS=128: blocks of 128 query rows at head dim 64 (kernels/env.h).
-  if (g.E == 64 && TINYGPT_ENV_IS("TINYGPT_FLASH_ROWS", "128")) return run(PaddedDim<64>{}, std::integral_constant<int, 2>{});
-  if (g.E == 64) return run(PaddedDim<64>{}, std::integral_constant<int, 1>{});
-  return run(PaddedDim<128>{}, std::integral_constant<int, 1>{});
+  using One = std::integral_constant<int, 1>;
+  // TINYGPT_FLASH_ROWS=128: blocks of 128 query rows at head dim 64; TINYGPT_FLASH_Q=smem: Q's fragments read from
+  // shared memory at head dim 128 (kernels/env.h).
+  if (g.E == 64 && TINYGPT_ENV_IS("TINYGPT_FLASH_ROWS", "128")) {
+    return run(PaddedDim<64>{}, std::integral_constant<int, 2>{}, std::false_type{});
+  }
+  if (g.E == 64) return run(PaddedDim<64>{}, One{}, std::true_type{});
+  if (TINYGPT_ENV_IS("TINYGPT_FLASH_Q", "smem")) return run(PaddedDim<128>{}, One{}, std::false_type{});
+  return run(PaddedDim<128>{}, One{}, std::true_type{});
 }
 
 void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,

@@ -74,8 +74,9 @@ using flash_mma::quad_sum;
 /// (blockIdx.y = 0 is the last, longest causal tile, so it starts first). Warp w owns rows 16w + 64mt, mt < MT: with
 /// MT = 2 (FlashAttention-2's 128-row blocks) each K and V fragment read from shared memory serves two row tiles
 /// (a 64-key step reads 20 KB of shared memory for 32 rows instead of 32 KB), for twice the registers of O and the
-/// scores.
-template <int EP, int MT = 1>
+/// scores. kQRegs: Q's fragments held in registers for the whole row of key tiles, or read from shared memory at
+/// each k step (always with two row tiles; at head dim 128 it spares the registers ptxas otherwise spills).
+template <int EP, int MT = 1, bool kQRegs = MT == 1>
 __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                              const AttentionGeom& g) {
   constexpr int R = MT * kRows;
@@ -109,9 +110,10 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
     drop[mt][0] = dropout_row(g, b, h, t0 + row0(mt) + gr);
     drop[mt][1] = dropout_row(g, b, h, t0 + row0(mt) + gr + 8);
   }
-  // Q's A fragments: with one row tile a warp, all of them in registers for the whole row of key tiles; with two,
-  // one k step's at a time, read again from shared memory (the registers they would take spilled).
-  constexpr bool kQInRegisters = MT == 1;
+  // Q's A fragments: all of them in registers for the whole row of key tiles, or one k step's at a time, read again
+  // from shared memory (with two row tiles the registers they would take spilled).
+  static_assert(!kQRegs || MT == 1, "two row tiles read Q from shared memory");
+  constexpr bool kQInRegisters = kQRegs;
   constexpr int QK = kQInRegisters ? EP / 16 : 1;
   uint32_t qf[MT][QK][4];
   float o[MT][EP / 8][4] = {};
