@@ -215,8 +215,9 @@ TEST_CASE("flash on bf16 storage (emulated): the one-pass backward, dQ by atomic
   unsetenv("TINYGPT_FLASH_DQ");
 }
 
-// The whole attention test matrix (the CPU and GPU suites' flash cases): minutes under the emulator, so it runs
-// only when asked for: test_flash_mma_emulated --no-skip --test-case='*whole matrix*'
+// The whole attention test matrix (the CPU and GPU suites' flash cases): about a minute under the emulator, so it
+// is its own CTest entry (test_flash_mma_emulated_matrix: --no-skip --test-case='*whole matrix*'), left out of the
+// sanitizer build, where it takes five times that.
 TEST_CASE("tensor-core flash (emulated): the whole matrix" * doctest::skip()) {
   for (const Config& c : forward_cases()) check_emulated(c);
   for (const Config& c : flash_cases()) check_emulated(c);
