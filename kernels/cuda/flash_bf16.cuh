@@ -113,8 +113,7 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
   // Q's A fragments: all of them in registers for the whole row of key tiles, or one k step's at a time, read again
   // from shared memory (with two row tiles the registers they would take spilled).
   static_assert(!kQRegs || MT == 1, "two row tiles read Q from shared memory");
-  constexpr bool kQInRegisters = kQRegs;
-  constexpr int QK = kQInRegisters ? EP / 16 : 1;
+  constexpr int QK = kQRegs ? EP / 16 : 1;
   uint32_t qf[MT][QK][4];
   float o[MT][EP / 8][4] = {};
   float m[MT][2], l[MT][2];  // l: this lane's part of the row sums
@@ -129,7 +128,7 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
     cp_async_commit();
     cp_async_wait<1>();  // all but the group just issued: this step's K and V (and, at first, Q)
     __syncthreads();
-    if (kQInRegisters && it == 0) {
+    if (kQRegs && it == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -142,8 +141,8 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
     float sc[MT][kCols / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < EP / 16; ++kk) {
-      const int qk = kQInRegisters ? kk : 0;
-      if constexpr (!kQInRegisters) {
+      const int qk = kQRegs ? kk : 0;
+      if constexpr (!kQRegs) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt][0], Qs + chunk_at<EP>(row0(mt) + lrow_a, 2 * kk + lchunk_a));
       }
