@@ -309,6 +309,16 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[EP / 8][4], const f
   }
 }
 
+/// Stores two adjacent gradient elements (x0, x1) into the bf16 pair at w, or adds them to it: each sum rounded once.
+__device__ __forceinline__ void store_pair(uint32_t* w, float x0, float x1, bool add) {
+  if (add) {
+    const uint32_t old = *w;
+    x0 += float_of_bf16_bits(uint16_t(old & 0xffffu));
+    x1 += float_of_bf16_bits(uint16_t(old >> 16));
+  }
+  *w = pack_bf16(x0, x1);
+}
+
 /// Stores (or, unless g.grads_unwritten, adds into) rows r0 + row0 .. of a strided bf16 gradient: acc times `scale`,
 /// rows at or past n skipped; each sum rounded once.
 template <int EP>
@@ -322,14 +332,8 @@ __device__ __forceinline__ void store_grad(bf16* base, const int64_t* stride, in
     bf16* row = at(base, stride, b, head, r);
 #pragma unroll
     for (int d = 0; d < EP / 8; ++d) {
-      uint32_t* w = reinterpret_cast<uint32_t*>(row + 8 * d + 2 * (lane % 4));
-      float x0 = acc[d][2 * half] * scale, x1 = acc[d][2 * half + 1] * scale;
-      if (add) {
-        const uint32_t old = *w;
-        x0 += float_of_bf16_bits(uint16_t(old & 0xffffu));
-        x1 += float_of_bf16_bits(uint16_t(old >> 16));
-      }
-      *w = pack_bf16(x0, x1);
+      store_pair(reinterpret_cast<uint32_t*>(row + 8 * d + 2 * (lane % 4)), acc[d][2 * half] * scale,
+                 acc[d][2 * half + 1] * scale, add);
     }
   }
 }
@@ -618,19 +622,11 @@ __device__ void dq_from_acc_body(bf16* dq, const float* dq_acc, const AttentionG
   const int f = int(i % (EP / 8)) * 8;
   const float4* acc = reinterpret_cast<const float4*>(dq_acc + row * EP + f);
   const float4 a0 = acc[0], a1 = acc[1];
-  float x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+  const float x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
   uint32_t* out = reinterpret_cast<uint32_t*>(at(dq, g.q_stride, b, h, t) + f);  // 4-byte aligned, as dq's rows are
   const float scale = float(g.scale);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    float x0 = x[2 * j] * scale, x1 = x[2 * j + 1] * scale;
-    if (!g.grads_unwritten) {
-      const uint32_t old = out[j];
-      x0 += float_of_bf16_bits(uint16_t(old & 0xffffu));
-      x1 += float_of_bf16_bits(uint16_t(old >> 16));
-    }
-    out[j] = pack_bf16(x0, x1);
-  }
+  for (int j = 0; j < 4; ++j) store_pair(out + j, x[2 * j] * scale, x[2 * j + 1] * scale, !g.grads_unwritten);
 }
 
 }  // namespace tinygpt::cuda::flash_bf16
