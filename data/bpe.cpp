@@ -1,0 +1,571 @@
+#include "data/bpe.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <unordered_set>
+
+#include "data/unicode_tables.h"
+#include "kernels/base.h"
+
+namespace tinygpt::data {
+
+namespace {
+
+// --- GPT-2's pre-split, by hand: the pattern's alternatives in order, on UTF-8 bytes ---
+
+enum class Class : uint8_t { Letter, Number, Space, Other };
+
+struct Char {
+  Class cls;
+  uint8_t len;  // bytes
+};
+
+template <size_t N>
+bool in_ranges(const unicode::CodeRange (&ranges)[N], char32_t c) {
+  const auto* it = std::upper_bound(std::begin(ranges), std::end(ranges), c,
+                                    [](char32_t v, const unicode::CodeRange& r) { return v < r.first; });
+  return it != std::begin(ranges) && c <= (it - 1)->last;
+}
+
+/// Unicode's White_Space property (what \s matches in the regex engines of `tokenizers` and tiktoken).
+bool is_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+Class classify(char32_t c) {
+  if (in_ranges(unicode::kLetters, c)) return Class::Letter;
+  if (in_ranges(unicode::kNumbers, c)) return Class::Number;
+  return is_space(c) ? Class::Space : Class::Other;
+}
+
+struct AsciiClasses {
+  std::array<Class, 128> cls{};
+  AsciiClasses() {
+    for (char32_t c = 0; c < 128; ++c) cls[c] = classify(c);
+  }
+};
+const AsciiClasses kAscii;
+
+/// The character at text[i]: a valid UTF-8 sequence, or one byte of Class::Other.
+Char char_at(std::string_view text, size_t i) {
+  const auto b0 = uint8_t(text[i]);
+  if (b0 < 0x80) return {kAscii.cls[b0], 1};
+  int len = 0;
+  char32_t cp = 0, min = 0;
+  if ((b0 & 0xe0) == 0xc0) {
+    len = 2, cp = b0 & 0x1f, min = 0x80;
+  } else if ((b0 & 0xf0) == 0xe0) {
+    len = 3, cp = b0 & 0x0f, min = 0x800;
+  } else if ((b0 & 0xf8) == 0xf0) {
+    len = 4, cp = b0 & 0x07, min = 0x10000;
+  } else {
+    return {Class::Other, 1};
+  }
+  if (i + size_t(len) > text.size()) return {Class::Other, 1};
+  for (int k = 1; k < len; ++k) {
+    const auto b = uint8_t(text[i + size_t(k)]);
+    if ((b & 0xc0) != 0x80) return {Class::Other, 1};
+    cp = (cp << 6) | (b & 0x3f);
+  }
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return {Class::Other, 1};
+  return {classify(cp), uint8_t(len)};
+}
+
+/// The end of the run of characters of class `cls` that starts at `i`.
+size_t run_end(std::string_view text, size_t i, Class cls) {
+  while (i < text.size()) {
+    const Char c = char_at(text, i);
+    if (c.cls != cls) break;
+    i += c.len;
+  }
+  return i;
+}
+
+}  // namespace
+
+size_t gpt2_piece_length(std::string_view text, size_t pos) {
+  const size_t n = text.size();
+  const char b0 = text[pos];
+  // 's|'t|'re|'ve|'m|'ll|'d
+  if (b0 == '\'' && pos + 1 < n) {
+    const char b1 = text[pos + 1];
+    if (b1 == 's' || b1 == 't' || b1 == 'm' || b1 == 'd') return 2;
+    if (pos + 2 < n) {
+      const char b2 = text[pos + 2];
+      if ((b1 == 'r' && b2 == 'e') || (b1 == 'v' && b2 == 'e') || (b1 == 'l' && b2 == 'l')) return 3;
+    }
+  }
+  const Char c0 = char_at(text, pos);
+  // ' ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+': an optional space, then a run of one class
+  size_t start = pos;
+  Class cls = c0.cls;
+  if (b0 == ' ' && pos + 1 < n) {
+    const Char c1 = char_at(text, pos + 1);
+    if (c1.cls != Class::Space) start = pos + 1, cls = c1.cls;
+  }
+  if (cls != Class::Space) return run_end(text, start, cls) - pos;
+  // '\s+(?!\S)|\s+': a whitespace run, less its last character when a non-space follows and it has more than one
+  size_t end = pos, last = pos;
+  while (end < n) {
+    const Char c = char_at(text, end);
+    if (c.cls != Class::Space) break;
+    last = end;
+    end += c.len;
+  }
+  if (end < n && last > pos) return last - pos;
+  return end - pos;
+}
+
+void PieceCounts::add_text(std::string_view text) {
+  for_each_piece(text, [&](std::string_view piece) { ++counts_[piece]; });
+}
+
+void PieceCounts::merge(const PieceCounts& other) {
+  other.counts_.for_each([&](std::string_view piece, int64_t count) { counts_[piece] += count; });
+}
+
+std::vector<size_t> cut_points(std::string_view text, size_t target) {
+  std::vector<size_t> cuts{0};
+  target = std::max<size_t>(target, 1);
+  for (size_t next = target; next < text.size();) {
+    const size_t nl = text.find('\n', next - 1);
+    if (nl == std::string_view::npos || nl + 1 >= text.size()) break;
+    const auto before = nl > 0 ? uint8_t(text[nl - 1]) : uint8_t(0), after = uint8_t(text[nl + 1]);
+    if (before > 0x20 && before < 0x7f && after > 0x20 && after < 0x7f) {
+      cuts.push_back(nl + 1);
+      next = nl + 1 + target;
+    } else {
+      next = nl + 2;
+    }
+  }
+  cuts.push_back(text.size());
+  return cuts;
+}
+
+// --- The tokenizer ---
+
+namespace {
+
+uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t(a) << 32) | b; }
+
+/// GPT-2's map of bytes to printable characters, in which tokenizer.json spells tokens.
+struct ByteChars {
+  std::array<std::string, 256> of_byte;
+  std::unordered_map<char32_t, uint8_t> to_byte;
+  ByteChars() {
+    std::array<bool, 256> direct{};
+    for (int b = '!'; b <= '~'; ++b) direct[size_t(b)] = true;
+    for (int b = 0xa1; b <= 0xac; ++b) direct[size_t(b)] = true;
+    for (int b = 0xae; b <= 0xff; ++b) direct[size_t(b)] = true;
+    char32_t extra = 256;
+    for (int b = 0; b < 256; ++b) {
+      const char32_t c = direct[size_t(b)] ? char32_t(b) : extra++;
+      to_byte[c] = uint8_t(b);
+      std::string& s = of_byte[size_t(b)];
+      if (c < 0x80) {
+        s = char(c);
+      } else {
+        s += char(0xc0 | (c >> 6));
+        s += char(0x80 | (c & 0x3f));
+      }
+    }
+  }
+  std::string spell(std::string_view bytes) const {
+    std::string s;
+    for (const char b : bytes) s += of_byte[uint8_t(b)];
+    return s;
+  }
+  /// The bytes a spelled token stands for; false when a character is not one of the 256.
+  bool unspell(std::string_view spelled, std::string& bytes) const {
+    bytes.clear();
+    for (size_t i = 0; i < spelled.size();) {
+      const auto b0 = uint8_t(spelled[i]);
+      char32_t c = 0;
+      if (b0 < 0x80) {
+        c = b0, i += 1;
+      } else if ((b0 & 0xe0) == 0xc0 && i + 1 < spelled.size()) {
+        c = char32_t((b0 & 0x1f) << 6) | (uint8_t(spelled[i + 1]) & 0x3f), i += 2;
+      } else {
+        return false;
+      }
+      const auto it = to_byte.find(c);
+      if (it == to_byte.end()) return false;
+      bytes += char(it->second);
+    }
+    return true;
+  }
+};
+const ByteChars kByteChars;
+
+}  // namespace
+
+BpeTokenizer::BpeTokenizer() {
+  tokens_.resize(256);
+  for (int b = 0; b < 256; ++b) {
+    tokens_[size_t(b)] = std::string(1, char(b));
+    byte_ids_[size_t(b)] = uint32_t(b);
+  }
+}
+
+void BpeTokenizer::index() {
+  merge_of_.clear();
+  merge_of_.reserve(merges_.size() * 2);
+  for (size_t r = 0; r < merges_.size(); ++r) {
+    merge_of_.emplace(pair_key(merges_[r].left, merges_[r].right), std::pair{uint32_t(r), merges_[r].result});
+  }
+}
+
+BpeTokenizer BpeTokenizer::train(const PieceCounts& counts, const TrainOptions& options) {
+  if (options.vocab_size < kMinBpeVocab || options.vocab_size > kMaxBpeVocab) {
+    throw Error(fmt::format("the vocabulary size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
+                            kMinBpeVocab, kMaxBpeVocab, options.vocab_size));
+  }
+  BpeTokenizer tok;
+  struct Word {
+    std::vector<uint32_t> ids;
+    int64_t count;
+  };
+  std::vector<Word> words;
+  words.reserve(counts.unique());
+  counts.map().for_each([&](std::string_view piece, int64_t count) {
+    if (piece.size() < 2) return;  // nothing to merge
+    Word w{{}, count};
+    w.ids.reserve(piece.size());
+    for (const char b : piece) w.ids.push_back(uint8_t(b));
+    words.push_back(std::move(w));
+  });
+  // Pieces in a fixed order (the map's is by hash): the same counts train the same merges on every machine.
+  std::sort(words.begin(), words.end(), [](const Word& a, const Word& b) { return a.ids < b.ids; });
+
+  std::unordered_map<uint64_t, int64_t> pair_count;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> where;  // pair -> words holding it (each listed once per add)
+  for (uint32_t w = 0; w < words.size(); ++w) {
+    const auto& ids = words[w].ids;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      const uint64_t k = pair_key(ids[i], ids[i + 1]);
+      pair_count[k] += words[w].count;
+      auto& list = where[k];
+      if (list.empty() || list.back() != w) list.push_back(w);
+    }
+  }
+  struct Entry {
+    int64_t count;
+    uint64_t key;
+    bool operator<(const Entry& o) const { return count != o.count ? count < o.count : key > o.key; }
+  };
+  std::priority_queue<Entry> heap;
+  for (const auto& [k, c] : pair_count) heap.push({c, k});
+
+  std::unordered_set<std::string> known(tok.tokens_.begin(), tok.tokens_.end());
+  std::vector<uint32_t> visited(words.size(), UINT32_MAX);
+  std::vector<std::pair<uint64_t, int64_t>> delta;
+  std::vector<uint32_t> merged;
+  const int64_t wanted = options.vocab_size - 257;
+  while (int64_t(tok.merges_.size()) < wanted && !heap.empty()) {
+    const Entry top = heap.top();
+    heap.pop();
+    const auto it = pair_count.find(top.key);
+    const int64_t current = it == pair_count.end() ? 0 : it->second;
+    if (current != top.count) {
+      if (current > 0) heap.push({current, top.key});
+      continue;
+    }
+    if (current < 2) break;  // no pair occurs twice: more merges would learn single pieces
+    const auto a = uint32_t(top.key >> 32), b = uint32_t(top.key & 0xffffffffu);
+    std::string bytes = tok.tokens_[a] + tok.tokens_[b];
+    if (!known.insert(bytes).second) {  // already a token by other merges: never merge this pair
+      pair_count.erase(it);
+      continue;
+    }
+    const auto id = uint32_t(tok.tokens_.size());
+    tok.tokens_.push_back(std::move(bytes));
+    tok.merges_.push_back({a, b, id});
+    const uint32_t stamp = uint32_t(tok.merges_.size());
+    std::vector<uint32_t> list = std::move(where[top.key]);
+    where.erase(top.key);
+    for (const uint32_t w : list) {
+      if (visited[w] == stamp) continue;
+      visited[w] = stamp;
+      Word& word = words[w];
+      merged.clear();
+      bool hit = false;
+      for (size_t i = 0; i < word.ids.size(); ++i) {
+        if (i + 1 < word.ids.size() && word.ids[i] == a && word.ids[i + 1] == b) {
+          merged.push_back(id);
+          ++i;
+          hit = true;
+        } else {
+          merged.push_back(word.ids[i]);
+        }
+      }
+      if (!hit) continue;
+      delta.clear();
+      for (size_t i = 0; i + 1 < word.ids.size(); ++i) delta.emplace_back(pair_key(word.ids[i], word.ids[i + 1]), -word.count);
+      for (size_t i = 0; i + 1 < merged.size(); ++i) {
+        const uint64_t k = pair_key(merged[i], merged[i + 1]);
+        delta.emplace_back(k, word.count);
+        if (merged[i] == id || merged[i + 1] == id) {
+          auto& l = where[k];
+          if (l.empty() || l.back() != w) l.push_back(w);
+        }
+      }
+      word.ids.swap(merged);
+      std::sort(delta.begin(), delta.end());
+      for (size_t i = 0; i < delta.size();) {
+        int64_t sum = 0;
+        size_t j = i;
+        for (; j < delta.size() && delta[j].first == delta[i].first; ++j) sum += delta[j].second;
+        if (sum != 0) {
+          int64_t& c = pair_count[delta[i].first];
+          c += sum;
+          if (sum > 0) heap.push({c, delta[i].first});
+          if (c == 0) pair_count.erase(delta[i].first);
+        }
+        i = j;
+      }
+    }
+    pair_count.erase(top.key);
+    if (options.progress) options.progress(int64_t(tok.merges_.size()), wanted);
+  }
+  tok.end_of_text_ = int32_t(tok.tokens_.size());
+  tok.tokens_.emplace_back(kEndOfText);
+  tok.index();
+  return tok;
+}
+
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>& out) const {
+  if (piece.size() == 1) {
+    out.push_back(byte_ids_[uint8_t(piece[0])]);
+    return;
+  }
+  struct Symbol {
+    uint32_t id;
+    int32_t prev, next;
+  };
+  std::vector<Symbol> sym(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) sym[i] = {byte_ids_[uint8_t(piece[i])], int32_t(i) - 1, int32_t(i) + 1};
+  sym.back().next = -1;
+  struct Candidate {
+    uint32_t rank;
+    int32_t pos;
+    uint32_t left, right;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  const auto consider = [&](int32_t pos) {
+    if (pos < 0 || sym[size_t(pos)].next < 0) return;
+    const uint32_t l = sym[size_t(pos)].id, r = sym[size_t(sym[size_t(pos)].next)].id;
+    const auto it = merge_of_.find(pair_key(l, r));
+    if (it != merge_of_.end()) heap.push({it->second.first, pos, l, r});
+  };
+  for (int32_t i = 0; i + 1 < int32_t(piece.size()); ++i) consider(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    Symbol& s = sym[size_t(c.pos)];
+    if (s.id != c.left || s.next < 0 || sym[size_t(s.next)].id != c.right) continue;  // stale
+    const int32_t gone = s.next;
+    s.id = merges_[c.rank].result;
+    s.next = sym[size_t(gone)].next;
+    if (s.next >= 0) sym[size_t(s.next)].prev = c.pos;
+    sym[size_t(gone)].id = UINT32_MAX;
+    consider(s.prev);
+    consider(c.pos);
+  }
+  for (int32_t i = 0; i >= 0; i = sym[size_t(i)].next) out.push_back(sym[size_t(i)].id);
+}
+
+void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out, Cache& cache) const {
+  for_each_piece(text, [&](std::string_view piece) {
+    if (piece.size() == 1) {
+      out.push_back(byte_ids_[uint8_t(piece[0])]);
+      return;
+    }
+    if (const auto* hit = cache.pieces_.get(piece)) {
+      out.insert(out.end(), cache.ids_.begin() + hit->first, cache.ids_.begin() + hit->first + hit->second);
+      return;
+    }
+    const size_t before = out.size();
+    encode_piece(piece, out);
+    if (piece.size() > 256) return;  // long runs (a line of '=' or base64) are rare and would crowd the cache
+    if (cache.pieces_.size() >= cache.max_pieces_) {
+      cache.pieces_.clear();
+      cache.ids_.clear();
+    }
+    cache.pieces_[piece] = {uint32_t(cache.ids_.size()), uint32_t(out.size() - before)};
+    cache.ids_.insert(cache.ids_.end(), out.begin() + std::ptrdiff_t(before), out.end());
+  });
+}
+
+std::string BpeTokenizer::decode(const std::vector<uint32_t>& ids) const {
+  std::string text;
+  for (const uint32_t id : ids) {
+    if (id >= tokens_.size()) {
+      throw Error(fmt::format("token id {} is outside the vocabulary (ids 0 to {})", id, tokens_.size() - 1));
+    }
+    text += tokens_[id];
+  }
+  return text;
+}
+
+// --- tokenizer.json ---
+
+std::string BpeTokenizer::to_json() const {
+  using ojson = nlohmann::ordered_json;
+  ojson vocab = ojson::object();
+  for (size_t id = 0; id < tokens_.size(); ++id) {
+    vocab[int32_t(id) == end_of_text_ ? tokens_[id] : kByteChars.spell(tokens_[id])] = id;
+  }
+  ojson merges = ojson::array();
+  for (const Merge& m : merges_) merges.push_back(kByteChars.spell(tokens_[m.left]) + " " + kByteChars.spell(tokens_[m.right]));
+  ojson added = ojson::array();
+  if (end_of_text_ >= 0) {
+    added.push_back({{"id", end_of_text_}, {"content", kEndOfText}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
+  const ojson byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  ojson j = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         ojson::array({{{"type", "Split"}, {"pattern", {{"Regex", kGpt2Pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+                       byte_level})}}},
+      {"post_processor", nullptr},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"vocab", vocab}, {"merges", merges}}},
+  };
+  return j.dump(1) + "\n";
+}
+
+namespace {
+
+/// Whether a pre_tokenizer is GPT-2's split followed by the byte-level mapping; `why` says what is not.
+bool is_gpt2_pre_tokenizer(const nlohmann::json& p, std::string& why) {
+  const auto type = [](const nlohmann::json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; };
+  if (type(p) == "ByteLevel") {
+    if (p.value("add_prefix_space", false)) return why = "a ByteLevel pre-tokenizer with add_prefix_space", false;
+    if (!p.value("use_regex", true)) return why = "a ByteLevel pre-tokenizer without a split pattern", false;
+    return true;
+  }
+  if (type(p) == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array() && p["pretokenizers"].size() == 2) {
+    const auto& split = p["pretokenizers"][0];
+    const auto& bl = p["pretokenizers"][1];
+    if (type(split) == "Split" && split.contains("pattern") && split["pattern"].is_object() &&
+        split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() && type(bl) == "ByteLevel" &&
+        !bl.value("use_regex", true) && !bl.value("add_prefix_space", false) && split.value("behavior", "") == "Isolated" &&
+        !split.value("invert", false)) {
+      if (split["pattern"]["Regex"].get<std::string>() == kGpt2Pattern) return true;
+      why = fmt::format("the split pattern {} (tinygpt knows GPT-2's, {})", split["pattern"]["Regex"].dump(), kGpt2Pattern);
+      return false;
+    }
+  }
+  why = fmt::format("the pre-tokenizer {:.200}", p.dump());
+  return false;
+}
+
+}  // namespace
+
+BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& what) {
+  const auto bad = [&](const std::string& why) {
+    return Error(fmt::format("'{}' is not a byte-level BPE tokenizer tinygpt can read: {}", what, why));
+  };
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw bad("it is not valid JSON");
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw bad("no \"model\" object");
+  const auto& m = j["model"];
+  if (m.value("type", std::string()) != "BPE") throw bad("its model is not \"BPE\"");
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) throw bad("it has a normalizer");
+  std::string why;
+  if (!j.contains("pre_tokenizer") || !is_gpt2_pre_tokenizer(j["pre_tokenizer"], why)) {
+    throw bad(why.empty() ? "no pre_tokenizer" : why);
+  }
+  if (m.contains("ignore_merges") && m["ignore_merges"].is_boolean() && m["ignore_merges"].get<bool>()) {
+    throw bad("ignore_merges is set");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (m.contains(key) && !m[key].is_null() && !(m[key].is_string() && m[key].get<std::string>().empty())) {
+      throw bad(fmt::format("its model has a {}", key));
+    }
+  }
+  if (m.contains("dropout") && !m["dropout"].is_null()) throw bad("its model has BPE dropout");
+  if (!m.contains("vocab") || !m["vocab"].is_object()) throw bad("no vocab object");
+  const auto& vocab = m["vocab"];
+  if (int64_t(vocab.size()) > kMaxBpeVocab) throw bad(fmt::format("{} tokens, more than {}", vocab.size(), kMaxBpeVocab));
+
+  BpeTokenizer tok;
+  tok.tokens_.assign(vocab.size(), std::string());
+  std::vector<bool> seen(vocab.size(), false);
+  std::unordered_map<std::string, uint32_t> id_of;  // spelled token -> id
+  std::string bytes;
+  for (const auto& [spelled, id_json] : vocab.items()) {
+    if (!id_json.is_number_unsigned() || id_json.get<uint64_t>() >= vocab.size()) {
+      throw bad(fmt::format("token {} has id {}; ids must be 0 to {}, each once", nlohmann::json(spelled).dump(), id_json.dump(),
+                            vocab.size() - 1));
+    }
+    const auto id = id_json.get<uint32_t>();
+    if (seen[id]) throw bad(fmt::format("id {} is given to two tokens", id));
+    seen[id] = true;
+    tok.tokens_[id] = kByteChars.unspell(spelled, bytes) ? bytes : spelled;  // special tokens are spelled as they are
+    id_of.emplace(spelled, id);
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto it = id_of.find(kByteChars.of_byte[size_t(b)]);
+    if (it == id_of.end()) throw bad(fmt::format("byte 0x{:02x} has no token", b));
+    tok.byte_ids_[size_t(b)] = it->second;
+  }
+  if (!m.contains("merges") || !m["merges"].is_array()) throw bad("no merges array");
+  for (const auto& merge : m["merges"]) {
+    std::string left, right;
+    if (merge.is_string()) {
+      const std::string s = merge.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+        throw bad(fmt::format("merge {} is not two tokens separated by one space", merge.dump()));
+      }
+      left = s.substr(0, space), right = s.substr(space + 1);
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+      left = merge[0].get<std::string>(), right = merge[1].get<std::string>();
+    } else {
+      throw bad(fmt::format("merge {:.100} is neither \"a b\" nor [\"a\", \"b\"]", merge.dump()));
+    }
+    const auto l = id_of.find(left), r = id_of.find(right), result = id_of.find(left + right);
+    if (l == id_of.end() || r == id_of.end() || result == id_of.end()) {
+      throw bad(fmt::format("merge {:.100} names a token that is not in the vocabulary", merge.dump()));
+    }
+    tok.merges_.push_back({l->second, r->second, result->second});
+  }
+  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    for (const auto& t : j["added_tokens"]) {
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_unsigned() || !t.contains("content") ||
+          !t["content"].is_string()) {
+        throw bad(fmt::format("added token {:.100} has no id or content", t.dump()));
+      }
+      const auto id = t["id"].get<uint64_t>();
+      const std::string content = t["content"].get<std::string>();
+      if (id == tok.tokens_.size() && int64_t(id) < kMaxBpeVocab) {
+        tok.tokens_.push_back(content);
+      } else if (id > tok.tokens_.size()) {
+        throw bad(fmt::format("added token {} has id {}, past the vocabulary's {}", content, id, tok.tokens_.size()));
+      } else {
+        tok.tokens_[id] = content;
+      }
+      if (content == kEndOfText) tok.end_of_text_ = int32_t(id);
+    }
+  }
+  tok.index();
+  return tok;
+}
+
+}  // namespace tinygpt::data

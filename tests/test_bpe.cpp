@@ -1,0 +1,122 @@
+#include <doctest/doctest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "data/bpe.h"
+#include "kernels/base.h"
+
+using namespace tinygpt;
+using namespace tinygpt::data;
+
+namespace {
+
+std::vector<std::string> pieces(std::string_view text) {
+  std::vector<std::string> out;
+  for_each_piece(text, [&](std::string_view p) { out.emplace_back(p); });
+  return out;
+}
+
+using Ids = std::vector<uint32_t>;
+
+Ids encode(const BpeTokenizer& tok, std::string_view text) {
+  Ids ids;
+  tok.encode(text, ids);
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("bpe: GPT-2's pre-split, worked by hand from the pattern's alternatives") {
+  // contractions; ' ?\p{L}+'; ' ?\p{N}+'; ' ?[^\s\p{L}\p{N}]+'; '\s+(?!\S)' keeps the last space for the word after
+  CHECK(pieces("Hello world's  test") == std::vector<std::string>{"Hello", " world", "'s", " ", " test"});
+  CHECK(pieces("x\n\nok 123 !!?") == std::vector<std::string>{"x", "\n", "\n", "ok", " 123", " !!?"});
+  CHECK(pieces("it'll 'LL") == std::vector<std::string>{"it", "'ll", " '", "LL"});  // case-sensitive, as GPT-2's
+  CHECK(pieces("a  \nb") == std::vector<std::string>{"a", "  ", "\n", "b"});
+  CHECK(pieces("end   ") == std::vector<std::string>{"end", "   "});
+  CHECK(pieces("caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87") == std::vector<std::string>{"caf\xc3\xa9", " \xe4\xb8\xad\xe6\x96\x87"});
+  CHECK(pieces("\xc2\xbd+2") == std::vector<std::string>{"\xc2\xbd", "+", "2"});  // '½' is a number (No)
+  CHECK(pieces("a\xff\xfe b") == std::vector<std::string>{"a", "\xff\xfe", " b"});  // invalid bytes: other characters
+  CHECK(pieces("\xe3\x80\x80x") == std::vector<std::string>{"\xe3\x80\x80", "x"});  // U+3000 is whitespace
+}
+
+TEST_CASE("bpe: cut points fall where pieces end, so counting in parts counts the same") {
+  std::string text;
+  std::mt19937 rng(1);
+  const char* words[] = {"the", " cat", "\n", "  ", "'s", "42", "!", "\n\n", "caf\xc3\xa9", "\t", " "};
+  for (int i = 0; i < 4000; ++i) text += words[rng() % 11];
+  const auto cuts = cut_points(text, 500);
+  CHECK(cuts.size() > 10);
+  CHECK(cuts.front() == 0);
+  CHECK(cuts.back() == text.size());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    for (auto& p : pieces(std::string_view(text).substr(cuts[i], cuts[i + 1] - cuts[i]))) parts.push_back(p);
+  }
+  CHECK(parts == pieces(text));
+}
+
+TEST_CASE("bpe: merges on a hand-worked example") {
+  // pairs: (a,b) 5 + 2 = 7, (b,c) 2 + 1 = 3: merge ab first; then (ab,c) 2 and (b,c) 1: merge abc; then nothing
+  // occurs twice, so training stops with 256 bytes + 2 merges + <|endoftext|>.
+  PieceCounts counts;
+  counts.add("ab", 5);
+  counts.add("abc", 2);
+  counts.add("bc", 1);
+  const BpeTokenizer tok = BpeTokenizer::train(counts, {.vocab_size = 300, .progress = {}});
+  REQUIRE(tok.vocab_size() == 259);
+  CHECK(tok.merges() == 2);
+  CHECK(tok.token_bytes(256) == "ab");
+  CHECK(tok.token_bytes(257) == "abc");
+  CHECK(tok.end_of_text() == 258);
+  CHECK(tok.token_bytes(258) == "<|endoftext|>");
+  CHECK(encode(tok, "abc") == Ids{257});
+  CHECK(encode(tok, "bc") == Ids{'b', 'c'});
+  CHECK(encode(tok, "ab abc") == Ids{256, ' ', 257});  // " abc" is one piece: ' ', then a b c merged
+  CHECK(encode(tok, "<|endoftext|>").size() > 1);  // the special token's text is ordinary text
+  // Ranks decide, not order in the text: in "abab" both (a,b) merge.
+  CHECK(encode(tok, "abab") == Ids{256, 256});
+}
+
+TEST_CASE("bpe: every byte string encodes and decodes back exactly") {
+  std::mt19937 rng(7);
+  PieceCounts counts;
+  std::string corpus;
+  for (int i = 0; i < 20000; ++i) corpus += "abcdefgh \n\xe2\x82\xac\xf0\x9f\x98\x80"[rng() % 17];
+  counts.add_text(corpus);
+  const BpeTokenizer tok = BpeTokenizer::train(counts, {.vocab_size = 300, .progress = {}});
+  CHECK(tok.vocab_size() == 300);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string bytes(rng() % 64, '\0');
+    for (char& b : bytes) b = char(rng() % 4 == 0 ? rng() % 256 : "the cat\n "[rng() % 9]);
+    Ids ids;
+    BpeTokenizer::Cache cache(8);  // a small cache: clearing it must not change anything
+    tok.encode(bytes, ids, cache);
+    for (uint32_t id : ids) CHECK(int64_t(id) < tok.vocab_size());
+    CHECK(tok.decode(ids) == bytes);
+  }
+  CHECK(encode(tok, corpus).size() * 10 < corpus.size() * 9);  // the merges compress what they were learned on
+  CHECK_THROWS_WITH_AS(tok.decode({300}), doctest::Contains("outside the vocabulary"), Error);
+}
+
+TEST_CASE("bpe: tokenizer.json round trip, and what is not a byte-level BPE is refused by name") {
+  PieceCounts counts;
+  counts.add_text("low lower lowest newer newest wider widest low low new new\n");
+  const BpeTokenizer tok = BpeTokenizer::train(counts, {.vocab_size = 280, .progress = {}});
+  const BpeTokenizer back = BpeTokenizer::from_json(tok.to_json(), "tok.json");
+  CHECK(back.vocab_size() == tok.vocab_size());
+  CHECK(back.end_of_text() == tok.end_of_text());
+  CHECK(back.to_json() == tok.to_json());
+  for (const char* text : {"lowest newest", "widest low\n\nnew!", "\xff\x00 x"}) CHECK(encode(back, text) == encode(tok, text));
+
+  const auto refused = [](const std::string& json, const char* why) {
+    CHECK_THROWS_WITH_AS(BpeTokenizer::from_json(json, "t.json"), doctest::Contains(why), Error);
+  };
+  refused("{", "not valid JSON");
+  refused(R"({"model": {"type": "WordPiece"}})", "not \"BPE\"");
+  std::string j = tok.to_json();
+  refused(std::string(j).replace(j.find("\"Isolated\""), 10, "\"Removed\""), "pre-tokenizer");
+  refused(std::string(j).replace(j.find("\"!\": 33"), 7, "\"!\": 99999"), "ids must be 0 to");
+  refused(std::string(j).replace(j.find("\"!\": 33"), 7, "\"!\": 34"), "given to two tokens");
+}
