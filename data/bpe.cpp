@@ -152,6 +152,55 @@ namespace {
 
 uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t(a) << 32) | b; }
 
+/// An open-addressing map from pair keys to small non-zero values (0: absent), for the millions of lookups training
+/// makes. No key is ever ~0 (ids are below 65,536).
+class PairIndex {
+ public:
+  PairIndex() : keys_(1 << 16, kEmpty), values_(1 << 16, 0) {}
+  uint32_t& operator[](uint64_t key) {
+    size_t i = slot(key);
+    if (keys_[i] == kEmpty) {
+      if ((size_ + 1) * 2 > keys_.size()) {
+        grow();
+        i = slot(key);
+      }
+      keys_[i] = key;
+      ++size_;
+    }
+    return values_[i];
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      if (keys_[i] != kEmpty) f(keys_[i], values_[i]);
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t(0);
+  size_t slot(uint64_t key) const {
+    const size_t mask = keys_.size() - 1;
+    size_t i = size_t((key * 0x9e3779b97f4a7c15ull) >> 20) & mask;
+    while (keys_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask;
+    return i;
+  }
+  void grow() {
+    std::vector<uint64_t> keys(keys_.size() * 2, kEmpty);
+    std::vector<uint32_t> values(keys.size(), 0);
+    keys.swap(keys_);
+    values.swap(values_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == kEmpty) continue;
+      const size_t j = slot(keys[i]);
+      keys_[j] = keys[i];
+      values_[j] = values[i];
+    }
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> values_;
+  size_t size_ = 0;
+};
+
 /// GPT-2's map of bytes to printable characters, in which tokenizer.json spells tokens.
 struct ByteChars {
   std::array<std::string, 256> of_byte;
@@ -225,31 +274,53 @@ BpeTokenizer BpeTokenizer::train(const PieceCounts& counts, const TrainOptions& 
                             kMinBpeVocab, kMaxBpeVocab, options.vocab_size));
   }
   BpeTokenizer tok;
+  // The pieces as words of ids, all in one arena in a fixed order (the map's is by hash: sorted, the same counts train
+  // the same merges on every machine, and the words a merge visits lie near each other in memory).
+  std::vector<std::pair<std::string_view, int64_t>> sorted;
+  sorted.reserve(counts.unique());
+  counts.map().for_each([&](std::string_view piece, int64_t count) {
+    if (piece.size() >= 2) sorted.emplace_back(piece, count);  // a single byte has nothing to merge
+  });
+  std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) {
+    return std::lexicographical_compare(x.first.begin(), x.first.end(), y.first.begin(), y.first.end(),
+                                        [](char p, char q) { return uint8_t(p) < uint8_t(q); });
+  });
   struct Word {
-    std::vector<uint32_t> ids;
+    uint64_t offset;
+    uint32_t length;
     int64_t count;
   };
   std::vector<Word> words;
-  words.reserve(counts.unique());
-  counts.map().for_each([&](std::string_view piece, int64_t count) {
-    if (piece.size() < 2) return;  // nothing to merge
-    Word w{{}, count};
-    w.ids.reserve(piece.size());
-    for (const char b : piece) w.ids.push_back(uint8_t(b));
-    words.push_back(std::move(w));
-  });
-  // Pieces in a fixed order (the map's is by hash): the same counts train the same merges on every machine.
-  std::sort(words.begin(), words.end(), [](const Word& a, const Word& b) { return a.ids < b.ids; });
+  std::vector<uint32_t> arena;
+  words.reserve(sorted.size());
+  for (const auto& [piece, count] : sorted) {
+    words.push_back({arena.size(), uint32_t(piece.size()), count});
+    for (const char c : piece) arena.push_back(uint8_t(c));
+  }
+  std::vector<std::pair<std::string_view, int64_t>>().swap(sorted);
 
-  std::unordered_map<uint64_t, int64_t> pair_count;
-  std::unordered_map<uint64_t, std::vector<uint32_t>> where;  // pair -> words holding it (each listed once per add)
+  // Each pair's count and the words it occurs in (a word may be listed after the pair left it: checked when used).
+  struct Pair {
+    int64_t count = 0;
+    uint32_t grown_at = 0;  // the last merge that raised the count (its new id)
+    std::vector<uint32_t> words;
+  };
+  PairIndex index_of;
+  std::vector<Pair> pairs;
+  const auto pair = [&](uint64_t key) -> Pair& {
+    uint32_t& i = index_of[key];
+    if (i == 0) {
+      pairs.emplace_back();
+      i = uint32_t(pairs.size());
+    }
+    return pairs[i - 1];
+  };
   for (uint32_t w = 0; w < words.size(); ++w) {
-    const auto& ids = words[w].ids;
-    for (size_t i = 0; i + 1 < ids.size(); ++i) {
-      const uint64_t k = pair_key(ids[i], ids[i + 1]);
-      pair_count[k] += words[w].count;
-      auto& list = where[k];
-      if (list.empty() || list.back() != w) list.push_back(w);
+    const uint32_t* ids = arena.data() + words[w].offset;
+    for (size_t i = 0; i + 1 < words[w].length; ++i) {
+      Pair& p = pair(pair_key(ids[i], ids[i + 1]));
+      p.count += words[w].count;
+      if (p.words.empty() || p.words.back() != w) p.words.push_back(w);
     }
   }
   struct Entry {
@@ -257,78 +328,83 @@ BpeTokenizer BpeTokenizer::train(const PieceCounts& counts, const TrainOptions& 
     uint64_t key;
     bool operator<(const Entry& o) const { return count != o.count ? count < o.count : key > o.key; }
   };
-  std::priority_queue<Entry> heap;
-  for (const auto& [k, c] : pair_count) heap.push({c, k});
+  std::vector<Entry> entries;
+  index_of.for_each([&](uint64_t key, uint32_t i) { entries.push_back({pairs[i - 1].count, key}); });
+  std::priority_queue<Entry> heap(std::less<Entry>(), std::move(entries));
 
   std::unordered_set<std::string> known(tok.tokens_.begin(), tok.tokens_.end());
-  std::vector<uint32_t> visited(words.size(), UINT32_MAX);
-  std::vector<std::pair<uint64_t, int64_t>> delta;
-  std::vector<uint32_t> merged;
+  std::vector<uint64_t> grown;  // pairs whose count a merge raised: pushed once it is done
   const int64_t wanted = options.vocab_size - 257;
   while (int64_t(tok.merges_.size()) < wanted && !heap.empty()) {
     const Entry top = heap.top();
     heap.pop();
-    const auto it = pair_count.find(top.key);
-    const int64_t current = it == pair_count.end() ? 0 : it->second;
-    if (current != top.count) {
-      if (current > 0) heap.push({current, top.key});
+    Pair& best = pair(top.key);
+    if (best.count != top.count) {  // the count fell since this entry was pushed
+      if (best.count > 0) heap.push({best.count, top.key});
       continue;
     }
-    if (current < 2) break;  // no pair occurs twice: more merges would learn single pieces
+    if (best.count < 2) break;  // no pair occurs twice: more merges would learn single pieces
     const auto a = uint32_t(top.key >> 32), b = uint32_t(top.key & 0xffffffffu);
     std::string bytes = tok.tokens_[a] + tok.tokens_[b];
     if (!known.insert(bytes).second) {  // already a token by other merges: never merge this pair
-      pair_count.erase(it);
+      best.count = 0;
+      std::vector<uint32_t>().swap(best.words);
       continue;
     }
     const auto id = uint32_t(tok.tokens_.size());
     tok.tokens_.push_back(std::move(bytes));
     tok.merges_.push_back({a, b, id});
-    const uint32_t stamp = uint32_t(tok.merges_.size());
-    std::vector<uint32_t> list = std::move(where[top.key]);
-    where.erase(top.key);
+    std::vector<uint32_t> list = std::move(best.words);
+    std::sort(list.begin(), list.end());  // in memory order, each word once
+    list.erase(std::unique(list.begin(), list.end()), list.end());
+    grown.clear();
+    const auto change = [&](uint64_t key, int64_t d) {
+      Pair& p = pair(key);
+      p.count += d;
+      if (d > 0 && p.grown_at != id) {
+        p.grown_at = id;
+        grown.push_back(key);
+      }
+    };
     for (const uint32_t w : list) {
-      if (visited[w] == stamp) continue;
-      visited[w] = stamp;
       Word& word = words[w];
-      merged.clear();
+      uint32_t* ids = arena.data() + word.offset;
+      const int64_t n = word.count;
+      // Merged in place (j <= i). Only the pairs around each occurrence change: (L, a) and (b, R) become (L, new) and
+      // (new, R).
+      size_t j = 0;
       bool hit = false;
-      for (size_t i = 0; i < word.ids.size(); ++i) {
-        if (i + 1 < word.ids.size() && word.ids[i] == a && word.ids[i + 1] == b) {
-          merged.push_back(id);
-          ++i;
+      for (size_t i = 0; i < word.length;) {
+        if (i + 1 < word.length && ids[i] == a && ids[i + 1] == b) {
+          change(top.key, -n);
+          if (j > 0) {
+            change(pair_key(ids[j - 1], a), -n);
+            change(pair_key(ids[j - 1], id), n);
+          }
+          if (i + 2 < word.length) {
+            change(pair_key(b, ids[i + 2]), -n);
+            change(pair_key(id, ids[i + 2]), n);
+          }
+          ids[j++] = id;
+          i += 2;
           hit = true;
         } else {
-          merged.push_back(word.ids[i]);
+          ids[j++] = ids[i++];
         }
       }
       if (!hit) continue;
-      delta.clear();
-      for (size_t i = 0; i + 1 < word.ids.size(); ++i) delta.emplace_back(pair_key(word.ids[i], word.ids[i + 1]), -word.count);
-      for (size_t i = 0; i + 1 < merged.size(); ++i) {
-        const uint64_t k = pair_key(merged[i], merged[i + 1]);
-        delta.emplace_back(k, word.count);
-        if (merged[i] == id || merged[i + 1] == id) {
-          auto& l = where[k];
+      word.length = uint32_t(j);
+      for (size_t i = 0; i + 1 < j; ++i) {
+        if (ids[i] == id || ids[i + 1] == id) {
+          auto& l = pair(pair_key(ids[i], ids[i + 1])).words;
           if (l.empty() || l.back() != w) l.push_back(w);
         }
       }
-      word.ids.swap(merged);
-      std::sort(delta.begin(), delta.end());
-      for (size_t i = 0; i < delta.size();) {
-        int64_t sum = 0;
-        size_t j = i;
-        for (; j < delta.size() && delta[j].first == delta[i].first; ++j) sum += delta[j].second;
-        if (sum != 0) {
-          int64_t& c = pair_count[delta[i].first];
-          c += sum;
-          if (sum > 0) heap.push({c, delta[i].first});
-          if (c == 0) pair_count.erase(delta[i].first);
-        }
-        i = j;
-      }
     }
-    pair_count.erase(top.key);
+    for (const uint64_t key : grown) {
+      const Pair& p = pair(key);
+      if (p.count > 0) heap.push({p.count, key});
+    }
     if (options.progress) options.progress(int64_t(tok.merges_.size()), wanted);
   }
   tok.end_of_text_ = int32_t(tok.tokens_.size());

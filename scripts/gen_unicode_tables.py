@@ -4,13 +4,18 @@ which the byte-level BPE's pre-split pattern (\\p{L}, \\p{N}) needs.
 
     python3 scripts/gen_unicode_tables.py > data/unicode_tables.h
 
-Uses unicodedata2 when installed (a newer Unicode than the interpreter's), else Python's unicodedata; the file
-names the version it came from.
+The tables follow Unicode 16.0, as the regex engines of `tokenizers` (Oniguruma) and tiktoken (the regex crate) do,
+so that the pre-split agrees with them on every code point: run it where unicodedata2 16.0.0 is installed
+(pip install unicodedata2==16.0.0, in a virtual environment outside the tree). It refuses another version.
 """
+import sys
+
 try:
     import unicodedata2 as ud
 except ImportError:
     import unicodedata as ud
+if ud.unidata_version != "16.0.0":
+    sys.exit(f"error: this is Unicode {ud.unidata_version}; install unicodedata2==16.0.0 (see the docstring)")
 
 
 def ranges(prefix):

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -119,4 +122,57 @@ TEST_CASE("bpe: tokenizer.json round trip, and what is not a byte-level BPE is r
   refused(std::string(j).replace(j.find("\"Isolated\""), 10, "\"Removed\""), "pre-tokenizer");
   refused(std::string(j).replace(j.find("\"!\": 33"), 7, "\"!\": 99999"), "ids must be 0 to");
   refused(std::string(j).replace(j.find("\"!\": 33"), 7, "\"!\": 34"), "given to two tokens");
+}
+
+TEST_CASE("bpe: incremental training learns the merges a brute-force count of every pair at every step learns") {
+  // The reference: recount all pairs each step, take the most frequent (ties: the smaller pair of ids), skip a pair
+  // whose bytes are already a token, stop when none occurs twice.
+  std::mt19937 rng(3);
+  PieceCounts counts;
+  std::string text;
+  const char* syll[] = {"ab", "ba", "aa", "abc", " ", "c", "\n", "a", "bb", "\xc3\xa9"};
+  for (int i = 0; i < 6000; ++i) text += syll[rng() % 10];
+  counts.add_text(text);
+  const BpeTokenizer tok = BpeTokenizer::train(counts, {.vocab_size = 340, .progress = {}});
+
+  std::vector<std::pair<std::vector<uint32_t>, int64_t>> words;
+  counts.map().for_each([&](std::string_view piece, int64_t n) {
+    std::vector<uint32_t> ids;
+    for (const char c : piece) ids.push_back(uint8_t(c));
+    words.emplace_back(ids, n);
+  });
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.emplace_back(1, char(b));
+  std::vector<std::array<uint32_t, 2>> merges;
+  while (tokens.size() < 339) {
+    std::map<std::pair<uint32_t, uint32_t>, int64_t> pc;
+    for (const auto& [ids, n] : words) {
+      for (size_t i = 0; i + 1 < ids.size(); ++i) pc[{ids[i], ids[i + 1]}] += n;
+    }
+    std::pair<uint32_t, uint32_t> best{};
+    int64_t best_n = 0;
+    for (const auto& [p, n] : pc) {
+      if (n <= best_n) continue;  // the map's order is by pair: the first of equal counts is the smaller pair
+      if (std::find(tokens.begin(), tokens.end(), tokens[p.first] + tokens[p.second]) != tokens.end()) continue;
+      best = p, best_n = n;
+    }
+    if (best_n < 2) break;
+    const auto id = uint32_t(tokens.size());
+    tokens.push_back(tokens[best.first] + tokens[best.second]);
+    merges.push_back({best.first, best.second});
+    for (auto& [ids, n] : words) {
+      std::vector<uint32_t> out;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (i + 1 < ids.size() && ids[i] == best.first && ids[i + 1] == best.second) {
+          out.push_back(id);
+          ++i;
+        } else {
+          out.push_back(ids[i]);
+        }
+      }
+      ids = out;
+    }
+  }
+  REQUIRE(tok.merges() == int64_t(merges.size()));
+  for (size_t i = 0; i < merges.size(); ++i) CHECK(tok.token_bytes(int32_t(256 + i)) == tokens[256 + i]);
 }

@@ -47,7 +47,7 @@ d=$(sample --seed 7 --no-kv-cache --max-new-tokens 20)
 
 "$tinygpt" eval --ckpt "$dir/run" --data "$dir/text.txt" --eval-iters 2 --batch-size 4 > "$dir/eval.out" 2>&1 \
   || fail "eval exited non-zero: $(cat "$dir/eval.out")"
-grep -Eq "^train loss [0-9.]+, val loss [0-9.]+$" "$dir/eval.out" || fail "eval printed '$(cat "$dir/eval.out")'"
+grep -Eq "^train loss [0-9.]+, val loss [0-9.]+, val bits per byte [0-9.]+$" "$dir/eval.out" || fail "eval printed '$(cat "$dir/eval.out")'"
 
 "$tinygpt" export --ckpt "$dir/run" --format hf --out "$dir/hf" 2> "$dir/export.log" || fail "export exited non-zero: $(cat "$dir/export.log")"
 for f in config.json model.safetensors tokenizer.json tokenizer_config.json; do
@@ -73,7 +73,9 @@ printf 'abcdef' > "$dir/short.txt"
 perl -CS -e 'no warnings; print chr(0x20000 + $_) for 0 .. 69999' > "$dir/huge_vocab.txt"
 : > "$dir/a_file"
 expect_error "does not exist" "$tinygpt" train --data "$dir/nope.txt" --out "$dir/r2"
-expect_error "is a directory" "$tinygpt" train --data "$dir" --out "$dir/r2"
+# A directory is a corpus of its text files (the binary one skipped, said so); a character model names bad UTF-8.
+expect_error "skipping $dir/binary.bin: binary" "$tinygpt" train --data "$dir" --out "$dir/r2"
+expect_error "bad.txt': invalid UTF-8 at byte offset 3" "$tinygpt" train --data "$dir" --out "$dir/r2"
 expect_error "looks like a binary file" "$tinygpt" train --data "$dir/binary.bin" --out "$dir/r2"
 expect_error "fewer than block_size + 1" "$tinygpt" train --data "$dir/short.txt" --out "$dir/r2" --block-size 8
 expect_error "at most 65536 are supported" "$tinygpt" train --data "$dir/huge_vocab.txt" --out "$dir/r2"

@@ -582,7 +582,7 @@ TEST_CASE("cuda: a training step waits for the GPU once (the loss and the gradie
     for (const int64_t accum : {1, 3}) {
       INFO(optimizer << ", --grad-accum " << accum);
       TrainConfig c;
-      c.data = (dir / "toy.txt").string();
+      c.data = {(dir / "toy.txt").string()};
       c.out = (dir / fmt::format("{}_{}", optimizer, accum)).string();
       c.device = "cuda";
       c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 32, c.model.block_size = 16;
@@ -614,7 +614,7 @@ TEST_CASE("cuda: the training step as a CUDA graph gives the losses of the step 
       std::vector<TrainResult> runs;
       for (const bool graphs : {true, false}) {
         TrainConfig c;
-        c.data = (dir / "toy.txt").string();
+        c.data = {(dir / "toy.txt").string()};
         c.out = (dir / fmt::format("{}_{}_{}", accum, dtype, graphs ? 1 : 0)).string();
         c.device = "cuda";
         c.dtype = numbers.dtype;

@@ -58,7 +58,7 @@ TrainConfig toy_run(const TempDir& dir, int64_t n_embd) {
   const fs::path text = dir.path / "toy.txt";
   write_file(text, toy_text());
   TrainConfig c;
-  c.data = text.string();
+  c.data = {text.string()};
   c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = n_embd, c.model.block_size = 16;
   return c;
 }
@@ -139,7 +139,7 @@ TEST_CASE("train --dtype bf16: rounded operands change the losses a little, and 
   CHECK(std::abs(fp32 - bf16) < 0.05);     // and it trains the same
   CHECK(bf16 < std::log(double(17)) - 0.5);  // well below a uniform guess over the toy's characters
   TrainConfig bad;
-  bad.data = "x.txt", bad.dtype = "fp16";
+  bad.data = {"x.txt"}, bad.dtype = "fp16";
   CHECK_THROWS_WITH_AS(bad.validate(), "--dtype must be fp32 or bf16, got 'fp16'", Error);
 }
 
@@ -371,11 +371,11 @@ TEST_CASE("train: a short run learns, keeps best and latest checkpoints and metr
   // The checkpoint restores the model: the same evaluation, in a new model.
   const Checkpoint ckpt = load_checkpoint(fs::path(c.out) / kLatestCheckpoint);
   CHECK(ckpt.state.iter == 60);
-  CHECK(ckpt.vocab.size() == ckpt.config.vocab_size);
+  CHECK(ckpt.tokenizer.vocab_size() == ckpt.config.vocab_size);
   Generator gen(0);
   nn::GPT model(ckpt.config, gen);
   load_weights(model, ckpt);
-  const data::TokenData tokens = data::encode_file(text, ckpt.vocab);
+  const data::TokenData tokens = data::encode_file(text, ckpt.tokenizer.chars());
   const auto split = data::split_tokens(tokens.ids(), 0.9);
   CHECK(estimate_loss(model, split.val, 8, 4, 12345, "val") < 2.0);
 
@@ -398,10 +398,10 @@ TEST_CASE("checkpoints: a directory means best, else latest; foreign or mismatch
   cfg.vocab_size = 3, cfg.block_size = 4, cfg.n_layer = 1, cfg.n_head = 1, cfg.n_embd = 8;
   Generator gen(1);
   const nn::GPT model(cfg, gen);
-  save_checkpoint(dir.path / kLatestCheckpoint, model, data::CharVocab(U"abc"), nullptr, {});
+  save_checkpoint(dir.path / kLatestCheckpoint, model, data::Tokenizer(data::CharVocab(U"abc")), nullptr, {});
   CHECK(resolve_checkpoint(dir.path) == dir.path / kLatestCheckpoint);
   CHECK(load_checkpoint(dir.path).config.n_embd == 8);
-  save_checkpoint(dir.path / kBestCheckpoint, model, data::CharVocab(U"abc"), nullptr, {});
+  save_checkpoint(dir.path / kBestCheckpoint, model, data::Tokenizer(data::CharVocab(U"abc")), nullptr, {});
   CHECK(resolve_checkpoint(dir.path) == dir.path / kBestCheckpoint);
 
   // Weights that do not match the config, and a vocabulary that does not match vocab_size.
@@ -416,7 +416,7 @@ TEST_CASE("checkpoints: a directory means best, else latest; foreign or mismatch
   contents = safetensors::load(dir.path / kBestCheckpoint);
   contents.metadata["vocab"] = "abcd";
   safetensors::save(p, contents.tensors, contents.metadata);
-  CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("vocabulary has 4 characters"), Error);
+  CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("vocabulary has 4 tokens"), Error);
 }
 
 TEST_CASE("checkpoints record the model's numerics; eval's and sample's flags override them") {
@@ -430,7 +430,7 @@ TEST_CASE("checkpoints record the model's numerics; eval's and sample's flags ov
   CHECK(model.h[0]->attn.numerics().attention == AttentionMath::BF16);  // the children follow
   CHECK(model.h[0]->mlp.c_fc.numerics().bf16);
   const fs::path p = dir.path / kLatestCheckpoint;
-  save_checkpoint(p, model, data::CharVocab(U"abc"), nullptr, {});
+  save_checkpoint(p, model, data::Tokenizer(data::CharVocab(U"abc")), nullptr, {});
   const Checkpoint ckpt = load_checkpoint(p);
   CHECK(ckpt.numerics.tf32 == false);
   CHECK(ckpt.numerics.bf16);
@@ -517,7 +517,7 @@ TEST_CASE("train --storage bf16: learns as f32 storage does, the masters updated
     }
   }
   TrainConfig bad = TrainConfig{};
-  bad.data = "x.txt", bad.storage = "bf16";
+  bad.data = {"x.txt"}, bad.storage = "bf16";
   CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("--storage bf16 needs --dtype bf16"), Error);
   // On the GPU bf16 storage is the default with bf16 products (measured faster there), and f32 storage asked for.
   TrainConfig gpu = bad;
@@ -643,7 +643,7 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
       }
     }
     const data::CharVocab vocab(U"\n ab\u00e9");
-    save_checkpoint(dir.path / "ckpt.safetensors", model, vocab, nullptr, {});
+    save_checkpoint(dir.path / "ckpt.safetensors", model, data::Tokenizer(vocab), nullptr, {});
     export_hf(load_checkpoint(dir.path / "ckpt.safetensors"), dir.path / "hf");
 
     const auto st = safetensors::load(dir.path / "hf" / "model.safetensors");
@@ -734,7 +734,7 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
   const nn::GPTConfig untied{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .untied_head = true};
   Generator gen(6);
   nn::GPT model(untied, gen);
-  save_checkpoint(dir.path / "untied.safetensors", model, data::CharVocab(U"\n ab\u00e9"), nullptr, {});
+  save_checkpoint(dir.path / "untied.safetensors", model, data::Tokenizer(data::CharVocab(U"\n ab\u00e9")), nullptr, {});
   export_hf(load_checkpoint(dir.path / "untied.safetensors"), dir.path / "hf_untied");
   const auto st = safetensors::load(dir.path / "hf_untied" / "model.safetensors");
   const Tensor head = st.find("lm_head.weight");

@@ -65,7 +65,7 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   return c;
 }
 
-void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::CharVocab& vocab, const Optimizer* opt,
+void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Tokenizer& tokenizer, const Optimizer* opt,
                      const TrainState& state) {
   std::vector<std::pair<std::string, Tensor>> tensors = model.named_parameters();
   if (opt != nullptr) {
@@ -74,7 +74,11 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Cha
   std::map<std::string, std::string> meta;
   meta["format"] = kFormat;
   meta["config"] = to_json(model.config()).dump();
-  meta["vocab"] = data::encode_utf8(vocab.chars());
+  if (tokenizer.is_bpe()) {
+    meta["tokenizer"] = tokenizer.bpe().to_json();
+  } else {
+    meta["vocab"] = data::encode_utf8(tokenizer.chars().chars());
+  }
   meta["iter"] = std::to_string(state.iter);
   meta["train_seconds"] = fmt::format("{:.17g}", state.train_seconds);
   meta["best_val_loss"] = std::isfinite(state.best_val_loss) ? fmt::format("{:.17g}", state.best_val_loss) : "inf";
@@ -115,7 +119,11 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
   if (field("format") != kFormat) throw bad(fmt::format("format '{}', expected '{}'", field("format"), kFormat));
   try {
     c.config = gpt_config_from_json(nlohmann::json::parse(field("config")));
-    c.vocab = data::CharVocab::from_chars(data::decode_utf8(field("vocab")));
+    if (meta.contains("tokenizer")) {
+      c.tokenizer = data::Tokenizer(data::BpeTokenizer::from_json(field("tokenizer"), "its tokenizer"));
+    } else {
+      c.tokenizer = data::Tokenizer(data::CharVocab::from_chars(data::decode_utf8(field("vocab"))));
+    }
     c.state.iter = std::stoll(field("iter"));
     c.state.best_val_loss = std::stod(field("best_val_loss"));
     if (meta.contains("train_seconds")) c.state.train_seconds = std::stod(field("train_seconds"));  // else 0 (older)
@@ -138,8 +146,8 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
   } catch (const std::exception& e) {
     throw bad(fmt::format("malformed metadata ({})", e.what()));
   }
-  if (c.vocab.size() != c.config.vocab_size) {
-    throw bad(fmt::format("its vocabulary has {} characters but its config says vocab_size {}", c.vocab.size(),
+  if (c.tokenizer.vocab_size() != c.config.vocab_size) {
+    throw bad(fmt::format("its vocabulary has {} tokens but its config says vocab_size {}", c.tokenizer.vocab_size(),
                           c.config.vocab_size));
   }
   // Every weight the config implies must be there with the right shape.

@@ -1,5 +1,6 @@
 // Checkpoints: one .safetensors file holding the model's weights under nanoGPT's names, the optimizer's
-// state under "optimizer.<param>.exp_avg" / ".exp_avg_sq" (AdamW) or ".momentum_buffer" (Muon), and metadata: the model config, the vocabulary,
+// state under "optimizer.<param>.exp_avg" / ".exp_avg_sq" (AdamW) or ".momentum_buffer" (Muon), and metadata: the model config, the vocabulary
+// ("vocab": the characters; or "tokenizer": a byte-level BPE's tokenizer.json),
 // the iteration, the best validation loss, the random generators' states and the run's training flags.
 // A run directory keeps ckpt_latest.safetensors and ckpt_best.safetensors.
 #pragma once
@@ -9,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../autograd/random.h"
-#include "../data/text.h"
+#include "../data/tokenizer.h"
 #include "../nn/gpt.h"
 #include "optimizer.h"
 #include "safetensors.h"
@@ -32,7 +33,7 @@ struct TrainState {
 struct Checkpoint {
   std::filesystem::path path;
   nn::GPTConfig config;
-  data::CharVocab vocab;
+  data::Tokenizer tokenizer;  // its characters, or its byte-level BPE
   TrainState state;
   int64_t optimizer_step = 0;
   std::string optimizer = "adamw";  // its --optimizer ("adamw" in checkpoints from before Muon); "none": weights only
@@ -41,7 +42,7 @@ struct Checkpoint {
 };
 
 /// Writes a checkpoint crash-safely (temporary file, flush, rename). opt may be null (weights only).
-void save_checkpoint(const std::filesystem::path& path, const nn::GPT& model, const data::CharVocab& vocab,
+void save_checkpoint(const std::filesystem::path& path, const nn::GPT& model, const data::Tokenizer& tokenizer,
                      const Optimizer* opt, const TrainState& state);
 
 /// A run directory means its best checkpoint, else its latest; a file means itself.

@@ -10,6 +10,8 @@
 #include <limits>
 
 #include "data/corpus.h"
+#include "data/documents.h"
+#include "train/training_data.h"
 #include "train/checkpoint.h"
 #include "train/comm.h"
 #include "train/export.h"
@@ -34,6 +36,22 @@ Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
 namespace fs = std::filesystem;
 
 namespace {
+
+/// A directory under the system's temporary directory, removed with what it holds when the scope ends.
+struct ScratchDir {
+  fs::path path;
+  ScratchDir() {
+    std::string templ = (fs::temp_directory_path() / "tinygpt-XXXXXX").string();
+    if (::mkdtemp(templ.data()) == nullptr) throw Error(fmt::format("cannot make a scratch directory under {}", fs::temp_directory_path().string()));
+    path = templ;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+};
 
 /// CLI11's help without what misreads as a default: the "{false}" marker CLI11 puts after a negatable flag's
 /// negative form (add_switch names the default instead), and control characters in a default, escaped (the
@@ -83,30 +101,32 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
       ->check(CLI::IsMember({"f32", "bf16"}));
 }
 
-/// The ids of a flag's text; throws naming the flag and the first character outside the vocabulary.
-std::vector<int32_t> encode_flag_text(const data::CharVocab& vocab, const std::u32string& text, const char* flag) {
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const int32_t id = vocab.id(text[i]);
-    if (id < 0) {
-      throw Error(fmt::format("{}: character '{}' (U+{:04X}) at position {} is not in the model's vocabulary", flag,
-                              data::encode_utf8(text.substr(i, 1)), uint32_t(text[i]), i));
-    }
-    ids.push_back(id);
-  }
-  return ids;
+/// The ids of a flag's text; throws naming the flag and the first character outside a character vocabulary.
+std::vector<int32_t> encode_flag_text(const data::Tokenizer& tok, const std::string& text, const char* flag) {
+  const std::vector<uint32_t> ids = tok.encode(text, flag);
+  return {ids.begin(), ids.end()};
 }
 
 void add_train_command(CLI::App& app, TrainConfig& c) {
-  CLI::App* cmd = app.add_subcommand("train", "Train a character-level GPT on a UTF-8 text file (nanoGPT's shakespeare_char defaults)");
-  cmd->add_option("--data", c.data, "UTF-8 text file to train on")->required();
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on text files, over characters or a byte-level BPE (nanoGPT's "
+                                     "shakespeare_char defaults)");
+  cmd->add_option("--data", c.data, "Text to train on: files, directories (walked; text files only) and globs, repeatable; "
+                  "each file is a document")->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--tokenizer", c.tokenizer, "char (one token per character of the data), bpe (a byte-level BPE trained "
+                  "on the training documents first, saved as OUT/tokenizer.json), or a tokenizer.json file")
+      ->capture_default_str();
+  cmd->add_option("--vocab-size", c.vocab_size, "With --tokenizer bpe: its vocabulary, 257 to 65536 (default: 4096)");
+  cmd->add_flag("--doc-mask", c.doc_mask, "With a BPE: attention stays within documents (each file is one, ended by "
+                "<|endoftext|>)");
+  cmd->add_option("--init-from", c.init_from, "Fine-tune: start from this checkpoint's (or run directory's) weights and "
+                  "tokenizer with a fresh optimizer and schedule");
   cmd->add_option("--out", c.out, "Run directory: checkpoints, metrics.jsonl, token cache")->capture_default_str();
   auto& m = c.model;
   cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str();
   cmd->add_option("--n-head", m.n_head, "Attention heads")->capture_default_str();
   cmd->add_option("--n-kv-head", m.n_kv_head, "Key/value heads (0: same as --n-head; fewer: grouped-query)")->capture_default_str();
   cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str();
-  cmd->add_option("--block-size", m.block_size, "Context length in characters")->capture_default_str();
+  cmd->add_option("--block-size", m.block_size, "Context length in tokens")->capture_default_str();
   cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str();
   add_switch(cmd, "bias", m.bias, "Biases in Linear and LayerNorm layers");
   std::vector<std::string> positions;
@@ -230,9 +250,9 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)");
   cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
   cmd->add_option("--prompt", a.prompt, "Text to continue (printed first)")->capture_default_str();
-  cmd->add_option("--max-new-tokens", a.gen.max_new_tokens, "Characters to generate per sample")->capture_default_str();
+  cmd->add_option("--max-new-tokens", a.gen.max_new_tokens, "Tokens to generate per sample")->capture_default_str();
   cmd->add_option("--temperature", a.gen.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
-  cmd->add_option("--top-k", a.gen.top_k, "Sample among the k most likely characters (0: all)")->capture_default_str();
+  cmd->add_option("--top-k", a.gen.top_k, "Sample among the k most likely tokens (0: all)")->capture_default_str();
   cmd->add_option("--seed", a.seed, "Random seed (the same seed gives the same text)")->capture_default_str();
   cmd->add_option("--num-samples", a.num_samples, "Independent samples to draw")->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
@@ -241,15 +261,124 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
 }
 
 void add_eval_command(CLI::App& app, EvalArgs& a) {
-  CLI::App* cmd = app.add_subcommand("eval", "Print a checkpoint's mean loss on the train and val splits of a text file");
+  CLI::App* cmd = app.add_subcommand("eval", "Print a checkpoint's mean loss and bits per byte on the train and val splits "
+                                     "of text files");
   cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
-  cmd->add_option("--data", a.data, "UTF-8 text file (its characters must be in the checkpoint's vocabulary)")->required();
+  cmd->add_option("--data", a.data, "Text files, directories or globs, repeatable (a character model needs its characters "
+                  "to be in the vocabulary; a BPE takes any text)")->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--batch-size", a.batch_size, "Sequences per batch")->capture_default_str();
   cmd->add_option("--eval-iters", a.eval_iters, "Batches per split")->capture_default_str();
   cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")->capture_default_str();
   cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   add_numerics_flags(cmd, a.numerics);
+}
+
+void add_tokenizer_command(CLI::App& app, TokenizerArgs& a) {
+  CLI::App* cmd = app.add_subcommand("tokenizer", "Train a byte-level BPE on text files, or encode and decode with one");
+  cmd->require_subcommand(1);
+  CLI::App* train = cmd->add_subcommand("train", "Learn a byte-level BPE (GPT-2's pre-split) from text files and write it as "
+                                        "a Hugging Face tokenizer.json");
+  train->add_option("--data", a.data, "Files, directories (walked; text files only) and globs, repeatable")
+      ->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  train->add_option("--vocab-size", a.vocab_size, "Tokens: the 256 bytes, the merges and <|endoftext|> (257 to 65536)")
+      ->capture_default_str();
+  train->add_option("--out", a.out, "tokenizer.json to write")->required();
+  const auto source = [&a](CLI::App* sub) {
+    sub->add_option("--tokenizer", a.tokenizer, "A tokenizer.json file");
+    sub->add_option("--ckpt", a.ckpt, "A checkpoint or run directory: its tokenizer (a BPE, or its characters)");
+  };
+  CLI::App* encode = cmd->add_subcommand("encode", "Print the ids of --text on one line, or write every --data document's "
+                                         "ids, each followed by <|endoftext|>, to --out as little-endian uint32");
+  source(encode);
+  encode->add_option("--text", a.text, "Text to encode");
+  encode->add_option("--data", a.data, "Files, directories and globs to encode, repeatable")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  encode->add_option("--out", a.out, "With --data: the file of ids to write");
+  CLI::App* decode = cmd->add_subcommand("decode", "Print the text of ids, exactly (no newline is added)");
+  source(decode);
+  decode->add_option("--ids", a.ids, "Ids separated by spaces or commas")->required();
+}
+
+void validate_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
+  if (app.got_subcommand("train")) {
+    if (a.vocab_size < data::kMinBpeVocab || a.vocab_size > data::kMaxBpeVocab) {
+      throw Error(fmt::format("--vocab-size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
+                              data::kMinBpeVocab, data::kMaxBpeVocab, a.vocab_size));
+    }
+    return;
+  }
+  if (a.tokenizer.empty() == a.ckpt.empty()) throw Error("give the tokenizer as one of --tokenizer FILE or --ckpt RUN");
+  if (app.got_subcommand("encode")) {
+    if (a.text.has_value() == !a.data.empty()) throw Error("give one of --text TEXT or --data PATH... --out FILE");
+    if (!a.data.empty() && a.out.empty()) throw Error("--data needs --out FILE: the ids are written there");
+  }
+}
+
+data::Tokenizer tokenizer_of(const TokenizerArgs& a) {
+  if (!a.tokenizer.empty()) return data::Tokenizer(data::read_tokenizer_file(a.tokenizer));
+  return load_checkpoint(a.ckpt).tokenizer;
+}
+
+/// Ids from "1 2 3" or "1,2,3"; throws naming one that is not an id of the tokenizer.
+std::vector<uint32_t> parse_ids(const std::string& text, const data::Tokenizer& tok) {
+  std::vector<uint32_t> ids;
+  std::string word;
+  const auto flush = [&] {
+    if (word.empty()) return;
+    size_t used = 0;
+    unsigned long long v = 0;
+    try {
+      v = std::stoull(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || word[0] == '-' || v >= uint64_t(tok.vocab_size())) {
+      throw Error(fmt::format("--ids: '{}' is not a token id of this tokenizer (0 to {})", word, tok.vocab_size() - 1));
+    }
+    ids.push_back(uint32_t(v));
+    word.clear();
+  };
+  for (const char c : text) {
+    if (c == ' ' || c == ',' || c == '\t' || c == '\n') {
+      flush();
+    } else {
+      word += c;
+    }
+  }
+  flush();
+  return ids;
+}
+
+void run_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
+  const auto note = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  if (app.got_subcommand("train")) {
+    const std::vector<fs::path> files = data::list_text_files(a.data, note);
+    const data::PieceCounts counts = data::count_pieces(files);
+    const auto t0 = std::chrono::steady_clock::now();
+    const data::BpeTokenizer bpe = data::BpeTokenizer::train(counts, {.vocab_size = a.vocab_size, .progress = {}});
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    write_text_file(a.out, bpe.to_json());
+    fmt::print(stderr, "learned {} merges in {:.1f}s{}; wrote {} ({} tokens, <|endoftext|> is id {})\n", bpe.merges(), secs,
+               bpe.vocab_size() < a.vocab_size ? " (no pair occurs twice any more: a smaller vocabulary)" : "", a.out,
+               bpe.vocab_size(), bpe.end_of_text());
+    return;
+  }
+  const data::Tokenizer tok = tokenizer_of(a);
+  if (app.got_subcommand("encode")) {
+    if (a.text) {
+      const std::vector<uint32_t> ids = tok.encode(*a.text, "--text");
+      std::string line;
+      for (size_t i = 0; i < ids.size(); ++i) line += fmt::format("{}{}", i ? " " : "", ids[i]);
+      fmt::print("{}\n", line);
+      return;
+    }
+    const int64_t n = data::write_document_ids(data::list_text_files(a.data, note), tok, a.out);
+    fmt::print(stderr, "wrote {} ids to {}\n", n, a.out);
+    return;
+  }
+  const std::string text = tok.decode(parse_ids(a.ids, tok));
+  std::fwrite(text.data(), 1, text.size(), stdout);
 }
 
 void run_info(const std::string& path) {
@@ -262,8 +391,9 @@ void run_info(const std::string& path) {
   }
   const auto& c = ckpt.config;
   fmt::print("checkpoint     {}\n", ckpt.path.string());
-  fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {}, bias {}, {}\n",
+  fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {} ({}), bias {}, {}\n",
              c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head, c.n_embd, c.block_size, c.vocab_size,
+             ckpt.tokenizer.kind(),
              c.bias ? "on" : "off", describe_attention(c));
   if (positions > 0) {
     fmt::print("parameters     {} ({:.2f}M without the position table)\n", params, double(params - positions) / 1e6);
@@ -300,8 +430,11 @@ void run_info(const std::string& path) {
     if (j.is_object() && j.contains("val_loss")) last_eval = j;
   }
   if (!last_eval.is_null()) {
-    fmt::print("last eval      iteration {}: train loss {:.4f}, val loss {:.4f}\n", last_eval["iter"].get<int64_t>(),
-               last_eval["train_loss"].get<double>(), last_eval["val_loss"].get<double>());
+    fmt::print("last eval      iteration {}: train loss {:.4f}, val loss {:.4f}{}\n", last_eval["iter"].get<int64_t>(),
+               last_eval["train_loss"].get<double>(), last_eval["val_loss"].get<double>(),
+               last_eval.contains("val_bpb") && last_eval["val_bpb"].is_number()
+                   ? fmt::format(" ({:.4f} bits per byte)", last_eval["val_bpb"].get<double>())
+                   : "");
   }
   fmt::print("training flags {}\n", ckpt.state.train_config.dump());
 }
@@ -312,18 +445,19 @@ std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Devi
 void run_attention(const AttentionArgs& a) {
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   const auto model = model_from(ckpt);
-  const std::u32string text = data::decode_utf8(a.text);
-  if (text.empty()) throw Error("--text is empty: give the characters to look at");
-  if (int64_t(text.size()) > ckpt.config.block_size) {
-    throw Error(fmt::format("--text has {} characters, more than the model's block size {}", text.size(), ckpt.config.block_size));
+  if (a.text.empty()) throw Error("--text is empty: give the text to look at");
+  const std::vector<int32_t> ids = encode_flag_text(ckpt.tokenizer, a.text, "--text");
+  if (int64_t(ids.size()) > ckpt.config.block_size) {
+    throw Error(fmt::format("--text is {} tokens, more than the model's block size {}", ids.size(), ckpt.config.block_size));
   }
-  const std::vector<int32_t> ids = encode_flag_text(ckpt.vocab, text, "--text");
+  std::vector<std::string> tokens;
+  for (const int32_t id : ids) tokens.push_back(ckpt.tokenizer.token_bytes(uint32_t(id)));
   const Tensor w = model->attention_weights(from_vector(ids, {1, int64_t(ids.size())}), a.layer);  // (1, NH, T, T)
   std::vector<int64_t> heads = a.heads;
   if (heads.empty()) {
     for (int64_t h = 0; h < ckpt.config.n_head; ++h) heads.push_back(h);
   }
-  write_text_file(a.out, attention_svg(reshape(w, {w.size(1), w.size(2), w.size(3)}), text, a.layer, heads));
+  write_text_file(a.out, attention_svg(reshape(w, {w.size(1), w.size(2), w.size(3)}), tokens, a.layer, heads));
   fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
 }
 
@@ -335,7 +469,7 @@ std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64
   Generator gen(0);
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
   load_weights(*model, ckpt);
-  use_document_separator(*model, ckpt.vocab);
+  use_document_separator(*model, ckpt.tokenizer);
   model->set_numerics(numerics.over(ckpt.numerics, device));
   check_numerics(model->numerics(), device, "pass --attention-math f32");
   model->to(device);
@@ -359,9 +493,8 @@ void run_sample(const SampleArgs& a) {
   const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   const auto model = model_from(ckpt, device, 1, a.numerics);
-  const std::u32string prompt = data::decode_utf8(a.prompt);
-  if (prompt.empty()) throw Error("--prompt is empty: give at least one character");
-  const std::vector<int32_t> ids = encode_flag_text(ckpt.vocab, prompt, "--prompt");
+  if (a.prompt.empty()) throw Error("--prompt is empty: give at least one character");
+  const std::vector<int32_t> ids = encode_flag_text(ckpt.tokenizer, a.prompt, "--prompt");
   fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache\n", ckpt.path.string(), ckpt.state.iter,
              ckpt.state.best_val_loss, a.gen.kv_cache ? "with KV" : "without KV");
   Generator gen(a.seed);
@@ -370,7 +503,8 @@ void run_sample(const SampleArgs& a) {
     if (s > 0) fmt::print("\n---------------\n");
     fmt::print("{}", a.prompt);
     generate(*model, ids, a.gen, gen, [&](int32_t id) {
-      fmt::print("{}", data::encode_utf8(std::u32string(1, ckpt.vocab.chars()[size_t(id)])));
+      const std::string bytes = ckpt.tokenizer.token_bytes(uint32_t(id));
+      std::fwrite(bytes.data(), 1, bytes.size(), stdout);  // a BPE token may hold part of a character: bytes as they come
       std::fflush(stdout);
     });
   }
@@ -400,11 +534,27 @@ void run_eval(const EvalArgs& a) {
   const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   const auto model = model_from(ckpt, device, a.batch_size, a.numerics);
-  const data::TokenData tokens = data::encode_file(a.data, ckpt.vocab);
-  const data::Split split = data::split_tokens(tokens.ids(), a.train_fraction);
+  const std::vector<fs::path> files = data::list_text_files(a.data, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
+  data::TokenData tokens;
+  data::Split split;
+  std::optional<ScratchDir> scratch;
+  if (!ckpt.tokenizer.is_bpe() && files.size() == 1) {  // one text, split as training split it
+    tokens = data::encode_file(files[0], ckpt.tokenizer.chars());
+    split = data::split_tokens(tokens.ids(), a.train_fraction);
+  } else {  // documents, split as training splits them, through a token cache in a scratch directory
+    scratch.emplace();
+    const std::vector<uint32_t> separator =
+        ckpt.tokenizer.is_bpe() ? std::vector<uint32_t>{uint32_t(ckpt.tokenizer.end_of_text())}
+                                : ckpt.tokenizer.encode(ckpt.config.doc_separator, "the model's document separator");
+    data::DocumentCorpus dc = data::load_documents(files, ckpt.tokenizer, separator, a.train_fraction,
+                                                   scratch->path / "tokens.bin", /*quiet=*/true);
+    tokens = std::move(dc.tokens);
+    split = {tokens.ids().first(dc.train_count), tokens.ids().subspan(dc.train_count)};
+  }
   const double train = estimate_loss(*model, split.train, a.batch_size, a.eval_iters, a.seed, "training split");
   const double val = estimate_loss(*model, split.val, a.batch_size, a.eval_iters, a.seed + 1, "validation split");
-  fmt::print("train loss {:.4f}, val loss {:.4f}\n", train, val);
+  const double bpb = bits_per_byte(val, split.val.size(), source_bytes(split.val, ckpt.tokenizer));
+  fmt::print("train loss {:.4f}, val loss {:.4f}, val bits per byte {:.4f}\n", train, val, bpb);
 }
 
 }  // namespace
@@ -420,6 +570,7 @@ Cli::Cli() {
   add_train_command(app, train_config);
   add_sample_command(app, sample_args);
   add_eval_command(app, eval_args);
+  add_tokenizer_command(app, tokenizer_args);
   CLI::App* plot_cmd = app.add_subcommand("plot", "Draw a run's train and val loss curves as an SVG");
   plot_cmd->add_option("--run", plot_run, "Run directory (its metrics.jsonl)")->required();
   plot_cmd->add_option("--out", plot_out, "SVG file to write")->capture_default_str();
@@ -447,6 +598,7 @@ void Cli::validate() const {
   if (app.got_subcommand("train")) train_config.validate();
   if (app.got_subcommand("sample")) validate_sample(sample_args);
   if (app.got_subcommand("eval")) validate_eval(eval_args);
+  if (app.got_subcommand("tokenizer")) validate_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args);
 }
 
 int Cli::main(int argc, const char* const* argv) {
@@ -490,10 +642,26 @@ int Cli::run() {
     fmt::print(stderr, "error: {}\n", e.what());
     return kUsageError;
   }
+  // --init-from with a model flag the checkpoint contradicts is a usage error (a checkpoint that cannot be read is
+  // reported by the run itself).
+  if (app.got_subcommand("train") && !train_config.init_from.empty()) {
+    std::optional<Checkpoint> init;
+    try {
+      init = load_checkpoint(train_config.init_from);
+    } catch (const std::exception&) {
+    }
+    try {
+      if (init) check_init_flags(train_config, init->config);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return kUsageError;
+    }
+  }
   try {
     if (app.got_subcommand("train") && train(train_config).interrupted) return 130;
     if (app.got_subcommand("sample")) run_sample(sample_args);
     if (app.got_subcommand("eval")) run_eval(eval_args);
+    if (app.got_subcommand("tokenizer")) run_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args);
     if (app.got_subcommand("info")) run_info(info_ckpt);
     if (app.got_subcommand("plot")) {
       write_text_file(plot_out, loss_curves_svg(fs::path(plot_run) / "metrics.jsonl"));

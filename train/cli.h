@@ -36,7 +36,8 @@ struct SampleArgs {
 };
 
 struct EvalArgs {
-  std::string ckpt, data;
+  std::string ckpt;
+  std::vector<std::string> data;
   int64_t batch_size = 64, eval_iters = 200;
   double train_fraction = 0.9;
   uint64_t seed = 1337;
@@ -55,6 +56,15 @@ struct AttentionArgs {
 struct ExportArgs {
   std::string ckpt, format = "hf", out;
   bool operator==(const ExportArgs&) const = default;
+};
+
+/// `tinygpt tokenizer train|encode|decode`.
+struct TokenizerArgs {
+  std::vector<std::string> data;
+  int64_t vocab_size = 4096;
+  std::string out, tokenizer, ckpt, ids;
+  std::optional<std::string> text;
+  bool operator==(const TokenizerArgs&) const = default;
 };
 
 struct Cli {
@@ -80,6 +90,7 @@ struct Cli {
   EvalArgs eval_args;
   AttentionArgs attention_args;
   ExportArgs export_args;
+  TokenizerArgs tokenizer_args;
   std::string plot_run, plot_out = "loss.svg", info_ckpt;
 };
 

@@ -30,6 +30,10 @@ void check_hf_exportable(const nn::GPTConfig& c) {
                             : c.logit_softcap > 0 ? "soft-capped logits (--logit-softcap)"
                                                   : "normalized queries and keys (--qk-norm)"));
   }
+  if (!c.doc_separator.empty()) {
+    throw Error("this model keeps attention within documents (--doc-sep or --doc-mask), which GPT-2 cannot express: its "
+                "attention sees the whole block. Export a model trained without them");
+  }
   if (c.n_kv_head > 0 && c.n_kv_head != c.n_head) {
     throw Error(fmt::format("this model has grouped-query attention ({} key/value heads for {} query heads), which "
                             "GPT-2 cannot express: each of its heads has its own keys and values. Export a model "
@@ -72,7 +76,7 @@ std::vector<std::pair<std::string, Tensor>> gpt2_tensors(const Checkpoint& ckpt)
   return out;
 }
 
-json gpt2_config(const nn::GPTConfig& c) {
+json gpt2_config(const nn::GPTConfig& c, int32_t end_of_text) {
   return {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
@@ -91,8 +95,9 @@ json gpt2_config(const nn::GPTConfig& c) {
       {"scale_attn_weights", true},           // 1 / sqrt(head size)
       {"tie_word_embeddings", !c.untied_head},
       {"use_cache", true},
-      {"bos_token_id", nullptr},              // a character vocabulary has no special tokens
-      {"eos_token_id", nullptr},
+      // A BPE's <|endoftext|>, as GPT-2's; a character vocabulary has no special tokens.
+      {"bos_token_id", end_of_text >= 0 ? json(end_of_text) : json(nullptr)},
+      {"eos_token_id", end_of_text >= 0 ? json(end_of_text) : json(nullptr)},
       {"dtype", "float32"},
   };
 }
@@ -136,8 +141,9 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir) {
   }
   NoGradGuard no_grad;
   safetensors::save(dir / "model.safetensors", gpt2_tensors(ckpt), {{"format", "pt"}});  // transformers wants "pt"
-  write_text_file(dir / "config.json", gpt2_config(ckpt.config).dump(2) + "\n");
-  write_text_file(dir / "tokenizer.json", tokenizer(ckpt.vocab).dump(2) + "\n");
+  write_text_file(dir / "config.json", gpt2_config(ckpt.config, ckpt.tokenizer.end_of_text()).dump(2) + "\n");
+  write_text_file(dir / "tokenizer.json", ckpt.tokenizer.is_bpe() ? ckpt.tokenizer.bpe().to_json()
+                                                                  : tokenizer(ckpt.tokenizer.chars()).dump(2) + "\n");
   write_text_file(dir / "tokenizer_config.json", tokenizer_config(ckpt.config).dump(2) + "\n");
 }
 

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string escape_xml(const std::string& s) {
+std::string escape_xml(std::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
@@ -30,12 +30,34 @@ std::string escape_xml(const std::string& s) {
 }
 
 /// A character as an axis label: visible names for whitespace.
-std::string char_label(char32_t c) {
-  if (c == U'\n') return "\u21b5";
-  if (c == U' ') return "\u2423";
-  if (c == U'\t') return "\u21e5";
-  if (c < 0x20) return fmt::format("\\x{:02x}", uint32_t(c));
-  return escape_xml(data::encode_utf8(std::u32string(1, c)));
+/// A token's text as a label: newline, space and tab drawn as symbols, other control bytes and bytes that are not
+/// UTF-8 (part of a character, in a BPE's token) as \xNN.
+std::string token_label(std::string_view bytes) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size();) {
+    const auto b = uint8_t(bytes[i]);
+    size_t len = b < 0x80 ? 1 : (b & 0xe0) == 0xc0 ? 2 : (b & 0xf0) == 0xe0 ? 3 : (b & 0xf8) == 0xf0 ? 4 : 0;
+    bool valid = len > 0 && i + len <= bytes.size();
+    for (size_t k = 1; valid && k < len; ++k) valid = (uint8_t(bytes[i + k]) & 0xc0) == 0x80;
+    if (!valid) {
+      out += fmt::format("\\x{:02x}", b);
+      ++i;
+      continue;
+    }
+    if (b == '\n') {
+      out += "\u21b5";
+    } else if (b == ' ') {
+      out += "\u2423";
+    } else if (b == '\t') {
+      out += "\u21e5";
+    } else if (b < 0x20 || b == 0x7f) {
+      out += fmt::format("\\x{:02x}", b);
+    } else {
+      out += escape_xml(bytes.substr(i, len));
+    }
+    i += len;
+  }
+  return out;
 }
 
 /// "Nice" tick values covering [lo, hi].
@@ -153,9 +175,9 @@ std::string loss_curves_svg(const fs::path& metrics_jsonl) {
   return svg + "</svg>\n";
 }
 
-std::string attention_svg(const Tensor& weights, const std::u32string& text, int64_t layer, const std::vector<int64_t>& heads) {
-  if (weights.ndim() != 3 || weights.size(1) != int64_t(text.size()) || weights.size(2) != int64_t(text.size())) {
-    throw Error(fmt::format("attention_svg: weights must be (NH, T, T) with T = {}, got {}", text.size(), weights.shape().str()));
+std::string attention_svg(const Tensor& weights, const std::vector<std::string>& tokens, int64_t layer, const std::vector<int64_t>& heads) {
+  if (weights.ndim() != 3 || weights.size(1) != int64_t(tokens.size()) || weights.size(2) != int64_t(tokens.size())) {
+    throw Error(fmt::format("attention_svg: weights must be (NH, T, T) with T = {}, got {}", tokens.size(), weights.shape().str()));
   }
   const int64_t NH = weights.size(0), Tn = weights.size(1);
   const std::vector<float> w = weights.to(DType::F32).to_vector<float>();
@@ -187,7 +209,7 @@ std::string attention_svg(const Tensor& weights, const std::u32string& text, int
     svg += fmt::format(R"svg(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="none" stroke="#888"/>)svg" "\n",
                        ox + label, oy + label, cell * double(Tn), cell * double(Tn));
     for (int64_t t = 0; t < Tn; ++t) {
-      const std::string c = char_label(text[size_t(t)]);
+      const std::string c = token_label(tokens[size_t(t)]);
       svg += fmt::format(R"svg(<text x="{:.1f}" y="{:.1f}" text-anchor="middle">{}</text>)svg", ox + label + (double(t) + 0.5) * cell,
                          oy + label - 4, c);
       svg += fmt::format(R"svg(<text x="{:.1f}" y="{:.1f}" text-anchor="end">{}</text>)svg" "\n", ox + label - 3,

@@ -16,7 +16,8 @@ std::string loss_curves_svg(const std::filesystem::path& metrics_jsonl);
 
 /// One heatmap per head of weights (NH, T, T) (row t: how much query character t attends to each key
 /// character), the characters of `text` (T of them) along both axes; `heads` selects which to draw.
-std::string attention_svg(const Tensor& weights, const std::u32string& text, int64_t layer, const std::vector<int64_t>& heads);
+std::string attention_svg(const Tensor& weights, const std::vector<std::string>& tokens, int64_t layer,
+                          const std::vector<int64_t>& heads);
 
 /// Writes text to a file, throwing naming the path when it cannot.
 void write_text_file(const std::filesystem::path& path, const std::string& text);

@@ -6,13 +6,22 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/device.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace tinygpt {
 
-void use_document_separator(nn::GPT& model, const data::CharVocab& vocab) {
+void use_document_separator(nn::GPT& model, const data::Tokenizer& tokenizer) {
   const std::string& sep = model.config().doc_separator;
   if (sep.empty()) return;
+  if (tokenizer.is_bpe()) {
+    if (sep != data::kEndOfText || tokenizer.end_of_text() < 0) {
+      throw Error(fmt::format("a BPE model's documents end with {}, not with another text ('{}')", data::kEndOfText, sep));
+    }
+    model.set_document_separator({tokenizer.end_of_text()});
+    return;
+  }
+  const data::CharVocab& vocab = tokenizer.chars();
   std::vector<int32_t> ids;
   for (const char32_t c : data::decode_utf8(sep)) {
     if (vocab.id(c) < 0) {
@@ -23,6 +32,22 @@ void use_document_separator(nn::GPT& model, const data::CharVocab& vocab) {
     ids.push_back(vocab.id(c));
   }
   model.set_document_separator(std::move(ids));
+}
+
+void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved_config) {
+  std::string diffs;
+  const auto flags = to_json(cfg.model), saved = to_json(saved_config);
+  for (const std::string& key : cfg.model_flags_given) {
+    if (saved.contains(key) && flags[key] != saved[key]) {
+      diffs += fmt::format("{}{} {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ", key, flags[key].dump(),
+                           saved[key].dump());
+    }
+  }
+  if (!diffs.empty()) {
+    throw Error(fmt::format("--init-from {}: the model flags contradict the checkpoint: {}; drop them (a fine-tuned "
+                            "model is the checkpoint's model; --dropout may change)",
+                            cfg.init_from, diffs));
+  }
 }
 
 Device parse_device(const std::string& device) {
@@ -105,7 +130,28 @@ void TrainConfig::validate() const {
   auto non_negative = [](const char* flag, double v) {
     if (!(v >= 0)) throw Error(fmt::format("{} must not be negative, got {}", flag, v));
   };
-  if (data.empty()) throw Error("--data is required: the UTF-8 text file to train on");
+  if (data.empty()) throw Error("--data is required: the text files, directories or globs to train on");
+  if (tokenizer.empty()) throw Error("--tokenizer must be char, bpe or a tokenizer.json file");
+  if (vocab_size != 0 && tokenizer != "bpe") {
+    throw Error(fmt::format("--vocab-size is the size of a BPE trained here: it needs --tokenizer bpe (got --tokenizer {})",
+                            tokenizer));
+  }
+  if (vocab_size != 0 && (vocab_size < data::kMinBpeVocab || vocab_size > data::kMaxBpeVocab)) {
+    throw Error(fmt::format("--vocab-size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
+                            data::kMinBpeVocab, data::kMaxBpeVocab, vocab_size));
+  }
+  if (tokenizer != "char" && !model.doc_separator.empty() && model.doc_separator != data::kEndOfText) {
+    throw Error("--doc-sep is for character models: with a BPE each file is a document ended by <|endoftext|>; "
+                "--doc-mask keeps attention within documents");
+  }
+  if (doc_mask && tokenizer == "char") {
+    throw Error("--doc-mask is for BPE models (documents end with <|endoftext|>); a character model keeps attention "
+                "within documents with --doc-sep TEXT");
+  }
+  if (!init_from.empty() && resume) throw Error("--init-from starts a new run from a checkpoint; --resume continues one: give one");
+  if (!init_from.empty() && tokenizer != "char") {
+    throw Error("--init-from takes the checkpoint's tokenizer: drop --tokenizer");
+  }
   positive("--batch-size", double(batch_size));
   non_negative("--max-iters", double(max_iters));
   non_negative("--time-budget", time_budget);

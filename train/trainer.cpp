@@ -24,6 +24,7 @@
 #include "train/muon.h"
 #include "train/run_dir.h"
 #include "train/speed.h"
+#include "train/training_data.h"
 
 namespace tinygpt {
 
@@ -66,6 +67,7 @@ namespace {
 
 nlohmann::json flags_json(const TrainConfig& c) {
   nlohmann::json j = {{"data", c.data},
+          {"tokenizer", c.tokenizer},
           {"batch_size", c.batch_size},
           {"max_iters", c.max_iters},
           {"time_budget", c.time_budget},
@@ -91,6 +93,7 @@ nlohmann::json flags_json(const TrainConfig& c) {
               {"muon_scale", c.muon_scale}});
   }
   if (c.cooldown > 0) j["cooldown"] = c.cooldown;
+  if (!c.init_from.empty()) j["init_from"] = c.init_from;
   return j;
 }
 
@@ -138,13 +141,8 @@ namespace {
 
 /// --resume: the run's latest checkpoint, whose model config the run takes (all but dropout, which may change);
 /// throws when the data's vocabulary or a model flag given contradicts it.
-Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out, const data::Corpus& corpus) {
+Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out) {
   Checkpoint ckpt = load_checkpoint(out / kLatestCheckpoint);
-  if (ckpt.vocab.chars() != corpus.vocab.chars()) {
-    throw Error(fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
-                            "with the data the run was started on",
-                            ckpt.vocab.size(), cfg.data, corpus.vocab.size()));
-  }
   std::string diffs;
   const auto flags = to_json(cfg.model), saved = to_json(ckpt.config);
   for (const std::string& key : cfg.model_flags_given) {
@@ -160,6 +158,17 @@ Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out, const data::
   cfg.model = ckpt.config;
   cfg.model.dropout = dropout;
   if (!cfg.optimizer_given && (ckpt.optimizer == "adamw" || ckpt.optimizer == "muon")) cfg.optimizer = ckpt.optimizer;
+  return ckpt;
+}
+
+/// --init-from: the checkpoint whose config (all but dropout) and weights a new run starts from; its optimizer state
+/// and iteration are left behind. Throws when a model flag given contradicts it (check_init_flags says so first).
+Checkpoint init_checkpoint(TrainConfig& cfg) {
+  Checkpoint ckpt = load_checkpoint(cfg.init_from);
+  check_init_flags(cfg, ckpt.config);
+  const double dropout = cfg.model.dropout;
+  cfg.model = ckpt.config;
+  cfg.model.dropout = dropout;
   return ckpt;
 }
 
@@ -253,7 +262,7 @@ struct Run {
   Device device;
   const fs::path& out;
   Communicator& comm;
-  const data::Corpus& corpus;
+  const TrainingData& data;
   const data::Split& split;
   nn::GPT& model;
   Generator& model_gen;
@@ -297,7 +306,7 @@ struct Run {
     state.iter = iter;
     state.sampler_rng = sampler.generator().state();
     state.model_rng = model_gen.state();
-    if (lead()) save_checkpoint(out / kLatestCheckpoint, model, corpus.vocab, &opt, state);
+    if (lead()) save_checkpoint(out / kLatestCheckpoint, model, data.tokenizer, &opt, state);
   }
 
   /// Both splits' losses, logged; the latest checkpoint saved, and the best one when the validation loss is the
@@ -308,13 +317,14 @@ struct Run {
                                             derived_seed(cfg.seed, kEvalTrainStream), "training split", &comm);
     const double val_loss = estimate_loss(model, split.val, cfg.batch_size, cfg.eval_iters,
                                           derived_seed(cfg.seed, kEvalValStream), "validation split", &comm);
-    metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}});
+    const double val_bpb = bits_per_byte(val_loss, split.val.size(), data.val_bytes);
+    metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}, {"val_bpb", val_bpb}});
     const bool best = val_loss < state.best_val_loss;
     if (best) state.best_val_loss = val_loss;
     save_latest(iter);
-    if (best && lead()) save_checkpoint(out / kBestCheckpoint, model, corpus.vocab, &opt, state);
-    console.line("step {}: train loss {:.4f}, val loss {:.4f}{} ({:.1f}s)\n", iter, train_loss, val_loss,
-                 best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
+    if (best && lead()) save_checkpoint(out / kBestCheckpoint, model, data.tokenizer, &opt, state);
+    console.line("step {}: train loss {:.4f}, val loss {:.4f} ({:.4f} bits per byte){} ({:.1f}s)\n", iter, train_loss,
+                 val_loss, val_bpb, best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
     return val_loss;
   }
 
@@ -604,28 +614,28 @@ TrainResult train(const TrainConfig& cfg_in) {
   std::optional<RunLock> lock;
   if (lead) lock.emplace(out);
 
-  const auto t_load = Clock::now();
-  if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
-  const data::Corpus corpus = data::load_corpus(cfg.data, out);
-  if (lead) comm.barrier();
-  const auto ids = corpus.tokens.ids();
-  const data::Split split = data::split_tokens(ids, cfg.train_fraction);
-  Console console(cfg.quiet || !lead);
-  console.line("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens\n", ids.size(),
-               corpus.vocab.size(), corpus.from_cache ? "mapped from" : "encoded into", (out / "tokens.bin").string(),
-               std::chrono::duration<double>(Clock::now() - t_load).count(), split.train.size(), split.val.size());
+  // Model: the flags' config, or the checkpoint's when resuming or fine-tuning (--init-from).
+  std::optional<Checkpoint> ckpt, init;
+  if (cfg.resume) ckpt = resume_checkpoint(cfg, out);
+  if (!cfg.init_from.empty()) init = init_checkpoint(cfg);
+  if (cfg.doc_mask) cfg.model.doc_separator = std::string(data::kEndOfText);
 
-  // Model: the flags' config, or the checkpoint's when resuming.
-  cfg.model.vocab_size = corpus.vocab.size();
-  std::optional<Checkpoint> ckpt;
-  if (cfg.resume) ckpt = resume_checkpoint(cfg, out, corpus);
+  if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
+  const data::Tokenizer* given = ckpt ? &ckpt->tokenizer : init ? &init->tokenizer : nullptr;
+  const TrainingData data = load_training_data(cfg, out, given, cfg.quiet || !lead);
+  if (lead) comm.barrier();
+  const data::Split& split = data.split;
+  Console console(cfg.quiet || !lead);
+  console.line("{}\n", data.summary);
+  if (!ckpt && !init) cfg.model.vocab_size = data.tokenizer.vocab_size();
   const MemoryNeed memory_need = training_memory(cfg.model, cfg.batch_size, cfg.optimizer == "muon",
                                                  numerics_of(cfg).bf16_storage);
   require_memory(memory_need, device, "training this model",
                  "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
-  use_document_separator(model, corpus.vocab);
+  use_document_separator(model, data.tokenizer);
+  if (init) load_weights(model, *init);
   model.set_numerics(numerics_of(cfg));
   model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
   FlatParameters flat(backward_order(model.named_parameters()));
@@ -660,7 +670,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     console.line("gradients summed over the ranks in {} bucket{} of up to {} MB, each as soon as backward has "
                  "finished it\n", buckets->count(), buckets->count() == 1 ? "" : "s", cfg.bucket_mb);
   }
-  Run run{cfg, device, out,     comm,    corpus,  split, model, model_gen,
+  Run run{cfg, device, out,     comm,    data,  split, model, model_gen,
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
   set_up_device_step(run);
   return run_steps(run);

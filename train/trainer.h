@@ -13,12 +13,17 @@
 #include <vector>
 
 #include "../data/corpus.h"
+#include "../data/tokenizer.h"
 #include "../nn/gpt.h"
 
 namespace tinygpt {
 
 struct TrainConfig {
-  std::string data;         // UTF-8 text file
+  std::vector<std::string> data;  // text files, directories and globs (data/documents.h); each file a document
+  std::string tokenizer = "char";  // char, bpe (trained on the training documents), or a tokenizer.json file
+  int64_t vocab_size = 0;          // with tokenizer "bpe": its vocabulary (0: 4096)
+  bool doc_mask = false;           // with a BPE: attention stays within documents (ended by <|endoftext|>)
+  std::string init_from;           // a checkpoint whose weights and tokenizer the run starts from (fine-tuning)
   std::string out = "out";  // run directory: checkpoints, metrics.jsonl, token cache
   nn::GPTConfig model = [] {  // vocab_size comes from the data
     nn::GPTConfig m;
@@ -79,7 +84,11 @@ Device parse_device(const std::string& device);
 
 /// Gives the model the ids of its config's document separator in `vocab` (nothing without one); throws naming a
 /// character of the separator that the vocabulary lacks.
-void use_document_separator(nn::GPT& model, const data::CharVocab& vocab);
+void use_document_separator(nn::GPT& model, const data::Tokenizer& tokenizer);
+
+/// --init-from: throws naming each model flag given (TrainConfig::model_flags_given) that contradicts the checkpoint's
+/// config `saved`: a fine-tuned model is the checkpoint's model.
+void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved);
 
 /// Throws unless `dtype` is fp32 or bf16, naming the flag.
 void check_dtype_flag(const std::string& dtype);

@@ -1,0 +1,101 @@
+#include "train/training_data.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "data/documents.h"
+#include "train/plots.h"
+
+namespace tinygpt {
+
+namespace fs = std::filesystem;
+
+double bits_per_byte(double loss, size_t tokens, int64_t bytes) {
+  return bytes > 0 ? loss * double(tokens) / (double(bytes) * std::log(2.0)) : NAN;
+}
+
+int64_t source_bytes(std::span<const data::Token> ids, const data::Tokenizer& tok) {
+  std::vector<int64_t> bytes_of(size_t(tok.vocab_size()));
+  for (size_t id = 0; id < bytes_of.size(); ++id) bytes_of[id] = tok.source_bytes(uint32_t(id));
+  int64_t total = 0;
+  for (const data::Token id : ids) total += id < bytes_of.size() ? bytes_of[id] : 0;
+  return total;
+}
+
+data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size, const std::vector<fs::path>& files,
+                                    double train_fraction, bool quiet) {
+  if (flag == "char") return data::Tokenizer(data::CharVocab());
+  if (flag == "bpe") {
+    const std::vector<bool> held_out = data::held_out_documents(files.size(), train_fraction);
+    std::vector<fs::path> train_files;
+    for (size_t i = 0; i < files.size(); ++i) {
+      if (!held_out[i]) train_files.push_back(files[i]);
+    }
+    if (!quiet && train_files.size() == files.size()) {
+      fmt::print(stderr, "training the tokenizer on all of --data (too few documents to hold whole ones out)\n");
+    }
+    const data::PieceCounts counts = data::count_pieces(train_files, quiet);
+    const auto t0 = std::chrono::steady_clock::now();
+    data::BpeTokenizer bpe = data::BpeTokenizer::train(counts, {.vocab_size = vocab_size, .progress = {}});
+    if (!quiet) {
+      fmt::print(stderr, "trained a byte-level BPE of {} tokens ({} merges) in {:.1f}s\n", bpe.vocab_size(), bpe.merges(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return data::Tokenizer(std::move(bpe));
+  }
+  return data::Tokenizer(data::read_tokenizer_file(flag));
+}
+
+TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, const data::Tokenizer* given, bool quiet) {
+  const auto note = [&](const std::string& line) {
+    if (!quiet) fmt::print(stderr, "{}\n", line);
+  };
+  const std::vector<fs::path> files = data::list_text_files(cfg.data, note);
+  const auto t0 = std::chrono::steady_clock::now();
+  TrainingData d;
+  const bool chars = given != nullptr ? !given->is_bpe() : cfg.tokenizer == "char";
+  if (chars && files.size() == 1 && cfg.init_from.empty()) {
+    // One text file of characters: the vocabulary is its characters, the last fraction validates.
+    data::Corpus corpus = data::load_corpus(files[0], out);
+    if (given != nullptr && given->chars().chars() != corpus.vocab.chars()) {
+      throw Error(fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
+                              "with the data the run was started on",
+                              given->chars().size(), files[0].string(), corpus.vocab.size()));
+    }
+    d.tokenizer = data::Tokenizer(corpus.vocab);
+    d.tokens = std::move(corpus.tokens);
+    d.split = data::split_tokens(d.tokens.ids(), cfg.train_fraction);
+    d.summary = fmt::format("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens", d.tokens.ids().size(),
+                            corpus.vocab.size(), corpus.from_cache ? "mapped from" : "encoded into",
+                            (out / "tokens.bin").string(),
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                            d.split.train.size(), d.split.val.size());
+  } else {
+    d.tokenizer = given != nullptr ? *given : tokenizer_from_flag(cfg.tokenizer, cfg.vocab_size, files, cfg.train_fraction, quiet);
+    if (!d.tokenizer.is_bpe() && d.tokenizer.vocab_size() == 0) {
+      d.tokenizer = data::Tokenizer(data::vocab_of_files(files, cfg.model.doc_separator));
+    }
+    if (given == nullptr && cfg.tokenizer == "bpe") write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
+    const std::vector<uint32_t> separator = d.tokenizer.is_bpe()
+                                                ? std::vector<uint32_t>{uint32_t(d.tokenizer.end_of_text())}
+                                                : d.tokenizer.encode(cfg.model.doc_separator, "--doc-sep");
+    data::DocumentCorpus dc = data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
+    d.tokens = std::move(dc.tokens);
+    const auto ids = d.tokens.ids();
+    d.split = {ids.first(dc.train_count), ids.subspan(dc.train_count)};
+    d.summary = fmt::format(
+        "data: {} file{}, {} tokens, {} of {} ({}; {} file{} encoded, {} mapped from {}, {:.2f}s); train {} / val {} tokens{}",
+        files.size(), files.size() == 1 ? "" : "s", ids.size(), d.tokenizer.kind(), d.tokenizer.vocab_size(),
+        given != nullptr ? "the checkpoint's" : cfg.tokenizer == "char" ? "the data's characters" : cfg.tokenizer == "bpe" ? "trained here, saved as tokenizer.json" : cfg.tokenizer,
+        dc.encoded, dc.encoded == 1 ? "" : "s", dc.reused, (out / "tokens.bin").string(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), d.split.train.size(), d.split.val.size(),
+        dc.held_out_documents > 0 ? fmt::format(" ({} whole documents held out)", dc.held_out_documents) : "");
+  }
+  d.train_bytes = source_bytes(d.split.train, d.tokenizer);
+  d.val_bytes = source_bytes(d.split.val, d.tokenizer);
+  return d;
+}
+
+}  // namespace tinygpt

@@ -1,0 +1,40 @@
+// What `train` reads: --data's files as token ids under the run's tokenizer (its characters, a tokenizer.json, a BPE
+// trained here on the training documents, or the checkpoint's when resuming or fine-tuning), split into train and
+// held-out ids, with the UTF-8 bytes each split stands for (bits per byte).
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "../data/corpus.h"
+#include "../data/tokenizer.h"
+#include "console.h"
+#include "trainer.h"
+
+namespace tinygpt {
+
+struct TrainingData {
+  data::Tokenizer tokenizer;
+  data::TokenData tokens;
+  data::Split split;
+  int64_t train_bytes = 0, val_bytes = 0;  // source bytes of each split's ids
+  std::string summary;  // the "data: ..." line
+};
+
+/// Loads --data into `out`'s token cache. `given` is the tokenizer of a checkpoint the run starts from (--resume,
+/// --init-from), or null. Writes out/tokenizer.json when it trains a BPE.
+TrainingData load_training_data(const TrainConfig& cfg, const std::filesystem::path& out, const data::Tokenizer* given,
+                                bool quiet);
+
+/// The tokenizer --tokenizer names: "char" (an empty CharVocab: the data's characters decide), "bpe" (trained on
+/// `files`' training documents with --vocab-size), or a tokenizer.json file.
+data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size, const std::vector<std::filesystem::path>& files,
+                                    double train_fraction, bool quiet);
+
+/// Bits per byte of a mean loss in nats per token over `tokens` ids that stand for `bytes` bytes.
+double bits_per_byte(double loss, size_t tokens, int64_t bytes);
+
+/// UTF-8 bytes the ids stand for under the tokenizer.
+int64_t source_bytes(std::span<const data::Token> ids, const data::Tokenizer& tok);
+
+}  // namespace tinygpt
