@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The byte-level BPE path end to end through the command line, each step its own process: tokenizer train, encode
+# and decode (exact round trip of any bytes), train --tokenizer bpe over a directory of files (skipped files said, the
+# token cache reused and re-encoded per changed file), sample and eval on text the training never saw, info, export,
+# fine-tuning with --init-from, and bad input with its exit code.
+#   tests/test_bpe_cli.sh path/to/tinygpt
+set -uo pipefail
+tinygpt=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# expect CODE PATTERN COMMAND...: the command exits with CODE and says PATTERN on one error: line.
+expect() {
+  local code=$1 pattern=$2
+  shift 2
+  local out rc
+  out=$(timeout 60 "$@" 2>&1 < /dev/null)
+  rc=$?
+  if [ "$rc" -ne "$code" ]; then
+    fail "'$*' exited $rc, expected $code: $out"
+  elif ! grep -q -- "$pattern" <<< "$out"; then
+    fail "'$*' said '$out'; expected '$pattern'"
+  fi
+}
+
+# A corpus: text files in a tree, an empty and a binary file (skipped), a hidden directory (not walked).
+mkdir -p "$dir/corpus/notes" "$dir/corpus/.git"
+words=(the cat sat on a mat while dogs ran far away under blue skies "it's" "we'll" 42 1999 "caf\u00e9" "na\u00efve")
+for f in 0 1 2 3 4 5 6 7 8 9; do
+  for i in $(seq 150); do
+    printf '%b %b %b.\n' "${words[$(((i * 7 + f) % 19))]}" "${words[$(((i * 3 + f * 5) % 19))]}" "${words[$(((i + f) % 19))]}"
+  done > "$dir/corpus/notes/n$f.txt"
+done
+cp "$dir/corpus/notes/n0.txt" "$dir/corpus/.git/HEAD"
+: > "$dir/corpus/empty.txt"
+printf 'ab\0cd' > "$dir/corpus/image.bin"
+printf 'Zebras \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e quietly \xf0\x9f\x98\x80 jumped over 7 fences.\n' > "$dir/other.txt"
+
+# tokenizer train / encode / decode
+"$tinygpt" tokenizer train --data "$dir/corpus" --vocab-size 300 --out "$dir/tok.json" 2> "$dir/tok.log" ||
+  fail "tokenizer train failed: $(tail -1 "$dir/tok.log")"
+grep -q "skipping $dir/corpus/empty.txt: empty" "$dir/tok.log" || fail "the empty file was not skipped by name"
+grep -q "skipping $dir/corpus/image.bin: binary" "$dir/tok.log" || fail "the binary file was not skipped by name"
+grep -q '"Regex": "'"'"'s|'"'"'t' "$dir/tok.json" || fail "tok.json does not name GPT-2's split pattern"
+text=$'caf\xc3\xa9 \xf0\x9f\x98\x80 \xe4\xb8\xad\xe6\x96\x87 \xff\xfe\x01 <|endoftext|>  \t end'
+ids=$("$tinygpt" tokenizer encode --tokenizer "$dir/tok.json" --text "$text")
+[[ "$ids" =~ ^[0-9]+( [0-9]+)*$ ]] || fail "encode printed '$ids'"
+back=$("$tinygpt" tokenizer decode --tokenizer "$dir/tok.json" --ids "$ids"; printf x)
+[ "${back%x}" = "$text" ] || fail "decode(encode(text)) is '${back%x}', not the text"
+"$tinygpt" tokenizer encode --tokenizer "$dir/tok.json" --data "$dir/corpus" --out "$dir/ids.bin" 2> /dev/null ||
+  fail "tokenizer encode --data failed"
+last=$(tail -c 4 "$dir/ids.bin" | od -An -tu4 | tr -d ' ')
+[ "$last" = 299 ] || fail "the ids file ends with $last, not <|endoftext|> (299)"
+expect 2 "vocab-size must be in \[257, 65536\]" "$tinygpt" tokenizer train --data "$dir/corpus" --vocab-size 100 --out "$dir/t.json"
+expect 2 "one of --tokenizer FILE or --ckpt RUN" "$tinygpt" tokenizer encode --text hi
+expect 1 "is not a token id" "$tinygpt" tokenizer decode --tokenizer "$dir/tok.json" --ids "1 300"
+printf '{"model": {"type": "BPE", "vocab": {}}}' > "$dir/broken.json"
+expect 1 "broken.json' is not a byte-level BPE tokenizer" "$tinygpt" tokenizer encode --tokenizer "$dir/broken.json" --text hi
+expect 1 "does not exist" "$tinygpt" tokenizer encode --tokenizer "$dir/missing.json" --text hi
+mkfifo "$dir/fifo"
+expect 1 "not a regular file" "$tinygpt" tokenizer train --data "$dir/fifo" --out "$dir/t.json"
+
+# train with a BPE trained on the training documents, then again from the cache
+model=(--n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 4 --eval-iters 2 --eval-interval 10)
+"$tinygpt" train --data "$dir/corpus" --tokenizer bpe --vocab-size 300 --doc-mask --out "$dir/run" "${model[@]}" \
+  --max-iters 20 > /dev/null 2> "$dir/train.log" || fail "train --tokenizer bpe failed: $(tail -1 "$dir/train.log")"
+grep -q "10 files, .*byte-level BPE of 300.*10 files encoded, 0 mapped.*(1 whole documents held out)" "$dir/train.log" ||
+  fail "train's data line: $(grep '^data:' "$dir/train.log")"
+grep -q "bits per byte" "$dir/train.log" || fail "train reports no bits per byte"
+grep -q '"val_bpb"' "$dir/run/metrics.jsonl" || fail "metrics.jsonl has no val_bpb"
+echo "new line" >> "$dir/corpus/notes/n3.txt"
+"$tinygpt" train --data "$dir/corpus" --tokenizer "$dir/run/tokenizer.json" --doc-mask --out "$dir/run" "${model[@]}" \
+  --max-iters 30 --resume > /dev/null 2> "$dir/resume.log" || fail "resume failed: $(tail -1 "$dir/resume.log")"
+grep -q "1 file encoded, 9 mapped" "$dir/resume.log" || fail "one changed file should be re-encoded: $(grep '^data:' "$dir/resume.log")"
+
+# any text is a prompt and an eval file
+"$tinygpt" sample --ckpt "$dir/run" --prompt $'\xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80' --max-new-tokens 10 > "$dir/sample.out" 2> /dev/null ||
+  fail "sample with a prompt outside the training text failed"
+head -c 11 "$dir/sample.out" | grep -q $'\xe6\x97\xa5\xe6\x9c\xac' || fail "the sample does not start with the prompt"
+"$tinygpt" eval --ckpt "$dir/run" --data "$dir/other.txt" --data "$dir/corpus" --batch-size 2 --eval-iters 2 > "$dir/eval.out" 2>&1 ||
+  fail "eval failed: $(cat "$dir/eval.out")"
+grep -Eq "val bits per byte [0-9.]+$" "$dir/eval.out" || fail "eval printed '$(cat "$dir/eval.out")'"
+"$tinygpt" info --ckpt "$dir/run" | grep -q "vocabulary 300 (byte-level BPE)" || fail "info does not name the BPE"
+"$tinygpt" attention --ckpt "$dir/run" --text "the cat" --out "$dir/a.svg" 2> /dev/null || fail "attention on a BPE model failed"
+expect 1 "GPT-2 cannot express" "$tinygpt" export --ckpt "$dir/run" --out "$dir/hf"  # --doc-mask: refused
+
+# fine-tuning: the checkpoint's weights and tokenizer, a fresh schedule
+"$tinygpt" train --data "$dir/other.txt" --data "$dir/corpus/notes" --init-from "$dir/run" --out "$dir/ft" "${model[@]}" \
+  --max-iters 10 > /dev/null 2> "$dir/ft.log" || fail "train --init-from failed: $(tail -1 "$dir/ft.log")"
+grep -q "the checkpoint's" "$dir/ft.log" || fail "--init-from did not take the checkpoint's tokenizer"
+"$tinygpt" info --ckpt "$dir/ft" | grep -q "^iteration      10$" || fail "the fine-tuned run did not start at iteration 0"
+expect 2 "n_embd 64 (flags) vs 32 (checkpoint)" "$tinygpt" train --data "$dir/other.txt" --init-from "$dir/run" --out "$dir/ft2" --n-head 2 --n-embd 64
+expect 2 "drop --tokenizer" "$tinygpt" train --data "$dir/other.txt" --init-from "$dir/run" --out "$dir/ft2" --tokenizer bpe
+expect 2 "needs --tokenizer bpe" "$tinygpt" train --data "$dir/other.txt" --out "$dir/r2" --vocab-size 300
+expect 2 "vocab-size must be in" "$tinygpt" train --data "$dir/other.txt" --out "$dir/r2" --tokenizer bpe --vocab-size 70000
+expect 2 "doc-mask is for BPE models" "$tinygpt" train --data "$dir/other.txt" --out "$dir/r2" --doc-mask
+expect 1 "does not exist" "$tinygpt" train --data "$dir/nope/*.txt" --out "$dir/r2"
+
+# a BPE model without document masks exports to GPT-2 with its tokenizer
+"$tinygpt" train --data "$dir/corpus" --tokenizer "$dir/tok.json" --out "$dir/plain" "${model[@]}" --max-iters 2 \
+  > /dev/null 2>&1 || fail "train --tokenizer FILE failed"
+"$tinygpt" export --ckpt "$dir/plain" --out "$dir/hf" 2> /dev/null || fail "export of a BPE model failed"
+cmp -s "$dir/hf/tokenizer.json" "$dir/tok.json" || fail "the exported tokenizer.json differs from the one trained with"
+grep -q '"eos_token_id": 299' "$dir/hf/config.json" || fail "the exported config has no <|endoftext|> id"
+
+# a corrupt tokenizer inside a checkpoint is refused by name (the same length, so only the tokenizer is wrong)
+cp "$dir/plain/ckpt_latest.safetensors" "$dir/bad.safetensors"
+perl -0777 -pi -e 's/\\"type\\": \\"BPE\\"/\\"type\\": \\"XPE\\"/' "$dir/bad.safetensors"
+expect 1 "its tokenizer' is not a byte-level BPE tokenizer tinygpt can read: its model is not" \
+  "$tinygpt" sample --ckpt "$dir/bad.safetensors"
+
+if [ "$failures" -eq 0 ]; then echo "test_bpe_cli: all checks passed"; fi
+exit $((failures > 0))
