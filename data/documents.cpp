@@ -224,9 +224,40 @@ void over_files(const std::vector<fs::path>& files, Progress& progress, Work&& w
 
 }  // namespace
 
-PieceCounts count_pieces(const std::vector<fs::path>& files, bool quiet) {
-  Progress progress("counting pieces", total_size(files), quiet);
+PieceCounts count_pieces(const std::vector<fs::path>& files, bool quiet, int64_t max_bytes) {
   std::vector<PieceCounts> counts(static_cast<size_t>(omp_get_max_threads()));
+  if (max_bytes >= 0) {  // a prefix of the files: few of them (a split by position), mapped all at once
+    Progress progress("counting pieces", max_bytes, quiet);
+    std::vector<MappedFile> maps;
+    std::vector<std::string_view> parts;
+    int64_t left = max_bytes;
+    for (const auto& f : files) {
+      if (left <= 0) break;
+      maps.emplace_back(f);
+      std::string_view text = maps.back().bytes();
+      if (int64_t(text.size()) > left) {  // cut at the last line break where a piece ends, else at `left`
+        size_t end = size_t(left);
+        const auto printable = [&](size_t i) { return uint8_t(text[i]) > 0x20 && uint8_t(text[i]) < 0x7f; };
+        for (size_t p = end; p >= 2; --p) {
+          if (text[p - 1] == '\n' && printable(p - 2) && printable(p)) {
+            end = p;
+            break;
+          }
+        }
+        text = text.substr(0, end);
+      }
+      const std::vector<size_t> cuts = cut_points(text, kItemBytes);
+      for (size_t c = 0; c + 1 < cuts.size(); ++c) parts.push_back(text.substr(cuts[c], cuts[c + 1] - cuts[c]));
+      left -= int64_t(text.size());
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < parts.size(); ++i) counts[size_t(omp_get_thread_num())].add_text(parts[i]);
+    for (const auto& p : parts) progress.add(int64_t(p.size()));
+    for (size_t t = 1; t < counts.size(); ++t) counts[0].merge(counts[t]);
+    progress.finish(fmt::format(", {} distinct pieces", counts[0].unique()));
+    return std::move(counts[0]);
+  }
+  Progress progress("counting pieces", total_size(files), quiet);
   over_files(
       files, progress,
       [&](const Item& it, int thread) {

@@ -42,8 +42,10 @@ class Progress {
   std::chrono::steady_clock::time_point start_, drawn_;
 };
 
-/// How often each pre-split piece occurs in the files (counted on every thread).
-PieceCounts count_pieces(const std::vector<std::filesystem::path>& files, bool quiet = false);
+/// How often each pre-split piece occurs in the files (counted on every thread); with `max_bytes`, only in their first
+/// max_bytes bytes (the files in order, the last one cut where a piece ends).
+PieceCounts count_pieces(const std::vector<std::filesystem::path>& files, bool quiet = false,
+                         int64_t max_bytes = -1);
 
 /// A character vocabulary of every character of the files and `extra` (--doc-sep's text); throws naming the file and
 /// byte offset of invalid UTF-8, or more than kMaxVocab characters.

@@ -104,6 +104,20 @@ expect 1 "does not exist" "$tinygpt" train --data "$dir/nope/*.txt" --out "$dir/
 cmp -s "$dir/hf/tokenizer.json" "$dir/tok.json" || fail "the exported tokenizer.json differs from the one trained with"
 grep -q '"eos_token_id": 299' "$dir/hf/config.json" || fail "the exported config has no <|endoftext|> id"
 
+# import reads the export back: the same greedy text and the same loss
+"$tinygpt" import --format hf --from "$dir/hf" --out "$dir/imported" 2> /dev/null || fail "import of the export failed"
+for run in plain imported; do
+  "$tinygpt" sample --ckpt "$dir/$run" --prompt "the cat" --max-new-tokens 12 --temperature 0 > "$dir/$run.greedy" 2> /dev/null
+  "$tinygpt" eval --ckpt "$dir/$run" --data "$dir/corpus" --batch-size 2 --eval-iters 2 > "$dir/$run.eval" 2> /dev/null
+done
+cmp -s "$dir/plain.greedy" "$dir/imported.greedy" || fail "the imported model's greedy text differs"
+cmp -s "$dir/plain.eval" "$dir/imported.eval" || fail "the imported model's loss differs: $(cat "$dir/plain.eval") vs $(cat "$dir/imported.eval")"
+mkdir -p "$dir/llama" && printf '{"model_type": "llama"}' > "$dir/llama/config.json"
+expect 1 "is not a GPT-2 tinygpt can import: its config.json says model_type \"llama\"" \
+  "$tinygpt" import --format hf --from "$dir/llama" --out "$dir/imp2"
+expect 1 "has no config.json" "$tinygpt" import --format hf --from "$dir/corpus" --out "$dir/imp2"
+expect 2 "from is required" "$tinygpt" import --format hf --out "$dir/imp2"
+
 # a corrupt tokenizer inside a checkpoint is refused by name (the same length, so only the tokenizer is wrong)
 cp "$dir/plain/ckpt_latest.safetensors" "$dir/bad.safetensors"
 perl -0777 -pi -e 's/\\"type\\": \\"BPE\\"/\\"type\\": \\"XPE\\"/' "$dir/bad.safetensors"

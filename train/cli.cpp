@@ -15,6 +15,7 @@
 #include "train/checkpoint.h"
 #include "train/comm.h"
 #include "train/export.h"
+#include "train/import_hf.h"
 #include "train/generate.h"
 #include "train/memory.h"
 #include "train/plots.h"
@@ -588,6 +589,12 @@ Cli::Cli() {
   export_cmd->add_option("--format", export_args.format, "Format to write")->capture_default_str()->check(CLI::IsMember({"hf"}));
   export_cmd->add_option("--out", export_args.out, "Directory to write (created; its config, weight and tokenizer "
                                                    "files are overwritten)")->required();
+  CLI::App* import_cmd = app.add_subcommand("import", "Read another library's model as a tinygpt run (hf: a Hugging Face "
+                                            "GPT2LMHeadModel directory with its byte-level BPE tokenizer.json)");
+  import_cmd->add_option("--format", import_args.format, "Format to read")->capture_default_str()->check(CLI::IsMember({"hf"}));
+  import_cmd->add_option("--from", import_args.from, "The model directory (config.json, model.safetensors, tokenizer.json)")
+      ->required();
+  import_cmd->add_option("--out", import_args.out, "Run directory to write (its ckpt_latest.safetensors)")->required();
   app.add_subcommand("info", "Print a checkpoint's model, parameter count, iteration and losses")
       ->add_option("--ckpt", info_ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
       ->required();
@@ -669,6 +676,11 @@ int Cli::run() {
     }
     if (app.got_subcommand("attention")) run_attention(attention_args);
     if (app.got_subcommand("export")) run_export(export_args);
+    if (app.got_subcommand("import")) {
+      const fs::path path = import_hf(import_args.from, import_args.out);
+      fmt::print(stderr, "wrote {} from {}; sample with `tinygpt sample --ckpt {}`, fine-tune with `tinygpt train "
+                 "--init-from {} --data ...`\n", path.string(), import_args.from, import_args.out, import_args.out);
+    }
   } catch (const std::exception& e) {
     std::fflush(stdout);
     end_job_on_error(e.what());

@@ -58,6 +58,11 @@ struct ExportArgs {
   bool operator==(const ExportArgs&) const = default;
 };
 
+struct ImportArgs {
+  std::string format = "hf", from, out;
+  bool operator==(const ImportArgs&) const = default;
+};
+
 /// `tinygpt tokenizer train|encode|decode`.
 struct TokenizerArgs {
   std::vector<std::string> data;
@@ -91,6 +96,7 @@ struct Cli {
   AttentionArgs attention_args;
   ExportArgs export_args;
   TokenizerArgs tokenizer_args;
+  ImportArgs import_args;
   std::string plot_run, plot_out = "loss.svg", info_ckpt;
 };
 

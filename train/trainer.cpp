@@ -622,7 +622,7 @@ TrainResult train(const TrainConfig& cfg_in) {
 
   if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
   const data::Tokenizer* given = ckpt ? &ckpt->tokenizer : init ? &init->tokenizer : nullptr;
-  const TrainingData data = load_training_data(cfg, out, given, cfg.quiet || !lead);
+  const TrainingData data = load_training_data(cfg, out, given, cfg.quiet || !lead, lead);
   if (lead) comm.barrier();
   const data::Split& split = data.split;
   Console console(cfg.quiet || !lead);

@@ -33,10 +33,15 @@ data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size,
     for (size_t i = 0; i < files.size(); ++i) {
       if (!held_out[i]) train_files.push_back(files[i]);
     }
-    if (!quiet && train_files.size() == files.size()) {
-      fmt::print(stderr, "training the tokenizer on all of --data (too few documents to hold whole ones out)\n");
+    // Too few documents to hold whole ones out: the last fraction of the ids validates, so the tokenizer learns from
+    // the leading fraction of the bytes.
+    int64_t max_bytes = -1;
+    if (train_files.size() == files.size()) {
+      int64_t total = 0;
+      for (const auto& f : files) total += int64_t(fs::file_size(f));
+      max_bytes = int64_t(double(total) * train_fraction);
     }
-    const data::PieceCounts counts = data::count_pieces(train_files, quiet);
+    const data::PieceCounts counts = data::count_pieces(train_files, quiet, max_bytes);
     const auto t0 = std::chrono::steady_clock::now();
     data::BpeTokenizer bpe = data::BpeTokenizer::train(counts, {.vocab_size = vocab_size, .progress = {}});
     if (!quiet) {
@@ -48,7 +53,8 @@ data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size,
   return data::Tokenizer(data::read_tokenizer_file(flag));
 }
 
-TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, const data::Tokenizer* given, bool quiet) {
+TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, const data::Tokenizer* given, bool quiet,
+                                bool lead) {
   const auto note = [&](const std::string& line) {
     if (!quiet) fmt::print(stderr, "{}\n", line);
   };
@@ -73,11 +79,14 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                             d.split.train.size(), d.split.val.size());
   } else {
-    d.tokenizer = given != nullptr ? *given : tokenizer_from_flag(cfg.tokenizer, cfg.vocab_size, files, cfg.train_fraction, quiet);
+    const bool trained_by_lead = given == nullptr && cfg.tokenizer == "bpe" && !lead;
+    d.tokenizer = given != nullptr   ? *given
+                  : trained_by_lead ? data::Tokenizer(data::read_tokenizer_file(out / "tokenizer.json"))
+                                    : tokenizer_from_flag(cfg.tokenizer, cfg.vocab_size, files, cfg.train_fraction, quiet);
     if (!d.tokenizer.is_bpe() && d.tokenizer.vocab_size() == 0) {
       d.tokenizer = data::Tokenizer(data::vocab_of_files(files, cfg.model.doc_separator));
     }
-    if (given == nullptr && cfg.tokenizer == "bpe") write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
+    if (given == nullptr && cfg.tokenizer == "bpe" && lead) write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
     const std::vector<uint32_t> separator = d.tokenizer.is_bpe()
                                                 ? std::vector<uint32_t>{uint32_t(d.tokenizer.end_of_text())}
                                                 : d.tokenizer.encode(cfg.model.doc_separator, "--doc-sep");

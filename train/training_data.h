@@ -22,9 +22,10 @@ struct TrainingData {
 };
 
 /// Loads --data into `out`'s token cache. `given` is the tokenizer of a checkpoint the run starts from (--resume,
-/// --init-from), or null. Writes out/tokenizer.json when it trains a BPE.
+/// --init-from), or null. The lead rank trains a BPE (--tokenizer bpe) and writes it to out/tokenizer.json; the other
+/// ranks, which call this after it, read it from there.
 TrainingData load_training_data(const TrainConfig& cfg, const std::filesystem::path& out, const data::Tokenizer* given,
-                                bool quiet);
+                                bool quiet, bool lead = true);
 
 /// The tokenizer --tokenizer names: "char" (an empty CharVocab: the data's characters decide), "bpe" (trained on
 /// `files`' training documents with --vocab-size), or a tokenizer.json file.

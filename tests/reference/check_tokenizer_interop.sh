@@ -4,7 +4,7 @@
 # give tinygpt's ids on tricky text (bench/tokenizer_peers.py check), and decode must give the text back. Runs where a
 # virtual environment with both exists ($TINYGPT_TOKENIZER_VENV, else ~/.cache/tinygpt/tokenizer-venv; made by
 # bench/setup_tokenizer_venv.sh); exits 77 (skipped) where not.
-#   tests/tokenizer_interop_test.sh path/to/tinygpt SOURCE_DIR
+#   tests/reference/check_tokenizer_interop.sh path/to/tinygpt SOURCE_DIR
 set -uo pipefail
 tinygpt=$1 src=$2
 venv=${TINYGPT_TOKENIZER_VENV:-$HOME/.cache/tinygpt/tokenizer-venv}

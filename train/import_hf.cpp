@@ -1,0 +1,122 @@
+#include "train/import_hf.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/ops.h"
+#include "data/documents.h"
+#include "train/checkpoint.h"
+#include "train/run_dir.h"
+
+namespace tinygpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json(const fs::path& path, const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    throw Error(fmt::format("'{}' is not a Hugging Face model directory tinygpt can import: it has no {}", dir,
+                            path.filename().string()));
+  }
+  std::ifstream in(path);
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) throw Error(fmt::format("'{}' is not a JSON object", path.string()));
+  return j;
+}
+
+/// GPT-2's config as tinygpt's; throws naming a setting tinygpt would compute differently.
+nn::GPTConfig gpt_config_of(const nlohmann::json& j, const std::string& dir) {
+  const auto bad = [&](const std::string& why) {
+    return Error(fmt::format("'{}' is not a GPT-2 tinygpt can import: {}", dir, why));
+  };
+  if (j.value("model_type", std::string()) != "gpt2") {
+    throw bad(fmt::format("its config.json says model_type {} (tinygpt imports gpt2)", j.value("model_type", nlohmann::json()).dump()));
+  }
+  const auto integer = [&](const char* key) -> int64_t {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0) {
+      throw bad(fmt::format("config.json has no positive integer {}", key));
+    }
+    return j[key].get<int64_t>();
+  };
+  nn::GPTConfig c;
+  c.n_embd = integer("n_embd");
+  c.n_layer = integer("n_layer");
+  c.n_head = integer("n_head");
+  c.block_size = integer("n_positions");
+  c.vocab_size = integer("vocab_size");
+  c.bias = true;
+  c.dropout = 0;
+  c.untied_head = !j.value("tie_word_embeddings", true);
+  const std::string act = j.value("activation_function", std::string("gelu_new"));
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+    throw bad(fmt::format("its activation is {} (tinygpt's GELU is the tanh approximation, gelu_new)", act));
+  }
+  if (j.contains("n_inner") && !j["n_inner"].is_null() && j["n_inner"] != 4 * c.n_embd) {
+    throw bad(fmt::format("its MLP is {} wide (tinygpt's is 4 n_embd = {})", j["n_inner"].dump(), 4 * c.n_embd));
+  }
+  if (std::abs(j.value("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12) {
+    throw bad(fmt::format("its LayerNorm epsilon is {} (tinygpt's is 1e-5)", j["layer_norm_epsilon"].dump()));
+  }
+  if (!j.value("scale_attn_weights", true) || j.value("scale_attn_by_inverse_layer_idx", false)) {
+    throw bad("its attention scores are not scaled by 1 / sqrt(head size) alone");
+  }
+  if (c.vocab_size > data::kMaxBpeVocab) throw bad(fmt::format("its vocabulary of {} is over {}", c.vocab_size, data::kMaxBpeVocab));
+  c.validate();
+  return c;
+}
+
+}  // namespace
+
+fs::path import_hf(const fs::path& dir, const fs::path& out) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw Error(fmt::format("--from '{}' is not a directory", dir.string()));
+  const nn::GPTConfig config = gpt_config_of(read_json(dir / "config.json", dir.string()), dir.string());
+  if (!fs::is_regular_file(dir / "model.safetensors", ec)) {
+    throw Error(fmt::format("'{}' has no model.safetensors (tinygpt reads safetensors weights, not pytorch_model.bin: "
+                            "save with save_pretrained(..., safe_serialization=True))",
+                            dir.string()));
+  }
+  if (!fs::is_regular_file(dir / "tokenizer.json", ec)) {
+    throw Error(fmt::format("'{}' has no tokenizer.json (a byte-level BPE, as GPT-2's)", dir.string()));
+  }
+  data::Tokenizer tokenizer(data::read_tokenizer_file(dir / "tokenizer.json"));
+  if (tokenizer.vocab_size() != config.vocab_size) {
+    throw Error(fmt::format("'{}': its tokenizer has {} tokens but its config says vocab_size {}", dir.string(),
+                            tokenizer.vocab_size(), config.vocab_size));
+  }
+  const safetensors::Contents weights = safetensors::load(dir / "model.safetensors");
+  // GPT-2's Conv1D keeps (in, out): our Linear's (out, in) transposed. Names with or without "transformer.".
+  const auto find = [&](const std::string& name) {
+    Tensor t = weights.find(name);
+    if (!t.defined() && name.rfind("transformer.", 0) == 0) t = weights.find(name.substr(12));
+    if (!t.defined()) throw Error(fmt::format("'{}': model.safetensors has no tensor {}", dir.string(), name));
+    return t.dtype() == DType::F32 ? t : t.to(DType::F32);
+  };
+  Generator gen(0);
+  nn::GPT model(config, gen);
+  NoGradGuard no_grad;
+  for (auto& [name, param] : model.named_parameters()) {
+    const bool conv1d = name.find(".c_attn.weight") != std::string::npos || name.find(".c_proj.weight") != std::string::npos ||
+                        name.find(".c_fc.weight") != std::string::npos;
+    Tensor src = find(name);
+    if (conv1d) src = transpose(src, 0, 1);
+    if (src.shape() != param.shape()) {
+      throw Error(fmt::format("'{}': tensor {} is {} where GPT-2 of this config has {}", dir.string(), name,
+                              conv1d ? transpose(src, 0, 1).shape().str() : src.shape().str(),
+                              conv1d ? transpose(param, 0, 1).shape().str() : param.shape().str()));
+    }
+    param.copy_(src);
+  }
+  const fs::path run = make_output_dir(out.string());
+  TrainState state;
+  state.train_config = {{"imported_from", fs::absolute(dir).lexically_normal().string()}};
+  const fs::path path = run / kLatestCheckpoint;
+  save_checkpoint(path, model, tokenizer, nullptr, state);
+  return path;
+}
+
+}  // namespace tinygpt
