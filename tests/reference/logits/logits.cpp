@@ -15,7 +15,8 @@ int main(int argc, char** argv) try {
   nn::GPT model(ckpt.config);
   load_weights(model, ckpt);
   model.train(false);
-  const std::vector<int32_t> ids = ckpt.vocab.encode(data::decode_utf8(argv[2]));
+  const std::vector<uint32_t> encoded = ckpt.tokenizer.encode(argv[2], "TEXT");
+  const std::vector<int32_t> ids(encoded.begin(), encoded.end());
   const Tensor x = from_vector(ids, {1, int64_t(ids.size())});
   NoGradGuard no_grad;
   safetensors::save(argv[3], {{"ids", x}, {"logits", model.forward(x).logits}}, {});
