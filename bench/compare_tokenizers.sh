@@ -12,7 +12,7 @@ vocabs=${3:-512 2048}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(date -u +%F)"
-printf '%-12s %5s %11s %10s %9s %12s\n' tokenizer seed iterations "val loss" "val bpb" "val tokens"
+printf '%-12s %5s %11s %10s %9s\n' tokenizer seed iterations "val loss" "val bpb"
 results=()
 for tok in char $vocabs; do
   for seed in $seeds; do
@@ -24,8 +24,7 @@ for tok in char $vocabs; do
     loss=$(sed 's/.*"val_loss":\([0-9.e+-]*\).*/\1/' <<< "$line")
     bpb=$(sed 's/.*"val_bpb":\([0-9.e+-]*\).*/\1/' <<< "$line")
     iters=$(sed 's/.*"iter":\([0-9]*\).*/\1/' <<< "$line")
-    val=$(./build/tinygpt info --ckpt "$work/run" > /dev/null 2>&1 && grep -o 'val [0-9]* tokens' <<< "$(grep '^data:' "$work/log" 2>/dev/null || true)" || true)
-    printf '%-12s %5s %11s %10.4f %9.4f %12s\n' "$([ "$tok" = char ] && echo char || echo "bpe $tok")" "$seed" "$iters" "$loss" "$bpb" "${val:-}"
+    printf '%-12s %5s %11s %10.4f %9.4f\n' "$([ "$tok" = char ] && echo char || echo "bpe $tok")" "$seed" "$iters" "$loss" "$bpb"
     results+=("$tok $bpb")
     rm -rf "$work/run"
   done

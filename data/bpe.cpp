@@ -7,6 +7,7 @@
 #include <queue>
 #include <unordered_set>
 
+#include "data/text.h"
 #include "data/unicode_tables.h"
 #include "kernels/base.h"
 
@@ -54,25 +55,9 @@ const AsciiClasses kAscii;
 Char char_at(std::string_view text, size_t i) {
   const auto b0 = uint8_t(text[i]);
   if (b0 < 0x80) return {kAscii.cls[b0], 1};
-  int len = 0;
-  char32_t cp = 0, min = 0;
-  if ((b0 & 0xe0) == 0xc0) {
-    len = 2, cp = b0 & 0x1f, min = 0x80;
-  } else if ((b0 & 0xf0) == 0xe0) {
-    len = 3, cp = b0 & 0x0f, min = 0x800;
-  } else if ((b0 & 0xf8) == 0xf0) {
-    len = 4, cp = b0 & 0x07, min = 0x10000;
-  } else {
-    return {Class::Other, 1};
-  }
-  if (i + size_t(len) > text.size()) return {Class::Other, 1};
-  for (int k = 1; k < len; ++k) {
-    const auto b = uint8_t(text[i + size_t(k)]);
-    if ((b & 0xc0) != 0x80) return {Class::Other, 1};
-    cp = (cp << 6) | (b & 0x3f);
-  }
-  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return {Class::Other, 1};
-  return {classify(cp), uint8_t(len)};
+  const Utf8Char c = decode_utf8_at(text, i);
+  if (c.len == 0) return {Class::Other, 1};
+  return {classify(c.cp), uint8_t(c.len)};
 }
 
 /// The end of the run of characters of class `cls` that starts at `i`.

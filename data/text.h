@@ -23,38 +23,48 @@ std::string encode_utf8(std::u32string_view text);
 /// Throws Error("invalid UTF-8 at byte offset <offset>: <why> ...").
 [[noreturn]] void utf8_error(std::string_view bytes, size_t offset, const char* why);
 
+/// One UTF-8 character: its code point and length in bytes, or length 0 and why it is not valid (overlong forms,
+/// surrogates and values above U+10FFFF are not).
+struct Utf8Char {
+  char32_t cp;
+  int len;
+  const char* why;
+};
+
+/// The character that starts at bytes[i] (i < bytes.size()).
+inline Utf8Char decode_utf8_at(std::string_view bytes, size_t i) {
+  const auto b0 = uint8_t(bytes[i]);
+  if (b0 < 0x80) return {b0, 1, nullptr};
+  int len = 0;
+  char32_t cp = 0, min = 0;
+  if ((b0 & 0xe0) == 0xc0) {
+    len = 2, cp = b0 & 0x1f, min = 0x80;
+  } else if ((b0 & 0xf0) == 0xe0) {
+    len = 3, cp = b0 & 0x0f, min = 0x800;
+  } else if ((b0 & 0xf8) == 0xf0) {
+    len = 4, cp = b0 & 0x07, min = 0x10000;
+  } else {
+    return {0, 0, "not a valid leading byte"};
+  }
+  if (i + size_t(len) > bytes.size()) return {0, 0, "sequence cut short by the end of the text"};
+  for (int k = 1; k < len; ++k) {
+    const auto b = uint8_t(bytes[i + size_t(k)]);
+    if ((b & 0xc0) != 0x80) return {0, 0, "missing continuation byte"};
+    cp = (cp << 6) | (b & 0x3f);
+  }
+  if (cp < min) return {0, 0, "overlong encoding"};
+  if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return {0, 0, "not a Unicode scalar value"};
+  return {cp, len, nullptr};
+}
+
 /// Calls f(code point) for each character of UTF-8 text, without copying it; validates as decode_utf8.
 template <class F>
 void for_each_code_point(std::string_view bytes, F&& f) {
-  size_t i = 0;
-  while (i < bytes.size()) {
-    const auto b0 = uint8_t(bytes[i]);
-    if (b0 < 0x80) {
-      f(char32_t(b0));
-      ++i;
-      continue;
-    }
-    int len = 0;
-    char32_t cp = 0, min = 0;
-    if ((b0 & 0xe0) == 0xc0) {
-      len = 2, cp = b0 & 0x1f, min = 0x80;
-    } else if ((b0 & 0xf0) == 0xe0) {
-      len = 3, cp = b0 & 0x0f, min = 0x800;
-    } else if ((b0 & 0xf8) == 0xf0) {
-      len = 4, cp = b0 & 0x07, min = 0x10000;
-    } else {
-      utf8_error(bytes, i, "not a valid leading byte");
-    }
-    if (i + size_t(len) > bytes.size()) utf8_error(bytes, i, "sequence cut short by the end of the text");
-    for (int k = 1; k < len; ++k) {
-      const auto b = uint8_t(bytes[i + size_t(k)]);
-      if ((b & 0xc0) != 0x80) utf8_error(bytes, i, "missing continuation byte");
-      cp = (cp << 6) | (b & 0x3f);
-    }
-    if (cp < min) utf8_error(bytes, i, "overlong encoding");
-    if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) utf8_error(bytes, i, "not a Unicode scalar value");
-    f(cp);
-    i += size_t(len);
+  for (size_t i = 0; i < bytes.size();) {
+    const Utf8Char c = decode_utf8_at(bytes, i);
+    if (c.len == 0) utf8_error(bytes, i, c.why);
+    f(c.cp);
+    i += size_t(c.len);
   }
 }
 
