@@ -20,9 +20,14 @@ struct Switch {
 
 inline constexpr Switch kSwitches[] = {
     {"TINYGPT_CPU_BF16", "amx | avx512 | f32",
-     "the CPU unit for bf16 products: AMX tiles, AVX512-BF16 dot products, or the f32 units on rounded operands "
-     "(default: AMX where the CPU has it, else the f32 units; a unit the CPU lacks is an error). Same roundings, "
-     "so results agree up to the order of f32 sums"},
+     "the CPU unit for bf16 products (matmuls and --dtype bf16's attention): AMX tiles, AVX512-BF16 dot products, or "
+     "the f32 units on rounded operands (default: of those the CPU has, the one with the most FLOPs a cycle as "
+     "measured at start-up, the f32 units on a tie; a unit the CPU lacks is an error). Same roundings, so results "
+     "agree up to the order of f32 sums"},
+    {"TINYGPT_CACHE_DIR", "a directory | off",
+     "where train keeps the CPU's measured clock and unit rates (cpu-rates.txt), so every run on a machine states "
+     "the same peak (default: $XDG_CACHE_HOME/tinygpt, else ~/.cache/tinygpt; off: measured by every run, nothing "
+     "written)"},
     {"TINYGPT_FLASH_ROWS", "128",
      "the GPU's flash forward on bf16 storage at head dim 64 takes blocks of 128 query rows (each of 4 warps two 16-row "
      "tiles, so every K and V fragment read from shared memory serves both) instead of 64; not the default until "

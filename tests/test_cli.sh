@@ -173,17 +173,18 @@ expect_error "was trained with --optimizer muon, not adamw: resume with --optimi
 "$tinygpt" train --data "$dir/text.txt" --out "$dir/bf16" --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 \
   --batch-size 4 --max-iters 4 --eval-interval 4 --eval-iters 1 --dtype bf16 2> "$dir/bf16.log" ||
   fail "train --dtype bf16 exited non-zero: $(tail -3 "$dir/bf16.log")"
-grep -Eq "^model: .*, bf16 (matmuls and attention on AMX-BF16|matmul operands rounded for f32 units)" "$dir/bf16.log" ||
+grep -Eq "^model: .*, bf16 (matmuls and attention on (AMX-BF16|AVX512-BF16)|matmul operands rounded for f32 units)" "$dir/bf16.log" ||
   fail "the model line does not say bf16: $(grep '^model' "$dir/bf16.log")"
-# Attention takes bf16 operands by default where the CPU has AMX (else f32: rounding alone only costs time); the
-# checkpoint records which, and --attention-math bf16 asks for it on any CPU.
-if grep -q "and attention on AMX-BF16" "$dir/bf16.log"; then want_attention=bf16; else want_attention=f32; fi
-# Activations are stored in bf16 by default where the GEMM runs on AMX (else f32), and the model line says so.
-if grep -q "on AMX-BF16" "$dir/bf16.log"; then
+# Attention takes bf16 operands, and activations are stored in bf16, by default where the CPU's bf16 products run on a
+# bf16 unit (AMX-BF16, AVX512-BF16; else f32: rounding alone only costs time); the model line says which, the
+# checkpoint records it, and --attention-math bf16 asks for it on any CPU.
+if grep -Eq "and attention on (AMX-BF16|AVX512-BF16)" "$dir/bf16.log"; then
+  want_attention=bf16
   grep -q "^model: .*, bf16 activations" "$dir/bf16.log" ||
-    fail "the model line does not say bf16 activations on AMX: $(grep '^model' "$dir/bf16.log")"
-elif grep -q "bf16 activations" "$dir/bf16.log"; then
-  fail "bf16 activations without AMX: $(grep '^model' "$dir/bf16.log")"
+    fail "the model line does not say bf16 activations on a bf16 unit: $(grep '^model' "$dir/bf16.log")"
+else
+  want_attention=f32
+  if grep -q "bf16 activations" "$dir/bf16.log"; then fail "bf16 activations on the f32 units: $(grep '^model' "$dir/bf16.log")"; fi
 fi
 "$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep -q "^numerics       bf16 matmul operands (--dtype bf16), $want_attention attention operands; on the GPU: bf16 matmuls" ||
   fail "info does not report bf16 with $want_attention attention: $("$tinygpt" info --ckpt "$dir/bf16" 2>&1 | grep numerics)"
@@ -201,6 +202,26 @@ grep -q "^model: .*, bf16 matmul operands rounded for f32 units" "$dir/bf16_f32.
 expect_error "^error: TINYGPT_CPU_BF16 must be amx, avx512 or f32, got 'tiles'" env TINYGPT_CPU_BF16=tiles "$tinygpt" \
   train --data "$dir/text.txt" --out "$dir/r2" --max-iters 1 --dtype bf16
 "$tinygpt" eval --ckpt "$dir/bf16" --data "$dir/text.txt" --eval-iters 2 --dtype fp32 > /dev/null 2>&1 || fail "eval --dtype fp32 of a bf16 run failed"
+# The meter's peak: the CPU's clock and unit rates are measured once and cached, so a second run states the same
+# figure (and says where it came from); a damaged cache is measured again and rewritten, never trusted.
+peak_of() { grep -o "MFU is against [0-9]* GFLOP/s" "$1"; }
+for n in 1 2; do
+  TINYGPT_CACHE_DIR="$dir/cache" "$tinygpt" train --data "$dir/text.txt" --out "$dir/peak$n" --n-layer 1 --n-head 2 \
+    --n-embd 32 --block-size 16 --batch-size 4 --max-iters 2 --eval-interval 2 --eval-iters 1 2> "$dir/peak$n.log" ||
+    fail "train with a cache directory exited non-zero: $(tail -3 "$dir/peak$n.log")"
+done
+[ -f "$dir/cache/cpu-rates.txt" ] || fail "train did not cache the CPU's rates in TINYGPT_CACHE_DIR"
+if grep -q "clock and rate measured" "$dir/peak1.log"; then
+  [ "$(peak_of "$dir/peak1.log")" = "$(peak_of "$dir/peak2.log")" ] ||
+    fail "the cached peak moved: $(peak_of "$dir/peak1.log") then $(peak_of "$dir/peak2.log")"
+  grep -q "cached in $dir/cache/cpu-rates.txt" "$dir/peak2.log" || fail "the second run did not use the cache: $(grep '^speed' "$dir/peak2.log")"
+fi
+sed -i 's/^ghz .*/ghz -3/' "$dir/cache/cpu-rates.txt"
+TINYGPT_CACHE_DIR="$dir/cache" "$tinygpt" train --data "$dir/text.txt" --out "$dir/peak3" --n-layer 1 --n-head 2 \
+  --n-embd 32 --block-size 16 --batch-size 4 --max-iters 2 --eval-interval 2 --eval-iters 1 2> "$dir/peak3.log" ||
+  fail "train over a damaged rate cache exited non-zero: $(tail -3 "$dir/peak3.log")"
+if grep -q "cached in" "$dir/peak3.log"; then fail "a damaged rate cache was used: $(grep '^speed' "$dir/peak3.log")"; fi
+grep -q "^ghz [0-9]" "$dir/cache/cpu-rates.txt" || fail "a damaged rate cache was not rewritten: $(cat "$dir/cache/cpu-rates.txt")"
 expect_error "^error: --dtype: fp16 not in {fp32,bf16}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --dtype fp16
 expect_error "^error: --optimizer: sgd not in {adamw,muon}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer sgd
 expect_error "muon-momentum must be in \[0, 1), got 1" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer muon --muon-momentum 1

@@ -376,100 +376,109 @@ TEST_CASE("gemm on bf16 storage stored in bf16 (Bf16Out): the f32 result and its
   });
 }
 
-bool cpu_has_amx() {
-  const auto& have = bf16_kernels_available();
-  return std::find(have.begin(), have.end(), Bf16Kernel::Amx) != have.end();
+/// The bf16 units this CPU has for tile products (AMX-BF16, AVX512-BF16): none on an AVX2 CPU.
+std::vector<Bf16Kernel> tile_units() {
+  std::vector<Bf16Kernel> units;
+  for (const Bf16Kernel k : bf16_kernels_available())
+    if (k != Bf16Kernel::F32Units) units.push_back(k);
+  return units;
 }
 
-// Reported as skipped (doctest's count), not passed, on a CPU without AMX-BF16.
-TEST_CASE("AmxTiles: the flash kernels' bf16 tile products match naive products of the rounded operands" *
-          doctest::skip(!cpu_has_amx())) {
-  tinygpt::cpu::AmxTiles tiles;
-  std::mt19937 rng(7);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  for (const bool k_contig : {true, false})
-    for (int64_t M : {1, 16, 33, 64})
-      for (int64_t K : {1, 20, 32, 64, 130})
-        for (int64_t N : {3, 32, 64, 70})
-          for (const bool accumulate : {false, true}) {
-            CAPTURE(k_contig);
-            CAPTURE(M);
-            CAPTURE(K);
-            CAPTURE(N);
-            CAPTURE(accumulate);
-            // A (r, k) at A[r * ars + k * aks] with a gap after each row or column; C with 3 spare columns.
-            const int64_t ars = k_contig ? K + 2 : 1, aks = k_contig ? 1 : M + 5, ldb = N + 1, ldc = N + 3;
-            std::vector<float> A(size_t(k_contig ? M * ars : K * aks)), B(size_t(K * ldb)), C(size_t(M * ldc));
-            for (auto& x : A) x = float(dist(rng));
-            for (auto& x : B) x = float(dist(rng));
-            for (auto& x : C) x = float(dist(rng));
-            const std::vector<float> C0 = C;
-            tiles.product(C.data(), ldc, A.data(), ars, aks, B.data(), ldb, M, K, N, accumulate);
-            int64_t bad = 0;
-            for (int64_t i = 0; i < M; ++i) {
-              for (int64_t j = 0; j < ldc; ++j) {
-                const double got = C[size_t(i * ldc + j)];
-                if (j >= N) {
-                  bad += got != double(C0[size_t(i * ldc + j)]);
-                  continue;
+// Reported as skipped (doctest's count), not passed, on a CPU without AMX-BF16 or AVX512-BF16.
+TEST_CASE("Bf16Tiles: the flash kernels' bf16 tile products match naive products of the rounded operands" *
+          doctest::skip(tile_units().empty())) {
+  for (const Bf16Kernel kernel : tile_units()) {
+    CAPTURE(bf16_kernel_name(kernel));
+    tinygpt::cpu::Bf16Tiles tiles(kernel);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<double> dist(-1.0, 1.0);
+    for (const bool k_contig : {true, false})
+      for (int64_t M : {1, 16, 33, 64})
+        for (int64_t K : {1, 20, 32, 64, 130})
+          for (int64_t N : {3, 32, 64, 70})
+            for (const bool accumulate : {false, true}) {
+              CAPTURE(k_contig);
+              CAPTURE(M);
+              CAPTURE(K);
+              CAPTURE(N);
+              CAPTURE(accumulate);
+              // A (r, k) at A[r * ars + k * aks] with a gap after each row or column; C with 3 spare columns.
+              const int64_t ars = k_contig ? K + 2 : 1, aks = k_contig ? 1 : M + 5, ldb = N + 1, ldc = N + 3;
+              std::vector<float> A(size_t(k_contig ? M * ars : K * aks)), B(size_t(K * ldb)), C(size_t(M * ldc));
+              for (auto& x : A) x = float(dist(rng));
+              for (auto& x : B) x = float(dist(rng));
+              for (auto& x : C) x = float(dist(rng));
+              const std::vector<float> C0 = C;
+              tiles.product(C.data(), ldc, A.data(), ars, aks, B.data(), ldb, M, K, N, accumulate);
+              int64_t bad = 0;
+              for (int64_t i = 0; i < M; ++i) {
+                for (int64_t j = 0; j < ldc; ++j) {
+                  const double got = C[size_t(i * ldc + j)];
+                  if (j >= N) {
+                    bad += got != double(C0[size_t(i * ldc + j)]);
+                    continue;
+                  }
+                  double ref = accumulate ? double(C0[size_t(i * ldc + j)]) : 0.0;
+                  for (int64_t k = 0; k < K; ++k)
+                    ref += bf16_reference(A[size_t(i * ars + k * aks)]) * bf16_reference(B[size_t(k * ldb + j)]);
+                  bad += !(std::abs(got - ref) <= 1e-6 * double(K + 1) * (1 + std::abs(ref)));
                 }
-                double ref = accumulate ? double(C0[size_t(i * ldc + j)]) : 0.0;
-                for (int64_t k = 0; k < K; ++k)
-                  ref += bf16_reference(A[size_t(i * ars + k * aks)]) * bf16_reference(B[size_t(k * ldb + j)]);
-                bad += !(std::abs(got - ref) <= 1e-6 * double(K + 1) * (1 + std::abs(ref)));
               }
+              CHECK(bad == 0);
             }
-            CHECK(bad == 0);
-          }
+  }
 }
 
 // The flash kernels on bf16 storage pack A and B straight from bf16 rows, and hold B packed from its transpose (Q^T
 // from Q's rows): the same rounded values as the f32 operands, so the products must agree bit for bit.
-TEST_CASE("AmxTiles: operands packed from bf16 storage, and B held from its transpose, give the f32 operands' products" *
-          doctest::skip(!cpu_has_amx())) {
+TEST_CASE("Bf16Tiles: operands packed from bf16 storage, and B held from its transpose, give the f32 operands' products" *
+          doctest::skip(tile_units().empty())) {
   using tinygpt::bf16;
-  tinygpt::cpu::AmxTiles tiles;
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  for (const bool k_contig : {true, false})
-    for (int64_t M : {1, 16, 33, 64, 128})
-      for (int64_t K : {1, 20, 32, 64, 130})
-        for (int64_t N : {3, 32, 64, 70, 128}) {
-          CAPTURE(k_contig);
-          CAPTURE(M);
-          CAPTURE(K);
-          CAPTURE(N);
-          const int64_t ars = k_contig ? K + 2 : 1, aks = k_contig ? 1 : M + 5, ldb = N + 1, ldt = K + 3, ldc = N + 3;
-          std::vector<float> A(size_t(k_contig ? M * ars : K * aks)), B(size_t(K * ldb)), C0(size_t(M * ldc));
-          for (auto& x : A) x = float(dist(rng));
-          for (auto& x : B) x = float(dist(rng));
-          for (auto& x : C0) x = float(dist(rng));
-          // bf16 copies: A in its own layout, B as rows (k) and as its transpose (rows n of K values, ldt apart).
-          std::vector<bf16> A16(A.begin(), A.end()), B16(B.begin(), B.end()), Bt16(size_t(N * ldt));
-          for (int64_t k = 0; k < K; ++k)
-            for (int64_t n = 0; n < N; ++n) Bt16[size_t(n * ldt + k)] = bf16(B[size_t(k * ldb + n)]);
-          for (const bool accumulate : {false, true}) {
-            CAPTURE(accumulate);
-            std::vector<float> want = C0, rows = C0, held = C0;
-            tiles.product(want.data(), ldc, A.data(), ars, aks, B.data(), ldb, M, K, N, accumulate);
-            tiles.pack_b(0, Bt16.data(), 1, ldt, K, N);  // held first: the rows' product below must not disturb it
-            tiles.pack_a(A16.data(), ars, aks, M, K);
-            tiles.pack_b(1, B16.data(), ldb, 1, K, N);
-            tiles.run(rows.data(), ldc, 1, M, K, N, accumulate);
-            tiles.run(held.data(), ldc, 0, M, K, N, accumulate);
-            int64_t bad_rows = 0, bad_held = 0;
-            for (size_t i = 0; i < want.size(); ++i) {
-              bad_rows += rows[i] != want[i];
-              bad_held += held[i] != want[i];
+  for (const Bf16Kernel kernel : tile_units()) {
+    CAPTURE(bf16_kernel_name(kernel));
+    tinygpt::cpu::Bf16Tiles tiles(kernel);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<double> dist(-1.0, 1.0);
+    for (const bool k_contig : {true, false})
+      for (int64_t M : {1, 16, 33, 64, 128})
+        for (int64_t K : {1, 20, 32, 64, 130})
+          for (int64_t N : {3, 32, 64, 70, 128}) {
+            CAPTURE(k_contig);
+            CAPTURE(M);
+            CAPTURE(K);
+            CAPTURE(N);
+            const int64_t ars = k_contig ? K + 2 : 1, aks = k_contig ? 1 : M + 5, ldb = N + 1, ldt = K + 3, ldc = N + 3;
+            std::vector<float> A(size_t(k_contig ? M * ars : K * aks)), B(size_t(K * ldb)), C0(size_t(M * ldc));
+            for (auto& x : A) x = float(dist(rng));
+            for (auto& x : B) x = float(dist(rng));
+            for (auto& x : C0) x = float(dist(rng));
+            // bf16 copies: A in its own layout, B as rows (k) and as its transpose (rows n of K values, ldt apart).
+            std::vector<bf16> A16(A.begin(), A.end()), B16(B.begin(), B.end()), Bt16(size_t(N * ldt));
+            for (int64_t k = 0; k < K; ++k)
+              for (int64_t n = 0; n < N; ++n) Bt16[size_t(n * ldt + k)] = bf16(B[size_t(k * ldb + n)]);
+            for (const bool accumulate : {false, true}) {
+              CAPTURE(accumulate);
+              std::vector<float> want = C0, rows = C0, held = C0;
+              tiles.product(want.data(), ldc, A.data(), ars, aks, B.data(), ldb, M, K, N, accumulate);
+              tiles.pack_b(0, Bt16.data(), 1, ldt, K, N);  // held first: the rows' product below must not disturb it
+              tiles.pack_a(A16.data(), ars, aks, M, K);
+              tiles.pack_b(1, B16.data(), ldb, 1, K, N);
+              tiles.run(rows.data(), ldc, 1, M, K, N, accumulate);
+              tiles.run(held.data(), ldc, 0, M, K, N, accumulate);
+              int64_t bad_rows = 0, bad_held = 0;
+              for (size_t i = 0; i < want.size(); ++i) {
+                bad_rows += rows[i] != want[i];
+                bad_held += held[i] != want[i];
+              }
+              CHECK(bad_rows == 0);
+              CHECK(bad_held == 0);
             }
-            CHECK(bad_rows == 0);
-            CHECK(bad_held == 0);
+            // A product whose shape is not the packed operands' is refused, not read out of bounds.
+            std::vector<float> C(C0);
+            CHECK_THROWS_AS(tiles.run(C.data(), ldc, 0, M, K + 1, N, false), std::logic_error);
+            CHECK_THROWS_AS(tiles.run(C.data(), ldc, 0, M + 32, K, N, false), std::logic_error);
           }
-          // A product whose shape is not the packed operands' is refused, not read out of bounds.
-          std::vector<float> C(C0);
-          CHECK_THROWS_AS(tiles.run(C.data(), ldc, 0, M, K + 1, N, false), std::logic_error);
-          CHECK_THROWS_AS(tiles.run(C.data(), ldc, 0, M + 32, K, N, false), std::logic_error);
-        }
+  }
 }
 
 TEST_CASE("every bf16 kernel propagates NaN and infinity from its operands") {

@@ -3,7 +3,10 @@
 #include <doctest/doctest.h>
 #include <fmt/core.h>
 
+#include <omp.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -12,6 +15,7 @@
 
 #include "autograd/ops.h"
 #include "data/corpus.h"
+#include "kernels/cpu/cpu_probe.h"
 #include "kernels/cpu/gemm.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"
@@ -470,7 +474,7 @@ TEST_CASE("checkpoints record the model's numerics; eval's and sample's flags ov
   CHECK(numerics_of(gpu_run).attention == AttentionMath::BF16);
   gpu_run.device = "cpu";
   CHECK(numerics_of(gpu_run).attention ==
-        (cpu::bf16_kernel() == cpu::Bf16Kernel::Amx ? AttentionMath::BF16 : AttentionMath::F32));
+        (cpu::bf16_kernel() != cpu::Bf16Kernel::F32Units ? AttentionMath::BF16 : AttentionMath::F32));
 
   // A checkpoint from before numerics were recorded loads as full f32; an unknown format is refused.
   auto contents = safetensors::load(p);
@@ -779,10 +783,33 @@ TEST_CASE("MFU's peak is stated and fixed: the same figure at every call, for th
     INFO(a.how);
     CHECK(a.gflops > 0);
     CHECK_FALSE(a.how.empty());
-    // Only a CPU that states no clock falls back to a matmul measured at the call, which may move.
-    if (a.how.find("measured") == std::string::npos) CHECK(a.gflops == b.gflops);
-    if (bf16 && cpu::bf16_kernel() == cpu::Bf16Kernel::Amx && a.how.find("measured") == std::string::npos) {
-      CHECK(a.how.find("AMX-BF16") != std::string::npos);
+    CHECK(a.gflops == b.gflops);  // the clock and rates are measured once a process (and cached across runs by train)
+    if (cpu::unit_rates().ghz > 0) {
+      const cpu::Bf16Kernel k = bf16 ? cpu::bf16_kernel() : cpu::Bf16Kernel::F32Units;
+      CHECK(a.gflops == doctest::Approx(omp_get_max_threads() * cpu::unit_rates().ghz * cpu::flops_per_cycle(k)));
+      if (k != cpu::Bf16Kernel::F32Units) CHECK(a.how.find(cpu::bf16_kernel_name(k)) != std::string::npos);
     }
   }
+}
+
+TEST_CASE("the CPU probe: a plausible clock, FLOPs a cycle a power of two, and the bf16 unit with the most of them") {
+  const cpu::UnitRates& r = cpu::unit_rates();
+#if defined(__x86_64__)
+  INFO(cpu::cpu_model_name());
+  CHECK(r.ghz > 0.5);
+  CHECK(r.ghz < 8.0);
+  // At least half a vector FMA a cycle (2 FLOPs a lane), at most four.
+  CHECK(r.f32 >= cpu::f32_lanes());
+  CHECK(r.f32 <= 8 * cpu::f32_lanes());
+  for (const double rate : {r.f32, r.avx512_bf16, r.amx}) {
+    if (rate > 0) CHECK(std::exp2(std::round(std::log2(rate))) == rate);
+  }
+#endif
+  if (std::getenv("TINYGPT_CPU_BF16") == nullptr) {
+    for (const cpu::Bf16Kernel k : cpu::bf16_kernels_available()) {
+      CHECK(cpu::flops_per_cycle(k) <= cpu::flops_per_cycle(cpu::bf16_kernel()));
+    }
+  }
+  // Rates given after the first use are refused: the kernel choice could otherwise change under a run.
+  CHECK_THROWS_AS(cpu::set_unit_rates(r), Error);
 }

@@ -19,6 +19,7 @@
 #include "train/generate.h"
 #include "train/memory.h"
 #include "train/plots.h"
+#include "train/speed.h"
 #include "train/trainer.h"
 
 namespace tinygpt {
@@ -643,6 +644,7 @@ int Cli::run() {
     }
   }
   if (threads > 0) omp_set_num_threads(threads);
+  use_cpu_rates_cache();  // before anything asks which bf16 unit to use
   try {
     validate();
   } catch (const std::exception& e) {

@@ -173,4 +173,14 @@ std::vector<std::pair<std::string, Tensor>> Muon::state() const {
   return out;
 }
 
+double Muon::step_flops() const {
+  double flops = 0;
+  for (const Slot& slot : slots_) {
+    const double rows = double(slot.param.size(0)), cols = double(slot.param.numel()) / rows;
+    const double m = std::min(rows, cols), n = std::max(rows, cols);
+    flops += 4 * m * m * n + 2 * m * m * m;
+  }
+  return flops * config_.ns_steps;
+}
+
 }  // namespace tinygpt

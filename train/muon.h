@@ -65,6 +65,8 @@ class Muon : public Optimizer {
   /// AdamW's moments, then "<matrix>.momentum_buffer" (torch.optim.Muon's name) for each matrix.
   std::vector<std::pair<std::string, Tensor>> state() const override;
   const char* name() const override { return "muon"; }
+  /// Per matrix (m x n, m <= n) and iteration: X X^T, A A and B X, 4 m^2 n + 2 m^3.
+  double step_flops() const override;
   /// The step form that reads its values from memory (Optimizer): sched = AdamW's {lr, c1, c2}, then each matrix's
   /// update factors {-rate * scale, 1 - rate * weight decay}; the momentum takes clipping's factor from stats.
   bool has_indirect() const override { return true; }

@@ -30,6 +30,9 @@ class Optimizer {
   /// Whether step() writes each parameter's bf16 working copy (bf16 storage) as it updates the f32 master, where
   /// the copies exist (FlatParameters::bf16_copies), so the trainer need not write them after it.
   virtual bool writes_bf16_copies() const { return false; }
+  /// FLOPs of one step's matrix products (Muon's Newton-Schulz iterations; 0 for AdamW's elementwise update), for
+  /// the meter.
+  virtual double step_flops() const { return 0; }
 
   // The GPU's step form (DeviceStep in train/trainer.cpp): what changes from step to step is read from device memory,
   // so the step can be captured once as a CUDA graph and replayed.

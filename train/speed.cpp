@@ -6,16 +6,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <string_view>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
+#include <unistd.h>
 
 #include "autograd/autograd.h"
+#include "kernels/cpu/cpu_probe.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/device.h"
+#include "kernels/env.h"
 #include "kernels/kernels.h"
 
 namespace tinygpt {
@@ -29,39 +32,83 @@ double step_flops(const nn::GPT& model, int64_t tokens_per_step) {
   return per_token * double(tokens_per_step);
 }
 
+std::filesystem::path cpu_rates_cache_path() {
+  if (const char* dir = TINYGPT_ENV("TINYGPT_CACHE_DIR"); dir != nullptr) {
+    if (std::string_view(dir) == "off") return {};
+    return std::filesystem::path(dir) / "cpu-rates.txt";
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') {
+    return std::filesystem::path(xdg) / "tinygpt" / "cpu-rates.txt";
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home == '/') {
+    return std::filesystem::path(home) / ".cache" / "tinygpt" / "cpu-rates.txt";
+  }
+  return {};
+}
+
 namespace {
 
-/// The CPU's stated clock in GHz and where it was read, or 0 when nothing states one.
-std::pair<double, std::string> stated_cpu_ghz() {
-#if defined(__x86_64__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_max(0, nullptr) >= 0x16 && __get_cpuid(0x16, &a, &b, &c, &d) && (a & 0xffff) != 0) {
-    return {double(a & 0xffff) / 1e3, "base frequency (CPUID)"};
-  }
-#endif
-  if (std::ifstream f("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"); f) {
-    double khz = 0;
-    if (f >> khz && khz > 0) return {khz / 1e6, "maximum frequency (cpufreq)"};
-  }
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind("cpu MHz", 0) == 0 && line.find(':') != std::string::npos) {
-      const double mhz = std::atof(line.c_str() + line.find(':') + 1);
-      if (mhz > 0) return {mhz / 1e3, "clock (/proc/cpuinfo)"};
-    }
-  }
-  return {0.0, ""};
+/// The lines that say which CPU and build the cached rates belong to.
+std::string cpu_rates_key() {
+  return fmt::format("tinygpt cpu rates 1\ncpu {}\nthreads {}\nf32 lanes {}\n", cpu::cpu_model_name(),
+                     omp_get_max_threads(), cpu::f32_lanes());
 }
 
-bool amd_cpu() {
-#if defined(__x86_64__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  __get_cpuid(0, &a, &b, &c, &d);
-  return b == 0x68747541u;  // "Auth" of "AuthenticAMD"
-#else
-  return false;
-#endif
+}  // namespace
+
+void use_cpu_rates_cache() {
+  const std::filesystem::path path = cpu_rates_cache_path();
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return;
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = cpu_rates_key();
+  if (!in || text.size() > 4096 || text.rfind(key, 0) != 0) return;  // another CPU, thread count or build: measure
+  cpu::UnitRates rates;
+  std::istringstream values(text.substr(key.size()));
+  std::string name;
+  double value = 0;
+  while (values >> name >> value) {
+    if (name == "ghz") rates.ghz = value;
+    else if (name == "f32") rates.f32 = value;
+    else if (name == "avx512_bf16") rates.avx512_bf16 = value;
+    else if (name == "amx") rates.amx = value;
+    else return;
+  }
+  if (!values.eof()) return;
+  try {
+    cpu::set_unit_rates(rates);
+  } catch (const Error&) {  // damaged, or another machine's: measured again and rewritten
+  }
 }
+
+std::string save_cpu_rates_cache() {
+  const cpu::UnitRates& rates = cpu::unit_rates();
+  const std::filesystem::path path = cpu_rates_cache_path();
+  if (rates.cached || rates.ghz <= 0 || path.empty()) return {};
+  const std::string text = cpu_rates_key() + fmt::format("ghz {:.6f}\nf32 {:g}\navx512_bf16 {:g}\namx {:g}\n", rates.ghz,
+                                                          rates.f32, rates.avx512_bf16, rates.amx);
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  const std::filesystem::path tmp = path.string() + fmt::format(".{}.tmp", ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) {
+      std::filesystem::remove(tmp, ec);
+      return fmt::format("could not write {}", tmp.string());
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return fmt::format("could not rename {} to {}", tmp.string(), path.string());
+  }
+  return {};
+}
+
+namespace {
 
 /// NVIDIA's dense figures in TFLOP/s (bf16 tensor cores, TF32 tensor cores, f32 CUDA cores), by a part of the name.
 struct GpuPeak {
@@ -87,23 +134,22 @@ Peak stated_peak(Device device, const Numerics& numerics) {
       return {tflops * 1e3, fmt::format("NVIDIA's dense {} figure for the {}", unit, p.name)};
     }
   } else {
-    const auto [ghz, source] = stated_cpu_ghz();
-    if (ghz > 0) {
+    const cpu::UnitRates& rates = cpu::unit_rates();
+    if (rates.ghz > 0) {
       const int threads = omp_get_max_threads();
       const cpu::Bf16Kernel kernel = numerics.bf16 ? cpu::bf16_kernel() : cpu::Bf16Kernel::F32Units;
-      double per_cycle = 0;
-      std::string unit;
-      if (kernel == cpu::Bf16Kernel::Amx) {
-        per_cycle = 1024, unit = "AMX-BF16";
+      const double per_cycle = cpu::flops_per_cycle(kernel);
+      std::string unit = cpu::bf16_kernel_name(kernel);
+      if (kernel == cpu::Bf16Kernel::F32Units) {
+        unit = fmt::format("f32 FMA, {} lanes x {:g} pipe(s)", cpu::f32_lanes(), per_cycle / (2.0 * cpu::f32_lanes()));
       } else if (kernel == cpu::Bf16Kernel::Avx512Bf16) {
-        per_cycle = 64, unit = "AVX512-BF16, 16 lanes x 2 products";
-      } else {
-        const int lanes = cpu::f32_lanes(), pipes = amd_cpu() && lanes == 16 ? 1 : 2;
-        per_cycle = 2.0 * lanes * pipes, unit = fmt::format("f32 FMA, {} lanes x {} pipes", lanes, pipes);
+        unit = fmt::format("AVX512-BF16, 16 lanes x 2 products x {:g} pipe(s)", per_cycle / 64);
       }
-      return {threads * ghz * per_cycle,
-              fmt::format("{} threads x {:.2f} GHz, the {} x {:.0f} FLOP a cycle ({})", threads, ghz, source,
-                          per_cycle, unit)};
+      return {threads * rates.ghz * per_cycle,
+              fmt::format("{} threads x {:.2f} GHz x {:.0f} FLOP a cycle ({}), clock and rate measured{} on the {}",
+                          threads, rates.ghz, per_cycle, unit,
+                          rates.cached ? fmt::format(" (cached in {})", cpu_rates_cache_path().string()) : " now",
+                          cpu::cpu_model_name())};
     }
   }
   const auto [gflops, n] = measure_peak_gflops(device, numerics);

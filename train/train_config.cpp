@@ -85,7 +85,7 @@ AttentionMath default_attention_math(bool bf16, bool tf32, bool cuda) {
     if (capability != 0 && capability < 80) return AttentionMath::F32;
     return bf16 ? AttentionMath::BF16 : tf32 ? AttentionMath::TF32 : AttentionMath::F32;
   }
-  return bf16 && cpu::bf16_kernel() == cpu::Bf16Kernel::Amx ? AttentionMath::BF16 : AttentionMath::F32;
+  return bf16 && cpu::bf16_kernel() != cpu::Bf16Kernel::F32Units ? AttentionMath::BF16 : AttentionMath::F32;
 }
 
 Numerics numerics_of(const TrainConfig& c) {
@@ -100,11 +100,11 @@ Numerics numerics_of(const TrainConfig& c) {
 }
 
 bool bf16_storage_of(const std::string& storage, bool bf16, Device device) {
-  // The default with bf16 products on the GPU and on AMX: less memory and a faster step there (docs/RESULTS.md, "One
-  // GPU" and "bf16 on the CPU"). Elsewhere on the CPU its attention would round operands for the f32 units, which
-  // costs more than f32 attention saves.
+  // The default with bf16 products on the GPU and on a CPU's bf16 unit (AMX-BF16, AVX512-BF16): half the
+  // activations' bytes and a faster step there (docs/RESULTS.md, "One GPU" and "bf16 on the CPU"). On the f32 units
+  // its attention would round operands for them, which costs more than f32 attention saves.
   if (storage.empty()) {
-    return bf16 && (device == Device::CUDA || cpu::bf16_kernel() == cpu::Bf16Kernel::Amx);
+    return bf16 && (device == Device::CUDA || cpu::bf16_kernel() != cpu::Bf16Kernel::F32Units);
   }
   if (storage != "f32" && storage != "bf16") throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", storage));
   if (storage == "bf16" && !bf16) throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");

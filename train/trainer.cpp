@@ -210,9 +210,10 @@ std::string cpu_bf16_description(AttentionMath attention) {
     return fmt::format(", bf16 matmuls{} on {}", attention == AttentionMath::BF16 ? " and attention" : "",
                        cpu::bf16_kernel_name(kernel));
   }
-  const bool has_amx = std::ranges::count(cpu::bf16_kernels_available(), cpu::Bf16Kernel::Amx) > 0;
-  return has_amx ? ", bf16 matmul operands rounded for f32 units (TINYGPT_CPU_BF16=f32)"
-                 : ", bf16 matmul operands rounded for f32 units: this CPU has no AMX-BF16, so no faster than fp32";
+  const bool has_unit = cpu::bf16_kernels_available().size() > 1;
+  return has_unit ? ", bf16 matmul operands rounded for f32 units (TINYGPT_CPU_BF16=f32)"
+                  : ", bf16 matmul operands rounded for f32 units: this CPU has no bf16 unit (AMX-BF16, AVX512-BF16), "
+                    "so no faster than fp32";
 }
 
 /// The log's model line: size, and where and how it computes.
@@ -512,11 +513,16 @@ TrainResult run_steps(Run& run) {
   const StopSignals& stop = run.stop;
   const nn::GPT& model = run.model;
   const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
-  const double flops_per_iter = step_flops(model, tokens_per_iter);
+  // Muon's Newton-Schulz products run on every rank.
+  const double flops_per_iter = step_flops(model, tokens_per_iter) + world * run.opt.step_flops();
   const Peak peak = stated_peak(device, model.numerics());
+  if (device == Device::CPU && lead) {
+    if (const std::string why = save_cpu_rates_cache(); !why.empty()) console.line("note: {}: the CPU is measured again next run\n", why);
+  }
   bool above_peak = false;
-  console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count, causal attention's half); MFU is against {:.0f} "
-               "GFLOP/s per rank: {}\n", flops_per_iter / 1e9, peak.gflops, peak.how);
+  console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count, causal attention's half{}); MFU is against {:.0f} "
+               "GFLOP/s per rank: {}\n", flops_per_iter / 1e9, run.opt.step_flops() > 0 ? ", Muon's Newton-Schulz" : "",
+               peak.gflops, peak.how);
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
   double ms_avg = 0;  // moving average of the iteration time, for the ETA

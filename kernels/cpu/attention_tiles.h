@@ -1,6 +1,6 @@
 // Flash attention on the CPU, its building blocks (kernels/cpu/attention.cpp has the overview): dropout rows, the
-// register-blocked tile products (TileProducts: f32, or bf16 operands on AMX tiles or rounded copies), the tile
-// sizes, and the softmax pieces of one tile in its two orientations. Only kernels/cpu/attention.cpp includes it.
+// register-blocked tile products (TileProducts: f32, or bf16 operands on AMX tiles, AVX512-BF16 dot products or
+// rounded copies), the tile sizes, and the softmax pieces of one tile in its two orientations. Only kernels/cpu/attention.cpp includes it.
 #pragma once
 
 #include <omp.h>
@@ -225,19 +225,19 @@ struct Strided {
 /// A read where it lies (rows of Q, K, V or dO; a score tile), B either held (X^T of a tile of rows, prepared once
 /// and used by several products) or rows of storage. With f32 math on bf16 operands (AttentionMath::BF16, float
 /// only) each operand is rounded to bf16 and the products summed in f32, as PyTorch's CPU autocast computes them: on
-/// AMX-BF16 tiles where gemm's bf16 products run there (bf16_kernel()), packed straight from storage (bf16 as it
+/// the unit gemm's bf16 products run on (bf16_kernel(): AMX-BF16 or AVX512-BF16), packed straight from storage (bf16 as it
 /// lies, f32 rounded as packed); else rounded (or widened from bf16) into scratch for the f32 micro-kernel.
 template <class T, class S = T>
 class TileProducts {
  public:
   static constexpr int kHeld = 3;  // B operands held at once; one more slot holds the B of a single product
-  static_assert(kHeld + 1 == AmxTiles::kSlots);
+  static_assert(kHeld + 1 == Bf16Tiles::kSlots);
 
   explicit TileProducts(const AttentionGeom& g) {
     if constexpr (std::is_same_v<T, float>) {
       if (g.math != AttentionMath::BF16) return;
-      if (bf16_kernel() == Bf16Kernel::Amx) {
-        amx_.emplace();
+      if (bf16_kernel() != Bf16Kernel::F32Units) {
+        units_.emplace(bf16_kernel());
       } else {
         round_ = true;
       }
@@ -248,7 +248,7 @@ class TileProducts {
   /// as a dim x n_pad operand, columns [n, n_pad) zero.
   void hold_transposed(int i, const S* X, int64_t stride, int64_t n, int64_t n_pad, int64_t dim) {
     if constexpr (std::is_same_v<T, float>) {
-      if (amx_) return amx_->pack_b(i, X, 1, stride, dim, n);
+      if (units_) return units_->pack_b(i, X, 1, stride, dim, n);
     }
     std::vector<T>& buf = held_[size_t(i)];
     buf.resize(size_t(dim * n_pad));
@@ -263,7 +263,7 @@ class TileProducts {
   /// Holds X itself as B operand `i`: rows [0, K) of N features (row stride `stride`), a K x N operand.
   void hold_rows(int i, const S* X, int64_t stride, int64_t K, int64_t N) {
     if constexpr (std::is_same_v<T, float>) {
-      if (amx_) return amx_->pack_b(i, X, stride, 1, K, N);
+      if (units_) return units_->pack_b(i, X, stride, 1, K, N);
     }
     if constexpr (std::is_same_v<S, T>) {
       if (!round_) {  // read where it lies
@@ -283,9 +283,9 @@ class TileProducts {
   template <class X>
   void operator()(T* C, int64_t ldc, Strided<X> A, int i, int64_t M, int64_t K, int64_t N, bool accumulate) {
     if constexpr (std::is_same_v<T, float>) {
-      if (amx_) {
-        amx_->pack_a(A.p, A.rs, A.cs, M, K);
-        return amx_->run(C, ldc, i, M, K, N, accumulate);
+      if (units_) {
+        units_->pack_a(A.p, A.rs, A.cs, M, K);
+        return units_->run(C, ldc, i, M, K, N, accumulate);
       }
     }
     const Strided<T> a = math_a(A, M, K);
@@ -329,7 +329,7 @@ class TileProducts {
     return {ra_.data(), 1, M};
   }
 
-  std::optional<AmxTiles> amx_;
+  std::optional<Bf16Tiles> units_;  // AMX or AVX512-BF16
   bool round_ = false;
   std::array<std::vector<T>, kHeld + 1> held_;
   std::array<const T*, kHeld + 1> held_at_{};
@@ -360,9 +360,9 @@ struct Tiles {
 /// "Measurements behind design decisions").
 inline Tiles flash_tiles(const AttentionGeom& g) {
   if (std::max(g.E, g.Ev) > 128) return Tiles{32, 32};
-  // bf16 operands: every product packs its operands, so larger tiles pay (bench_attention --bf16 on AMX;
+  // bf16 operands on a bf16 unit: every product packs its operands, so larger tiles pay (bench_attention --bf16;
   // docs/RESULTS.md, "Measurements behind design decisions").
-  if (g.math == AttentionMath::BF16 && bf16_kernel() == Bf16Kernel::Amx)
+  if (g.math == AttentionMath::BF16 && bf16_kernel() != Bf16Kernel::F32Units)
     return g.causal && g.T <= 128 ? Tiles{64, 64} : Tiles{128, 128};
   return g.causal && g.T <= 128 ? Tiles{kCols<float>, kCols<float>} : Tiles{64, 64};
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/base.h"
+#include "kernels/cpu/cpu_probe.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_bf16.h"  // TINYGPT_GEMM_BF16
 #include "kernels/env.h"            // TINYGPT_CPU_BF16
@@ -79,13 +80,20 @@ const std::vector<Bf16Kernel>& bf16_kernels_available() {
 
 namespace {
 
-// AMX where the CPU has it. AVX512-BF16 only on request: on the Intel CPU it was tried on, its vdpbf16ps does half
-// the FLOPs a cycle of the f32 FMAs, so the kernel was slower than the f32 units (docs/RESULTS.md, "CPU matmul
-// kernels"); it has not been tried on AMD Zen 4, where it may pay.
+// The unit with the most FLOPs a cycle as measured (cpu_probe.h), the f32 units on a tie: where AVX512-BF16's dot
+// products run at half the f32 FMAs' rate (the Xeon of docs/RESULTS.md, "CPU matmul kernels") its kernel loses to the
+// f32 units; where they run at twice it (AMD Zen 4 and Zen 5) it wins. AMX where present. TINYGPT_CPU_BF16 names one.
 Bf16Kernel choose_bf16_kernel() {
   const std::vector<Bf16Kernel>& have = bf16_kernels_available();
   const char* env = TINYGPT_ENV("TINYGPT_CPU_BF16");
-  if (!env) return have.back() == Bf16Kernel::Amx ? Bf16Kernel::Amx : Bf16Kernel::F32Units;
+  if (!env) {
+    if (have.size() == 1) return have[0];  // nothing to choose: no probe
+    Bf16Kernel best = Bf16Kernel::F32Units;
+    for (const Bf16Kernel k : have) {
+      if (flops_per_cycle(k) > flops_per_cycle(best)) best = k;
+    }
+    return best;
+  }
   const std::string name = env;
   const Bf16Kernel want = name == "amx" ? Bf16Kernel::Amx : name == "avx512" ? Bf16Kernel::Avx512Bf16 : Bf16Kernel::F32Units;
   if (name != "amx" && name != "avx512" && name != "f32")

@@ -68,8 +68,9 @@ int f32_lanes();
 /// The kernels this CPU and OS can run, F32Units first, the fastest last (AMX after Linux granted the tile state).
 const std::vector<Bf16Kernel>& bf16_kernels_available();
 
-/// The kernel gemm uses for bf16 products in float: Amx where available, else F32Units (Avx512Bf16 was slower than
-/// the f32 units where it was tried: docs/RESULTS.md, "CPU matmul kernels"). The environment variable
+/// The kernel gemm uses for bf16 products in float: of those available, the unit with the most FLOPs a cycle as
+/// measured at the first call (kernels/cpu/cpu_probe.h: AMX where present; AVX512-BF16 where its dot products run at
+/// twice the f32 FMAs' rate, as on AMD Zen 4 and Zen 5; else the f32 units). The environment variable
 /// TINYGPT_CPU_BF16=amx|avx512|f32, read once, picks one; throws Error (kernels/base.h) when it names something else
 /// or a kernel this CPU lacks.
 Bf16Kernel bf16_kernel();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "gemm_bf16.h"
 
@@ -27,41 +28,56 @@ TINYGPT_TARGET_AVX512 void pack(Packed& p, const S* X, int64_t rs, int64_t ks, i
   p.rows = rows, p.depth = K;
 }
 
-}  // namespace
-
-AmxTiles::AmxTiles() { bf16_isa::load_tile_config(bf16_isa::kAllTiles16x64); }
-AmxTiles::~AmxTiles() { bf16_isa::release_tiles(); }
-
-void AmxTiles::pack_a(const float* A, int64_t rs, int64_t ks, int64_t M, int64_t K) {
-  pack<bf16_isa::PairsByRow>(a_, A, rs, ks, M, K);
-}
-void AmxTiles::pack_a(const bf16* A, int64_t rs, int64_t ks, int64_t M, int64_t K) {
-  pack<bf16_isa::PairsByRow>(a_, A, rs, ks, M, K);
-}
-// B's rows in the packing are its columns n: element (n, k) at B[n * ns + k * ks].
-void AmxTiles::pack_b(int slot, const float* B, int64_t ks, int64_t ns, int64_t K, int64_t N) {
-  Packed& b = b_.at(size_t(slot));
-  pack<bf16_isa::PairsByK>(b, B, ns, ks, N, K);
-}
-void AmxTiles::pack_b(int slot, const bf16* B, int64_t ks, int64_t ns, int64_t K, int64_t N) {
-  Packed& b = b_.at(size_t(slot));
-  pack<bf16_isa::PairsByK>(b, B, ns, ks, N, K);
+/// out (32 x 32 f32, rows of 32) = rows [0, rows) of a (32 rows packed as AmxConfig's op(A)) @ b (32 columns in the
+/// VNNI layout), kcp (a multiple of 32) deep: on AMX tiles (every row), or with vdpbf16ps 8 rows at a time from the
+/// same packing (the pair kp of row r is word (kp / 16) * 512 + r * 16 + kp % 16 of a).
+TINYGPT_TARGET_AMX void amx_block(int64_t kcp, const uint16_t* a, const uint16_t* b, float* out, int64_t) {
+  bf16_isa::amx_product_32x32(kcp, a, b, out);
 }
 
-TINYGPT_TARGET_AMX void AmxTiles::run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64_t N,
-                                      bool accumulate) {
-  using bf16_isa::lanes16;
-  const Packed& b = b_.at(size_t(slot));
-  if (K != a_.depth || K != b.depth || M > a_.rows || N > round_up(b.rows, 32)) {
-    throw std::logic_error("AmxTiles::run: the product's shape is not the packed operands'");
+TINYGPT_TARGET_AVX512 void avx512_block(int64_t kcp, const uint16_t* a, const uint16_t* b, float* out, int64_t rows) {
+  const auto* aw = reinterpret_cast<const int32_t*>(a);
+  const auto* bw = reinterpret_cast<const int32_t*>(b);
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    __m512 acc[8][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t kp0 = 0; kp0 < kcp / 2; kp0 += 16) {
+      const int32_t* ap = aw + kp0 * 32 + r0 * 16;
+      const int32_t* bp = bw + kp0 * 32;
+#pragma GCC unroll 2
+      for (int j = 0; j < 16; ++j) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + j * 32);
+        const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + j * 32 + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          const __m512bh ai = (__m512bh)_mm512_set1_epi32(ap[i * 16 + j]);
+          acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+          acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      _mm512_store_ps(out + (r0 + i) * 32, acc[i][0]);
+      _mm512_store_ps(out + (r0 + i) * 32 + 16, acc[i][1]);
+    }
   }
+}
+
+/// C (M x N, row stride ldc) (+)= a @ b, packed, in 32 x 32 blocks of Block.
+template <void (*Block)(int64_t, const uint16_t*, const uint16_t*, float*, int64_t)>
+TINYGPT_TARGET_AVX512 void run_tiles(float* C, int64_t ldc, const uint16_t* a, const uint16_t* b, int64_t M, int64_t K,
+                                     int64_t N, bool accumulate) {
+  using bf16_isa::lanes16;
   const int64_t kcp = round_up(K, 32);
   alignas(64) float out[32 * 32];
   for (int64_t m0 = 0; m0 < M; m0 += 32) {
+    const int64_t rows = std::min<int64_t>(32, M - m0);
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
-      bf16_isa::amx_product_32x32(kcp, a_.data + m0 * kcp, b.data + n0 * kcp, out);
+      Block(kcp, a + m0 * kcp, b + n0 * kcp, out, rows);
       const __mmask16 lo = lanes16(N - n0), hi = lanes16(N - n0 - 16);
-      for (int64_t r = 0; r < std::min<int64_t>(32, M - m0); ++r) {
+      for (int64_t r = 0; r < rows; ++r) {
         float* c = C + (m0 + r) * ldc + n0;
         __m512 v0 = _mm512_load_ps(out + r * 32), v1 = _mm512_load_ps(out + r * 32 + 16);
         if (accumulate) {
@@ -75,7 +91,45 @@ TINYGPT_TARGET_AMX void AmxTiles::run(float* C, int64_t ldc, int slot, int64_t M
   }
 }
 
-void AmxTiles::product(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
+}  // namespace
+
+Bf16Tiles::Bf16Tiles(Bf16Kernel kernel) : kernel_(kernel) {
+  const auto& have = bf16_kernels_available();
+  if (kernel == Bf16Kernel::F32Units || std::find(have.begin(), have.end(), kernel) == have.end()) {
+    throw std::logic_error(std::string("Bf16Tiles: this CPU has no ") + bf16_kernel_name(kernel) + " unit for tiles");
+  }
+  if (kernel == Bf16Kernel::Amx) bf16_isa::load_tile_config(bf16_isa::kAllTiles16x64);
+}
+Bf16Tiles::~Bf16Tiles() {
+  if (kernel_ == Bf16Kernel::Amx) bf16_isa::release_tiles();
+}
+
+void Bf16Tiles::pack_a(const float* A, int64_t rs, int64_t ks, int64_t M, int64_t K) {
+  pack<bf16_isa::PairsByRow>(a_, A, rs, ks, M, K);
+}
+void Bf16Tiles::pack_a(const bf16* A, int64_t rs, int64_t ks, int64_t M, int64_t K) {
+  pack<bf16_isa::PairsByRow>(a_, A, rs, ks, M, K);
+}
+// B's rows in the packing are its columns n: element (n, k) at B[n * ns + k * ks].
+void Bf16Tiles::pack_b(int slot, const float* B, int64_t ks, int64_t ns, int64_t K, int64_t N) {
+  Packed& b = b_.at(size_t(slot));
+  pack<bf16_isa::PairsByK>(b, B, ns, ks, N, K);
+}
+void Bf16Tiles::pack_b(int slot, const bf16* B, int64_t ks, int64_t ns, int64_t K, int64_t N) {
+  Packed& b = b_.at(size_t(slot));
+  pack<bf16_isa::PairsByK>(b, B, ns, ks, N, K);
+}
+
+void Bf16Tiles::run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64_t N, bool accumulate) {
+  const Packed& b = b_.at(size_t(slot));
+  if (K != a_.depth || K != b.depth || M > a_.rows || N > round_up(b.rows, 32)) {
+    throw std::logic_error("Bf16Tiles::run: the product's shape is not the packed operands'");
+  }
+  if (kernel_ == Bf16Kernel::Amx) return run_tiles<amx_block>(C, ldc, a_.data, b.data, M, K, N, accumulate);
+  run_tiles<avx512_block>(C, ldc, a_.data, b.data, M, K, N, accumulate);
+}
+
+void Bf16Tiles::product(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
                        int64_t M, int64_t K, int64_t N, bool accumulate) {
   pack_a(A, ars, aks, M, K);
   pack_b(kSlots - 1, B, ldb, 1, K, N);
@@ -84,14 +138,16 @@ void AmxTiles::product(float* C, int64_t ldc, const float* A, int64_t ars, int64
 
 #else
 
-AmxTiles::AmxTiles() { throw std::logic_error("AmxTiles: this build has no AMX kernels"); }
-AmxTiles::~AmxTiles() = default;
-void AmxTiles::pack_a(const float*, int64_t, int64_t, int64_t, int64_t) {}
-void AmxTiles::pack_a(const bf16*, int64_t, int64_t, int64_t, int64_t) {}
-void AmxTiles::pack_b(int, const float*, int64_t, int64_t, int64_t, int64_t) {}
-void AmxTiles::pack_b(int, const bf16*, int64_t, int64_t, int64_t, int64_t) {}
-void AmxTiles::run(float*, int64_t, int, int64_t, int64_t, int64_t, bool) {}
-void AmxTiles::product(float*, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
+Bf16Tiles::Bf16Tiles(Bf16Kernel kernel) : kernel_(kernel) {
+  throw std::logic_error("Bf16Tiles: this build has no bf16 units");
+}
+Bf16Tiles::~Bf16Tiles() = default;
+void Bf16Tiles::pack_a(const float*, int64_t, int64_t, int64_t, int64_t) {}
+void Bf16Tiles::pack_a(const bf16*, int64_t, int64_t, int64_t, int64_t) {}
+void Bf16Tiles::pack_b(int, const float*, int64_t, int64_t, int64_t, int64_t) {}
+void Bf16Tiles::pack_b(int, const bf16*, int64_t, int64_t, int64_t, int64_t) {}
+void Bf16Tiles::run(float*, int64_t, int, int64_t, int64_t, int64_t, bool) {}
+void Bf16Tiles::product(float*, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
                        bool) {}
 
 #endif

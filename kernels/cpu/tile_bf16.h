@@ -1,4 +1,5 @@
-// bf16 products of the small tiles inside the CPU flash-attention kernels (kernels/cpu/attention.cpp), on AMX-BF16.
+// bf16 products of the small tiles inside the CPU flash-attention kernels (kernels/cpu/attention.cpp), on AMX-BF16 or
+// AVX512-BF16.
 #pragma once
 
 #include <array>
@@ -6,23 +7,25 @@
 #include <vector>
 
 #include "../bf16.h"
+#include "gemm.h"  // Bf16Kernel
 
 namespace tinygpt::cpu {
 
-/// Tile products C (M x N) = or += A (M x K) @ B (K x N) on AMX-BF16 tiles, the operands packed into AMX's layouts
-/// straight from where they lie: f32 rounded to bf16 as it is packed (exactly as gemm's bf16 products round it), bf16
-/// storage as it is. Products summed in f32. A B operand is packed into one of kSlots slots and may serve several
-/// products (the flash kernels pack Q^T or K^T once per task); A is packed for each product. One per thread, and
-/// only where bf16_kernel() is Amx: constructing it configures the calling thread's tiles, destroying it releases
-/// them.
-class AmxTiles {
+/// Tile products C (M x N) = or += A (M x K) @ B (K x N) on AMX-BF16 tiles or AVX512-BF16 dot products, the operands
+/// packed into AMX's layouts (which the AVX512-BF16 product reads too) straight from where they lie: f32 rounded to
+/// bf16 as it is packed (exactly as gemm's bf16 products round it), bf16 storage as it is. Products summed in f32. A
+/// B operand is packed into one of kSlots slots and may serve several products (the flash kernels pack Q^T or K^T
+/// once per task); A is packed for each product. One per thread, on a kernel other than F32Units that
+/// bf16_kernels_available() lists: for AMX, constructing it configures the calling thread's tiles, destroying it
+/// releases them.
+class Bf16Tiles {
  public:
   static constexpr int kSlots = 4;
 
-  AmxTiles();
-  ~AmxTiles();
-  AmxTiles(const AmxTiles&) = delete;
-  AmxTiles& operator=(const AmxTiles&) = delete;
+  explicit Bf16Tiles(Bf16Kernel kernel);
+  ~Bf16Tiles();
+  Bf16Tiles(const Bf16Tiles&) = delete;
+  Bf16Tiles& operator=(const Bf16Tiles&) = delete;
 
   /// A (M x K) of the next run: element (r, k) at A[r * rs + k * ks]; ks or rs is 1.
   void pack_a(const float* A, int64_t rs, int64_t ks, int64_t M, int64_t K);
@@ -45,6 +48,7 @@ class AmxTiles {
                                   // half the speed (bench_attention --bf16)
     int64_t rows = 0, depth = 0;  // rows (A's M, B's N) and K as packed
   };
+  Bf16Kernel kernel_;
   Packed a_;
   std::array<Packed, kSlots> b_;
 };

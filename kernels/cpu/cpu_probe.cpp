@@ -1,0 +1,237 @@
+// The probes of kernels/cpu/cpu_probe.h: loops on registers only, timed on every OpenMP thread at once.
+#include "cpu_probe.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "../base.h"
+#include "gemm_bf16.h"  // TINYGPT_GEMM_BF16, the AMX tile configuration
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+namespace tinygpt::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+#if defined(__x86_64__)
+// Each returns the FLOPs done in `reps` rounds of 12 independent accumulators (more than any unit's latency times its
+// pipes, so the loop runs at the unit's throughput). The asm barrier keeps the compiler from folding the loop.
+__attribute__((target("avx2,fma"), noinline)) double fma_ymm(long reps) {
+  __m256 acc[12];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  __m256 x = _mm256_set1_ps(1.0f), y = _mm256_set1_ps(1e-9f);
+  for (long i = 0; i < reps; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm256_fmadd_ps(x, y, acc[j]);
+    __asm__ volatile("" : "+x"(x));
+  }
+  for (int j = 1; j < 12; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  __asm__ volatile("" : : "x"(acc[0]));
+  return 12.0 * 16 * double(reps);
+}
+
+__attribute__((target("avx512f"), noinline)) double fma_zmm(long reps) {
+  __m512 acc[12];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(1e-9f);
+  for (long i = 0; i < reps; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm512_fmadd_ps(x, y, acc[j]);
+    __asm__ volatile("" : "+v"(x));
+  }
+  for (int j = 1; j < 12; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  __asm__ volatile("" : : "v"(acc[0]));
+  return 12.0 * 32 * double(reps);
+}
+#endif
+
+#if defined(TINYGPT_GEMM_BF16)
+__attribute__((target("avx512f,avx512bf16"), noinline)) double dpbf16_zmm(long reps) {
+  __m512 acc[12];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = (__m512bh)_mm512_set1_epi32(0x30003000);
+  for (long i = 0; i < reps; ++i) {
+#pragma GCC unroll 12
+    for (int j = 0; j < 12; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], x, y);
+    __asm__ volatile("" : "+v"(x));
+  }
+  for (int j = 1; j < 12; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  __asm__ volatile("" : : "v"(acc[0]));
+  return 12.0 * 64 * double(reps);
+}
+
+// Four accumulator tiles, two A and two B tiles (as the GEMM's 32 x 32 kernel), four products per round.
+TINYGPT_TARGET_AMX __attribute__((noinline)) double amx_tiles(long reps) {
+  bf16_isa::load_tile_config(bf16_isa::kAllTiles16x64);
+  alignas(64) static thread_local uint16_t ab[16 * 32];
+  for (auto& v : ab) v = 0x3f80;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ab, 64);
+  _tile_loadd(5, ab, 64);
+  _tile_loadd(6, ab, 64);
+  _tile_loadd(7, ab, 64);
+  for (long i = 0; i < reps; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) static thread_local float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  __asm__ volatile("" : : "r"(out) : "memory");
+  return 4.0 * 16 * 16 * 32 * 2 * double(reps);
+}
+#endif
+
+/// Per thread, the best rate (work per second) of `round` over `rounds` timings of about `seconds` each, all threads
+/// at once; the mean over the threads.
+template <class F>
+double rate_per_thread(F&& work, int rounds, double seconds) {
+  const int threads = omp_get_max_threads();
+  double sum = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sum)
+  {
+    work();  // warm-up: the clock's ramp, the unit's power-up, AMX's state
+    double best = 0;
+    for (int r = 0; r < rounds; ++r) {
+#pragma omp barrier
+      const Clock::time_point t0 = Clock::now();
+      double done = 0, elapsed = 0;
+      do {
+        done += work();
+        elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+      } while (elapsed < seconds);
+      best = std::max(best, done / elapsed);
+    }
+    sum += best;
+  }
+  return sum / threads;
+}
+
+/// x rounded to the nearest power of two (x > 0).
+double power_of_two(double x) { return std::exp2(std::round(std::log2(x))); }
+
+UnitRates measure_rates() {
+  UnitRates r;
+#if defined(__x86_64__)
+  constexpr int kRounds = 3;
+  constexpr double kSeconds = 0.004;
+  r.ghz = rate_per_thread([] { return probe_chain_cycles(4000); }, kRounds, kSeconds) / 1e9;
+  auto per_cycle = [&](ProbeUnit u) {
+    return power_of_two(rate_per_thread([u] { return probe_unit(u, 2000); }, kRounds, kSeconds) / (r.ghz * 1e9));
+  };
+  if (f32_lanes() == 16) {
+    r.f32 = per_cycle(ProbeUnit::FmaZmm);
+  } else if (f32_lanes() == 8) {
+    r.f32 = per_cycle(ProbeUnit::FmaYmm);
+  } else {
+    r.f32 = 8;  // the portable build: SSE, 4 lanes, one multiply and one add
+  }
+  const auto& have = bf16_kernels_available();
+  if (std::ranges::count(have, Bf16Kernel::Avx512Bf16) > 0) r.avx512_bf16 = per_cycle(ProbeUnit::Dpbf16Zmm);
+  if (std::ranges::count(have, Bf16Kernel::Amx) > 0) r.amx = per_cycle(ProbeUnit::AmxTiles);
+#endif
+  return r;
+}
+
+std::mutex g_rates_mutex;
+bool g_rates_set = false;
+UnitRates g_rates;
+
+}  // namespace
+
+double probe_unit(ProbeUnit unit, long reps) {
+#if defined(__x86_64__)
+  switch (unit) {
+    case ProbeUnit::FmaYmm: return fma_ymm(reps);
+    case ProbeUnit::FmaZmm: return fma_zmm(reps);
+#if defined(TINYGPT_GEMM_BF16)
+    case ProbeUnit::Dpbf16Zmm: return dpbf16_zmm(reps);
+    case ProbeUnit::AmxTiles: return amx_tiles(reps);
+#endif
+    default: break;
+  }
+#endif
+  (void)unit, (void)reps;
+  throw Error("probe_unit: this build has no such unit");
+}
+
+double probe_chain_cycles(long reps) {
+#if defined(__x86_64__)
+  uint64_t x = 0;
+  for (long i = 0; i < reps; ++i) __asm__ volatile(".rept 64\n\taddq $1, %0\n\t.endr" : "+r"(x));
+  return 64.0 * double(reps);
+#else
+  (void)reps;
+  throw Error("probe_chain_cycles: x86-64 only");
+#endif
+}
+
+const UnitRates& unit_rates() {
+  const std::lock_guard lock(g_rates_mutex);
+  if (!g_rates_set) {
+    g_rates = measure_rates();
+    g_rates_set = true;
+  }
+  return g_rates;
+}
+
+void set_unit_rates(const UnitRates& rates) {
+  const std::lock_guard lock(g_rates_mutex);
+  if (g_rates_set) throw Error("set_unit_rates: the CPU's rates are in use already; set them before the first product");
+  auto valid = [](double x, bool present) { return present ? x > 0 && power_of_two(x) == x : x == 0; };
+  const auto& have = bf16_kernels_available();
+  if (!(rates.ghz > 0 && rates.ghz < 100) || !valid(rates.f32, true) ||
+      !valid(rates.avx512_bf16, std::ranges::count(have, Bf16Kernel::Avx512Bf16) > 0) ||
+      !valid(rates.amx, std::ranges::count(have, Bf16Kernel::Amx) > 0)) {
+    throw Error("set_unit_rates: rates that do not fit this CPU's units");
+  }
+  g_rates = rates;
+  g_rates.cached = true;
+  g_rates_set = true;
+}
+
+double flops_per_cycle(Bf16Kernel kernel) {
+  const UnitRates& r = unit_rates();
+  return kernel == Bf16Kernel::Amx ? r.amx : kernel == Bf16Kernel::Avx512Bf16 ? r.avx512_bf16 : r.f32;
+}
+
+std::string cpu_model_name() {
+#if defined(__x86_64__)
+  unsigned regs[12] = {};
+  std::string brand;
+  if (__get_cpuid_max(0x80000000, nullptr) >= 0x80000004) {
+    for (unsigned i = 0; i < 3; ++i) __get_cpuid(0x80000002 + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
+    char text[49] = {};
+    std::memcpy(text, regs, 48);
+    brand = text;
+    brand.erase(0, brand.find_first_not_of(' '));
+    brand.erase(brand.find_last_not_of(' ') + 1);
+  }
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __get_cpuid(1, &a, &b, &c, &d);
+  const unsigned base_family = (a >> 8) & 0xf, base_model = (a >> 4) & 0xf;
+  const unsigned family = base_family == 0xf ? base_family + ((a >> 20) & 0xff) : base_family;
+  const unsigned model = base_family == 0xf || base_family == 6 ? (((a >> 16) & 0xf) << 4) | base_model : base_model;
+  return (brand.empty() ? std::string("x86-64 CPU") : brand) + " (family " + std::to_string(family) + ", model " +
+         std::to_string(model) + ")";
+#else
+  return "CPU";
+#endif
+}
+
+}  // namespace tinygpt::cpu
