@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -84,14 +85,28 @@ std::optional<Corpus> read_cache(const fs::path& cache_path, const nlohmann::jso
   for (const auto& [key, value] : identity.items()) {
     if (!header.contains(key) || header[key] != value) return std::nullopt;
   }
+  if (!header["count"].is_number_unsigned() || !header["offset"].is_number_unsigned() || !header["vocab"].is_string()) {
+    return std::nullopt;
+  }
   const auto count = header["count"].get<uint64_t>();
   const auto offset = header["offset"].get<uint64_t>();
-  if (offset % alignof(Token) != 0 || offset < 16 + header_len || offset + count * sizeof(Token) != b.size()) {
+  // Checked without overflow: a count near 2^64 / sizeof(Token) must not wrap into a size that matches.
+  if (offset % alignof(Token) != 0 || offset < 16 + header_len || offset > b.size() ||
+      count != (b.size() - offset) / sizeof(Token) || (b.size() - offset) % sizeof(Token) != 0) {
     return std::nullopt;
   }
   Corpus c;
-  c.vocab = CharVocab::from_chars(decode_utf8(header["vocab"].get<std::string>()));
+  try {
+    c.vocab = CharVocab::from_chars(decode_utf8(header["vocab"].get<std::string>()));
+  } catch (const std::exception&) {  // a damaged cache is encoded again, never trusted
+    return std::nullopt;
+  }
   c.tokens = TokenData(std::move(file), offset, count);
+  // Every id must name a character of the vocabulary (the embedding lookup trusts them).
+  const size_t vocab_size = c.vocab.chars().size();
+  Token top = 0;
+  for (const Token id : c.tokens.ids()) top = std::max(top, id);
+  if (count > 0 && size_t(top) >= vocab_size) return std::nullopt;
   c.from_cache = true;
   return c;
 }
@@ -116,22 +131,33 @@ void write_cache(const fs::path& cache_path, nlohmann::json header, const CharVo
     out.write(reinterpret_cast<const char*>(&header_len), 8);
     out.write(text.data(), std::streamsize(text.size()));
     out.write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * sizeof(Token)));
-    if (!out.flush()) throw Error(fmt::format("cannot write the token cache '{}' (disk full?)", tmp.string()));
+    out.close();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw Error(fmt::format("cannot write the token cache '{}' (disk full?)", tmp.string()));
+    }
   }
   std::error_code ec;
   fs::rename(tmp, cache_path, ec);
-  if (ec) throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), why));
+  }
 }
 
 }  // namespace
 
 MappedFile::MappedFile(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: a named pipe opens at once (and is refused below) instead of waiting for a writer forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
   struct stat st{};
-  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(fmt::format("'{}' is not a readable file", path.string()));
+    throw Error(fmt::format("'{}' is not a regular file (a directory, pipe or device?): tinygpt reads files",
+                            path.string()));
   }
   size_ = size_t(st.st_size);
   if (size_ > 0) {

@@ -379,6 +379,15 @@ std::optional<OldCache> read_old(const fs::path& path) {
   return c;
 }
 
+/// Whether every id of an old cache names a token of a vocabulary of `vocab` (the embedding lookup trusts them).
+bool ids_in_vocabulary(const OldCache& c, size_t vocab) {
+  const auto* ids = reinterpret_cast<const Token*>(c.file.bytes().data() + c.data_offset);
+  const size_t count = c.header["count"].get<size_t>();
+  Token top = 0;
+  for (size_t i = 0; i < count; ++i) top = std::max(top, ids[i]);
+  return count == 0 || size_t(top) < vocab;
+}
+
 /// A FILE that throws naming the path on any failed write.
 class Writer {
  public:
@@ -439,6 +448,7 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
 
   // Reuse what the old cache holds under this tokenizer: all of it, or the unchanged documents' ids.
   std::optional<OldCache> old = read_old(cache_path);
+  if (old && !ids_in_vocabulary(*old, size_t(tok.vocab_size()))) old.reset();  // damaged: encoded again
   std::map<std::string, std::pair<uint64_t, uint64_t>> old_ids;  // identity -> (offset, count)
   if (old && old->header["tokenizer"] == print) {
     const auto& h = old->header;

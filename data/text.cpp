@@ -15,6 +15,9 @@ void check_text_path(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(fmt::format("data file '{}' does not exist", path.string()));
   if (fs::is_directory(path, ec)) throw Error(fmt::format("'{}' is a directory, not a text file", path.string()));
+  if (!fs::is_regular_file(path, ec)) {
+    throw Error(fmt::format("'{}' is not a regular file (a pipe or device?): tinygpt reads text files", path.string()));
+  }
 }
 
 std::string read_text_file(const fs::path& path) {

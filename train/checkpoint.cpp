@@ -88,7 +88,8 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Tok
   meta["train_config"] = state.train_config.dump();
   meta["numerics"] = nlohmann::json{{"tf32", model.numerics().tf32},
                                     {"bf16", model.numerics().bf16},
-                                    {"attention_math", attention_math_name(model.numerics().attention)}}.dump();
+                                    {"attention_math", attention_math_name(model.numerics().attention)},
+                                    {"storage", model.numerics().bf16_storage ? "bf16" : "f32"}}.dump();
   safetensors::save(path, tensors, meta);
 }
 
@@ -101,6 +102,20 @@ fs::path resolve_checkpoint(const fs::path& path) {
   throw Error(fmt::format("'{}' holds no checkpoint ({} or {}); train into it first with `tinygpt train --out {}`",
                           path.string(), kBestCheckpoint, kLatestCheckpoint, path.string()));
 }
+
+namespace {
+
+/// The index of the first NaN or infinity in an f32 tensor on the host, or -1 (and -1 for other dtypes).
+int64_t first_non_finite(const Tensor& t) {
+  if (t.dtype() != DType::F32 || t.device() != Device::CPU) return -1;
+  const float* x = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (!std::isfinite(x[i])) return i;
+  }
+  return -1;
+}
+
+}  // namespace
 
 Checkpoint load_checkpoint(const fs::path& path_in) {
   Checkpoint c;
@@ -125,9 +140,11 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
       c.tokenizer = data::Tokenizer(data::CharVocab::from_chars(data::decode_utf8(field("vocab"))));
     }
     c.state.iter = std::stoll(field("iter"));
+    if (c.state.iter < 0) throw Error(fmt::format("its iteration is {}, below 0", c.state.iter));
     c.state.best_val_loss = std::stod(field("best_val_loss"));
     if (meta.contains("train_seconds")) c.state.train_seconds = std::stod(field("train_seconds"));  // else 0 (older)
     c.optimizer_step = std::stoll(field("optimizer_step"));
+    if (c.optimizer_step < 0) throw Error(fmt::format("its optimizer step is {}, below 0", c.optimizer_step));
     if (meta.contains("optimizer")) c.optimizer = field("optimizer");
     const auto rng = nlohmann::json::parse(field("rng"));
     c.state.sampler_rng = rng_from_json(rng.at("sampler"));
@@ -140,6 +157,11 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
       if (!parse_attention_math(numerics.at("attention_math").get<std::string>(), c.numerics.attention)) {
         throw Error(fmt::format("unknown attention_math '{}'", numerics.at("attention_math").get<std::string>()));
       }
+      c.storage = numerics.value("storage", "");  // absent before it was recorded
+      if (c.storage != "" && c.storage != "f32" && c.storage != "bf16") {
+        throw Error(fmt::format("unknown storage '{}'", c.storage));
+      }
+      c.numerics.bf16_storage = c.storage == "bf16";
     }
   } catch (const Error& e) {
     throw bad(e.what());
@@ -169,6 +191,11 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
         throw bad(fmt::format("weight '{}' is {} {}, but the config needs {} {}", actual, dtype_name(t.dtype()),
                               t.shape().str(), dtype_name(p.dtype()), p.shape().str()));
       }
+      if (const int64_t at = first_non_finite(t); at >= 0) {
+        throw bad(fmt::format("weight '{}' holds {} at element {}: the run that saved it had diverged (resume from "
+                              "an earlier checkpoint, or train again with a lower --lr)",
+                              actual, std::isnan(t.data<float>()[at]) ? "NaN" : "an infinity", at));
+      }
     }
   }
   return c;
@@ -193,6 +220,14 @@ void load_optimizer(Optimizer& opt, const Checkpoint& ckpt) {
     if (!saved.defined()) {
       throw Error(fmt::format("'{}' has no optimizer state for '{}' (a weights-only checkpoint cannot be resumed)",
                               ckpt.path.string(), name));
+    }
+    if (!(saved.shape() == t.shape()) || saved.dtype() != t.dtype()) {
+      throw Error(fmt::format("'{}': optimizer state '{}' is {} {}, but the model needs {} {}", ckpt.path.string(), name,
+                              dtype_name(saved.dtype()), saved.shape().str(), dtype_name(t.dtype()), t.shape().str()));
+    }
+    if (const int64_t at = first_non_finite(saved); at >= 0) {
+      throw Error(fmt::format("'{}': optimizer state '{}' holds a NaN or infinity at element {}: the run that saved it "
+                              "had diverged (resume from an earlier checkpoint)", ckpt.path.string(), name, at));
     }
     Tensor dst = t;
     dst.copy_(saved);

@@ -38,6 +38,7 @@ struct Checkpoint {
   int64_t optimizer_step = 0;
   std::string optimizer = "adamw";  // its --optimizer ("adamw" in checkpoints from before Muon); "none": weights only
   Numerics numerics;  // what the model computed with in training (eval and sample use it unless told otherwise)
+  std::string storage;  // its activations' storage, "f32" or "bf16"; "" in checkpoints from before it was recorded
   safetensors::Contents contents;
 };
 

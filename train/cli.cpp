@@ -3,8 +3,13 @@
 #include <fmt/core.h>
 #include <omp.h>
 
+#include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -425,11 +430,17 @@ void run_info(const std::string& path) {
              describe(inference_memory(c, 1)));
   fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("{}, {} steps", ckpt.optimizer == "muon" ? "Muon and AdamW" : "AdamW", ckpt.optimizer_step) : "none saved");
   const fs::path metrics = ckpt.path.parent_path() / "metrics.jsonl";
-  std::ifstream in(metrics);
+  // Lines that do not hold an evaluation's numbers (damaged, or cut by a full disk) are passed over.
+  std::error_code ec;
+  std::ifstream in;
+  if (fs::is_regular_file(metrics, ec)) in.open(metrics);
   nlohmann::json last_eval;
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("val_loss")) last_eval = j;
+    if (j.is_object() && j.contains("iter") && j["iter"].is_number_integer() && j.contains("val_loss") &&
+        j["val_loss"].is_number() && j.contains("train_loss") && j["train_loss"].is_number()) {
+      last_eval = j;
+    }
   }
   if (!last_eval.is_null()) {
     fmt::print("last eval      iteration {}: train loss {:.4f}, val loss {:.4f}{}\n", last_eval["iter"].get<int64_t>(),
@@ -480,7 +491,58 @@ std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64
 }
 
 void validate_numerics(const NumericsFlags& n, const std::string& device) {
+  if (device != "cpu" && device != "cuda") throw Error(fmt::format("--device must be cpu or cuda, got '{}'", device));
   if (!n.attention_math.empty()) check_attention_math_flag(n.attention_math, device);
+  if (!n.storage.empty() && n.storage != "f32" && n.storage != "bf16") {
+    throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", n.storage));
+  }
+  if (n.storage == "bf16" && n.dtype == "fp32") throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");
+}
+
+/// The flags' numerics over the checkpoint's, where a contradiction only the checkpoint reveals (--storage bf16 over
+/// an f32 run without --dtype bf16) is a usage error too.
+void check_numerics_over(const NumericsFlags& n, const Checkpoint& ckpt, Device device) {
+  try {
+    (void)n.over(ckpt.numerics, device);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
+void validate_attention(const AttentionArgs& a) {
+  if (a.layer < 0) throw Error(fmt::format("--layer must not be negative, got {}", a.layer));
+  for (const int64_t h : a.heads) {
+    if (h < 0) throw Error(fmt::format("--head must not be negative, got {}", h));
+  }
+}
+
+/// Every number given on the command line against what its option holds: an integer that does not fit is refused
+/// (the parser would wrap an unsigned "-1" and clamp at the limits), and so is a number that is not finite (inf as
+/// nan: no option means anything by them).
+void check_number_flags(const CLI::App& app) {
+  for (const CLI::Option* opt : app.get_options()) {
+    const std::string type = opt->get_type_name();
+    for (const std::string& v : opt->results()) {
+      const char* s = v.c_str();
+      char* end = nullptr;
+      errno = 0;
+      if (type.rfind("UINT", 0) == 0) {
+        (void)std::strtoull(s, &end, 0);
+        if (errno == ERANGE || v.find('-') != std::string::npos) {
+          throw UsageError(fmt::format("{}: {} is out of range (0 to {})", opt->get_name(), v, ULLONG_MAX));
+        }
+      } else if (type.rfind("INT", 0) == 0) {
+        (void)std::strtoll(s, &end, 0);
+        if (errno == ERANGE) {
+          throw UsageError(fmt::format("{}: {} is out of range ({} to {})", opt->get_name(), v, LLONG_MIN, LLONG_MAX));
+        }
+      } else if (type.rfind("FLOAT", 0) == 0) {
+        const double x = std::strtod(s, &end);
+        if (end != s && !std::isfinite(x)) throw UsageError(fmt::format("{}: {} is not a finite number", opt->get_name(), v));
+      }
+    }
+  }
+  for (const CLI::App* sub : app.get_subcommands({})) check_number_flags(*sub);
 }
 
 void validate_sample(const SampleArgs& a) {
@@ -494,6 +556,7 @@ void validate_sample(const SampleArgs& a) {
 void run_sample(const SampleArgs& a) {
   const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  check_numerics_over(a.numerics, ckpt, device);
   const auto model = model_from(ckpt, device, 1, a.numerics);
   if (a.prompt.empty()) throw Error("--prompt is empty: give at least one character");
   const std::vector<int32_t> ids = encode_flag_text(ckpt.tokenizer, a.prompt, "--prompt");
@@ -535,6 +598,7 @@ void validate_eval(const EvalArgs& a) {
 void run_eval(const EvalArgs& a) {
   const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  check_numerics_over(a.numerics, ckpt, device);
   const auto model = model_from(ckpt, device, a.batch_size, a.numerics);
   const std::vector<fs::path> files = data::list_text_files(a.data, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
   data::TokenData tokens;
@@ -607,6 +671,7 @@ void Cli::validate() const {
   if (app.got_subcommand("sample")) validate_sample(sample_args);
   if (app.got_subcommand("eval")) validate_eval(eval_args);
   if (app.got_subcommand("tokenizer")) validate_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args);
+  if (app.got_subcommand("attention")) validate_attention(attention_args);
 }
 
 int Cli::main(int argc, const char* const* argv) {
@@ -624,6 +689,12 @@ int Cli::main(int argc, const char* const* argv) {
     fmt::print(stderr, "error: {} (see `{} --help`)\n", e.what(), command);
     return kUsageError;
   }
+  try {
+    check_number_flags(app);
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kUsageError;
+  }
   return run();
 }
 
@@ -638,6 +709,11 @@ int Cli::run() {
       if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
     }
     train_config.optimizer_given = train_cmd->count("--optimizer") > 0;
+    train_config.numerics_flags_given.clear();
+    for (const auto& [flag, key] : {std::pair{"--dtype", "dtype"}, {"--attention-math", "attention_math"},
+                                    {"--storage", "storage"}, {"--no-tf32", "tf32"}}) {
+      if (train_cmd->count(flag) > 0) train_config.numerics_flags_given.emplace_back(key);
+    }
     // A time budget ends the run; --max-iters still caps it when given, and only then.
     if (train_config.time_budget > 0 && train_cmd->count("--max-iters") == 0) {
       train_config.max_iters = std::numeric_limits<int64_t>::max();
@@ -651,16 +727,18 @@ int Cli::run() {
     fmt::print(stderr, "error: {}\n", e.what());
     return kUsageError;
   }
-  // --init-from with a model flag the checkpoint contradicts is a usage error (a checkpoint that cannot be read is
-  // reported by the run itself).
-  if (app.got_subcommand("train") && !train_config.init_from.empty()) {
-    std::optional<Checkpoint> init;
+  // --init-from or --resume with a flag the checkpoint contradicts is a usage error (a checkpoint that cannot be read
+  // is reported by the run itself).
+  if (app.got_subcommand("train") && (!train_config.init_from.empty() || train_config.resume)) {
+    std::optional<Checkpoint> saved;
     try {
-      init = load_checkpoint(train_config.init_from);
+      saved = load_checkpoint(train_config.resume ? fs::path(train_config.out) / kLatestCheckpoint
+                                                  : fs::path(train_config.init_from));
     } catch (const std::exception&) {
     }
     try {
-      if (init) check_init_flags(train_config, init->config);
+      if (saved && train_config.resume) check_resume_flags(train_config, *saved);
+      if (saved && !train_config.resume) check_init_flags(train_config, saved->config);
     } catch (const std::exception& e) {
       fmt::print(stderr, "error: {}\n", e.what());
       return kUsageError;
@@ -683,10 +761,20 @@ int Cli::run() {
       fmt::print(stderr, "wrote {} from {}; sample with `tinygpt sample --ckpt {}`, fine-tune with `tinygpt train "
                  "--init-from {} --data ...`\n", path.string(), import_args.from, import_args.out, import_args.out);
     }
+  } catch (const UsageError& e) {
+    std::fflush(stdout);
+    end_job_on_error(e.what());
+    fmt::print(stderr, "error: {}\n", e.what());
+    return kUsageError;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     end_job_on_error(e.what());
     fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+  // What went to stdout (samples, info, encoded ids) must have arrived: a full disk or a closed pipe is an error.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    fmt::print(stderr, "error: cannot write the output to stdout: {}\n", std::strerror(errno));
     return 1;
   }
   return 0;

@@ -13,6 +13,12 @@
 
 namespace tinygpt {
 
+/// A flag's value that the run itself finds wrong (it contradicts the checkpoint): the command answers it as a usage
+/// error (exit 2), as it does the values the parser refuses.
+struct UsageError : Error {
+  using Error::Error;
+};
+
 /// eval's and sample's --dtype, --tf32/--no-tf32 and --attention-math: unset, the checkpoint's numerics (what
 /// training used).
 struct NumericsFlags {

@@ -104,7 +104,7 @@ std::string loss_curves_svg(const fs::path& metrics_jsonl) {
   std::vector<Point> loss, train_eval, val_eval;
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("iter")) continue;
+    if (!j.is_object() || !j.contains("iter") || !j["iter"].is_number()) continue;
     const double it = j["iter"].get<double>();
     if (j.contains("loss") && j["loss"].is_number()) loss.push_back({it, j["loss"].get<double>()});
     if (j.contains("val_loss") && j["val_loss"].is_number()) {

@@ -1,5 +1,9 @@
 #include "train/run_dir.h"
 
+#include <sys/stat.h>
+
+#include <fstream>
+
 namespace tinygpt {
 
 namespace fs = std::filesystem;
@@ -31,9 +35,63 @@ void truncate_metrics(const fs::path& path, int64_t iter) {
   const fs::path tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    if (!out || !(out << kept) || !out.flush()) throw Error(fmt::format("cannot rewrite '{}'", path.string()));
+    out << kept;
+    out.close();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw Error(fmt::format("cannot rewrite '{}' (is the disk full?)", path.string()));
+    }
   }
-  fs::rename(tmp, path);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw Error(fmt::format("cannot replace '{}': {}", path.string(), ec.message()));
+  }
+}
+
+MetricsLog::MetricsLog(const fs::path& path, bool append, bool enabled) : path_(path) {
+  if (!enabled) return;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  if (fd_ < 0) throw Error(fmt::format("cannot write '{}': {}", path.string(), std::strerror(errno)));
+  struct stat st {};
+  if (append && ::fstat(fd_, &st) == 0 && st.st_size > 0) {
+    // A half line at the end (its writer killed mid-write): cut back to the last whole line.
+    off_t end = st.st_size;
+    char c = 0;
+    while (end > 0 && ::pread(fd_, &c, 1, end - 1) == 1 && c != '\n') --end;
+    if (end != st.st_size && ::ftruncate(fd_, end) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      throw Error(fmt::format("cannot write '{}': {}", path.string(), std::strerror(err)));
+    }
+  }
+}
+
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MetricsLog::write(const nlohmann::json& j) {
+  if (fd_ < 0) return;
+  const std::string line = j.dump() + '\n';
+  struct stat st {};
+  const off_t before = ::fstat(fd_, &st) == 0 ? st.st_size : -1;
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : ENOSPC;
+      if (before >= 0 && ::ftruncate(fd_, before) != 0) {
+      }  // no half line left (where even that fails, a resumed run drops it: truncate_metrics)
+      throw Error(fmt::format("cannot write '{}': {}; the checkpoints saved so far are intact (--resume continues "
+                              "from the latest)",
+                              path_.string(), std::strerror(err)));
+    }
+    done += size_t(n);
+  }
 }
 
 }  // namespace tinygpt

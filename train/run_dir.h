@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -57,21 +56,22 @@ class RunLock {
 };
 
 
-/// Appends one JSON object per line, flushed, so a crash keeps every line written before it. Disabled (it
-/// writes nothing) on every rank but the first.
+/// Appends one JSON object per line, each with one write(2), so a crash keeps every line written before it. A failed
+/// write (a full disk) takes back what it wrote of its line and throws an Error naming the file: the run stops rather
+/// than train on without its log, and no half line is ever left. Opening for append first drops a half line an
+/// earlier writer left (one killed mid-write by a filesystem that splits writes). Disabled (it writes nothing) on
+/// every rank but the first.
 class MetricsLog {
  public:
-  MetricsLog(const std::filesystem::path& path, bool append, bool enabled) {
-    if (!enabled) return;
-    out_.open(path, append ? std::ios::app : std::ios::trunc);
-    if (!out_) throw Error(fmt::format("cannot write '{}'", path.string()));
-  }
-  void write(const nlohmann::json& j) {
-    if (out_.is_open()) out_ << j.dump() << '\n' << std::flush;
-  }
+  MetricsLog(const std::filesystem::path& path, bool append, bool enabled);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  void write(const nlohmann::json& j);
 
  private:
-  std::ofstream out_;
+  std::filesystem::path path_;
+  int fd_ = -1;
 };
 
 }  // namespace tinygpt

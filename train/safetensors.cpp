@@ -96,6 +96,9 @@ Contents load(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(fmt::format("checkpoint '{}' does not exist", path.string()));
   if (fs::is_directory(path, ec)) throw Error(fmt::format("'{}' is a directory, not a .safetensors file", path.string()));
+  if (!fs::is_regular_file(path, ec)) {
+    throw Error(fmt::format("'{}' is not a regular file (a pipe or device?), not a .safetensors file", path.string()));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
   const uint64_t file_size = fs::file_size(path, ec);

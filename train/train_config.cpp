@@ -34,7 +34,10 @@ void use_document_separator(nn::GPT& model, const data::Tokenizer& tokenizer) {
   model.set_document_separator(std::move(ids));
 }
 
-void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved_config) {
+namespace {
+
+/// "n_embd 64 (flags) vs 32 (checkpoint), ..." for each model flag given that differs from the saved config.
+std::string model_flag_diffs(const TrainConfig& cfg, const nn::GPTConfig& saved_config) {
   std::string diffs;
   const auto flags = to_json(cfg.model), saved = to_json(saved_config);
   for (const std::string& key : cfg.model_flags_given) {
@@ -43,10 +46,34 @@ void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved_config)
                            saved[key].dump());
     }
   }
-  if (!diffs.empty()) {
+  return diffs;
+}
+
+}  // namespace
+
+void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved_config) {
+  if (const std::string diffs = model_flag_diffs(cfg, saved_config); !diffs.empty()) {
     throw Error(fmt::format("--init-from {}: the model flags contradict the checkpoint: {}; drop them (a fine-tuned "
                             "model is the checkpoint's model; --dropout may change)",
                             cfg.init_from, diffs));
+  }
+}
+
+void check_resume_flags(const TrainConfig& cfg, const Checkpoint& ckpt) {
+  std::string diffs = model_flag_diffs(cfg, ckpt.config);
+  auto differ = [&](const char* key, const std::string& flag, const std::string& flag_value, const std::string& saved) {
+    if (std::ranges::count(cfg.numerics_flags_given, key) == 0 || flag_value == saved) return;
+    diffs += fmt::format("{}{} {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ", flag, flag_value, saved);
+  };
+  differ("dtype", "--dtype", cfg.dtype, ckpt.numerics.bf16 ? "bf16" : "fp32");
+  if (!cfg.attention_math.empty()) {
+    differ("attention_math", "--attention-math", cfg.attention_math, attention_math_name(ckpt.numerics.attention));
+  }
+  if (!cfg.storage.empty() && !ckpt.storage.empty()) differ("storage", "--storage", cfg.storage, ckpt.storage);
+  if (cfg.device == "cuda") differ("tf32", "TF32 (--no-tf32)", cfg.tf32 ? "on" : "off", ckpt.numerics.tf32 ? "on" : "off");
+  if (!diffs.empty()) {
+    throw Error(fmt::format("--resume: flags contradict the checkpoint: {}; drop them to resume as saved (or start a "
+                            "new run in another --out)", diffs));
   }
 }
 

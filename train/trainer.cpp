@@ -143,21 +143,19 @@ namespace {
 /// throws when the data's vocabulary or a model flag given contradicts it.
 Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out) {
   Checkpoint ckpt = load_checkpoint(out / kLatestCheckpoint);
-  std::string diffs;
-  const auto flags = to_json(cfg.model), saved = to_json(ckpt.config);
-  for (const std::string& key : cfg.model_flags_given) {
-    if (saved.contains(key) && flags[key] != saved[key]) {
-      diffs += fmt::format("{}{} {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ", key, flags[key].dump(),
-                           saved[key].dump());
-    }
-  }
-  if (!diffs.empty()) {
-    throw Error(fmt::format("--resume: the model flags contradict the checkpoint: {}; drop them to resume as saved", diffs));
-  }
+  check_resume_flags(cfg, ckpt);
   const double dropout = cfg.model.dropout;
   cfg.model = ckpt.config;
   cfg.model.dropout = dropout;
   if (!cfg.optimizer_given && (ckpt.optimizer == "adamw" || ckpt.optimizer == "muon")) cfg.optimizer = ckpt.optimizer;
+  // The run's numerics as saved, unless a flag (which then agrees) says so: a resumed run computes as it did.
+  auto given = [&](const char* key) { return std::ranges::count(cfg.numerics_flags_given, key) > 0; };
+  if (!given("dtype")) cfg.dtype = ckpt.numerics.bf16 ? "bf16" : "fp32";
+  if (!given("attention_math") && (ckpt.numerics.attention != AttentionMath::TF32 || cfg.device == "cuda")) {
+    cfg.attention_math = attention_math_name(ckpt.numerics.attention);
+  }
+  if (!given("storage") && !ckpt.storage.empty() && (ckpt.storage == "f32" || cfg.dtype == "bf16")) cfg.storage = ckpt.storage;
+  if (!given("tf32") && cfg.device == "cuda") cfg.tf32 = ckpt.numerics.tf32;
   return ckpt;
 }
 

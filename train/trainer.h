@@ -71,6 +71,9 @@ struct TrainConfig {
   std::string storage;  // activations' storage, f32 or bf16 (with --dtype bf16); empty: bf16_storage_of's default
   bool resume = false;
   bool optimizer_given = true;  // false: --resume takes the checkpoint's optimizer (the CLI, without --optimizer)
+  // Numerics flags given ("dtype", "attention_math", "storage", "tf32"): on resume they must match the checkpoint;
+  // the others are taken from it.
+  std::vector<std::string> numerics_flags_given{"dtype", "attention_math", "storage", "tf32"};
   bool quiet = false;  // only the final summary and errors on stderr
   std::vector<std::string> model_flags_given;  // config keys set by flags ("n_embd", ...): on resume they must match
 
@@ -89,6 +92,10 @@ void use_document_separator(nn::GPT& model, const data::Tokenizer& tokenizer);
 /// --init-from: throws naming each model flag given (TrainConfig::model_flags_given) that contradicts the checkpoint's
 /// config `saved`: a fine-tuned model is the checkpoint's model.
 void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved);
+/// --resume: throws naming each model or numerics flag given that contradicts the checkpoint (both values), so the
+/// command line can answer with a usage error before the run starts.
+struct Checkpoint;
+void check_resume_flags(const TrainConfig& cfg, const Checkpoint& ckpt);
 
 /// Throws unless `dtype` is fp32 or bf16, naming the flag.
 void check_dtype_flag(const std::string& dtype);
