@@ -107,7 +107,7 @@ std::string loss_curves_svg(const fs::path& metrics_jsonl) {
     if (!j.is_object() || !j.contains("iter") || !j["iter"].is_number()) continue;
     const double it = j["iter"].get<double>();
     if (j.contains("loss") && j["loss"].is_number()) loss.push_back({it, j["loss"].get<double>()});
-    if (j.contains("val_loss") && j["val_loss"].is_number()) {
+    if (j.contains("val_loss") && j["val_loss"].is_number() && j.contains("train_loss") && j["train_loss"].is_number()) {
       val_eval.push_back({it, j["val_loss"].get<double>()});
       train_eval.push_back({it, j["train_loss"].get<double>()});
     }
