@@ -16,7 +16,7 @@ else
 fi
 # 180 s of training steps, whatever the machine's speed; Muon for the blocks' matrices (a little weight decay), AdamW
 # for the rest; the peak rate held, then linear to zero over the last 60% (warmup-stable-decay); bf16 matmuls (on
-# AMX-BF16 where the CPU has it; elsewhere rounded for the f32 units, as fast as fp32).
+# AMX-BF16 or AVX512-BF16, whichever the CPU does fastest; elsewhere rounded for the f32 units, as fast as fp32).
 recipe=(--n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --batch-size 12 --optimizer muon --muon-lr 0.02
   --muon-weight-decay 0.05 --dtype bf16 --time-budget 180 --lr 2e-3 --min-lr 0 --cooldown 0.6 --warmup-iters 100
   --eval-interval 1000)
