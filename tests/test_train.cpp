@@ -783,8 +783,10 @@ TEST_CASE("MFU's peak is stated and fixed: the same figure at every call, for th
     INFO(a.how);
     CHECK(a.gflops > 0);
     CHECK_FALSE(a.how.empty());
-    CHECK(a.gflops == b.gflops);  // the clock and rates are measured once a process (and cached across runs by train)
+    // The clock and rates are measured once a process (and cached across runs by train); only a CPU without the
+    // probe (not x86-64) falls back to a matmul measured at the call, which may move.
     if (cpu::unit_rates().ghz > 0) {
+      CHECK(a.gflops == b.gflops);
       const cpu::Bf16Kernel k = bf16 ? cpu::bf16_kernel() : cpu::Bf16Kernel::F32Units;
       CHECK(a.gflops == doctest::Approx(omp_get_max_threads() * cpu::unit_rates().ghz * cpu::flops_per_cycle(k)));
       if (k != cpu::Bf16Kernel::F32Units) CHECK(a.how.find(cpu::bf16_kernel_name(k)) != std::string::npos);
