@@ -46,6 +46,7 @@ leftovers=$(find "$run" -name '*.tmp')
 # Space again: the run resumes from its latest checkpoint.
 rm -f "$dir/small/filler"
 iter=$(sed -n 's/^iteration *//p' "$dir/info")
+[ -n "$iter" ] || fail "info names no iteration: $(cat "$dir/info")"
 "$tinygpt" train "${flags[@]}" --max-iters $((iter + 20)) --eval-interval 20 --resume 2> "$dir/again.log" ||
   fail "--resume after freeing space failed: $(tail -2 "$dir/again.log")"
 lines=$(wc -l < "$run/metrics.jsonl")

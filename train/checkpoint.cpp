@@ -142,7 +142,11 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
     c.state.iter = std::stoll(field("iter"));
     if (c.state.iter < 0) throw Error(fmt::format("its iteration is {}, below 0", c.state.iter));
     c.state.best_val_loss = std::stod(field("best_val_loss"));
+    if (std::isnan(c.state.best_val_loss)) throw Error("its best val loss is NaN");
     if (meta.contains("train_seconds")) c.state.train_seconds = std::stod(field("train_seconds"));  // else 0 (older)
+    if (!(c.state.train_seconds >= 0 && std::isfinite(c.state.train_seconds))) {
+      throw Error(fmt::format("its training time is {} s", c.state.train_seconds));
+    }
     c.optimizer_step = std::stoll(field("optimizer_step"));
     if (c.optimizer_step < 0) throw Error(fmt::format("its optimizer step is {}, below 0", c.optimizer_step));
     if (meta.contains("optimizer")) c.optimizer = field("optimizer");

@@ -95,7 +95,7 @@ void add_switch(CLI::App* cmd, const std::string& name, bool& value, const std::
 }
 
 void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
-  cmd->add_option("--dtype", n.dtype, "fp32, or bf16: matmul operands (on the GPU and on CPUs with AMX-BF16 also flash "
+  cmd->add_option("--dtype", n.dtype, "fp32, or bf16: matmul operands (on the GPU and on CPUs with a bf16 unit also flash "
                   "attention's) rounded to bf16 (default: as the checkpoint was trained)")->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_flag_callback("--tf32", [&n] { n.tf32 = true; },
                          "On the GPU, TF32 tensor cores for f32 matmuls (default: as the checkpoint was trained)");
@@ -104,7 +104,7 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
                   "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
                   "as --dtype's and --tf32's default)");
   cmd->add_option("--storage", n.storage, "Activations stored in f32 or bf16 (bf16 needs bf16 products; default: bf16 with them on "
-                  "the GPU and on CPUs with AMX-BF16, else f32)")
+                  "the GPU and on CPUs with a bf16 unit, else f32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
 }
 
@@ -208,9 +208,10 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--dtype", c.dtype, "fp32, or bf16 as autocast computes it: the matmuls' operands rounded to bf16 "
                   "and their products summed in f32 (on the GPU on tensor cores, with bf16 flash attention); weights, "
-                  "gradients, optimizer state, LayerNorm, softmax and the loss stay f32. On the CPU: AMX-BF16 tiles, for "
-                  "flash attention's products too, where the CPU has them (Intel Sapphire Rapids and newer), else "
-                  "rounded for the f32 units at fp32 speed (attention then stays f32; see --attention-math)")
+                  "gradients, optimizer state, LayerNorm, softmax and the loss stay f32. On the CPU: on the bf16 unit "
+                  "that does the most FLOPs a cycle, measured at start-up (AMX-BF16 tiles, or AVX512-BF16 as on AMD "
+                  "Zen 4; TINYGPT_CPU_BF16 picks one), for flash attention's products too, else rounded for the f32 "
+                  "units at fp32 speed (attention then stays f32; see --attention-math)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   add_switch(cmd, "tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls");
@@ -219,8 +220,8 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
              "(the same work and results as queueing it op by op, without the launch overhead)");
   cmd->add_option("--attention-math", c.attention_math,
                   "The operands of flash attention's products: f32, bf16 (f32 accumulation and softmax; on the GPU on "
-                  "tensor cores, on the CPU on AMX-BF16 tiles where it has them, else rounded for the f32 units), or "
-                  "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with AMX-BF16; on the GPU "
+                  "tensor cores, on the CPU on its bf16 unit where it has one, else rounded for the f32 units), or "
+                  "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with a bf16 unit; on the GPU "
                   "tf32 with TF32 matmuls; else f32)");
   cmd->add_option("--storage", c.storage,
                   "How activations and their gradients are stored between ops: f32, or bf16 (half the bytes; each op "
@@ -228,7 +229,7 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
                   "f32, the layers reading bf16 copies written after each update). bf16 needs --dtype bf16; "
                   "attention reads q, k and v as stored, except with rope, QK-norm, score modifiers or "
                   "documents, which run on f32 copies (default: bf16 with --dtype bf16 on the GPU and on CPUs with "
-                  "AMX-BF16, else f32)")
+                  "a bf16 unit, else f32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
@@ -516,6 +517,9 @@ void validate_attention(const AttentionArgs& a) {
   }
 }
 
+/// "error: WHAT" on stderr, whatever stderr is (a closed pipe there is not worth an abort).
+void print_error(const std::string& what) { std::fprintf(stderr, "error: %s\n", what.c_str()); }
+
 /// Every number given on the command line against what its option holds: an integer that does not fit is refused
 /// (the parser would wrap an unsigned "-1" and clamp at the limits), and so is a number that is not finite (inf as
 /// nan: no option means anything by them).
@@ -686,13 +690,13 @@ int Cli::main(int argc, const char* const* argv) {
   } catch (const CLI::ParseError& e) {
     std::string command = "tinygpt";
     for (const CLI::App* sub : app.get_subcommands()) command += " " + sub->get_name();
-    fmt::print(stderr, "error: {} (see `{} --help`)\n", e.what(), command);
+    print_error(fmt::format("{} (see `{} --help`)", e.what(), command));
     return kUsageError;
   }
   try {
     check_number_flags(app);
   } catch (const UsageError& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    print_error(e.what());
     return kUsageError;
   }
   return run();
@@ -724,7 +728,7 @@ int Cli::run() {
   try {
     validate();
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    print_error(e.what());
     return kUsageError;
   }
   // --init-from or --resume with a flag the checkpoint contradicts is a usage error (a checkpoint that cannot be read
@@ -740,7 +744,7 @@ int Cli::run() {
       if (saved && train_config.resume) check_resume_flags(train_config, *saved);
       if (saved && !train_config.resume) check_init_flags(train_config, saved->config);
     } catch (const std::exception& e) {
-      fmt::print(stderr, "error: {}\n", e.what());
+      print_error(e.what());
       return kUsageError;
     }
   }
@@ -764,17 +768,22 @@ int Cli::run() {
   } catch (const UsageError& e) {
     std::fflush(stdout);
     end_job_on_error(e.what());
-    fmt::print(stderr, "error: {}\n", e.what());
+    print_error(e.what());
     return kUsageError;
   } catch (const std::exception& e) {
+    // A write to stdout that failed (a full disk, a closed pipe: fmt throws) is said as such.
+    const bool out_failed = std::ferror(stdout) != 0;
     std::fflush(stdout);
     end_job_on_error(e.what());
-    fmt::print(stderr, "error: {}\n", e.what());
+    print_error(out_failed ? fmt::format("cannot write the output to stdout: {}", e.what()) : std::string(e.what()));
     return 1;
   }
   // What went to stdout (samples, info, encoded ids) must have arrived: a full disk or a closed pipe is an error.
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-    fmt::print(stderr, "error: cannot write the output to stdout: {}\n", std::strerror(errno));
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (!flushed || std::ferror(stdout)) {
+    print_error(fmt::format("cannot write the output to stdout{}", err != 0 ? ": " + std::string(std::strerror(err)) : ""));
     return 1;
   }
   return 0;

@@ -77,8 +77,8 @@ void save(const fs::path& path, const std::vector<std::pair<std::string, Tensor>
     for (const Tensor& t : host) {
       out.write(static_cast<const char*>(t.raw_data()), std::streamsize(uint64_t(t.numel()) * dtype_size(t.dtype())));
     }
-    if (!out.flush()) {
-      out.close();
+    out.close();
+    if (!out) {
       std::error_code ec;
       fs::remove(tmp, ec);
       throw Error(fmt::format("writing '{}' failed (disk full?); the previous '{}' is untouched", tmp.string(),
@@ -88,7 +88,12 @@ void save(const fs::path& path, const std::vector<std::pair<std::string, Tensor>
   fsync_path(tmp, O_RDONLY);
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) throw Error(fmt::format("cannot move '{}' into place at '{}': {}", tmp.string(), path.string(), ec.message()));
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw Error(fmt::format("cannot move '{}' into place at '{}': {}; the previous one is untouched", tmp.string(),
+                            path.string(), why));
+  }
   fsync_path(path.parent_path().empty() ? fs::path(".") : path.parent_path(), O_RDONLY | O_DIRECTORY);
 }
 

@@ -86,7 +86,7 @@ std::string save_cpu_rates_cache() {
   const cpu::UnitRates& rates = cpu::unit_rates();
   const std::filesystem::path path = cpu_rates_cache_path();
   if (rates.cached || rates.ghz <= 0 || path.empty()) return {};
-  const std::string text = cpu_rates_key() + fmt::format("ghz {:.6f}\nf32 {:g}\navx512_bf16 {:g}\namx {:g}\n", rates.ghz,
+  const std::string text = cpu_rates_key() + fmt::format("ghz {:.17g}\nf32 {:g}\navx512_bf16 {:g}\namx {:g}\n", rates.ghz,
                                                           rates.f32, rates.avx512_bf16, rates.amx);
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);

@@ -103,8 +103,10 @@ template <class F>
 double rate_per_thread(F&& work, int rounds, double seconds) {
   const int threads = omp_get_max_threads();
   double sum = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : sum)
+  int ran = 0;  // the team may be smaller than asked (OMP_DYNAMIC, or a call inside a parallel region)
+#pragma omp parallel num_threads(threads) reduction(+ : sum, ran)
   {
+    ++ran;
     work();  // warm-up: the clock's ramp, the unit's power-up, AMX's state
     double best = 0;
     for (int r = 0; r < rounds; ++r) {
@@ -119,7 +121,7 @@ double rate_per_thread(F&& work, int rounds, double seconds) {
     }
     sum += best;
   }
-  return sum / threads;
+  return sum / ran;
 }
 
 /// x rounded to the nearest power of two (x > 0).
@@ -195,7 +197,8 @@ void set_unit_rates(const UnitRates& rates) {
   if (g_rates_set) throw Error("set_unit_rates: the CPU's rates are in use already; set them before the first product");
   auto valid = [](double x, bool present) { return present ? x > 0 && power_of_two(x) == x : x == 0; };
   const auto& have = bf16_kernels_available();
-  if (!(rates.ghz > 0 && rates.ghz < 100) || !valid(rates.f32, true) ||
+  // A clock a core could run at, and at least half a vector FMA a cycle (2 FLOPs a lane).
+  if (!(rates.ghz >= 0.3 && rates.ghz <= 10) || !valid(rates.f32, true) || rates.f32 < f32_lanes() ||
       !valid(rates.avx512_bf16, std::ranges::count(have, Bf16Kernel::Avx512Bf16) > 0) ||
       !valid(rates.amx, std::ranges::count(have, Bf16Kernel::Amx) > 0)) {
     throw Error("set_unit_rates: rates that do not fit this CPU's units");

@@ -23,7 +23,8 @@ using namespace tinygpt;
 
 namespace {
 
-// Fixed paths and times: the caches' headers name the source by path, size and modification time.
+// Fixed paths and times: the caches' headers name the source by path, size and modification time. So one fuzzing
+// process at a time (scripts/fuzz.sh runs the targets one after another; not with -jobs or -workers).
 const fs::path kDir = "/tmp/tinygpt_fuzz_token_cache";
 const fs::path kText = kDir / "text.txt";
 
