@@ -190,7 +190,7 @@ TEST_CASE("attention_flash results do not depend on the number of threads") {
 /// Flash with bf16 operands (AttentionMath::BF16: Q, K, V, dO, P and dS rounded to bf16 for the tile products, sums
 /// in f32) against naive in double on the same problem with Q, K, V and dO rounded: what is left is the rounding of P
 /// and dS, a relative 2^-9 per term, hence the tolerances. It must also differ from the f32 kernel (the operands were
-/// rounded). The products themselves are checked exactly in test_gemm ("AmxTiles"); this runs whichever path
+/// rounded). The products themselves are checked exactly in test_gemm ("Bf16Tiles"); this runs whichever path
 /// bf16_kernel() picks (ctest runs it again with TINYGPT_CPU_BF16=f32 for the rounded f32-units path).
 TEST_CASE("attention_flash with bf16 operands matches naive on rounded operands, forward and backward") {
   MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(bf16_kernel())));
