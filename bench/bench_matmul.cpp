@@ -38,6 +38,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "kernels/cpu/cpu_probe.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -375,8 +376,19 @@ int main(int argc, char** argv) {
   const int64_t KNs[][2] = {{128, 384}, {128, 512}, {512, 128}, {384, 1152}, {384, 1536}, {1536, 384}};
   const char* kinds[] = {"fwd", "dinp", "dw"};
 
+  // The unit's stated peak, as the training log states it (kernels/cpu/cpu_probe.h): threads x the measured clock x
+  // the measured FLOPs a cycle of the unit the products run on; 0 where the probe does not run.
+  const tinygpt::cpu::UnitRates& rates = tinygpt::cpu::unit_rates();
+  const tinygpt::cpu::Bf16Kernel unit = g_bf16 ? g_kernel : tinygpt::cpu::Bf16Kernel::F32Units;
+  const double peak = threads * rates.ghz * tinygpt::cpu::flops_per_cycle(unit);
+  double ours_lo = INFINITY, ours_hi = 0, out16_lo = INFINITY, out16_hi = 0;
+
   std::mt19937 rng(42);
   if (!json) {
+    if (peak > 0)
+      std::printf("stated peak: %d threads x %.2f GHz x %.0f FLOP a cycle of %s = %.0f GFLOP/s (measured; %s)\n", threads,
+                  rates.ghz, tinygpt::cpu::flops_per_cycle(unit), tinygpt::cpu::bf16_kernel_name(unit), peak,
+                  tinygpt::cpu::cpu_model_name().c_str());
     std::printf("threads=%d, GFLOP/s from the median call time of batches interleaved with OpenBLAS (%s kernels)%s\n",
                 threads, openblas_get_corename(),
                 g_bf16 ? (std::string("; ours with bf16 operands on ") + tinygpt::cpu::bf16_kernel_name(g_kernel) +
@@ -395,6 +407,8 @@ int main(int argc, char** argv) {
       for (const char* kind : kinds) {
         const Row r = bench_one(M, kn[0], kn[1], kind, rng);
         const double ratio = r.ours / r.blas;
+        ours_lo = std::min(ours_lo, r.ours), ours_hi = std::max(ours_hi, r.ours);
+        if (!std::isnan(r.out16)) out16_lo = std::min(out16_lo, r.out16), out16_hi = std::max(out16_hi, r.out16);
         min_ratio = std::min(min_ratio, ratio);
         log_sum += std::log(ratio);
         ++rows;
@@ -430,6 +444,11 @@ int main(int argc, char** argv) {
     if (storage_rows)
       std::printf("bf16 storage against f32 operands rounded as packed, geomean over %d rows: %.3f\n", storage_rows,
                   std::exp(storage_log_sum / storage_rows));
+    if (peak > 0) {
+      std::printf("of the stated peak: ours %.0f-%.0f%%", 100 * ours_lo / peak, 100 * ours_hi / peak);
+      if (out16_hi > 0) std::printf(", bf16_out %.0f-%.0f%%", 100 * out16_lo / peak, 100 * out16_hi / peak);
+      std::printf("\n");
+    }
     if (busy_rows)
       std::printf("* %d rows ran while other processes used more than %.2f cores; rerun for clean numbers\n",
                   busy_rows, kBusyCores);

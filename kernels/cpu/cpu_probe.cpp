@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "../base.h"
 #include "gemm_bf16.h"  // TINYGPT_GEMM_BF16, the AMX tile configuration
@@ -97,29 +98,60 @@ TINYGPT_TARGET_AMX __attribute__((noinline)) double amx_tiles(long reps) {
 }
 #endif
 
-/// Per thread, the best rate (work per second) of `round` over `rounds` timings of about `seconds` each, all threads
+/// Work per second of `work` timed for about `seconds` on the calling thread.
+template <class F>
+double timed_rate(F& work, double seconds) {
+  const Clock::time_point t0 = Clock::now();
+  double done = 0, elapsed = 0;
+  do {
+    done += work();
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return done / elapsed;
+}
+
+/// Per thread, the best rate (work per second) of `work` over `rounds` timings of about `seconds` each, all threads
 /// at once; the mean over the threads.
 template <class F>
-double rate_per_thread(F&& work, int rounds, double seconds) {
+double rate_per_thread(F work, int rounds, double seconds) {
   const int threads = omp_get_max_threads();
   double sum = 0;
   int ran = 0;  // the team may be smaller than asked (OMP_DYNAMIC, or a call inside a parallel region)
 #pragma omp parallel num_threads(threads) reduction(+ : sum, ran)
   {
     ++ran;
-    work();  // warm-up: the clock's ramp, the unit's power-up, AMX's state
+    work();  // warm-up: the clock's ramp
     double best = 0;
     for (int r = 0; r < rounds; ++r) {
 #pragma omp barrier
-      const Clock::time_point t0 = Clock::now();
-      double done = 0, elapsed = 0;
-      do {
-        done += work();
-        elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-      } while (elapsed < seconds);
-      best = std::max(best, done / elapsed);
+      best = std::max(best, timed_rate(work, seconds));
     }
     sum += best;
+  }
+  return sum / ran;
+}
+
+/// Per thread, the unit's work per cycle: in each round the unit and the chain of dependent adds are timed one right
+/// after the other, so another process sharing the core for a while slows both alike and their ratio stands; the
+/// median over the rounds, the mean over the threads.
+double per_cycle_per_thread(ProbeUnit unit, int rounds, double seconds) {
+  const int threads = omp_get_max_threads();
+  double sum = 0;
+  int ran = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sum, ran)
+  {
+    ++ran;
+    auto chain = [] { return probe_chain_cycles(2000); };
+    auto flops = [unit] { return probe_unit(unit, 1000); };
+    chain(), flops();  // warm-up: the clock's ramp, the unit's power-up, AMX's state
+    std::vector<double> ratios;
+    for (int r = 0; r < rounds; ++r) {
+#pragma omp barrier
+      const double cycles = timed_rate(chain, seconds);
+      ratios.push_back(timed_rate(flops, seconds) / cycles);
+    }
+    std::sort(ratios.begin(), ratios.end());
+    sum += ratios[ratios.size() / 2];
   }
   return sum / ran;
 }
@@ -130,12 +162,10 @@ double power_of_two(double x) { return std::exp2(std::round(std::log2(x))); }
 UnitRates measure_rates() {
   UnitRates r;
 #if defined(__x86_64__)
-  constexpr int kRounds = 3;
-  constexpr double kSeconds = 0.004;
-  r.ghz = rate_per_thread([] { return probe_chain_cycles(4000); }, kRounds, kSeconds) / 1e9;
-  auto per_cycle = [&](ProbeUnit u) {
-    return power_of_two(rate_per_thread([u] { return probe_unit(u, 2000); }, kRounds, kSeconds) / (r.ghz * 1e9));
-  };
+  constexpr int kRounds = 7;
+  constexpr double kSeconds = 0.002;
+  r.ghz = rate_per_thread([] { return probe_chain_cycles(2000); }, kRounds, kSeconds) / 1e9;
+  auto per_cycle = [&](ProbeUnit u) { return power_of_two(per_cycle_per_thread(u, kRounds, kSeconds)); };
   if (f32_lanes() == 16) {
     r.f32 = per_cycle(ProbeUnit::FmaZmm);
   } else if (f32_lanes() == 8) {

@@ -24,9 +24,10 @@ struct UnitRates {
   bool cached = false;     // set_unit_rates gave them (read from a cache) rather than measured now
 };
 
-/// The rates, measured by the first call (about 0.1 s: each unit and the clock timed on every thread at once, the
-/// best of several rounds; FLOPs a cycle rounded to a power of two, the steps between microarchitectures), unless
-/// set_unit_rates gave them first.
+/// The rates, measured by the first call (about 0.1 s, every thread at once: the clock as the best of 7 timings of
+/// the chain; each unit's FLOPs a cycle as the median of 7 ratios of the unit's rate to the chain's, the two timed one
+/// right after the other, so a core shared with another process for a while slows both alike; rounded to a power of
+/// two, the steps between microarchitectures), unless set_unit_rates gave them first.
 const UnitRates& unit_rates();
 /// Uses `rates` (as read from a cache) instead of measuring them: before the first unit_rates() or bf16_kernel().
 /// Throws Error when either was already called, or a rate is not a positive power of two where its unit exists.
