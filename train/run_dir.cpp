@@ -4,6 +4,8 @@
 
 #include <fstream>
 
+#include "train/plots.h"  // write_text_file
+
 namespace tinygpt {
 
 namespace fs = std::filesystem;
@@ -32,23 +34,7 @@ void truncate_metrics(const fs::path& path, int64_t iter) {
     if (j.contains("val_loss") ? it <= iter : it < iter) kept += line + '\n';
   }
   in.close();
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kept;
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw Error(fmt::format("cannot rewrite '{}' (is the disk full?)", path.string()));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw Error(fmt::format("cannot replace '{}': {}", path.string(), ec.message()));
-  }
+  write_text_file(path, kept);  // by rename: a failed write leaves the old file as it was, and no temporary file
 }
 
 MetricsLog::MetricsLog(const fs::path& path, bool append, bool enabled) : path_(path) {

@@ -12,7 +12,6 @@
 #include <sstream>
 #include <string>
 #include <string_view>
-#include <unistd.h>
 
 #include "autograd/autograd.h"
 #include "kernels/cpu/cpu_probe.h"
@@ -20,6 +19,7 @@
 #include "kernels/device.h"
 #include "kernels/env.h"
 #include "kernels/kernels.h"
+#include "train/plots.h"  // write_text_file
 
 namespace tinygpt {
 
@@ -90,20 +90,10 @@ std::string save_cpu_rates_cache() {
                                                           rates.f32, rates.avx512_bf16, rates.amx);
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
-  const std::filesystem::path tmp = path.string() + fmt::format(".{}.tmp", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) {
-      std::filesystem::remove(tmp, ec);
-      return fmt::format("could not write {}", tmp.string());
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return fmt::format("could not rename {} to {}", tmp.string(), path.string());
+  try {
+    write_text_file(path, text);  // by rename, never half a file
+  } catch (const Error& e) {
+    return e.what();
   }
   return {};
 }
