@@ -481,6 +481,61 @@ TEST_CASE("Bf16Tiles: operands packed from bf16 storage, and B held from its tra
   }
 }
 
+// A causal band (the flash kernels' triangle): blocks that vanish are skipped, and what is computed is the whole
+// product's value bit for bit. With on_k, A is zero outside the band, so skipping its k blocks changes no bit of C;
+// without, C inside the band is the whole product's, and a block wholly outside is zero (or, accumulating, untouched).
+TEST_CASE("Bf16Tiles: a band skips only what vanishes: bit for bit the whole product where it counts" *
+          doctest::skip(tile_units().empty())) {
+  using tinygpt::cpu::Band;
+  for (const Bf16Kernel kernel : tile_units()) {
+    CAPTURE(bf16_kernel_name(kernel));
+    tinygpt::cpu::Bf16Tiles tiles(kernel);
+    std::mt19937 rng(13);
+    std::uniform_real_distribution<double> dist(-1.0, 1.0);
+    for (const bool on_k : {true, false})
+      for (const int64_t M : {33, 64, 128})
+        for (const int64_t K : {64, 100, 128})
+          for (const int64_t N : {64, 96, 128})
+            for (const int64_t reach : {-70, -32, -1, 0, 5, 31, 64, 200})
+              for (const bool keys_first : {false, true})
+                for (const bool accumulate : {false, true}) {
+                  CAPTURE(on_k);
+                  CAPTURE(M);
+                  CAPTURE(K);
+                  CAPTURE(N);
+                  CAPTURE(reach);
+                  CAPTURE(keys_first);
+                  CAPTURE(accumulate);
+                  const Band band = keys_first ? Band{-reach, Band::kFar, on_k} : Band{-Band::kFar, reach, on_k};
+                  auto inside = [&](int64_t first, int64_t second) {
+                    return band.lo <= second - first && second - first <= band.hi;
+                  };
+                  const int64_t ldc = N + 3;
+                  std::vector<float> A(size_t(M * K)), B(size_t(K * N)), C0(size_t(M * ldc));
+                  for (int64_t r = 0; r < M; ++r)
+                    for (int64_t k = 0; k < K; ++k) A[size_t(r * K + k)] = on_k && !inside(r, k) ? 0.0f : float(dist(rng));
+                  for (auto& x : B) x = float(dist(rng));
+                  for (auto& x : C0) x = float(dist(rng));
+                  std::vector<float> whole = C0, banded = C0;
+                  tiles.pack_a(A.data(), K, 1, M, K);
+                  tiles.pack_b(0, B.data(), N, 1, K, N);
+                  tiles.run(whole.data(), ldc, 0, M, K, N, accumulate);
+                  tiles.run(banded.data(), ldc, 0, M, K, N, accumulate, band);
+                  int64_t bad = 0;
+                  for (int64_t r = 0; r < M; ++r) {
+                    for (int64_t c = 0; c < ldc; ++c) {
+                      const size_t i = size_t(r * ldc + c);
+                      const float skipped = accumulate ? C0[i] : 0.0f;
+                      if (c >= N) bad += banded[i] != C0[i];
+                      else if (on_k || inside(r, c)) bad += banded[i] != whole[i];
+                      else bad += banded[i] != whole[i] && banded[i] != skipped;
+                    }
+                  }
+                  CHECK(bad == 0);
+                }
+  }
+}
+
 TEST_CASE("every bf16 kernel propagates NaN and infinity from its operands") {
   const int64_t M = 40, N = 40, K = 40;
   for (const Bf16Kernel kernel : bf16_kernels_available()) {

@@ -258,7 +258,8 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
       for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
         const int64_t nc = std::min(Bc, s_end - s0);
         if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-        product(st.data(), Br, Strided<S>{at(k, g.k_stride, b, kvh, s0), g.k_stride[2], 1}, 0, nc, g.E, n_pad, false);
+        product(st.data(), Br, Strided<S>{at(k, g.k_stride, b, kvh, s0), g.k_stride[2], 1}, 0, nc, g.E, n_pad, false,
+                causal_band(g, !mods, t0, s0, false, false));
         if (mods) {
           ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch).logits_key_major(st.data(), Br, n_pad, mask, key_padding);
         } else {
@@ -305,7 +306,7 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
         if (rel_probs) add_rel_probs(pbar.data(), st.data(), Br, t0, nr, s0, nc, g, scratch.pbar_ends);
         // O += P V, P read transposed out of the key-major tile.
         product(o.data(), g.Ev, Strided<T>{st.data(), 1, Br}, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc, g.Ev,
-                true);
+                true, causal_band(g, !mods, t0, s0, true, true));
       }
       for (int64_t i = 0; i < nr; ++i) {
         S* orow = at(out, g.o_stride, b, h, t0 + i);
@@ -351,16 +352,10 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T;
     D[size_t(row)] = dot(at(dout, g.o_stride, b, h, t), at(out, g.o_stride, b, h, t), g.Ev);
-    if (g.grads_unwritten && dq) std::fill_n(at(dq, g.q_stride, b, h, t), g.E, S(0.0f));  // the passes below add
   }
-  if (g.grads_unwritten) {
-#pragma omp parallel for if (parallel)
-    for (int64_t row = 0; row < g.B * g.NKV * g.S; ++row) {
-      const int64_t b = row / (g.NKV * g.S), h = row / g.S % g.NKV, s = row % g.S;
-      if (dk) std::fill_n(at(dk, g.k_stride, b, h, s), g.E, S(0.0f));
-      if (dv) std::fill_n(at(dv, g.v_stride, b, h, s), g.Ev, S(0.0f));
-    }
-  }
+  // Each gradient row is written by one task once: stored where the gradients hold nothing yet (the rows no task
+  // visits zeroed by the task that skips them), else added.
+  const bool add = !g.grads_unwritten;
   const int64_t os = g.o_stride[2], qs = g.q_stride[2], ks = g.k_stride[2], vs = g.v_stride[2];
 
   // One pass instead of two where each (batch, kv head) can be a task of its own: the task then owns its heads' dQ
@@ -389,7 +384,13 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
           const int64_t s0 = kt * Bc, nc = std::min(Bc, g.S - s0), nc_pad = round_up(nc, kCols<T>);
           // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
           const int64_t t_first = query_begin(g, s0), t_end = query_end(g, s0 + nc - 1);
-          if (t_first >= t_end) continue;
+          if (t_first >= t_end) {
+            for (int64_t j = 0; j < nc && !add; ++j) {
+              if (dk) std::fill_n(at(dk, g.k_stride, b, kvh, s0 + j), g.E, S(0.0f));
+              if (dv) std::fill_n(at(dv, g.v_stride, b, kvh, s0 + j), g.Ev, S(0.0f));
+            }
+            continue;
+          }
           const S* k0 = at(k, g.k_stride, b, kvh, s0);
           product.hold_transposed(0, k0, ks, nc, nc_pad, g.E);                               // K^T
           product.hold_transposed(1, at(v, g.v_stride, b, kvh, s0), vs, nc, nc_pad, g.Ev);  // V^T
@@ -402,8 +403,9 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
               if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
               const S* q0 = at(q, g.q_stride, b, h, t0);
               const S* do0 = at(dout, g.o_stride, b, h, t0);
-              product(s.data(), Bc, Strided<S>{q0, qs, 1}, 0, nr, g.E, nc_pad, false);
-              product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false);
+              const Band scores = causal_band(g, !mods, t0, s0, true, false);
+              product(s.data(), Bc, Strided<S>{q0, qs, 1}, 0, nr, g.E, nc_pad, false, scores);
+              product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false, scores);
               if (mods) {
                 ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
                     .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding, one_pass);
@@ -411,23 +413,25 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
                 query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
               }
               // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed; one pass: dQ += dS K.
-              if (dv) product(dv_acc.data(), g.Ev, Strided<T>{s.data(), 1, Bc}, do0, os, nc, nr, g.Ev, true);
-              if (dk) product(dk_acc.data(), g.E, Strided<T>{dp.data(), 1, Bc}, q0, qs, nc, nr, g.E, true);
+              const Band by_key = causal_band(g, !mods, t0, s0, false, true);
+              if (dv) product(dv_acc.data(), g.Ev, Strided<T>{s.data(), 1, Bc}, do0, os, nc, nr, g.Ev, true, by_key);
+              if (dk) product(dk_acc.data(), g.E, Strided<T>{dp.data(), 1, Bc}, q0, qs, nc, nr, g.E, true, by_key);
               if (one_pass) {
                 T* dq_rows = dq_acc.data() + ((h - kvh * group) * g.T + t0) * g.E;
-                product(dq_rows, g.E, Strided<T>{dp.data(), Bc, 1}, 2, nr, nc, g.E, true);
+                product(dq_rows, g.E, Strided<T>{dp.data(), Bc, 1}, 2, nr, nc, g.E, true,
+                        causal_band(g, !mods, t0, s0, true, true));
               }
             }
           }
           for (int64_t j = 0; j < nc; ++j) {
-            if (dk) add_row(at(dk, g.k_stride, b, kvh, s0 + j), dk_acc.data() + j * g.E, g.E);
-            if (dv) add_row(at(dv, g.v_stride, b, kvh, s0 + j), dv_acc.data() + j * g.Ev, g.Ev);
+            if (dk) add_row(at(dk, g.k_stride, b, kvh, s0 + j), dk_acc.data() + j * g.E, g.E, add);
+            if (dv) add_row(at(dv, g.v_stride, b, kvh, s0 + j), dv_acc.data() + j * g.Ev, g.Ev, add);
           }
         }
         if (!one_pass) continue;
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
           for (int64_t t = 0; t < g.T; ++t) {
-            add_row(at(dq, g.q_stride, b, h, t), dq_acc.data() + ((h - kvh * group) * g.T + t) * g.E, g.E);
+            add_row(at(dq, g.q_stride, b, h, t), dq_acc.data() + ((h - kvh * group) * g.T + t) * g.E, g.E, add);
           }
         }
       }
@@ -456,7 +460,10 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
         const int64_t t0 = (n_qtiles - 1 - task % n_qtiles) * Br;  // heaviest first, as in the forward pass
         const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
         const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
-        if (s_begin >= s_end) continue;
+        if (s_begin >= s_end) {
+          for (int64_t i = 0; i < nr && dq && !add; ++i) std::fill_n(at(dq, g.q_stride, b, h, t0 + i), g.E, S(0.0f));
+          continue;
+        }
         drop.fill(g, b, h, t0);
         T* const dt5 = t5_partial.empty() ? nullptr : t5_partial.data() + task * buckets;
         std::fill(by_distance.begin(), by_distance.end(), T(0));
@@ -473,8 +480,9 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
           const int64_t nc = std::min(Bc, s_end - s0);
           if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
           const S* k0 = at(k, g.k_stride, b, kvh, s0);
-          product(st.data(), Br, Strided<S>{k0, ks, 1}, 0, nc, g.E, n_pad, false);
-          product(dpt.data(), Br, Strided<S>{at(v, g.v_stride, b, kvh, s0), vs, 1}, 1, nc, g.Ev, n_pad, false);
+          const Band scores = causal_band(g, !mods, t0, s0, false, false);
+          product(st.data(), Br, Strided<S>{k0, ks, 1}, 0, nc, g.E, n_pad, false, scores);
+          product(dpt.data(), Br, Strided<S>{at(v, g.v_stride, b, kvh, s0), vs, 1}, 1, nc, g.Ev, n_pad, false, scores);
           if (mods) {
             ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
                 .probs_and_ds_key_major(st.data(), dpt.data(), Br, n_pad, lse_t.data(), D_t.data(), mask, key_padding,
@@ -498,11 +506,14 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
             }
           }
           // dQ += dS K, dS read transposed out of the key-major tile.
-          if (dq) product(dq_acc.data(), g.E, Strided<T>{dpt.data(), 1, Br}, k0, ks, nr, nc, g.E, true);
+          if (dq) {
+            product(dq_acc.data(), g.E, Strided<T>{dpt.data(), 1, Br}, k0, ks, nr, nc, g.E, true,
+                    causal_band(g, !mods, t0, s0, true, true));
+          }
         }
         for (size_t k = 0; k < by_distance.size() && dt5; ++k) dt5[position.bucket_rev[k]] += by_distance[k];
         if (!dq) continue;
-        for (int64_t i = 0; i < nr; ++i) add_row(at(dq, g.q_stride, b, h, t0 + i), dq_acc.data() + i * g.E, g.E);
+        for (int64_t i = 0; i < nr; ++i) add_row(at(dq, g.q_stride, b, h, t0 + i), dq_acc.data() + i * g.E, g.E, add);
       }
     }
     for (int64_t task = 0; task < tasks && !t5_partial.empty(); ++task) {

@@ -279,13 +279,15 @@ class TileProducts {
     held_ld_[size_t(i)] = N;
   }
 
-  /// C (M x N, row stride ldc) (+)= A (M x K) @ held operand `i` (K x N).
+  /// C (M x N, row stride ldc) (+)= A (M x K) @ held operand `i` (K x N); on a bf16 unit, the blocks `band` rules
+  /// out are skipped.
   template <class X>
-  void operator()(T* C, int64_t ldc, Strided<X> A, int i, int64_t M, int64_t K, int64_t N, bool accumulate) {
+  void operator()(T* C, int64_t ldc, Strided<X> A, int i, int64_t M, int64_t K, int64_t N, bool accumulate,
+                  Band band = {}) {
     if constexpr (std::is_same_v<T, float>) {
       if (units_) {
         units_->pack_a(A.p, A.rs, A.cs, M, K);
-        return units_->run(C, ldc, i, M, K, N, accumulate);
+        return units_->run(C, ldc, i, M, K, N, accumulate, band);
       }
     }
     const Strided<T> a = math_a(A, M, K);
@@ -296,9 +298,9 @@ class TileProducts {
   /// for this product only.
   template <class X>
   void operator()(T* C, int64_t ldc, Strided<X> A, const S* B, int64_t ldb, int64_t M, int64_t K, int64_t N,
-                  bool accumulate) {
+                  bool accumulate, Band band = {}) {
     hold_rows(kHeld, B, ldb, K, N);
-    (*this)(C, ldc, A, kHeld, M, K, N, accumulate);
+    (*this)(C, ldc, A, kHeld, M, K, N, accumulate, band);
   }
 
  private:
@@ -337,8 +339,16 @@ class TileProducts {
   std::vector<T> ra_;
 };
 
-/// dst[0, n) += src[0, n): in T, or for bf16 storage (S) widened, added and rounded once.
-template <class T, class S> void add_row(S* dst, const T* src, int64_t n) {
+/// dst[0, n) += src[0, n) (or, without `add`, = src): in T, or for bf16 storage (S) widened, added and rounded once.
+template <class T, class S> void add_row(S* dst, const T* src, int64_t n, bool add = true) {
+  if (!add) {
+    if constexpr (std::is_same_v<S, T>) {
+      std::copy_n(src, n, dst);
+    } else {
+      round_range(dst, src, n);
+    }
+    return;
+  }
   if constexpr (std::is_same_v<S, T>) {
     axpy_row(dst, T(1), src, n);
   } else {  // in vector registers, 64 at a time (a loop over bf16 elements did not vectorize)
@@ -350,6 +360,16 @@ template <class T, class S> void add_row(S* dst, const T* src, int64_t n) {
       round_range(dst + i, sum, w);
     }
   }
+}
+
+/// The causal triangle of a tile pair (queries from t0, keys from s0) as the Band of one of its products: key s0 + j
+/// is visible from query t0 + i while j - i <= t0 + S - T - s0. `queries_first`: the product's first index (C's rows)
+/// counts queries and its second (C's columns, or A's k with `on_k`) keys; else the other way round. Plain causal
+/// attention only (`plain`: no score modifier, which masks on its own); else no band.
+inline Band causal_band(const AttentionGeom& g, bool plain, int64_t t0, int64_t s0, bool queries_first, bool on_k) {
+  if (!g.causal || !plain) return Band{};
+  const int64_t reach = t0 + (g.S - g.T) - s0;  // key - query, in tile-local indices, is at most this
+  return queries_first ? Band{-Band::kFar, reach, on_k} : Band{-reach, Band::kFar, on_k};
 }
 
 struct Tiles {

@@ -65,18 +65,35 @@ TINYGPT_TARGET_AVX512 void avx512_block(int64_t kcp, const uint16_t* a, const ui
   }
 }
 
-/// C (M x N, row stride ldc) (+)= a @ b, packed, in 32 x 32 blocks of Block.
+/// C (M x N, row stride ldc) (+)= a @ b, packed, in 32 x 32 blocks of Block, those `band` rules out skipped. Both
+/// packings hold k in chunks of 32 (a 32-row or 32-column panel's chunk c at word c * 512), so a block's k range
+/// starts at a chunk's first word.
 template <void (*Block)(int64_t, const uint16_t*, const uint16_t*, float*, int64_t)>
 TINYGPT_TARGET_AVX512 void run_tiles(float* C, int64_t ldc, const uint16_t* a, const uint16_t* b, int64_t M, int64_t K,
-                                     int64_t N, bool accumulate) {
+                                     int64_t N, bool accumulate, const Band& band) {
   using bf16_isa::lanes16;
   const int64_t kcp = round_up(K, 32);
   alignas(64) float out[32 * 32];
   for (int64_t m0 = 0; m0 < M; m0 += 32) {
     const int64_t rows = std::min<int64_t>(32, M - m0);
+    int64_t k0 = 0, k1 = kcp;  // the k that can be nonzero for these rows, in whole chunks
+    if (band.on_k) {
+      k0 = std::clamp<int64_t>((m0 + band.lo) / 32 * 32, 0, kcp);
+      k1 = std::clamp<int64_t>(round_up(std::max<int64_t>(m0 + rows + band.hi, 0), 32), 0, kcp);
+    }
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
-      Block(kcp, a + m0 * kcp, b + n0 * kcp, out, rows);
       const __mmask16 lo = lanes16(N - n0), hi = lanes16(N - n0 - 16);
+      const bool needed = band.on_k ? k0 < k1 : n0 + 31 - m0 >= band.lo && n0 - (m0 + rows - 1) <= band.hi;
+      if (!needed) {
+        if (accumulate) continue;
+        for (int64_t r = 0; r < rows; ++r) {
+          float* c = C + (m0 + r) * ldc + n0;
+          _mm512_mask_storeu_ps(c, lo, _mm512_setzero_ps());
+          _mm512_mask_storeu_ps(c + 16, hi, _mm512_setzero_ps());
+        }
+        continue;
+      }
+      Block(k1 - k0, a + m0 * kcp + k0 * 32, b + n0 * kcp + k0 * 32, out, rows);
       for (int64_t r = 0; r < rows; ++r) {
         float* c = C + (m0 + r) * ldc + n0;
         __m512 v0 = _mm512_load_ps(out + r * 32), v1 = _mm512_load_ps(out + r * 32 + 16);
@@ -120,13 +137,13 @@ void Bf16Tiles::pack_b(int slot, const bf16* B, int64_t ks, int64_t ns, int64_t 
   pack<bf16_isa::PairsByK>(b, B, ns, ks, N, K);
 }
 
-void Bf16Tiles::run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64_t N, bool accumulate) {
+void Bf16Tiles::run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64_t N, bool accumulate, Band band) {
   const Packed& b = b_.at(size_t(slot));
   if (K != a_.depth || K != b.depth || M > a_.rows || N > round_up(b.rows, 32)) {
     throw std::logic_error("Bf16Tiles::run: the product's shape is not the packed operands'");
   }
-  if (kernel_ == Bf16Kernel::Amx) return run_tiles<amx_block>(C, ldc, a_.data, b.data, M, K, N, accumulate);
-  run_tiles<avx512_block>(C, ldc, a_.data, b.data, M, K, N, accumulate);
+  if (kernel_ == Bf16Kernel::Amx) return run_tiles<amx_block>(C, ldc, a_.data, b.data, M, K, N, accumulate, band);
+  run_tiles<avx512_block>(C, ldc, a_.data, b.data, M, K, N, accumulate, band);
 }
 
 void Bf16Tiles::product(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
@@ -146,7 +163,7 @@ void Bf16Tiles::pack_a(const float*, int64_t, int64_t, int64_t, int64_t) {}
 void Bf16Tiles::pack_a(const bf16*, int64_t, int64_t, int64_t, int64_t) {}
 void Bf16Tiles::pack_b(int, const float*, int64_t, int64_t, int64_t, int64_t) {}
 void Bf16Tiles::pack_b(int, const bf16*, int64_t, int64_t, int64_t, int64_t) {}
-void Bf16Tiles::run(float*, int64_t, int, int64_t, int64_t, int64_t, bool) {}
+void Bf16Tiles::run(float*, int64_t, int, int64_t, int64_t, int64_t, bool, Band) {}
 void Bf16Tiles::product(float*, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
                        bool) {}
 

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "../bf16.h"
@@ -18,6 +19,16 @@ namespace tinygpt::cpu {
 /// once per task); A is packed for each product. One per thread, on a kernel other than F32Units that
 /// bf16_kernels_available() lists: for AMX, constructing it configures the calling thread's tiles, destroying it
 /// releases them.
+/// Where a tile product is known to vanish, a causal mask's triangle: with `on_k`, A(r, k) is zero unless
+/// lo <= k - r <= hi, so each block of 32 rows sums only the 32-deep blocks of k that can be nonzero; else C(r, c) is
+/// needed only where lo <= c - r <= hi, and 32 x 32 blocks of C wholly outside are not computed (zero, or left as
+/// they are when accumulating). The products skipped are zeros (or never read), so C is what the whole product gives.
+struct Band {
+  static constexpr int64_t kFar = std::numeric_limits<int64_t>::max() / 4;
+  int64_t lo = -kFar, hi = kFar;
+  bool on_k = false;
+};
+
 class Bf16Tiles {
  public:
   static constexpr int kSlots = 4;
@@ -34,8 +45,9 @@ class Bf16Tiles {
   /// next multiple of 32, so a run may ask for that many.
   void pack_b(int slot, const float* B, int64_t ks, int64_t ns, int64_t K, int64_t N);
   void pack_b(int slot, const bf16* B, int64_t ks, int64_t ns, int64_t K, int64_t N);
-  /// C (M x N, row stride ldc) = or += the packed A @ slot's B: M at most the packed A's rows, K their common depth.
-  void run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64_t N, bool accumulate);
+  /// C (M x N, row stride ldc) = or += the packed A @ slot's B: M at most the packed A's rows, K their common depth;
+  /// the blocks `band` rules out skipped.
+  void run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64_t N, bool accumulate, Band band = {});
 
   /// pack_a, pack_b into the last slot and run: C (+)= A (element (r, k) at A[r * ars + k * aks]) @ B (row stride ldb).
   void product(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb, int64_t M,
