@@ -259,11 +259,10 @@ AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const Hea
   return {out, Tensor()};
 }
 
-/// out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
-/// qkv_partition: q, k and v are the three views of one fused qkv tensor that together cover it
-/// (fused_self_attention), so the flash backward may write its gradient without its being zeroed first.
-AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
-                          const AttentionOptions& o, bool qkv_partition) {
+/// The call's geometry from the views and options, each checked: shapes that fit together, heads that divide, a
+/// dropout probability in [0, 1). out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
+AttentionGeom geometry(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
+                       const AttentionOptions& o) {
   const Tensor& qb = q.base;
   if (qb.dtype() != DType::BF16) detail::check_float("attention", qb, "q");
   detail::check_same("attention", qb, k.base);
@@ -294,6 +293,17 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
   g.dropout_p = float(o.dropout_p);
   g.dropout_seed = o.dropout_seed;
   g.math = o.numerics.attention;
+  return g;
+}
+
+/// out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
+/// qkv_partition: q, k and v are the three views of one fused qkv tensor that together cover it
+/// (fused_self_attention), so the flash backward may write its gradient without its being zeroed first.
+AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
+                          const AttentionOptions& o, bool qkv_partition) {
+  const Tensor& qb = q.base;
+  AttentionGeom g = geometry(q, k, v, out_heads_last, o);
+  const int64_t B = g.B, NH = g.NH, T = g.T, S = g.S, Ev = g.Ev;
   if (qb.dtype() == DType::BF16) {
     resolved_settings(o.mods);  // its lean path reads no modifier, but bad settings are refused on every path
     return attention_bf16(q, k, v, out_heads_last, g, o, qkv_partition);

@@ -117,6 +117,66 @@ Tensor normalize_heads(const LayerNorm& norm, const Tensor& x, int64_t E) {
   return reshape(norm.forward(reshape(x, {B, L, H, E})), {B, L, H * E});
 }
 
+/// query (B, T, embed_dim), key (B, S, kdim) and value (B, S, vdim), sequence-first unless batch_first.
+void check_inputs(const MultiHeadAttentionConfig& c, const Tensor& query, const Tensor& key, const Tensor& value) {
+  const int bd = c.batch_first ? 0 : 1, ld = c.batch_first ? 1 : 0;  // the inputs' batch and sequence dims
+  const char* q_layout = c.batch_first ? "B, T" : "T, B";
+  const char* kv_layout = c.batch_first ? "B, S" : "S, B";
+  if (query.ndim() != 3 || query.size(2) != c.embed_dim) {
+    throw Error(
+        fmt::format("MultiHeadAttention: query must be ({}, {}), got {}", q_layout, c.embed_dim, query.shape().str()));
+  }
+  if (key.ndim() != 3 || key.size(2) != c.kdim || value.ndim() != 3 || value.size(2) != c.vdim ||
+      key.size(bd) != query.size(bd) || value.size(bd) != query.size(bd) || key.size(ld) != value.size(ld)) {
+    throw Error(fmt::format("MultiHeadAttention: key must be ({}, {}) and value ({}, {}) with query's B; got {} and {}",
+                            kv_layout, c.kdim, kv_layout, c.vdim, key.shape().str(), value.shape().str()));
+  }
+}
+
+/// As torch's add_bias_kv / add_zero_attn: bias_k / bias_v as one more key/value position, then a zero key and value,
+/// every mask padded with columns that hide nothing, and is_causal as that mask over the S real keys (q, k, v batch
+/// first, projected).
+void append_keys(const MultiHeadAttentionConfig& c, const Tensor& bias_k, const Tensor& bias_v, const Tensor& q,
+                 Tensor& k, Tensor& v, const Tensor& key_padding_mask, const Tensor& attn_mask, bool is_causal,
+                 AttentionOptions& opts) {
+  const int64_t NKV = c.num_kv_heads, E = c.embed_dim / c.num_heads;
+  const int64_t B = q.size(0), T = q.size(1), S = k.size(1);
+  const Tensor zero = zeros({B, 1, NKV * E}, k.dtype(), k.device());
+  std::vector<Tensor> ks{k}, vs{v};
+  if (c.add_bias_kv) {
+    ks.push_back(zero + bias_k);  // (1, 1, NKV * E) broadcast over the batch
+    vs.push_back(zero + bias_v);
+  }
+  if (c.add_zero_attn) {
+    ks.push_back(zero);
+    vs.push_back(zero);
+  }
+  const int64_t extra = int64_t(ks.size()) - 1;
+  k = concat(ks, 1);
+  v = concat(vs, 1);
+  trace("k with appended keys", k);
+  trace("v with appended values", v);
+  const Tensor& kp = key_padding_mask;
+  if (kp.defined() && (kp.dtype() != DType::Bool || !(kp.shape() == Shape{B, S}))) {
+    throw Error(fmt::format(
+        "MultiHeadAttention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}", B, S,
+        dtype_name(kp.dtype()), kp.shape().str()));
+  }
+  opts.key_padding_mask = pad_key_columns(kp, S, extra, "key_padding_mask");
+  Tensor mask = pad_key_columns(attn_mask, S, extra, "attn_mask");
+  if (is_causal) {
+    const Tensor causal = causal_mask_before_appended(T, S, extra, q.device());
+    if (mask.defined()) {
+      const DType dtype = mask.dtype() == DType::Bool ? q.dtype() : mask.dtype();
+      mask = as_additive(mask, dtype) + as_additive(causal, dtype);
+    } else {
+      mask = causal;
+    }
+    opts.is_causal = false;  // the kernels' is_causal would count the appended keys as positions
+  }
+  opts.attn_mask = mask;
+}
+
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, Generator& gen)
@@ -185,18 +245,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
                                                        int64_t pos0, const Tensor& doc_ids) const {
   const auto& c = config_;
   const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim();
-  const int bd = c.batch_first ? 0 : 1, ld = c.batch_first ? 1 : 0;  // the inputs' batch and sequence dims
-  const char* q_layout = c.batch_first ? "B, T" : "T, B";
-  const char* kv_layout = c.batch_first ? "B, S" : "S, B";
-  if (query.ndim() != 3 || query.size(2) != c.embed_dim) {
-    throw Error(
-        fmt::format("MultiHeadAttention: query must be ({}, {}), got {}", q_layout, c.embed_dim, query.shape().str()));
-  }
-  if (key.ndim() != 3 || key.size(2) != c.kdim || value.ndim() != 3 || value.size(2) != c.vdim ||
-      key.size(bd) != query.size(bd) || value.size(bd) != query.size(bd) || key.size(ld) != value.size(ld)) {
-    throw Error(fmt::format("MultiHeadAttention: key must be ({}, {}) and value ({}, {}) with query's B; got {} and {}",
-                            kv_layout, c.kdim, kv_layout, c.vdim, key.shape().str(), value.shape().str()));
-  }
+  check_inputs(c, query, key, value);
   const bool extra_keys = c.add_bias_kv || c.add_zero_attn;
   if (extra_keys && doc_ids.defined()) {
     throw Error("MultiHeadAttention: doc_ids with add_bias_kv or add_zero_attn: the appended key positions belong to "
@@ -260,45 +309,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
       q = rope(q, E, NH, pos0, c.rope_base);
       k = rope(k, E, NKV, pos0, c.rope_base);
     }
-    if (extra_keys) {
-      // As torch: bias_k / bias_v as one more key/value position, then a zero key and value, every mask padded
-      // with columns that hide nothing, and is_causal as that mask over the S real keys.
-      const int64_t B = q.size(0), T = q.size(1), S = k.size(1);
-      const Tensor zero = zeros({B, 1, NKV * E}, k.dtype(), k.device());
-      std::vector<Tensor> ks{k}, vs{v};
-      if (c.add_bias_kv) {
-        ks.push_back(zero + bias_k);  // (1, 1, NKV * E) broadcast over the batch
-        vs.push_back(zero + bias_v);
-      }
-      if (c.add_zero_attn) {
-        ks.push_back(zero);
-        vs.push_back(zero);
-      }
-      const int64_t extra = int64_t(ks.size()) - 1;
-      k = concat(ks, 1);
-      v = concat(vs, 1);
-      trace("k with appended keys", k);
-      trace("v with appended values", v);
-      const Tensor& kp = key_padding_mask;
-      if (kp.defined() && (kp.dtype() != DType::Bool || !(kp.shape() == Shape{B, S}))) {
-        throw Error(fmt::format(
-            "MultiHeadAttention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}", B, S,
-            dtype_name(kp.dtype()), kp.shape().str()));
-      }
-      opts.key_padding_mask = pad_key_columns(kp, S, extra, "key_padding_mask");
-      Tensor mask = pad_key_columns(attn_mask, S, extra, "attn_mask");
-      if (is_causal) {
-        const Tensor causal = causal_mask_before_appended(T, S, extra, q.device());
-        if (mask.defined()) {
-          const DType dtype = mask.dtype() == DType::Bool ? q.dtype() : mask.dtype();
-          mask = as_additive(mask, dtype) + as_additive(causal, dtype);
-        } else {
-          mask = causal;
-        }
-        opts.is_causal = false;  // the kernels' is_causal would count the appended keys as positions
-      }
-      opts.attn_mask = mask;
-    }
+    if (extra_keys) append_keys(c, bias_k, bias_v, q, k, v, key_padding_mask, attn_mask, is_causal, opts);
     r = packed_attention(q, k, v, NH, NKV, opts);
   }
   trace("attention output (B, T, NH*E)", r.out);

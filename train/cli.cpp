@@ -18,6 +18,7 @@
 #include "data/documents.h"
 #include "train/training_data.h"
 #include "train/checkpoint.h"
+#include "train/cli_tokenizer.h"
 #include "train/comm.h"
 #include "train/export.h"
 #include "train/import_hf.h"
@@ -114,21 +115,8 @@ std::vector<int32_t> encode_flag_text(const data::Tokenizer& tok, const std::str
   return {ids.begin(), ids.end()};
 }
 
-void add_train_command(CLI::App& app, TrainConfig& c) {
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on text files, over characters or a byte-level BPE (nanoGPT's "
-                                     "shakespeare_char defaults)");
-  cmd->add_option("--data", c.data, "Text to train on: files, directories (walked; text files only) and globs, repeatable; "
-                  "each file is a document")->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--tokenizer", c.tokenizer, "char (one token per character of the data), bpe (a byte-level BPE trained "
-                  "on the training documents first, saved as OUT/tokenizer.json), or a tokenizer.json file")
-      ->capture_default_str();
-  cmd->add_option("--vocab-size", c.vocab_size, "With --tokenizer bpe: its vocabulary, 257 to 65536 (default: 4096)");
-  cmd->add_flag("--doc-mask", c.doc_mask, "With a BPE: attention stays within documents (each file is one, ended by "
-                "<|endoftext|>)");
-  cmd->add_option("--init-from", c.init_from, "Fine-tune: start from this checkpoint's (or run directory's) weights and "
-                  "tokenizer with a fresh optimizer and schedule");
-  cmd->add_option("--out", c.out, "Run directory: checkpoints, metrics.jsonl, token cache")->capture_default_str();
-  auto& m = c.model;
+/// train's model options: the GPT's shape, positions, attention and MLP variants.
+void add_model_options(CLI::App* cmd, nn::GPTConfig& m) {
   cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str();
   cmd->add_option("--n-head", m.n_head, "Attention heads")->capture_default_str();
   cmd->add_option("--n-kv-head", m.n_kv_head, "Key/value heads (0: same as --n-head; fewer: grouped-query)")->capture_default_str();
@@ -167,6 +155,53 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
                 "embedding's");
   cmd->add_flag("--qk-norm", m.qk_norm, "QK-norm: LayerNorm each head's queries and keys (learned gains) before the "
                 "scores");
+}
+
+/// train's options of where and in what precision it computes.
+void add_numerics_options(CLI::App* cmd, TrainConfig& c) {
+  cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--dtype", c.dtype, "fp32, or bf16 as autocast computes it: the matmuls' operands rounded to bf16 "
+                  "and their products summed in f32 (on the GPU on tensor cores, with bf16 flash attention); weights, "
+                  "gradients, optimizer state, LayerNorm, softmax and the loss stay f32. On the CPU: on the bf16 unit "
+                  "that does the most FLOPs a cycle, measured at start-up (AMX-BF16 tiles, or AVX512-BF16 as on AMD "
+                  "Zen 4; TINYGPT_CPU_BF16 picks one), for flash attention's products too, else rounded for the f32 "
+                  "units at fp32 speed (attention then stays f32; see --attention-math)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  add_switch(cmd, "tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls");
+  add_switch(cmd, "cuda-graphs", c.cuda_graphs,
+             "On one GPU, capture the training step as a CUDA graph once and replay it "
+             "(the same work and results as queueing it op by op, without the launch overhead)");
+  cmd->add_option("--attention-math", c.attention_math,
+                  "The operands of flash attention's products: f32, bf16 (f32 accumulation and softmax; on the GPU on "
+                  "tensor cores, on the CPU on its bf16 unit where it has one, else rounded for the f32 units), or "
+                  "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with a bf16 unit; on the GPU "
+                  "tf32 with TF32 matmuls; else f32)");
+  cmd->add_option("--storage", c.storage,
+                  "How activations and their gradients are stored between ops: f32, or bf16 (half the bytes; each op "
+                  "computes in f32 inside and rounds what it stores; weights, their gradients and the optimizer stay "
+                  "f32, the layers reading bf16 copies written after each update). bf16 needs --dtype bf16; "
+                  "attention reads q, k and v as stored, except with rope, QK-norm, score modifiers or "
+                  "documents, which run on f32 copies (default: bf16 with --dtype bf16 on the GPU and on CPUs with "
+                  "a bf16 unit, else f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
+void add_train_command(CLI::App& app, TrainConfig& c) {
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on text files, over characters or a byte-level BPE (nanoGPT's "
+                                     "shakespeare_char defaults)");
+  cmd->add_option("--data", c.data, "Text to train on: files, directories (walked; text files only) and globs, repeatable; "
+                  "each file is a document")->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--tokenizer", c.tokenizer, "char (one token per character of the data), bpe (a byte-level BPE trained "
+                  "on the training documents first, saved as OUT/tokenizer.json), or a tokenizer.json file")
+      ->capture_default_str();
+  cmd->add_option("--vocab-size", c.vocab_size, "With --tokenizer bpe: its vocabulary, 257 to 65536 (default: 4096)");
+  cmd->add_flag("--doc-mask", c.doc_mask, "With a BPE: attention stays within documents (each file is one, ended by "
+                "<|endoftext|>)");
+  cmd->add_option("--init-from", c.init_from, "Fine-tune: start from this checkpoint's (or run directory's) weights and "
+                  "tokenizer with a fresh optimizer and schedule");
+  cmd->add_option("--out", c.out, "Run directory: checkpoints, metrics.jsonl, token cache")->capture_default_str();
+  add_model_options(cmd, c.model);
   cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
   cmd->add_option("--max-iters", c.max_iters, "Training iterations (with --time-budget: at most this many, if given)")
       ->capture_default_str();
@@ -205,32 +240,7 @@ void add_train_command(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--log-interval", c.log_interval, "Iterations between log lines (metrics.jsonl gets every one)")->capture_default_str();
   cmd->add_option("--train-fraction", c.train_fraction, "Leading fraction of the text used for training; the rest validates")->capture_default_str();
   cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
-  cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
-  cmd->add_option("--dtype", c.dtype, "fp32, or bf16 as autocast computes it: the matmuls' operands rounded to bf16 "
-                  "and their products summed in f32 (on the GPU on tensor cores, with bf16 flash attention); weights, "
-                  "gradients, optimizer state, LayerNorm, softmax and the loss stay f32. On the CPU: on the bf16 unit "
-                  "that does the most FLOPs a cycle, measured at start-up (AMX-BF16 tiles, or AVX512-BF16 as on AMD "
-                  "Zen 4; TINYGPT_CPU_BF16 picks one), for flash attention's products too, else rounded for the f32 "
-                  "units at fp32 speed (attention then stays f32; see --attention-math)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
-  add_switch(cmd, "tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls");
-  add_switch(cmd, "cuda-graphs", c.cuda_graphs,
-             "On one GPU, capture the training step as a CUDA graph once and replay it "
-             "(the same work and results as queueing it op by op, without the launch overhead)");
-  cmd->add_option("--attention-math", c.attention_math,
-                  "The operands of flash attention's products: f32, bf16 (f32 accumulation and softmax; on the GPU on "
-                  "tensor cores, on the CPU on its bf16 unit where it has one, else rounded for the f32 units), or "
-                  "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with a bf16 unit; on the GPU "
-                  "tf32 with TF32 matmuls; else f32)");
-  cmd->add_option("--storage", c.storage,
-                  "How activations and their gradients are stored between ops: f32, or bf16 (half the bytes; each op "
-                  "computes in f32 inside and rounds what it stores; weights, their gradients and the optimizer stay "
-                  "f32, the layers reading bf16 copies written after each update). bf16 needs --dtype bf16; "
-                  "attention reads q, k and v as stored, except with rope, QK-norm, score modifiers or "
-                  "documents, which run on f32 copies (default: bf16 with --dtype bf16 on the GPU and on CPUs with "
-                  "a bf16 unit, else f32)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+  add_numerics_options(cmd, c);
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
 }
@@ -280,113 +290,6 @@ void add_eval_command(CLI::App& app, EvalArgs& a) {
   cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   add_numerics_flags(cmd, a.numerics);
-}
-
-void add_tokenizer_command(CLI::App& app, TokenizerArgs& a) {
-  CLI::App* cmd = app.add_subcommand("tokenizer", "Train a byte-level BPE on text files, or encode and decode with one");
-  cmd->require_subcommand(1);
-  CLI::App* train = cmd->add_subcommand("train", "Learn a byte-level BPE (GPT-2's pre-split) from text files and write it as "
-                                        "a Hugging Face tokenizer.json");
-  train->add_option("--data", a.data, "Files, directories (walked; text files only) and globs, repeatable")
-      ->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  train->add_option("--vocab-size", a.vocab_size, "Tokens: the 256 bytes, the merges and <|endoftext|> (257 to 65536)")
-      ->capture_default_str();
-  train->add_option("--out", a.out, "tokenizer.json to write")->required();
-  const auto source = [&a](CLI::App* sub) {
-    sub->add_option("--tokenizer", a.tokenizer, "A tokenizer.json file");
-    sub->add_option("--ckpt", a.ckpt, "A checkpoint or run directory: its tokenizer (a BPE, or its characters)");
-  };
-  CLI::App* encode = cmd->add_subcommand("encode", "Print the ids of --text on one line, or write every --data document's "
-                                         "ids, each followed by <|endoftext|>, to --out as little-endian uint32");
-  source(encode);
-  encode->add_option("--text", a.text, "Text to encode");
-  encode->add_option("--data", a.data, "Files, directories and globs to encode, repeatable")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  encode->add_option("--out", a.out, "With --data: the file of ids to write");
-  CLI::App* decode = cmd->add_subcommand("decode", "Print the text of ids, exactly (no newline is added)");
-  source(decode);
-  decode->add_option("--ids", a.ids, "Ids separated by spaces or commas")->required();
-}
-
-void validate_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
-  if (app.got_subcommand("train")) {
-    if (a.vocab_size < data::kMinBpeVocab || a.vocab_size > data::kMaxBpeVocab) {
-      throw Error(fmt::format("--vocab-size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
-                              data::kMinBpeVocab, data::kMaxBpeVocab, a.vocab_size));
-    }
-    return;
-  }
-  if (a.tokenizer.empty() == a.ckpt.empty()) throw Error("give the tokenizer as one of --tokenizer FILE or --ckpt RUN");
-  if (app.got_subcommand("encode")) {
-    if (a.text.has_value() == !a.data.empty()) throw Error("give one of --text TEXT or --data PATH... --out FILE");
-    if (!a.data.empty() && a.out.empty()) throw Error("--data needs --out FILE: the ids are written there");
-  }
-}
-
-data::Tokenizer tokenizer_of(const TokenizerArgs& a) {
-  if (!a.tokenizer.empty()) return data::Tokenizer(data::read_tokenizer_file(a.tokenizer));
-  return load_checkpoint(a.ckpt).tokenizer;
-}
-
-/// Ids from "1 2 3" or "1,2,3"; throws naming one that is not an id of the tokenizer.
-std::vector<uint32_t> parse_ids(const std::string& text, const data::Tokenizer& tok) {
-  std::vector<uint32_t> ids;
-  std::string word;
-  const auto flush = [&] {
-    if (word.empty()) return;
-    size_t used = 0;
-    unsigned long long v = 0;
-    try {
-      v = std::stoull(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != word.size() || word[0] == '-' || v >= uint64_t(tok.vocab_size())) {
-      throw Error(fmt::format("--ids: '{}' is not a token id of this tokenizer (0 to {})", word, tok.vocab_size() - 1));
-    }
-    ids.push_back(uint32_t(v));
-    word.clear();
-  };
-  for (const char c : text) {
-    if (c == ' ' || c == ',' || c == '\t' || c == '\n') {
-      flush();
-    } else {
-      word += c;
-    }
-  }
-  flush();
-  return ids;
-}
-
-void run_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
-  const auto note = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
-  if (app.got_subcommand("train")) {
-    const std::vector<fs::path> files = data::list_text_files(a.data, note);
-    const data::PieceCounts counts = data::count_pieces(files);
-    const auto t0 = std::chrono::steady_clock::now();
-    const data::BpeTokenizer bpe = data::BpeTokenizer::train(counts, {.vocab_size = a.vocab_size, .progress = {}});
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    write_text_file(a.out, bpe.to_json());
-    fmt::print(stderr, "learned {} merges in {:.1f}s{}; wrote {} ({} tokens, <|endoftext|> is id {})\n", bpe.merges(), secs,
-               bpe.vocab_size() < a.vocab_size ? " (no pair occurs twice any more: a smaller vocabulary)" : "", a.out,
-               bpe.vocab_size(), bpe.end_of_text());
-    return;
-  }
-  const data::Tokenizer tok = tokenizer_of(a);
-  if (app.got_subcommand("encode")) {
-    if (a.text) {
-      const std::vector<uint32_t> ids = tok.encode(*a.text, "--text");
-      std::string line;
-      for (size_t i = 0; i < ids.size(); ++i) line += fmt::format("{}{}", i ? " " : "", ids[i]);
-      fmt::print("{}\n", line);
-      return;
-    }
-    const int64_t n = data::write_document_ids(data::list_text_files(a.data, note), tok, a.out);
-    fmt::print(stderr, "wrote {} ids to {}\n", n, a.out);
-    return;
-  }
-  const std::string text = tok.decode(parse_ids(a.ids, tok));
-  std::fwrite(text.data(), 1, text.size(), stdout);
 }
 
 void run_info(const std::string& path) {

@@ -229,14 +229,12 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
   RelBuffers<T> relative(g, as_math<T>(q), nullptr, false);
   const RelRows<T> rel = relative.rows();
   const PositionBias<T> position(g);
-  constexpr int64_t L = kLanes<T>;
 #pragma omp parallel if (g.B * g.NH * g.T * g.S * (g.E + g.Ev) >= kParallelGrain)
   {
     // Per thread: Q^T tile, key-major score tile, output accumulator, and per-query m, l, exp(m_old - m_new);
     // with modifiers, the biases per distance and the probabilities per clipped distance (Pbar, unnormalized).
     std::vector<T> st(size_t(Bc * Br)), o(size_t(Br * g.Ev));
-    std::vector<T> m(static_cast<size_t>(Br)), l(static_cast<size_t>(Br)), m_sub(static_cast<size_t>(Br)),
-        alpha(static_cast<size_t>(Br)), sums(static_cast<size_t>(Br));
+    OnlineSoftmax<T> softmax(Br);
     std::vector<T> pbar(rel_probs ? size_t(Br * W) : 0);
     DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
     ModScratch<T> scratch;
@@ -250,8 +248,7 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
       drop.fill(g, b, h, t0);
       product.hold_transposed(0, at(q, g.q_stride, b, h, t0), g.q_stride[2], nr, n_pad, g.E);  // Q^T
       std::fill(o.begin(), o.end(), T(0));
-      std::fill(m.begin(), m.end(), kNegInf<T>);
-      std::fill(l.begin(), l.end(), T(0));
+      softmax.reset();
       std::fill(pbar.begin(), pbar.end(), T(0));
       // Keys no query of the tile sees (past the last row's diagonal, before the first row's window) are skipped.
       const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
@@ -265,36 +262,9 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
         } else {
           key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
         }
-        // Online softmax, every query lane at once: new running max, rescale factor, exponentials, row sums.
-        std::copy(m.begin(), m.end(), m_sub.begin());
-        for (int64_t j = 0; j < nc; ++j) {
-          const T* row = st.data() + j * Br;
-          for (int64_t i = 0; i < n_pad; ++i) m_sub[i] = std::max(m_sub[i], row[i]);
-        }
-        for (int64_t i = 0; i < n_pad; ++i) {
-          const T m_new = m_sub[i];
-          m_sub[i] = m_new == kNegInf<T> ? T(0) : m_new;  // a query that sees nothing yet: exp(-inf - 0) = 0
-          alpha[i] = m[i] - m_sub[i];
-          m[i] = m_new;
-          sums[i] = 0;
-        }
-        for (int64_t i = 0; i < n_pad; i += L) store(alpha.data() + i, exp_vec(load(alpha.data() + i)));
-        for (int64_t j = 0; j < nc; ++j) {
-          T* row = st.data() + j * Br;
-          for (int64_t i = 0; i < n_pad; i += L) {
-            const Vec<T> p = exp_vec(load(row + i) - load(m_sub.data() + i));
-            store(row + i, p);
-            store(sums.data() + i, load(sums.data() + i) + p);
-          }
-        }
-        for (int64_t i = 0; i < nr; ++i) {
-          l[i] = l[i] * alpha[i] + sums[i];
-          if (alpha[i] != T(1)) {
-            T* orow = o.data() + i * g.Ev;
-            for (int64_t e = 0; e < g.Ev; ++e) orow[e] *= alpha[i];
-            if (rel_probs) for (int64_t c = 0; c < W; ++c) pbar[size_t(i * W + c)] *= alpha[i];
-          }
-        }
+        // Online softmax, every query lane at once; the output rows (and Pbar) rescaled to the new running max.
+        softmax.update(st.data(), Br, nc, n_pad);
+        softmax.rescale(nr, o.data(), g.Ev, rel_probs ? pbar.data() : nullptr, W);
         if (dropout) {
           for (int64_t j = 0; j < nc; ++j) {
             T* row = st.data() + j * Br;
@@ -311,8 +281,9 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
       for (int64_t i = 0; i < nr; ++i) {
         S* orow = at(out, g.o_stride, b, h, t0 + i);
         T& lse_i = lse[(b * g.NH + h) * g.T + t0 + i];
-        if (l[i] > T(0)) {
-          const T inv = T(1) / l[i];
+        const T l_i = softmax.l[size_t(i)];
+        if (l_i > T(0)) {
+          const T inv = T(1) / l_i;
           T* acc = o.data() + i * g.Ev;
           if constexpr (std::is_same_v<S, T>) {
             for (int64_t e = 0; e < g.Ev; ++e) orow[e] = acc[e] * inv;
@@ -320,7 +291,7 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
             for (int64_t e = 0; e < g.Ev; ++e) acc[e] *= inv;
             round_range(orow, acc, g.Ev);
           }
-          lse_i = m[i] + std::log(l[i]);
+          lse_i = softmax.m[size_t(i)] + std::log(l_i);
           if (rel_probs) {
             for (int64_t c = 0; c < W; ++c) rel_probs[head_row(g, b, h, t0 + i) * W + c] = pbar[size_t(i * W + c)] * inv;
           }
@@ -335,13 +306,211 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
   if constexpr (std::is_same_v<S, T>) add_relative_values(out, g);
 }
 
+/// What the flash backward's passes share: the operands and gradients (stored as S), the geometry, D = rowsum(dO * O)
+/// per query row, the score modifiers' tables, the tile sizes, and whether the gradients are added to (else stored:
+/// they hold nothing yet).
+template <class T, class S>
+struct BackwardArgs {
+  S *dq, *dk, *dv;
+  const S *dout, *q, *k, *v;
+  const T *lse, *mask;
+  const uint8_t* key_padding;
+  const AttentionGeom& g;
+  const std::vector<T>& D;
+  const RelRows<T>& rel;
+  const PositionBias<T>& position;
+  Tiles tiles;
+  bool parallel, mods, add;
+};
+
+/// Backward pass 1: dK, dV per (batch, kv head, key tile), query-major tiles; with `one_pass`, per (batch, kv head),
+/// dQ too.
+template <class T, class S>
+void backward_key_tiles(const BackwardArgs<T, S>& a, bool one_pass) {
+  const AttentionGeom& g = a.g;
+  S *const dq = a.dq, *const dk = a.dk, *const dv = a.dv;
+  const S *const dout = a.dout, *const q = a.q, *const k = a.k, *const v = a.v;
+  const T *const lse = a.lse, *const mask = a.mask;
+  const uint8_t* const key_padding = a.key_padding;
+  const RelRows<T>& rel = a.rel;
+  const PositionBias<T>& position = a.position;
+  const int64_t Br = a.tiles.Br, Bc = a.tiles.Bc, group = g.NH / g.NKV;
+  const int64_t os = g.o_stride[2], qs = g.q_stride[2], ks = g.k_stride[2], vs = g.v_stride[2];
+  const bool parallel = a.parallel, mods = a.mods, add = a.add;
+  const std::vector<T>& D = a.D;
+  const int64_t n_ktiles = ceil_div(g.S, Bc), tasks = g.B * g.NKV * (one_pass ? 1 : n_ktiles);
+#pragma omp parallel if (parallel)
+  {
+    std::vector<T> s(size_t(Br * Bc)), dp(size_t(Br * Bc));
+    std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev));
+    std::vector<T> dq_acc(one_pass ? size_t(group * g.T * g.E) : 0);  // one pass: the task's heads' dQ
+    ModScratch<T> scratch;
+    TileProducts<T, S> product(g);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t bkv = one_pass ? task : task / n_ktiles, b = bkv / g.NKV, kvh = bkv % g.NKV;
+      const int64_t kt_begin = one_pass ? 0 : task % n_ktiles, kt_end = one_pass ? n_ktiles : kt_begin + 1;
+      std::fill(dq_acc.begin(), dq_acc.end(), T(0));
+      for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
+        const int64_t s0 = kt * Bc, nc = std::min(Bc, g.S - s0), nc_pad = round_up(nc, kCols<T>);
+        // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
+        const int64_t t_first = query_begin(g, s0), t_end = query_end(g, s0 + nc - 1);
+        if (t_first >= t_end) {
+          for (int64_t j = 0; j < nc && !add; ++j) {
+            if (dk) std::fill_n(at(dk, g.k_stride, b, kvh, s0 + j), g.E, S(0.0f));
+            if (dv) std::fill_n(at(dv, g.v_stride, b, kvh, s0 + j), g.Ev, S(0.0f));
+          }
+          continue;
+        }
+        const S* k0 = at(k, g.k_stride, b, kvh, s0);
+        product.hold_transposed(0, k0, ks, nc, nc_pad, g.E);                               // K^T
+        product.hold_transposed(1, at(v, g.v_stride, b, kvh, s0), vs, nc, nc_pad, g.Ev);  // V^T
+        if (one_pass) product.hold_rows(2, k0, ks, nc, g.E);                             // K
+        std::fill(dk_acc.begin(), dk_acc.end(), T(0));
+        std::fill(dv_acc.begin(), dv_acc.end(), T(0));
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          for (int64_t t0 = t_first / Br * Br; t0 < t_end; t0 += Br) {
+            const int64_t nr = std::min(Br, g.T - t0);
+            if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
+            const S* q0 = at(q, g.q_stride, b, h, t0);
+            const S* do0 = at(dout, g.o_stride, b, h, t0);
+            const Band scores = causal_band(g, !mods, t0, s0, true, false);
+            product(s.data(), Bc, Strided<S>{q0, qs, 1}, 0, nr, g.E, nc_pad, false, scores);
+            product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false, scores);
+            if (mods) {
+              ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
+                  .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding, one_pass);
+            } else {
+              query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
+            }
+            // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed; one pass: dQ += dS K.
+            const Band by_key = causal_band(g, !mods, t0, s0, false, true);
+            if (dv) product(dv_acc.data(), g.Ev, Strided<T>{s.data(), 1, Bc}, do0, os, nc, nr, g.Ev, true, by_key);
+            if (dk) product(dk_acc.data(), g.E, Strided<T>{dp.data(), 1, Bc}, q0, qs, nc, nr, g.E, true, by_key);
+            if (one_pass) {
+              T* dq_rows = dq_acc.data() + ((h - kvh * group) * g.T + t0) * g.E;
+              product(dq_rows, g.E, Strided<T>{dp.data(), Bc, 1}, 2, nr, nc, g.E, true,
+                      causal_band(g, !mods, t0, s0, true, true));
+            }
+          }
+        }
+        for (int64_t j = 0; j < nc; ++j) {
+          if (dk) add_row(at(dk, g.k_stride, b, kvh, s0 + j), dk_acc.data() + j * g.E, g.E, add);
+          if (dv) add_row(at(dv, g.v_stride, b, kvh, s0 + j), dv_acc.data() + j * g.Ev, g.Ev, add);
+        }
+      }
+      if (!one_pass) continue;
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        for (int64_t t = 0; t < g.T; ++t) {
+          add_row(at(dq, g.q_stride, b, h, t), dq_acc.data() + ((h - kvh * group) * g.T + t) * g.E, g.E, add);
+        }
+      }
+    }
+  }
+}
+
+/// Backward pass 2: dQ per (batch, head, query tile), key-major tiles; also the learned tables' gradients: a task owns
+/// dR's rows of its queries and sums T5's into its own partial, added up in task order at the end.
+template <class T, class S>
+void backward_query_tiles(const BackwardArgs<T, S>& a) {
+  const AttentionGeom& g = a.g;
+  S* const dq = a.dq;
+  const S *const dout = a.dout, *const q = a.q, *const k = a.k, *const v = a.v;
+  const T *const lse = a.lse, *const mask = a.mask;
+  const uint8_t* const key_padding = a.key_padding;
+  const RelRows<T>& rel = a.rel;
+  const PositionBias<T>& position = a.position;
+  const int64_t Br = a.tiles.Br, Bc = a.tiles.Bc, group = g.NH / g.NKV;
+  const int64_t os = g.o_stride[2], qs = g.q_stride[2], ks = g.k_stride[2], vs = g.v_stride[2];
+  const bool parallel = a.parallel, mods = a.mods, add = a.add;
+  const std::vector<T>& D = a.D;
+  const int64_t n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles, buckets = g.mods.t5_buckets;
+  std::vector<T> t5_partial(g.mods.d_t5_bias ? size_t(tasks * buckets) : 0);
+  const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
+  const bool dropout = g.dropout_p > 0.0f;
+  constexpr int64_t L = kLanes<T>;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<T> st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
+    std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
+    std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
+    DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
+    ModScratch<T> scratch;
+    TileProducts<T, S> product(g);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / (g.NH * n_qtiles), h = task / n_qtiles % g.NH;
+      const int64_t t0 = (n_qtiles - 1 - task % n_qtiles) * Br;  // heaviest first, as in the forward pass
+      const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
+      const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
+      if (s_begin >= s_end) {
+        for (int64_t i = 0; i < nr && dq && !add; ++i) std::fill_n(at(dq, g.q_stride, b, h, t0 + i), g.E, S(0.0f));
+        continue;
+      }
+      drop.fill(g, b, h, t0);
+      T* const dt5 = t5_partial.empty() ? nullptr : t5_partial.data() + task * buckets;
+      std::fill(by_distance.begin(), by_distance.end(), T(0));
+      product.hold_transposed(0, at(q, g.q_stride, b, h, t0), qs, nr, n_pad, g.E);      // Q^T
+      product.hold_transposed(1, at(dout, g.o_stride, b, h, t0), os, nr, n_pad, g.Ev);  // dO^T
+      for (int64_t i = 0; i < n_pad; ++i) {
+        // +inf for a query with no visible key (and for padding lanes): exp(x - inf) = 0 whatever x is.
+        const T L_i = i < nr ? lse[(b * g.NH + h) * g.T + t0 + i] : kNegInf<T>;
+        lse_t[size_t(i)] = L_i == kNegInf<T> ? std::numeric_limits<T>::infinity() : L_i;
+        D_t[size_t(i)] = i < nr ? D[size_t((b * g.NH + h) * g.T + t0 + i)] : T(0);
+      }
+      std::fill(dq_acc.begin(), dq_acc.end(), T(0));
+      for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
+        const int64_t nc = std::min(Bc, s_end - s0);
+        if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
+        const S* k0 = at(k, g.k_stride, b, kvh, s0);
+        const Band scores = causal_band(g, !mods, t0, s0, false, false);
+        product(st.data(), Br, Strided<S>{k0, ks, 1}, 0, nc, g.E, n_pad, false, scores);
+        product(dpt.data(), Br, Strided<S>{at(v, g.v_stride, b, kvh, s0), vs, 1}, 1, nc, g.Ev, n_pad, false, scores);
+        if (mods) {
+          ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
+              .probs_and_ds_key_major(st.data(), dpt.data(), Br, n_pad, lse_t.data(), D_t.data(), mask, key_padding,
+                                      dt5 ? by_distance.data() : nullptr);
+        } else {
+          key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
+          for (int64_t j = 0; j < nc; ++j) {
+            T* row = st.data() + j * Br;
+            T* drow = dpt.data() + j * Br;
+            for (int64_t i = 0; i < n_pad; i += L) {
+              const Vec<T> p = exp_vec(load(row + i) - load(lse_t.data() + i));
+              store(row + i, p);
+              if (!dropout) store(drow + i, p * (load(drow + i) - load(D_t.data() + i)) * scale);
+            }
+            if (dropout) {
+              for (int64_t i = 0; i < nr; ++i) {
+                const bool keep = drop.keep(i, s0 + j, g.dropout_p);
+                drow[i] = row[i] * (drow[i] * (keep ? keep_scale : T(0)) - D_t[size_t(i)]) * scale;
+              }
+            }
+          }
+        }
+        // dQ += dS K, dS read transposed out of the key-major tile.
+        if (dq) {
+          product(dq_acc.data(), g.E, Strided<T>{dpt.data(), 1, Br}, k0, ks, nr, nc, g.E, true,
+                  causal_band(g, !mods, t0, s0, true, true));
+        }
+      }
+      for (size_t k = 0; k < by_distance.size() && dt5; ++k) dt5[position.bucket_rev[k]] += by_distance[k];
+      if (!dq) continue;
+      for (int64_t i = 0; i < nr; ++i) add_row(at(dq, g.q_stride, b, h, t0 + i), dq_acc.data() + i * g.E, g.E, add);
+    }
+  }
+  for (int64_t task = 0; task < tasks && !t5_partial.empty(); ++task) {
+    const int64_t h = task / n_qtiles % g.NH;
+    axpy_row(static_cast<T*>(g.mods.d_t5_bias) + h * buckets, T(1), t5_partial.data() + task * buckets, buckets);
+  }
+}
+
 /// The flash backward with math type T on operands and gradients stored as S (each gradient element rounded once).
 template <class T, class S>
 void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v, const S* out, const T* lse,
                     const T* mask, const uint8_t* key_padding, const AttentionGeom& g) {
   check_storage_call<T, S>(mask, g, "attention_flash_backward");
   const Tiles tiles = flash_tiles(g);
-  const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t rows = g.B * g.NH * g.T, group = g.NH / g.NKV;
   const bool parallel = rows * g.S * (g.E + g.Ev) >= kParallelGrain, mods = g.mods.any();
   RelBuffers<T> relative(g, as_math<T>(q), as_math<T>(dout), dq != nullptr);
@@ -356,7 +525,6 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
   // Each gradient row is written by one task once: stored where the gradients hold nothing yet (the rows no task
   // visits zeroed by the task that skips them), else added.
   const bool add = !g.grads_unwritten;
-  const int64_t os = g.o_stride[2], qs = g.q_stride[2], ks = g.k_stride[2], vs = g.v_stride[2];
 
   // One pass instead of two where each (batch, kv head) can be a task of its own: the task then owns its heads' dQ
   // rows too and sums dQ += dS K from pass 1's dS tiles, so pass 2's recomputation of S and dP (and their exp) goes
@@ -366,161 +534,10 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
   constexpr int64_t kOnePassTasks = 32;
   const bool one_pass = dq != nullptr && !g.mods.d_t5_bias && g.B * g.NKV >= kOnePassTasks &&
                         group * g.T * g.E <= (int64_t(1) << 20);
-  if (dk || dv || one_pass) {  // pass 1: dK, dV per (batch, kv head, key tile), query-major tiles
-    const int64_t n_ktiles = ceil_div(g.S, Bc), tasks = g.B * g.NKV * (one_pass ? 1 : n_ktiles);
-#pragma omp parallel if (parallel)
-    {
-      std::vector<T> s(size_t(Br * Bc)), dp(size_t(Br * Bc));
-      std::vector<T> dk_acc(size_t(Bc * g.E)), dv_acc(size_t(Bc * g.Ev));
-      std::vector<T> dq_acc(one_pass ? size_t(group * g.T * g.E) : 0);  // one pass: the task's heads' dQ
-      ModScratch<T> scratch;
-      TileProducts<T, S> product(g);
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task) {
-        const int64_t bkv = one_pass ? task : task / n_ktiles, b = bkv / g.NKV, kvh = bkv % g.NKV;
-        const int64_t kt_begin = one_pass ? 0 : task % n_ktiles, kt_end = one_pass ? n_ktiles : kt_begin + 1;
-        std::fill(dq_acc.begin(), dq_acc.end(), T(0));
-        for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
-          const int64_t s0 = kt * Bc, nc = std::min(Bc, g.S - s0), nc_pad = round_up(nc, kCols<T>);
-          // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
-          const int64_t t_first = query_begin(g, s0), t_end = query_end(g, s0 + nc - 1);
-          if (t_first >= t_end) {
-            for (int64_t j = 0; j < nc && !add; ++j) {
-              if (dk) std::fill_n(at(dk, g.k_stride, b, kvh, s0 + j), g.E, S(0.0f));
-              if (dv) std::fill_n(at(dv, g.v_stride, b, kvh, s0 + j), g.Ev, S(0.0f));
-            }
-            continue;
-          }
-          const S* k0 = at(k, g.k_stride, b, kvh, s0);
-          product.hold_transposed(0, k0, ks, nc, nc_pad, g.E);                               // K^T
-          product.hold_transposed(1, at(v, g.v_stride, b, kvh, s0), vs, nc, nc_pad, g.Ev);  // V^T
-          if (one_pass) product.hold_rows(2, k0, ks, nc, g.E);                             // K
-          std::fill(dk_acc.begin(), dk_acc.end(), T(0));
-          std::fill(dv_acc.begin(), dv_acc.end(), T(0));
-          for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-            for (int64_t t0 = t_first / Br * Br; t0 < t_end; t0 += Br) {
-              const int64_t nr = std::min(Br, g.T - t0);
-              if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-              const S* q0 = at(q, g.q_stride, b, h, t0);
-              const S* do0 = at(dout, g.o_stride, b, h, t0);
-              const Band scores = causal_band(g, !mods, t0, s0, true, false);
-              product(s.data(), Bc, Strided<S>{q0, qs, 1}, 0, nr, g.E, nc_pad, false, scores);
-              product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false, scores);
-              if (mods) {
-                ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
-                    .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding, one_pass);
-              } else {
-                query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
-              }
-              // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed; one pass: dQ += dS K.
-              const Band by_key = causal_band(g, !mods, t0, s0, false, true);
-              if (dv) product(dv_acc.data(), g.Ev, Strided<T>{s.data(), 1, Bc}, do0, os, nc, nr, g.Ev, true, by_key);
-              if (dk) product(dk_acc.data(), g.E, Strided<T>{dp.data(), 1, Bc}, q0, qs, nc, nr, g.E, true, by_key);
-              if (one_pass) {
-                T* dq_rows = dq_acc.data() + ((h - kvh * group) * g.T + t0) * g.E;
-                product(dq_rows, g.E, Strided<T>{dp.data(), Bc, 1}, 2, nr, nc, g.E, true,
-                        causal_band(g, !mods, t0, s0, true, true));
-              }
-            }
-          }
-          for (int64_t j = 0; j < nc; ++j) {
-            if (dk) add_row(at(dk, g.k_stride, b, kvh, s0 + j), dk_acc.data() + j * g.E, g.E, add);
-            if (dv) add_row(at(dv, g.v_stride, b, kvh, s0 + j), dv_acc.data() + j * g.Ev, g.Ev, add);
-          }
-        }
-        if (!one_pass) continue;
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          for (int64_t t = 0; t < g.T; ++t) {
-            add_row(at(dq, g.q_stride, b, h, t), dq_acc.data() + ((h - kvh * group) * g.T + t) * g.E, g.E, add);
-          }
-        }
-      }
-    }
-  }
-
-  // pass 2: dQ per (batch, head, query tile), key-major tiles; also the learned tables' gradients: a task owns
-  // dR's rows of its queries and sums T5's into its own partial, added up in task order at the end.
-  if (!one_pass && (dq || rel.dR || g.mods.d_t5_bias)) {
-    const int64_t n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles, buckets = g.mods.t5_buckets;
-    std::vector<T> t5_partial(g.mods.d_t5_bias ? size_t(tasks * buckets) : 0);
-    const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
-    const bool dropout = g.dropout_p > 0.0f;
-    constexpr int64_t L = kLanes<T>;
-#pragma omp parallel if (parallel)
-    {
-      std::vector<T> st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
-      std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
-      std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
-      DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
-      ModScratch<T> scratch;
-      TileProducts<T, S> product(g);
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task) {
-        const int64_t b = task / (g.NH * n_qtiles), h = task / n_qtiles % g.NH;
-        const int64_t t0 = (n_qtiles - 1 - task % n_qtiles) * Br;  // heaviest first, as in the forward pass
-        const int64_t kvh = h / group, nr = std::min(Br, g.T - t0), n_pad = round_up(nr, kCols<T>);
-        const int64_t s_begin = key_begin(g, t0), s_end = key_end(g, t0 + nr - 1);
-        if (s_begin >= s_end) {
-          for (int64_t i = 0; i < nr && dq && !add; ++i) std::fill_n(at(dq, g.q_stride, b, h, t0 + i), g.E, S(0.0f));
-          continue;
-        }
-        drop.fill(g, b, h, t0);
-        T* const dt5 = t5_partial.empty() ? nullptr : t5_partial.data() + task * buckets;
-        std::fill(by_distance.begin(), by_distance.end(), T(0));
-        product.hold_transposed(0, at(q, g.q_stride, b, h, t0), qs, nr, n_pad, g.E);      // Q^T
-        product.hold_transposed(1, at(dout, g.o_stride, b, h, t0), os, nr, n_pad, g.Ev);  // dO^T
-        for (int64_t i = 0; i < n_pad; ++i) {
-          // +inf for a query with no visible key (and for padding lanes): exp(x - inf) = 0 whatever x is.
-          const T L_i = i < nr ? lse[(b * g.NH + h) * g.T + t0 + i] : kNegInf<T>;
-          lse_t[size_t(i)] = L_i == kNegInf<T> ? std::numeric_limits<T>::infinity() : L_i;
-          D_t[size_t(i)] = i < nr ? D[size_t((b * g.NH + h) * g.T + t0 + i)] : T(0);
-        }
-        std::fill(dq_acc.begin(), dq_acc.end(), T(0));
-        for (int64_t s0 = s_begin; s0 < s_end; s0 += Bc) {
-          const int64_t nc = std::min(Bc, s_end - s0);
-          if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
-          const S* k0 = at(k, g.k_stride, b, kvh, s0);
-          const Band scores = causal_band(g, !mods, t0, s0, false, false);
-          product(st.data(), Br, Strided<S>{k0, ks, 1}, 0, nc, g.E, n_pad, false, scores);
-          product(dpt.data(), Br, Strided<S>{at(v, g.v_stride, b, kvh, s0), vs, 1}, 1, nc, g.Ev, n_pad, false, scores);
-          if (mods) {
-            ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
-                .probs_and_ds_key_major(st.data(), dpt.data(), Br, n_pad, lse_t.data(), D_t.data(), mask, key_padding,
-                                        dt5 ? by_distance.data() : nullptr);
-          } else {
-            key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
-            for (int64_t j = 0; j < nc; ++j) {
-              T* row = st.data() + j * Br;
-              T* drow = dpt.data() + j * Br;
-              for (int64_t i = 0; i < n_pad; i += L) {
-                const Vec<T> p = exp_vec(load(row + i) - load(lse_t.data() + i));
-                store(row + i, p);
-                if (!dropout) store(drow + i, p * (load(drow + i) - load(D_t.data() + i)) * scale);
-              }
-              if (dropout) {
-                for (int64_t i = 0; i < nr; ++i) {
-                  const bool keep = drop.keep(i, s0 + j, g.dropout_p);
-                  drow[i] = row[i] * (drow[i] * (keep ? keep_scale : T(0)) - D_t[size_t(i)]) * scale;
-                }
-              }
-            }
-          }
-          // dQ += dS K, dS read transposed out of the key-major tile.
-          if (dq) {
-            product(dq_acc.data(), g.E, Strided<T>{dpt.data(), 1, Br}, k0, ks, nr, nc, g.E, true,
-                    causal_band(g, !mods, t0, s0, true, true));
-          }
-        }
-        for (size_t k = 0; k < by_distance.size() && dt5; ++k) dt5[position.bucket_rev[k]] += by_distance[k];
-        if (!dq) continue;
-        for (int64_t i = 0; i < nr; ++i) add_row(at(dq, g.q_stride, b, h, t0 + i), dq_acc.data() + i * g.E, g.E, add);
-      }
-    }
-    for (int64_t task = 0; task < tasks && !t5_partial.empty(); ++task) {
-      const int64_t h = task / n_qtiles % g.NH;
-      axpy_row(static_cast<T*>(g.mods.d_t5_bias) + h * buckets, T(1), t5_partial.data() + task * buckets, buckets);
-    }
-  }
+  const BackwardArgs<T, S> args{dq, dk, dv, dout, q, k, v, lse, mask, key_padding, g, D, rel, position, tiles,
+                                parallel, mods, add};
+  if (dk || dv || one_pass) backward_key_tiles(args, one_pass);
+  if (!one_pass && (dq || rel.dR || g.mods.d_t5_bias)) backward_query_tiles(args);
   if constexpr (std::is_same_v<S, T>) relative.finish(dq, dout, q, g);
 }
 

@@ -416,6 +416,56 @@ void key_major_logits(T* st, int64_t ld, int64_t nc, int64_t nr, int64_t n_pad, 
   }
 }
 
+/// The forward's online softmax over a key-major tile, every query lane at once: per query the running max m, the
+/// running sum l of exp(logit - m), and for each new tile the factor exp(m_old - m_new) that rescales what was summed.
+template <class T>
+struct OnlineSoftmax {
+  std::vector<T> m, l, m_sub, alpha, sums;
+
+  explicit OnlineSoftmax(int64_t lanes) : m(size_t(lanes)), l(size_t(lanes)), m_sub(size_t(lanes)), alpha(size_t(lanes)), sums(size_t(lanes)) {}
+  void reset() {
+    std::fill(m.begin(), m.end(), kNegInf<T>);
+    std::fill(l.begin(), l.end(), T(0));
+  }
+  /// Logits st (nc key rows of ld, lanes [0, n_pad)) -> exp(logit - new running max): the tile's probabilities,
+  /// unnormalized; the new max, alpha and the tile's row sums kept.
+  void update(T* st, int64_t ld, int64_t nc, int64_t n_pad) {
+    constexpr int64_t L = kLanes<T>;
+    std::copy(m.begin(), m.end(), m_sub.begin());
+    for (int64_t j = 0; j < nc; ++j) {
+      const T* row = st + j * ld;
+      for (int64_t i = 0; i < n_pad; ++i) m_sub[size_t(i)] = std::max(m_sub[size_t(i)], row[i]);
+    }
+    for (int64_t i = 0; i < n_pad; ++i) {
+      const T m_new = m_sub[size_t(i)];
+      m_sub[size_t(i)] = m_new == kNegInf<T> ? T(0) : m_new;  // a query that sees nothing yet: exp(-inf - 0) = 0
+      alpha[size_t(i)] = m[size_t(i)] - m_sub[size_t(i)];
+      m[size_t(i)] = m_new;
+      sums[size_t(i)] = 0;
+    }
+    for (int64_t i = 0; i < n_pad; i += L) store(alpha.data() + i, exp_vec(load(alpha.data() + i)));
+    for (int64_t j = 0; j < nc; ++j) {
+      T* row = st + j * ld;
+      for (int64_t i = 0; i < n_pad; i += L) {
+        const Vec<T> p = exp_vec(load(row + i) - load(m_sub.data() + i));
+        store(row + i, p);
+        store(sums.data() + i, load(sums.data() + i) + p);
+      }
+    }
+  }
+  /// l = l * alpha + the tile's sums for queries [0, nr); their output rows (o, ev wide) and, with pbar, their
+  /// probabilities per clipped distance (w wide) times alpha.
+  void rescale(int64_t nr, T* o, int64_t ev, T* pbar, int64_t w) {
+    for (int64_t i = 0; i < nr; ++i) {
+      const T a = alpha[size_t(i)];
+      l[size_t(i)] = l[size_t(i)] * a + sums[size_t(i)];
+      if (a == T(1)) continue;
+      for (int64_t e = 0; e < ev; ++e) o[i * ev + e] *= a;
+      if (pbar) for (int64_t c = 0; c < w; ++c) pbar[i * w + c] *= a;
+    }
+  }
+};
+
 /// Query-major tile of raw scores s and dO.v products dp, rows [t0, t0 + nr) of head (b, h), keys [s0, s0 + nc):
 /// s becomes the dropped probabilities Pd and dp becomes dS * scale. Masked entries become 0.
 template <class T>
