@@ -198,7 +198,7 @@ class HostCache {
     if (p == MAP_FAILED) return nullptr;
     // Transparent huge pages where the system grants them on request ("madvise", a common default): the big
     // activations are walked with strides (a head's rows of a fused qkv) and streamed by the GEMMs, and 2 MiB pages
-    // spare their TLB misses (the 6-layer bf16 step ~3.5% faster; the peak resident set the same).
+    // spare their TLB misses (a faster 6-layer bf16 step, the same peak resident set: docs/RESULTS.md, "bf16 storage").
     if (bytes >= kHugeBytes) madvise(p, bytes, MADV_HUGEPAGE);
     return p;
 #else

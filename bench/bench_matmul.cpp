@@ -161,6 +161,55 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/// Ours over bf16 storage: bit for bit the f32 operands' product (rounded as packed), and stored in bf16 the f32
+/// product rounded once; exits naming the product otherwise.
+void check_storage(Product& p, const std::vector<float>& c0, std::vector<float>& c_storage,
+                   const std::vector<tinygpt::bf16>& c16, int64_t M, int64_t K, int64_t N, const char* kind) {
+  run_ours_bf16_storage(p, c_storage.data());
+  std::vector<float> c_check = c0;
+  run_ours(p, c_check.data());
+  if (c_check != c_storage && p.beta == 0.0f) {
+    std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: bf16 storage differs from rounded f32\n",
+                 (long long)M, (long long)K, (long long)N, kind);
+    std::exit(1);
+  }
+  if (p.beta == 0.0f) {  // stored in bf16: the f32 product rounded once, bit for bit
+    run_ours_bf16_out(p, nullptr);
+    for (size_t i = 0; i < c16.size(); ++i) {
+      if (c16[i].bits != tinygpt::bf16(c_storage[i]).bits) {
+        std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the bf16 output is not the f32 one rounded\n",
+                     (long long)M, (long long)K, (long long)N, kind);
+        std::exit(1);
+      }
+    }
+  }
+}
+
+/// The GELU epilogue's outputs (fwd: bias, then GELU; dinp: GELU's derivative) against the f32 product with the
+/// epilogue's arithmetic after it, bit for bit; exits naming the product otherwise.
+void check_gelu(Product& p, const std::vector<float>& c_storage, const std::vector<tinygpt::bf16>& c16,
+                std::vector<tinygpt::bf16>& act16, const std::vector<float>& bias, int64_t M, int64_t K, int64_t N,
+                const char* kind) {
+  if (!p.forward) {
+    for (size_t i = 0; i < act16.size(); ++i) act16[i] = tinygpt::bf16(float(int64_t(i % 97) - 48) / 16.0f);
+  }
+  run_ours_bf16_gelu(p, nullptr);
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      const size_t e = size_t(i * p.ldc + j);
+      const float x = p.forward ? c_storage[e] + bias[size_t(j)]
+                                : c_storage[e] * tinygpt::cpu::activation_grad_of(tinygpt::Activation::Gelu, float(act16[e]));
+      const bool ok = c16[e].bits == tinygpt::bf16(x).bits &&
+                      (!p.forward || act16[e].bits == tinygpt::bf16(tinygpt::cpu::activation_of(tinygpt::Activation::Gelu, x)).bits);
+      if (!ok) {
+        std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the GELU epilogue's output\n",
+                     (long long)M, (long long)K, (long long)N, kind);
+        std::exit(1);
+      }
+    }
+  }
+}
+
 Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   auto filled = [&](int64_t n) {
@@ -192,51 +241,13 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   p.a16 = a16.data(), p.b16 = b16.data();
   std::vector<tinygpt::bf16> c16(storage ? c0.size() : 0);
   p.c16 = c16.data();
-  if (storage) {
-    run_ours_bf16_storage(p, c_storage.data());
-    std::vector<float> c_check = c0;
-    run_ours(p, c_check.data());
-    if (c_check != c_storage && p.beta == 0.0f) {
-      std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: bf16 storage differs from rounded f32\n",
-                   (long long)M, (long long)K, (long long)N, kind);
-      std::exit(1);
-    }
-    if (p.beta == 0.0f) {  // stored in bf16: the f32 product rounded once, bit for bit
-      run_ours_bf16_out(p, nullptr);
-      for (size_t i = 0; i < c16.size(); ++i) {
-        if (c16[i].bits != tinygpt::bf16(c_storage[i]).bits) {
-          std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the bf16 output is not the f32 one rounded\n",
-                       (long long)M, (long long)K, (long long)N, kind);
-          std::exit(1);
-        }
-      }
-    }
-  }
+  if (storage) check_storage(p, c0, c_storage, c16, M, K, N, kind);
   // The GELU column (fwd and dinp): checked against the f32 product with the epilogue's arithmetic after it.
   const bool gelu = storage && p.beta == 0.0f;
   std::vector<float> bias = gelu ? filled(p.n) : std::vector<float>{};
   std::vector<tinygpt::bf16> act16(gelu ? c0.size() : 0);
   p.forward = std::strcmp(kind, "fwd") == 0, p.bias = bias.data(), p.act16 = act16.data();
-  if (gelu) {
-    if (!p.forward) {
-      for (size_t i = 0; i < act16.size(); ++i) act16[i] = tinygpt::bf16(float(int64_t(i % 97) - 48) / 16.0f);
-    }
-    run_ours_bf16_gelu(p, nullptr);
-    for (int64_t i = 0; i < p.m; ++i) {
-      for (int64_t j = 0; j < p.n; ++j) {
-        const size_t e = size_t(i * p.ldc + j);
-        const float x = p.forward ? c_storage[e] + bias[size_t(j)]
-                                  : c_storage[e] * tinygpt::cpu::activation_grad_of(tinygpt::Activation::Gelu, float(act16[e]));
-        const bool ok = c16[e].bits == tinygpt::bf16(x).bits &&
-                        (!p.forward || act16[e].bits == tinygpt::bf16(tinygpt::cpu::activation_of(tinygpt::Activation::Gelu, x)).bits);
-        if (!ok) {
-          std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the GELU epilogue's output\n",
-                       (long long)M, (long long)K, (long long)N, kind);
-          std::exit(1);
-        }
-      }
-    }
-  }
+  if (gelu) check_gelu(p, c_storage, c16, act16, bias, M, K, N, kind);
 
   run_ours(p, c_ours.data());
   run_blas(p, c_blas.data());
@@ -308,11 +319,9 @@ void usage() {
       "  --json       one JSON object per row instead of the table\n");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int threads = omp_get_max_threads();
-  bool quick = false, json = false;
+/// The options into threads, quick, json and the globals; an exit status (0 for --help, 2 for a bad argument), or -1
+/// to go on.
+int parse_args(int argc, char** argv, int& threads, bool& quick, bool& json) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
@@ -349,9 +358,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_matmul: --threads must be >= 1\n");
     return 2;
   }
-  // The peer at its best: OpenBLAS 0.3.21 (Debian 12) does not recognize recent Xeons and falls back to its SSE
-  // "Prescott" kernels, 4x slower than its AVX-512 ones there. Rerun with OPENBLAS_CORETYPE naming the kernels this
-  // CPU can run (read when the library loads, so it takes a new process).
+  return -1;
+}
+
+// The peer at its best: OpenBLAS 0.3.21 (Debian 12) does not recognize recent Xeons and falls back to its SSE
+// "Prescott" kernels, 4x slower than its AVX-512 ones there. Rerun with OPENBLAS_CORETYPE naming the kernels this
+// CPU can run (read when the library loads, so it takes a new process).
+void use_best_openblas_kernels(char** argv) {
 #if defined(__linux__) && defined(__x86_64__)  // x86 kernel names; /proc/self/exe is Linux's
   const std::string core = openblas_get_corename();
   const char* want = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
@@ -364,6 +377,30 @@ int main(int argc, char** argv) {
                  core.c_str());
   }
 #endif
+  (void)argv;
+}
+
+/// One row as a JSON object.
+void print_json_row(const Row& r, double ratio, int threads) {
+  char load[32] = "null";  // unknown without /proc/stat
+  if (!std::isnan(r.other_load)) std::snprintf(load, sizeof load, "%.2f", r.other_load);
+  std::printf(
+      "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
+      "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\", "
+      "\"bf16_storage_gflops\": %.2f, \"bf16_out_gflops\": %.2f, \"gelu_gflops\": %.2f, \"openblas_precision\": \"%s\"}\n",
+      (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load,
+      g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "",
+      std::isnan(r.storage) ? 0.0 : r.storage, std::isnan(r.out16) ? 0.0 : r.out16,
+      std::isnan(r.gelu) ? 0.0 : r.gelu, g_sbgemm ? "bf16" : "f32");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = omp_get_max_threads();
+  bool quick = false, json = false;
+  if (const int code = parse_args(argc, argv, threads, quick, json); code >= 0) return code;
+  use_best_openblas_kernels(argv);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
   if (g_bf16) g_sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
@@ -413,16 +450,7 @@ int main(int argc, char** argv) {
         log_sum += std::log(ratio);
         ++rows;
         if (json) {
-          char load[32] = "null";  // unknown without /proc/stat
-          if (!std::isnan(r.other_load)) std::snprintf(load, sizeof load, "%.2f", r.other_load);
-          std::printf(
-              "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
-              "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\", "
-              "\"bf16_storage_gflops\": %.2f, \"bf16_out_gflops\": %.2f, \"gelu_gflops\": %.2f, \"openblas_precision\": \"%s\"}\n",
-              (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load,
-              g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "",
-              std::isnan(r.storage) ? 0.0 : r.storage, std::isnan(r.out16) ? 0.0 : r.out16,
-              std::isnan(r.gelu) ? 0.0 : r.gelu, g_sbgemm ? "bf16" : "f32");
+          print_json_row(r, ratio, threads);
         } else {
           const bool busy = r.other_load > kBusyCores;
           busy_rows += busy;

@@ -6,7 +6,8 @@
 #
 # Recipes: nanoGPT's CPU recipe (4 layers, 4 heads, 128 wide, block 64, batch 12; ITERS=60 timed iterations after 5
 # warm-up ones, median ms/iter) in ROUNDS alternating rounds; then nanoGPT's default 6-layer config (6 x 6 x 384,
-# block 256, batch 64; BIG_ITERS=3 timed after one warm-up, median) once each (BIG_ITERS=0 skips it).
+# block 256, batch 64; BIG_ITERS=3 timed after one warm-up, median) once each (BIG_ITERS=0 skips it; its bf16 rows in
+# BIG_ROUNDS alternating rounds, default 1).
 #
 # Peers, each measured at its best and checked before it counts:
 # - Debian's python3-torch (1.13) with the OpenMP OpenBLAS (libopenblas0-openmp) first on its library path and
@@ -198,14 +199,27 @@ if [ "$big_iters" -gt 0 ]; then
       "$(calc "$big_tokens * 1000 / $pms")" "$(calc "$pms / $ms")"
   done
   if [ -n "${bf_names[*]:-}" ]; then  # the same in bf16: tinygpt --dtype bf16 against torch's CPU autocast
-    ms=$(ours 1 "$big_iters" "${big[@]}" --dtype bf16)
+    # BIG_ROUNDS alternating rounds (default 1); with more, each row is the median round and the ratios per round follow.
+    for r in $(seq "${BIG_ROUNDS:-1}"); do
+      ours 1 "$big_iters" "${big[@]}" --dtype bf16 >> "$out/big_ours_bf16.ms"
+      for j in "${!bf_names[@]}"; do
+        theirs "$pip_i" "${bf_threads[$j]}" "$big_iters" 1 ${bf_extra[$j]} --n-layer 6 --n-head 6 --n-embd 384 \
+          --block-size 256 --batch-size 64 >> "$out/big_bf$j.ms"
+      done
+    done
+    ms=$(median < "$out/big_ours_bf16.ms")
     printf "%-22s %8s %10.2f %10.0f\n" "tinygpt --dtype bf16" "$threads" "$(calc "$ms / 1000")" "$(calc "$big_tokens * 1000 / $ms")"
     for j in "${!bf_names[@]}"; do
-      pms=$(theirs "$pip_i" "${bf_threads[$j]}" "$big_iters" 1 ${bf_extra[$j]} --n-layer 6 --n-head 6 --n-embd 384 \
-        --block-size 256 --batch-size 64)
+      pms=$(median < "$out/big_bf$j.ms")
       printf "%-22s %8s %10.2f %10.0f   tinygpt bf16 is %.2fx\n" "${bf_names[$j]}" "${bf_threads[$j]}" \
         "$(calc "$pms / 1000")" "$(calc "$big_tokens * 1000 / $pms")" "$(calc "$pms / $ms")"
     done
+    if [ "${BIG_ROUNDS:-1}" -gt 1 ]; then
+      paste "$out"/big_bf*.ms | awk '{m = $1; for (i = 2; i <= NF; ++i) if ($i < m) m = $i; print m}' > "$out/big_fastest.ms"
+      paste "$out/big_fastest.ms" "$out/big_ours_bf16.ms" | awk '{print $1 / $2}' > "$out/big_ratio"
+      printf "tinygpt bf16 / the fastest PyTorch bf16 of each round, %s rounds: min %.2fx, median %.2fx, max %.2fx\n" \
+        "${BIG_ROUNDS}" "$(sort -g "$out/big_ratio" | head -n 1)" "$(median < "$out/big_ratio")" "$(sort -g "$out/big_ratio" | tail -n 1)"
+    fi
   fi
 fi
 

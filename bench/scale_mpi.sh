@@ -5,7 +5,7 @@
 # this run. Prints tokens/s (median over iterations 10..ITERS of each run; min/median/max over the rounds), the
 # ratios against 1 process x 1 thread, and the share of the 2-rank step spent in the gradient reduction (comm_ms in
 # metrics.jsonl: the reduction itself plus waiting for the slower rank). The ranks run with --bind-to none: OpenMPI
-# pins each rank to a core by default, which measured ~5% slower here. Needs a build with MPI (scripts/build.sh
+# pins each rank to a core by default, which measured slower here (docs/RESULTS.md). Needs a build with MPI (scripts/build.sh
 # after scripts/setup.sh).
 #
 #   bash bench/scale_mpi.sh [DATA] [ITERS] [ROUNDS]        # defaults: the corpus, 60, 3

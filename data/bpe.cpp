@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <queue>
 #include <unordered_set>
 
@@ -253,115 +254,93 @@ void BpeTokenizer::index() {
   }
 }
 
-BpeTokenizer BpeTokenizer::train(const PieceCounts& counts, const TrainOptions& options) {
-  if (options.vocab_size < kMinBpeVocab || options.vocab_size > kMaxBpeVocab) {
-    throw Error(fmt::format("the vocabulary size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
-                            kMinBpeVocab, kMaxBpeVocab, options.vocab_size));
-  }
-  BpeTokenizer tok;
-  // The pieces as words of ids, all in one arena in a fixed order (the map's is by hash: sorted, the same counts train
-  // the same merges on every machine, and the words a merge visits lie near each other in memory).
-  std::vector<std::pair<std::string_view, int64_t>> sorted;
-  sorted.reserve(counts.unique());
-  counts.map().for_each([&](std::string_view piece, int64_t count) {
-    if (piece.size() >= 2) sorted.emplace_back(piece, count);  // a single byte has nothing to merge
-  });
-  std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) {
-    return std::lexicographical_compare(x.first.begin(), x.first.end(), y.first.begin(), y.first.end(),
-                                        [](char p, char q) { return uint8_t(p) < uint8_t(q); });
-  });
-  struct Word {
-    uint64_t offset;
-    uint32_t length;
-    int64_t count;
-  };
-  std::vector<Word> words;
-  std::vector<uint32_t> arena;
-  words.reserve(sorted.size());
-  for (const auto& [piece, count] : sorted) {
-    words.push_back({arena.size(), uint32_t(piece.size()), count});
-    for (const char c : piece) arena.push_back(uint8_t(c));
-  }
-  std::vector<std::pair<std::string_view, int64_t>>().swap(sorted);
+namespace {
 
-  // Each pair's count and the words it occurs in (a word may be listed after the pair left it: checked when used).
-  struct Pair {
-    int64_t count = 0;
-    uint32_t grown_at = 0;  // the last merge that raised the count (its new id)
-    std::vector<uint32_t> words;
-  };
-  PairIndex index_of;
-  std::vector<Pair> pairs;
-  const auto pair = [&](uint64_t key) -> Pair& {
-    uint32_t& i = index_of[key];
-    if (i == 0) {
-      pairs.emplace_back();
-      i = uint32_t(pairs.size());
-    }
-    return pairs[i - 1];
-  };
-  for (uint32_t w = 0; w < words.size(); ++w) {
-    const uint32_t* ids = arena.data() + words[w].offset;
-    for (size_t i = 0; i + 1 < words[w].length; ++i) {
-      Pair& p = pair(pair_key(ids[i], ids[i + 1]));
-      p.count += words[w].count;
-      if (p.words.empty() || p.words.back() != w) p.words.push_back(w);
-    }
-  }
+/// The merge learning's state: the pieces as words of ids in one arena, each pair's count and the words it occurs in,
+/// and a max-heap of (count, pair) entries, stale ones skipped when popped.
+class MergeLearner {
+ public:
   struct Entry {
     int64_t count;
     uint64_t key;
     bool operator<(const Entry& o) const { return count != o.count ? count < o.count : key > o.key; }
   };
-  std::vector<Entry> entries;
-  index_of.for_each([&](uint64_t key, uint32_t i) { entries.push_back({pairs[i - 1].count, key}); });
-  std::priority_queue<Entry> heap(std::less<Entry>(), std::move(entries));
 
-  std::unordered_set<std::string> known(tok.tokens_.begin(), tok.tokens_.end());
-  std::vector<uint64_t> grown;  // pairs whose count a merge raised: pushed once it is done
-  const int64_t wanted = options.vocab_size - 257;
-  while (int64_t(tok.merges_.size()) < wanted && !heap.empty()) {
-    const Entry top = heap.top();
-    heap.pop();
-    Pair& best = pair(top.key);
-    if (best.count != top.count) {  // the count fell since this entry was pushed
-      if (best.count > 0) heap.push({best.count, top.key});
-      continue;
+  /// The pieces in a fixed order (the map's is by hash: sorted, the same counts train the same merges on every
+  /// machine, and the words a merge visits lie near each other in memory), and every pair counted.
+  explicit MergeLearner(const PieceCounts& counts) {
+    std::vector<std::pair<std::string_view, int64_t>> sorted;
+    sorted.reserve(counts.unique());
+    counts.map().for_each([&](std::string_view piece, int64_t count) {
+      if (piece.size() >= 2) sorted.emplace_back(piece, count);  // a single byte has nothing to merge
+    });
+    std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) {
+      return std::lexicographical_compare(x.first.begin(), x.first.end(), y.first.begin(), y.first.end(),
+                                          [](char p, char q) { return uint8_t(p) < uint8_t(q); });
+    });
+    words_.reserve(sorted.size());
+    for (const auto& [piece, count] : sorted) {
+      words_.push_back({arena_.size(), uint32_t(piece.size()), count});
+      for (const char c : piece) arena_.push_back(uint8_t(c));
     }
-    if (best.count < 2) break;  // no pair occurs twice: more merges would learn single pieces
-    const auto a = uint32_t(top.key >> 32), b = uint32_t(top.key & 0xffffffffu);
-    std::string bytes = tok.tokens_[a] + tok.tokens_[b];
-    if (!known.insert(bytes).second) {  // already a token by other merges: never merge this pair
-      best.count = 0;
-      std::vector<uint32_t>().swap(best.words);
-      continue;
+    std::vector<std::pair<std::string_view, int64_t>>().swap(sorted);
+    for (uint32_t w = 0; w < words_.size(); ++w) {
+      const uint32_t* ids = arena_.data() + words_[w].offset;
+      for (size_t i = 0; i + 1 < words_[w].length; ++i) {
+        Pair& p = pair(pair_key(ids[i], ids[i + 1]));
+        p.count += words_[w].count;
+        if (p.words.empty() || p.words.back() != w) p.words.push_back(w);
+      }
     }
-    const auto id = uint32_t(tok.tokens_.size());
-    tok.tokens_.push_back(std::move(bytes));
-    tok.merges_.push_back({a, b, id});
-    std::vector<uint32_t> list = std::move(best.words);
+    std::vector<Entry> entries;
+    index_of_.for_each([&](uint64_t key, uint32_t i) { entries.push_back({pairs_[i - 1].count, key}); });
+    heap_ = std::priority_queue<Entry>(std::less<Entry>(), std::move(entries));
+  }
+
+  /// The most frequent pair whose entry is current (stale entries pushed again with their count), or none.
+  std::optional<Entry> pop() {
+    while (!heap_.empty()) {
+      const Entry top = heap_.top();
+      heap_.pop();
+      const Pair& best = pair(top.key);
+      if (best.count == top.count) return top;
+      if (best.count > 0) heap_.push({best.count, top.key});  // the count fell since this entry was pushed
+    }
+    return std::nullopt;
+  }
+
+  /// The pair is never merged (its bytes are a token already).
+  void drop(uint64_t key) {
+    Pair& p = pair(key);
+    p.count = 0;
+    std::vector<uint32_t>().swap(p.words);
+  }
+
+  /// Merges pair `key` (a, b) into `id` in every word it occurs in, in place; only the pairs around each occurrence
+  /// change: (L, a) and (b, R) become (L, id) and (id, R). The pairs whose count grew are pushed on the heap.
+  void merge(uint64_t key, uint32_t id) {
+    const auto a = uint32_t(key >> 32), b = uint32_t(key & 0xffffffffu);
+    std::vector<uint32_t> list = std::move(pair(key).words);
     std::sort(list.begin(), list.end());  // in memory order, each word once
     list.erase(std::unique(list.begin(), list.end()), list.end());
-    grown.clear();
-    const auto change = [&](uint64_t key, int64_t d) {
-      Pair& p = pair(key);
+    grown_.clear();
+    const auto change = [&](uint64_t k, int64_t d) {
+      Pair& p = pair(k);
       p.count += d;
       if (d > 0 && p.grown_at != id) {
         p.grown_at = id;
-        grown.push_back(key);
+        grown_.push_back(k);
       }
     };
     for (const uint32_t w : list) {
-      Word& word = words[w];
-      uint32_t* ids = arena.data() + word.offset;
+      Word& word = words_[w];
+      uint32_t* ids = arena_.data() + word.offset;
       const int64_t n = word.count;
-      // Merged in place (j <= i). Only the pairs around each occurrence change: (L, a) and (b, R) become (L, new) and
-      // (new, R).
-      size_t j = 0;
+      size_t j = 0;  // merged in place: j <= i
       bool hit = false;
       for (size_t i = 0; i < word.length;) {
         if (i + 1 < word.length && ids[i] == a && ids[i + 1] == b) {
-          change(top.key, -n);
+          change(key, -n);
           if (j > 0) {
             change(pair_key(ids[j - 1], a), -n);
             change(pair_key(ids[j - 1], id), n);
@@ -386,10 +365,66 @@ BpeTokenizer BpeTokenizer::train(const PieceCounts& counts, const TrainOptions& 
         }
       }
     }
-    for (const uint64_t key : grown) {
-      const Pair& p = pair(key);
-      if (p.count > 0) heap.push({p.count, key});
+    for (const uint64_t k : grown_) {
+      const Pair& p = pair(k);
+      if (p.count > 0) heap_.push({p.count, k});
     }
+  }
+
+ private:
+  struct Word {
+    uint64_t offset;
+    uint32_t length;
+    int64_t count;
+  };
+  // A pair's count and the words it occurs in (a word may be listed after the pair left it: checked when used).
+  struct Pair {
+    int64_t count = 0;
+    uint32_t grown_at = 0;  // the last merge that raised the count (its new id)
+    std::vector<uint32_t> words;
+  };
+
+  Pair& pair(uint64_t key) {
+    uint32_t& i = index_of_[key];
+    if (i == 0) {
+      pairs_.emplace_back();
+      i = uint32_t(pairs_.size());
+    }
+    return pairs_[i - 1];
+  }
+
+  std::vector<Word> words_;
+  std::vector<uint32_t> arena_;
+  PairIndex index_of_;
+  std::vector<Pair> pairs_;
+  std::priority_queue<Entry> heap_;
+  std::vector<uint64_t> grown_;  // pairs whose count a merge raised: pushed once it is done
+};
+
+}  // namespace
+
+BpeTokenizer BpeTokenizer::train(const PieceCounts& counts, const TrainOptions& options) {
+  if (options.vocab_size < kMinBpeVocab || options.vocab_size > kMaxBpeVocab) {
+    throw Error(fmt::format("the vocabulary size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
+                            kMinBpeVocab, kMaxBpeVocab, options.vocab_size));
+  }
+  BpeTokenizer tok;
+  MergeLearner learner(counts);
+  std::unordered_set<std::string> known(tok.tokens_.begin(), tok.tokens_.end());
+  const int64_t wanted = options.vocab_size - 257;
+  while (int64_t(tok.merges_.size()) < wanted) {
+    const std::optional<MergeLearner::Entry> top = learner.pop();
+    if (!top || top->count < 2) break;  // no pair occurs twice: more merges would learn single pieces
+    const auto a = uint32_t(top->key >> 32), b = uint32_t(top->key & 0xffffffffu);
+    std::string bytes = tok.tokens_[a] + tok.tokens_[b];
+    if (!known.insert(bytes).second) {  // already a token by other merges: never merge this pair
+      learner.drop(top->key);
+      continue;
+    }
+    const auto id = uint32_t(tok.tokens_.size());
+    tok.tokens_.push_back(std::move(bytes));
+    tok.merges_.push_back({a, b, id});
+    learner.merge(top->key, id);
     if (options.progress) options.progress(int64_t(tok.merges_.size()), wanted);
   }
   tok.end_of_text_ = int32_t(tok.tokens_.size());

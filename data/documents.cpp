@@ -432,24 +432,45 @@ void copy_file_into(Writer& out, const fs::path& from) {
   out.write(m.bytes().data(), m.bytes().size());
 }
 
-}  // namespace
+/// Encodes files to_encode (the documents to_encode_index of `files`), each followed by the separator, into `path` in
+/// list order, on the OpenMP threads: each document's count and offset there (count 0 before).
+void encode_documents(const std::vector<fs::path>& files, const std::vector<fs::path>& to_encode,
+                      const std::vector<size_t>& to_encode_index, const Tokenizer& tok,
+                      const std::vector<uint32_t>& separator, const fs::path& path, std::vector<uint64_t>& doc_count,
+                      std::vector<uint64_t>& new_offset, bool quiet) {
+  std::vector<Token> buf;
+  Writer new_out(path);
+  Progress progress(fmt::format("tokenizing {} file{}", to_encode.size(), to_encode.size() == 1 ? "" : "s"),
+                    total_size(to_encode), quiet || to_encode.empty());
+  std::vector<BpeTokenizer::Cache> caches(static_cast<size_t>(omp_get_max_threads()));
+  uint64_t written = 0;
+  over_files(
+      to_encode, progress,
+      [&](const Item& it, int thread) {
+        std::vector<uint32_t> ids;
+        tok.encode(it.text, ids, files[to_encode_index[it.file]].string(), &caches[size_t(thread)]);
+        return ids;
+      },
+      [&](const Item& it, std::vector<uint32_t>& ids) {
+        const size_t doc = to_encode_index[it.file];
+        if (doc_count[doc] == 0) new_offset[doc] = written;
+        if (it.last) ids.insert(ids.end(), separator.begin(), separator.end());
+        buf.assign(ids.begin(), ids.end());
+        new_out.write(buf.data(), buf.size() * sizeof(Token));
+        doc_count[doc] += buf.size();
+        written += buf.size();
+      });
+  new_out.close();
+  progress.finish(to_encode.empty() ? "" : fmt::format(", {} tokens", written));
+}
 
-DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenizer& tok, const std::vector<uint32_t>& separator,
-                              double train_fraction, const fs::path& cache_path, bool quiet) {
-  if (!(train_fraction > 0 && train_fraction < 1)) {
-    throw Error(fmt::format("the train fraction must be in (0, 1), got {}", train_fraction));
-  }
-  const size_t n = files.size();
-  const std::vector<bool> held_out = held_out_documents(n, train_fraction);
-  const bool by_documents = std::find(held_out.begin(), held_out.end(), true) != held_out.end();
-  nlohmann::json docs = nlohmann::json::array();
-  for (const auto& f : files) docs.push_back(identity(f));
-  const std::string print = fingerprint(tok, separator);
-
-  // Reuse what the old cache holds under this tokenizer: all of it, or the unchanged documents' ids.
-  std::optional<OldCache> old = read_old(cache_path);
-  if (old && !ids_in_vocabulary(*old, size_t(tok.vocab_size()))) old.reset();  // damaged: encoded again
-  std::map<std::string, std::pair<uint64_t, uint64_t>> old_ids;  // identity -> (offset, count)
+/// What the old cache holds under this tokenizer: the whole corpus when no document changed (returned, the cache
+/// handed over), else, in old_ids, the ids of each document it holds by its identity.
+std::optional<DocumentCorpus> reuse_cache(std::optional<OldCache>& old, const nlohmann::json& docs,
+                                          const std::vector<bool>& held_out, bool by_documents, double train_fraction,
+                                          const std::string& print,
+                                          std::map<std::string, std::pair<uint64_t, uint64_t>>& old_ids) {
+  const size_t n = held_out.size();
   if (old && old->header["tokenizer"] == print) {
     const auto& h = old->header;
     bool same = h["held_out"] == by_documents && h["documents"].size() == n && h.value("train_fraction", -1.0) == train_fraction;
@@ -472,14 +493,80 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
       old_ids[key.dump()] = {d["offset"].get<uint64_t>(), d["count"].get<uint64_t>()};
     }
   }
+  return std::nullopt;
+}
+
+/// The cache file: a header (the tokenizer's fingerprint, each document's place in the joined ids, train documents
+/// first) and the train then the held-out ids, written beside cache_path and renamed into place. Returns the train
+/// ids' count and the total.
+std::pair<uint64_t, uint64_t> write_cache(const fs::path& cache_path, nlohmann::json& docs,
+                                          const std::vector<uint64_t>& doc_count, const std::vector<bool>& held_out,
+                                          bool by_documents, double train_fraction, const std::string& print,
+                                          const fs::path& train_ids, const fs::path& val_ids) {
+  const size_t n = doc_count.size();
+  uint64_t train_count = 0, total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!held_out[i]) train_count += doc_count[i];
+    total += doc_count[i];
+  }
+  uint64_t at_train = 0, at_val = train_count;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t& at = held_out[i] ? at_val : at_train;
+    docs[i]["offset"] = at;
+    docs[i]["count"] = doc_count[i];
+    at += doc_count[i];
+  }
+  if (!by_documents) train_count = uint64_t(double(total) * train_fraction);
+  nlohmann::json header = {{"tokenizer", print}, {"held_out", by_documents}, {"train_fraction", train_fraction},
+                           {"count", total}, {"train_count", train_count}, {"documents", docs}};
+  std::string text = header.dump();
+  text.resize((16 + text.size() + alignof(Token) - 1) / alignof(Token) * alignof(Token) - 16, ' ');
+  const uint64_t len = text.size();
+  TempFile out_tmp{cache_path.string() + ".tmp"};
+  {
+    Writer out(out_tmp.path);
+    out.write(kMagic, 8);
+    out.write(&len, 8);
+    out.write(text.data(), text.size());
+    copy_file_into(out, train_ids);
+    copy_file_into(out, val_ids);
+    out.close();
+  }
+  std::error_code ec;
+  fs::rename(out_tmp.path, cache_path, ec);
+  if (ec) throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
+  out_tmp.keep = true;
+
+  return {train_count, total};
+}
+
+}  // namespace
+
+DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenizer& tok, const std::vector<uint32_t>& separator,
+                              double train_fraction, const fs::path& cache_path, bool quiet) {
+  if (!(train_fraction > 0 && train_fraction < 1)) {
+    throw Error(fmt::format("the train fraction must be in (0, 1), got {}", train_fraction));
+  }
+  const size_t n = files.size();
+  const std::vector<bool> held_out = held_out_documents(n, train_fraction);
+  const bool by_documents = std::find(held_out.begin(), held_out.end(), true) != held_out.end();
+  nlohmann::json docs = nlohmann::json::array();
+  for (const auto& f : files) docs.push_back(identity(f));
+  const std::string print = fingerprint(tok, separator);
+
+  // Reuse what the old cache holds under this tokenizer: all of it, or the unchanged documents' ids.
+  std::optional<OldCache> old = read_old(cache_path);
+  if (old && !ids_in_vocabulary(*old, size_t(tok.vocab_size()))) old.reset();  // damaged: encoded again
+  std::map<std::string, std::pair<uint64_t, uint64_t>> old_ids;  // identity -> (offset, count)
+  if (std::optional<DocumentCorpus> whole = reuse_cache(old, docs, held_out, by_documents, train_fraction, print, old_ids)) {
+    return std::move(*whole);
+  }
 
   // Encode (or copy) each document into one of two temporary files, train and held out, then join them.
-  TempFile train_tmp{cache_path.string() + ".train.tmp"}, val_tmp{cache_path.string() + ".val.tmp"},
-      out_tmp{cache_path.string() + ".tmp"};
+  TempFile train_tmp{cache_path.string() + ".train.tmp"}, val_tmp{cache_path.string() + ".val.tmp"};
   Writer train_out(train_tmp.path), val_out(val_tmp.path);
   std::vector<uint64_t> doc_count(n, 0);
   std::vector<bool> encoded(n, true);
-  std::vector<Token> buf;
   const std::span<const Token> old_tokens =
       old ? std::span<const Token>(reinterpret_cast<const Token*>(old->file.bytes().data() + old->data_offset),
                                    old->header["count"].get<size_t>())
@@ -497,31 +584,7 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
   // Pass 1: encode the changed and new documents into a scratch file of their own, in list order.
   TempFile new_tmp{cache_path.string() + ".new.tmp"};
   std::vector<uint64_t> new_offset(n, 0);
-  {
-    Writer new_out(new_tmp.path);
-    Progress progress(fmt::format("tokenizing {} file{}", to_encode.size(), to_encode.size() == 1 ? "" : "s"),
-                      total_size(to_encode), quiet || to_encode.empty());
-    std::vector<BpeTokenizer::Cache> caches(static_cast<size_t>(omp_get_max_threads()));
-    uint64_t written = 0;
-    over_files(
-        to_encode, progress,
-        [&](const Item& it, int thread) {
-          std::vector<uint32_t> ids;
-          tok.encode(it.text, ids, files[to_encode_index[it.file]].string(), &caches[size_t(thread)]);
-          return ids;
-        },
-        [&](const Item& it, std::vector<uint32_t>& ids) {
-          const size_t doc = to_encode_index[it.file];
-          if (doc_count[doc] == 0) new_offset[doc] = written;
-          if (it.last) ids.insert(ids.end(), separator.begin(), separator.end());
-          buf.assign(ids.begin(), ids.end());
-          new_out.write(buf.data(), buf.size() * sizeof(Token));
-          doc_count[doc] += buf.size();
-          written += buf.size();
-        });
-    new_out.close();
-    progress.finish(to_encode.empty() ? "" : fmt::format(", {} tokens", written));
-  }
+  encode_documents(files, to_encode, to_encode_index, tok, separator, new_tmp.path, doc_count, new_offset, quiet);
   // Pass 2: every document's ids, new or reused, to the train or held-out file.
   {
     const MappedFile fresh(new_tmp.path);
@@ -541,38 +604,8 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
   val_out.close();
   old.reset();
 
-  // The header: each document's place in the joined ids (train documents first).
-  uint64_t train_count = 0, total = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!held_out[i]) train_count += doc_count[i];
-    total += doc_count[i];
-  }
-  uint64_t at_train = 0, at_val = train_count;
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t& at = held_out[i] ? at_val : at_train;
-    docs[i]["offset"] = at;
-    docs[i]["count"] = doc_count[i];
-    at += doc_count[i];
-  }
-  if (!by_documents) train_count = uint64_t(double(total) * train_fraction);
-  nlohmann::json header = {{"tokenizer", print}, {"held_out", by_documents}, {"train_fraction", train_fraction},
-                           {"count", total}, {"train_count", train_count}, {"documents", docs}};
-  std::string text = header.dump();
-  text.resize((16 + text.size() + alignof(Token) - 1) / alignof(Token) * alignof(Token) - 16, ' ');
-  const uint64_t len = text.size();
-  {
-    Writer out(out_tmp.path);
-    out.write(kMagic, 8);
-    out.write(&len, 8);
-    out.write(text.data(), text.size());
-    copy_file_into(out, train_tmp.path);
-    copy_file_into(out, val_tmp.path);
-    out.close();
-  }
-  std::error_code ec;
-  fs::rename(out_tmp.path, cache_path, ec);
-  if (ec) throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
-  out_tmp.keep = true;
+  const auto [train_count, total] = write_cache(cache_path, docs, doc_count, held_out, by_documents, train_fraction,
+                                                print, train_tmp.path, val_tmp.path);
 
   auto fresh = read_old(cache_path);
   if (!fresh) throw Error(fmt::format("the token cache '{}' could not be read back", cache_path.string()));

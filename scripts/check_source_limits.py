@@ -134,13 +134,21 @@ def functions(path):
     return found
 
 
+def source_files(root):
+    """The tracked files under SOURCE_DIRS (every file there outside a git checkout)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", *SOURCE_DIRS], cwd=root, capture_output=True, text=True, check=True)
+        return sorted(listed.stdout.split())
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(str(p.relative_to(root)) for d in SOURCE_DIRS for p in (root / d).rglob("*") if p.is_file())
+
+
 def main(argv):
     list_all = "--list" in argv
     args = [a for a in argv if a != "--list"]
     root = Path(args[0]) if args else Path(__file__).resolve().parent.parent
-    files = subprocess.run(["git", "ls-files", *SOURCE_DIRS], cwd=root, capture_output=True, text=True, check=True)
     breaches = 0
-    for name in sorted(files.stdout.split()):
+    for name in source_files(root):
         path = root / name
         if not name.endswith(SUFFIXES) or not path.is_file():
             continue

@@ -20,6 +20,7 @@ packages=(
   libopenblas-dev            # bench/bench_matmul only: the sgemm we compare against
   clang libomp-dev           # scripts/fuzz.sh only: libFuzzer targets (CI runs them)
   curl ca-certificates       # scripts/get_data.sh: fetches tiny Shakespeare when no local copy exists
+  python3                    # tests: the source size limits (scripts/check_source_limits.py), the MPI test's check
   openmpi-bin libopenmpi-dev # data-parallel training over several processes (mpirun)
 )
 

@@ -496,6 +496,21 @@ void set_up_device_step(Run& run) {
   if (device == Device::CUDA) console.line("{}\n", graphs);
 }
 
+/// The meter's peak for this run, stated on the console with the step's FLOPs (the CPU's measured rates cached for
+/// the next run).
+Peak announce_meter(Run& run, double flops_per_iter) {
+  const Peak peak = stated_peak(run.device, run.model.numerics());
+  if (run.device == Device::CPU && run.lead()) {
+    if (const std::string why = save_cpu_rates_cache(); !why.empty()) {
+      run.console.line("note: {}: the CPU is measured again next run\n", why);
+    }
+  }
+  run.console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count, causal attention's half{}); MFU is against {:.0f} "
+                   "GFLOP/s per rank: {}\n", flops_per_iter / 1e9, run.opt.step_flops() > 0 ? ", Muon's Newton-Schulz" : "",
+                   peak.gflops, peak.how);
+  return peak;
+}
+
 /// The training loop: steps, evaluations, logs and checkpoints, until the last iteration, the time budget or a stop
 /// signal; then the closing line.
 TrainResult run_steps(Run& run) {
@@ -513,14 +528,8 @@ TrainResult run_steps(Run& run) {
   const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
   // Muon's Newton-Schulz products run on every rank.
   const double flops_per_iter = step_flops(model, tokens_per_iter) + world * run.opt.step_flops();
-  const Peak peak = stated_peak(device, model.numerics());
-  if (device == Device::CPU && lead) {
-    if (const std::string why = save_cpu_rates_cache(); !why.empty()) console.line("note: {}: the CPU is measured again next run\n", why);
-  }
+  const Peak peak = announce_meter(run, flops_per_iter);
   bool above_peak = false;
-  console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count, causal attention's half{}); MFU is against {:.0f} "
-               "GFLOP/s per rank: {}\n", flops_per_iter / 1e9, run.opt.step_flops() > 0 ? ", Muon's Newton-Schulz" : "",
-               peak.gflops, peak.how);
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
   double ms_avg = 0;  // moving average of the iteration time, for the ETA

@@ -279,8 +279,8 @@ struct AmxConfig : Bf16Packing<32, 32, PairsByRow, 32> {
   // the big 6-layer shapes, 128 mixed). MC 64: as good as any row block tried in bench_matmul --bf16, and a faster
   // 6-layer step than 256 (docs/RESULTS.md, "CPU matmul kernels" and "Measurements behind design decisions").
   // kLongKMC 256: the row block of products K >= 8 KC deep (weight gradients over the tokens): each op(B) panel then
-  // serves 8 row tiles from L1 instead of 2, and the 6-layer weight gradients ran 1.26x faster (63 -> 50 ms a layer,
-  // 2 threads; 128: 55, 384: 49).
+  // serves 8 row tiles from L1 instead of 2, which sped up the 6-layer weight gradients (docs/RESULTS.md,
+  // "Measurements behind design decisions").
   static constexpr int64_t MC = 64, KC = 256, NC = 4096, KU = 32, kLongKMC = 256;
   struct ThreadScope {
     TINYGPT_TARGET_AMX ThreadScope() { load_tile_config(kAllTiles16x64); }

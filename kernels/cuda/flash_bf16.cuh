@@ -70,6 +70,155 @@ __device__ __forceinline__ void copy_tile(unsigned char* tile, const bf16* base,
 using flash_mma::quad_max;  // max and sum over the 4 lanes that hold one fragment row
 using flash_mma::quad_sum;
 
+/// The lanes' rows and ldmatrix addressing of the forward, shared by its steps: warp w owns rows 16w + 64mt.
+struct ForwardLanes {
+  int lane, warp_row, gr, tc;
+  int lrow_a, lchunk_a;  // ldmatrix row and chunk of this lane for A (Q) and the .trans B (V): down the rows first
+  int lrow_k, lchunk_k;  // and for the non-transposed B (K): across first
+  __device__ __forceinline__ ForwardLanes()
+      : lane(int(threadIdx.x % 32)), warp_row(16 * int(threadIdx.x / 32)), gr(lane / 4), tc(lane % 4),
+        lrow_a((lane & 7) + 8 * ((lane >> 3) & 1)), lchunk_a(lane >> 4), lrow_k((lane & 7) + 8 * (lane >> 4)),
+        lchunk_k((lane >> 3) & 1) {}
+  __device__ __forceinline__ int row0(int mt) const { return warp_row + kRows * mt; }
+};
+
+/// sc = Q K^T for one key tile (raw products): Q's fragments from qf (kQRegs) or from shared memory at each k step.
+template <int EP, int MT, bool kQRegs, int QK>
+__device__ __forceinline__ void forward_scores(float (&sc)[MT][kCols / 8][4], uint32_t (&qf)[MT][QK][4],
+                                               const unsigned char* Qs, const unsigned char* Ks, const ForwardLanes& ln) {
+#pragma unroll
+  for (int kk = 0; kk < EP / 16; ++kk) {
+    const int qk = kQRegs ? kk : 0;
+    if constexpr (!kQRegs) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt][0], Qs + chunk_at<EP>(ln.row0(mt) + ln.lrow_a, 2 * kk + ln.lchunk_a));
+    }
+#pragma unroll
+    for (int jp = 0; jp < kCols / 16; ++jp) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, Ks + chunk_at<EP>(16 * jp + ln.lrow_k, 2 * kk + ln.lchunk_k));
+      const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(sc[mt][2 * jp], qf[mt][qk], b0);
+        mma_bf16(sc[mt][2 * jp + 1], qf[mt][qk], b1);
+      }
+    }
+  }
+}
+
+/// The online softmax over one key tile of scores (base 2 after sl2; -inf where hidden, only in tiles that cross the
+/// diagonal or the sequence's end): new running max m, row sums l (before dropout), O rescaled, and sc turned into
+/// the dropped probabilities.
+template <int EP, int MT>
+__device__ __forceinline__ void forward_softmax(float (&sc)[MT][kCols / 8][4], float (&m)[MT][2], float (&l)[MT][2],
+                                                float (&o)[MT][EP / 8][4], const DropoutRow (&drop)[MT][2],
+                                                const AttentionGeom& g, int64_t t0, int64_t s0, float sl2,
+                                                float keep_scale, const ForwardLanes& ln) {
+  if (s0 + kCols > causal_end(g, t0)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t t = t0 + ln.row0(mt) + ln.gr + 8 * (i / 2), s = s0 + 8 * j + 2 * ln.tc + i % 2;
+          sc[mt][j][i] = s < causal_end(g, t) ? sc[mt][j][i] * sl2 : -INFINITY;
+        }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[mt][j][i] *= sl2;
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = m[mt][half];
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) mx = fmaxf(mx, fmaxf(sc[mt][j][2 * half], sc[mt][j][2 * half + 1]));
+      const float m_new = quad_max(mx);
+      const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet: exp2(-inf - 0) = 0
+      const float alpha = exp2f(m[mt][half] - m_sub);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kCols / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[mt][j][2 * half + e];
+          x = exp2f(x - m_sub);
+          sum += x;  // the softmax's sum: before dropout
+          x *= dropout_factor(g, drop[mt][half], keep_scale, s0 + 8 * j + 2 * ln.tc + e);
+        }
+      }
+      l[mt][half] = l[mt][half] * alpha + sum;
+      m[mt][half] = m_new;
+#pragma unroll
+      for (int d = 0; d < EP / 8; ++d) {
+        o[mt][d][2 * half] *= alpha;
+        o[mt][d][2 * half + 1] *= alpha;
+      }
+    }
+  }
+}
+
+/// O += P V: P's A fragments from the score registers, V's B fragments by ldmatrix.trans.
+template <int EP, int MT>
+__device__ __forceinline__ void forward_pv(float (&o)[MT][EP / 8][4], const float (&sc)[MT][kCols / 8][4],
+                                           const unsigned char* Vs, const ForwardLanes& ln) {
+#pragma unroll
+  for (int kk = 0; kk < kCols / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = pack_bf16(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+      a[mt][1] = pack_bf16(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+      a[mt][2] = pack_bf16(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+      a[mt][3] = pack_bf16(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < EP / 16; ++dp) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, Vs + chunk_at<EP>(16 * kk + ln.lrow_a, 2 * dp + ln.lchunk_a));
+      const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(o[mt][2 * dp], a[mt], b0);
+        mma_bf16(o[mt][2 * dp + 1], a[mt], b1);
+      }
+    }
+  }
+}
+
+/// The block's output rows O / l (bf16) and their logsumexp.
+template <int EP, int MT>
+__device__ __forceinline__ void forward_store(bf16* out, float* lse, const float (&o)[MT][EP / 8][4],
+                                              const float (&m)[MT][2], const float (&l)[MT][2], const AttentionGeom& g,
+                                              int64_t b, int64_t h, int64_t t0, const ForwardLanes& ln) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float sum = quad_sum(l[mt][half]);
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int64_t t = t0 + ln.row0(mt) + ln.gr + 8 * half;
+      if (t >= g.T) continue;
+      bf16* row = at(out, g.o_stride, b, h, t);
+#pragma unroll
+      for (int d = 0; d < EP / 8; ++d) {
+        *reinterpret_cast<uint32_t*>(row + 8 * d + 2 * ln.tc) =
+            pack_bf16(o[mt][d][2 * half] * inv, o[mt][d][2 * half + 1] * inv);
+      }
+      if (ln.tc == 0) {
+        lse[(b * g.NH + h) * g.T + t] = sum > 0.0f ? m[mt][half] * 0.6931471805599453f + logf(sum) : -INFINITY;
+      }
+    }
+  }
+}
+
 /// Output rows and logsumexp of one block of MT x 64 queries: blockIdx.x = b * NH + h, query tiles in reverse order
 /// (blockIdx.y = 0 is the last, longest causal tile, so it starts first). Warp w owns rows 16w + 64mt, mt < MT: with
 /// MT = 2 (FlashAttention-2's 128-row blocks) each K and V fragment read from shared memory serves two row tiles
@@ -86,12 +235,7 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
                                  Qs + tile_bytes<EP>(R) + 3 * tile_bytes<EP>(kCols)}};  // [stage][K, V]
   const int64_t h = blockIdx.x % g.NH, b = blockIdx.x / g.NH, kvh = h / (g.NH / g.NKV);
   const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * R;
-  const int lane = int(threadIdx.x % 32), warp_row = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
-  auto row0 = [&](int mt) { return warp_row + kRows * mt; };
-  // ldmatrix's row for this lane: matrices (rows 0-7 | 8-15) x (chunk 0 | 1) of a 16x16 block, in the order of the
-  // fragment registers: A (Q) and the .trans B (V) go down the rows first, the non-transposed B (K) across first.
-  const int lrow_a = (lane & 7) + 8 * ((lane >> 3) & 1), lchunk_a = lane >> 4;
-  const int lrow_k = (lane & 7) + 8 * (lane >> 4), lchunk_k = (lane >> 3) & 1;
+  const ForwardLanes ln;
 
   const int64_t s_end = key_end(g, min64(t0 + R, g.T) - 1);
   const int tiles = int((s_end + kCols - 1) / kCols);
@@ -107,8 +251,8 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
   DropoutRow drop[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-    drop[mt][0] = dropout_row(g, b, h, t0 + row0(mt) + gr);
-    drop[mt][1] = dropout_row(g, b, h, t0 + row0(mt) + gr + 8);
+    drop[mt][0] = dropout_row(g, b, h, t0 + ln.row0(mt) + ln.gr);
+    drop[mt][1] = dropout_row(g, b, h, t0 + ln.row0(mt) + ln.gr + 8);
   }
   // Q's A fragments: all of them in registers for the whole row of key tiles, or one k step's at a time, read again
   // from shared memory (with two row tiles the registers they would take spilled).
@@ -133,126 +277,16 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int kk = 0; kk < QK; ++kk)
-          ldmatrix_x4(qf[mt][kk], Qs + chunk_at<EP>(row0(mt) + lrow_a, 2 * kk + lchunk_a));
+          ldmatrix_x4(qf[mt][kk], Qs + chunk_at<EP>(ln.row0(mt) + ln.lrow_a, 2 * kk + ln.lchunk_a));
     }
-    const unsigned char* Ks = stage[it & 1][0];
-    const unsigned char* Vs = stage[it & 1][1];
-
     float sc[MT][kCols / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < EP / 16; ++kk) {
-      const int qk = kQRegs ? kk : 0;
-      if constexpr (!kQRegs) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt][0], Qs + chunk_at<EP>(row0(mt) + lrow_a, 2 * kk + lchunk_a));
-      }
-#pragma unroll
-      for (int jp = 0; jp < kCols / 16; ++jp) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, Ks + chunk_at<EP>(16 * jp + lrow_k, 2 * kk + lchunk_k));
-        const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(sc[mt][2 * jp], qf[mt][qk], b0);
-          mma_bf16(sc[mt][2 * jp + 1], qf[mt][qk], b1);
-        }
-      }
-    }
-    // Scores in base 2; -inf where hidden, only in tiles that cross the diagonal or the sequence's end.
-    if (s0 + kCols > causal_end(g, t0)) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < kCols / 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int64_t t = t0 + row0(mt) + gr + 8 * (i / 2), s = s0 + 8 * j + 2 * tc + i % 2;
-            sc[mt][j][i] = s < causal_end(g, t) ? sc[mt][j][i] * sl2 : -INFINITY;
-          }
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < kCols / 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) sc[mt][j][i] *= sl2;
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float mx = m[mt][half];
-#pragma unroll
-        for (int j = 0; j < kCols / 8; ++j) mx = fmaxf(mx, fmaxf(sc[mt][j][2 * half], sc[mt][j][2 * half + 1]));
-        const float m_new = quad_max(mx);
-        const float m_sub = m_new == -INFINITY ? 0.0f : m_new;  // a row that sees nothing yet: exp2(-inf - 0) = 0
-        const float alpha = exp2f(m[mt][half] - m_sub);
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kCols / 8; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = sc[mt][j][2 * half + e];
-            x = exp2f(x - m_sub);
-            sum += x;  // the softmax's sum: before dropout
-            x *= dropout_factor(g, drop[mt][half], keep_scale, s0 + 8 * j + 2 * tc + e);
-          }
-        }
-        l[mt][half] = l[mt][half] * alpha + sum;
-        m[mt][half] = m_new;
-#pragma unroll
-        for (int d = 0; d < EP / 8; ++d) {
-          o[mt][d][2 * half] *= alpha;
-          o[mt][d][2 * half + 1] *= alpha;
-        }
-      }
-    }
-    // O += P V: P's A fragments from the score registers, V's B fragments by ldmatrix.trans.
-#pragma unroll
-    for (int kk = 0; kk < kCols / 16; ++kk) {
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = pack_bf16(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
-        a[mt][1] = pack_bf16(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
-        a[mt][2] = pack_bf16(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
-        a[mt][3] = pack_bf16(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < EP / 16; ++dp) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, Vs + chunk_at<EP>(16 * kk + lrow_a, 2 * dp + lchunk_a));
-        const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(o[mt][2 * dp], a[mt], b0);
-          mma_bf16(o[mt][2 * dp + 1], a[mt], b1);
-        }
-      }
-    }
+    forward_scores<EP, MT, kQRegs, QK>(sc, qf, Qs, stage[it & 1][0], ln);
+    forward_softmax<EP, MT>(sc, m, l, o, drop, g, t0, s0, sl2, keep_scale, ln);
+    forward_pv<EP, MT>(o, sc, stage[it & 1][1], ln);
     __syncthreads();  // every warp is done with this stage before the next step's copies overwrite it
   }
   cp_async_wait<0>();  // the last (empty) group, or Q's when no key is visible
-
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float sum = quad_sum(l[mt][half]);
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int64_t t = t0 + row0(mt) + gr + 8 * half;
-      if (t >= g.T) continue;
-      bf16* row = at(out, g.o_stride, b, h, t);
-#pragma unroll
-      for (int d = 0; d < EP / 8; ++d) {
-        *reinterpret_cast<uint32_t*>(row + 8 * d + 2 * tc) =
-            pack_bf16(o[mt][d][2 * half] * inv, o[mt][d][2 * half + 1] * inv);
-      }
-      if (tc == 0) {
-        lse[(b * g.NH + h) * g.T + t] = sum > 0.0f ? m[mt][half] * 0.6931471805599453f + logf(sum) : -INFINITY;
-      }
-    }
-  }
+  forward_store<EP, MT>(out, lse, o, m, l, g, b, h, t0, ln);
 }
 
 
@@ -366,7 +400,7 @@ __device__ void backward_dq_body(unsigned char* smem, bf16* dq, float* D, float*
   const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
 
   // D of the tile's rows, in f32: two threads a row, each half of its features in 16-byte loads, all in flight
-  // together (one element at a time, dQ's warps spent 41% of their stalls here: Nsight Compute, H200).
+  // together (read one element at a time, these loads were where dQ's warps stalled most: docs/RESULTS.md).
   {
     constexpr int kLoads = EP / 16;  // 16-byte loads (8 bf16) per thread and operand
     const int r = int(threadIdx.x) / 2, e0 = (int(threadIdx.x) % 2) * (EP / 2);
