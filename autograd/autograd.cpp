@@ -4,6 +4,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kernels/kernels.h"
+
 namespace tinygpt {
 namespace {
 

@@ -5,6 +5,7 @@
 
 #include "autograd.h"
 #include "tensor.h"
+#include "../kernels/kernels.h"
 
 namespace tinygpt::detail {
 

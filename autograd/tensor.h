@@ -15,7 +15,8 @@
 
 #include "random.h"
 #include "../kernels/bf16.h"
-#include "../kernels/kernels.h"
+#include "../kernels/base.h"
+#include "../kernels/geometry.h"
 
 namespace tinygpt {
 

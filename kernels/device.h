@@ -1,7 +1,7 @@
-// GPU memory and device queries, the part of the CUDA backend the layers above the kernels may use. Implemented in
-// kernels/cuda/device.cu when the CUDA backend is built, and by kernels/cuda/cpu_only_stubs.cpp otherwise, so
-// callers never need an #ifdef. How kernels compute (TF32, the attention operand format) is not set here: it is
-// an argument of each call (kernels/numerics.h).
+// Device queries the layers above the kernels may use: GPU memory and devices (the part of the CUDA backend they may
+// use; implemented in kernels/cuda/device.cu when the CUDA backend is built, and by kernels/cuda/cpu_only_stubs.cpp
+// otherwise, so callers never need an #ifdef), and which CPU unit runs bf16 products. How kernels compute (TF32, the
+// attention operand format) is not set here: it is an argument of each call (kernels/numerics.h).
 //
 // All GPU work runs on one stream (cuda::stream() in kernels/cuda/runtime.cuh), so memory handed back to the caching
 // allocator can be reused at once by later work: the stream orders it after every kernel that used it.
@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace tinygpt::cuda {
 
@@ -119,3 +121,53 @@ bool profiling();
 void profile_add(const char* op, double ms);
 
 }  // namespace tinygpt::cuda
+
+// --- The CPU's units: which one runs bf16 products (implemented with the GEMM, kernels/cpu/cpu_units.cpp), for the
+// layers above the kernels (the trainer's model line and defaults, the meter).
+namespace tinygpt::cpu {
+
+/// How bf16 products are computed. All take the same rounded operands and sum in f32, in different orders.
+/// F32Units: rounded as packed, then the f32 micro-kernel (every CPU). Avx512Bf16: `vdpbf16ps`, two products per
+/// f32 lane per instruction. Amx: AMX-BF16 tiles (16 x 16 x 32 products per instruction).
+enum class Bf16Kernel : uint8_t { F32Units, Avx512Bf16, Amx };
+
+/// "f32 units", "AVX512-BF16" or "AMX-BF16".
+const char* bf16_kernel_name(Bf16Kernel kernel);
+
+/// f32 lanes of the f32 micro-kernel's vectors: 16 (AVX-512), 8 (AVX2) or 4 (the portable build), fixed at compile
+/// time.
+int f32_lanes();
+
+/// The kernels this CPU and OS can run, F32Units first, the fastest last (AMX after Linux granted the tile state).
+const std::vector<Bf16Kernel>& bf16_kernels_available();
+
+/// The kernel gemm uses for bf16 products in float: of those available, the unit with the most FLOPs a cycle as
+/// measured at the first call (kernels/cpu/cpu_probe.h: AMX where present; AVX512-BF16 where its dot products run at
+/// twice the f32 FMAs' rate, as on AMD Zen 4 and Zen 5; else the f32 units). The environment variable
+/// TINYGPT_CPU_BF16=amx|avx512|f32, read once, picks one; throws Error (kernels/base.h) when it names something else
+/// or a kernel this CPU lacks.
+Bf16Kernel bf16_kernel();
+
+/// What the cores do, measured (the probes: kernels/cpu/cpu_probe.h): the clock and each unit's FLOPs a cycle.
+struct UnitRates {
+  double ghz = 0;          // the clock the cores run at: the chain of dependent adds on every thread at once
+  double f32 = 0;          // FLOPs a cycle of one core's f32 FMAs at f32_lanes() lanes
+  double avx512_bf16 = 0;  // vdpbf16ps (0 where absent)
+  double amx = 0;          // tdpbf16ps (0 where absent)
+  bool cached = false;     // set_unit_rates gave them (read from a cache) rather than measured now
+};
+
+/// The rates, measured by the first call (about 0.1 s, every thread at once: the clock as the best of 7 timings of
+/// the chain; each unit's FLOPs a cycle as the median of 7 ratios of the unit's rate to the chain's, the two timed one
+/// right after the other, so a core shared with another process for a while slows both alike; rounded to a power of
+/// two, the steps between microarchitectures), unless set_unit_rates gave them first.
+const UnitRates& unit_rates();
+/// Uses `rates` (as read from a cache) instead of measuring them: before the first unit_rates() or bf16_kernel().
+/// Throws Error when either was already called, or a rate is not a positive power of two where its unit exists.
+void set_unit_rates(const UnitRates& rates);
+/// FLOPs a cycle of one core of `kernel`'s unit (F32Units: the f32 FMAs).
+double flops_per_cycle(Bf16Kernel kernel);
+/// "AMD EPYC 9R14 96-Core Processor (family 25, model 17)": CPUID's brand string, family and model.
+std::string cpu_model_name();
+
+}  // namespace tinygpt::cpu

@@ -101,7 +101,7 @@ TINYGPT_HOST_DEVICE inline int32_t t5_bucket(int64_t d, int32_t buckets, int32_t
   const int32_t max_exact = buckets / 2;
   if (n < max_exact) return ret + int32_t(n);
   // In float, as the reference computes it, so the buckets agree at their edges.
-  const float denominator = float(log(double(max_distance) / double(max_exact)));
+  const float denominator = float(::log(double(max_distance) / double(max_exact)));
   const int32_t v = max_exact + int32_t(logf(float(n) / float(max_exact)) / denominator * float(buckets - max_exact));
   return ret + (v < buckets - 1 ? v : buckets - 1);
 }

@@ -5,6 +5,7 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "kernels/scalar_math.h"
+#include "kernels/kernels.h"
 
 namespace tinygpt {
 

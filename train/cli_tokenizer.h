@@ -4,7 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "train/cli.h"
+#include "cli.h"
 
 namespace tinygpt {
 

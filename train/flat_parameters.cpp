@@ -1,4 +1,5 @@
 #include "train/flat_parameters.h"
+#include "kernels/kernels.h"
 
 #include <fmt/format.h>
 

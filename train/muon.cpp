@@ -12,6 +12,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
+#include "kernels/kernels.h"
 
 namespace tinygpt {
 

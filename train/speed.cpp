@@ -14,8 +14,8 @@
 #include <string_view>
 
 #include "autograd/autograd.h"
-#include "kernels/cpu/cpu_probe.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/device.h"
+#include "kernels/device.h"
 #include "kernels/device.h"
 #include "kernels/env.h"
 #include "kernels/kernels.h"

@@ -17,7 +17,7 @@ double step_flops(const nn::GPT& model, int64_t tokens_per_step);
 
 /// The peak MFU is measured against, fixed for a machine and the run's numerics, never raised by a step (a step above
 /// it means the FLOP count or the peak is wrong). CPU: threads x the clock the cores run at x the FLOPs a cycle of
-/// the unit the products run on, both measured (kernels/cpu/cpu_probe.h) and cached per CPU (cpu_rates_cache_path),
+/// the unit the products run on, both measured (kernels/device.h) and cached per CPU (cpu_rates_cache_path),
 /// so every run on a machine states the same peak. GPU: NVIDIA's dense figure for the card (H100, H200, A100) in the
 /// run's matmul format. Where neither is known, a matmul measured at start-up (measure_peak_gflops), said so in `how`.
 struct Peak {

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/device.h"
 #include "kernels/device.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"

@@ -10,7 +10,7 @@
 #include <memory>
 #include <optional>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/device.h"
 #include "kernels/device.h"
 #include "kernels/env.h"
 #include "kernels/profile.h"

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "../bf16.h"  // round_bf16
+#include "../device.h"  // Bf16Kernel, bf16_kernel(): which CPU unit runs bf16 products
 #include "../geometry.h"
 
 namespace tinygpt::cpu {
@@ -52,28 +53,6 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 /// widened first (exactly), so every kernel multiplies the same values as gemm<float> with bf16 on their f32 twins.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
           const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc, const Epilogue<float>& epilogue = {});
-
-/// How bf16 products are computed. All take the same rounded operands and sum in f32, in different orders.
-/// F32Units: rounded as packed, then the f32 micro-kernel (every CPU). Avx512Bf16: `vdpbf16ps`, two products per
-/// f32 lane per instruction. Amx: AMX-BF16 tiles (16 x 16 x 32 products per instruction).
-enum class Bf16Kernel : uint8_t { F32Units, Avx512Bf16, Amx };
-
-/// "f32 units", "AVX512-BF16" or "AMX-BF16".
-const char* bf16_kernel_name(Bf16Kernel kernel);
-
-/// f32 lanes of the f32 micro-kernel's vectors: 16 (AVX-512), 8 (AVX2) or 4 (the portable build), fixed at compile
-/// time.
-int f32_lanes();
-
-/// The kernels this CPU and OS can run, F32Units first, the fastest last (AMX after Linux granted the tile state).
-const std::vector<Bf16Kernel>& bf16_kernels_available();
-
-/// The kernel gemm uses for bf16 products in float: of those available, the unit with the most FLOPs a cycle as
-/// measured at the first call (kernels/cpu/cpu_probe.h: AMX where present; AVX512-BF16 where its dot products run at
-/// twice the f32 FMAs' rate, as on AMD Zen 4 and Zen 5; else the f32 units). The environment variable
-/// TINYGPT_CPU_BF16=amx|avx512|f32, read once, picks one; throws Error (kernels/base.h) when it names something else
-/// or a kernel this CPU lacks.
-Bf16Kernel bf16_kernel();
 
 /// gemm<float> with bf16 operands on the given kernel, which must be available (tests and bench_matmul compare them).
 void gemm_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

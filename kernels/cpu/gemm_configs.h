@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/bf16.h"
+#include "../bf16.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

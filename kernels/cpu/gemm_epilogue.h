@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/vec_math.h"
+#include "gemm.h"
+#include "vec_math.h"
 
 namespace tinygpt::cpu::gemm_detail {
 

@@ -11,7 +11,7 @@
 #include <ctime>
 #include <new>
 
-#include "kernels/cpu/gemm_configs.h"
+#include "gemm_configs.h"
 
 namespace tinygpt::cpu::gemm_detail {
 
