@@ -293,6 +293,7 @@ AttentionGeom geometry(const HeadsView& q, const HeadsView& k, const HeadsView& 
   g.dropout_p = float(o.dropout_p);
   g.dropout_seed = o.dropout_seed;
   g.math = o.numerics.attention;
+  g.flash = o.numerics.flash;
   return g;
 }
 

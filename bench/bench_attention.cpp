@@ -37,6 +37,7 @@
 #include "autograd/ops.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/device.h"
+#include "kernels/env.h"
 
 namespace {
 
@@ -124,6 +125,7 @@ Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool ca
   AttentionOptions o;
   o.is_causal = causal;
   o.numerics.attention = math;
+  o.numerics.flash = env::flash_variants();  // the GPU's variants waiting for a measurement (scripts/gpu_check.sh)
   o.impl = impl;
   const bool gpu = device == Device::CUDA;
   auto fwd_bwd = [&] {

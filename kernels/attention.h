@@ -45,6 +45,7 @@ struct AttentionGeom {
   // kernels store each row once, the CPU zeroes them first. For the views of a fused qkv gradient that no op has
   // written yet (Node::unwritten_disjoint): no memset of it, and no read of those zeros.
   bool grads_unwritten = false;
+  FlashVariants flash = {};  // the GPU's bf16 flash kernels that wait for a measurement (kernels/numerics.h)
   ScoreMods mods;  // relative positions, ALiBi, T5 bias, window, documents, soft-cap (kernels/score_mods.h)
 };
 

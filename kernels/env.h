@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "numerics.h"
+
 namespace tinygpt::env {
 
 struct Switch {
@@ -90,3 +92,17 @@ inline std::string set_switches() {
     const char* value = TINYGPT_ENV(name);                      \
     return value != nullptr && std::string_view(want) == value; \
   }())
+
+namespace tinygpt::env {
+
+/// The GPU's bf16 flash variants the switches ask for (TINYGPT_FLASH_ROWS=128, TINYGPT_FLASH_Q=smem,
+/// TINYGPT_FLASH_DQ=atomic): read where a command builds its Numerics, never inside a kernel call.
+inline FlashVariants flash_variants() {
+  FlashVariants f;
+  f.rows128 = TINYGPT_ENV_IS("TINYGPT_FLASH_ROWS", "128");
+  f.q_smem = TINYGPT_ENV_IS("TINYGPT_FLASH_Q", "smem");
+  f.dq_atomic = TINYGPT_ENV_IS("TINYGPT_FLASH_DQ", "atomic");
+  return f;
+}
+
+}  // namespace tinygpt::env

@@ -43,6 +43,17 @@ inline const char* matmul_math_name(MatmulMath math) {
   return math == MatmulMath::BF16 ? "bf16" : math == MatmulMath::TF32 ? "tf32" : "f32";
 }
 
+/// The GPU's bf16 flash kernels that wait for a GPU's measurement (scripts/gpu_check.sh times each against the
+/// default), all off by default: fields of each call's numerics (AttentionGeom::flash), set where a command builds its
+/// Numerics from the switches TINYGPT_FLASH_ROWS, TINYGPT_FLASH_Q and TINYGPT_FLASH_DQ (kernels/env.h,
+/// flash_variants_from_environment), never read from the environment inside a call; tests set them directly.
+struct FlashVariants {
+  bool rows128 = false;    // the forward at head dim 64 in blocks of 128 query rows (two 16-row tiles a warp)
+  bool q_smem = false;     // the forward at head dim 128 reads Q's fragments from shared memory at every k step
+  bool dq_atomic = false;  // the backward's dQ in the dK/dV pass, summed in f32 with atomics (one pass)
+  bool operator==(const FlashVariants&) const = default;
+};
+
 struct Numerics {
   bool tf32 = false;  // on the GPU, f32 matmuls on TF32 tensor cores (10-bit mantissa products, f32 accumulation)
   bool bf16 = false;  // --dtype bf16: matmul operands rounded to bf16 (on every device; before tf32)
@@ -51,6 +62,7 @@ struct Numerics {
   // weights through bf16 working copies of the f32 parameters (working_copy in autograd/ops.h); statistics, softmax,
   // the loss, the parameters, their gradients and the optimizer's state stay f32. Off: f32 tensors, bf16 products.
   bool bf16_storage = false;
+  FlashVariants flash = {};  // the GPU's bf16 flash kernels not yet measured (not recorded in checkpoints)
 
   MatmulMath matmul() const { return bf16 ? MatmulMath::BF16 : tf32 ? MatmulMath::TF32 : MatmulMath::F32; }
 };

@@ -368,9 +368,10 @@ TEST_CASE("cuda: tensor-core flash attention (tf32, bf16) matches the double ref
 /// The flash forward and backward on bf16 storage (bf16 q, k, v, out and gradients) against the double reference
 /// on the same bf16 inputs; the output and the gradients start as NaN (the backward told they are unwritten), so an
 /// element left unwritten shows.
-void check_bf16_storage_on_gpu(const Config& c) {
+void check_bf16_storage_on_gpu(const Config& c, FlashVariants flash = {}) {
   INFO("flash on bf16 storage: " << describe(c));
-  const Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
+  Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
+  p.g.flash = flash;
   const Run<double> ref = run<double>(p, true, true);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   DeviceBuffer<bf16> qkv(std::vector<bf16>(p.qkv.begin(), p.qkv.end()));
@@ -400,15 +401,15 @@ void check_bf16_storage_on_gpu(const Config& c) {
 
 /// The bf16-storage kernels' shapes on the GPU: many tiles causal (fused, GQA), head dim 128 with partial tiles and
 /// long and not causal, few queries over many keys, the training shape's dropout.
-void check_bf16_storage_shapes_on_gpu() {
+void check_bf16_storage_shapes_on_gpu(FlashVariants flash = {}) {
   check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
-                             .layout = Layout::Fused, .seed = 11});
-  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12});
+                             .layout = Layout::Fused, .seed = 11}, flash);
+  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12}, flash);
   check_bf16_storage_on_gpu({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128,
-                             .layout = Layout::Fused, .seed = 13});
-  check_bf16_storage_on_gpu({.B = 2, .NH = 2, .NKV = 1, .T = 100, .S = 1000, .E = 64, .Ev = 64, .seed = 14});
+                             .layout = Layout::Fused, .seed = 13}, flash);
+  check_bf16_storage_on_gpu({.B = 2, .NH = 2, .NKV = 1, .T = 100, .S = 1000, .E = 64, .Ev = 64, .seed = 14}, flash);
   check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true,
-                             .dropout = 0.2f, .seed = 15});
+                             .dropout = 0.2f, .seed = 15}, flash);
 }
 
 TEST_CASE("cuda: flash attention on bf16 storage matches the double reference; bf16 attention tracks f32") {
@@ -418,29 +419,23 @@ TEST_CASE("cuda: flash attention on bf16 storage matches the double reference; b
   test::check_bf16_attention_tracks_f32(Device::CUDA, true, 64, /*misaligned_dout=*/true);
 }
 
-TEST_CASE("cuda: the bf16-storage forward's 128-row blocks (TINYGPT_FLASH_ROWS=128) match the double reference") {
-  setenv("TINYGPT_FLASH_ROWS", "128", 1);
+TEST_CASE("cuda: the bf16-storage forward's 128-row blocks (FlashVariants::rows128) match the double reference") {
   check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true,
-                             .dropout = 0.2f, .seed = 15});
-  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 300, .E = 64, .Ev = 64, .causal = true, .seed = 16});
-  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 17});
-  unsetenv("TINYGPT_FLASH_ROWS");
+                             .dropout = 0.2f, .seed = 15}, {.rows128 = true});
+  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 300, .E = 64, .Ev = 64, .causal = true, .seed = 16}, {.rows128 = true});
+  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 17}, {.rows128 = true});
 }
 
-TEST_CASE("cuda: the bf16-storage forward with Q from shared memory (TINYGPT_FLASH_Q=smem) matches the double reference") {
-  setenv("TINYGPT_FLASH_Q", "smem", 1);
-  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12});
+TEST_CASE("cuda: the bf16-storage forward with Q from shared memory (FlashVariants::q_smem) matches the double reference") {
+  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12}, {.q_smem = true});
   check_bf16_storage_on_gpu({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128,
-                             .layout = Layout::Fused, .seed = 13});
+                             .layout = Layout::Fused, .seed = 13}, {.q_smem = true});
   check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 128, .Ev = 128, .causal = true,
-                             .dropout = 0.2f, .seed = 18});
-  unsetenv("TINYGPT_FLASH_Q");
+                             .dropout = 0.2f, .seed = 18}, {.q_smem = true});
 }
 
-TEST_CASE("cuda: the one-pass bf16-storage backward (TINYGPT_FLASH_DQ=atomic) matches the double reference") {
-  setenv("TINYGPT_FLASH_DQ", "atomic", 1);
-  check_bf16_storage_shapes_on_gpu();
-  unsetenv("TINYGPT_FLASH_DQ");
+TEST_CASE("cuda: the one-pass bf16-storage backward (FlashVariants::dq_atomic) matches the double reference") {
+  check_bf16_storage_shapes_on_gpu({.dq_atomic = true});
 }
 
 TEST_CASE("cuda: flash attention is deterministic, its backward accumulates or stores (f32, tf32 and bf16 kernels)") {

@@ -97,9 +97,10 @@ TEST_CASE("tensor-core flash (emulated): whole leading key tiles padded away") {
 /// The emulated run starts its buffers as NaN (the gradients told they are unwritten), so an element left unwritten
 /// fails; then the emulated kernels and the twins again with gradients that start at 0.25 and are added to, the
 /// other mode (the GPU's stores widen, add and round once).
-void check_bf16_storage(const Config& c) {
+void check_bf16_storage(const Config& c, FlashVariants flash = {}) {
   INFO("flash on bf16 storage: " << describe(c));
-  const Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
+  Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
+  p.g.flash = flash;
   const Run<double> ref = run<double>(p, true, true);
   const std::vector<bf16> qkv(p.qkv.begin(), p.qkv.end());  // exact: the inputs are rounded to bf16 already
   const std::vector<bf16> dout(p.dout.begin(), p.dout.end());  // the upstream gradient as bf16 storage holds it
@@ -169,50 +170,44 @@ TEST_CASE("flash on bf16 storage (emulated): head dim 128 not causal; GQA causal
   check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 50, .S = 140, .E = 64, .Ev = 64, .causal = true, .seed = 16});
 }
 
-TEST_CASE("flash on bf16 storage (emulated): the forward's 128-row blocks (TINYGPT_FLASH_ROWS=128, head dim 64)") {
+TEST_CASE("flash on bf16 storage (emulated): the forward's 128-row blocks (FlashVariants::rows128, head dim 64)") {
   // Each warp two 16-row tiles (rows 16w and 64 + 16w): one block exactly; a second block cut short by T (rows past T,
   // and warps whose second tile is wholly past it) with a fused qkv; keys past the rows (T < S, GQA); rows that see
   // nothing (T > S); not causal over three key tiles with dropout; dropout on the training shape's pattern. The
   // backward is the default's.
-  setenv("TINYGPT_FLASH_ROWS", "128", 1);
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true,
-                      .layout = Layout::Fused});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 33});
+                      .layout = Layout::Fused}, {.rows128 = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 33}, {.rows128 = true});
   check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 160, .S = 160, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f,
-                      .seed = 35});
+                      .seed = 35}, {.rows128 = true});
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
-                      .layout = Layout::Fused, .seed = 31});
-  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 50, .S = 140, .E = 64, .Ev = 64, .causal = true, .seed = 32});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .dropout = 0.2f, .seed = 34});
-  unsetenv("TINYGPT_FLASH_ROWS");
+                      .layout = Layout::Fused, .seed = 31}, {.rows128 = true});
+  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 50, .S = 140, .E = 64, .Ev = 64, .causal = true, .seed = 32}, {.rows128 = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .dropout = 0.2f, .seed = 34}, {.rows128 = true});
 }
 
-TEST_CASE("flash on bf16 storage (emulated): the head-dim-128 forward with Q from shared memory (TINYGPT_FLASH_Q=smem)") {
+TEST_CASE("flash on bf16 storage (emulated): the head-dim-128 forward with Q from shared memory (FlashVariants::q_smem)") {
   // Q's fragments read at each k step instead of held in registers: partial tiles with T < S causal, not causal over
   // several key tiles with GQA, rows that see nothing, dropout.
-  setenv("TINYGPT_FLASH_Q", "smem", 1);
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .seed = 15});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 128, .Ev = 128, .causal = true, .seed = 7});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 22});
-  unsetenv("TINYGPT_FLASH_Q");
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5}, {.q_smem = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .seed = 15}, {.q_smem = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 128, .Ev = 128, .causal = true, .seed = 7}, {.q_smem = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 22}, {.q_smem = true});
 }
 
-TEST_CASE("flash on bf16 storage (emulated): the one-pass backward, dQ by atomics (TINYGPT_FLASH_DQ=atomic)") {
+TEST_CASE("flash on bf16 storage (emulated): the one-pass backward, dQ by atomics (FlashVariants::dq_atomic)") {
   // dQ summed in the dK/dV pass: each step's dS^T through shared memory, a quarter of the step's dQ block a warp,
   // added to f32 sums zeroed by the D kernel, then scaled and rounded once. Head dim 64 (64 queries a step: four
   // row groups) and 128 (32 a step: two row groups, two feature halves), causal and not, GQA (several query heads
   // into one key tile's pass), rows past T, rows that see nothing, dropout, into unwritten gradients and added to.
-  setenv("TINYGPT_FLASH_DQ", "atomic", 1);
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true,
-                      .layout = Layout::Fused});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5});
-  check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 10});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 7});
+                      .layout = Layout::Fused}, {.dq_atomic = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5}, {.dq_atomic = true});
+  check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 10}, {.dq_atomic = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 7}, {.dq_atomic = true});
   check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f,
-                      .seed = 21});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 15});
-  unsetenv("TINYGPT_FLASH_DQ");
+                      .seed = 21}, {.dq_atomic = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 15}, {.dq_atomic = true});
 }
 
 // The whole attention test matrix (the CPU and GPU suites' flash cases): about a minute under the emulator, so it

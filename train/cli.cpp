@@ -16,6 +16,7 @@
 
 #include "data/corpus.h"
 #include "data/documents.h"
+#include "kernels/env.h"
 #include "train/training_data.h"
 #include "train/checkpoint.h"
 #include "train/cli_tokenizer.h"
@@ -38,6 +39,7 @@ Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
   if (!dtype.empty() || tf32) n.attention = default_attention_math(n.bf16, n.tf32, device == Device::CUDA);
   if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
   n.bf16_storage = bf16_storage_of(storage, n.bf16, device);
+  n.flash = env::flash_variants();
   return n;
 }
 

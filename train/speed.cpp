@@ -15,8 +15,6 @@
 
 #include "autograd/autograd.h"
 #include "kernels/device.h"
-#include "kernels/device.h"
-#include "kernels/device.h"
 #include "kernels/env.h"
 #include "kernels/kernels.h"
 #include "train/plots.h"  // write_text_file

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "kernels/device.h"
-#include "kernels/device.h"
+#include "kernels/env.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -123,6 +123,7 @@ Numerics numerics_of(const TrainConfig& c) {
   n.attention = !c.attention_math.empty() ? parse_attention_math(c.attention_math)
                                            : default_attention_math(n.bf16, n.tf32, cuda);
   n.bf16_storage = bf16_storage_of(c.storage, n.bf16, cuda ? Device::CUDA : Device::CPU);
+  n.flash = env::flash_variants();
   return n;
 }
 

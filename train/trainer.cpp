@@ -11,7 +11,6 @@
 #include <optional>
 
 #include "kernels/device.h"
-#include "kernels/device.h"
 #include "kernels/env.h"
 #include "kernels/profile.h"
 #include "kernels/scalar_math.h"

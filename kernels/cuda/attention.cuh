@@ -36,7 +36,6 @@
 #endif
 #include "kernels/cuda/flash_mma.cuh"  // after the mma primitives: its kernels are written over them
 #include "kernels/cuda/score_mods.cuh"
-#include "kernels/env.h"  // TINYGPT_FLASH_ROWS (attention_bf16.cuh)
 
 TINYGPT_CUDA_BEGIN
 namespace {

@@ -65,13 +65,13 @@ void attention_flash_forward_bf16(bf16* out, float* lse, const bf16* q, const bf
                   size_t(flash_bf16::forward_smem_bytes<EP, MT>()), out, lse, q, k, v, g);
   };
   using One = std::integral_constant<int, 1>;
-  // TINYGPT_FLASH_ROWS=128: blocks of 128 query rows at head dim 64; TINYGPT_FLASH_Q=smem: Q's fragments read from
-  // shared memory at head dim 128 (kernels/env.h).
-  if (g.E == 64 && TINYGPT_ENV_IS("TINYGPT_FLASH_ROWS", "128")) {
+  // g.flash (kernels/numerics.h): rows128, blocks of 128 query rows at head dim 64; q_smem, Q's fragments read from
+  // shared memory at head dim 128.
+  if (g.E == 64 && g.flash.rows128) {
     return run(PaddedDim<64>{}, std::integral_constant<int, 2>{}, std::false_type{});
   }
   if (g.E == 64) return run(PaddedDim<64>{}, One{}, std::true_type{});
-  if (TINYGPT_ENV_IS("TINYGPT_FLASH_Q", "smem")) return run(PaddedDim<128>{}, One{}, std::false_type{});
+  if (g.flash.q_smem) return run(PaddedDim<128>{}, One{}, std::false_type{});
   return run(PaddedDim<128>{}, One{}, std::true_type{});
 }
 
@@ -85,8 +85,8 @@ void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dou
   if (properties().major < 8) throw Error("bf16 flash attention needs tensor cores of compute capability 8.0 or newer");
   check_grid(g);
   Scratch D(size_t(g.B * g.NH * g.T) * sizeof(float));
-  // TINYGPT_FLASH_DQ=atomic: dQ in the dK/dV pass, added up in f32 with atomics (kernels/env.h).
-  const bool one_pass = dq && (dk || dv) && g.S > 0 && TINYGPT_ENV_IS("TINYGPT_FLASH_DQ", "atomic");
+  // g.flash.dq_atomic: dQ in the dK/dV pass, added up in f32 with atomics (kernels/numerics.h).
+  const bool one_pass = dq && (dk || dv) && g.S > 0 && g.flash.dq_atomic;
   const auto run = [&](auto dim) {
     constexpr int EP = decltype(dim)::value;
     Scratch dq_acc(one_pass ? size_t(g.B * g.NH * g.T * EP) * sizeof(float) : 0);
