@@ -202,63 +202,6 @@ AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv,
   return {out, weights};
 }
 
-AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
-                          const AttentionOptions& o, bool qkv_partition = false);
-
-/// Attention on bf16 storage (g: the call's geometry). The lean calls (flash, no mask, padding or score modifier; on
-/// the GPU also what flash_bf16_takes asks: head dim 64 or 128, aligned rows; dropout is taken) run the flash kernels that read and write bf16 as stored
-/// (kernels/cuda/flash_bf16.cuh; on the CPU kernels/cpu/attention.cpp, packing tiles from storage), forward and backward.
-/// Every other call goes through f32 as a graph: cast, attention, cast back.
-AttentionResult attention_bf16(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
-                               AttentionGeom g, const AttentionOptions& o, bool qkv_partition) {
-  const Tensor& qb = q.base;
-  const Shape out_shape = out_heads_last ? Shape{g.B, g.T, g.NH * g.Ev} : Shape{g.B, g.NH, g.T, g.Ev};
-  Tensor out = empty(out_shape, DType::BF16, qb.device());
-  const bf16* qp = qb.data<bf16>() + q.offset;
-  const bf16* kp = k.base.data<bf16>() + k.offset;
-  const bf16* vp = v.base.data<bf16>() + v.offset;
-  const bool lean = o.impl != AttentionImpl::Naive && !o.need_weights && !o.attn_mask.defined() &&
-                    !o.key_padding_mask.defined() && !o.mods.any();
-  // The CPU's kernels pack (or widen) bf16 tiles as they load them: any head dim, stride or alignment, and dropout.
-  const bool takes = qb.device() == Device::CPU || flash_bf16_takes(g, qp, kp, vp, out.data<bf16>());
-  if (!lean || !takes) {
-    // One f32 copy per distinct base: a fused qkv's three views stay views of one tensor (and keep qkv_partition).
-    HeadsView q32 = q, k32 = k, v32 = v;
-    q32.base = cast(q.base, DType::F32);
-    const auto same = [](const HeadsView& a, const HeadsView& b) { return a.base.impl_ptr() == b.base.impl_ptr(); };
-    k32.base = same(k, q) ? q32.base : cast(k.base, DType::F32);
-    v32.base = same(v, q) ? q32.base : same(v, k) ? k32.base : cast(v.base, DType::F32);
-    AttentionOptions o32 = o;
-    if (o32.attn_mask.defined() && o32.attn_mask.dtype() == DType::BF16) o32.attn_mask = o32.attn_mask.to(DType::F32);
-    AttentionResult r = attention(q32, k32, v32, out_heads_last, o32, qkv_partition);
-    r.out = cast(r.out, DType::BF16);
-    return r;
-  }
-  g.math = AttentionMath::BF16;
-  Tensor lse = empty({g.B, g.NH, g.T}, DType::F32, qb.device());
-  launch(kernels::attention_flash_forward_bf16, qb.device(), out.data<bf16>(), lse.data<float>(), qp, kp, vp, g);
-  const Tensor saved_out = out.detach();
-  const int64_t qo = q.offset, ko = k.offset, vo = v.offset;
-  out = record("attention_flash_bf16", out, {qb, k.base, v.base},
-               [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                 AttentionGeom gb = g;
-                 gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) &&
-                                      detail::unwritten(grads[2]);
-                 auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<bf16>(t) + offset : nullptr; };
-                 // The GPU kernels load dout's rows 16 bytes at a time: a gradient that lies in a slice of a larger
-                 // buffer off a 16-byte boundary is copied first (a fresh tensor is aligned).
-                 const bool misaligned = reinterpret_cast<uintptr_t>(dout.raw_data()) % 16 != 0;
-                 const Tensor d = misaligned && dout.device() == Device::CUDA ? dout.clone() : dout;
-                 launch(kernels::attention_flash_backward_bf16, d.device(), at(grads[0], qo), at(grads[1], ko),
-                        at(grads[2], vo), d.data<bf16>(), in[0].data<bf16>() + qo, in[1].data<bf16>() + ko,
-                        in[2].data<bf16>() + vo, saved_out.data<bf16>(), lse.data<float>(), gb);
-               },
-               // As the f32 flash's: a fused qkv's three views are written together, all of it, uninitialized.
-               qkv_partition && qb.impl_ptr() == k.base.impl_ptr() && qb.impl_ptr() == v.base.impl_ptr() ? 7u : 0u,
-               /*unwritten_disjoint=*/true);
-  return {out, Tensor()};
-}
-
 /// The call's geometry from the views and options, each checked: shapes that fit together, heads that divide, a
 /// dropout probability in [0, 1). out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
 AttentionGeom geometry(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
@@ -297,41 +240,134 @@ AttentionGeom geometry(const HeadsView& q, const HeadsView& k, const HeadsView& 
   return g;
 }
 
-/// out layout: heads first (B, NH, T, Ev) or heads last (B, T, NH * Ev).
-/// qkv_partition: q, k and v are the three views of one fused qkv tensor that together cover it
-/// (fused_self_attention), so the flash backward may write its gradient without its being zeroed first.
-AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
-                          const AttentionOptions& o, bool qkv_partition) {
-  const Tensor& qb = q.base;
-  AttentionGeom g = geometry(q, k, v, out_heads_last, o);
-  const int64_t B = g.B, NH = g.NH, T = g.T, S = g.S, Ev = g.Ev;
-  if (qb.dtype() == DType::BF16) {
-    resolved_settings(o.mods);  // its lean path reads no modifier, but bad settings are refused on every path
-    return attention_bf16(q, k, v, out_heads_last, g, o, qkv_partition);
+/// One call of the op as the paths see it: the views, the output's layout (heads first (B, NH, T, Ev) or heads last
+/// (B, T, NH * Ev)), the options and the checked geometry. qkv_partition: q, k and v are the three views of one fused
+/// qkv tensor that together cover it (fused_self_attention), so a flash backward may write its gradient without its
+/// being zeroed first.
+struct Call {
+  const HeadsView& q;
+  const HeadsView& k;
+  const HeadsView& v;
+  bool out_heads_last;
+  const AttentionOptions& o;
+  bool qkv_partition;
+  AttentionGeom g;
+
+  bool bf16() const { return q.base.dtype() == DType::BF16; }
+  Shape out_shape() const { return out_heads_last ? Shape{g.B, g.T, g.NH * g.Ev} : Shape{g.B, g.NH, g.T, g.Ev}; }
+  /// The three views are one fused qkv, all of it: its gradient may be written uninitialized (record's mask 7).
+  bool fused_partition() const {
+    return qkv_partition && q.base.impl_ptr() == k.base.impl_ptr() && q.base.impl_ptr() == v.base.impl_ptr();
   }
+};
 
+AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
+                          const AttentionOptions& o, bool qkv_partition = false);
+
+// --- The paths, in the order the op asks them (kPaths below).
+
+/// bf16 tensors, a flash call without mask, padding or score modifier (dropout is taken): the flash kernels that read
+/// and write bf16 as stored (kernels/cuda/flash_bf16.cuh, where flash_bf16_takes: head dim 64 or 128, aligned rows;
+/// on the CPU kernels/cpu/attention.cpp, packing tiles from storage, any head dim or stride).
+bool takes_flash_bf16(const Call& c) {
+  const AttentionOptions& o = c.o;
+  const bool lean = o.impl != AttentionImpl::Naive && !o.need_weights && !o.attn_mask.defined() &&
+                    !o.key_padding_mask.defined() && !o.mods.any();
+  if (!c.bf16() || !lean) return false;
+  if (c.q.base.device() == Device::CPU) return true;
+  const auto at = [](const HeadsView& x) { return x.base.data<bf16>() + x.offset; };
+  return flash_bf16_takes(c.g, at(c.q), at(c.k), at(c.v), /*out: a fresh tensor, aligned*/ nullptr);
+}
+
+AttentionResult run_flash_bf16(const Call& c) {
+  const Tensor& qb = c.q.base;
+  AttentionGeom g = c.g;
+  g.math = AttentionMath::BF16;
+  Tensor out = empty(c.out_shape(), DType::BF16, qb.device());
+  const int64_t qo = c.q.offset, ko = c.k.offset, vo = c.v.offset;
+  Tensor lse = empty({g.B, g.NH, g.T}, DType::F32, qb.device());
+  launch(kernels::attention_flash_forward_bf16, qb.device(), out.data<bf16>(), lse.data<float>(), qb.data<bf16>() + qo,
+         c.k.base.data<bf16>() + ko, c.v.base.data<bf16>() + vo, g);
+  const Tensor saved_out = out.detach();
+  out = record("attention_flash_bf16", out, {qb, c.k.base, c.v.base},
+               [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                 AttentionGeom gb = g;
+                 gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) &&
+                                      detail::unwritten(grads[2]);
+                 auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<bf16>(t) + offset : nullptr; };
+                 // The GPU kernels load dout's rows 16 bytes at a time: a gradient that lies in a slice of a larger
+                 // buffer off a 16-byte boundary is copied first (a fresh tensor is aligned).
+                 const bool misaligned = reinterpret_cast<uintptr_t>(dout.raw_data()) % 16 != 0;
+                 const Tensor d = misaligned && dout.device() == Device::CUDA ? dout.clone() : dout;
+                 launch(kernels::attention_flash_backward_bf16, d.device(), at(grads[0], qo), at(grads[1], ko),
+                        at(grads[2], vo), d.data<bf16>(), in[0].data<bf16>() + qo, in[1].data<bf16>() + ko,
+                        in[2].data<bf16>() + vo, saved_out.data<bf16>(), lse.data<float>(), gb);
+               },
+               // As the f32 flash's: a fused qkv's three views are written together, all of it, uninitialized.
+               c.fused_partition() ? 7u : 0u, /*unwritten_disjoint=*/true);
+  return {out, Tensor()};
+}
+
+/// Every other call on bf16 tensors goes through f32 as a graph: cast, attention (the paths again), cast back.
+bool takes_bf16_through_f32(const Call& c) { return c.bf16(); }
+
+AttentionResult run_bf16_through_f32(const Call& c) {
+  // One f32 copy per distinct base: a fused qkv's three views stay views of one tensor (and keep qkv_partition).
+  HeadsView q32 = c.q, k32 = c.k, v32 = c.v;
+  q32.base = cast(c.q.base, DType::F32);
+  const auto same = [](const HeadsView& a, const HeadsView& b) { return a.base.impl_ptr() == b.base.impl_ptr(); };
+  k32.base = same(c.k, c.q) ? q32.base : cast(c.k.base, DType::F32);
+  v32.base = same(c.v, c.q) ? q32.base : same(c.v, c.k) ? k32.base : cast(c.v.base, DType::F32);
+  AttentionOptions o32 = c.o;
+  if (o32.attn_mask.defined() && o32.attn_mask.dtype() == DType::BF16) o32.attn_mask = o32.attn_mask.to(DType::F32);
+  AttentionResult r = attention(q32, k32, v32, c.out_heads_last, o32, c.qkv_partition);
+  r.out = cast(r.out, DType::BF16);
+  return r;
+}
+
+/// f32 and f64 tensors: the score modifiers' tables, the additive mask and the key padding, checked, in the geometry.
+struct Prepared {
+  AttentionGeom g;
   Tensor rel_probs;  // Pbar, when relative values are on: written by the forward, read by the backward
-  set_score_mods(g, o.mods, qb, rel_probs);
-  g.mods.rel_probs = rel_probs.defined() ? rel_probs.raw_data() : nullptr;
+  Tensor mask;       // additive, of q's dtype
+};
 
-  Tensor mask;
-  if (o.attn_mask.defined()) mask = additive_mask(o.attn_mask, qb.dtype(), B, NH, T, S, g.mask_stride);
-  const Tensor& kp = o.key_padding_mask;
+Prepared prepare(const Call& c) {
+  Prepared p{c.g, Tensor(), Tensor()};
+  const Tensor& qb = c.q.base;
+  set_score_mods(p.g, c.o.mods, qb, p.rel_probs);
+  p.g.mods.rel_probs = p.rel_probs.defined() ? p.rel_probs.raw_data() : nullptr;
+  const int64_t B = c.g.B, NH = c.g.NH, T = c.g.T, S = c.g.S;
+  if (c.o.attn_mask.defined()) p.mask = additive_mask(c.o.attn_mask, qb.dtype(), B, NH, T, S, p.g.mask_stride);
+  const Tensor& kp = c.o.key_padding_mask;
   if (kp.defined() && (kp.dtype() != DType::Bool || !(kp.shape() == Shape{B, S}))) {
     throw Error(fmt::format("attention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}", B, S,
                             dtype_name(kp.dtype()), kp.shape().str()));
   }
-  const Tensor& t5 = o.mods.t5_bias;
-  const Tensor& rk = o.mods.relative_key;
-  const Tensor& rv = o.mods.relative_value;
-  const std::vector<Tensor> inputs{qb, k.base, v.base, mask, kp, t5, rk, rv};
+  return p;
+}
+
+/// need_weights without score modifiers: the math as recorded ops, so the weights are part of the graph.
+bool takes_weights_graph(const Call& c) { return c.o.need_weights && !c.o.mods.any(); }
+
+AttentionResult run_weights_graph(const Call& c) {
+  const Prepared p = prepare(c);
+  return attention_with_weights(c.q, c.k, c.v, c.out_heads_last, p.g, p.mask, c.o.key_padding_mask, c.o);
+}
+
+/// The kernels, naive (its T x S weights; AttentionImpl::Naive, or need_weights with score modifiers, the weights then
+/// outside the graph) or flash (on the GPU the kernel picks tensor-core bf16 or tf32 tiles or CUDA cores by the
+/// call's AttentionMath and the GPU's shared memory: with_flash_path in kernels/cuda/attention.cuh).
+AttentionResult run_kernels(const Call& c, bool naive) {
+  const Prepared p = prepare(c);
+  const AttentionGeom g = p.g;
+  const Tensor mask = p.mask, rel_probs = p.rel_probs;
+  const Tensor& qb = c.q.base;
+  const Tensor& kp = c.o.key_padding_mask;
+  const std::vector<Tensor> inputs{qb, c.k.base, c.v.base, mask, kp, c.o.mods.t5_bias, c.o.mods.relative_key,
+                                   c.o.mods.relative_value};
   Tensor weights;  // need_weights with score modifiers: the naive kernel's, outside the graph
-  if (o.need_weights) {
-    if (o.impl == AttentionImpl::Flash) {
-      throw Error("attention: need_weights materializes the (B, NH, T, S) weights, which flash attention never holds; "
-                  "use AttentionImpl::Auto or Naive");
-    }
-    if (!o.mods.any()) return attention_with_weights(q, k, v, out_heads_last, g, mask, kp, o);
+  if (c.o.need_weights) {
     const bool wants_grad = grad_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
                               return t.defined() && t.requires_grad();
                             });
@@ -339,19 +375,16 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
       throw Error("attention: need_weights with score modifiers returns the weights outside the graph; ask for them "
                   "under NoGradGuard, or drop need_weights");
     }
-    weights = empty({B, NH, T, S}, qb.dtype(), qb.device());
+    weights = empty({g.B, g.NH, g.T, g.S}, qb.dtype(), qb.device());
   }
-  const bool naive = o.impl == AttentionImpl::Naive || weights.defined();
-
-  const Shape out_shape = out_heads_last ? Shape{B, T, NH * Ev} : Shape{B, NH, T, Ev};
-  Tensor out = empty(out_shape, qb.dtype(), qb.device());
-  const Tensor lse = empty({B, NH, T}, qb.dtype(), qb.device());
+  Tensor out = empty(c.out_shape(), qb.dtype(), qb.device());
+  const Tensor lse = empty({g.B, g.NH, g.T}, qb.dtype(), qb.device());
   const uint8_t* kp_ptr = kp.defined() ? kp.data<uint8_t>() : nullptr;
-  const int64_t qo = q.offset, ko = k.offset, vo = v.offset;
+  const int64_t qo = c.q.offset, ko = c.k.offset, vo = c.v.offset;
   dispatch_float(qb.dtype(), "attention", [&]<class T>() {
     const T* qp = qb.data<T>() + qo;
-    const T* kptr = k.base.data<T>() + ko;
-    const T* vp = v.base.data<T>() + vo;
+    const T* kptr = c.k.base.data<T>() + ko;
+    const T* vp = c.v.base.data<T>() + vo;
     if (naive) {
       launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), ptr<T>(weights), ptr<T>(lse), qp, kptr, vp,
              ptr<T>(mask), kp_ptr, g);
@@ -361,7 +394,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
     }
   });
   const Tensor saved_out = out.detach();
-  const Tensor doc_ids = o.mods.doc_ids, key_doc_ids = o.mods.key_doc_ids;  // held for g.mods' pointers
+  const Tensor doc_ids = c.o.mods.doc_ids, key_doc_ids = c.o.mods.key_doc_ids;  // held for g.mods' pointers
   out = record(naive ? "attention_naive" : "attention_flash", out, inputs,
                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                  (void)doc_ids, (void)key_doc_ids, (void)rel_probs;
@@ -380,11 +413,54 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
                  });
                },
                // The flash kernels write the gradients of a fused qkv's three views, together all of it, uninitialized.
-               !naive && qkv_partition && qb.impl_ptr() == k.base.impl_ptr() && qb.impl_ptr() == v.base.impl_ptr()
-                   ? 7u
-                   : 0u,
-               /*unwritten_disjoint=*/true);
+               !naive && c.fused_partition() ? 7u : 0u, /*unwritten_disjoint=*/true);
   return {out, weights};
+}
+
+bool takes_naive(const Call& c) { return c.o.impl == AttentionImpl::Naive || c.o.need_weights; }
+AttentionResult run_naive(const Call& c) { return run_kernels(c, true); }
+bool takes_flash(const Call&) { return true; }
+AttentionResult run_flash(const Call& c) { return run_kernels(c, false); }
+
+/// A way to compute attention: its name (attention_paths(), the tests'), whether it takes a call, and its forward,
+/// which records its backward.
+struct Path {
+  const char* name;
+  bool (*takes)(const Call&);
+  AttentionResult (*run)(const Call&);
+};
+
+/// The op's one decision: the first path that takes a call runs it.
+constexpr Path kPaths[] = {
+    {"flash_bf16_storage", takes_flash_bf16, run_flash_bf16},
+    {"bf16_through_f32", takes_bf16_through_f32, run_bf16_through_f32},
+    {"weights_graph", takes_weights_graph, run_weights_graph},
+    {"naive", takes_naive, run_naive},
+    {"flash", takes_flash, run_flash},
+};
+
+const Path& path_for(const Call& c) {
+  for (const Path& p : kPaths) {
+    if (p.takes(c)) return p;
+  }
+  throw Error("attention: no path takes this call");  // unreachable: flash takes every call
+}
+
+Call make_call(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
+               const AttentionOptions& o, bool qkv_partition) {
+  Call c{q, k, v, out_heads_last, o, qkv_partition, geometry(q, k, v, out_heads_last, o)};
+  if (o.need_weights && o.impl == AttentionImpl::Flash) {
+    throw Error("attention: need_weights materializes the (B, NH, T, S) weights, which flash attention never holds; "
+                "use AttentionImpl::Auto or Naive");
+  }
+  if (c.bf16()) resolved_settings(o.mods);  // the lean path reads no modifier, but bad settings are refused on every path
+  return c;
+}
+
+AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
+                          const AttentionOptions& o, bool qkv_partition) {
+  const Call c = make_call(q, k, v, out_heads_last, o, qkv_partition);
+  return path_for(c).run(c);
 }
 
 }  // namespace
@@ -392,6 +468,17 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options) {
   return attention(heads_first(q, "q"), heads_first(k, "k"), heads_first(v, "v"), false, options);
+}
+
+std::vector<std::string_view> attention_paths() {
+  std::vector<std::string_view> names;
+  for (const Path& p : kPaths) names.emplace_back(p.name);
+  return names;
+}
+
+std::string_view attention_path(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
+  const HeadsView qv = heads_first(q, "q"), kv = heads_first(k, "k"), vv = heads_first(v, "v");
+  return path_for(make_call(qv, kv, vv, false, options, false)).name;
 }
 
 AttentionResult fused_self_attention(const Tensor& qkv, int64_t num_heads, int64_t num_kv_heads,

@@ -15,6 +15,7 @@
 
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "autograd.h"
 #include "tensor.h"
@@ -73,6 +74,16 @@ struct AttentionResult {
 /// q (B, NH, T, E), k (B, NKV, S, E), v (B, NKV, S, Ev) -> out (B, NH, T, Ev); NH divisible by NKV.
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options = {});
+
+/// The ways the op computes attention, in the order it asks them; a call runs on the first that takes it:
+/// "flash_bf16_storage" (bf16 tensors, a flash call without mask, padding or score modifier: the kernels that read
+/// and write bf16 as stored), "bf16_through_f32" (other bf16 calls: f32 copies, then these paths again),
+/// "weights_graph" (need_weights without score modifiers: the math as recorded ops), "naive" (AttentionImpl::Naive,
+/// or need_weights with modifiers: the T x S kernels), "flash" (the flash kernels; on the GPU tensor-core bf16 or
+/// tf32 tiles or CUDA cores, by the call's AttentionMath).
+std::vector<std::string_view> attention_paths();
+/// The path scaled_dot_product_attention(q, k, v, options) runs on (the same checks; nothing computed).
+std::string_view attention_path(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
 
 /// Self-attention read straight out of a fused projection qkv (B, T, (NH + 2 NKV) * E), holding the NH query
 /// heads, then the NKV key heads, then the NKV value heads; out (B, T, NH * E). No permute copies.

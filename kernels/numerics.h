@@ -51,7 +51,6 @@ struct FlashVariants {
   bool rows128 = false;    // the forward at head dim 64 in blocks of 128 query rows (two 16-row tiles a warp)
   bool q_smem = false;     // the forward at head dim 128 reads Q's fragments from shared memory at every k step
   bool dq_atomic = false;  // the backward's dQ in the dK/dV pass, summed in f32 with atomics (one pass)
-  bool operator==(const FlashVariants&) const = default;
 };
 
 struct Numerics {

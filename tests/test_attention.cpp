@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
+#include <string>
 
 #include "autograd/attention.h"
 #include "nn/attention.h"
@@ -512,4 +514,60 @@ TEST_CASE("attention on bf16 tensors tracks the f32 op with bf16 operands (CPU: 
   test::check_bf16_attention_tracks_f32(Device::CPU, true, 32);
   test::check_bf16_attention_tracks_f32(Device::CPU, true, 24, false, /*dropout=*/0.2);
   test::check_bf16_attention_tracks_f32(Device::CPU, false, 24, false, /*dropout=*/0.2);
+}
+
+// The op's one decision (attention_paths in autograd/attention.h): every path is taken by some call, each call by the
+// path the list's order says, and what each computes is what the naive kernel computes on the same values.
+TEST_CASE("attention: the paths in order: every one taken by its calls, each equal to the naive kernel") {
+  Generator gen(17);
+  const int64_t B = 2, NH = 2, T = 9, E = 8;
+  const Tensor q = randn({B, NH, T, E}, gen), k = randn({B, NH, T, E}, gen), v = randn({B, NH, T, E}, gen);
+  const Tensor pad = from_vector(std::vector<uint8_t>{0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0}, {B, T});
+  struct Want {
+    const char* path;
+    bool bf16;
+    AttentionOptions o;
+  };
+  std::vector<Want> calls;
+  AttentionOptions causal;
+  causal.is_causal = true;
+  AttentionOptions padded = causal;
+  padded.key_padding_mask = pad;
+  AttentionOptions naive = causal;
+  naive.impl = AttentionImpl::Naive;
+  AttentionOptions weights = causal;
+  weights.need_weights = true;
+  AttentionOptions weights_alibi = weights;
+  weights_alibi.mods.alibi = true;
+  calls.push_back({"flash_bf16_storage", true, causal});
+  calls.push_back({"bf16_through_f32", true, padded});
+  calls.push_back({"weights_graph", false, weights});
+  calls.push_back({"naive", false, naive});
+  calls.push_back({"naive", false, weights_alibi});
+  calls.push_back({"flash", false, causal});
+  calls.push_back({"flash", false, padded});
+  std::set<std::string_view> taken;
+  for (const Want& w : calls) {
+    const DType dt = w.bf16 ? DType::BF16 : DType::F32;
+    const Tensor qd = q.to(dt), kd = k.to(dt), vd = v.to(dt);
+    const std::string_view path = attention_path(qd, kd, vd, w.o);
+    CAPTURE(std::string(path));
+    CHECK(path == w.path);
+    taken.insert(path);
+    NoGradGuard no_grad;
+    AttentionOptions reference = w.o;
+    reference.impl = AttentionImpl::Naive;
+    reference.need_weights = false;
+    // bf16 tensors against the naive kernel on the same (rounded) values in f32, bf16 operands.
+    const Tensor got = scaled_dot_product_attention(qd, kd, vd, w.o).out.to(DType::F32);
+    if (w.bf16) reference.numerics.attention = AttentionMath::BF16;
+    const Tensor want = scaled_dot_product_attention(qd.to(DType::F32), kd.to(DType::F32), vd.to(DType::F32), reference).out;
+    check_close(got, want, w.bf16 ? 2e-2 : 1e-5, w.bf16 ? 2e-2 : 1e-5);
+  }
+  const std::vector<std::string_view> paths = attention_paths();
+  for (const std::string_view p : paths) {
+    CAPTURE(std::string(p));
+    CHECK(taken.count(p) == 1);
+  }
+  CHECK(paths.size() == taken.size());
 }
