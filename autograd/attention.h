@@ -82,7 +82,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
 /// or need_weights with modifiers: the T x S kernels), "flash" (the flash kernels; on the GPU tensor-core bf16 or
 /// tf32 tiles or CUDA cores, by the call's AttentionMath).
 std::vector<std::string_view> attention_paths();
-/// The path scaled_dot_product_attention(q, k, v, options) runs on (the same checks; nothing computed).
+/// The path scaled_dot_product_attention(q, k, v, options) runs on (its shape checks made; nothing computed).
 std::string_view attention_path(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
 
 /// Self-attention read straight out of a fused projection qkv (B, T, (NH + 2 NKV) * E), holding the NH query

@@ -42,7 +42,7 @@ struct AttentionGeom {
   DropoutSeed dropout_seed;  // read where the kernels run (value()): see kernels/dropout_hash.h
   AttentionMath math = AttentionMath::F32;  // the flash kernels' operand format (the CPU has F32 and BF16; TF32 as F32)
   // Flash backward only: dq, dk and dv hold anything (NaN included) and are written (=), not added to; the GPU
-  // kernels store each row once, the CPU zeroes them first. For the views of a fused qkv gradient that no op has
+  // and CPU kernels store each row once (the CPU zeroes the rows no task visits). For the views of a fused qkv gradient that no op has
   // written yet (Node::unwritten_disjoint): no memset of it, and no read of those zeros.
   bool grads_unwritten = false;
   FlashVariants flash = {};  // the GPU's bf16 flash kernels that wait for a measurement (kernels/numerics.h)

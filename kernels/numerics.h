@@ -46,7 +46,7 @@ inline const char* matmul_math_name(MatmulMath math) {
 /// The GPU's bf16 flash kernels that wait for a GPU's measurement (scripts/gpu_check.sh times each against the
 /// default), all off by default: fields of each call's numerics (AttentionGeom::flash), set where a command builds its
 /// Numerics from the switches TINYGPT_FLASH_ROWS, TINYGPT_FLASH_Q and TINYGPT_FLASH_DQ (kernels/env.h,
-/// flash_variants_from_environment), never read from the environment inside a call; tests set them directly.
+/// env::flash_variants), never read from the environment inside a call; tests set them directly.
 struct FlashVariants {
   bool rows128 = false;    // the forward at head dim 64 in blocks of 128 query rows (two 16-row tiles a warp)
   bool q_smem = false;     // the forward at head dim 128 reads Q's fragments from shared memory at every k step

@@ -16,6 +16,7 @@
 #include "autograd/attention.h"
 #include "autograd/ops.h"
 #include "kernels/device.h"
+#include "kernels/kernels.h"
 #include "nn/gpt.h"
 #include "tests/attention_bf16_case.h"
 #include "tests/attention_cases.h"
