@@ -296,11 +296,14 @@ TEST_CASE("every bf16 kernel this CPU has matches naive products of the rounded 
 TEST_CASE("gemm on bf16 storage: bit for bit gemm<float> with bf16 operands, on the kernel this CPU picks") {
   // The same products of the same bf16 values on the same blocking: the packing from bf16 storage (a load of the
   // pairs as they lie, or pairs gathered across rows) must give the packed words that rounding the f32 copies gives.
-  // Odd sizes and strides (edge tiles, k padded to 2 or 32), every transpose, alpha/beta, and the epilogue.
+  // Odd sizes and strides (edge tiles, k padded to 2 or 32), every transpose, alpha/beta, and the epilogue; rows a
+  // multiple of 8 with K even, where AVX512-BF16 reads op(A) in place (odd strides too: pairs off 4-byte boundaries;
+  // K over one k block).
   MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(tinygpt::cpu::bf16_kernel())));
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for_each_transpose({{1, 1, 1, 0}, {9, 17, 31, 3}, {33, 130, 33, 0}, {70, 65, 300, 5}, {130, 300, 384, 1}},
+  for_each_transpose({{1, 1, 1, 0}, {9, 17, 31, 3}, {33, 130, 33, 0}, {70, 65, 300, 5}, {130, 300, 384, 1},
+                      {64, 70, 130, 0}, {48, 96, 40, 3}, {136, 33, 1030, 1}},
                      [&](const Shape3& sh, bool ta, bool tb, int64_t lda, int64_t ldb, int64_t ldc) {
     const int64_t a_rows = ta ? sh.K : sh.M, b_rows = tb ? sh.N : sh.K;
     std::vector<float> a(size_t(a_rows * lda)), b(size_t(b_rows * ldb)), bias(size_t(sh.N));

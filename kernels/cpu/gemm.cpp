@@ -189,7 +189,7 @@ class Blocked {
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       int64_t i0, mc, k0, kc;
       a_block(sg, rb, kb, i0, mc, k0, kc);
-      Cfg::pack_a(!o_.ta, o_.A, o_.lda, i0, mc, k0, kc, apack);
+      if (!direct_a_) Cfg::pack_a(!o_.ta, o_.A, o_.lda, i0, mc, k0, kc, apack);
       if constexpr (std::is_same_v<P, T>)
         if (o_.bf16) round_packed_bf16(apack, round_up(mc, MR) * kc);
       // Pull the next op(A) block's source into cache during this block's compute, so its packing does not stall
@@ -228,11 +228,11 @@ class Blocked {
         const int64_t mr = std::min<int64_t>(MR, mc - ii);
         T* cp = to16_ ? cblock + ii * cld + (p - p0) * NR : o_.C + (i0 + ii) * o_.ldc + sg.j0 + jj;
         if (mr == MR && nr == NR) {
-          Cfg::kernel(kp, apack + ii * kp, bp, cp, cld, o_.alpha, b_eff);
+          tile_product(kp, apack + ii * kp, i0 + ii, k0, bp, cp, cld, o_.alpha, b_eff);
         } else {
           // Edge tile: full-size product into a local tile, then merge only the valid part.
           alignas(64) T tile[MR * NR];
-          Cfg::kernel(kp, apack + ii * kp, bp, tile, NR, T(1), T(0));
+          tile_product(kp, apack + ii * kp, i0 + ii, k0, bp, tile, NR, T(1), T(0));
           for (int64_t i = 0; i < mr; ++i)
             for (int64_t j = 0; j < nr; ++j)
               cp[i * cld + j] = b_eff == T(0) ? o_.alpha * tile[i * NR + j]
@@ -241,6 +241,29 @@ class Blocked {
         if (epilogue_now) run_epilogue(o_.ep, cp, o_.ldc, (i0 + ii) * o_.ldc + sg.j0 + jj, sg.j0 + jj, mr, nr);
       }
     }
+  }
+
+  /// One micro-kernel call: on the packed op(A) panel, or, reading op(A) where it lies (direct_a_), on rows
+  /// [row, row + MR) from column k0.
+  void tile_product(int64_t kp, const P* apanel, int64_t row, int64_t k0, const P* bp, T* c, int64_t ldc, T alpha,
+                    T beta) const {
+    if constexpr (requires { Cfg::kernel_rows; } && std::is_same_v<S, bf16>) {
+      if (direct_a_) {
+        const auto* a = reinterpret_cast<const uint16_t*>(o_.A + row * o_.lda + k0);
+        return Cfg::kernel_rows(kp, a, o_.lda, bp, c, ldc, alpha, beta);
+      }
+    }
+    Cfg::kernel(kp, apanel, bp, c, ldc, alpha, beta);
+  }
+
+  /// Whether op(A) is read where it lies instead of packed: a kernel that can (AVX512-BF16 broadcasts A's pairs one by
+  /// one, so a row of bf16 storage with k contiguous is its packed panel already), every tile full height (M a
+  /// multiple of MR) and every k block a whole number of pairs (K even: no padding to read past a row).
+  bool read_a_in_place() const {
+    if constexpr (requires { Cfg::kernel_rows; } && std::is_same_v<S, bf16>) {
+      return !o_.ta && o_.M % MR == 0 && o_.K % 2 == 0 && Cfg::kpad(kc_blk_) == kc_blk_;
+    }
+    return false;
   }
 
   void worker(int tid) {
@@ -268,6 +291,7 @@ class Blocked {
   const int nt_;
   const int64_t kc_blk_, nc_blk_, group_k_;
   const bool to16_;
+  const bool direct_a_ = read_a_in_place();
   int64_t tiles_ = 0, rblocks_ = 0, kc_pad_ = 0, b_elems_ = 0, a_elems_ = 0, c_elems_ = 0, total_ = 0;
   std::vector<Segment> segs_;
   P* work_ = nullptr;  // the op(B) slab, then the threads' op(A) blocks

@@ -221,6 +221,22 @@ struct Avx512Bf16Config : Bf16Packing<8, 32, PairsByK, 2> {
   struct ThreadScope {};
   TINYGPT_TARGET_AVX512 static void kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
                                            float* c, int64_t ldc, float alpha, float beta) {
+    kernel_on(kcp, [a](int64_t kp, int i) { return a + (kp * MR + i) * 2; }, b, c, ldc, alpha, beta);
+  }
+  /// The kernel on op(A) where it lies, bf16 storage with k contiguous: row i at a + i * lda, its pair kp (k = 2 kp,
+  /// 2 kp + 1) the 32-bit word at a + i * lda + 2 kp, which the kernel broadcasts as it would the packed one; kcp
+  /// even, all MR rows readable. The same products in the same order: the same bits as packing first.
+  TINYGPT_TARGET_AVX512 static void kernel_rows(int64_t kcp, const uint16_t* a, int64_t lda,
+                                                const uint16_t* __restrict b, float* c, int64_t ldc, float alpha,
+                                                float beta) {
+    kernel_on(kcp, [a, lda](int64_t kp, int i) { return a + i * lda + 2 * kp; }, b, c, ldc, alpha, beta);
+  }
+
+ private:
+  /// The MR x NR tile over kcp / 2 pairs, A's pair (kp, i) at a_at(kp, i).
+  template <class AAt>
+  TINYGPT_TARGET_AVX512 static void kernel_on(int64_t kcp, AAt a_at, const uint16_t* __restrict b, float* c,
+                                              int64_t ldc, float alpha, float beta) {
     __m512 acc[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -231,7 +247,7 @@ struct Avx512Bf16Config : Bf16Packing<8, 32, PairsByK, 2> {
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         int32_t pair;
-        std::memcpy(&pair, a + (kp * MR + i) * 2, sizeof pair);
+        std::memcpy(&pair, a_at(kp, i), sizeof pair);
         const __m512bh ai = (__m512bh)_mm512_set1_epi32(pair);
         acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
         acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
