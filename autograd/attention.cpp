@@ -356,9 +356,9 @@ AttentionResult run_weights_graph(const Call& c) {
 }
 
 /// The kernels, naive (its T x S weights; AttentionImpl::Naive, or need_weights with score modifiers, the weights then
-/// outside the graph) or flash (on the GPU the kernel picks tensor-core bf16 or tf32 tiles or CUDA cores by the
-/// call's AttentionMath and the GPU's shared memory: with_flash_path in kernels/cuda/attention.cuh).
-AttentionResult run_kernels(const Call& c, bool naive) {
+/// outside the graph) or flash (on the GPU on tensor cores where cuda::flash_tensor_cores says so, which the kernel
+/// follows); `name` is the node's, which TINYGPT_PROFILE reports.
+AttentionResult run_kernels(const Call& c, bool naive, const char* name) {
   const Prepared p = prepare(c);
   const AttentionGeom g = p.g;
   const Tensor mask = p.mask, rel_probs = p.rel_probs;
@@ -395,7 +395,7 @@ AttentionResult run_kernels(const Call& c, bool naive) {
   });
   const Tensor saved_out = out.detach();
   const Tensor doc_ids = c.o.mods.doc_ids, key_doc_ids = c.o.mods.key_doc_ids;  // held for g.mods' pointers
-  out = record(naive ? "attention_naive" : "attention_flash", out, inputs,
+  out = record(name, out, inputs,
                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                  (void)doc_ids, (void)key_doc_ids, (void)rel_probs;
                  AttentionGeom gb = g;
@@ -418,9 +418,15 @@ AttentionResult run_kernels(const Call& c, bool naive) {
 }
 
 bool takes_naive(const Call& c) { return c.o.impl == AttentionImpl::Naive || c.o.need_weights; }
-AttentionResult run_naive(const Call& c) { return run_kernels(c, true); }
+AttentionResult run_naive(const Call& c) { return run_kernels(c, true, "attention_naive"); }
+/// The GPU's flash kernels with tf32 or bf16 operands on tensor cores (compute capability 8.0 or newer, tiles that
+/// fit the GPU's shared memory at this head dim); other GPU calls run the f32 kernels on CUDA cores ("flash").
+bool takes_flash_tensor_cores(const Call& c) {
+  return c.q.base.device() == Device::CUDA && cuda::flash_tensor_cores(c.g.math, std::max(c.g.E, c.g.Ev));
+}
+AttentionResult run_flash_tensor_cores(const Call& c) { return run_kernels(c, false, "attention_flash_tensor_cores"); }
 bool takes_flash(const Call&) { return true; }
-AttentionResult run_flash(const Call& c) { return run_kernels(c, false); }
+AttentionResult run_flash(const Call& c) { return run_kernels(c, false, "attention_flash"); }
 
 /// A way to compute attention: its name (attention_paths(), the tests'), whether it takes a call, and its forward,
 /// which records its backward.
@@ -436,6 +442,7 @@ constexpr Path kPaths[] = {
     {"bf16_through_f32", takes_bf16_through_f32, run_bf16_through_f32},
     {"weights_graph", takes_weights_graph, run_weights_graph},
     {"naive", takes_naive, run_naive},
+    {"flash_tensor_cores", takes_flash_tensor_cores, run_flash_tensor_cores},
     {"flash", takes_flash, run_flash},
 };
 

@@ -125,22 +125,26 @@ uint16_t* bf16_bits(const Tensor& t) { return t.defined() ? reinterpret_cast<uin
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const Numerics& numerics) {
   const MatmulMath math = numerics.matmul();
+  const bool lt = numerics.lt_epilogues;
   const int64_t OC = check_linear("linear", x, weight, bias);
   const auto [N_, C_] = rows_cols(x);
   const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
   Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
   const Tensor x16 = bf16_operand(x, N * C, math);
   dispatch_storage(x.dtype(), "linear", [&]<class T>() {
-    launch(kernels::linear_forward<T>, x.device(), out.data<T>(), x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, OC,
-           math, Activation::None, static_cast<T*>(nullptr), bf16_bits(x16), static_cast<uint16_t*>(nullptr));
+    launch(kernels::linear_forward<T>, x.device(),
+           LinearForward<T>{.out = out.data<T>(), .inp = x.data<T>(), .weight = weight.data<T>(), .bias = ptr<T>(bias),
+                            .N = N, .C = C, .OC = OC, .math = math, .inp16 = bf16_bits(x16), .lt_epilogues = lt});
   });
   return record("linear", out, {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_storage(dout.dtype(), "linear", [&]<class T>() {
-                    launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
-                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, OC, math,
-                           detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr),
-                           bf16_bits(x16));
+                    launch(kernels::linear_backward<T>, dout.device(),
+                           LinearBackward<T>{.dinp = ptr<T>(grads[0]), .dweight = ptr<T>(grads[1]),
+                                             .dbias = ptr<T>(grads[2]), .dout = dout.data<T>(), .inp = in[0].data<T>(),
+                                             .weight = in[1].data<T>(), .N = N, .C = C, .OC = OC, .math = math,
+                                             .overwrite_dinp = detail::unwritten(grads[0]), .inp16 = bf16_bits(x16),
+                                             .lt_epilogues = lt});
                   });
                 }, /*writes_unwritten=*/1u);
 }
@@ -149,6 +153,7 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
            Activation act, const Numerics& numerics) {
   if (act == Activation::None) throw Error("mlp: needs an activation (GELU or ReLU squared); use linear for none");
   const MatmulMath math = numerics.matmul();
+  const bool lt = numerics.lt_epilogues;
   const int64_t H = check_linear("mlp", x, w_fc, b_fc);
   if (w_proj.defined() && w_proj.ndim() == 2 && w_proj.size(1) != H) {
     shape_error("mlp", "the hidden width of w_fc (H, C) must be w_proj's (OC, H)", w_fc.shape(), w_proj.shape());
@@ -164,10 +169,13 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
   const Tensor h = h16.defined() ? Tensor() : empty(pre.shape(), x.dtype(), x.device());
   Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
   dispatch_storage(x.dtype(), "mlp", [&]<class T>() {
-    launch(kernels::linear_forward<T>, x.device(), pre.data<T>(), x.data<T>(), w_fc.data<T>(), ptr<T>(b_fc), N, C, H,
-           math, act, ptr<T>(h), bf16_bits(x16), bf16_bits(h16));
-    launch(kernels::linear_forward<T>, x.device(), out.data<T>(), ptr<T>(h), w_proj.data<T>(), ptr<T>(b_proj), N, H,
-           OC, math, Activation::None, static_cast<T*>(nullptr), bf16_bits(h16), static_cast<uint16_t*>(nullptr));
+    launch(kernels::linear_forward<T>, x.device(),
+           LinearForward<T>{.out = pre.data<T>(), .inp = x.data<T>(), .weight = w_fc.data<T>(), .bias = ptr<T>(b_fc),
+                            .N = N, .C = C, .OC = H, .math = math, .act = act, .act_out = ptr<T>(h),
+                            .inp16 = bf16_bits(x16), .act16 = bf16_bits(h16), .lt_epilogues = lt});
+    launch(kernels::linear_forward<T>, x.device(),
+           LinearForward<T>{.out = out.data<T>(), .inp = ptr<T>(h), .weight = w_proj.data<T>(), .bias = ptr<T>(b_proj),
+                            .N = N, .C = H, .OC = OC, .math = math, .inp16 = bf16_bits(h16), .lt_epilogues = lt});
   });
   return record("mlp", out, {x, w_fc, b_fc, w_proj, b_proj},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
@@ -175,14 +183,19 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
                   // The gradient at pre, dout w_proj * act'(pre), formed with act' in the product's epilogue.
                   const Tensor dpre = first ? empty(pre.shape(), dout.dtype(), dout.device()) : Tensor();
                   dispatch_storage(dout.dtype(), "mlp", [&]<class T>() {
-                    launch(kernels::linear_backward<T>, dout.device(), ptr<T>(dpre), ptr<T>(grads[3]),
-                           ptr<T>(grads[4]), dout.data<T>(), ptr<T>(h), in[3].data<T>(), N, H, OC, math, true, act,
-                           pre.data<T>(), bf16_bits(h16));
+                    launch(kernels::linear_backward<T>, dout.device(),
+                           LinearBackward<T>{.dinp = ptr<T>(dpre), .dweight = ptr<T>(grads[3]),
+                                             .dbias = ptr<T>(grads[4]), .dout = dout.data<T>(), .inp = ptr<T>(h),
+                                             .weight = in[3].data<T>(), .N = N, .C = H, .OC = OC, .math = math,
+                                             .overwrite_dinp = true, .act = act, .act_of = pre.data<T>(),
+                                             .inp16 = bf16_bits(h16), .lt_epilogues = lt});
                     if (first) {
-                      launch(kernels::linear_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
-                             ptr<T>(grads[2]), dpre.data<T>(), in[0].data<T>(), in[1].data<T>(), N, C, H, math,
-                             detail::unwritten(grads[0]), Activation::None, static_cast<const T*>(nullptr),
-                             bf16_bits(x16));
+                      launch(kernels::linear_backward<T>, dout.device(),
+                             LinearBackward<T>{.dinp = ptr<T>(grads[0]), .dweight = ptr<T>(grads[1]),
+                                               .dbias = ptr<T>(grads[2]), .dout = dpre.data<T>(),
+                                               .inp = in[0].data<T>(), .weight = in[1].data<T>(), .N = N, .C = C,
+                                               .OC = H, .math = math, .overwrite_dinp = detail::unwritten(grads[0]),
+                                               .inp16 = bf16_bits(x16), .lt_epilogues = lt});
                     }
                   });
                 }, /*writes_unwritten=*/1u);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "numerics.h"
+
 namespace tinygpt::cuda {
 
 /// Number of usable GPUs; 0 when none is present or the build has no CUDA backend.
@@ -22,6 +24,12 @@ bool built_with_cuda();
 const char* device_description();
 /// The current GPU's compute capability as 10 * major + minor (90 for an H100); 0 without a GPU.
 int compute_capability();
+
+/// Whether this GPU's flash attention kernels run `math`'s operands (TF32 or BF16) on tensor cores at head dim
+/// `head_dim` (the larger of E and Ev): compute capability 8.0 or newer, and tiles that fit in its shared memory (TF32
+/// at head dim 128 does not on an A100; those calls run on CUDA cores). False for F32 and without a GPU. The attention
+/// op's list of paths asks it, and the kernels follow the same answer.
+bool flash_tensor_cores(AttentionMath math, int64_t head_dim);
 
 /// Device memory from a caching allocator: freed blocks are kept and reused (no cudaMalloc/cudaFree per op).
 /// Out of memory: the cache is released and the allocation retried once, then an Error names the bytes

@@ -105,4 +105,7 @@ inline FlashVariants flash_variants() {
   return f;
 }
 
+/// Whether the GPU's f32 linear layers take cublasLt's epilogues (TINYGPT_CUBLASLT_EPILOGUES=1; Numerics::lt_epilogues).
+inline bool lt_epilogues() { return TINYGPT_ENV_IS("TINYGPT_CUBLASLT_EPILOGUES", "1"); }
+
 }  // namespace tinygpt::env

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "bf16.h"
+#include "numerics.h"
 
 namespace tinygpt {
 
@@ -70,5 +71,50 @@ enum class BinaryOp : uint8_t { Add, Sub, Mul, Div };
 /// The activation a linear layer's epilogue applies (the transformer MLP's): none, GELU (tanh approximation) or
 /// ReLU squared.
 enum class Activation : uint8_t { None, Gelu, ReluSquared };
+
+/// The arguments of a linear layer's forward kernel, as one struct (FlashAttention's params style) rather than a dozen
+/// positional ones: out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be null. With an activation,
+/// act_out (N, OC) = act(out) too (out keeps the pre-activation).
+/// inp16 (may be null; N * C bf16 bit patterns, 4-byte aligned): where the GPU keeps inp rounded to bf16 between the
+/// two calls with bf16 math (the forward writes it, the backward reads it instead of rounding inp again). The CPU
+/// rounds inside its GEMM and ignores it; the results are the same with it or without. GPU only, with bf16 math: an
+/// inp that is null means inp16 already holds it (an act16 of the previous layer's), and act16 (may be null; N * OC
+/// bf16 bit patterns, 4-byte aligned), with an activation, takes act(out) rounded to bf16 in place of act_out, which
+/// is then not written: the next product's operand, without an f32 copy of it. The CPU ignores act16 (and always
+/// needs inp and act_out).
+template <class T>
+struct LinearForward {
+  T* out = nullptr;
+  const T* inp = nullptr;
+  const T* weight = nullptr;
+  const T* bias = nullptr;
+  int64_t N = 0, C = 0, OC = 0;
+  MatmulMath math = MatmulMath::F32;
+  Activation act = Activation::None;
+  T* act_out = nullptr;
+  uint16_t* inp16 = nullptr;
+  uint16_t* act16 = nullptr;
+  bool lt_epilogues = false;  // the GPU's f32 products take bias and GELU in cublasLt's epilogue (Numerics)
+};
+
+/// The arguments of its backward: dinp, dweight and dbias (any may be null) get the gradients of dout (N, OC), added
+/// (+=), but dinp written (=) with overwrite_dinp. With an activation (and overwrite_dinp), dinp is the gradient
+/// through the activation that made inp: (dout @ weight) * act'(act_of), act_of (N, C). inp16: the forward's.
+template <class T>
+struct LinearBackward {
+  T* dinp = nullptr;
+  T* dweight = nullptr;
+  T* dbias = nullptr;
+  const T* dout = nullptr;
+  const T* inp = nullptr;
+  const T* weight = nullptr;
+  int64_t N = 0, C = 0, OC = 0;
+  MatmulMath math = MatmulMath::F32;
+  bool overwrite_dinp = false;
+  Activation act = Activation::None;
+  const T* act_of = nullptr;
+  const uint16_t* inp16 = nullptr;
+  bool lt_epilogues = false;
+};
 
 }  // namespace tinygpt

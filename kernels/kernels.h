@@ -81,10 +81,11 @@ constexpr Fn* gpu_template_slot(Fn* f) {
   }
 }
 
-/// The storage types a kernel takes (bits of kF32 | kF64 | kBf16): the list of its cpu::<name><T> instantiations. An
-/// op that launches kernels::<name><T> for a T its line below does not list fails to compile (storage_checked), and
-/// a kernel's .cpp instantiates every type its line lists (a missing one fails to link).
-inline constexpr unsigned kF32 = 1, kF64 = 2, kBf16 = 4;
+/// The storage types a kernel takes (bits of kF32 | kF64 | kBf16; kPlain, none, for a plain function): the list of its
+/// cpu::<name><T> instantiations. An op that launches kernels::<name><T> for a T its line in kernels/kernel_list.h
+/// does not list fails to compile (storage_checked), and a kernel's .cpp instantiates every type its line lists (a
+/// missing one fails to link).
+inline constexpr unsigned kPlain = 0, kF32 = 1, kF64 = 2, kBf16 = 4;
 inline constexpr unsigned kFloats = kF32 | kF64;
 
 template <class T>
@@ -98,88 +99,48 @@ constexpr unsigned storage_bit() {
 template <class T, unsigned Takes, class K>
 constexpr K storage_checked(K k) {
   static_assert((Takes & storage_bit<T>()) != 0,
-                "this kernel does not take this storage type: kernels/kernels.h lists the types each kernel takes");
+                "this kernel does not take this storage type: kernels/kernel_list.h lists the types each kernel takes");
   return k;
 }
 
-// One declaration per kernel pair: cpu::name<float> and cuda::name must have the same signature (checked here, in
-// every build: only the declarations are compared, so a CPU-only build checks them too), and the table's
-// signature is that one at element type T, for each storage type T the line lists. A CUDA definition that drifts
-// from its declaration in kernels/cuda/cuda_kernels.h is another overload, which fails the compile of its .cu file
-// (CUDA builds) and of tests/test_cuda_emulated.cpp (every build). These CUDA kernels are f32 (the GPU slot of any
-// other T is empty: launching one there throws naming the kernel).
-#define TINYGPT_KERNEL_PAIR(name, takes)                                                                       \
+// The table, one entry per line of the list in kernels/kernel_list.h: kernels::name<T> for each storage type T its
+// line takes (kernels::name for a plain one). cpu::name<float> and cuda::name must have one signature (checked here in
+// every build: only the declarations are compared, so a CPU-only build checks them too; both are declared from the
+// one parameter list, so this fails only if the list's forms are wrong). A CUDA definition that drifts from its
+// declaration is another overload, which fails the compile of its .cu file (CUDA builds) and of
+// tests/test_cuda_emulated.cpp (every build). The GPU slot of f64, and of any T but f32 for an F32 kernel, is empty:
+// launching one there throws naming the kernel.
+#define TINYGPT_KERNEL_ENTRY(name, takes, gpu) TINYGPT_KERNEL_##gpu(name, takes)
+
+/// F32: cuda::name is one f32 function.
+#define TINYGPT_KERNEL_F32(name, takes)                                                                        \
   static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name)>,                             \
-                "cpu::" #name " and cuda::" #name " must have one signature (kernels/cpu/cpu_kernels.h and "   \
-                "kernels/cuda/cuda_kernels.h)");                                                               \
+                "cpu::" #name " and cuda::" #name " must have one signature (kernels/kernel_list.h)");          \
   template <class T>                                                                                          \
   inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                            \
       Kernel<decltype(cpu::name<T>)>{#name, cpu::name<T>, gpu_slot<decltype(cpu::name<T>)>(cuda::name)});
 
-/// A pair whose CUDA side is a template too (kernels/cuda/cuda_kernels.h): cuda::name<T> runs every storage type T the
-/// line lists but f64 (f32 and bf16). Its .cu file instantiates each of them: a missing one fails to link.
-#define TINYGPT_KERNEL_TEMPLATE_PAIR(name, takes)                                                              \
+/// TEMPLATE: cuda::name<T> runs every storage type T the line lists but f64 (f32 and bf16). Its .cu file instantiates
+/// each of them: a missing one fails to link.
+#define TINYGPT_KERNEL_TEMPLATE(name, takes)                                                                   \
   static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name<float>)>,                      \
-                "cpu::" #name " and cuda::" #name " must have one signature (kernels/cpu/cpu_kernels.h and "   \
-                "kernels/cuda/cuda_kernels.h)");                                                               \
+                "cpu::" #name " and cuda::" #name " must have one signature (kernels/kernel_list.h)");          \
   template <class T>                                                                                          \
   inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                            \
       Kernel<decltype(cpu::name<T>)>{#name, cpu::name<T>, gpu_template_slot<T>(cuda::name<T>)});
 
-/// A pair that is not a template (a conversion between storage types).
-#define TINYGPT_KERNEL_PAIR_PLAIN(name)                                                                        \
+/// PLAIN: one function on each side (a conversion between storage types, or bf16 attention).
+#define TINYGPT_KERNEL_PLAIN(name, takes)                                                                      \
   static_assert(std::is_same_v<decltype(cpu::name), decltype(cuda::name)>,                                    \
                 "cpu::" #name " and cuda::" #name " must have one signature");                                 \
   inline constexpr Kernel<decltype(cpu::name)> name{#name, cpu::name, gpu_slot<decltype(cpu::name)>(cuda::name)};
 
-TINYGPT_KERNEL_PAIR_PLAIN(round_to_bf16)
-TINYGPT_KERNEL_PAIR_PLAIN(widen_bf16)
-TINYGPT_KERNEL_PAIR_PLAIN(accumulate_bf16)
-TINYGPT_KERNEL_PAIR(fill, kFloats)
-TINYGPT_KERNEL_TEMPLATE_PAIR(axpy, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(axpby, kFloats)
-TINYGPT_KERNEL_PAIR(axpby_indirect, kFloats)
-TINYGPT_KERNEL_TEMPLATE_PAIR(unary_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(unary_backward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(binary_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(binary_backward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(sum_forward, kFloats)
-TINYGPT_KERNEL_PAIR(sum_backward, kFloats)
-TINYGPT_KERNEL_PAIR(sum_squares, kFloats)
-TINYGPT_KERNEL_PAIR(softmax_forward, kFloats)
-TINYGPT_KERNEL_PAIR(softmax_backward, kFloats)
-TINYGPT_KERNEL_PAIR(log_softmax_forward, kFloats)
-TINYGPT_KERNEL_PAIR(log_softmax_backward, kFloats)
-TINYGPT_KERNEL_TEMPLATE_PAIR(layernorm_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(add_layernorm_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(layernorm_backward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(embedding_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(embedding_backward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(crossentropy_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(crossentropy_backward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(crossentropy_fused, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(dropout_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(dropout_backward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(permute, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(copy_slice, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(matmul_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(matmul_backward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(linear_forward, kFloats | kBf16)
-TINYGPT_KERNEL_TEMPLATE_PAIR(linear_backward, kFloats | kBf16)
-TINYGPT_KERNEL_PAIR(adamw_update, kFloats)
-TINYGPT_KERNEL_PAIR(adamw_update_indirect, kFloats)
-TINYGPT_KERNEL_PAIR(rope_forward, kFloats)
-TINYGPT_KERNEL_PAIR(rope_backward, kFloats)
-TINYGPT_KERNEL_PAIR(attention_naive_forward, kFloats)
-TINYGPT_KERNEL_PAIR(attention_naive_backward, kFloats)
-TINYGPT_KERNEL_PAIR(attention_flash_forward, kFloats)
-TINYGPT_KERNEL_PAIR(attention_flash_backward, kFloats)
-TINYGPT_KERNEL_PAIR_PLAIN(attention_flash_forward_bf16)
-TINYGPT_KERNEL_PAIR_PLAIN(attention_flash_backward_bf16)
+TINYGPT_KERNELS(TINYGPT_KERNEL_ENTRY)
 
-#undef TINYGPT_KERNEL_PAIR_PLAIN
-#undef TINYGPT_KERNEL_TEMPLATE_PAIR
-#undef TINYGPT_KERNEL_PAIR
+#undef TINYGPT_KERNEL_PLAIN
+#undef TINYGPT_KERNEL_TEMPLATE
+#undef TINYGPT_KERNEL_F32
+#undef TINYGPT_KERNEL_ENTRY
 
 }  // namespace kernels
 }  // namespace tinygpt

@@ -62,6 +62,9 @@ struct Numerics {
   // the loss, the parameters, their gradients and the optimizer's state stay f32. Off: f32 tensors, bf16 products.
   bool bf16_storage = false;
   FlashVariants flash = {};  // the GPU's bf16 flash kernels not yet measured (not recorded in checkpoints)
+  // The GPU's linear layers with f32 products take bias and GELU in cublasLt's epilogue instead of tinygpt's kernels
+  // (never with bf16 products): TINYGPT_CUBLASLT_EPILOGUES=1, read where a command builds its Numerics.
+  bool lt_epilogues = false;
 
   MatmulMath matmul() const { return bf16 ? MatmulMath::BF16 : tf32 ? MatmulMath::TF32 : MatmulMath::F32; }
 };

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/device.h"
 #include "kernels/dropout_hash.h"
 

@@ -190,30 +190,28 @@ TEST_CASE("cuda: bf16 matmuls (cuBLAS on bf16 copies) match the CPU's bf16 produ
 }
 
 TEST_CASE("cuda: the MLP with GELU and ReLU squared matches the CPU, with and without cublasLt's epilogues") {
-  // Hidden width 96, a multiple of 8: with TINYGPT_CUBLASLT_EPILOGUES=1 and f32 products, GELU (tanh form) and its
-  // derivative run in cublasLt's epilogues (with bf16 products, and by default, in our kernels). cublasLt may evaluate
-  // tanh with the GPU's approximate instruction (relative error about 2^-11), hence GELU's looser bound; a wrong
-  // operand in an epilogue is off by order one.
+  // Hidden width 96, a multiple of 8: with cublasLt's epilogues asked for (Numerics::lt_epilogues) and f32 products,
+  // GELU (tanh form) and its derivative run in cublasLt's epilogues (with bf16 products, and by default, in our
+  // kernels). cublasLt may evaluate tanh with the GPU's approximate instruction (relative error about 2^-11), hence
+  // GELU's looser bound; a wrong operand in an epilogue is off by order one.
   const Tensor x = randn_f32({2, 70, 48}, 5), w_fc = randn_f32({96, 48}, 6, 0.2), b_fc = randn_f32({96}, 7);
   const Tensor w_proj = randn_f32({40, 96}, 8, 0.2), b_proj = randn_f32({40}, 9);
   for (const bool epilogues : {false, true}) {
-    if (epilogues) setenv("TINYGPT_CUBLASLT_EPILOGUES", "1", 1);
     for (const bool bf16 : {false, true}) {
-      const Numerics numerics{.bf16 = bf16};
+      const Numerics numerics{.bf16 = bf16, .lt_epilogues = epilogues};
       for (const Activation act : {Activation::Gelu, Activation::ReluSquared}) {
         // The looser bounds only where the two devices' GELU can differ: cublasLt's epilogue (f32 products with the
-        // switch set), and bf16 products, where GELU's derivative (tanh, one ulp apart between the devices) is rounded
-        // to bf16 before the products, so a rounding can flip: 2^-8 of one term of a gradient's sum (on an H200,
-        // 2 to 5 elements of each gradient, at most 4e-4 off).
+        // epilogues asked for), and bf16 products, where GELU's derivative (tanh, one ulp apart between the devices)
+        // is rounded to bf16 before the products, so a rounding can flip: 2^-8 of one term of a gradient's sum (on an
+        // H200, 2 to 5 elements of each gradient, at most 4e-4 off).
         const double tol = act != Activation::Gelu ? 1e-4 : epilogues && !bf16 ? 5e-3 : bf16 ? 2e-3 : 1e-4;
         check_op(fmt::format("mlp {}{}{}", act == Activation::Gelu ? "GELU" : "ReLU^2", bf16 ? " bf16" : "",
-                             epilogues ? ", TINYGPT_CUBLASLT_EPILOGUES=1" : ""),
+                             epilogues ? ", cublasLt's epilogues" : ""),
                  [=](auto& in) { return mlp(in[0], in[1], in[2], in[3], in[4], act, numerics); },
                  {x, w_fc, b_fc, w_proj, b_proj}, tol, tol);
       }
     }
   }
-  unsetenv("TINYGPT_CUBLASLT_EPILOGUES");
 }
 
 TEST_CASE("cuda: layernorm, embedding, cross-entropy and rope match the CPU") {
@@ -463,6 +461,25 @@ TEST_CASE("cuda: flash attention is deterministic, its backward accumulates or s
     CHECK(settle_unwritten(stored, p) == 0);
     CHECK(stored == a.dqkv);
   }
+}
+
+TEST_CASE("cuda: the attention op runs tf32 and bf16 operands on tensor cores, f32 on CUDA cores") {
+  Tensor q = randn_f32({1, 2, 40, 64}, 1).to(Device::CUDA);
+  q.requires_grad_();  // so that the output has a node, named by the path
+  const Tensor k = randn_f32({1, 2, 40, 64}, 2).to(Device::CUDA), v = randn_f32({1, 2, 40, 64}, 3).to(Device::CUDA);
+  const bool tensor_cores = cuda::compute_capability() >= 80;
+  for (const AttentionMath math : {AttentionMath::F32, AttentionMath::TF32, AttentionMath::BF16}) {
+    AttentionOptions o;
+    o.is_causal = true;
+    o.numerics.attention = math;
+    INFO(attention_math_name(math));
+    const bool tc = tensor_cores && math != AttentionMath::F32;
+    CHECK(cuda::flash_tensor_cores(math, 64) == tc);
+    CHECK(attention_path(q, k, v, o) == (tc ? "flash_tensor_cores" : "flash"));
+    CHECK(std::string(scaled_dot_product_attention(q, k, v, o).out.op_name()) ==
+          (tc ? "attention_flash_tensor_cores" : "attention_flash"));
+  }
+  CHECK_FALSE(cuda::flash_tensor_cores(AttentionMath::BF16, 256));  // head dims above 128: the GPU's flash has none
 }
 
 TEST_CASE("cuda: the attention op runs on the GPU through strided views of a fused projection") {

@@ -484,12 +484,11 @@ TEST_CASE("emulated CUDA: permute and copy_slice, storing and accumulating") {
 namespace {
 
 /// The linear launchers against their CPU twins, each bias and activation, x (70, C) and weight (OC, C), with
-/// cublasLt's epilogues asked for (TINYGPT_CUBLASLT_EPILOGUES=1; they are then used with f32 products); lt: whether
-/// the stand-in for cublasLt finds an algorithm (when not, the launchers add the bias and activation themselves).
+/// cublasLt's epilogues asked for (lt_epilogues; they are then used with f32 products); lt: whether the stand-in for
+/// cublasLt finds an algorithm (when not, the launchers add the bias and activation themselves).
 void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
   const int64_t rows = 70;  // five blocks of bias-gradient partial sums
   gpu::fused_gemm_available = lt;
-  setenv("TINYGPT_CUBLASLT_EPILOGUES", "1", 1);
   const Vec x = random(size_t(rows * C), 44), w = random(size_t(OC * C), 45), bias = random(size_t(OC), 46);
   const Vec dout = random(size_t(rows * OC), 47);
   // The activation's input for backward: the pre-activation whose act(.) was inp (both signs, for ReLU squared).
@@ -506,13 +505,17 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
                                  (act == Activation::Gelu ? ", GELU" : act == Activation::ReluSquared ? ", ReLU^2" : "") +
                                  " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
                                  (lt ? "" : ", no cublasLt algorithm") + (keep16 ? ", inp kept in bf16" : "");
+        // The forward's arguments; each call below changes what it must.
+        const LinearForward<float> f{.inp = x.data(), .weight = w.data(), .bias = with_bias ? bias.data() : nullptr,
+                                     .N = rows, .C = C, .OC = OC, .math = math, .act = act, .lt_epilogues = true};
         compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
+          LinearForward<float> c = f;
+          c.out = o[0].data(), c.act_out = o[1].data();
           if (g) {
-            gpu::linear_forward<float>(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
-                                act, o[1].data(), keep16 ? x16.data() : nullptr, nullptr);
+            c.inp16 = keep16 ? x16.data() : nullptr;
+            gpu::linear_forward<float>(c);
           } else {
-            cpu::linear_forward<float>(o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC,
-                                       math, act, o[1].data(), nullptr, nullptr);
+            cpu::linear_forward<float>(c);
           }
         });
         if (keep16) {
@@ -527,10 +530,11 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
           std::vector<uint16_t> act16(out.size() + 1, 0xffff);
           Vec untouched(out.size(), -7.0f);
           Vec no_act = untouched;
-          gpu::linear_forward<float>(out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math, act,
-                              no_act.data(), x16.data(), act16.data());
-          gpu::linear_forward<float>(ref_out.data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, math,
-                              act, ref_act.data(), nullptr, nullptr);
+          LinearForward<float> c = f, ref = f;
+          c.out = out.data(), c.act_out = no_act.data(), c.inp16 = x16.data(), c.act16 = act16.data();
+          ref.out = ref_out.data(), ref.act_out = ref_act.data();
+          gpu::linear_forward<float>(c);
+          gpu::linear_forward<float>(ref);
           CHECK(out == ref_out);
           CHECK(no_act == untouched);
           bool rounded = true;
@@ -538,10 +542,10 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
           CHECK(rounded);
           const Vec w_next = random(size_t(5 * OC), 52);
           Vec next(size_t(rows * 5)), ref_next(next.size());
-          gpu::linear_forward<float>(next.data(), nullptr, w_next.data(), nullptr, rows, OC, 5, math, Activation::None, nullptr,
-                              act16.data(), nullptr);
-          gpu::linear_forward<float>(ref_next.data(), ref_act.data(), w_next.data(), nullptr, rows, OC, 5, math,
-                              Activation::None, nullptr, nullptr, nullptr);
+          gpu::linear_forward<float>({.out = next.data(), .inp = nullptr, .weight = w_next.data(), .N = rows, .C = OC,
+                                      .OC = 5, .math = math, .inp16 = act16.data(), .lt_epilogues = true});
+          gpu::linear_forward<float>({.out = ref_next.data(), .inp = ref_act.data(), .weight = w_next.data(), .N = rows,
+                                      .C = OC, .OC = 5, .math = math, .lt_epilogues = true});
           CHECK(next == ref_next);
         }
         for (const bool overwrite : {false, true}) {
@@ -549,14 +553,16 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
           const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
           compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
                   {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
-                    float* db = with_bias ? o[2].data() : nullptr;
+                    LinearBackward<float> c{.dinp = o[0].data(), .dweight = o[1].data(),
+                                            .dbias = with_bias ? o[2].data() : nullptr, .dout = dout.data(),
+                                            .inp = x.data(), .weight = w.data(), .N = rows, .C = C, .OC = OC,
+                                            .math = math, .overwrite_dinp = overwrite, .act = act,
+                                            .act_of = pre.data(), .lt_epilogues = true};
                     if (g) {
-                      gpu::linear_backward<float>(o[0].data(), o[1].data(), db, dout.data(), keep16 ? nan_x.data() : x.data(),
-                                           w.data(), rows, C, OC, math, overwrite, act, pre.data(),
-                                           keep16 ? x16.data() : nullptr);
+                      if (keep16) c.inp = nan_x.data(), c.inp16 = x16.data();
+                      gpu::linear_backward<float>(c);
                     } else {
-                      cpu::linear_backward<float>(o[0].data(), o[1].data(), db, dout.data(), x.data(), w.data(), rows,
-                                                  C, OC, math, overwrite, act, pre.data(), nullptr);
+                      cpu::linear_backward<float>(c);
                     }
                   }, 1e-4, 1e-4);
         }
@@ -564,32 +570,32 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
     }
   }
   gpu::fused_gemm_available = true;
-  unsetenv("TINYGPT_CUBLASLT_EPILOGUES");
 }
 
 }  // namespace
 
-TEST_CASE("emulated CUDA: linear asks cublasLt for its epilogues only when TINYGPT_CUBLASLT_EPILOGUES=1, in f32") {
+TEST_CASE("emulated CUDA: linear asks cublasLt for its epilogues only when the call asks for them, in f32") {
   // A GELU layer with a bias, forward and backward, widths cublasLt's aux accepts: the calls of fused_gemm counted.
   const int64_t rows = 8, C = 16, OC = 24;
   const Vec x = random(size_t(rows * C), 60), w = random(size_t(OC * C), 61), bias = random(size_t(OC), 62);
   const Vec dout = random(size_t(rows * OC), 63);
-  const auto calls = [&](MatmulMath math) {
+  const auto calls = [&](MatmulMath math, bool lt) {
     Vec out(size_t(rows * OC)), act_out(out.size()), dinp(x.size()), dw(w.size()), db(bias.size());
     gpu::fused_gemm_calls = 0;
-    gpu::linear_forward<float>(out.data(), x.data(), w.data(), bias.data(), rows, C, OC, math, Activation::Gelu,
-                        act_out.data(), nullptr, nullptr);
+    gpu::linear_forward<float>({.out = out.data(), .inp = x.data(), .weight = w.data(), .bias = bias.data(), .N = rows,
+                                .C = C, .OC = OC, .math = math, .act = Activation::Gelu, .act_out = act_out.data(),
+                                .lt_epilogues = lt});
     // backward as if x were GELU's output, of pre-activations x too
-    gpu::linear_backward<float>(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), rows, C, OC, math, true,
-                         Activation::Gelu, x.data(), nullptr);
+    gpu::linear_backward<float>({.dinp = dinp.data(), .dweight = dw.data(), .dbias = db.data(), .dout = dout.data(),
+                                 .inp = x.data(), .weight = w.data(), .N = rows, .C = C, .OC = OC, .math = math,
+                                 .overwrite_dinp = true, .act = Activation::Gelu, .act_of = x.data(),
+                                 .lt_epilogues = lt});
     return gpu::fused_gemm_calls;
   };
-  for (const MatmulMath math : {MatmulMath::F32, MatmulMath::TF32, MatmulMath::BF16}) CHECK(calls(math) == 0);
-  setenv("TINYGPT_CUBLASLT_EPILOGUES", "1", 1);
-  CHECK(calls(MatmulMath::F32) == 2);  // the forward's bias and GELU, the backward's GELU derivative
-  CHECK(calls(MatmulMath::TF32) == 2);
-  CHECK(calls(MatmulMath::BF16) == 0);
-  unsetenv("TINYGPT_CUBLASLT_EPILOGUES");
+  for (const MatmulMath math : {MatmulMath::F32, MatmulMath::TF32, MatmulMath::BF16}) CHECK(calls(math, false) == 0);
+  CHECK(calls(MatmulMath::F32, true) == 2);  // the forward's bias and GELU, the backward's GELU derivative
+  CHECK(calls(MatmulMath::TF32, true) == 2);
+  CHECK(calls(MatmulMath::BF16, true) == 0);
 }
 
 TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched operands) and linear") {
@@ -648,25 +654,32 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     CHECK((largest_difference(db, ref_db) > 1e-4) == rounded);
     Vec y(size_t(M * N)), ref_y(size_t(M * N));
     const Vec w = random(size_t(N * K), 63);
-    gpu::linear_forward<float>(y.data(), a.data(), w.data(), nullptr, M, K, N, math, Activation::None, nullptr, nullptr,
-                        nullptr);
-    cpu::linear_forward<float>(ref_y.data(), a.data(), w.data(), nullptr, M, K, N, MatmulMath::F32, Activation::None,
-                               nullptr, nullptr, nullptr);
+    const LinearForward<float> plain{.inp = a.data(), .weight = w.data(), .N = M, .C = K, .OC = N};
+    LinearForward<float> c = plain, c_ref = plain;
+    c.out = y.data(), c.math = math, c_ref.out = ref_y.data();
+    gpu::linear_forward<float>(c);
+    cpu::linear_forward<float>(c_ref);
     CHECK((largest_difference(y, ref_y) > 1e-4) == rounded);
     // And through cublasLt's epilogues: the bias with GELU (a width of 16, a multiple of 8), GELU's derivative.
     const int64_t OC = 16;
     const Vec w2 = random(size_t(OC * K), 64), bias = random(size_t(OC), 65), dout2 = random(size_t(M * OC), 66);
     Vec pre(size_t(M * OC)), act(pre.size()), ref_pre(pre.size()), ref_act(pre.size());
-    gpu::linear_forward<float>(pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, math, Activation::Gelu, act.data(),
-                        nullptr, nullptr);
-    cpu::linear_forward<float>(ref_pre.data(), a.data(), w2.data(), bias.data(), M, K, OC, MatmulMath::F32,
-                               Activation::Gelu, ref_act.data(), nullptr, nullptr);
+    const LinearForward<float> gelu{.inp = a.data(), .weight = w2.data(), .bias = bias.data(), .N = M, .C = K,
+                                    .OC = OC, .act = Activation::Gelu, .lt_epilogues = true};
+    c = gelu, c_ref = gelu;
+    c.out = pre.data(), c.act_out = act.data(), c.math = math;
+    c_ref.out = ref_pre.data(), c_ref.act_out = ref_act.data();
+    gpu::linear_forward<float>(c);
+    cpu::linear_forward<float>(c_ref);
     CHECK((largest_difference(act, ref_act) > 1e-4) == rounded);
     Vec dx(a.size()), ref_dx(a.size());
-    gpu::linear_backward<float>(dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC, math, true,
-                         Activation::Gelu, b.data(), nullptr);
-    cpu::linear_backward<float>(ref_dx.data(), nullptr, nullptr, dout2.data(), a.data(), w2.data(), M, K, OC,
-                                MatmulMath::F32, true, Activation::Gelu, b.data(), nullptr);
+    const LinearBackward<float> dgelu{.dout = dout2.data(), .inp = a.data(), .weight = w2.data(), .N = M, .C = K,
+                                      .OC = OC, .overwrite_dinp = true, .act = Activation::Gelu, .act_of = b.data(),
+                                      .lt_epilogues = true};
+    LinearBackward<float> cb = dgelu, refb = dgelu;
+    cb.dinp = dx.data(), cb.math = math, refb.dinp = ref_dx.data();
+    gpu::linear_backward<float>(cb);
+    cpu::linear_backward<float>(refb);
     CHECK((largest_difference(dx, ref_dx) > 1e-4) == rounded);
   }
 }
@@ -1021,8 +1034,9 @@ TEST_CASE("emulated CUDA: bf16 storage, matmul and linear (bf16 in and out, f32 
         const bool has_act = act != Activation::None;
         compare_bf16(name + " forward", {Bf(size_t(rows * OC)), Bf(size_t(rows * OC))}, [&](std::vector<Bf>& o, bool g) {
           (g ? gpu::linear_forward<bf16> : cpu::linear_forward<bf16>)(
-              o[0].data(), x.data(), w.data(), with_bias ? bias.data() : nullptr, rows, C, OC, MatmulMath::BF16, act,
-              has_act ? o[1].data() : nullptr, nullptr, nullptr);
+              {.out = o[0].data(), .inp = x.data(), .weight = w.data(), .bias = with_bias ? bias.data() : nullptr,
+               .N = rows, .C = C, .OC = OC, .math = MatmulMath::BF16, .act = act,
+               .act_out = has_act ? o[1].data() : nullptr});
         }, 1e-4, kBf16Ulp);
         for (const bool overwrite : {false, true}) {
           if (has_act && !overwrite) continue;  // a gradient through the activation overwrites dinp
@@ -1030,9 +1044,10 @@ TEST_CASE("emulated CUDA: bf16 storage, matmul and linear (bf16 in and out, f32 
                        {random_bf16(x.size(), 120), random_bf16(w.size(), 121), random_bf16(size_t(OC), 122)},
                        [&](std::vector<Bf>& o, bool g) {
                          (g ? gpu::linear_backward<bf16> : cpu::linear_backward<bf16>)(
-                             o[0].data(), o[1].data(), with_bias ? o[2].data() : nullptr, dout.data(), x.data(),
-                             w.data(), rows, C, OC, MatmulMath::BF16, overwrite, act, has_act ? pre.data() : nullptr,
-                             nullptr);
+                             {.dinp = o[0].data(), .dweight = o[1].data(), .dbias = with_bias ? o[2].data() : nullptr,
+                              .dout = dout.data(), .inp = x.data(), .weight = w.data(), .N = rows, .C = C, .OC = OC,
+                              .math = MatmulMath::BF16, .overwrite_dinp = overwrite, .act = act,
+                              .act_of = has_act ? pre.data() : nullptr});
                        }, 1e-3, kBf16Ulp);
         }
       }

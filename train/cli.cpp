@@ -40,6 +40,7 @@ Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
   if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
   n.bf16_storage = bf16_storage_of(storage, n.bf16, device);
   n.flash = env::flash_variants();
+  n.lt_epilogues = env::lt_epilogues();
   return n;
 }
 

@@ -124,6 +124,7 @@ Numerics numerics_of(const TrainConfig& c) {
                                            : default_attention_math(n.bf16, n.tf32, cuda);
   n.bf16_storage = bf16_storage_of(c.storage, n.bf16, cuda ? Device::CUDA : Device::CPU);
   n.flash = env::flash_variants();
+  n.lt_epilogues = env::lt_epilogues();
   return n;
 }
 

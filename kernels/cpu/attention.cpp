@@ -34,7 +34,7 @@
 // exp() is a vectorized polynomial for float (see exp_vec); the naive reference uses std::exp. The building blocks
 // live in attention_tiles.h (tile products, tile sizes, softmax pieces) and attention_mods.h (the score modifiers'
 // tiles); this file has the naive and flash kernels themselves.
-#include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 #include <string>
 
@@ -570,17 +570,10 @@ void attention_flash_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* dou
   flash_backward<float, bf16>(dq, dk, dv, dout, q, k, v, out, lse, nullptr, nullptr, f);
 }
 
-#define TINYGPT_INSTANTIATE(T)                                                                                        \
-  template void attention_naive_forward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const uint8_t*,       \
-                                           const AttentionGeom&);                                                     \
-  template void attention_naive_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,  \
-                                            const T*, const uint8_t*, const AttentionGeom&);                          \
-  template void attention_flash_forward<T>(T*, T*, const T*, const T*, const T*, const T*, const uint8_t*,           \
-                                           const AttentionGeom&);                                                     \
-  template void attention_flash_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*,  \
-                                            const T*, const uint8_t*, const AttentionGeom&);
-TINYGPT_INSTANTIATE(float)
-TINYGPT_INSTANTIATE(double)
-#undef TINYGPT_INSTANTIATE
+// The storage types kernels/kernel_list.h lists for each kernel.
+TINYGPT_INSTANTIATE_F32_F64(attention_naive_forward)
+TINYGPT_INSTANTIATE_F32_F64(attention_naive_backward)
+TINYGPT_INSTANTIATE_F32_F64(attention_flash_forward)
+TINYGPT_INSTANTIATE_F32_F64(attention_flash_backward)
 
 }  // namespace tinygpt::cpu

@@ -289,23 +289,14 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   }
 }
 
-#define TINYGPT_INSTANTIATE(T)                                                                                   \
-  template void fill<T>(T*, T, int64_t);                                                                         \
-  template void axpy<T>(T*, const T*, compute_t<T>, int64_t);                                                    \
-  template void axpby<T>(T*, const T*, T, T, int64_t);                                                           \
-  template void axpby_indirect<T>(T*, const T*, int64_t, double, double, const float*, const T*, double);         \
-  template void unary_forward<T>(T*, const T*, int64_t, UnaryOp, compute_t<T>);                                  \
-  template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, compute_t<T>, bool);             \
-  template void binary_forward<T>(T*, const T*, const T*, const BroadcastGeom&, BinaryOp);                       \
-  template void binary_backward<T>(T*, T*, const T*, const T*, const T*, const BroadcastGeom&, BinaryOp);
-TINYGPT_INSTANTIATE(float)
-TINYGPT_INSTANTIATE(double)
-#undef TINYGPT_INSTANTIATE
-
-// bf16 storage, f32 arithmetic inside (kernels/kernels.h lists these kernels with kBf16; axpy's is specialized above).
-template void unary_forward<bf16>(bf16*, const bf16*, int64_t, UnaryOp, float);
-template void unary_backward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, int64_t, UnaryOp, float, bool);
-template void binary_forward<bf16>(bf16*, const bf16*, const bf16*, const BroadcastGeom&, BinaryOp);
-template void binary_backward<bf16>(bf16*, bf16*, const bf16*, const bf16*, const bf16*, const BroadcastGeom&, BinaryOp);
+// The storage types kernels/kernel_list.h lists for each kernel.
+TINYGPT_INSTANTIATE_F32_F64(fill)
+TINYGPT_INSTANTIATE_F32_F64(axpby)
+TINYGPT_INSTANTIATE_F32_F64(axpby_indirect)
+TINYGPT_INSTANTIATE_F32_F64(axpy)  // axpy's bf16 is the specialization above
+TINYGPT_INSTANTIATE_F32_F64_BF16(unary_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(unary_backward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(binary_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(binary_backward)
 
 }  // namespace tinygpt::cpu

@@ -44,13 +44,8 @@ void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_
   }
 }
 
-#define TINYGPT_INSTANTIATE(T)                                                  \
-  template void permute<T>(T*, const T*, const PermuteGeom&, bool);             \
-  template void copy_slice<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t, \
-                              int64_t, int64_t, int64_t, bool);
-TINYGPT_INSTANTIATE(float)
-TINYGPT_INSTANTIATE(double)
-TINYGPT_INSTANTIATE(bf16)
-#undef TINYGPT_INSTANTIATE
+// The storage types kernels/kernel_list.h lists for each kernel.
+TINYGPT_INSTANTIATE_F32_F64_BF16(permute)
+TINYGPT_INSTANTIATE_F32_F64_BF16(copy_slice)
 
 }  // namespace tinygpt::cpu

@@ -111,23 +111,23 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
 }
 
 template <class T>
-void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
-                    MatmulMath math, Activation act, T* act_out, uint16_t*, uint16_t*) {
-  const bool bf16 = math == MatmulMath::BF16;
+void linear_forward(const LinearForward<T>& c) {
   // Bias and activation in the epilogue, while each tile of out is in cache.
-  const Epilogue<T> ep{bias, act, act != Activation::None ? act_out : nullptr, nullptr};
-  gemm<T>(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC, bf16, ep);
+  const Epilogue<T> ep{c.bias, c.act, c.act != Activation::None ? c.act_out : nullptr, nullptr};
+  gemm<T>(false, true, c.N, c.OC, c.C, T(1), c.inp, c.C, c.weight, c.C, T(0), c.out, c.OC, c.math == MatmulMath::BF16,
+          ep);
 }
 
 template <class T>
-void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                     int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of,
-                     const uint16_t*) {
-  const bool bf16 = math == MatmulMath::BF16;
-  const T beta = overwrite_dinp ? T(0) : T(1);  // beta 0: dinp is never read
+void linear_backward(const LinearBackward<T>& c) {
+  T *dinp = c.dinp, *dweight = c.dweight, *dbias = c.dbias;
+  const T *dout = c.dout, *inp = c.inp, *weight = c.weight;
+  const int64_t N = c.N, C = c.C, OC = c.OC;
+  const bool bf16 = c.math == MatmulMath::BF16;
+  const T beta = c.overwrite_dinp ? T(0) : T(1);  // beta 0: dinp is never read
   // With an activation, dinp = (dout @ weight) * act'(act_of): the gradient through the activation that made inp,
   // multiplied in the epilogue.
-  const Epilogue<T> ep{nullptr, act, nullptr, act != Activation::None ? act_of : nullptr};
+  const Epilogue<T> ep{nullptr, c.act, nullptr, c.act != Activation::None ? c.act_of : nullptr};
   if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, beta, dinp, C, bf16, ep);  // (N, OC) @ (OC, C)
   if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C, bf16);  // (OC, N) @ (N, C)
   if (dbias) {
@@ -153,26 +153,26 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // added, the output rounded once (and act(out) from the f32 value); backward likewise, the gradients scaled by
 // act', added to what they held in f32 and rounded once.
 template <>
-void linear_forward<bf16>(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int64_t C,
-                          int64_t OC, MatmulMath, Activation act, bf16* act_out, uint16_t*, uint16_t*) {
-  std::vector<float> b(bias ? size_t(OC) : 0);
-  std::copy_n(bias, b.size(), b.begin());
-  Bf16Out o{out, OC};
-  Epilogue<float> ep{bias ? b.data() : nullptr, act};
-  if (act != Activation::None) o.act_out = act_out;
+void linear_forward<bf16>(const LinearForward<bf16>& c) {
+  std::vector<float> b(c.bias ? size_t(c.OC) : 0);
+  std::copy_n(c.bias, b.size(), b.begin());
+  Bf16Out o{c.out, c.OC};
+  Epilogue<float> ep{c.bias ? b.data() : nullptr, c.act};
+  if (c.act != Activation::None) o.act_out = c.act_out;
   ep.out16 = &o;
-  gemm(false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, nullptr, OC, ep);
+  gemm(false, true, c.N, c.OC, c.C, 1.0f, c.inp, c.C, c.weight, c.C, 0.0f, nullptr, c.OC, ep);
 }
 
 template <>
-void linear_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp,
-                           const bf16* weight, int64_t N, int64_t C, int64_t OC, MatmulMath, bool overwrite_dinp,
-                           Activation act, const bf16* act_of, const uint16_t*) {
+void linear_backward<bf16>(const LinearBackward<bf16>& c) {
+  bf16 *dinp = c.dinp, *dweight = c.dweight, *dbias = c.dbias;
+  const bf16 *dout = c.dout, *inp = c.inp, *weight = c.weight;
+  const int64_t N = c.N, C = c.C, OC = c.OC;
   if (dinp) {
     // (N, OC) @ (OC, C), times act'(act_of) with an activation, plus what dinp held unless it is overwritten.
-    Bf16Out o{dinp, C, !overwrite_dinp};
+    Bf16Out o{dinp, C, !c.overwrite_dinp};
     Epilogue<float> ep;
-    if (act != Activation::None) ep.act = act, o.act_of = act_of;
+    if (c.act != Activation::None) ep.act = c.act, o.act_of = c.act_of;
     ep.out16 = &o;
     gemm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, nullptr, C, ep);
   }
@@ -189,23 +189,11 @@ void linear_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* d
   }
 }
 
-#define TINYGPT_INSTANTIATE(T)                                                                                        \
-  template void matmul_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,    \
-                                  MatmulMath);                                                                        \
-  template void matmul_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, \
-                                   bool, bool, MatmulMath);                                                           \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath, Activation,   \
-                                  T*, uint16_t*, uint16_t*);                                                          \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, MatmulMath, bool, \
-                                   Activation, const T*, const uint16_t*);
-TINYGPT_INSTANTIATE(float)
-TINYGPT_INSTANTIATE(double)
-#undef TINYGPT_INSTANTIATE
-
-// bf16 storage: the products of the stored values in f32, each output rounded once (kernels/kernels.h: kBf16).
-template void matmul_forward<bf16>(bf16*, const bf16*, const bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-                                   bool, MatmulMath);
-template void matmul_backward<bf16>(bf16*, bf16*, const bf16*, const bf16*, const bf16*, int64_t, int64_t, int64_t,
-                                    int64_t, int64_t, bool, bool, MatmulMath);
+// The storage types kernels/kernel_list.h lists for each kernel.
+TINYGPT_INSTANTIATE_F32_F64_BF16(matmul_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(matmul_backward)
+// bf16's linear layers are the specializations above.
+TINYGPT_INSTANTIATE_F32_F64(linear_forward)
+TINYGPT_INSTANTIATE_F32_F64(linear_backward)
 
 }  // namespace tinygpt::cpu

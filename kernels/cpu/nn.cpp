@@ -372,30 +372,17 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed fr
   }
 }
 
-#define TINYGPT_INSTANTIATE_NORMS(T)                                                                                    \
-  template void layernorm_forward<T>(T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, int64_t, int64_t,  \
-                                     compute_t<T>);                                                                     \
-  template void add_layernorm_forward<T>(T*, T*, compute_t<T>*, compute_t<T>*, const T*, const T*, const T*, const T*,  \
-                                         int64_t, int64_t, compute_t<T>, float, DropoutSeed);                              \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const compute_t<T>*,                    \
-                                      const compute_t<T>*, int64_t, int64_t, bool);
-#define TINYGPT_INSTANTIATE(T)                                                                                          \
-  template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                                   \
-  template void embedding_backward<T>(T*, const T*, const int32_t*, const int32_t*, int64_t, int64_t, int64_t);         \
-  template void crossentropy_forward<T>(compute_t<T>*, compute_t<T>*, const T*, const int32_t*, int64_t, int64_t,       \
-                                        int32_t);                                                                       \
-  template void crossentropy_backward<T>(T*, const compute_t<T>*, compute_t<T>, const T*, const compute_t<T>*,          \
-                                         const int32_t*, int64_t, int64_t, int32_t, bool);                     \
-  template void crossentropy_fused<T>(compute_t<T>*, compute_t<T>*, T*, const T*, const int32_t*, compute_t<T>,         \
-                                      int64_t, int64_t, int32_t);                                                       \
-  template void dropout_forward<T>(T*, const T*, int64_t, float, DropoutSeed);                                             \
-  template void dropout_backward<T>(T*, const T*, int64_t, float, DropoutSeed);
-TINYGPT_INSTANTIATE_NORMS(float)
-TINYGPT_INSTANTIATE_NORMS(double)  // bf16's layer norms are the specializations above
-TINYGPT_INSTANTIATE(float)
-TINYGPT_INSTANTIATE(double)
-TINYGPT_INSTANTIATE(bf16)
-#undef TINYGPT_INSTANTIATE_NORMS
-#undef TINYGPT_INSTANTIATE
+// The storage types kernels/kernel_list.h lists for each kernel.
+// bf16's layer norms are the specializations above.
+TINYGPT_INSTANTIATE_F32_F64(layernorm_forward)
+TINYGPT_INSTANTIATE_F32_F64(add_layernorm_forward)
+TINYGPT_INSTANTIATE_F32_F64(layernorm_backward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(embedding_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(embedding_backward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(crossentropy_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(crossentropy_backward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(crossentropy_fused)
+TINYGPT_INSTANTIATE_F32_F64_BF16(dropout_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(dropout_backward)
 
 }  // namespace tinygpt::cpu

@@ -49,13 +49,8 @@ void adamw_update_indirect(T* param, const T* grad, T* m, T* v, const AdamWRuns&
               T(sched[1]), T(sched[2]));
 }
 
-template void adamw_update_indirect<float>(float*, const float*, float*, float*, const AdamWRuns&, const float*,
-                                           const float*, double, float, float, float);
-template void adamw_update_indirect<double>(double*, const double*, double*, double*, const AdamWRuns&, const float*,
-                                            const double*, double, float, float, float);
-template void adamw_update<float>(float*, const float*, float*, float*, const AdamWRuns&, float, float, float, float,
-                                  int64_t, double);
-template void adamw_update<double>(double*, const double*, double*, double*, const AdamWRuns&, float, float, float,
-                                   float, int64_t, double);
+// The storage types kernels/kernel_list.h lists for each kernel.
+TINYGPT_INSTANTIATE_F32_F64(adamw_update)
+TINYGPT_INSTANTIATE_F32_F64(adamw_update_indirect)
 
 }  // namespace tinygpt::cpu

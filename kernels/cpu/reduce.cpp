@@ -131,16 +131,13 @@ void log_softmax_backward(T* dinp, const T* dout, const T* out, int64_t N, int64
   }
 }
 
-#define TINYGPT_INSTANTIATE(T)                                                              \
-  template void sum_forward<T>(T*, const T*, int64_t, int64_t, int64_t, T);                 \
-  template void sum_backward<T>(T*, const T*, int64_t, int64_t, int64_t, T);                \
-  template void sum_squares<T>(T*, const T*, int64_t);                                      \
-  template void softmax_forward<T>(T*, const T*, int64_t, int64_t);                         \
-  template void softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t);              \
-  template void log_softmax_forward<T>(T*, const T*, int64_t, int64_t);                     \
-  template void log_softmax_backward<T>(T*, const T*, const T*, int64_t, int64_t);
-TINYGPT_INSTANTIATE(float)
-TINYGPT_INSTANTIATE(double)
-#undef TINYGPT_INSTANTIATE
+// The storage types kernels/kernel_list.h lists for each kernel.
+TINYGPT_INSTANTIATE_F32_F64(sum_forward)
+TINYGPT_INSTANTIATE_F32_F64(sum_backward)
+TINYGPT_INSTANTIATE_F32_F64(sum_squares)
+TINYGPT_INSTANTIATE_F32_F64(softmax_forward)
+TINYGPT_INSTANTIATE_F32_F64(softmax_backward)
+TINYGPT_INSTANTIATE_F32_F64(log_softmax_forward)
+TINYGPT_INSTANTIATE_F32_F64(log_softmax_backward)
 
 }  // namespace tinygpt::cpu

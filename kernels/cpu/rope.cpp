@@ -61,9 +61,8 @@ void rope_backward(T* dinp, const T* dout, int64_t B, int64_t L, int64_t NH, int
   rotate(dinp, dout, B, L, NH, E, n_rot, pos0, base, -1.0, true);  // the inverse rotation is the transpose
 }
 
-template void rope_forward<float>(float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double);
-template void rope_forward<double>(double*, const double*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double);
-template void rope_backward<float>(float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double);
-template void rope_backward<double>(double*, const double*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double);
+// The storage types kernels/kernel_list.h lists for each kernel.
+TINYGPT_INSTANTIATE_F32_F64(rope_forward)
+TINYGPT_INSTANTIATE_F32_F64(rope_backward)
 
 }  // namespace tinygpt::cpu

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/device.h"  // flash_tensor_cores
 #include "kernels/cuda/launch.cuh"
 #if !defined(TINYGPT_EMULATED_CUDA)
 #include "kernels/cuda/mma.cuh"
@@ -560,27 +561,27 @@ __global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dq_kernel(
 /// The f32 kernels on CUDA cores, as a with_flash_path choice.
 struct CudaCores {};
 
+/// Whether the tensor-core tiles of operand format `math` fit in this GPU's shared memory at padded head dim EP.
+template <int EP>
+bool tensor_tiles_fit(AttentionMath math) {
+  using flash_mma::Tf32;
+  if (math != AttentionMath::TF32) return true;  // the bf16 tiles fit every GPU of compute capability 8.0 or newer
+  return std::max({flash_mma::forward_smem_bytes<Tf32, EP>(), flash_mma::dkdv_smem_bytes<Tf32, EP>(),
+                   flash_mma::dq_smem_bytes<Tf32, EP>()}) <= int(properties().sharedMemPerBlockOptin);
+}
+
 /// Calls f(flash_mma::Bf16{}), f(flash_mma::Tf32{}) or f(CudaCores{}): the kernels a flash call with padded head
-/// dim EP runs for the operand format `math`. The tf32 tiles of head dim 128 need 170 KB of shared memory, more
-/// than an A100 has; that case runs on CUDA cores.
+/// dim EP runs for the operand format `math`, as flash_tensor_cores answers (the tf32 tiles of head dim 128 need 170 KB
+/// of shared memory, more than an A100 has; that case runs on CUDA cores).
 template <int EP, class F>
 void with_flash_path(AttentionMath math, F f) {
-  using flash_mma::Tf32;
   if (math != AttentionMath::F32 && properties().major < 8) {
     throw Error(std::string(attention_math_name(math)) +
                 " flash attention needs tensor cores of compute capability 8.0 or newer; this GPU has none");
   }
-  switch (math) {
-    case AttentionMath::BF16:
-      return f(flash_mma::Bf16{});
-    case AttentionMath::TF32:
-      if (std::max({flash_mma::forward_smem_bytes<Tf32, EP>(), flash_mma::dkdv_smem_bytes<Tf32, EP>(),
-                    flash_mma::dq_smem_bytes<Tf32, EP>()}) <= int(properties().sharedMemPerBlockOptin)) {
-        return f(Tf32{});
-      }
-      break;
-    case AttentionMath::F32:
-      break;
+  if (math != AttentionMath::F32 && tensor_tiles_fit<EP>(math)) {
+    if (math == AttentionMath::BF16) return f(flash_mma::Bf16{});
+    return f(flash_mma::Tf32{});
   }
   return f(CudaCores{});
 }
@@ -618,6 +619,13 @@ void check_grid(const AttentionGeom& g) {
 }
 
 }  // namespace
+
+bool flash_tensor_cores(AttentionMath math, int64_t head_dim) {
+  if (math == AttentionMath::F32 || properties().major < 8) return false;
+  if (head_dim <= 32) return tensor_tiles_fit<32>(math);
+  if (head_dim <= 64) return tensor_tiles_fit<64>(math);
+  return head_dim <= 128 && tensor_tiles_fit<128>(math);
+}
 
 void attention_naive_forward(float* out, float* weights, float* lse, const float* q, const float* k, const float* v,
                              const float* mask, const uint8_t* key_padding, const AttentionGeom& g) {

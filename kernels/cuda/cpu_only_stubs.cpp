@@ -15,6 +15,7 @@ int device_count() { return 0; }
 bool built_with_cuda() { return false; }
 const char* device_description() { return "no CUDA backend in this build"; }
 int compute_capability() { return 0; }
+bool flash_tensor_cores(AttentionMath, int64_t) { return false; }
 void* malloc(size_t) { unavailable(); }
 void free(void*) {}
 void empty_cache() {}

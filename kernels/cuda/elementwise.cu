@@ -23,20 +23,16 @@ TINYGPT_DEFINED_AS_DECLARED(sum_rows_in_order)
 TINYGPT_DEFINED_AS_DECLARED(rope_forward)
 TINYGPT_DEFINED_AS_DECLARED(rope_backward)
 
-// The templates, for each storage type they take (kernels/kernels.h): an explicit instantiation that does not match its
-// declaration in kernels/cuda/cuda_kernels.h does not compile.
+// The templates, for each storage type the list takes but f64 (kernels/kernel_list.h): an instantiation that does
+// not match its declaration in kernels/cuda/cuda_kernels.h does not compile.
 namespace tinygpt::cuda {
-#define TINYGPT_INSTANTIATE(T)                                                                                          \
-  template void axpy<T>(T*, const T*, compute_t<T>, int64_t);                                                           \
-  template void unary_forward<T>(T*, const T*, int64_t, UnaryOp, compute_t<T>);                                         \
-  template void unary_backward<T>(T*, const T*, const T*, const T*, int64_t, UnaryOp, compute_t<T>, bool);              \
-  template void binary_forward<T>(T*, const T*, const T*, const BroadcastGeom&, BinaryOp);                              \
-  template void binary_backward<T>(T*, T*, const T*, const T*, const T*, const BroadcastGeom&, BinaryOp);               \
-  template void dropout_forward<T>(T*, const T*, int64_t, float, DropoutSeed);                                             \
-  template void dropout_backward<T>(T*, const T*, int64_t, float, DropoutSeed);                                            \
-  template void permute<T>(T*, const T*, const PermuteGeom&, bool);                                                     \
-  template void copy_slice<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool);
-TINYGPT_INSTANTIATE(float)
-TINYGPT_INSTANTIATE(bf16)
-#undef TINYGPT_INSTANTIATE
+TINYGPT_INSTANTIATE_F32_BF16(axpy)
+TINYGPT_INSTANTIATE_F32_BF16(unary_forward)
+TINYGPT_INSTANTIATE_F32_BF16(unary_backward)
+TINYGPT_INSTANTIATE_F32_BF16(binary_forward)
+TINYGPT_INSTANTIATE_F32_BF16(binary_backward)
+TINYGPT_INSTANTIATE_F32_BF16(dropout_forward)
+TINYGPT_INSTANTIATE_F32_BF16(dropout_backward)
+TINYGPT_INSTANTIATE_F32_BF16(permute)
+TINYGPT_INSTANTIATE_F32_BF16(copy_slice)
 }  // namespace tinygpt::cuda

@@ -9,7 +9,6 @@
 #include <string_view>
 
 #include "kernels/cuda/launch.cuh"
-#include "kernels/env.h"
 #include "kernels/scalar_math.h"
 #if !defined(TINYGPT_EMULATED_CUDA)
 #include "kernels/cuda/mma.cuh"  // pack_bf16
@@ -285,30 +284,29 @@ namespace {
 /// cublasLt's aux matrix (GELU's input) needs a row stride of a multiple of 8 elements.
 bool aux_ok(int64_t ld) { return ld % 8 == 0; }
 
-/// Whether a product may take its bias, GELU or GELU's derivative in cublasLt's epilogue: only when asked for
-/// (TINYGPT_CUBLASLT_EPILOGUES=1) and never with bf16 products. Otherwise our kernels do that work after the product.
+/// Whether a product may take its bias, GELU or GELU's derivative in cublasLt's epilogue: only when the call asks for
+/// it (Numerics::lt_epilogues) and never with bf16 products. Otherwise our kernels do that work after the product.
 /// The bf16 training step ran faster without the epilogues, and their GELU derivative, with the GPU's approximate
 /// tanh, then rounded to bf16, flipped roundings the CPU's does not (docs/RESULTS.md, "One GPU").
-bool lt_epilogues(MatmulMath math) {
-  if (math == MatmulMath::BF16) return false;
-  return TINYGPT_ENV_IS("TINYGPT_CUBLASLT_EPILOGUES", "1");
-}
+bool lt_epilogues(bool asked, MatmulMath math) { return asked && math != MatmulMath::BF16; }
 
 }  // namespace
 
 // The linear layers: f32 storage (the operands f32, TF32 or rounded to bf16 as math says) and bf16 storage (below).
-template <class T>
-void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C, int64_t OC,
-                    MatmulMath math, Activation act, T* act_out, uint16_t* inp16, uint16_t* act16);
-template <class T>
-void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int64_t N, int64_t C,
-                     int64_t OC, MatmulMath math, bool overwrite_dinp, Activation act, const T* act_of,
-                     const uint16_t* inp16);
+// Declared from kernels/kernel_list.h's parameters (again here for the emulated build's namespace); each storage type
+// is an explicit specialization below.
+template <class T> void linear_forward TINYGPT_PARAMS_linear_forward(T);
+template <class T> void linear_backward TINYGPT_PARAMS_linear_backward(T);
 
 template <>
-void linear_forward<float>(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,
-                           int64_t OC, MatmulMath math, Activation act, float* act_out, uint16_t* inp16,
-                           uint16_t* act16) {
+void linear_forward<float>(const LinearForward<float>& c) {
+  float* out = c.out;
+  const float *inp = c.inp, *weight = c.weight, *bias = c.bias;
+  const int64_t N = c.N, C = c.C, OC = c.OC;
+  const MatmulMath math = c.math;
+  const Activation act = c.act;
+  float* act_out = c.act_out;
+  uint16_t *inp16 = c.inp16, *act16 = c.act16;
   if (N == 0 || OC == 0) return;
   // bf16: each operand rounded once, inp into inp16 when the caller keeps it for linear_backward (or already there,
   // without inp).
@@ -323,7 +321,7 @@ void linear_forward<float>(float* out, const float* inp, const float* weight, co
   const bool to16 = bf16 && act16 && act != Activation::None;
   // When asked for (f32 products only), the bias, and GELU with out as its aux (the pre-activation), in cublasLt's
   // epilogue where it has an algorithm.
-  const bool lt = C > 0 && (bias || act == Activation::Gelu) && lt_epilogues(math);
+  const bool lt = C > 0 && (bias || act == Activation::Gelu) && lt_epilogues(c.lt_epilogues, math);
   const bool gelu = lt && act == Activation::Gelu && aux_ok(OC);
   bool fused = false;
   if (lt && (bias || gelu)) {
@@ -349,9 +347,14 @@ void linear_forward<float>(float* out, const float* inp, const float* weight, co
 }
 
 template <>
-void linear_backward<float>(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                            const float* weight, int64_t N, int64_t C, int64_t OC, MatmulMath math, bool overwrite_dinp,
-                            Activation act, const float* act_of, const uint16_t* inp16) {
+void linear_backward<float>(const LinearBackward<float>& c) {
+  float *dinp = c.dinp, *dweight = c.dweight, *dbias = c.dbias;
+  const float *dout = c.dout, *inp = c.inp, *weight = c.weight, *act_of = c.act_of;
+  const int64_t N = c.N, C = c.C, OC = c.OC;
+  const MatmulMath math = c.math;
+  const bool overwrite_dinp = c.overwrite_dinp;
+  const Activation act = c.act;
+  const uint16_t* inp16 = c.inp16;
   // In bf16 both products read dout: it is rounded once for the two, in the bias gradient's pass over dout when
   // there is one (and OC is even, so that rows start on whole pairs).
   const bool bf16 = math == MatmulMath::BF16 && (dinp || dweight) && N * OC * C > 0;
@@ -367,7 +370,7 @@ void linear_backward<float>(float* dinp, float* dweight, float* dbias, const flo
     // When asked for (f32 products only), GELU's derivative at act_of (cublasLt's aux, read) in the epilogue of an
     // overwriting product.
     const bool fused = act == Activation::Gelu && overwrite_dinp && aux_ok(C) && N * OC * C > 0 &&
-                       lt_epilogues(math) &&
+                       lt_epilogues(c.lt_epilogues, math) &&
                        fused_gemm(false, false, N, C, OC, dout, OC, weight, C, dinp, C, math, Epilogue::DGelu, nullptr,
                                   const_cast<float*>(act_of), C, "linear_backward (dinp, cublasLt)");
     if (!fused) {
@@ -398,8 +401,12 @@ void linear_backward<float>(float* dinp, float* dweight, float* dbias, const flo
 // as the CPU's GEMM epilogue does (Bf16Out); otherwise cuBLAS stores the bf16 result itself. inp16 and act16 are not
 // used (the operands are bf16 already).
 template <>
-void linear_forward<bf16>(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int64_t C,
-                          int64_t OC, MatmulMath, Activation act, bf16* act_out, uint16_t*, uint16_t*) {
+void linear_forward<bf16>(const LinearForward<bf16>& c) {
+  bf16* out = c.out;
+  const bf16 *inp = c.inp, *weight = c.weight, *bias = c.bias;
+  const int64_t N = c.N, C = c.C, OC = c.OC;
+  const Activation act = c.act;
+  bf16* act_out = c.act_out;
   if (N == 0 || OC == 0) return;
   if (!bias && act == Activation::None) {
     gemm_bf16(false, true, N, OC, C, 1.0f, bits(inp), C, 0, bits(weight), C, 0, 0.0f, out, OC, 0, 1, "linear_forward");
@@ -414,9 +421,12 @@ void linear_forward<bf16>(bf16* out, const bf16* inp, const bf16* weight, const 
 }
 
 template <>
-void linear_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp,
-                           const bf16* weight, int64_t N, int64_t C, int64_t OC, MatmulMath, bool overwrite_dinp,
-                           Activation act, const bf16* act_of, const uint16_t*) {
+void linear_backward<bf16>(const LinearBackward<bf16>& c) {
+  bf16 *dinp = c.dinp, *dweight = c.dweight, *dbias = c.dbias;
+  const bf16 *dout = c.dout, *inp = c.inp, *weight = c.weight, *act_of = c.act_of;
+  const int64_t N = c.N, C = c.C, OC = c.OC;
+  const bool overwrite_dinp = c.overwrite_dinp;
+  const Activation act = c.act;
   if (dinp && N * C > 0) {  // (N, OC) @ (OC, C)
     if (act == Activation::None) {
       gemm_bf16(false, false, N, C, OC, 1.0f, bits(dout), OC, 0, bits(weight), C, 0, overwrite_dinp ? 0.0f : 1.0f, dinp,
