@@ -117,7 +117,7 @@ constexpr std::align_val_t kHostAlign{64};  // cache lines and AVX loads
 /// from glibc's heap, where large ones land once its mmap threshold has risen, held more: docs/RESULTS.md, "bf16
 /// storage"). The floor is for a small live set cycling through more sizes than it holds at once, an evaluation's
 /// forward passes before any training step: held to its peak, the cache unmapped and faulted in ~20 MB a pass, which
-/// made the main job's first evaluation twice as slow as the later ones.
+/// made the three-minute job's first evaluation twice as slow as the later ones.
 /// Smaller blocks, and every block under AddressSanitizer (which checks heap blocks only) or with
 /// TINYGPT_HOST_CACHE=0, go through operator new (bench_attention turns the cache off and replaces operator new to
 /// count what each algorithm allocates).

@@ -271,7 +271,7 @@ int run_mods_table(bool quick, int rounds) {
 /// The CPU's bf16 table: flash attention forward+backward with f32 operands, bf16 operands on f32 tensors
 /// (AttentionMath::BF16: tile products on AMX-BF16 where the CPU has it, else rounded for the f32 units), bf16 tensors
 /// (bf16 storage), and bf16 tensors with dropout 0.2 (the training runs' setting), timed in turn `rounds` times on the
-/// training shapes of the main job (B=12, NH=4, T=128, E=32) and of nanoGPT's 6-layer config (B=64, NH=6, T=256,
+/// training shapes of the three-minute job (B=12, NH=4, T=128, E=32) and of nanoGPT's 6-layer config (B=64, NH=6, T=256,
 /// E=64), and at T=1024. GF/s counts 3.5 x the causal forward's 2 T^2 E / 2 per head (nanoGPT's count).
 int run_bf16_table(int rounds) {
   fmt::print("threads: {}, bf16 products on {}\n{:<26} {:<24} {:>8} {:>8} {:>8} {:>9} {:>9}\n", omp_get_max_threads(),

@@ -23,7 +23,7 @@
 # is slow without bf16 instructions), ROUNDS alternating rounds, tinygpt --dtype bf16 against the pip
 # torch under torch.autocast("cpu", dtype=torch.bfloat16), eager at its best thread count and compiled; the CPU's
 # bf16 instructions (AVX512-BF16, AMX-BF16) are printed first, since both sides' speed depends on them.
-# MAIN_JOB=1 times the main job's model and optimizer (scripts/train_shakespeare.sh: context 128, Muon with weight
+# MAIN_JOB=1 times the three-minute job's model and optimizer (scripts/train_shakespeare.sh: context 128, Muon with weight
 # decay for the blocks' matrices, AdamW for the rest; the peer with torch.optim.Muon) in place of nanoGPT's CPU recipe,
 # f32 and bf16, without the 6-layer config.
 set -euo pipefail
@@ -43,7 +43,7 @@ if [ "${MAIN_JOB:-0}" = 1 ]; then
   small=(--n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --batch-size 12 --optimizer muon --muon-lr 0.02
     --muon-weight-decay 0.05 --lr 2e-3)
   peer_small=(--block-size 128 --optimizer muon)
-  recipe="the main job's model and optimizer (context 128, Muon)"
+  recipe="the three-minute job's model and optimizer (context 128, Muon)"
   block=128
   big_iters=0
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does --dtype bf16 train as well as fp32? The main job's recipe (scripts/train_shakespeare.sh: 4 layers, 4 heads,
+# Does --dtype bf16 train as well as fp32? The three-minute job's recipe (scripts/train_shakespeare.sh: 4 layers, 4 heads,
 # 128 wide, context 128, batch 12, Muon at 0.02 for the blocks' matrices and AdamW at 2e-3 for the rest, no dropout)
 # trained for ITERS iterations (a fixed count, so both see the same steps; cosine to a tenth at ITERS) in fp32 and in
 # bf16, once per seed, the two side by side with one thread each. Each val loss is the mean over 200 batches after

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: a character-level GPT on Shakespeare, then a 500-character sample from the best checkpoint.
+# The three-minute job: a character-level GPT on Shakespeare, then a 500-character sample from the best checkpoint.
 #   scripts/train_shakespeare.sh [TEXT_FILE] [--nanogpt] [extra `tinygpt train` flags...]
 # Without a file: ../shared/data/tinyshakespeare.txt when it exists, else tiny Shakespeare, fetched once.
 # The recipe is the one that reached the lowest val loss in 180 s of training on a 2-core machine

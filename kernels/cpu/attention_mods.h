@@ -71,7 +71,7 @@ void add_table_grad(T* dtable, const T* coef, const T* y, const int64_t* stride,
 
 /// The relative rows a kernel call needs, computed once per call. Forward: R. Backward: R, G, and dR when dQ or
 /// dA_K is wanted; finish() then adds dR A_K to dQ, dR^T Q to dA_K and Pbar^T dO to dA_V. Their memory is the calling
-/// thread's, kept from call to call (the main job's are 0.8 MB each, four of them a layer and step: allocated afresh,
+/// thread's, kept from call to call (the three-minute job's are 0.8 MB each, four of them a layer and step: allocated afresh,
 /// their pages were faulted in every time).
 template <class T>
 struct RelBuffers {
