@@ -467,7 +467,9 @@ Call make_call(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool 
 AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
                           const AttentionOptions& o, bool qkv_partition) {
   const Call c = make_call(q, k, v, out_heads_last, o, qkv_partition);
-  return path_for(c).run(c);
+  const Path& p = path_for(c);
+  if (profile::enabled()) profile::add_choice("attention path", p.name);  // TINYGPT_PROFILE=1 names the path taken
+  return p.run(c);
 }
 
 }  // namespace

@@ -80,8 +80,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
 /// and write bf16 as stored), "bf16_through_f32" (other bf16 calls: f32 copies, then these paths again),
 /// "weights_graph" (need_weights without score modifiers: the math as recorded ops), "naive" (AttentionImpl::Naive,
 /// or need_weights with modifiers: the T x S kernels), "flash_tensor_cores" (the GPU's flash kernels with tf32 or
-/// bf16 operands on tensor cores, where the GPU has them and the tiles fit its shared memory: cuda::flash_tensor_cores),
-/// "flash" (the flash kernels: the CPU's, or the GPU's f32 ones on CUDA cores).
+/// bf16 operands on tensor cores, where the GPU has them and the tiles fit its shared memory:
+/// cuda::flash_tensor_cores), "flash" (the flash kernels: the CPU's, or the GPU's f32 ones on CUDA cores).
 std::vector<std::string_view> attention_paths();
 /// The path scaled_dot_product_attention(q, k, v, options) runs on (its shape checks made; nothing computed).
 std::string_view attention_path(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});

@@ -21,7 +21,7 @@
 namespace tinygpt {
 
 /// f32 everywhere; f64 on the CPU (gradient checks); bf16 (kernels/bf16.h) as a storage type, computed in f32 by the
-/// ops that take it (kernels/kernels.h lists them); i32 for token ids; bool (one byte, 0 or 1) for masks.
+/// ops that take it (kernels/kernel_list.h lists them); i32 for token ids; bool (one byte, 0 or 1) for masks.
 enum class DType : uint8_t { F32, F64, I32, Bool, BF16 };
 
 size_t dtype_size(DType dtype);

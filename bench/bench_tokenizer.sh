@@ -30,7 +30,7 @@ done
 for _ in $(seq "$repeats"); do
   encode_times+=("$(OMP_NUM_THREADS=$threads time_it ./build/tinygpt tokenizer encode --tokenizer "$work/tok.json" --data "$corpus" --out "$work/ids.bin")")
 done
-mb=$(du -sb --apparent-size "$corpus" | cut -f1)
+mb=$(find "$corpus" -type f -printf "%s\n" | awk '{s += $1} END {print s}')  # file bytes, not the directories'
 printf '\ntinygpt                            detail                    min s  median s    max s\n'
 printf 'tinygpt tokenizer train            vocab %-18s %s\n' "$vocab" "$(printf '%s\n' "${train_times[@]}" | stats)"
 printf 'tinygpt tokenizer encode           %-24s %s\n' "$((mb / 1000000)) MB" "$(printf '%s\n' "${encode_times[@]}" | stats)"

@@ -47,7 +47,7 @@ inline constexpr Switch kSwitches[] = {
      "the GPU's f32 linear layers take bias and GELU in cublasLt's epilogue instead of tinygpt's kernels (never for "
      "bf16 products)"},
     {"TINYGPT_HOST_CACHE", "0", "turns off the CPU's cache of freed tensor buffers (default on)"},
-    {"TINYGPT_PROFILE", "1", "prints the CPU time by op and kernel at exit"},
+    {"TINYGPT_PROFILE", "1", "prints the CPU time by kernel and phase at exit, and the attention paths taken"},
     {"TINYGPT_CUDA_PROFILE", "1", "prints the GPU time by op and kernel at exit (CUDA events; graphs off)"},
     {"TINYGPT_TRACE_SHAPES", "1", "prints the shapes through each attention layer"},
 };
@@ -105,7 +105,8 @@ inline FlashVariants flash_variants() {
   return f;
 }
 
-/// Whether the GPU's f32 linear layers take cublasLt's epilogues (TINYGPT_CUBLASLT_EPILOGUES=1; Numerics::lt_epilogues).
+/// Whether the GPU's f32 linear layers take cublasLt's epilogues (TINYGPT_CUBLASLT_EPILOGUES=1;
+/// Numerics::lt_epilogues).
 inline bool lt_epilogues() { return TINYGPT_ENV_IS("TINYGPT_CUBLASLT_EPILOGUES", "1"); }
 
 }  // namespace tinygpt::env

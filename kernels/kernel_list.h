@@ -2,8 +2,9 @@
 // parameters at storage type T; TINYGPT_KERNELS below names each kernel with the storage types its CPU side takes and
 // the form of its CUDA side. From these come the CPU declarations (kernels/cpu/cpu_kernels.h), the CUDA ones
 // (kernels/cuda/cuda_kernels.h), the launch table (kernels/kernels.h) and the explicit instantiations beside each
-// definition (TINYGPT_INSTANTIATE_CPU / _CUDA): a definition whose parameters drift from its line here is another
-// overload, and its instantiation (or, for a plain function, its table entry) fails to compile or to link.
+// definition (TINYGPT_INSTANTIATE and its _F32_F64, _F32_F64_BF16, _F32_BF16 forms): a definition whose parameters
+// drift from its line here is another overload, and its instantiation (or, for a plain function, its table entry)
+// fails to compile or to link.
 //
 // Conventions (llm.c style): outputs first, then inputs, then sizes; gradients carry a `d` prefix and backward kernels
 // accumulate (+=) into them, except where an `overwrite` flag asks them to write (=) one. Shapes in trailing comments
@@ -66,6 +67,7 @@
 #define TINYGPT_PARAMS_add_layernorm_forward(T)                                                                     \
   (T * sum, T * out, compute_t<T> * mean, compute_t<T> * rstd, const T* a, const T* b, const T* weight, const T* bias, \
    int64_t N, int64_t C, compute_t<T> eps, float p, DropoutSeed seed)
+/// The GPU's dweight and dbias: per-block partial sums, added in a fixed order by a second kernel (deterministic).
 #define TINYGPT_PARAMS_layernorm_backward(T)                                                                  \
   (T * dinp, T * dweight, T * dbias, const T* dout, const T* inp, const T* weight, const compute_t<T>* mean, \
    const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp)
@@ -164,7 +166,8 @@
    const AttentionGeom& g)
 /// FlashAttention-2 backward: recomputes P tile by tile from lse; dq, dk, dv += gradients (any may be null).
 /// Deterministic: every gradient element is summed by one thread (CPU) or one block (GPU) in a fixed order, so no
-/// gradient needs atomics.
+/// gradient needs atomics. The GPU's: D = rowsum(dO * O) first, then one pass over key tiles for dK and dV and a
+/// separate pass over query tiles for dQ (P and dS computed twice).
 #define TINYGPT_PARAMS_attention_flash_backward(T)                                                            \
   (T * dq, T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse,     \
    const T* mask, const uint8_t* key_padding, const AttentionGeom& g)

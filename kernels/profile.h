@@ -1,7 +1,8 @@
 // TINYGPT_PROFILE=1: a coarse profiler of CPU runs (the CPU twin of TINYGPT_CUDA_PROFILE). launch() times every CPU
 // kernel (they run synchronously, so a kernel's wall time is its time), the trainer marks the phases of a step
 // (forward, backward, reduction, optimizer) with Phase, and at exit a table on stderr gives each kernel's time and
-// each phase's, split into time in kernels and what is left over (allocation, graph bookkeeping, copies).
+// each phase's, split into time in kernels and what is left over (allocation, graph bookkeeping, copies), and how
+// often each choice an op made was taken (the attention op's path, on either device).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,8 @@ namespace tinygpt::profile {
 bool enabled();
 /// Adds one call of a CPU kernel that took `ms`.
 void add_kernel(const char* name, double ms);
+/// Counts one decision of `what` (a string literal: "attention path") that took `choice`.
+void add_choice(const char* what, const char* choice);
 
 /// Times its scope as one occurrence of the phase `name` (a string literal), and the kernel time inside it.
 /// Does nothing unless enabled().

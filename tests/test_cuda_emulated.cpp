@@ -660,27 +660,31 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     gpu::linear_forward<float>(c);
     cpu::linear_forward<float>(c_ref);
     CHECK((largest_difference(y, ref_y) > 1e-4) == rounded);
-    // And through cublasLt's epilogues: the bias with GELU (a width of 16, a multiple of 8), GELU's derivative.
+    // And with GELU, the bias (a width of 16, a multiple of 8) and GELU's derivative: by the launchers' kernels after
+    // the product, and in cublasLt's epilogues when asked for.
     const int64_t OC = 16;
     const Vec w2 = random(size_t(OC * K), 64), bias = random(size_t(OC), 65), dout2 = random(size_t(M * OC), 66);
-    Vec pre(size_t(M * OC)), act(pre.size()), ref_pre(pre.size()), ref_act(pre.size());
-    const LinearForward<float> gelu{.inp = a.data(), .weight = w2.data(), .bias = bias.data(), .N = M, .C = K,
-                                    .OC = OC, .act = Activation::Gelu, .lt_epilogues = true};
-    c = gelu, c_ref = gelu;
-    c.out = pre.data(), c.act_out = act.data(), c.math = math;
-    c_ref.out = ref_pre.data(), c_ref.act_out = ref_act.data();
-    gpu::linear_forward<float>(c);
-    cpu::linear_forward<float>(c_ref);
-    CHECK((largest_difference(act, ref_act) > 1e-4) == rounded);
-    Vec dx(a.size()), ref_dx(a.size());
-    const LinearBackward<float> dgelu{.dout = dout2.data(), .inp = a.data(), .weight = w2.data(), .N = M, .C = K,
-                                      .OC = OC, .overwrite_dinp = true, .act = Activation::Gelu, .act_of = b.data(),
-                                      .lt_epilogues = true};
-    LinearBackward<float> cb = dgelu, refb = dgelu;
-    cb.dinp = dx.data(), cb.math = math, refb.dinp = ref_dx.data();
-    gpu::linear_backward<float>(cb);
-    cpu::linear_backward<float>(refb);
-    CHECK((largest_difference(dx, ref_dx) > 1e-4) == rounded);
+    for (const bool lt : {false, true}) {
+      INFO("cublasLt's epilogues " << (lt ? "asked for" : "not asked for"));
+      Vec pre(size_t(M * OC)), act(pre.size()), ref_pre(pre.size()), ref_act(pre.size());
+      const LinearForward<float> gelu{.inp = a.data(), .weight = w2.data(), .bias = bias.data(), .N = M, .C = K,
+                                      .OC = OC, .act = Activation::Gelu, .lt_epilogues = lt};
+      c = gelu, c_ref = gelu;
+      c.out = pre.data(), c.act_out = act.data(), c.math = math;
+      c_ref.out = ref_pre.data(), c_ref.act_out = ref_act.data();
+      gpu::linear_forward<float>(c);
+      cpu::linear_forward<float>(c_ref);
+      CHECK((largest_difference(act, ref_act) > 1e-4) == rounded);
+      Vec dx(a.size()), ref_dx(a.size());
+      const LinearBackward<float> dgelu{.dout = dout2.data(), .inp = a.data(), .weight = w2.data(), .N = M, .C = K,
+                                        .OC = OC, .overwrite_dinp = true, .act = Activation::Gelu, .act_of = b.data(),
+                                        .lt_epilogues = lt};
+      LinearBackward<float> cb = dgelu, refb = dgelu;
+      cb.dinp = dx.data(), cb.math = math, refb.dinp = ref_dx.data();
+      gpu::linear_backward<float>(cb);
+      cpu::linear_backward<float>(refb);
+      CHECK((largest_difference(dx, ref_dx) > 1e-4) == rounded);
+    }
   }
 }
 
@@ -1353,6 +1357,8 @@ TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core ke
   for (const Case& k : cases) {
     const std::string name = std::string(attention_math_name(k.math)) + " operands, " + describe(k.c);
     INFO(name);
+    CHECK(gpu::flash_tensor_cores(k.math, k.c.E));  // the attention op's path list asks this; the kernel follows it
+    CHECK_FALSE(gpu::flash_tensor_cores(AttentionMath::F32, k.c.E));
     Problem p = make_problem(k.c);
     p.g.math = k.math;
     const HostInputs<float> in(p);

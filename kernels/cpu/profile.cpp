@@ -27,11 +27,12 @@ struct Table {
   };
   std::mutex mutex;
   std::map<std::string, Entry> kernels, phases;
+  std::map<std::string, int64_t> choices;  // "what: choice" -> times taken
   std::vector<std::string> phase_order;  // as first seen
   double kernel_total = 0;
 
   ~Table() {
-    if (kernels.empty() && phases.empty()) return;
+    if (kernels.empty() && phases.empty() && choices.empty()) return;
     const int64_t steps = phases.contains("step") ? phases["step"].calls : 0;
     const double per = double(std::max<int64_t>(steps, 1));
     std::vector<std::pair<std::string, Entry>> rows(kernels.begin(), kernels.end());
@@ -42,6 +43,7 @@ struct Table {
       fmt::print(stderr, "{:<28} {:>10.1f} {:>9} {:>10.2f} {:>6.1f}%\n", name, e.ms, e.calls, e.ms / per,
                  100.0 * e.ms / std::max(kernel_total, 1e-9));
     }
+    for (const auto& [choice, n] : choices) fmt::print(stderr, "{} ({} calls)\n", choice, n);
     if (phases.empty()) return;
     fmt::print(stderr, "{:<28} {:>10} {:>10} {:>10}   (ms per step; left over: allocation, graph bookkeeping, copies)\n",
                "phase", "wall", "kernels", "left over");
@@ -82,6 +84,12 @@ void add_kernel(const char* name, double ms) {
   e.ms += ms;
   ++e.calls;
   t.kernel_total += ms;
+}
+
+void add_choice(const char* what, const char* choice) {
+  Table& t = table();
+  std::lock_guard lock(t.mutex);
+  ++t.choices[fmt::format("{}: {}", what, choice)];
 }
 
 Phase::Phase(const char* name) : name_(name) {
