@@ -234,15 +234,15 @@
   X(attention_flash_backward_bf16, kPlain, PLAIN)
 
 /// Declarations in a namespace: TINYGPT_KERNELS(TINYGPT_DECLARE_CPU) in tinygpt::cpu, TINYGPT_DECLARE_CUDA in
-/// tinygpt::cuda.
+/// tinygpt::cuda. Each side's form: the CUDA side's is the list's; every CPU kernel with a storage type is a template.
+#define TINYGPT_DECLARE_PLAIN(name) void name TINYGPT_PARAMS_##name(void);
+#define TINYGPT_DECLARE_F32(name) void name TINYGPT_PARAMS_##name(float);
+#define TINYGPT_DECLARE_TEMPLATE(name) template <class T> void name TINYGPT_PARAMS_##name(T);
+#define TINYGPT_DECLARE_CUDA(name, takes, gpu) TINYGPT_DECLARE_##gpu(name)
 #define TINYGPT_DECLARE_CPU(name, takes, gpu) TINYGPT_DECLARE_CPU_##gpu(name)
-#define TINYGPT_DECLARE_CPU_PLAIN(name) void name TINYGPT_PARAMS_##name(void);
-#define TINYGPT_DECLARE_CPU_F32(name) template <class T> void name TINYGPT_PARAMS_##name(T);
-#define TINYGPT_DECLARE_CPU_TEMPLATE(name) template <class T> void name TINYGPT_PARAMS_##name(T);
-#define TINYGPT_DECLARE_CUDA(name, takes, gpu) TINYGPT_DECLARE_CUDA_##gpu(name)
-#define TINYGPT_DECLARE_CUDA_PLAIN(name) void name TINYGPT_PARAMS_##name(void);
-#define TINYGPT_DECLARE_CUDA_F32(name) void name TINYGPT_PARAMS_##name(float);
-#define TINYGPT_DECLARE_CUDA_TEMPLATE(name) template <class T> void name TINYGPT_PARAMS_##name(T);
+#define TINYGPT_DECLARE_CPU_PLAIN TINYGPT_DECLARE_PLAIN
+#define TINYGPT_DECLARE_CPU_F32 TINYGPT_DECLARE_TEMPLATE
+#define TINYGPT_DECLARE_CPU_TEMPLATE TINYGPT_DECLARE_TEMPLATE
 
 /// The explicit instantiation of kernel template `name` at storage type T, beside its definition (in its namespace).
 #define TINYGPT_INSTANTIATE(name, T) template void name<T> TINYGPT_PARAMS_##name(T);
