@@ -519,22 +519,28 @@ TEST_CASE("Bf16Tiles: a band skips only what vanishes: bit for bit the whole pro
                     for (int64_t k = 0; k < K; ++k) A[size_t(r * K + k)] = on_k && !inside(r, k) ? 0.0f : float(dist(rng));
                   for (auto& x : B) x = float(dist(rng));
                   for (auto& x : C0) x = float(dist(rng));
-                  std::vector<float> whole = C0, banded = C0;
-                  tiles.pack_a(A.data(), K, 1, M, K);
-                  tiles.pack_b(0, B.data(), N, 1, K, N);
-                  tiles.run(whole.data(), ldc, 0, M, K, N, accumulate);
-                  tiles.run(banded.data(), ldc, 0, M, K, N, accumulate, band);
-                  int64_t bad = 0;
-                  for (int64_t r = 0; r < M; ++r) {
-                    for (int64_t c = 0; c < ldc; ++c) {
-                      const size_t i = size_t(r * ldc + c);
-                      const float skipped = accumulate ? C0[i] : 0.0f;
-                      if (c >= N) bad += banded[i] != C0[i];
-                      else if (on_k || inside(r, c)) bad += banded[i] != whole[i];
-                      else bad += banded[i] != whole[i] && banded[i] != skipped;
+                  // A as f32 (packed), or as bf16 rows (read in place where K is whole 32-k chunks).
+                  const std::vector<tinygpt::bf16> A16(A.begin(), A.end());
+                  for (const bool rows16 : {false, true}) {
+                    CAPTURE(rows16);
+                    std::vector<float> whole = C0, banded = C0;
+                    if (rows16) tiles.pack_a(A16.data(), K, 1, M, K);
+                    else tiles.pack_a(A.data(), K, 1, M, K);
+                    tiles.pack_b(0, B.data(), N, 1, K, N);
+                    tiles.run(whole.data(), ldc, 0, M, K, N, accumulate);
+                    tiles.run(banded.data(), ldc, 0, M, K, N, accumulate, band);
+                    int64_t bad = 0;
+                    for (int64_t r = 0; r < M; ++r) {
+                      for (int64_t c = 0; c < ldc; ++c) {
+                        const size_t i = size_t(r * ldc + c);
+                        const float skipped = accumulate ? C0[i] : 0.0f;
+                        if (c >= N) bad += banded[i] != C0[i];
+                        else if (on_k || inside(r, c)) bad += banded[i] != whole[i];
+                        else bad += banded[i] != whole[i] && banded[i] != skipped;
+                      }
                     }
+                    CHECK(bad == 0);
                   }
-                  CHECK(bad == 0);
                 }
   }
 }

@@ -38,7 +38,8 @@ class Bf16Tiles {
   Bf16Tiles(const Bf16Tiles&) = delete;
   Bf16Tiles& operator=(const Bf16Tiles&) = delete;
 
-  /// A (M x K) of the next run: element (r, k) at A[r * rs + k * ks]; ks or rs is 1.
+  /// A (M x K) of the next run: element (r, k) at A[r * rs + k * ks]; ks or rs is 1. bf16 rows with k contiguous may
+  /// be read where they lie (AVX512-BF16, K a multiple of 32): they must then stay unchanged until the run.
   void pack_a(const float* A, int64_t rs, int64_t ks, int64_t M, int64_t K);
   void pack_a(const bf16* A, int64_t rs, int64_t ks, int64_t M, int64_t K);
   /// B (K x N) into `slot`: element (k, n) at B[k * ks + n * ns]; ks or ns is 1. Columns past N are zero up to the
@@ -61,7 +62,9 @@ class Bf16Tiles {
     int64_t rows = 0, depth = 0;  // rows (A's M, B's N) and K as packed
   };
   Bf16Kernel kernel_;
-  Packed a_;
+  Packed a_;                          // op(A) packed, or (a_rows_ set) only its rows and depth
+  const uint16_t* a_rows_ = nullptr;  // op(A) read in place: bf16 rows a_ld_ apart, k contiguous (pack_a says when)
+  int64_t a_ld_ = 0;
   std::array<Packed, kSlots> b_;
 };
 
