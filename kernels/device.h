@@ -172,7 +172,11 @@ struct UnitRates {
 const UnitRates& unit_rates();
 /// Uses `rates` (as read from a cache) instead of measuring them: before the first unit_rates() or bf16_kernel().
 /// Throws Error when either was already called, or a rate is not a positive power of two where its unit exists.
-void set_unit_rates(const UnitRates& rates);
+/// unit_rates() then says `cached`, unless `from_cache` is false (a cache's rates with a clock read now).
+void set_unit_rates(const UnitRates& rates, bool from_cache = true);
+/// The clock the cores run at, as unit_rates() measures it (every thread at once, the best of 7 timings of the
+/// chain of dependent adds, about 20 ms); 0 where there is no such probe (not x86-64).
+double measure_clock_ghz();
 /// FLOPs a cycle of one core of `kernel`'s unit (F32Units: the f32 FMAs).
 double flops_per_cycle(Bf16Kernel kernel);
 /// "AMD EPYC 9R14 96-Core Processor (family 25, model 17)": CPUID's brand string, family and model.

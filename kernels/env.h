@@ -28,7 +28,7 @@ inline constexpr Switch kSwitches[] = {
      "agree up to the order of f32 sums"},
     {"TINYGPT_CACHE_DIR", "a directory | off",
      "where train keeps the CPU's measured clock and unit rates (cpu-rates.txt), so every run on a machine states "
-     "the same peak (default: $XDG_CACHE_HOME/tinygpt, else ~/.cache/tinygpt; off: measured by every run, nothing "
+     "the same peak (a clock read 2% faster at start-up replaces the cached one) (default: $XDG_CACHE_HOME/tinygpt, else ~/.cache/tinygpt; off: measured by every run, nothing "
      "written)"},
     {"TINYGPT_FLASH_ROWS", "128",
      "the GPU's flash forward on bf16 storage at head dim 64 takes blocks of 128 query rows (each of 4 warps two 16-row "

@@ -159,12 +159,21 @@ double per_cycle_per_thread(ProbeUnit unit, int rounds, double seconds) {
 /// x rounded to the nearest power of two (x > 0).
 double power_of_two(double x) { return std::exp2(std::round(std::log2(x))); }
 
+constexpr int kRounds = 7;
+constexpr double kSeconds = 0.002;
+
+double clock_ghz() {
+#if defined(__x86_64__)
+  return rate_per_thread([] { return probe_chain_cycles(2000); }, kRounds, kSeconds) / 1e9;
+#else
+  return 0;
+#endif
+}
+
 UnitRates measure_rates() {
   UnitRates r;
 #if defined(__x86_64__)
-  constexpr int kRounds = 7;
-  constexpr double kSeconds = 0.002;
-  r.ghz = rate_per_thread([] { return probe_chain_cycles(2000); }, kRounds, kSeconds) / 1e9;
+  r.ghz = clock_ghz();
   auto per_cycle = [&](ProbeUnit u) { return power_of_two(per_cycle_per_thread(u, kRounds, kSeconds)); };
   if (f32_lanes() == 16) {
     r.f32 = per_cycle(ProbeUnit::FmaZmm);
@@ -229,7 +238,9 @@ const UnitRates& unit_rates() {
   return g_rates;
 }
 
-void set_unit_rates(const UnitRates& rates) {
+double measure_clock_ghz() { return clock_ghz(); }
+
+void set_unit_rates(const UnitRates& rates, bool from_cache) {
   const std::lock_guard lock(g_rates_mutex);
   if (g_rates_set) throw Error("set_unit_rates: the CPU's rates are in use already; set them before the first product");
   auto valid = [](double x, bool present) { return present ? x > 0 && power_of_two(x) == x : x == 0; };
@@ -241,7 +252,7 @@ void set_unit_rates(const UnitRates& rates) {
     throw Error("set_unit_rates: rates that do not fit this CPU's units");
   }
   g_rates = rates;
-  g_rates.cached = true;
+  g_rates.cached = from_cache;
   g_rates_set = true;
 }
 
