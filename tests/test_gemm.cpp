@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -13,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/bf16_rows.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/tile_bf16.h"
 #include "kernels/cpu/vec_math.h"
@@ -543,6 +545,43 @@ TEST_CASE("Bf16Tiles: a band skips only what vanishes: bit for bit the whole pro
                   }
                 }
   }
+}
+
+// The rows the kernels round and widen go through vector loops (AVX-512 where the CPU has it) with a scalar tail: at
+// every length and offset they must give what the scalar conversion (test_bf16's hand-checked roundings) gives.
+TEST_CASE("round_range, round_scaled and widen_range match the scalar bf16 conversion bit for bit") {
+  using tinygpt::bf16;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<float> x(80);
+  for (auto& v : x) v = dist(rng);
+  x[3] = std::numeric_limits<float>::quiet_NaN(), x[20] = std::numeric_limits<float>::infinity(), x[41] = -0.0f;
+  x[50] = std::bit_cast<float>(0x3f818000u);  // a tie: rounds to the even 0x3f82
+  for (const int64_t off : {0, 1, 7})
+    for (const int64_t n : {0, 1, 15, 16, 17, 33, 64, 72}) {
+      CAPTURE(off);
+      CAPTURE(n);
+      for (const float scale : {1.0f, 0.37f}) {
+        std::vector<bf16> got(size_t(n + off)), want(size_t(n + off));
+        if (scale == 1.0f) tinygpt::cpu::round_range(got.data() + off, x.data() + off, n);
+        else tinygpt::cpu::round_scaled(got.data() + off, x.data() + off, scale, n);
+        int64_t bad = 0;
+        for (int64_t i = off; i < off + n; ++i) {
+          want[size_t(i)] = bf16(x[size_t(i)] * scale);
+          const bool both_nan = std::isnan(float(got[size_t(i)])) && std::isnan(float(want[size_t(i)]));
+          bad += !both_nan && got[size_t(i)].bits != want[size_t(i)].bits;
+        }
+        CHECK(bad == 0);
+        std::vector<float> wide(size_t(n + off));
+        tinygpt::cpu::widen_range(wide.data() + off, want.data() + off, n);
+        int64_t bad_wide = 0;
+        for (int64_t i = off; i < off + n; ++i) {
+          const float w = float(want[size_t(i)]), v = wide[size_t(i)];
+          bad_wide += !(std::isnan(w) ? std::isnan(v) : std::bit_cast<uint32_t>(v) == std::bit_cast<uint32_t>(w));
+        }
+        CHECK(bad_wide == 0);
+      }
+    }
 }
 
 TEST_CASE("every bf16 kernel propagates NaN and infinity from its operands") {

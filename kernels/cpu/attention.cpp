@@ -287,9 +287,8 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
           T* acc = o.data() + i * g.Ev;
           if constexpr (std::is_same_v<S, T>) {
             for (int64_t e = 0; e < g.Ev; ++e) orow[e] = acc[e] * inv;
-          } else {  // rounded once, as the row is stored
-            for (int64_t e = 0; e < g.Ev; ++e) acc[e] *= inv;
-            round_range(orow, acc, g.Ev);
+          } else {  // scaled and rounded once, as the row is stored
+            round_scaled(orow, acc, inv, g.Ev);
           }
           lse_i = softmax.m[size_t(i)] + std::log(l_i);
           if (rel_probs) {

@@ -11,6 +11,8 @@ namespace tinygpt::cpu {
 
 /// out[i] = inp[i] rounded to bf16 (nearest even, NaN quieted), i < n. Single-threaded.
 void round_range(bf16* out, const float* inp, int64_t n);
+/// out[i] = inp[i] * scale, rounded once (the product in f32).
+void round_scaled(bf16* out, const float* inp, float scale, int64_t n);
 /// out[i] = inp[i], exactly, i < n. Single-threaded.
 void widen_range(float* out, const bf16* inp, int64_t n);
 

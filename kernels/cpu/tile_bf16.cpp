@@ -109,8 +109,8 @@ TINYGPT_TARGET_AVX512 void avx512_block(const ASource& a, int64_t m0, int64_t k0
   }
 }
 
-using BlockFn = void (*)(const ASource&, int64_t, int64_t, int64_t, const uint16_t*, float*, int64_t, int64_t, __mmask16,
-                         __mmask16, bool);
+using BlockFn = void (*)(const ASource&, int64_t, int64_t, int64_t, const uint16_t*, float*, int64_t, int64_t,
+                         __mmask16, __mmask16, bool);
 
 /// C (M x N, row stride ldc) (+)= a @ b, b packed, in 32 x 32 blocks of Block, those `band` rules out skipped. Both
 /// packings hold k in chunks of 32 (a 32-row or 32-column panel's chunk c at word c * 512), so a block's k range
