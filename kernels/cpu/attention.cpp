@@ -257,13 +257,16 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
         if (!docs_may_meet(g, b, t0, nr, s0, nc)) continue;
         product(st.data(), Br, Strided<S>{at(k, g.k_stride, b, kvh, s0), g.k_stride[2], 1}, 0, nc, g.E, n_pad, false,
                 causal_band(g, !mods, t0, s0, false, false));
+        // Without modifiers or an additive mask the scores stay unscaled here: the softmax scales them as it takes
+        // their exp, one pass over the tile fewer.
+        const bool fold_scale = !mods && mask == nullptr;
         if (mods) {
           ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch).logits_key_major(st.data(), Br, n_pad, mask, key_padding);
         } else {
-          key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
+          key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g, !fold_scale);
         }
         // Online softmax, every query lane at once; the output rows (and Pbar) rescaled to the new running max.
-        softmax.update(st.data(), Br, nc, n_pad);
+        softmax.update(st.data(), Br, nc, n_pad, fold_scale ? T(g.scale) : T(1));
         softmax.rescale(nr, o.data(), g.Ev, rel_probs ? pbar.data() : nullptr, W);
         if (dropout) {
           for (int64_t j = 0; j < nc; ++j) {

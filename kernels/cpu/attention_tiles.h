@@ -409,7 +409,7 @@ inline Tiles flash_tiles(const AttentionGeom& g) {
 /// scores -> logits: times scale plus the additive mask, -inf where the key is masked (causal, padding).
 template <class T>
 void key_major_logits(T* st, int64_t ld, int64_t nc, int64_t nr, int64_t n_pad, int64_t b, int64_t h, int64_t t0,
-                      int64_t s0, const T* mask, const uint8_t* kp, const AttentionGeom& g) {
+                      int64_t s0, const T* mask, const uint8_t* kp, const AttentionGeom& g, bool scaled = true) {
   const T scale = T(g.scale);
   for (int64_t j = 0; j < nc; ++j) {
     T* row = st + j * ld;
@@ -417,7 +417,7 @@ void key_major_logits(T* st, int64_t ld, int64_t nc, int64_t nr, int64_t n_pad, 
       std::fill(row, row + n_pad, kNegInf<T>);
       continue;
     }
-    for (int64_t i = 0; i < n_pad; ++i) row[i] *= scale;
+    if (scaled) for (int64_t i = 0; i < n_pad; ++i) row[i] *= scale;
     if (mask) {
       const T* m = at(mask, g.mask_stride, b, h, t0) + (s0 + j) * g.mask_stride[3];
       for (int64_t i = 0; i < nr; ++i) row[i] += m[i * g.mask_stride[2]];
@@ -442,25 +442,26 @@ struct OnlineSoftmax {
   }
   /// Logits st (nc key rows of ld, lanes [0, n_pad)) -> exp(logit - new running max): the tile's probabilities,
   /// unnormalized; the new max, alpha and the tile's row sums kept.
-  void update(T* st, int64_t ld, int64_t nc, int64_t n_pad) {
+  void update(T* st, int64_t ld, int64_t nc, int64_t n_pad, T scale = T(1)) {
     constexpr int64_t L = kLanes<T>;
-    std::copy(m.begin(), m.end(), m_sub.begin());
+    std::fill(m_sub.begin(), m_sub.end(), kNegInf<T>);
     for (int64_t j = 0; j < nc; ++j) {
       const T* row = st + j * ld;
       for (int64_t i = 0; i < n_pad; ++i) m_sub[size_t(i)] = std::max(m_sub[size_t(i)], row[i]);
     }
     for (int64_t i = 0; i < n_pad; ++i) {
-      const T m_new = m_sub[size_t(i)];
+      const T m_new = std::max(m[size_t(i)], m_sub[size_t(i)] * scale);
       m_sub[size_t(i)] = m_new == kNegInf<T> ? T(0) : m_new;  // a query that sees nothing yet: exp(-inf - 0) = 0
       alpha[size_t(i)] = m[size_t(i)] - m_sub[size_t(i)];
       m[size_t(i)] = m_new;
       sums[size_t(i)] = 0;
     }
     for (int64_t i = 0; i < n_pad; i += L) store(alpha.data() + i, exp_vec(load(alpha.data() + i)));
+    const Vec<T> vs = splat(scale);
     for (int64_t j = 0; j < nc; ++j) {
       T* row = st + j * ld;
       for (int64_t i = 0; i < n_pad; i += L) {
-        const Vec<T> p = exp_vec(load(row + i) - load(m_sub.data() + i));
+        const Vec<T> p = exp_vec(load(row + i) * vs - load(m_sub.data() + i));
         store(row + i, p);
         store(sums.data() + i, load(sums.data() + i) + p);
       }
