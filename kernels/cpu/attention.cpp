@@ -28,7 +28,8 @@
 //
 // bf16 operands (AttentionMath::BF16, float only): every tile product goes through TileProducts, which rounds its
 // operands to bf16 (Q, K, V, dO, and the P and dS tiles) and sums in f32, on the unit gemm's bf16 products use (AMX-BF16
-// tiles or AVX512-BF16 dot products; kernels/cpu/tile_bf16.h: each product packs its operands, so the tiles are larger there, see flash_tiles), else
+// tiles or AVX512-BF16 dot products; kernels/cpu/tile_bf16.h: each product packs its operands, bar bf16 rows that
+// AVX512-BF16 reads in place, so the tiles are larger there, see flash_tiles), else
 // on rounded copies for the f32 micro-kernel. Softmax statistics, D and the outputs stay f32.
 //
 // exp() is a vectorized polynomial for float (see exp_vec); the naive reference uses std::exp. The building blocks

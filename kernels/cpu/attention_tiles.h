@@ -393,8 +393,8 @@ struct Tiles {
 /// "Measurements behind design decisions").
 inline Tiles flash_tiles(const AttentionGeom& g) {
   if (std::max(g.E, g.Ev) > 128) return Tiles{32, 32};
-  // bf16 operands on a bf16 unit: every product packs its operands, so larger tiles pay (bench_attention --bf16;
-  // docs/RESULTS.md, "Measurements behind design decisions").
+  // bf16 operands on a bf16 unit: products pack their operands (bar bf16 rows read in place), so larger tiles pay
+  // (bench_attention --bf16; docs/RESULTS.md, "Measurements behind design decisions").
   if (g.math == AttentionMath::BF16 && bf16_kernel() != Bf16Kernel::F32Units)
     return g.causal && g.T <= 128 ? Tiles{64, 64} : Tiles{128, 128};
   return g.causal && g.T <= 128 ? Tiles{kCols<float>, kCols<float>} : Tiles{64, 64};
