@@ -65,7 +65,8 @@ template <class S, class T = compute_t<S>> T dot(const S* a, const S* b, int64_t
   return acc;
 }
 
-/// dot over bf16 storage in f32: widened 64 at a time (a loop over bf16 elements does not vectorize).
+/// dot over bf16 storage in f32: widened 64 at a time, then summed in vector lanes (faster in the flash backward's D
+/// than the generic loop converting element by element, timed call by call).
 inline float dot(const bf16* a, const bf16* b, int64_t n) {
   float wa[64], wb[64], acc = 0;
   for (int64_t i = 0; i < n; i += 64) {
