@@ -81,8 +81,9 @@ void use_cpu_rates_cache() {
   // The clock is read again (about 20 ms): a cache written while another process or VM held the cores states a clock
   // below what they reach, and so a peak below what the products can do. A clearly higher reading replaces it and is
   // saved, so the stated peak only rises, to the fastest clock read on this machine, and then stays.
+  // A clock that is not a positive number is damage: the whole cache is refused below, as before.
   const double now = cpu::measure_clock_ghz();
-  const bool faster = now > rates.ghz * kClockRise;
+  const bool faster = rates.ghz > 0 && now > rates.ghz * kClockRise;
   if (faster) rates.ghz = now;
   try {
     cpu::set_unit_rates(rates, !faster);

@@ -162,18 +162,10 @@ double power_of_two(double x) { return std::exp2(std::round(std::log2(x))); }
 constexpr int kRounds = 7;
 constexpr double kSeconds = 0.002;
 
-double clock_ghz() {
-#if defined(__x86_64__)
-  return rate_per_thread([] { return probe_chain_cycles(2000); }, kRounds, kSeconds) / 1e9;
-#else
-  return 0;
-#endif
-}
-
 UnitRates measure_rates() {
   UnitRates r;
 #if defined(__x86_64__)
-  r.ghz = clock_ghz();
+  r.ghz = measure_clock_ghz();
   auto per_cycle = [&](ProbeUnit u) { return power_of_two(per_cycle_per_thread(u, kRounds, kSeconds)); };
   if (f32_lanes() == 16) {
     r.f32 = per_cycle(ProbeUnit::FmaZmm);
@@ -238,7 +230,13 @@ const UnitRates& unit_rates() {
   return g_rates;
 }
 
-double measure_clock_ghz() { return clock_ghz(); }
+double measure_clock_ghz() {
+#if defined(__x86_64__)
+  return rate_per_thread([] { return probe_chain_cycles(2000); }, kRounds, kSeconds) / 1e9;
+#else
+  return 0;
+#endif
+}
 
 void set_unit_rates(const UnitRates& rates, bool from_cache) {
   const std::lock_guard lock(g_rates_mutex);

@@ -34,8 +34,19 @@ TINYGPT_TARGET_AVX512 void pack(Packed& p, const S* X, int64_t rs, int64_t ks, i
 struct ASource {
   const uint16_t* packed = nullptr;
   const uint16_t* rows = nullptr;
-  int64_t ld = 0, M = 0;  // in place: row stride in elements, and the rows there are
+  int64_t ld = 0;  // packed: kcp, each row's elements (row m0's panel at m0 * kcp); in place: the row stride
 };
+
+/// Row c (lanes past the block's columns masked off by lo, hi) = or += the row's sums v0, v1.
+TINYGPT_TARGET_AVX512 inline void store_row(float* c, __m512 v0, __m512 v1, __mmask16 lo, __mmask16 hi,
+                                            bool accumulate) {
+  if (accumulate) {
+    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(lo, c));
+    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(hi, c + 16));
+  }
+  _mm512_mask_storeu_ps(c, lo, v0);
+  _mm512_mask_storeu_ps(c + 16, hi, v1);
+}
 
 /// C rows [m0, m0 + rows) x columns [n0, n0 + 32) (lanes past the columns masked off by lo, hi) = or += rows of op(A)
 /// @ b (32 columns in the VNNI layout), over k [k0, k0 + kcp), kcp a multiple of 32: on AMX tiles into a staging
@@ -45,16 +56,8 @@ TINYGPT_TARGET_AMX void amx_block(const ASource& a, int64_t m0, int64_t k0, int6
                                   int64_t ldc, int64_t rows, __mmask16 lo, __mmask16 hi, bool accumulate) {
   alignas(64) float out[32 * 32];
   bf16_isa::amx_product_32x32(kcp, a.packed + m0 * a.ld + k0 * 32, b, out);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* c = C + r * ldc;
-    __m512 v0 = _mm512_load_ps(out + r * 32), v1 = _mm512_load_ps(out + r * 32 + 16);
-    if (accumulate) {
-      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(lo, c));
-      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(hi, c + 16));
-    }
-    _mm512_mask_storeu_ps(c, lo, v0);
-    _mm512_mask_storeu_ps(c + 16, hi, v1);
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    store_row(C + r * ldc, _mm512_load_ps(out + r * 32), _mm512_load_ps(out + r * 32 + 16), lo, hi, accumulate);
 }
 
 TINYGPT_TARGET_AVX512 void avx512_block(const ASource& a, int64_t m0, int64_t k0, int64_t kcp, const uint16_t* b,
@@ -64,15 +67,11 @@ TINYGPT_TARGET_AVX512 void avx512_block(const ASource& a, int64_t m0, int64_t k0
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     // Row i's pair words: packed, 16 to a 32-k chunk of 512 words; in place, along its row (rows past the block's
     // read the block's last row instead, and are not stored).
+    const int64_t chunk = a.packed != nullptr ? 1024 : 32;  // elements from one 32-k chunk of a row to the next
     const uint16_t* at[8];
-    int64_t chunk = 1024;  // elements from one 32-k chunk of a row to the next
     for (int i = 0; i < 8; ++i) {
-      if (a.packed != nullptr) {
-        at[i] = a.packed + m0 * a.ld + k0 * 32 + (r0 + i) * 32;
-      } else {
-        at[i] = a.rows + (m0 + std::min<int64_t>(r0 + i, rows - 1)) * a.ld + k0;
-        chunk = 32;
-      }
+      at[i] = a.packed != nullptr ? a.packed + m0 * a.ld + k0 * 32 + (r0 + i) * 32
+                                  : a.rows + (m0 + std::min<int64_t>(r0 + i, rows - 1)) * a.ld + k0;
     }
     __m512 acc[8][2];
 #pragma GCC unroll 8
@@ -97,14 +96,7 @@ TINYGPT_TARGET_AVX512 void avx512_block(const ASource& a, int64_t m0, int64_t k0
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) {
       if (r0 + i >= rows) break;
-      float* c = C + (r0 + i) * ldc;
-      __m512 v0 = acc[i][0], v1 = acc[i][1];
-      if (accumulate) {
-        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(lo, c));
-        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(hi, c + 16));
-      }
-      _mm512_mask_storeu_ps(c, lo, v0);
-      _mm512_mask_storeu_ps(c + 16, hi, v1);
+      store_row(C + (r0 + i) * ldc, acc[i][0], acc[i][1], lo, hi, accumulate);
     }
   }
 }
@@ -187,7 +179,7 @@ void Bf16Tiles::run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64
   if (K != a_.depth || K != b.depth || M > a_.rows || N > round_up(b.rows, 32)) {
     throw std::logic_error("Bf16Tiles::run: the product's shape is not the packed operands'");
   }
-  const ASource a = a_rows_ ? ASource{nullptr, a_rows_, a_ld_, a_.rows} : ASource{a_.data, nullptr, round_up(K, 32), 0};
+  const ASource a = a_rows_ ? ASource{nullptr, a_rows_, a_ld_} : ASource{a_.data, nullptr, round_up(K, 32)};
   if (kernel_ == Bf16Kernel::Amx) return run_tiles<amx_block>(C, ldc, a, b.data, M, K, N, accumulate, band);
   run_tiles<avx512_block>(C, ldc, a, b.data, M, K, N, accumulate, band);
 }
