@@ -206,8 +206,8 @@ expect_error "^error: TINYGPT_CPU_BF16 must be amx, avx512 or f32, got 'tiles'" 
 # (and say where it came from), except that a clock read clearly faster than the cached one replaces it (the peak only
 # rises, to the fastest clock read); a damaged cache is measured again and rewritten, never trusted.
 peak_of() { grep -o "MFU is against [0-9]* GFLOP/s" "$1"; }
-cached_train() {  # run $1, over the cache in $dir/cache
-  TINYGPT_CACHE_DIR="$dir/cache" "$tinygpt" train --data "$dir/text.txt" --out "$dir/peak$1" --n-layer 1 --n-head 2 \
+cached_train() {  # run $1, over the cache in $2, else $dir/cache
+  TINYGPT_CACHE_DIR="${2:-$dir/cache}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/peak$1" --n-layer 1 --n-head 2 \
     --n-embd 32 --block-size 16 --batch-size 4 --max-iters 2 --eval-interval 2 --eval-iters 1 2> "$dir/peak$1.log" ||
     fail "train with a cache directory exited non-zero: $(tail -3 "$dir/peak$1.log")"
 }
@@ -231,6 +231,18 @@ if grep -q "clock and rate measured" "$dir/peak1.log"; then  # x86-64: the probe
   cached_train 3
   if grep -q "cached in" "$dir/peak3.log"; then fail "a damaged rate cache was used: $(grep '^speed' "$dir/peak3.log")"; fi
   grep -q "^ghz [0-9]" "$dir/cache/cpu-rates.txt" || fail "a damaged rate cache was not rewritten: $(cat "$dir/cache/cpu-rates.txt")"
+  # Contention on purpose: with twice as many busy processes as cores, a fresh probe states the peak that a probe
+  # without them states (within rounding and clock drift). The probes are timed by the thread's CPU time; timed by the
+  # wall clock they read a quarter of the peak here, and a later quiet run's MFU from that cache went above 100%.
+  busy=()
+  for _ in $(seq $((2 * $(nproc)))); do timeout 120 bash -c 'while :; do :; done' & busy+=($!); done
+  cached_train _loaded "$dir/cache_loaded"
+  kill "${busy[@]}" 2> /dev/null; wait "${busy[@]}" 2> /dev/null
+  cached_train _quiet "$dir/cache_quiet"
+  loaded=$(peak_of "$dir/peak_loaded.log" | grep -o "[0-9]* GFLOP" | cut -d' ' -f1)
+  quiet=$(peak_of "$dir/peak_quiet.log" | grep -o "[0-9]* GFLOP" | cut -d' ' -f1)
+  awk -v l="$loaded" -v q="$quiet" 'BEGIN {exit !(l > 0 && q > 0 && l / q > 0.7 && l / q < 1.43)}' ||
+    fail "the peak measured beside busy processes ($loaded GFLOP/s) is not the one measured without them ($quiet GFLOP/s)"
 fi
 expect_error "^error: --dtype: fp16 not in {fp32,bf16}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --dtype fp16
 expect_error "^error: --optimizer: sgd not in {adamw,muon}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer sgd

@@ -52,7 +52,7 @@ constexpr double kClockRise = 1.02;
 
 /// The lines that say which CPU and build the cached rates belong to.
 std::string cpu_rates_key() {
-  return fmt::format("tinygpt cpu rates 1\ncpu {}\nthreads {}\nf32 lanes {}\n", cpu::cpu_model_name(),
+  return fmt::format("tinygpt cpu rates 2\ncpu {}\nthreads {}\nf32 lanes {}\n", cpu::cpu_model_name(),
                      omp_get_max_threads(), cpu::f32_lanes());
 }
 

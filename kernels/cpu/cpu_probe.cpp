@@ -4,12 +4,13 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include <time.h>
 
 #include "../base.h"
 #include "gemm_bf16.h"  // TINYGPT_GEMM_BF16, the AMX tile configuration
@@ -22,7 +23,14 @@
 namespace tinygpt::cpu {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+/// Seconds of CPU time of the calling thread: a probe timed by it reads the same rate whether or not other processes
+/// take the core for part of the timing (a wall clock would count their time as the probe's, and read the clock and
+/// the units slow: the peak stated from such a reading once put a run's MFU above 100%).
+double thread_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
 
 #if defined(__x86_64__)
 // Each returns the FLOPs done in `reps` rounds of 12 independent accumulators (more than any unit's latency times its
@@ -98,14 +106,14 @@ TINYGPT_TARGET_AMX __attribute__((noinline)) double amx_tiles(long reps) {
 }
 #endif
 
-/// Work per second of `work` timed for about `seconds` on the calling thread.
+/// Work per second of `work` timed for about `seconds` of the calling thread's CPU time.
 template <class F>
 double timed_rate(F& work, double seconds) {
-  const Clock::time_point t0 = Clock::now();
+  const double t0 = thread_seconds();
   double done = 0, elapsed = 0;
   do {
     done += work();
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    elapsed = thread_seconds() - t0;
   } while (elapsed < seconds);
   return done / elapsed;
 }
@@ -212,8 +220,11 @@ double probe_unit(ProbeUnit unit, long reps) {
 
 double probe_chain_cycles(long reps) {
 #if defined(__x86_64__)
-  uint64_t x = 0;
-  for (long i = 0; i < reps; ++i) __asm__ volatile(".rept 64\n\taddq $1, %0\n\t.endr" : "+r"(x));
+  // Register to register: a chain of immediate adds (addq $1) is folded by the renamer of recent Intel cores (seen on a
+  // Xeon of family 6, model 167: 64 adds in 13-26 cycles), which read the clock at 7-15 GHz.
+  uint64_t x = 0, one = 1;
+  __asm__ volatile("" : "+r"(one));
+  for (long i = 0; i < reps; ++i) __asm__ volatile(".rept 64\n\taddq %1, %0\n\t.endr" : "+r"(x) : "r"(one));
   return 64.0 * double(reps);
 #else
   (void)reps;

@@ -13,7 +13,8 @@ namespace tinygpt::cpu {
 /// `reps` rounds. Run only where the CPU has the unit (bf16_kernels_available; f32 FMA: AVX2 and FMA, or AVX-512F).
 enum class ProbeUnit { FmaYmm, FmaZmm, Dpbf16Zmm, AmxTiles };
 double probe_unit(ProbeUnit unit, long reps);
-/// Cycles of a chain of `reps` x 64 dependent integer adds (one cycle each on every x86-64 core): the clock probe.
+/// Cycles of a chain of `reps` x 64 dependent register-to-register integer adds (one cycle each on every x86-64 core):
+/// the clock probe.
 double probe_chain_cycles(long reps);
 
 // The rates these loops give (UnitRates, unit_rates, flops_per_cycle): kernels/device.h, for the layers above.
