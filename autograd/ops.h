@@ -82,6 +82,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 /// without the dropped-out tensor in memory.
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
                                          double eps = 1e-5, double p = 0.0, DropoutSeed seed = {});
+/// RMSNorm over the last dimension (Llama's): x / sqrt(mean(x^2) + eps) * weight; saves rstd for backward.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+/// {a + b, rms_norm(a + b, weight)} in one pass, as add_layer_norm.
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps = 1e-6,
+                                       double p = 0.0, DropoutSeed seed = {});
+/// SwiGLU's gate of x (..., 2H), the gate and up projections side by side: silu(x[..., :H]) * x[..., H:] -> (..., H).
+Tensor swiglu(const Tensor& x);
 /// weight (V, C) gathered at ids (any shape, i32) -> (ids..., C).
 Tensor embedding(const Tensor& ids, const Tensor& weight);
 /// Mean cross-entropy over rows of logits (..., V) against i32 targets (...); rows whose target is

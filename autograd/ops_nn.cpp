@@ -201,6 +201,8 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
                 }, /*writes_unwritten=*/1u);
 }
 
+namespace {
+
 /// Checks layer norm's operands; returns its rows and features.
 std::pair<int64_t, int64_t> check_layer_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::check_storage(op, x);
@@ -215,46 +217,65 @@ std::pair<int64_t, int64_t> check_layer_norm(const char* op, const Tensor& x, co
   return {N, C};
 }
 
-/// Records layer norm's backward for out = layer_norm(x, weight, bias), whose statistics are mean and rstd.
-Tensor record_layer_norm(Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean,
-                         const Tensor& rstd, int64_t N, int64_t C) {
-  return record("layer_norm", std::move(out), {x, weight, bias},
+// layer_norm and rms_norm share these: an RMSNorm is a layer norm without mean (undefined here) and bias, run by the
+// rmsnorm kernels.
+
+/// Records the norm's backward for out = norm(x, weight, bias), whose statistics are mean and rstd.
+Tensor record_norm(Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean,
+                   const Tensor& rstd, int64_t N, int64_t C, bool rms) {
+  return record(rms ? "rms_norm" : "layer_norm", std::move(out), {x, weight, bias},
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_storage(dout.dtype(), "layer_norm", [&]<class T>() {
-                    launch(kernels::layernorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
-                           ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(),
-                           mean.data<compute_t<T>>(), rstd.data<compute_t<T>>(), N, C, detail::unwritten(grads[0]));
+                    if (rms) {
+                      launch(kernels::rmsnorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
+                             dout.data<T>(), in[0].data<T>(), in[1].data<T>(), rstd.data<compute_t<T>>(), N, C,
+                             detail::unwritten(grads[0]));
+                    } else {
+                      launch(kernels::layernorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
+                             ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(),
+                             mean.data<compute_t<T>>(), rstd.data<compute_t<T>>(), N, C, detail::unwritten(grads[0]));
+                    }
                   });
                 }, /*writes_unwritten=*/1u);
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  const auto rows_features = check_layer_norm("layer_norm", x, weight, bias);
+Tensor norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool rms) {
+  const auto rows_features = check_layer_norm(op, x, weight, bias);
   const int64_t N = rows_features.first, C = rows_features.second;  // clang 14 cannot capture structured bindings
   Tensor out = empty(x.shape(), x.dtype(), x.device());
-  const Tensor mean = empty({N}, detail::compute_dtype(x.dtype()), x.device());
+  const Tensor mean = rms ? Tensor() : empty({N}, detail::compute_dtype(x.dtype()), x.device());
   const Tensor rstd = empty({N}, detail::compute_dtype(x.dtype()), x.device());
-  dispatch_storage(x.dtype(), "layer_norm", [&]<class T>() {
-    launch(kernels::layernorm_forward<T>, x.device(), out.data<T>(), ptr<compute_t<T>>(mean), ptr<compute_t<T>>(rstd),
-           x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, compute_t<T>(eps));
+  dispatch_storage(x.dtype(), op, [&]<class T>() {
+    if (rms) {
+      launch(kernels::rmsnorm_forward<T>, x.device(), out.data<T>(), ptr<compute_t<T>>(rstd), x.data<T>(),
+             weight.data<T>(), N, C, compute_t<T>(eps));
+    } else {
+      launch(kernels::layernorm_forward<T>, x.device(), out.data<T>(), ptr<compute_t<T>>(mean), ptr<compute_t<T>>(rstd),
+             x.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, compute_t<T>(eps));
+    }
   });
-  return record_layer_norm(out, x, weight, bias, mean, rstd, N, C);
+  return record_norm(out, x, weight, bias, mean, rstd, N, C, rms);
 }
 
-std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
-                                         double eps, double p, DropoutSeed seed) {
-  const auto rows_features = check_layer_norm("add_layer_norm", a, weight, bias);
+std::pair<Tensor, Tensor> add_norm(const char* op, const Tensor& a, const Tensor& b, const Tensor& weight,
+                                   const Tensor& bias, double eps, double p, DropoutSeed seed, bool rms) {
+  const auto rows_features = check_layer_norm(op, a, weight, bias);
   const int64_t N = rows_features.first, C = rows_features.second;  // clang 14 cannot capture structured bindings
-  detail::check_same("add_layer_norm", a, b);
-  if (!(a.shape() == b.shape())) shape_error("add_layer_norm", "a and b must have one shape", a.shape(), b.shape());
-  if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("add_layer_norm: dropout probability must be in [0, 1), got {}", p));
+  detail::check_same(op, a, b);
+  if (!(a.shape() == b.shape())) shape_error(op, "a and b must have one shape", a.shape(), b.shape());
+  if (!(p >= 0.0 && p < 1.0)) throw Error(fmt::format("{}: dropout probability must be in [0, 1), got {}", op, p));
   Tensor sum = empty(a.shape(), a.dtype(), a.device()), out = empty(a.shape(), a.dtype(), a.device());
-  const Tensor mean = empty({N}, detail::compute_dtype(a.dtype()), a.device());
+  const Tensor mean = rms ? Tensor() : empty({N}, detail::compute_dtype(a.dtype()), a.device());
   const Tensor rstd = empty({N}, detail::compute_dtype(a.dtype()), a.device());
-  dispatch_storage(a.dtype(), "add_layer_norm", [&]<class T>() {
-    launch(kernels::add_layernorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<compute_t<T>>(mean),
-           ptr<compute_t<T>>(rstd), a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, compute_t<T>(eps),
-           float(p), seed);
+  dispatch_storage(a.dtype(), op, [&]<class T>() {
+    if (rms) {
+      launch(kernels::add_rmsnorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<compute_t<T>>(rstd),
+             a.data<T>(), b.data<T>(), weight.data<T>(), N, C, compute_t<T>(eps), float(p), seed);
+    } else {
+      launch(kernels::add_layernorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<compute_t<T>>(mean),
+             ptr<compute_t<T>>(rstd), a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C,
+             compute_t<T>(eps), float(p), seed);
+    }
   });
   // Two nodes, as the two ops would record: the sum's gradient (from its other readers and from the norm) reaches a
   // and b once it is complete; b's through the dropout's mask when there is one.
@@ -272,7 +293,47 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const
       }
     }
   }, /*writes_unwritten=*/p > 0.0 ? 1u : 3u);
-  return {sum, record_layer_norm(out, sum, weight, bias, mean, rstd, N, C)};
+  return {sum, record_norm(out, sum, weight, bias, mean, rstd, N, C, rms)};
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return norm("layer_norm", x, weight, bias, eps, false);
+}
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias,
+                                         double eps, double p, DropoutSeed seed) {
+  return add_norm("add_layer_norm", a, b, weight, bias, eps, p, seed, false);
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return norm("rms_norm", x, weight, Tensor(), eps, true);
+}
+
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps, double p,
+                                       DropoutSeed seed) {
+  return add_norm("add_rms_norm", a, b, weight, Tensor(), eps, p, seed, true);
+}
+
+Tensor swiglu(const Tensor& x) {
+  detail::check_storage("swiglu", x);
+  if (x.ndim() < 1 || x.size(-1) % 2 != 0) {
+    throw Error(fmt::format("swiglu: the last dimension must be even (gate and up side by side), got {}", x.shape().str()));
+  }
+  const int64_t H = x.size(-1) / 2, N = H == 0 ? 0 : x.numel() / (2 * H);
+  std::vector<int64_t> shape = x.shape().vec();
+  shape.back() = H;
+  Tensor out = empty(Shape(shape), x.dtype(), x.device());
+  dispatch_storage(x.dtype(), "swiglu", [&]<class T>() {
+    launch(kernels::swiglu_forward<T>, x.device(), out.data<T>(), x.data<T>(), N, H);
+  });
+  return record("swiglu", std::move(out), {x}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+    dispatch_storage(dout.dtype(), "swiglu", [&]<class T>() {
+      launch(kernels::swiglu_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), in[0].data<T>(), N, H,
+             detail::unwritten(grads[0]));
+    });
+  }, /*writes_unwritten=*/1u);
 }
 
 Tensor embedding(const Tensor& ids, const Tensor& weight) {

@@ -71,6 +71,21 @@
 #define TINYGPT_PARAMS_layernorm_backward(T)                                                                  \
   (T * dinp, T * dweight, T * dbias, const T* dout, const T* inp, const T* weight, const compute_t<T>* mean, \
    const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp)
+/// RMSNorm (Llama's): out = inp * rstd * weight with rstd (N) = 1 / sqrt(mean(inp^2) + eps), saved for the backward
+/// pass (f32 for bf16 storage); no mean and no bias. The add_ form and the backward as the layer norm's.
+#define TINYGPT_PARAMS_rmsnorm_forward(T) \
+  (T * out, compute_t<T> * rstd, const T* inp, const T* weight, int64_t N, int64_t C, compute_t<T> eps)
+#define TINYGPT_PARAMS_add_rmsnorm_forward(T)                                                                 \
+  (T * sum, T * out, compute_t<T> * rstd, const T* a, const T* b, const T* weight, int64_t N, int64_t C,      \
+   compute_t<T> eps, float p, DropoutSeed seed)
+#define TINYGPT_PARAMS_rmsnorm_backward(T)                                                                    \
+  (T * dinp, T * dweight, const T* dout, const T* inp, const T* weight, const compute_t<T>* rstd, int64_t N,  \
+   int64_t C, bool overwrite_dinp)
+/// SwiGLU's gate: out (N, H) = silu(inp[:, :H]) * inp[:, H:] for inp (N, 2H), the gate and up projections side by
+/// side (one fused product); f32 arithmetic. Backward: dinp (N, 2H) += the gradients of both halves (= with
+/// overwrite).
+#define TINYGPT_PARAMS_swiglu_forward(T) (T * out, const T* inp, int64_t N, int64_t H)
+#define TINYGPT_PARAMS_swiglu_backward(T) (T * dinp, const T* dout, const T* inp, int64_t N, int64_t H, bool overwrite)
 /// out (N, C) = weight[ids] with weight (V, C). Backward: deterministic on both devices (the CPU splits the channels
 /// across threads; the GPU sums each id's rows in fixed chunks, sorted on the host when host_ids is given).
 #define TINYGPT_PARAMS_embedding_forward(T) (T * out, const int32_t* ids, const T* weight, int64_t N, int64_t C)
@@ -209,6 +224,11 @@
   X(layernorm_forward, kFloats | kBf16, TEMPLATE)           \
   X(add_layernorm_forward, kFloats | kBf16, TEMPLATE)       \
   X(layernorm_backward, kFloats | kBf16, TEMPLATE)          \
+  X(rmsnorm_forward, kFloats | kBf16, TEMPLATE)             \
+  X(add_rmsnorm_forward, kFloats | kBf16, TEMPLATE)         \
+  X(rmsnorm_backward, kFloats | kBf16, TEMPLATE)            \
+  X(swiglu_forward, kFloats | kBf16, TEMPLATE)              \
+  X(swiglu_backward, kFloats | kBf16, TEMPLATE)             \
   X(embedding_forward, kFloats | kBf16, TEMPLATE)           \
   X(embedding_backward, kFloats | kBf16, TEMPLATE)          \
   X(crossentropy_forward, kFloats | kBf16, TEMPLATE)        \

@@ -1,5 +1,5 @@
 // Scalar math that the CPU kernels and their CUDA twins share, written once for both compilers (as
-// kernels/dropout_hash.h): GELU and its derivative, one AdamW update, the extent of the causal mask and window, the
+// kernels/dropout_hash.h): GELU and its derivative, SwiGLU and its gradients, one AdamW update, the extent of the causal mask and window, the
 // score modifiers' per-element terms. The CPU kernels
 // call these with float and double; the CUDA kernels with float.
 #pragma once
@@ -50,6 +50,23 @@ TINYGPT_HOST_DEVICE inline T activation_grad(Activation act, T x, Tanh tanh) {
   if (act == Activation::Gelu) return gelu_grad(x, tanh);
   if (act == Activation::ReluSquared) return x > T(0) ? T(2) * x : T(0);
   return T(1);
+}
+
+TINYGPT_HOST_DEVICE inline float exp_of(float x) { return expf(x); }
+TINYGPT_HOST_DEVICE inline double exp_of(double x) { return ::exp(x); }
+
+/// SwiGLU of a gate g and an up value u: silu(g) u, silu(g) = g sigmoid(g).
+template <class T>
+TINYGPT_HOST_DEVICE inline T swiglu(T g, T u) {
+  return g / (T(1) + exp_of(-g)) * u;
+}
+
+/// The gradients of swiglu(g, u) times d: dg = d u sigmoid(g) (1 + g (1 - sigmoid(g))), du = d silu(g).
+template <class T>
+TINYGPT_HOST_DEVICE inline void swiglu_grad(T g, T u, T d, T& dg, T& du) {
+  const T sig = T(1) / (T(1) + exp_of(-g));
+  du = d * g * sig;
+  dg = d * u * sig * (T(1) + g * (T(1) - sig));
 }
 
 /// True for a number that is neither infinite nor NaN (x - x is NaN for both), the same on both compilers.

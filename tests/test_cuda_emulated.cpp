@@ -60,6 +60,11 @@ TINYGPT_SAME_SIGNATURE(log_softmax_backward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(layernorm_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(add_layernorm_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(layernorm_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(rmsnorm_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(add_rmsnorm_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(rmsnorm_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(swiglu_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(swiglu_backward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(embedding_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(embedding_backward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(crossentropy_forward)
@@ -407,6 +412,59 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
                 o[0].data(), o[1].data(), o[2].data(), dout2.data(), x2.data(), w2.data(), mean2.data(), rstd2.data(),
                 N2, C2, false);
           }, 1e-4, 1e-4);
+}
+
+TEST_CASE("emulated CUDA: RMSNorm (fused and wide rows) and SwiGLU, forward and backward") {
+  // C = 45: an element at a time; 48: 16-byte groups; 800: wider than the fused backward kernel takes.
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{530, 45}, {530, 48}, {40, 800}}) {
+    CAPTURE(C);
+    const Vec x = random(size_t(N * C), 40), w = random(size_t(C), 41), dout = random(size_t(N * C), 42);
+    const Vec residual = random(size_t(N * C), 43);
+    compare("rmsnorm forward", {Vec(size_t(N * C)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::rmsnorm_forward<float> : cpu::rmsnorm_forward<float>)(o[0].data(), o[1].data(), x.data(), w.data(), N, C,
+                                                                       1e-6f);
+    });
+    for (const float p : {0.0f, 0.3f}) {
+      compare(std::string("rmsnorm after a residual add, forward") + (p > 0 ? " (dropout)" : ""),
+              {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
+                (g ? gpu::add_rmsnorm_forward<float> : cpu::add_rmsnorm_forward<float>)(
+                    o[0].data(), o[1].data(), o[2].data(), x.data(), residual.data(), w.data(), N, C, 1e-6f, p,
+                    g ? through_offset(78) : DropoutSeed(78));
+              });
+    }
+    Vec y(static_cast<size_t>(N * C)), rstd(static_cast<size_t>(N));
+    cpu::rmsnorm_forward<float>(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+    for (const bool overwrite : {false, true}) {
+      const Vec dinp = overwrite ? Vec(size_t(N * C), std::numeric_limits<float>::quiet_NaN()) : random(size_t(N * C), 44);
+      compare(overwrite ? "rmsnorm backward, overwriting dinp" : "rmsnorm backward", {dinp, random(size_t(C), 45)},
+              [&](std::vector<Vec>& o, bool g) {
+                (g ? gpu::rmsnorm_backward<float> : cpu::rmsnorm_backward<float>)(
+                    o[0].data(), o[1].data(), dout.data(), x.data(), w.data(), rstd.data(), N, C, overwrite);
+              }, 1e-4, 1e-4);
+    }
+    compare("rmsnorm backward, weight only", {random(size_t(C), 45)}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::rmsnorm_backward<float> : cpu::rmsnorm_backward<float>)(nullptr, o[0].data(), dout.data(), x.data(),
+                                                                        w.data(), rstd.data(), N, C, false);
+    }, 1e-4, 1e-4);
+  }
+  const int64_t N = 37, H = 70;
+  const Vec h = random(size_t(N * 2 * H), 46, -6.0f, 6.0f), dout = random(size_t(N * H), 47);
+  compare("swiglu forward", {Vec(size_t(N * H))}, [&](std::vector<Vec>& o, bool g) {
+    (g ? gpu::swiglu_forward<float> : cpu::swiglu_forward<float>)(o[0].data(), h.data(), N, H);
+  }, 1e-6, 1e-5);
+  for (const bool overwrite : {false, true}) {
+    compare(overwrite ? "swiglu backward, overwriting" : "swiglu backward", {random(size_t(N * 2 * H), 48)},
+            [&](std::vector<Vec>& o, bool g) {
+              (g ? gpu::swiglu_backward<float> : cpu::swiglu_backward<float>)(o[0].data(), dout.data(), h.data(), N, H,
+                                                                              overwrite);
+            }, 1e-6, 1e-5);
+  }
+  // bf16 storage: the same f32 arithmetic, each result rounded once.
+  std::vector<bf16> hb(h.size()), yc(size_t(N * H)), yg(size_t(N * H));
+  for (size_t i = 0; i < h.size(); ++i) hb[i] = bf16(h[i]);
+  cpu::swiglu_forward<bf16>(yc.data(), hb.data(), N, H);
+  gpu::swiglu_forward<bf16>(yg.data(), hb.data(), N, H);
+  for (size_t i = 0; i < yc.size(); ++i) CHECK(float(yc[i]) == float(yg[i]));
 }
 
 TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backward") {

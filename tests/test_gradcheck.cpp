@@ -116,6 +116,27 @@ TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout, rotary embe
   expect_gradcheck([](const Inputs& in) { return rope(in[0], 4, 2, 3); }, {leaf({2, 5, 12}, gen)});
 }
 
+TEST_CASE("gradcheck: RMSNorm (alone and after a residual add, with dropout) and SwiGLU") {
+  Generator gen(15);
+  expect_gradcheck([](const Inputs& in) { return rms_norm(in[0], in[1]); }, {leaf({2, 3, 6}, gen), leaf({6}, gen)});
+  expect_gradcheck([](const Inputs& in) {
+                     const auto [sum, normed] = add_rms_norm(in[0], in[1], in[2]);
+                     return concat({sum * 0.7, normed * normed}, 0);
+                   },
+                   {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen)});
+  expect_gradcheck([](const Inputs& in) {
+                     const auto [sum, normed] = add_rms_norm(in[0], in[1], in[2], 1e-6, 0.4, 99);
+                     return concat({sum * 0.7, normed * normed}, 0);
+                   },
+                   {leaf({4, 5}, gen), leaf({4, 5}, gen), leaf({5}, gen)});
+  // Gate values well into both tails of the sigmoid; the output read twice (fan-out into the gradient).
+  expect_gradcheck([](const Inputs& in) {
+                     const Tensor y = swiglu(in[0]);
+                     return y * y + y;
+                   },
+                   {leaf({2, 3, 8}, gen, 3.0)});
+}
+
 TEST_CASE("gradcheck: shape ops") {
   Generator gen(6);
   expect_gradcheck([](const Inputs& in) { return reshape(in[0], {4, -1}) * 1.5; }, {leaf({2, 3, 4}, gen)});

@@ -1,4 +1,4 @@
-// The fused kernels of a GPT: layernorm, embedding lookup, cross-entropy from logits, dropout.
+// The fused kernels of a GPT: layernorm and RMSNorm, SwiGLU's gate, embedding lookup, cross-entropy from logits, dropout.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -22,14 +22,19 @@ inline std::pair<int64_t, int64_t> thread_range(int64_t n, int tid, int nth) {
 // Each kernel reads T (f32, f64, or bf16 storage) and computes in F = compute_t<T> (f32 for bf16): the statistics
 // (mean, rstd), the log-sum-exp and the losses are F whatever the storage.
 
-/// One row of layer norm: y = (x - mean) * rstd * weight + bias, with its mean and rstd.
-template <class T, class F = compute_t<T>>
+// RMSNorm is the layer norm without the mean (taken as 0) and without a bias: y = x * rstd * weight with rstd =
+// 1 / sqrt(mean(x^2) + eps). Its kernels are the layer norm's loops with Rms set, so the two cannot drift apart.
+
+/// One row of layer norm: y = (x - mean) * rstd * weight + bias, with its mean and rstd (RMSNorm's with Rms).
+template <bool Rms, class T, class F = compute_t<T>>
 inline void layernorm_row(T* y, F& mean, F& rstd, const T* x, const T* weight, const T* bias, int64_t C, F eps) {
   // Vector reductions (lanes summed in their own order): a plain loop is one dependent add per element.
   F m = 0;
+  if constexpr (!Rms) {
 #pragma omp simd reduction(+ : m)
-  for (int64_t c = 0; c < C; ++c) m += F(x[c]);
-  m /= F(C);
+    for (int64_t c = 0; c < C; ++c) m += F(x[c]);
+    m /= F(C);
+  }
   F v = 0;
 #pragma omp simd reduction(+ : v)
   for (int64_t c = 0; c < C; ++c) v += (F(x[c]) - m) * (F(x[c]) - m);
@@ -41,17 +46,28 @@ inline void layernorm_row(T* y, F& mean, F& rstd, const T* x, const T* weight, c
   rstd = s;
 }
 
-template <class T>
-void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* inp, const T* weight, const T* bias,
-                       int64_t N, int64_t C, compute_t<T> eps) {
-#pragma omp parallel for if (N * C >= kParallelGrain)
-  for (int64_t n = 0; n < N; ++n) layernorm_row(out + n * C, mean[n], rstd[n], inp + n * C, weight, bias, C, eps);
+namespace {
+
+/// mean[n] for a layer norm; for RMSNorm (no mean saved) a scratch slot.
+template <class F>
+inline F& mean_slot(F* mean, int64_t n, F& scratch) {
+  return mean ? mean[n] : scratch;
 }
 
-template <class T>
-void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
-                           const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
-                           DropoutSeed seed) {
+template <bool Rms, class T>
+void norm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* inp, const T* weight, const T* bias,
+                  int64_t N, int64_t C, compute_t<T> eps) {
+#pragma omp parallel for if (N * C >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    compute_t<T> unused;
+    layernorm_row<Rms>(out + n * C, mean_slot(mean, n, unused), rstd[n], inp + n * C, weight, bias, C, eps);
+  }
+}
+
+template <bool Rms, class T>
+void add_norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
+                      const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
+                      DropoutSeed seed) {
   using F = compute_t<T>;
   const F scale = dropout_scale<F>(p);
   const DropoutStream stream(seed.value());
@@ -72,13 +88,14 @@ void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rst
     } else {
       for (int64_t c = 0; c < C; ++c) s[c] = T(F(x[c]) + (stream.keep(n * C + c, p) ? F(y[c]) * scale : F(0)));
     }
-    layernorm_row(out + n * C, mean[n], rstd[n], s, weight, bias, C, eps);  // s is still in L1
+    F unused;
+    layernorm_row<Rms>(out + n * C, mean_slot(mean, n, unused), rstd[n], s, weight, bias, C, eps);  // s is still in L1
   }
 }
 
-template <class T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                        const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
+template <bool Rms, class T>
+void norm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                   const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
   using F = compute_t<T>;
   // dweight/dbias: each thread sums its rows into a private row, then the rows are added in thread order.
   const int nth = N * C >= kParallelGrain ? omp_get_max_threads() : 1;
@@ -92,7 +109,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     for (int64_t n = n0; n < n1; ++n) {
       const T* g = dout + n * C;
       const T* x = inp + n * C;
-      const F m = mean[n], s = rstd[n];
+      const F m = Rms ? F(0) : mean[n], s = rstd[n];
       F dnorm_mean = 0, dnorm_norm_mean = 0;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
       for (int64_t c = 0; c < C; ++c) {
@@ -103,7 +120,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
         pw[c] += norm * F(g[c]);
         pb[c] += F(g[c]);
       }
-      dnorm_mean /= F(C);
+      dnorm_mean = Rms ? F(0) : dnorm_mean / F(C);  // RMSNorm: no mean, so no gradient through it
       dnorm_norm_mean /= F(C);
       if (dinp) {
         T* dx = dinp + n * C;
@@ -125,6 +142,8 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   }
 }
 
+}  // namespace
+
 // bf16 rows: widened into f32 rows (in registers, bf16_rows.h), normalized by the f32 code above, rounded on the way
 // out; the weight and bias widened once a call. The same values as the generic loops, which do not vectorize on bf16.
 
@@ -137,11 +156,9 @@ std::vector<float> widened(const bf16* x, int64_t n) {
   return w;
 }
 
-}  // namespace
-
-template <>
-void layernorm_forward<bf16>(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias,
-                             int64_t N, int64_t C, float eps) {
+template <bool Rms>
+void norm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N,
+                  int64_t C, float eps) {
   const std::vector<float> w = widened(weight, C), b = widened(bias, C);
 #pragma omp parallel if (N * C >= kParallelGrain)
   {
@@ -149,16 +166,17 @@ void layernorm_forward<bf16>(bf16* out, float* mean, float* rstd, const bf16* in
 #pragma omp for
     for (int64_t n = 0; n < N; ++n) {
       widen_range(x.data(), inp + n * C, C);
-      layernorm_row(y.data(), mean[n], rstd[n], x.data(), w.data(), bias ? b.data() : nullptr, C, eps);
+      float unused;
+      layernorm_row<Rms>(y.data(), mean_slot(mean, n, unused), rstd[n], x.data(), w.data(), bias ? b.data() : nullptr, C,
+                         eps);
       round_range(out + n * C, y.data(), C);
     }
   }
 }
 
-template <>
-void add_layernorm_forward<bf16>(bf16* sum, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
-                                 const bf16* weight, const bf16* bias, int64_t N, int64_t C, float eps, float p,
-                                 DropoutSeed seed) {
+template <bool Rms>
+void add_norm_forward(bf16* sum, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b, const bf16* weight,
+                      const bf16* bias, int64_t N, int64_t C, float eps, float p, DropoutSeed seed) {
   const std::vector<float> w = widened(weight, C), bb = widened(bias, C);
   const float scale = dropout_scale<float>(p);
   const DropoutStream stream(seed.value());
@@ -184,16 +202,17 @@ void add_layernorm_forward<bf16>(bf16* sum, bf16* out, float* mean, float* rstd,
       // The norm reads the sum as stored (rounded), as its backward will.
       round_range(sum + n * C, x.data(), C);
       widen_range(x.data(), sum + n * C, C);
-      layernorm_row(y.data(), mean[n], rstd[n], x.data(), w.data(), bias ? bb.data() : nullptr, C, eps);
+      float unused;
+      layernorm_row<Rms>(y.data(), mean_slot(mean, n, unused), rstd[n], x.data(), w.data(), bias ? bb.data() : nullptr,
+                         C, eps);
       round_range(out + n * C, y.data(), C);
     }
   }
 }
 
-template <>
-void layernorm_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp,
-                              const bf16* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
-                              bool overwrite_dinp) {
+template <bool Rms>
+void norm_backward(bf16* dinp, bf16* dweight, bf16* dbias, const bf16* dout, const bf16* inp, const bf16* weight,
+                   const float* mean, const float* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
   const std::vector<float> w = widened(weight, C);
   const int nth = N * C >= kParallelGrain ? omp_get_max_threads() : 1;
   std::vector<float> partial(size_t(2 * nth * C), 0.0f);
@@ -207,7 +226,7 @@ void layernorm_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16
     for (int64_t n = n0; n < n1; ++n) {
       widen_range(g.data(), dout + n * C, C);
       widen_range(x.data(), inp + n * C, C);
-      const float m = mean[n], s = rstd[n];
+      const float m = Rms ? 0.0f : mean[n], s = rstd[n];
       float dnorm_mean = 0, dnorm_norm_mean = 0;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
       for (int64_t c = 0; c < C; ++c) {
@@ -218,7 +237,7 @@ void layernorm_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16
         pw[c] += norm * g[size_t(c)];
         pb[c] += g[size_t(c)];
       }
-      dnorm_mean /= float(C);
+      dnorm_mean = Rms ? 0.0f : dnorm_mean / float(C);
       dnorm_norm_mean /= float(C);
       if (dinp) {
         if (!overwrite_dinp) widen_range(dx.data(), dinp + n * C, C);
@@ -241,6 +260,74 @@ void layernorm_backward<bf16>(bf16* dinp, bf16* dweight, bf16* dbias, const bf16
   for (int64_t c = 0; c < C; ++c) {
     if (dweight) dweight[c] = bf16(float(dweight[c]) + partial[size_t(c)]);
     if (dbias) dbias[c] = bf16(float(dbias[c]) + partial[size_t(C + c)]);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* inp, const T* weight, const T* bias,
+                       int64_t N, int64_t C, compute_t<T> eps) {
+  norm_forward<false>(out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+
+template <class T>
+void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
+                           const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
+                           DropoutSeed seed) {
+  add_norm_forward<false>(sum, out, mean, rstd, a, b, weight, bias, N, C, eps, p, seed);
+}
+
+template <class T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const compute_t<T>* mean, const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp) {
+  norm_backward<false>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, overwrite_dinp);
+}
+
+template <class T>
+void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* inp, const T* weight, int64_t N, int64_t C, compute_t<T> eps) {
+  norm_forward<true>(out, static_cast<compute_t<T>*>(nullptr), rstd, inp, weight, static_cast<const T*>(nullptr), N, C,
+                     eps);
+}
+
+template <class T>
+void add_rmsnorm_forward(T* sum, T* out, compute_t<T>* rstd, const T* a, const T* b, const T* weight, int64_t N,
+                         int64_t C, compute_t<T> eps, float p, DropoutSeed seed) {
+  add_norm_forward<true>(sum, out, static_cast<compute_t<T>*>(nullptr), rstd, a, b, weight,
+                         static_cast<const T*>(nullptr), N, C, eps, p, seed);
+}
+
+template <class T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const compute_t<T>* rstd,
+                      int64_t N, int64_t C, bool overwrite_dinp) {
+  norm_backward<true>(dinp, dweight, static_cast<T*>(nullptr), dout, inp, weight,
+                      static_cast<const compute_t<T>*>(nullptr), rstd, N, C, overwrite_dinp);
+}
+
+template <class T>
+void swiglu_forward(T* out, const T* inp, int64_t N, int64_t H) {
+  using F = compute_t<T>;
+#pragma omp parallel for if (N * H >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T *g = inp + 2 * n * H, *u = g + H;
+    T* y = out + n * H;
+    for (int64_t h = 0; h < H; ++h) y[h] = T(swiglu(F(g[h]), F(u[h])));
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dinp, const T* dout, const T* inp, int64_t N, int64_t H, bool overwrite) {
+  using F = compute_t<T>;
+#pragma omp parallel for if (N * H >= kParallelGrain)
+  for (int64_t n = 0; n < N; ++n) {
+    const T *g = inp + 2 * n * H, *u = g + H, *d = dout + n * H;
+    T *dg = dinp + 2 * n * H, *du = dg + H;
+    for (int64_t h = 0; h < H; ++h) {
+      F a, b;
+      swiglu_grad(F(g[h]), F(u[h]), F(d[h]), a, b);
+      dg[h] = T(overwrite ? a : F(dg[h]) + a);
+      du[h] = T(overwrite ? b : F(du[h]) + b);
+    }
   }
 }
 
@@ -374,9 +461,14 @@ void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed fr
 
 // The storage types kernels/kernel_list.h lists for each kernel.
 // bf16's layer norms are the specializations above.
-TINYGPT_INSTANTIATE_F32_F64(layernorm_forward)
-TINYGPT_INSTANTIATE_F32_F64(add_layernorm_forward)
-TINYGPT_INSTANTIATE_F32_F64(layernorm_backward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(layernorm_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(add_layernorm_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(layernorm_backward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(rmsnorm_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(add_rmsnorm_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(rmsnorm_backward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(swiglu_forward)
+TINYGPT_INSTANTIATE_F32_F64_BF16(swiglu_backward)
 TINYGPT_INSTANTIATE_F32_F64_BF16(embedding_forward)
 TINYGPT_INSTANTIATE_F32_F64_BF16(embedding_backward)
 TINYGPT_INSTANTIATE_F32_F64_BF16(crossentropy_forward)

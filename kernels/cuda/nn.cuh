@@ -1,4 +1,4 @@
-// The fused kernels of a GPT on the GPU: layernorm, embedding lookup, cross-entropy from logits. Twins of
+// The fused kernels of a GPT on the GPU: layernorm and RMSNorm, SwiGLU's gate, embedding lookup, cross-entropy from logits. Twins of
 // kernels/cpu/nn.cpp; every gradient is summed in a fixed order (no float atomics), so runs repeat exactly.
 // Compiled by nvcc in nn.cu and under tests/emulated_cuda.h (see launch.cuh).
 #pragma once
@@ -23,17 +23,23 @@ __device__ __forceinline__ void for_lane_groups(int64_t C, int lane, F f) {
   for (int64_t c = 8 * int64_t(lane); c < C; c += 256) f(c, int(min(int64_t(8), C - c)));
 }
 
-/// One warp normalizes a row x into y; lane 0 writes mean and rstd.
+// RMSNorm runs the same kernels with no mean (a null `mean`: taken as 0, neither computed nor saved, nor differentiated
+// through) and no bias.
+
+/// One warp normalizes a row x into y; lane 0 writes mean (where not null) and rstd.
 template <class T>
 __device__ void layernorm_row(T* y, float* mean, float* rstd, const T* x, const T* weight, const T* bias, int64_t C,
                               float eps, int lane, bool vec) {
-  float s = 0.0f;
-  for_lane_groups(C, lane, [&](int64_t c, int) {
-    float v[8];
-    load_group(v, x, c, C, vec);
-    for (int j = 0; j < 8; ++j) s += v[j];  // the missing ones are zero
-  });
-  const float m = warp_sum(s) / float(C);
+  float m = 0.0f;
+  if (mean) {
+    float s = 0.0f;
+    for_lane_groups(C, lane, [&](int64_t c, int) {
+      float v[8];
+      load_group(v, x, c, C, vec);
+      for (int j = 0; j < 8; ++j) s += v[j];  // the missing ones are zero
+    });
+    m = warp_sum(s) / float(C);
+  }
   float var = 0.0f;
   for_lane_groups(C, lane, [&](int64_t c, int k) {
     float v[8];
@@ -50,7 +56,7 @@ __device__ void layernorm_row(T* y, float* mean, float* rstd, const T* x, const 
     store_group(y, v, c, C, vec);
   });
   if (lane == 0) {
-    *mean = m;
+    if (mean) *mean = m;
     *rstd = r;
   }
 }
@@ -61,7 +67,8 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
                                          int64_t N, int64_t C, float eps, bool vec) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (n >= N) return;
-  layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C, eps, int(threadIdx.x % 32), vec);
+  layernorm_row(out + n * C, mean ? mean + n : mean, rstd + n, inp + n * C, weight, bias, C, eps, int(threadIdx.x % 32),
+                vec);
 }
 
 /// sum = a + b (b dropped out as dropout_forward would when p > 0), then the layer norm of the sum as stored: each lane
@@ -82,14 +89,14 @@ __global__ void add_layernorm_forward_kernel(T* sum, T* out, float* mean, float*
     for (int j = 0; j < 8; ++j) x[j] += p == 0.0f ? y[j] : stream.keep(n * C + c + j, p) ? y[j] * scale : 0.0f;
     store_group(s, x, c, C, vec);
   });
-  layernorm_row(out + n * C, mean + n, rstd + n, s, weight, bias, C, eps, lane, vec);
+  layernorm_row(out + n * C, mean ? mean + n : mean, rstd + n, s, weight, bias, C, eps, lane, vec);
 }
 
 /// One row's dinp, by the row's warp (a lane its groups of columns); with sums, the lane also adds the row's
-/// norm * dout and dout to sums[c] and sums[C + c] for its columns.
+/// norm * dout and dout to sums[c] and sums[C + c] for its columns. rms: RMSNorm's (m is 0, no gradient through it).
 template <class T>
 __device__ void layernorm_backward_row(T* dx, const T* g, const T* x, const T* weight, float m, float s, int64_t C,
-                                       int lane, bool overwrite, float* sums, bool vec) {
+                                       int lane, bool overwrite, float* sums, bool vec, bool rms) {
   float dmean = 0.0f, dnorm_mean = 0.0f;
   for_lane_groups(C, lane, [&](int64_t c, int) {
     float gv[8], xv[8], w[8];
@@ -102,7 +109,7 @@ __device__ void layernorm_backward_row(T* dx, const T* g, const T* x, const T* w
       dnorm_mean += dnorm * (xv[j] - m) * s;
     }
   });
-  dmean = warp_sum(dmean) / float(C);
+  dmean = rms ? 0.0f : warp_sum(dmean) / float(C);
   dnorm_mean = warp_sum(dnorm_mean) / float(C);
   for_lane_groups(C, lane, [&](int64_t c, int k) {
     float gv[8], xv[8], w[8], d[8] = {};
@@ -129,8 +136,8 @@ __global__ void layernorm_backward_input_kernel(T* dinp, const T* dout, const T*
                                                 bool overwrite, bool vec) {
   const int64_t n = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (n >= N) return;
-  layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean[n], rstd[n], C, int(threadIdx.x % 32),
-                         overwrite, static_cast<float*>(nullptr), vec);
+  layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean ? mean[n] : 0.0f, rstd[n], C,
+                         int(threadIdx.x % 32), overwrite, static_cast<float*>(nullptr), vec, mean == nullptr);
 }
 
 /// Block b sums rows [b * rows, (b + 1) * rows) of norm * dout and dout into partial[b] (2 * C floats).
@@ -142,7 +149,7 @@ __global__ void layernorm_backward_params_kernel(float* partial, const T* dout, 
     float dw = 0.0f, db = 0.0f;
     for (int64_t n = n0; n < n1; ++n) {
       const float g = float(dout[n * C + c]);
-      dw += (float(inp[n * C + c]) - mean[n]) * rstd[n] * g;
+      dw += (float(inp[n * C + c]) - (mean ? mean[n] : 0.0f)) * rstd[n] * g;
       db += g;
     }
     partial[2 * C * blockIdx.x + c] = dw;
@@ -169,8 +176,8 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
   for (int64_t c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;
   const int64_t n0 = int64_t(blockIdx.x) * rows, n1 = min(N, n0 + rows);
   for (int64_t n = n0 + warp; n < n1; n += warps) {
-    layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean[n], rstd[n], C, lane, overwrite, mine,
-                           vec);
+    layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, weight, mean ? mean[n] : 0.0f, rstd[n], C, lane,
+                           overwrite, mine, vec, mean == nullptr);
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) {
@@ -178,6 +185,26 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
     for (int w = 0; w < warps; ++w) total += sums[int64_t(w) * 2 * C + c];
     partial[2 * C * blockIdx.x + c] = total;
   }
+}
+
+/// SwiGLU's gate, a thread an element of out (N, H).
+template <class T>
+__global__ void swiglu_forward_kernel(T* out, const T* inp, int64_t N, int64_t H) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * H) return;
+  const int64_t n = i / H, h = i % H;
+  out[i] = T(swiglu(float(inp[2 * n * H + h]), float(inp[2 * n * H + H + h])));
+}
+
+template <class T>
+__global__ void swiglu_backward_kernel(T* dinp, const T* dout, const T* inp, int64_t N, int64_t H, bool overwrite) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * H) return;
+  const int64_t g = 2 * (i / H) * H + i % H, u = g + H;
+  float dg, du;
+  swiglu_grad(float(inp[g]), float(inp[u]), float(dout[i]), dg, du);
+  dinp[g] = T(overwrite ? dg : float(dinp[g]) + dg);
+  dinp[u] = T(overwrite ? du : float(dinp[u]) + du);
 }
 
 /// With vec (C a multiple of 8, rows aligned) a group of eight never crosses a row: one vector copy.
@@ -506,6 +533,38 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     if (dweight) add_partial_rows("layernorm_backward (weight sum)", dweight, sums, blocks, 2 * C, C);
     if (dbias) add_partial_rows("layernorm_backward (bias sum)", dbias, sums + C, blocks, 2 * C, C);
   }
+}
+
+template <class T>
+void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* inp, const T* weight, int64_t N, int64_t C, compute_t<T> eps) {
+  layernorm_forward(out, static_cast<float*>(nullptr), rstd, inp, weight, static_cast<const T*>(nullptr), N, C, eps);
+}
+
+template <class T>
+void add_rmsnorm_forward(T* sum, T* out, compute_t<T>* rstd, const T* a, const T* b, const T* weight, int64_t N,
+                         int64_t C, compute_t<T> eps, float p, DropoutSeed seed) {
+  add_layernorm_forward(sum, out, static_cast<float*>(nullptr), rstd, a, b, weight, static_cast<const T*>(nullptr), N, C,
+                        eps, p, seed);
+}
+
+template <class T>
+void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight, const compute_t<T>* rstd,
+                      int64_t N, int64_t C, bool overwrite_dinp) {
+  layernorm_backward(dinp, dweight, static_cast<T*>(nullptr), dout, inp, weight, static_cast<const float*>(nullptr),
+                     rstd, N, C, overwrite_dinp);
+}
+
+template <class T>
+void swiglu_forward(T* out, const T* inp, int64_t N, int64_t H) {
+  if (N * H == 0) return;
+  launch_kernel("swiglu_forward", swiglu_forward_kernel<T>, blocks_for(N * H), kThreads, 0, out, inp, N, H);
+}
+
+template <class T>
+void swiglu_backward(T* dinp, const T* dout, const T* inp, int64_t N, int64_t H, bool overwrite) {
+  if (N * H == 0) return;
+  launch_kernel("swiglu_backward", swiglu_backward_kernel<T>, blocks_for(N * H), kThreads, 0, dinp, dout, inp, N, H,
+                overwrite);
 }
 
 template <class T>
