@@ -180,7 +180,10 @@ void append_keys(const MultiHeadAttentionConfig& c, const Tensor& bias_k, const 
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, Generator& gen)
-    : c_proj(resolve(config).embed_dim, resolve(config).embed_dim, config.bias, gen, config.proj_init_std), config_(resolve(config)), gen_(&gen) {
+    : c_proj(resolve(config).embed_dim, resolve(config).embed_dim, config.bias && config.out_bias, gen,
+             config.proj_init_std),
+      config_(resolve(config)),
+      gen_(&gen) {
   const auto& c = config_;
   const int64_t E = head_dim();
   if (c.kdim == c.embed_dim && c.vdim == c.embed_dim) {

@@ -26,6 +26,7 @@ struct MultiHeadAttentionConfig {
   int64_t kdim = 0;          // features of `key` (0: embed_dim)
   int64_t vdim = 0;          // features of `value` (0: embed_dim)
   bool bias = true;
+  bool out_bias = true;        // with bias, the output projection's too (false: the q, k, v projections' only, Qwen2)
   bool add_bias_kv = false;    // learned bias_k, bias_v appended to the keys and values (one more key position)
   bool add_zero_attn = false;  // a zero key and value appended (after bias_k / bias_v)
   bool batch_first = true;     // false: query, key, value and the output are sequence-first (T, B, E)

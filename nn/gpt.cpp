@@ -23,13 +23,38 @@ MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
   a.embed_dim = c.n_embd;
   a.num_heads = c.n_head;
   a.num_kv_heads = c.n_kv_head;
-  a.bias = c.bias;
+  a.bias = c.bias || c.qkv_bias;
+  a.out_bias = c.bias;
+  a.rope_base = c.rope_theta;
   a.dropout = c.dropout;
   a.rope = c.pos == Positions::Rope;
   a.proj_init_std = c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer));
   a.mods = c.score_mods();
   a.qk_norm = c.qk_norm;
   return a;
+}
+
+constexpr std::pair<MlpKind, const char*> kMlpNames[] = {
+    {MlpKind::Gelu, "gelu"}, {MlpKind::Relu2, "relu2"}, {MlpKind::SwiGLU, "swiglu"}};
+constexpr std::pair<NormKind, const char*> kNormNames[] = {{NormKind::LayerNorm, "layernorm"}, {NormKind::RMSNorm, "rmsnorm"}};
+
+template <class E, size_t N>
+const char* name_of(const std::pair<E, const char*> (&names)[N], E value) {
+  for (const auto& [v, name] : names) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+template <class E, size_t N>
+bool parse_name(const std::pair<E, const char*> (&names)[N], std::string_view name, E& value) {
+  for (const auto& [v, n] : names) {
+    if (name == n) {
+      value = v;
+      return true;
+    }
+  }
+  return false;
 }
 
 constexpr std::pair<Positions, const char*> kPositionNames[] = {
@@ -45,21 +70,16 @@ Tensor positions(int64_t pos0, int64_t T) {
 
 }  // namespace
 
-const char* positions_name(Positions p) {
-  for (const auto& [value, name] : kPositionNames) {
-    if (value == p) return name;
-  }
-  return "?";
-}
+const char* positions_name(Positions p) { return name_of(kPositionNames, p); }
+bool parse_positions(std::string_view name, Positions& p) { return parse_name(kPositionNames, name, p); }
+const char* mlp_name(MlpKind m) { return name_of(kMlpNames, m); }
+bool parse_mlp(std::string_view name, MlpKind& m) { return parse_name(kMlpNames, name, m); }
+const char* norm_name(NormKind n) { return name_of(kNormNames, n); }
+bool parse_norm(std::string_view name, NormKind& n) { return parse_name(kNormNames, name, n); }
 
-bool parse_positions(std::string_view name, Positions& p) {
-  for (const auto& [value, n] : kPositionNames) {
-    if (name == n) {
-      p = value;
-      return true;
-    }
-  }
-  return false;
+int64_t GPTConfig::ffn_width() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  return mlp == MlpKind::SwiGLU ? (8 * n_embd / 3 + 63) / 64 * 64 : 4 * n_embd;
 }
 
 void GPTConfig::validate() const {
@@ -89,12 +109,17 @@ void GPTConfig::validate() const {
     throw Error(fmt::format("model config: RoPE needs an even head size, got n_embd / n_head = {}", n_embd / n_head));
   }
   if (!(dropout >= 0.0 && dropout < 1.0)) throw Error(fmt::format("model config: dropout must be in [0, 1), got {}", dropout));
+  if (!(norm_eps > 0.0 && norm_eps < 1.0)) throw Error(fmt::format("model config: norm_eps must be in (0, 1), got {}", norm_eps));
+  if (ffn_hidden < 0) throw Error(fmt::format("model config: ffn_hidden must be 0 (the default width) or positive, got {}", ffn_hidden));
+  if (!(rope_theta > 1.0 && std::isfinite(rope_theta))) {
+    throw Error(fmt::format("model config: rope_theta must be a finite number above 1, got {}", rope_theta));
+  }
 }
 
 MLP::MLP(const GPTConfig& c, Generator& gen)
-    : c_fc(c.n_embd, 4 * c.n_embd, c.bias, gen),
-      c_proj(4 * c.n_embd, c.n_embd, c.bias, gen, c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer))),
-      relu2_(c.relu2) {
+    : c_fc(c.n_embd, (c.mlp == MlpKind::SwiGLU ? 2 : 1) * c.ffn_width(), c.bias, gen),
+      c_proj(c.ffn_width(), c.n_embd, c.bias, gen, c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer))),
+      kind_(c.mlp) {
   register_module("c_fc", c_fc);
   register_module("c_proj", c_proj);
 }
@@ -107,14 +132,18 @@ Tensor relu_squared(const Tensor& x) {
 Tensor soft_cap(const Tensor& x, double cap) { return cap * tanh(x * (1.0 / cap)); }
 
 Tensor MLP::forward(const Tensor& x) const {
+  if (kind_ == MlpKind::SwiGLU) return c_proj.forward(swiglu(c_fc.forward(x)));
   // c_proj(act(c_fc(x))) as one op: the activation in the products' epilogues.
   return mlp(x, stored(c_fc.weight, x), stored(c_fc.bias, x), stored(c_proj.weight, x), stored(c_proj.bias, x),
-             relu2_ ? Activation::ReluSquared : Activation::Gelu,
-             c_fc.numerics());
+             kind_ == MlpKind::Relu2 ? Activation::ReluSquared : Activation::Gelu, c_fc.numerics());
 }
 
 Block::Block(const GPTConfig& c, Generator& gen)
-    : ln_1(c.n_embd, c.bias), attn(attention_config(c), gen), ln_2(c.n_embd, c.bias), mlp(c, gen), dropout_(c.dropout) {
+    : ln_1(c.n_embd, c.bias, c.norm_eps, c.norm),
+      attn(attention_config(c), gen),
+      ln_2(c.n_embd, c.bias, c.norm_eps, c.norm),
+      mlp(c, gen),
+      dropout_(c.dropout) {
   register_module("ln_1", ln_1);
   register_module("attn", attn);
   register_module("ln_2", ln_2);
@@ -144,7 +173,10 @@ Tensor Block::forward_cached(const Tensor& x, KVCache& cache, size_t layer) cons
 }
 
 GPT::GPT(const GPTConfig& config, Generator& gen)
-    : wte(config.vocab_size, config.n_embd, gen), ln_f(config.n_embd, config.bias), config_(config), gen_(&gen) {
+    : wte(config.vocab_size, config.n_embd, gen),
+      ln_f(config.n_embd, config.bias, config.norm_eps, config.norm),
+      config_(config),
+      gen_(&gen) {
   config_.validate();
   register_module("transformer.wte", wte);
   if (config_.pos == Positions::Learned) {

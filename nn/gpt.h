@@ -1,7 +1,9 @@
 // GPT as nanoGPT builds it: token (+ learned position) embeddings or another position scheme (Positions), N pre-LayerNorm transformer blocks of
-// causal self-attention and a 4x GELU MLP, a final LayerNorm, and an LM head tied to the token embedding.
+// causal self-attention and a 4x GELU MLP, a final LayerNorm, and an LM head tied to the token embedding. The Llama
+// family is the same model with other values of its config: RMSNorm, a SwiGLU MLP of its own width, rotary positions
+// with their base, grouped-query heads, q/k/v biases (Qwen2), an untied head.
 // Parameter names are nanoGPT's ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", ...), so
-// weights move between the two by name.
+// weights move between the two by name; train/import_hf.cpp and export.cpp map them to Hugging Face's.
 #pragma once
 
 #include <memory>
@@ -25,6 +27,17 @@ const char* positions_name(Positions p);
 /// The Positions named `name`; false for any other name.
 bool parse_positions(std::string_view name, Positions& p);
 
+/// The MLP: GELU (GPT-2), relu(x)^2 (modded-nanogpt), or SwiGLU (the Llama family: down(silu(gate(x)) * up(x)),
+/// gate and up one fused product, c_fc's rows [gate; up]).
+enum class MlpKind : uint8_t { Gelu, Relu2, SwiGLU };
+
+/// "gelu", "relu2", "swiglu"; parse_mlp: false for any other name.
+const char* mlp_name(MlpKind m);
+bool parse_mlp(std::string_view name, MlpKind& m);
+/// "layernorm", "rmsnorm"; parse_norm: false for any other name.
+const char* norm_name(NormKind n);
+bool parse_norm(std::string_view name, NormKind& n);
+
 struct GPTConfig {
   int64_t vocab_size = 0;
   int64_t block_size = 256;  // longest context
@@ -34,19 +47,27 @@ struct GPTConfig {
   int64_t n_embd = 384;
   double dropout = 0.0;      // embeddings, attention weights, residual branches (training mode only)
   bool bias = false;         // biases in Linear and LayerNorm layers
+  bool qkv_bias = false;     // biases in the q, k and v projections even without `bias` (Qwen2)
+  NormKind norm = NormKind::LayerNorm;
+  double norm_eps = 1e-5;
+  MlpKind mlp = MlpKind::Gelu;
+  int64_t ffn_hidden = 0;    // the MLP's inner width; 0: ffn_width()'s default
+  double rope_theta = 10000.0;  // pos rope: the base of the rotation frequencies
   Positions pos = Positions::Learned;
   int64_t max_relative_position = 16;  // pos relative: distances clipped to [-m, m]
   int64_t window = 0;        // > 0: sliding-window attention over the last `window` positions
   double attn_softcap = 0;   // > 0: attention logits soft-capped to (-attn_softcap, attn_softcap)
   std::string doc_separator = {};  // packed documents: the text ending one; attention stays within (empty: none)
   // Modern small-GPT options (modded-nanogpt's speedrun), all off by default:
-  bool relu2 = false;          // MLP activation relu(x)^2 instead of GELU
   double logit_softcap = 0;    // > 0: the head's logits soft-capped, cap * tanh(logits / cap)
   bool zero_init_proj = false;  // the residual output projections (attn.c_proj, mlp.c_proj) start at zero
   bool untied_head = false;     // the head has its own weight, lm_head.weight (vocab_size, n_embd), not wte's
   bool qk_norm = false;         // QK-norm: queries and keys LayerNorm'd per head (attn.q_norm, attn.k_norm)
   static constexpr int32_t kT5Buckets = 32, kT5MaxDistance = 128;  // pos t5: T5's defaults
 
+  /// The MLP's inner width: ffn_hidden, else 4 n_embd (SwiGLU: 8/3 n_embd rounded up to a multiple of 64, about the
+  /// parameters of a 4x GELU MLP).
+  int64_t ffn_width() const;
   /// Whether positions enter only through distances (relative, alibi, t5, none): no table bounds the length.
   bool relative_positions() const { return pos != Positions::Learned && pos != Positions::Rope; }
 
@@ -63,7 +84,7 @@ Tensor relu_squared(const Tensor& x);
 /// cap * tanh(x / cap): x soft-capped to (-cap, cap), the head's logits with logit_softcap.
 Tensor soft_cap(const Tensor& x, double cap);
 
-/// Linear 4C -> GELU (or relu^2) -> Linear C.
+/// Linear H -> GELU (or relu^2) -> Linear C; SwiGLU: Linear 2H (gate and up) -> silu(gate) * up -> Linear C.
 class MLP : public Module {
  public:
   MLP(const GPTConfig& c, Generator& gen);
@@ -72,7 +93,7 @@ class MLP : public Module {
   Linear c_fc, c_proj;
 
  private:
-  bool relu2_;
+  MlpKind kind_;
 };
 
 /// The keys and values of every layer for the positions seen so far, for incremental decoding.

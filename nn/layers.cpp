@@ -11,9 +11,9 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen, double
   weight = register_parameter("weight", randn({num_embeddings, dim}, gen, DType::F32, Device::CPU, init_std));
 }
 
-LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps) : eps_(eps) {
+LayerNorm::LayerNorm(int64_t dim, bool with_bias, double eps, NormKind kind) : eps_(eps), kind_(kind) {
   weight = register_parameter("weight", ones({dim}));
-  if (with_bias) bias = register_parameter("bias", zeros({dim}));
+  if (with_bias && kind == NormKind::LayerNorm) bias = register_parameter("bias", zeros({dim}));
 }
 
 }  // namespace tinygpt::nn

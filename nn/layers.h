@@ -30,15 +30,22 @@ class Embedding : public Module {
   Tensor weight;  // (V, C)
 };
 
-/// Normalization over the last dim with a learned gain and (optionally) bias.
+/// The normalization of a layer: LayerNorm (GPT-2) or RMSNorm (the Llama family: no mean, no bias).
+enum class NormKind : uint8_t { LayerNorm, RMSNorm };
+
+/// Normalization over the last dim with a learned gain and (optionally, LayerNorm only) bias.
 class LayerNorm : public Module {
  public:
-  LayerNorm(int64_t dim, bool bias, double eps = 1e-5);
-  Tensor forward(const Tensor& x) const { return layer_norm(x, stored(weight, x), stored(bias, x), eps_); }
-  /// {x + r, forward(x + r)} in one pass: a residual add and this norm fused (add_layer_norm); with p > 0, r is
-  /// added as dropout(r, p, seed) would make it.
+  LayerNorm(int64_t dim, bool bias, double eps = 1e-5, NormKind kind = NormKind::LayerNorm);
+  Tensor forward(const Tensor& x) const {
+    return kind_ == NormKind::RMSNorm ? rms_norm(x, stored(weight, x), eps_)
+                                      : layer_norm(x, stored(weight, x), stored(bias, x), eps_);
+  }
+  /// {x + r, forward(x + r)} in one pass: a residual add and this norm fused (add_layer_norm, add_rms_norm); with
+  /// p > 0, r is added as dropout(r, p, seed) would make it.
   std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r, double p = 0.0, DropoutSeed seed = {}) const {
-    return add_layer_norm(x, r, stored(weight, x), stored(bias, x), eps_, p, seed);
+    return kind_ == NormKind::RMSNorm ? add_rms_norm(x, r, stored(weight, x), eps_, p, seed)
+                                      : add_layer_norm(x, r, stored(weight, x), stored(bias, x), eps_, p, seed);
   }
 
   Tensor weight;  // (C)
@@ -46,6 +53,7 @@ class LayerNorm : public Module {
 
  private:
   double eps_;
+  NormKind kind_;
 };
 
 }  // namespace tinygpt::nn

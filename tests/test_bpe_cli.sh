@@ -112,9 +112,43 @@ for run in plain imported; do
 done
 cmp -s "$dir/plain.greedy" "$dir/imported.greedy" || fail "the imported model's greedy text differs"
 cmp -s "$dir/plain.eval" "$dir/imported.eval" || fail "the imported model's loss differs: $(cat "$dir/plain.eval") vs $(cat "$dir/imported.eval")"
-mkdir -p "$dir/llama" && printf '{"model_type": "llama"}' > "$dir/llama/config.json"
-expect 1 "is not a GPT-2 tinygpt can import: its config.json says model_type \"llama\"" \
-  "$tinygpt" import --format hf --from "$dir/llama" --out "$dir/imp2"
+# The Llama family: a model trained with --arch llama (grouped-query heads, untied head) exports as LlamaForCausalLM,
+# with --qkv-bias as Qwen2ForCausalLM, and imports back to the same greedy text and loss.
+for arch in llama qwen2; do
+  extra=(--n-kv-head 1 --untied-head --rope-theta 50000 --ffn-hidden 64)
+  [ "$arch" = qwen2 ] && extra+=(--qkv-bias)
+  "$tinygpt" train --data "$dir/corpus" --tokenizer "$dir/run/tokenizer.json" --arch llama "${extra[@]}" \
+    --out "$dir/$arch" "${model[@]}" --max-iters 10 > /dev/null 2> "$dir/$arch.log" || fail "train --arch llama failed: $(tail -1 "$dir/$arch.log")"
+  "$tinygpt" export --ckpt "$dir/$arch" --format hf --out "$dir/$arch-hf" 2> /dev/null || fail "export of --arch llama failed"
+  grep -q "\"model_type\": \"$arch\"" "$dir/$arch-hf/config.json" || fail "the $arch export's config: $(head -c 300 "$dir/$arch-hf/config.json")"
+  "$tinygpt" import --format hf --from "$dir/$arch-hf" --out "$dir/$arch-back" 2> /dev/null || fail "import of the $arch export failed"
+  for run in "$arch" "$arch-back"; do
+    "$tinygpt" sample --ckpt "$dir/$run" --prompt "the cat" --max-new-tokens 12 --temperature 0 > "$dir/$run.greedy" 2> /dev/null
+    "$tinygpt" eval --ckpt "$dir/$run" --data "$dir/corpus" --batch-size 2 --eval-iters 2 > "$dir/$run.eval" 2> /dev/null
+  done
+  cmp -s "$dir/$arch.greedy" "$dir/$arch-back.greedy" || fail "the imported $arch model's greedy text differs"
+  cmp -s "$dir/$arch.eval" "$dir/$arch-back.eval" || fail "the imported $arch model's loss differs"
+done
+"$tinygpt" info --ckpt "$dir/qwen2-back" | grep -q "SwiGLU MLP (64 wide), RMSNorm (eps 1e-05), RoPE theta 50000, q/k/v biases, untied head" ||
+  fail "info of the imported Qwen2: $("$tinygpt" info --ckpt "$dir/qwen2-back" | sed -n 2p)"
+# Bad Llama directories: one error line naming what is wrong, nothing left in --out.
+cp -r "$dir/llama-hf" "$dir/bad-hf"
+sed -i 's/"hidden_act": "silu"/"hidden_act": "gelu"/' "$dir/bad-hf/config.json"
+expect 1 "its MLP's activation is gelu" "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
+sed -i 's/"hidden_act": "gelu"/"hidden_act": "silu"/; s/"intermediate_size": 64/"intermediate_size": 96/' "$dir/bad-hf/config.json"
+expect 1 "mlp.gate_proj.weight is (64, 32) where the model its config.json describes has (96, 32)" \
+  "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
+sed -i 's/"intermediate_size": 96/"intermediate_size": 64/; s/"rope_scaling": null/"rope_scaling": {"rope_type": "llama3"}/' "$dir/bad-hf/config.json"
+expect 1 "its rope_scaling is" "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
+sed -i 's/"rope_scaling": {"rope_type": "llama3"}/"rope_scaling": null/' "$dir/bad-hf/config.json"
+mv "$dir/bad-hf/model.safetensors" "$dir/bad-hf/model-00001-of-00002.safetensors"
+printf '{"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}' \
+  > "$dir/bad-hf/model.safetensors.index.json"
+expect 1 "shard model-00002-of-00002.safetensors is missing" "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
+[ ! -e "$dir/imp2" ] || fail "a failed import left $dir/imp2 behind"
+mkdir -p "$dir/mistral" && printf '{"model_type": "gemma"}' > "$dir/mistral/config.json"
+expect 1 "its config.json says model_type \"gemma\" (tinygpt imports gpt2, llama and qwen2)" \
+  "$tinygpt" import --format hf --from "$dir/mistral" --out "$dir/imp2"
 expect 1 "has no config.json" "$tinygpt" import --format hf --from "$dir/corpus" --out "$dir/imp2"
 expect 2 "from is required" "$tinygpt" import --format hf --out "$dir/imp2"
 

@@ -250,7 +250,7 @@ expect_error "muon-momentum must be in \[0, 1), got 1" "$tinygpt" train --data "
 "$tinygpt" info --ckpt "$dir/modern" 2>&1 | grep -q "relu^2 MLP, logits soft-capped at 10, output projections initialized to zero, untied head, QK-norm" ||
   fail "info does not describe the modern options: $("$tinygpt" info --ckpt "$dir/modern" 2>&1 | sed -n 2p)"
 expect_error "relu^2 MLP (--mlp relu2): GPT-2's MLP is GELU" "$tinygpt" export --ckpt "$dir/modern" --out "$dir/hf4"
-expect_error "^error: --mlp: relu3 not in {gelu,relu2}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --mlp relu3
+expect_error "^error: --mlp: relu3 not in {gelu,relu2,swiglu}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --mlp relu3
 expect_error "logit_softcap must be a finite number >= 0" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --logit-softcap -1
 
 # Info and pictures.

@@ -68,7 +68,7 @@ TEST_CASE("cli: the defaults --help shows are the defaults used") {
     CHECK(given.eval_args == reference.eval_args);
     CHECK(given.attention_args == reference.attention_args);
   }
-  CHECK(negatable == 4);  // --bias, --tf32, --cuda-graphs, --kv-cache
+  CHECK(negatable == 5);  // --bias, --qkv-bias, --tf32, --cuda-graphs, --kv-cache
 }
 
 TEST_CASE("cli: usage errors exit with 2 and one error line, help and --version with 0") {

@@ -362,7 +362,7 @@ TEST_CASE("gpt: relu^2 MLP, soft-capped logits, zero-initialized projections: th
 
   nn::GPTConfig plain = tiny_config();
   nn::GPTConfig modern = plain;
-  modern.relu2 = true, modern.logit_softcap = 1.5, modern.zero_init_proj = true;
+  modern.mlp = nn::MlpKind::Relu2, modern.logit_softcap = 1.5, modern.zero_init_proj = true;
   Generator gen_a(21), gen_b(21);
   nn::GPT a(plain, gen_a), b(modern, gen_b);
   // Zero-initialized output projections.

@@ -712,10 +712,26 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
   }
 
   nn::GPTConfig rope{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .pos = nn::Positions::Rope};
-  CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("rotary position embeddings"));
+  // Rotary positions make a model of the Llama family: exported as LlamaForCausalLM with its other parts, refused by
+  // name beside GPT-2's.
+  CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("LayerNorm beside Llama's other parts"));
+  rope.norm = nn::NormKind::RMSNorm;
+  CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("a gelu MLP (Llama's is SwiGLU)"));
+  rope.mlp = nn::MlpKind::SwiGLU;
+  CHECK_NOTHROW(check_hf_exportable(rope));
+  CHECK(hf_architecture(rope) == "LlamaForCausalLM");
+  rope.qkv_bias = true;
+  CHECK(hf_architecture(rope) == "Qwen2ForCausalLM");
+  rope.window = 4;
+  CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("sliding-window attention (--window)"));
+  rope = {.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .qkv_bias = true};
+  CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("--qkv-bias"));
+  rope.pos = nn::Positions::Rope;
   for (const nn::Positions p : {nn::Positions::Relative, nn::Positions::Alibi, nn::Positions::T5, nn::Positions::None}) {
     nn::GPTConfig relative = rope;
     relative.pos = p;
+    CHECK_THROWS_WITH(check_hf_exportable(relative), doctest::Contains(doctest::String((std::string("--pos ") + nn::positions_name(p)).c_str())));
+    relative.qkv_bias = false;
     CHECK_THROWS_WITH(check_hf_exportable(relative), doctest::Contains(doctest::String((std::string("--pos ") + nn::positions_name(p)).c_str())));
   }
   nn::GPTConfig windowed{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .window = 4};
@@ -725,9 +741,9 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
   gqa.n_kv_head = 4;
   CHECK_NOTHROW(check_hf_exportable(gqa));
   nn::GPTConfig modern = gqa;
-  modern.relu2 = true;
+  modern.mlp = nn::MlpKind::Relu2;
   CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("relu^2 MLP (--mlp relu2)"));
-  modern.relu2 = false, modern.logit_softcap = 15;
+  modern.mlp = nn::MlpKind::Gelu, modern.logit_softcap = 15;
   CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("soft-capped logits (--logit-softcap)"));
   modern.logit_softcap = 0, modern.qk_norm = true;
   CHECK_THROWS_WITH(check_hf_exportable(modern), doctest::Contains("normalized queries and keys (--qk-norm)"));
@@ -752,19 +768,32 @@ TEST_CASE("checkpoint config: the position scheme and attention options round-tr
   nn::GPTConfig c;
   c.vocab_size = 7, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
   c.pos = nn::Positions::Relative, c.max_relative_position = 3, c.window = 5, c.attn_softcap = 30, c.doc_separator = "\n\n";
-  c.relu2 = true, c.logit_softcap = 15, c.zero_init_proj = true, c.untied_head = true, c.qk_norm = true;
+  c.mlp = nn::MlpKind::Relu2, c.logit_softcap = 15, c.zero_init_proj = true, c.untied_head = true, c.qk_norm = true;
   CHECK(gpt_config_from_json(to_json(c)) == c);
+  nn::GPTConfig llama = c;  // the Llama family's options
+  llama.pos = nn::Positions::Rope, llama.norm = nn::NormKind::RMSNorm, llama.norm_eps = 1e-6;
+  llama.mlp = nn::MlpKind::SwiGLU, llama.ffn_hidden = 24, llama.rope_theta = 1e5, llama.qkv_bias = true;
+  CHECK(gpt_config_from_json(to_json(llama)) == llama);
   nlohmann::json old = to_json(c);
-  for (const char* key : {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator", "relu2",
-                          "logit_softcap", "zero_init_proj", "untied_head", "qk_norm"}) {
+  for (const char* key : {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator", "mlp",
+                          "logit_softcap", "zero_init_proj", "untied_head", "qk_norm", "norm", "norm_eps", "ffn_hidden",
+                          "rope_theta", "qkv_bias"}) {
     old.erase(key);
   }
+  old["relu2"] = true;  // before "mlp"
+  CHECK(gpt_config_from_json(old).mlp == nn::MlpKind::Relu2);
+  old.erase("relu2");
   old["rope"] = true;
   const nn::GPTConfig read = gpt_config_from_json(old);
   CHECK(read.pos == nn::Positions::Rope);
   CHECK(read.window == 0);
   CHECK(read.doc_separator.empty());
-  CHECK(!read.relu2);
+  CHECK(read.mlp == nn::MlpKind::Gelu);
+  CHECK(read.norm == nn::NormKind::LayerNorm);
+  CHECK(read.norm_eps == 1e-5);
+  CHECK(read.rope_theta == 10000.0);
+  CHECK(read.ffn_hidden == 0);
+  CHECK(!read.qkv_bias);
   CHECK(read.logit_softcap == 0);
   CHECK(!read.zero_init_proj);
   CHECK(!read.untied_head);

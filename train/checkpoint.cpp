@@ -35,7 +35,9 @@ nlohmann::json to_json(const nn::GPTConfig& c) {
           {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},   {"n_embd", c.n_embd},
           {"dropout", c.dropout},       {"bias", c.bias},             {"pos", nn::positions_name(c.pos)},
           {"max_relative_position", c.max_relative_position}, {"window", c.window}, {"attn_softcap", c.attn_softcap},
-          {"doc_separator", c.doc_separator}, {"relu2", c.relu2}, {"logit_softcap", c.logit_softcap},
+          {"doc_separator", c.doc_separator}, {"mlp", nn::mlp_name(c.mlp)}, {"ffn_hidden", c.ffn_hidden},
+          {"norm", nn::norm_name(c.norm)}, {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+          {"qkv_bias", c.qkv_bias}, {"logit_softcap", c.logit_softcap},
           {"zero_init_proj", c.zero_init_proj}, {"untied_head", c.untied_head}, {"qk_norm", c.qk_norm}};
 }
 
@@ -56,7 +58,15 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   c.window = j.value("window", int64_t(0));
   c.attn_softcap = j.value("attn_softcap", 0.0);
   c.doc_separator = j.value("doc_separator", std::string());
-  c.relu2 = j.value("relu2", false);  // absent in older checkpoints: off
+  // "mlp" names the MLP; checkpoints written before it had "relu2" (true or false). Absent keys: GPT-2's values.
+  const std::string mlp = j.value("mlp", j.value("relu2", false) ? "relu2" : "gelu");
+  if (!nn::parse_mlp(mlp, c.mlp)) throw Error(fmt::format("unknown MLP \"{}\"", mlp));
+  const std::string norm = j.value("norm", std::string("layernorm"));
+  if (!nn::parse_norm(norm, c.norm)) throw Error(fmt::format("unknown normalization \"{}\"", norm));
+  c.ffn_hidden = j.value("ffn_hidden", int64_t(0));
+  c.norm_eps = j.value("norm_eps", 1e-5);
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  c.qkv_bias = j.value("qkv_bias", false);
   c.logit_softcap = j.value("logit_softcap", 0.0);
   c.zero_init_proj = j.value("zero_init_proj", false);
   c.untied_head = j.value("untied_head", false);

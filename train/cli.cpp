@@ -146,10 +146,33 @@ void add_model_options(CLI::App* cmd, nn::GPTConfig& m) {
       ->capture_default_str();
   cmd->add_option("--doc-sep", m.doc_separator, "Packed documents: the text that ends one (e.g. $'\\n\\n'); attention stays "
                   "within a document, and sampling starts a fresh context after it (default: none)");
-  cmd->add_option_function<std::string>("--mlp", [&m](const std::string& name) { m.relu2 = name == "relu2"; },
-                                        "The MLP's activation: gelu (GPT-2) or relu2 (relu(x)^2, modded-nanogpt)")
-      ->check(CLI::IsMember({"gelu", "relu2"}))
+  cmd->add_option_function<std::string>("--mlp", [&m](const std::string& name) { nn::parse_mlp(name, m.mlp); },
+                                        "The MLP: gelu (GPT-2), relu2 (relu(x)^2, modded-nanogpt) or swiglu (the Llama "
+                                        "family: silu(gate) * up, then down)")
+      ->check(CLI::IsMember({"gelu", "relu2", "swiglu"}))
       ->default_str("gelu");
+  cmd->add_option("--ffn-hidden", m.ffn_hidden, "The MLP's inner width (0: 4 x --n-embd; swiglu: 8/3 x --n-embd rounded "
+                  "up to a multiple of 64)")->capture_default_str();
+  cmd->add_option_function<std::string>("--norm", [&m](const std::string& name) { nn::parse_norm(name, m.norm); },
+                                        "The blocks' and the final normalization: layernorm (GPT-2) or rmsnorm (the "
+                                        "Llama family; no bias)")
+      ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
+      ->default_str("layernorm");
+  cmd->add_option("--norm-eps", m.norm_eps, "The normalization's epsilon")->capture_default_str();
+  cmd->add_option("--rope-theta", m.rope_theta, "With --pos rope: the base of the rotation frequencies (Llama 2 "
+                  "10000, SmolLM2 100000, Llama 3 500000)")->capture_default_str();
+  add_switch(cmd, "qkv-bias", m.qkv_bias, "Biases in the q, k and v projections even without --bias (Qwen2)");
+  cmd->add_option_function<std::string>("--arch", [&m](const std::string& name) {
+        // The family's choices in one flag, set as it is parsed: the other model flags are applied after parsing,
+        // so any of them given beside it changes its value.
+        if (name == "llama") {
+          m.norm = nn::NormKind::RMSNorm, m.norm_eps = 1e-5, m.mlp = nn::MlpKind::SwiGLU, m.pos = nn::Positions::Rope;
+          m.bias = false, m.untied_head = false;
+        }
+      }, "gpt2 (the defaults) or llama: RMSNorm, a SwiGLU MLP, rotary positions, no biases (other model flags beside "
+         "it change any of these; add --n-kv-head for grouped-query heads, --rope-theta, --untied-head as wanted)")
+      ->check(CLI::IsMember({"gpt2", "llama"}))
+      ->trigger_on_parse();
   cmd->add_option("--logit-softcap", m.logit_softcap, "Soft-cap the head's logits: x -> CAP tanh(x / CAP) (0: off; "
                   "modded-nanogpt uses 15 to 30)")->capture_default_str();
   cmd->add_flag("--zero-init-proj", m.zero_init_proj, "Start the residual output projections (attn.c_proj, mlp.c_proj) "
@@ -259,7 +282,12 @@ std::string describe_attention(const nn::GPTConfig& c) {
   if (c.window > 0) s += fmt::format(", window {}", c.window);
   if (c.attn_softcap > 0) s += fmt::format(", soft-cap {}", c.attn_softcap);
   if (!c.doc_separator.empty()) s += ", documents";
-  if (c.relu2) s += ", relu^2 MLP";
+  if (c.mlp == nn::MlpKind::Relu2) s += ", relu^2 MLP";
+  if (c.mlp == nn::MlpKind::SwiGLU) s += fmt::format(", SwiGLU MLP ({} wide)", c.ffn_width());
+  if (c.mlp != nn::MlpKind::SwiGLU && c.ffn_hidden > 0) s += fmt::format(", MLP {} wide", c.ffn_hidden);
+  if (c.norm == nn::NormKind::RMSNorm) s += fmt::format(", RMSNorm (eps {:g})", c.norm_eps);
+  if (c.pos == nn::Positions::Rope && c.rope_theta != 10000.0) s += fmt::format(", RoPE theta {:g}", c.rope_theta);
+  if (c.qkv_bias && !c.bias) s += ", q/k/v biases";
   if (c.logit_softcap > 0) s += fmt::format(", logits soft-capped at {}", c.logit_softcap);
   if (c.zero_init_proj) s += ", output projections initialized to zero";
   if (c.untied_head) s += ", untied head";
@@ -493,8 +521,9 @@ void run_sample(const SampleArgs& a) {
 void run_export(const ExportArgs& a) {
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   export_hf(ckpt, a.out);
-  fmt::print(stderr, "wrote {} (GPT2LMHeadModel and tokenizer, from {}); load it with transformers' "
-             "AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained\n", a.out, ckpt.path.string());
+  fmt::print(stderr, "wrote {} ({} and tokenizer, from {}); load it with transformers' "
+             "AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained\n", a.out,
+             hf_architecture(ckpt.config), ckpt.path.string());
 }
 
 void validate_eval(const EvalArgs& a) {
@@ -614,7 +643,9 @@ int Cli::run() {
                                     {"--n-embd", "n_embd"}, {"--block-size", "block_size"}, {"--bias", "bias"}, {"--pos", "pos"},
                                     {"--rope", "pos"}, {"--max-relative-position", "max_relative_position"},
                                     {"--window", "window"}, {"--softcap", "attn_softcap"}, {"--doc-sep", "doc_separator"},
-                                    {"--mlp", "relu2"}, {"--logit-softcap", "logit_softcap"}, {"--zero-init-proj", "zero_init_proj"},
+                                    {"--mlp", "mlp"}, {"--ffn-hidden", "ffn_hidden"}, {"--norm", "norm"},
+                                    {"--norm-eps", "norm_eps"}, {"--rope-theta", "rope_theta"}, {"--qkv-bias", "qkv_bias"},
+                                    {"--logit-softcap", "logit_softcap"}, {"--zero-init-proj", "zero_init_proj"},
                                     {"--untied-head", "untied_head"}, {"--qk-norm", "qk_norm"}}) {
       if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
     }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "autograd/ops.h"
+#include "train/hf_llama.h"
 #include "train/plots.h"
 #include "train/safetensors.h"
 
@@ -12,6 +13,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 void check_hf_exportable(const nn::GPTConfig& c) {
+  if (is_llama_shaped(c)) return check_llama_exportable(c);
   if (c.pos != nn::Positions::Learned) {
     throw Error(fmt::format("this model's positions are {} (trained with --pos {}), which GPT-2 cannot express: its "
                             "positions are a learned table. Export a model trained with --pos learned",
@@ -23,10 +25,12 @@ void check_hf_exportable(const nn::GPTConfig& c) {
                             "without a cap. Export a model trained without --window and --softcap",
                             c.window > 0 ? "sliding-window attention (--window)" : "soft-capped attention logits (--softcap)"));
   }
-  if (c.relu2 || c.logit_softcap > 0 || c.qk_norm) {
+  const bool relu2 = c.mlp == nn::MlpKind::Relu2, wide = c.ffn_hidden > 0 && c.ffn_hidden != 4 * c.n_embd;
+  if (relu2 || wide || c.logit_softcap > 0 || c.qk_norm) {
     throw Error(fmt::format("this model uses {}, which GPT-2 cannot express. Export a model trained without --mlp relu2, "
-                            "--logit-softcap and --qk-norm",
-                            c.relu2                ? "a relu^2 MLP (--mlp relu2): GPT-2's MLP is GELU"
+                            "--ffn-hidden, --logit-softcap and --qk-norm",
+                            relu2                  ? "a relu^2 MLP (--mlp relu2): GPT-2's MLP is GELU"
+                            : wide                 ? "an MLP of another width (--ffn-hidden): GPT-2's is 4 n_embd"
                             : c.logit_softcap > 0 ? "soft-capped logits (--logit-softcap)"
                                                   : "normalized queries and keys (--qk-norm)"));
   }
@@ -34,11 +38,19 @@ void check_hf_exportable(const nn::GPTConfig& c) {
     throw Error("this model keeps attention within documents (--doc-sep or --doc-mask), which GPT-2 cannot express: its "
                 "attention sees the whole block. Export a model trained without them");
   }
+  if (c.qkv_bias && !c.bias) {
+    throw Error("this model has biases in its q, k and v projections only (--qkv-bias), which GPT-2 cannot express. "
+                "Export a model trained with --bias or without --qkv-bias");
+  }
   if (c.n_kv_head > 0 && c.n_kv_head != c.n_head) {
     throw Error(fmt::format("this model has grouped-query attention ({} key/value heads for {} query heads), which "
                             "GPT-2 cannot express: each of its heads has its own keys and values. Export a model "
                             "trained without --n-kv-head", c.n_kv_head, c.n_head));
   }
+}
+
+std::string hf_architecture(const nn::GPTConfig& c) {
+  return is_llama_shaped(c) ? llama_config_to_hf(c, -1, -1)["architectures"][0].get<std::string>() : "GPT2LMHeadModel";
 }
 
 namespace {
@@ -140,8 +152,19 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir) {
     throw Error(fmt::format("cannot create the export directory '{}'{}", dir.string(), ec ? ": " + ec.message() : ""));
   }
   NoGradGuard no_grad;
-  safetensors::save(dir / "model.safetensors", gpt2_tensors(ckpt), {{"format", "pt"}});  // transformers wants "pt"
-  write_text_file(dir / "config.json", gpt2_config(ckpt.config, ckpt.tokenizer.end_of_text()).dump(2) + "\n");
+  const int32_t eot = ckpt.tokenizer.end_of_text();
+  if (is_llama_shaped(ckpt.config)) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const HfPiece& p : llama_pieces(ckpt.config)) {
+      const Tensor t = ckpt.contents.find(p.ours);  // present: the load checked
+      tensors.emplace_back(p.hf, p.rows < 0 ? t : narrow(t, 0, p.row0, p.rows));
+    }
+    safetensors::save(dir / "model.safetensors", tensors, {{"format", "pt"}});
+    write_text_file(dir / "config.json", llama_config_to_hf(ckpt.config, eot, eot).dump(2) + "\n");
+  } else {
+    safetensors::save(dir / "model.safetensors", gpt2_tensors(ckpt), {{"format", "pt"}});  // transformers wants "pt"
+    write_text_file(dir / "config.json", gpt2_config(ckpt.config, eot).dump(2) + "\n");
+  }
   write_text_file(dir / "tokenizer.json", ckpt.tokenizer.is_bpe() ? ckpt.tokenizer.bpe().to_json()
                                                                   : tokenizer(ckpt.tokenizer.chars()).dump(2) + "\n");
   write_text_file(dir / "tokenizer_config.json", tokenizer_config(ckpt.config).dump(2) + "\n");

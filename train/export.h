@@ -1,16 +1,21 @@
-// Export to Hugging Face transformers: a checkpoint as a GPT2LMHeadModel directory that
-// AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load.
+// Export to Hugging Face transformers: a checkpoint as a GPT2LMHeadModel directory (a Llama-shaped model as
+// LlamaForCausalLM or Qwen2ForCausalLM, train/hf_llama.h) that AutoModelForCausalLM.from_pretrained and
+// AutoTokenizer.from_pretrained load.
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 #include "checkpoint.h"
 
 namespace tinygpt {
 
-/// Throws naming why when GPT-2 cannot express the model: rotary position embeddings (GPT-2 has a learned
-/// position table) or grouped-query heads (every GPT-2 head has its own keys and values).
+/// Throws naming why when the model's Hugging Face class cannot express it: for GPT-2 other position schemes than its
+/// learned table, grouped-query heads, another MLP; for Llama the parts of GPT-2 beside its own, score modifiers.
 void check_hf_exportable(const nn::GPTConfig& config);
+
+/// The transformers class an export of the model is: GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM.
+std::string hf_architecture(const nn::GPTConfig& config);
 
 /// Writes into `dir` (created if missing; our four files overwritten, nothing else touched):
 ///   config.json            GPT2Config: sizes, GELU (tanh), LayerNorm eps 1e-5, tied LM head

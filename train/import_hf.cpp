@@ -3,12 +3,16 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
 #include "data/documents.h"
 #include "train/checkpoint.h"
+#include "train/hf_llama.h"
 #include "train/run_dir.h"
+#include "train/safetensors.h"
 
 namespace tinygpt {
 
@@ -33,8 +37,11 @@ nn::GPTConfig gpt_config_of(const nlohmann::json& j, const std::string& dir) {
   const auto bad = [&](const std::string& why) {
     return Error(fmt::format("'{}' is not a GPT-2 tinygpt can import: {}", dir, why));
   };
-  if (j.value("model_type", std::string()) != "gpt2") {
-    throw bad(fmt::format("its config.json says model_type {} (tinygpt imports gpt2)", j.value("model_type", nlohmann::json()).dump()));
+  const std::string type = j.value("model_type", std::string());
+  if (type == "llama" || type == "qwen2") return llama_config_from_hf(j, dir);
+  if (type != "gpt2") {
+    throw Error(fmt::format("'{}' is not a model tinygpt can import: its config.json says model_type {} (tinygpt "
+                            "imports gpt2, llama and qwen2)", dir, j.value("model_type", nlohmann::json()).dump()));
   }
   const auto integer = [&](const char* key) -> int64_t {
     if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0) {
@@ -69,17 +76,92 @@ nn::GPTConfig gpt_config_of(const nlohmann::json& j, const std::string& dir) {
   return c;
 }
 
+/// The weights of a model directory: model.safetensors, or the shards model.safetensors.index.json names.
+safetensors::Contents load_weights(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(dir / "model.safetensors", ec)) return safetensors::load(dir / "model.safetensors");
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::is_regular_file(index, ec)) {
+    throw Error(fmt::format("'{}' has no model.safetensors nor model.safetensors.index.json (tinygpt reads safetensors "
+                            "weights, not pytorch_model.bin: save with save_pretrained(..., safe_serialization=True))",
+                            dir.string()));
+  }
+  const nlohmann::json j = read_json(index, dir.string());
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+    throw Error(fmt::format("'{}' has no weight_map object", index.string()));
+  }
+  std::set<std::string> shards;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    const std::string f = file.is_string() ? file.get<std::string>() : std::string();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
+      throw Error(fmt::format("'{}': tensor {} is in {}, not a file of the directory", index.string(), name, file.dump()));
+    }
+    shards.insert(f);
+  }
+  safetensors::Contents all;
+  for (const std::string& f : shards) {
+    if (!fs::is_regular_file(dir / f, ec)) throw Error(fmt::format("'{}': shard {} is missing", dir.string(), f));
+    safetensors::Contents part = safetensors::load(dir / f);
+    for (auto& t : part.tensors) all.tensors.push_back(std::move(t));
+  }
+  return all;
+}
+
+/// Fills a GPT-2's parameters. GPT-2's Conv1D keeps (in, out): our Linear's (out, in) transposed. Names with or
+/// without "transformer.".
+void load_gpt2(nn::GPT& model, const safetensors::Contents& weights, const std::string& dir) {
+  const auto find = [&](const std::string& name) {
+    Tensor t = weights.find(name);
+    if (!t.defined() && name.rfind("transformer.", 0) == 0) t = weights.find(name.substr(12));
+    if (!t.defined()) throw Error(fmt::format("'{}': the weights have no tensor {}", dir, name));
+    return t.dtype() == DType::F32 ? t : t.to(DType::F32);
+  };
+  for (auto& [name, param] : model.named_parameters()) {
+    const bool conv1d = name.find(".c_attn.weight") != std::string::npos || name.find(".c_proj.weight") != std::string::npos ||
+                        name.find(".c_fc.weight") != std::string::npos;
+    Tensor src = find(name);
+    if (conv1d) src = transpose(src, 0, 1);
+    if (src.shape() != param.shape()) {
+      throw Error(fmt::format("'{}': tensor {} is {} where GPT-2 of this config has {}", dir, name,
+                              conv1d ? transpose(src, 0, 1).shape().str() : src.shape().str(),
+                              conv1d ? transpose(param, 0, 1).shape().str() : param.shape().str()));
+    }
+    param.copy_(src);
+  }
+}
+
+/// Fills the model's parameters from a Llama or Qwen2 directory's weights by the one name table (llama_pieces): a
+/// fused parameter (c_attn, mlp.c_fc) is its pieces' rows in order.
+void load_llama(nn::GPT& model, const safetensors::Contents& weights, const std::string& dir) {
+  std::map<std::string, Tensor> params;
+  for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
+  std::map<std::string, std::vector<Tensor>> rows;  // a fused parameter's pieces so far
+  for (const HfPiece& p : llama_pieces(model.config())) {
+    Tensor src = weights.find(p.hf);
+    if (!src.defined()) throw Error(fmt::format("'{}': the weights have no tensor {}", dir, p.hf));
+    Tensor& param = params.at(p.ours);
+    const Tensor dst = p.rows < 0 ? param : narrow(param, 0, p.row0, p.rows);
+    if (!(src.shape() == dst.shape())) {
+      throw Error(fmt::format("'{}': tensor {} is {} where the model its config.json describes has {}", dir, p.hf,
+                              src.shape().str(), dst.shape().str()));
+    }
+    src = src.dtype() == DType::F32 ? src : src.to(DType::F32);
+    if (p.rows < 0) {
+      param.copy_(src);
+      continue;
+    }
+    std::vector<Tensor>& parts = rows[p.ours];
+    parts.push_back(src);
+    if (p.row0 + p.rows == param.size(0)) param.copy_(concat(parts, 0));  // the last piece
+  }
+}
+
 }  // namespace
 
 fs::path import_hf(const fs::path& dir, const fs::path& out) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw Error(fmt::format("--from '{}' is not a directory", dir.string()));
   const nn::GPTConfig config = gpt_config_of(read_json(dir / "config.json", dir.string()), dir.string());
-  if (!fs::is_regular_file(dir / "model.safetensors", ec)) {
-    throw Error(fmt::format("'{}' has no model.safetensors (tinygpt reads safetensors weights, not pytorch_model.bin: "
-                            "save with save_pretrained(..., safe_serialization=True))",
-                            dir.string()));
-  }
   if (!fs::is_regular_file(dir / "tokenizer.json", ec)) {
     throw Error(fmt::format("'{}' has no tokenizer.json (a byte-level BPE, as GPT-2's)", dir.string()));
   }
@@ -88,29 +170,11 @@ fs::path import_hf(const fs::path& dir, const fs::path& out) {
     throw Error(fmt::format("'{}': its tokenizer has {} tokens but its config says vocab_size {}", dir.string(),
                             tokenizer.vocab_size(), config.vocab_size));
   }
-  const safetensors::Contents weights = safetensors::load(dir / "model.safetensors");
-  // GPT-2's Conv1D keeps (in, out): our Linear's (out, in) transposed. Names with or without "transformer.".
-  const auto find = [&](const std::string& name) {
-    Tensor t = weights.find(name);
-    if (!t.defined() && name.rfind("transformer.", 0) == 0) t = weights.find(name.substr(12));
-    if (!t.defined()) throw Error(fmt::format("'{}': model.safetensors has no tensor {}", dir.string(), name));
-    return t.dtype() == DType::F32 ? t : t.to(DType::F32);
-  };
+  const safetensors::Contents weights = load_weights(dir);
   Generator gen(0);
   nn::GPT model(config, gen);
   NoGradGuard no_grad;
-  for (auto& [name, param] : model.named_parameters()) {
-    const bool conv1d = name.find(".c_attn.weight") != std::string::npos || name.find(".c_proj.weight") != std::string::npos ||
-                        name.find(".c_fc.weight") != std::string::npos;
-    Tensor src = find(name);
-    if (conv1d) src = transpose(src, 0, 1);
-    if (src.shape() != param.shape()) {
-      throw Error(fmt::format("'{}': tensor {} is {} where GPT-2 of this config has {}", dir.string(), name,
-                              conv1d ? transpose(src, 0, 1).shape().str() : src.shape().str(),
-                              conv1d ? transpose(param, 0, 1).shape().str() : param.shape().str()));
-    }
-    param.copy_(src);
-  }
+  (is_llama_shaped(config) ? load_llama : load_gpt2)(model, weights, dir.string());
   const fs::path run = make_output_dir(out.string());
   TrainState state;
   state.train_config = {{"imported_from", fs::absolute(dir).lexically_normal().string()}};

@@ -62,16 +62,18 @@ double gpt_parameter_count(const nn::GPTConfig& c) {
   const double C = double(c.n_embd), V = double(c.vocab_size), L = double(c.n_layer), b = c.bias ? 1.0 : 0.0;
   const double hd = C / double(c.n_head);
   const double qkv = double(c.n_head + 2 * (c.n_kv_head > 0 ? c.n_kv_head : c.n_head)) * hd;
-  const double layer = 2 * C * (1 + b)    // ln_1, ln_2
-                       + qkv * C + qkv * b  // c_attn
-                       + C * C + C * b      // attn.c_proj
-                       + 4 * C * C + 4 * C * b + 4 * C * C + C * b  // mlp.c_fc, mlp.c_proj
-                       + (c.qk_norm ? 2 * hd : 0.0);                 // attn.q_norm, attn.k_norm
+  const double nb = c.norm == nn::NormKind::RMSNorm ? 0.0 : b, qb = c.bias || c.qkv_bias ? 1.0 : 0.0;
+  const double H = double(c.ffn_width()), fc = (c.mlp == nn::MlpKind::SwiGLU ? 2.0 : 1.0) * H;
+  const double layer = 2 * C * (1 + nb)    // ln_1, ln_2
+                       + qkv * C + qkv * qb  // c_attn
+                       + C * C + C * b       // attn.c_proj
+                       + fc * C + fc * b + H * C + C * b  // mlp.c_fc (SwiGLU: gate and up), mlp.c_proj
+                       + (c.qk_norm ? 2 * hd : 0.0);      // attn.q_norm, attn.k_norm
   double positions = c.pos == nn::Positions::Learned ? double(c.block_size) * C : 0.0;  // wpe
   if (c.pos == nn::Positions::Relative) positions = L * 2 * double(2 * c.max_relative_position + 1) * hd;  // A_K, A_V
   if (c.pos == nn::Positions::T5) positions = L * double(c.n_head) * nn::GPTConfig::kT5Buckets;
   const double head = c.untied_head ? V * C : 0.0;  // lm_head (else tied to wte)
-  return V * C + positions + L * layer + C * (1 + b) + head;  // wte, position tables, blocks, ln_f, lm_head
+  return V * C + positions + L * layer + C * (1 + nb) + head;  // wte, position tables, blocks, ln_f, lm_head
 }
 
 MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon, bool bf16_storage) {
@@ -81,9 +83,11 @@ MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon
   need.weights = P * kFloat + (bf16_storage ? P * kBf16 : 0.0);  // f32 masters, and their bf16 working copies
   need.optimizer = (muon ? 4 : 3) * P * kFloat;
   // Kept for backward, per block: the residual input, both LayerNorm outputs, q/k/v, the attention output, the two
-  // residual sums, the attention and MLP projections (~10 C per token) and the 4C-wide MLP hidden layer before and
-  // after GELU (8 C); then the logits and their gradient, and backward's widest transient (the 4C MLP gradient).
-  const double stored = 18 * C * L + 2 * V + 8 * C;
+  // residual sums, the attention and MLP projections (~10 C per token) and the MLP's hidden layer before and after
+  // its activation (8 C for GELU's 4C; SwiGLU's 2H, then H); then the logits and their gradient, and backward's widest
+  // transient (the MLP's hidden gradient).
+  const double H = double(c.ffn_width()), fc = (c.mlp == nn::MlpKind::SwiGLU ? 2.0 : 1.0) * H;
+  const double stored = (10 * C + fc + H) * L + 2 * V + fc;
   if (!bf16_storage) {
     need.activations = kFloat * BT * stored;
   } else {

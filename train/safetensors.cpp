@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 namespace tinygpt::safetensors {
 
@@ -33,6 +35,17 @@ std::optional<DType> parse_dtype(const std::string& s) {
     if (s == st_dtype(d)) return d;
   }
   return std::nullopt;
+}
+
+/// An IEEE half's value (F16 tensors are read as f32: tinygpt computes in f32 and bf16, not in f16).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  if (exp == 0) return (sign ? -1.0f : 1.0f) * std::ldexp(float(mant), -24);  // zero and subnormals
+  const uint32_t bits = exp == 0x1f ? sign | 0x7f800000u | (mant << 13)      // inf and NaN
+                                    : sign | ((exp + 112) << 23) | (mant << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 void fsync_path(const fs::path& path, int flags) {
@@ -128,6 +141,7 @@ Contents load(const fs::path& path) {
     DType dtype;
     Shape shape;
     uint64_t begin, end;
+    bool f16;  // stored as IEEE halves, read into an f32 tensor
   };
   std::vector<Entry> entries;
   for (const auto& [name, info] : header.items()) {
@@ -144,7 +158,8 @@ Contents load(const fs::path& path) {
         info["data_offsets"].size() != 2) {
       throw bad(fmt::format("tensor '{}' lacks a dtype, shape or data_offsets", name));
     }
-    const auto dtype = parse_dtype(info["dtype"].get<std::string>());
+    const bool f16 = info["dtype"] == "F16";
+    const auto dtype = f16 ? std::optional(DType::F32) : parse_dtype(info["dtype"].get<std::string>());
     if (!dtype) throw bad(fmt::format("tensor '{}' has unsupported dtype {}", name, info["dtype"].get<std::string>()));
     std::vector<int64_t> dims;
     uint64_t numel = 1;
@@ -159,8 +174,8 @@ Contents load(const fs::path& path) {
     if (dims.size() > size_t(kMaxDims)) throw bad(fmt::format("tensor '{}' has {} dims (at most {})", name, dims.size(), kMaxDims));
     const auto& off = info["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) throw bad(fmt::format("tensor '{}' has bad data_offsets", name));
-    Entry e{name, *dtype, Shape(std::span<const int64_t>(dims)), off[0].get<uint64_t>(), off[1].get<uint64_t>()};
-    const uint64_t expected = uint64_t(e.shape.numel()) * dtype_size(e.dtype);
+    Entry e{name, *dtype, Shape(std::span<const int64_t>(dims)), off[0].get<uint64_t>(), off[1].get<uint64_t>(), f16};
+    const uint64_t expected = uint64_t(e.shape.numel()) * (f16 ? 2 : dtype_size(e.dtype));
     if (e.end < e.begin || e.end - e.begin != expected) {
       throw bad(fmt::format("tensor '{}' of shape {} needs {} bytes but its data_offsets span {}", name, e.shape.str(),
                             expected, int64_t(e.end) - int64_t(e.begin)));
@@ -179,9 +194,12 @@ Contents load(const fs::path& path) {
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, e.dtype);
     in.seekg(std::streamoff(8 + header_len + e.begin));
-    if (!in.read(static_cast<char*>(t.raw_data()), std::streamsize(e.end - e.begin))) {
+    std::vector<uint16_t> halves(e.f16 ? size_t(e.shape.numel()) : 0);
+    if (!in.read(e.f16 ? reinterpret_cast<char*>(halves.data()) : static_cast<char*>(t.raw_data()),
+                 std::streamsize(e.end - e.begin))) {
       throw bad(fmt::format("cannot read the data of tensor '{}'", e.name));
     }
+    if (e.f16) std::transform(halves.begin(), halves.end(), t.data<float>(), half_to_float);
     c.tensors.emplace_back(e.name, t);
   }
   return c;

@@ -1,0 +1,182 @@
+"""Checks the Llama family against Hugging Face transformers, both ways.
+
+Import: LlamaForCausalLM and Qwen2ForCausalLM made here with random weights (small configs with random RMSNorm gains
+and, for Qwen2, random q/k/v biases; and SmolLM2-135M's shape: 30 layers x 576, 9 heads, 3 key/value heads, MLP 1536,
+rope theta 1e5, tied head, saved as bf16 shards) beside a byte-level BPE that tinygpt trains here (GPT-2's pre-split),
+imported by `tinygpt import --format hf`: the logits agree with transformers' (f32, on the same weights) within 1e-4
+and greedy decoding (`tinygpt sample --temperature 0`) gives the text of generate(do_sample=False).
+
+Export: a Llama-shaped model trained by tinygpt (`--arch llama`, grouped-query heads) and a Qwen2-shaped one
+(`--qkv-bias`), exported by `export --format hf`, load with AutoModelForCausalLM and compute tinygpt's logits and
+greedy text; imported again, they give back the same tensors.
+
+Run by developers, not by CI (it needs PyTorch and transformers, installed outside the source tree):
+
+  python3 -m venv /tmp/venv-hf && /tmp/venv-hf/bin/pip install torch transformers
+  /tmp/venv-hf/bin/python tests/reference/check_hf_llama.py [--build build] [--only small|135m|export]
+
+Exit status: 0 all checks pass, 1 a check fails or a tinygpt command errs, 77 PyTorch or transformers is missing.
+"""
+import argparse
+import zlib
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+except ImportError as e:
+    print(f"skipped: {e.name} is not installed (python3 -m venv /tmp/venv-hf && /tmp/venv-hf/bin/pip install torch "
+          "transformers)")
+    sys.exit(77)
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from check_hf_export import ROOT, read_safetensors, run  # noqa: E402
+
+PROMPT = "ROMEO:\nWhat say you"
+NEW_TOKENS = 32
+
+
+def byte_decoder():
+    """GPT-2's byte-level alphabet back to bytes (the tokens of a byte-level BPE spell each byte by one character)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def token_bytes(tokenizer, ids):
+    """The bytes of token ids (a random model's greedy text need not be valid UTF-8)."""
+    decode = byte_decoder()
+    return b"".join(bytes(decode[ch] for ch in tok) for tok in tokenizer.convert_ids_to_tokens(ids))
+
+
+def randomize_norms_and_biases(model, gen):
+    """Random norm gains and biases (from_config leaves the gains at 1 and the biases at 0)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+
+
+def compare(tinygpt, logits_tool, model, tokenizer, run_dir, tmp, name):
+    """tinygpt's logits and greedy text of run_dir against transformers' model; True when both agree."""
+    dump = tmp / f"{name}-logits.safetensors"
+    run(logits_tool, run_dir, PROMPT, dump)
+    ours = read_safetensors(dump)
+    encoded = tokenizer(PROMPT, return_tensors="pt")
+    same_ids = encoded.input_ids.tolist() == ours["ids"].tolist()
+    with torch.no_grad():
+        logits = model(encoded.input_ids).logits.float().numpy()
+    diff = float(np.abs(logits - ours["logits"]).max())
+    scale = float(np.abs(logits).max())
+    ours_text = subprocess.run([str(tinygpt), "sample", "--ckpt", str(run_dir), "--prompt", PROMPT, "--temperature",
+                                "0", "--max-new-tokens", str(NEW_TOKENS)], check=True,
+                               capture_output=True).stdout.removesuffix(b"\n")
+    with torch.no_grad():
+        out = model.generate(**encoded, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    theirs_text = token_bytes(tokenizer, out[0].tolist())
+    same_text = ours_text == theirs_text
+    print(f"{name:<14} {model.__class__.__name__:<17} ids {'same' if same_ids else 'DIFFER'}   max |logits diff| "
+          f"{diff:.2e} (logits up to {scale:.1f})   greedy text {'same' if same_text else 'DIFFERS'}")
+    if not same_text:
+        print(f"               tinygpt:      {ours_text!r}\n               transformers: {theirs_text!r}")
+    return same_ids and diff <= 1e-4 and same_text
+
+
+def check_import(tinygpt, tool, tok_dir, tmp, name, config_cls, model_cls, shape, bf16_shards):
+    vocab = len(AutoTokenizer.from_pretrained(tok_dir))
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    torch.manual_seed(zlib.crc32(name.encode()))
+    config = config_cls(vocab_size=vocab, bos_token_id=0, eos_token_id=0, **shape)
+    model = model_cls(config).eval()
+    randomize_norms_and_biases(model, gen)
+    hf_dir = tmp / f"{name}-hf"
+    if bf16_shards:
+        model.to(torch.bfloat16).save_pretrained(hf_dir, max_shard_size="100MB")
+        model = model_cls.from_pretrained(hf_dir, dtype=torch.float32).eval()  # the bf16 weights, computed in f32
+    else:
+        model.save_pretrained(hf_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    tokenizer.save_pretrained(hf_dir)
+    shards = sorted(p.name for p in hf_dir.glob("*.safetensors"))
+    run(tinygpt, "import", "--format", "hf", "--from", hf_dir, "--out", tmp / name)
+    print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(shards)} weight file(s)")
+    return compare(tinygpt, tool, model, tokenizer, tmp / name, tmp, name)
+
+
+def check_export(tinygpt, tool, data, tok, tmp, name, flags):
+    run_dir, hf_dir, back = tmp / name, tmp / f"{name}-hf", tmp / f"{name}-back"
+    run(tinygpt, "train", "--data", data, "--tokenizer", tok, "--out", run_dir, "--n-layer", 2, "--n-head", 4,
+        "--n-embd", 64, "--block-size", 64, "--batch-size", 8, "--max-iters", 300, "--lr-decay-iters", 300,
+        "--eval-interval", 300, "--eval-iters", 2, *flags)
+    run(tinygpt, "export", "--ckpt", run_dir, "--format", "hf", "--out", hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    ok = compare(tinygpt, tool, model, AutoTokenizer.from_pretrained(hf_dir), run_dir, tmp, name)
+    run(tinygpt, "import", "--format", "hf", "--from", hf_dir, "--out", back)
+    a = read_safetensors(next(run_dir.glob("ckpt_best.safetensors")))
+    b = read_safetensors(back / "ckpt_latest.safetensors")
+    same = all(np.array_equal(a[k], b[k]) for k in b) and set(b) == {k for k in a if not k.startswith("optimizer.")}
+    print(f"{name:<14} exported and imported again: {'the same tensors' if same else 'DIFFERENT tensors'}")
+    return ok and same
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default=str(ROOT / "build"), help="a configured and built tinygpt build directory")
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
+    p.add_argument("--only", choices=["small", "135m", "export"])
+    args = p.parse_args()
+    build = pathlib.Path(args.build).resolve()
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"tinygpt {run(build / 'tinygpt', '--version').strip()}")
+    L, Q = transformers.LlamaConfig, transformers.Qwen2Config
+    LM, QM = transformers.LlamaForCausalLM, transformers.Qwen2ForCausalLM
+    small = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=1e5)
+    smollm2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                   num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=1e5,
+                   tie_word_embeddings=True)
+    with tempfile.TemporaryDirectory() as t:
+        tmp = pathlib.Path(t)
+        run("cmake", "--install", build, "--prefix", tmp / "prefix")
+        run("cmake", "-S", ROOT / "tests" / "reference" / "logits", "-B", tmp / "logits-build",
+            f"-DCMAKE_PREFIX_PATH={tmp / 'prefix'}", "-DCMAKE_BUILD_TYPE=Release")
+        run("cmake", "--build", tmp / "logits-build")
+        tinygpt, tool = tmp / "prefix" / "bin" / "tinygpt", tmp / "logits-build" / "tinygpt_logits"
+        tok_dir = tmp / "tok"
+        tok_dir.mkdir()
+        run(tinygpt, "tokenizer", "train", "--data", args.data, "--vocab-size", 1024, "--out", tok_dir / "tokenizer.json")
+        (tok_dir / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast", '
+                                                       '"clean_up_tokenization_spaces": false}\n')
+        results = []
+        if args.only in (None, "small"):
+            results.append(check_import(tinygpt, tool, tok_dir, tmp, "llama-small", L, LM, dict(small), False))
+            results.append(check_import(tinygpt, tool, tok_dir, tmp, "qwen2-small", Q, QM,
+                                        dict(small, tie_word_embeddings=False), False))
+        if args.only in (None, "135m"):
+            results.append(check_import(tinygpt, tool, tok_dir, tmp, "smollm2-135m", L, LM, smollm2, True))
+        if args.only in (None, "export"):
+            tok = tok_dir / "tokenizer.json"
+            results.append(check_export(tinygpt, tool, args.data, tok, tmp, "llama-export",
+                                        ["--arch", "llama", "--n-kv-head", 2, "--rope-theta", 1e5]))
+            results.append(check_export(tinygpt, tool, args.data, tok, tmp, "qwen2-export",
+                                        ["--arch", "llama", "--n-kv-head", 2, "--qkv-bias", "--untied-head"]))
+    ok = all(results)
+    print("the Llama family checked: transformers computes what tinygpt computes" if ok else "FAIL: a check differs")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
