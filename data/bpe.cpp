@@ -73,6 +73,17 @@ size_t run_end(std::string_view text, size_t i, Class cls) {
 
 }  // namespace
 
+size_t next_number(std::string_view text, size_t pos) {
+  while (pos < text.size()) {
+    const Char c = char_at(text, pos);
+    if (c.cls == Class::Number) return pos;
+    pos += c.len;
+  }
+  return text.size();
+}
+
+size_t char_length(std::string_view text, size_t pos) { return char_at(text, pos).len; }
+
 size_t gpt2_piece_length(std::string_view text, size_t pos) {
   const size_t n = text.size();
   const char b0 = text[pos];
@@ -494,7 +505,7 @@ void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out, Cac
     }
     cache.pieces_[piece] = {uint32_t(cache.ids_.size()), uint32_t(out.size() - before)};
     cache.ids_.insert(cache.ids_.end(), out.begin() + std::ptrdiff_t(before), out.end());
-  });
+  }, individual_digits_);
 }
 
 std::string BpeTokenizer::decode(const std::vector<uint32_t>& ids) const {
@@ -531,10 +542,16 @@ std::string BpeTokenizer::to_json() const {
       {"added_tokens", added},
       {"normalizer", nullptr},
       {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers",
-         ojson::array({{{"type", "Split"}, {"pattern", {{"Regex", kGpt2Pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-                       byte_level})}}},
+       individual_digits_
+           ? ojson{{"type", "Sequence"},
+                   {"pretokenizers", ojson::array({{{"type", "Digits"}, {"individual_digits", true}},
+                                                   {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                                                    {"trim_offsets", true}, {"use_regex", true}}})}}
+           : ojson{{"type", "Sequence"},
+                   {"pretokenizers",
+                    ojson::array({{{"type", "Split"}, {"pattern", {{"Regex", kGpt2Pattern}}}, {"behavior", "Isolated"},
+                                   {"invert", false}},
+                                  byte_level})}}},
       {"post_processor", nullptr},
       {"decoder", byte_level},
       {"model",
@@ -547,9 +564,21 @@ std::string BpeTokenizer::to_json() const {
 
 namespace {
 
-/// Whether a pre_tokenizer is GPT-2's split followed by the byte-level mapping; `why` says what is not.
-bool is_gpt2_pre_tokenizer(const nlohmann::json& p, std::string& why) {
+/// Whether a pre_tokenizer is GPT-2's split followed by the byte-level mapping, or that after a Digits pre-tokenizer
+/// with individual_digits (then `digits` is set); `why` says what is not.
+bool is_gpt2_pre_tokenizer(const nlohmann::json& p, std::string& why, bool& digits) {
   const auto type = [](const nlohmann::json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; };
+  if (type(p) == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array() &&
+      !p["pretokenizers"].empty() && type(p["pretokenizers"][0]) == "Digits") {
+    const nlohmann::json& d = p["pretokenizers"][0];
+    if (!d.value("individual_digits", false)) return why = "a Digits pre-tokenizer without individual_digits", false;
+    nlohmann::json rest = p;
+    rest["pretokenizers"].erase(0);
+    if (rest["pretokenizers"].size() == 1) rest = rest["pretokenizers"][0];
+    bool again = false;
+    if (!is_gpt2_pre_tokenizer(rest, why, again) || again) return false;
+    return digits = true;
+  }
   if (type(p) == "ByteLevel") {
     if (p.value("add_prefix_space", false)) return why = "a ByteLevel pre-tokenizer with add_prefix_space", false;
     if (!p.value("use_regex", true)) return why = "a ByteLevel pre-tokenizer without a split pattern", false;
@@ -584,7 +613,8 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
   if (m.value("type", std::string()) != "BPE") throw bad("its model is not \"BPE\"");
   if (j.contains("normalizer") && !j["normalizer"].is_null()) throw bad("it has a normalizer");
   std::string why;
-  if (!j.contains("pre_tokenizer") || !is_gpt2_pre_tokenizer(j["pre_tokenizer"], why)) {
+  bool digits = false;
+  if (!j.contains("pre_tokenizer") || !is_gpt2_pre_tokenizer(j["pre_tokenizer"], why, digits)) {
     throw bad(why.empty() ? "no pre_tokenizer" : why);
   }
   if (m.contains("ignore_merges") && m["ignore_merges"].is_boolean() && m["ignore_merges"].get<bool>()) {
@@ -601,6 +631,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
   if (int64_t(vocab.size()) > kMaxBpeVocab) throw bad(fmt::format("{} tokens, more than {}", vocab.size(), kMaxBpeVocab));
 
   BpeTokenizer tok;
+  tok.individual_digits_ = digits;
   tok.tokens_.assign(vocab.size(), std::string());
   std::vector<bool> seen(vocab.size(), false);
   std::unordered_map<std::string, uint32_t> id_of;  // spelled token -> id

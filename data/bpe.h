@@ -30,13 +30,31 @@ inline constexpr int64_t kMinBpeVocab = 257, kMaxBpeVocab = 65536;
 /// number nor space.
 size_t gpt2_piece_length(std::string_view text, size_t pos);
 
-/// Calls f(piece) for each pre-split piece of `text`, in order; the pieces concatenate to `text`.
+/// Where the next number character (\p{N}) at or after byte `pos` starts, or text.size(); and the byte length of the
+/// character at `pos` (1 for a byte that is not valid UTF-8).
+size_t next_number(std::string_view text, size_t pos);
+size_t char_length(std::string_view text, size_t pos);
+
+/// Calls f(piece) for each pre-split piece of `text`, in order; the pieces concatenate to `text`. With
+/// individual_digits, as `tokenizers`' Digits(individual_digits) before the byte-level split (SmolLM2's, StarCoder's):
+/// each number character is a piece of its own, and GPT-2's split runs on the text between them.
 template <class F>
-void for_each_piece(std::string_view text, F&& f) {
+void for_each_piece(std::string_view text, F&& f, bool individual_digits = false) {
+  const auto gpt2 = [&f](std::string_view part) {
+    for (size_t pos = 0; pos < part.size();) {
+      const size_t n = gpt2_piece_length(part, pos);
+      f(part.substr(pos, n));
+      pos += n;
+    }
+  };
+  if (!individual_digits) return gpt2(text);
   for (size_t pos = 0; pos < text.size();) {
-    const size_t n = gpt2_piece_length(text, pos);
-    f(text.substr(pos, n));
-    pos += n;
+    const size_t digit = next_number(text, pos);
+    gpt2(text.substr(pos, digit - pos));
+    if (digit == text.size()) break;
+    const size_t n = char_length(text, digit);
+    f(text.substr(digit, n));
+    pos = digit + n;
   }
 }
 
@@ -75,7 +93,8 @@ class BpeTokenizer {
   static BpeTokenizer train(const PieceCounts& counts, const TrainOptions& options);
 
   /// Reads a Hugging Face tokenizer.json of a byte-level BPE (GPT-2's pre-split, as a ByteLevel pre-tokenizer with
-  /// use_regex or a Split of kGpt2Pattern before one without): `what` names the source in errors. Throws Error naming
+  /// use_regex or a Split of kGpt2Pattern before one without, either after a Digits pre-tokenizer with
+  /// individual_digits as SmolLM2's): `what` names the source in errors. Throws Error naming
   /// what is wrong: not JSON, another model or pre-tokenizer, a byte without a token, a merge of unknown tokens,
   /// duplicate ids, more than kMaxBpeVocab tokens.
   static BpeTokenizer from_json(std::string_view text, const std::string& what);
@@ -85,6 +104,8 @@ class BpeTokenizer {
   int64_t vocab_size() const { return int64_t(tokens_.size()); }
   /// The id of <|endoftext|>, or -1 when the tokenizer has none.
   int32_t end_of_text() const { return end_of_text_; }
+  /// Whether each number character is a piece of its own (a Digits pre-tokenizer before the byte-level split).
+  bool individual_digits() const { return individual_digits_; }
   int64_t merges() const { return int64_t(merges_.size()); }
   /// The bytes of a token (<|endoftext|>'s text for the special token).
   const std::string& token_bytes(int32_t id) const { return tokens_[size_t(id)]; }
@@ -121,6 +142,7 @@ class BpeTokenizer {
   std::vector<Merge> merges_;  // in rank order
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merge_of_;  // (left, right) -> (rank, result)
   int32_t end_of_text_ = -1;
+  bool individual_digits_ = false;
 };
 
 }  // namespace tinygpt::data

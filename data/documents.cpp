@@ -35,6 +35,16 @@ bool hidden(const fs::path& p) {
   return !name.empty() && name[0] == '.';
 }
 
+/// Whether a directory is a tinygpt run (its lock or a checkpoint in it; train/run_dir.h and train/checkpoint.h name
+/// them): a walk never takes a run's own files (metrics, tokenizer, lock) as training text.
+bool is_run_directory(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* marker : {"train.lock", "ckpt_latest.safetensors", "ckpt_best.safetensors"}) {
+    if (fs::exists(dir / marker, ec)) return true;
+  }
+  return false;
+}
+
 /// Why a file found in a directory is not text, or "" when it is.
 std::string not_text(const fs::path& p, uintmax_t size) {
   if (size == 0) return "empty";
@@ -78,6 +88,11 @@ std::vector<fs::path> list_text_files(const std::vector<std::string>& args, cons
            !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
         if (hidden(it->path())) {
           if (it->is_directory(ec)) it.disable_recursion_pending();
+          continue;
+        }
+        if (it->is_directory(ec) && is_run_directory(it->path())) {
+          note(fmt::format("skipping {}: a tinygpt run directory", it->path().string()));
+          it.disable_recursion_pending();
           continue;
         }
         if (!it->is_regular_file(ec)) continue;

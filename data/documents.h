@@ -20,7 +20,8 @@ namespace tinygpt::data {
 using Note = std::function<void(const std::string&)>;
 
 /// The text files --data's arguments name, each once, in order: a file as given (it must be a regular file:
-/// a pipe or device is refused by name), a directory walked (entries starting with '.' skipped) in sorted order with
+/// a pipe or device is refused by name), a directory walked (entries starting with '.' skipped, and tinygpt run
+/// directories inside it, marked by their lock or checkpoints, skipped with a note) in sorted order with
 /// its empty and binary files (a NUL byte in the first 8 KiB) skipped with a note, a glob's matches sorted. Throws
 /// naming an argument that matches nothing, or when no file is left.
 std::vector<std::filesystem::path> list_text_files(const std::vector<std::string>& args, const Note& note);

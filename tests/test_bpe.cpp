@@ -15,9 +15,9 @@ using namespace tinygpt::data;
 
 namespace {
 
-std::vector<std::string> pieces(std::string_view text) {
+std::vector<std::string> pieces(std::string_view text, bool individual_digits = false) {
   std::vector<std::string> out;
-  for_each_piece(text, [&](std::string_view p) { out.emplace_back(p); });
+  for_each_piece(text, [&](std::string_view p) { out.emplace_back(p); }, individual_digits);
   return out;
 }
 
@@ -30,6 +30,16 @@ Ids encode(const BpeTokenizer& tok, std::string_view text) {
 }
 
 }  // namespace
+
+TEST_CASE("bpe: Digits(individual_digits) before GPT-2's split, as tokenizers' pre_tokenize_str gives them") {
+  // tokenizers 0.23: Sequence([Digits(individual_digits=True), ByteLevel(use_regex=True)]) on these texts; a digit
+  // ends the text GPT-2's split sees, so "  " before it stays one piece ("a  12" splits as "a", "  ", "1", "2").
+  CHECK(pieces("a  12 x3", true) == std::vector<std::string>{"a", "  ", "1", "2", " x", "3"});
+  CHECK(pieces("year 2024!", true) == std::vector<std::string>{"year", " ", "2", "0", "2", "4", "!"});
+  CHECK(pieces("\xd9\xa3" "4 x", true) == std::vector<std::string>{"\xd9\xa3", "4", " x"});  // U+0663, an Arabic-Indic digit
+  CHECK(pieces("it's 3rd", true) == std::vector<std::string>{"it", "'s", " ", "3", "rd"});
+  CHECK(pieces("a  12 x3") == std::vector<std::string>{"a", " ", " 12", " x", "3"});  // GPT-2's split alone
+}
 
 TEST_CASE("bpe: GPT-2's pre-split, worked by hand from the pattern's alternatives") {
   // contractions; ' ?\p{L}+'; ' ?\p{N}+'; ' ?[^\s\p{L}\p{N}]+'; '\s+(?!\S)' keeps the last space for the word after
@@ -116,6 +126,24 @@ TEST_CASE("bpe: tokenizer.json round trip, and what is not a byte-level BPE is r
   const auto refused = [](const std::string& json, const char* why) {
     CHECK_THROWS_WITH_AS(BpeTokenizer::from_json(json, "t.json"), doctest::Contains(why), Error);
   };
+  // SmolLM2's pre-tokenizer: Digits(individual_digits) then ByteLevel with its regex; kept through to_json.
+  std::string digits = tok.to_json();
+  const size_t pre = digits.find("\"pre_tokenizer\""), post = digits.find("\"post_processor\"");
+  digits.replace(pre, post - pre, R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits",
+      "individual_digits": true}, {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]}, )");
+  const BpeTokenizer smol = BpeTokenizer::from_json(digits, "smol.json");
+  CHECK(smol.individual_digits());
+  CHECK(!tok.individual_digits());
+  Ids expected;  // the pieces "low", " ", "1", "2", each encoded alone
+  for (const char* piece : {"low", " ", "1", "2"}) {
+    const Ids ids = encode(tok, piece);
+    expected.insert(expected.end(), ids.begin(), ids.end());
+  }
+  CHECK(encode(smol, "low 12") == expected);
+  CHECK(BpeTokenizer::from_json(smol.to_json(), "again.json").individual_digits());
+  CHECK(BpeTokenizer::from_json(smol.to_json(), "again.json").to_json() == smol.to_json());
+  refused(std::string(digits).replace(digits.find("\"individual_digits\": true"), 25, "\"individual_digits\": false"),
+          "Digits pre-tokenizer without individual_digits");
   refused("{", "not valid JSON");
   refused(R"({"model": {"type": "WordPiece"}})", "not \"BPE\"");
   std::string j = tok.to_json();

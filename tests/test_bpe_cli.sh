@@ -52,6 +52,14 @@ back=$("$tinygpt" tokenizer decode --tokenizer "$dir/tok.json" --ids "$ids"; pri
   fail "tokenizer encode --data failed"
 last=$(tail -c 4 "$dir/ids.bin" | od -An -tu4 | tr -d ' ')
 [ "$last" = 299 ] || fail "the ids file ends with $last, not <|endoftext|> (299)"
+# The global options in every position, sub-subcommands included: the same tokenizer and the same ids.
+"$tinygpt" tokenizer train --data "$dir/corpus" --vocab-size 300 --out "$dir/tok1.json" --threads 1 2> /dev/null ||
+  fail "tokenizer train --threads 1 failed"
+cmp -s "$dir/tok.json" "$dir/tok1.json" || fail "tokenizer train --threads 1 wrote another tokenizer"
+[ "$("$tinygpt" tokenizer --threads 1 encode --tokenizer "$dir/tok.json" --text "$text")" = "$ids" ] ||
+  fail "tokenizer --threads 1 encode gave other ids"
+[ "$("$tinygpt" --threads 1 tokenizer encode --tokenizer "$dir/tok.json" --text "$text")" = "$ids" ] ||
+  fail "--threads 1 tokenizer encode gave other ids"
 expect 2 "vocab-size must be in \[257, 65536\]" "$tinygpt" tokenizer train --data "$dir/corpus" --vocab-size 100 --out "$dir/t.json"
 expect 2 "one of --tokenizer FILE or --ckpt RUN" "$tinygpt" tokenizer encode --text hi
 expect 1 "is not a token id" "$tinygpt" tokenizer decode --tokenizer "$dir/tok.json" --ids "1 300"
@@ -112,6 +120,16 @@ for run in plain imported; do
 done
 cmp -s "$dir/plain.greedy" "$dir/imported.greedy" || fail "the imported model's greedy text differs"
 cmp -s "$dir/plain.eval" "$dir/imported.eval" || fail "the imported model's loss differs: $(cat "$dir/plain.eval") vs $(cat "$dir/imported.eval")"
+# A run inside its data folder never trains on itself: the walk skips run directories (lock or checkpoints), saying so,
+# so the second run sees the one text file the first saw.
+mkdir -p "$dir/notes" && cp "$dir/corpus/notes/n3.txt" "$dir/notes/notes.txt"
+for run in run1 run2; do
+  "$tinygpt" train --data "$dir/notes" --tokenizer "$dir/run/tokenizer.json" --out "$dir/notes/$run" "${model[@]}" \
+    --max-iters 2 > /dev/null 2> "$dir/notes-$run.log" || fail "train inside its data folder failed: $(tail -1 "$dir/notes-$run.log")"
+  grep -q "^data: 1 file," "$dir/notes-$run.log" || fail "$run took other files for text: $(grep '^data:' "$dir/notes-$run.log")"
+done
+grep -q "skipping $dir/notes/run1: a tinygpt run directory" "$dir/notes-run2.log" || fail "the skipped run directory was not said"
+
 # The Llama family: a model trained with --arch llama (grouped-query heads, untied head) exports as LlamaForCausalLM,
 # with --qkv-bias as Qwen2ForCausalLM, and imports back to the same greedy text and loss.
 for arch in llama qwen2; do

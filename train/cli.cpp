@@ -587,22 +587,33 @@ Cli::Cli() {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   attn_cmd->add_option("--out", attention_args.out, "SVG file to write")->capture_default_str();
   CLI::App* export_cmd = app.add_subcommand("export", "Write a checkpoint in another library's format (hf: a Hugging Face "
-                                            "GPT2LMHeadModel directory with its tokenizer)");
+                                            "GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM directory with its "
+                                            "tokenizer)");
   export_cmd->add_option("--ckpt", export_args.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
       ->required();
   export_cmd->add_option("--format", export_args.format, "Format to write")->capture_default_str()->check(CLI::IsMember({"hf"}));
   export_cmd->add_option("--out", export_args.out, "Directory to write (created; its config, weight and tokenizer "
                                                    "files are overwritten)")->required();
   CLI::App* import_cmd = app.add_subcommand("import", "Read another library's model as a tinygpt run (hf: a Hugging Face "
-                                            "GPT2LMHeadModel directory with its byte-level BPE tokenizer.json)");
+                                            "GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM directory with its "
+                                            "byte-level BPE tokenizer.json)");
   import_cmd->add_option("--format", import_args.format, "Format to read")->capture_default_str()->check(CLI::IsMember({"hf"}));
-  import_cmd->add_option("--from", import_args.from, "The model directory (config.json, model.safetensors, tokenizer.json)")
+  import_cmd->add_option("--from", import_args.from, "The model directory (config.json, model.safetensors or its shards, "
+                  "tokenizer.json)")
       ->required();
   import_cmd->add_option("--out", import_args.out, "Run directory to write (its ckpt_latest.safetensors)")->required();
   app.add_subcommand("info", "Print a checkpoint's model, parameter count, iteration and losses")
       ->add_option("--ckpt", info_ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
       ->required();
-  for (CLI::App* sub : app.get_subcommands({})) sub->fallthrough();
+  // The global options (declared on `app` above, and only there) in every position: after any subcommand and any
+  // sub-subcommand too (`tinygpt tokenizer train ... --threads 2`).
+  const auto fall_through = [](auto& self, CLI::App& parent) -> void {
+    for (CLI::App* sub : parent.get_subcommands({})) {
+      sub->fallthrough();
+      self(self, *sub);
+    }
+  };
+  fall_through(fall_through, app);
 }
 
 void Cli::validate() const {

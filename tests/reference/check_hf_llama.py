@@ -2,7 +2,8 @@
 
 Import: LlamaForCausalLM and Qwen2ForCausalLM made here with random weights (small configs with random RMSNorm gains
 and, for Qwen2, random q/k/v biases; and SmolLM2-135M's shape: 30 layers x 576, 9 heads, 3 key/value heads, MLP 1536,
-rope theta 1e5, tied head, saved as bf16 shards) beside a byte-level BPE that tinygpt trains here (GPT-2's pre-split),
+rope theta 1e5, tied head, saved as bf16 shards) beside a byte-level BPE that tinygpt trains here (GPT-2's pre-split;
+for the SmolLM2 shape SmolLM2's pre-tokenizer, digits one by one, whose ids are first checked against tokenizers'),
 imported by `tinygpt import --format hf`: the logits agree with transformers' (f32, on the same weights) within 1e-4
 and greedy decoding (`tinygpt sample --temperature 0`) gives the text of generate(do_sample=False).
 
@@ -18,6 +19,7 @@ Run by developers, not by CI (it needs PyTorch and transformers, installed outsi
 Exit status: 0 all checks pass, 1 a check fails or a tinygpt command errs, 77 PyTorch or transformers is missing.
 """
 import argparse
+import json
 import zlib
 import pathlib
 import subprocess
@@ -26,6 +28,7 @@ import tempfile
 
 try:
     import numpy as np
+    import tokenizers
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -93,6 +96,30 @@ def compare(tinygpt, logits_tool, model, tokenizer, run_dir, tmp, name):
     if not same_text:
         print(f"               tinygpt:      {ours_text!r}\n               transformers: {theirs_text!r}")
     return same_ids and diff <= 1e-4 and same_text
+
+
+DIGIT_TEXTS = ["In 2024, 3 cats ate 1,250 fish at 7:45pm.", "a  12 x3", "\u0663\u0664 and \uff11\uff12", "v1.2.3-rc4 x=42;"]
+
+
+def check_digits_tokenizer(tinygpt, tok_dir, out_dir):
+    """SmolLM2's pre-tokenizer (Digits with individual_digits, then ByteLevel's regex) on tinygpt's BPE: the ids of
+    `tinygpt tokenizer encode` equal tokenizers' on texts with digits. Writes the tokenizer into out_dir."""
+    tok = json.loads((tok_dir / "tokenizer.json").read_text())
+    tok["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+    out_dir.mkdir()
+    (out_dir / "tokenizer.json").write_text(json.dumps(tok))
+    (out_dir / "tokenizer_config.json").write_text((tok_dir / "tokenizer_config.json").read_text())
+    theirs = tokenizers.Tokenizer.from_file(str(out_dir / "tokenizer.json"))
+    ok = True
+    for text in DIGIT_TEXTS:
+        ours = [int(x) for x in run(tinygpt, "tokenizer", "encode", "--tokenizer", out_dir / "tokenizer.json",
+                                    "--text", text).split()]
+        ok = ok and ours == theirs.encode(text).ids
+    print(f"{'digits':<14} Digits(individual_digits) + ByteLevel: ids {'same' if ok else 'DIFFER'} on "
+          f"{len(DIGIT_TEXTS)} texts with digits")
+    return ok
 
 
 def check_import(tinygpt, tool, tok_dir, tmp, name, config_cls, model_cls, shape, bf16_shards):
@@ -166,7 +193,9 @@ def main():
             results.append(check_import(tinygpt, tool, tok_dir, tmp, "qwen2-small", Q, QM,
                                         dict(small, tie_word_embeddings=False), False))
         if args.only in (None, "135m"):
-            results.append(check_import(tinygpt, tool, tok_dir, tmp, "smollm2-135m", L, LM, smollm2, True))
+            digits_dir = tmp / "tok-digits"
+            results.append(check_digits_tokenizer(tinygpt, tok_dir, digits_dir))
+            results.append(check_import(tinygpt, tool, digits_dir, tmp, "smollm2-135m", L, LM, smollm2, True))
         if args.only in (None, "export"):
             tok = tok_dir / "tokenizer.json"
             results.append(check_export(tinygpt, tool, args.data, tok, tmp, "llama-export",
