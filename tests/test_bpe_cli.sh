@@ -149,6 +149,14 @@ for arch in llama qwen2; do
 done
 "$tinygpt" info --ckpt "$dir/qwen2-back" | grep -q "SwiGLU MLP (64 wide), RMSNorm (eps 1e-05), RoPE theta 50000, q/k/v biases, untied head" ||
   fail "info of the imported Qwen2: $("$tinygpt" info --ckpt "$dir/qwen2-back" | sed -n 2p)"
+# Fine-tuning an imported Llama on a shorter context (no weight depends on it); longer, or with a position table, is refused.
+"$tinygpt" train --data "$dir/corpus" --init-from "$dir/llama-back" --out "$dir/llama-ft" --block-size 16 --batch-size 4 \
+  --max-iters 2 --eval-interval 2 --eval-iters 1 > /dev/null 2> "$dir/llama-ft.log" || fail "fine-tuning the imported Llama failed: $(tail -1 "$dir/llama-ft.log")"
+grep -q "block 16" "$dir/llama-ft.log" || fail "the fine-tune did not train on 16 positions: $(grep '^model' "$dir/llama-ft.log")"
+expect 2 "block_size 64 (flags) vs 32 (checkpoint)" "$tinygpt" train --data "$dir/corpus" --init-from "$dir/llama-back" \
+  --out "$dir/ft2" --block-size 64
+expect 2 "block_size 16 (flags) vs 32 (checkpoint)" "$tinygpt" train --data "$dir/corpus" --init-from "$dir/run" \
+  --out "$dir/ft2" --block-size 16
 # Bad Llama directories: one error line naming what is wrong, nothing left in --out.
 cp -r "$dir/llama-hf" "$dir/bad-hf"
 sed -i 's/"hidden_act": "silu"/"hidden_act": "gelu"/' "$dir/bad-hf/config.json"

@@ -464,7 +464,8 @@ TEST_CASE("emulated CUDA: RMSNorm (fused and wide rows) and SwiGLU, forward and 
   for (size_t i = 0; i < h.size(); ++i) hb[i] = bf16(h[i]);
   cpu::swiglu_forward<bf16>(yc.data(), hb.data(), N, H);
   gpu::swiglu_forward<bf16>(yg.data(), hb.data(), N, H);
-  for (size_t i = 0; i < yc.size(); ++i) CHECK(float(yc[i]) == float(yg[i]));
+  // The CPU's exp and CUDA's expf differ in the last float bits, so a rounding may fall either side: one bf16 step.
+  for (size_t i = 0; i < yc.size(); ++i) CHECK(std::abs(float(yc[i]) - float(yg[i])) <= std::abs(float(yc[i])) / 128 + 1e-30f);
 }
 
 TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backward") {

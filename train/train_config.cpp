@@ -36,11 +36,14 @@ void use_document_separator(nn::GPT& model, const data::Tokenizer& tokenizer) {
 
 namespace {
 
-/// "n_embd 64 (flags) vs 32 (checkpoint), ..." for each model flag given that differs from the saved config.
-std::string model_flag_diffs(const TrainConfig& cfg, const nn::GPTConfig& saved_config) {
+/// "n_embd 64 (flags) vs 32 (checkpoint), ..." for each model flag given that differs from the saved config, but the
+/// keys in `free`.
+std::string model_flag_diffs(const TrainConfig& cfg, const nn::GPTConfig& saved_config,
+                             std::initializer_list<std::string_view> free = {}) {
   std::string diffs;
   const auto flags = to_json(cfg.model), saved = to_json(saved_config);
   for (const std::string& key : cfg.model_flags_given) {
+    if (std::ranges::count(free, key) > 0) continue;
     if (saved.contains(key) && flags[key] != saved[key]) {
       diffs += fmt::format("{}{} {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ", key, flags[key].dump(),
                            saved[key].dump());
@@ -51,10 +54,19 @@ std::string model_flag_diffs(const TrainConfig& cfg, const nn::GPTConfig& saved_
 
 }  // namespace
 
+bool shorter_context(const TrainConfig& cfg, const nn::GPTConfig& saved_config) {
+  return std::ranges::count(cfg.model_flags_given, "block_size") > 0 && saved_config.pos != nn::Positions::Learned &&
+         cfg.model.block_size <= saved_config.block_size;
+}
+
 void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved_config) {
-  if (const std::string diffs = model_flag_diffs(cfg, saved_config); !diffs.empty()) {
+  const bool shorter = shorter_context(cfg, saved_config);
+  if (const std::string diffs = shorter ? model_flag_diffs(cfg, saved_config, {"block_size"})
+                                        : model_flag_diffs(cfg, saved_config);
+      !diffs.empty()) {
     throw Error(fmt::format("--init-from {}: the model flags contradict the checkpoint: {}; drop them (a fine-tuned "
-                            "model is the checkpoint's model; --dropout may change)",
+                            "model is the checkpoint's model; --dropout may change, and --block-size may be shorter "
+                            "for a model without a position table)",
                             cfg.init_from, diffs));
   }
 }

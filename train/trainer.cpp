@@ -164,8 +164,11 @@ Checkpoint init_checkpoint(TrainConfig& cfg) {
   Checkpoint ckpt = load_checkpoint(cfg.init_from);
   check_init_flags(cfg, ckpt.config);
   const double dropout = cfg.model.dropout;
+  const int64_t block = cfg.model.block_size;
+  const bool shorter = shorter_context(cfg, ckpt.config);
   cfg.model = ckpt.config;
   cfg.model.dropout = dropout;
+  if (shorter) cfg.model.block_size = block;  // a shorter training context: no weight depends on it
   return ckpt;
 }
 

@@ -89,6 +89,9 @@ Device parse_device(const std::string& device);
 /// character of the separator that the vocabulary lacks.
 void use_document_separator(nn::GPT& model, const data::Tokenizer& tokenizer);
 
+/// Whether --init-from trains on a shorter context than the checkpoint's: --block-size given, at most the saved one,
+/// and a model without a position table (rotary or relative positions: no weight depends on the block size).
+bool shorter_context(const TrainConfig& cfg, const nn::GPTConfig& saved_config);
 /// --init-from: throws naming each model flag given (TrainConfig::model_flags_given) that contradicts the checkpoint's
 /// config `saved`: a fine-tuned model is the checkpoint's model.
 void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved);

@@ -7,6 +7,7 @@
 #include "kernels/cpu/bf16_rows.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/scalar_math.h"
 
 namespace tinygpt::cpu {
@@ -304,29 +305,83 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
                       static_cast<const compute_t<T>*>(nullptr), rstd, N, C, overwrite_dinp);
 }
 
+// SwiGLU: float rows with the exp that vectorizes (vec_math.h), double with libm's (the gradient checks); bf16 rows
+// widened into float rows, computed as float and rounded once on the way out.
+
+namespace {
+
+struct ExpOf {
+  float operator()(float x) const { return exp_vec(x); }
+  double operator()(double x) const { return std::exp(x); }
+};
+
+template <class F>
+void swiglu_row(F* y, const F* g, const F* u, int64_t H) {
+#pragma omp simd
+  for (int64_t h = 0; h < H; ++h) y[h] = swiglu(g[h], u[h], ExpOf{});
+}
+
+/// dg, du (=, or += with accumulate) of one row.
+template <bool Accumulate, class F>
+void swiglu_grad_row(F* __restrict dg, F* __restrict du, const F* g, const F* u, const F* d, int64_t H) {
+#pragma omp simd
+  for (int64_t h = 0; h < H; ++h) {
+    F a, b;
+    swiglu_grad(g[h], u[h], d[h], a, b, ExpOf{});
+    if constexpr (Accumulate) {
+      dg[h] += a, du[h] += b;
+    } else {
+      dg[h] = a, du[h] = b;
+    }
+  }
+}
+
+template <class F>
+void swiglu_grad_row(F* dg, F* du, const F* g, const F* u, const F* d, int64_t H, bool accumulate) {
+  accumulate ? swiglu_grad_row<true>(dg, du, g, u, d, H) : swiglu_grad_row<false>(dg, du, g, u, d, H);
+}
+
+}  // namespace
+
 template <class T>
 void swiglu_forward(T* out, const T* inp, int64_t N, int64_t H) {
-  using F = compute_t<T>;
+  if constexpr (std::is_same_v<T, bf16>) {
+#pragma omp parallel if (N * H >= kParallelGrain)
+    {
+      std::vector<float> gu(size_t(2 * H)), y(static_cast<size_t>(H));
+#pragma omp for
+      for (int64_t n = 0; n < N; ++n) {
+        widen_range(gu.data(), inp + 2 * n * H, 2 * H);
+        swiglu_row(y.data(), gu.data(), gu.data() + H, H);
+        round_range(out + n * H, y.data(), H);
+      }
+    }
+  } else {
 #pragma omp parallel for if (N * H >= kParallelGrain)
-  for (int64_t n = 0; n < N; ++n) {
-    const T *g = inp + 2 * n * H, *u = g + H;
-    T* y = out + n * H;
-    for (int64_t h = 0; h < H; ++h) y[h] = T(swiglu(F(g[h]), F(u[h])));
+    for (int64_t n = 0; n < N; ++n) swiglu_row(out + n * H, inp + 2 * n * H, inp + 2 * n * H + H, H);
   }
 }
 
 template <class T>
 void swiglu_backward(T* dinp, const T* dout, const T* inp, int64_t N, int64_t H, bool overwrite) {
-  using F = compute_t<T>;
+  if constexpr (std::is_same_v<T, bf16>) {
+#pragma omp parallel if (N * H >= kParallelGrain)
+    {
+      std::vector<float> gu(size_t(2 * H)), d(static_cast<size_t>(H)), grad(size_t(2 * H));
+#pragma omp for
+      for (int64_t n = 0; n < N; ++n) {
+        widen_range(gu.data(), inp + 2 * n * H, 2 * H);
+        widen_range(d.data(), dout + n * H, H);
+        if (!overwrite) widen_range(grad.data(), dinp + 2 * n * H, 2 * H);
+        swiglu_grad_row(grad.data(), grad.data() + H, gu.data(), gu.data() + H, d.data(), H, !overwrite);
+        round_range(dinp + 2 * n * H, grad.data(), 2 * H);
+      }
+    }
+  } else {
 #pragma omp parallel for if (N * H >= kParallelGrain)
-  for (int64_t n = 0; n < N; ++n) {
-    const T *g = inp + 2 * n * H, *u = g + H, *d = dout + n * H;
-    T *dg = dinp + 2 * n * H, *du = dg + H;
-    for (int64_t h = 0; h < H; ++h) {
-      F a, b;
-      swiglu_grad(F(g[h]), F(u[h]), F(d[h]), a, b);
-      dg[h] = T(overwrite ? a : F(dg[h]) + a);
-      du[h] = T(overwrite ? b : F(du[h]) + b);
+    for (int64_t n = 0; n < N; ++n) {
+      T* dg = dinp + 2 * n * H;
+      swiglu_grad_row(dg, dg + H, inp + 2 * n * H, inp + 2 * n * H + H, dout + n * H, H, !overwrite);
     }
   }
 }

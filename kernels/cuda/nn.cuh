@@ -187,13 +187,17 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
   }
 }
 
+struct Exp {
+  __device__ float operator()(float x) const { return expf(x); }
+};
+
 /// SwiGLU's gate, a thread an element of out (N, H).
 template <class T>
 __global__ void swiglu_forward_kernel(T* out, const T* inp, int64_t N, int64_t H) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * H) return;
   const int64_t n = i / H, h = i % H;
-  out[i] = T(swiglu(float(inp[2 * n * H + h]), float(inp[2 * n * H + H + h])));
+  out[i] = T(swiglu(float(inp[2 * n * H + h]), float(inp[2 * n * H + H + h]), Exp{}));
 }
 
 template <class T>
@@ -202,7 +206,7 @@ __global__ void swiglu_backward_kernel(T* dinp, const T* dout, const T* inp, int
   if (i >= N * H) return;
   const int64_t g = 2 * (i / H) * H + i % H, u = g + H;
   float dg, du;
-  swiglu_grad(float(inp[g]), float(inp[u]), float(dout[i]), dg, du);
+  swiglu_grad(float(inp[g]), float(inp[u]), float(dout[i]), dg, du, Exp{});
   dinp[g] = T(overwrite ? dg : float(dinp[g]) + dg);
   dinp[u] = T(overwrite ? du : float(dinp[u]) + du);
 }
