@@ -40,7 +40,7 @@ for dtype in bf16 fp32; do
   /usr/bin/time -f "%M" -o "$dir/rss" "$build/tinygpt" --threads "$threads" train --init-from "$dir/run" --data "$data" \
     --out "$dir/ft-$dtype" --block-size "$ctx" --batch-size "$batch" --dtype "$dtype" --max-iters $((steps + 1)) \
     --eval-interval 100000 --eval-iters 1 --warmup-iters 1 --quiet 2> "$dir/ft-$dtype.log"
-  grep -m1 "^speed" "$dir/ft-$dtype.log" | cut -c1-200
+  grep -m1 "^speed" "$dir/ft-$dtype.log" | cut -c1-200 || true
   ms=$(grep -o '"ms":[0-9.]*' "$dir/ft-$dtype/metrics.jsonl" | tail -n "$steps" | cut -d: -f2 | sort -g | tr '\n' ' ')
   echo "tinygpt $dtype  ms/step (sorted) $ms  peak RSS $(( $(cat "$dir/rss") / 1024 )) MiB"
 done

@@ -188,7 +188,7 @@ __global__ void layernorm_backward_fused_kernel(T* dinp, float* partial, const T
 }
 
 struct Exp {
-  __device__ float operator()(float x) const { return expf(x); }
+  __host__ __device__ float operator()(float x) const { return expf(x); }
 };
 
 /// SwiGLU's gate, a thread an element of out (N, H).
