@@ -171,6 +171,10 @@ mv "$dir/bad-hf/model.safetensors" "$dir/bad-hf/model-00001-of-00002.safetensors
 printf '{"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}' \
   > "$dir/bad-hf/model.safetensors.index.json"
 expect 1 "shard model-00002-of-00002.safetensors is missing" "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
+rm "$dir/bad-hf/model.safetensors.index.json" && mv "$dir/bad-hf/model-00001-of-00002.safetensors" "$dir/bad-hf/model.safetensors"
+sed -i 's/"hidden_size": 32/"hidden_size": 320000/; s/"num_attention_heads": 2/"num_attention_heads": 20000/' "$dir/bad-hf/config.json"
+expect 1 "its config.json describes a model of [0-9]* parameters but the weights hold" \
+  "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
 [ ! -e "$dir/imp2" ] || fail "a failed import left $dir/imp2 behind"
 mkdir -p "$dir/mistral" && printf '{"model_type": "gemma"}' > "$dir/mistral/config.json"
 expect 1 "its config.json says model_type \"gemma\" (tinygpt imports gpt2, llama and qwen2)" \

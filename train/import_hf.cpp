@@ -11,6 +11,7 @@
 #include "data/documents.h"
 #include "train/checkpoint.h"
 #include "train/hf_llama.h"
+#include "train/memory.h"
 #include "train/run_dir.h"
 #include "train/safetensors.h"
 
@@ -171,6 +172,15 @@ fs::path import_hf(const fs::path& dir, const fs::path& out) {
                             tokenizer.vocab_size(), config.vocab_size));
   }
   const safetensors::Contents weights = load_weights(dir);
+  // Sizes checked against the files before anything is allocated: a config.json describing far more parameters than
+  // the weights hold (a hostile one) is refused here, not by an allocation that cannot succeed; a nearer mismatch is
+  // named tensor by tensor below.
+  double held = 0;
+  for (const auto& [name, t] : weights.tensors) held += double(t.numel());
+  if (const double need = gpt_parameter_count(config); need > 2 * held + double(1 << 20)) {
+    throw Error(fmt::format("'{}': its config.json describes a model of {:.0f} parameters but the weights hold {:.0f} "
+                            "values", dir.string(), need, held));
+  }
   Generator gen(0);
   nn::GPT model(config, gen);
   NoGradGuard no_grad;

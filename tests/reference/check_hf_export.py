@@ -47,6 +47,16 @@ def read_safetensors(path):
     return out
 
 
+def build_logits_tool(build, tmp):
+    """The build's package installed into tmp/prefix, and tests/reference/logits built against it as a user's program
+    would be: returns the installed tinygpt and tinygpt_logits."""
+    run("cmake", "--install", build, "--prefix", tmp / "prefix")
+    run("cmake", "-S", ROOT / "tests" / "reference" / "logits", "-B", tmp / "logits-build",
+        f"-DCMAKE_PREFIX_PATH={tmp / 'prefix'}", "-DCMAKE_BUILD_TYPE=Release")
+    run("cmake", "--build", tmp / "logits-build")
+    return tmp / "prefix" / "bin" / "tinygpt", tmp / "logits-build" / "tinygpt_logits"
+
+
 def check(tinygpt, logits_tool, data, tmp, name, flags):
     run_dir, hf_dir, dump = tmp / name, tmp / (name + "-hf"), tmp / (name + "-logits.safetensors")
     run(tinygpt, "train", "--data", data, "--out", run_dir, "--n-layer", 2, "--n-head", 4, "--n-embd", 64,
@@ -87,11 +97,7 @@ def main():
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, tinygpt {run(build / 'tinygpt', '--version').strip()}")
     with tempfile.TemporaryDirectory() as t:
         tmp = pathlib.Path(t)
-        run("cmake", "--install", build, "--prefix", tmp / "prefix")
-        run("cmake", "-S", ROOT / "tests" / "reference" / "logits", "-B", tmp / "logits-build",
-            f"-DCMAKE_PREFIX_PATH={tmp / 'prefix'}", "-DCMAKE_BUILD_TYPE=Release")
-        run("cmake", "--build", tmp / "logits-build")
-        tinygpt, tool = tmp / "prefix" / "bin" / "tinygpt", tmp / "logits-build" / "tinygpt_logits"
+        tinygpt, tool = build_logits_tool(build, tmp)
         ok = all([check(tinygpt, tool, args.data, tmp, "no-bias", []),
                   check(tinygpt, tool, args.data, tmp, "bias", ["--bias"])])
     print("export checked: transformers computes what tinygpt computes" if ok else "FAIL: the export differs")

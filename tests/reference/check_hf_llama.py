@@ -39,28 +39,11 @@ except ImportError as e:
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from check_hf_export import ROOT, read_safetensors, run  # noqa: E402
+from check_hf_export import ROOT, build_logits_tool, read_safetensors, run  # noqa: E402
+from check_hf_import import token_bytes  # noqa: E402
 
 PROMPT = "ROMEO:\nWhat say you"
 NEW_TOKENS = 32
-
-
-def byte_decoder():
-    """GPT-2's byte-level alphabet back to bytes (the tokens of a byte-level BPE spell each byte by one character)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def token_bytes(tokenizer, ids):
-    """The bytes of token ids (a random model's greedy text need not be valid UTF-8)."""
-    decode = byte_decoder()
-    return b"".join(bytes(decode[ch] for ch in tok) for tok in tokenizer.convert_ids_to_tokens(ids))
 
 
 def randomize_norms_and_biases(model, gen):
@@ -89,7 +72,7 @@ def compare(tinygpt, logits_tool, model, tokenizer, run_dir, tmp, name):
                                capture_output=True).stdout.removesuffix(b"\n")
     with torch.no_grad():
         out = model.generate(**encoded, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0)
-    theirs_text = token_bytes(tokenizer, out[0].tolist())
+    theirs_text = token_bytes(tokenizer.backend_tokenizer, out[0].tolist())  # random text need not be UTF-8
     same_text = ours_text == theirs_text
     print(f"{name:<14} {model.__class__.__name__:<17} ids {'same' if same_ids else 'DIFFER'}   max |logits diff| "
           f"{diff:.2e} (logits up to {scale:.1f})   greedy text {'same' if same_text else 'DIFFERS'}")
@@ -177,11 +160,7 @@ def main():
                    tie_word_embeddings=True)
     with tempfile.TemporaryDirectory() as t:
         tmp = pathlib.Path(t)
-        run("cmake", "--install", build, "--prefix", tmp / "prefix")
-        run("cmake", "-S", ROOT / "tests" / "reference" / "logits", "-B", tmp / "logits-build",
-            f"-DCMAKE_PREFIX_PATH={tmp / 'prefix'}", "-DCMAKE_BUILD_TYPE=Release")
-        run("cmake", "--build", tmp / "logits-build")
-        tinygpt, tool = tmp / "prefix" / "bin" / "tinygpt", tmp / "logits-build" / "tinygpt_logits"
+        tinygpt, tool = build_logits_tool(build, tmp)
         tok_dir = tmp / "tok"
         tok_dir.mkdir()
         run(tinygpt, "tokenizer", "train", "--data", args.data, "--vocab-size", 1024, "--out", tok_dir / "tokenizer.json")
