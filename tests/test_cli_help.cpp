@@ -3,6 +3,7 @@
 // a command line, and the parsed settings must equal those of a command line that gives none of them.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <regex>
 #include <sstream>
 
@@ -63,6 +64,20 @@ TEST_CASE("cli: the defaults --help shows are the defaults used") {
     INFO("given back: " << [&] { std::string s; for (const auto& a : defaults) s += a + " "; return s; }());
     parse(reference, sub, required, {});
     parse(given, sub, required, defaults);
+    // Which flags were given is recorded at parse time (with --init-from or --resume they must agree with the
+    // checkpoint): every model flag given back is listed, none where none was given.
+    TrainConfig& g = given.train_config;
+    const TrainConfig& r = reference.train_config;
+    CHECK(r.model_flags_given.empty());
+    if (sub == "train") {
+      for (const char* key : {"n_layer", "n_kv_head", "block_size", "bias", "window", "attn_softcap", "ffn_hidden",
+                              "norm_eps", "rope_theta", "qkv_bias", "logit_softcap"}) {
+        CHECK_MESSAGE(std::ranges::count(g.model_flags_given, key) == 1, key);
+      }
+      CHECK(std::ranges::count(g.model_flags_given, "dropout") == 0);  // a fine-tune may change it
+    }
+    g.model_flags_given = r.model_flags_given;
+    g.numerics_flags_given = r.numerics_flags_given;
     CHECK(given.train_config == reference.train_config);
     CHECK(given.sample_args == reference.sample_args);
     CHECK(given.eval_args == reference.eval_args);

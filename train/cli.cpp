@@ -20,6 +20,7 @@
 #include "train/training_data.h"
 #include "train/checkpoint.h"
 #include "train/cli_tokenizer.h"
+#include "train/cli_train.h"
 #include "train/comm.h"
 #include "train/export.h"
 #include "train/import_hf.h"
@@ -45,6 +46,11 @@ Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
 }
 
 namespace fs = std::filesystem;
+
+CLI::Option* add_switch(CLI::App* cmd, const std::string& name, bool& value, const std::string& help) {
+  return cmd->add_flag(fmt::format("--{0},!--no-{0}", name), value,
+                       fmt::format("{} (default: --{}{})", help, value ? "" : "no-", name));
+}
 
 namespace {
 
@@ -93,10 +99,6 @@ class HelpFormatter : public CLI::Formatter {
   }
 };
 
-/// A negatable flag --name / --no-name bound to `value`; its help names the form in effect by default.
-void add_switch(CLI::App* cmd, const std::string& name, bool& value, const std::string& help) {
-  cmd->add_flag(fmt::format("--{0},!--no-{0}", name), value, fmt::format("{} (default: --{}{})", help, value ? "" : "no-", name));
-}
 
 void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
   cmd->add_option("--dtype", n.dtype, "fp32, or bf16: matmul operands (on the GPU and on CPUs with a bf16 unit also flash "
@@ -116,159 +118,6 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
 std::vector<int32_t> encode_flag_text(const data::Tokenizer& tok, const std::string& text, const char* flag) {
   const std::vector<uint32_t> ids = tok.encode(text, flag);
   return {ids.begin(), ids.end()};
-}
-
-/// train's model options: the GPT's shape, positions, attention and MLP variants.
-void add_model_options(CLI::App* cmd, nn::GPTConfig& m) {
-  cmd->add_option("--n-layer", m.n_layer, "Transformer blocks")->capture_default_str();
-  cmd->add_option("--n-head", m.n_head, "Attention heads")->capture_default_str();
-  cmd->add_option("--n-kv-head", m.n_kv_head, "Key/value heads (0: same as --n-head; fewer: grouped-query)")->capture_default_str();
-  cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str();
-  cmd->add_option("--block-size", m.block_size, "Context length in tokens")->capture_default_str();
-  cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str();
-  add_switch(cmd, "bias", m.bias, "Biases in Linear and LayerNorm layers");
-  std::vector<std::string> positions;
-  for (const nn::Positions p : {nn::Positions::Learned, nn::Positions::Rope, nn::Positions::Relative, nn::Positions::Alibi,
-                                nn::Positions::T5, nn::Positions::None}) {
-    positions.emplace_back(nn::positions_name(p));
-  }
-  cmd->add_option_function<std::string>("--pos", [&m](const std::string& name) { nn::parse_positions(name, m.pos); }, "Positions: learned (a table added to the embeddings, GPT-2), rope (rotary), relative "
-                  "(Shaw's relative position tables), alibi (fixed linear bias per head), t5 (T5's learned bias over "
-                  "distance buckets) or none; the last four depend on distances only, so sampling runs past the block")
-      ->check(CLI::IsMember(positions))
-      ->default_str(nn::positions_name(m.pos));
-  cmd->add_flag_callback("--rope", [&m] { m.pos = nn::Positions::Rope; }, "Same as --pos rope");
-  cmd->add_option("--max-relative-position", m.max_relative_position,
-                  "With --pos relative: distances are clipped to [-M, M], 2M + 1 learned rows per layer")->capture_default_str();
-  cmd->add_option("--window", m.window, "Sliding-window attention: each position sees the last W (0: the whole block)")
-      ->capture_default_str();
-  cmd->add_option("--softcap", m.attn_softcap, "Soft-cap attention logits: x -> CAP tanh(x / CAP) (0: off; Gemma 2 uses 50)")
-      ->capture_default_str();
-  cmd->add_option("--doc-sep", m.doc_separator, "Packed documents: the text that ends one (e.g. $'\\n\\n'); attention stays "
-                  "within a document, and sampling starts a fresh context after it (default: none)");
-  cmd->add_option_function<std::string>("--mlp", [&m](const std::string& name) { nn::parse_mlp(name, m.mlp); },
-                                        "The MLP: gelu (GPT-2), relu2 (relu(x)^2, modded-nanogpt) or swiglu (the Llama "
-                                        "family: silu(gate) * up, then down)")
-      ->check(CLI::IsMember({"gelu", "relu2", "swiglu"}))
-      ->default_str("gelu");
-  cmd->add_option("--ffn-hidden", m.ffn_hidden, "The MLP's inner width (0: 4 x --n-embd; swiglu: 8/3 x --n-embd rounded "
-                  "up to a multiple of 64)")->capture_default_str();
-  cmd->add_option_function<std::string>("--norm", [&m](const std::string& name) { nn::parse_norm(name, m.norm); },
-                                        "The blocks' and the final normalization: layernorm (GPT-2) or rmsnorm (the "
-                                        "Llama family; no bias)")
-      ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
-      ->default_str("layernorm");
-  cmd->add_option("--norm-eps", m.norm_eps, "The normalization's epsilon")->capture_default_str();
-  cmd->add_option("--rope-theta", m.rope_theta, "With --pos rope: the base of the rotation frequencies (Llama 2 "
-                  "10000, SmolLM2 100000, Llama 3 500000)")->capture_default_str();
-  add_switch(cmd, "qkv-bias", m.qkv_bias, "Biases in the q, k and v projections even without --bias (Qwen2)");
-  cmd->add_option_function<std::string>("--arch", [&m](const std::string& name) {
-        // The family's choices in one flag, set as it is parsed: the other model flags are applied after parsing,
-        // so any of them given beside it changes its value.
-        if (name == "llama") {
-          m.norm = nn::NormKind::RMSNorm, m.norm_eps = 1e-5, m.mlp = nn::MlpKind::SwiGLU, m.pos = nn::Positions::Rope;
-          m.bias = false, m.untied_head = false;
-        }
-      }, "gpt2 (the defaults) or llama: RMSNorm, a SwiGLU MLP, rotary positions, no biases (other model flags beside "
-         "it change any of these; add --n-kv-head for grouped-query heads, --rope-theta, --untied-head as wanted)")
-      ->check(CLI::IsMember({"gpt2", "llama"}))
-      ->trigger_on_parse();
-  cmd->add_option("--logit-softcap", m.logit_softcap, "Soft-cap the head's logits: x -> CAP tanh(x / CAP) (0: off; "
-                  "modded-nanogpt uses 15 to 30)")->capture_default_str();
-  cmd->add_flag("--zero-init-proj", m.zero_init_proj, "Start the residual output projections (attn.c_proj, mlp.c_proj) "
-                "at zero");
-  cmd->add_flag("--untied-head", m.untied_head, "Give the head its own weight (lm_head.weight) instead of the token "
-                "embedding's");
-  cmd->add_flag("--qk-norm", m.qk_norm, "QK-norm: LayerNorm each head's queries and keys (learned gains) before the "
-                "scores");
-}
-
-/// train's options of where and in what precision it computes.
-void add_numerics_options(CLI::App* cmd, TrainConfig& c) {
-  cmd->add_option("--device", c.device, "cpu or cuda")->capture_default_str();
-  cmd->add_option("--dtype", c.dtype, "fp32, or bf16 as autocast computes it: the matmuls' operands rounded to bf16 "
-                  "and their products summed in f32 (on the GPU on tensor cores, with bf16 flash attention); weights, "
-                  "gradients, optimizer state, LayerNorm, softmax and the loss stay f32. On the CPU: on the bf16 unit "
-                  "that does the most FLOPs a cycle, measured at start-up (AMX-BF16 tiles, or AVX512-BF16 as on AMD "
-                  "Zen 4; TINYGPT_CPU_BF16 picks one), for flash attention's products too, else rounded for the f32 "
-                  "units at fp32 speed (attention then stays f32; see --attention-math)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
-  add_switch(cmd, "tf32", c.tf32, "On the GPU, TF32 tensor cores for f32 matmuls");
-  add_switch(cmd, "cuda-graphs", c.cuda_graphs,
-             "On one GPU, capture the training step as a CUDA graph once and replay it "
-             "(the same work and results as queueing it op by op, without the launch overhead)");
-  cmd->add_option("--attention-math", c.attention_math,
-                  "The operands of flash attention's products: f32, bf16 (f32 accumulation and softmax; on the GPU on "
-                  "tensor cores, on the CPU on its bf16 unit where it has one, else rounded for the f32 units), or "
-                  "on the GPU tf32 (default: bf16 with --dtype bf16 on the GPU and on CPUs with a bf16 unit; on the GPU "
-                  "tf32 with TF32 matmuls; else f32)");
-  cmd->add_option("--storage", c.storage,
-                  "How activations and their gradients are stored between ops: f32, or bf16 (half the bytes; each op "
-                  "computes in f32 inside and rounds what it stores; weights, their gradients and the optimizer stay "
-                  "f32, the layers reading bf16 copies written after each update). bf16 needs --dtype bf16; "
-                  "attention reads q, k and v as stored, except with rope, QK-norm, score modifiers or "
-                  "documents, which run on f32 copies (default: bf16 with --dtype bf16 on the GPU and on CPUs with "
-                  "a bf16 unit, else f32)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
-}
-
-void add_train_command(CLI::App& app, TrainConfig& c) {
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on text files, over characters or a byte-level BPE (nanoGPT's "
-                                     "shakespeare_char defaults)");
-  cmd->add_option("--data", c.data, "Text to train on: files, directories (walked; text files only) and globs, repeatable; "
-                  "each file is a document")->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--tokenizer", c.tokenizer, "char (one token per character of the data), bpe (a byte-level BPE trained "
-                  "on the training documents first, saved as OUT/tokenizer.json), or a tokenizer.json file")
-      ->capture_default_str();
-  cmd->add_option("--vocab-size", c.vocab_size, "With --tokenizer bpe: its vocabulary, 257 to 65536 (default: 4096)");
-  cmd->add_flag("--doc-mask", c.doc_mask, "With a BPE: attention stays within documents (each file is one, ended by "
-                "<|endoftext|>)");
-  cmd->add_option("--init-from", c.init_from, "Fine-tune: start from this checkpoint's (or run directory's) weights and "
-                  "tokenizer with a fresh optimizer and schedule");
-  cmd->add_option("--out", c.out, "Run directory: checkpoints, metrics.jsonl, token cache")->capture_default_str();
-  add_model_options(cmd, c.model);
-  cmd->add_option("--batch-size", c.batch_size, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--max-iters", c.max_iters, "Training iterations (with --time-budget: at most this many, if given)")
-      ->capture_default_str();
-  cmd->add_option("--time-budget", c.time_budget, "Train for this many seconds of training steps (evaluations and "
-                  "checkpoints not counted), the cosine decay following the fraction of the budget used; 0: off, "
-                  "--max-iters and --lr-decay-iters decide")->capture_default_str();
-  cmd->add_option("--lr", c.lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--min-lr", c.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
-  cmd->add_option("--warmup-iters", c.warmup_iters, "Linear warmup iterations")->capture_default_str();
-  cmd->add_option("--lr-decay-iters", c.lr_decay_iters, "Iteration where the cosine decay reaches --min-lr")->capture_default_str();
-  cmd->add_option("--cooldown", c.cooldown, "0: cosine decay to --min-lr (nanoGPT); a fraction in (0, 1]: "
-                  "warmup-stable-decay, --lr held, then linear to --min-lr over this last fraction of the decay "
-                  "(of the iterations to --lr-decay-iters, or of --time-budget)")->capture_default_str();
-  cmd->add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices and embeddings only)")->capture_default_str();
-  cmd->add_option("--beta1", c.beta1, "AdamW beta1")->capture_default_str();
-  cmd->add_option("--beta2", c.beta2, "AdamW beta2")->capture_default_str();
-  cmd->add_option("--optimizer", c.optimizer, "adamw, or muon: Muon (orthogonalized momentum) for the blocks' weight "
-                  "matrices and AdamW for embeddings, head, gains and biases")
-      ->check(CLI::IsMember({"adamw", "muon"}))
-      ->capture_default_str();
-  cmd->add_option("--muon-lr", c.muon_lr, "With --optimizer muon: the matrices' peak rate (scheduled as --lr is)")
-      ->capture_default_str();
-  cmd->add_option("--muon-momentum", c.muon_momentum, "With --optimizer muon: Nesterov momentum")->capture_default_str();
-  cmd->add_option("--muon-weight-decay", c.muon_weight_decay, "With --optimizer muon: decoupled weight decay of the "
-                  "matrices")->capture_default_str();
-  cmd->add_option("--muon-scale", c.muon_scale, "With --optimizer muon: the rate per matrix shape (out A, in B): "
-                  "original sqrt(max(1, A/B)) or match-adamw 0.2 sqrt(max(A, B)) (AdamW's update size)")
-      ->check(CLI::IsMember({"original", "match-adamw"}))
-      ->capture_default_str();
-  cmd->add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (0: off)")->capture_default_str();
-  cmd->add_option("--grad-accum", c.grad_accum, "Micro-batches per optimizer step")->capture_default_str();
-  cmd->add_option("--bucket-mb", c.bucket_mb, "Several ranks on CPUs: sum the gradients over the ranks in buckets of this "
-                  "many MB as backward finishes them (0: all at once after backward)")->capture_default_str();
-  cmd->add_option("--eval-interval", c.eval_interval, "Iterations between evaluations and checkpoints")->capture_default_str();
-  cmd->add_option("--eval-iters", c.eval_iters, "Batches per evaluation of each split")->capture_default_str();
-  cmd->add_option("--log-interval", c.log_interval, "Iterations between log lines (metrics.jsonl gets every one)")->capture_default_str();
-  cmd->add_option("--train-fraction", c.train_fraction, "Leading fraction of the text used for training; the rest validates")->capture_default_str();
-  cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
-  add_numerics_options(cmd, c);
-  cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
-  cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
 }
 
 /// The position scheme and attention options of a model, for `info`: "relative positions (m = 16), window 64".
@@ -295,8 +144,7 @@ std::string describe_attention(const nn::GPTConfig& c) {
   return s;
 }
 
-void add_sample_command(CLI::App& app, SampleArgs& a) {
-  CLI::App* cmd = app.add_subcommand("sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)");
+void add_sample_options(CLI::App* cmd, SampleArgs& a) {
   cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
   cmd->add_option("--prompt", a.prompt, "Text to continue (printed first)")->capture_default_str();
   cmd->add_option("--max-new-tokens", a.gen.max_new_tokens, "Tokens to generate per sample")->capture_default_str();
@@ -309,9 +157,7 @@ void add_sample_command(CLI::App& app, SampleArgs& a) {
   add_numerics_flags(cmd, a.numerics);
 }
 
-void add_eval_command(CLI::App& app, EvalArgs& a) {
-  CLI::App* cmd = app.add_subcommand("eval", "Print a checkpoint's mean loss and bits per byte on the train and val splits "
-                                     "of text files");
+void add_eval_options(CLI::App* cmd, EvalArgs& a) {
   cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
   cmd->add_option("--data", a.data, "Text files, directories or globs, repeatable (a character model needs its characters "
                   "to be in the vocabulary; a BPE takes any text)")->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
@@ -526,6 +372,12 @@ void run_export(const ExportArgs& a) {
              hf_architecture(ckpt.config), ckpt.path.string());
 }
 
+void run_import(const ImportArgs& a) {
+  const fs::path path = import_hf(a.from, a.out);
+  fmt::print(stderr, "wrote {} from {}; sample with `tinygpt sample --ckpt {}`, fine-tune with `tinygpt train "
+             "--init-from {} --data ...`\n", path.string(), a.from, a.out, a.out);
+}
+
 void validate_eval(const EvalArgs& a) {
   validate_numerics(a.numerics, a.device);
   if (a.batch_size <= 0 || a.eval_iters <= 0) throw Error("--batch-size and --eval-iters must be positive");
@@ -572,39 +424,68 @@ Cli::Cli() {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one wins
   app.set_version_flag("--version", "tinygpt " TINYGPT_VERSION);
   app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  add_train_command(app, train_config);
-  add_sample_command(app, sample_args);
-  add_eval_command(app, eval_args);
-  add_tokenizer_command(app, tokenizer_args);
-  CLI::App* plot_cmd = app.add_subcommand("plot", "Draw a run's train and val loss curves as an SVG");
-  plot_cmd->add_option("--run", plot_run, "Run directory (its metrics.jsonl)")->required();
-  plot_cmd->add_option("--out", plot_out, "SVG file to write")->capture_default_str();
-  CLI::App* attn_cmd = app.add_subcommand("attention", "Draw a layer's attention weights over a text, per head, as an SVG");
-  attn_cmd->add_option("--ckpt", attention_args.ckpt, "Checkpoint file, or a run directory")->required();
-  attn_cmd->add_option("--text", attention_args.text, "Characters to run through the model (at most block_size)")->required();
-  attn_cmd->add_option("--layer", attention_args.layer, "Block whose attention to draw (0 = first)")->capture_default_str();
-  attn_cmd->add_option("--head", attention_args.heads, "Head(s) to draw, repeatable (default: all)")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  attn_cmd->add_option("--out", attention_args.out, "SVG file to write")->capture_default_str();
-  CLI::App* export_cmd = app.add_subcommand("export", "Write a checkpoint in another library's format (hf: a Hugging Face "
-                                            "GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM directory with its "
-                                            "tokenizer)");
-  export_cmd->add_option("--ckpt", export_args.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
-      ->required();
-  export_cmd->add_option("--format", export_args.format, "Format to write")->capture_default_str()->check(CLI::IsMember({"hf"}));
-  export_cmd->add_option("--out", export_args.out, "Directory to write (created; its config, weight and tokenizer "
-                                                   "files are overwritten)")->required();
-  CLI::App* import_cmd = app.add_subcommand("import", "Read another library's model as a tinygpt run (hf: a Hugging Face "
-                                            "GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM directory with its "
-                                            "byte-level BPE tokenizer.json)");
-  import_cmd->add_option("--format", import_args.format, "Format to read")->capture_default_str()->check(CLI::IsMember({"hf"}));
-  import_cmd->add_option("--from", import_args.from, "The model directory (config.json, model.safetensors or its shards, "
-                  "tokenizer.json)")
-      ->required();
-  import_cmd->add_option("--out", import_args.out, "Run directory to write (its ckpt_latest.safetensors)")->required();
-  app.add_subcommand("info", "Print a checkpoint's model, parameter count, iteration and losses")
-      ->add_option("--ckpt", info_ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
-      ->required();
+  const auto done = [](auto f) { return [f] { f(); return 0; }; };  // a run that ends in 0 unless it throws
+  commands = {
+      {"train", "Train a GPT on text files, over characters or a byte-level BPE (nanoGPT's shakespeare_char defaults)",
+       [this](CLI::App& c) { add_train_options(c, train_config); }, [this] { train_config.validate(); },
+       [this] { return run_train(train_config); }},
+      {"sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)",
+       [this](CLI::App& c) { add_sample_options(&c, sample_args); }, [this] { validate_sample(sample_args); },
+       done([this] { run_sample(sample_args); })},
+      {"eval", "Print a checkpoint's mean loss and bits per byte on the train and val splits of text files",
+       [this](CLI::App& c) { add_eval_options(&c, eval_args); }, [this] { validate_eval(eval_args); },
+       done([this] { run_eval(eval_args); })},
+      {"tokenizer", "Train a byte-level BPE on text files, or encode and decode with one",
+       [this](CLI::App& c) { add_tokenizer_options(c, tokenizer_args); },
+       [this] { validate_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args); },
+       done([this] { run_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args); })},
+      {"plot", "Draw a run's train and val loss curves as an SVG",
+       [this](CLI::App& c) {
+         c.add_option("--run", plot_run, "Run directory (its metrics.jsonl)")->required();
+         c.add_option("--out", plot_out, "SVG file to write")->capture_default_str();
+       },
+       [] {},
+       done([this] {
+         write_text_file(plot_out, loss_curves_svg(fs::path(plot_run) / "metrics.jsonl"));
+         fmt::print(stderr, "wrote {}\n", plot_out);
+       })},
+      {"attention", "Draw a layer's attention weights over a text, per head, as an SVG",
+       [this](CLI::App& c) {
+         c.add_option("--ckpt", attention_args.ckpt, "Checkpoint file, or a run directory")->required();
+         c.add_option("--text", attention_args.text, "Characters to run through the model (at most block_size)")->required();
+         c.add_option("--layer", attention_args.layer, "Block whose attention to draw (0 = first)")->capture_default_str();
+         c.add_option("--head", attention_args.heads, "Head(s) to draw, repeatable (default: all)")
+             ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+         c.add_option("--out", attention_args.out, "SVG file to write")->capture_default_str();
+       },
+       [this] { validate_attention(attention_args); }, done([this] { run_attention(attention_args); })},
+      {"export", "Write a checkpoint in another library's format (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM "
+                 "or Qwen2ForCausalLM directory with its tokenizer)",
+       [this](CLI::App& c) {
+         c.add_option("--ckpt", export_args.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+             ->required();
+         c.add_option("--format", export_args.format, "Format to write")->capture_default_str()->check(CLI::IsMember({"hf"}));
+         c.add_option("--out", export_args.out, "Directory to write (created; its config, weight and tokenizer files are "
+                                                "overwritten)")->required();
+       },
+       [] {}, done([this] { run_export(export_args); })},
+      {"import", "Read another library's model as a tinygpt run (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM or "
+                 "Qwen2ForCausalLM directory with its byte-level BPE tokenizer.json)",
+       [this](CLI::App& c) {
+         c.add_option("--format", import_args.format, "Format to read")->capture_default_str()->check(CLI::IsMember({"hf"}));
+         c.add_option("--from", import_args.from, "The model directory (config.json, model.safetensors or its shards, "
+                      "tokenizer.json)")->required();
+         c.add_option("--out", import_args.out, "Run directory to write (its ckpt_latest.safetensors)")->required();
+       },
+       [] {}, done([this] { run_import(import_args); })},
+      {"info", "Print a checkpoint's model, parameter count, iteration and losses",
+       [this](CLI::App& c) {
+         c.add_option("--ckpt", info_ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+             ->required();
+       },
+       [] {}, done([this] { run_info(info_ckpt); })},
+  };
+  for (const Command& c : commands) c.options(*app.add_subcommand(c.name, c.help));
   // The global options (declared on `app` above, and only there) in every position: after any subcommand and any
   // sub-subcommand too (`tinygpt tokenizer train ... --threads 2`).
   const auto fall_through = [](auto& self, CLI::App& parent) -> void {
@@ -616,12 +497,15 @@ Cli::Cli() {
   fall_through(fall_through, app);
 }
 
+const Command* Cli::chosen() const {
+  for (const Command& c : commands) {
+    if (app.got_subcommand(c.name)) return &c;
+  }
+  return nullptr;
+}
+
 void Cli::validate() const {
-  if (app.got_subcommand("train")) train_config.validate();
-  if (app.got_subcommand("sample")) validate_sample(sample_args);
-  if (app.got_subcommand("eval")) validate_eval(eval_args);
-  if (app.got_subcommand("tokenizer")) validate_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args);
-  if (app.got_subcommand("attention")) validate_attention(attention_args);
+  if (const Command* c = chosen()) c->validate();
 }
 
 int Cli::main(int argc, const char* const* argv) {
@@ -649,28 +533,6 @@ int Cli::main(int argc, const char* const* argv) {
 }
 
 int Cli::run() {
-  if (CLI::App* train_cmd = app.get_subcommand("train"); *train_cmd) {
-    for (const auto& [flag, key] : {std::pair{"--n-layer", "n_layer"}, {"--n-head", "n_head"}, {"--n-kv-head", "n_kv_head"},
-                                    {"--n-embd", "n_embd"}, {"--block-size", "block_size"}, {"--bias", "bias"}, {"--pos", "pos"},
-                                    {"--rope", "pos"}, {"--max-relative-position", "max_relative_position"},
-                                    {"--window", "window"}, {"--softcap", "attn_softcap"}, {"--doc-sep", "doc_separator"},
-                                    {"--mlp", "mlp"}, {"--ffn-hidden", "ffn_hidden"}, {"--norm", "norm"},
-                                    {"--norm-eps", "norm_eps"}, {"--rope-theta", "rope_theta"}, {"--qkv-bias", "qkv_bias"},
-                                    {"--logit-softcap", "logit_softcap"}, {"--zero-init-proj", "zero_init_proj"},
-                                    {"--untied-head", "untied_head"}, {"--qk-norm", "qk_norm"}}) {
-      if (train_cmd->count(flag) > 0) train_config.model_flags_given.emplace_back(key);
-    }
-    train_config.optimizer_given = train_cmd->count("--optimizer") > 0;
-    train_config.numerics_flags_given.clear();
-    for (const auto& [flag, key] : {std::pair{"--dtype", "dtype"}, {"--attention-math", "attention_math"},
-                                    {"--storage", "storage"}, {"--no-tf32", "tf32"}}) {
-      if (train_cmd->count(flag) > 0) train_config.numerics_flags_given.emplace_back(key);
-    }
-    // A time budget ends the run; --max-iters still caps it when given, and only then.
-    if (train_config.time_budget > 0 && train_cmd->count("--max-iters") == 0) {
-      train_config.max_iters = std::numeric_limits<int64_t>::max();
-    }
-  }
   if (threads > 0) omp_set_num_threads(threads);
   use_cpu_rates_cache();  // before anything asks which bf16 unit to use
   try {
@@ -679,40 +541,11 @@ int Cli::run() {
     print_error(e.what());
     return kUsageError;
   }
-  // --init-from or --resume with a flag the checkpoint contradicts is a usage error (a checkpoint that cannot be read
-  // is reported by the run itself).
-  if (app.got_subcommand("train") && (!train_config.init_from.empty() || train_config.resume)) {
-    std::optional<Checkpoint> saved;
-    try {
-      saved = load_checkpoint(train_config.resume ? fs::path(train_config.out) / kLatestCheckpoint
-                                                  : fs::path(train_config.init_from));
-    } catch (const std::exception&) {
-    }
-    try {
-      if (saved && train_config.resume) check_resume_flags(train_config, *saved);
-      if (saved && !train_config.resume) check_init_flags(train_config, saved->config);
-    } catch (const std::exception& e) {
-      print_error(e.what());
-      return kUsageError;
-    }
-  }
+  const Command* command = chosen();
+  if (command == nullptr) return kUsageError;  // the parser requires one; a Cli that was not parsed has none
+  int status = 0;
   try {
-    if (app.got_subcommand("train") && train(train_config).interrupted) return 130;
-    if (app.got_subcommand("sample")) run_sample(sample_args);
-    if (app.got_subcommand("eval")) run_eval(eval_args);
-    if (app.got_subcommand("tokenizer")) run_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args);
-    if (app.got_subcommand("info")) run_info(info_ckpt);
-    if (app.got_subcommand("plot")) {
-      write_text_file(plot_out, loss_curves_svg(fs::path(plot_run) / "metrics.jsonl"));
-      fmt::print(stderr, "wrote {}\n", plot_out);
-    }
-    if (app.got_subcommand("attention")) run_attention(attention_args);
-    if (app.got_subcommand("export")) run_export(export_args);
-    if (app.got_subcommand("import")) {
-      const fs::path path = import_hf(import_args.from, import_args.out);
-      fmt::print(stderr, "wrote {} from {}; sample with `tinygpt sample --ckpt {}`, fine-tune with `tinygpt train "
-                 "--init-from {} --data ...`\n", path.string(), import_args.from, import_args.out, import_args.out);
-    }
+    status = command->run();
   } catch (const UsageError& e) {
     std::fflush(stdout);
     end_job_on_error(e.what());
@@ -734,7 +567,7 @@ int Cli::run() {
     print_error(fmt::format("cannot write the output to stdout{}", err != 0 ? ": " + std::string(std::strerror(err)) : ""));
     return 1;
   }
-  return 0;
+  return status;
 }
 
 }  // namespace tinygpt

@@ -1,9 +1,11 @@
-// The tinygpt command line (CLI11): train, sample, eval, info, plot, attention, export. main() parses into a Cli and
-// runs it; the fuzzer parses arbitrary arguments into one and validates them without running anything.
+// The tinygpt command line (CLI11): a table of subcommands (train, sample, eval, tokenizer, plot, attention, export,
+// import, info). main() parses into a Cli and runs it; the fuzzer parses arbitrary arguments into one and validates
+// them without running anything.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,6 +80,20 @@ struct TokenizerArgs {
   bool operator==(const TokenizerArgs&) const = default;
 };
 
+/// A negatable flag --name / --no-name bound to `value`; its help names the form in effect by default.
+CLI::Option* add_switch(CLI::App* cmd, const std::string& name, bool& value, const std::string& help);
+
+/// A row of the command table: a subcommand's name and help, the options it adds to its CLI::App, the checks made
+/// after parsing without touching a file (an Error thrown is a usage error), and its run (the exit status; an Error
+/// thrown is exit 1, a UsageError exit 2). The parser, validate() and run() are driven by the table: a new command is
+/// one more row.
+struct Command {
+  std::string name, help;
+  std::function<void(CLI::App&)> options;
+  std::function<void()> validate;
+  std::function<int()> run;
+};
+
 struct Cli {
   Cli();
   Cli(const Cli&) = delete;
@@ -104,6 +120,10 @@ struct Cli {
   TokenizerArgs tokenizer_args;
   ImportArgs import_args;
   std::string plot_run, plot_out = "loss.svg", info_ckpt;
+  std::vector<Command> commands;  // filled by the constructor, one row per subcommand
+
+ private:
+  const Command* chosen() const;  // the subcommand parsed, or null
 };
 
 }  // namespace tinygpt

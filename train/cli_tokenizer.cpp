@@ -56,8 +56,8 @@ std::vector<uint32_t> parse_ids(const std::string& text, const data::Tokenizer& 
 
 }  // namespace
 
-void add_tokenizer_command(CLI::App& app, TokenizerArgs& a) {
-  CLI::App* cmd = app.add_subcommand("tokenizer", "Train a byte-level BPE on text files, or encode and decode with one");
+void add_tokenizer_options(CLI::App& tokenizer, TokenizerArgs& a) {
+  CLI::App* cmd = &tokenizer;
   cmd->require_subcommand(1);
   CLI::App* train = cmd->add_subcommand("train", "Learn a byte-level BPE (GPT-2's pre-split) from text files and write it as "
                                         "a Hugging Face tokenizer.json");

@@ -8,8 +8,8 @@
 
 namespace tinygpt {
 
-/// `tokenizer train | encode | decode` and their options, filling `a`.
-void add_tokenizer_command(CLI::App& app, TokenizerArgs& a);
+/// `tokenizer`'s subcommands train, encode and decode and their options, filling `a`.
+void add_tokenizer_options(CLI::App& tokenizer, TokenizerArgs& a);
 /// The checks CLI11 cannot make (which sources and outputs go together); throws Error.
 void validate_tokenizer(const CLI::App& app, const TokenizerArgs& a);
 /// Runs the subcommand `app` parsed.
