@@ -14,135 +14,6 @@
 
 namespace tinygpt::data {
 
-namespace {
-
-// --- GPT-2's pre-split, by hand: the pattern's alternatives in order, on UTF-8 bytes ---
-
-enum class Class : uint8_t { Letter, Number, Space, Other };
-
-struct Char {
-  Class cls;
-  uint8_t len;  // bytes
-};
-
-template <size_t N>
-bool in_ranges(const unicode::CodeRange (&ranges)[N], char32_t c) {
-  const auto* it = std::upper_bound(std::begin(ranges), std::end(ranges), c,
-                                    [](char32_t v, const unicode::CodeRange& r) { return v < r.first; });
-  return it != std::begin(ranges) && c <= (it - 1)->last;
-}
-
-/// Unicode's White_Space property (what \s matches in the regex engines of `tokenizers` and tiktoken).
-bool is_space(char32_t c) {
-  return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
-Class classify(char32_t c) {
-  if (in_ranges(unicode::kLetters, c)) return Class::Letter;
-  if (in_ranges(unicode::kNumbers, c)) return Class::Number;
-  return is_space(c) ? Class::Space : Class::Other;
-}
-
-struct AsciiClasses {
-  std::array<Class, 128> cls{};
-  AsciiClasses() {
-    for (char32_t c = 0; c < 128; ++c) cls[c] = classify(c);
-  }
-};
-const AsciiClasses kAscii;
-
-/// The character at text[i]: a valid UTF-8 sequence, or one byte of Class::Other.
-Char char_at(std::string_view text, size_t i) {
-  const auto b0 = uint8_t(text[i]);
-  if (b0 < 0x80) return {kAscii.cls[b0], 1};
-  const Utf8Char c = decode_utf8_at(text, i);
-  if (c.len == 0) return {Class::Other, 1};
-  return {classify(c.cp), uint8_t(c.len)};
-}
-
-/// The end of the run of characters of class `cls` that starts at `i`.
-size_t run_end(std::string_view text, size_t i, Class cls) {
-  while (i < text.size()) {
-    const Char c = char_at(text, i);
-    if (c.cls != cls) break;
-    i += c.len;
-  }
-  return i;
-}
-
-}  // namespace
-
-size_t next_number(std::string_view text, size_t pos) {
-  while (pos < text.size()) {
-    const Char c = char_at(text, pos);
-    if (c.cls == Class::Number) return pos;
-    pos += c.len;
-  }
-  return text.size();
-}
-
-size_t char_length(std::string_view text, size_t pos) { return char_at(text, pos).len; }
-
-size_t gpt2_piece_length(std::string_view text, size_t pos) {
-  const size_t n = text.size();
-  const char b0 = text[pos];
-  // 's|'t|'re|'ve|'m|'ll|'d
-  if (b0 == '\'' && pos + 1 < n) {
-    const char b1 = text[pos + 1];
-    if (b1 == 's' || b1 == 't' || b1 == 'm' || b1 == 'd') return 2;
-    if (pos + 2 < n) {
-      const char b2 = text[pos + 2];
-      if ((b1 == 'r' && b2 == 'e') || (b1 == 'v' && b2 == 'e') || (b1 == 'l' && b2 == 'l')) return 3;
-    }
-  }
-  const Char c0 = char_at(text, pos);
-  // ' ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+': an optional space, then a run of one class
-  size_t start = pos;
-  Class cls = c0.cls;
-  if (b0 == ' ' && pos + 1 < n) {
-    const Char c1 = char_at(text, pos + 1);
-    if (c1.cls != Class::Space) start = pos + 1, cls = c1.cls;
-  }
-  if (cls != Class::Space) return run_end(text, start, cls) - pos;
-  // '\s+(?!\S)|\s+': a whitespace run, less its last character when a non-space follows and it has more than one
-  size_t end = pos, last = pos;
-  while (end < n) {
-    const Char c = char_at(text, end);
-    if (c.cls != Class::Space) break;
-    last = end;
-    end += c.len;
-  }
-  if (end < n && last > pos) return last - pos;
-  return end - pos;
-}
-
-void PieceCounts::add_text(std::string_view text) {
-  for_each_piece(text, [&](std::string_view piece) { ++counts_[piece]; });
-}
-
-void PieceCounts::merge(const PieceCounts& other) {
-  other.counts_.for_each([&](std::string_view piece, int64_t count) { counts_[piece] += count; });
-}
-
-std::vector<size_t> cut_points(std::string_view text, size_t target) {
-  std::vector<size_t> cuts{0};
-  target = std::max<size_t>(target, 1);
-  for (size_t next = target; next < text.size();) {
-    const size_t nl = text.find('\n', next - 1);
-    if (nl == std::string_view::npos || nl + 1 >= text.size()) break;
-    const auto before = nl > 0 ? uint8_t(text[nl - 1]) : uint8_t(0), after = uint8_t(text[nl + 1]);
-    if (before > 0x20 && before < 0x7f && after > 0x20 && after < 0x7f) {
-      cuts.push_back(nl + 1);
-      next = nl + 1 + target;
-    } else {
-      next = nl + 2;
-    }
-  }
-  cuts.push_back(text.size());
-  return cuts;
-}
-
 // --- The tokenizer ---
 
 namespace {
@@ -258,6 +129,18 @@ BpeTokenizer::BpeTokenizer() {
 }
 
 void BpeTokenizer::index() {
+  std::sort(added_.begin(), added_.end(), [](const Added& a, const Added& b) { return a.id < b.id; });
+  for (int mode = 0; mode < 2; ++mode) {
+    std::vector<uint32_t>& m = matched_[size_t(mode)];
+    m.clear();
+    first_byte_[size_t(mode)].fill(false);
+    for (uint32_t i = 0; i < added_.size(); ++i) {
+      if (added_[i].content.empty() || (added_[i].special && Specials(mode) == Specials::AsText)) continue;
+      m.push_back(i);
+      first_byte_[size_t(mode)][uint8_t(added_[i].content[0])] = true;
+    }
+    std::stable_sort(m.begin(), m.end(), [&](uint32_t a, uint32_t b) { return added_[a].content.size() > added_[b].content.size(); });
+  }
   merge_of_.clear();
   merge_of_.reserve(merges_.size() * 2);
   for (size_t r = 0; r < merges_.size(); ++r) {
@@ -415,9 +298,9 @@ class MergeLearner {
 }  // namespace
 
 BpeTokenizer BpeTokenizer::train(const PieceCounts& counts, const TrainOptions& options) {
-  if (options.vocab_size < kMinBpeVocab || options.vocab_size > kMaxBpeVocab) {
+  if (options.vocab_size < kMinBpeVocab || options.vocab_size > kMaxTrainedBpeVocab) {
     throw Error(fmt::format("the vocabulary size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
-                            kMinBpeVocab, kMaxBpeVocab, options.vocab_size));
+                            kMinBpeVocab, kMaxTrainedBpeVocab, options.vocab_size));
   }
   BpeTokenizer tok;
   MergeLearner learner(counts);
@@ -439,7 +322,9 @@ BpeTokenizer BpeTokenizer::train(const PieceCounts& counts, const TrainOptions& 
     if (options.progress) options.progress(int64_t(tok.merges_.size()), wanted);
   }
   tok.end_of_text_ = int32_t(tok.tokens_.size());
+  tok.added_.push_back({uint32_t(tok.tokens_.size()), std::string(kEndOfText), true});
   tok.tokens_.emplace_back(kEndOfText);
+  tok.model_vocab_ = tok.tokens_.size();
   tok.index();
   return tok;
 }
@@ -486,7 +371,51 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>& o
   for (int32_t i = 0; i >= 0; i = sym[size_t(i)].next) out.push_back(sym[size_t(i)].id);
 }
 
-void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out, Cache& cache) const {
+int32_t BpeTokenizer::added_id(std::string_view content) const {
+  for (const Added& a : added_) {
+    if (a.content == content) return int32_t(a.id);
+  }
+  return -1;
+}
+
+void BpeTokenizer::set_end_of_text(int32_t id) {
+  for (const Added& a : added_) {
+    if (int32_t(a.id) == id) {
+      end_of_text_ = id;
+      return;
+    }
+  }
+  throw Error(fmt::format("token {} cannot end documents: it is not an added token of the tokenizer", id));
+}
+
+void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out, Cache& cache, Specials specials) const {
+  const std::vector<uint32_t>& matched = matched_[size_t(specials)];
+  if (matched.empty()) return encode_text(text, out, cache);
+  const std::array<bool, 256>& first = first_byte_[size_t(specials)];
+  size_t start = 0;  // leftmost-longest, as `tokenizers` matches added tokens
+  for (size_t pos = 0; pos < text.size();) {
+    const Added* hit = nullptr;
+    if (first[uint8_t(text[pos])]) {
+      for (const uint32_t i : matched) {
+        if (text.substr(pos, added_[i].content.size()) == added_[i].content) {
+          hit = &added_[i];
+          break;
+        }
+      }
+    }
+    if (hit == nullptr) {
+      ++pos;
+      continue;
+    }
+    encode_text(text.substr(start, pos - start), out, cache);
+    out.push_back(hit->id);
+    pos += hit->content.size();
+    start = pos;
+  }
+  encode_text(text.substr(start), out, cache);
+}
+
+void BpeTokenizer::encode_text(std::string_view text, std::vector<uint32_t>& out, Cache& cache) const {
   for_each_piece(text, [&](std::string_view piece) {
     if (piece.size() == 1) {
       out.push_back(byte_ids_[uint8_t(piece[0])]);
@@ -505,7 +434,7 @@ void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out, Cac
     }
     cache.pieces_[piece] = {uint32_t(cache.ids_.size()), uint32_t(out.size() - before)};
     cache.ids_.insert(cache.ids_.end(), out.begin() + std::ptrdiff_t(before), out.end());
-  }, individual_digits_);
+  }, individual_digits_, pre_split_);
 }
 
 std::string BpeTokenizer::decode(const std::vector<uint32_t>& ids) const {
@@ -523,36 +452,43 @@ std::string BpeTokenizer::decode(const std::vector<uint32_t>& ids) const {
 
 std::string BpeTokenizer::to_json() const {
   using ojson = nlohmann::ordered_json;
+  std::vector<bool> is_added(tokens_.size(), false);
+  for (const Added& a : added_) is_added[a.id] = true;
   ojson vocab = ojson::object();
-  for (size_t id = 0; id < tokens_.size(); ++id) {
-    vocab[int32_t(id) == end_of_text_ ? tokens_[id] : kByteChars.spell(tokens_[id])] = id;
-  }
+  for (size_t id = 0; id < model_vocab_; ++id) vocab[is_added[id] ? tokens_[id] : kByteChars.spell(tokens_[id])] = id;
   ojson merges = ojson::array();
   for (const Merge& m : merges_) merges.push_back(kByteChars.spell(tokens_[m.left]) + " " + kByteChars.spell(tokens_[m.right]));
   ojson added = ojson::array();
-  if (end_of_text_ >= 0) {
-    added.push_back({{"id", end_of_text_}, {"content", kEndOfText}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  for (const Added& a : added_) {
+    added.push_back({{"id", a.id}, {"content", a.content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                     {"normalized", false}, {"special", a.special}});
   }
   const ojson byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  const ojson split = {{"type", "Split"}, {"pattern", {{"Regex", pattern_of(pre_split_)}}}, {"behavior", "Isolated"},
+                       {"invert", false}};
+  ojson pre = individual_digits_
+                  ? ojson{{"type", "Sequence"},
+                          {"pretokenizers", ojson::array({{{"type", "Digits"}, {"individual_digits", true}},
+                                                          {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                                                           {"trim_offsets", true}, {"use_regex", true}}})}}
+                  : ojson{{"type", "Sequence"}, {"pretokenizers", ojson::array({split, byte_level})}};
+  ojson post = nullptr;
+  if (bos_ >= 0) {  // the bos before each text (and each of a pair), as Llama 3's TemplateProcessing
+    const std::string& bos = tokens_[size_t(bos_)];
+    const ojson b = {{"SpecialToken", {{"id", bos}, {"type_id", 0}}}};
+    post = {{"type", "TemplateProcessing"},
+            {"single", ojson::array({b, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+            {"pair", ojson::array({b, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, b, {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}})},
+            {"special_tokens", {{bos, {{"id", bos}, {"ids", {bos_}}, {"tokens", {bos}}}}}}};
+  }
   ojson j = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens", added},
       {"normalizer", nullptr},
-      {"pre_tokenizer",
-       individual_digits_
-           ? ojson{{"type", "Sequence"},
-                   {"pretokenizers", ojson::array({{{"type", "Digits"}, {"individual_digits", true}},
-                                                   {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                                                    {"trim_offsets", true}, {"use_regex", true}}})}}
-           : ojson{{"type", "Sequence"},
-                   {"pretokenizers",
-                    ojson::array({{{"type", "Split"}, {"pattern", {{"Regex", kGpt2Pattern}}}, {"behavior", "Isolated"},
-                                   {"invert", false}},
-                                  byte_level})}}},
-      {"post_processor", nullptr},
+      {"pre_tokenizer", pre},
+      {"post_processor", post},
       {"decoder", byte_level},
       {"model",
        {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
@@ -564,9 +500,10 @@ std::string BpeTokenizer::to_json() const {
 
 namespace {
 
-/// Whether a pre_tokenizer is GPT-2's split followed by the byte-level mapping, or that after a Digits pre-tokenizer
-/// with individual_digits (then `digits` is set); `why` says what is not.
-bool is_gpt2_pre_tokenizer(const nlohmann::json& p, std::string& why, bool& digits) {
+/// Whether a pre_tokenizer is a split tinygpt knows (GPT-2's, Llama 3's, Qwen2's: set in `split`) followed by the
+/// byte-level mapping, or that after a Digits pre-tokenizer with individual_digits (then `digits` is set); `why` says
+/// what is not.
+bool read_pre_tokenizer(const nlohmann::json& p, std::string& why, bool& digits, PreSplit& split_kind) {
   const auto type = [](const nlohmann::json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; };
   if (type(p) == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].is_array() &&
       !p["pretokenizers"].empty() && type(p["pretokenizers"][0]) == "Digits") {
@@ -576,7 +513,7 @@ bool is_gpt2_pre_tokenizer(const nlohmann::json& p, std::string& why, bool& digi
     rest["pretokenizers"].erase(0);
     if (rest["pretokenizers"].size() == 1) rest = rest["pretokenizers"][0];
     bool again = false;
-    if (!is_gpt2_pre_tokenizer(rest, why, again) || again) return false;
+    if (!read_pre_tokenizer(rest, why, again, split_kind) || again) return false;
     return digits = true;
   }
   if (type(p) == "ByteLevel") {
@@ -591,13 +528,62 @@ bool is_gpt2_pre_tokenizer(const nlohmann::json& p, std::string& why, bool& digi
         split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() && type(bl) == "ByteLevel" &&
         !bl.value("use_regex", true) && !bl.value("add_prefix_space", false) && split.value("behavior", "") == "Isolated" &&
         !split.value("invert", false)) {
-      if (split["pattern"]["Regex"].get<std::string>() == kGpt2Pattern) return true;
-      why = fmt::format("the split pattern {} (tinygpt knows GPT-2's, {})", split["pattern"]["Regex"].dump(), kGpt2Pattern);
+      for (const PreSplit known : {PreSplit::Gpt2, PreSplit::Llama3, PreSplit::Qwen2}) {
+        if (split["pattern"]["Regex"].get<std::string>() == pattern_of(known)) return split_kind = known, true;
+      }
+      why = fmt::format("the split pattern {:.300} (tinygpt knows GPT-2's, Llama 3's and Qwen2's: {}, {}, {})",
+                        split["pattern"]["Regex"].dump(), kGpt2Pattern, kLlama3Pattern, kQwen2Pattern);
       return false;
     }
   }
   why = fmt::format("the pre-tokenizer {:.200}", p.dump());
   return false;
+}
+
+/// The bos id a post_processor puts before a text (-1: none): null, ByteLevel, a TemplateProcessing whose single
+/// template is [bos, A] or [A], or a Sequence of those. Throws bad(...) for any other.
+template <class Bad>
+int32_t read_post_processor(const nlohmann::json& p, const BpeTokenizer& tok, const Bad& bad) {
+  if (p.is_null()) return -1;
+  const std::string type = p.is_object() ? p.value("type", std::string()) : std::string();
+  if (type == "ByteLevel") return -1;
+  if (type == "Sequence" && p.contains("processors") && p["processors"].is_array()) {
+    int32_t bos = -1;
+    for (const auto& q : p["processors"]) bos = std::max(bos, read_post_processor(q, tok, bad));
+    return bos;
+  }
+  if (type == "TemplateProcessing" && p.contains("single") && p["single"].is_array()) {
+    const auto& single = p["single"];
+    const auto is_sequence = [](const nlohmann::json& piece) { return piece.is_object() && piece.contains("Sequence"); };
+    if (single.size() == 1 && is_sequence(single[0])) return -1;
+    if (single.size() == 2 && is_sequence(single[1]) && single[0].is_object() && single[0].contains("SpecialToken") &&
+        single[0]["SpecialToken"].is_object() && single[0]["SpecialToken"].contains("id") &&
+        single[0]["SpecialToken"]["id"].is_string()) {
+      const std::string name = single[0]["SpecialToken"]["id"].get<std::string>();
+      const int32_t id = tok.added_id(name);
+      if (id < 0) throw bad(fmt::format("its post-processor adds {}, which is not an added token", nlohmann::json(name).dump()));
+      return id;
+    }
+    throw bad(fmt::format("its post-processor's template {:.200} (tinygpt adds at most a bos before the text)", single.dump()));
+  }
+  throw bad(fmt::format("the post-processor {:.200}", p.dump()));
+}
+
+/// A merge as tokenizer.json spells it ("a b", or ["a", "b"] as tokenizers 0.20 and later write it): its two tokens.
+template <class Bad>
+std::pair<std::string, std::string> merge_pair(const nlohmann::json& merge, const Bad& bad) {
+  if (merge.is_string()) {
+    const std::string s = merge.get<std::string>();
+    const size_t space = s.find(' ');
+    if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+      throw bad(fmt::format("merge {} is not two tokens separated by one space", merge.dump()));
+    }
+    return {s.substr(0, space), s.substr(space + 1)};
+  }
+  if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+    return {merge[0].get<std::string>(), merge[1].get<std::string>()};
+  }
+  throw bad(fmt::format("merge {:.100} is neither \"a b\" nor [\"a\", \"b\"]", merge.dump()));
 }
 
 }  // namespace
@@ -614,7 +600,8 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
   if (j.contains("normalizer") && !j["normalizer"].is_null()) throw bad("it has a normalizer");
   std::string why;
   bool digits = false;
-  if (!j.contains("pre_tokenizer") || !is_gpt2_pre_tokenizer(j["pre_tokenizer"], why, digits)) {
+  PreSplit split = PreSplit::Gpt2;
+  if (!j.contains("pre_tokenizer") || !read_pre_tokenizer(j["pre_tokenizer"], why, digits, split)) {
     throw bad(why.empty() ? "no pre_tokenizer" : why);
   }
   if (m.contains("ignore_merges") && m["ignore_merges"].is_boolean() && m["ignore_merges"].get<bool>()) {
@@ -632,6 +619,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
 
   BpeTokenizer tok;
   tok.individual_digits_ = digits;
+  tok.pre_split_ = split;
   tok.tokens_.assign(vocab.size(), std::string());
   std::vector<bool> seen(vocab.size(), false);
   std::unordered_map<std::string, uint32_t> id_of;  // spelled token -> id
@@ -654,25 +642,14 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
   }
   if (!m.contains("merges") || !m["merges"].is_array()) throw bad("no merges array");
   for (const auto& merge : m["merges"]) {
-    std::string left, right;
-    if (merge.is_string()) {
-      const std::string s = merge.get<std::string>();
-      const size_t space = s.find(' ');
-      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
-        throw bad(fmt::format("merge {} is not two tokens separated by one space", merge.dump()));
-      }
-      left = s.substr(0, space), right = s.substr(space + 1);
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
-      left = merge[0].get<std::string>(), right = merge[1].get<std::string>();
-    } else {
-      throw bad(fmt::format("merge {:.100} is neither \"a b\" nor [\"a\", \"b\"]", merge.dump()));
-    }
+    const auto [left, right] = merge_pair(merge, bad);
     const auto l = id_of.find(left), r = id_of.find(right), result = id_of.find(left + right);
     if (l == id_of.end() || r == id_of.end() || result == id_of.end()) {
       throw bad(fmt::format("merge {:.100} names a token that is not in the vocabulary", merge.dump()));
     }
     tok.merges_.push_back({l->second, r->second, result->second});
   }
+  tok.model_vocab_ = tok.tokens_.size();
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const auto& t : j["added_tokens"]) {
       if (!t.is_object() || !t.contains("id") || !t["id"].is_number_unsigned() || !t.contains("content") ||
@@ -681,6 +658,9 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
       }
       const auto id = t["id"].get<uint64_t>();
       const std::string content = t["content"].get<std::string>();
+      for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+        if (t.value(flag, false)) throw bad(fmt::format("added token {} has {} set", nlohmann::json(content).dump(), flag));
+      }
       if (id == tok.tokens_.size() && int64_t(id) < kMaxBpeVocab) {
         tok.tokens_.push_back(content);
       } else if (id > tok.tokens_.size()) {
@@ -688,9 +668,14 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
       } else {
         tok.tokens_[id] = content;
       }
+      for (const Added& a : tok.added_) {
+        if (a.id == id) throw bad(fmt::format("id {} is given to two added tokens", id));
+      }
+      tok.added_.push_back({uint32_t(id), content, t.value("special", false)});
       if (content == kEndOfText) tok.end_of_text_ = int32_t(id);
     }
   }
+  if (j.contains("post_processor")) tok.bos_ = read_post_processor(j["post_processor"], tok, bad);
   tok.index();
   return tok;
 }

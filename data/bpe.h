@@ -1,7 +1,8 @@
-// Byte-level BPE, as GPT-2 and its successors tokenize: the text's bytes are cut into pieces by GPT-2's pre-split
-// pattern (contractions, letter runs, number runs, runs of other characters, whitespace), and each piece's bytes are
-// merged pairwise by a ranked list of merges learned from a corpus. Every byte string encodes and decodes back
-// exactly (all 256 bytes are tokens); one special token, <|endoftext|>, ends each document. Reads and writes
+// Byte-level BPE, as GPT-2 and its successors tokenize: added tokens (<|endoftext|>, <|im_start|>) are matched whole
+// first, the rest of the text's bytes are cut into pieces by a pre-split pattern (GPT-2's, Llama 3's or Qwen2's:
+// contractions, letter runs, number runs, runs of other characters, whitespace), and each piece's bytes are merged
+// pairwise by a ranked list of merges learned from a corpus. Every byte string encodes and decodes back exactly (all
+// 256 bytes are tokens); one special token, <|endoftext|> unless the model names another, ends each document. Reads and writes
 // Hugging Face's tokenizer.json, so `tokenizers`, `transformers` and tiktoken (given the same pattern and ranks) give
 // the same ids.
 #pragma once
@@ -14,69 +15,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pre_split.h"
 #include "string_map.h"
 
 namespace tinygpt::data {
 
-/// GPT-2's pre-split pattern, as `tokenizers`' ByteLevel pre-tokenizer and tiktoken's "gpt2" encoding spell it.
-inline constexpr std::string_view kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 inline constexpr std::string_view kEndOfText = "<|endoftext|>";
-/// Vocabulary sizes a BPE may have: the 256 bytes and <|endoftext|> at least; ids are stored in 16 bits.
-inline constexpr int64_t kMinBpeVocab = 257, kMaxBpeVocab = 65536;
-
-/// The length in bytes of the pre-split piece of `text` that starts at byte `pos` (< text.size()), as the regex
-/// kGpt2Pattern would match it. Bytes that are not valid UTF-8 count as characters of their own, neither letter,
-/// number nor space.
-size_t gpt2_piece_length(std::string_view text, size_t pos);
-
-/// Where the next number character (\p{N}) at or after byte `pos` starts, or text.size(); and the byte length of the
-/// character at `pos` (1 for a byte that is not valid UTF-8).
-size_t next_number(std::string_view text, size_t pos);
-size_t char_length(std::string_view text, size_t pos);
-
-/// Calls f(piece) for each pre-split piece of `text`, in order; the pieces concatenate to `text`. With
-/// individual_digits, as `tokenizers`' Digits(individual_digits) before the byte-level split (SmolLM2's, StarCoder's):
-/// each number character is a piece of its own, and GPT-2's split runs on the text between them.
-template <class F>
-void for_each_piece(std::string_view text, F&& f, bool individual_digits = false) {
-  const auto gpt2 = [&f](std::string_view part) {
-    for (size_t pos = 0; pos < part.size();) {
-      const size_t n = gpt2_piece_length(part, pos);
-      f(part.substr(pos, n));
-      pos += n;
-    }
-  };
-  if (!individual_digits) return gpt2(text);
-  for (size_t pos = 0; pos < text.size();) {
-    const size_t digit = next_number(text, pos);
-    gpt2(text.substr(pos, digit - pos));
-    if (digit == text.size()) break;
-    const size_t n = char_length(text, digit);
-    f(text.substr(digit, n));
-    pos = digit + n;
-  }
-}
-
-/// How often each pre-split piece occurs in a corpus: what BPE training reads.
-class PieceCounts {
- public:
-  /// Counts the pieces of `text` (one document, or a part of one cut where a piece ends).
-  void add_text(std::string_view text);
-  void add(std::string_view piece, int64_t count) { counts_[piece] += count; }
-  /// Adds another's counts to these.
-  void merge(const PieceCounts& other);
-  size_t unique() const { return counts_.size(); }
-  const StringMap<int64_t>& map() const { return counts_; }
-
- private:
-  StringMap<int64_t> counts_;
-};
-
-/// Where a byte-string can be cut into independent parts for counting or encoding in parallel: the offsets just
-/// after a '\n' between two printable ASCII characters (a lone newline is a piece of its own whatever follows it, so
-/// the parts split into the same pieces as the whole), about `target` bytes apart. Returns the cut points, the first 0 and the last text.size().
-std::vector<size_t> cut_points(std::string_view text, size_t target);
+/// Vocabulary sizes a BPE may have: the 256 bytes and <|endoftext|> at least, at most Gemma's 262,144.
+inline constexpr int64_t kMinBpeVocab = 257, kMaxBpeVocab = 262144;
+/// The largest vocabulary `tokenizer train` and `train --tokenizer bpe` learn (their ids are stored in 16 bits).
+inline constexpr int64_t kMaxTrainedBpeVocab = 65536;
 
 class BpeTokenizer {
  public:
@@ -92,18 +40,35 @@ class BpeTokenizer {
   /// pair (ties: the smaller pair of ids), skipping a pair whose bytes are already a token.
   static BpeTokenizer train(const PieceCounts& counts, const TrainOptions& options);
 
-  /// Reads a Hugging Face tokenizer.json of a byte-level BPE (GPT-2's pre-split, as a ByteLevel pre-tokenizer with
-  /// use_regex or a Split of kGpt2Pattern before one without, either after a Digits pre-tokenizer with
-  /// individual_digits as SmolLM2's): `what` names the source in errors. Throws Error naming
-  /// what is wrong: not JSON, another model or pre-tokenizer, a byte without a token, a merge of unknown tokens,
-  /// duplicate ids, more than kMaxBpeVocab tokens.
+  /// Reads a Hugging Face tokenizer.json of a byte-level BPE: GPT-2's pre-split (a ByteLevel pre-tokenizer with
+  /// use_regex, or a Split of kGpt2Pattern before one without, either after a Digits pre-tokenizer with
+  /// individual_digits as SmolLM2's), or a Split of Llama 3's or Qwen2's pattern before a ByteLevel without; its added
+  /// tokens; a post-processor that adds a bos (TemplateProcessing). `what` names the source in errors. Throws Error
+  /// naming what is wrong: not JSON, another model, normalizer, pre-tokenizer or post-processor, a byte without a
+  /// token, a merge of unknown tokens, duplicate ids, more than kMaxBpeVocab tokens.
   static BpeTokenizer from_json(std::string_view text, const std::string& what);
   /// This tokenizer as a Hugging Face tokenizer.json.
   std::string to_json() const;
 
   int64_t vocab_size() const { return int64_t(tokens_.size()); }
-  /// The id of <|endoftext|>, or -1 when the tokenizer has none.
+  /// The id of the token that ends a document (<|endoftext|>, unless set_end_of_text chose another), or -1.
   int32_t end_of_text() const { return end_of_text_; }
+  /// Makes `id` (an added token) the end of a document: the model's eos where it is not <|endoftext|> (Llama 3's
+  /// <|end_of_text|>). Throws Error for an id that is not an added token.
+  void set_end_of_text(int32_t id);
+  /// The id the post-processor puts before each text (Llama 3's <|begin_of_text|>), or -1.
+  int32_t begin_of_text() const { return bos_; }
+  PreSplit pre_split() const { return pre_split_; }
+  /// The tokens added to the vocabulary outside the merges (<|endoftext|>, <|im_start|>, ...), in id order; special
+  /// ones (`special`) are matched in a text only when the encoding asks for them.
+  struct Added {
+    uint32_t id;
+    std::string content;
+    bool special;
+  };
+  const std::vector<Added>& added() const { return added_; }
+  /// The id of an added token's text, or -1.
+  int32_t added_id(std::string_view content) const;
   /// Whether each number character is a piece of its own (a Digits pre-tokenizer before the byte-level split).
   bool individual_digits() const { return individual_digits_; }
   int64_t merges() const { return int64_t(merges_.size()); }
@@ -121,11 +86,15 @@ class BpeTokenizer {
     std::vector<uint32_t> ids_;
     size_t max_pieces_;
   };
-  /// Appends the ids of `text` (any bytes) to `out`; special tokens' text is encoded as ordinary text.
-  void encode(std::string_view text, std::vector<uint32_t>& out, Cache& cache) const;
-  void encode(std::string_view text, std::vector<uint32_t>& out) const {
+  /// Which added tokens encode() matches whole in a text, before the pre-split: the ordinary added tokens always,
+  /// the special ones (<|endoftext|>, <|im_start|>) only in prompts and rendered chats, never in training documents
+  /// (a file that mentions <|endoftext|> is text).
+  enum class Specials : uint8_t { AsText, Match };
+  /// Appends the ids of `text` (any bytes) to `out`. No bos is added (a caller that wants one: begin_of_text()).
+  void encode(std::string_view text, std::vector<uint32_t>& out, Cache& cache, Specials specials = Specials::AsText) const;
+  void encode(std::string_view text, std::vector<uint32_t>& out, Specials specials = Specials::AsText) const {
     Cache cache(4096);
-    encode(text, out, cache);
+    encode(text, out, cache, specials);
   }
   /// The ids of one pre-split piece (uncached).
   void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
@@ -141,8 +110,15 @@ class BpeTokenizer {
   };
   std::vector<Merge> merges_;  // in rank order
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merge_of_;  // (left, right) -> (rank, result)
-  int32_t end_of_text_ = -1;
+  void encode_text(std::string_view text, std::vector<uint32_t>& out, Cache& cache) const;  // no added tokens
+  std::vector<Added> added_;
+  // For each Specials mode: the added tokens it matches (indices into added_, longest first), and their first bytes.
+  std::array<std::vector<uint32_t>, 2> matched_;
+  std::array<std::array<bool, 256>, 2> first_byte_{};
+  size_t model_vocab_ = 0;  // ids below this are the model's vocab in tokenizer.json; the rest only added tokens
+  int32_t end_of_text_ = -1, bos_ = -1;
   bool individual_digits_ = false;
+  PreSplit pre_split_ = PreSplit::Gpt2;
 };
 
 }  // namespace tinygpt::data

@@ -181,6 +181,7 @@ struct Item {
   size_t file;
   std::string_view text;
   bool last;  // the file's last part
+  bool first;  // the file's first part
 };
 
 int64_t total_size(const std::vector<fs::path>& files) {
@@ -228,7 +229,7 @@ void over_files(const std::vector<fs::path>& files, Progress& progress, Work&& w
     const std::string_view text = map->bytes();
     const std::vector<size_t> cuts = cut_points(text, kItemBytes);
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
-      items.push_back({f, text.substr(cuts[c], cuts[c + 1] - cuts[c]), c + 2 == cuts.size()});
+      items.push_back({f, text.substr(cuts[c], cuts[c + 1] - cuts[c]), c + 2 == cuts.size(), c == 0});
     }
     maps.push_back(std::move(map));
     bytes += text.size();
@@ -454,6 +455,7 @@ void encode_documents(const std::vector<fs::path>& files, const std::vector<fs::
                       const std::vector<uint32_t>& separator, const fs::path& path, std::vector<uint64_t>& doc_count,
                       std::vector<uint64_t>& new_offset, bool quiet) {
   std::vector<Token> buf;
+  const std::vector<uint32_t> prefix = tok.document_prefix();
   Writer new_out(path);
   Progress progress(fmt::format("tokenizing {} file{}", to_encode.size(), to_encode.size() == 1 ? "" : "s"),
                     total_size(to_encode), quiet || to_encode.empty());
@@ -468,7 +470,10 @@ void encode_documents(const std::vector<fs::path>& files, const std::vector<fs::
       },
       [&](const Item& it, std::vector<uint32_t>& ids) {
         const size_t doc = to_encode_index[it.file];
-        if (doc_count[doc] == 0) new_offset[doc] = written;
+        if (doc_count[doc] == 0) {
+          new_offset[doc] = written;
+          ids.insert(ids.begin(), prefix.begin(), prefix.end());
+        }
         if (it.last) ids.insert(ids.end(), separator.begin(), separator.end());
         buf.assign(ids.begin(), ids.end());
         new_out.write(buf.data(), buf.size() * sizeof(Token));
@@ -642,6 +647,7 @@ int64_t write_document_ids(const std::vector<fs::path>& files, const Tokenizer& 
   std::vector<BpeTokenizer::Cache> caches(static_cast<size_t>(omp_get_max_threads()));
   int64_t written = 0;
   const int32_t eot = tok.end_of_text();
+  const std::vector<uint32_t> prefix = tok.document_prefix();
   static_assert(std::endian::native == std::endian::little, "ids are written little-endian");
   over_files(
       files, progress,
@@ -651,6 +657,7 @@ int64_t write_document_ids(const std::vector<fs::path>& files, const Tokenizer& 
         return ids;
       },
       [&](const Item& it, std::vector<uint32_t>& ids) {
+        if (it.first) ids.insert(ids.begin(), prefix.begin(), prefix.end());
         if (it.last && eot >= 0) ids.push_back(uint32_t(eot));
         out.write(ids.data(), ids.size() * sizeof(uint32_t));
         written += int64_t(ids.size());

@@ -6,6 +6,17 @@
 
 namespace tinygpt::data {
 
+Tokenizer::Tokenizer(BpeTokenizer bpe, TokenizerConfig config) : config_(std::move(config)) {
+  for (const std::string* token : {&config_.bos_token, &config_.eos_token}) {
+    if (!token->empty() && bpe.added_id(*token) < 0) {
+      throw Error(fmt::format("the tokenizer's {} token {} is not one of its added tokens", token == &config_.bos_token ? "bos" : "eos",
+                              *token));
+    }
+  }
+  if (!config_.eos_token.empty()) bpe.set_end_of_text(bpe.added_id(config_.eos_token));
+  bpe_ = std::make_shared<const BpeTokenizer>(std::move(bpe));
+}
+
 void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out, const std::string& what,
                        BpeTokenizer::Cache* cache) const {
   if (is_bpe()) {
@@ -33,6 +44,16 @@ void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out, const 
     if (msg.rfind("invalid UTF-8", 0) == 0) throw Error(fmt::format("{}: {}", what, msg));
     throw;
   }
+}
+
+std::vector<uint32_t> Tokenizer::encode_prompt(std::string_view text, const std::string& what) const {
+  std::vector<uint32_t> ids = document_prefix();
+  if (is_bpe()) {
+    bpe_->encode(text, ids, BpeTokenizer::Specials::Match);
+  } else {
+    encode(text, ids, what);
+  }
+  return ids;
 }
 
 std::string Tokenizer::token_bytes(uint32_t id) const {

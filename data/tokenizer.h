@@ -13,11 +13,23 @@
 
 namespace tinygpt::data {
 
+/// What a model's tokenizer_config.json says beside its tokenizer.json: its bos and eos tokens (their text; empty:
+/// none said) and its chat template (Jinja text, empty: none). Kept in the checkpoint.
+struct TokenizerConfig {
+  std::string bos_token, eos_token, chat_template;
+  bool empty() const { return bos_token.empty() && eos_token.empty() && chat_template.empty(); }
+  bool operator==(const TokenizerConfig&) const = default;
+};
+
 class Tokenizer {
  public:
   Tokenizer() = default;
   explicit Tokenizer(CharVocab chars) : chars_(std::move(chars)) {}
   explicit Tokenizer(BpeTokenizer bpe) : bpe_(std::make_shared<const BpeTokenizer>(std::move(bpe))) {}
+  /// A BPE with its model's tokenizer_config: an eos_token other than <|endoftext|> ends the documents. Throws Error
+  /// naming a bos or eos token that is not an added token of the BPE.
+  Tokenizer(BpeTokenizer bpe, TokenizerConfig config);
+  const TokenizerConfig& config() const { return config_; }
 
   bool is_bpe() const { return bpe_ != nullptr; }
   const CharVocab& chars() const { return chars_; }
@@ -29,12 +41,28 @@ class Tokenizer {
   /// Appends the ids of `text`. A BPE takes any bytes; characters need valid UTF-8 in the vocabulary: throws naming
   /// `what`, the character and its byte offset otherwise.
   /// `cache`: one thread's cache of encoded pieces (a BPE's; faster over much text).
+  /// A BPE's special tokens are text here (training documents, --doc-sep): see encode_prompt.
   void encode(std::string_view text, std::vector<uint32_t>& out, const std::string& what,
               BpeTokenizer::Cache* cache = nullptr) const;
   std::vector<uint32_t> encode(std::string_view text, const std::string& what) const {
     std::vector<uint32_t> ids;
     encode(text, ids, what);
     return ids;
+  }
+  /// The ids of a text the user gives a model (a prompt, a rendered chat), as transformers' tokenizer(text) makes
+  /// them: a BPE's special tokens matched whole (<|im_start|>), and its bos first where its post-processor adds one.
+  std::vector<uint32_t> encode_prompt(std::string_view text, const std::string& what) const;
+  /// What ends each training document: a BPE's end-of-text token (none where it has none), or the ids of a character
+  /// model's --doc-sep text (`doc_separator`; throws naming `what` for a character outside the vocabulary).
+  std::vector<uint32_t> document_suffix(const std::string& doc_separator, const std::string& what) const {
+    if (!is_bpe()) return encode(doc_separator, what);
+    if (end_of_text() < 0) return {};
+    return {uint32_t(end_of_text())};
+  }
+  /// What each training document starts with: a BPE's bos where it has one (Llama 3's <|begin_of_text|>), else none.
+  std::vector<uint32_t> document_prefix() const {
+    if (!is_bpe() || bpe_->begin_of_text() < 0) return {};
+    return {uint32_t(bpe_->begin_of_text())};
   }
   /// The bytes of one token (a character's UTF-8; a BPE token's bytes, <|endoftext|>'s text for it).
   std::string token_bytes(uint32_t id) const;
@@ -47,6 +75,7 @@ class Tokenizer {
  private:
   CharVocab chars_;
   std::shared_ptr<const BpeTokenizer> bpe_;
+  TokenizerConfig config_;
 };
 
 }  // namespace tinygpt::data

@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
@@ -52,6 +53,66 @@ TEST_CASE("bpe: GPT-2's pre-split, worked by hand from the pattern's alternative
   CHECK(pieces("\xc2\xbd+2") == std::vector<std::string>{"\xc2\xbd", "+", "2"});  // '½' is a number (No)
   CHECK(pieces("a\xff\xfe b") == std::vector<std::string>{"a", "\xff\xfe", " b"});  // invalid bytes: other characters
   CHECK(pieces("\xe3\x80\x80x") == std::vector<std::string>{"\xe3\x80\x80", "x"});  // U+3000 is whitespace
+}
+
+TEST_CASE("bpe: Llama 3's and Qwen2's pre-splits, as tokenizers' Split(pattern, isolated) gives them") {
+  // tokenizers 0.23, pre_tokenize_str of Split(Regex(kLlama3Pattern or kQwen2Pattern), "isolated") on these texts.
+  const auto split = [](std::string_view text, PreSplit s) {
+    std::vector<std::string> out;
+    for_each_piece(text, [&](std::string_view p) { out.emplace_back(p); }, false, s);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  for (const PreSplit s : {PreSplit::Llama3, PreSplit::Qwen2}) {
+    CHECK(split("IT'S they'RE '\xc5\xbfx", s) == V{"IT", "'S", " they", "'RE", " '", "\xc5\xbfx"});
+    CHECK(split("x'\xc5\xbf y", s) == V{"x", "'\xc5\xbf", " y"});  // the long s folds to s
+    CHECK(split("a.\n\nb", s) == V{"a", ".\n\n", "b"});
+    CHECK(split(" \n x", s) == V{" \n", " x"});
+    CHECK(split("x  \n\n  y", s) == V{"x", "  \n\n", " ", " y"});
+    CHECK(split("end   ", s) == V{"end", "   "});
+    CHECK(split("$5!!\r\n\tz", s) == V{"$", "5", "!!\r\n", "\tz"});
+  }
+  CHECK(split("12345 (hi", PreSplit::Llama3) == V{"123", "45", " (", "hi"});
+  CHECK(split("12345 (hi", PreSplit::Qwen2) == V{"1", "2", "3", "4", "5", " (", "hi"});
+}
+
+TEST_CASE("bpe: added tokens matched whole (special ones only when asked), and a post-processor's bos") {
+  PieceCounts counts;
+  counts.add_text("user assistant hello world hello world\n");
+  const BpeTokenizer base = BpeTokenizer::train(counts, {.vocab_size = 270, .progress = {}});
+  std::string j = base.to_json();
+  const int64_t n = base.vocab_size();
+  const std::string added = fmt::format(R"("added_tokens": [{{"id": {0}, "content": "<|endoftext|>", "special": true}},
+      {{"id": {1}, "content": "<|im_start|>", "special": true}}, {{"id": {2}, "content": "<|im", "special": true}},
+      {{"id": {3}, "content": "[W]", "special": false}}],)", n - 1, n, n + 1, n + 2);
+  const size_t a = j.find("\"added_tokens\""), a_end = j.find("\"normalizer\"");
+  j.replace(a, a_end - a, added);
+  const size_t p = j.find("\"post_processor\": null");
+  j.replace(p, 22, R"("post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|im_start|>",
+      "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]})");
+  const BpeTokenizer tok = BpeTokenizer::from_json(j, "chat.json");
+  CHECK(tok.vocab_size() == n + 3);
+  CHECK(tok.begin_of_text() == n);
+  Ids ids;
+  tok.encode("<|im_start|>user[W]<|im_x", ids, BpeTokenizer::Specials::Match);
+  Ids want{uint32_t(n)};
+  for (const uint32_t id : encode(base, "user")) want.push_back(id);
+  want.push_back(uint32_t(n + 2));
+  want.push_back(uint32_t(n + 1));  // "<|im" (the longest added token that matches here)
+  for (const uint32_t id : encode(base, "_x")) want.push_back(id);
+  CHECK(ids == want);
+  ids.clear();
+  tok.encode("<|im_start|>[W]", ids);  // a training document: the special tokens are text, [W] is not special
+  CHECK(ids.size() > 2);
+  CHECK(ids.back() == uint32_t(n + 2));
+  CHECK(std::count(ids.begin(), ids.end(), uint32_t(n)) == 0);
+  const BpeTokenizer back = BpeTokenizer::from_json(tok.to_json(), "again.json");
+  CHECK(back.to_json() == tok.to_json());
+  CHECK(back.begin_of_text() == n);
+  CHECK(back.added().size() == 4);
+  CHECK_THROWS_WITH_AS(BpeTokenizer::from_json(std::string(j).replace(j.find("\"<|im_start|>\",\n      \"type_id\""), 14,
+                                                                       "\"<|nope|>\""), "t.json"),
+                       doctest::Contains("not an added token"), Error);
 }
 
 TEST_CASE("bpe: cut points fall where pieces end, so counting in parts counts the same") {

@@ -86,6 +86,10 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Tok
   meta["config"] = to_json(model.config()).dump();
   if (tokenizer.is_bpe()) {
     meta["tokenizer"] = tokenizer.bpe().to_json();
+    if (const data::TokenizerConfig& tc = tokenizer.config(); !tc.empty()) {
+      meta["tokenizer_config"] =
+          nlohmann::json{{"bos_token", tc.bos_token}, {"eos_token", tc.eos_token}, {"chat_template", tc.chat_template}}.dump();
+    }
   } else {
     meta["vocab"] = data::encode_utf8(tokenizer.chars().chars());
   }
@@ -145,7 +149,13 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
   try {
     c.config = gpt_config_from_json(nlohmann::json::parse(field("config")));
     if (meta.contains("tokenizer")) {
-      c.tokenizer = data::Tokenizer(data::BpeTokenizer::from_json(field("tokenizer"), "its tokenizer"));
+      data::TokenizerConfig tc;
+      if (meta.contains("tokenizer_config")) {
+        const auto j = nlohmann::json::parse(field("tokenizer_config"));
+        if (!j.is_object()) throw Error("its tokenizer_config is not a JSON object");
+        tc = {j.value("bos_token", ""), j.value("eos_token", ""), j.value("chat_template", "")};
+      }
+      c.tokenizer = data::Tokenizer(data::BpeTokenizer::from_json(field("tokenizer"), "its tokenizer"), std::move(tc));
     } else {
       c.tokenizer = data::Tokenizer(data::CharVocab::from_chars(data::decode_utf8(field("vocab"))));
     }

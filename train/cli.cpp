@@ -116,7 +116,7 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
 
 /// The ids of a flag's text; throws naming the flag and the first character outside a character vocabulary.
 std::vector<int32_t> encode_flag_text(const data::Tokenizer& tok, const std::string& text, const char* flag) {
-  const std::vector<uint32_t> ids = tok.encode(text, flag);
+  const std::vector<uint32_t> ids = tok.encode_prompt(text, flag);
   return {ids.begin(), ids.end()};
 }
 
@@ -401,8 +401,7 @@ void run_eval(const EvalArgs& a) {
   } else {  // documents, split as training splits them, through a token cache in a scratch directory
     scratch.emplace();
     const std::vector<uint32_t> separator =
-        ckpt.tokenizer.is_bpe() ? std::vector<uint32_t>{uint32_t(ckpt.tokenizer.end_of_text())}
-                                : ckpt.tokenizer.encode(ckpt.config.doc_separator, "the model's document separator");
+        ckpt.tokenizer.document_suffix(ckpt.config.doc_separator, "the model's document separator");
     data::DocumentCorpus dc = data::load_documents(files, ckpt.tokenizer, separator, a.train_fraction,
                                                    scratch->path / "tokens.bin", /*quiet=*/true);
     tokens = std::move(dc.tokens);

@@ -84,9 +84,9 @@ void add_tokenizer_options(CLI::App& tokenizer, TokenizerArgs& a) {
 
 void validate_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
   if (app.got_subcommand("train")) {
-    if (a.vocab_size < data::kMinBpeVocab || a.vocab_size > data::kMaxBpeVocab) {
+    if (a.vocab_size < data::kMinBpeVocab || a.vocab_size > data::kMaxTrainedBpeVocab) {
       throw Error(fmt::format("--vocab-size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
-                              data::kMinBpeVocab, data::kMaxBpeVocab, a.vocab_size));
+                              data::kMinBpeVocab, data::kMaxTrainedBpeVocab, a.vocab_size));
     }
     return;
   }
@@ -114,7 +114,7 @@ void run_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
   const data::Tokenizer tok = tokenizer_of(a);
   if (app.got_subcommand("encode")) {
     if (a.text) {
-      const std::vector<uint32_t> ids = tok.encode(*a.text, "--text");
+      const std::vector<uint32_t> ids = tok.encode_prompt(*a.text, "--text");
       std::string line;
       for (size_t i = 0; i < ids.size(); ++i) line += fmt::format("{}{}", i ? " " : "", ids[i]);
       fmt::print("{}\n", line);

@@ -134,12 +134,17 @@ json tokenizer(const data::CharVocab& vocab) {
   };
 }
 
-json tokenizer_config(const nn::GPTConfig& c) {
-  return {
+json tokenizer_config(const nn::GPTConfig& c, const data::Tokenizer& tok) {
+  json j = {
       {"tokenizer_class", "PreTrainedTokenizerFast"},
       {"model_max_length", c.block_size},
       {"clean_up_tokenization_spaces", false},  // would remove spaces before punctuation in the decoded text
   };
+  const data::TokenizerConfig& tc = tok.config();
+  if (!tc.bos_token.empty()) j["bos_token"] = tc.bos_token;
+  if (!tc.eos_token.empty()) j["eos_token"] = tc.eos_token;
+  if (!tc.chat_template.empty()) j["chat_template"] = tc.chat_template;
+  return j;
 }
 
 }  // namespace
@@ -153,6 +158,8 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir) {
   }
   NoGradGuard no_grad;
   const int32_t eot = ckpt.tokenizer.end_of_text();
+  const std::string& bos_token = ckpt.tokenizer.config().bos_token;
+  const int32_t bos = bos_token.empty() ? eot : ckpt.tokenizer.bpe().added_id(bos_token);
   if (is_llama_shaped(ckpt.config)) {
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const HfPiece& p : llama_pieces(ckpt.config)) {
@@ -160,14 +167,14 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir) {
       tensors.emplace_back(p.hf, p.rows < 0 ? t : narrow(t, 0, p.row0, p.rows));
     }
     safetensors::save(dir / "model.safetensors", tensors, {{"format", "pt"}});
-    write_text_file(dir / "config.json", llama_config_to_hf(ckpt.config, eot, eot).dump(2) + "\n");
+    write_text_file(dir / "config.json", llama_config_to_hf(ckpt.config, bos, eot).dump(2) + "\n");
   } else {
     safetensors::save(dir / "model.safetensors", gpt2_tensors(ckpt), {{"format", "pt"}});  // transformers wants "pt"
     write_text_file(dir / "config.json", gpt2_config(ckpt.config, eot).dump(2) + "\n");
   }
   write_text_file(dir / "tokenizer.json", ckpt.tokenizer.is_bpe() ? ckpt.tokenizer.bpe().to_json()
                                                                   : tokenizer(ckpt.tokenizer.chars()).dump(2) + "\n");
-  write_text_file(dir / "tokenizer_config.json", tokenizer_config(ckpt.config).dump(2) + "\n");
+  write_text_file(dir / "tokenizer_config.json", tokenizer_config(ckpt.config, ckpt.tokenizer).dump(2) + "\n");
 }
 
 }  // namespace tinygpt

@@ -157,16 +157,65 @@ void load_llama(nn::GPT& model, const safetensors::Contents& weights, const std:
   }
 }
 
+/// A special token as tokenizer_config.json spells it: a string, an AddedToken object ({"content": ...}) or null.
+std::string token_text(const nlohmann::json& j, const char* key, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return "";
+  if (j[key].is_string()) return j[key].get<std::string>();
+  if (j[key].is_object() && j[key].contains("content") && j[key]["content"].is_string()) return j[key]["content"].get<std::string>();
+  throw Error(fmt::format("'{}': its {} is neither a string nor a token object", path, key));
+}
+
+/// The model's bos, eos and chat template: from tokenizer_config.json (a template there, or in chat_template.jinja as
+/// transformers 4.43 and later save it), the eos else from config.json's eos_token_id.
+data::TokenizerConfig read_tokenizer_config(const fs::path& dir, const nlohmann::json& config, const data::BpeTokenizer& bpe) {
+  data::TokenizerConfig tc;
+  std::error_code ec;
+  if (const fs::path path = dir / "tokenizer_config.json"; fs::is_regular_file(path, ec)) {
+    const nlohmann::json j = read_json(path, dir.string());
+    tc.bos_token = token_text(j, "bos_token", path.string());
+    tc.eos_token = token_text(j, "eos_token", path.string());
+    if (j.contains("chat_template") && j["chat_template"].is_string()) {
+      tc.chat_template = j["chat_template"].get<std::string>();
+    } else if (j.contains("chat_template") && j["chat_template"].is_array()) {  // named templates: the default one
+      for (const auto& t : j["chat_template"]) {
+        if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string()) {
+          tc.chat_template = t["template"].get<std::string>();
+        }
+      }
+    }
+  }
+  if (const fs::path path = dir / "chat_template.jinja"; tc.chat_template.empty() && fs::is_regular_file(path, ec)) {
+    if (fs::file_size(path, ec) > (1u << 20)) throw Error(fmt::format("'{}' is over 1 MiB", path.string()));
+    std::ifstream in(path, std::ios::binary);
+    tc.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (tc.eos_token.empty()) {
+    nlohmann::json id = config.value("eos_token_id", nlohmann::json());
+    if (id.is_array() && !id.empty()) id = id[0];
+    if (id.is_number_unsigned() && id.get<uint64_t>() < uint64_t(bpe.vocab_size())) {
+      const std::string& text = bpe.token_bytes(int32_t(id.get<uint64_t>()));
+      if (bpe.added_id(text) >= 0) tc.eos_token = text;
+    }
+  }
+  for (std::string* token : {&tc.bos_token, &tc.eos_token}) {
+    if (!token->empty() && bpe.added_id(*token) < 0) token->clear();  // not a token of its own: nothing to keep
+  }
+  return tc;
+}
+
 }  // namespace
 
 fs::path import_hf(const fs::path& dir, const fs::path& out) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw Error(fmt::format("--from '{}' is not a directory", dir.string()));
-  const nn::GPTConfig config = gpt_config_of(read_json(dir / "config.json", dir.string()), dir.string());
+  const nlohmann::json hf_config = read_json(dir / "config.json", dir.string());
+  const nn::GPTConfig config = gpt_config_of(hf_config, dir.string());
   if (!fs::is_regular_file(dir / "tokenizer.json", ec)) {
     throw Error(fmt::format("'{}' has no tokenizer.json (a byte-level BPE, as GPT-2's)", dir.string()));
   }
-  data::Tokenizer tokenizer(data::read_tokenizer_file(dir / "tokenizer.json"));
+  data::BpeTokenizer bpe = data::read_tokenizer_file(dir / "tokenizer.json");
+  data::TokenizerConfig tc = read_tokenizer_config(dir, hf_config, bpe);
+  data::Tokenizer tokenizer(std::move(bpe), std::move(tc));
   if (tokenizer.vocab_size() != config.vocab_size) {
     throw Error(fmt::format("'{}': its tokenizer has {} tokens but its config says vocab_size {}", dir.string(),
                             tokenizer.vocab_size(), config.vocab_size));

@@ -177,9 +177,9 @@ void TrainConfig::validate() const {
     throw Error(fmt::format("--vocab-size is the size of a BPE trained here: it needs --tokenizer bpe (got --tokenizer {})",
                             tokenizer));
   }
-  if (vocab_size != 0 && (vocab_size < data::kMinBpeVocab || vocab_size > data::kMaxBpeVocab)) {
+  if (vocab_size != 0 && (vocab_size < data::kMinBpeVocab || vocab_size > data::kMaxTrainedBpeVocab)) {
     throw Error(fmt::format("--vocab-size must be in [{}, {}] (256 bytes, the merges and <|endoftext|>), got {}",
-                            data::kMinBpeVocab, data::kMaxBpeVocab, vocab_size));
+                            data::kMinBpeVocab, data::kMaxTrainedBpeVocab, vocab_size));
   }
   if (tokenizer != "char" && !model.doc_separator.empty() && model.doc_separator != data::kEndOfText) {
     throw Error("--doc-sep is for character models: with a BPE each file is a document ended by <|endoftext|>; "

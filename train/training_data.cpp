@@ -87,9 +87,7 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
       d.tokenizer = data::Tokenizer(data::vocab_of_files(files, cfg.model.doc_separator));
     }
     if (given == nullptr && cfg.tokenizer == "bpe" && lead) write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
-    const std::vector<uint32_t> separator = d.tokenizer.is_bpe()
-                                                ? std::vector<uint32_t>{uint32_t(d.tokenizer.end_of_text())}
-                                                : d.tokenizer.encode(cfg.model.doc_separator, "--doc-sep");
+    const std::vector<uint32_t> separator = d.tokenizer.document_suffix(cfg.model.doc_separator, "--doc-sep");
     data::DocumentCorpus dc = data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
     d.tokens = std::move(dc.tokens);
     const auto ids = d.tokens.ids();

@@ -20,3 +20,7 @@ done > "$dir/mixed.txt"
 "$tinygpt" tokenizer train --data "$dir/mixed.txt" "$src/README.md" --vocab-size 600 --out "$dir/tok.json" 2> /dev/null ||
   { echo "test_tokenizer_interop: tokenizer train failed"; exit 1; }
 "$venv/bin/python" "$src/bench/tokenizer_peers.py" check --tokenizer "$dir/tok.json" --tinygpt "$tinygpt"
+status=$?
+# Each family's pre-split (GPT-2, Llama 3, Qwen2, SmolLM2), added tokens and bos against tokenizers.
+"$venv/bin/python" "$src/tests/reference/check_tokenizer_families.py" --tinygpt "$tinygpt" || status=1
+exit $status
