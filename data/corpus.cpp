@@ -186,12 +186,15 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   return *this;
 }
 
-TokenData::TokenData(MappedFile file, size_t offset, size_t count) : file_(std::move(file)), offset_(offset), count_(count) {}
+TokenData::TokenData(MappedFile file, size_t offset, size_t count, size_t id_bytes)
+    : file_(std::move(file)), offset_(offset), count_(count), id_bytes_(id_bytes) {}
 
-std::span<const Token> TokenData::ids() const {
+TokenSpan TokenData::ids() const {
   if (!owned_.empty()) return owned_;
   if (count_ == 0) return {};
-  return {reinterpret_cast<const Token*>(file_.bytes().data() + offset_), count_};
+  const char* p = file_.bytes().data() + offset_;
+  if (id_bytes_ == 4) return std::span<const uint32_t>(reinterpret_cast<const uint32_t*>(p), count_);
+  return std::span<const Token>(reinterpret_cast<const Token*>(p), count_);
 }
 
 Corpus load_corpus(const fs::path& text_path, const fs::path& cache_dir) {
@@ -228,7 +231,7 @@ TokenData encode_file(const fs::path& text_path, const CharVocab& vocab) {
   return TokenData(encode_bytes(text.bytes(), id_table(vocab), text.bytes().size(), text_path));
 }
 
-Split split_tokens(std::span<const Token> ids, double train_fraction) {
+Split split_tokens(TokenSpan ids, double train_fraction) {
   if (!(train_fraction > 0.0 && train_fraction < 1.0)) {
     throw Error(fmt::format("the train fraction must be in (0, 1), got {}", train_fraction));
   }
@@ -236,7 +239,7 @@ Split split_tokens(std::span<const Token> ids, double train_fraction) {
   return {ids.first(n), ids.subspan(n)};
 }
 
-BatchSampler::BatchSampler(std::span<const Token> ids, int64_t batch_size, int64_t block_size, uint64_t seed,
+BatchSampler::BatchSampler(TokenSpan ids, int64_t batch_size, int64_t block_size, uint64_t seed,
                            const char* what)
     : ids_(ids), batch_size_(batch_size), block_size_(block_size), gen_(seed) {
   if (int64_t(ids.size()) < block_size + 1) {

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <filesystem>
+#include <iterator>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -14,9 +16,63 @@
 
 namespace tinygpt::data {
 
-/// Token ids are stored in 16 bits: vocabularies of up to 65,536 characters.
+/// Token ids are stored in 16 bits (characters, and BPEs of up to 65,536 tokens), or in 32 bits for larger BPE
+/// vocabularies (Llama 3's 128,256; TokenSpan reads either).
 using Token = uint16_t;
 inline constexpr int64_t kMaxVocab = 65536;
+
+/// A view of stored token ids, 16 or 32 bits each, read as uint32_t.
+class TokenSpan {
+ public:
+  TokenSpan() = default;
+  TokenSpan(std::span<const uint16_t> s) : data_(s.data()), size_(s.size()), wide_(false) {}  // NOLINT: a view
+  TokenSpan(std::span<const uint32_t> s) : data_(s.data()), size_(s.size()), wide_(true) {}   // NOLINT: a view
+  TokenSpan(const std::vector<uint16_t>& v) : TokenSpan(std::span<const uint16_t>(v)) {}     // NOLINT: a view
+  TokenSpan(const std::vector<uint32_t>& v) : TokenSpan(std::span<const uint32_t>(v)) {}     // NOLINT: a view
+  TokenSpan(std::span<uint16_t> s) : TokenSpan(std::span<const uint16_t>(s)) {}               // NOLINT: a view
+
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  /// Bytes an id takes: 2 or 4.
+  size_t id_bytes() const { return wide_ ? 4 : 2; }
+  const void* data() const { return data_; }
+  uint32_t operator[](size_t i) const {
+    return wide_ ? static_cast<const uint32_t*>(data_)[i] : static_cast<const uint16_t*>(data_)[i];
+  }
+  TokenSpan first(size_t n) const { return {data_, n, wide_}; }
+  TokenSpan subspan(size_t offset) const { return {at(offset), size_ - offset, wide_}; }
+  TokenSpan subspan(size_t offset, size_t n) const { return {at(offset), n, wide_}; }
+
+  struct iterator {
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = uint32_t;
+    using difference_type = std::ptrdiff_t;
+    using pointer = void;
+    using reference = uint32_t;
+    const TokenSpan* span = nullptr;
+    size_t i = 0;
+    uint32_t operator*() const { return (*span)[i]; }
+    iterator& operator++() {
+      ++i;
+      return *this;
+    }
+    iterator operator++(int) {
+      iterator old = *this;
+      ++i;
+      return old;
+    }
+    bool operator==(const iterator& o) const { return i == o.i; }
+  };
+  iterator begin() const { return {this, 0}; }
+  iterator end() const { return {this, size_}; }
+
+ private:
+  TokenSpan(const void* data, size_t size, bool wide) : data_(data), size_(size), wide_(wide) {}
+  const void* at(size_t offset) const { return static_cast<const char*>(data_) + offset * id_bytes(); }
+  const void* data_ = nullptr;
+  size_t size_ = 0;
+  bool wide_ = false;
+};
 
 /// A read-only memory map of a whole file (an empty file maps to no bytes).
 class MappedFile {
@@ -40,14 +96,15 @@ class TokenData {
  public:
   TokenData() = default;
   explicit TokenData(std::vector<Token> ids) : owned_(std::move(ids)) {}
-  TokenData(MappedFile file, size_t offset, size_t count);
+  /// `count` ids of `id_bytes` (2 or 4) each from byte `offset` of a mapped cache file.
+  TokenData(MappedFile file, size_t offset, size_t count, size_t id_bytes = sizeof(Token));
 
-  std::span<const Token> ids() const;
+  TokenSpan ids() const;
 
  private:
   std::vector<Token> owned_;
   MappedFile file_;
-  size_t offset_ = 0, count_ = 0;
+  size_t offset_ = 0, count_ = 0, id_bytes_ = sizeof(Token);
 };
 
 struct Corpus {
@@ -69,16 +126,16 @@ TokenData encode_file(const std::filesystem::path& text_path, const CharVocab& v
 
 /// The first `train_fraction` of the ids train, the rest validate (as nanoGPT splits).
 struct Split {
-  std::span<const Token> train, val;
+  TokenSpan train, val;
 };
-Split split_tokens(std::span<const Token> ids, double train_fraction);
+Split split_tokens(TokenSpan ids, double train_fraction);
 
 /// Batches of random windows: x = ids[i, i + T), y = ids[i + 1, i + T + 1) with i uniform, from a seeded
 /// generator whose state can be saved and restored (exact resume).
 class BatchSampler {
  public:
   /// Throws when the ids are too few for one window of block_size + 1 tokens (`what` names them).
-  BatchSampler(std::span<const Token> ids, int64_t batch_size, int64_t block_size, uint64_t seed, const char* what);
+  BatchSampler(TokenSpan ids, int64_t batch_size, int64_t block_size, uint64_t seed, const char* what);
 
   struct Batch {
     Tensor x, y;  // (B, T) i32
@@ -90,7 +147,7 @@ class BatchSampler {
   Generator& generator() { return gen_; }
 
  private:
-  std::span<const Token> ids_;
+  TokenSpan ids_;
   int64_t batch_size_, block_size_;
   Generator gen_;
 };

@@ -357,12 +357,16 @@ struct OldCache {
   MappedFile file;
   nlohmann::json header;
   size_t data_offset = 0;
+  size_t id_bytes = 2;  // the header's "id_bytes": 2, or 4 for a vocabulary over 65,536
 };
+
+/// The bytes an id of `tok` takes in the cache.
+size_t id_bytes_of(const Tokenizer& tok) { return tok.vocab_size() > kMaxVocab ? 4 : 2; }
 
 std::optional<OldCache> read_old(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return std::nullopt;
-  OldCache c{MappedFile(path), {}, 0};
+  OldCache c{MappedFile(path), {}, 0, 2};
   const std::string_view b = c.file.bytes();
   if (b.size() < 16 || std::memcmp(b.data(), kMagic, 8) != 0) return std::nullopt;
   uint64_t len = 0;
@@ -376,9 +380,12 @@ std::optional<OldCache> read_old(const fs::path& path) {
     return std::nullopt;
   }
   c.data_offset = 16 + size_t(len);
+  const nlohmann::json width = h.value("id_bytes", nlohmann::json(2));
+  if (width != 2 && width != 4) return std::nullopt;
+  c.id_bytes = width.get<size_t>();
   const uint64_t count = h["count"].get<uint64_t>();
-  if (c.data_offset % alignof(Token) != 0 || count > (b.size() - c.data_offset) / sizeof(Token) ||
-      c.data_offset + count * sizeof(Token) != b.size() || h["train_count"].get<uint64_t>() > count) {
+  if (c.data_offset % c.id_bytes != 0 || count > (b.size() - c.data_offset) / c.id_bytes ||
+      c.data_offset + count * c.id_bytes != b.size() || h["train_count"].get<uint64_t>() > count) {
     return std::nullopt;
   }
   uint64_t sum = 0;
@@ -396,12 +403,18 @@ std::optional<OldCache> read_old(const fs::path& path) {
 }
 
 /// Whether every id of an old cache names a token of a vocabulary of `vocab` (the embedding lookup trusts them).
-bool ids_in_vocabulary(const OldCache& c, size_t vocab) {
-  const auto* ids = reinterpret_cast<const Token*>(c.file.bytes().data() + c.data_offset);
+/// The ids an old cache holds.
+TokenSpan ids_of(const OldCache& c) {
+  const char* p = c.file.bytes().data() + c.data_offset;
   const size_t count = c.header["count"].get<size_t>();
-  Token top = 0;
-  for (size_t i = 0; i < count; ++i) top = std::max(top, ids[i]);
-  return count == 0 || size_t(top) < vocab;
+  if (c.id_bytes == 4) return std::span<const uint32_t>(reinterpret_cast<const uint32_t*>(p), count);
+  return std::span<const Token>(reinterpret_cast<const Token*>(p), count);
+}
+
+bool ids_in_vocabulary(const OldCache& c, size_t vocab) {
+  uint32_t top = 0;
+  for (const uint32_t id : ids_of(c)) top = std::max(top, id);
+  return c.header["count"].get<size_t>() == 0 || size_t(top) < vocab;
 }
 
 /// A FILE that throws naming the path on any failed write.
@@ -455,6 +468,7 @@ void encode_documents(const std::vector<fs::path>& files, const std::vector<fs::
                       const std::vector<uint32_t>& separator, const fs::path& path, std::vector<uint64_t>& doc_count,
                       std::vector<uint64_t>& new_offset, bool quiet) {
   std::vector<Token> buf;
+  const bool wide = id_bytes_of(tok) == 4;
   const std::vector<uint32_t> prefix = tok.document_prefix();
   Writer new_out(path);
   Progress progress(fmt::format("tokenizing {} file{}", to_encode.size(), to_encode.size() == 1 ? "" : "s"),
@@ -475,10 +489,14 @@ void encode_documents(const std::vector<fs::path>& files, const std::vector<fs::
           ids.insert(ids.begin(), prefix.begin(), prefix.end());
         }
         if (it.last) ids.insert(ids.end(), separator.begin(), separator.end());
-        buf.assign(ids.begin(), ids.end());
-        new_out.write(buf.data(), buf.size() * sizeof(Token));
-        doc_count[doc] += buf.size();
-        written += buf.size();
+        if (wide) {
+          new_out.write(ids.data(), ids.size() * sizeof(uint32_t));
+        } else {
+          buf.assign(ids.begin(), ids.end());
+          new_out.write(buf.data(), buf.size() * sizeof(Token));
+        }
+        doc_count[doc] += ids.size();
+        written += ids.size();
       });
   new_out.close();
   progress.finish(to_encode.empty() ? "" : fmt::format(", {} tokens", written));
@@ -504,7 +522,7 @@ std::optional<DocumentCorpus> reuse_cache(std::optional<OldCache>& old, const nl
       c.train_count = h["train_count"].get<size_t>();
       c.reused = int64_t(n);
       const size_t count = h["count"].get<size_t>(), offset = old->data_offset;
-      c.tokens = TokenData(std::move(old->file), offset, count);
+      c.tokens = TokenData(std::move(old->file), offset, count, old->id_bytes);
       return c;
     }
     for (const auto& d : h["documents"]) {
@@ -522,7 +540,7 @@ std::optional<DocumentCorpus> reuse_cache(std::optional<OldCache>& old, const nl
 std::pair<uint64_t, uint64_t> write_cache(const fs::path& cache_path, nlohmann::json& docs,
                                           const std::vector<uint64_t>& doc_count, const std::vector<bool>& held_out,
                                           bool by_documents, double train_fraction, const std::string& print,
-                                          const fs::path& train_ids, const fs::path& val_ids) {
+                                          size_t id_bytes, const fs::path& train_ids, const fs::path& val_ids) {
   const size_t n = doc_count.size();
   uint64_t train_count = 0, total = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -539,8 +557,9 @@ std::pair<uint64_t, uint64_t> write_cache(const fs::path& cache_path, nlohmann::
   if (!by_documents) train_count = uint64_t(double(total) * train_fraction);
   nlohmann::json header = {{"tokenizer", print}, {"held_out", by_documents}, {"train_fraction", train_fraction},
                            {"count", total}, {"train_count", train_count}, {"documents", docs}};
+  if (id_bytes != 2) header["id_bytes"] = id_bytes;
   std::string text = header.dump();
-  text.resize((16 + text.size() + alignof(Token) - 1) / alignof(Token) * alignof(Token) - 16, ' ');
+  text.resize((16 + text.size() + 3) / 4 * 4 - 16, ' ');  // the ids start 4-byte aligned
   const uint64_t len = text.size();
   TempFile out_tmp{cache_path.string() + ".tmp"};
   {
@@ -576,7 +595,9 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
 
   // Reuse what the old cache holds under this tokenizer: all of it, or the unchanged documents' ids.
   std::optional<OldCache> old = read_old(cache_path);
-  if (old && !ids_in_vocabulary(*old, size_t(tok.vocab_size()))) old.reset();  // damaged: encoded again
+  if (old && (old->id_bytes != id_bytes_of(tok) || !ids_in_vocabulary(*old, size_t(tok.vocab_size())))) {
+    old.reset();  // damaged, or of another width: encoded again
+  }
   std::map<std::string, std::pair<uint64_t, uint64_t>> old_ids;  // identity -> (offset, count)
   if (std::optional<DocumentCorpus> whole = reuse_cache(old, docs, held_out, by_documents, train_fraction, print, old_ids)) {
     return std::move(*whole);
@@ -587,10 +608,8 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
   Writer train_out(train_tmp.path), val_out(val_tmp.path);
   std::vector<uint64_t> doc_count(n, 0);
   std::vector<bool> encoded(n, true);
-  const std::span<const Token> old_tokens =
-      old ? std::span<const Token>(reinterpret_cast<const Token*>(old->file.bytes().data() + old->data_offset),
-                                   old->header["count"].get<size_t>())
-          : std::span<const Token>();
+  const size_t w = id_bytes_of(tok);
+  const char* old_bytes = old ? old->file.bytes().data() + old->data_offset : nullptr;
   std::vector<fs::path> to_encode;
   std::vector<size_t> to_encode_index;
   for (size_t i = 0; i < n; ++i) {
@@ -608,14 +627,14 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
   // Pass 2: every document's ids, new or reused, to the train or held-out file.
   {
     const MappedFile fresh(new_tmp.path);
-    const auto* fresh_ids = reinterpret_cast<const Token*>(fresh.bytes().data());
+    const char* fresh_ids = fresh.bytes().data();
     for (size_t i = 0; i < n; ++i) {
       Writer& out = held_out[i] ? val_out : train_out;
       if (encoded[i]) {
-        out.write(fresh_ids + new_offset[i], doc_count[i] * sizeof(Token));
+        out.write(fresh_ids + new_offset[i] * w, doc_count[i] * w);
       } else {
         const auto [off, cnt] = old_ids.at(docs[i].dump());
-        out.write(old_tokens.data() + off, cnt * sizeof(Token));
+        out.write(old_bytes + off * w, cnt * w);
         doc_count[i] = cnt;
       }
     }
@@ -625,7 +644,7 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
   old.reset();
 
   const auto [train_count, total] = write_cache(cache_path, docs, doc_count, held_out, by_documents, train_fraction,
-                                                print, train_tmp.path, val_tmp.path);
+                                                print, w, train_tmp.path, val_tmp.path);
 
   auto fresh = read_old(cache_path);
   if (!fresh) throw Error(fmt::format("the token cache '{}' could not be read back", cache_path.string()));
@@ -636,7 +655,7 @@ DocumentCorpus load_documents(const std::vector<fs::path>& files, const Tokenize
   c.encoded = int64_t(to_encode.size());
   c.reused = int64_t(n) - c.encoded;
   const size_t offset = fresh->data_offset;
-  c.tokens = TokenData(std::move(fresh->file), offset, size_t(total));
+  c.tokens = TokenData(std::move(fresh->file), offset, size_t(total), fresh->id_bytes);
   return c;
 }
 

@@ -182,6 +182,26 @@ expect 1 "its config.json says model_type \"gemma\" (tinygpt imports gpt2, llama
 expect 1 "has no config.json" "$tinygpt" import --format hf --from "$dir/corpus" --out "$dir/imp2"
 expect 2 "from is required" "$tinygpt" import --format hf --out "$dir/imp2"
 
+# A vocabulary over 65,536 (Llama 3's is 128,256): the token cache holds 32-bit ids, training and sampling run, and a
+# chat's special tokens in a prompt are matched whole. tok.json with 70,000 added tokens, <|im_start|> the last.
+python3 - "$dir/tok.json" "$dir/wide.json" <<'PY' || fail "could not write the wide tokenizer"
+import json, sys
+tok = json.load(open(sys.argv[1], encoding="utf-8"))
+n = len(tok["model"]["vocab"])
+tok["added_tokens"] += [{"id": i, "content": f"<t{i}>", "special": False} for i in range(n, 69999)]
+tok["added_tokens"].append({"id": 69999, "content": "<|im_start|>", "special": True})
+json.dump(tok, open(sys.argv[2], "w", encoding="utf-8"))
+PY
+printf 'ab <t69998> cd <t65536> ef\n%.0s' $(seq 200) > "$dir/wide.txt"
+"$tinygpt" train --data "$dir/wide.txt" --tokenizer "$dir/wide.json" --out "$dir/wide" --n-layer 1 --n-head 2 \
+  --n-embd 16 --block-size 16 --batch-size 2 --max-iters 3 --eval-interval 3 --eval-iters 1 --quiet 2> "$dir/wide.log" ||
+  fail "training with a 70,000-token vocabulary failed: $(tail -2 "$dir/wide.log")"
+grep -q '"id_bytes":4' "$dir/wide/tokens.bin" || fail "the token cache of a 70,000-token vocabulary does not hold 32-bit ids"
+[ "$("$tinygpt" tokenizer encode --ckpt "$dir/wide" --text "<|im_start|><t69998>")" = "69999 69998" ] ||
+  fail "a special and an ordinary added token past 65,535 were not matched whole"
+"$tinygpt" sample --ckpt "$dir/wide" --prompt "<|im_start|>ab" --max-new-tokens 4 > /dev/null 2> "$dir/wide_sample.log" ||
+  fail "sampling a 70,000-token model failed: $(tail -1 "$dir/wide_sample.log")"
+
 # a corrupt tokenizer inside a checkpoint is refused by name (the same length, so only the tokenizer is wrong)
 cp "$dir/plain/ckpt_latest.safetensors" "$dir/bad.safetensors"
 perl -0777 -pi -e 's/\\"type\\": \\"BPE\\"/\\"type\\": \\"XPE\\"/' "$dir/bad.safetensors"

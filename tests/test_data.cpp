@@ -1,9 +1,14 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
+#include "data/bpe.h"
+#include "data/documents.h"
 #include "data/text.h"
+#include "data/tokenizer.h"
 #include "kernels/kernels.h"
 
 using namespace tinygpt;
@@ -45,4 +50,29 @@ TEST_CASE("read_text_file: missing, directory and empty files are errors naming 
   { std::ofstream(dir / "ok.txt") << "to be"; }
   CHECK(read_text_file(dir / "ok.txt") == "to be");
   fs::remove_all(dir);
+}
+
+TEST_CASE("documents: a vocabulary over 65,536 tokens is cached in 32-bit ids, read back and reused") {
+  // A BPE of 256 bytes, no merges and 70,000 added tokens (ordinary ones, so a document's text matches them).
+  std::string added = R"({"id": 256, "content": "<|endoftext|>", "special": true})";
+  for (int i = 257; i < 70000; ++i) added += fmt::format(R"(, {{"id": {}, "content": "<t{}>", "special": false}})", i, i);
+  PieceCounts counts;
+  counts.add_text("x");
+  std::string json = BpeTokenizer::train(counts, {.vocab_size = 257, .progress = {}}).to_json();
+  const size_t a = json.find("\"added_tokens\""), a_end = json.find("\"normalizer\"");
+  json.replace(a, a_end - a, "\"added_tokens\": [" + added + "], ");
+  const Tokenizer tok(BpeTokenizer::from_json(json, "wide.json"));
+  REQUIRE(tok.vocab_size() == 70000);
+  const auto dir = std::filesystem::temp_directory_path() / "tinygpt_test_wide_cache";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "a.txt") << "ab<t69999>c<t65536>";
+  for (int pass = 0; pass < 2; ++pass) {
+    const DocumentCorpus c = load_documents({dir / "a.txt"}, tok, {256}, 0.5, dir / "tokens.bin", true);
+    CHECK(c.reused == pass);  // the second load maps the first's cache
+    const TokenSpan ids = c.tokens.ids();
+    CHECK(ids.id_bytes() == 4);
+    CHECK(std::vector<uint32_t>(ids.begin(), ids.end()) == std::vector<uint32_t>{'a', 'b', 69999, 'c', 65536, 256});
+  }
+  std::filesystem::remove_all(dir);
 }

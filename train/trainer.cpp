@@ -113,7 +113,7 @@ uint64_t weights_checksum(const std::vector<Tensor>& params) {
 }  // namespace
 
 
-double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t batch_size, int64_t iters,
+double estimate_loss(nn::GPT& model, data::TokenSpan ids, int64_t batch_size, int64_t iters,
                      uint64_t seed, const char* what, Communicator* comm) {
   NoGradGuard no_grad;
   const bool was_training = model.training();

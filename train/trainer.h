@@ -136,7 +136,7 @@ class Communicator;
 /// Mean loss over `iters` batches drawn with a generator seeded by `seed` (the same batches every call),
 /// in eval mode and without a graph. With a communicator, rank r evaluates batches r, r + N, ... and the sum
 /// is reduced over the ranks (the same mean as one process).
-double estimate_loss(nn::GPT& model, std::span<const data::Token> ids, int64_t batch_size, int64_t iters,
+double estimate_loss(nn::GPT& model, data::TokenSpan ids, int64_t batch_size, int64_t iters,
                      uint64_t seed, const char* what, Communicator* comm = nullptr);
 
 struct TrainResult {

@@ -16,11 +16,11 @@ double bits_per_byte(double loss, size_t tokens, int64_t bytes) {
   return bytes > 0 ? loss * double(tokens) / (double(bytes) * std::log(2.0)) : NAN;
 }
 
-int64_t source_bytes(std::span<const data::Token> ids, const data::Tokenizer& tok) {
+int64_t source_bytes(data::TokenSpan ids, const data::Tokenizer& tok) {
   std::vector<int64_t> bytes_of(size_t(tok.vocab_size()));
   for (size_t id = 0; id < bytes_of.size(); ++id) bytes_of[id] = tok.source_bytes(uint32_t(id));
   int64_t total = 0;
-  for (const data::Token id : ids) total += id < bytes_of.size() ? bytes_of[id] : 0;
+  for (const uint32_t id : ids) total += id < bytes_of.size() ? bytes_of[id] : 0;
   return total;
 }
 

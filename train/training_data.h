@@ -36,6 +36,6 @@ data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size,
 double bits_per_byte(double loss, size_t tokens, int64_t bytes);
 
 /// UTF-8 bytes the ids stand for under the tokenizer.
-int64_t source_bytes(std::span<const data::Token> ids, const data::Tokenizer& tok);
+int64_t source_bytes(data::TokenSpan ids, const data::Tokenizer& tok);
 
 }  // namespace tinygpt

@@ -51,13 +51,13 @@ data::Tokenizer tokenizer() { return data::Tokenizer(data::CharVocab::from_chars
 void load(bool chars) {
   if (chars) {
     const data::Corpus c = data::load_corpus(kText, kDir / "chars");
-    for (const data::Token id : c.tokens.ids()) {
+    for (const uint32_t id : c.tokens.ids()) {
       if (size_t(id) >= c.vocab.chars().size()) std::abort();
     }
   } else {
     const data::Tokenizer tok = tokenizer();
     const data::DocumentCorpus c = data::load_documents({kText}, tok, {}, 0.9, kDir / "docs" / "tokens.bin", true);
-    for (const data::Token id : c.tokens.ids()) {
+    for (const uint32_t id : c.tokens.ids()) {
       if (int64_t(id) >= tok.vocab_size()) std::abort();
     }
   }
