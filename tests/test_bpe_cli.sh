@@ -120,6 +120,22 @@ for run in plain imported; do
 done
 cmp -s "$dir/plain.greedy" "$dir/imported.greedy" || fail "the imported model's greedy text differs"
 cmp -s "$dir/plain.eval" "$dir/imported.eval" || fail "the imported model's loss differs: $(cat "$dir/plain.eval") vs $(cat "$dir/imported.eval")"
+# tokenizer_config.json's bos, eos and chat template travel: imported into the checkpoint, exported again unchanged
+# (a template in chat_template.jinja too, as transformers 4.43 and later save it).
+template='{% for m in messages %}<|endoftext|>{{ m["role"] }}: {{ m["content"] }}\n{% endfor %}'
+python3 -c 'import json, sys; json.dump({"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"},
+  "chat_template": sys.argv[2]}, open(sys.argv[1], "w"))' "$dir/hf/tokenizer_config.json" "$template"
+"$tinygpt" import --format hf --from "$dir/hf" --out "$dir/imported_tc" 2> /dev/null || fail "import with a chat template failed"
+"$tinygpt" export --ckpt "$dir/imported_tc" --out "$dir/hf_tc" 2> /dev/null || fail "export with a chat template failed"
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); sys.exit(not (c.get("chat_template") == sys.argv[2] and
+  c.get("eos_token") == "<|endoftext|>" and c.get("bos_token") == "<|endoftext|>"))' "$dir/hf_tc/tokenizer_config.json" \
+  "$template" || fail "the chat template, bos or eos did not travel: $(cat "$dir/hf_tc/tokenizer_config.json")"
+rm "$dir/hf/tokenizer_config.json" && printf '%s' "$template" > "$dir/hf/chat_template.jinja"
+"$tinygpt" import --format hf --from "$dir/hf" --out "$dir/imported_jinja" 2> /dev/null || fail "import with chat_template.jinja failed"
+"$tinygpt" export --ckpt "$dir/imported_jinja" --out "$dir/hf_jinja" 2> /dev/null || fail "export of the jinja import failed"
+python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("chat_template") != sys.argv[2])' \
+  "$dir/hf_jinja/tokenizer_config.json" "$template" || fail "chat_template.jinja was not kept"
+rm "$dir/hf/chat_template.jinja"
 # A run inside its data folder never trains on itself: the walk skips run directories (lock or checkpoints), saying so,
 # so the second run sees the one text file the first saw.
 mkdir -p "$dir/notes" && cp "$dir/corpus/notes/n3.txt" "$dir/notes/notes.txt"
