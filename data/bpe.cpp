@@ -651,6 +651,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
   }
   tok.model_vocab_ = tok.tokens_.size();
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    std::vector<bool> is_added;
     for (const auto& t : j["added_tokens"]) {
       if (!t.is_object() || !t.contains("id") || !t["id"].is_number_unsigned() || !t.contains("content") ||
           !t["content"].is_string()) {
@@ -661,16 +662,19 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
       for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
         if (t.value(flag, false)) throw bad(fmt::format("added token {} has {} set", nlohmann::json(content).dump(), flag));
       }
-      if (id == tok.tokens_.size() && int64_t(id) < kMaxBpeVocab) {
+      if (id >= uint64_t(kMaxBpeVocab)) {
+        throw bad(fmt::format("added token {} has id {}: more than {} tokens", content, id, kMaxBpeVocab));
+      }
+      if (id == tok.tokens_.size()) {
         tok.tokens_.push_back(content);
       } else if (id > tok.tokens_.size()) {
         throw bad(fmt::format("added token {} has id {}, past the vocabulary's {}", content, id, tok.tokens_.size()));
       } else {
         tok.tokens_[id] = content;
       }
-      for (const Added& a : tok.added_) {
-        if (a.id == id) throw bad(fmt::format("id {} is given to two added tokens", id));
-      }
+      if (is_added.size() <= id) is_added.resize(id + 1, false);
+      if (is_added[id]) throw bad(fmt::format("id {} is given to two added tokens", id));
+      is_added[id] = true;
       tok.added_.push_back({uint32_t(id), content, t.value("special", false)});
       if (content == kEndOfText) tok.end_of_text_ = int32_t(id);
     }
