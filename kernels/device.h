@@ -166,14 +166,17 @@ struct UnitRates {
 };
 
 /// The rates, measured by the first call (about 0.1 s, every thread at once: the clock as the best of 7 timings of
-/// the chain; each unit's FLOPs a cycle as the median of 7 ratios of the unit's rate to the chain's, the two timed one
-/// right after the other, so a core shared with another process for a while slows both alike; rounded to a power of
-/// two, the steps between microarchitectures), unless set_unit_rates gave them first.
+/// the chain; each unit's FLOPs a cycle as the best of 7 ratios of the unit's rate to the chain's, the two timed one
+/// right after the other, so a core shared with another process for a while slows both alike; rounded up to a power
+/// of two, the steps between microarchitectures, so that it is a ceiling), unless set_unit_rates gave them first.
 const UnitRates& unit_rates();
 /// Uses `rates` (as read from a cache) instead of measuring them: before the first unit_rates() or bf16_kernel().
 /// Throws Error when either was already called, or a rate is not a positive power of two where its unit exists.
 /// unit_rates() then says `cached`, unless `from_cache` is false (a cache's rates with a clock read now).
 void set_unit_rates(const UnitRates& rates, bool from_cache = true);
+/// Raises the FLOPs a cycle of `kernel`'s unit to `per_cycle` (a power of two above it): a step ran faster than the
+/// rates allow, so the probe read the unit low. unit_rates() then says not `cached` (the cache is to be rewritten).
+void raise_unit_rate(Bf16Kernel kernel, double per_cycle);
 /// The clock the cores run at, as unit_rates() measures it (every thread at once, the best of 7 timings of the
 /// chain of dependent adds, about 20 ms); 0 where there is no such probe (not x86-64).
 double measure_clock_ghz();

@@ -358,14 +358,20 @@ TEST_CASE("train: a short run learns, keeps best and latest checkpoints and metr
       CHECK(j.contains("train_loss"));
     } else {
       ++iter_lines;
-      for (const char* key : {"iter", "loss", "lr", "ms", "tok_per_s", "gflops", "mfu"}) CHECK(j.contains(key));
+      for (const char* key : {"iter", "loss", "lr", "ms", "tok_per_s", "gflops"}) CHECK(j.contains(key));
       // GFLOP/s of a step, written out here: per token 6 FLOPs per weight (the position table left out, as nanoGPT)
       // plus 6 L T C, causal attention's half of nanoGPT's 12 L T C, for the step's batch_size x block_size tokens.
       const int64_t V = 17, L = 2, T = 16, C = 32, weights = V * C + L * (12 * C * C + 2 * C) + C;  // no biases
       const double flops = (6.0 * double(weights) + 6.0 * L * T * C) * 8 * T;
       CHECK(j["gflops"].get<double>() * j["ms"].get<double>() * 1e6 == doctest::Approx(flops).epsilon(1e-9));
-      CHECK(j["mfu"].get<double>() > 0);
-      CHECK(j["mfu"].get<double>() <= 1.0);  // below the stated peak (train/speed.h)
+      // MFU only against a stated peak, a ceiling no step passes (train/speed.h); none where no figure is known (a
+      // CPU without the probe: under qemu a product timed at start-up read 3-11% below the steps' rate).
+      const double peak = stated_peak(Device::CPU, Numerics{}).gflops;
+      CHECK(j.contains("mfu") == (peak > 0));
+      if (peak > 0) {
+        CHECK(j["mfu"].get<double>() > 0);
+        CHECK(j["mfu"].get<double>() <= 1.0);
+      }
       CHECK(j["train_s"].get<double>() > 0);
     }
   }
@@ -810,10 +816,14 @@ TEST_CASE("MFU's peak is stated and fixed: the same figure at every call, for th
     n.bf16 = bf16;
     const Peak a = stated_peak(Device::CPU, n), b = stated_peak(Device::CPU, n);
     INFO(a.how);
-    CHECK(a.gflops > 0);
     CHECK_FALSE(a.how.empty());
-    // The clock and rates are measured once a process (and cached across runs by train); only a CPU without the
-    // probe (not x86-64) falls back to a matmul measured at the call, which may move.
+    CHECK(a.gflops == b.gflops);
+    // The clock and rates are measured once a process (and cached across runs by train); a CPU without the probe
+    // (not x86-64) has no stated peak, and says why.
+#if defined(__x86_64__)
+    CHECK(a.gflops > 0);
+#endif
+    if (a.gflops == 0) CHECK(a.how.find("x86-64 only") != std::string::npos);
     if (cpu::unit_rates().ghz > 0) {
       CHECK(a.gflops == b.gflops);
       const cpu::Bf16Kernel k = bf16 ? cpu::bf16_kernel() : cpu::Bf16Kernel::F32Units;

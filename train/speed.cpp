@@ -4,7 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,15 +13,11 @@
 #include <string>
 #include <string_view>
 
-#include "autograd/autograd.h"
 #include "kernels/device.h"
 #include "kernels/env.h"
-#include "kernels/kernels.h"
 #include "train/plots.h"  // write_text_file
 
 namespace tinygpt {
-
-using Clock = std::chrono::steady_clock;
 
 double step_flops(const nn::GPT& model, int64_t tokens_per_step) {
   const nn::GPTConfig& c = model.config();
@@ -151,46 +147,25 @@ Peak stated_peak(Device device, const Numerics& numerics) {
                           cpu::cpu_model_name())};
     }
   }
-  const auto [gflops, n] = measure_peak_gflops(device, numerics);
-  return {gflops, fmt::format("no stated figure for this {}: a {}^3 matmul measured now",
-                              device == Device::CPU ? "CPU" : "GPU", n)};
+  return {0, device == Device::CPU
+                 ? "none stated for this CPU (its clock and units are probed on x86-64 only)"
+                 : fmt::format("none stated for the {} (NVIDIA's figures are known for the H100, H200 and A100)",
+                               cuda::device_description())};
 }
 
-std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& numerics) {
-  NoGradGuard no_grad;
-  const int64_t largest = device == Device::CPU ? 1536 : 4096;
-  Generator gen(0);
-  Tensor a, b, c;
-  // The kernel itself, not the matmul op through launch(): TINYGPT_PROFILE and TINYGPT_CUDA_PROFILE time the run's
-  // kernels, and this product would be the largest entry of their tables.
-  const auto product = device == Device::CPU ? kernels::matmul_forward<float>.cpu : kernels::matmul_forward<float>.cuda;
-  if (product == nullptr) throw Error("measure_peak_gflops: no matmul kernel on this device");
-  auto seconds = [&] {
-    const auto t0 = Clock::now();
-    product(c.data<float>(), a.data<float>(), b.data<float>(), 1, 1, c.size(0), a.size(1), c.size(1), false, false,
-            numerics.matmul());
-    if (device == Device::CUDA) cuda::synchronize();
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  int64_t n = 64;
-  double best = 0;
-  do {
-    n = std::min(largest, n * 2);
-    a = randn({n, n}, gen).to(device), b = randn({n, n}, gen).to(device), c = empty({n, n}, DType::F32, device);
-    best = seconds();
-    // A slow product is timed again: the first also pays one-time costs (the library's start, loading its kernels),
-    // which could otherwise stop the search at a small size with a peak far too low.
-    if (best >= 0.1) best = std::min(best, seconds());
-  } while (n < largest && best < 0.1);
-  if (best < 0.1) {
-    double spent = 0;
-    for (int i = 0; i < 5 || spent < 0.3; ++i) {
-      const double t = seconds();
-      spent += t;
-      best = std::min(best, t);
-    }
+Peak peak_passed(Device device, const Numerics& numerics, const Peak& peak, double gflops) {
+  if (device == Device::CPU && cpu::unit_rates().ghz > 0) {
+    const cpu::Bf16Kernel kernel = numerics.bf16 ? cpu::bf16_kernel() : cpu::Bf16Kernel::F32Units;
+    const double per_cycle = gflops / (omp_get_max_threads() * cpu::unit_rates().ghz);
+    cpu::raise_unit_rate(kernel, std::exp2(std::ceil(std::log2(per_cycle))));
+    Peak raised = stated_peak(device, numerics);
+    const std::string why = save_cpu_rates_cache();
+    raised.how = fmt::format("the probe read the unit low (a busy core): it is now {}{}", raised.how,
+                             why.empty() ? "" : fmt::format(" (not cached: {})", why));
+    return raised;
   }
-  return {2.0 * double(n) * double(n) * double(n) / best / 1e9, n};
+  return {gflops, fmt::format("the step's rate: {} was passed, so the step's FLOP count is wrong (train/speed.cpp)",
+                              peak.how)};
 }
 
 }  // namespace tinygpt

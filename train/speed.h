@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
-#include <utility>
 
 #include "../nn/gpt.h"
 
@@ -15,16 +14,24 @@ namespace tinygpt {
 /// counts 12 L T C, the whole T x T, where the causal flash kernels compute about half of it.
 double step_flops(const nn::GPT& model, int64_t tokens_per_step);
 
-/// The peak MFU is measured against, fixed for a machine and the run's numerics, never raised by a step (a step above
-/// it means the FLOP count or the peak is wrong). CPU: threads x the clock the cores run at x the FLOPs a cycle of
-/// the unit the products run on, both measured (kernels/device.h) and cached per CPU (cpu_rates_cache_path),
-/// so every run on a machine states the same peak. GPU: NVIDIA's dense figure for the card (H100, H200, A100) in the
-/// run's matmul format. Where neither is known, a matmul measured at start-up (measure_peak_gflops), said so in `how`.
+/// The peak MFU is measured against: a ceiling no step can pass, fixed for a machine and the run's numerics, never
+/// raised by a step (a step above it means the FLOP count or the peak is wrong). CPU: threads x the clock the cores
+/// run at x the FLOPs a cycle of the unit the products run on, both measured (kernels/device.h) and cached per CPU
+/// (cpu_rates_cache_path), so every run on a machine states the same peak. GPU: NVIDIA's dense figure for the card
+/// (H100, H200, A100) in the run's matmul format. Where neither is known (a CPU without the probe, not x86-64; another
+/// GPU), `gflops` is 0 and no MFU is reported: a product timed at start-up is a rate the steps can pass, not a ceiling
+/// (under qemu one read 0.17 GFLOP/s and the steps ran 3-11% above it), so it is not taken for one.
 struct Peak {
-  double gflops;    // per rank
-  std::string how;  // for the log: where the figure comes from
+  double gflops;    // per rank; 0: none known
+  std::string how;  // for the log: where the figure comes from, or why there is none
 };
 Peak stated_peak(Device device, const Numerics& numerics);
+/// The peak after a step ran at `gflops` (per rank), above `peak`. On the CPU the probe read the unit low (a core
+/// shared with other work while it ran: seen at a half and a quarter of the unit's rate): the unit's FLOPs a cycle is
+/// raised to the power of two the step needs (cpu::raise_unit_rate), for this run and, cached, the next. A GPU's
+/// figure is NVIDIA's: passing it means the FLOP count is wrong, and the peak becomes the step's rate. Either way no
+/// logged MFU is above 1; `how` says what happened.
+Peak peak_passed(Device device, const Numerics& numerics, const Peak& peak, double gflops);
 
 /// Where the CPU's measured clock and unit rates are kept between runs: $TINYGPT_CACHE_DIR/cpu-rates.txt, else
 /// $XDG_CACHE_HOME/tinygpt/, else ~/.cache/tinygpt/; empty with TINYGPT_CACHE_DIR=off (the tests: no writes outside
@@ -36,14 +43,5 @@ void use_cpu_rates_cache();
 /// Writes the rates measured by this run to the cache (by rename, never half a file); nothing when they came from
 /// it. Returns why it could not, or "" (a cache: the run goes on either way).
 std::string save_cpu_rates_cache();
-
-/// The machine's practical peak for this run: square f32 matmuls (bf16 with --dtype bf16) on the run's device and
-/// threads, with the run's TF32 setting, growing from 128 while one takes under 100 ms (up to 1536 on the CPU, 4096 on
-/// a GPU), then the best of runs at the last size repeated for at least 0.3 s and 5 runs (one run when that took over
-/// 100 ms, as under a sanitizer): cold caches, a core still ramping up its clock or a page-faulting first touch make a
-/// few short runs read low. It moves between runs and between machines of one kind, so MFU uses it only where
-/// stated_peak knows no figure (docs/RESULTS.md, "Measurements behind design decisions"). Returns GFLOP/s and the size
-/// used.
-std::pair<double, int64_t> measure_peak_gflops(Device device, const Numerics& numerics);
 
 }  // namespace tinygpt
