@@ -10,6 +10,7 @@
 #include "../kernels/dropout_hash.h"
 #include "../kernels/geometry.h"
 #include "../kernels/numerics.h"
+#include "../kernels/rope_freqs.h"
 
 namespace tinygpt {
 
@@ -100,9 +101,10 @@ Tensor dropout(const Tensor& x, double p, DropoutSeed seed);
 Tensor dropout(const Tensor& x, double p, Generator& gen, bool training = true);
 
 /// Rotary position embedding of x (B, L, NH * E), heads packed in the last dim: the first `rotated_heads`
-/// heads of each position are rotated by angles pos * base^(-2i/E) (pairs (i, i + E/2)), positions
+/// heads of each position are rotated by angles pos * inv_freq(i) (pairs (i, i + E/2); base^(-2i/E), or Llama 3's
+/// rescaling of it: kernels/rope_freqs.h), positions
 /// starting at `pos0`; the remaining heads pass through unchanged (so a fused QKV can rotate q and k only).
-Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t pos0 = 0, double base = 10000.0);
+Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t pos0 = 0, RopeFreqs freqs = {});
 
 // --- shapes (reshape/view share storage; the others copy into a new contiguous tensor)
 /// One dimension may be -1 (inferred).

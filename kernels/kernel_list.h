@@ -17,6 +17,7 @@
 #include "bf16.h"
 #include "geometry.h"
 #include "numerics.h"
+#include "rope_freqs.h"
 
 // ---- element-wise ------------------------------------------------------------------------------------------------
 #define TINYGPT_PARAMS_fill(T) (T * out, T value, int64_t n)
@@ -156,12 +157,12 @@
 #define TINYGPT_PARAMS_adamw_update_indirect(T)                                                                   \
   (T * param, const T* grad, T* m, T* v, const AdamWRuns& runs, const float* sched, const T* stats, double max_norm, \
    float beta1, float beta2, float eps)
-/// Rotary embedding of x (B, L, NH, E) at positions pos0 .. pos0+L-1: the first n_rot heads are rotated, the rest
-/// copied. E must be even. Backward applies the inverse rotation and accumulates.
+/// Rotary embedding of x (B, L, NH, E) at positions pos0 .. pos0+L-1 (frequencies: kernels/rope_freqs.h): the first
+/// n_rot heads are rotated, the rest copied. E must be even. Backward applies the inverse rotation and accumulates.
 #define TINYGPT_PARAMS_rope_forward(T) \
-  (T * out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base)
+  (T * out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, RopeFreqs freqs)
 #define TINYGPT_PARAMS_rope_backward(T) \
-  (T * dinp, const T* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base)
+  (T * dinp, const T* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, RopeFreqs freqs)
 
 // ---- attention (layout, masking and dropout: kernels/attention.h) ------------------------------------------------
 // `mask` is the additive mask (may be null), `key_padding` (B, S) nonzero ignores a key (may be null).

@@ -284,7 +284,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
     if (qkv.dtype() == DType::BF16 && (c.rope || c.qk_norm)) qkv = cast(qkv, DType::F32);
     trace("fused qkv projection", qkv);
     qkv = normalize_qk(qkv);
-    if (c.rope) qkv = rope(qkv, E, NH + NKV, pos0, c.rope_base);  // rotate the q and k heads, not v
+    if (c.rope) qkv = rope(qkv, E, NH + NKV, pos0, c.rope_freqs);  // rotate the q and k heads, not v
     r = fused_self_attention(qkv, NH, NKV, opts);
   } else {
     Tensor q, k, v;
@@ -309,8 +309,8 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
       k = normalize_heads(*k_norm, k, E);
     }
     if (c.rope) {
-      q = rope(q, E, NH, pos0, c.rope_base);
-      k = rope(k, E, NKV, pos0, c.rope_base);
+      q = rope(q, E, NH, pos0, c.rope_freqs);
+      k = rope(k, E, NKV, pos0, c.rope_freqs);
     }
     if (extra_keys) append_keys(c, bias_k, bias_v, q, k, v, key_padding_mask, attn_mask, is_causal, opts);
     r = packed_attention(q, k, v, NH, NKV, opts);
@@ -348,7 +348,7 @@ Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tens
   Tensor qkv = c_attn->forward(xb);  // (B, T, (NH + 2 NKV) * E)
   if (qkv.dtype() == DType::BF16) qkv = cast(qkv, DType::F32);  // the cache and cached attention are f32
   qkv = normalize_qk(qkv);
-  if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_base);
+  if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_freqs);
   write_slice(k_cache, 1, pos, narrow(qkv, 2, NH * E, NKV * E));
   write_slice(v_cache, 1, pos, narrow(qkv, 2, (NH + NKV) * E, NKV * E));
   const Tensor y = cached_attention(narrow(qkv, 2, 0, NH * E), k_cache, v_cache, pos + T, NH, NKV, numerics(),

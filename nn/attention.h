@@ -15,6 +15,7 @@
 #pragma once
 
 #include "../autograd/attention.h"
+#include "../kernels/rope_freqs.h"
 #include "layers.h"
 
 namespace tinygpt::nn {
@@ -32,7 +33,7 @@ struct MultiHeadAttentionConfig {
   bool batch_first = true;     // false: query, key, value and the output are sequence-first (T, B, E)
   double dropout = 0.0;      // on the attention weights, in training mode
   bool rope = false;         // rotate q and k by position (RoPE) instead of relying on learned positions
-  double rope_base = 10000.0;
+  RopeFreqs rope_freqs{};  // with rope: base and scaling (kernels/rope_freqs.h)
   double proj_init_std = kInitStd;  // of the output projection (GPT-2 scales it down with depth)
   // Score modifiers inside the attention kernels (kernels/score_mods.h): window, softcap, alibi, T5's bias (t5_buckets
   // > 0: a learned table t5_bias (num_heads, buckets)), Shaw's relative positions (max_rel = m > 0: tables

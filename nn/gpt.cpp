@@ -25,7 +25,7 @@ MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
   a.num_kv_heads = c.n_kv_head;
   a.bias = c.bias || c.qkv_bias;
   a.out_bias = c.bias;
-  a.rope_base = c.rope_theta;
+  a.rope_freqs = RopeFreqs(c.rope_theta, c.rope_scaling);
   a.dropout = c.dropout;
   a.rope = c.pos == Positions::Rope;
   a.proj_init_std = c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer));
@@ -113,6 +113,14 @@ void GPTConfig::validate() const {
   if (ffn_hidden < 0) throw Error(fmt::format("model config: ffn_hidden must be 0 (the default width) or positive, got {}", ffn_hidden));
   if (!(rope_theta > 1.0 && std::isfinite(rope_theta))) {
     throw Error(fmt::format("model config: rope_theta must be a finite number above 1, got {}", rope_theta));
+  }
+  const RopeScaling& s = rope_scaling;
+  if (s != RopeScaling{} && !(s.factor >= 1.0 && s.factor <= 1024.0 && s.low_freq_factor > 0.0 &&
+                              s.high_freq_factor > s.low_freq_factor && s.original_context >= 1.0 &&
+                              s.original_context <= 1e9 && std::isfinite(s.high_freq_factor))) {
+    throw Error(fmt::format("model config: RoPE scaling needs a factor in [1, 1024], 0 < low_freq_factor < "
+                            "high_freq_factor and an original context of at least 1; got factor {}, low {}, high {}, "
+                            "original context {}", s.factor, s.low_freq_factor, s.high_freq_factor, s.original_context));
   }
 }
 

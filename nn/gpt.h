@@ -53,6 +53,7 @@ struct GPTConfig {
   MlpKind mlp = MlpKind::Gelu;
   int64_t ffn_hidden = 0;    // the MLP's inner width; 0: ffn_width()'s default
   double rope_theta = 10000.0;  // pos rope: the base of the rotation frequencies
+  RopeScaling rope_scaling{};   // pos rope: Llama 3's rescaling of them (factor 1: none; kernels/rope_freqs.h)
   Positions pos = Positions::Learned;
   int64_t max_relative_position = 16;  // pos relative: distances clipped to [-m, m]
   int64_t window = 0;        // > 0: sliding-window attention over the last `window` positions

@@ -181,8 +181,10 @@ sed -i 's/"hidden_act": "gelu"/"hidden_act": "silu"/; s/"intermediate_size": 64/
 expect 1 "mlp.gate_proj.weight is (64, 32) where the model its config.json describes has (96, 32)" \
   "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
 sed -i 's/"intermediate_size": 96/"intermediate_size": 64/; s/"rope_scaling": null/"rope_scaling": {"rope_type": "llama3"}/' "$dir/bad-hf/config.json"
-expect 1 "its rope_scaling is" "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
-sed -i 's/"rope_scaling": {"rope_type": "llama3"}/"rope_scaling": null/' "$dir/bad-hf/config.json"
+expect 1 "its rope_scaling: factor must be a number" "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
+sed -i 's/"rope_scaling": {"rope_type": "llama3"}/"rope_scaling": {"type": "linear", "factor": 2.0}/' "$dir/bad-hf/config.json"
+expect 1 "its rope_scaling: rope_type \"linear\" is not Llama 3's" "$tinygpt" import --format hf --from "$dir/bad-hf" --out "$dir/imp2"
+sed -i 's/"rope_scaling": {"type": "linear", "factor": 2.0}/"rope_scaling": null/' "$dir/bad-hf/config.json"
 mv "$dir/bad-hf/model.safetensors" "$dir/bad-hf/model-00001-of-00002.safetensors"
 printf '{"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}' \
   > "$dir/bad-hf/model.safetensors.index.json"

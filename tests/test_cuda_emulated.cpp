@@ -1245,15 +1245,19 @@ TEST_CASE("emulated CUDA: the all-reduce's owner sums the ranks' parts in rank o
   CHECK(out[0] == 1.0f);
 }
 
-TEST_CASE("emulated CUDA: RoPE (rotated and copied heads, an offset), forward and backward") {
+TEST_CASE("emulated CUDA: RoPE (rotated and copied heads, an offset, Llama 3's scaling), forward and backward") {
   const int64_t B = 2, L = 5, NH = 3, E = 8, n_rot = 2, pos0 = 3;
   const Vec x = random(size_t(B * L * NH * E), 55), dout = random(size_t(B * L * NH * E), 56);
-  compare("rope forward", {Vec(x.size())}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::rope_forward : cpu::rope_forward<float>)(o[0].data(), x.data(), B, L, NH, E, n_rot, pos0, 10000.0);
-  });
-  compare("rope backward", {random(x.size(), 57)}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::rope_backward : cpu::rope_backward<float>)(o[0].data(), dout.data(), B, L, NH, E, n_rot, pos0, 10000.0);
-  });
+  // Llama 3's scaling with every band at E = 8: pair 0 kept, pair 1 blended, pairs 2 and 3 slowed.
+  const RopeFreqs llama3(10000.0, RopeScaling{.factor = 8, .original_context = 64});
+  for (const RopeFreqs& freqs : {RopeFreqs(10000.0), llama3}) {
+    compare("rope forward", {Vec(x.size())}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::rope_forward : cpu::rope_forward<float>)(o[0].data(), x.data(), B, L, NH, E, n_rot, pos0, freqs);
+    });
+    compare("rope backward", {random(x.size(), 57)}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::rope_backward : cpu::rope_backward<float>)(o[0].data(), dout.data(), B, L, NH, E, n_rot, pos0, freqs);
+    });
+  }
 }
 
 namespace {

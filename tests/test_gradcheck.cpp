@@ -114,6 +114,9 @@ TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout, rotary embe
   expect_gradcheck([targets](const Inputs& in) { return cross_entropy(in[0], targets); }, {leaf({2, 3, 5}, gen, 2.0)});
   expect_gradcheck([](const Inputs& in) { return dropout(in[0], 0.4, 99); }, {leaf({4, 6}, gen)});
   expect_gradcheck([](const Inputs& in) { return rope(in[0], 4, 2, 3); }, {leaf({2, 5, 12}, gen)});
+  // Llama 3's scaling with every band at E = 8: pair 0 kept, pair 1 blended, pairs 2 and 3 slowed.
+  const RopeFreqs llama3(10000.0, RopeScaling{.factor = 8, .original_context = 64});
+  expect_gradcheck([llama3](const Inputs& in) { return rope(in[0], 8, 1, 2, llama3); }, {leaf({2, 5, 16}, gen)});
 }
 
 TEST_CASE("gradcheck: RMSNorm (alone and after a residual add, with dropout) and SwiGLU") {

@@ -284,6 +284,28 @@ TEST_CASE("forward: narrow, slice, split, concat") {
   CHECK_THROWS_AS(concat({c, zeros({3, 3, 1})}, 0), Error);
 }
 
+TEST_CASE("forward: Llama 3's RoPE scaling keeps the fast pairs, slows the slow ones by its factor, blends between") {
+  // One head of D = 8, base 10000: inv_freq 1, 0.1, 0.01, 0.001, wavelengths 2 pi / inv_freq = 6.3, 62.8, 628, 6283.
+  // Original context 64, low_freq_factor 1, high_freq_factor 4: below 64 / 4 = 16 kept (pair 0), above 64 / 1 = 64
+  // divided by the factor 8 (pairs 2, 3), between blended (pair 1) with smooth = (64 / wavelength - 1) / (4 - 1).
+  const RopeFreqs freqs(10000.0, RopeScaling{.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                                             .original_context = 64});
+  const double pi = 3.14159265358979323846, smooth = (64.0 / (2 * pi / 0.1) - 1.0) / 3.0;
+  const double inv[4] = {1.0, (1 - smooth) * 0.1 / 8 + smooth * 0.1, 0.01 / 8, 0.001 / 8};
+  const Tensor x = vec({1, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 8});
+  const double pos = 5;  // pos0 = 5: the angles pos * inv_freq
+  const auto y = rope(x, 8, 1, 5, freqs).to_vector<double>();
+  std::vector<double> expected(8);
+  for (int i = 0; i < 4; ++i) {
+    const double a = pos * inv[i], c = std::cos(a), s = std::sin(a);
+    expected[size_t(i)] = x.to_vector<double>()[size_t(i)] * c - x.to_vector<double>()[size_t(i + 4)] * s;
+    expected[size_t(i + 4)] = x.to_vector<double>()[size_t(i)] * s + x.to_vector<double>()[size_t(i + 4)] * c;
+  }
+  check_close(y, expected, 1e-12);
+  // Unscaled, pair 3 turns 8 times as fast: the scaling is not a no-op.
+  CHECK(std::abs(rope(x, 8, 1, 5, 10000.0).to_vector<double>()[3] - y[3]) > 1e-3);
+}
+
 TEST_CASE("forward: rotary embedding rotates feature pairs by pos * base^(-2i/D)") {
   // One head of D = 4 at positions 0 and 1; pairs (0, 2) and (1, 3) with angles pos * 1 and pos * 100^(-1/2).
   const Tensor x = vec({1, 2, 3, 4, 1, 2, 3, 4}, {1, 2, 4});

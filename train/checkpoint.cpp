@@ -30,8 +30,35 @@ Generator::State rng_from_json(const nlohmann::json& j) {
 
 }  // namespace
 
+nlohmann::json rope_scaling_json(const RopeScaling& s) {
+  return {{"rope_type", "llama3"},
+          {"factor", s.factor},
+          {"low_freq_factor", s.low_freq_factor},
+          {"high_freq_factor", s.high_freq_factor},
+          {"original_max_position_embeddings", s.original_context}};
+}
+
+RopeScaling rope_scaling_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw Error(fmt::format("rope_scaling must be an object, got {}", j.dump()));
+  const std::string type = j.contains("rope_type") ? j["rope_type"].dump() : j.contains("type") ? j["type"].dump() : "";
+  if (type != "\"llama3\"") {
+    throw Error(fmt::format("rope_scaling: rope_type {} is not Llama 3's (\"llama3\", the one tinygpt implements)",
+                            type.empty() ? "(none)" : type));
+  }
+  auto number = [&](const char* key) {
+    if (!j.contains(key) || !j[key].is_number()) throw Error(fmt::format("rope_scaling: {} must be a number", key));
+    return j[key].get<double>();
+  };
+  RopeScaling s;
+  s.factor = number("factor");
+  s.low_freq_factor = number("low_freq_factor");
+  s.high_freq_factor = number("high_freq_factor");
+  s.original_context = number("original_max_position_embeddings");
+  return s;
+}
+
 nlohmann::json to_json(const nn::GPTConfig& c) {
-  return {{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
+  nlohmann::json j = {{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
           {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},   {"n_embd", c.n_embd},
           {"dropout", c.dropout},       {"bias", c.bias},             {"pos", nn::positions_name(c.pos)},
           {"max_relative_position", c.max_relative_position}, {"window", c.window}, {"attn_softcap", c.attn_softcap},
@@ -39,6 +66,8 @@ nlohmann::json to_json(const nn::GPTConfig& c) {
           {"norm", nn::norm_name(c.norm)}, {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
           {"qkv_bias", c.qkv_bias}, {"logit_softcap", c.logit_softcap},
           {"zero_init_proj", c.zero_init_proj}, {"untied_head", c.untied_head}, {"qk_norm", c.qk_norm}};
+  if (c.rope_scaling != RopeScaling{}) j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
+  return j;
 }
 
 nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
@@ -66,6 +95,7 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   c.ffn_hidden = j.value("ffn_hidden", int64_t(0));
   c.norm_eps = j.value("norm_eps", 1e-5);
   c.rope_theta = j.value("rope_theta", 10000.0);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = rope_scaling_from_json(j["rope_scaling"]);
   c.qkv_bias = j.value("qkv_bias", false);
   c.logit_softcap = j.value("logit_softcap", 0.0);
   c.zero_init_proj = j.value("zero_init_proj", false);

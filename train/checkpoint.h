@@ -59,6 +59,11 @@ void load_weights(nn::GPT& model, const Checkpoint& ckpt);
 void load_optimizer(Optimizer& opt, const Checkpoint& ckpt);
 
 nlohmann::json to_json(const nn::GPTConfig& c);
+/// Llama 3's RoPE scaling as Hugging Face's config.json writes it (rope_type "llama3", factor, low_freq_factor,
+/// high_freq_factor, original_max_position_embeddings), in checkpoints too; the reader throws Error naming another
+/// rope_type or a missing number.
+nlohmann::json rope_scaling_json(const RopeScaling& s);
+RopeScaling rope_scaling_from_json(const nlohmann::json& j);
 nn::GPTConfig gpt_config_from_json(const nlohmann::json& j);
 
 }  // namespace tinygpt

@@ -136,6 +136,10 @@ std::string describe_attention(const nn::GPTConfig& c) {
   if (c.mlp != nn::MlpKind::SwiGLU && c.ffn_hidden > 0) s += fmt::format(", MLP {} wide", c.ffn_hidden);
   if (c.norm == nn::NormKind::RMSNorm) s += fmt::format(", RMSNorm (eps {:g})", c.norm_eps);
   if (c.pos == nn::Positions::Rope && c.rope_theta != 10000.0) s += fmt::format(", RoPE theta {:g}", c.rope_theta);
+  if (c.pos == nn::Positions::Rope && c.rope_scaling.factor != 1.0) {
+    s += fmt::format(" scaled as Llama 3's (factor {:g} from a context of {:g})", c.rope_scaling.factor,
+                     c.rope_scaling.original_context);
+  }
   if (c.qkv_bias && !c.bias) s += ", q/k/v biases";
   if (c.logit_softcap > 0) s += fmt::format(", logits soft-capped at {}", c.logit_softcap);
   if (c.zero_init_proj) s += ", output projections initialized to zero";

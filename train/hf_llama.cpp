@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "data/bpe.h"
+#include "train/checkpoint.h"  // rope_scaling_json, rope_scaling_from_json
 
 namespace tinygpt {
 
@@ -56,8 +57,15 @@ nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
   const json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"] : json();
   c.rope_theta = rope.contains("rope_theta") ? rope["rope_theta"].is_number() ? rope["rope_theta"].get<double>() : -1.0
                                              : number("rope_theta", 10000.0);
-  if (const std::string kind = rope.value("rope_type", std::string("default")); kind != "default") {
-    throw bad(fmt::format("its rope_parameters' rope_type is {} (tinygpt's rotary positions are unscaled)", kind));
+  // Llama 3's rescaled frequencies: in rope_parameters (transformers 5) or rope_scaling (4); other kinds are refused.
+  try {
+    if (rope.contains("rope_type") && rope["rope_type"] != "default") {
+      c.rope_scaling = rope_scaling_from_json(rope);
+    } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+      c.rope_scaling = rope_scaling_from_json(j["rope_scaling"]);
+    }
+  } catch (const Error& e) {
+    throw bad(fmt::format("its {}", e.what()));
   }
   c.untied_head = !flag("tie_word_embeddings", false);  // LlamaConfig's and Qwen2Config's default: untied
   c.dropout = 0;
@@ -68,9 +76,6 @@ nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
   if (j.contains("head_dim") && !j["head_dim"].is_null() && j["head_dim"] != c.n_embd / c.n_head) {
     throw bad(fmt::format("its head_dim is {} (tinygpt's heads are hidden_size / num_attention_heads = {} wide)",
                           j["head_dim"].dump(), c.n_embd / c.n_head));
-  }
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    throw bad(fmt::format("its rope_scaling is {} (tinygpt's rotary positions are unscaled)", j["rope_scaling"].dump()));
   }
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2's q, k and v projections always have biases, its output projection none
@@ -125,7 +130,7 @@ json llama_config_to_hf(const nn::GPTConfig& c, int64_t bos, int64_t eos) {
       {"rms_norm_eps", c.norm_eps},
       {"rope_theta", c.rope_theta},  // transformers 4's key; 5's is rope_parameters
       {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
-      {"rope_scaling", nullptr},
+      {"rope_scaling", nullptr},  // transformers 4's key for a scaling; 5's is rope_parameters
       {"tie_word_embeddings", !c.untied_head},
       {"attention_dropout", 0.0},
       {"initializer_range", 0.02},
@@ -134,6 +139,10 @@ json llama_config_to_hf(const nn::GPTConfig& c, int64_t bos, int64_t eos) {
       {"eos_token_id", eos >= 0 ? json(eos) : json(nullptr)},
       {"torch_dtype", "float32"},
   };
+  if (c.rope_scaling != RopeScaling{}) {
+    j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
+    j["rope_parameters"].update(j["rope_scaling"]);
+  }
   if (qwen2) {
     j["use_sliding_window"] = false;
   } else {

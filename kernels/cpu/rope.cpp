@@ -1,10 +1,11 @@
 // Rotary position embeddings (RoPE), half-split pairing as GPT-NeoX and LLaMA (Hugging Face layout):
-// feature i is rotated with feature i + E/2 by angle pos * base^(-2i/E).
+// feature i is rotated with feature i + E/2 by angle pos * inv_freq(i) (kernels/rope_freqs.h).
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/rope_freqs.h"
 
 namespace tinygpt::cpu {
 namespace {
@@ -12,8 +13,8 @@ namespace {
 /// out = R(sign * theta) inp for the first n_rot heads of every position; the other heads are copied
 /// (forward) or passed through (backward, accumulating).
 template <class T>
-void rotate(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base,
-            double sign, bool accumulate) {
+void rotate(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
+            const RopeFreqs& freqs, double sign, bool accumulate) {
   const int64_t half = E / 2;
   // cos and sin of every (position, pair) once per call, not once per head and batch row (pow, cos and sin in
   // double cost ~100 ns a pair: nanoGPT's CPU recipe with --rope spent a third of its step on them).
@@ -23,7 +24,7 @@ void rotate(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, i
   for (int64_t l = 0; l < L; ++l) {
     const double pos = double(pos0 + l);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = sign * pos * std::pow(base, -2.0 * double(i) / double(E));
+      const double angle = sign * pos * rope_inv_freq(freqs, i, E);
       cs[size_t(2 * (l * half + i))] = T(std::cos(angle));
       cs[size_t(2 * (l * half + i) + 1)] = T(std::sin(angle));
     }
@@ -52,13 +53,15 @@ void rotate(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, i
 }  // namespace
 
 template <class T>
-void rope_forward(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base) {
-  rotate(out, inp, B, L, NH, E, n_rot, pos0, base, 1.0, false);
+void rope_forward(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
+                  RopeFreqs freqs) {
+  rotate(out, inp, B, L, NH, E, n_rot, pos0, freqs, 1.0, false);
 }
 
 template <class T>
-void rope_backward(T* dinp, const T* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0, double base) {
-  rotate(dinp, dout, B, L, NH, E, n_rot, pos0, base, -1.0, true);  // the inverse rotation is the transpose
+void rope_backward(T* dinp, const T* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
+                   RopeFreqs freqs) {
+  rotate(dinp, dout, B, L, NH, E, n_rot, pos0, freqs, -1.0, true);  // the inverse rotation is the transpose
 }
 
 // The storage types kernels/kernel_list.h lists for each kernel.

@@ -8,6 +8,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/rope_freqs.h"
 #include "kernels/scalar_math.h"
 
 TINYGPT_CUDA_BEGIN
@@ -517,7 +518,7 @@ __global__ void sum_rows_in_order_kernel(float* out, const float* parts, int64_t
 
 /// One thread per rotated pair (or per copied element of an unrotated head).
 __global__ void rope_kernel(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
-                            int64_t pos0, double base, double sign, bool accumulate) {
+                            int64_t pos0, RopeFreqs freqs, double sign, bool accumulate) {
   const int64_t half = E / 2;
   TINYGPT_CUDA_LOOP(idx, B * L * NH * half) {
     const int64_t i = idx % half, h = idx / half % NH, bl = idx / (half * NH);
@@ -525,7 +526,7 @@ __global__ void rope_kernel(float* out, const float* inp, int64_t B, int64_t L, 
     float* y = out + (bl * NH + h) * E;
     float ra = x[i], rb = x[i + half];
     if (h < n_rot) {
-      const double angle = sign * double(pos0 + bl % L) * pow(base, -2.0 * double(i) / double(E));
+      const double angle = sign * double(pos0 + bl % L) * rope_inv_freq(freqs, i, E);
       const float c = float(cos(angle)), s = float(sin(angle));
       const float a = ra, b = rb;
       ra = a * c - b * s;
@@ -748,17 +749,19 @@ void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) 
 }
 
 void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
-                  double base) {
+                  RopeFreqs freqs) {
   const int64_t n = B * L * NH * (E / 2);
   if (n == 0) return;
-  launch_kernel("rope_forward", rope_kernel, blocks_for(n), kThreads, 0, out, inp, B, L, NH, E, n_rot, pos0, base, 1.0, false);
+  launch_kernel("rope_forward", rope_kernel, blocks_for(n), kThreads, 0, out, inp, B, L, NH, E, n_rot, pos0, freqs, 1.0,
+                false);
 }
 
 void rope_backward(float* dinp, const float* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
-                   int64_t pos0, double base) {
+                   int64_t pos0, RopeFreqs freqs) {
   const int64_t n = B * L * NH * (E / 2);
   if (n == 0) return;
-  launch_kernel("rope_backward", rope_kernel, blocks_for(n), kThreads, 0, dinp, dout, B, L, NH, E, n_rot, pos0, base, -1.0, true);
+  launch_kernel("rope_backward", rope_kernel, blocks_for(n), kThreads, 0, dinp, dout, B, L, NH, E, n_rot, pos0, freqs, -1.0,
+                true);
 }
 
 TINYGPT_CUDA_END

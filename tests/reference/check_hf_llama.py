@@ -1,7 +1,7 @@
 """Checks the Llama family against Hugging Face transformers, both ways.
 
 Import: LlamaForCausalLM and Qwen2ForCausalLM made here with random weights (small configs with random RMSNorm gains
-and, for Qwen2, random q/k/v biases; and SmolLM2-135M's shape: 30 layers x 576, 9 heads, 3 key/value heads, MLP 1536,
+and, for Qwen2, random q/k/v biases; a small Llama with Llama 3's RoPE scaling, exported again and loaded back; and SmolLM2-135M's shape: 30 layers x 576, 9 heads, 3 key/value heads, MLP 1536,
 rope theta 1e5, tied head, saved as bf16 shards) beside a byte-level BPE that tinygpt trains here (GPT-2's pre-split;
 for the SmolLM2 shape SmolLM2's pre-tokenizer, digits one by one, whose ids are first checked against tokenizers'),
 imported by `tinygpt import --format hf`: the logits agree with transformers' (f32, on the same weights) within 1e-4
@@ -126,6 +126,16 @@ def check_import(tinygpt, tool, tok_dir, tmp, name, config_cls, model_cls, shape
     return compare(tinygpt, tool, model, tokenizer, tmp / name, tmp, name)
 
 
+def check_scaled_round_trip(tinygpt, tool, tmp, name):
+    """The imported run `name` exported again: transformers loads it with the same RoPE scaling and computes the same."""
+    hf_dir = tmp / f"{name}-again"
+    run(tinygpt, "export", "--ckpt", tmp / name, "--format", "hf", "--out", hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    print(f"{name + ' again':<14} exported: rope_scaling {config.get('rope_scaling')}")
+    return compare(tinygpt, tool, model, AutoTokenizer.from_pretrained(hf_dir), tmp / name, tmp, f"{name}-again")
+
+
 def check_export(tinygpt, tool, data, tok, tmp, name, flags):
     run_dir, hf_dir, back = tmp / name, tmp / f"{name}-hf", tmp / f"{name}-back"
     run(tinygpt, "train", "--data", data, "--tokenizer", tok, "--out", run_dir, "--n-layer", 2, "--n-head", 4,
@@ -171,6 +181,12 @@ def main():
             results.append(check_import(tinygpt, tool, tok_dir, tmp, "llama-small", L, LM, dict(small), False))
             results.append(check_import(tinygpt, tool, tok_dir, tmp, "qwen2-small", Q, QM,
                                         dict(small, tie_word_embeddings=False), False))
+            # Llama 3's RoPE scaling (rope_type llama3), its bands inside the small model's 8 pairs a head: an
+            # original context of 32 keeps wavelengths under 8 and slows those over 32 by the factor.
+            scaled = dict(small, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                   high_freq_factor=4.0, original_max_position_embeddings=32))
+            results.append(check_import(tinygpt, tool, tok_dir, tmp, "llama3-scaled", L, LM, scaled, False))
+            results.append(check_scaled_round_trip(tinygpt, tool, tmp, "llama3-scaled"))
         if args.only in (None, "135m"):
             digits_dir = tmp / "tok-digits"
             results.append(check_digits_tokenizer(tinygpt, tok_dir, digits_dir))
