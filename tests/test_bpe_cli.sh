@@ -163,6 +163,27 @@ for arch in llama qwen2; do
   cmp -s "$dir/$arch.greedy" "$dir/$arch-back.greedy" || fail "the imported $arch model's greedy text differs"
   cmp -s "$dir/$arch.eval" "$dir/$arch-back.eval" || fail "the imported $arch model's loss differs"
 done
+# GGUF: the Llama run as llama.cpp's llama, the Qwen2 one as qwen2, the GPT-2 one as gpt2, at each weight type; read
+# back by tests/read_gguf.py (Python's standard library: header, tokens, offsets, values against the checkpoint).
+for pair in llama:llama qwen2:qwen2 plain:gpt2; do
+  run=${pair%%:*} arch=${pair##*:}
+  for type in f32 f16 bf16 q8_0; do
+    "$tinygpt" export --ckpt "$dir/$run" --format gguf --type "$type" --out "$dir/$run-$type.gguf" 2> "$dir/gguf.log" ||
+      fail "export --format gguf of $run at $type failed: $(cat "$dir/gguf.log")"
+    grep -q "llama.cpp's $arch architecture" "$dir/gguf.log" || fail "the $run export is not $arch: $(cat "$dir/gguf.log")"
+    python3 "$(dirname "$0")/read_gguf.py" "$dir/$run-$type.gguf" "$dir/$run/ckpt_best.safetensors" "$arch" "$type" \
+      > "$dir/gguf-read.log" || fail "the $run GGUF at $type: $(cat "$dir/gguf-read.log")"
+  done
+done
+"$tinygpt" train --data "$dir/corpus" --out "$dir/chars" "${model[@]}" --max-iters 1 > /dev/null 2> "$dir/chars.log" ||
+  fail "a character run failed: $(tail -1 "$dir/chars.log")"
+expect 1 "this model's tokenizer is characters, which GGUF's tokenizers" "$tinygpt" export --ckpt "$dir/chars" --format gguf \
+  --out "$dir/chars.gguf"
+[ ! -e "$dir/chars.gguf" ] || fail "a refused GGUF export left a file"
+expect 1 "GPT-2 cannot express" "$tinygpt" export --ckpt "$dir/run" --format gguf --out "$dir/run.gguf"  # --doc-mask
+expect 2 "--type is for --format gguf" "$tinygpt" export --ckpt "$dir/llama" --out "$dir/x-hf" --type q8_0
+expect 2 "--type: q4_k not in {f32,f16,bf16,q8_0}" "$tinygpt" export --ckpt "$dir/llama" --format gguf --type q4_k --out "$dir/x.gguf"
+expect 1 "is a directory; a GGUF export is one file" "$tinygpt" export --ckpt "$dir/llama" --format gguf --out "$dir/llama"
 "$tinygpt" info --ckpt "$dir/qwen2-back" | grep -q "SwiGLU MLP (64 wide), RMSNorm (eps 1e-05), RoPE theta 50000, q/k/v biases, untied head" ||
   fail "info of the imported Qwen2: $("$tinygpt" info --ckpt "$dir/qwen2-back" | sed -n 2p)"
 # Fine-tuning an imported Llama on a shorter context (no weight depends on it); longer, or with a position table, is refused.

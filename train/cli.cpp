@@ -23,6 +23,7 @@
 #include "train/cli_train.h"
 #include "train/comm.h"
 #include "train/export.h"
+#include "train/gguf.h"
 #include "train/import_hf.h"
 #include "train/generate.h"
 #include "train/memory.h"
@@ -368,7 +369,33 @@ void run_sample(const SampleArgs& a) {
              double(a.gen.max_new_tokens * a.num_samples) / secs);
 }
 
+void validate_export(const ExportArgs& a) {
+  if (a.format == "hf" && !a.type.empty()) {
+    throw UsageError("--type is for --format gguf (a Hugging Face export keeps f32 weights)");
+  }
+  GgufType type{};
+  if (!a.type.empty() && !parse_gguf_type(a.type, type)) {
+    throw UsageError(fmt::format("--type: {} not in {{f32,f16,bf16,q8_0}}", a.type));
+  }
+}
+
+void run_export_gguf(const ExportArgs& a) {
+  const Checkpoint ckpt = load_checkpoint(a.ckpt);
+  if (std::error_code ec; fs::is_directory(a.out, ec)) {
+    throw Error(fmt::format("--out '{}' is a directory; a GGUF export is one file (e.g. {}/model.gguf)", a.out, a.out));
+  }
+  GgufType type = GgufType::F32;
+  if (!a.type.empty()) parse_gguf_type(a.type, type);
+  const GgufWritten w = export_gguf(ckpt, a.out, type);
+  fmt::print(stderr, "wrote {} (GGUF v3, llama.cpp's {} architecture, {} tensors, {:.1f} MiB, weight matrices {}{}, from "
+             "{}); run it with llama.cpp (llama-cli -m {}) or ollama\n", a.out, w.architecture, w.tensors,
+             double(w.bytes) / (1 << 20), gguf_type_name(type),
+             w.as_f16 > 0 ? fmt::format(", {} of them f16 (rows not a multiple of 32)", w.as_f16) : "",
+             ckpt.path.string(), a.out);
+}
+
 void run_export(const ExportArgs& a) {
+  if (a.format == "gguf") return run_export_gguf(a);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   export_hf(ckpt, a.out);
   fmt::print(stderr, "wrote {} ({} and tokenizer, from {}); load it with transformers' "
@@ -463,15 +490,18 @@ Cli::Cli() {
        },
        [this] { validate_attention(attention_args); }, done([this] { run_attention(attention_args); })},
       {"export", "Write a checkpoint in another library's format (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM "
-                 "or Qwen2ForCausalLM directory with its tokenizer)",
+                 "or Qwen2ForCausalLM directory with its tokenizer; gguf: one file llama.cpp and ollama run)",
        [this](CLI::App& c) {
          c.add_option("--ckpt", export_args.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
              ->required();
-         c.add_option("--format", export_args.format, "Format to write")->capture_default_str()->check(CLI::IsMember({"hf"}));
-         c.add_option("--out", export_args.out, "Directory to write (created; its config, weight and tokenizer files are "
-                                                "overwritten)")->required();
+         c.add_option("--format", export_args.format, "Format to write")->capture_default_str()->check(
+             CLI::IsMember({"hf", "gguf"}));
+         c.add_option("--out", export_args.out, "hf: the directory to write (created; its config, weight and tokenizer "
+                                                "files are overwritten); gguf: the file")->required();
+         c.add_option("--type", export_args.type, "gguf: the weight matrices' type, f32, f16, bf16 or q8_0 (default f32; "
+                                                  "norms and biases stay f32)");
        },
-       [] {}, done([this] { run_export(export_args); })},
+       [this] { validate_export(export_args); }, done([this] { run_export(export_args); })},
       {"import", "Read another library's model as a tinygpt run (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM or "
                  "Qwen2ForCausalLM directory with its byte-level BPE tokenizer.json)",
        [this](CLI::App& c) {

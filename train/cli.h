@@ -62,7 +62,7 @@ struct AttentionArgs {
 };
 
 struct ExportArgs {
-  std::string ckpt, format = "hf", out;
+  std::string ckpt, format = "hf", out, type;  // type: gguf's weight type (f32 where not given)
   bool operator==(const ExportArgs&) const = default;
 };
 

@@ -1,0 +1,418 @@
+#include "train/gguf.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "kernels/bf16.h"
+#include "kernels/rope_freqs.h"
+#include "train/export.h"
+#include "train/hf_llama.h"
+
+namespace tinygpt {
+
+namespace fs = std::filesystem;
+
+bool parse_gguf_type(std::string_view name, GgufType& out) {
+  for (const GgufType t : {GgufType::F32, GgufType::F16, GgufType::BF16, GgufType::Q8_0}) {
+    if (name == gguf_type_name(t)) {
+      out = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* gguf_type_name(GgufType type) {
+  switch (type) {
+    case GgufType::F32: return "f32";
+    case GgufType::F16: return "f16";
+    case GgufType::BF16: return "bf16";
+    case GgufType::Q8_0: return "q8_0";
+  }
+  return "?";
+}
+
+namespace {
+
+// ggml's tensor types and llama.cpp's file types (general.file_type), for the types written here.
+enum GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
+uint32_t file_type(GgufType t) {
+  return t == GgufType::F32 ? 0 : t == GgufType::F16 ? 1 : t == GgufType::Q8_0 ? 7 : 32;
+}
+// GGUF's metadata value types.
+enum ValueType : uint32_t { kU32 = 4, kI32 = 5, kF32Value = 6, kBool = 7, kString = 8, kArray = 9 };
+// llama.cpp's token types (llama_token_type).
+constexpr int32_t kNormal = 1, kControl = 3, kUserDefined = 4;
+constexpr uint64_t kAlignment = 32;  // general.alignment's default
+constexpr int64_t kQ8Block = 32;
+
+/// An IEEE half, rounded to nearest even (as F16C's vcvtps2ph, which ggml uses on x86).
+uint16_t half_bits(float f) {
+  uint32_t x = 0;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xff) return uint16_t(sign | 0x7c00u | (mant != 0 ? 0x200u : 0u));  // inf, NaN
+  const int32_t e = int32_t(exp) - 127 + 15;
+  if (e >= 0x1f) return uint16_t(sign | 0x7c00u);  // too large: inf
+  if (e <= 0) {                                   // a subnormal half, or zero
+    if (e < -10) return uint16_t(sign);
+    mant |= 0x800000u;
+    const uint32_t shift = uint32_t(14 - e), half = mant >> shift, rem = mant & ((1u << shift) - 1);
+    const uint32_t mid = 1u << (shift - 1);
+    return uint16_t(sign | (half + (rem > mid || (rem == mid && (half & 1u)) ? 1u : 0u)));
+  }
+  const uint32_t half = (uint32_t(e) << 10) | (mant >> 13), rem = mant & 0x1fffu;
+  return uint16_t(sign | (half + (rem > 0x1000u || (rem == 0x1000u && (half & 1u)) ? 1u : 0u)));  // a carry: inf
+}
+
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+void put_string(std::string& s, std::string_view v) {
+  put<uint64_t>(s, v.size());
+  s.append(v);
+}
+
+/// The metadata, key by key, in GGUF's encoding.
+struct Metadata {
+  std::string bytes;
+  uint64_t count = 0;
+  void key(std::string_view k, ValueType t) {
+    put_string(bytes, k);
+    put<uint32_t>(bytes, t);
+    ++count;
+  }
+  void u32(std::string_view k, int64_t v) { key(k, kU32), put<uint32_t>(bytes, uint32_t(v)); }
+  void f32(std::string_view k, double v) { key(k, kF32Value), put<float>(bytes, float(v)); }
+  void boolean(std::string_view k, bool v) { key(k, kBool), put<uint8_t>(bytes, v ? 1 : 0); }
+  void string(std::string_view k, std::string_view v) { key(k, kString), put_string(bytes, v); }
+  void strings(std::string_view k, const std::vector<std::string>& v) {
+    key(k, kArray), put<uint32_t>(bytes, kString), put<uint64_t>(bytes, v.size());
+    for (const std::string& s : v) put_string(bytes, s);
+  }
+  void i32s(std::string_view k, const std::vector<int32_t>& v) {
+    key(k, kArray), put<uint32_t>(bytes, kI32), put<uint64_t>(bytes, v.size());
+    for (const int32_t x : v) put<int32_t>(bytes, x);
+  }
+};
+
+/// A tensor of the file: its name, shape as we keep it (row-major), ggml type, and its values (made when written).
+struct Out {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint32_t type;
+  std::function<std::vector<float>()> values;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (const int64_t d : shape) n *= d;
+    return n;
+  }
+  uint64_t bytes() const {
+    const auto n = uint64_t(numel());
+    return type == kF32 ? 4 * n : type == kQ8_0 ? n / kQ8Block * (2 + kQ8Block) : 2 * n;
+  }
+};
+
+std::string encode(const Out& t) {
+  const std::vector<float> v = t.values();
+  if (int64_t(v.size()) != t.numel()) throw Error(fmt::format("export_gguf: {} has the wrong size", t.name));
+  std::string s;
+  s.reserve(t.bytes());
+  if (t.type == kF32) {
+    s.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+  } else if (t.type == kF16) {
+    for (const float x : v) put<uint16_t>(s, half_bits(x));
+  } else if (t.type == kBF16) {
+    for (const float x : v) put<uint16_t>(s, bf16_bits_of(x));
+  } else {  // q8_0, as ggml's quantize_row_q8_0_ref: d = max |x| / 127, q = round(x / d)
+    for (size_t b = 0; b < v.size(); b += kQ8Block) {
+      float amax = 0;
+      for (int64_t j = 0; j < kQ8Block; ++j) amax = std::max(amax, std::fabs(v[b + size_t(j)]));
+      const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+      put<uint16_t>(s, half_bits(d));
+      for (int64_t j = 0; j < kQ8Block; ++j) put<int8_t>(s, int8_t(std::roundf(v[b + size_t(j)] * id)));
+    }
+  }
+  return s;
+}
+
+/// Rows r0 .. r0 + rows of a checkpoint tensor as f32 (all of it: rows < 0).
+std::vector<float> rows_of(const Checkpoint& ckpt, const std::string& name, int64_t r0 = 0, int64_t rows = -1) {
+  const Tensor t = ckpt.contents.find(name);  // present: the load checked
+  return (rows < 0 ? t : narrow(t, 0, r0, rows)).to(DType::F32).to_vector<float>();
+}
+
+/// llama.cpp's llama architecture pairs rotary feature i with i + 1 (GPT-J's interleaving); ours and Hugging Face's
+/// pair i with i + E/2. Its converter permutes the q and k rows of each head so that the pairs meet: new row 2j + s
+/// of a head is old row s E/2 + j. `cols` is 1 for a bias.
+std::vector<float> interleave_heads(const std::vector<float>& w, int64_t heads, int64_t cols) {
+  const int64_t E = int64_t(w.size()) / cols / heads, half = E / 2;
+  std::vector<float> out(w.size());
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < half; ++j) {
+      for (int64_t s = 0; s < 2; ++s) {
+        const float* src = w.data() + ((h * E) + s * half + j) * cols;
+        std::copy(src, src + cols, out.data() + ((h * E) + 2 * j + s) * cols);
+      }
+    }
+  }
+  return out;
+}
+
+/// llama.cpp's name for our pre-split (tokenizer.ggml.pre), or "" where it has none.
+std::string pre_name(const data::BpeTokenizer& bpe) {
+  if (bpe.individual_digits()) return bpe.pre_split() == data::PreSplit::Gpt2 ? "smollm" : "";
+  switch (bpe.pre_split()) {
+    case data::PreSplit::Gpt2: return "gpt-2";
+    case data::PreSplit::Llama3: return "llama-bpe";
+    case data::PreSplit::Qwen2: return "qwen2";
+  }
+  return "";
+}
+
+void tokenizer_metadata(Metadata& m, const data::Tokenizer& tok) {
+  const data::BpeTokenizer& bpe = tok.bpe();
+  const nlohmann::json j = nlohmann::json::parse(bpe.to_json());  // Hugging Face's spelling of tokens and merges
+  std::vector<std::string> tokens(size_t(bpe.vocab_size()));
+  std::vector<int32_t> types(tokens.size(), kNormal);
+  for (const auto& [text, id] : j["model"]["vocab"].items()) tokens.at(id.get<size_t>()) = text;
+  for (const data::BpeTokenizer::Added& a : bpe.added()) {
+    tokens.at(a.id) = a.content;
+    types.at(a.id) = a.special ? kControl : kUserDefined;
+  }
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (tokens[id].empty()) throw Error(fmt::format("export_gguf: the tokenizer has no text for id {}", id));
+  }
+  std::vector<std::string> merges;
+  for (const auto& merge : j["model"]["merges"]) {
+    merges.push_back(merge.is_string() ? merge.get<std::string>()
+                                       : merge.at(0).get<std::string>() + " " + merge.at(1).get<std::string>());
+  }
+  m.string("tokenizer.ggml.model", "gpt2");
+  m.string("tokenizer.ggml.pre", pre_name(bpe));
+  m.strings("tokenizer.ggml.tokens", tokens);
+  m.i32s("tokenizer.ggml.token_type", types);
+  m.strings("tokenizer.ggml.merges", merges);
+  const int32_t eos = tok.end_of_text(), bos = bpe.begin_of_text();
+  const std::string& bos_token = tok.config().bos_token;
+  const int32_t named_bos = bos >= 0 ? bos : bos_token.empty() ? eos : bpe.added_id(bos_token);
+  if (named_bos >= 0) m.u32("tokenizer.ggml.bos_token_id", named_bos);
+  if (eos >= 0) m.u32("tokenizer.ggml.eos_token_id", eos);
+  m.boolean("tokenizer.ggml.add_bos_token", bos >= 0);
+  m.boolean("tokenizer.ggml.add_eos_token", false);
+  if (!tok.config().chat_template.empty()) m.string("tokenizer.chat_template", tok.config().chat_template);
+}
+
+/// The tensors of a Llama-family model under llama.cpp's names (llama and qwen2 share them).
+std::vector<Out> llama_tensors(const Checkpoint& ckpt, bool interleave, uint32_t matrix) {
+  const nn::GPTConfig& c = ckpt.config;
+  const int64_t C = c.n_embd, E = C / c.n_head, NKV = c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
+  const int64_t q = c.n_head * E, kv = NKV * E, H = c.ffn_width();
+  std::vector<Out> out;
+  auto add = [&](std::string name, std::vector<int64_t> shape, std::function<std::vector<float>()> f) {
+    const uint32_t type = shape.size() == 2 ? matrix : kF32;
+    out.push_back({std::move(name), std::move(shape), type, std::move(f)});
+  };
+  auto whole = [&](const std::string& ours) { return [&ckpt, ours] { return rows_of(ckpt, ours); }; };
+  add("token_embd.weight", {c.vocab_size, C}, whole("transformer.wte.weight"));
+  if (c.rope_scaling != RopeScaling{}) {  // llama.cpp divides each pair's frequency by its factor
+    out.push_back({"rope_freqs.weight", {E / 2}, kF32, [&c, E] {
+                     std::vector<float> f(size_t(E / 2));
+                     for (int64_t i = 0; i < E / 2; ++i) {
+                       f[size_t(i)] = float(rope_inv_freq(RopeFreqs(c.rope_theta), i, E) /
+                                            rope_inv_freq(RopeFreqs(c.rope_theta, c.rope_scaling), i, E));
+                     }
+                     return f;
+                   }});
+  }
+  const bool attn_bias = c.bias || c.qkv_bias;
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string g = fmt::format("blk.{}.", i), h = fmt::format("transformer.h.{}.", i);
+    add(g + "attn_norm.weight", {C}, whole(h + "ln_1.weight"));
+    for (const bool bias : {false, true}) {
+      if (bias && !attn_bias) continue;
+      const std::string ours = h + (bias ? "attn.c_attn.bias" : "attn.c_attn.weight"), part = bias ? "bias" : "weight";
+      const int64_t cols = bias ? 1 : C;
+      auto shape = [&](int64_t rows) { return bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, C}; };
+      add(g + "attn_q." + part, shape(q), [&ckpt, ours, q, cols, interleave, heads = c.n_head] {
+        const std::vector<float> w = rows_of(ckpt, ours, 0, q);
+        return interleave ? interleave_heads(w, heads, cols) : w;
+      });
+      add(g + "attn_k." + part, shape(kv), [&ckpt, ours, q, kv, cols, interleave, NKV] {
+        const std::vector<float> w = rows_of(ckpt, ours, q, kv);
+        return interleave ? interleave_heads(w, NKV, cols) : w;
+      });
+      add(g + "attn_v." + part, shape(kv), [&ckpt, ours, q, kv] { return rows_of(ckpt, ours, q + kv, kv); });
+    }
+    add(g + "attn_output.weight", {C, q}, whole(h + "attn.c_proj.weight"));
+    if (c.bias) add(g + "attn_output.bias", {C}, whole(h + "attn.c_proj.bias"));
+    add(g + "ffn_norm.weight", {C}, whole(h + "ln_2.weight"));
+    const std::string fc = h + "mlp.c_fc.";
+    add(g + "ffn_gate.weight", {H, C}, [&ckpt, fc, H] { return rows_of(ckpt, fc + "weight", 0, H); });
+    add(g + "ffn_up.weight", {H, C}, [&ckpt, fc, H] { return rows_of(ckpt, fc + "weight", H, H); });
+    add(g + "ffn_down.weight", {C, H}, whole(h + "mlp.c_proj.weight"));
+    if (c.bias) {
+      add(g + "ffn_gate.bias", {H}, [&ckpt, fc, H] { return rows_of(ckpt, fc + "bias", 0, H); });
+      add(g + "ffn_up.bias", {H}, [&ckpt, fc, H] { return rows_of(ckpt, fc + "bias", H, H); });
+      add(g + "ffn_down.bias", {C}, whole(h + "mlp.c_proj.bias"));
+    }
+  }
+  add("output_norm.weight", {C}, whole("transformer.ln_f.weight"));
+  if (c.untied_head) add("output.weight", {c.vocab_size, C}, whole("lm_head.weight"));
+  return out;
+}
+
+/// GPT-2's tensors under llama.cpp's names; biases as zeros where the model has none (llama.cpp requires them).
+std::vector<Out> gpt2_tensors(const Checkpoint& ckpt, uint32_t matrix) {
+  const nn::GPTConfig& c = ckpt.config;
+  const int64_t C = c.n_embd;
+  std::vector<Out> out;
+  auto add = [&](std::string name, std::vector<int64_t> shape, const std::string& ours) {
+    const bool zeros = !ckpt.contents.find(ours).defined();
+    const int64_t n = shape[0];
+    const uint32_t type = shape.size() == 2 ? matrix : kF32;
+    out.push_back({std::move(name), std::move(shape), type, [&ckpt, ours, zeros, n] {
+                     return zeros ? std::vector<float>(size_t(n)) : rows_of(ckpt, ours);
+                   }});
+  };
+  add("token_embd.weight", {c.vocab_size, C}, "transformer.wte.weight");
+  add("position_embd.weight", {c.block_size, C}, "transformer.wpe.weight");
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string g = fmt::format("blk.{}.", i), h = fmt::format("transformer.h.{}.", i);
+    add(g + "attn_norm.weight", {C}, h + "ln_1.weight");
+    add(g + "attn_norm.bias", {C}, h + "ln_1.bias");
+    add(g + "attn_qkv.weight", {3 * C, C}, h + "attn.c_attn.weight");  // q, k, v rows, as llama.cpp splits them
+    add(g + "attn_qkv.bias", {3 * C}, h + "attn.c_attn.bias");
+    add(g + "attn_output.weight", {C, C}, h + "attn.c_proj.weight");
+    add(g + "attn_output.bias", {C}, h + "attn.c_proj.bias");
+    add(g + "ffn_norm.weight", {C}, h + "ln_2.weight");
+    add(g + "ffn_norm.bias", {C}, h + "ln_2.bias");
+    add(g + "ffn_up.weight", {4 * C, C}, h + "mlp.c_fc.weight");
+    add(g + "ffn_up.bias", {4 * C}, h + "mlp.c_fc.bias");
+    add(g + "ffn_down.weight", {C, 4 * C}, h + "mlp.c_proj.weight");
+    add(g + "ffn_down.bias", {C}, h + "mlp.c_proj.bias");
+  }
+  add("output_norm.weight", {C}, "transformer.ln_f.weight");
+  add("output_norm.bias", {C}, "transformer.ln_f.bias");
+  if (c.untied_head) add("output.weight", {c.vocab_size, C}, "lm_head.weight");
+  return out;
+}
+
+void hyperparameters(Metadata& m, const std::string& arch, const nn::GPTConfig& c) {
+  const std::string a = arch + ".";
+  m.u32(a + "context_length", c.block_size);
+  m.u32(a + "embedding_length", c.n_embd);
+  m.u32(a + "block_count", c.n_layer);
+  m.u32(a + "feed_forward_length", c.ffn_width());
+  m.u32(a + "attention.head_count", c.n_head);
+  m.u32(a + "vocab_size", c.vocab_size);
+  if (arch == "gpt2") {
+    m.f32(a + "attention.layer_norm_epsilon", c.norm_eps);
+    return;
+  }
+  m.u32(a + "attention.head_count_kv", c.n_kv_head > 0 ? c.n_kv_head : c.n_head);
+  m.u32(a + "rope.dimension_count", c.n_embd / c.n_head);
+  m.f32(a + "rope.freq_base", c.rope_theta);
+  m.f32(a + "attention.layer_norm_rms_epsilon", c.norm_eps);
+}
+
+void write_file(const fs::path& file, const std::string& header, const std::vector<Out>& tensors) {
+  const fs::path tmp = file.string() + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(errno)));
+  const std::string pad(kAlignment, '\0');
+  out.write(header.data(), std::streamsize(header.size()));
+  for (const Out& t : tensors) {
+    const std::string bytes = encode(t);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+    out.write(pad.data(), std::streamsize((kAlignment - bytes.size() % kAlignment) % kAlignment));
+    if (!out) break;
+  }
+  out.close();
+  std::error_code ec;
+  if (!out) {
+    fs::remove(tmp, ec);
+    throw Error(fmt::format("writing '{}' failed (disk full?); '{}' is untouched", tmp.string(), file.string()));
+  }
+  if (const int fd = ::open(tmp.c_str(), O_RDONLY); fd >= 0) ::fsync(fd), ::close(fd);
+  fs::rename(tmp, file, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw Error(fmt::format("cannot move '{}' into place at '{}': {}", tmp.string(), file.string(), why));
+  }
+}
+
+}  // namespace
+
+std::string check_gguf_exportable(const Checkpoint& ckpt) {
+  const nn::GPTConfig& c = ckpt.config;
+  check_hf_exportable(c);
+  if (!ckpt.tokenizer.is_bpe()) {
+    throw Error("this model's tokenizer is characters, which GGUF's tokenizers (byte-level BPE, SentencePiece) cannot "
+                "hold one to one. Export a model trained with --tokenizer (a byte-level BPE: tinygpt tokenizer train)");
+  }
+  if (pre_name(ckpt.tokenizer.bpe()).empty()) {
+    throw Error("this model's tokenizer splits digits one by one before Llama 3's or Qwen2's pre-split, which "
+                "llama.cpp names no pre-tokenizer for (it knows gpt-2, smollm, llama-bpe and qwen2)");
+  }
+  const std::string arch = !is_llama_shaped(c) ? "gpt2" : c.qkv_bias && !c.bias ? "qwen2" : "llama";
+  if (arch == "qwen2" && c.rope_scaling != RopeScaling{}) {
+    throw Error("this model has q/k/v biases (llama.cpp's qwen2) and Llama 3's RoPE scaling, which llama.cpp's qwen2 "
+                "does not read. Export a model without one of them");
+  }
+  return arch;
+}
+
+GgufWritten export_gguf(const Checkpoint& ckpt, const fs::path& file, GgufType type) {
+  const std::string arch = check_gguf_exportable(ckpt);
+  NoGradGuard no_grad;
+  const uint32_t matrix = type == GgufType::F32    ? kF32
+                          : type == GgufType::F16  ? kF16
+                          : type == GgufType::BF16 ? kBF16
+                                                   : kQ8_0;
+  std::vector<Out> tensors = arch == "gpt2" ? gpt2_tensors(ckpt, matrix) : llama_tensors(ckpt, arch == "llama", matrix);
+  GgufWritten written{arch, int64_t(tensors.size())};
+  for (Out& t : tensors) {
+    if (t.type == kQ8_0 && t.shape.back() % kQ8Block != 0) t.type = kF16, ++written.as_f16;
+  }
+  Metadata m;
+  m.string("general.architecture", arch);
+  m.string("general.name", ckpt.path.parent_path().filename().string());
+  m.u32("general.file_type", file_type(type));
+  m.u32("general.quantization_version", 2);
+  hyperparameters(m, arch, ckpt.config);
+  tokenizer_metadata(m, ckpt.tokenizer);
+
+  std::string header = "GGUF";
+  put<uint32_t>(header, 3);
+  put<uint64_t>(header, tensors.size());
+  put<uint64_t>(header, m.count);
+  header += m.bytes;
+  uint64_t offset = 0;
+  for (const Out& t : tensors) {  // ggml's dims run from the fastest: ours reversed
+    put_string(header, t.name);
+    put<uint32_t>(header, uint32_t(t.shape.size()));
+    for (auto d = t.shape.rbegin(); d != t.shape.rend(); ++d) put<uint64_t>(header, uint64_t(*d));
+    put<uint32_t>(header, t.type);
+    put<uint64_t>(header, offset);
+    offset += (t.bytes() + kAlignment - 1) / kAlignment * kAlignment;
+  }
+  header.resize((header.size() + kAlignment - 1) / kAlignment * kAlignment, '\0');
+  write_file(file, header, tensors);
+  written.bytes = int64_t(header.size() + offset);
+  return written;
+}
+
+}  // namespace tinygpt
