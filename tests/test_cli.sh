@@ -125,7 +125,7 @@ expect_error "truncated" "$tinygpt" sample --ckpt "$dir/truncated.safetensors"
 head -c 3000 /dev/urandom > "$dir/random.safetensors"
 expect_error "not a valid .safetensors file" "$tinygpt" sample --ckpt "$dir/random.safetensors"
 expect_error "does not exist" "$tinygpt" sample --ckpt "$dir/missing.safetensors"
-expect_error "^error: --format: gguf not in {hf}" "$tinygpt" export --ckpt "$dir/run" --format gguf --out "$dir/hf2"
+expect_error "^error: --format: onnx not in {hf,gguf}" "$tinygpt" export --ckpt "$dir/run" --format onnx --out "$dir/hf2"
 expect_error "does not exist" "$tinygpt" export --ckpt "$dir/missing.safetensors" --out "$dir/hf2"
 expect_error "cannot create the export directory" "$tinygpt" export --ckpt "$dir/run" --out "$dir/text.txt/hf"
 expect_error "max-new-tokens must not be negative" "$tinygpt" sample --ckpt "$dir/run" --max-new-tokens -1
