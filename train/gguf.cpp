@@ -139,6 +139,10 @@ std::string encode(const Out& t) {
     for (size_t b = 0; b < v.size(); b += kQ8Block) {
       float amax = 0;
       for (int64_t j = 0; j < kQ8Block; ++j) amax = std::max(amax, std::fabs(v[b + size_t(j)]));
+      if (!std::isfinite(amax)) {
+        throw Error(fmt::format("export_gguf: {} holds a weight that is not finite (near value {}); q8_0 cannot hold "
+                                "it (the model diverged: export an earlier checkpoint)", t.name, b));
+      }
       const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
       put<uint16_t>(s, half_bits(d));
       for (int64_t j = 0; j < kQ8Block; ++j) put<int8_t>(s, int8_t(std::roundf(v[b + size_t(j)] * id)));
@@ -288,6 +292,7 @@ std::vector<Out> gpt2_tensors(const Checkpoint& ckpt, uint32_t matrix) {
   };
   add("token_embd.weight", {c.vocab_size, C}, "transformer.wte.weight");
   add("position_embd.weight", {c.block_size, C}, "transformer.wpe.weight");
+  out.back().type = kF32;  // as llama.cpp's converter and quantizer keep positional embeddings
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string g = fmt::format("blk.{}.", i), h = fmt::format("transformer.h.{}.", i);
     add(g + "attn_norm.weight", {C}, h + "ln_1.weight");

@@ -11,9 +11,9 @@
 
 namespace tinygpt {
 
-/// The type of the weight matrices in the file (norms, biases and vectors stay f32, as llama.cpp's converter keeps
-/// them). q8_0: blocks of 32 weights as an f16 scale and 32 int8s (ggml's quantize_row_q8_0); a matrix whose rows are
-/// not a multiple of 32 is written f16.
+/// The type of the weight matrices in the file (norms, biases, vectors and GPT-2's position table stay f32, as
+/// llama.cpp's converter and quantizer keep them). q8_0: blocks of 32 weights as an f16 scale and 32 int8s (ggml's
+/// quantize_row_q8_0); a matrix whose rows are not a multiple of 32 is written f16.
 enum class GgufType : uint8_t { F32, F16, BF16, Q8_0 };
 bool parse_gguf_type(std::string_view name, GgufType& out);
 const char* gguf_type_name(GgufType type);

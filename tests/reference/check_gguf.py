@@ -8,7 +8,8 @@ head, GPT-2's shape), on a byte-level BPE that tinygpt trains, exported at f32, 
   permuted as llama.cpp's converter permutes them, written here again), rounded to f16 or bf16 by numpy and torch, and
   for q8_0 byte for byte what gguf's own quantizer (gguf.quants.quantize) makes of the checkpoint's f32 weights;
 - run by llama.cpp (llama-cpp-python, built from its source): the prompt's ids, the logits against tinygpt's, and 32
-  greedy tokens against `tinygpt sample --temperature 0`.
+  greedy tokens against `tinygpt sample --temperature 0`; the q8_0 file against llama.cpp's own quantization of the
+  f32 one (llama_model_quantize), byte for byte.
 
 Run by developers, not by CI (the packages are installed outside the source tree):
 
@@ -34,7 +35,21 @@ except ImportError as e:
     print(f"skipped: {e.name} is not installed (/tmp/venv-hf/bin/pip install gguf numpy torch)")
     sys.exit(77)
 try:
+    import ctypes
     import llama_cpp
+    import llama_cpp.llama
+
+    # llama.cpp's extra buffer types (weights repacked for AVX-512 or AMX) off: with them llama-cpp-python 0.3.36
+    # (AMX_INT8 on a Xeon of family 6, model 167) segfaults evaluating a q8_0 file, llama.cpp's own quantization of our
+    # f32 export as well as ours.
+    _default_params = llama_cpp.llama.llama_cpp.llama_model_default_params
+
+    def _plain_buffers():
+        params = _default_params()
+        params.use_extra_bufts = False
+        return params
+
+    llama_cpp.llama.llama_cpp.llama_model_default_params = _plain_buffers
 except ImportError:
     llama_cpp = None
 
@@ -103,9 +118,10 @@ def expected_tensors(ckpt, config, arch):
     return t
 
 
-def rounded(x, kind):
-    """x as a file of `kind` holds it: the matrices rounded, vectors f32; q8_0 as gguf's quantizer's bytes."""
-    if x.ndim == 1 or kind == "f32":
+def rounded(name, x, kind):
+    """x as a file of `kind` holds it: the matrices rounded, vectors and the position table f32 (as llama.cpp's
+    converter keeps them); q8_0 as gguf's quantizer's bytes."""
+    if x.ndim == 1 or kind == "f32" or name == "position_embd.weight":
         return x.astype(np.float32)
     if kind == "f16":
         return x.astype(np.float16)
@@ -158,7 +174,7 @@ def check_file(path, ckpt, config, tok_json, arch, kind):
             continue
         t = got[name]
         data = np.asarray(t.data)
-        ref = rounded(want, kind)
+        ref = rounded(name, want, kind)
         if data.dtype != ref.dtype or data.size != ref.size:
             data = data.view(ref.dtype) if data.nbytes == ref.nbytes else data
         if data.reshape(-1).tobytes() != np.ascontiguousarray(ref).reshape(-1).tobytes():
@@ -166,6 +182,22 @@ def check_file(path, ckpt, config, tok_json, arch, kind):
     print(f"{path.name:<22} gguf-py reads {len(got)} tensors, {len(tokens)} tokens: "
           f"{'all as expected' if not problems else 'PROBLEMS: ' + '; '.join(problems[:4])}")
     return not problems
+
+
+def check_quantized_by_llama_cpp(path, f32_path, tmp):
+    """Our q8_0 file against llama.cpp's own quantization (llama_model_quantize) of our f32 file: the same bytes."""
+    theirs = tmp / f"{path.stem}-by-llama.cpp.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
+    if llama_cpp.llama_model_quantize(str(f32_path).encode(), str(theirs).encode(), ctypes.byref(params)) != 0:
+        print(f"{path.name:<22} llama_model_quantize FAILED")
+        return False
+    ours, ref = ({t.name: t for t in gguf.GGUFReader(p).tensors} for p in (path, theirs))
+    differ = [n for n in ref if n not in ours or ours[n].tensor_type != ref[n].tensor_type
+              or np.asarray(ours[n].data).tobytes() != np.asarray(ref[n].data).tobytes()]
+    print(f"{path.name:<22} against llama.cpp's quantization of the f32 file: "
+          f"{'the same types and bytes in all ' + str(len(ref)) + ' tensors' if not differ else 'DIFFER: ' + str(differ[:4])}")
+    return not differ and set(ours) == set(ref)
 
 
 def check_llama_cpp(path, tinygpt, tool, run_dir, tmp, kind):
@@ -199,6 +231,31 @@ def check_llama_cpp(path, tinygpt, tool, run_dir, tmp, kind):
     return same_ids and diff <= tolerance and (same_text or kind != "f32")
 
 
+def check_llama3_scaling(tinygpt, tool, tok, tmp):
+    """Llama 3's RoPE scaling through GGUF: a LlamaForCausalLM with it (transformers, random weights) imported, exported
+    at f32 (the scaling as rope_freqs.weight) and run by llama.cpp against tinygpt's logits."""
+    try:
+        import transformers
+    except ImportError:
+        print("llama3-scaled: transformers is not installed: skipped")
+        return True
+    hf_dir = tmp / "llama3-hf"
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rope_theta=1e5,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=32))
+    transformers.LlamaForCausalLM(config).save_pretrained(hf_dir)
+    (hf_dir / "tokenizer.json").write_bytes(tok.read_bytes())
+    run(tinygpt, "import", "--format", "hf", "--from", hf_dir, "--out", tmp / "llama3")
+    path = tmp / "llama3-f32.gguf"
+    run(tinygpt, "export", "--ckpt", tmp / "llama3", "--format", "gguf", "--out", path)
+    names = {t.name for t in gguf.GGUFReader(path).tensors}
+    print(f"{path.name:<22} rope_freqs.weight {'written' if 'rope_freqs.weight' in names else 'MISSING'}")
+    return "rope_freqs.weight" in names and check_llama_cpp(path, tinygpt, tool, tmp / "llama3", tmp, "f32")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build", default=str(ROOT / "build"), help="a configured and built tinygpt build directory")
@@ -229,7 +286,11 @@ def main():
                 run(tinygpt, "export", "--ckpt", run_dir, "--format", "gguf", "--type", kind, "--out", path)
                 results.append(check_file(path, ckpt, config, tok_json, arch, kind))
                 if llama_cpp:
+                    if kind == "q8_0":
+                        results.append(check_quantized_by_llama_cpp(path, tmp / f"{name}-f32.gguf", tmp))
                     results.append(check_llama_cpp(path, tinygpt, tool, run_dir, tmp, kind))
+        if llama_cpp:
+            results.append(check_llama3_scaling(tinygpt, tool, tok, tmp))
     ok = all(results)
     print("GGUF checked: gguf-py and llama.cpp read what tinygpt wrote" if ok else "FAIL: a check differs")
     sys.exit(0 if ok else 1)
