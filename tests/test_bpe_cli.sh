@@ -184,6 +184,52 @@ expect 1 "GPT-2 cannot express" "$tinygpt" export --ckpt "$dir/run" --format ggu
 expect 2 "--type is for --format gguf" "$tinygpt" export --ckpt "$dir/llama" --out "$dir/x-hf" --type q8_0
 expect 2 "--type: q4_k not in {f32,f16,bf16,q8_0}" "$tinygpt" export --ckpt "$dir/llama" --format gguf --type q4_k --out "$dir/x.gguf"
 expect 1 "is a directory; a GGUF export is one file" "$tinygpt" export --ckpt "$dir/llama" --format gguf --out "$dir/llama"
+# An embedding padded past its tokenizer (as Qwen2.5's: 151,936 rows for 151,665 tokens): the Llama export with as many
+# rows again, the head's new rows ten times real ones (they would win every argmax): imported, its greedy text is the
+# unpadded model's (the padding is never drawn), info says so, and GGUF holds a [PADn] token per row.
+python3 - "$dir/llama-hf" "$dir/padded-hf" <<'PY' || fail "padding the Llama export failed"
+import json, shutil, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+shutil.copytree(src, dst)
+data = open(f"{src}/model.safetensors", "rb").read()
+(n,) = struct.unpack_from("<Q", data, 0)
+header = json.loads(data[8:8 + n])
+meta = header.pop("__metadata__", None)
+out, blobs, offset = {}, [], 0
+for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    a, b = info["data_offsets"]
+    blob = data[8 + n + a:8 + n + b]
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows, cols = info["shape"]
+        values = struct.unpack(f"<{rows * cols}f", blob)
+        pad = [0.0] * (rows * cols) if name == "model.embed_tokens.weight" else [10 * v for v in values]
+        blob += struct.pack(f"<{rows * cols}f", *pad)
+        info["shape"] = [2 * rows, cols]
+    info["data_offsets"] = [offset, offset + len(blob)]
+    out[name] = info
+    blobs.append(blob)
+    offset += len(blob)
+if meta is not None:
+    out["__metadata__"] = meta
+text = json.dumps(out).encode()
+text += b" " * (-len(text) % 8)
+with open(f"{dst}/model.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+config = json.load(open(f"{src}/config.json"))
+config["vocab_size"] *= 2
+json.dump(config, open(f"{dst}/config.json", "w"))
+PY
+"$tinygpt" import --format hf --from "$dir/padded-hf" --out "$dir/padded" 2> "$dir/padded.log" ||
+  fail "import of a padded vocabulary failed: $(tail -1 "$dir/padded.log")"
+"$tinygpt" info --ckpt "$dir/padded" | grep -q "vocabulary 600 (byte-level BPE, 300 tokens and 300 rows of padding)" ||
+  fail "info of the padded model: $("$tinygpt" info --ckpt "$dir/padded" | sed -n 2p)"
+"$tinygpt" sample --ckpt "$dir/padded" --prompt "the cat" --max-new-tokens 12 --temperature 0 > "$dir/padded.greedy" 2> /dev/null ||
+  fail "sampling the padded model failed"
+cmp -s "$dir/llama.greedy" "$dir/padded.greedy" || fail "the padded model's greedy text differs from the unpadded one's"
+"$tinygpt" export --ckpt "$dir/padded" --format gguf --out "$dir/padded.gguf" 2> /dev/null || fail "GGUF of the padded model failed"
+python3 "$(dirname "$0")/read_gguf.py" "$dir/padded.gguf" "$dir/padded/ckpt_latest.safetensors" llama f32 > "$dir/gguf-read.log" ||
+  fail "the padded model's GGUF: $(cat "$dir/gguf-read.log")"
+grep -c "PAD" "$dir/padded.gguf" > /dev/null || fail "the padded model's GGUF has no [PADn] tokens"
 "$tinygpt" info --ckpt "$dir/qwen2-back" | grep -q "SwiGLU MLP (64 wide), RMSNorm (eps 1e-05), RoPE theta 50000, q/k/v biases, untied head" ||
   fail "info of the imported Qwen2: $("$tinygpt" info --ckpt "$dir/qwen2-back" | sed -n 2p)"
 # Fine-tuning an imported Llama on a shorter context (no weight depends on it); longer, or with a position table, is refused.

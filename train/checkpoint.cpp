@@ -222,7 +222,9 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
   } catch (const std::exception& e) {
     throw bad(fmt::format("malformed metadata ({})", e.what()));
   }
-  if (c.tokenizer.vocab_size() != c.config.vocab_size) {
+  // A BPE's model may be padded past it (rows no id reaches, never drawn: GenerateOptions::vocab); characters match.
+  if (c.tokenizer.is_bpe() ? c.tokenizer.vocab_size() > c.config.vocab_size
+                           : c.tokenizer.vocab_size() != c.config.vocab_size) {
     throw bad(fmt::format("its vocabulary has {} tokens but its config says vocab_size {}", c.tokenizer.vocab_size(),
                           c.config.vocab_size));
   }

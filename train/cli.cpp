@@ -186,7 +186,10 @@ void run_info(const std::string& path) {
   fmt::print("checkpoint     {}\n", ckpt.path.string());
   fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {} ({}), bias {}, {}\n",
              c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head, c.n_embd, c.block_size, c.vocab_size,
-             ckpt.tokenizer.kind(),
+             ckpt.tokenizer.vocab_size() < c.vocab_size
+                 ? fmt::format("{}, {} tokens and {} rows of padding", ckpt.tokenizer.kind(), ckpt.tokenizer.vocab_size(),
+                               c.vocab_size - ckpt.tokenizer.vocab_size())
+                 : ckpt.tokenizer.kind(),
              c.bias ? "on" : "off", describe_attention(c));
   if (positions > 0) {
     fmt::print("parameters     {} ({:.2f}M without the position table)\n", params, double(params - positions) / 1e6);
@@ -352,11 +355,13 @@ void run_sample(const SampleArgs& a) {
   fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache\n", ckpt.path.string(), ckpt.state.iter,
              ckpt.state.best_val_loss, a.gen.kv_cache ? "with KV" : "without KV");
   Generator gen(a.seed);
+  GenerateOptions options = a.gen;
+  options.vocab = ckpt.tokenizer.vocab_size();  // a vocabulary padded past the tokenizer: the padding is never drawn
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < a.num_samples; ++s) {
     if (s > 0) fmt::print("\n---------------\n");
     fmt::print("{}", a.prompt);
-    generate(*model, ids, a.gen, gen, [&](int32_t id) {
+    generate(*model, ids, options, gen, [&](int32_t id) {
       const std::string bytes = ckpt.tokenizer.token_bytes(uint32_t(id));
       std::fwrite(bytes.data(), 1, bytes.size(), stdout);  // a BPE token may hold part of a character: bytes as they come
       std::fflush(stdout);

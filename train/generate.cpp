@@ -67,7 +67,9 @@ std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& 
       logits = model.last_logits(ids_tensor(context.end() - keep, context.end()));
     }
     // f32 for sampling whatever the storage (bf16 logits with --storage bf16).
-    const int32_t next = sample_token(logits.to(Device::CPU).to(DType::F32).to_vector<float>(), o.temperature, o.top_k, gen);
+    std::vector<float> row = logits.to(Device::CPU).to(DType::F32).to_vector<float>();
+    if (o.vocab > 0 && o.vocab < int64_t(row.size())) row.resize(size_t(o.vocab));  // the padding is never drawn
+    const int32_t next = sample_token(std::move(row), o.temperature, o.top_k, gen);
     const bool new_document = model.ends_document(context);
     out.push_back(next);
     context.push_back(next);

@@ -25,6 +25,7 @@ struct GenerateOptions {
   double temperature = 0.8;  // 0: always the most likely token
   int64_t top_k = 200;       // 0: no cut
   bool kv_cache = true;
+  int64_t vocab = 0;  // > 0: only ids below it are drawn (a model padded past its tokenizer, as Qwen2.5's embedding)
   bool operator==(const GenerateOptions&) const = default;
 };
 

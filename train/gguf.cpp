@@ -51,7 +51,7 @@ uint32_t file_type(GgufType t) {
 // GGUF's metadata value types.
 enum ValueType : uint32_t { kU32 = 4, kI32 = 5, kF32Value = 6, kBool = 7, kString = 8, kArray = 9 };
 // llama.cpp's token types (llama_token_type).
-constexpr int32_t kNormal = 1, kControl = 3, kUserDefined = 4;
+constexpr int32_t kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5;
 constexpr uint64_t kAlignment = 32;  // general.alignment's default
 constexpr int64_t kQ8Block = 32;
 
@@ -185,7 +185,7 @@ std::string pre_name(const data::BpeTokenizer& bpe) {
   return "";
 }
 
-void tokenizer_metadata(Metadata& m, const data::Tokenizer& tok) {
+void tokenizer_metadata(Metadata& m, const data::Tokenizer& tok, int64_t model_vocab) {
   const data::BpeTokenizer& bpe = tok.bpe();
   const nlohmann::json j = nlohmann::json::parse(bpe.to_json());  // Hugging Face's spelling of tokens and merges
   std::vector<std::string> tokens(size_t(bpe.vocab_size()));
@@ -198,6 +198,9 @@ void tokenizer_metadata(Metadata& m, const data::Tokenizer& tok) {
   for (size_t id = 0; id < tokens.size(); ++id) {
     if (tokens[id].empty()) throw Error(fmt::format("export_gguf: the tokenizer has no text for id {}", id));
   }
+  // A model padded past its tokenizer: llama.cpp wants a token per row; its converter names them [PADn], unused.
+  for (auto id = int64_t(tokens.size()); id < model_vocab; ++id) tokens.push_back(fmt::format("[PAD{}]", id));
+  types.resize(tokens.size(), kUnused);
   std::vector<std::string> merges;
   for (const auto& merge : j["model"]["merges"]) {
     merges.push_back(merge.is_string() ? merge.get<std::string>()
@@ -398,7 +401,7 @@ GgufWritten export_gguf(const Checkpoint& ckpt, const fs::path& file, GgufType t
   m.u32("general.file_type", file_type(type));
   m.u32("general.quantization_version", 2);
   hyperparameters(m, arch, ckpt.config);
-  tokenizer_metadata(m, ckpt.tokenizer);
+  tokenizer_metadata(m, ckpt.tokenizer, ckpt.config.vocab_size);
 
   std::string header = "GGUF";
   put<uint32_t>(header, 3);
