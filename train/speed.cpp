@@ -157,7 +157,10 @@ Peak peak_passed(Device device, const Numerics& numerics, const Peak& peak, doub
   if (device == Device::CPU && cpu::unit_rates().ghz > 0) {
     const cpu::Bf16Kernel kernel = numerics.bf16 ? cpu::bf16_kernel() : cpu::Bf16Kernel::F32Units;
     const double per_cycle = gflops / (omp_get_max_threads() * cpu::unit_rates().ghz);
-    cpu::raise_unit_rate(kernel, std::exp2(std::ceil(std::log2(per_cycle))));
+    // The power of two at or above what the step needs, and always above the unit's rate (a step a rounding above the
+    // peak would otherwise ask for the rate it has).
+    const double needed = std::exp2(std::ceil(std::log2(per_cycle)));
+    cpu::raise_unit_rate(kernel, std::max(needed, 2 * cpu::flops_per_cycle(kernel)));
     Peak raised = stated_peak(device, numerics);
     const std::string why = save_cpu_rates_cache();
     raised.how = fmt::format("the probe read the unit low (a busy core): it is now {}{}", raised.how,
