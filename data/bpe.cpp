@@ -596,8 +596,21 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
   if (j.is_discarded()) throw bad("it is not valid JSON");
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw bad("no \"model\" object");
   const auto& m = j["model"];
+  // SentencePiece's tokenizers, as tokenizers writes them: a Unigram model (T5, Gemma's older ones) or a BPE over
+  // SentencePiece pieces with byte fallback and "▁" for spaces (Llama 2, TinyLlama, Mistral, Gemma).
+  const bool byte_fallback =
+      m.contains("byte_fallback") && m["byte_fallback"].is_boolean() && m["byte_fallback"].get<bool>();
+  if (m.value("type", std::string()) == "Unigram" || byte_fallback) {
+    throw bad(fmt::format("it is a SentencePiece tokenizer ({}, as Llama 2's, TinyLlama's, Mistral's and Gemma's are); "
+                          "tinygpt reads byte-level BPE tokenizers (GPT-2's, Llama 3's, Qwen2's, SmolLM2's)",
+                          byte_fallback ? "a BPE with byte_fallback" : "a Unigram model"));
+  }
   if (m.value("type", std::string()) != "BPE") throw bad("its model is not \"BPE\"");
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) throw bad("it has a normalizer");
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+    const auto& n = j["normalizer"];
+    throw bad(fmt::format("it has a normalizer ({}), which tinygpt does not apply",
+                          n.is_object() && n.contains("type") ? n["type"].dump() : n.dump().substr(0, 60)));
+  }
   std::string why;
   bool digits = false;
   PreSplit split = PreSplit::Gpt2;

@@ -207,6 +207,11 @@ TEST_CASE("bpe: tokenizer.json round trip, and what is not a byte-level BPE is r
           "Digits pre-tokenizer without individual_digits");
   refused("{", "not valid JSON");
   refused(R"({"model": {"type": "WordPiece"}})", "not \"BPE\"");
+  refused(R"({"model": {"type": "Unigram", "vocab": []}})", "a SentencePiece tokenizer (a Unigram model");
+  refused(R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []}})",
+          "a SentencePiece tokenizer (a BPE with byte_fallback");
+  refused(R"({"normalizer": {"type": "NFC"}, "model": {"type": "BPE", "vocab": {}, "merges": []}})",
+          "it has a normalizer (\"NFC\"), which tinygpt does not apply");
   std::string j = tok.to_json();
   refused(std::string(j).replace(j.find("\"Isolated\""), 10, "\"Removed\""), "pre-tokenizer");
   refused(std::string(j).replace(j.find("\"!\": 33"), 7, "\"!\": 99999"), "ids must be 0 to");
