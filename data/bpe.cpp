@@ -586,18 +586,12 @@ std::pair<std::string, std::string> merge_pair(const nlohmann::json& merge, cons
   throw bad(fmt::format("merge {:.100} is neither \"a b\" nor [\"a\", \"b\"]", merge.dump()));
 }
 
-}  // namespace
-
-BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& what) {
-  const auto bad = [&](const std::string& why) {
-    return Error(fmt::format("'{}' is not a byte-level BPE tokenizer tinygpt can read: {}", what, why));
-  };
-  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw bad("it is not valid JSON");
-  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw bad("no \"model\" object");
+/// What a tokenizer.json of another kind says, by name: SentencePiece's tokenizers as tokenizers writes them (a
+/// Unigram model, as T5's; a BPE over SentencePiece pieces with byte fallback and U+2581 for spaces, as Llama 2's,
+/// TinyLlama's, Mistral's, Gemma's), another model type, a normalizer (Qwen2's NFC).
+template <class Bad>
+void refuse_other_kinds(const nlohmann::json& j, const Bad& bad) {
   const auto& m = j["model"];
-  // SentencePiece's tokenizers, as tokenizers writes them: a Unigram model (T5, Gemma's older ones) or a BPE over
-  // SentencePiece pieces with byte fallback and "▁" for spaces (Llama 2, TinyLlama, Mistral, Gemma).
   const bool byte_fallback =
       m.contains("byte_fallback") && m["byte_fallback"].is_boolean() && m["byte_fallback"].get<bool>();
   if (m.value("type", std::string()) == "Unigram" || byte_fallback) {
@@ -611,6 +605,19 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
     throw bad(fmt::format("it has a normalizer ({}), which tinygpt does not apply",
                           n.is_object() && n.contains("type") ? n["type"].dump() : n.dump().substr(0, 60)));
   }
+}
+
+}  // namespace
+
+BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& what) {
+  const auto bad = [&](const std::string& why) {
+    return Error(fmt::format("'{}' is not a byte-level BPE tokenizer tinygpt can read: {}", what, why));
+  };
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw bad("it is not valid JSON");
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw bad("no \"model\" object");
+  const auto& m = j["model"];
+  refuse_other_kinds(j, bad);
   std::string why;
   bool digits = false;
   PreSplit split = PreSplit::Gpt2;

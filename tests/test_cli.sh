@@ -258,10 +258,16 @@ if grep -q "clock and rate measured" "$dir/peak1.log"; then  # x86-64: the probe
     --n-head 4 --n-embd 128 --block-size 32 --batch-size 8 --max-iters 4 --eval-interval 4 --eval-iters 1 \
     2> "$dir/peak_low.log" || fail "train over a low cached rate exited non-zero: $(tail -3 "$dir/peak_low.log")"
   grep -q "x 2 FLOP a cycle" "$dir/peak_low.log" || fail "the low cached rate was not used: $(grep '^speed' "$dir/peak_low.log")"
-  grep -q "^speed: iteration 0 ran at .* above the peak: MFU is now against .* the probe read the unit low" \
-    "$dir/peak_low.log" || fail "a step above the peak did not raise it: $(grep '^speed' "$dir/peak_low.log")"
   mfu_ok "$dir/peak_low"
-  if grep -q "^f32 2$" "$dir/cache_loaded/cpu-rates.txt"; then fail "the raised rate was not cached"; fi
+  # A step faster than that peak (any optimized build: 30-40 GFLOP/s against about 5 here) raises it and caches the
+  # raised rate; a build too slow to pass it (the sanitizers' -O1) has nothing to raise.
+  low=$(grep -o "MFU is against [0-9]* GFLOP/s" "$dir/peak_low.log" | head -n 1 | grep -o "[0-9]* GFLOP" | cut -d' ' -f1)
+  fastest=$(grep -o '"gflops":[0-9.e+-]*' "$dir/peak_low/metrics.jsonl" | cut -d: -f2 | sort -g | tail -n 1)
+  if awk -v f="$fastest" -v l="$low" 'BEGIN {exit !(f > l + 1)}'; then
+    grep -q "^speed: iteration [0-9]* ran at .* above the peak: MFU is now against .* the probe read the unit low" \
+      "$dir/peak_low.log" || fail "a step above the peak did not raise it: $(grep '^speed' "$dir/peak_low.log")"
+    if grep -q "^f32 2$" "$dir/cache_loaded/cpu-rates.txt"; then fail "the raised rate was not cached"; fi
+  fi
 fi
 expect_error "^error: --dtype: fp16 not in {fp32,bf16}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --dtype fp16
 expect_error "^error: --optimizer: sgd not in {adamw,muon}" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --optimizer sgd
