@@ -261,7 +261,7 @@ if grep -q "clock and rate measured" "$dir/peak1.log"; then  # x86-64: the probe
   mfu_ok "$dir/peak_low"
   # A step faster than that peak (any optimized build: 30-40 GFLOP/s against about 5 here) raises it and caches the
   # raised rate; a build too slow to pass it (the sanitizers' -O1) has nothing to raise.
-  low=$(grep -o "MFU is against [0-9]* GFLOP/s" "$dir/peak_low.log" | head -n 1 | grep -o "[0-9]* GFLOP" | cut -d' ' -f1)
+  low=$(peak_of "$dir/peak_low.log" | head -n 1 | grep -o "[0-9]* GFLOP" | cut -d' ' -f1)
   fastest=$(grep -o '"gflops":[0-9.e+-]*' "$dir/peak_low/metrics.jsonl" | cut -d: -f2 | sort -g | tail -n 1)
   if awk -v f="$fastest" -v l="$low" 'BEGIN {exit !(f > l + 1)}'; then
     grep -q "^speed: iteration [0-9]* ran at .* above the peak: MFU is now against .* the probe read the unit low" \

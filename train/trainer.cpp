@@ -572,7 +572,7 @@ TrainResult run_steps(Run& run) {
       console.line("speed: iteration {} ran at {:.0f} GFLOP/s, above the peak: MFU is now against {:.0f} GFLOP/s per "
                    "rank, {}\n", iter, gflops, peak.gflops, peak.how);
     }
-    const double mfu = gflops / (peak.gflops * world);  // written only against a stated peak
+    const double mfu = peak.gflops > 0 ? gflops / (peak.gflops * world) : 0;  // written only against a stated peak
     nlohmann::json row = {{"iter", iter},           {"loss", s.loss},   {"lr", lr},   {"grad_norm", s.grad_norm},
                           {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops},
                           {"train_s", state.train_seconds}};

@@ -19,7 +19,6 @@ Run by developers, not by CI (the packages are installed outside the source tree
 Exit status: 0 all checks pass, 1 a check fails, 77 gguf or numpy is missing (llama.cpp's part is skipped, saying so,
 where llama-cpp-python is missing).
 """
-import argparse
 import json
 import pathlib
 import struct
@@ -55,7 +54,7 @@ except ImportError:
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from check_hf_export import ROOT, build_logits_tool, read_safetensors, run  # noqa: E402
+from check_hf_export import build_logits_tool, parse_args, read_safetensors, run  # noqa: E402
 
 PROMPT = "ROMEO:\nWhat say you"
 NEW_TOKENS = 32
@@ -257,11 +256,7 @@ def check_llama3_scaling(tinygpt, tool, tok, tmp):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--build", default=str(ROOT / "build"), help="a configured and built tinygpt build directory")
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
-    args = p.parse_args()
-    build = pathlib.Path(args.build).resolve()
+    args, build = parse_args(__doc__)
     print(f"gguf {gguf.__version__ if hasattr(gguf, '__version__') else '?'}, "
           f"llama-cpp-python {llama_cpp.__version__ if llama_cpp else 'absent: the llama.cpp part is skipped'}")
     models = {"llama": (["--arch", "llama", "--n-kv-head", 2], "llama"),

@@ -33,6 +33,18 @@ def run(*cmd, **kw):
     return subprocess.run([str(c) for c in cmd], check=True, text=True, capture_output=True, **kw).stdout
 
 
+def parse_args(doc, *extra):
+    """The reference scripts' common flags: --build (a built tinygpt build directory) and --data (the training text);
+    `extra`: (flags, keyword arguments) pairs for add_argument. Returns the arguments and the resolved build path."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--build", default=str(ROOT / "build"), help="a configured and built tinygpt build directory")
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
+    for flags, kw in extra:
+        p.add_argument(*flags, **kw)
+    args = p.parse_args()
+    return args, pathlib.Path(args.build).resolve()
+
+
 def read_safetensors(path):
     data = pathlib.Path(path).read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
@@ -89,11 +101,7 @@ def check(tinygpt, logits_tool, data, tmp, name, flags):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--build", default=str(ROOT / "build"), help="a configured and built tinygpt build directory")
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
-    args = p.parse_args()
-    build = pathlib.Path(args.build).resolve()
+    args, build = parse_args(__doc__)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, tinygpt {run(build / 'tinygpt', '--version').strip()}")
     with tempfile.TemporaryDirectory() as t:
         tmp = pathlib.Path(t)

@@ -18,7 +18,6 @@ Run by developers, not by CI (it needs PyTorch and transformers, installed outsi
 
 Exit status: 0 all checks pass, 1 a check fails or a tinygpt command errs, 77 PyTorch or transformers is missing.
 """
-import argparse
 import json
 import zlib
 import pathlib
@@ -39,7 +38,7 @@ except ImportError as e:
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from check_hf_export import ROOT, build_logits_tool, read_safetensors, run  # noqa: E402
+from check_hf_export import build_logits_tool, parse_args, read_safetensors, run  # noqa: E402
 from check_hf_import import token_bytes  # noqa: E402
 
 PROMPT = "ROMEO:\nWhat say you"
@@ -153,12 +152,7 @@ def check_export(tinygpt, tool, data, tok, tmp, name, flags):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--build", default=str(ROOT / "build"), help="a configured and built tinygpt build directory")
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"))
-    p.add_argument("--only", choices=["small", "135m", "export"])
-    args = p.parse_args()
-    build = pathlib.Path(args.build).resolve()
+    args, build = parse_args(__doc__, (["--only"], dict(choices=["small", "135m", "export"])))
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"tinygpt {run(build / 'tinygpt', '--version').strip()}")
     L, Q = transformers.LlamaConfig, transformers.Qwen2Config
