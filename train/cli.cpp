@@ -24,6 +24,7 @@
 #include "train/comm.h"
 #include "train/export.h"
 #include "train/gguf.h"
+#include "train/import_gguf.h"
 #include "train/import_hf.h"
 #include "train/generate.h"
 #include "train/memory.h"
@@ -409,7 +410,7 @@ void run_export(const ExportArgs& a) {
 }
 
 void run_import(const ImportArgs& a) {
-  const fs::path path = import_hf(a.from, a.out);
+  const fs::path path = a.format == "gguf" ? import_gguf(a.from, a.out) : import_hf(a.from, a.out);
   fmt::print(stderr, "wrote {} from {}; sample with `tinygpt sample --ckpt {}`, fine-tune with `tinygpt train "
              "--init-from {} --data ...`\n", path.string(), a.from, a.out, a.out);
 }
@@ -508,11 +509,12 @@ Cli::Cli() {
        },
        [this] { validate_export(export_args); }, done([this] { run_export(export_args); })},
       {"import", "Read another library's model as a tinygpt run (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM or "
-                 "Qwen2ForCausalLM directory with its byte-level BPE tokenizer.json)",
+                 "Qwen2ForCausalLM directory with its byte-level BPE tokenizer.json; gguf: a llama.cpp file of the "
+                 "llama, qwen2 or gpt2 architecture, f32, f16, bf16 or quantized as Q8_0, Q4_0 or Q4_K_M)",
        [this](CLI::App& c) {
-         c.add_option("--format", import_args.format, "Format to read")->capture_default_str()->check(CLI::IsMember({"hf"}));
-         c.add_option("--from", import_args.from, "The model directory (config.json, model.safetensors or its shards, "
-                      "tokenizer.json)")->required();
+         c.add_option("--format", import_args.format, "Format to read")->capture_default_str()->check(CLI::IsMember({"hf", "gguf"}));
+         c.add_option("--from", import_args.from, "hf: the model directory (config.json, model.safetensors or its "
+                      "shards, tokenizer.json); gguf: the .gguf file")->required();
          c.add_option("--out", import_args.out, "Run directory to write (its ckpt_latest.safetensors)")->required();
        },
        [] {}, done([this] { run_import(import_args); })},

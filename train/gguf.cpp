@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -151,12 +152,6 @@ std::string encode(const Out& t) {
   return s;
 }
 
-/// Rows r0 .. r0 + rows of a checkpoint tensor as f32 (all of it: rows < 0).
-std::vector<float> rows_of(const Checkpoint& ckpt, const std::string& name, int64_t r0 = 0, int64_t rows = -1) {
-  const Tensor t = ckpt.contents.find(name);  // present: the load checked
-  return (rows < 0 ? t : narrow(t, 0, r0, rows)).to(DType::F32).to_vector<float>();
-}
-
 /// llama.cpp's llama architecture pairs rotary feature i with i + 1 (GPT-J's interleaving); ours and Hugging Face's
 /// pair i with i + E/2. Its converter permutes the q and k rows of each head so that the pairs meet: new row 2j + s
 /// of a head is old row s E/2 + j. `cols` is 1 for a bias.
@@ -221,99 +216,31 @@ void tokenizer_metadata(Metadata& m, const data::Tokenizer& tok, int64_t model_v
   if (!tok.config().chat_template.empty()) m.string("tokenizer.chat_template", tok.config().chat_template);
 }
 
-/// The tensors of a Llama-family model under llama.cpp's names (llama and qwen2 share them).
-std::vector<Out> llama_tensors(const Checkpoint& ckpt, bool interleave, uint32_t matrix) {
-  const nn::GPTConfig& c = ckpt.config;
-  const int64_t C = c.n_embd, E = C / c.n_head, NKV = c.n_kv_head > 0 ? c.n_kv_head : c.n_head;
-  const int64_t q = c.n_head * E, kv = NKV * E, H = c.ffn_width();
-  std::vector<Out> out;
-  auto add = [&](std::string name, std::vector<int64_t> shape, std::function<std::vector<float>()> f) {
-    const uint32_t type = shape.size() == 2 ? matrix : kF32;
-    out.push_back({std::move(name), std::move(shape), type, std::move(f)});
-  };
-  auto whole = [&](const std::string& ours) { return [&ckpt, ours] { return rows_of(ckpt, ours); }; };
-  add("token_embd.weight", {c.vocab_size, C}, whole("transformer.wte.weight"));
-  if (c.rope_scaling != RopeScaling{}) {  // llama.cpp divides each pair's frequency by its factor
-    out.push_back({"rope_freqs.weight", {E / 2}, kF32, [&c, E] {
-                     std::vector<float> f(size_t(E / 2));
-                     for (int64_t i = 0; i < E / 2; ++i) {
-                       f[size_t(i)] = float(rope_inv_freq(RopeFreqs(c.rope_theta), i, E) /
-                                            rope_inv_freq(RopeFreqs(c.rope_theta, c.rope_scaling), i, E));
-                     }
-                     return f;
-                   }});
-  }
-  const bool attn_bias = c.bias || c.qkv_bias;
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    const std::string g = fmt::format("blk.{}.", i), h = fmt::format("transformer.h.{}.", i);
-    add(g + "attn_norm.weight", {C}, whole(h + "ln_1.weight"));
-    for (const bool bias : {false, true}) {
-      if (bias && !attn_bias) continue;
-      const std::string ours = h + (bias ? "attn.c_attn.bias" : "attn.c_attn.weight"), part = bias ? "bias" : "weight";
-      const int64_t cols = bias ? 1 : C;
-      auto shape = [&](int64_t rows) { return bias ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, C}; };
-      add(g + "attn_q." + part, shape(q), [&ckpt, ours, q, cols, interleave, heads = c.n_head] {
-        const std::vector<float> w = rows_of(ckpt, ours, 0, q);
-        return interleave ? interleave_heads(w, heads, cols) : w;
-      });
-      add(g + "attn_k." + part, shape(kv), [&ckpt, ours, q, kv, cols, interleave, NKV] {
-        const std::vector<float> w = rows_of(ckpt, ours, q, kv);
-        return interleave ? interleave_heads(w, NKV, cols) : w;
-      });
-      add(g + "attn_v." + part, shape(kv), [&ckpt, ours, q, kv] { return rows_of(ckpt, ours, q + kv, kv); });
-    }
-    add(g + "attn_output.weight", {C, q}, whole(h + "attn.c_proj.weight"));
-    if (c.bias) add(g + "attn_output.bias", {C}, whole(h + "attn.c_proj.bias"));
-    add(g + "ffn_norm.weight", {C}, whole(h + "ln_2.weight"));
-    const std::string fc = h + "mlp.c_fc.";
-    add(g + "ffn_gate.weight", {H, C}, [&ckpt, fc, H] { return rows_of(ckpt, fc + "weight", 0, H); });
-    add(g + "ffn_up.weight", {H, C}, [&ckpt, fc, H] { return rows_of(ckpt, fc + "weight", H, H); });
-    add(g + "ffn_down.weight", {C, H}, whole(h + "mlp.c_proj.weight"));
-    if (c.bias) {
-      add(g + "ffn_gate.bias", {H}, [&ckpt, fc, H] { return rows_of(ckpt, fc + "bias", 0, H); });
-      add(g + "ffn_up.bias", {H}, [&ckpt, fc, H] { return rows_of(ckpt, fc + "bias", H, H); });
-      add(g + "ffn_down.bias", {C}, whole(h + "mlp.c_proj.bias"));
-    }
-  }
-  add("output_norm.weight", {C}, whole("transformer.ln_f.weight"));
-  if (c.untied_head) add("output.weight", {c.vocab_size, C}, whole("lm_head.weight"));
-  return out;
+/// Rows r0 .. r0 + rows of a checkpoint tensor as f32 (all of it: rows < 0); zeros where the model has no such tensor
+/// (GPT-2's biases: llama.cpp's gpt2 requires them).
+std::vector<float> rows_of(const Checkpoint& ckpt, const GgufPiece& p) {
+  const Tensor t = ckpt.contents.find(p.ours);
+  if (!t.defined()) return std::vector<float>(size_t(std::accumulate(p.shape.begin(), p.shape.end(), int64_t(1), std::multiplies<>())));
+  return (p.rows < 0 ? t : narrow(t, 0, p.row0, p.rows)).to(DType::F32).to_vector<float>();
 }
 
-/// GPT-2's tensors under llama.cpp's names; biases as zeros where the model has none (llama.cpp requires them).
-std::vector<Out> gpt2_tensors(const Checkpoint& ckpt, uint32_t matrix) {
-  const nn::GPTConfig& c = ckpt.config;
-  const int64_t C = c.n_embd;
+/// The tensors of the file, each made from its piece of a parameter.
+std::vector<Out> tensors_of(const Checkpoint& ckpt, const std::string& arch, uint32_t matrix) {
   std::vector<Out> out;
-  auto add = [&](std::string name, std::vector<int64_t> shape, const std::string& ours) {
-    const bool zeros = !ckpt.contents.find(ours).defined();
-    const int64_t n = shape[0];
-    const uint32_t type = shape.size() == 2 ? matrix : kF32;
-    out.push_back({std::move(name), std::move(shape), type, [&ckpt, ours, zeros, n] {
-                     return zeros ? std::vector<float>(size_t(n)) : rows_of(ckpt, ours);
+  const nn::GPTConfig& c = ckpt.config;
+  const int64_t E = c.n_embd / c.n_head;
+  for (GgufPiece& p : gguf_pieces(c, arch)) {
+    // Matrices at the chosen type; norms, biases and GPT-2's position table f32, as llama.cpp's converter keeps them.
+    const uint32_t type = p.shape.size() == 2 && p.gguf != "position_embd.weight" ? matrix : kF32;
+    std::vector<int64_t> shape = p.shape;
+    out.push_back({p.gguf, std::move(shape), type, [&ckpt, p = std::move(p)] {
+                     const std::vector<float> w = rows_of(ckpt, p);
+                     return p.interleave > 0 ? interleave_heads(w, p.interleave, p.shape.size() == 2 ? p.shape[1] : 1) : w;
                    }});
-  };
-  add("token_embd.weight", {c.vocab_size, C}, "transformer.wte.weight");
-  add("position_embd.weight", {c.block_size, C}, "transformer.wpe.weight");
-  out.back().type = kF32;  // as llama.cpp's converter and quantizer keep positional embeddings
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    const std::string g = fmt::format("blk.{}.", i), h = fmt::format("transformer.h.{}.", i);
-    add(g + "attn_norm.weight", {C}, h + "ln_1.weight");
-    add(g + "attn_norm.bias", {C}, h + "ln_1.bias");
-    add(g + "attn_qkv.weight", {3 * C, C}, h + "attn.c_attn.weight");  // q, k, v rows, as llama.cpp splits them
-    add(g + "attn_qkv.bias", {3 * C}, h + "attn.c_attn.bias");
-    add(g + "attn_output.weight", {C, C}, h + "attn.c_proj.weight");
-    add(g + "attn_output.bias", {C}, h + "attn.c_proj.bias");
-    add(g + "ffn_norm.weight", {C}, h + "ln_2.weight");
-    add(g + "ffn_norm.bias", {C}, h + "ln_2.bias");
-    add(g + "ffn_up.weight", {4 * C, C}, h + "mlp.c_fc.weight");
-    add(g + "ffn_up.bias", {4 * C}, h + "mlp.c_fc.bias");
-    add(g + "ffn_down.weight", {C, 4 * C}, h + "mlp.c_proj.weight");
-    add(g + "ffn_down.bias", {C}, h + "mlp.c_proj.bias");
+    if (out.size() == 1 && c.rope_scaling != RopeScaling{}) {  // after token_embd: llama.cpp divides each pair's frequency
+      out.push_back({"rope_freqs.weight", {E / 2}, kF32, [&c, E] { return rope_freq_factors(c.rope_theta, c.rope_scaling, E); }});
+    }
   }
-  add("output_norm.weight", {C}, "transformer.ln_f.weight");
-  add("output_norm.bias", {C}, "transformer.ln_f.bias");
-  if (c.untied_head) add("output.weight", {c.vocab_size, C}, "lm_head.weight");
   return out;
 }
 
@@ -364,6 +291,94 @@ void write_file(const fs::path& file, const std::string& header, const std::vect
 
 }  // namespace
 
+std::vector<float> rope_freq_factors(double theta, const RopeScaling& scaling, int64_t E) {
+  std::vector<float> f(size_t(E / 2));
+  for (int64_t i = 0; i < E / 2; ++i) {
+    f[size_t(i)] = float(rope_inv_freq(RopeFreqs(theta), i, E) / rope_inv_freq(RopeFreqs(theta, scaling), i, E));
+  }
+  return f;
+}
+
+std::vector<GgufPiece> gguf_pieces(const nn::GPTConfig& c, const std::string& arch) {
+  const int64_t C = c.n_embd, V = c.vocab_size;
+  std::vector<GgufPiece> out;
+  if (arch != "gpt2") {  // llama and qwen2: Hugging Face's table under llama.cpp's names
+    const int64_t E = C / c.n_head, Q = c.n_head * E, NKV = c.n_kv_head > 0 ? c.n_kv_head : c.n_head, KV = NKV * E;
+    const int64_t H = c.ffn_width();
+    struct Name {
+      const char *hf, *gguf;
+      int64_t rows, cols, interleave;  // cols 0: a vector
+    };
+    const bool permute = arch == "llama";  // llama.cpp's llama pairs rotary features i and i + 1: q and k permuted
+    const Name layer_names[] = {
+        {"input_layernorm.weight", "attn_norm.weight", C, 0, 0},
+        {"self_attn.q_proj.weight", "attn_q.weight", Q, C, permute ? c.n_head : 0},
+        {"self_attn.q_proj.bias", "attn_q.bias", Q, 0, permute ? c.n_head : 0},
+        {"self_attn.k_proj.weight", "attn_k.weight", KV, C, permute ? NKV : 0},
+        {"self_attn.k_proj.bias", "attn_k.bias", KV, 0, permute ? NKV : 0},
+        {"self_attn.v_proj.weight", "attn_v.weight", KV, C, 0},
+        {"self_attn.v_proj.bias", "attn_v.bias", KV, 0, 0},
+        {"self_attn.o_proj.weight", "attn_output.weight", C, Q, 0},
+        {"self_attn.o_proj.bias", "attn_output.bias", C, 0, 0},
+        {"post_attention_layernorm.weight", "ffn_norm.weight", C, 0, 0},
+        {"mlp.gate_proj.weight", "ffn_gate.weight", H, C, 0},
+        {"mlp.gate_proj.bias", "ffn_gate.bias", H, 0, 0},
+        {"mlp.up_proj.weight", "ffn_up.weight", H, C, 0},
+        {"mlp.up_proj.bias", "ffn_up.bias", H, 0, 0},
+        {"mlp.down_proj.weight", "ffn_down.weight", C, H, 0},
+        {"mlp.down_proj.bias", "ffn_down.bias", C, 0, 0},
+    };
+    const Name model_names[] = {{"model.embed_tokens.weight", "token_embd.weight", V, C, 0},
+                                {"model.norm.weight", "output_norm.weight", C, 0, 0},
+                                {"lm_head.weight", "output.weight", V, C, 0}};
+    for (const HfPiece& hf : llama_pieces(c)) {
+      GgufPiece p{"", hf.ours, hf.row0, hf.rows, {}, 0};
+      const auto take = [&](const Name& n, const std::string& prefix) {
+        p.gguf = prefix + n.gguf;
+        p.shape = n.cols > 0 ? std::vector<int64_t>{n.rows, n.cols} : std::vector<int64_t>{n.rows};
+        p.interleave = n.interleave;
+      };
+      for (const Name& n : model_names) {
+        if (hf.hf == n.hf) take(n, "");
+      }
+      if (hf.hf.rfind("model.layers.", 0) == 0) {
+        const size_t dot = hf.hf.find('.', 13);
+        for (const Name& n : layer_names) {
+          if (hf.hf.compare(dot + 1, std::string::npos, n.hf) == 0) take(n, "blk." + hf.hf.substr(13, dot - 13) + ".");
+        }
+      }
+      if (p.gguf.empty()) throw Error(fmt::format("gguf_pieces: no llama.cpp name for {}", hf.hf));
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+  const int64_t H = c.ffn_width();
+  auto add = [&](std::string gguf, std::string ours, std::vector<int64_t> shape) {
+    out.push_back({std::move(gguf), std::move(ours), 0, -1, std::move(shape)});
+  };
+  add("token_embd.weight", "transformer.wte.weight", {V, C});
+  add("position_embd.weight", "transformer.wpe.weight", {c.block_size, C});
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string g = fmt::format("blk.{}.", i), h = fmt::format("transformer.h.{}.", i);
+    add(g + "attn_norm.weight", h + "ln_1.weight", {C});
+    add(g + "attn_norm.bias", h + "ln_1.bias", {C});
+    add(g + "attn_qkv.weight", h + "attn.c_attn.weight", {3 * C, C});  // q, k, v rows, as llama.cpp splits them
+    add(g + "attn_qkv.bias", h + "attn.c_attn.bias", {3 * C});
+    add(g + "attn_output.weight", h + "attn.c_proj.weight", {C, C});
+    add(g + "attn_output.bias", h + "attn.c_proj.bias", {C});
+    add(g + "ffn_norm.weight", h + "ln_2.weight", {C});
+    add(g + "ffn_norm.bias", h + "ln_2.bias", {C});
+    add(g + "ffn_up.weight", h + "mlp.c_fc.weight", {H, C});
+    add(g + "ffn_up.bias", h + "mlp.c_fc.bias", {H});
+    add(g + "ffn_down.weight", h + "mlp.c_proj.weight", {C, H});
+    add(g + "ffn_down.bias", h + "mlp.c_proj.bias", {C});
+  }
+  add("output_norm.weight", "transformer.ln_f.weight", {C});
+  add("output_norm.bias", "transformer.ln_f.bias", {C});
+  if (c.untied_head) add("output.weight", "lm_head.weight", {V, C});
+  return out;
+}
+
 std::string check_gguf_exportable(const Checkpoint& ckpt) {
   const nn::GPTConfig& c = ckpt.config;
   check_hf_exportable(c);
@@ -390,7 +405,7 @@ GgufWritten export_gguf(const Checkpoint& ckpt, const fs::path& file, GgufType t
                           : type == GgufType::F16  ? kF16
                           : type == GgufType::BF16 ? kBF16
                                                    : kQ8_0;
-  std::vector<Out> tensors = arch == "gpt2" ? gpt2_tensors(ckpt, matrix) : llama_tensors(ckpt, arch == "llama", matrix);
+  std::vector<Out> tensors = tensors_of(ckpt, arch, matrix);
   GgufWritten written{arch, int64_t(tensors.size())};
   for (Out& t : tensors) {
     if (t.type == kQ8_0 && t.shape.back() % kQ8Block != 0) t.type = kF16, ++written.as_f16;

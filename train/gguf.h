@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "checkpoint.h"
 
@@ -22,6 +23,21 @@ const char* gguf_type_name(GgufType type);
 /// "gpt2"; throws Error naming what neither holds (the Hugging Face export's limits, check_hf_exportable, plus a
 /// character-level tokenizer, a pre-split llama.cpp does not name, Llama 3's RoPE scaling on qwen2).
 std::string check_gguf_exportable(const Checkpoint& ckpt);
+
+/// One tensor of a GGUF file: rows [row0, row0 + rows) of tinygpt's parameter `ours` (rows -1: all of it), of
+/// `shape` (row-major); `interleave` > 0: q or k of that many heads, whose rotary pairs llama.cpp's llama architecture
+/// interleaves (row 2j + s of a head is ours s E/2 + j).
+struct GgufPiece {
+  std::string gguf, ours;
+  int64_t row0 = 0, rows = -1;
+  std::vector<int64_t> shape;
+  int64_t interleave = 0;
+};
+/// Every tensor of the model under llama.cpp's names for `arch` (llama, qwen2: Hugging Face's table, llama_pieces,
+/// renamed; gpt2), in the order its converter writes them; rope_freqs.weight apart.
+std::vector<GgufPiece> gguf_pieces(const nn::GPTConfig& c, const std::string& arch);
+/// The rope_freqs.weight tensor of Llama 3's scaling: per rotary pair, the factor its frequency is divided by.
+std::vector<float> rope_freq_factors(double theta, const RopeScaling& scaling, int64_t E);
 
 struct GgufWritten {
   std::string architecture;

@@ -1,0 +1,27 @@
+// Import from GGUF: a llama.cpp, ollama or LM Studio model file (the llama, qwen2 or gpt2 architecture with a
+// byte-level BPE tokenizer) as a tinygpt checkpoint, the reverse of export_gguf: its tensors dequantized as ggml does,
+// q and k brought back from llama.cpp's pairing of rotary features, the tokenizer rebuilt from tokenizer.ggml.* and
+// the chat template kept.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "../nn/gpt.h"
+
+namespace tinygpt {
+
+namespace gguf {
+class File;
+}
+
+/// The model a GGUF file describes and its llama.cpp architecture; throws Error naming what tinygpt cannot compute
+/// the same way (another architecture, mixture of experts, a head dim that is not n_embd / n_head, partial rotary
+/// dimensions, a RoPE scaling other than Llama 3's, a tensor missing, of the wrong shape or unknown).
+nn::GPTConfig gguf_config(const gguf::File& file, std::string& arch);
+
+/// Reads `file` and writes `out`/ckpt_latest.safetensors (weights, config, tokenizer and chat template; no optimizer
+/// state, iteration 0). Nothing is written to `out` unless the whole file reads.
+std::filesystem::path import_gguf(const std::filesystem::path& file, const std::filesystem::path& out);
+
+}  // namespace tinygpt
