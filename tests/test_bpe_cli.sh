@@ -175,6 +175,42 @@ for pair in llama:llama qwen2:qwen2 plain:gpt2; do
       > "$dir/gguf-read.log" || fail "the $run GGUF at $type: $(cat "$dir/gguf-read.log")"
   done
 done
+# GGUF in: each of those files imported (into a run of the same name, which the export names the model by) and
+# exported again at its type gives the same file byte for byte; the f32 one's greedy text is the original run's.
+for pair in llama:llama qwen2:qwen2 plain:gpt2; do
+  run=${pair%%:*}
+  for type in f32 f16 bf16 q8_0; do
+    rm -rf "$dir/in/$run"
+    "$tinygpt" import --format gguf --from "$dir/$run-$type.gguf" --out "$dir/in/$run" 2> "$dir/gguf-in.log" ||
+      fail "import --format gguf of $run at $type failed: $(cat "$dir/gguf-in.log")"
+    "$tinygpt" export --ckpt "$dir/in/$run" --format gguf --type "$type" --out "$dir/in/$run-$type.gguf" 2> /dev/null ||
+      fail "export of the imported $run at $type failed"
+    cmp -s "$dir/$run-$type.gguf" "$dir/in/$run-$type.gguf" || fail "$run at $type: imported and exported again, the file differs"
+    if [ "$type" = f32 ]; then
+      for r in "$dir/$run" "$dir/in/$run"; do
+        "$tinygpt" sample --ckpt "$r" --prompt "the cat" --max-new-tokens 12 --temperature 0 2> /dev/null > "$r.gguf-greedy"
+      done
+      cmp -s "$dir/$run.gguf-greedy" "$dir/in/$run.gguf-greedy" || fail "the GGUF-imported $run model's greedy text differs"
+    fi
+  done
+done
+# A damaged or foreign GGUF: one error line, exit 1, nothing in --out.
+gguf_edit() {  # gguf_edit SRC DST PYTHON-EXPRESSION-OF-data
+  python3 -c "import sys; data = open(sys.argv[1], 'rb').read(); open(sys.argv[2], 'wb').write($3)" "$1" "$2"
+}
+s() { python3 -c "import struct, sys; sys.stdout.write(repr(struct.pack('<Q', len(sys.argv[1])) + sys.argv[1].encode()))" "$1"; }
+gguf_edit "$dir/llama-f32.gguf" "$dir/cut.gguf" "data[:len(data) // 2]"
+gguf_edit "$dir/llama-f32.gguf" "$dir/arch.gguf" "data.replace($(s llama), $(s llamb), 1)"
+gguf_edit "$dir/llama-f32.gguf" "$dir/pre.gguf" "data.replace($(s gpt-2), $(s gpt-3), 1)"
+gguf_edit "$dir/llama-f32.gguf" "$dir/spm.gguf" "data.replace($(s gpt2), $(s bert), 1)"
+for case in "cut:lies past its end" "arch:its architecture is llamb" "pre:its pre-tokenizer is gpt-3" \
+            "spm:its tokenizer is bert"; do
+  name=${case%%:*}
+  expect 1 "error: .*${case#*:}" "$tinygpt" import --format gguf --from "$dir/$name.gguf" --out "$dir/in/$name"
+  [ ! -e "$dir/in/$name" ] || fail "a refused GGUF import ($name) left $dir/in/$name"
+done
+expect 1 "error: cannot open '$dir/none.gguf'" "$tinygpt" import --format gguf --from "$dir/none.gguf" --out "$dir/in/none"
+expect 1 "is not a GGUF file" "$tinygpt" import --format gguf --from "$dir/corpus/notes/n0.txt" --out "$dir/in/text"
 "$tinygpt" train --data "$dir/corpus" --out "$dir/chars" "${model[@]}" --max-iters 1 > /dev/null 2> "$dir/chars.log" ||
   fail "a character run failed: $(tail -1 "$dir/chars.log")"
 expect 1 "this model's tokenizer is characters, which GGUF's tokenizers" "$tinygpt" export --ckpt "$dir/chars" --format gguf \

@@ -13,6 +13,7 @@
 #include "autograd/ops.h"
 #include "data/bpe.h"
 #include "data/pre_split.h"
+#include "data/text.h"
 #include "train/checkpoint.h"
 #include "train/gguf.h"
 #include "train/gguf_read.h"
@@ -117,6 +118,15 @@ void check_tensors(const gguf::File& f, const nn::GPTConfig& c, const std::strin
   }
 }
 
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const data::Utf8Char c = data::decode_utf8_at(s, i);
+    if (c.len == 0) return false;
+    i += size_t(c.len);
+  }
+  return true;
+}
+
 /// A byte-level pre-split llama.cpp names (tokenizer.ggml.pre) as tokenizers' JSON, or null for one tinygpt lacks.
 json pre_tokenizer_of(const std::string& pre) {
   const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
@@ -139,8 +149,9 @@ json pre_tokenizer_of(const std::string& pre) {
   return nullptr;
 }
 
-/// The tokenizer of tokenizer.ggml.*, rebuilt as the tokenizer.json it came from and read as every other one.
-data::Tokenizer tokenizer_of(const gguf::File& f) {
+}  // namespace
+
+data::Tokenizer gguf_tokenizer(const gguf::File& f) {
   const std::string model = f.string("tokenizer.ggml.model");
   if (model == "llama") {
     throw not_importable(f, "its tokenizer is SentencePiece (tokenizer.ggml.model \"llama\", as Llama 2's, Mistral's, "
@@ -157,6 +168,14 @@ data::Tokenizer tokenizer_of(const gguf::File& f) {
                                                       "qwen2 and smollm do)", pre));
   }
   const std::vector<std::string> tokens = f.strings("tokenizer.ggml.tokens");
+  const std::vector<std::string> merges = f.strings("tokenizer.ggml.merges");
+  const std::string chat_template = f.string("tokenizer.chat_template", "");
+  for (const auto& [what, strings] : {std::pair{"token", &tokens}, std::pair{"merge", &merges}}) {
+    for (size_t i = 0; i < strings->size(); ++i) {
+      if (!valid_utf8((*strings)[i])) throw not_importable(f, fmt::format("its {} {} is not valid UTF-8", what, i));
+    }
+  }
+  if (!valid_utf8(chat_template)) throw not_importable(f, "its tokenizer.chat_template is not valid UTF-8");
   std::vector<int64_t> types = f.find("tokenizer.ggml.token_type") ? f.integers("tokenizer.ggml.token_type")
                                                                     : std::vector<int64_t>(tokens.size(), 1);
   if (types.size() != tokens.size()) {
@@ -199,14 +218,16 @@ data::Tokenizer tokenizer_of(const gguf::File& f) {
                   {"normalizer", nullptr},
                   {"pre_tokenizer", pre_tokenizer},
                   {"post_processor", post},
-                  {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", f.strings("tokenizer.ggml.merges")}}}};
+                  {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
   data::BpeTokenizer bpe = data::BpeTokenizer::from_json(j.dump(), f.path());
   data::TokenizerConfig tc;
   if (is_added(bos)) tc.bos_token = tokens[size_t(bos)];
   if (is_added(eos)) tc.eos_token = tokens[size_t(eos)];
-  tc.chat_template = f.string("tokenizer.chat_template", "");
+  tc.chat_template = chat_template;
   return data::Tokenizer(std::move(bpe), std::move(tc));
 }
+
+namespace {
 
 /// llama.cpp's pairing of rotary features undone: our row s E/2 + j of a head is the file's row 2j + s.
 std::vector<float> deinterleave_heads(const std::vector<float>& w, int64_t heads, int64_t cols) {
@@ -269,6 +290,9 @@ nn::GPTConfig gguf_config(const gguf::File& f, std::string& arch) {
   } catch (const Error& e) {
     throw not_importable(f, e.what());
   }
+  if (c.n_layer > int64_t(f.tensors().size())) {  // before a table of its tensors is made
+    throw not_importable(f, fmt::format("its block_count {} is more than its {} tensors", c.n_layer, f.tensors().size()));
+  }
   check_tensors(f, c, arch);
   return c;
 }
@@ -277,7 +301,7 @@ fs::path import_gguf(const fs::path& file, const fs::path& out) {
   const gguf::File f(file);
   std::string arch;
   const nn::GPTConfig config = gguf_config(f, arch);
-  data::Tokenizer tokenizer = tokenizer_of(f);
+  data::Tokenizer tokenizer = gguf_tokenizer(f);
   if (tokenizer.vocab_size() > config.vocab_size) {
     throw not_importable(f, fmt::format("its tokenizer has {} tokens but token_embd.weight {} rows",
                                         tokenizer.vocab_size(), config.vocab_size));

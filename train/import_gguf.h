@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "../data/tokenizer.h"
 #include "../nn/gpt.h"
 
 namespace tinygpt {
@@ -19,6 +20,12 @@ class File;
 /// the same way (another architecture, mixture of experts, a head dim that is not n_embd / n_head, partial rotary
 /// dimensions, a RoPE scaling other than Llama 3's, a tensor missing, of the wrong shape or unknown).
 nn::GPTConfig gguf_config(const gguf::File& file, std::string& arch);
+
+/// The tokenizer of tokenizer.ggml.* (model gpt2: a byte-level BPE with the pre-split tokenizer.ggml.pre names),
+/// rebuilt as the tokenizer.json it came from and read as every other one; trailing unused tokens ([PADn]) are the
+/// model's padding, not tokens. Throws Error naming a SentencePiece or other tokenizer, an unknown pre-tokenizer,
+/// mismatched counts, duplicate tokens, a bos or eos outside the vocabulary.
+data::Tokenizer gguf_tokenizer(const gguf::File& file);
 
 /// Reads `file` and writes `out`/ckpt_latest.safetensors (weights, config, tokenizer and chat template; no optimizer
 /// state, iteration 0). Nothing is written to `out` unless the whole file reads.

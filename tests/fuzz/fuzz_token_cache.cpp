@@ -46,7 +46,7 @@ void make_source() {
   ::utimensat(AT_FDCWD, kText.c_str(), times, 0);
 }
 
-data::Tokenizer tokenizer() { return data::Tokenizer(data::CharVocab::from_chars(data::decode_utf8(read_file(kText)))); }
+data::Tokenizer tokenizer() { return data::Tokenizer(data::CharVocab(data::decode_utf8(read_file(kText)))); }
 
 void load(bool chars) {
   if (chars) {
