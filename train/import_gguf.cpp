@@ -32,44 +32,60 @@ Error not_importable(const gguf::File& f, const std::string& why) {
 
 std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("({})", fmt::join(shape, ", ")); }
 
-/// Llama 3's scaling from the factors of rope_freqs.weight (each pair's frequency divided by its factor). The factor is
-/// the largest; the blend's two thresholds follow from two blended pairs (only their ratios to the original context
-/// matter, so it is taken as Llama 3's 8192), or are Llama 3's 1 and 4 where fewer pairs blend. Refused unless the
-/// scaling found gives back every factor.
+/// Llama 3's scaling from the factors of rope_freqs.weight (each pair's frequency divided by its factor). Only the
+/// ratios of the original context to the band edges show in the factors, so low_freq_factor is taken as Llama 3's 1:
+/// the largest factor is `factor`, and a pair blended between the bands (blend = (context / wavelength - 1) / (high - 1))
+/// gives, with a second, the context and high_freq_factor (Llama 3's 8192 and 4 come back exactly); with one, high is
+/// taken as 4; with none, the context is 8192 or between the two bands. Refused unless the scaling gives every factor
+/// back.
 RopeScaling scaling_of(const gguf::File& f, const gguf::TensorInfo& t, double theta, int64_t E) {
   if (t.shape != std::vector<int64_t>{E / 2}) {
     throw not_importable(f, fmt::format("rope_freqs.weight is {} where its heads have {} rotary pairs",
                                         shape_str(t.shape), E / 2));
   }
   const std::vector<float> r = f.values(t);
+  if (std::all_of(r.begin(), r.end(), [](float x) { return x == 1.0f; })) return RopeScaling{};
   RopeScaling s;
   s.factor = *std::max_element(r.begin(), r.end());
-  if (std::all_of(r.begin(), r.end(), [](float x) { return x == 1.0f; })) return RopeScaling{};
-  std::vector<std::pair<double, double>> blended;  // (original context / wavelength, blend)
+  const auto nice = [](double v) { return std::stod(fmt::format("{:.6g}", v)); };
+  std::vector<std::pair<double, double>> blended;  // (1 / wavelength, blend)
+  double kept_max = 0, scaled_min = 1e300;         // the wavelengths either side of the blend
   for (int64_t i = 0; i < E / 2; ++i) {
-    const double x = double(r[size_t(i)]);
+    const double x = double(r[size_t(i)]), wavelength = 2.0 * 3.14159265358979323846 / std::pow(theta, -2.0 * double(i) / double(E));
     if (x > 1.0 + 1e-6 && x < s.factor * (1.0 - 1e-6)) {
-      const double inv_freq = std::pow(theta, -2.0 * double(i) / double(E));
-      blended.emplace_back(s.original_context * inv_freq / (2.0 * 3.14159265358979323846),
-                           (1.0 / x - 1.0 / s.factor) / (1.0 - 1.0 / s.factor));
+      blended.emplace_back(1.0 / wavelength, (1.0 / x - 1.0 / s.factor) / (1.0 - 1.0 / s.factor));
+    } else if (x <= 1.0 + 1e-6) {
+      kept_max = std::max(kept_max, wavelength);
+    } else {
+      scaled_min = std::min(scaled_min, wavelength);
     }
   }
-  if (blended.size() >= 2) {  // blend = (x - low) / (high - low): a line through the first and the last
+  std::vector<RopeScaling> candidates;
+  if (blended.size() >= 2) {  // blend = a / wavelength - b with a = context / (high - 1), b = 1 / (high - 1)
     const auto [x0, b0] = blended.front();
     const auto [x1, b1] = blended.back();
-    const double slope = (b1 - b0) / (x1 - x0);
-    const auto nice = [](double v) { return std::stod(fmt::format("{:.6g}", v)); };
-    s.low_freq_factor = nice(x0 - b0 / slope);
-    s.high_freq_factor = nice(s.low_freq_factor + 1.0 / slope);
+    const double a = (b1 - b0) / (x1 - x0), b = a * x0 - b0;
+    RopeScaling c = s;
+    c.high_freq_factor = nice(1.0 + 1.0 / b), c.original_context = nice(a / b);
+    candidates.push_back(c);
+  } else if (blended.size() == 1) {
+    RopeScaling c = s;
+    c.original_context = nice((1.0 + 3.0 * blended[0].second) / blended[0].first);
+    candidates.push_back(c);
+  } else {
+    candidates.push_back(s);
+    RopeScaling c = s;
+    c.original_context = nice(std::sqrt(4.0 * kept_max * std::min(scaled_min, 1e30)));
+    candidates.push_back(c);
   }
-  const std::vector<float> back = rope_freq_factors(theta, s, E);
-  for (size_t i = 0; i < r.size(); ++i) {
-    if (!(std::fabs(back[i] - r[i]) <= 1e-5f * std::fabs(r[i]))) {
-      throw not_importable(f, "its rope_freqs.weight holds frequency factors that are not Llama 3's scaling (the one "
-                              "tinygpt implements)");
-    }
+  for (const RopeScaling& c : candidates) {
+    const std::vector<float> back = rope_freq_factors(theta, c, E);
+    bool same = true;
+    for (size_t i = 0; i < r.size(); ++i) same = same && std::fabs(back[i] - r[i]) <= 1e-5f * std::fabs(r[i]);
+    if (same) return c;
   }
-  return s;
+  throw not_importable(f, "its rope_freqs.weight holds frequency factors that are not Llama 3's scaling (the one "
+                          "tinygpt implements)");
 }
 
 /// The Llama family's settings: grouped-query heads, RMSNorm, SwiGLU, rotary positions and their scaling, biases.

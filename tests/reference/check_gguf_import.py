@@ -9,7 +9,8 @@ llama_model_quantize) to F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M, Q5_K_M
   llama architecture), equal bit for bit to the `gguf` package's dequantization of the file (gguf.quants.dequantize);
 - the logits of the imported model against those of transformers loading the same file
   (from_pretrained(..., gguf_file=...)), to 1e-4;
-- the file exported again at f32 by tinygpt: the same tensors as the import read.
+- the file exported again at f32 by tinygpt: the same tensors as the import read;
+- Llama 3's RoPE scaling (rope_freqs.weight) read back as the scaling it was written from.
 
 Run by developers, not by CI (the packages are installed outside the source tree):
 
@@ -116,6 +117,33 @@ def check_one(name, kind, path, tinygpt, tool, tmp):
     return ok
 
 
+def check_llama3_scaling(tinygpt, tool, tok, tmp):
+    """Llama 3's RoPE scaling through rope_freqs.weight: a LlamaForCausalLM with it imported from Hugging Face, exported
+    f32 and imported from GGUF has the same scaling in its config and the same logits as the Hugging Face import."""
+    hf_dir = tmp / "llama3-hf"
+    torch.manual_seed(3)
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=32)
+    config = transformers.LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      rope_theta=1e5, rope_scaling=scaling)
+    transformers.LlamaForCausalLM(config).save_pretrained(hf_dir)
+    (hf_dir / "tokenizer.json").write_bytes(tok.read_bytes())
+    run(tinygpt, "import", "--format", "hf", "--from", hf_dir, "--out", tmp / "llama3")
+    run(tinygpt, "export", "--ckpt", tmp / "llama3", "--format", "gguf", "--out", tmp / "llama3.gguf")
+    run(tinygpt, "import", "--format", "gguf", "--from", tmp / "llama3.gguf", "--out", tmp / "llama3-back")
+    configs = [json.loads(safetensors_metadata(tmp / r / "ckpt_latest.safetensors")["config"]) for r in ("llama3", "llama3-back")]
+    logits = []
+    for r in ("llama3", "llama3-back"):
+        run(tool, tmp / r, PROMPT, tmp / f"{r}.logits")
+        logits.append(read_safetensors(tmp / f"{r}.logits")["logits"])
+    diff = float(np.abs(logits[0] - logits[1]).max())
+    same = configs[0].get("rope_scaling") == configs[1].get("rope_scaling")
+    print(f"llama3-scaled: rope_scaling {'the same' if same else 'DIFFERS'} ({configs[1].get('rope_scaling')}), "
+          f"max |logits difference| {diff:.1e} (== 0)")
+    return same and diff == 0
+
+
 def main():
     args, build = parse_args(__doc__)
     print(f"gguf {getattr(gguf, '__version__', '?')}, llama-cpp-python {llama_cpp.__version__}, "
@@ -141,6 +169,7 @@ def main():
                     results.append(False)
                     continue
                 results.append(check_one(name, kind, path, tinygpt, tool, tmp))
+        results.append(check_llama3_scaling(tinygpt, tool, tok, tmp))
     ok = all(results)
     print("GGUF import checked: tinygpt reads what gguf-py and transformers read" if ok else "FAIL: a check differs")
     sys.exit(0 if ok else 1)
