@@ -11,6 +11,15 @@ namespace tinygpt {
 class Generator {
  public:
   explicit Generator(uint64_t seed = 1337) { manual_seed(seed); }
+  /// A generator for a model whose weights are loaded right after it is built (a checkpoint, an import): randn and
+  /// rand draw nothing from it and give zeros, so building a 135M-parameter model costs its allocation, not seconds
+  /// of Box-Muller.
+  static Generator for_loading() {
+    Generator g(0);
+    g.draws_nothing_ = true;
+    return g;
+  }
+  bool draws_nothing() const { return draws_nothing_; }
   void manual_seed(uint64_t seed);
   uint64_t next_u64();
   /// Uniform in [0, 1) with 53 random bits.
@@ -37,6 +46,7 @@ class Generator {
   bool has_spare_ = false;
   double spare_ = 0;
   const uint64_t* dropout_offset_ = nullptr;
+  bool draws_nothing_ = false;
 };
 
 /// The generator used when none is passed (randn, rand, dropout, weight init).

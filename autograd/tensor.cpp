@@ -548,10 +548,12 @@ Tensor arange(int64_t n, DType dtype, Device device) {
 }
 
 Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device, double stddev) {
+  if (gen.draws_nothing()) return zeros(shape, dtype, device);
   return generate(shape, dtype, device, "randn", [&](int64_t) { return stddev * gen.normal(); });
 }
 
 Tensor rand(const Shape& shape, Generator& gen, DType dtype, Device device, double low, double high) {
+  if (gen.draws_nothing()) return zeros(shape, dtype, device);
   return generate(shape, dtype, device, "rand", [&](int64_t) { return low + (high - low) * gen.uniform(); });
 }
 

@@ -229,7 +229,7 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
                           c.config.vocab_size));
   }
   // Every weight the config implies must be there with the right shape.
-  Generator gen(0);
+  Generator gen = Generator::for_loading();  // shapes only
   nn::GPTConfig shapes_only = c.config;
   shapes_only.n_layer = std::min<int64_t>(shapes_only.n_layer, 1);  // one block shows every block's shapes
   const nn::GPT probe(shapes_only, gen);

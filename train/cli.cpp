@@ -269,7 +269,7 @@ std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64
                                     const NumericsFlags& numerics) {
   require_memory(inference_memory(ckpt.config, batch_size), device, fmt::format("running {}", ckpt.path.string()),
                  "use a machine with more memory");
-  Generator gen(0);
+  Generator gen = Generator::for_loading();  // the weights are loaded next
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
   load_weights(*model, ckpt);
   use_document_separator(*model, ckpt.tokenizer);

@@ -324,7 +324,7 @@ fs::path import_gguf(const fs::path& file, const fs::path& out) {
   }
   // Every tensor is in the file with the model's shape (gguf_config checked): the model is no larger than the file's
   // tensors dequantized.
-  Generator gen(0);
+  Generator gen = Generator::for_loading();  // the weights are loaded next
   nn::GPT model(config, gen);
   NoGradGuard no_grad;
   std::map<std::string, Tensor> params;

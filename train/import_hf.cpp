@@ -231,7 +231,7 @@ fs::path import_hf(const fs::path& dir, const fs::path& out) {
     throw Error(fmt::format("'{}': its config.json describes a model of {:.0f} parameters but the weights hold {:.0f} "
                             "values", dir.string(), need, held));
   }
-  Generator gen(0);
+  Generator gen = Generator::for_loading();  // the weights are loaded next
   nn::GPT model(config, gen);
   NoGradGuard no_grad;
   (is_llama_shaped(config) ? load_llama : load_gpt2)(model, weights, dir.string());

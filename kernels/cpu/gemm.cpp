@@ -316,48 +316,79 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
   Blocked<Cfg, T, S>(op, nt).run();
 }
 
+/// An operand of a few-rows product as the product takes it: bf16 widened (exact); f32 rounded to bf16 first where
+/// the product is bf16's (`round`), so f32 operands rounded and the same values stored in bf16 give the same bits.
+template <class T, class S>
+inline T operand(S x, bool round) {
+  if constexpr (std::is_same_v<S, bf16>) {
+    return float(x);
+  } else {
+    return round ? T(round_bf16(float(x))) : x;
+  }
+}
+
+/// One row of C from the row `a` (operands already) and rows j0 .. j0 + R of B (trans_b): dot products in kLanes
+/// independent lanes over k, the lanes summed in a fixed order, so each element's arithmetic is the same whatever
+/// rows are computed beside it or on which thread.
+template <int R, class T, class S>
+void dot_rows(const T* a, const S* B, int64_t ldb, int64_t j0, int64_t K, bool round, T alpha, T beta, T* c) {
+  constexpr int kLanes = std::is_same_v<T, float> ? 16 : 8;
+  T lanes[R][kLanes] = {};
+  const S* b[R];
+  for (int r = 0; r < R; ++r) b[r] = B + (j0 + r) * ldb;
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    for (int r = 0; r < R; ++r) {
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) lanes[r][l] += a[k + l] * operand<T>(b[r][k + l], round);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    T tail = T(0);
+    for (int64_t kk = k; kk < K; ++kk) tail += a[kk] * operand<T>(b[r][kk], round);
+    for (int w = kLanes / 2; w > 0; w /= 2) {
+      for (int l = 0; l < w; ++l) lanes[r][l] += lanes[r][l + w];
+    }
+    const T dot = lanes[r][0] + tail;
+    T& out = c[j0 + r];
+    out = alpha * dot + (beta == T(0) ? T(0) : beta * out);
+  }
+}
+
 /// A few rows of C (token-by-token decoding): packing B would cost more than the product, so each row is
-/// computed straight from the operands, as dot products over contiguous rows of B (trans_b) or as sums of
-/// scaled rows of B (!trans_b). Single-threaded: the work is a matrix-vector product per row.
-template <class T>
-void gemm_few_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-                   const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  std::vector<T> a(static_cast<size_t>(K)), acc;
+/// computed straight from the operands (B in f32, or in bf16 as stored: half the bytes a decoding step reads), as
+/// dot products over contiguous rows of B (trans_b) or as sums of scaled rows of B (!trans_b). The columns of C are
+/// split between the threads (a matrix-vector product is bound by reading B, which one core cannot do at the
+/// memory's speed); each element is computed the same way on any split.
+template <class T, class S>
+void gemm_few_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const S* A, int64_t lda,
+                   const S* B, int64_t ldb, T beta, T* C, int64_t ldc, bool round) {
+  const int max_threads = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
+  const int nt = int(std::clamp<double>(double(N) * double(K) / kMinFmasPerThread, 1.0, double(std::max(max_threads, 1))));
+  std::vector<T> a(static_cast<size_t>(K));
   for (int64_t i = 0; i < M; ++i) {
-    for (int64_t k = 0; k < K; ++k) a[size_t(k)] = trans_a ? A[k * lda + i] : A[i * lda + k];
+    for (int64_t k = 0; k < K; ++k) a[size_t(k)] = operand<T>(trans_a ? A[k * lda + i] : A[i * lda + k], round);
     T* c = C + i * ldc;
     if (trans_b) {
-      auto store = [&](int64_t j, T dot) { c[j] = alpha * dot + (beta == T(0) ? T(0) : beta * c[j]); };
-      const T* ap = a.data();
-      int64_t j = 0;
-      for (; j + 4 <= N; j += 4) {  // four rows of B per pass over a: four independent sums
-        const T *b0 = B + j * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
-        T d0 = T(0), d1 = T(0), d2 = T(0), d3 = T(0);
-#pragma omp simd reduction(+ : d0, d1, d2, d3)
-        for (int64_t k = 0; k < K; ++k) {
-          d0 += ap[k] * b0[k];
-          d1 += ap[k] * b1[k];
-          d2 += ap[k] * b2[k];
-          d3 += ap[k] * b3[k];
-        }
-        store(j, d0), store(j + 1, d1), store(j + 2, d2), store(j + 3, d3);
-      }
-      for (; j < N; ++j) {
-        const T* b = B + j * ldb;
-        T dot = T(0);
-#pragma omp simd reduction(+ : dot)
-        for (int64_t k = 0; k < K; ++k) dot += ap[k] * b[k];
-        store(j, dot);
-      }
+      const int64_t groups = N / 4;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+      for (int64_t g = 0; g < groups; ++g) dot_rows<4>(a.data(), B, ldb, 4 * g, K, round, alpha, beta, c);
+      for (int64_t j = 4 * groups; j < N; ++j) dot_rows<1>(a.data(), B, ldb, j, K, round, alpha, beta, c);
     } else {
-      acc.assign(size_t(N), T(0));
-      for (int64_t k = 0; k < K; ++k) {
-        const T ak = a[size_t(k)];
-        const T* b = B + k * ldb;
+      constexpr int64_t kChunk = 64;  // columns a thread owns
+      const int64_t chunks = (N + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+      for (int64_t q = 0; q < chunks; ++q) {
+        const int64_t j0 = q * kChunk, j1 = std::min(N, j0 + kChunk);
+        T acc[kChunk] = {};
+        for (int64_t k = 0; k < K; ++k) {
+          const T ak = a[size_t(k)];
+          const S* b = B + k * ldb;
 #pragma omp simd
-        for (int64_t j = 0; j < N; ++j) acc[size_t(j)] += ak * b[j];
+          for (int64_t j = j0; j < j1; ++j) acc[j - j0] += ak * operand<T>(b[j], round);
+        }
+        for (int64_t j = j0; j < j1; ++j) c[j] = alpha * acc[j - j0] + (beta == T(0) ? T(0) : beta * c[j]);
       }
-      for (int64_t j = 0; j < N; ++j) c[j] = alpha * acc[size_t(j)] + (beta == T(0) ? T(0) : beta * c[j]);
     }
   }
 }
@@ -418,13 +449,13 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
     if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
     return;
   }
-  if constexpr (std::is_same_v<T, float>) {
-    if (bf16) return run_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep);
-  }
-  if (M <= kFewRows && !bf16) {
-    gemm_few_rows<T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (M <= kFewRows) {  // bf16 products too: the operands rounded as they are read
+    gemm_few_rows<T, T>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16);
     if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
     return;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16) return run_bf16(bf16_kernel(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ep);
   }
   gemm_with<Config<T>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16, ep);
 }
@@ -451,6 +482,11 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   }
   if (M <= 0 || N <= 0) return;
   if (scale_only(M, N, K, alpha, beta, C, ldc)) {
+    if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
+    return;
+  }
+  if (M <= kFewRows) {  // decoding: B read as stored, in bf16, by every kernel choice alike
+    gemm_few_rows<float, bf16>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
     if (has_epilogue(ep)) run_epilogue(ep, C, ldc, 0, 0, M, N);
     return;
   }
