@@ -353,8 +353,11 @@ void run_sample(const SampleArgs& a) {
   const auto model = model_from(ckpt, device, 1, a.numerics);
   if (a.prompt.empty()) throw Error("--prompt is empty: give at least one character");
   const std::vector<int32_t> ids = encode_flag_text(ckpt.tokenizer, a.prompt, "--prompt");
-  fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache\n", ckpt.path.string(), ckpt.state.iter,
-             ckpt.state.best_val_loss, a.gen.kv_cache ? "with KV" : "without KV");
+  const Numerics& n = model->numerics();
+  fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache; decoding with {} weights and "
+             "activations, {} products\n", ckpt.path.string(), ckpt.state.iter, ckpt.state.best_val_loss,
+             a.gen.kv_cache ? "with KV" : "without KV", n.bf16_storage ? "bf16" : "f32",
+             n.bf16 ? "bf16" : n.tf32 ? "tf32" : "f32");
   Generator gen(a.seed);
   GenerateOptions options = a.gen;
   options.vocab = ckpt.tokenizer.vocab_size();  // a vocabulary padded past the tokenizer: the padding is never drawn
