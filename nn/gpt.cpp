@@ -287,14 +287,15 @@ Tensor GPT::attention_weights(const Tensor& ids, int64_t layer) const {
       .weights;
 }
 
-KVCache GPT::make_cache(int64_t batch) const {
+KVCache GPT::make_cache(int64_t batch, int64_t capacity) const {
   KVCache cache;
+  capacity = capacity > 0 ? std::min(capacity, config_.block_size) : config_.block_size;
   const int64_t kv_heads = config_.n_kv_head > 0 ? config_.n_kv_head : config_.n_head;
   const int64_t width = kv_heads * (config_.n_embd / config_.n_head);
   const Device device = this->device();
   for (int64_t i = 0; i < config_.n_layer; ++i) {
-    cache.k.push_back(zeros({batch, config_.block_size, width}, wte.weight.dtype(), device));
-    cache.v.push_back(zeros({batch, config_.block_size, width}, wte.weight.dtype(), device));
+    cache.k.push_back(zeros({batch, capacity, width}, wte.weight.dtype(), device));
+    cache.v.push_back(zeros({batch, capacity, width}, wte.weight.dtype(), device));
   }
   return cache;
 }

@@ -145,8 +145,9 @@ class GPT : public Module {
   /// Inference: the causal attention weights (B, n_head, T, T) of block `layer` for ids (B, T).
   Tensor attention_weights(const Tensor& ids, int64_t layer) const;
 
-  /// An empty cache for `batch` sequences of up to block_size positions.
-  KVCache make_cache(int64_t batch) const;
+  /// An empty cache for `batch` sequences of up to `capacity` positions (0: block_size; at most block_size): a
+  /// sample of a few hundred tokens from a model of a 131,072-token context holds what it uses, not gigabytes.
+  KVCache make_cache(int64_t batch, int64_t capacity = 0) const;
   /// Inference: appends ids (B, T) at positions [cache.len, cache.len + T) and returns the logits
   /// (B, vocab_size) of the last one. Only the new positions are computed; earlier ones come from the cache.
   Tensor forward_cached(const Tensor& ids, KVCache& cache) const;

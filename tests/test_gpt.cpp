@@ -529,6 +529,15 @@ TEST_CASE("generate: same seed, same text; the cache changes nothing until the c
   CHECK(with_cache == without);
   CHECK(generate(model, prompt, o, g3) == without);
   CHECK(generate(model, prompt, o, g4) != without);
+  // A short sample's cache holds the prompt and its tokens only (8 of the block's 16 positions), to the same text.
+  CHECK(model.make_cache(1, 8).capacity() == 8);
+  CHECK(model.make_cache(1, 100).capacity() == model.config().block_size);
+  CHECK(model.make_cache(1).capacity() == model.config().block_size);
+  o.max_new_tokens = 5;
+  Generator g7(7), g8(7);
+  const auto short_without = generate(model, prompt, o, g7);
+  o.kv_cache = true;
+  CHECK(generate(model, prompt, o, g8) == short_without);
   o.max_new_tokens = 100;  // far past block_size, both ways
   o.kv_cache = true;
   Generator g5(1), g6(1);

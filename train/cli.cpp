@@ -243,7 +243,7 @@ void run_info(const std::string& path) {
 }
 
 std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU, int64_t batch_size = 1,
-                                    const NumericsFlags& numerics = {});
+                                    const NumericsFlags& numerics = {}, int64_t context = 0);
 
 void run_attention(const AttentionArgs& a) {
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
@@ -264,10 +264,11 @@ void run_attention(const AttentionArgs& a) {
   fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
 }
 
-/// The checkpoint's model on `device` in eval mode, after checking it fits with batches of batch_size sequences.
+/// The checkpoint's model on `device` in eval mode, after checking it fits with batches of batch_size sequences of
+/// `context` tokens (0: the block size).
 std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64_t batch_size,
-                                    const NumericsFlags& numerics) {
-  require_memory(inference_memory(ckpt.config, batch_size), device, fmt::format("running {}", ckpt.path.string()),
+                                    const NumericsFlags& numerics, int64_t context) {
+  require_memory(inference_memory(ckpt.config, batch_size, context), device, fmt::format("running {}", ckpt.path.string()),
                  "use a machine with more memory");
   Generator gen = Generator::for_loading();  // the weights are loaded next
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
@@ -350,9 +351,11 @@ void run_sample(const SampleArgs& a) {
   const Device device = parse_device(a.device);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   check_numerics_over(a.numerics, ckpt, device);
-  const auto model = model_from(ckpt, device, 1, a.numerics);
   if (a.prompt.empty()) throw Error("--prompt is empty: give at least one character");
   const std::vector<int32_t> ids = encode_flag_text(ckpt.tokenizer, a.prompt, "--prompt");
+  // Memory for the context this sample uses: the prompt and the tokens to come (a KV cache of that many positions).
+  const int64_t context = a.gen.kv_cache ? int64_t(ids.size()) + a.gen.max_new_tokens : 0;
+  const auto model = model_from(ckpt, device, 1, a.numerics, context);
   const Numerics& n = model->numerics();
   fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache; decoding with {} weights and "
              "activations, {} products\n", ckpt.path.string(), ckpt.state.iter, ckpt.state.best_val_loss,

@@ -57,9 +57,10 @@ std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& 
     cache.len = 0;
     logits = model.forward_cached(ids_tensor(context.end() - keep, context.end()), cache);
   };
-  if (o.kv_cache) {
-    cache = model.make_cache(1);
-    rebuild(std::min<int64_t>(in_document(), block));
+  if (o.kv_cache) {  // room for the prompt and the tokens to come, within the block
+    const int64_t start = std::min<int64_t>(in_document(), block);
+    cache = model.make_cache(1, std::min<int64_t>(block, start + std::max<int64_t>(o.max_new_tokens, 1)));
+    rebuild(start);
   }
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     if (!o.kv_cache) {
@@ -78,11 +79,11 @@ std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& 
     if (o.kv_cache && i + 1 < o.max_new_tokens) {
       if (new_document) {
         rebuild(1);
-      } else if (cache.len == block && model.config().relative_positions()) {
-        model.slide_cache(cache, std::max<int64_t>(block / 2, 1));  // positions are relative: keep the cached keys
+      } else if (cache.len == cache.capacity() && model.config().relative_positions()) {
+        model.slide_cache(cache, std::max<int64_t>(cache.capacity() / 2, 1));  // relative positions: keep the keys
         logits = model.forward_cached(ids_tensor(context.end() - 1, context.end()), cache);
-      } else if (cache.len == block) {
-        rebuild(std::max<int64_t>(block / 2, 1));
+      } else if (cache.len == cache.capacity()) {
+        rebuild(std::max<int64_t>(std::min<int64_t>(block, cache.capacity()) / 2, 1));
       } else {
         logits = model.forward_cached(ids_tensor(context.end() - 1, context.end()), cache);
       }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -98,8 +99,9 @@ MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon
   return need;
 }
 
-MemoryNeed inference_memory(const nn::GPTConfig& c, int64_t batch_size) {
-  const double P = gpt_parameter_count(c), BT = double(batch_size) * double(c.block_size), C = double(c.n_embd);
+MemoryNeed inference_memory(const nn::GPTConfig& c, int64_t batch_size, int64_t context) {
+  const int64_t T = context > 0 ? std::min(context, c.block_size) : c.block_size;
+  const double P = gpt_parameter_count(c), BT = double(batch_size) * double(T), C = double(c.n_embd);
   MemoryNeed need;
   need.weights = P * kFloat;
   // One block's transients (the 4C MLP hidden layer and its GELU, q/k/v), the logits, and a KV cache of every layer.

@@ -30,8 +30,8 @@ double gpt_parameter_count(const nn::GPTConfig& c);
 /// `bf16_storage` (Numerics::bf16_storage): activations and their gradients in bf16, attention's f32 copies of q, k,
 /// v and its output, and a bf16 working copy of every parameter beside its f32 master.
 MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon = false, bool bf16_storage = false);
-/// Inference (eval, sampling) at batch_size sequences of c.block_size tokens, without a graph.
-MemoryNeed inference_memory(const nn::GPTConfig& c, int64_t batch_size);
+/// Inference (eval, sampling) at batch_size sequences of `context` tokens (0: c.block_size), without a graph.
+MemoryNeed inference_memory(const nn::GPTConfig& c, int64_t batch_size, int64_t context = 0);
 
 /// Bytes this process can still allocate on `device`: for the CPU the smaller of the kernel's MemAvailable and
 /// the room left under a cgroup memory limit (infinity when neither is readable); for CUDA the GPU's free memory.
