@@ -152,23 +152,6 @@ std::string encode(const Out& t) {
   return s;
 }
 
-/// llama.cpp's llama architecture pairs rotary feature i with i + 1 (GPT-J's interleaving); ours and Hugging Face's
-/// pair i with i + E/2. Its converter permutes the q and k rows of each head so that the pairs meet: new row 2j + s
-/// of a head is old row s E/2 + j. `cols` is 1 for a bias.
-std::vector<float> interleave_heads(const std::vector<float>& w, int64_t heads, int64_t cols) {
-  const int64_t E = int64_t(w.size()) / cols / heads, half = E / 2;
-  std::vector<float> out(w.size());
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t j = 0; j < half; ++j) {
-      for (int64_t s = 0; s < 2; ++s) {
-        const float* src = w.data() + ((h * E) + s * half + j) * cols;
-        std::copy(src, src + cols, out.data() + ((h * E) + 2 * j + s) * cols);
-      }
-    }
-  }
-  return out;
-}
-
 /// llama.cpp's name for our pre-split (tokenizer.ggml.pre), or "" where it has none.
 std::string pre_name(const data::BpeTokenizer& bpe) {
   if (bpe.individual_digits()) return bpe.pre_split() == data::PreSplit::Gpt2 ? "smollm" : "";
@@ -235,7 +218,8 @@ std::vector<Out> tensors_of(const Checkpoint& ckpt, const std::string& arch, uin
     std::vector<int64_t> shape = p.shape;
     out.push_back({p.gguf, std::move(shape), type, [&ckpt, p = std::move(p)] {
                      const std::vector<float> w = rows_of(ckpt, p);
-                     return p.interleave > 0 ? interleave_heads(w, p.interleave, p.shape.size() == 2 ? p.shape[1] : 1) : w;
+                     if (p.interleave == 0) return w;
+                     return interleave_rotary_pairs(w, p.interleave, p.shape.size() == 2 ? p.shape[1] : 1, false);
                    }});
     if (out.size() == 1 && c.rope_scaling != RopeScaling{}) {  // after token_embd: llama.cpp divides each pair's frequency
       out.push_back({"rope_freqs.weight", {E / 2}, kF32, [&c, E] { return rope_freq_factors(c.rope_theta, c.rope_scaling, E); }});
@@ -290,6 +274,21 @@ void write_file(const fs::path& file, const std::string& header, const std::vect
 }
 
 }  // namespace
+
+std::vector<float> interleave_rotary_pairs(const std::vector<float>& w, int64_t heads, int64_t cols, bool back) {
+  const int64_t E = int64_t(w.size()) / cols / heads, half = E / 2;
+  std::vector<float> out(w.size());
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < half; ++j) {
+      for (int64_t s = 0; s < 2; ++s) {
+        const int64_t ours = h * E + s * half + j, theirs = h * E + 2 * j + s;
+        const float* src = w.data() + (back ? theirs : ours) * cols;
+        std::copy(src, src + cols, out.data() + (back ? ours : theirs) * cols);
+      }
+    }
+  }
+  return out;
+}
 
 std::vector<float> rope_freq_factors(double theta, const RopeScaling& scaling, int64_t E) {
   std::vector<float> f(size_t(E / 2));

@@ -36,6 +36,10 @@ struct GgufPiece {
 /// Every tensor of the model under llama.cpp's names for `arch` (llama, qwen2: Hugging Face's table, llama_pieces,
 /// renamed; gpt2), in the order its converter writes them; rope_freqs.weight apart.
 std::vector<GgufPiece> gguf_pieces(const nn::GPTConfig& c, const std::string& arch);
+/// q or k rows of `heads` heads (`cols` columns; 1 for a bias) in llama.cpp's llama pairing of rotary features (i with
+/// i + 1, GPT-J's), from ours and Hugging Face's (i with i + E/2): row 2j + s of a head is our row s E/2 + j, as its
+/// converter's permute does; `back`: the reverse, for an import.
+std::vector<float> interleave_rotary_pairs(const std::vector<float>& w, int64_t heads, int64_t cols, bool back);
 /// The rope_freqs.weight tensor of Llama 3's scaling: per rotary pair, the factor its frequency is divided by.
 std::vector<float> rope_freq_factors(double theta, const RopeScaling& scaling, int64_t E);
 

@@ -172,8 +172,6 @@ std::string type_name(uint32_t type) {
   return e ? e->name : fmt::format("type {}", type);
 }
 
-bool readable(uint32_t type) { return block_of(type).values > 0; }
-
 Block block_of(uint32_t type) {
   const TypeEntry* e = entry_of(type);
   return e ? e->block : Block{};

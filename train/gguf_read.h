@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <algorithm>
 #include <map>
 #include <string>
 #include <string_view>
@@ -22,8 +21,6 @@ enum Type : uint32_t {
 };
 /// ggml's name of a tensor type ("q4_K"), or "type N" for a number ggml does not name.
 std::string type_name(uint32_t type);
-/// Whether dequantize() reads the type.
-bool readable(uint32_t type);
 /// A block of the type: how many values it holds and how many bytes it takes (0, 0: a type not read here).
 struct Block {
   int64_t values = 0, bytes = 0;
@@ -48,7 +45,6 @@ struct Value {
   std::vector<Value> arrays;         // an array of arrays
   static bool integer_kind(Kind k) { return k <= I32 || k == U64 || k == I64 || k == Bool; }
   static bool signed_kind(Kind k) { return k == I8 || k == I16 || k == I32 || k == I64; }
-  uint64_t length() const { return std::max({ints.size(), reals.size(), strings.size(), arrays.size()}); }
 };
 const char* kind_name(Value::Kind kind);
 

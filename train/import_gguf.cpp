@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_map>
@@ -17,7 +16,7 @@
 #include "train/checkpoint.h"
 #include "train/gguf.h"
 #include "train/gguf_read.h"
-#include "train/run_dir.h"
+#include "train/import_hf.h"
 
 namespace tinygpt {
 
@@ -243,25 +242,6 @@ data::Tokenizer gguf_tokenizer(const gguf::File& f) {
   return data::Tokenizer(std::move(bpe), std::move(tc));
 }
 
-namespace {
-
-/// llama.cpp's pairing of rotary features undone: our row s E/2 + j of a head is the file's row 2j + s.
-std::vector<float> deinterleave_heads(const std::vector<float>& w, int64_t heads, int64_t cols) {
-  const int64_t E = int64_t(w.size()) / cols / heads, half = E / 2;
-  std::vector<float> out(w.size());
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t j = 0; j < half; ++j) {
-      for (int64_t s = 0; s < 2; ++s) {
-        const float* src = w.data() + (h * E + 2 * j + s) * cols;
-        std::copy(src, src + cols, out.data() + (h * E + s * half + j) * cols);
-      }
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 nn::GPTConfig gguf_config(const gguf::File& f, std::string& arch) {
   arch = f.string("general.architecture");
   if (arch != "llama" && arch != "qwen2" && arch != "gpt2") {
@@ -327,28 +307,13 @@ fs::path import_gguf(const fs::path& file, const fs::path& out) {
   Generator gen = Generator::for_loading();  // the weights are loaded next
   nn::GPT model(config, gen);
   NoGradGuard no_grad;
-  std::map<std::string, Tensor> params;
-  for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
-  std::map<std::string, std::vector<Tensor>> rows;  // a fused parameter's pieces so far
+  ParameterWriter writer(model);
   for (const GgufPiece& p : gguf_pieces(config, arch)) {
     std::vector<float> w = f.values(*f.tensor(p.gguf));
-    if (p.interleave > 0) w = deinterleave_heads(w, p.interleave, p.shape.size() == 2 ? p.shape[1] : 1);
-    const Tensor src = from_vector(w, Shape(std::span<const int64_t>(p.shape)));
-    Tensor& param = params.at(p.ours);
-    if (p.rows < 0) {
-      param.copy_(src);
-      continue;
-    }
-    std::vector<Tensor>& parts = rows[p.ours];
-    parts.push_back(src);
-    if (p.row0 + p.rows == param.size(0)) param.copy_(concat(parts, 0));  // the last piece
+    if (p.interleave > 0) w = interleave_rotary_pairs(w, p.interleave, p.shape.size() == 2 ? p.shape[1] : 1, true);
+    writer.write(p.ours, p.row0, p.rows, from_vector(w, Shape(std::span<const int64_t>(p.shape))));
   }
-  const fs::path run = make_output_dir(out.string());
-  TrainState state;
-  state.train_config = {{"imported_from", fs::absolute(file).lexically_normal().string()}};
-  const fs::path path = run / kLatestCheckpoint;
-  save_checkpoint(path, model, tokenizer, nullptr, state);
-  return path;
+  return save_imported(model, tokenizer, file, out);
 }
 
 }  // namespace tinygpt

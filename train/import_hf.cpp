@@ -131,29 +131,19 @@ void load_gpt2(nn::GPT& model, const safetensors::Contents& weights, const std::
   }
 }
 
-/// Fills the model's parameters from a Llama or Qwen2 directory's weights by the one name table (llama_pieces): a
-/// fused parameter (c_attn, mlp.c_fc) is its pieces' rows in order.
+/// Fills the model's parameters from a Llama or Qwen2 directory's weights by the one name table (llama_pieces).
 void load_llama(nn::GPT& model, const safetensors::Contents& weights, const std::string& dir) {
-  std::map<std::string, Tensor> params;
-  for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
-  std::map<std::string, std::vector<Tensor>> rows;  // a fused parameter's pieces so far
+  ParameterWriter writer(model);
   for (const HfPiece& p : llama_pieces(model.config())) {
-    Tensor src = weights.find(p.hf);
+    const Tensor src = weights.find(p.hf);
     if (!src.defined()) throw Error(fmt::format("'{}': the weights have no tensor {}", dir, p.hf));
-    Tensor& param = params.at(p.ours);
+    const Tensor& param = writer.parameter(p.ours);
     const Tensor dst = p.rows < 0 ? param : narrow(param, 0, p.row0, p.rows);
     if (!(src.shape() == dst.shape())) {
       throw Error(fmt::format("'{}': tensor {} is {} where the model its config.json describes has {}", dir, p.hf,
                               src.shape().str(), dst.shape().str()));
     }
-    src = src.dtype() == DType::F32 ? src : src.to(DType::F32);
-    if (p.rows < 0) {
-      param.copy_(src);
-      continue;
-    }
-    std::vector<Tensor>& parts = rows[p.ours];
-    parts.push_back(src);
-    if (p.row0 + p.rows == param.size(0)) param.copy_(concat(parts, 0));  // the last piece
+    writer.write(p.ours, p.row0, p.rows, src.dtype() == DType::F32 ? src : src.to(DType::F32));
   }
 }
 
@@ -205,6 +195,34 @@ data::TokenizerConfig read_tokenizer_config(const fs::path& dir, const nlohmann:
 
 }  // namespace
 
+ParameterWriter::ParameterWriter(nn::GPT& model) {
+  for (auto& [name, t] : model.named_parameters()) params_.emplace(name, t);
+}
+
+void ParameterWriter::write(const std::string& ours, int64_t row0, int64_t rows, const Tensor& src) {
+  Tensor& param = params_.at(ours);
+  if (rows < 0) {
+    param.copy_(src);
+    return;
+  }
+  std::vector<Tensor>& parts = parts_[ours];
+  parts.push_back(src);
+  if (row0 + rows == param.size(0)) {  // the last piece
+    param.copy_(concat(parts, 0));
+    parts_.erase(ours);
+  }
+}
+
+fs::path save_imported(const nn::GPT& model, const data::Tokenizer& tokenizer, const fs::path& source,
+                       const fs::path& out) {
+  const fs::path run = make_output_dir(out.string());
+  TrainState state;
+  state.train_config = {{"imported_from", fs::absolute(source).lexically_normal().string()}};
+  const fs::path path = run / kLatestCheckpoint;
+  save_checkpoint(path, model, tokenizer, nullptr, state);
+  return path;
+}
+
 fs::path import_hf(const fs::path& dir, const fs::path& out) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw Error(fmt::format("--from '{}' is not a directory", dir.string()));
@@ -235,12 +253,7 @@ fs::path import_hf(const fs::path& dir, const fs::path& out) {
   nn::GPT model(config, gen);
   NoGradGuard no_grad;
   (is_llama_shaped(config) ? load_llama : load_gpt2)(model, weights, dir.string());
-  const fs::path run = make_output_dir(out.string());
-  TrainState state;
-  state.train_config = {{"imported_from", fs::absolute(dir).lexically_normal().string()}};
-  const fs::path path = run / kLatestCheckpoint;
-  save_checkpoint(path, model, tokenizer, nullptr, state);
-  return path;
+  return save_imported(model, tokenizer, dir, out);
 }
 
 }  // namespace tinygpt

@@ -230,14 +230,10 @@ def check_llama_cpp(path, tinygpt, tool, run_dir, tmp, kind):
     return same_ids and diff <= tolerance and (same_text or kind != "f32")
 
 
-def check_llama3_scaling(tinygpt, tool, tok, tmp):
-    """Llama 3's RoPE scaling through GGUF: a LlamaForCausalLM with it (transformers, random weights) imported, exported
-    at f32 (the scaling as rope_freqs.weight) and run by llama.cpp against tinygpt's logits."""
-    try:
-        import transformers
-    except ImportError:
-        print("llama3-scaled: transformers is not installed: skipped")
-        return True
+def import_llama3_scaled(tinygpt, tok, tmp):
+    """A LlamaForCausalLM with Llama 3's RoPE scaling (factor 8, original context 32; transformers, random weights)
+    imported into tmp/llama3; returns the run directory."""
+    import transformers
     hf_dir = tmp / "llama3-hf"
     torch.manual_seed(3)
     config = transformers.LlamaConfig(
@@ -248,6 +244,18 @@ def check_llama3_scaling(tinygpt, tool, tok, tmp):
     transformers.LlamaForCausalLM(config).save_pretrained(hf_dir)
     (hf_dir / "tokenizer.json").write_bytes(tok.read_bytes())
     run(tinygpt, "import", "--format", "hf", "--from", hf_dir, "--out", tmp / "llama3")
+    return tmp / "llama3"
+
+
+def check_llama3_scaling(tinygpt, tool, tok, tmp):
+    """Llama 3's RoPE scaling through GGUF: a LlamaForCausalLM with it (transformers, random weights) imported, exported
+    at f32 (the scaling as rope_freqs.weight) and run by llama.cpp against tinygpt's logits."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("llama3-scaled: transformers is not installed: skipped")
+        return True
+    import_llama3_scaled(tinygpt, tok, tmp)
     path = tmp / "llama3-f32.gguf"
     run(tinygpt, "export", "--ckpt", tmp / "llama3", "--format", "gguf", "--out", path)
     names = {t.name for t in gguf.GGUFReader(path).tensors}

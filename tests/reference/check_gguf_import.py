@@ -37,7 +37,7 @@ except ImportError as e:
 
 sys.dont_write_bytecode = True  # nothing written into the source tree
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from check_gguf import expected_tensors, safetensors_metadata  # noqa: E402
+from check_gguf import expected_tensors, import_llama3_scaled, safetensors_metadata  # noqa: E402
 from check_hf_export import build_logits_tool, parse_args, read_safetensors, run  # noqa: E402
 
 PROMPT = "ROMEO:\nWhat say you, my lord"
@@ -120,16 +120,7 @@ def check_one(name, kind, path, tinygpt, tool, tmp):
 def check_llama3_scaling(tinygpt, tool, tok, tmp):
     """Llama 3's RoPE scaling through rope_freqs.weight: a LlamaForCausalLM with it imported from Hugging Face, exported
     f32 and imported from GGUF has the same scaling in its config and the same logits as the Hugging Face import."""
-    hf_dir = tmp / "llama3-hf"
-    torch.manual_seed(3)
-    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=32)
-    config = transformers.LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      rope_theta=1e5, rope_scaling=scaling)
-    transformers.LlamaForCausalLM(config).save_pretrained(hf_dir)
-    (hf_dir / "tokenizer.json").write_bytes(tok.read_bytes())
-    run(tinygpt, "import", "--format", "hf", "--from", hf_dir, "--out", tmp / "llama3")
+    import_llama3_scaled(tinygpt, tok, tmp)
     run(tinygpt, "export", "--ckpt", tmp / "llama3", "--format", "gguf", "--out", tmp / "llama3.gguf")
     run(tinygpt, "import", "--format", "gguf", "--from", tmp / "llama3.gguf", "--out", tmp / "llama3-back")
     configs = [json.loads(safetensors_metadata(tmp / r / "ckpt_latest.safetensors")["config"]) for r in ("llama3", "llama3-back")]
