@@ -57,6 +57,16 @@ inline Utf8Char decode_utf8_at(std::string_view bytes, size_t i) {
   return {cp, len, nullptr};
 }
 
+/// Whether bytes are valid UTF-8 (as decode_utf8_at judges each character).
+inline bool valid_utf8(std::string_view bytes) {
+  for (size_t i = 0; i < bytes.size();) {
+    const Utf8Char c = decode_utf8_at(bytes, i);
+    if (c.len == 0) return false;
+    i += size_t(c.len);
+  }
+  return true;
+}
+
 /// Calls f(code point) for each character of UTF-8 text, without copying it; validates as decode_utf8.
 template <class F>
 void for_each_code_point(std::string_view bytes, F&& f) {

@@ -56,6 +56,16 @@ std::vector<uint32_t> Tokenizer::encode_prompt(std::string_view text, const std:
   return ids;
 }
 
+std::vector<uint32_t> Tokenizer::encode_rendered(std::string_view text, const std::string& what) const {
+  std::vector<uint32_t> ids;
+  if (is_bpe()) {
+    bpe_->encode(text, ids, BpeTokenizer::Specials::Match);
+  } else {
+    encode(text, ids, what);
+  }
+  return ids;
+}
+
 std::string Tokenizer::token_bytes(uint32_t id) const {
   if (int64_t(id) >= vocab_size()) {
     throw Error(fmt::format("token id {} is outside the vocabulary (ids 0 to {})", id, vocab_size() - 1));

@@ -52,6 +52,9 @@ class Tokenizer {
   /// The ids of a text the user gives a model (a prompt, a rendered chat), as transformers' tokenizer(text) makes
   /// them: a BPE's special tokens matched whole (<|im_start|>), and its bos first where its post-processor adds one.
   std::vector<uint32_t> encode_prompt(std::string_view text, const std::string& what) const;
+  /// The ids of a rendered conversation, as transformers' apply_chat_template(tokenize=True) makes them: a BPE's
+  /// special tokens matched whole, nothing added (the template writes its bos itself).
+  std::vector<uint32_t> encode_rendered(std::string_view text, const std::string& what) const;
   /// What ends each training document: a BPE's end-of-text token (none where it has none), or the ids of a character
   /// model's --doc-sep text (`doc_separator`; throws naming `what` for a character outside the vocabulary).
   std::vector<uint32_t> document_suffix(const std::string& doc_separator, const std::string& what) const {

@@ -19,6 +19,7 @@
 #include "kernels/env.h"
 #include "train/training_data.h"
 #include "train/checkpoint.h"
+#include "train/cli_chat.h"
 #include "train/cli_tokenizer.h"
 #include "train/cli_train.h"
 #include "train/comm.h"
@@ -102,19 +103,6 @@ class HelpFormatter : public CLI::Formatter {
 };
 
 
-void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
-  cmd->add_option("--dtype", n.dtype, "fp32, or bf16: matmul operands (on the GPU and on CPUs with a bf16 unit also flash "
-                  "attention's) rounded to bf16 (default: as the checkpoint was trained)")->check(CLI::IsMember({"fp32", "bf16"}));
-  cmd->add_flag_callback("--tf32", [&n] { n.tf32 = true; },
-                         "On the GPU, TF32 tensor cores for f32 matmuls (default: as the checkpoint was trained)");
-  cmd->add_flag_callback("--no-tf32", [&n] { n.tf32 = false; }, "On the GPU, full f32 matmuls");
-  cmd->add_option("--attention-math", n.attention_math,
-                  "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
-                  "as --dtype's and --tf32's default)");
-  cmd->add_option("--storage", n.storage, "Activations stored in f32 or bf16 (bf16 needs bf16 products; default: bf16 with them on "
-                  "the GPU and on CPUs with a bf16 unit, else f32)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
-}
 
 /// The ids of a flag's text; throws naming the flag and the first character outside a character vocabulary.
 std::vector<int32_t> encode_flag_text(const data::Tokenizer& tok, const std::string& text, const char* flag) {
@@ -242,9 +230,6 @@ void run_info(const std::string& path) {
   fmt::print("training flags {}\n", ckpt.state.train_config.dump());
 }
 
-std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU, int64_t batch_size = 1,
-                                    const NumericsFlags& numerics = {}, int64_t context = 0);
-
 void run_attention(const AttentionArgs& a) {
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   const auto model = model_from(ckpt);
@@ -264,41 +249,8 @@ void run_attention(const AttentionArgs& a) {
   fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
 }
 
-/// The checkpoint's model on `device` in eval mode, after checking it fits with batches of batch_size sequences of
-/// `context` tokens (0: the block size).
-std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64_t batch_size,
-                                    const NumericsFlags& numerics, int64_t context) {
-  require_memory(inference_memory(ckpt.config, batch_size, context), device, fmt::format("running {}", ckpt.path.string()),
-                 "use a machine with more memory");
-  Generator gen = Generator::for_loading();  // the weights are loaded next
-  auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
-  load_weights(*model, ckpt);
-  use_document_separator(*model, ckpt.tokenizer);
-  model->set_numerics(numerics.over(ckpt.numerics, device));
-  check_numerics(model->numerics(), device, "pass --attention-math f32");
-  model->to(device);
-  model->train(false);
-  return model;
-}
 
-void validate_numerics(const NumericsFlags& n, const std::string& device) {
-  if (device != "cpu" && device != "cuda") throw Error(fmt::format("--device must be cpu or cuda, got '{}'", device));
-  if (!n.attention_math.empty()) check_attention_math_flag(n.attention_math, device);
-  if (!n.storage.empty() && n.storage != "f32" && n.storage != "bf16") {
-    throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", n.storage));
-  }
-  if (n.storage == "bf16" && n.dtype == "fp32") throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");
-}
 
-/// The flags' numerics over the checkpoint's, where a contradiction only the checkpoint reveals (--storage bf16 over
-/// an f32 run without --dtype bf16) is a usage error too.
-void check_numerics_over(const NumericsFlags& n, const Checkpoint& ckpt, Device device) {
-  try {
-    (void)n.over(ckpt.numerics, device);
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
-}
 
 void validate_attention(const AttentionArgs& a) {
   if (a.layer < 0) throw Error(fmt::format("--layer must not be negative, got {}", a.layer));
@@ -458,6 +410,56 @@ void run_eval(const EvalArgs& a) {
 
 }  // namespace
 
+void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
+  cmd->add_option("--dtype", n.dtype, "fp32, or bf16: matmul operands (on the GPU and on CPUs with a bf16 unit also flash "
+                  "attention's) rounded to bf16 (default: as the checkpoint was trained)")->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_flag_callback("--tf32", [&n] { n.tf32 = true; },
+                         "On the GPU, TF32 tensor cores for f32 matmuls (default: as the checkpoint was trained)");
+  cmd->add_flag_callback("--no-tf32", [&n] { n.tf32 = false; }, "On the GPU, full f32 matmuls");
+  cmd->add_option("--attention-math", n.attention_math,
+                  "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
+                  "as --dtype's and --tf32's default)");
+  cmd->add_option("--storage", n.storage, "Activations stored in f32 or bf16 (bf16 needs bf16 products; default: bf16 with them on "
+                  "the GPU and on CPUs with a bf16 unit, else f32)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+}
+
+/// The checkpoint's model on `device` in eval mode, after checking it fits with batches of batch_size sequences of
+/// `context` tokens (0: the block size).
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64_t batch_size,
+                                    const NumericsFlags& numerics, int64_t context) {
+  require_memory(inference_memory(ckpt.config, batch_size, context), device, fmt::format("running {}", ckpt.path.string()),
+                 "use a machine with more memory");
+  Generator gen = Generator::for_loading();  // the weights are loaded next
+  auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
+  load_weights(*model, ckpt);
+  use_document_separator(*model, ckpt.tokenizer);
+  model->set_numerics(numerics.over(ckpt.numerics, device));
+  check_numerics(model->numerics(), device, "pass --attention-math f32");
+  model->to(device);
+  model->train(false);
+  return model;
+}
+
+void validate_numerics(const NumericsFlags& n, const std::string& device) {
+  if (device != "cpu" && device != "cuda") throw Error(fmt::format("--device must be cpu or cuda, got '{}'", device));
+  if (!n.attention_math.empty()) check_attention_math_flag(n.attention_math, device);
+  if (!n.storage.empty() && n.storage != "f32" && n.storage != "bf16") {
+    throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", n.storage));
+  }
+  if (n.storage == "bf16" && n.dtype == "fp32") throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");
+}
+
+/// The flags' numerics over the checkpoint's, where a contradiction only the checkpoint reveals (--storage bf16 over
+/// an f32 run without --dtype bf16) is a usage error too.
+void check_numerics_over(const NumericsFlags& n, const Checkpoint& ckpt, Device device) {
+  try {
+    (void)n.over(ckpt.numerics, device);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
 Cli::Cli() {
   app.formatter(std::make_shared<HelpFormatter>());
   app.footer("Exit status: 0 done, 1 error (bad data, checkpoint, file or device), 2 usage error (unknown flag, bad or "
@@ -474,6 +476,10 @@ Cli::Cli() {
       {"sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)",
        [this](CLI::App& c) { add_sample_options(&c, sample_args); }, [this] { validate_sample(sample_args); },
        done([this] { run_sample(sample_args); })},
+      {"chat", "Talk to a model: a conversation on a terminal, or the replies to --message turns (rendered with its "
+               "chat template; --render-only prints the prompt)",
+       [this](CLI::App& c) { add_chat_options(c, chat_args); }, [this] { validate_chat(chat_args); },
+       done([this] { run_chat(chat_args); })},
       {"eval", "Print a checkpoint's mean loss and bits per byte on the train and val splits of text files",
        [this](CLI::App& c) { add_eval_options(&c, eval_args); }, [this] { validate_eval(eval_args); },
        done([this] { run_eval(eval_args); })},

@@ -1,5 +1,5 @@
-// The tinygpt command line (CLI11): a table of subcommands (train, sample, eval, tokenizer, plot, attention, export,
-// import, info). main() parses into a Cli and runs it; the fuzzer parses arbitrary arguments into one and validates
+// The tinygpt command line (CLI11): a table of subcommands (train, sample, chat, eval, tokenizer, plot, attention,
+// export, import, info). main() parses into a Cli and runs it; the fuzzer parses arbitrary arguments into one and validates
 // them without running anything.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint.h"
 #include "generate.h"
 #include "trainer.h"
 
@@ -41,6 +42,19 @@ struct SampleArgs {
   std::string device = "cpu";
   NumericsFlags numerics;
   bool operator==(const SampleArgs&) const = default;
+};
+
+/// `tinygpt chat`: a conversation on a terminal, the replies to --message turns, or a rendered prompt.
+struct ChatArgs {
+  std::string ckpt, system, messages_file, chat_template;
+  std::vector<std::string> messages;  // --message: the user's turns, in order
+  bool render_only = false;
+  GenerateOptions gen{.max_new_tokens = 512};
+  int64_t context = 0;  // the conversation's window in tokens (0: the block size, at most 4096)
+  uint64_t seed = 1337;
+  std::string device = "cpu";
+  NumericsFlags numerics;
+  bool operator==(const ChatArgs&) const = default;
 };
 
 struct EvalArgs {
@@ -83,6 +97,15 @@ struct TokenizerArgs {
 /// A negatable flag --name / --no-name bound to `value`; its help names the form in effect by default.
 CLI::Option* add_switch(CLI::App* cmd, const std::string& name, bool& value, const std::string& help);
 
+/// What the command files share (train/cli.cpp): eval's and sample's numerics flags and their checks, and the
+/// checkpoint's model on a device in eval mode, after checking that it fits with `batch_size` sequences of `context`
+/// tokens (0: the block size).
+void add_numerics_flags(CLI::App* cmd, NumericsFlags& n);
+void validate_numerics(const NumericsFlags& n, const std::string& device);
+void check_numerics_over(const NumericsFlags& n, const Checkpoint& ckpt, Device device);
+std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU, int64_t batch_size = 1,
+                                    const NumericsFlags& numerics = {}, int64_t context = 0);
+
 /// A row of the command table: a subcommand's name and help, the options it adds to its CLI::App, the checks made
 /// after parsing without touching a file (an Error thrown is a usage error), and its run (the exit status; an Error
 /// thrown is exit 1, a UsageError exit 2). The parser, validate() and run() are driven by the table: a new command is
@@ -114,6 +137,7 @@ struct Cli {
   int threads = 0;
   TrainConfig train_config;
   SampleArgs sample_args;
+  ChatArgs chat_args;
   EvalArgs eval_args;
   AttentionArgs attention_args;
   ExportArgs export_args;

@@ -133,15 +133,6 @@ void check_tensors(const gguf::File& f, const nn::GPTConfig& c, const std::strin
   }
 }
 
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const data::Utf8Char c = data::decode_utf8_at(s, i);
-    if (c.len == 0) return false;
-    i += size_t(c.len);
-  }
-  return true;
-}
-
 /// A byte-level pre-split llama.cpp names (tokenizer.ggml.pre) as tokenizers' JSON, or null for one tinygpt lacks.
 json pre_tokenizer_of(const std::string& pre) {
   const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
@@ -187,10 +178,10 @@ data::Tokenizer gguf_tokenizer(const gguf::File& f) {
   const std::string chat_template = f.string("tokenizer.chat_template", "");
   for (const auto& [what, strings] : {std::pair{"token", &tokens}, std::pair{"merge", &merges}}) {
     for (size_t i = 0; i < strings->size(); ++i) {
-      if (!valid_utf8((*strings)[i])) throw not_importable(f, fmt::format("its {} {} is not valid UTF-8", what, i));
+      if (!data::valid_utf8((*strings)[i])) throw not_importable(f, fmt::format("its {} {} is not valid UTF-8", what, i));
     }
   }
-  if (!valid_utf8(chat_template)) throw not_importable(f, "its tokenizer.chat_template is not valid UTF-8");
+  if (!data::valid_utf8(chat_template)) throw not_importable(f, "its tokenizer.chat_template is not valid UTF-8");
   std::vector<int64_t> types = f.find("tokenizer.ggml.token_type") ? f.integers("tokenizer.ggml.token_type")
                                                                     : std::vector<int64_t>(tokens.size(), 1);
   if (types.size() != tokens.size()) {

@@ -1,0 +1,907 @@
+// Chat templates: rendering the parsed statements, with Python's values and jinja2's filters, tests and globals.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <unordered_map>
+
+#include "data/jinja.h"
+#include "data/jinja_ast.h"
+#include "kernels/base.h"
+
+namespace tinygpt::data::jinja {
+namespace {
+
+using Kind = Value::Kind;
+using nlohmann::ordered_json;
+
+[[noreturn]] void fail(int line, const std::string& what) { throw Error(fmt::format("line {}: {}", line, what)); }
+
+constexpr int64_t kMaxSteps = 10'000'000;        // statements and loop rounds: a hostile template ends, said so
+constexpr size_t kMaxOutput = size_t(64) << 20;  // bytes rendered
+
+const char* type_name(const Value& v) {
+  switch (v.kind) {
+    case Kind::Undefined: return "undefined";
+    case Kind::None: return "NoneType";
+    case Kind::Bool: return "bool";
+    case Kind::Int: return "int";
+    case Kind::Float: return "float";
+    case Kind::String: return "str";
+    case Kind::List: return "list";
+    case Kind::Dict: return "dict";
+    case Kind::Function: return "function";
+  }
+  return "?";
+}
+
+Value undefined(std::string name) {
+  Value v;
+  v.s = std::move(name);  // what was looked up, for the message if it is used
+  return v;
+}
+
+Value from_json(const ordered_json& j) {
+  switch (j.type()) {
+    case ordered_json::value_t::null: return Value::none();
+    case ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case ordered_json::value_t::number_unsigned: {
+      const uint64_t u = j.get<uint64_t>();
+      return u > uint64_t(INT64_MAX) ? Value::real(double(u)) : Value::integer(int64_t(u));
+    }
+    case ordered_json::value_t::number_float: return Value::real(j.get<double>());
+    case ordered_json::value_t::string: return Value::string(j.get<std::string>());
+    case ordered_json::value_t::array: {
+      std::vector<Value> items;
+      for (const auto& x : j) items.push_back(from_json(x));
+      return Value::new_list(std::move(items));
+    }
+    case ordered_json::value_t::object: {
+      Value d = Value::new_dict();
+      for (const auto& [k, x] : j.items()) d.dict->set(k, from_json(x));
+      return d;
+    }
+    default: return Value::none();
+  }
+}
+
+bool truthy(const Value& v) {
+  switch (v.kind) {
+    case Kind::Undefined: case Kind::None: return false;
+    case Kind::Bool: return v.b;
+    case Kind::Int: return v.i != 0;
+    case Kind::Float: return v.f != 0;
+    case Kind::String: return !v.s.empty();
+    case Kind::List: return !v.list->items.empty();
+    case Kind::Dict: return !v.dict->items.empty();
+    case Kind::Function: return true;
+  }
+  return false;
+}
+
+std::string float_repr(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", x);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+/// Python's repr of a string: single quotes unless it holds one and no double quote.
+std::string string_repr(const std::string& s) {
+  const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, q);
+  for (const unsigned char c : s) {
+    if (c == '\\') out += "\\\\";
+    else if (c == q) out += '\\', out += char(c);
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += char(c);
+  }
+  return out + q;
+}
+
+std::string repr(const Value& v);
+
+/// Python's str().
+std::string to_str(const Value& v) {
+  switch (v.kind) {
+    case Kind::Undefined: return "";
+    case Kind::None: return "None";
+    case Kind::Bool: return v.b ? "True" : "False";
+    case Kind::Int: return std::to_string(v.i);
+    case Kind::Float: return float_repr(v.f);
+    case Kind::String: return v.s;
+    case Kind::List: {
+      std::string s = "[";
+      for (size_t k = 0; k < v.list->items.size(); ++k) s += (k ? ", " : "") + repr(v.list->items[k]);
+      return s + "]";
+    }
+    case Kind::Dict: {
+      if (v.dict->is_namespace) return "<Namespace>";
+      std::string s = "{";
+      bool first = true;
+      for (const auto& [k, x] : v.dict->items) s += (first ? "" : ", ") + string_repr(k) + ": " + repr(x), first = false;
+      return s + "}";
+    }
+    case Kind::Function: return "<function " + v.s + ">";
+  }
+  return "";
+}
+
+std::string repr(const Value& v) { return v.kind == Kind::String ? string_repr(v.s) : to_str(v); }
+
+/// json.dumps(x, ensure_ascii=False, indent=indent, separators=..., sort_keys=...), transformers' tojson.
+struct JsonStyle {
+  int64_t indent = -1;  // -1: None
+  std::string item_sep, key_sep;
+  bool sort_keys = false;
+};
+
+void json_string(const std::string& s, std::string& out) {
+  out += '"';
+  for (const unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
+        else out += char(c);
+    }
+  }
+  out += '"';
+}
+
+void to_json(const Value& v, const JsonStyle& st, int64_t level, std::string& out, int line) {
+  const auto newline = [&](int64_t l) {
+    if (st.indent >= 0) out += '\n' + std::string(size_t(st.indent * l), ' ');
+  };
+  switch (v.kind) {
+    case Kind::None: out += "null"; return;
+    case Kind::Bool: out += v.b ? "true" : "false"; return;
+    case Kind::Int: out += std::to_string(v.i); return;
+    case Kind::Float:
+      out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
+      return;
+    case Kind::String: json_string(v.s, out); return;
+    case Kind::List: {
+      if (v.list->items.empty()) { out += "[]"; return; }
+      out += '[';
+      for (size_t k = 0; k < v.list->items.size(); ++k) {
+        if (k) out += st.item_sep;
+        newline(level + 1);
+        to_json(v.list->items[k], st, level + 1, out, line);
+      }
+      newline(level);
+      out += ']';
+      return;
+    }
+    case Kind::Dict: {
+      if (v.dict->items.empty()) { out += "{}"; return; }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& kv : v.dict->items) items.push_back(&kv);
+      if (st.sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      out += '{';
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) out += st.item_sep;
+        newline(level + 1);
+        json_string(items[k]->first, out);
+        out += st.key_sep;
+        to_json(items[k]->second, st, level + 1, out, line);
+      }
+      newline(level);
+      out += '}';
+      return;
+    }
+    default: fail(line, fmt::format("tojson: a value of type {} is not JSON serializable", type_name(v)));
+  }
+}
+
+/// The UTF-8 characters of a string, as Python indexes them.
+std::vector<std::string> characters(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+/// Python's str.isspace() for one UTF-8 character.
+bool py_space(const std::string& ch) {
+  static const char* const spaces[] = {" ", "\t", "\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x1f",
+                                       "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80", "\xe2\x80\x80", "\xe2\x80\x81",
+                                       "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86",
+                                       "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8",
+                                       "\xe2\x80\xa9", "\xe2\x80\xaf", "\xe2\x81\x9f", "\xe3\x80\x80"};
+  for (const char* s : spaces) {
+    if (ch == s) return true;
+  }
+  return false;
+}
+
+/// str.strip / lstrip / rstrip: Python's whitespace, or the characters of `chars`.
+std::string strip(const std::string& s, bool left, bool right, const Value* chars = nullptr) {
+  const std::vector<std::string> cs = characters(s);
+  std::vector<std::string> set;
+  if (chars != nullptr && chars->kind == Kind::String) set = characters(chars->s);
+  const auto strippable = [&](const std::string& ch) {
+    return chars != nullptr && chars->kind == Kind::String ? std::find(set.begin(), set.end(), ch) != set.end()
+                                                           : py_space(ch);
+  };
+  size_t b = 0, e = cs.size();
+  while (left && b < e && strippable(cs[b])) ++b;
+  while (right && e > b && strippable(cs[e - 1])) --e;
+  std::string out;
+  for (size_t k = b; k < e; ++k) out += cs[k];
+  return out;
+}
+
+std::string ascii_case(std::string s, bool upper) {
+  for (char& c : s) c = char(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+double number(const Value& v, int line, const char* op) {
+  if (v.kind == Kind::Int) return double(v.i);
+  if (v.kind == Kind::Bool) return v.b ? 1 : 0;
+  if (v.kind == Kind::Float) return v.f;
+  if (v.kind == Kind::Undefined) fail(line, fmt::format("'{}' is undefined", v.s));
+  fail(line, fmt::format("'{}' needs numbers, got {}", op, type_name(v)));
+}
+
+bool equal(const Value& a, const Value& b) {
+  if (a.is_number() && b.is_number()) {
+    if (a.kind != Kind::Float && b.kind != Kind::Float) return (a.kind == Kind::Bool ? a.b : a.i) == (b.kind == Kind::Bool ? b.b : b.i);
+    return number(a, 0, "==") == number(b, 0, "==");
+  }
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case Kind::Undefined: case Kind::None: return true;
+    case Kind::String: case Kind::Function: return a.s == b.s;
+    case Kind::List:
+      if (a.list->items.size() != b.list->items.size()) return false;
+      for (size_t k = 0; k < a.list->items.size(); ++k) {
+        if (!equal(a.list->items[k], b.list->items[k])) return false;
+      }
+      return true;
+    case Kind::Dict:
+      if (a.dict->items.size() != b.dict->items.size()) return false;
+      for (const auto& [k, x] : a.dict->items) {
+        const Value* y = b.dict->find(k);
+        if (y == nullptr || !equal(x, *y)) return false;
+      }
+      return true;
+    default: return false;
+  }
+}
+
+int64_t length(const Value& v, int line) {
+  switch (v.kind) {
+    case Kind::Undefined: return 0;
+    case Kind::String: return int64_t(characters(v.s).size());
+    case Kind::List: return int64_t(v.list->items.size());
+    case Kind::Dict: return int64_t(v.dict->items.size());
+    default: fail(line, fmt::format("object of type '{}' has no len()", type_name(v)));
+  }
+}
+
+/// What `for` walks: a list's items, a dict's keys, a string's characters, nothing for undefined.
+std::vector<Value> iterate(const Value& v, int line) {
+  switch (v.kind) {
+    case Kind::Undefined: return {};
+    case Kind::List: return v.list->items;
+    case Kind::Dict: {
+      std::vector<Value> keys;
+      for (const auto& kv : v.dict->items) keys.push_back(Value::string(kv.first));
+      return keys;
+    }
+    case Kind::String: {
+      std::vector<Value> out;
+      for (auto& ch : characters(v.s)) out.push_back(Value::string(ch));
+      return out;
+    }
+    default: fail(line, fmt::format("'{}' object is not iterable", type_name(v)));
+  }
+}
+
+bool contains(const Value& container, const Value& x, int line) {
+  switch (container.kind) {
+    case Kind::String:
+      if (x.kind != Kind::String) fail(line, fmt::format("'in <string>' requires a string, not {}", type_name(x)));
+      return container.s.find(x.s) != std::string::npos;
+    case Kind::List:
+      return std::any_of(container.list->items.begin(), container.list->items.end(), [&](const Value& y) { return equal(x, y); });
+    case Kind::Dict: return x.kind == Kind::String && container.dict->find(x.s) != nullptr;
+    case Kind::Undefined: fail(line, fmt::format("'{}' is undefined", container.s));
+    default: fail(line, fmt::format("argument of type '{}' is not iterable", type_name(container)));
+  }
+}
+
+/// Python's slice indices over n items.
+std::vector<int64_t> slice_indices(int64_t n, const Value& start, const Value& stop, const Value& step, int line) {
+  const int64_t st = step.kind == Kind::None ? 1 : int64_t(number(step, line, "slice"));
+  if (st == 0) fail(line, "slice step cannot be zero");
+  auto bound = [&](const Value& v, int64_t dflt) {
+    if (v.kind == Kind::None) return dflt;
+    int64_t x = int64_t(number(v, line, "slice"));
+    if (x < 0) x += n;
+    return st > 0 ? std::clamp<int64_t>(x, 0, n) : std::clamp<int64_t>(x, -1, n - 1);
+  };
+  const int64_t b = bound(start, st > 0 ? 0 : n - 1), e = bound(stop, st > 0 ? n : -1);
+  std::vector<int64_t> out;
+  for (int64_t k = b; st > 0 ? k < e : k > e; k += st) out.push_back(k);
+  return out;
+}
+
+struct Args {
+  std::vector<Value> pos;
+  std::vector<std::pair<std::string, Value>> kw;
+  const Value* get(size_t index, const char* name) const {
+    if (index < pos.size()) return &pos[index];
+    for (const auto& [k, v] : kw) {
+      if (k == name) return &v;
+    }
+    return nullptr;
+  }
+};
+
+const char* const kFilters[] = {"trim", "length", "count", "tojson", "string", "int", "float", "upper", "lower",
+                                "capitalize", "first", "last", "join", "default", "d", "replace", "list", "items",
+                                "reverse", "safe", "abs", "select", "reject", "selectattr", "rejectattr", "map"};
+const char* const kTests[] = {"defined", "undefined", "none", "string", "number", "integer", "float", "boolean",
+                              "true", "false", "mapping", "iterable", "sequence", "callable", "odd", "even",
+                              "divisibleby", "eq", "equalto", "==", "ne", "!=", "lt", "<", "gt", ">", "le", "<=",
+                              "ge", ">=", "in", "sameas", "lower", "upper"};
+
+class Renderer {
+ public:
+  explicit Renderer(const ordered_json& context) {
+    scopes_.emplace_back();
+    for (const char* f : {"raise_exception", "strftime_now", "namespace", "range", "dict"}) {
+      scopes_[0][f] = Value::function(f);
+    }
+    for (const auto& [k, v] : context.items()) scopes_[0][k] = from_json(v);
+  }
+
+  std::string render(const Node& root) {
+    exec(root);
+    return std::move(out_);
+  }
+
+ private:
+  enum class Flow { Normal, Break, Continue };
+
+  void step(int line) {
+    if (++steps_ > kMaxSteps) fail(line, fmt::format("the template ran more than {} steps", kMaxSteps));
+    if (out_.size() > kMaxOutput) fail(line, fmt::format("the template wrote more than {} MiB", kMaxOutput >> 20));
+  }
+
+  Flow exec_all(const std::vector<NodeP>& nodes) {
+    for (const NodeP& n : nodes) {
+      if (const Flow f = exec(*n); f != Flow::Normal) return f;
+    }
+    return Flow::Normal;
+  }
+
+  Flow exec(const Node& n) {
+    step(n.line);
+    switch (n.kind) {
+      case Node::Kind::Body: return exec_all(n.body);
+      case Node::Kind::Text: out_ += n.text; return Flow::Normal;
+      case Node::Kind::Output: out_ += to_str(eval(*n.expr)); return Flow::Normal;
+      case Node::Kind::If:
+        for (const auto& [cond, body] : n.branches) {
+          if (truthy(eval(*cond))) return exec_all(body);
+        }
+        return exec_all(n.else_body);
+      case Node::Kind::Set: {
+        Value v = eval(*n.expr);
+        if (n.targets.size() == 1) {
+          scopes_.back()[n.targets[0]] = std::move(v);
+          return Flow::Normal;
+        }
+        const Value ns = lookup(n.targets[0]);
+        if (ns.kind != Kind::Dict || !ns.dict->is_namespace) {
+          fail(n.line, fmt::format("cannot set '{}.{}': '{}' is not a namespace()", n.targets[0], n.targets[1], n.targets[0]));
+        }
+        ns.dict->set(n.targets[1], std::move(v));
+        return Flow::Normal;
+      }
+      case Node::Kind::Break: return Flow::Break;
+      case Node::Kind::Continue: return Flow::Continue;
+      case Node::Kind::For: return exec_for(n);
+    }
+    return Flow::Normal;
+  }
+
+  void bind(const Node& n, const Value& item) {
+    if (n.targets.size() == 1) {
+      scopes_.back()[n.targets[0]] = item;
+      return;
+    }
+    if (item.kind != Kind::List || item.list->items.size() != n.targets.size()) {
+      fail(n.line, fmt::format("cannot unpack {} into {} loop variables", repr(item), n.targets.size()));
+    }
+    for (size_t k = 0; k < n.targets.size(); ++k) scopes_.back()[n.targets[k]] = item.list->items[k];
+  }
+
+  Flow exec_for(const Node& n) {
+    std::vector<Value> items = iterate(eval(*n.expr), n.line);
+    if (n.filter) {
+      std::vector<Value> kept;
+      for (const Value& item : items) {
+        scopes_.emplace_back();
+        bind(n, item);
+        const bool keep = truthy(eval(*n.filter));
+        scopes_.pop_back();
+        if (keep) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    if (items.empty()) return exec_all(n.else_body);
+    const int64_t count = int64_t(items.size());
+    for (int64_t k = 0; k < count; ++k) {
+      step(n.line);
+      scopes_.emplace_back();  // each round its own scope, as jinja2: a set inside is not seen by the next round
+      bind(n, items[size_t(k)]);
+      Value loop = Value::new_dict();
+      loop.dict->set("index", Value::integer(k + 1));
+      loop.dict->set("index0", Value::integer(k));
+      loop.dict->set("revindex", Value::integer(count - k));
+      loop.dict->set("revindex0", Value::integer(count - k - 1));
+      loop.dict->set("first", Value::boolean(k == 0));
+      loop.dict->set("last", Value::boolean(k == count - 1));
+      loop.dict->set("length", Value::integer(count));
+      loop.dict->set("previtem", k > 0 ? items[size_t(k - 1)] : undefined("loop.previtem"));
+      loop.dict->set("nextitem", k + 1 < count ? items[size_t(k + 1)] : undefined("loop.nextitem"));
+      scopes_.back()["loop"] = loop;
+      const Flow f = exec_all(n.body);
+      scopes_.pop_back();
+      if (f == Flow::Break) break;
+    }
+    return Flow::Normal;
+  }
+
+  Value lookup(const std::string& name) const {
+    for (size_t k = scopes_.size(); k-- > 0;) {
+      if (auto it = scopes_[k].find(name); it != scopes_[k].end()) return it->second;
+    }
+    return undefined(name);
+  }
+
+  Args arguments(const Expr& e, size_t first) {
+    Args a;
+    for (size_t k = first; k < e.args.size(); ++k) a.pos.push_back(eval(*e.args[k]));
+    for (const auto& [key, x] : e.kwargs) a.kw.emplace_back(key, eval(*x));
+    return a;
+  }
+
+  Value attribute(const Value& obj, const std::string& name, int line) {
+    if (obj.kind == Kind::Undefined) fail(line, fmt::format("'{}' is undefined", obj.s));
+    if (obj.kind == Kind::Dict) {
+      if (const Value* v = obj.dict->find(name)) return *v;
+    }
+    return undefined(name);
+  }
+
+  Value item(const Value& obj, const Value& key, int line) {
+    if (obj.kind == Kind::Undefined) fail(line, fmt::format("'{}' is undefined", obj.s));
+    if (obj.kind == Kind::Dict && key.kind == Kind::String) {
+      if (const Value* v = obj.dict->find(key.s)) return *v;
+      return undefined(key.s);
+    }
+    if ((obj.kind == Kind::List || obj.kind == Kind::String) && (key.kind == Kind::Int || key.kind == Kind::Bool)) {
+      const std::vector<std::string> cs = obj.kind == Kind::String ? characters(obj.s) : std::vector<std::string>{};
+      const int64_t n = obj.kind == Kind::List ? int64_t(obj.list->items.size()) : int64_t(cs.size());
+      int64_t i = key.kind == Kind::Bool ? key.b : key.i;
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) return undefined(fmt::format("[{}]", to_str(key)));
+      return obj.kind == Kind::List ? obj.list->items[size_t(i)] : Value::string(cs[size_t(i)]);
+    }
+    return undefined(to_str(key));
+  }
+
+  Value eval(const Expr& e) {
+    switch (e.kind) {
+      case Expr::Kind::Literal: return e.literal;
+      case Expr::Kind::Name: return lookup(e.name);
+      case Expr::Kind::Attr: return attribute(eval(*e.args[0]), e.name, e.line);
+      case Expr::Kind::Item: return item(eval(*e.args[0]), eval(*e.args[1]), e.line);
+      case Expr::Kind::Slice: {
+        const Value obj = eval(*e.args[0]);
+        if (obj.kind != Kind::List && obj.kind != Kind::String) {
+          fail(e.line, fmt::format("cannot slice a value of type {}", type_name(obj)));
+        }
+        const std::vector<std::string> cs = obj.kind == Kind::String ? characters(obj.s) : std::vector<std::string>{};
+        const int64_t n = obj.kind == Kind::List ? int64_t(obj.list->items.size()) : int64_t(cs.size());
+        const std::vector<int64_t> idx = slice_indices(n, eval(*e.args[1]), eval(*e.args[2]), eval(*e.args[3]), e.line);
+        if (obj.kind == Kind::String) {
+          std::string s;
+          for (const int64_t k : idx) s += cs[size_t(k)];
+          return Value::string(s);
+        }
+        std::vector<Value> items;
+        for (const int64_t k : idx) items.push_back(obj.list->items[size_t(k)]);
+        return Value::new_list(std::move(items));
+      }
+      case Expr::Kind::List: {
+        std::vector<Value> items;
+        for (const ExprP& x : e.args) items.push_back(eval(*x));
+        return Value::new_list(std::move(items));
+      }
+      case Expr::Kind::Dict: {
+        Value d = Value::new_dict();
+        for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
+          const Value key = eval(*e.args[k]);
+          if (key.kind != Kind::String) fail(e.line, "a dict's keys must be strings here");
+          d.dict->set(key.s, eval(*e.args[k + 1]));
+        }
+        return d;
+      }
+      case Expr::Kind::Cond: return truthy(eval(*e.args[0])) ? eval(*e.args[1]) : eval(*e.args[2]);
+      case Expr::Kind::Unary: {
+        const Value v = eval(*e.args[0]);
+        if (e.name == "not") return Value::boolean(!truthy(v));
+        if (v.kind == Kind::Int || v.kind == Kind::Bool) {
+          const int64_t i = v.kind == Kind::Bool ? v.b : v.i;
+          return Value::integer(e.name == "-" ? -i : i);
+        }
+        const double x = number(v, e.line, e.name.c_str());
+        return Value::real(e.name == "-" ? -x : x);
+      }
+      case Expr::Kind::Binary: return binary(e);
+      case Expr::Kind::Call: return call(e);
+      case Expr::Kind::Filter: return filter(e.name, eval(*e.args[0]), arguments(e, 1), e.line);
+      case Expr::Kind::Test: {
+        const bool r = test(e.name, eval(*e.args[0]), arguments(e, 1), e.line);
+        return Value::boolean(e.negated ? !r : r);
+      }
+    }
+    return {};
+  }
+
+  Value binary(const Expr& e) {
+    const std::string& op = e.name;
+    const Value a = eval(*e.args[0]);
+    if (op == "and") return truthy(a) ? eval(*e.args[1]) : a;
+    if (op == "or") return truthy(a) ? a : eval(*e.args[1]);
+    const Value b = eval(*e.args[1]);
+    if (op == "==") return Value::boolean(equal(a, b));
+    if (op == "!=") return Value::boolean(!equal(a, b));
+    if (op == "in") return Value::boolean(contains(b, a, e.line));
+    if (op == "not in") return Value::boolean(!contains(b, a, e.line));
+    if (op == "~") return Value::string(to_str(a) + to_str(b));
+    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
+      int c = 0;
+      if (a.kind == Kind::String && b.kind == Kind::String) {
+        c = a.s.compare(b.s);
+      } else {
+        const double x = number(a, e.line, op.c_str()), y = number(b, e.line, op.c_str());
+        c = x < y ? -1 : x > y ? 1 : 0;
+      }
+      return Value::boolean(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
+    }
+    if (op == "+" && a.kind == Kind::String && b.kind == Kind::String) return Value::string(a.s + b.s);
+    if (op == "+" && a.kind == Kind::List && b.kind == Kind::List) {
+      std::vector<Value> items = a.list->items;
+      items.insert(items.end(), b.list->items.begin(), b.list->items.end());
+      return Value::new_list(std::move(items));
+    }
+    if (op == "*" && a.kind == Kind::String && b.kind == Kind::Int) {
+      std::string s;
+      for (int64_t k = 0; k < b.i && s.size() < kMaxOutput; ++k) s += a.s;
+      return Value::string(s);
+    }
+    for (const Value* v : {&a, &b}) {
+      if (v->kind == Kind::Undefined) fail(e.line, fmt::format("'{}' is undefined", v->s));
+      if (!v->is_number()) {
+        fail(e.line, fmt::format("unsupported operand types for {}: '{}' and '{}'", op, type_name(a), type_name(b)));
+      }
+    }
+    const bool ints = a.kind != Kind::Float && b.kind != Kind::Float && op != "/";
+    const double x = number(a, e.line, op.c_str()), y = number(b, e.line, op.c_str());
+    if ((op == "/" || op == "//" || op == "%") && y == 0) fail(e.line, "division by zero");
+    if (ints) {
+      const int64_t i = int64_t(x), j = int64_t(y);
+      if (op == "+") return Value::integer(i + j);
+      if (op == "-") return Value::integer(i - j);
+      if (op == "*") return Value::integer(i * j);
+      if (op == "//") return Value::integer(int64_t(std::floor(double(i) / double(j))));
+      if (op == "%") return Value::integer(((i % j) + j) % j);
+      if (op == "**" && j >= 0) return Value::integer(int64_t(std::pow(double(i), double(j))));
+    }
+    if (op == "+") return Value::real(x + y);
+    if (op == "-") return Value::real(x - y);
+    if (op == "*") return Value::real(x * y);
+    if (op == "/") return Value::real(x / y);
+    if (op == "//") return Value::real(std::floor(x / y));
+    if (op == "%") return Value::real(x - y * std::floor(x / y));
+    return Value::real(std::pow(x, y));
+  }
+
+  Value call(const Expr& e) {
+    const Expr& callee = *e.args[0];
+    Args a = arguments(e, 1);
+    if (callee.kind == Expr::Kind::Attr) {
+      const Value obj = eval(*callee.args[0]);
+      if (obj.kind == Kind::String || (obj.kind == Kind::Dict && !obj.dict->is_namespace)) {
+        return method(obj, callee.name, a, e.line);
+      }
+    }
+    const Value f = eval(callee);
+    if (f.kind == Kind::Undefined) fail(e.line, fmt::format("'{}' is undefined", f.s));
+    if (f.kind != Kind::Function) fail(e.line, fmt::format("'{}' object is not callable", type_name(f)));
+    if (f.s == "raise_exception") {
+      throw Error(fmt::format("the template raised: {}", a.pos.empty() ? "" : to_str(a.pos[0])));
+    }
+    if (f.s == "strftime_now") {
+      const std::time_t now = std::time(nullptr);
+      std::tm tm{};
+      localtime_r(&now, &tm);
+      char buf[256];
+      const std::string format = a.pos.empty() ? "" : to_str(a.pos[0]);
+      const size_t n = std::strftime(buf, sizeof buf, format.c_str(), &tm);
+      return Value::string(std::string(buf, n));
+    }
+    if (f.s == "namespace" || f.s == "dict") {
+      Value d = Value::new_dict(f.s == "namespace");
+      for (const Value& p : a.pos) {
+        if (p.kind != Kind::Dict) fail(e.line, fmt::format("{}() takes a dict or keyword arguments", f.s));
+        for (const auto& [k, v] : p.dict->items) d.dict->set(k, v);
+      }
+      for (const auto& [k, v] : a.kw) d.dict->set(k, v);
+      return d;
+    }
+    // range
+    std::vector<int64_t> r;
+    for (const Value& p : a.pos) r.push_back(int64_t(number(p, e.line, "range")));
+    const int64_t start = r.size() > 1 ? r[0] : 0, stop = r.size() == 1 ? r[0] : r.size() > 1 ? r[1] : 0;
+    const int64_t st = r.size() > 2 ? r[2] : 1;
+    if (st == 0) fail(e.line, "range() arg 3 must not be zero");
+    std::vector<Value> items;
+    for (int64_t k = start; st > 0 ? k < stop : k > stop; k += st) {
+      if (items.size() >= size_t(1'000'000)) fail(e.line, "range() of more than 1,000,000 items");
+      items.push_back(Value::integer(k));
+    }
+    return Value::new_list(std::move(items));
+  }
+
+  Value method(const Value& obj, const std::string& name, const Args& a, int line) {
+    if (obj.kind == Kind::Dict) {
+      std::vector<Value> out;
+      if (name == "get") {
+        const Value key = a.pos.empty() ? Value{} : a.pos[0];
+        const Value* v = key.kind == Kind::String ? obj.dict->find(key.s) : nullptr;
+        return v ? *v : a.pos.size() > 1 ? a.pos[1] : Value::none();
+      }
+      for (const auto& [k, v] : obj.dict->items) {
+        if (name == "items") out.push_back(Value::new_list({Value::string(k), v}));
+        else if (name == "keys") out.push_back(Value::string(k));
+        else if (name == "values") out.push_back(v);
+        else fail(line, fmt::format("dict has no method '{}' in tinygpt's template reader", name));
+      }
+      return Value::new_list(std::move(out));
+    }
+    const std::string& s = obj.s;
+    const Value* a0 = a.get(0, "");
+    const auto arg_str = [&](size_t k) {
+      if (k >= a.pos.size() || a.pos[k].kind != Kind::String) fail(line, fmt::format("str.{}() needs a string argument", name));
+      return a.pos[k].s;
+    };
+    if (name == "strip") return Value::string(strip(s, true, true, a0));
+    if (name == "lstrip") return Value::string(strip(s, true, false, a0));
+    if (name == "rstrip") return Value::string(strip(s, false, true, a0));
+    if (name == "upper") return Value::string(ascii_case(s, true));
+    if (name == "lower") return Value::string(ascii_case(s, false));
+    if (name == "startswith") return Value::boolean(s.rfind(arg_str(0), 0) == 0);
+    if (name == "endswith") {
+      const std::string x = arg_str(0);
+      return Value::boolean(s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0);
+    }
+    if (name == "replace") {
+      const std::string from = arg_str(0), to = arg_str(1);
+      if (from.empty()) fail(line, "str.replace() with an empty pattern is not in tinygpt's template reader");
+      std::string out;
+      size_t p = 0, q;
+      while ((q = s.find(from, p)) != std::string::npos) out += s.substr(p, q - p) + to, p = q + from.size();
+      return Value::string(out + s.substr(p));
+    }
+    if (name == "split") {
+      std::vector<Value> parts;
+      if (a.pos.empty() || a.pos[0].kind == Kind::None) {
+        std::string cur;
+        for (const std::string& ch : characters(s)) {
+          if (py_space(ch)) {
+            if (!cur.empty()) parts.push_back(Value::string(cur)), cur.clear();
+          } else {
+            cur += ch;
+          }
+        }
+        if (!cur.empty()) parts.push_back(Value::string(cur));
+      } else {
+        const std::string sep = arg_str(0);
+        if (sep.empty()) fail(line, "empty separator");
+        size_t p = 0, q;
+        while ((q = s.find(sep, p)) != std::string::npos) parts.push_back(Value::string(s.substr(p, q - p))), p = q + sep.size();
+        parts.push_back(Value::string(s.substr(p)));
+      }
+      return Value::new_list(std::move(parts));
+    }
+    fail(line, fmt::format("str has no method '{}' in tinygpt's template reader", name));
+  }
+
+  bool test(const std::string& name, const Value& v, const Args& a, int line) {
+    const Value* arg = a.get(0, "value");
+    const auto need = [&]() -> const Value& {
+      if (arg == nullptr) fail(line, fmt::format("the test '{}' needs an argument", name));
+      return *arg;
+    };
+    if (name == "defined") return v.defined();
+    if (name == "undefined") return !v.defined();
+    if (name == "none") return v.kind == Kind::None;
+    if (name == "string") return v.kind == Kind::String;
+    if (name == "number") return v.kind == Kind::Int || v.kind == Kind::Float;
+    if (name == "integer") return v.kind == Kind::Int;
+    if (name == "float") return v.kind == Kind::Float;
+    if (name == "boolean") return v.kind == Kind::Bool;
+    if (name == "true") return v.kind == Kind::Bool && v.b;
+    if (name == "false") return v.kind == Kind::Bool && !v.b;
+    if (name == "mapping") return v.kind == Kind::Dict;
+    if (name == "iterable") return v.kind == Kind::List || v.kind == Kind::Dict || v.kind == Kind::String || !v.defined();
+    if (name == "sequence") return v.kind == Kind::List || v.kind == Kind::Dict || v.kind == Kind::String;
+    if (name == "callable") return v.kind == Kind::Function;
+    if (name == "odd" || name == "even") {
+      const int64_t i = int64_t(number(v, line, name.c_str()));
+      return (((i % 2) + 2) % 2 == 1) == (name == "odd");
+    }
+    if (name == "divisibleby") {
+      const int64_t d = int64_t(number(need(), line, name.c_str()));
+      return d != 0 && int64_t(number(v, line, name.c_str())) % d == 0;
+    }
+    if (name == "eq" || name == "equalto" || name == "==") return equal(v, need());
+    if (name == "ne" || name == "!=") return !equal(v, need());
+    if (name == "in") return contains(need(), v, line);
+    if (name == "sameas") return v.kind == need().kind && (v.kind == Kind::None || v.kind == Kind::Undefined || equal(v, *arg));
+    if (name == "lower") return v.kind == Kind::String && ascii_case(v.s, false) == v.s;
+    if (name == "upper") return v.kind == Kind::String && ascii_case(v.s, true) == v.s;
+    const double x = number(v, line, name.c_str()), y = number(need(), line, name.c_str());
+    if (name == "lt" || name == "<") return x < y;
+    if (name == "gt" || name == ">") return x > y;
+    if (name == "le" || name == "<=") return x <= y;
+    return x >= y;
+  }
+
+  Value filter(const std::string& name, const Value& v, const Args& a, int line) {
+    if (name == "trim") return Value::string(strip(to_str(v), true, true, a.get(0, "chars")));
+    if (name == "length" || name == "count") return Value::integer(length(v, line));
+    if (name == "string") return Value::string(to_str(v));
+    if (name == "safe") return v;
+    if (name == "upper" || name == "lower") return Value::string(ascii_case(to_str(v), name == "upper"));
+    if (name == "capitalize") {
+      std::string s = ascii_case(to_str(v), false);
+      if (!s.empty()) s[0] = char(std::toupper(static_cast<unsigned char>(s[0])));
+      return Value::string(s);
+    }
+    if (name == "default" || name == "d") {
+      const Value* boolean = a.get(1, "boolean");
+      const bool use_default = boolean != nullptr && truthy(*boolean) ? !truthy(v) : !v.defined();
+      const Value* dflt = a.get(0, "default_value");
+      return use_default ? (dflt ? *dflt : Value::string("")) : v;
+    }
+    if (name == "tojson") {
+      JsonStyle st;
+      if (const Value* ind = a.get(1, "indent"); ind != nullptr && ind->kind != Kind::None) st.indent = int64_t(number(*ind, line, "indent"));
+      if (a.get(0, "ensure_ascii") != nullptr && truthy(*a.get(0, "ensure_ascii"))) {
+        fail(line, "tojson(ensure_ascii=true) is not in tinygpt's template reader");
+      }
+      st.item_sep = st.indent >= 0 ? "," : ", ";
+      st.key_sep = ": ";
+      if (const Value* sep = a.get(2, "separators"); sep != nullptr && sep->kind == Kind::List && sep->list->items.size() == 2) {
+        st.item_sep = to_str(sep->list->items[0]);
+        st.key_sep = to_str(sep->list->items[1]);
+      }
+      if (const Value* sk = a.get(3, "sort_keys")) st.sort_keys = truthy(*sk);
+      std::string out;
+      to_json(v, st, 0, out, line);
+      return Value::string(out);
+    }
+    if (name == "int") {
+      if (v.kind == Kind::String) {
+        char* end = nullptr;
+        const std::string t = strip(v.s, true, true);
+        const long long i = std::strtoll(t.c_str(), &end, 10);
+        return Value::integer(end != t.c_str() && *end == '\0' ? i : 0);
+      }
+      return Value::integer(v.is_number() ? int64_t(number(v, line, "int")) : 0);
+    }
+    if (name == "float") return Value::real(v.is_number() ? number(v, line, "float") : v.kind == Kind::String ? std::strtod(v.s.c_str(), nullptr) : 0.0);
+    if (name == "abs") {
+      if (v.kind == Kind::Int) return Value::integer(v.i < 0 ? -v.i : v.i);
+      return Value::real(std::fabs(number(v, line, "abs")));
+    }
+    std::vector<Value> items = iterate(v, line);
+    if (name == "first") return items.empty() ? undefined("first") : items.front();
+    if (name == "last") return items.empty() ? undefined("last") : items.back();
+    if (name == "list") return Value::new_list(std::move(items));
+    if (name == "reverse") {
+      if (v.kind == Kind::String) {
+        std::string s;
+        for (auto it = items.rbegin(); it != items.rend(); ++it) s += it->s;
+        return Value::string(s);
+      }
+      std::reverse(items.begin(), items.end());
+      return Value::new_list(std::move(items));
+    }
+    if (name == "join") {
+      const Value* sep = a.get(0, "d");
+      std::string s;
+      for (size_t k = 0; k < items.size(); ++k) s += (k ? (sep ? to_str(*sep) : "") : "") + to_str(items[k]);
+      return Value::string(s);
+    }
+    if (name == "items") {
+      if (v.kind != Kind::Dict) fail(line, "the filter 'items' needs a dict");
+      return method(v, "items", {}, line);
+    }
+    if (name == "replace") {
+      Args m;
+      m.pos = {a.get(0, "old") ? *a.get(0, "old") : Value{}, a.get(1, "new") ? *a.get(1, "new") : Value{}};
+      return method(Value::string(to_str(v)), "replace", m, line);
+    }
+    if (name == "map") {
+      const Value* attr = a.get(99, "attribute");
+      if (attr == nullptr) fail(line, "map() is read only with attribute= in tinygpt's template reader");
+      for (Value& x : items) x = x.kind == Kind::Dict && x.dict->find(to_str(*attr)) ? *x.dict->find(to_str(*attr)) : undefined(to_str(*attr));
+      return Value::new_list(std::move(items));
+    }
+    // select, reject, selectattr, rejectattr
+    const bool by_attr = name == "selectattr" || name == "rejectattr", keep_if = name == "select" || name == "selectattr";
+    Args rest;
+    for (size_t k = by_attr ? 2 : 1; k < a.pos.size(); ++k) rest.pos.push_back(a.pos[k]);
+    const std::string test_name = a.pos.size() > (by_attr ? 1u : 0u) ? to_str(a.pos[by_attr ? 1 : 0]) : "";
+    if (!test_name.empty() && !known_test(test_name)) fail(line, fmt::format("the test '{}' is not one tinygpt's template reader knows", test_name));
+    std::vector<Value> out;
+    for (const Value& x : items) {
+      Value subject = x;
+      if (by_attr) {
+        if (a.pos.empty()) fail(line, fmt::format("{}() needs an attribute", name));
+        subject = x.kind == Kind::Dict && x.dict->find(to_str(a.pos[0])) ? *x.dict->find(to_str(a.pos[0])) : undefined(to_str(a.pos[0]));
+      }
+      const bool r = test_name.empty() ? truthy(subject) : test(test_name, subject, rest, line);
+      if (r == keep_if) out.push_back(x);
+    }
+    return Value::new_list(std::move(out));
+  }
+
+  std::vector<std::unordered_map<std::string, Value>> scopes_;
+  std::string out_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+bool known_filter(const std::string& name) {
+  return std::find(std::begin(kFilters), std::end(kFilters), name) != std::end(kFilters);
+}
+
+bool known_test(const std::string& name) {
+  return std::find(std::begin(kTests), std::end(kTests), name) != std::end(kTests);
+}
+
+std::string Template::render(const nlohmann::ordered_json& context) const {
+  if (!context.is_object()) throw Error("a template's context must be an object");
+  return Renderer(context).render(*root_);
+}
+
+}  // namespace tinygpt::data::jinja
