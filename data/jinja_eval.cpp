@@ -19,7 +19,8 @@ using nlohmann::ordered_json;
 [[noreturn]] void fail(int line, const std::string& what) { throw Error(fmt::format("line {}: {}", line, what)); }
 
 constexpr int64_t kMaxSteps = 10'000'000;        // statements and loop rounds: a hostile template ends, said so
-constexpr size_t kMaxOutput = size_t(64) << 20;  // bytes rendered
+constexpr size_t kMaxOutput = size_t(64) << 20;  // bytes rendered, or in one string
+constexpr size_t kMaxItems = 1'000'000;           // items in one list
 
 const char* type_name(const Value& v) {
   switch (v.kind) {
@@ -513,7 +514,16 @@ class Renderer {
     return undefined(to_str(key));
   }
 
+  /// An expression's value, bounded: a string past kMaxOutput or a list past kMaxItems (a template doubling one in a
+  /// loop) is an error, not the machine's memory.
   Value eval(const Expr& e) {
+    Value v = eval_unbounded(e);
+    if (v.kind == Kind::String && v.s.size() > kMaxOutput) fail(e.line, fmt::format("a string past {} MiB", kMaxOutput >> 20));
+    if (v.kind == Kind::List && v.list->items.size() > kMaxItems) fail(e.line, fmt::format("a list past {} items", kMaxItems));
+    return v;
+  }
+
+  Value eval_unbounded(const Expr& e) {
     switch (e.kind) {
       case Expr::Kind::Literal: return e.literal;
       case Expr::Kind::Name: return lookup(e.name);
@@ -615,12 +625,23 @@ class Renderer {
     if ((op == "/" || op == "//" || op == "%") && y == 0) fail(e.line, "division by zero");
     if (ints) {
       const int64_t i = int64_t(x), j = int64_t(y);
-      if (op == "+") return Value::integer(i + j);
-      if (op == "-") return Value::integer(i - j);
-      if (op == "*") return Value::integer(i * j);
-      if (op == "//") return Value::integer(int64_t(std::floor(double(i) / double(j))));
-      if (op == "%") return Value::integer(((i % j) + j) % j);
-      if (op == "**" && j >= 0) return Value::integer(int64_t(std::pow(double(i), double(j))));
+      int64_t r = 0;
+      bool overflow = false;
+      if (op == "+") overflow = __builtin_add_overflow(i, j, &r);
+      else if (op == "-") overflow = __builtin_sub_overflow(i, j, &r);
+      else if (op == "*") overflow = __builtin_mul_overflow(i, j, &r);
+      else if (op == "//") r = i / j - ((i % j != 0) && ((i < 0) != (j < 0)));
+      else if (op == "%") r = ((i % j) + j) % j;
+      else if (j >= 0) {  // **
+        r = 1;  // by squaring: a base squared is used only while higher bits of the exponent remain
+        int64_t base = i;
+        for (int64_t n = j; n > 0 && !overflow; n >>= 1) {
+          if (n & 1) overflow = __builtin_mul_overflow(r, base, &r);
+          if (n > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+        }
+      }
+      if (overflow) fail(e.line, fmt::format("integer overflow in {} {} {} (past 64 bits)", i, op, j));
+      if (op != "**" || j >= 0) return Value::integer(r);
     }
     if (op == "+") return Value::real(x + y);
     if (op == "-") return Value::real(x - y);
@@ -672,7 +693,7 @@ class Renderer {
     if (st == 0) fail(e.line, "range() arg 3 must not be zero");
     std::vector<Value> items;
     for (int64_t k = start; st > 0 ? k < stop : k > stop; k += st) {
-      if (items.size() >= size_t(1'000'000)) fail(e.line, "range() of more than 1,000,000 items");
+      if (items.size() >= kMaxItems) fail(e.line, fmt::format("range() of more than {} items", kMaxItems));
       items.push_back(Value::integer(k));
     }
     return Value::new_list(std::move(items));

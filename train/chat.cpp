@@ -26,7 +26,9 @@ void ChatSession::add(const std::string& role, const std::string& content) {
 }
 
 std::vector<int32_t> ChatSession::render_to_fit(int64_t& dropped) {
-  const int64_t reserve = std::max<int64_t>(options_.max_new_tokens, 1);
+  // Room for the reply: --max-new-tokens, or half the window where that is less (the reply may still run on until
+  // the window is full).
+  const int64_t reserve = std::clamp<int64_t>(options_.max_new_tokens, 1, std::max<int64_t>(window_ / 2, 1));
   while (true) {
     const std::string text = template_.render(messages_, true, tokenizer_.config());
     const std::vector<uint32_t> ids = tokenizer_.encode_rendered(text, "the conversation");
@@ -34,8 +36,8 @@ std::vector<int32_t> ChatSession::render_to_fit(int64_t& dropped) {
     // Drop the oldest message after the system prompt, and then up to the next user message, so turns stay whole.
     const size_t first = !messages_.empty() && messages_[0]["role"] == "system" ? 1 : 0;
     if (messages_.size() - first <= 1) {
-      throw Error(fmt::format("the conversation's last message{} is {} tokens; with --max-new-tokens {} it does not fit "
-                              "the window of {} tokens (a shorter message, fewer new tokens, or a larger --context)",
+      throw Error(fmt::format("the conversation's last message{} is {} tokens; with room for a reply of {} it does not "
+                              "fit the window of {} tokens (a shorter message, or a larger --context)",
                               first ? " and the system prompt" : "", ids.size(), reserve, window_));
     }
     do {
@@ -109,7 +111,10 @@ ChatSession::Reply ChatSession::respond(const std::function<void(std::string_vie
     }
     if (on_text && text.size() - hold > shown) on_text(std::string_view(text).substr(shown, text.size() - hold - shown));
     shown = std::max(shown, text.size() - hold);
-    if (cache_.len == cache_.capacity()) break;  // the window is full (render_to_fit leaves room for max_new_tokens)
+    if (cache_.len == cache_.capacity()) {  // the window is full
+      r.full = true;
+      break;
+    }
     cached_.push_back(next);
     logits = feed({next});
   }

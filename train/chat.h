@@ -38,6 +38,7 @@ class ChatSession {
     int64_t dropped = 0;   // oldest messages dropped to fit the window
     bool stopped = false;  // `stop` was raised before the reply ended
     bool ended = false;    // the model ended its turn (end-of-turn marker or end-of-text)
+    bool full = false;     // the window filled up before it did
   };
   /// Adds the user's message and draws the assistant's reply, calling on_text with each piece as it is drawn (held
   /// back while it may be the start of the end-of-turn marker). Throws Error when the message does not fit the window.

@@ -42,6 +42,7 @@ class InterruptToStop {
 std::optional<std::string> read_line() {
   std::string line;
   while (true) {
+    if (g_interrupted) return std::string();  // since the last reply, or while waiting
     char c;
     const ssize_t n = ::read(STDIN_FILENO, &c, 1);
     if (n == 1) {
@@ -50,9 +51,7 @@ std::optional<std::string> read_line() {
     } else if (n == 0) {
       if (line.empty()) return std::nullopt;
       return line;
-    } else if (errno == EINTR) {
-      if (g_interrupted) return std::string();
-    } else {
+    } else if (errno != EINTR) {
       throw Error(fmt::format("cannot read standard input: {}", std::strerror(errno)));
     }
   }
@@ -83,6 +82,7 @@ void say_turn(const ChatSession::Reply& r, int64_t window) {
                r.dropped == 1 ? "" : "s", window);
   }
   if (r.stopped) fmt::print(stderr, "[reply stopped]\n");
+  else if (r.full) fmt::print(stderr, "[reply cut at {} tokens: the window of {} tokens is full]\n", r.tokens, window);
   else if (!r.ended) fmt::print(stderr, "[reply cut at {} tokens (--max-new-tokens)]\n", r.tokens);
 }
 
@@ -153,13 +153,12 @@ void run_chat(const ChatArgs& a) {
   std::string system = a.system;
   while (true) {
     if (tty) print_piece("> ");
-    g_interrupted = false;
     const std::optional<std::string> line = read_line();
-    if (!line) break;
-    if (g_interrupted) {  // Ctrl-C while typing: a fresh line
+    if (g_interrupted.exchange(false)) {  // Ctrl-C while typing: a fresh line
       print_piece("\n");
       continue;
     }
+    if (!line) break;
     if (line->empty()) continue;
     if (*line == "/exit" || *line == "/quit") break;
     if (*line == "/reset" || line->rfind("/system", 0) == 0) {
@@ -170,6 +169,7 @@ void run_chat(const ChatArgs& a) {
     }
     try {
       const ChatSession::Reply r = chat.reply(*line, print_piece, &g_interrupted);
+      g_interrupted = false;  // the Ctrl-C that ended the reply is spent
       print_piece("\n");
       say_turn(r, window);
     } catch (const Error& e) {

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# `tinygpt chat` end to end: a character model trained here on short conversations ("u:red|" then "a:apple|") talks
+# through a template file; the rendered prompt is checked by hand, replies end at the template's end of turn, repeat
+# with a seed, and a turn answered from the KV cache equals the same turn answered with the history read whole;
+# the window drops the oldest turns; bad input is one error line; and on a pseudo-terminal the conversation takes
+# turns, /reset, Ctrl-C at the prompt and Ctrl-C in the middle of a reply without ending the program.
+#   tests/test_chat.sh path/to/tinygpt
+set -uo pipefail
+tinygpt=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+python3 - "$dir/conv.txt" <<'EOF'
+import random, sys
+random.seed(1)
+pairs = [("red", "apple"), ("yellow", "banana"), ("green", "lime"), ("purple", "grape")]
+with open(sys.argv[1], "w") as f:
+    for _ in range(4000):
+        u, a = random.choice(pairs)
+        f.write(f"u:{u}|\na:{a}|\n")
+EOF
+printf '%s' "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}|
+{% endfor %}{% if add_generation_prompt %}a:{% endif %}" > "$dir/short.jinja"
+
+"$tinygpt" train --data "$dir/conv.txt" --out "$dir/run" --n-layer 2 --n-head 2 --n-embd 64 --block-size 64 \
+  --batch-size 16 --max-iters 300 --lr-decay-iters 300 --warmup-iters 20 --lr 3e-3 --eval-interval 300 \
+  --eval-iters 2 > "$dir/train.log" 2>&1 || fail "train exited $?: $(tail -3 "$dir/train.log")"
+chat() { "$tinygpt" chat --ckpt "$dir/run" --chat-template "$dir/short.jinja" "$@"; }
+
+# The prompt as the template renders it (lstrip/trim rules: the newline after endfor's tag is the text's own).
+echo '[{"role": "system", "content": "be brief"}, {"role": "user", "content": "red"}]' > "$dir/m.json"
+rendered=$(chat --messages "$dir/m.json" --message green --render-only; echo .)
+[ "$rendered" = $'s:be brief|\nu:red|\nu:green|\na:.' ] || fail "--render-only printed '${rendered%.}'"
+[ "$(chat --messages "$dir/m.json" --render-only --chat-template chatml)" = \
+  $'<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nred<|im_end|>\n<|im_start|>assistant' ] \
+  || fail "--chat-template chatml renders otherwise"
+
+# Replies end at the end of turn ("|" here), one line each, the same for the same seed.
+a=$(chat --message red --message green --temperature 0.8 --seed 3 2> "$dir/chat.log") || fail "chat exited $?: $(cat "$dir/chat.log")"
+b=$(chat --message red --message green --temperature 0.8 --seed 3 2> /dev/null)
+[ "$a" = "$b" ] || fail "the same seed gave other replies: '$a' vs '$b'"
+[ "$(printf '%s\n' "$a" | wc -l)" = 2 ] || fail "two turns should give two lines, got '$a'"
+case "$a" in *'|'*|*'u:'*) fail "a reply holds the end-of-turn marker or the next turn: '$a'" ;; esac
+grep -q "reply cut" "$dir/chat.log" && fail "a reply did not end at the end of turn: $(cat "$dir/chat.log")"
+grep -q "template $dir/short.jinja, window 64 tokens" "$dir/chat.log" || fail "chat does not say its template and window"
+
+# A turn from the cache equals the same turn with the history read whole (greedy).
+g=$(chat --message red --message green --temperature 0 2> /dev/null)
+first=$(printf '%s\n' "$g" | sed -n 1p)
+second=$(printf '%s\n' "$g" | sed -n 2p)
+printf '[{"role": "user", "content": "red"}, {"role": "assistant", "content": "%s"}]' "$first" > "$dir/h.json"
+[ "$(chat --messages "$dir/h.json" --message green --temperature 0 2> /dev/null)" = "$second" ] \
+  || fail "the second turn read whole differs from the cached one ('$second')"
+
+# A window of 24 tokens holds about one turn: the oldest are dropped, and said so.
+chat --context 24 --max-new-tokens 8 --message red --message green --message purple > /dev/null 2> "$dir/drop.log" \
+  || fail "chat --context 24 exited non-zero: $(cat "$dir/drop.log")"
+grep -q "dropped the 2 oldest messages to fit the window of 24 tokens" "$dir/drop.log" || fail "no drop said: $(cat "$dir/drop.log")"
+
+expect_error() {  # expect_error STATUS MESSAGE command...
+  local status=$1 want=$2
+  shift 2
+  local out
+  out=$("$@" 2>&1 > /dev/null)
+  local got=$?
+  [ "$got" = "$status" ] || fail "$* exited $got, expected $status: $out"
+  [ "$(printf '%s\n' "$out" | grep -c '^error: ')" = 1 ] && [[ "$out" == *"$want"* ]] || fail "$*: expected one error line with '$want', got '$out'"
+}
+echo '[{"role": "user"}]' > "$dir/bad.json"
+echo '{{ x | wordwrap }}' > "$dir/bad.jinja"
+expect_error 1 'message 0 must be an object with a string "role" and a string "content"' chat --messages "$dir/bad.json" --render-only
+expect_error 1 "is not JSON" chat --messages "$dir/conv.txt" --render-only
+expect_error 1 "not a built-in template (chatml, llama3)" "$tinygpt" chat --ckpt "$dir/run" --chat-template "$dir/none.jinja" --render-only
+expect_error 1 "line 1: the filter 'wordwrap' is not one tinygpt's template reader knows" chat --chat-template "$dir/bad.jinja" --render-only
+expect_error 2 "--max-new-tokens must be positive" chat --max-new-tokens 0 --message red
+expect_error 2 "--temperature must not be negative" chat --temperature -1 --message red
+expect_error 1 "does not fit the window of 64 tokens" chat --message "$(printf 'red%.0s' $(seq 40))"
+
+# On a pseudo-terminal: a turn, /reset, Ctrl-C at the prompt, and Ctrl-C in the middle of a long reply (an untrained
+# wide model over ChatML, which never ends its turn by chance) leave the chat running; /exit ends it with status 0.
+for i in $(seq 200); do printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello there<|im_end|>\n'; done > "$dir/chatml.txt"
+"$tinygpt" train --data "$dir/chatml.txt" --out "$dir/wide" --n-layer 4 --n-head 4 --n-embd 256 --block-size 1024 \
+  --batch-size 1 --max-iters 1 --eval-interval 1 --eval-iters 1 > "$dir/wide.log" 2>&1 || fail "train (wide) exited $?: $(tail -3 "$dir/wide.log")"
+python3 - "$tinygpt" "$dir" <<'EOF' || fail "the chat on a pseudo-terminal: see above"
+import os, pty, select, sys, time
+tinygpt, d = sys.argv[1], sys.argv[2]
+
+def talk(args, steps):
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(tinygpt, [tinygpt, "chat"] + args)
+    seen = b""
+    def until(pattern, mark, timeout=30):
+        nonlocal seen
+        end = time.time() + timeout
+        while pattern not in seen[mark:]:
+            r, _, _ = select.select([fd], [], [], max(0, end - time.time()))
+            if not r:
+                raise SystemExit(f"no {pattern!r} within {timeout} s; the terminal showed {seen[-600:]!r}")
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                raise SystemExit(f"the chat ended before {pattern!r}; the terminal showed {seen[-600:]!r}")
+    for send, expect in steps:
+        mark = len(seen)
+        if isinstance(send, float):
+            time.sleep(send)
+        elif send:
+            os.write(fd, send)
+        if expect:
+            until(expect, mark)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"chat exited {os.waitstatus_to_exitcode(status)}; the terminal showed {seen[-600:]!r}")
+    return seen
+
+talk(["--ckpt", f"{d}/run", "--chat-template", f"{d}/short.jinja", "--temperature", "0"],
+     [(None, b"Ctrl-D the chat\r\n> "), (b"red\n", b"\r\n> "), (b"/reset\n", b"[a new conversation]\r\n> "),
+      (b"\x03", b"\r\n> "), (b"green\n", b"\r\n> "), (b"/exit\n", None)])
+out = talk(["--ckpt", f"{d}/wide", "--max-new-tokens", "900"],
+           [(None, b"the chat\r\n> "), (b"hi\n", None), (0.5, None), (b"\x03", b"[reply stopped]\r\n> "), (b"\x04", None)])
+print("pty: turns, /reset, Ctrl-C at the prompt and in a reply: ok")
+EOF
+
+if [ "$failures" -gt 0 ]; then
+  echo "test_chat: $failures failure(s)"
+  exit 1
+fi
+echo "test_chat: all checks passed"
