@@ -249,6 +249,37 @@ BatchSampler::BatchSampler(TokenSpan ids, int64_t batch_size, int64_t block_size
   }
 }
 
+BatchSampler::BatchSampler(Rows rows, int64_t batch_size, int64_t block_size, uint64_t seed, const char* what)
+    : rows_(rows), batch_size_(batch_size), block_size_(block_size), gen_(seed) {
+  if (rows.size() == 0) throw Error(fmt::format("the {} has no conversations", what));
+}
+
+namespace {
+
+/// Row b of x and y: sequence `seq` from its start, its targets where the mask marks them, -1 elsewhere.
+int64_t fill_row(const Rows& rows, size_t seq, int64_t b, int64_t T, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+  const size_t begin = rows.starts[seq], n = size_t(std::min<uint64_t>(rows.starts[seq + 1] - begin, uint64_t(T) + 1));
+  int64_t targets = 0;
+  for (size_t t = 0; t < size_t(T); ++t) {
+    const size_t k = begin + t;
+    x[size_t(b * T) + t] = t < n ? int32_t(rows.ids[k]) : 0;
+    const bool target = t + 1 < n && rows.mask[k + 1] != 0;
+    y[size_t(b * T) + t] = target ? int32_t(rows.ids[k + 1]) : -1;
+    targets += target;
+  }
+  return targets;
+}
+
+}  // namespace
+
+RowBatch row_batch(const Rows& rows, size_t first, int64_t batch_size, int64_t block_size) {
+  const int64_t B = std::min<int64_t>(batch_size, int64_t(rows.size() - first)), T = block_size;
+  std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
+  int64_t targets = 0;
+  for (int64_t b = 0; b < B; ++b) targets += fill_row(rows, first + size_t(b), b, T, x, y);
+  return {from_vector(x, {B, T}), from_vector(y, {B, T}), targets};
+}
+
 void BatchSampler::skip() {
   for (int64_t b = 0; b < batch_size_; ++b) gen_.next_u64();
 }
@@ -256,6 +287,10 @@ void BatchSampler::skip() {
 BatchSampler::Batch BatchSampler::next() {
   const int64_t B = batch_size_, T = block_size_;
   std::vector<int32_t> x(size_t(B * T)), y(size_t(B * T));
+  if (rows_.size() > 0) {
+    for (int64_t b = 0; b < B; ++b) fill_row(rows_, size_t(gen_.next_u64() % rows_.size()), b, T, x, y);
+    return {from_vector(x, {B, T}), from_vector(y, {B, T})};
+  }
   const auto windows = uint64_t(int64_t(ids_.size()) - T);  // start positions 0 .. size - T - 1
   for (int64_t b = 0; b < B; ++b) {
     const auto start = size_t(gen_.next_u64() % windows);

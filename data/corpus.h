@@ -130,12 +130,25 @@ struct Split {
 };
 Split split_tokens(TokenSpan ids, double train_fraction);
 
+/// Sequences that each start a batch row (conversations): sequence i is ids[starts[i], starts[i + 1]), and mask[k]
+/// says whether ids[k] is a target (an assistant's token).
+struct Rows {
+  TokenSpan ids;
+  std::span<const uint8_t> mask;
+  std::span<const uint64_t> starts;  // size() + 1 offsets
+  size_t size() const { return starts.empty() ? 0 : starts.size() - 1; }
+};
+
 /// Batches of random windows: x = ids[i, i + T), y = ids[i + 1, i + T + 1) with i uniform, from a seeded
-/// generator whose state can be saved and restored (exact resume).
+/// generator whose state can be saved and restored (exact resume). Over Rows instead: each batch row one sequence
+/// drawn uniformly, from its start (cut at T + 1 tokens), padded; y is the next id where the mask marks it, else -1
+/// (the loss ignores it), as in the padding.
 class BatchSampler {
  public:
   /// Throws when the ids are too few for one window of block_size + 1 tokens (`what` names them).
   BatchSampler(TokenSpan ids, int64_t batch_size, int64_t block_size, uint64_t seed, const char* what);
+  /// Throws when there are no rows (`what` names them).
+  BatchSampler(Rows rows, int64_t batch_size, int64_t block_size, uint64_t seed, const char* what);
 
   struct Batch {
     Tensor x, y;  // (B, T) i32
@@ -148,8 +161,17 @@ class BatchSampler {
 
  private:
   TokenSpan ids_;
+  Rows rows_;  // empty: windows of ids_
   int64_t batch_size_, block_size_;
   Generator gen_;
 };
+
+/// The batch of rows[first, first + batch) as BatchSampler draws rows (fewer rows where the set ends): x and y, and
+/// how many targets y holds.
+struct RowBatch {
+  Tensor x, y;
+  int64_t targets = 0;
+};
+RowBatch row_batch(const Rows& rows, size_t first, int64_t batch_size, int64_t block_size);
 
 }  // namespace tinygpt::data

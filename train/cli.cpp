@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "data/corpus.h"
+#include "data/conversations.h"
 #include "data/documents.h"
 #include "kernels/env.h"
 #include "train/training_data.h"
@@ -154,7 +155,12 @@ void add_sample_options(CLI::App* cmd, SampleArgs& a) {
 void add_eval_options(CLI::App* cmd, EvalArgs& a) {
   cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
   cmd->add_option("--data", a.data, "Text files, directories or globs, repeatable (a character model needs its characters "
-                  "to be in the vocabulary; a BPE takes any text)")->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+                  "to be in the vocabulary; a BPE takes any text)")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--chat-data", a.chat_data, "Instead of --data: JSON lines of conversations, repeatable; prints the "
+                  "loss on the assistants' tokens (their replies and ends of turn) over them all")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--chat-template", a.chat_template, "With --chat-data: chatml, llama3 or a Jinja file (default: the "
+                  "model's own, else chatml)");
   cmd->add_option("--batch-size", a.batch_size, "Sequences per batch")->capture_default_str();
   cmd->add_option("--eval-iters", a.eval_iters, "Batches per split")->capture_default_str();
   cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")->capture_default_str();
@@ -375,10 +381,32 @@ void run_import(const ImportArgs& a) {
 
 void validate_eval(const EvalArgs& a) {
   validate_numerics(a.numerics, a.device);
+  if (a.data.empty() == a.chat_data.empty()) throw Error("eval reads --data (text) or --chat-data (conversations): give one");
+  if (!a.chat_template.empty() && a.chat_data.empty()) throw Error("--chat-template is for --chat-data");
   if (a.batch_size <= 0 || a.eval_iters <= 0) throw Error("--batch-size and --eval-iters must be positive");
   if (!(a.train_fraction > 0 && a.train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", a.train_fraction));
   }
+}
+
+/// eval --chat-data: the assistants' tokens' loss over every conversation of the files, on one line.
+void run_eval_chat(const EvalArgs& a, const Checkpoint& ckpt, nn::GPT& model) {
+  const data::ChatTemplate tpl = data::chat_template_for(ckpt.tokenizer.config(), a.chat_template);
+  std::vector<data::Messages> all;
+  for (const std::string& f : a.chat_data) {
+    for (data::Messages& m : data::read_conversations(f)) all.push_back(std::move(m));
+  }
+  const data::ConversationSet set = data::encode_conversations(all, std::vector<bool>(all.size(), false), tpl,
+                                                               ckpt.tokenizer, ckpt.config.block_size);
+  if (set.train.size() == 0) throw Error("--chat-data: no conversation with an assistant's reply");
+  int64_t targets = 0;
+  const double loss = rows_loss(model, set.train.rows(), a.batch_size, set.train.size(), targets);
+  if (set.cut > 0 || set.skipped > 0) {
+    fmt::print(stderr, "{} conversations longer than the block of {} tokens cut, {} with no reply within it skipped\n",
+               set.cut, ckpt.config.block_size, set.skipped);
+  }
+  fmt::print("chat loss {:.6f} over {} assistant tokens ({} conversations, template {})\n", loss, targets,
+             set.train.size(), tpl.name());
 }
 
 void run_eval(const EvalArgs& a) {
@@ -386,6 +414,7 @@ void run_eval(const EvalArgs& a) {
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   check_numerics_over(a.numerics, ckpt, device);
   const auto model = model_from(ckpt, device, a.batch_size, a.numerics);
+  if (!a.chat_data.empty()) return run_eval_chat(a, ckpt, *model);
   const std::vector<fs::path> files = data::list_text_files(a.data, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
   data::TokenData tokens;
   data::Split split;
@@ -473,6 +502,14 @@ Cli::Cli() {
       {"train", "Train a GPT on text files, over characters or a byte-level BPE (nanoGPT's shakespeare_char defaults)",
        [this](CLI::App& c) { add_train_options(c, train_config); }, [this] { train_config.validate(); },
        [this] { return run_train(train_config); }},
+      {"sft", "Fine-tune a model on conversations (JSON lines of OpenAI's messages or ShareGPT's), the loss on the "
+              "assistant's replies only (the train flags apply; --init-from is required)",
+       [this](CLI::App& c) {
+         add_train_options(c, sft_config);
+         c.add_option("--chat-template", sft_config.chat_template, "chatml, llama3 or a Jinja file (default: the "
+                      "model's own, else chatml)");
+       },
+       [this] { sft_config.validate(); }, [this] { return run_train(sft_config); }},
       {"sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)",
        [this](CLI::App& c) { add_sample_options(&c, sample_args); }, [this] { validate_sample(sample_args); },
        done([this] { run_sample(sample_args); })},

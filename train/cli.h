@@ -60,6 +60,8 @@ struct ChatArgs {
 struct EvalArgs {
   std::string ckpt;
   std::vector<std::string> data;
+  std::vector<std::string> chat_data;  // JSON lines of conversations: the assistants' tokens' loss instead
+  std::string chat_template;
   int64_t batch_size = 64, eval_iters = 200;
   double train_fraction = 0.9;
   uint64_t seed = 1337;
@@ -117,6 +119,21 @@ struct Command {
   std::function<int()> run;
 };
 
+/// sft's defaults: a fine-tuning's (a low rate, no dropout, short), not train's from-scratch ones.
+inline TrainConfig sft_defaults() {
+  TrainConfig c;
+  c.sft = true;
+  c.model.dropout = 0;
+  c.lr = 5e-5;
+  c.min_lr = 5e-6;
+  c.warmup_iters = 20;
+  c.max_iters = c.lr_decay_iters = 500;
+  c.batch_size = 8;
+  c.eval_interval = 100;
+  c.eval_iters = 20;
+  return c;
+}
+
 struct Cli {
   Cli();
   Cli(const Cli&) = delete;
@@ -136,6 +153,7 @@ struct Cli {
   CLI::App app{"tinygpt: train small GPT language models from text files, and sample from them"};
   int threads = 0;
   TrainConfig train_config;
+  TrainConfig sft_config = sft_defaults();
   SampleArgs sample_args;
   ChatArgs chat_args;
   EvalArgs eval_args;

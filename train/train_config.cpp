@@ -172,6 +172,10 @@ void TrainConfig::validate() const {
     if (!(v >= 0)) throw Error(fmt::format("{} must not be negative, got {}", flag, v));
   };
   if (data.empty()) throw Error("--data is required: the text files, directories or globs to train on");
+  if (sft && init_from.empty() && !resume) {
+    throw Error("sft fine-tunes a model on conversations: give --init-from RUN (a run or an imported model), or --resume");
+  }
+  if (!sft && !chat_template.empty()) throw Error("--chat-template is for sft (and chat)");
   if (tokenizer.empty()) throw Error("--tokenizer must be char, bpe or a tokenizer.json file");
   if (vocab_size != 0 && tokenizer != "bpe") {
     throw Error(fmt::format("--vocab-size is the size of a BPE trained here: it needs --tokenizer bpe (got --tokenizer {})",

@@ -93,6 +93,8 @@ nlohmann::json flags_json(const TrainConfig& c) {
   }
   if (c.cooldown > 0) j["cooldown"] = c.cooldown;
   if (!c.init_from.empty()) j["init_from"] = c.init_from;
+  if (c.sft) j["sft"] = true;
+  if (!c.chat_template.empty()) j["chat_template"] = c.chat_template;
   return j;
 }
 
@@ -133,6 +135,29 @@ double estimate_loss(nn::GPT& model, data::TokenSpan ids, int64_t batch_size, in
   if (comm) comm->all_reduce_sum(&total, 1);
   model.train(was_training);
   return total / double(iters);
+}
+
+double rows_loss(nn::GPT& model, const data::Rows& rows, int64_t batch_size, size_t limit, int64_t& targets,
+                 Communicator* comm) {
+  NoGradGuard no_grad;
+  const bool was_training = model.training();
+  model.train(false);
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world_size() : 1;
+  const size_t n = std::min(limit, rows.size());
+  double sums[2] = {0, 0};  // loss x targets, targets
+  const Device device = model.device();
+  for (size_t first = 0, k = 0; first < n; first += size_t(batch_size), ++k) {
+    if (int64_t(k % size_t(world)) != rank) continue;
+    const data::RowBatch b = data::row_batch(rows, first, std::min<int64_t>(batch_size, int64_t(n - first)),
+                                             model.config().block_size);
+    if (b.targets == 0) continue;
+    sums[0] += model.forward(b.x.to(device), b.y.to(device)).loss.item() * double(b.targets);
+    sums[1] += double(b.targets);
+  }
+  if (comm) comm->all_reduce_sum(sums, 2);
+  model.train(was_training);
+  targets = int64_t(sums[1]);
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 
 namespace {
@@ -313,6 +338,7 @@ struct Run {
   /// Both splits' losses, logged; the latest checkpoint saved, and the best one when the validation loss is the
   /// lowest yet. Returns the validation loss.
   double evaluate(int64_t iter) {
+    if (data.chat) return evaluate_chat(iter);
     const auto t0 = Clock::now();
     const double train_loss = estimate_loss(model, split.train, cfg.batch_size, cfg.eval_iters,
                                             derived_seed(cfg.seed, kEvalTrainStream), "training split", &comm);
@@ -326,6 +352,25 @@ struct Run {
     if (best && lead()) save_checkpoint(out / kBestCheckpoint, model, data.tokenizer, &opt, state);
     console.line("step {}: train loss {:.4f}, val loss {:.4f} ({:.4f} bits per byte){} ({:.1f}s)\n", iter, train_loss,
                  val_loss, val_bpb, best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
+    return val_loss;
+  }
+
+  /// sft's evaluation: the assistant-token loss of the held-out conversations (at most --eval-iters batches of them)
+  /// and of as many training ones, then the checkpoints as evaluate() saves them.
+  double evaluate_chat(int64_t iter) {
+    const auto t0 = Clock::now();
+    const size_t limit = size_t(cfg.eval_iters * cfg.batch_size);
+    int64_t train_targets = 0, val_targets = 0;
+    const double train_loss = rows_loss(model, data.chat->train.rows(), cfg.batch_size, limit, train_targets, &comm);
+    const double val_loss = rows_loss(model, data.chat->val.rows(), cfg.batch_size, limit, val_targets, &comm);
+    metrics.write({{"iter", iter}, {"train_loss", train_loss}, {"val_loss", val_loss}, {"val_tokens", val_targets}});
+    const bool best = val_loss < state.best_val_loss;
+    if (best) state.best_val_loss = val_loss;
+    save_latest(iter);
+    if (best && lead()) save_checkpoint(out / kBestCheckpoint, model, data.tokenizer, &opt, state);
+    console.line("step {}: train loss {:.4f}, val loss {:.4f} (the assistants' {} held-out tokens){} ({:.1f}s)\n", iter,
+                 train_loss, val_loss, val_targets, best ? ", best so far: saved" : "",
+                 std::chrono::duration<double>(Clock::now() - t0).count());
     return val_loss;
   }
 
@@ -659,9 +704,12 @@ TrainResult train(const TrainConfig& cfg_in) {
   FlatParameters flat(backward_order(model.named_parameters()));
   const std::unique_ptr<Optimizer> opt_owner = make_optimizer(cfg, flat);
   Optimizer& opt = *opt_owner;
-  data::BatchSampler sampler(split.train, cfg.batch_size, cfg.model.block_size, derived_seed(cfg.seed, kSamplerStream),
-                             "training split");
-  data::BatchSampler(split.val, 1, cfg.model.block_size, 0, "validation split");  // fails early when too short
+  const uint64_t sampler_seed = derived_seed(cfg.seed, kSamplerStream);
+  data::BatchSampler sampler =
+      data.chat ? data::BatchSampler(data.chat->train.rows(), cfg.batch_size, cfg.model.block_size, sampler_seed,
+                                     "training conversations")
+                : data::BatchSampler(split.train, cfg.batch_size, cfg.model.block_size, sampler_seed, "training split");
+  if (!data.chat) data::BatchSampler(split.val, 1, cfg.model.block_size, 0, "validation split");  // fails early when too short
 
   TrainState state;
   if (ckpt) {

@@ -24,6 +24,8 @@ struct TrainConfig {
   int64_t vocab_size = 0;          // with tokenizer "bpe": its vocabulary (0: 4096)
   bool doc_mask = false;           // with a BPE: attention stays within documents (ended by <|endoftext|>)
   std::string init_from;           // a checkpoint whose weights and tokenizer the run starts from (fine-tuning)
+  bool sft = false;                // `tinygpt sft`: --data holds conversations (JSON lines), the loss on the replies
+  std::string chat_template;       // sft: chatml, llama3 or a Jinja file (empty: the model's own, else ChatML)
   std::string out = "out";  // run directory: checkpoints, metrics.jsonl, token cache
   nn::GPTConfig model = [] {  // vocab_size comes from the data
     nn::GPTConfig m;
@@ -138,6 +140,12 @@ class Communicator;
 /// is reduced over the ranks (the same mean as one process).
 double estimate_loss(nn::GPT& model, data::TokenSpan ids, int64_t batch_size, int64_t iters,
                      uint64_t seed, const char* what, Communicator* comm = nullptr);
+
+/// The loss over the targets of the first `limit` rows (conversations: their assistants' tokens), each target weighted
+/// alike, in eval mode and without a graph; `targets` gets their count. With a communicator, rank r evaluates batches
+/// r, r + N, ... and the sums are reduced over the ranks.
+double rows_loss(nn::GPT& model, const data::Rows& rows, int64_t batch_size, size_t limit, int64_t& targets,
+                 Communicator* comm = nullptr);
 
 struct TrainResult {
   double best_val_loss;

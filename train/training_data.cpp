@@ -61,6 +61,14 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
   const std::vector<fs::path> files = data::list_text_files(cfg.data, note);
   const auto t0 = std::chrono::steady_clock::now();
   TrainingData d;
+  if (cfg.sft) {  // the train config's check: a checkpoint is given
+    d.tokenizer = *given;
+    const data::ChatTemplate tpl = data::chat_template_for(given->config(), cfg.chat_template);
+    d.chat = data::load_conversations(files, tpl, d.tokenizer, cfg.model.block_size, cfg.train_fraction);
+    d.summary = fmt::format("{} ({:.2f}s)", d.chat->summary,
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return d;
+  }
   const bool chars = given != nullptr ? !given->is_bpe() : cfg.tokenizer == "char";
   if (chars && files.size() == 1 && cfg.init_from.empty()) {
     // One text file of characters: the vocabulary is its characters, the last fraction validates.

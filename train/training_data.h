@@ -4,8 +4,10 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
+#include "../data/conversations.h"
 #include "../data/corpus.h"
 #include "../data/tokenizer.h"
 #include "console.h"
@@ -19,11 +21,13 @@ struct TrainingData {
   data::Split split;
   int64_t train_bytes = 0, val_bytes = 0;  // source bytes of each split's ids
   std::string summary;  // the "data: ..." line
+  std::optional<data::ConversationSet> chat;  // sft: the conversations, in rows (tokens and split are then empty)
 };
 
 /// Loads --data into `out`'s token cache. `given` is the tokenizer of a checkpoint the run starts from (--resume,
 /// --init-from), or null. The lead rank trains a BPE (--tokenizer bpe) and writes it to out/tokenizer.json; the other
-/// ranks, which call this after it, read it from there.
+/// ranks, which call this after it, read it from there. With cfg.sft, --data's JSON lines of conversations under the
+/// checkpoint's tokenizer and chat template (--chat-template's where given) instead.
 TrainingData load_training_data(const TrainConfig& cfg, const std::filesystem::path& out, const data::Tokenizer* given,
                                 bool quiet, bool lead = true);
 
