@@ -3,9 +3,14 @@
 // across turns against one read whole.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "data/chat.h"
+#include "data/conversations.h"
 #include "data/jinja.h"
 #include "train/chat.h"
 
@@ -172,4 +177,56 @@ TEST_CASE("chat: a turn reads only what the cache lacks, and replies as a conver
   CHECK(dropped.dropped > 0);
   CHECK(narrow.messages()[0]["role"] == "system");
   CHECK_THROWS_WITH_AS(narrow.reply(std::string(200, 'a'), {}), doctest::Contains("fit the window of 160"), Error);
+}
+
+TEST_CASE("sft: the assistant's tokens of a conversation, by hand (ChatML over characters), and their targets") {
+  const std::string text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n";
+  const data::Tokenizer tok(data::CharVocab(data::decode_utf8(text)));
+  const data::ChatTemplate chatml = data::chat_template_for({}, "chatml");
+  const data::Messages conv = {{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "yo"}}};
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask;
+  data::tokenize_conversation(conv, chatml, tok, ids, mask);
+  REQUIRE(ids.size() == text.size());  // one character a token
+  CHECK(tok.decode(ids) == text);
+  // "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" is 52 characters; then "yo<|im_end|>" (12) is the
+  // assistant's; the newline after it is not.
+  for (size_t k = 0; k < ids.size(); ++k) CHECK_MESSAGE(mask[k] == (k >= 52 && k < 64), "token ", k);
+
+  data::ConversationTokens rows;
+  rows.add(ids, mask);
+  const data::RowBatch b = data::row_batch(rows.rows(), 0, 1, 80);  // padded past the 65 tokens
+  const auto y = b.y.to_vector<int32_t>();
+  CHECK(b.targets == 12);
+  for (size_t t = 0; t < 80; ++t) {
+    const bool target = t >= 51 && t < 63;  // y[t] predicts token t + 1
+    CHECK_MESSAGE(y[t] == (target ? int32_t(ids[t + 1]) : -1), "position ", t);
+  }
+  // Cut at the block: 40 positions hold no target (the reply starts at 52).
+  CHECK(data::row_batch(rows.rows(), 0, 1, 40).targets == 0);
+}
+
+TEST_CASE("sft: JSON lines of OpenAI's and ShareGPT's conversations, and each bad line named by file and line") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("tinygpt-sft-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& name, const std::string& body) {
+    std::ofstream(dir / name) << body;
+    return dir / name;
+  };
+  const auto ok = write("ok.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n\n"
+                                    "{\"conversations\": [{\"from\": \"system\", \"value\": \"s\"}, {\"from\": \"human\", "
+                                    "\"value\": \"q\"}, {\"from\": \"gpt\", \"value\": \"r\"}]}\n");
+  const std::vector<data::Messages> c = data::read_conversations(ok);
+  REQUIRE(c.size() == 2);
+  CHECK(c[1].dump() == "[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"q\"},"
+                       "{\"role\":\"assistant\",\"content\":\"r\"}]");
+  CHECK_THROWS_WITH_AS(data::read_conversations(write("a.jsonl", "{\"messages\": []}\n{\"x\": 1}\n")),
+                       doctest::Contains("a.jsonl:2: neither \"messages\""), Error);
+  CHECK_THROWS_WITH_AS(data::read_conversations(write("b.jsonl", "{\"conversations\": [{\"from\": \"bot\", \"value\": \"v\"}]}")),
+                       doctest::Contains("b.jsonl:1: turn 0 is from \"bot\""), Error);
+  CHECK_THROWS_WITH_AS(data::read_conversations(write("c.jsonl", "\n\n{\"messages\": [\n")),
+                       doctest::Contains("c.jsonl:3: not JSON"), Error);
+  CHECK_THROWS_WITH_AS(data::read_conversations(write("d.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": 1}]}")),
+                       doctest::Contains("d.jsonl:1: \"messages\": message 0 must be an object"), Error);
+  std::filesystem::remove_all(dir);
 }

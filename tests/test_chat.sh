@@ -2,7 +2,8 @@
 # `tinygpt chat` end to end: a character model trained here on short conversations ("u:red|" then "a:apple|") talks
 # through a template file; the rendered prompt is checked by hand, replies end at the template's end of turn, repeat
 # with a seed, and a turn answered from the KV cache equals the same turn answered with the history read whole;
-# the window drops the oldest turns; bad input is one error line; and on a pseudo-terminal the conversation takes
+# the window drops the oldest turns; sft teaches it other answers (eval --chat-data's loss falls); bad input is one
+# error line; and on a pseudo-terminal the conversation takes
 # turns, /reset, Ctrl-C at the prompt and Ctrl-C in the middle of a reply without ending the program.
 #   tests/test_chat.sh path/to/tinygpt
 set -uo pipefail
@@ -59,6 +60,32 @@ chat --context 24 --max-new-tokens 8 --message red --message green --message pur
   || fail "chat --context 24 exited non-zero: $(cat "$dir/drop.log")"
 grep -q "dropped the 2 oldest messages to fit the window of 24 tokens" "$dir/drop.log" || fail "no drop said: $(cat "$dir/drop.log")"
 
+# sft: the same model taught another answer for each colour (the loss on the replies only); eval --chat-data's loss
+# falls, and the chat answers as taught.
+python3 - "$dir/swap.jsonl" <<'EOF'
+import json, random, sys
+random.seed(3)
+pairs = [("red", "lime"), ("yellow", "grape"), ("green", "apple"), ("purple", "banana")]
+with open(sys.argv[1], "w") as f:
+    for _ in range(200):
+        u, a = random.choice(pairs)
+        f.write(json.dumps({"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": a}]}) + "\n")
+EOF
+"$tinygpt" sft --init-from "$dir/run" --data "$dir/swap.jsonl" --chat-template "$dir/short.jinja" --out "$dir/swap" \
+  --lr 2e-3 --max-iters 150 --lr-decay-iters 150 --eval-interval 75 > "$dir/sft.log" 2>&1 || fail "sft exited $?: $(tail -3 "$dir/sft.log")"
+grep -q "data: 200 conversations (180 train, 20 held out)" "$dir/sft.log" || fail "sft's data line: $(grep data: "$dir/sft.log")"
+grep -q "step 150: train loss [0-9.]*, val loss [0-9.]* (the assistants' [0-9]* held-out tokens)" "$dir/sft.log" || fail "sft's last evaluation is missing"
+chat_eval() { "$tinygpt" eval --ckpt "$1" --chat-data "$dir/swap.jsonl" --chat-template "$dir/short.jinja" --batch-size 16; }
+loss_of() { chat_eval "$1" | sed -n 's/^chat loss \([0-9.]*\) over \([0-9]*\) assistant tokens.*/\1 \2/p'; }
+read -r before n_before <<< "$(loss_of "$dir/run")"
+read -r after n_after <<< "$(loss_of "$dir/swap")"
+[ -n "$before" ] && [ "$n_before" = "$n_after" ] && [ "$n_after" -gt 0 ] || fail "eval --chat-data printed '$(chat_eval "$dir/swap")'"
+awk -v a="$after" -v b="$before" 'BEGIN {exit !(a < b / 4)}' || fail "sft did not lower the replies' loss: $before -> $after"
+taught=$(for c in red green purple yellow; do  # one conversation each, as it was taught
+  "$tinygpt" chat --ckpt "$dir/swap" --chat-template "$dir/short.jinja" --temperature 0 --message $c 2> /dev/null; done | tr '\n' ' ')
+[ "$taught" = "lime apple banana grape " ] || fail "after sft the chat answers '$taught', not 'lime apple banana grape'"
+printf '{"messages": [{"role": "user", "content": "red"}]}\n{"messages": 3}\n' > "$dir/bad.jsonl"
+
 expect_error() {  # expect_error STATUS MESSAGE command...
   local status=$1 want=$2
   shift 2
@@ -76,7 +103,10 @@ expect_error 1 "not a built-in template (chatml, llama3)" "$tinygpt" chat --ckpt
 expect_error 1 "line 1: the filter 'wordwrap' is not one tinygpt's template reader knows" chat --chat-template "$dir/bad.jinja" --render-only
 expect_error 2 "--max-new-tokens must be positive" chat --max-new-tokens 0 --message red
 expect_error 2 "--temperature must not be negative" chat --temperature -1 --message red
-expect_error 1 "does not fit the window of 64 tokens" chat --message "$(printf 'red%.0s' $(seq 40))"
+expect_error 1 'bad.jsonl:2: "messages" must be a JSON array' "$tinygpt" sft --init-from "$dir/run" --data "$dir/bad.jsonl" --out "$dir/s2"
+expect_error 2 "sft fine-tunes a model on conversations: give --init-from" "$tinygpt" sft --data "$dir/swap.jsonl" --out "$dir/s2"
+expect_error 2 "eval reads --data (text) or --chat-data (conversations): give one" "$tinygpt" eval --ckpt "$dir/run"
+expect_error 1 "fit the window of 64 tokens" chat --message "$(printf 'red%.0s' $(seq 40))"
 
 # On a pseudo-terminal: a turn, /reset, Ctrl-C at the prompt, and Ctrl-C in the middle of a long reply (an untrained
 # wide model over ChatML, which never ends its turn by chance) leave the chat running; /exit ends it with status 0.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "data/chat.h"
+#include "kernels/base.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
