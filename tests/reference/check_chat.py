@@ -8,7 +8,10 @@ families' special tokens added) and the template in its tokenizer_config.json, t
 For each template, 20 conversations (system prompts or none, several turns, unicode, empty content, spaces to trim)
 are rendered by `tinygpt chat --messages FILE --render-only` and by transformers; then for two conversations per
 template the greedy reply of `tinygpt chat --message` equals the text transformers' generate(do_sample=False) gives
-for the same rendered conversation (its tokens cut at the template's end of turn).
+for the same rendered conversation (its tokens cut at the template's end of turn). Then the 20 conversations, each
+given a reply, as an SFT file: `tinygpt eval --chat-data` gives transformers' loss with labels -100 outside the
+assistants' tokens (found on the rendered text, mapped to tokens by the tokenizer's offsets) within 1e-4, over as many
+tokens.
 
 Run by developers, not by CI (it needs PyTorch and transformers, installed outside the source tree):
 
@@ -80,6 +83,48 @@ def conversations():
         [u("first"), a("second "), u(" third"), a(" fourth "), u("fifth")],
         [u("\u00a0non-breaking spaces\u00a0")],
     ]
+
+
+def assistant_labels(hf_tok, conv, end):
+    """The ids of the conversation rendered whole and its labels as an SFT trainer sets them: each reply's tokens (what
+    rendering up to it adds after the assistant's opening, through its end of turn) kept, -100 elsewhere; the spans
+    found on the text and mapped to tokens through the tokenizer's offsets."""
+    whole = hf_tok.apply_chat_template(conv, tokenize=False)
+    spans = []
+    for k, m in enumerate(conv):
+        if m["role"] != "assistant":
+            continue
+        opening = hf_tok.apply_chat_template(conv[:k], tokenize=False, add_generation_prompt=True) if k else ""
+        closed = hf_tok.apply_chat_template(conv[:k + 1], tokenize=False)
+        at = closed.find(end, len(opening))
+        spans.append((len(opening), at + len(end) if at >= 0 else len(closed)))
+    enc = hf_tok(whole, add_special_tokens=False, return_offsets_mapping=True)
+    labels = [i if any(a <= s0 and e0 <= b for a, b in spans) else -100
+              for i, (s0, e0) in zip(enc["input_ids"], enc["offset_mapping"])]
+    return enc["input_ids"], labels
+
+
+def check_sft_loss(tinygpt, model, hf_tok, name, convs, tmp):
+    """tinygpt's eval --chat-data loss and assistant-token count against transformers' loss with labels -100 outside
+    the assistants' tokens, token-weighted over the conversations."""
+    path = tmp / f"{name}-sft.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in convs))
+    out = run(tinygpt, "eval", "--ckpt", tmp / name, "--chat-data", path, "--batch-size", 4)
+    ours, ours_n = float(out.split()[2]), int(out.split()[4])
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for c in convs:
+            ids, labels = assistant_labels(hf_tok, c, TEMPLATES[name][3])
+            n = sum(1 for x in labels[1:] if x != -100)  # the first token is never a target
+            if n == 0:
+                continue
+            loss = model(torch.tensor([ids]), labels=torch.tensor([labels])).loss.item()
+            total, count = total + loss * n, count + n
+    theirs = total / count
+    ok = abs(ours - theirs) <= 1e-4 and ours_n == count
+    print(f"{name:<9} sft loss on the replies: tinygpt {ours:.6f} over {ours_n} tokens, transformers {theirs:.6f} over "
+          f"{count}: {'same' if ok else 'DIFFER'}")
+    return ok
 
 
 def make_tokenizer(tinygpt, data, tmp):
@@ -154,7 +199,9 @@ def main():
                     replies += 1
                 else:
                     print(f"  {name} reply {k}: tinygpt {ours!r}\n  {' ' * len(name)} transformers {text!r}")
-            passed = same == len(convs) and replies == 2
+            replied = [c + [{"role": "assistant", "content": f"Reply {k}: ok, noted."}] for k, c in enumerate(convs)]
+            sft_ok = check_sft_loss(tinygpt, model, hf_tok, name, replied, tmp)
+            passed = same == len(convs) and replies == 2 and sft_ok
             ok = ok and passed
             print(f"{name:<9} rendered {same}/{len(convs)} conversations as transformers; greedy replies {replies}/2 "
                   f"the same")
