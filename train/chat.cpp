@@ -26,9 +26,9 @@ void ChatSession::add(const std::string& role, const std::string& content) {
 }
 
 std::vector<int32_t> ChatSession::render_to_fit(int64_t& dropped) {
-  // Room for the reply: --max-new-tokens, or half the window where that is less (the reply may still run on until
-  // the window is full).
-  const int64_t reserve = std::clamp<int64_t>(options_.max_new_tokens, 1, std::max<int64_t>(window_ / 2, 1));
+  // Room kept for the reply: --max-new-tokens, or an eighth of the window where that is less (the reply may still run
+  // on until the window is full).
+  const int64_t reserve = std::clamp<int64_t>(options_.max_new_tokens, 1, std::max<int64_t>(window_ / 8, 1));
   while (true) {
     const std::string text = template_.render(messages_, true, tokenizer_.config());
     const std::vector<uint32_t> ids = tokenizer_.encode_rendered(text, "the conversation");
