@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace tinygpt::data::jinja {
 
 struct ListValue;
@@ -101,6 +103,32 @@ struct Node {
   std::vector<std::string> targets;                      // For: the loop's names; Set: a name, or namespace and attribute
   ExprP filter;                                          // For: `for x in xs if cond`
 };
+
+// Values as Python and jinja2 treat them (jinja_values.cpp); `line` is the template's, for errors.
+const char* type_name(const Value& v);
+Value undefined(std::string name);  // jinja2's undefined, remembering what was looked up
+Value from_json(const nlohmann::ordered_json& j);
+bool truthy(const Value& v);
+std::string to_str(const Value& v);  // Python's str()
+std::string repr(const Value& v);    // Python's repr()
+/// json.dumps(x, ensure_ascii=False, indent=..., separators=..., sort_keys=...), transformers' tojson.
+struct JsonStyle {
+  int64_t indent = -1;  // -1: None
+  std::string item_sep, key_sep;
+  bool sort_keys = false;
+};
+void to_json(const Value& v, const JsonStyle& st, int64_t level, std::string& out, int line);
+std::vector<std::string> characters(const std::string& s);  // UTF-8 characters, as Python indexes a str
+bool py_space(const std::string& ch);                         // str.isspace() of one character
+/// str.strip / lstrip / rstrip: Python's whitespace, or the characters of `chars` (a string value).
+std::string strip(const std::string& s, bool left, bool right, const Value* chars = nullptr);
+std::string ascii_case(std::string s, bool upper);
+double number(const Value& v, int line, const char* op);  // a number's value; an error for anything else
+bool equal(const Value& a, const Value& b);
+int64_t length(const Value& v, int line);
+std::vector<Value> iterate(const Value& v, int line);  // a list's items, a dict's keys, a string's characters
+bool contains(const Value& container, const Value& x, int line);
+std::vector<int64_t> slice_indices(int64_t n, const Value& start, const Value& stop, const Value& step, int line);
 
 /// Parses a template (jinja.cpp); throws Error naming the line and the construct outside the subset.
 NodeP parse_template(std::string_view source);
