@@ -3,11 +3,16 @@
 # through a template file; the rendered prompt is checked by hand, replies end at the template's end of turn, repeat
 # with a seed, and a turn answered from the KV cache equals the same turn answered with the history read whole;
 # the window drops the oldest turns; sft teaches it other answers (eval --chat-data's loss falls); bad input is one
-# error line; and on a pseudo-terminal the conversation takes
-# turns, /reset, Ctrl-C at the prompt and Ctrl-C in the middle of a reply without ending the program.
-#   tests/test_chat.sh path/to/tinygpt
+# error line; and on a pseudo-terminal the conversation takes turns, /reset, Ctrl-C at the prompt and Ctrl-C in the
+# middle of a reply without ending the program. `quick` (the sanitizer suite, where training is tens of times slower)
+# trains one iteration and checks the paths, not what a trained model learned.
+#   tests/test_chat.sh path/to/tinygpt [full|quick]
 set -uo pipefail
 tinygpt=$1
+mode=${2:-full}
+full() { [ "$mode" = full ]; }
+iters=300 sft_iters=150
+full || iters=1 sft_iters=2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 failures=0
@@ -26,7 +31,7 @@ printf '%s' "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}|
 {% endfor %}{% if add_generation_prompt %}a:{% endif %}" > "$dir/short.jinja"
 
 "$tinygpt" train --data "$dir/conv.txt" --out "$dir/run" --n-layer 2 --n-head 2 --n-embd 64 --block-size 64 \
-  --batch-size 16 --max-iters 300 --lr-decay-iters 300 --warmup-iters 20 --lr 3e-3 --eval-interval 300 \
+  --batch-size 16 --max-iters $iters --lr-decay-iters 300 --warmup-iters 20 --lr 3e-3 --eval-interval 300 \
   --eval-iters 2 > "$dir/train.log" 2>&1 || fail "train exited $?: $(tail -3 "$dir/train.log")"
 chat() { "$tinygpt" chat --ckpt "$dir/run" --chat-template "$dir/short.jinja" "$@"; }
 
@@ -42,23 +47,28 @@ rendered=$(chat --messages "$dir/m.json" --message green --render-only; echo .)
 a=$(chat --message red --message green --temperature 0.8 --seed 3 2> "$dir/chat.log") || fail "chat exited $?: $(cat "$dir/chat.log")"
 b=$(chat --message red --message green --temperature 0.8 --seed 3 2> /dev/null)
 [ "$a" = "$b" ] || fail "the same seed gave other replies: '$a' vs '$b'"
-[ "$(printf '%s\n' "$a" | wc -l)" = 2 ] || fail "two turns should give two lines, got '$a'"
-case "$a" in *'|'*|*'u:'*) fail "a reply holds the end-of-turn marker or the next turn: '$a'" ;; esac
-grep -q "reply cut" "$dir/chat.log" && fail "a reply did not end at the end of turn: $(cat "$dir/chat.log")"
+if full; then
+  [ "$(printf '%s\n' "$a" | wc -l)" = 2 ] || fail "two turns should give two lines, got '$a'"
+  case "$a" in *'|'*|*'u:'*) fail "a reply holds the end-of-turn marker or the next turn: '$a'" ;; esac
+  grep -q "reply cut" "$dir/chat.log" && fail "a reply did not end at the end of turn: $(cat "$dir/chat.log")"
+fi
 grep -q "template $dir/short.jinja, window 64 tokens" "$dir/chat.log" || fail "chat does not say its template and window"
 
-# A turn from the cache equals the same turn with the history read whole (greedy).
-g=$(chat --message red --message green --temperature 0 2> /dev/null)
-first=$(printf '%s\n' "$g" | sed -n 1p)
-second=$(printf '%s\n' "$g" | sed -n 2p)
-printf '[{"role": "user", "content": "red"}, {"role": "assistant", "content": "%s"}]' "$first" > "$dir/h.json"
-[ "$(chat --messages "$dir/h.json" --message green --temperature 0 2> /dev/null)" = "$second" ] \
-  || fail "the second turn read whole differs from the cached one ('$second')"
+# A turn from the cache equals the same turn with the history read whole (greedy; a trained model's replies are one
+# line of plain letters each).
+if full; then
+  g=$(chat --message red --message green --temperature 0 2> /dev/null)
+  first=$(printf '%s\n' "$g" | sed -n 1p)
+  second=$(printf '%s\n' "$g" | sed -n 2p)
+  printf '[{"role": "user", "content": "red"}, {"role": "assistant", "content": "%s"}]' "$first" > "$dir/h.json"
+  [ "$(chat --messages "$dir/h.json" --message green --temperature 0 2> /dev/null)" = "$second" ] \
+    || fail "the second turn read whole differs from the cached one ('$second')"
+fi
 
 # A window of 24 tokens holds about one turn: the oldest are dropped, and said so.
 chat --context 24 --max-new-tokens 8 --message red --message green --message purple > /dev/null 2> "$dir/drop.log" \
   || fail "chat --context 24 exited non-zero: $(cat "$dir/drop.log")"
-grep -q "dropped the 2 oldest messages to fit the window of 24 tokens" "$dir/drop.log" || fail "no drop said: $(cat "$dir/drop.log")"
+grep -Eq "dropped the [0-9]+ oldest messages to fit the window of 24 tokens" "$dir/drop.log" || fail "no drop said: $(cat "$dir/drop.log")"
 
 # sft: the same model taught another answer for each colour (the loss on the replies only); eval --chat-data's loss
 # falls, and the chat answers as taught.
@@ -72,18 +82,20 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": a}]}) + "\n")
 EOF
 "$tinygpt" sft --init-from "$dir/run" --data "$dir/swap.jsonl" --chat-template "$dir/short.jinja" --out "$dir/swap" \
-  --lr 2e-3 --max-iters 150 --lr-decay-iters 150 --eval-interval 75 > "$dir/sft.log" 2>&1 || fail "sft exited $?: $(tail -3 "$dir/sft.log")"
+  --lr 2e-3 --max-iters $sft_iters --lr-decay-iters 150 --eval-interval 75 > "$dir/sft.log" 2>&1 || fail "sft exited $?: $(tail -3 "$dir/sft.log")"
 grep -q "data: 200 conversations (180 train, 20 held out)" "$dir/sft.log" || fail "sft's data line: $(grep data: "$dir/sft.log")"
-grep -q "step 150: train loss [0-9.]*, val loss [0-9.]* (the assistants' [0-9]* held-out tokens)" "$dir/sft.log" || fail "sft's last evaluation is missing"
+grep -q "step $sft_iters: train loss [0-9.]*, val loss [0-9.]* (the assistants' [0-9]* held-out tokens)" "$dir/sft.log" || fail "sft's last evaluation is missing"
 chat_eval() { "$tinygpt" eval --ckpt "$1" --chat-data "$dir/swap.jsonl" --chat-template "$dir/short.jinja" --batch-size 16; }
 loss_of() { chat_eval "$1" | sed -n 's/^chat loss \([0-9.]*\) over \([0-9]*\) assistant tokens.*/\1 \2/p'; }
 read -r before n_before <<< "$(loss_of "$dir/run")"
 read -r after n_after <<< "$(loss_of "$dir/swap")"
 [ -n "$before" ] && [ "$n_before" = "$n_after" ] && [ "$n_after" -gt 0 ] || fail "eval --chat-data printed '$(chat_eval "$dir/swap")'"
-awk -v a="$after" -v b="$before" 'BEGIN {exit !(a < b / 4)}' || fail "sft did not lower the replies' loss: $before -> $after"
-taught=$(for c in red green purple yellow; do  # one conversation each, as it was taught
-  "$tinygpt" chat --ckpt "$dir/swap" --chat-template "$dir/short.jinja" --temperature 0 --message $c 2> /dev/null; done | tr '\n' ' ')
-[ "$taught" = "lime apple banana grape " ] || fail "after sft the chat answers '$taught', not 'lime apple banana grape'"
+if full; then
+  awk -v a="$after" -v b="$before" 'BEGIN {exit !(a < b / 4)}' || fail "sft did not lower the replies' loss: $before -> $after"
+  taught=$(for c in red green purple yellow; do  # one conversation each, as it was taught
+    "$tinygpt" chat --ckpt "$dir/swap" --chat-template "$dir/short.jinja" --temperature 0 --message $c 2> /dev/null; done | tr '\n' ' ')
+  [ "$taught" = "lime apple banana grape " ] || fail "after sft the chat answers '$taught', not 'lime apple banana grape'"
+fi
 printf '{"messages": [{"role": "user", "content": "red"}]}\n{"messages": 3}\n' > "$dir/bad.jsonl"
 
 expect_error() {  # expect_error STATUS MESSAGE command...
@@ -111,7 +123,9 @@ expect_error 1 "fit the window of 64 tokens" chat --message "$(printf 'red%.0s' 
 # On a pseudo-terminal: a turn, /reset, Ctrl-C at the prompt, and Ctrl-C in the middle of a long reply (an untrained
 # wide model over ChatML, which never ends its turn by chance) leave the chat running; /exit ends it with status 0.
 for i in $(seq 200); do printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello there<|im_end|>\n'; done > "$dir/chatml.txt"
-"$tinygpt" train --data "$dir/chatml.txt" --out "$dir/wide" --n-layer 4 --n-head 4 --n-embd 256 --block-size 1024 \
+wide=(--n-layer 4 --n-head 4 --n-embd 256)  # slow enough to stop mid-reply; under the sanitizers a small one is
+full || wide=(--n-layer 1 --n-head 2 --n-embd 64)
+"$tinygpt" train --data "$dir/chatml.txt" --out "$dir/wide" "${wide[@]}" --block-size 1024 \
   --batch-size 1 --max-iters 1 --eval-interval 1 --eval-iters 1 > "$dir/wide.log" 2>&1 || fail "train (wide) exited $?: $(tail -3 "$dir/wide.log")"
 python3 - "$tinygpt" "$dir" <<'EOF' || fail "the chat on a pseudo-terminal: see above"
 import os, pty, select, sys, time
