@@ -124,6 +124,22 @@ void check(const Case& c, uint32_t seed = 1) {
     gemm<T>(c.ta, c.tb, c.M, c.N, c.K, T(c.alpha), A.data(), lda, B.data(), ldb, T(c.beta), C.data(), ldc, c.bf16, ep);
   }
 
+  // op(A) as M rows of K and op(B) as N rows of K, in double, rounded to bf16 where the product rounds its operands:
+  // each element rounded once, not once a product (the reference's sums are the same, in the same order).
+  const bool rounded = c.bf16 || c.kernel.has_value();
+  std::vector<double> a_op(size_t(c.M * c.K)), b_op(size_t(c.N * c.K));
+  for (int64_t i = 0; i < c.M; ++i) {
+    for (int64_t k = 0; k < c.K; ++k) {
+      const double a = c.ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)];
+      a_op[size_t(i * c.K + k)] = rounded ? bf16_reference(a) : a;
+    }
+  }
+  for (int64_t j = 0; j < c.N; ++j) {
+    for (int64_t k = 0; k < c.K; ++k) {
+      const double b = c.tb ? B[size_t(j * ldb + k)] : B[size_t(k * ldb + j)];
+      b_op[size_t(j * c.K + k)] = rounded ? bf16_reference(b) : b;
+    }
+  }
   const double eps = std::numeric_limits<T>::epsilon();
   int64_t bad = 0;
   double worst = 0;
@@ -136,11 +152,9 @@ void check(const Case& c, uint32_t seed = 1) {
         continue;
       }
       double acc = 0;
-      for (int64_t k = 0; k < c.K; ++k) {
-        const double a = c.ta ? A[size_t(k * lda + i)] : A[size_t(i * lda + k)];
-        const double b = c.tb ? B[size_t(j * ldb + k)] : B[size_t(k * ldb + j)];
-        acc += c.bf16 || c.kernel ? bf16_reference(a) * bf16_reference(b) : a * b;
-      }
+      const double* a_row = a_op.data() + i * c.K;
+      const double* b_row = b_op.data() + j * c.K;
+      for (int64_t k = 0; k < c.K; ++k) acc += a_row[k] * b_row[k];
       double ref = c.alpha * acc;
       if (c.beta != 0) ref += c.beta * double(C0[size_t(i * ldc + j)]);
       if (c.bias) ref += double(bias[size_t(j)]);
@@ -415,6 +429,9 @@ TEST_CASE("Bf16Tiles: the flash kernels' bf16 tile products match naive products
               for (auto& x : C) x = float(dist(rng));
               const std::vector<float> C0 = C;
               tiles.product(C.data(), ldc, A.data(), ars, aks, B.data(), ldb, M, K, N, accumulate);
+              std::vector<double> Ar(A.size()), Br(B.size());  // the operands rounded once, not once a product
+              for (size_t k = 0; k < A.size(); ++k) Ar[k] = bf16_reference(A[k]);
+              for (size_t k = 0; k < B.size(); ++k) Br[k] = bf16_reference(B[k]);
               int64_t bad = 0;
               for (int64_t i = 0; i < M; ++i) {
                 for (int64_t j = 0; j < ldc; ++j) {
@@ -425,7 +442,7 @@ TEST_CASE("Bf16Tiles: the flash kernels' bf16 tile products match naive products
                   }
                   double ref = accumulate ? double(C0[size_t(i * ldc + j)]) : 0.0;
                   for (int64_t k = 0; k < K; ++k)
-                    ref += bf16_reference(A[size_t(i * ars + k * aks)]) * bf16_reference(B[size_t(k * ldb + j)]);
+                    ref += Ar[size_t(i * ars + k * aks)] * Br[size_t(k * ldb + j)];
                   bad += !(std::abs(got - ref) <= 1e-6 * double(K + 1) * (1 + std::abs(ref)));
                 }
               }
