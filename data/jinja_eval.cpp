@@ -18,9 +18,9 @@ using nlohmann::ordered_json;
 
 [[noreturn]] void fail(int line, const std::string& what) { throw Error(fmt::format("line {}: {}", line, what)); }
 
-constexpr int64_t kMaxSteps = 10'000'000;        // statements and loop rounds: a hostile template ends, said so
-constexpr size_t kMaxOutput = size_t(64) << 20;  // bytes rendered, or in one string
-constexpr size_t kMaxItems = 1'000'000;           // items in one list
+constexpr int64_t kMaxSteps = 1'000'000;         // statements and loop rounds: a hostile template ends, said so
+constexpr size_t kMaxOutput = size_t(16) << 20;  // bytes rendered, or in one string
+constexpr size_t kMaxItems = 100'000;             // items in one list
 
 struct Args {
   std::vector<Value> pos;
@@ -129,20 +129,26 @@ class Renderer {
     }
     if (items.empty()) return exec_all(n.else_body);
     const int64_t count = int64_t(items.size());
+    // One `loop` for the whole statement, its fields rewritten each round in place (jinja2's LoopContext is one
+    // object too).
+    Value loop = Value::new_dict();
+    for (const char* key : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"}) {
+      loop.dict->set(key, Value{});
+    }
+    auto& f = loop.dict->items;
     for (int64_t k = 0; k < count; ++k) {
       step(n.line);
       scopes_.emplace_back();  // each round its own scope, as jinja2: a set inside is not seen by the next round
       bind(n, items[size_t(k)]);
-      Value loop = Value::new_dict();
-      loop.dict->set("index", Value::integer(k + 1));
-      loop.dict->set("index0", Value::integer(k));
-      loop.dict->set("revindex", Value::integer(count - k));
-      loop.dict->set("revindex0", Value::integer(count - k - 1));
-      loop.dict->set("first", Value::boolean(k == 0));
-      loop.dict->set("last", Value::boolean(k == count - 1));
-      loop.dict->set("length", Value::integer(count));
-      loop.dict->set("previtem", k > 0 ? items[size_t(k - 1)] : undefined("loop.previtem"));
-      loop.dict->set("nextitem", k + 1 < count ? items[size_t(k + 1)] : undefined("loop.nextitem"));
+      f[0].second = Value::integer(k + 1);
+      f[1].second = Value::integer(k);
+      f[2].second = Value::integer(count - k);
+      f[3].second = Value::integer(count - k - 1);
+      f[4].second = Value::boolean(k == 0);
+      f[5].second = Value::boolean(k == count - 1);
+      f[6].second = Value::integer(count);
+      f[7].second = k > 0 ? items[size_t(k - 1)] : undefined("loop.previtem");
+      f[8].second = k + 1 < count ? items[size_t(k + 1)] : undefined("loop.nextitem");
       scopes_.back()["loop"] = loop;
       const Flow f = exec_all(n.body);
       scopes_.pop_back();
@@ -268,7 +274,15 @@ class Renderer {
     if (op == "!=") return Value::boolean(!equal(a, b));
     if (op == "in") return Value::boolean(contains(b, a, e.line));
     if (op == "not in") return Value::boolean(!contains(b, a, e.line));
-    if (op == "~") return Value::string(to_str(a) + to_str(b));
+    // Joined strings and lists are bounded before they are made (eval bounds every other value after).
+    const auto bounded = [&](size_t n, size_t limit, const char* what) {
+      if (n > limit) fail(e.line, fmt::format("{} past {}", what, limit));
+    };
+    if (op == "~") {
+      std::string x = to_str(a), y = to_str(b);
+      bounded(x.size() + y.size(), kMaxOutput, "a string of bytes");
+      return Value::string(x + y);
+    }
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
       int c = 0;
       if (a.kind == Kind::String && b.kind == Kind::String) {
@@ -279,8 +293,12 @@ class Renderer {
       }
       return Value::boolean(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
     }
-    if (op == "+" && a.kind == Kind::String && b.kind == Kind::String) return Value::string(a.s + b.s);
+    if (op == "+" && a.kind == Kind::String && b.kind == Kind::String) {
+      bounded(a.s.size() + b.s.size(), kMaxOutput, "a string of bytes");
+      return Value::string(a.s + b.s);
+    }
     if (op == "+" && a.kind == Kind::List && b.kind == Kind::List) {
+      bounded(a.list->items.size() + b.list->items.size(), kMaxItems, "a list of items");
       std::vector<Value> items = a.list->items;
       items.insert(items.end(), b.list->items.begin(), b.list->items.end());
       return Value::new_list(std::move(items));
