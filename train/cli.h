@@ -150,7 +150,7 @@ struct Cli {
 
   static constexpr int kUsageError = 2;  // also for values that parse but are out of range or contradictory
 
-  CLI::App app{"tinygpt: train small GPT language models from text files, and sample from them"};
+  CLI::App app{"tinygpt: train small GPT language models from text files, sample from them and talk to them"};
   int threads = 0;
   TrainConfig train_config;
   TrainConfig sft_config = sft_defaults();
