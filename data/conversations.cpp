@@ -150,6 +150,14 @@ ConversationSet load_conversations(const std::vector<fs::path>& files, const Cha
   set.summary = fmt::format("data: {} conversations ({} train, {} held out), {} assistant tokens to train on ({} held "
                             "out), template {}", all.size(), set.train.size(), set.val.size(),
                             set.train.assistant_tokens, set.val.assistant_tokens, chat_template.name());
+  // A batch row is one conversation padded to the context: the share of positions that are padding (the rows are
+  // drawn uniformly, so a batch's share is this on average).
+  int64_t filled = 0;
+  for (size_t i = 0; i < set.train.size(); ++i) {
+    filled += std::min<int64_t>(int64_t(set.train.starts[i + 1] - set.train.starts[i]), context);
+  }
+  set.summary += fmt::format("; rows of {} positions, {:.0f}% of them padding", context,
+                             100.0 * (1.0 - double(filled) / (double(set.train.size()) * double(context))));
   if (set.cut > 0) set.summary += fmt::format("; {} longer than the context of {} tokens, cut", set.cut, context);
   if (set.skipped > 0) set.summary += fmt::format("; {} with no reply within the context, skipped", set.skipped);
   return set;
