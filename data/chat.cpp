@@ -62,6 +62,31 @@ std::string ChatTemplate::end_of_turn(const TokenizerConfig& tc) const {
   return after;
 }
 
+std::string builtin_chat_template(const std::string& name) {
+  if (name == "chatml") return kChatml;
+  if (name == "llama3") return kLlama3;
+  throw Error(fmt::format("no built-in chat template '{}' ({})", name, kBuiltinChatTemplates));
+}
+
+std::vector<std::string> add_chatml_tokens(Tokenizer& tokenizer) {
+  if (!tokenizer.is_bpe()) throw Error("ChatML's tokens are added to a byte-level BPE only");
+  std::vector<std::string> added;
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(tokenizer.bpe().to_json());
+  auto next = uint64_t(tokenizer.vocab_size());  // ids are unsigned in tokenizer.json
+  for (const char* token : {"<|im_start|>", "<|im_end|>"}) {
+    if (tokenizer.bpe().added_id(token) >= 0) continue;
+    j["added_tokens"].push_back({{"id", next++}, {"content", token}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.emplace_back(token);
+  }
+  TokenizerConfig config = tokenizer.config();
+  config.chat_template = kChatml;
+  tokenizer = Tokenizer(added.empty() ? tokenizer.bpe() : BpeTokenizer::from_json(j.dump(), "the tokenizer with ChatML's "
+                                                                                              "tokens"),
+                        config);
+  return added;
+}
+
 ChatTemplate chat_template_for(const TokenizerConfig& tc, const std::string& choice) {
   if (choice.empty()) {
     if (!tc.chat_template.empty()) return ChatTemplate("of the model", tc.chat_template);

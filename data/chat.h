@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -36,6 +37,13 @@ class ChatTemplate {
 
 /// The built-in templates' names, for flags and messages.
 inline constexpr const char* kBuiltinChatTemplates = "chatml, llama3";
+/// The source of a built-in template ("chatml" or "llama3"); throws Error for another name.
+std::string builtin_chat_template(const std::string& name);
+/// A byte-level BPE without a chat template made ready for ChatML (what sft gives a model trained here): ChatML as
+/// its template, and <|im_start|> and <|im_end|> added as special tokens where it lacks them, with the ids after its
+/// own. Returns the tokens added.
+std::vector<std::string> add_chatml_tokens(Tokenizer& tokenizer);
+
 /// The template `choice` names: empty for the model's own (ChatML where it has none), "chatml", "llama3", or the path
 /// of a file holding a Jinja template. Throws Error for a file that cannot be read or a template outside the subset.
 ChatTemplate chat_template_for(const TokenizerConfig& tc, const std::string& choice);

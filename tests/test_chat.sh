@@ -4,8 +4,8 @@
 # with a seed, and a turn answered from the KV cache equals the same turn answered with the history read whole;
 # the window drops the oldest turns; sft teaches it other answers (eval --chat-data's loss falls); bad input is one
 # error line; and on a pseudo-terminal the conversation takes turns, /reset, Ctrl-C at the prompt and Ctrl-C in the
-# middle of a reply without ending the program. `quick` (the sanitizer suite, where training is tens of times slower)
-# trains one iteration and checks the paths, not what a trained model learned.
+# middle of a reply without ending the program. `quick` (for the sanitizer suite only, where training and decoding are
+# tens of times slower) trains one iteration and checks the paths, not what a trained model learned.
 #   tests/test_chat.sh path/to/tinygpt [full|quick]
 set -uo pipefail
 tinygpt=$1
@@ -96,6 +96,19 @@ if full; then
     "$tinygpt" chat --ckpt "$dir/swap" --chat-template "$dir/short.jinja" --temperature 0 --message $c 2> /dev/null; done | tr '\n' ' ')
   [ "$taught" = "lime apple banana grape " ] || fail "after sft the chat answers '$taught', not 'lime apple banana grape'"
 fi
+# sft from a BPE trained here, without a chat template: ChatML, its two tokens added and the vocabulary grown by two rows.
+for i in $(seq 100); do echo "red apple, green lime, purple grape and yellow banana"; done > "$dir/words.txt"
+"$tinygpt" train --data "$dir/words.txt" --tokenizer bpe --vocab-size 300 --out "$dir/bpe" --n-layer 1 --n-head 2 \
+  --n-embd 32 --block-size 32 --batch-size 4 --max-iters 1 --eval-interval 1 --eval-iters 1 > "$dir/bpe.log" 2>&1 \
+  || fail "train (bpe) exited $?: $(tail -3 "$dir/bpe.log")"
+"$tinygpt" sft --init-from "$dir/bpe" --data "$dir/swap.jsonl" --out "$dir/bpe-sft" --block-size 32 --max-iters 2 \
+  --eval-interval 2 --eval-iters 1 > "$dir/bpe-sft.log" 2>&1 || fail "sft (bpe) exited $?: $(tail -3 "$dir/bpe-sft.log")"
+n=$(sed -n 's/^ChatML for this model: <|im_start|> and <|im_end|> added to its tokenizer (ids from \([0-9]*\)).*/\1/p' "$dir/bpe-sft.log")
+[ -n "$n" ] && grep -q "its vocabulary $((n + 2)) rows" "$dir/bpe-sft.log" || fail "sft did not add ChatML's tokens: $(grep -i chatml "$dir/bpe-sft.log")"
+"$tinygpt" info --ckpt "$dir/bpe-sft" | grep -q "vocabulary $((n + 2)) (byte-level BPE)" || fail "info: $("$tinygpt" info --ckpt "$dir/bpe-sft" | sed -n 2p)"
+[ "$("$tinygpt" tokenizer encode --ckpt "$dir/bpe-sft" --text "<|im_end|>")" = "$((n + 1))" ] || fail "<|im_end|> is not token $((n + 1))"
+out=$("$tinygpt" chat --ckpt "$dir/bpe-sft" --message red --max-new-tokens 4 2>&1 > /dev/null)
+[[ "$out" == *"template of the model"* ]] || fail "the sft run does not carry ChatML as its template: $out"
 printf '{"messages": [{"role": "user", "content": "red"}]}\n{"messages": 3}\n' > "$dir/bad.jsonl"
 
 expect_error() {  # expect_error STATUS MESSAGE command...

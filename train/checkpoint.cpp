@@ -265,6 +265,19 @@ void load_weights(nn::GPT& model, const Checkpoint& ckpt) {
   }
 }
 
+void load_weights_grown(nn::GPT& model, const Checkpoint& ckpt) {
+  for (auto& [name, p] : model.named_parameters()) {
+    const Tensor t = ckpt.contents.find(name);
+    if (!t.defined()) throw Error(fmt::format("'{}': weight '{}' is missing", ckpt.path.string(), name));
+    const bool rows = name == "transformer.wte.weight" || name == "lm_head.weight";
+    if (rows && t.ndim() == 2 && p.ndim() == 2 && t.size(0) < p.size(0) && t.size(1) == p.size(1)) {
+      buffer_slice(p, 0, t.shape()).copy_(t);
+    } else {
+      p.copy_(t);
+    }
+  }
+}
+
 void load_optimizer(Optimizer& opt, const Checkpoint& ckpt) {
   if (ckpt.optimizer != opt.name() && ckpt.optimizer != "none") {
     throw Error(fmt::format("'{}' was trained with --optimizer {}, not {}: resume with --optimizer {} or without the "

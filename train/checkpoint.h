@@ -55,6 +55,9 @@ Checkpoint load_checkpoint(const std::filesystem::path& path);
 
 /// Copies the checkpoint's weights into a model built from its config.
 void load_weights(nn::GPT& model, const Checkpoint& ckpt);
+/// load_weights into a model whose vocabulary has more rows than the checkpoint's (tokens added to its tokenizer): the
+/// embedding's and an untied head's first rows are the checkpoint's, the others keep the model's initialization.
+void load_weights_grown(nn::GPT& model, const Checkpoint& ckpt);
 /// Restores the optimizer's state and step count; throws when the checkpoint has none, or another optimizer's.
 void load_optimizer(Optimizer& opt, const Checkpoint& ckpt);
 

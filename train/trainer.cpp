@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -681,6 +682,14 @@ TrainResult train(const TrainConfig& cfg_in) {
   std::optional<Checkpoint> ckpt, init;
   if (cfg.resume) ckpt = resume_checkpoint(cfg, out);
   if (!cfg.init_from.empty()) init = init_checkpoint(cfg);
+  // sft from a BPE model without a chat template (one trained here): ChatML, its tokens added where missing and the
+  // vocabulary grown to hold them.
+  std::vector<std::string> added_tokens;
+  const bool chatml = cfg.chat_template.empty() || cfg.chat_template == "chatml";
+  if (init && cfg.sft && chatml && init->tokenizer.is_bpe() && init->tokenizer.config().chat_template.empty()) {
+    added_tokens = data::add_chatml_tokens(init->tokenizer);
+    cfg.model.vocab_size = std::max(cfg.model.vocab_size, init->tokenizer.vocab_size());
+  }
   if (cfg.doc_mask) cfg.model.doc_separator = std::string(data::kEndOfText);
 
   if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
@@ -698,7 +707,12 @@ TrainResult train(const TrainConfig& cfg_in) {
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
   use_document_separator(model, data.tokenizer);
-  if (init) load_weights(model, *init);
+  if (init) (added_tokens.empty() ? load_weights : load_weights_grown)(model, *init);
+  if (!added_tokens.empty()) {
+    console.line("ChatML for this model: {} added to its tokenizer (ids from {}), its vocabulary {} rows\n",
+                 fmt::format("{}", fmt::join(added_tokens, " and ")),
+                 data.tokenizer.vocab_size() - int64_t(added_tokens.size()), cfg.model.vocab_size);
+  }
   model.set_numerics(numerics_of(cfg));
   model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
   FlatParameters flat(backward_order(model.named_parameters()));
