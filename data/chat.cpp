@@ -2,8 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 
 #include "data/text.h"
 #include "kernels/base.h"
@@ -94,15 +93,11 @@ ChatTemplate chat_template_for(const TokenizerConfig& tc, const std::string& cho
   }
   if (choice == "chatml") return ChatTemplate("chatml", kChatml);
   if (choice == "llama3") return ChatTemplate("llama3", kLlama3);
-  std::ifstream in(choice, std::ios::binary);
-  if (!in) {
+  if (std::error_code ec; !std::filesystem::exists(choice, ec)) {
     throw Error(fmt::format("--chat-template {}: no such file, and not a built-in template ({})", choice,
                             kBuiltinChatTemplates));
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw Error(fmt::format("--chat-template {}: cannot read the file", choice));
-  return ChatTemplate(choice, s.str());
+  return ChatTemplate(choice, read_text_file(choice));
 }
 
 Messages parse_messages(const std::string& text, const std::string& what) {

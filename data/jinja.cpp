@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "data/jinja_ast.h"
+#include "data/text.h"
 #include "kernels/base.h"
 
 namespace tinygpt::data::jinja {
@@ -139,16 +140,7 @@ std::string decode_escapes(std::string_view s, int line) {
   std::string out;
   auto put_code = [&](uint32_t c) {
     if (c > 0x10FFFF) fail(line, "a string literal has an escape past U+10FFFF");
-    if (c < 0x80) {
-      out += char(c);
-    } else if (c < 0x800) {
-      out += char(0xC0 | (c >> 6)), out += char(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += char(0xE0 | (c >> 12)), out += char(0x80 | ((c >> 6) & 0x3F)), out += char(0x80 | (c & 0x3F));
-    } else {
-      out += char(0xF0 | (c >> 18)), out += char(0x80 | ((c >> 12) & 0x3F)), out += char(0x80 | ((c >> 6) & 0x3F));
-      out += char(0x80 | (c & 0x3F));
-    }
+    out += encode_utf8(std::u32string(1, char32_t(c)));
   };
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] != '\\' || i + 1 == s.size()) {

@@ -7,10 +7,9 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
+#include "data/text.h"
 #include "train/chat.h"
 
 namespace tinygpt {
@@ -66,11 +65,9 @@ data::Messages messages_of(const ChatArgs& a) {
   data::Messages m = data::Messages::array();
   if (!a.system.empty()) m.push_back({{"role", "system"}, {"content", a.system}});
   if (!a.messages_file.empty()) {
-    std::ifstream in(a.messages_file, std::ios::binary);
-    if (!in) throw Error(fmt::format("--messages {}: cannot open the file", a.messages_file));
-    std::ostringstream s;
-    s << in.rdbuf();
-    for (const auto& x : data::parse_messages(s.str(), "--messages " + a.messages_file)) m.push_back(x);
+    for (const auto& x : data::parse_messages(data::read_text_file(a.messages_file), "--messages " + a.messages_file)) {
+      m.push_back(x);
+    }
   }
   return m;
 }
