@@ -496,6 +496,16 @@ void Tensor::rebind_(const Tensor& slice) {
   impl().storage = slice.impl().storage;
 }
 
+void Tensor::convert_(DType dtype) {
+  if (!is_leaf() || requires_grad()) throw Error("convert_: only leaves that need no gradient convert in place");
+  if (dtype == this->dtype()) return;
+  const Tensor converted = to(dtype);
+  impl().storage = converted.impl().storage;
+  impl().dtype = dtype;
+  impl().grad.reset();
+  impl().bf16_copy.reset();
+}
+
 void Tensor::zero_() {
   const size_t bytes = size_t(numel()) * dtype_size(dtype());
   if (device() == Device::CPU) {

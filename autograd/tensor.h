@@ -138,6 +138,9 @@ class Tensor {
   /// Makes this tensor's data the slice `slice` (same shape, dtype and device), in place, after copying its
   /// values there: every handle of it sees the slice from now on. For packing leaves into one buffer.
   void rebind_(const Tensor& slice);
+  /// Converts this leaf's data to `dtype` in place (as to(dtype) rounds), so every handle of it sees the new storage;
+  /// its working copy is dropped. For a leaf that needs no gradient: a frozen weight kept only in bf16.
+  void convert_(DType dtype);
   /// A new tensor with its own copy of the data, outside the graph.
   Tensor clone() const;
   /// Overwrites this tensor's data with src's (same shape and dtype, any device), in place and outside the

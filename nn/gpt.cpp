@@ -77,6 +77,62 @@ bool parse_mlp(std::string_view name, MlpKind& m) { return parse_name(kMlpNames,
 const char* norm_name(NormKind n) { return name_of(kNormNames, n); }
 bool parse_norm(std::string_view name, NormKind& n) { return parse_name(kNormNames, name, n); }
 
+namespace {
+
+constexpr std::pair<LoraTarget, const char*> kLoraTargetNames[] = {
+    {kLoraQ, "q"}, {kLoraK, "k"}, {kLoraV, "v"}, {kLoraO, "o"}, {kLoraGate, "gate"}, {kLoraUp, "up"}, {kLoraDown, "down"}};
+
+}  // namespace
+
+std::string lora_targets_name(uint32_t targets) {
+  std::string out;
+  for (const auto& [bit, name] : kLoraTargetNames) {
+    if (!(targets & bit)) continue;
+    if (!out.empty()) out += ',';
+    out += name;
+  }
+  return out;
+}
+
+uint32_t parse_lora_targets(std::string_view list) {
+  uint32_t targets = 0;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string_view name = list.substr(start, comma - start);
+    LoraTarget bit{};
+    if (!parse_name(kLoraTargetNames, name, bit)) {
+      throw Error(fmt::format("LoRA target '{}' is not one of q, k, v, o, gate, up, down", name));
+    }
+    targets |= bit;
+    start = comma + 1;
+  }
+  return targets;
+}
+
+bool is_lora_parameter(std::string_view name) {
+  const size_t dot = name.rfind('.');
+  const std::string_view last = dot == std::string_view::npos ? name : name.substr(dot + 1);
+  return last.starts_with("lora_") && (last.ends_with("_A") || last.ends_with("_B"));
+}
+
+std::vector<LoraSite> GPTConfig::lora_sites() const {
+  std::vector<LoraSite> sites;
+  if (!lora.enabled()) return sites;
+  const int64_t E = n_embd / n_head, NH = n_head, NKV = n_kv_head > 0 ? n_kv_head : n_head, H = ffn_width();
+  auto add = [&](uint32_t bit, const char* linear, const char* target, int64_t first, int64_t rows, int64_t in) {
+    if (lora.targets & bit) sites.push_back({linear, target, first, rows, in});
+  };
+  add(kLoraQ, "attn.c_attn", "q", 0, NH * E, n_embd);
+  add(kLoraK, "attn.c_attn", "k", NH * E, NKV * E, n_embd);
+  add(kLoraV, "attn.c_attn", "v", (NH + NKV) * E, NKV * E, n_embd);
+  add(kLoraO, "attn.c_proj", "o", 0, n_embd, NH * E);
+  if (mlp == MlpKind::SwiGLU) add(kLoraGate, "mlp.c_fc", "gate", 0, H, n_embd);
+  add(kLoraUp, "mlp.c_fc", "up", mlp == MlpKind::SwiGLU ? H : 0, H, n_embd);
+  add(kLoraDown, "mlp.c_proj", "down", 0, n_embd, H);
+  return sites;
+}
+
 int64_t GPTConfig::ffn_width() const {
   if (ffn_hidden > 0) return ffn_hidden;
   return mlp == MlpKind::SwiGLU ? (8 * n_embd / 3 + 63) / 64 * 64 : 4 * n_embd;
@@ -122,6 +178,23 @@ void GPTConfig::validate() const {
                             "high_freq_factor and an original context of at least 1; got factor {}, low {}, high {}, "
                             "original context {}", s.factor, s.low_freq_factor, s.high_freq_factor, s.original_context));
   }
+  if (lora.enabled()) {
+    if (lora.targets == 0 || lora.targets >= 2 * kLoraDown) throw Error("model config: LoRA needs at least one target");
+    if ((lora.targets & kLoraGate) && mlp != MlpKind::SwiGLU) {
+      throw Error("model config: the LoRA target gate needs the SwiGLU MLP (--mlp swiglu); a GELU MLP's c_fc is up");
+    }
+    int64_t narrowest = n_embd;
+    for (const LoraSite& site : lora_sites()) narrowest = std::min({narrowest, site.rows, site.in});
+    if (lora.rank > narrowest) {
+      throw Error(fmt::format("model config: the LoRA rank {} is above the narrowest adapted layer's width {}", lora.rank,
+                              narrowest));
+    }
+    if (!(lora.alpha > 0 && std::isfinite(lora.alpha))) {
+      throw Error(fmt::format("model config: the LoRA alpha must be a finite number above 0, got {}", lora.alpha));
+    }
+  } else if (lora.rank < 0) {
+    throw Error(fmt::format("model config: the LoRA rank must be 0 (none) or positive, got {}", lora.rank));
+  }
 }
 
 MLP::MLP(const GPTConfig& c, Generator& gen)
@@ -141,6 +214,10 @@ Tensor soft_cap(const Tensor& x, double cap) { return cap * tanh(x * (1.0 / cap)
 
 Tensor MLP::forward(const Tensor& x) const {
   if (kind_ == MlpKind::SwiGLU) return c_proj.forward(swiglu(c_fc.forward(x)));
+  if (c_fc.has_adapters() || c_proj.has_adapters()) {  // the layers' own forwards, which add the adapters
+    const Tensor h = c_fc.forward(x);
+    return c_proj.forward(kind_ == MlpKind::Relu2 ? relu_squared(h) : gelu(h));
+  }
   // c_proj(act(c_fc(x))) as one op: the activation in the products' epilogues.
   return mlp(x, stored(c_fc.weight, x), stored(c_fc.bias, x), stored(c_proj.weight, x), stored(c_proj.bias, x),
              kind_ == MlpKind::Relu2 ? Activation::ReluSquared : Activation::Gelu, c_fc.numerics());
@@ -180,6 +257,14 @@ Tensor Block::forward_cached(const Tensor& x, KVCache& cache, size_t layer) cons
   return x1 + mlp.forward(ln_2.forward(x1));
 }
 
+Linear& Block::linear(std::string_view name) {
+  if (name == "attn.c_attn" && attn.c_attn) return *attn.c_attn;
+  if (name == "attn.c_proj") return attn.c_proj;
+  if (name == "mlp.c_fc") return mlp.c_fc;
+  if (name == "mlp.c_proj") return mlp.c_proj;
+  throw Error(fmt::format("Block: no linear layer '{}'", name));
+}
+
 GPT::GPT(const GPTConfig& config, Generator& gen)
     : wte(config.vocab_size, config.n_embd, gen),
       ln_f(config.n_embd, config.bias, config.norm_eps, config.norm),
@@ -199,6 +284,13 @@ GPT::GPT(const GPTConfig& config, Generator& gen)
   if (config_.untied_head) {
     lm_head = std::make_unique<Linear>(config_.n_embd, config_.vocab_size, /*bias=*/false, gen);
     register_module("lm_head", *lm_head);
+  }
+  // LoRA's adapters last, so the base's weights draw the same numbers with or without them.
+  for (const auto& block : h) {
+    for (const LoraSite& site : config_.lora_sites()) {
+      block->linear(site.linear).add_adapter(site.target, site.first, site.rows, config_.lora.rank,
+                                             config_.lora.scale(), gen);
+    }
   }
 }
 

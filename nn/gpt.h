@@ -38,6 +38,36 @@ bool parse_mlp(std::string_view name, MlpKind& m);
 const char* norm_name(NormKind n);
 bool parse_norm(std::string_view name, NormKind& n);
 
+/// LoRA's targets: the linear layers (or, in the fused ones, the rows) that get adapters: q, k and v (rows of
+/// attn.c_attn), o (attn.c_proj), gate and up (rows of mlp.c_fc with SwiGLU; without, c_fc is "up"), down (mlp.c_proj).
+enum LoraTarget : uint32_t {
+  kLoraQ = 1, kLoraK = 2, kLoraV = 4, kLoraO = 8, kLoraGate = 16, kLoraUp = 32, kLoraDown = 64
+};
+/// The targets as "q,k,v,o,gate,up,down" lists them (in that order).
+std::string lora_targets_name(uint32_t targets);
+/// The bits of a comma-separated list of target names; throws naming an unknown one.
+uint32_t parse_lora_targets(std::string_view list);
+
+/// Low-rank adapters on chosen linear layers; the rest of the model is frozen (nothing trains it).
+struct LoraConfig {
+  int64_t rank = 0;        // 0: none
+  double alpha = 0;        // the adapters' outputs scaled by alpha / rank
+  uint32_t targets = 0;    // LoraTarget bits
+  bool enabled() const { return rank > 0; }
+  double scale() const { return alpha / double(rank); }
+  bool operator==(const LoraConfig&) const = default;
+};
+
+/// Where one block's adapters go: the linear layer (its name within the block) and its rows.
+struct LoraSite {
+  const char* linear;  // "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"
+  const char* target;  // "q", "k", ...: the parameters are "<linear>.lora_<target>_A" and "_B"
+  int64_t first, rows, in;
+};
+
+/// Whether a parameter name is a LoRA adapter's ("...lora_q_A").
+bool is_lora_parameter(std::string_view name);
+
 struct GPTConfig {
   int64_t vocab_size = 0;
   int64_t block_size = 256;  // longest context
@@ -64,6 +94,7 @@ struct GPTConfig {
   bool zero_init_proj = false;  // the residual output projections (attn.c_proj, mlp.c_proj) start at zero
   bool untied_head = false;     // the head has its own weight, lm_head.weight (vocab_size, n_embd), not wte's
   bool qk_norm = false;         // QK-norm: queries and keys LayerNorm'd per head (attn.q_norm, attn.k_norm)
+  LoraConfig lora{};            // LoRA adapters (train/sft --lora-rank), in every block
   static constexpr int32_t kT5Buckets = 32, kT5MaxDistance = 128;  // pos t5: T5's defaults
 
   /// The MLP's inner width: ffn_hidden, else 4 n_embd (SwiGLU: 8/3 n_embd rounded up to a multiple of 64, about the
@@ -75,6 +106,8 @@ struct GPTConfig {
   /// The attention's score modifiers this config asks for (pos, window, attn_softcap): what every layer's
   /// MultiHeadAttentionConfig::mods holds.
   ScoreModSettings score_mods() const;
+  /// Each block's LoRA adapters, in row order within each linear layer (none without LoRA).
+  std::vector<LoraSite> lora_sites() const;
   /// Throws an Error naming the first field that is out of range or inconsistent.
   void validate() const;
   bool operator==(const GPTConfig&) const = default;
@@ -117,6 +150,8 @@ class Block : public Module {
   /// Inference for new positions [cache.len, cache.len + T) given the cached earlier ones; writes this
   /// layer's keys and values into cache.k[layer], cache.v[layer].
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer) const;
+  /// The linear layer called `name` within the block ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj").
+  Linear& linear(std::string_view name);
 
   LayerNorm ln_1;
   MultiHeadAttention attn;

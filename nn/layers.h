@@ -8,14 +8,35 @@ namespace tinygpt::nn {
 
 inline constexpr double kInitStd = 0.02;
 
-/// y = x W^T + b, W (out, in).
+/// A LoRA adapter of a Linear (Hu et al., 2021): rows [first, first + rows) of the output get scale * B A x.
+struct LoraAdapter {
+  int64_t first = 0, rows = 0;
+  Tensor A;  // (rank, in): uniform in +-1/sqrt(in), as PEFT's kaiming_uniform(a=sqrt(5))
+  Tensor B;  // (rows, rank): zeros, so an adapted model starts as its base
+};
+
+/// y = x W^T + b, W (out, in); with LoRA adapters, plus each adapter's scale * (x A^T) B^T in its rows.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen, double init_std = kInitStd);
-  Tensor forward(const Tensor& x) const { return linear(x, stored(weight, x), stored(bias, x), numerics()); }
+  Tensor forward(const Tensor& x) const {
+    Tensor y = linear(x, stored(weight, x), stored(bias, x), numerics());
+    return lora_.empty() ? y : add_lora(x, y);
+  }
+  /// Adds an adapter of rank `rank` on output rows [first, first + rows), its parameters "lora_<target>_A" and
+  /// "lora_<target>_B", its output scaled by `scale` (alpha / rank). Adapters are added in row order.
+  void add_adapter(const char* target, int64_t first, int64_t rows, int64_t rank, double scale, Generator& gen);
+  bool has_adapters() const { return !lora_.empty(); }
 
   Tensor weight;  // (OC, C)
   Tensor bias;    // (OC), undefined without bias
+
+ private:
+  /// y + the adapters' outputs (zeros in the rows none covers).
+  Tensor add_lora(const Tensor& x, const Tensor& y) const;
+
+  std::vector<LoraAdapter> lora_;
+  double lora_scale_ = 0;
 };
 
 /// Rows of a (V, C) table looked up by i32 ids.

@@ -1,6 +1,9 @@
 #include "train/checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 
 #include "train/memory.h"
 
@@ -67,6 +70,9 @@ nlohmann::json to_json(const nn::GPTConfig& c) {
           {"qkv_bias", c.qkv_bias}, {"logit_softcap", c.logit_softcap},
           {"zero_init_proj", c.zero_init_proj}, {"untied_head", c.untied_head}, {"qk_norm", c.qk_norm}};
   if (c.rope_scaling != RopeScaling{}) j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
+  if (c.lora.enabled()) {
+    j["lora"] = {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", nn::lora_targets_name(c.lora.targets)}};
+  }
   return j;
 }
 
@@ -101,13 +107,23 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   c.zero_init_proj = j.value("zero_init_proj", false);
   c.untied_head = j.value("untied_head", false);
   c.qk_norm = j.value("qk_norm", false);
+  if (j.contains("lora") && !j["lora"].is_null()) {
+    const auto& l = j["lora"];
+    c.lora.rank = l.at("rank").get<int64_t>();
+    c.lora.alpha = l.at("alpha").get<double>();
+    c.lora.targets = nn::parse_lora_targets(l.at("targets").get<std::string>());
+  }
   c.validate();
   return c;
 }
 
 void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Tokenizer& tokenizer, const Optimizer* opt,
                      const TrainState& state) {
-  std::vector<std::pair<std::string, Tensor>> tensors = model.named_parameters();
+  const bool lora = model.config().lora.enabled();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : model.named_parameters()) {
+    if (!lora || nn::is_lora_parameter(name)) tensors.emplace_back(name, t);  // LoRA: the base is in its own file
+  }
   if (opt != nullptr) {
     for (auto& [name, t] : opt->state()) tensors.emplace_back(kOptimizerPrefix + name, t);
   }
@@ -134,6 +150,11 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Tok
                                     {"bf16", model.numerics().bf16},
                                     {"attention_math", attention_math_name(model.numerics().attention)},
                                     {"storage", model.numerics().bf16_storage ? "bf16" : "f32"}}.dump();
+  if (lora) {
+    if (state.lora_base.path.empty()) throw Error("save_checkpoint: a LoRA model needs its base (TrainState::lora_base)");
+    meta["lora_base"] = nlohmann::json{{"path", state.lora_base.path},
+                                       {"checksum", fmt::format("{:016x}", state.lora_base.checksum)}}.dump();
+  }
   safetensors::save(path, tensors, meta);
 }
 
@@ -161,7 +182,100 @@ int64_t first_non_finite(const Tensor& t) {
 
 }  // namespace
 
-Checkpoint load_checkpoint(const fs::path& path_in) {
+namespace {
+
+constexpr int kMaxLoraDepth = 8;  // a LoRA checkpoint's base may itself be one; a chain longer than this is refused
+thread_local int lora_depth = 0;
+
+/// A LoRA checkpoint's base read (merged) and its weights added to c.contents; throws naming what is wrong.
+void attach_lora_base(Checkpoint& c, const std::function<Error(const std::string&)>& bad) {
+  const LoraBase& base_id = c.state.lora_base;
+  if (base_id.path.empty()) throw bad("its config has LoRA adapters but its metadata names no base (lora_base)");
+  if (lora_depth >= kMaxLoraDepth) {
+    throw bad(fmt::format("its LoRA base is the end of a chain of over {} LoRA checkpoints (or a loop)", kMaxLoraDepth));
+  }
+  Checkpoint base;
+  ++lora_depth;
+  try {
+    base = load_checkpoint(base_id.path, LoraLoad::Merged);
+  } catch (const std::exception& e) {
+    --lora_depth;
+    throw bad(fmt::format("its LoRA base cannot be read ({}); a LoRA checkpoint holds only its adapters, so it needs the "
+                          "base it was trained on at '{}'", e.what(), base_id.path));
+  }
+  --lora_depth;
+  if (const uint64_t sum = base_checksum(base.contents); sum != base_id.checksum) {
+    throw bad(fmt::format("its LoRA base '{}' has changed since the adapters were trained on it (weights checksum {:016x}, "
+                          "recorded {:016x}): put that base back, or train the adapters again on this one",
+                          base_id.path, sum, base_id.checksum));
+  }
+  auto architecture = [](nn::GPTConfig g) {
+    g.lora = {};
+    g.dropout = 0;
+    g.block_size = 0;  // a LoRA run may train on a shorter context (shorter_context)
+    return tinygpt::to_json(g);
+  };
+  if (architecture(base.config) != architecture(c.config)) {
+    throw bad(fmt::format("its LoRA base '{}' is another model ({} vs {})", base_id.path,
+                          tinygpt::to_json(base.config).dump(), tinygpt::to_json(c.config).dump()));
+  }
+  for (auto& [name, t] : base.contents.tensors) {
+    if (!name.starts_with(kOptimizerPrefix) && !c.contents.find(name).defined()) c.contents.tensors.emplace_back(name, t);
+  }
+}
+
+}  // namespace
+
+uint64_t base_checksum(const safetensors::Contents& contents) {
+  std::vector<const std::pair<std::string, Tensor>*> weights;
+  for (const auto& entry : contents.tensors) {
+    if (!entry.first.starts_with(kOptimizerPrefix)) weights.push_back(&entry);
+  }
+  std::ranges::sort(weights, {}, [](const auto* e) { return e->first; });
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the names, then over 8-byte words of the data
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ULL; };
+  for (const auto* e : weights) {
+    for (unsigned char ch : e->first) mix(ch);
+    const Tensor t = e->second.to(Device::CPU);
+    const auto* bytes = static_cast<const unsigned char*>(t.raw_data());
+    const size_t n = size_t(t.numel()) * dtype_size(t.dtype());
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, bytes + i, 8);
+      mix(w);
+    }
+    for (; i < n; ++i) mix(bytes[i]);
+  }
+  return h;
+}
+
+void merge_lora(Checkpoint& ckpt) {
+  const nn::GPTConfig& c = ckpt.config;
+  if (!c.lora.enabled()) return;
+  auto need = [&](const std::string& name) {
+    const Tensor t = ckpt.contents.find(name);
+    if (!t.defined()) throw Error(fmt::format("'{}': weight '{}' is missing", ckpt.path.string(), name));
+    return t;
+  };
+  const float s = float(c.lora.scale());
+  for (int64_t layer = 0; layer < c.n_layer; ++layer) {
+    for (const nn::LoraSite& site : c.lora_sites()) {
+      const std::string prefix = fmt::format("transformer.h.{}.{}.", layer, site.linear);
+      Tensor w = need(prefix + "weight");
+      const Tensor A = need(fmt::format("{}lora_{}_A", prefix, site.target));
+      const Tensor B = need(fmt::format("{}lora_{}_B", prefix, site.target));
+      const Tensor delta = matmul(B, A);  // (rows, in), f32
+      float* dst = w.data<float>() + site.first * site.in;
+      const float* d = delta.data<float>();
+      for (int64_t i = 0; i < site.rows * site.in; ++i) dst[i] += s * d[i];
+    }
+  }
+  std::erase_if(ckpt.contents.tensors, [](const auto& e) { return nn::is_lora_parameter(e.first); });
+  ckpt.config.lora = {};
+}
+
+Checkpoint load_checkpoint(const fs::path& path_in, LoraLoad lora) {
   Checkpoint c;
   c.path = resolve_checkpoint(path_in);
   require_memory_to_read(c.path);
@@ -217,6 +331,11 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
       }
       c.numerics.bf16_storage = c.storage == "bf16";
     }
+    if (meta.contains("lora_base")) {
+      const auto base = nlohmann::json::parse(field("lora_base"));
+      c.state.lora_base.path = base.at("path").get<std::string>();
+      c.state.lora_base.checksum = std::stoull(base.at("checksum").get<std::string>(), nullptr, 16);
+    }
   } catch (const Error& e) {
     throw bad(e.what());
   } catch (const std::exception& e) {
@@ -228,6 +347,7 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
     throw bad(fmt::format("its vocabulary has {} tokens but its config says vocab_size {}", c.tokenizer.vocab_size(),
                           c.config.vocab_size));
   }
+  if (c.config.lora.enabled()) attach_lora_base(c, bad);
   // Every weight the config implies must be there with the right shape.
   Generator gen = Generator::for_loading();  // shapes only
   nn::GPTConfig shapes_only = c.config;
@@ -254,12 +374,14 @@ Checkpoint load_checkpoint(const fs::path& path_in) {
       }
     }
   }
+  if (lora == LoraLoad::Merged) merge_lora(c);
   return c;
 }
 
 void load_weights(nn::GPT& model, const Checkpoint& ckpt) {
   for (auto& [name, p] : model.named_parameters()) {
     const Tensor t = ckpt.contents.find(name);
+    if (!t.defined() && nn::is_lora_parameter(name) && !ckpt.config.lora.enabled()) continue;  // a base being adapted
     if (!t.defined()) throw Error(fmt::format("'{}': weight '{}' is missing", ckpt.path.string(), name));
     p.copy_(t);
   }
@@ -268,6 +390,7 @@ void load_weights(nn::GPT& model, const Checkpoint& ckpt) {
 void load_weights_grown(nn::GPT& model, const Checkpoint& ckpt) {
   for (auto& [name, p] : model.named_parameters()) {
     const Tensor t = ckpt.contents.find(name);
+    if (!t.defined() && nn::is_lora_parameter(name) && !ckpt.config.lora.enabled()) continue;
     if (!t.defined()) throw Error(fmt::format("'{}': weight '{}' is missing", ckpt.path.string(), name));
     const bool rows = name == "transformer.wte.weight" || name == "lm_head.weight";
     if (rows && t.ndim() == 2 && p.ndim() == 2 && t.size(0) < p.size(0) && t.size(1) == p.size(1)) {

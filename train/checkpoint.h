@@ -20,6 +20,14 @@ namespace tinygpt {
 inline constexpr const char* kLatestCheckpoint = "ckpt_latest.safetensors";
 inline constexpr const char* kBestCheckpoint = "ckpt_best.safetensors";
 
+/// The base a LoRA run adapts: its checkpoint file and a checksum of its weights (base_checksum), so a LoRA
+/// checkpoint, which holds only the adapters, finds its base again and refuses one that changed.
+struct LoraBase {
+  std::string path;  // absolute
+  uint64_t checksum = 0;
+  bool operator==(const LoraBase&) const = default;
+};
+
 /// Everything beyond the weights that a resumed run needs.
 struct TrainState {
   int64_t iter = 0;  // iterations completed
@@ -28,6 +36,7 @@ struct TrainState {
   Generator::State sampler_rng{};  // the training batch sampler
   Generator::State model_rng{};    // dropout masks
   nlohmann::json train_config = nlohmann::json::object();
+  LoraBase lora_base;  // with LoRA
 };
 
 struct Checkpoint {
@@ -42,18 +51,31 @@ struct Checkpoint {
   safetensors::Contents contents;
 };
 
-/// Writes a checkpoint crash-safely (temporary file, flush, rename). opt may be null (weights only).
+/// Writes a checkpoint crash-safely (temporary file, flush, rename). opt may be null (weights only). A model with LoRA
+/// adapters saves only them, with state.lora_base naming the base.
 void save_checkpoint(const std::filesystem::path& path, const nn::GPT& model, const data::Tokenizer& tokenizer,
                      const Optimizer* opt, const TrainState& state);
 
 /// A run directory means its best checkpoint, else its latest; a file means itself.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 
-/// Reads and validates a checkpoint (format, config, vocabulary, weights present with the config's shapes);
-/// throws naming the file and the problem.
-Checkpoint load_checkpoint(const std::filesystem::path& path);
+/// How load_checkpoint gives a LoRA checkpoint: its adapters merged into the base's weights (W + alpha/rank B A: a
+/// plain checkpoint, config without LoRA, for sampling, chat, eval, export and fine-tuning from it), or the base's
+/// weights and the adapters apart (config with LoRA: resuming the run).
+enum class LoraLoad { Merged, Apart };
 
-/// Copies the checkpoint's weights into a model built from its config.
+/// Reads and validates a checkpoint (format, config, vocabulary, weights present with the config's shapes); a LoRA
+/// checkpoint's base is read too (from LoraBase::path, its checksum checked). Throws naming the file and the problem.
+Checkpoint load_checkpoint(const std::filesystem::path& path, LoraLoad lora = LoraLoad::Merged);
+
+/// A checksum of a checkpoint's weights (its tensors but the optimizer's, by name): a LoRA run's LoraBase.
+uint64_t base_checksum(const safetensors::Contents& contents);
+/// Merges a checkpoint's LoRA adapters into its weights (W += alpha/rank B A, in f32) and drops them; its config then
+/// has no LoRA. Nothing for a checkpoint without.
+void merge_lora(Checkpoint& ckpt);
+
+/// Copies the checkpoint's weights into a model built from its config (with LoRA adapters the checkpoint lacks, a base
+/// being adapted: they keep their initialization).
 void load_weights(nn::GPT& model, const Checkpoint& ckpt);
 /// load_weights into a model whose vocabulary has more rows than the checkpoint's (tokens added to its tokenizer): the
 /// embedding's and an untied head's first rows are the checkpoint's, the others keep the model's initialization.

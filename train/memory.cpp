@@ -83,6 +83,12 @@ MemoryNeed training_memory(const nn::GPTConfig& c, int64_t batch_size, bool muon
   MemoryNeed need;
   need.weights = P * kFloat + (bf16_storage ? P * kBf16 : 0.0);  // f32 masters, and their bf16 working copies
   need.optimizer = (muon ? 4 : 3) * P * kFloat;
+  if (c.lora.enabled()) {  // a frozen base (kept in bf16 with bf16 storage) and the adapters, which alone train
+    double adapters = 0;
+    for (const nn::LoraSite& s : c.lora_sites()) adapters += double(c.lora.rank) * double(s.in + s.rows) * L;
+    need.weights = P * (bf16_storage ? kBf16 : kFloat) + adapters * (kFloat + (bf16_storage ? kBf16 : 0.0));
+    need.optimizer = 3 * adapters * kFloat;
+  }
   // Kept for backward, per block: the residual input, both LayerNorm outputs, q/k/v, the attention output, the two
   // residual sums, the attention and MLP projections (~10 C per token) and the MLP's hidden layer before and after
   // its activation (8 C for GELU's 4C; SwiGLU's 2H, then H); then the logits and their gradient, and backward's widest

@@ -73,6 +73,13 @@ void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved_config)
 
 void check_resume_flags(const TrainConfig& cfg, const Checkpoint& ckpt) {
   std::string diffs = model_flag_diffs(cfg, ckpt.config);
+  if (cfg.lora.enabled() && cfg.lora != ckpt.config.lora) {
+    const nn::LoraConfig& s = ckpt.config.lora;
+    diffs += fmt::format("{}LoRA rank {} alpha {:g} on {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ",
+                         cfg.lora.rank, cfg.lora.alpha, nn::lora_targets_name(cfg.lora.targets),
+                         s.enabled() ? fmt::format("rank {} alpha {:g} on {}", s.rank, s.alpha, nn::lora_targets_name(s.targets))
+                                     : std::string("no LoRA"));
+  }
   auto differ = [&](const char* key, const std::string& flag, const std::string& flag_value, const std::string& saved) {
     if (std::ranges::count(cfg.numerics_flags_given, key) == 0 || flag_value == saved) return;
     diffs += fmt::format("{}{} {} (flags) vs {} (checkpoint)", diffs.empty() ? "" : ", ", flag, flag_value, saved);
@@ -194,6 +201,19 @@ void TrainConfig::validate() const {
                 "within documents with --doc-sep TEXT");
   }
   if (!init_from.empty() && resume) throw Error("--init-from starts a new run from a checkpoint; --resume continues one: give one");
+  if (lora.enabled()) {
+    if (init_from.empty() && !resume) {
+      throw Error("--lora-rank adapts a trained model, which stays frozen: give --init-from RUN (a run or an imported "
+                  "model)");
+    }
+    if (optimizer != "adamw") throw Error("--lora-rank trains its adapters with AdamW: drop --optimizer muon");
+    if (!(lora.alpha > 0 && std::isfinite(lora.alpha))) {
+      throw Error(fmt::format("--lora-alpha must be a finite number above 0, got {}", lora.alpha));
+    }
+    if (lora.targets == 0) throw Error("--lora-targets needs at least one of q, k, v, o, gate, up, down");
+  } else if (lora.rank < 0) {
+    throw Error(fmt::format("--lora-rank must be positive (0: no LoRA), got {}", lora.rank));
+  }
   if (!init_from.empty() && tokenizer != "char") {
     throw Error("--init-from takes the checkpoint's tokenizer: drop --tokenizer");
   }

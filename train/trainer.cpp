@@ -95,6 +95,7 @@ nlohmann::json flags_json(const TrainConfig& c) {
   if (c.cooldown > 0) j["cooldown"] = c.cooldown;
   if (!c.init_from.empty()) j["init_from"] = c.init_from;
   if (c.sft) j["sft"] = true;
+  if (c.lora.enabled()) j["lora"] = {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", nn::lora_targets_name(c.lora.targets)}};
   if (!c.chat_template.empty()) j["chat_template"] = c.chat_template;
   return j;
 }
@@ -105,9 +106,9 @@ nlohmann::json flags_json(const TrainConfig& c) {
 uint64_t weights_checksum(const std::vector<Tensor>& params) {
   uint64_t h = 0xcbf29ce484222325ULL;
   for (const Tensor& p : params) {
-    const auto v = p.to(Device::CPU).to_vector<float>();
-    const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
-    for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
+    const Tensor t = p.to(Device::CPU);  // f32, or a frozen base's bf16
+    const auto* bytes = static_cast<const unsigned char*>(t.raw_data());
+    for (size_t i = 0; i < size_t(t.numel()) * dtype_size(t.dtype()); ++i) h = (h ^ bytes[i]) * 0x100000001b3ULL;
   }
   return h;
 }
@@ -167,11 +168,12 @@ namespace {
 /// --resume: the run's latest checkpoint, whose model config the run takes (all but dropout, which may change);
 /// throws when the data's vocabulary or a model flag given contradicts it.
 Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out) {
-  Checkpoint ckpt = load_checkpoint(out / kLatestCheckpoint);
+  Checkpoint ckpt = load_checkpoint(out / kLatestCheckpoint, LoraLoad::Apart);
   check_resume_flags(cfg, ckpt);
   const double dropout = cfg.model.dropout;
   cfg.model = ckpt.config;
   cfg.model.dropout = dropout;
+  cfg.lora = ckpt.config.lora;
   if (!cfg.optimizer_given && (ckpt.optimizer == "adamw" || ckpt.optimizer == "muon")) cfg.optimizer = ckpt.optimizer;
   // The run's numerics as saved, unless a flag (which then agrees) says so: a resumed run computes as it did.
   auto given = [&](const char* key) { return std::ranges::count(cfg.numerics_flags_given, key) > 0; };
@@ -195,6 +197,7 @@ Checkpoint init_checkpoint(TrainConfig& cfg) {
   cfg.model = ckpt.config;
   cfg.model.dropout = dropout;
   if (shorter) cfg.model.block_size = block;  // a shorter training context: no weight depends on it
+  cfg.model.lora = cfg.lora;  // adapters on the checkpoint's model, which becomes their frozen base
   return ckpt;
 }
 
@@ -240,6 +243,35 @@ std::string cpu_bf16_description(AttentionMath attention) {
   return has_unit ? ", bf16 matmul operands rounded for f32 units (TINYGPT_CPU_BF16=f32)"
                   : ", bf16 matmul operands rounded for f32 units: this CPU has no bf16 unit (AMX-BF16, AVX512-BF16), "
                     "so no faster than fp32";
+}
+
+/// The parameters that train, each named: all of them, or with LoRA the adapters alone, the frozen base's weights then
+/// kept only in bf16 where activations are (they are read as bf16 copies anyway; the f32 values would only hold
+/// memory).
+std::vector<std::pair<std::string, Tensor>> trainable(nn::GPT& model, bool bf16_storage) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : model.named_parameters()) {
+    if (p.requires_grad()) {
+      out.emplace_back(name, p);
+    } else if (bf16_storage) {
+      p.convert_(DType::BF16);
+    }
+  }
+  return out;
+}
+
+/// The log's LoRA line: the adapters, what trains, the base.
+std::string describe_lora(const nn::GPT& model, const std::vector<std::pair<std::string, Tensor>>& trained,
+                          const LoraBase& base) {
+  const nn::LoraConfig& l = model.config().lora;
+  int64_t n = 0;
+  for (const auto& [name, p] : trained) n += p.numel();
+  const int64_t all = model.num_parameters();
+  return fmt::format("LoRA: rank {}, alpha {:g}, on {} of {} blocks: {:.2f}M parameters train ({:.2f}% of {:.1f}M), the "
+                     "base frozen{} ({})\n",
+                     l.rank, l.alpha, nn::lora_targets_name(l.targets), model.config().n_layer, double(n) / 1e6,
+                     100.0 * double(n) / double(all), double(all - n) / 1e6,
+                     model.numerics().bf16_storage ? " in bf16" : "", base.path);
 }
 
 /// The log's model line: size, and where and how it computes.
@@ -690,6 +722,11 @@ TrainResult train(const TrainConfig& cfg_in) {
     added_tokens = data::add_chatml_tokens(init->tokenizer);
     cfg.model.vocab_size = std::max(cfg.model.vocab_size, init->tokenizer.vocab_size());
   }
+  if (!added_tokens.empty() && cfg.model.lora.enabled()) {
+    throw Error("sft --lora-rank: this model's tokenizer lacks ChatML's tokens, which a frozen embedding cannot learn; "
+                "run a full sft (without --lora-rank) first, or give --chat-template a template the tokenizer has the "
+                "tokens of");
+  }
   if (cfg.doc_mask) cfg.model.doc_separator = std::string(data::kEndOfText);
 
   if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
@@ -708,14 +745,24 @@ TrainResult train(const TrainConfig& cfg_in) {
   nn::GPT model(cfg.model, model_gen);
   use_document_separator(model, data.tokenizer);
   if (init) (added_tokens.empty() ? load_weights : load_weights_grown)(model, *init);
+  LoraBase lora_base;
+  if (init && cfg.model.lora.enabled()) lora_base = {fs::absolute(init->path).lexically_normal().string(), base_checksum(init->contents)};
+  if (init) init->contents = {};  // its weights are the model's now
   if (!added_tokens.empty()) {
     console.line("ChatML for this model: {} added to its tokenizer (ids from {}), its vocabulary {} rows\n",
                  fmt::format("{}", fmt::join(added_tokens, " and ")),
                  data.tokenizer.vocab_size() - int64_t(added_tokens.size()), cfg.model.vocab_size);
   }
+  if (cfg.model.lora.enabled()) {  // the base frozen: no gradients, no optimizer state
+    for (auto& [name, p] : model.named_parameters()) {
+      if (!nn::is_lora_parameter(name)) p.requires_grad_(false);
+    }
+  }
   model.set_numerics(numerics_of(cfg));
   model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
-  FlatParameters flat(backward_order(model.named_parameters()));
+  if (ckpt) load_weights(model, *ckpt);  // a resumed LoRA run's base included, before it is rounded below
+  const std::vector<std::pair<std::string, Tensor>> trained = trainable(model, model.numerics().bf16_storage);
+  FlatParameters flat(backward_order(trained));
   const std::unique_ptr<Optimizer> opt_owner = make_optimizer(cfg, flat);
   Optimizer& opt = *opt_owner;
   const uint64_t sampler_seed = derived_seed(cfg.seed, kSamplerStream);
@@ -727,14 +774,16 @@ TrainResult train(const TrainConfig& cfg_in) {
 
   TrainState state;
   if (ckpt) {
-    load_weights(model, *ckpt);
     load_optimizer(opt, *ckpt);
+    ckpt->contents = {};
     state = ckpt->state;
     sampler.generator().set_state(state.sampler_rng);
     model_gen.set_state(state.model_rng);
     console.line("resuming from {} at iteration {} (best val loss {:.4f}, --optimizer {})\n", ckpt->path.string(),
                  state.iter, state.best_val_loss, opt.name());
   }
+  if (!ckpt) state.lora_base = lora_base;
+  if (cfg.model.lora.enabled()) console.line("{}", describe_lora(model, trained, state.lora_base));
   state.train_config = flags_json(cfg);
   if (cfg.resume && lead) truncate_metrics(out / "metrics.jsonl", state.iter);
   MetricsLog metrics(out / "metrics.jsonl", cfg.resume, lead);

@@ -26,6 +26,9 @@ struct TrainConfig {
   std::string init_from;           // a checkpoint whose weights and tokenizer the run starts from (fine-tuning)
   bool sft = false;                // `tinygpt sft`: --data holds conversations (JSON lines), the loss on the replies
   std::string chat_template;       // sft: chatml, llama3 or a Jinja file (empty: the model's own, else ChatML)
+  // --lora-rank: low-rank adapters on the --init-from model, which stays frozen (its weights as a base); rank 0: none.
+  // On --resume the checkpoint's.
+  nn::LoraConfig lora{};
   std::string out = "out";  // run directory: checkpoints, metrics.jsonl, token cache
   nn::GPTConfig model = [] {  // vocab_size comes from the data
     nn::GPTConfig m;
