@@ -96,6 +96,22 @@ if full; then
     "$tinygpt" chat --ckpt "$dir/swap" --chat-template "$dir/short.jinja" --temperature 0 --message $c 2> /dev/null; done | tr '\n' ' ')
   [ "$taught" = "lime apple banana grape " ] || fail "after sft the chat answers '$taught', not 'lime apple banana grape'"
 fi
+# sft with LoRA: the same lesson from adapters alone (rank 4 on every layer), the checkpoint holding only them.
+"$tinygpt" sft --init-from "$dir/run" --data "$dir/swap.jsonl" --chat-template "$dir/short.jinja" --out "$dir/lora" \
+  --lora-rank 4 --lora-targets q,k,v,o,up,down --lr 1e-2 --max-iters $sft_iters --lr-decay-iters 150 --eval-interval 75 \
+  > "$dir/lora.log" 2>&1 || fail "sft --lora-rank exited $?: $(tail -3 "$dir/lora.log")"
+grep -Eq "^LoRA: rank 4, alpha 8, on q,k,v,o,up,down of [0-9]+ blocks: .* the base frozen" "$dir/lora.log" \
+  || fail "sft --lora-rank's LoRA line: $(grep -i lora "$dir/lora.log")"
+[ "$(stat -c %s "$dir/lora/ckpt_latest.safetensors")" -lt "$(( $(stat -c %s "$dir/run/ckpt_latest.safetensors") / 4 ))" ] \
+  || fail "the LoRA checkpoint is not much smaller than its base's: $(ls -l "$dir/lora" "$dir/run")"
+read -r lora_loss n_lora <<< "$(loss_of "$dir/lora")"
+[ "$n_lora" = "$n_before" ] || fail "eval --chat-data of the LoRA run printed '$(chat_eval "$dir/lora")'"
+if full; then
+  awk -v a="$lora_loss" -v b="$before" 'BEGIN {exit !(a < b / 4)}' || fail "LoRA did not lower the replies' loss: $before -> $lora_loss"
+  taught=$(for c in red green purple yellow; do
+    "$tinygpt" chat --ckpt "$dir/lora" --chat-template "$dir/short.jinja" --temperature 0 --message $c 2> /dev/null; done | tr '\n' ' ')
+  [ "$taught" = "lime apple banana grape " ] || fail "after LoRA sft the chat answers '$taught', not 'lime apple banana grape'"
+fi
 # sft from a BPE trained here, without a chat template: ChatML, its two tokens added and the vocabulary grown by two rows.
 for i in $(seq 100); do echo "red apple, green lime, purple grape and yellow banana"; done > "$dir/words.txt"
 "$tinygpt" train --data "$dir/words.txt" --tokenizer bpe --vocab-size 300 --out "$dir/bpe" --n-layer 1 --n-head 2 \
@@ -131,6 +147,15 @@ expect_error 2 "--temperature must not be negative" chat --temperature -1 --mess
 expect_error 1 'bad.jsonl:2: "messages" must be a JSON array' "$tinygpt" sft --init-from "$dir/run" --data "$dir/bad.jsonl" --out "$dir/s2"
 expect_error 2 "sft fine-tunes a model on conversations: give --init-from" "$tinygpt" sft --data "$dir/swap.jsonl" --out "$dir/s2"
 expect_error 2 "eval reads --data (text) or --chat-data (conversations): give one" "$tinygpt" eval --ckpt "$dir/run"
+expect_error 2 "--lora-rank adapts a trained model, which stays frozen: give --init-from" "$tinygpt" train --data "$dir/words.txt" --lora-rank 2 --out "$dir/s2"
+expect_error 2 "LoRA target 'fc' is not one of q, k, v, o, gate, up, down" "$tinygpt" sft --init-from "$dir/run" --data "$dir/swap.jsonl" --lora-rank 2 --lora-targets q,fc --out "$dir/s2"
+expect_error 2 "the LoRA target gate needs the SwiGLU MLP" "$tinygpt" sft --init-from "$dir/run" --data "$dir/swap.jsonl" --lora-rank 2 --lora-targets gate --out "$dir/s2"
+expect_error 1 "which a frozen embedding cannot learn" "$tinygpt" sft --init-from "$dir/bpe" --data "$dir/swap.jsonl" --lora-rank 2 --block-size 32 --out "$dir/s3"
+cp -r "$dir/run" "$dir/moved-base"
+"$tinygpt" train --data "$dir/conv.txt" --init-from "$dir/moved-base" --lora-rank 2 --out "$dir/lora2" --max-iters 1 \
+  --eval-interval 1 --eval-iters 1 --batch-size 2 > "$dir/lora2.log" 2>&1 || fail "train --lora-rank exited $?: $(tail -2 "$dir/lora2.log")"
+rm -r "$dir/moved-base"
+expect_error 1 "a LoRA checkpoint holds only its adapters, so it needs the base it was trained on" chat --ckpt "$dir/lora2" --message red
 expect_error 1 "fit the window of 64 tokens" chat --message "$(printf 'red%.0s' $(seq 40))"
 
 # On a pseudo-terminal: a turn, /reset, Ctrl-C at the prompt, and Ctrl-C in the middle of a long reply (an untrained

@@ -11,10 +11,13 @@ Export: a Llama-shaped model trained by tinygpt (`--arch llama`, grouped-query h
 (`--qkv-bias`), exported by `export --format hf`, load with AutoModelForCausalLM and compute tinygpt's logits and
 greedy text; imported again, they give back the same tensors.
 
+LoRA: adapters on every target of a Llama-shaped tinygpt model, exported merged by `export --format hf`: transformers'
+logits and greedy text are those of `tinygpt sample` of the LoRA run (whose checkpoint holds only the adapters).
+
 Run by developers, not by CI (it needs PyTorch and transformers, installed outside the source tree):
 
   python3 -m venv /tmp/venv-hf && /tmp/venv-hf/bin/pip install torch transformers
-  /tmp/venv-hf/bin/python tests/reference/check_hf_llama.py [--build build] [--only small|135m|export]
+  /tmp/venv-hf/bin/python tests/reference/check_hf_llama.py [--build build] [--only small|135m|export|lora]
 
 Exit status: 0 all checks pass, 1 a check fails or a tinygpt command errs, 77 PyTorch or transformers is missing.
 """
@@ -151,8 +154,28 @@ def check_export(tinygpt, tool, data, tok, tmp, name, flags):
     return ok and same
 
 
+def check_lora_export(tinygpt, tool, data, tok, tmp, name):
+    """A LoRA run on a Llama-shaped base, exported merged: transformers computes what `sample` of the run does."""
+    base, run_dir, hf_dir = tmp / f"{name}-base", tmp / name, tmp / f"{name}-hf"
+    run(tinygpt, "train", "--data", data, "--tokenizer", tok, "--out", base, "--arch", "llama", "--n-kv-head", 2,
+        "--n-layer", 2, "--n-head", 4, "--n-embd", 64, "--block-size", 64, "--batch-size", 8, "--max-iters", 200,
+        "--lr-decay-iters", 200, "--eval-interval", 200, "--eval-iters", 2)
+    other = tmp / f"{name}.txt"  # text of another kind, so the adapters have something to change
+    other.write_text("ROMEO:\nWhat say you to the quick brown fox that jumps over the lazy dog?\n\n" * 400)
+    run(tinygpt, "train", "--data", other, "--init-from", base, "--out", run_dir, "--lora-rank", 4, "--lora-targets",
+        "q,k,v,o,gate,up,down", "--lr", 1e-2, "--max-iters", 100, "--lr-decay-iters", 100, "--warmup-iters", 10,
+        "--eval-interval", 100, "--eval-iters", 2, "--batch-size", 8)
+    run(tinygpt, "export", "--ckpt", run_dir, "--format", "hf", "--out", hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    ok = compare(tinygpt, tool, model, AutoTokenizer.from_pretrained(hf_dir), run_dir, tmp, name)
+    greedy = ["sample", "--prompt", PROMPT, "--temperature", 0, "--max-new-tokens", NEW_TOKENS, "--ckpt"]
+    adapted = run(tinygpt, *greedy, run_dir) != run(tinygpt, *greedy, base)
+    print(f"{name:<14} the adapters change the greedy text: {'yes' if adapted else 'NO (the base text)'}")
+    return ok and adapted
+
+
 def main():
-    args, build = parse_args(__doc__, (["--only"], dict(choices=["small", "135m", "export"])))
+    args, build = parse_args(__doc__, (["--only"], dict(choices=["small", "135m", "export", "lora"])))
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"tinygpt {run(build / 'tinygpt', '--version').strip()}")
     L, Q = transformers.LlamaConfig, transformers.Qwen2Config
@@ -191,6 +214,8 @@ def main():
                                         ["--arch", "llama", "--n-kv-head", 2, "--rope-theta", 1e5]))
             results.append(check_export(tinygpt, tool, args.data, tok, tmp, "qwen2-export",
                                         ["--arch", "llama", "--n-kv-head", 2, "--qkv-bias", "--untied-head"]))
+        if args.only in (None, "lora"):
+            results.append(check_lora_export(tinygpt, tool, args.data, tok_dir / "tokenizer.json", tmp, "lora-export"))
     ok = all(results)
     print("the Llama family checked: transformers computes what tinygpt computes" if ok else "FAIL: a check differs")
     sys.exit(0 if ok else 1)
