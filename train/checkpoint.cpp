@@ -272,6 +272,7 @@ void merge_lora(Checkpoint& ckpt) {
     }
   }
   std::erase_if(ckpt.contents.tensors, [](const auto& e) { return nn::is_lora_parameter(e.first); });
+  ckpt.merged_lora = c.lora;
   ckpt.config.lora = {};
 }
 

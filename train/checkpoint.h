@@ -49,6 +49,7 @@ struct Checkpoint {
   Numerics numerics;  // what the model computed with in training (eval and sample use it unless told otherwise)
   std::string storage;  // its activations' storage, "f32" or "bf16"; "" in checkpoints from before it was recorded
   safetensors::Contents contents;
+  nn::LoraConfig merged_lora;  // LoRA adapters merge_lora merged into the weights (read with LoraLoad::Merged)
 };
 
 /// Writes a checkpoint crash-safely (temporary file, flush, rename). opt may be null (weights only). A model with LoRA

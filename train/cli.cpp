@@ -191,6 +191,11 @@ void run_info(const std::string& path) {
   } else {
     fmt::print("parameters     {} ({:.2f}M)\n", params, double(params) / 1e6);
   }
+  if (ckpt.merged_lora.enabled()) {
+    const nn::LoraConfig& l = ckpt.merged_lora;
+    fmt::print("LoRA           rank {}, alpha {:g}, on {}: the file holds the adapters, merged here into the base {}\n",
+               l.rank, l.alpha, nn::lora_targets_name(l.targets), ckpt.state.lora_base.path);
+  }
   fmt::print("iteration      {}\n", ckpt.state.iter);
   fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
   fmt::print("numerics       {}, {} attention operands; on the GPU: {} matmuls\n",

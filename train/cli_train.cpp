@@ -180,7 +180,8 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   add_numerics_options(cmd, c);
   auto lora_targets = std::make_shared<std::string>("q,v");
   cmd->add_option("--lora-rank", c.lora.rank, "LoRA: train low-rank adapters of this rank on the --init-from model, which "
-                  "stays frozen (0: off; checkpoints then hold only the adapters and name the base)")
+                  "stays frozen (0: off; checkpoints then hold only the adapters and name the base; --lr then defaults to 2e-4, "
+                  "--min-lr to 2e-5)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--lora-alpha", c.lora.alpha, "LoRA: the adapters' outputs are scaled by alpha / rank (default: 2 x "
                   "--lora-rank)");
