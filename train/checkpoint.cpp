@@ -187,6 +187,10 @@ namespace {
 constexpr int kMaxLoraDepth = 8;  // a LoRA checkpoint's base may itself be one; a chain longer than this is refused
 thread_local int lora_depth = 0;
 
+LoraBase lora_base_from_json(const nlohmann::json& j) {
+  return {j.at("path").get<std::string>(), std::stoull(j.at("checksum").get<std::string>(), nullptr, 16)};
+}
+
 /// A LoRA checkpoint's base read (merged) and its weights added to c.contents; throws naming what is wrong.
 void attach_lora_base(Checkpoint& c, const std::function<Error(const std::string&)>& bad) {
   const LoraBase& base_id = c.state.lora_base;
@@ -332,11 +336,7 @@ Checkpoint load_checkpoint(const fs::path& path_in, LoraLoad lora) {
       }
       c.numerics.bf16_storage = c.storage == "bf16";
     }
-    if (meta.contains("lora_base")) {
-      const auto base = nlohmann::json::parse(field("lora_base"));
-      c.state.lora_base.path = base.at("path").get<std::string>();
-      c.state.lora_base.checksum = std::stoull(base.at("checksum").get<std::string>(), nullptr, 16);
-    }
+    if (meta.contains("lora_base")) c.state.lora_base = lora_base_from_json(nlohmann::json::parse(field("lora_base")));
   } catch (const Error& e) {
     throw bad(e.what());
   } catch (const std::exception& e) {

@@ -122,6 +122,41 @@ void add_numerics_options(CLI::App* cmd, TrainConfig& c) {
       ->check(CLI::IsMember({"f32", "bf16"}));
 }
 
+/// --lora-rank, --lora-alpha, --lora-targets; the targets' list is kept until apply_lora_flags reads it.
+std::shared_ptr<std::string> add_lora_options(CLI::App* cmd, TrainConfig& c) {
+  auto lora_targets = std::make_shared<std::string>("q,v");
+  cmd->add_option("--lora-rank", c.lora.rank, "LoRA: train low-rank adapters of this rank on the --init-from model, which "
+                  "stays frozen (0: off; checkpoints then hold only the adapters and name the base; --lr then defaults to 2e-4, "
+                  "--min-lr to 2e-5)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--lora-alpha", c.lora.alpha, "LoRA: the adapters' outputs are scaled by alpha / rank (default: 2 x "
+                  "--lora-rank)");
+  cmd->add_option("--lora-targets", *lora_targets, "LoRA: the layers adapted, of q, k, v, o (attention), gate, up, "
+                  "down (MLP)")
+      ->check([](const std::string& v) {
+        try {
+          nn::parse_lora_targets(v);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      })
+      ->capture_default_str();
+  return lora_targets;
+}
+
+/// After parsing: LoRA's defaults (PEFT's targets q,v, alpha 2 r, and an adapter's rate, B starting at zero).
+void apply_lora_flags(const CLI::App& cmd, TrainConfig& c, const std::string& targets) {
+  if (c.lora.rank > 0) {
+    c.lora.targets = nn::parse_lora_targets(targets);
+    if (cmd.count("--lora-alpha") == 0) c.lora.alpha = 2.0 * double(c.lora.rank);
+    if (cmd.count("--lr") == 0) c.lr = 2e-4;
+    if (cmd.count("--min-lr") == 0) c.min_lr = std::min(c.lr, 2e-5);
+  } else if (cmd.count("--lora-alpha") > 0 || targets != "q,v") {
+    throw CLI::ValidationError("--lora-alpha and --lora-targets need --lora-rank R");
+  }
+}
+
 }  // namespace
 
 void add_train_options(CLI::App& app, TrainConfig& c) {
@@ -178,36 +213,12 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   cmd->add_option("--train-fraction", c.train_fraction, "Leading fraction of the text used for training; the rest validates")->capture_default_str();
   cmd->add_option("--seed", c.seed, "Random seed (weights, batches, dropout)")->capture_default_str();
   add_numerics_options(cmd, c);
-  auto lora_targets = std::make_shared<std::string>("q,v");
-  cmd->add_option("--lora-rank", c.lora.rank, "LoRA: train low-rank adapters of this rank on the --init-from model, which "
-                  "stays frozen (0: off; checkpoints then hold only the adapters and name the base; --lr then defaults to 2e-4, "
-                  "--min-lr to 2e-5)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--lora-alpha", c.lora.alpha, "LoRA: the adapters' outputs are scaled by alpha / rank (default: 2 x "
-                  "--lora-rank)");
-  cmd->add_option("--lora-targets", *lora_targets, "LoRA: the layers adapted, of q, k, v, o (attention), gate, up, "
-                  "down (MLP)")
-      ->check([](const std::string& v) {
-        try {
-          nn::parse_lora_targets(v);
-          return std::string();
-        } catch (const Error& e) {
-          return std::string(e.what());
-        }
-      })
-      ->capture_default_str();
+  const std::shared_ptr<std::string> lora_targets = add_lora_options(cmd, c);
   cmd->add_flag("--resume", c.resume, "Continue the run in --out from its latest checkpoint");
   cmd->add_flag("--quiet", c.quiet, "Print only the final summary and errors (metrics.jsonl still gets everything)");
   // After parsing: which flags were given (on --resume or --init-from they must agree with the checkpoint).
   cmd->final_callback([cmd, &c, model_flags, lora_targets] {
-    if (c.lora.rank > 0) {  // LoRA's defaults: PEFT's targets, alpha 2 r, and an adapter's rate (B starts at zero)
-      c.lora.targets = nn::parse_lora_targets(*lora_targets);
-      if (cmd->count("--lora-alpha") == 0) c.lora.alpha = 2.0 * double(c.lora.rank);
-      if (cmd->count("--lr") == 0) c.lr = 2e-4;
-      if (cmd->count("--min-lr") == 0) c.min_lr = std::min(c.lr, 2e-5);
-    } else if (cmd->count("--lora-alpha") + cmd->count("--lora-targets") > 0) {
-      throw CLI::ValidationError("--lora-alpha and --lora-targets need --lora-rank R");
-    }
+    apply_lora_flags(*cmd, c, *lora_targets);
     c.model_flags_given.clear();
     for (const ModelFlag& f : *model_flags) {
       if (f.option->count() == 0) continue;

@@ -20,6 +20,7 @@
 #include "train/comm.h"
 #include "train/console.h"
 #include "train/gradient_buckets.h"
+#include "train/lora.h"
 #include "train/memory.h"
 #include "train/muon.h"
 #include "train/run_dir.h"
@@ -243,35 +244,6 @@ std::string cpu_bf16_description(AttentionMath attention) {
   return has_unit ? ", bf16 matmul operands rounded for f32 units (TINYGPT_CPU_BF16=f32)"
                   : ", bf16 matmul operands rounded for f32 units: this CPU has no bf16 unit (AMX-BF16, AVX512-BF16), "
                     "so no faster than fp32";
-}
-
-/// The parameters that train, each named: all of them, or with LoRA the adapters alone, the frozen base's weights then
-/// kept only in bf16 where activations are (they are read as bf16 copies anyway; the f32 values would only hold
-/// memory).
-std::vector<std::pair<std::string, Tensor>> trainable(nn::GPT& model, bool bf16_storage) {
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (auto& [name, p] : model.named_parameters()) {
-    if (p.requires_grad()) {
-      out.emplace_back(name, p);
-    } else if (bf16_storage) {
-      p.convert_(DType::BF16);
-    }
-  }
-  return out;
-}
-
-/// The log's LoRA line: the adapters, what trains, the base.
-std::string describe_lora(const nn::GPT& model, const std::vector<std::pair<std::string, Tensor>>& trained,
-                          const LoraBase& base) {
-  const nn::LoraConfig& l = model.config().lora;
-  int64_t n = 0;
-  for (const auto& [name, p] : trained) n += p.numel();
-  const int64_t all = model.num_parameters();
-  return fmt::format("LoRA: rank {}, alpha {:g}, on {} of {} blocks: {:.2f}M parameters train ({:.2f}% of {:.1f}M), the "
-                     "base frozen{} ({})\n",
-                     l.rank, l.alpha, nn::lora_targets_name(l.targets), model.config().n_layer, double(n) / 1e6,
-                     100.0 * double(n) / double(all), double(all - n) / 1e6,
-                     model.numerics().bf16_storage ? " in bf16" : "", base.path);
 }
 
 /// The log's model line: size, and where and how it computes.
@@ -722,11 +694,7 @@ TrainResult train(const TrainConfig& cfg_in) {
     added_tokens = data::add_chatml_tokens(init->tokenizer);
     cfg.model.vocab_size = std::max(cfg.model.vocab_size, init->tokenizer.vocab_size());
   }
-  if (!added_tokens.empty() && cfg.model.lora.enabled()) {
-    throw Error("sft --lora-rank: this model's tokenizer lacks ChatML's tokens, which a frozen embedding cannot learn; "
-                "run a full sft (without --lora-rank) first, or give --chat-template a template the tokenizer has the "
-                "tokens of");
-  }
+  if (!added_tokens.empty()) refuse_lora_new_tokens(cfg.model.lora);
   if (cfg.doc_mask) cfg.model.doc_separator = std::string(data::kEndOfText);
 
   if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
@@ -745,23 +713,18 @@ TrainResult train(const TrainConfig& cfg_in) {
   nn::GPT model(cfg.model, model_gen);
   use_document_separator(model, data.tokenizer);
   if (init) (added_tokens.empty() ? load_weights : load_weights_grown)(model, *init);
-  LoraBase lora_base;
-  if (init && cfg.model.lora.enabled()) lora_base = {fs::absolute(init->path).lexically_normal().string(), base_checksum(init->contents)};
+  const LoraBase lora_base = init && cfg.model.lora.enabled() ? lora_base_of(*init) : LoraBase{};
   if (init) init->contents = {};  // its weights are the model's now
   if (!added_tokens.empty()) {
     console.line("ChatML for this model: {} added to its tokenizer (ids from {}), its vocabulary {} rows\n",
                  fmt::format("{}", fmt::join(added_tokens, " and ")),
                  data.tokenizer.vocab_size() - int64_t(added_tokens.size()), cfg.model.vocab_size);
   }
-  if (cfg.model.lora.enabled()) {  // the base frozen: no gradients, no optimizer state
-    for (auto& [name, p] : model.named_parameters()) {
-      if (!nn::is_lora_parameter(name)) p.requires_grad_(false);
-    }
-  }
+  if (cfg.model.lora.enabled()) freeze_base(model);  // no gradients, no optimizer state
   model.set_numerics(numerics_of(cfg));
   model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
   if (ckpt) load_weights(model, *ckpt);  // a resumed LoRA run's base included, before it is rounded below
-  const std::vector<std::pair<std::string, Tensor>> trained = trainable(model, model.numerics().bf16_storage);
+  const std::vector<std::pair<std::string, Tensor>> trained = trainable_parameters(model, model.numerics().bf16_storage);
   FlatParameters flat(backward_order(trained));
   const std::unique_ptr<Optimizer> opt_owner = make_optimizer(cfg, flat);
   Optimizer& opt = *opt_owner;
