@@ -11,23 +11,16 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
+#include "test_util.h"
 #include "nn/gpt.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
 using namespace tinygpt;
+using tinygpt::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("tinygpt_test_lora_" + name)) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   REQUIRE(a.shape() == b.shape());
@@ -155,7 +148,7 @@ TEST_CASE("LoRA: the adapted model is the base with W + alpha/r B A, and the ada
 }
 
 TEST_CASE("LoRA run: only the adapters train and are saved; merged and apart loads agree; resumes bit for bit") {
-  TempDir dir("run");
+  TempDir dir("lora_run");
   const fs::path text = dir.path / "toy.txt";
   {
     std::ofstream out(text);

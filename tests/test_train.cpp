@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
+#include "test_util.h"
 #include "data/corpus.h"
 #include "kernels/cpu/cpu_probe.h"
 #include "kernels/cpu/gemm.h"
@@ -26,19 +27,10 @@
 #include "train/trainer.h"
 
 using namespace tinygpt;
+using tinygpt::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-/// A fresh empty directory under the system temp dir, removed at scope exit.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("tinygpt_test_" + name)) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 void write_file(const fs::path& p, const std::string& bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);

@@ -4,12 +4,25 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "autograd/gradcheck.h"
 #include "autograd/ops.h"
 
 namespace tinygpt::test {
+
+/// A fresh empty directory under the system temp dir ("tinygpt_test_<name>"), removed at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / ("tinygpt_test_" + name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
 
 /// Every element within atol + rtol*|expected|; reports the first mismatch.
 template <class T>
