@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
@@ -566,15 +567,27 @@ TEST_CASE("generate with bf16 storage: bf16 logits, sampled with and without the
   }
 }
 
-TEST_CASE("sample_token: temperature 0 and top-k 1 pick the argmax; top-k never picks outside the k best") {
+TEST_CASE("sample_token: temperature 0 and top-k 1 pick the argmax; top-k and top-p never pick outside their sets") {
   Generator gen(9);
   const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f, 0.3f};
-  CHECK(sample_token(logits, 0.0, 0, gen) == 1);
-  CHECK(sample_token(logits, 1.0, 1, gen) == 1);
+  CHECK(sample_token(logits, {.temperature = 0.0, .top_k = 0}, gen) == 1);
+  CHECK(sample_token(logits, {.temperature = 1.0, .top_k = 1}, gen) == 1);
   for (int i = 0; i < 200; ++i) {
-    const int32_t t = sample_token(logits, 2.0, 2, gen);
+    const int32_t t = sample_token(logits, {.temperature = 2.0, .top_k = 2}, gen);
     CHECK((t == 1 || t == 3));
   }
+  // At temperature 1 the probabilities are 0.075, 0.503, 0.025, 0.305, 0.092: top-p 0.5 keeps only 1, 0.6 also 3
+  // (0.808), 0.85 also 4 (0.900), 0.95 also 0, never 2.
+  const auto drawn = [&](double top_p) {
+    std::set<int32_t> seen;
+    for (int i = 0; i < 400; ++i) seen.insert(sample_token(logits, {.temperature = 1.0, .top_k = 0, .top_p = top_p}, gen));
+    return seen;
+  };
+  CHECK(drawn(0.0) == std::set<int32_t>{1});
+  CHECK(drawn(0.5) == std::set<int32_t>{1});
+  CHECK(drawn(0.6) == std::set<int32_t>{1, 3});
+  CHECK(drawn(0.85) == std::set<int32_t>{1, 3, 4});
+  CHECK(drawn(0.95) == std::set<int32_t>{0, 1, 3, 4});
 }
 
 TEST_CASE("gpt agrees with PyTorch: logits, loss and every gradient (tests/reference/gpt_fixture.safetensors)") {

@@ -14,6 +14,7 @@
 #include "../autograd/random.h"
 #include "../data/chat.h"
 #include "../nn/gpt.h"
+#include "decoder.h"
 #include "generate.h"
 
 namespace tinygpt {
@@ -50,16 +51,14 @@ class ChatSession {
  private:
   std::vector<int32_t> render_to_fit(int64_t& dropped);
 
-  const nn::GPT& model_;
   const data::Tokenizer& tokenizer_;
   data::ChatTemplate template_;
   std::string end_of_turn_;
-  int64_t window_;
   GenerateOptions options_;
   Generator gen_;
   data::Messages messages_ = data::Messages::array();
-  nn::KVCache cache_;
-  std::vector<int32_t> cached_;  // the tokens whose keys and values the cache holds, in order
+  CachedDecoder decoder_;
+  int64_t window_;
 };
 
 }  // namespace tinygpt

@@ -5,21 +5,34 @@
 
 namespace tinygpt {
 
-int32_t sample_token(std::vector<float> logits, double temperature, int64_t top_k, Generator& gen) {
+int32_t sample_token(std::vector<float> logits, const GenerateOptions& o, Generator& gen) {
   if (logits.empty()) throw Error("sample_token: no logits");
-  if (temperature <= 0) return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (o.temperature <= 0) return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
   float cut = -INFINITY;
-  if (top_k > 0 && top_k < int64_t(logits.size())) {
+  if (o.top_k > 0 && o.top_k < int64_t(logits.size())) {
     std::vector<float> sorted = logits;
-    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<float>());
-    cut = sorted[size_t(top_k - 1)];
+    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<float>());
+    cut = sorted[size_t(o.top_k - 1)];
   }
   const float max = *std::max_element(logits.begin(), logits.end());
   std::vector<double> p(logits.size());
   double total = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
-    p[i] = logits[i] < cut ? 0.0 : std::exp(double(logits[i] - max) / temperature);
+    p[i] = logits[i] < cut ? 0.0 : std::exp(double(logits[i] - max) / o.temperature);
     total += p[i];
+  }
+  if (o.top_p < 1) {
+    // The nucleus: the most likely tokens, in order, until their share reaches top_p (the one that crosses it kept).
+    std::vector<int32_t> order;
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (p[i] > 0) order.push_back(int32_t(i));
+    }
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; });
+    double kept = 0;
+    size_t n = 0;
+    while (n < order.size() && kept < o.top_p * total) kept += p[size_t(order[n++])];
+    for (size_t i = std::max<size_t>(n, 1); i < order.size(); ++i) p[size_t(order[i])] = 0;
+    total = std::max(kept, p[size_t(order[0])]);
   }
   double u = gen.uniform() * total;
   for (size_t i = 0; i < p.size(); ++i) {
@@ -70,7 +83,7 @@ std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& 
     // f32 for sampling whatever the storage (bf16 logits with --storage bf16).
     std::vector<float> row = logits.to(Device::CPU).to(DType::F32).to_vector<float>();
     if (o.vocab > 0 && o.vocab < int64_t(row.size())) row.resize(size_t(o.vocab));  // the padding is never drawn
-    const int32_t next = sample_token(std::move(row), o.temperature, o.top_k, gen);
+    const int32_t next = sample_token(std::move(row), o, gen);
     const bool new_document = model.ends_document(context);
     out.push_back(next);
     context.push_back(next);

@@ -24,13 +24,15 @@ struct GenerateOptions {
   int64_t max_new_tokens = 500;
   double temperature = 0.8;  // 0: always the most likely token
   int64_t top_k = 200;       // 0: no cut
+  double top_p = 1.0;        // < 1: only the most likely tokens whose probabilities sum to top_p (nucleus sampling)
   bool kv_cache = true;
   int64_t vocab = 0;  // > 0: only ids below it are drawn (a model padded past its tokenizer, as Qwen2.5's embedding)
   bool operator==(const GenerateOptions&) const = default;
 };
 
-/// Samples one id from logits (vocab) at a temperature, keeping the top_k most likely (ties kept).
-int32_t sample_token(std::vector<float> logits, double temperature, int64_t top_k, Generator& gen);
+/// Samples one id from logits (vocab) at o.temperature, keeping the o.top_k most likely (ties kept) and of those the
+/// most likely whose probabilities sum to o.top_p.
+int32_t sample_token(std::vector<float> logits, const GenerateOptions& o, Generator& gen);
 
 /// Continues `prompt` (at least one id); calls on_token(id) for each new one as it is drawn and returns them.
 std::vector<int32_t> generate(const nn::GPT& model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
