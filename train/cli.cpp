@@ -21,6 +21,7 @@
 #include "train/training_data.h"
 #include "train/checkpoint.h"
 #include "train/cli_chat.h"
+#include "train/cli_serve.h"
 #include "train/cli_tokenizer.h"
 #include "train/cli_train.h"
 #include "train/comm.h"
@@ -522,6 +523,10 @@ Cli::Cli() {
                "chat template; --render-only prints the prompt)",
        [this](CLI::App& c) { add_chat_options(c, chat_args); }, [this] { validate_chat(chat_args); },
        done([this] { run_chat(chat_args); })},
+      {"serve", "Serve a model over HTTP with the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, "
+                "streaming) and a chat page at /",
+       [this](CLI::App& c) { add_serve_options(c, serve_args); }, [this] { validate_serve(serve_args); },
+       done([this] { run_serve(serve_args); })},
       {"eval", "Print a checkpoint's mean loss and bits per byte on the train and val splits of text files",
        [this](CLI::App& c) { add_eval_options(&c, eval_args); }, [this] { validate_eval(eval_args); },
        done([this] { run_eval(eval_args); })},

@@ -1,5 +1,5 @@
-// The tinygpt command line (CLI11): a table of subcommands (train, sample, chat, eval, tokenizer, plot, attention,
-// export, import, info). main() parses into a Cli and runs it; the fuzzer parses arbitrary arguments into one and validates
+// The tinygpt command line (CLI11): a table of subcommands (train, sft, sample, chat, serve, eval, tokenizer, plot,
+// attention, export, import, info). main() parses into a Cli and runs it; the fuzzer parses arbitrary arguments into one and validates
 // them without running anything.
 #pragma once
 
@@ -55,6 +55,18 @@ struct ChatArgs {
   std::string device = "cpu";
   NumericsFlags numerics;
   bool operator==(const ChatArgs&) const = default;
+};
+
+/// `tinygpt serve`: the OpenAI API over HTTP (train/cli_serve.h).
+struct ServeArgs {
+  std::string ckpt, host = "127.0.0.1", api_key, chat_template, model_name;
+  int port = 8080;             // 0: any free port (the one taken is printed)
+  int64_t context = 0;         // the window a request and its reply share (0: the block size, at most 4096)
+  int64_t max_queue = 64;      // requests waiting their turn beyond which a request gets 503
+  int64_t max_body = 1 << 20;  // bytes of a request body beyond which it gets 413
+  std::string device = "cpu";
+  NumericsFlags numerics;
+  bool operator==(const ServeArgs&) const = default;
 };
 
 struct EvalArgs {
@@ -156,6 +168,7 @@ struct Cli {
   TrainConfig sft_config = sft_defaults();
   SampleArgs sample_args;
   ChatArgs chat_args;
+  ServeArgs serve_args;
   EvalArgs eval_args;
   AttentionArgs attention_args;
   ExportArgs export_args;
