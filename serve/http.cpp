@@ -192,7 +192,8 @@ extern "C" void on_serve_stop_signal(int) {
   [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
 }
 
-/// Installs the handler for SIGINT and SIGTERM while alive; the previous ones come back after.
+/// Installs the handler for SIGINT and SIGTERM. It stays to the end of the program: a signal while the server winds
+/// down (the model freed, the threads joined) asks for what is already happening, not for the process to die.
 class StopSignals {
  public:
   StopSignals() {
@@ -201,14 +202,8 @@ class StopSignals {
     sa.sa_handler = on_serve_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-    ::close(g_signal_pipe[0]);
-    ::close(g_signal_pipe[1]);
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -223,9 +218,6 @@ class StopSignals {
     const char byte = 'w';
     [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
   }
-
- private:
-  struct sigaction old_int_{}, old_term_{};
 };
 
 }  // namespace
