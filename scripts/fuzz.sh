@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=(fuzz_checkpoint fuzz_text fuzz_cli fuzz_tokenizer fuzz_token_cache fuzz_metrics fuzz_gguf fuzz_chat_template)
+targets=(fuzz_checkpoint fuzz_text fuzz_cli fuzz_tokenizer fuzz_token_cache fuzz_metrics fuzz_gguf fuzz_chat_template
+  fuzz_serve_request)
 generator=()
 command -v ninja > /dev/null && [ ! -f build-fuzz/CMakeCache.txt ] && generator=(-G Ninja)
 CC=clang CXX=clang++ cmake -S . -B build-fuzz "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
