@@ -17,6 +17,7 @@ packages=(
   doctest-dev                # tests
   libcli11-dev               # command line
   nlohmann-json3-dev         # checkpoint and config metadata
+  libcpp-httplib-dev         # tinygpt serve: the HTTP server
   libopenblas-dev            # bench/bench_matmul only: the sgemm we compare against
   clang libomp-dev           # scripts/fuzz.sh only: libFuzzer targets (CI runs them)
   curl ca-certificates       # scripts/get_data.sh: fetches tiny Shakespeare when no local copy exists
