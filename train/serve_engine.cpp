@@ -29,6 +29,21 @@ std::string model_name_of(const ServeArgs& a, const Checkpoint& ckpt) {
 
 }  // namespace
 
+/// A request handed to the drawing thread: its prompt and options in, its pieces and result out.
+struct ServeEngine::Job {
+  const CompletionRequest* request;
+  const Prompt* prompt;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::atomic<bool> cancel{false};
+  // Under the engine's mutex:
+  std::condition_variable changed;
+  std::string pending;  // pieces drawn and not yet handed on
+  bool started = false, done = false;
+  std::exception_ptr error;
+  CachedDecoder::Result result;
+  Timing timing;
+};
+
 ServeEngine::ServeEngine(const ServeArgs& a)
     : ckpt_(load_checkpoint(a.ckpt)), template_(data::chat_template_for(ckpt_.tokenizer.config(), a.chat_template)),
       end_of_turn_(template_.end_of_turn(ckpt_.tokenizer.config())), max_queue_(size_t(a.max_queue)) {
@@ -42,6 +57,18 @@ ServeEngine::ServeEngine(const ServeArgs& a)
   limits_.vocab = ckpt_.tokenizer.vocab_size();
   limits_.max_text = size_t(a.max_body);
   created_ = int64_t(std::time(nullptr));
+  drawer_ = std::thread([this] { draw_loop(); });
+}
+
+ServeEngine::~ServeEngine() {
+  {
+    std::lock_guard lock(mutex_);
+    ended_ = true;
+    closing_ = true;
+    stop_now_ = true;
+  }
+  work_.notify_all();
+  drawer_.join();
 }
 
 std::string ServeEngine::describe() const {
@@ -53,18 +80,18 @@ std::string ServeEngine::describe() const {
 std::unique_ptr<ServeEngine::Place> ServeEngine::admit() {
   std::lock_guard lock(mutex_);
   if (closing_) throw ApiError(503, "server_error", "shutting_down", "", "the server is shutting down");
-  if (queue_.size() >= max_queue_) {
+  // One drawing and max_queue waiting.
+  if (admitted_ > max_queue_) {
     throw ApiError(503, "server_error", "server_busy", "",
-                   fmt::format("{} requests are waiting already (--max-queue): try again later", queue_.size()));
+                   fmt::format("{} requests are waiting already (--max-queue): try again later", admitted_ - 1));
   }
-  queue_.push_back(next_ticket_);
-  return std::make_unique<Place>(*this, next_ticket_++);
+  ++admitted_;
+  return std::make_unique<Place>(*this);
 }
 
-void ServeEngine::leave(uint64_t ticket) {
-  std::lock_guard lock(mutex_);
-  std::erase(queue_, ticket);
-  turn_.notify_all();
+ServeEngine::Place::~Place() {
+  std::lock_guard lock(engine_->mutex_);
+  --engine_->admitted_;
 }
 
 Completion ServeEngine::head(bool chat) {
@@ -76,33 +103,11 @@ Completion ServeEngine::head(bool chat) {
   return c;
 }
 
-void ServeEngine::wait_turn(uint64_t ticket, const std::function<bool()>& cancelled) {
-  std::unique_lock lock(mutex_);
-  while (busy_ || queue_.empty() || queue_.front() != ticket) {
-    turn_.wait_for(lock, std::chrono::milliseconds(50));
-    if (closing_) throw ApiError(503, "server_error", "shutting_down", "", "the server is shutting down");
-    if (cancelled) {
-      lock.unlock();  // the client is asked (a write) without holding the queue
-      const bool gone = cancelled();
-      lock.lock();
-      if (gone) throw ApiError(499, "server_error", "cancelled", "", "the client went away");
-    }
-  }
-  queue_.pop_front();
-  busy_ = true;
-}
-
-void ServeEngine::end_turn() {
-  std::lock_guard lock(mutex_);
-  busy_ = false;
-  turn_.notify_all();
-}
-
 void ServeEngine::shut_down(bool now) {
   std::lock_guard lock(mutex_);
   closing_ = true;
   if (now) stop_now_ = true;
-  turn_.notify_all();
+  work_.notify_all();
 }
 
 ServeEngine::Prompt ServeEngine::prompt_of(const CompletionRequest& r) const {
@@ -134,34 +139,95 @@ ServeEngine::Prompt ServeEngine::prompt_of(const CompletionRequest& r) const {
   return p;
 }
 
-void ServeEngine::answer(Place& place, const CompletionRequest& r, const Prompt& prompt, Completion& c,
-                         const std::function<void(std::string_view)>& on_piece, const std::function<bool()>& cancelled,
-                         Timing* timing) {
-  const auto t0 = std::chrono::steady_clock::now();
-  wait_turn(place.ticket(), cancelled);
-  struct EndTurn {
-    ServeEngine* e;
-    ~EndTurn() { e->end_turn(); }
-  } end_turn{this};
-  const double queued = ms_since(t0);
+void ServeEngine::draw_loop() {
+  while (true) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock lock(mutex_);
+      work_.wait(lock, [&] { return ended_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // ended, nothing waiting
+      job = jobs_.front();
+      jobs_.pop_front();
+      job->started = true;
+      if (closing_ || job->cancel) {  // shutting down, or its client left while it waited
+        job->error = std::make_exception_ptr(
+            closing_ ? ApiError(503, "server_error", "shutting_down", "", "the server is shutting down")
+                     : ApiError(499, "server_error", "cancelled", "", "the client went away"));
+        job->done = true;
+        job->changed.notify_all();
+        continue;
+      }
+    }
+    draw(*job);
+  }
+}
+
+void ServeEngine::draw(Job& job) {
+  const CompletionRequest& r = *job.request;
+  const Prompt& prompt = *job.prompt;
+  const double queued = ms_since(job.t0);
   GenerateOptions o = r.gen;
   o.vocab = ckpt_.tokenizer.vocab_size();
   const int64_t room = window() - int64_t(prompt.ids.size());
   o.max_new_tokens = o.max_new_tokens > 0 ? std::min(o.max_new_tokens, room) : room;
   Generator gen(r.seed ? *r.seed : std::random_device{}());
   double first = -1;
-  const CachedDecoder::Result d = decoder_->draw(
-      prompt.ids, prompt.stops, o, gen,
-      [&](std::string_view piece) {
-        if (first < 0) first = ms_since(t0);
-        if (on_piece) on_piece(piece);
-      },
-      [&] { return stop_now_ || (cancelled && cancelled()); });
-  c.text = d.text;
+  CachedDecoder::Result d;
+  std::exception_ptr error;
+  try {
+    d = decoder_->draw(
+        prompt.ids, prompt.stops, o, gen,
+        [&](std::string_view piece) {
+          if (first < 0) first = ms_since(job.t0);
+          std::lock_guard lock(mutex_);
+          job.pending.append(piece);
+          job.changed.notify_all();
+        },
+        [&] { return stop_now_ || job.cancel; });
+  } catch (...) {
+    error = std::current_exception();
+    decoder_->clear();  // what the cache holds is unknown now
+  }
+  std::lock_guard lock(mutex_);
+  job.result = std::move(d);
+  job.error = error;
+  job.timing = {queued, first < 0 ? ms_since(job.t0) : first, ms_since(job.t0), job.result.read};
+  job.done = true;
+  job.changed.notify_all();
+}
+
+void ServeEngine::answer(Place&, const CompletionRequest& r, const Prompt& prompt, Completion& c,
+                         const std::function<void(std::string_view)>& on_piece, const std::function<bool()>& cancelled,
+                         Timing* timing) {
+  auto job = std::make_shared<Job>();
+  job->request = &r;
+  job->prompt = &prompt;
+  std::unique_lock lock(mutex_);
+  if (closing_) throw ApiError(503, "server_error", "shutting_down", "", "the server is shutting down");
+  jobs_.push_back(job);
+  work_.notify_all();
+  while (true) {
+    job->changed.wait_for(lock, std::chrono::milliseconds(50), [&] { return job->done || !job->pending.empty(); });
+    std::string piece = std::move(job->pending);
+    job->pending.clear();
+    const bool done = job->done;
+    lock.unlock();  // the client is written to and asked without the engine's lock
+    if (!piece.empty() && on_piece) on_piece(piece);
+    if (!done && !job->cancel && cancelled && cancelled()) job->cancel = true;
+    lock.lock();
+    if (done && job->pending.empty()) break;
+    if (!job->started && (job->cancel || closing_)) {  // leaves the queue at once, its place freed
+      std::erase(jobs_, job);
+      if (closing_) throw ApiError(503, "server_error", "shutting_down", "", "the server is shutting down");
+      throw ApiError(499, "server_error", "cancelled", "", "the client went away");
+    }
+  }
+  if (job->error) std::rethrow_exception(job->error);
+  c.text = job->result.text;
   c.prompt_tokens = int64_t(prompt.ids.size());
-  c.completion_tokens = d.tokens;
-  c.finish_reason = d.ended || d.stopped ? "stop" : "length";
-  if (timing != nullptr) *timing = {queued, first < 0 ? ms_since(t0) : first, ms_since(t0), d.read};
+  c.completion_tokens = job->result.tokens;
+  c.finish_reason = job->result.ended || job->result.stopped ? "stop" : "length";
+  if (timing != nullptr) *timing = job->timing;
 }
 
 }  // namespace tinygpt

@@ -1,18 +1,22 @@
 // What `tinygpt serve` answers with, without the HTTP: one model loaded once (a LoRA run merged), its chat template,
-// and one CachedDecoder that requests take in turn, in the order they came (a queue of bounded length; one request
-// draws at a time, so a request's tokens per second are the model's own). The cache is kept between requests: a chat
-// client sending its whole conversation again reads only its new turn.
+// and one thread that draws every reply with one CachedDecoder, taking requests in the order they came (a queue of
+// bounded length). One request draws at a time, always on the same thread (one OpenMP team), so a request's tokens
+// per second are the model's own; its pieces are handed to the request's own thread, so a slow client never holds up
+// the drawing. The cache is kept between requests: a chat client sending its whole conversation again reads only its
+// new turn.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "checkpoint.h"
@@ -25,6 +29,9 @@ namespace tinygpt {
 class ServeEngine {
  public:
   explicit ServeEngine(const ServeArgs& a);
+  ~ServeEngine();
+  ServeEngine(const ServeEngine&) = delete;
+  ServeEngine& operator=(const ServeEngine&) = delete;
 
   const ApiLimits& limits() const { return limits_; }
   int64_t window() const { return decoder_->window(); }
@@ -44,27 +51,26 @@ class ServeEngine {
   /// Throws ApiError 400: a template that raised, text the tokenizer cannot read, a prompt that leaves no room.
   Prompt prompt_of(const CompletionRequest& r) const;
 
-  /// A place in the queue, left when it is dropped.
+  /// A place among the requests admitted (waiting or drawing), given back when it is dropped.
   class Place {
    public:
-    Place(ServeEngine& e, uint64_t ticket) : engine_(&e), ticket_(ticket) {}
-    ~Place() { engine_->leave(ticket_); }
+    explicit Place(ServeEngine& e) : engine_(&e) {}
+    ~Place();
     Place(const Place&) = delete;
     Place& operator=(const Place&) = delete;
-    uint64_t ticket() const { return ticket_; }
 
    private:
     ServeEngine* engine_;
-    uint64_t ticket_;
   };
-  /// Takes a place at the back of the queue; throws ApiError 503 when it is full or the server is shutting down.
+  /// Takes a place; throws ApiError 503 when --max-queue requests wait already or the server is shutting down.
   std::unique_ptr<Place> admit();
   /// The response's id, model and creation time, for the chunks sent before the reply is done.
   Completion head(bool chat);
 
-  /// Waits for `place` to come first, then draws the reply to `prompt`, calling on_piece with each piece of text as
-  /// it comes; fills c's text, finish reason and counts. `cancelled` is asked while it waits and between tokens (a
-  /// client gone). Throws ApiError 503 when the server shuts down while it waits.
+  /// Queues the request, then hands on_piece each piece of its reply as the drawing thread draws it (on the caller's
+  /// thread); fills c's text, finish reason and counts. `cancelled` is asked every 50 ms and after each piece (a client
+  /// gone): the request then leaves the queue, or its drawing stops between two tokens. Throws ApiError 503 when the
+  /// server shuts down before its turn, 499 when cancelled before it.
   void answer(Place& place, const CompletionRequest& r, const Prompt& prompt, Completion& c,
               const std::function<void(std::string_view)>& on_piece, const std::function<bool()>& cancelled,
               Timing* timing = nullptr);
@@ -76,9 +82,9 @@ class ServeEngine {
   }
 
  private:
-  void wait_turn(uint64_t ticket, const std::function<bool()>& cancelled);
-  void end_turn();
-  void leave(uint64_t ticket);
+  struct Job;
+  void draw_loop();
+  void draw(Job& job);
 
   Checkpoint ckpt_;
   data::ChatTemplate template_;
@@ -90,11 +96,13 @@ class ServeEngine {
   size_t max_queue_;
 
   mutable std::mutex mutex_;
-  std::condition_variable turn_;
-  std::deque<uint64_t> queue_;  // tickets waiting, in arrival order
-  uint64_t next_ticket_ = 0, next_id_ = 0;
-  bool busy_ = false, closing_ = false;
+  std::condition_variable work_;      // the drawing thread waits here for a job
+  std::deque<std::shared_ptr<Job>> jobs_;  // waiting, in arrival order
+  size_t admitted_ = 0;               // places held: waiting, drawing or about to queue
+  uint64_t next_id_ = 0;
+  bool closing_ = false, ended_ = false;
   std::atomic<bool> stop_now_{false};  // read between tokens without the lock
+  std::thread drawer_;                 // last: started once everything above is made
 };
 
 }  // namespace tinygpt
