@@ -91,7 +91,7 @@ CachedDecoder::Result CachedDecoder::draw(const std::vector<int32_t>& prompt, co
     const size_t hold = held_back(text, stops);
     if (on_text && text.size() - hold > shown) on_text(std::string_view(text).substr(shown, text.size() - hold - shown));
     shown = std::max(shown, text.size() - hold);
-    if (cache_.len == cache_.capacity()) {  // the window is full
+    if (cache_.len + 1 >= cache_.capacity()) {  // the prompt and the reply fill the window
       r.full = true;
       break;
     }

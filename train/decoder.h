@@ -30,9 +30,10 @@ class CachedDecoder {
     bool ended = false;    // the model ended it: a stop string or the tokenizer's end of text
     bool full = false;     // the window filled up before it did
   };
-  /// Reads `prompt` (at least one token, fewer than the window) and draws up to o.max_new_tokens, ending at the
-  /// tokenizer's end of text or at the first of `stops` found in the text. on_text gets each piece as it is drawn:
-  /// held back while it may be the start of a stop string, and while it ends in part of a UTF-8 character.
+  /// Reads `prompt` (at least one token, fewer than the window) and draws up to o.max_new_tokens (prompt and reply
+  /// together at most the window), ending at the tokenizer's end of text or at the first of `stops` found in the text.
+  /// on_text gets each piece as it is drawn: held back while it may be the start of a stop string, and while it ends
+  /// in part of a UTF-8 character.
   Result draw(const std::vector<int32_t>& prompt, const std::vector<std::string>& stops, const GenerateOptions& o,
               Generator& gen, const std::function<void(std::string_view)>& on_text = {},
               const std::function<bool()>& should_stop = {});
