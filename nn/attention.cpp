@@ -19,15 +19,18 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
     throw Error(fmt::format("MultiHeadAttention: embed_dim ({}), num_heads ({}) and num_kv_heads ({}) must be positive",
                             c.embed_dim, c.num_heads, c.num_kv_heads));
   }
-  if (c.embed_dim % c.num_heads != 0) {
-    throw Error(fmt::format("MultiHeadAttention: embed_dim {} is not divisible by num_heads {}", c.embed_dim, c.num_heads));
+  if (c.head_dim < 0) throw Error(fmt::format("MultiHeadAttention: head_dim must be 0 or positive, got {}", c.head_dim));
+  if (c.head_dim == 0 && c.embed_dim % c.num_heads != 0) {
+    throw Error(fmt::format("MultiHeadAttention: embed_dim {} is not divisible by num_heads {} (or give head_dim)",
+                            c.embed_dim, c.num_heads));
   }
+  if (c.head_dim == 0) c.head_dim = c.embed_dim / c.num_heads;
   if (c.num_heads % c.num_kv_heads != 0) {
     throw Error(fmt::format("MultiHeadAttention: num_heads {} is not divisible by num_kv_heads {}", c.num_heads,
                             c.num_kv_heads));
   }
-  if (c.rope && (c.embed_dim / c.num_heads) % 2 != 0) {
-    throw Error(fmt::format("MultiHeadAttention: RoPE needs an even head dim, got {}", c.embed_dim / c.num_heads));
+  if (c.rope && c.head_dim % 2 != 0) {
+    throw Error(fmt::format("MultiHeadAttention: RoPE needs an even head dim, got {}", c.head_dim));
   }
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) throw Error(fmt::format("MultiHeadAttention: dropout must be in [0, 1), got {}", c.dropout));
   check_score_mods(c.mods, "MultiHeadAttention");
@@ -139,7 +142,7 @@ void check_inputs(const MultiHeadAttentionConfig& c, const Tensor& query, const 
 void append_keys(const MultiHeadAttentionConfig& c, const Tensor& bias_k, const Tensor& bias_v, const Tensor& q,
                  Tensor& k, Tensor& v, const Tensor& key_padding_mask, const Tensor& attn_mask, bool is_causal,
                  AttentionOptions& opts) {
-  const int64_t NKV = c.num_kv_heads, E = c.embed_dim / c.num_heads;
+  const int64_t NKV = c.num_kv_heads, E = c.head_dim;
   const int64_t B = q.size(0), T = q.size(1), S = k.size(1);
   const Tensor zero = zeros({B, 1, NKV * E}, k.dtype(), k.device());
   std::vector<Tensor> ks{k}, vs{v};
@@ -180,8 +183,8 @@ void append_keys(const MultiHeadAttentionConfig& c, const Tensor& bias_k, const 
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, Generator& gen)
-    : c_proj(resolve(config).embed_dim, resolve(config).embed_dim, config.bias && config.out_bias, gen,
-             config.proj_init_std),
+    : c_proj(resolve(config).num_heads * resolve(config).head_dim, resolve(config).embed_dim,
+             config.bias && config.out_bias, gen, config.proj_init_std),
       config_(resolve(config)),
       gen_(&gen) {
   const auto& c = config_;

@@ -24,6 +24,7 @@ struct MultiHeadAttentionConfig {
   int64_t embed_dim = 0;
   int64_t num_heads = 1;
   int64_t num_kv_heads = 0;  // 0: same as num_heads; fewer: grouped-query (1: multi-query)
+  int64_t head_dim = 0;      // each head's width (0: embed_dim / num_heads, torch's; else q, k, v are num_heads x it)
   int64_t kdim = 0;          // features of `key` (0: embed_dim)
   int64_t vdim = 0;          // features of `value` (0: embed_dim)
   bool bias = true;
@@ -70,7 +71,7 @@ class MultiHeadAttention : public Module {
   Tensor forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, int64_t pos) const;
 
   const MultiHeadAttentionConfig& config() const { return config_; }
-  int64_t head_dim() const { return config_.embed_dim / config_.num_heads; }
+  int64_t head_dim() const { return config_.head_dim; }
 
   std::unique_ptr<Linear> c_attn;                   // fused (NH + 2 NKV) * E rows, when kdim == vdim == embed_dim
   std::unique_ptr<Linear> q_proj, k_proj, v_proj;   // otherwise

@@ -23,6 +23,7 @@ MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
   a.embed_dim = c.n_embd;
   a.num_heads = c.n_head;
   a.num_kv_heads = c.n_kv_head;
+  a.head_dim = c.head_size();
   a.bias = c.bias || c.qkv_bias;
   a.out_bias = c.bias;
   a.rope_freqs = RopeFreqs(c.rope_theta, c.rope_scaling);
@@ -119,7 +120,7 @@ bool is_lora_parameter(std::string_view name) {
 std::vector<LoraSite> GPTConfig::lora_sites() const {
   std::vector<LoraSite> sites;
   if (!lora.enabled()) return sites;
-  const int64_t E = n_embd / n_head, NH = n_head, NKV = n_kv_head > 0 ? n_kv_head : n_head, H = ffn_width();
+  const int64_t E = head_size(), NH = n_head, NKV = n_kv_head > 0 ? n_kv_head : n_head, H = ffn_width();
   auto add = [&](uint32_t bit, const char* linear, const char* target, int64_t first, int64_t rows, int64_t in) {
     if (lora.targets & bit) sites.push_back({linear, target, first, rows, in});
   };
@@ -148,8 +149,12 @@ void GPTConfig::validate() const {
   positive("n_head", n_head);
   positive("n_embd", n_embd);
   if (n_kv_head < 0) throw Error(fmt::format("model config: n_kv_head must be 0 (= n_head) or positive, got {}", n_kv_head));
-  if (n_embd % n_head != 0) {
-    throw Error(fmt::format("model config: n_embd ({}) must be divisible by n_head ({})", n_embd, n_head));
+  if (head_dim < 0 || head_dim > 1024) {
+    throw Error(fmt::format("model config: head_dim must be 0 (n_embd / n_head) or in [1, 1024], got {}", head_dim));
+  }
+  if (head_dim == 0 && n_embd % n_head != 0) {
+    throw Error(fmt::format("model config: n_embd ({}) must be divisible by n_head ({}), or give head_dim", n_embd,
+                            n_head));
   }
   if (n_kv_head > 0 && n_head % n_kv_head != 0) {
     throw Error(fmt::format("model config: n_head ({}) must be divisible by n_kv_head ({})", n_head, n_kv_head));
@@ -161,8 +166,8 @@ void GPTConfig::validate() const {
   if (!(logit_softcap >= 0.0) || !std::isfinite(logit_softcap)) {
     throw Error(fmt::format("model config: logit_softcap must be a finite number >= 0 (0: off), got {}", logit_softcap));
   }
-  if (pos == Positions::Rope && (n_embd / n_head) % 2 != 0) {
-    throw Error(fmt::format("model config: RoPE needs an even head size, got n_embd / n_head = {}", n_embd / n_head));
+  if (pos == Positions::Rope && head_size() % 2 != 0) {
+    throw Error(fmt::format("model config: RoPE needs an even head size, got {}", head_size()));
   }
   if (!(dropout >= 0.0 && dropout < 1.0)) throw Error(fmt::format("model config: dropout must be in [0, 1), got {}", dropout));
   if (!(norm_eps > 0.0 && norm_eps < 1.0)) throw Error(fmt::format("model config: norm_eps must be in (0, 1), got {}", norm_eps));
@@ -383,7 +388,7 @@ KVCache GPT::make_cache(int64_t batch, int64_t capacity) const {
   KVCache cache;
   capacity = capacity > 0 ? std::min(capacity, config_.block_size) : config_.block_size;
   const int64_t kv_heads = config_.n_kv_head > 0 ? config_.n_kv_head : config_.n_head;
-  const int64_t width = kv_heads * (config_.n_embd / config_.n_head);
+  const int64_t width = kv_heads * config_.head_size();
   const Device device = this->device();
   for (int64_t i = 0; i < config_.n_layer; ++i) {
     cache.k.push_back(zeros({batch, capacity, width}, wte.weight.dtype(), device));

@@ -75,6 +75,7 @@ struct GPTConfig {
   int64_t n_head = 6;
   int64_t n_kv_head = 0;     // 0: n_head (plain multi-head); fewer: grouped-query attention
   int64_t n_embd = 384;
+  int64_t head_dim = 0;      // each head's width; 0: n_embd / n_head (else q, k, v are n_head x it, as Qwen3's, Gemma's)
   double dropout = 0.0;      // embeddings, attention weights, residual branches (training mode only)
   bool bias = false;         // biases in Linear and LayerNorm layers
   bool qkv_bias = false;     // biases in the q, k and v projections even without `bias` (Qwen2)
@@ -100,6 +101,8 @@ struct GPTConfig {
   /// The MLP's inner width: ffn_hidden, else 4 n_embd (SwiGLU: 8/3 n_embd rounded up to a multiple of 64, about the
   /// parameters of a 4x GELU MLP).
   int64_t ffn_width() const;
+  /// Each head's width: head_dim, else n_embd / n_head.
+  int64_t head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
   /// Whether positions enter only through distances (relative, alibi, t5, none): no table bounds the length.
   bool relative_positions() const { return pos != Positions::Learned && pos != Positions::Rope; }
 

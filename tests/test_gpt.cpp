@@ -408,6 +408,34 @@ TEST_CASE("gpt: relu^2 MLP, soft-capped logits, zero-initialized projections: th
   check_cache_matches_full(b, ids, capped, 6);
 }
 
+TEST_CASE("gpt: heads of their own width (head_dim): the projections' shapes, the config kept, the KV cache") {
+  for (const auto& [pos, kv_heads] : {std::pair{nn::Positions::Rope, 2}, {nn::Positions::Learned, 0}}) {
+    CAPTURE(nn::positions_name(pos));
+    nn::GPTConfig c = tiny_config();
+    c.n_embd = 30, c.n_head = 4, c.head_dim = 10, c.pos = pos, c.n_kv_head = kv_heads, c.qk_norm = kv_heads > 0;
+    c.validate();  // 30 is no multiple of 4: the heads' width is given
+    const int64_t NKV = kv_heads > 0 ? kv_heads : c.n_head;
+    Generator gen(19);
+    nn::GPT model(c, gen);
+    for (auto& [name, p] : model.named_parameters()) {
+      CAPTURE(name);
+      if (name.ends_with("attn.c_attn.weight")) CHECK(p.shape() == Shape{(4 + 2 * NKV) * 10, 30});
+      if (name.ends_with("attn.c_proj.weight")) CHECK(p.shape() == Shape{30, 40});
+      if (name.ends_with("attn.q_norm.weight")) CHECK(p.shape() == Shape{10});
+    }
+    CHECK(gpt_config_from_json(to_json(c)).head_dim == 10);
+    model.train(false);
+    NoGradGuard no_grad;
+    const Tensor ids = random_ids(2, 16, c.vocab_size, gen);
+    check_cache_matches_full(model, ids, model.forward(ids).logits, 5);
+  }
+  nn::GPTConfig odd = tiny_config();
+  odd.n_embd = 30;
+  CHECK_THROWS_WITH_AS(odd.validate(), doctest::Contains("must be divisible by n_head (4), or give head_dim"), Error);
+  odd.head_dim = 7, odd.pos = nn::Positions::Rope;
+  CHECK_THROWS_WITH_AS(odd.validate(), doctest::Contains("RoPE needs an even head size, got 7"), Error);
+}
+
 TEST_CASE("gpt: QK-norm adds a gain per head dim for queries and keys to each block, and the KV cache normalizes too") {
   for (const nn::Positions pos : {nn::Positions::Learned, nn::Positions::Rope}) {
     nn::GPTConfig c = tiny_config();

@@ -595,6 +595,7 @@ TEST_CASE("memory: the parameter count from a config is the built model's, and a
       for (const int64_t kv : {0, 1, 2}) {
         nn::GPTConfig c;
         c.vocab_size = 13, c.block_size = 16, c.n_layer = 2, c.n_head = 4, c.n_kv_head = kv, c.n_embd = 32;
+        c.head_dim = kv == 2 ? 6 : 0;  // heads of their own width
         c.bias = bias, c.pos = pos, c.max_relative_position = 5;
         c.untied_head = kv == 1;
         c.qk_norm = kv == 2 || bias;

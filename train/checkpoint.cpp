@@ -70,6 +70,7 @@ nlohmann::json to_json(const nn::GPTConfig& c) {
           {"qkv_bias", c.qkv_bias}, {"logit_softcap", c.logit_softcap},
           {"zero_init_proj", c.zero_init_proj}, {"untied_head", c.untied_head}, {"qk_norm", c.qk_norm}};
   if (c.rope_scaling != RopeScaling{}) j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
+  if (c.head_dim > 0) j["head_dim"] = c.head_dim;
   if (c.lora.enabled()) {
     j["lora"] = {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", nn::lora_targets_name(c.lora.targets)}};
   }
@@ -84,6 +85,7 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   c.n_head = j.at("n_head").get<int64_t>();
   c.n_kv_head = j.value("n_kv_head", int64_t(0));
   c.n_embd = j.at("n_embd").get<int64_t>();
+  c.head_dim = j.value("head_dim", int64_t(0));
   c.dropout = j.value("dropout", 0.0);
   c.bias = j.at("bias").get<bool>();
   // "pos" names the scheme; checkpoints written before it had only "rope" (true or false).

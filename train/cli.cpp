@@ -180,8 +180,9 @@ void run_info(const std::string& path) {
   }
   const auto& c = ckpt.config;
   fmt::print("checkpoint     {}\n", ckpt.path.string());
-  fmt::print("model          {} layers, {} heads ({} key/value), {} wide, block {}, vocabulary {} ({}), bias {}, {}\n",
-             c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head, c.n_embd, c.block_size, c.vocab_size,
+  fmt::print("model          {} layers, {} heads ({} key/value{}), {} wide, block {}, vocabulary {} ({}), bias {}, {}\n",
+             c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head,
+             c.head_dim > 0 ? fmt::format("; {} wide each", c.head_dim) : "", c.n_embd, c.block_size, c.vocab_size,
              ckpt.tokenizer.vocab_size() < c.vocab_size
                  ? fmt::format("{}, {} tokens and {} rows of padding", ckpt.tokenizer.kind(), ckpt.tokenizer.vocab_size(),
                                c.vocab_size - ckpt.tokenizer.vocab_size())

@@ -33,6 +33,8 @@ void add_model_options(CLI::App* cmd, nn::GPTConfig& m, std::vector<ModelFlag>& 
   keyed(cmd->add_option("--n-head", m.n_head, "Attention heads")->capture_default_str(), {"n_head"});
   keyed(cmd->add_option("--n-kv-head", m.n_kv_head, "Key/value heads (0: same as --n-head; fewer: grouped-query)")->capture_default_str(), {"n_kv_head"});
   keyed(cmd->add_option("--n-embd", m.n_embd, "Embedding width")->capture_default_str(), {"n_embd"});
+  keyed(cmd->add_option("--head-dim", m.head_dim, "Each attention head's width (0: --n-embd / --n-head; else q, k and "
+                        "v are --n-head heads this wide, as Qwen3's and Gemma's)")->capture_default_str(), {"head_dim"});
   keyed(cmd->add_option("--block-size", m.block_size, "Context length in tokens")->capture_default_str(), {"block_size"});
   cmd->add_option("--dropout", m.dropout, "Dropout probability")->capture_default_str();
   keyed(add_switch(cmd, "bias", m.bias, "Biases in Linear and LayerNorm layers"), {"bias"});

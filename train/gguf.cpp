@@ -211,7 +211,7 @@ std::vector<float> rows_of(const Checkpoint& ckpt, const GgufPiece& p) {
 std::vector<Out> tensors_of(const Checkpoint& ckpt, const std::string& arch, uint32_t matrix) {
   std::vector<Out> out;
   const nn::GPTConfig& c = ckpt.config;
-  const int64_t E = c.n_embd / c.n_head;
+  const int64_t E = c.head_size();
   for (GgufPiece& p : gguf_pieces(c, arch)) {
     // Matrices at the chosen type; norms, biases and GPT-2's position table f32, as llama.cpp's converter keeps them.
     const uint32_t type = p.shape.size() == 2 && p.gguf != "position_embd.weight" ? matrix : kF32;
@@ -241,7 +241,11 @@ void hyperparameters(Metadata& m, const std::string& arch, const nn::GPTConfig& 
     return;
   }
   m.u32(a + "attention.head_count_kv", c.n_kv_head > 0 ? c.n_kv_head : c.n_head);
-  m.u32(a + "rope.dimension_count", c.n_embd / c.n_head);
+  if (c.head_dim > 0) {  // heads not n_embd / n_head wide: llama.cpp reads their width here
+    m.u32(a + "attention.key_length", c.head_dim);
+    m.u32(a + "attention.value_length", c.head_dim);
+  }
+  m.u32(a + "rope.dimension_count", c.head_size());
   m.f32(a + "rope.freq_base", c.rope_theta);
   m.f32(a + "attention.layer_norm_rms_epsilon", c.norm_eps);
 }
@@ -302,7 +306,7 @@ std::vector<GgufPiece> gguf_pieces(const nn::GPTConfig& c, const std::string& ar
   const int64_t C = c.n_embd, V = c.vocab_size;
   std::vector<GgufPiece> out;
   if (arch != "gpt2") {  // llama and qwen2: Hugging Face's table under llama.cpp's names
-    const int64_t E = C / c.n_head, Q = c.n_head * E, NKV = c.n_kv_head > 0 ? c.n_kv_head : c.n_head, KV = NKV * E;
+    const int64_t E = c.head_size(), Q = c.n_head * E, NKV = c.n_kv_head > 0 ? c.n_kv_head : c.n_head, KV = NKV * E;
     const int64_t H = c.ffn_width();
     struct Name {
       const char *hf, *gguf;

@@ -72,10 +72,14 @@ nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
   if (const std::string act = j.value("hidden_act", std::string("silu")); act != "silu") {
     throw bad(fmt::format("its MLP's activation is {} (tinygpt's SwiGLU gates with silu)", act));
   }
-  if (c.n_embd % c.n_head != 0) throw bad(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", c.n_embd, c.n_head));
-  if (j.contains("head_dim") && !j["head_dim"].is_null() && j["head_dim"] != c.n_embd / c.n_head) {
-    throw bad(fmt::format("its head_dim is {} (tinygpt's heads are hidden_size / num_attention_heads = {} wide)",
-                          j["head_dim"].dump(), c.n_embd / c.n_head));
+  // head_dim: each head's width where it is not hidden_size / num_attention_heads (as transformers reads it).
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    c.head_dim = integer("head_dim", 0);
+    if (c.n_head > 0 && c.n_embd % c.n_head == 0 && c.head_dim == c.n_embd / c.n_head) c.head_dim = 0;
+  }
+  if (c.head_dim == 0 && c.n_head > 0 && c.n_embd % c.n_head != 0) {
+    throw bad(fmt::format("hidden_size {} is not a multiple of num_attention_heads {} and no head_dim is given",
+                          c.n_embd, c.n_head));
   }
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2's q, k and v projections always have biases, its output projection none
@@ -124,7 +128,7 @@ json llama_config_to_hf(const nn::GPTConfig& c, int64_t bos, int64_t eos) {
       {"num_hidden_layers", c.n_layer},
       {"num_attention_heads", c.n_head},
       {"num_key_value_heads", c.n_kv_head > 0 ? c.n_kv_head : c.n_head},
-      {"head_dim", c.n_embd / c.n_head},
+      {"head_dim", c.head_size()},
       {"hidden_act", "silu"},
       {"max_position_embeddings", c.block_size},
       {"rms_norm_eps", c.norm_eps},
@@ -153,7 +157,7 @@ json llama_config_to_hf(const nn::GPTConfig& c, int64_t bos, int64_t eos) {
 }
 
 std::vector<HfPiece> llama_pieces(const nn::GPTConfig& c) {
-  const int64_t E = c.n_embd / c.n_head, q = c.n_head * E, kv = (c.n_kv_head > 0 ? c.n_kv_head : c.n_head) * E;
+  const int64_t E = c.head_size(), q = c.n_head * E, kv = (c.n_kv_head > 0 ? c.n_kv_head : c.n_head) * E;
   const int64_t H = c.ffn_width();
   const bool attn_bias = c.bias || c.qkv_bias;
   std::vector<HfPiece> p;

@@ -96,13 +96,18 @@ void llama_settings(const gguf::File& f, const std::string& a, nn::GPTConfig& c)
   c.pos = nn::Positions::Rope;
   c.norm_eps = f.number(a + "attention.layer_norm_rms_epsilon", 1e-5);
   c.rope_theta = f.number(a + "rope.freq_base", 10000.0);
-  const int64_t E = c.n_embd / c.n_head;
-  for (const char* key : {"attention.key_length", "attention.value_length"}) {
-    if (const uint64_t d = f.integer(a + key, uint64_t(E)); d != uint64_t(E)) {
-      throw not_importable(f, fmt::format("its {} is {} (tinygpt's heads are embedding_length / head_count = {} wide)",
-                                          a + key, d, E));
-    }
+  // Each head's width: attention.key_length where given (llama.cpp's default embedding_length / head_count).
+  const uint64_t even = c.n_embd % c.n_head == 0 ? uint64_t(c.n_embd / c.n_head) : 0;
+  const uint64_t k = f.integer(a + "attention.key_length", even), v = f.integer(a + "attention.value_length", k);
+  if (k == 0 || k > 1024) {
+    throw not_importable(f, fmt::format("its embedding_length {} is not a multiple of its head_count {} and its {} is "
+                                        "{}", c.n_embd, c.n_head, a + "attention.key_length", k));
   }
+  if (v != k) {
+    throw not_importable(f, fmt::format("its keys' heads are {} wide and its values' {} (tinygpt's are one width)", k, v));
+  }
+  c.head_dim = k == even ? 0 : int64_t(k);
+  const int64_t E = c.head_size();
   if (const uint64_t d = f.integer(a + "rope.dimension_count", uint64_t(E)); d != uint64_t(E)) {
     throw not_importable(f, fmt::format("it rotates {} of each head's {} features (tinygpt rotates them all)", d, E));
   }
@@ -252,7 +257,7 @@ nn::GPTConfig gguf_config(const gguf::File& f, std::string& arch) {
   c.block_size = size(a + "context_length");
   c.ffn_hidden = size(a + "feed_forward_length");
   c.dropout = 0;
-  if (c.n_embd % c.n_head != 0) {
+  if (arch == "gpt2" && c.n_embd % c.n_head != 0) {
     throw not_importable(f, fmt::format("its embedding_length {} is not a multiple of its head_count {}", c.n_embd, c.n_head));
   }
   const gguf::TensorInfo* embd = f.tensor("token_embd.weight");

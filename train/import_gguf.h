@@ -17,7 +17,7 @@ class File;
 }
 
 /// The model a GGUF file describes and its llama.cpp architecture; throws Error naming what tinygpt cannot compute
-/// the same way (another architecture, mixture of experts, a head dim that is not n_embd / n_head, partial rotary
+/// the same way (another architecture, mixture of experts, keys and values of two head widths, partial rotary
 /// dimensions, a RoPE scaling other than Llama 3's, a tensor missing, of the wrong shape or unknown).
 nn::GPTConfig gguf_config(const gguf::File& file, std::string& arch);
 

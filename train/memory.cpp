@@ -61,13 +61,13 @@ bool attention_on_f32_copies(const nn::GPTConfig& c) {
 
 double gpt_parameter_count(const nn::GPTConfig& c) {
   const double C = double(c.n_embd), V = double(c.vocab_size), L = double(c.n_layer), b = c.bias ? 1.0 : 0.0;
-  const double hd = C / double(c.n_head);
+  const double hd = double(c.head_size()), q = double(c.n_head) * hd;
   const double qkv = double(c.n_head + 2 * (c.n_kv_head > 0 ? c.n_kv_head : c.n_head)) * hd;
   const double nb = c.norm == nn::NormKind::RMSNorm ? 0.0 : b, qb = c.bias || c.qkv_bias ? 1.0 : 0.0;
   const double H = double(c.ffn_width()), fc = (c.mlp == nn::MlpKind::SwiGLU ? 2.0 : 1.0) * H;
   const double layer = 2 * C * (1 + nb)    // ln_1, ln_2
                        + qkv * C + qkv * qb  // c_attn
-                       + C * C + C * b       // attn.c_proj
+                       + q * C + C * b       // attn.c_proj
                        + fc * C + fc * b + H * C + C * b  // mlp.c_fc (SwiGLU: gate and up), mlp.c_proj
                        + (c.qk_norm ? 2 * hd : 0.0);      // attn.q_norm, attn.k_norm
   double positions = c.pos == nn::Positions::Learned ? double(c.block_size) * C : 0.0;  // wpe

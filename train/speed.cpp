@@ -22,7 +22,7 @@ namespace tinygpt {
 double step_flops(const nn::GPT& model, int64_t tokens_per_step) {
   const nn::GPTConfig& c = model.config();
   const double per_token = 6.0 * double(model.num_parameters_non_embedding()) +
-                           6.0 * double(c.n_layer) * double(c.block_size) * double(c.n_embd);
+                           6.0 * double(c.n_layer) * double(c.block_size) * double(c.n_head * c.head_size());
   return per_token * double(tokens_per_step);
 }
 

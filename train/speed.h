@@ -10,8 +10,8 @@
 namespace tinygpt {
 
 /// FLOPs of one training step as computed: per token, 6 per weight (the position table left out; forward and
-/// backward, as nanoGPT's estimate_mfu) plus 6 L T C for attention's two products, forward and backward: nanoGPT
-/// counts 12 L T C, the whole T x T, where the causal flash kernels compute about half of it.
+/// backward, as nanoGPT's estimate_mfu) plus 6 L T C for attention's two products, forward and backward (C the heads'
+/// width, NH E): nanoGPT counts 12 L T C, the whole T x T, where the causal flash kernels compute about half of it.
 double step_flops(const nn::GPT& model, int64_t tokens_per_step);
 
 /// The peak MFU is measured against: a ceiling no step can pass, fixed for a machine and the run's numerics, never

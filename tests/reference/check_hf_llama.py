@@ -2,13 +2,14 @@
 
 Import: LlamaForCausalLM and Qwen2ForCausalLM made here with random weights (small configs with random RMSNorm gains
 and, for Qwen2, random q/k/v biases; a small Llama with Llama 3's RoPE scaling, exported again and loaded back; and SmolLM2-135M's shape: 30 layers x 576, 9 heads, 3 key/value heads, MLP 1536,
-rope theta 1e5, tied head, saved as bf16 shards) beside a byte-level BPE that tinygpt trains here (GPT-2's pre-split;
+rope theta 1e5, tied head, saved as bf16 shards; Llama and Qwen2 with heads of their own width, head_dim 24 and 32 of
+a 64-wide model) beside a byte-level BPE that tinygpt trains here (GPT-2's pre-split;
 for the SmolLM2 shape SmolLM2's pre-tokenizer, digits one by one, whose ids are first checked against tokenizers'),
 imported by `tinygpt import --format hf`: the logits agree with transformers' (f32, on the same weights) within 1e-4
 and greedy decoding (`tinygpt sample --temperature 0`) gives the text of generate(do_sample=False).
 
 Export: a Llama-shaped model trained by tinygpt (`--arch llama`, grouped-query heads) and a Qwen2-shaped one
-(`--qkv-bias`), exported by `export --format hf`, load with AutoModelForCausalLM and compute tinygpt's logits and
+(`--qkv-bias`), and one with `--head-dim 24`, exported by `export --format hf`, load with AutoModelForCausalLM and compute tinygpt's logits and
 greedy text; imported again, they give back the same tensors.
 
 LoRA: adapters on every target of a Llama-shaped tinygpt model, exported merged by `export --format hf`: transformers'
@@ -17,7 +18,7 @@ logits and greedy text are those of `tinygpt sample` of the LoRA run (whose chec
 Run by developers, not by CI (it needs PyTorch and transformers, installed outside the source tree):
 
   python3 -m venv /tmp/venv-hf && /tmp/venv-hf/bin/pip install torch transformers
-  /tmp/venv-hf/bin/python tests/reference/check_hf_llama.py [--build build] [--only small|135m|export|lora]
+  /tmp/venv-hf/bin/python tests/reference/check_hf_llama.py [--build build] [--only small|135m|export|lora|head_dim]
 
 Exit status: 0 all checks pass, 1 a check fails or a tinygpt command errs, 77 PyTorch or transformers is missing.
 """
@@ -175,7 +176,7 @@ def check_lora_export(tinygpt, tool, data, tok, tmp, name):
 
 
 def main():
-    args, build = parse_args(__doc__, (["--only"], dict(choices=["small", "135m", "export", "lora"])))
+    args, build = parse_args(__doc__, (["--only"], dict(choices=["small", "135m", "export", "lora", "head_dim"])))
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"tinygpt {run(build / 'tinygpt', '--version').strip()}")
     L, Q = transformers.LlamaConfig, transformers.Qwen2Config
@@ -214,6 +215,13 @@ def main():
                                         ["--arch", "llama", "--n-kv-head", 2, "--rope-theta", 1e5]))
             results.append(check_export(tinygpt, tool, args.data, tok, tmp, "qwen2-export",
                                         ["--arch", "llama", "--n-kv-head", 2, "--qkv-bias", "--untied-head"]))
+        if args.only in (None, "head_dim"):  # heads not hidden_size / num_attention_heads wide (Qwen3's, Gemma's)
+            results.append(check_import(tinygpt, tool, tok_dir, tmp, "llama-head32", L, LM, dict(small, head_dim=32),
+                                        False))
+            results.append(check_import(tinygpt, tool, tok_dir, tmp, "qwen2-head24", Q, QM,
+                                        dict(small, head_dim=24, tie_word_embeddings=False), False))
+            results.append(check_export(tinygpt, tool, args.data, tok_dir / "tokenizer.json", tmp, "head-dim-export",
+                                        ["--arch", "llama", "--n-kv-head", 2, "--head-dim", 24]))
         if args.only in (None, "lora"):
             results.append(check_lora_export(tinygpt, tool, args.data, tok_dir / "tokenizer.json", tmp, "lora-export"))
     ok = all(results)
