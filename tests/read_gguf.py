@@ -99,7 +99,7 @@ def main():
     if len(kv.get("tokenizer.ggml.tokens", [])) != config["vocab_size"]:
         problems.append("the token count is not the vocabulary's")
     L = config["n_layer"]
-    E = config["n_embd"] // config["n_head"]
+    E = config.get("head_dim") or config["n_embd"] // config["n_head"]
     q = config["n_head"] * E
     kvr = (config.get("n_kv_head") or config["n_head"]) * E
     same = {"token_embd.weight": ("transformer.wte.weight", None), "output_norm.weight": ("transformer.ln_f.weight", None)}

@@ -147,10 +147,10 @@ done
 grep -q "skipping $dir/notes/run1: a tinygpt run directory" "$dir/notes-run2.log" || fail "the skipped run directory was not said"
 
 # The Llama family: a model trained with --arch llama (grouped-query heads, untied head) exports as LlamaForCausalLM,
-# with --qkv-bias as Qwen2ForCausalLM, and imports back to the same greedy text and loss.
+# with --qkv-bias (and heads 24 wide, --head-dim) as Qwen2ForCausalLM, and imports back to the same greedy text and loss.
 for arch in llama qwen2; do
   extra=(--n-kv-head 1 --untied-head --rope-theta 50000 --ffn-hidden 64)
-  [ "$arch" = qwen2 ] && extra+=(--qkv-bias)
+  [ "$arch" = qwen2 ] && extra+=(--qkv-bias --head-dim 24)  # heads of their own width too
   "$tinygpt" train --data "$dir/corpus" --tokenizer "$dir/run/tokenizer.json" --arch llama "${extra[@]}" \
     --out "$dir/$arch" "${model[@]}" --max-iters 10 > /dev/null 2> "$dir/$arch.log" || fail "train --arch llama failed: $(tail -1 "$dir/$arch.log")"
   "$tinygpt" export --ckpt "$dir/$arch" --format hf --out "$dir/$arch-hf" 2> /dev/null || fail "export of --arch llama failed"

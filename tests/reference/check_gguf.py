@@ -1,7 +1,7 @@
 """Checks `tinygpt export --format gguf` against the GGUF ecosystem's own code.
 
-Models trained here (tinygpt's Llama shape with grouped-query heads, a Qwen2 shape with q/k/v biases and an untied
-head, GPT-2's shape), on a byte-level BPE that tinygpt trains, exported at f32, f16, bf16 and q8_0:
+Models trained here (tinygpt's Llama shape with grouped-query heads, and with heads 24 wide of a 64-wide model, a Qwen2
+shape with q/k/v biases and an untied head, GPT-2's shape), on a byte-level BPE that tinygpt trains, exported at f32, f16, bf16 and q8_0:
 
 - read back by the `gguf` package (llama.cpp's gguf-py): the architecture, the hyperparameters and the tokenizer's
   tokens and merges as tinygpt's tokenizer.json has them, and every tensor equal to the checkpoint's (q and k rows
@@ -77,7 +77,7 @@ def expected_tensors(ckpt, config, arch):
     c = config
     C, L, NH = c["n_embd"], c["n_layer"], c["n_head"]
     NKV = c.get("n_kv_head") or NH
-    E = C // NH
+    E = c.get("head_dim") or C // NH
     t = {"token_embd.weight": ckpt["transformer.wte.weight"]}
     if arch == "gpt2":
         t["position_embd.weight"] = ckpt["transformer.wpe.weight"]
@@ -269,7 +269,8 @@ def main():
           f"llama-cpp-python {llama_cpp.__version__ if llama_cpp else 'absent: the llama.cpp part is skipped'}")
     models = {"llama": (["--arch", "llama", "--n-kv-head", 2], "llama"),
               "qwen2": (["--arch", "llama", "--n-kv-head", 2, "--qkv-bias", "--untied-head"], "qwen2"),
-              "gpt2": ([], "gpt2")}
+              "gpt2": ([], "gpt2"),
+              "llama-head24": (["--arch", "llama", "--n-kv-head", 2, "--head-dim", 24], "llama")}
     results = []
     with tempfile.TemporaryDirectory() as t:
         tmp = pathlib.Path(t)
