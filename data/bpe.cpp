@@ -1,5 +1,7 @@
 #include "data/bpe.h"
 
+#include "data/nfc.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <queue>
 #include <unordered_set>
 
+#include "data/nfc.h"
 #include "data/text.h"
 #include "data/unicode_tables.h"
 #include "kernels/base.h"
@@ -415,7 +418,10 @@ void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out, Cac
   encode_text(text.substr(start), out, cache);
 }
 
-void BpeTokenizer::encode_text(std::string_view text, std::vector<uint32_t>& out, Cache& cache) const {
+void BpeTokenizer::encode_text(std::string_view given, std::vector<uint32_t>& out, Cache& cache) const {
+  std::string normalized;
+  if (nfc_ && nfc_may_change(given)) normalized = data::nfc(given);
+  const std::string_view text = normalized.empty() ? given : std::string_view(normalized);
   for_each_piece(text, [&](std::string_view piece) {
     if (piece.size() == 1) {
       out.push_back(byte_ids_[uint8_t(piece[0])]);
@@ -486,7 +492,7 @@ std::string BpeTokenizer::to_json() const {
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens", added},
-      {"normalizer", nullptr},
+      {"normalizer", nfc_ ? ojson{{"type", "NFC"}} : ojson(nullptr)},
       {"pre_tokenizer", pre},
       {"post_processor", post},
       {"decoder", byte_level},
@@ -588,7 +594,15 @@ std::pair<std::string, std::string> merge_pair(const nlohmann::json& merge, cons
 
 /// What a tokenizer.json of another kind says, by name: SentencePiece's tokenizers as tokenizers writes them (a
 /// Unigram model, as T5's; a BPE over SentencePiece pieces with byte fallback and U+2581 for spaces, as Llama 2's,
-/// TinyLlama's, Mistral's, Gemma's), another model type, a normalizer (Qwen2's NFC).
+/// TinyLlama's, Mistral's, Gemma's), another model type, a normalizer other than NFC (Qwen2's, which tinygpt applies).
+/// A normalizer that is Unicode's NFC: {"type": "NFC"}, or a Sequence of that one alone.
+bool is_nfc(const nlohmann::json& n) {
+  if (!n.is_object() || !n.contains("type")) return false;
+  if (n["type"] == "NFC") return true;
+  return n["type"] == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
+         n["normalizers"].size() == 1 && is_nfc(n["normalizers"][0]);
+}
+
 template <class Bad>
 void refuse_other_kinds(const nlohmann::json& j, const Bad& bad) {
   const auto& m = j["model"];
@@ -600,9 +614,9 @@ void refuse_other_kinds(const nlohmann::json& j, const Bad& bad) {
                           byte_fallback ? "a BPE with byte_fallback" : "a Unigram model"));
   }
   if (m.value("type", std::string()) != "BPE") throw bad("its model is not \"BPE\"");
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+  if (j.contains("normalizer") && !j["normalizer"].is_null() && !is_nfc(j["normalizer"])) {
     const auto& n = j["normalizer"];
-    throw bad(fmt::format("it has a normalizer ({}), which tinygpt does not apply",
+    throw bad(fmt::format("it has a normalizer ({}), which tinygpt does not apply (it applies NFC)",
                           n.is_object() && n.contains("type") ? n["type"].dump() : n.dump().substr(0, 60)));
   }
 }
@@ -639,6 +653,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
 
   BpeTokenizer tok;
   tok.individual_digits_ = digits;
+  tok.nfc_ = j.contains("normalizer") && !j["normalizer"].is_null();  // refuse_other_kinds let only NFC through
   tok.pre_split_ = split;
   tok.tokens_.assign(vocab.size(), std::string());
   std::vector<bool> seen(vocab.size(), false);

@@ -71,6 +71,9 @@ class BpeTokenizer {
   int32_t added_id(std::string_view content) const;
   /// Whether each number character is a piece of its own (a Digits pre-tokenizer before the byte-level split).
   bool individual_digits() const { return individual_digits_; }
+  /// Whether text is put in Unicode normalization form C before the pre-split (tokenizer.json's normalizer NFC,
+  /// Qwen2's); added tokens are matched before, on the text as given, as `tokenizers` matches them.
+  bool nfc() const { return nfc_; }
   int64_t merges() const { return int64_t(merges_.size()); }
   /// The bytes of a token (<|endoftext|>'s text for the special token).
   const std::string& token_bytes(int32_t id) const { return tokens_[size_t(id)]; }
@@ -118,6 +121,7 @@ class BpeTokenizer {
   size_t model_vocab_ = 0;  // ids below this are the model's vocab in tokenizer.json; the rest only added tokens
   int32_t end_of_text_ = -1, bos_ = -1;
   bool individual_digits_ = false;
+  bool nfc_ = false;
   PreSplit pre_split_ = PreSplit::Gpt2;
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/bpe.h"
+#include "data/nfc.h"
 #include "kernels/base.h"
 
 using namespace tinygpt;
@@ -210,12 +211,47 @@ TEST_CASE("bpe: tokenizer.json round trip, and what is not a byte-level BPE is r
   refused(R"({"model": {"type": "Unigram", "vocab": []}})", "a SentencePiece tokenizer (a Unigram model");
   refused(R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []}})",
           "a SentencePiece tokenizer (a BPE with byte_fallback");
-  refused(R"({"normalizer": {"type": "NFC"}, "model": {"type": "BPE", "vocab": {}, "merges": []}})",
-          "it has a normalizer (\"NFC\"), which tinygpt does not apply");
+  refused(R"({"normalizer": {"type": "Lowercase"}, "model": {"type": "BPE", "vocab": {}, "merges": []}})",
+          "it has a normalizer (\"Lowercase\"), which tinygpt does not apply (it applies NFC)");
+  // Qwen2's normalizer, NFC: text is normalized before the pre-split, kept through to_json.
+  std::string nfc_json = tok.to_json();
+  nfc_json.replace(nfc_json.find("\"normalizer\": null"), 18, R"("normalizer": {"type": "NFC"})");
+  const BpeTokenizer qwen = BpeTokenizer::from_json(nfc_json, "qwen.json");
+  CHECK(qwen.nfc());
+  CHECK(!tok.nfc());
+  CHECK(encode(qwen, "caf\x65\xcc\x81 low") == encode(tok, "caf\xc3\xa9 low"));  // e + U+0301 is U+00E9
+  CHECK(encode(tok, "caf\x65\xcc\x81 low") != encode(tok, "caf\xc3\xa9 low"));
+  CHECK(BpeTokenizer::from_json(qwen.to_json(), "again.json").nfc());
   std::string j = tok.to_json();
   refused(std::string(j).replace(j.find("\"Isolated\""), 10, "\"Removed\""), "pre-tokenizer");
   refused(std::string(j).replace(j.find("\"!\": 33"), 7, "\"!\": 99999"), "ids must be 0 to");
   refused(std::string(j).replace(j.find("\"!\": 33"), 7, "\"!\": 34"), "given to two tokens");
+}
+
+TEST_CASE("nfc: Unicode's normalization form C, on the cases the standard's own examples work") {
+  // UAX #15 and the Unicode Standard, chapter 3: composition, reordering, blocking, singletons, exclusions, Hangul.
+  const std::pair<const char*, const char*> cases[] = {
+      {"e\xcc\x81", "\xc3\xa9"},                          // e + acute: U+00E9
+      {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81"},  // Hangul L V T: U+AC01
+      {"\xea\xb0\x80\xe1\x86\xa8", "\xea\xb0\x81"},              // LV syllable + T
+      {"a\xcc\x87\xcc\xa3", "\xe1\xba\xa1\xcc\x87"},             // a + dot above + dot below: U+1EA1 U+0307
+      {"a\xcc\xa3\xcc\x87", "\xe1\xba\xa1\xcc\x87"},             // the same in canonical order
+      {"a\xcc\x81\xcc\x81", "\xc3\xa1\xcc\x81"},                 // the second acute is blocked by the first
+      {"\xe2\x84\xa6", "\xce\xa9"},                          // OHM SIGN, a singleton: U+03A9
+      {"\xe2\x84\xab", "\xc3\x85"},                          // ANGSTROM SIGN: U+00C5
+      {"\xe0\xa5\x98", "\xe0\xa4\x95\xe0\xa4\xbc"},              // DEVANAGARI QA, excluded from composition
+      {"\xcd\x84", "\xcc\x88\xcc\x81"},                      // U+0344, a non-starter decomposition
+      {"\xc3\x85\xcc\x81", "\xc7\xba"},                      // U+00C5 + acute: U+01FA
+      {"e\xff\xcc\x81", "e\xff\xcc\x81"},                    // a byte that is not UTF-8 blocks composition
+      {"plain text 123", "plain text 123"},
+  };
+  for (const auto& [in, out] : cases) {
+    CAPTURE(in);
+    CHECK(data::nfc(in) == out);
+    CHECK(data::nfc(out) == out);  // NFC is idempotent
+  }
+  CHECK(!data::nfc_may_change("ASCII, Latin-1 \xc3\xa9 and no marks"));
+  CHECK(data::nfc_may_change("e\xcc\x81"));
 }
 
 TEST_CASE("bpe: incremental training learns the merges a brute-force count of every pair at every step learns") {

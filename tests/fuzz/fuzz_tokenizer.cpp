@@ -1,7 +1,8 @@
 // libFuzzer target: the tokenizer.json reader, and byte-level BPE encoding, on arbitrary bytes. The first byte picks
 // what the rest is: a tokenizer.json to read (every malformed one must end in a tinygpt::Error; one that reads must
-// encode and decode text back exactly), or text to split and encode with a small trained tokenizer (the pieces must
-// concatenate to the text, the ids decode to it). Anything else (a crash, a sanitizer report, another exception
+// encode and decode text back exactly, normalized to NFC where its normalizer says so), or text to split and encode
+// with a small trained tokenizer (the pieces must concatenate to the text, the ids decode to it) and to normalize
+// (NFC of NFC is NFC; text NFC leaves alone comes back as it was). Anything else (a crash, a sanitizer report, another exception
 // type, a round trip that differs) is a bug.
 #include <cstdint>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "data/bpe.h"
+#include "data/nfc.h"
 #include "kernels/base.h"
 
 namespace {
@@ -28,7 +30,7 @@ const BpeTokenizer& small_tokenizer() {
 void round_trip(const BpeTokenizer& tok, std::string_view text) {
   std::vector<uint32_t> ids;
   tok.encode(text, ids);
-  if (tok.decode(ids) != text) std::abort();
+  if (tok.decode(ids) != (tok.nfc() ? tinygpt::data::nfc(text) : std::string(text))) std::abort();
   std::string joined;
   tinygpt::data::for_each_piece(text, [&](std::string_view piece) {
     if (piece.empty()) std::abort();
@@ -44,6 +46,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   if (data[0] % 2 == 0) {
     round_trip(small_tokenizer(), rest);
+    const std::string once = tinygpt::data::nfc(rest);
+    if (tinygpt::data::nfc(once) != once) std::abort();
+    if (!tinygpt::data::nfc_may_change(rest) && once != rest) std::abort();
     return 0;
   }
   try {
