@@ -381,7 +381,8 @@ def slow(tmp, template):
         box = {}
 
         def long_stream():
-            box["answer"] = stream(s, "/v1/completions", {"prompt": "u:", "max_tokens": 300, "temperature": 1})
+            box["answer"] = stream(s, "/v1/completions", {"prompt": "u:", "max_tokens": 300, "temperature": 1,
+                                                          "stream_options": {"include_usage": True}})
         x = threading.Thread(target=long_stream)
         x.start()
         time.sleep(0.3)  # the stream has begun (300 tokens take longer)
@@ -395,8 +396,10 @@ def slow(tmp, template):
         status, _, events = box.get("answer", (0, None, []))
         check(status == 200 and events and events[-1] == "[DONE]", f"the stream in flight at SIGTERM: {status} {events[-2:]}")
         chunks = [e for e in events if isinstance(e, dict)]
-        check(chunks and chunks[-1]["choices"][0]["finish_reason"] == "length" and len(chunks) >= 300,
-              f"the stream in flight was not finished: {len(chunks)} chunks, the last {chunks[-1:]}")
+        # (A chunk may carry several tokens' text: the pieces drawn while the last one was being sent.)
+        check(len(chunks) >= 2 and chunks[-2]["choices"][0]["finish_reason"] == "length"
+              and chunks[-1].get("usage", {}).get("completion_tokens") == 300,
+              f"the stream in flight was not finished: {len(chunks)} chunks, the last {chunks[-2:]}")
         check(code == 0 and any(line == "stopped" for line in s.lines), f"serve after SIGTERM: exit {code}, {s.log()}")
     finally:
         s.stop(signal.SIGKILL)
