@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -446,14 +447,34 @@ class Writer {
   std::FILE* f_;
 };
 
-/// Removes a temporary file when the scope is left before release().
+// The temporary files being written, for a signal handler to remove (remove_cache_temp_files_now): fixed slots of
+// plain bytes, so the handler reads them without allocating or locking.
+constexpr size_t kTempSlots = 8, kTempPathMax = 4096;
+char g_temp_paths[kTempSlots][kTempPathMax];
+std::atomic<bool> g_temp_used[kTempSlots];
+
+/// Removes a temporary file when the scope is left before release(), or when a signal ends the program meanwhile.
 struct TempFile {
-  fs::path path;
-  bool keep = false;
+  explicit TempFile(fs::path p) : path(std::move(p)) {
+    const std::string& s = path.native();
+    for (size_t k = 0; k < kTempSlots && slot == kTempSlots; ++k) {
+      bool expected = false;
+      if (s.size() < kTempPathMax && g_temp_used[k].compare_exchange_strong(expected, true)) {
+        std::memcpy(g_temp_paths[k], s.c_str(), s.size() + 1);
+        slot = k;
+      }
+    }
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
   ~TempFile() {
+    if (slot < kTempSlots) g_temp_used[slot] = false;
     std::error_code ec;
     if (!keep) fs::remove(path, ec);
   }
+  fs::path path;
+  bool keep = false;
+  size_t slot = kTempSlots;  // its slot in g_temp_paths (none: kTempSlots)
 };
 
 void copy_file_into(Writer& out, const fs::path& from) {
@@ -688,6 +709,12 @@ int64_t write_document_ids(const std::vector<fs::path>& files, const Tokenizer& 
   tmp.keep = true;
   progress.finish(fmt::format(", {} ids", written));
   return written;
+}
+
+void remove_cache_temp_files_now() noexcept {
+  for (size_t k = 0; k < kTempSlots; ++k) {
+    if (g_temp_used[k].load()) ::unlink(g_temp_paths[k]);
+  }
 }
 
 }  // namespace tinygpt::data

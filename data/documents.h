@@ -26,6 +26,10 @@ using Note = std::function<void(const std::string&)>;
 /// naming an argument that matches nothing, or when no file is left.
 std::vector<std::filesystem::path> list_text_files(const std::vector<std::string>& args, const Note& note);
 
+/// Removes the temporary files of the token caches and id files being written, for a SIGINT/SIGTERM handler that ends
+/// the program during a pass: async-signal-safe (no allocation, no lock; unlink only). What they replace is kept.
+void remove_cache_temp_files_now() noexcept;
+
 /// A progress line on stderr for a pass over `total` bytes: done, rate and time left, redrawn at most twice a second
 /// while stderr is a terminal; the last line stays.
 class Progress {

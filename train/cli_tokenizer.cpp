@@ -11,6 +11,7 @@
 #include "data/bpe.h"
 #include "data/documents.h"
 #include "train/checkpoint.h"
+#include "train/console.h"
 #include "train/plots.h"
 
 namespace tinygpt {
@@ -120,6 +121,7 @@ void run_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
       fmt::print("{}\n", line);
       return;
     }
+    const SignalsEndPass signals;  // Ctrl-C while the ids are written: the temporary file goes
     const int64_t n = data::write_document_ids(data::list_text_files(a.data, note), tok, a.out);
     fmt::print(stderr, "wrote {} ids to {}\n", n, a.out);
     return;

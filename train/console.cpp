@@ -1,5 +1,7 @@
 #include "train/console.h"
 
+#include "data/documents.h"
+
 namespace tinygpt {
 
 std::atomic<int> g_stop_signals{0};
@@ -8,6 +10,14 @@ extern "C" void on_stop_signal(int sig) {
   if (g_stop_signals.fetch_add(1) > 0) _exit(128 + sig);  // a second signal: leave at once
   constexpr char kMsg[] = "\nsignal received: finishing this iteration and saving a checkpoint (again to quit now)\n";
   [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+}
+
+extern "C" void on_signal_during_pass(int) {
+  tinygpt::data::remove_cache_temp_files_now();
+  constexpr char kMsg[] = "\nerror: stopped by a signal while reading the data; the files being written were removed "
+                          "(a previous token cache is kept)\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  _exit(130);
 }
 
 }  // namespace tinygpt

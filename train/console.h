@@ -39,6 +39,30 @@ class StopSignals {
   struct sigaction old_int_{}, old_term_{};
 };
 
+/// While alive (a pass over the data before training, `tokenizer encode --data`), SIGINT and SIGTERM remove the
+/// temporary files of the token cache or id file being written, say so on one error line and exit 130: the previous
+/// cache is kept, and nothing half-written is left (data::remove_cache_temp_files_now).
+extern "C" void on_signal_during_pass(int sig);
+class SignalsEndPass {
+ public:
+  SignalsEndPass() {
+    struct sigaction sa{};
+    sa.sa_handler = on_signal_during_pass;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalsEndPass() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  SignalsEndPass(const SignalsEndPass&) = delete;
+  SignalsEndPass& operator=(const SignalsEndPass&) = delete;
+
+ private:
+  struct sigaction old_int_{}, old_term_{};
+};
+
 /// Progress on stderr: a live status line on a terminal (redrawn in place, at most 10 times a second) besides
 /// the log lines, plain log lines when stderr is not a terminal, and only the final summary when quiet.
 class Console {
