@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A full disk during training: the run directory on a small tmpfs, filled while training writes metrics and
 # checkpoints. The run must end with one `error:` line and exit 1, leaving its latest checkpoint loadable, no half
-# line in metrics.jsonl and no temporary file; --resume then continues once space is freed. Needs a mount namespace
+# line in metrics.jsonl and no temporary file; --resume then continues once space is freed. Then a token cache larger
+# than the disk: one error line, exit 1, nothing of it left. Needs a mount namespace
 # (root, or unprivileged user namespaces): skipped (exit 77), said so, where it cannot mount one.
 #   tests/full_disk_test.sh path/to/tinygpt
 set -uo pipefail
@@ -50,4 +51,15 @@ iter=$(sed -n 's/^iteration *//p' "$dir/info")
 "$tinygpt" train "${flags[@]}" --max-iters $((iter + 20)) --eval-interval 20 --resume 2> "$dir/again.log" ||
   fail "--resume after freeing space failed: $(tail -2 "$dir/again.log")"
 lines=$(wc -l < "$run/metrics.jsonl")
-echo "full_disk_test: the disk filled after $lines metrics lines: one error line, exit 1, the checkpoint (iteration ${iter:-?}) and log intact, resumed"
+# A full disk while the token cache is written (3 MB of text, 6 MB of ids, on 2 MB): one error line, exit 1, no
+# temporary file and no tokens.bin left behind, never half a cache.
+for i in $(seq 30000); do echo "line $i: the quick brown fox jumps over the lazy dog, and the dog sleeps on"; done > "$dir/big.txt"
+"$tinygpt" train --data "$dir/big.txt" --out "$dir/small/cache-run" --n-layer 1 --n-head 2 --n-embd 32 --block-size 16 \
+  --batch-size 4 --eval-iters 1 --max-iters 2 > /dev/null 2> "$dir/cache.log"
+status=$?
+[ "$status" = 1 ] || fail "writing a token cache on a full disk exited $status, not 1: $(tail -3 "$dir/cache.log")"
+[ "$(grep -c '^error:' "$dir/cache.log")" = 1 ] && grep -Eq "^error: .*(disk full|No space left on device)" "$dir/cache.log" ||
+  fail "a token cache on a full disk said: $(grep '^error:' "$dir/cache.log")"
+leftovers=$(find "$dir/small/cache-run" -name '*.tmp' -o -name tokens.bin)
+[ -z "$leftovers" ] || fail "a token cache that did not fit left: $leftovers"
+echo "full_disk_test: the disk filled after $lines metrics lines: one error line, exit 1, the checkpoint (iteration ${iter:-?}) and log intact, resumed; a token cache that did not fit: $(grep '^error:' "$dir/cache.log" | cut -c1-100)"
