@@ -3,7 +3,7 @@
 and text completions, streamed and not (a greedy reply equal to `tinygpt chat --message`'s, the streamed pieces
 joined equal to the whole); over 200 malformed or hostile requests each answered with a 4xx and an OpenAI error object,
 the server answering normally after; 16 streaming clients at once; 8 clients that drop mid-stream, their places
-freed; SIGTERM during a stream (it finishes, the server exits 0).
+freed; SIGTERM during a stream (it finishes, the server exits 0); a LoRA run served merged.
   tests/test_serve.py path/to/tinygpt [full|quick]   (quick: untrained models, for the sanitizer builds)"""
 import http.client
 import json
@@ -149,6 +149,7 @@ def main():
     finally:
         code = s.stop()
         check(code == 0, f"serve exited {code} after SIGTERM: {s.log()}")
+    lora(tmp)
     slow(tmp, template)
     if failures:
         print(f"test_serve: {len(failures)} failure(s)")
@@ -329,6 +330,23 @@ def load(s):
     done = [r for r in results if r and r[0] == 200 and r[1] and r[1][-1] == "[DONE]"
             and r[1][-2]["choices"][0]["finish_reason"] in ("stop", "length")]
     check(len(done) == 16, f"of 16 streaming clients {len(done)} finished: {[r and r[1][-1:] for r in results]}")
+
+
+def lora(tmp):
+    """A LoRA run (its checkpoint holds only the adapters) is served merged: its greedy text is `sample`'s."""
+    t = run("train", "--data", f"{tmp}/conv.txt", "--init-from", f"{tmp}/run", "--out", f"{tmp}/lora", "--lora-rank", "2",
+            "--max-iters", "20" if FULL else "1", "--eval-interval", "20", "--eval-iters", "1", "--batch-size", "8")
+    if not check(t.returncode == 0, f"train --lora-rank exited {t.returncode}: {t.stderr[-300:]}"):
+        return
+    s = Server("--ckpt", f"{tmp}/lora", "--api-key", KEY)
+    try:
+        status, body = post(s, "/v1/completions", {"prompt": "u:red|\na:", "max_tokens": 8, "temperature": 0})
+        sample = run("sample", "--ckpt", f"{tmp}/lora", "--prompt", "u:red|\na:", "--max-new-tokens", "8",
+                     "--temperature", "0")
+        check(status == 200 and sample.stdout == "u:red|\na:" + body["choices"][0]["text"] + "\n",
+              f"the LoRA run served: {status} {body}, sample: {sample.stdout!r}")
+    finally:
+        s.stop()
 
 
 def slow(tmp, template):
