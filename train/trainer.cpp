@@ -699,10 +699,7 @@ TrainResult train(const TrainConfig& cfg_in) {
 
   if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
   const data::Tokenizer* given = ckpt ? &ckpt->tokenizer : init ? &init->tokenizer : nullptr;
-  const TrainingData data = [&] {
-    const SignalsEndPass signals;  // Ctrl-C while the token cache is written: its temporary files go
-    return load_training_data(cfg, out, given, cfg.quiet || !lead, lead);
-  }();
+  const TrainingData data = load_training_data(cfg, out, given, cfg.quiet || !lead, lead);
   if (lead) comm.barrier();
   const data::Split& split = data.split;
   Console console(cfg.quiet || !lead);

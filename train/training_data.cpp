@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "data/documents.h"
+#include "train/console.h"
 #include "train/plots.h"
 
 namespace tinygpt {
@@ -55,6 +56,7 @@ data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size,
 
 TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, const data::Tokenizer* given, bool quiet,
                                 bool lead) {
+  const SignalsEndPass signals;  // Ctrl-C while the token cache is written: its temporary files go, exit 130
   const auto note = [&](const std::string& line) {
     if (!quiet) fmt::print(stderr, "{}\n", line);
   };
