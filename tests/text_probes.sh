@@ -47,13 +47,26 @@ runs "$tinygpt" train --data "$dir/notes" --tokenizer "$dir/tok.json" --out "$di
 n=$(files_of "$dir/err")
 [ "$n" = 2 ] || fail "a folder of two files with symlink loops read as '$n' files: $(grep -e '^data' -e skip "$dir/err" | head -3)"
 
-# An entry the user cannot read: one error naming it (or, as root, who reads everything, a skip said once).
+# An entry the user cannot read: skipped with a note naming it, the run trains on the rest. Root reads everything, so
+# as root the probe runs as nobody (setpriv), where nobody can run the program; else it is skipped, said once.
 cp "$dir/notes/a.txt" "$dir/notes/locked.txt"
 chmod 000 "$dir/notes/locked.txt"
+as_user=()
 if [ "$(id -u)" = 0 ]; then
-  echo "text_probes: the unreadable-file probe is skipped: root reads every file"
-else
-  expect 1 "locked.txt" "$tinygpt" train --data "$dir/notes" --tokenizer "$dir/tok.json" --out "$dir/r2" "${tiny[@]}"
+  if command -v setpriv > /dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups "$tinygpt" --version > /dev/null 2>&1; then
+    as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+    chmod 755 "$dir" "$dir/notes" "$dir/notes/sub"
+    chmod 644 "$dir/tok.json" "$dir/notes/a.txt" "$dir/notes/sub/b.txt"
+    mkdir -m 777 "$dir/open"
+  else
+    echo "text_probes: the unreadable-file probe is skipped: root reads every file, and nobody cannot run $tinygpt"
+  fi
+fi
+if [ "$(id -u)" != 0 ] || [ ${#as_user[@]} -gt 0 ]; then
+  out=$([ ${#as_user[@]} -gt 0 ] && echo "$dir/open/r2" || echo "$dir/r2")
+  runs "${as_user[@]}" "$tinygpt" train --data "$dir/notes" --tokenizer "$dir/tok.json" --out "$out" "${tiny[@]}"
+  grep -q "^skipping .*locked.txt: unreadable" "$dir/err" || fail "an unreadable file was not skipped, said so: $(head -3 "$dir/err")"
+  [ "$(files_of "$dir/err")" = 2 ] || fail "with an unreadable file the run read: $(grep '^data' "$dir/err")"
 fi
 chmod 644 "$dir/notes/locked.txt"
 rm "$dir/notes/locked.txt"
