@@ -114,16 +114,16 @@ void check_attention_math_flag(const std::string& math, const std::string& devic
 /// Flash attention's operands when --attention-math is not given: the matmuls' format where a kernel computes it
 /// on matrix units. On a GPU with tensor cores (compute capability 8.0+) bf16 with --dtype bf16, tf32 with TF32
 /// matmuls (the default: a faster training step than the f32 kernel, docs/RESULTS.md, "One GPU"), else f32. On the
-/// CPU bf16 with --dtype bf16 where AMX-BF16 runs it (cpu::bf16_kernel()), else f32: without AMX the CPU would only
-/// round the operands for its f32 units, which slows attention down and buys nothing (docs/RESULTS.md, "bf16 on the
-/// CPU"); --attention-math bf16 asks for it anyway.
+/// CPU bf16 with --dtype bf16 where a bf16 unit runs it (AMX-BF16 or AVX512-BF16: cpu::bf16_kernel()), else f32: on
+/// the f32 units the CPU would only round the operands, which slows attention down and buys nothing (docs/RESULTS.md,
+/// "bf16 on the CPU"); --attention-math bf16 asks for it anyway.
 AttentionMath default_attention_math(bool bf16, bool tf32, bool cuda);
 /// The numerics a run computes with and its checkpoints record: --dtype's on every device, the attention operands
 /// (--attention-math, else default_attention_math), and on the GPU the TF32 flag (the CPU has no TF32).
 Numerics numerics_of(const TrainConfig& c);
 /// Whether activations are stored in bf16 (Numerics::bf16_storage): as --storage says ("f32" or "bf16"; bf16 needs
-/// --dtype bf16); when it is not given, bf16 with bf16 products on a CPU whose GEMM runs on AMX-BF16, else f32 (the
-/// GPU too, for now). Throws naming the flag.
+/// --dtype bf16); when it is not given, bf16 with bf16 products on the GPU and on a CPU with a bf16 unit (AMX-BF16 or
+/// AVX512-BF16), else f32. Throws naming the flag.
 bool bf16_storage_of(const std::string& storage, bool bf16, Device device);
 /// Throws before any work when `device` cannot compute with `numerics` (tensor-core attention and bf16 matmuls need
 /// compute capability 8.0); `how` says which flag to change.
