@@ -46,15 +46,6 @@ Tensor heads_first_tensor(const HeadsView& v) {
   return permute(reshape(heads, {v.batch, v.len, v.heads, v.dim}), {0, 2, 1, 3});
 }
 
-/// A bool mask (true = masked out) as an additive one of `dtype`: -inf where masked, 0 elsewhere.
-Tensor bool_to_additive(const Tensor& mask, DType dtype) {
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  const std::vector<uint8_t> bits = mask.to_vector<uint8_t>();
-  std::vector<double> add(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) add[i] = bits[i] ? -kInf : 0.0;
-  return from_vector(add, mask.shape()).to(dtype).to(mask.device());
-}
-
 /// The additive (B, NH, T, S)-broadcastable mask of dtype `dtype`, with its strides (0 on broadcast dims).
 Tensor additive_mask(const Tensor& mask, DType dtype, int64_t B, int64_t NH, int64_t T, int64_t S, int64_t strides[4]) {
   if (mask.ndim() > 4) throw Error(fmt::format("attention: attn_mask has {} dims, at most 4 allowed", mask.ndim()));
@@ -69,7 +60,7 @@ Tensor additive_mask(const Tensor& mask, DType dtype, int64_t B, int64_t NH, int
     strides[d] = n == 1 ? 0 : s;
     s *= n;
   }
-  if (mask.dtype() == DType::Bool) return bool_to_additive(mask, dtype);
+  if (mask.dtype() == DType::Bool) return as_additive_mask(mask, dtype);
   if (mask.dtype() != dtype) {
     throw Error(fmt::format("attention: a float attn_mask must have the inputs' dtype ({}), got {}", dtype_name(dtype),
                             dtype_name(mask.dtype())));
@@ -193,7 +184,7 @@ AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv,
           const bool after = g.causal && s > t + S - T;
           hidden[size_t((b * T + t) * S + s)] = after || (!padded.empty() && padded[size_t(b * S + s)]);
         }
-    scores = scores + bool_to_additive(from_vector(hidden, {B, 1, T, S}).to(q.device()), q.dtype());
+    scores = scores + as_additive_mask(from_vector(hidden, {B, 1, T, S}).to(q.device()), q.dtype());
   }
   Tensor weights = softmax(scores);  // a row that sees no key is all zeros
   if (o.dropout_p > 0.0) weights = dropout(weights, o.dropout_p, o.dropout_seed);  // same mask as the kernels
@@ -543,6 +534,15 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   return attention(heads_last(q, 0, num_heads, num_heads, q.size(2) / num_heads), cached(k_cache, num_kv_heads),
                    cached(v_cache, num_kv_heads), true, o)
       .out;
+}
+
+Tensor as_additive_mask(const Tensor& mask, DType dtype) {
+  if (mask.dtype() != DType::Bool) return mask;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const std::vector<uint8_t> bits = mask.to_vector<uint8_t>();
+  std::vector<double> add(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) add[i] = bits[i] ? -kInf : 0.0;
+  return from_vector(add, mask.shape()).to(dtype).to(mask.device());
 }
 
 }  // namespace tinygpt

@@ -102,4 +102,8 @@ AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor&
 Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t len, int64_t num_heads,
                         int64_t num_kv_heads, const Numerics& numerics = {}, const ScoreModOptions& mods = {});
 
+/// A bool mask (true = masked out) as an additive one of `dtype`: -inf where masked, 0 elsewhere; a float mask as it
+/// is. Outside the graph (masks get no gradient), on the mask's device.
+Tensor as_additive_mask(const Tensor& mask, DType dtype);
+
 }  // namespace tinygpt

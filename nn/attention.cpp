@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -54,8 +53,6 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   return c;
 }
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 /// `mask` with `extra` more key columns (its last dim) that hide nothing: false, or 0 in an additive mask, as torch
 /// pads attn_mask and key_padding_mask for the appended key positions. A last dim of 1 that broadcast over the S
 /// keys is expanded to S first. Outside the graph (masks get no gradient), on the mask's device.
@@ -82,15 +79,6 @@ Tensor pad_key_columns(const Tensor& mask, int64_t S, int64_t extra, const char*
   if (mask.dtype() == DType::F32) return pad.operator()<float>();
   if (mask.dtype() == DType::F64) return pad.operator()<double>();
   throw Error(fmt::format("MultiHeadAttention: {} must be bool or float, got {}", what, dtype_name(mask.dtype())));
-}
-
-/// A bool mask (true = hidden) as an additive one of `dtype` (-inf where hidden, 0 elsewhere); a float mask as it is.
-Tensor as_additive(const Tensor& mask, DType dtype) {
-  if (mask.dtype() != DType::Bool) return mask;
-  const std::vector<uint8_t> bits = mask.to_vector<uint8_t>();
-  std::vector<double> add(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) add[i] = bits[i] ? -kInf : 0.0;
-  return from_vector(add, mask.shape()).to(dtype).to(mask.device());
 }
 
 /// is_causal over the S real keys (query t sees key s iff s <= t + S - T, the kernels' bottom-right convention) as a
@@ -171,7 +159,7 @@ void append_keys(const MultiHeadAttentionConfig& c, const Tensor& bias_k, const 
     const Tensor causal = causal_mask_before_appended(T, S, extra, q.device());
     if (mask.defined()) {
       const DType dtype = mask.dtype() == DType::Bool ? q.dtype() : mask.dtype();
-      mask = as_additive(mask, dtype) + as_additive(causal, dtype);
+      mask = as_additive_mask(mask, dtype) + as_additive_mask(causal, dtype);
     } else {
       mask = causal;
     }
