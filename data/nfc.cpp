@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "data/text.h"
 #include "data/unicode_nfc_tables.h"
 
 namespace tinygpt::data {
@@ -68,51 +69,28 @@ char32_t compose(char32_t a, char32_t b) {
   return it != std::end(t) && it->first == a && it->second == b ? it->cp : 0;
 }
 
-/// The code points of UTF-8 text, each byte of an ill-formed sequence as kRawByte + byte.
-std::vector<char32_t> decode(std::string_view s) {
-  std::vector<char32_t> out;
-  out.reserve(s.size());
+/// The code points of UTF-8 text (data/text.h's decoder), each byte of an ill-formed sequence as kRawByte + byte, with
+/// the byte offset each starts at (and the text's size last).
+void decode(std::string_view s, std::vector<char32_t>& cps, std::vector<size_t>& at) {
+  cps.reserve(s.size());
+  at.reserve(s.size() + 1);
   for (size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-    char32_t c = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
-    bool ok = n > 0 && i + n <= s.size();
-    for (size_t k = 1; ok && k < n; ++k) {
-      const auto x = static_cast<unsigned char>(s[i + k]);
-      ok = (x & 0xC0) == 0x80;
-      c = (c << 6) | (x & 0x3F);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are ill-formed too.
-    ok = ok && !(n == 2 && c < 0x80) && !(n == 3 && c < 0x800) && !(n == 4 && (c < 0x10000 || c > 0x10FFFF)) &&
-         !(c >= 0xD800 && c <= 0xDFFF);
-    if (!ok) {
-      out.push_back(kRawByte + b);
-      ++i;
-      continue;
-    }
-    out.push_back(c);
-    i += n;
+    const Utf8Char c = decode_utf8_at(s, i);
+    at.push_back(i);
+    cps.push_back(c.len > 0 ? c.cp : kRawByte + static_cast<unsigned char>(s[i]));
+    i += c.len > 0 ? size_t(c.len) : 1;
   }
-  return out;
+  at.push_back(s.size());
 }
 
-void encode(char32_t c, std::string& out) {
-  if (c >= kRawByte) {
-    out += char(c - kRawByte);
-  } else if (c < 0x80) {
-    out += char(c);
-  } else if (c < 0x800) {
-    out += char(0xC0 | (c >> 6));
-    out += char(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += char(0xE0 | (c >> 12));
-    out += char(0x80 | ((c >> 6) & 0x3F));
-    out += char(0x80 | (c & 0x3F));
-  } else {
-    out += char(0xF0 | (c >> 18));
-    out += char(0x80 | ((c >> 12) & 0x3F));
-    out += char(0x80 | ((c >> 6) & 0x3F));
-    out += char(0x80 | (c & 0x3F));
+/// Appends code points as UTF-8 (encode_utf8), the raw bytes among them as they were.
+void append(const std::vector<char32_t>& cps, std::string& out) {
+  for (size_t i = 0; i < cps.size();) {
+    size_t j = i;
+    while (j < cps.size() && cps[j] < kRawByte) ++j;
+    out += encode_utf8(std::u32string_view(cps.data() + i, j - i));
+    if (j < cps.size()) out += char(cps[j] - kRawByte);
+    i = j + 1;
   }
 }
 
@@ -158,22 +136,21 @@ bool nfc_may_change(std::string_view text) {
 
 std::string nfc(std::string_view text) {
   if (!nfc_may_change(text)) return std::string(text);
-  const std::vector<char32_t> cps = decode(text);
+  std::vector<char32_t> cps;
+  std::vector<size_t> at;
+  decode(text, cps, at);
   std::string s;
   s.reserve(text.size());
-  // Copy inert code points as they are; normalize each stretch from the inert one before a busy one (a composition's
-  // possible start) up to the next inert one.
+  // Copy the bytes of inert code points as they are; normalize each stretch from the inert one before a busy one (a
+  // composition's possible start) up to the next inert one.
   std::vector<char32_t> stretch;
   size_t i = 0;
   while (i < cps.size()) {
     size_t j = i;
     while (j < cps.size() && inert(cps[j])) ++j;
-    if (j == cps.size()) {
-      for (size_t k = i; k < j; ++k) encode(cps[k], s);
-      break;
-    }
-    const size_t start = j > i ? j - 1 : j;  // the starter before the busy code point, if it is this stretch's
-    for (size_t k = i; k < start; ++k) encode(cps[k], s);
+    const size_t start = j == cps.size() ? j : j > i ? j - 1 : j;  // the starter before the busy code point
+    s.append(text.substr(at[i], at[start] - at[i]));
+    if (start == cps.size()) break;
     size_t end = j + 1;
     while (end < cps.size() && !inert(cps[end])) ++end;
     stretch.assign(cps.begin() + std::ptrdiff_t(start), cps.begin() + std::ptrdiff_t(end));
@@ -228,7 +205,7 @@ void normalize(const std::vector<char32_t>& text, std::string& s) {
     }
     out.push_back(d[i]);
   }
-  for (const char32_t c : out) encode(c, s);
+  append(out, s);
 }
 
 }  // namespace
