@@ -18,49 +18,41 @@ namespace tinygpt {
 extern std::atomic<int> g_stop_signals;
 extern "C" void on_stop_signal(int sig);
 
-/// While alive, SIGINT and SIGTERM ask the training loop to stop after the current iteration.
-class StopSignals {
+/// While alive, `handler` answers SIGINT and SIGTERM; the previous handlers come back after.
+class SignalHandlers {
  public:
-  StopSignals() {
-    g_stop_signals = 0;
+  explicit SignalHandlers(void (*handler)(int)) {
     struct sigaction sa{};
-    sa.sa_handler = on_stop_signal;
+    sa.sa_handler = handler;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
   }
-  ~StopSignals() {
+  ~SignalHandlers() {
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
   }
-  bool requested() const { return g_stop_signals.load() > 0; }
+  SignalHandlers(const SignalHandlers&) = delete;
+  SignalHandlers& operator=(const SignalHandlers&) = delete;
 
  private:
   struct sigaction old_int_{}, old_term_{};
+};
+
+/// While alive, SIGINT and SIGTERM ask the training loop to stop after the current iteration.
+class StopSignals : SignalHandlers {
+ public:
+  StopSignals() : SignalHandlers((g_stop_signals = 0, on_stop_signal)) {}  // the count reset before it is installed
+  bool requested() const { return g_stop_signals.load() > 0; }
 };
 
 /// While alive (a pass over the data before training, `tokenizer encode --data`), SIGINT and SIGTERM remove the
 /// temporary files of the token cache or id file being written, say so on one error line and exit 130: the previous
 /// cache is kept, and nothing half-written is left (data::remove_cache_temp_files_now).
 extern "C" void on_signal_during_pass(int sig);
-class SignalsEndPass {
+class SignalsEndPass : SignalHandlers {
  public:
-  SignalsEndPass() {
-    struct sigaction sa{};
-    sa.sa_handler = on_signal_during_pass;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalsEndPass() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  SignalsEndPass(const SignalsEndPass&) = delete;
-  SignalsEndPass& operator=(const SignalsEndPass&) = delete;
-
- private:
-  struct sigaction old_int_{}, old_term_{};
+  SignalsEndPass() : SignalHandlers(on_signal_during_pass) {}
 };
 
 /// Progress on stderr: a live status line on a terminal (redrawn in place, at most 10 times a second) besides
