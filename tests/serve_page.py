@@ -4,12 +4,8 @@ the page names it, a typed message gets its streamed reply (greedy: the model's 
 page fits a phone's width, and Reset clears the conversation. Run by tests/test_serve_page.sh.
   serve_page.py path/to/tinygpt [--screenshot FILE.png]"""
 import os
-import random
-import re
-import subprocess
 import sys
 import tempfile
-import threading
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -17,6 +13,10 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_fixture  # noqa: E402
 
 tinygpt = sys.argv[1]
 screenshot = sys.argv[sys.argv.index("--screenshot") + 1] if "--screenshot" in sys.argv else None
@@ -31,32 +31,9 @@ def check(ok, message):
 
 
 tmp = tempfile.mkdtemp()
-random.seed(1)
-pairs = [("red", "apple"), ("yellow", "banana"), ("green", "lime"), ("purple", "grape")]
-with open(f"{tmp}/conv.txt", "w") as f:
-    for _ in range(4000):
-        u, a = random.choice(pairs)
-        f.write(f"u:{u}|\na:{a}|\n")
-with open(f"{tmp}/short.jinja", "w") as f:
-    f.write("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}|\n{% endfor %}"
-            "{% if add_generation_prompt %}a:{% endif %}")
-train = subprocess.run([tinygpt, "train", "--data", f"{tmp}/conv.txt", "--out", f"{tmp}/colours", "--n-layer", "2",
-                        "--n-head", "2", "--n-embd", "64", "--block-size", "64", "--batch-size", "16", "--max-iters",
-                        "300", "--warmup-iters", "20", "--lr", "3e-3", "--eval-interval", "300", "--eval-iters", "2"],
-                       capture_output=True, text=True)
-if train.returncode != 0:
-    sys.exit(f"FAIL: train exited {train.returncode}: {train.stderr[-300:]}")
-server = subprocess.Popen([tinygpt, "serve", "--ckpt", f"{tmp}/colours", "--chat-template", f"{tmp}/short.jinja",
-                           "--port", "0"], stderr=subprocess.PIPE, text=True)
-port = None
-for line in server.stderr:
-    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-    if m:
-        port = int(m.group(1))
-        break
-if port is None:
-    sys.exit("FAIL: serve did not start")
-threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
+template = serve_fixture.colour_model(tinygpt, tmp, f"{tmp}/colours")
+server = serve_fixture.Server(tinygpt, "--ckpt", f"{tmp}/colours", "--chat-template", template)
+port = server.port
 
 options = Options()
 options.binary_location = "/usr/bin/chromium"
@@ -98,8 +75,7 @@ try:
     check(not driver.find_elements(By.CSS_SELECTOR, ".msg.assistant"), "Reset left the replies on the page")
 finally:
     driver.quit()
-    server.terminate()
-    server.wait(30)
+    server.stop()
 if failures:
     sys.exit(f"serve_page: {len(failures)} failure(s)")
 print("serve_page: the chat page answered red and green through Chromium (apple, lime), fits 390 pixels, resets")

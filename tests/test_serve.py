@@ -17,6 +17,11 @@ import tempfile
 import threading
 import time
 
+sys.dont_write_bytecode = True  # nothing written into the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_fixture  # noqa: E402
+from serve_fixture import Server  # noqa: E402
+
 TINYGPT = sys.argv[1]
 FULL = (sys.argv[2] if len(sys.argv) > 2 else "full") == "full"
 KEY = "test-key"
@@ -32,44 +37,6 @@ def check(ok, message):
     if not ok:
         fail(message)
     return ok
-
-
-class Server:
-    """A `tinygpt serve` on a free port, its stderr collected."""
-
-    def __init__(self, *args):
-        self.proc = subprocess.Popen([TINYGPT, "serve", "--port", "0", *args], stderr=subprocess.PIPE, text=True)
-        self.lines = []
-        self.port = None
-        ready = threading.Event()
-
-        def read():
-            for line in self.proc.stderr:
-                self.lines.append(line.rstrip("\n"))
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    ready.set()
-            ready.set()
-
-        self.reader = threading.Thread(target=read, daemon=True)
-        self.reader.start()
-        if not ready.wait(60) or self.port is None:
-            raise SystemExit(f"FAIL: serve did not start: {self.log()}")
-
-    def log(self):
-        return "\n".join(self.lines[-20:])
-
-    def stop(self, sig=signal.SIGTERM, timeout=30):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = "hung"
-        self.reader.join(5)
-        return code
 
 
 def call(server, method, path, body=None, headers=None, timeout=60):
@@ -122,25 +89,9 @@ def is_error(status, body, want_status=None):
 
 def main():
     tmp = tempfile.mkdtemp()
-    pairs = [("red", "apple"), ("yellow", "banana"), ("green", "lime"), ("purple", "grape")]
-    import random
-    random.seed(1)
-    with open(f"{tmp}/conv.txt", "w") as f:
-        for _ in range(4000):
-            u, a = random.choice(pairs)
-            f.write(f"u:{u}|\na:{a}|\n")
-    template = f"{tmp}/short.jinja"
-    with open(template, "w") as f:
-        f.write("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}|\n{% endfor %}"
-                "{% if add_generation_prompt %}a:{% endif %}")
-    iters = "300" if FULL else "1"
-    t = run("train", "--data", f"{tmp}/conv.txt", "--out", f"{tmp}/run", "--n-layer", "2", "--n-head", "2",
-            "--n-embd", "64", "--block-size", "64", "--batch-size", "16", "--max-iters", iters, "--lr-decay-iters",
-            "300", "--warmup-iters", "20", "--lr", "3e-3", "--eval-interval", iters, "--eval-iters", "2")
-    if t.returncode != 0:
-        raise SystemExit(f"FAIL: train exited {t.returncode}: {t.stderr[-500:]}")
+    template = serve_fixture.colour_model(TINYGPT, tmp, f"{tmp}/run", 300 if FULL else 1)
 
-    s = Server("--ckpt", f"{tmp}/run", "--chat-template", template, "--api-key", KEY, "--max-body", "65536",
+    s = Server(TINYGPT, "--ckpt", f"{tmp}/run", "--chat-template", template, "--api-key", KEY, "--max-body", "65536",
                "--model-name", "colours")
     try:
         basics(s, tmp, template)
@@ -338,7 +289,7 @@ def lora(tmp):
             "--max-iters", "20" if FULL else "1", "--eval-interval", "20", "--eval-iters", "1", "--batch-size", "8")
     if not check(t.returncode == 0, f"train --lora-rank exited {t.returncode}: {t.stderr[-300:]}"):
         return
-    s = Server("--ckpt", f"{tmp}/lora", "--api-key", KEY)
+    s = Server(TINYGPT, "--ckpt", f"{tmp}/lora", "--api-key", KEY)
     try:
         status, body = post(s, "/v1/completions", {"prompt": "u:red|\na:", "max_tokens": 8, "temperature": 0})
         sample = run("sample", "--ckpt", f"{tmp}/lora", "--prompt", "u:red|\na:", "--max-new-tokens", "8",
@@ -356,7 +307,7 @@ def slow(tmp, template):
             "--eval-iters", "1")
     if not check(t.returncode == 0, f"train (slow) exited {t.returncode}: {t.stderr[-300:]}"):
         return
-    s = Server("--ckpt", f"{tmp}/slow", "--chat-template", template, "--api-key", KEY, "--max-queue", "8")
+    s = Server(TINYGPT, "--ckpt", f"{tmp}/slow", "--chat-template", template, "--api-key", KEY, "--max-queue", "8")
     try:
         # 8 clients each read their first piece (or a waiting comment) and hang up.
         def dropper():

@@ -12,18 +12,21 @@ Run by developers, not by CI (the client is installed outside the source tree):
 Exit status: 0 all checks pass, 1 a check fails or a tinygpt command errs, 77 the openai package is missing.
 """
 import argparse
-import random
-import re
+import json
+import pathlib
 import subprocess
 import sys
 import tempfile
-import threading
 
 try:
     import openai
 except ImportError:
     print("skipped: openai is not installed (python3 -m venv /tmp/venv-hf && /tmp/venv-hf/bin/pip install openai)")
     sys.exit(77)
+
+sys.dont_write_bytecode = True  # nothing written into the source tree
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import serve_fixture  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--build", default="build", help="the build directory holding tinygpt")
@@ -38,24 +41,10 @@ def check(ok, message, detail=""):
 
 
 tmp = tempfile.mkdtemp()
-random.seed(1)
-pairs = [("red", "apple"), ("yellow", "banana"), ("green", "lime"), ("purple", "grape")]
-with open(f"{tmp}/conv.txt", "w") as f:
-    for _ in range(4000):
-        u, a = random.choice(pairs)
-        f.write(f"u:{u}|\na:{a}|\n")
-template = f"{tmp}/short.jinja"
-with open(template, "w") as f:
-    f.write("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}|\n{% endfor %}"
-            "{% if add_generation_prompt %}a:{% endif %}")
-subprocess.run([tinygpt, "train", "--data", f"{tmp}/conv.txt", "--out", f"{tmp}/colours", "--n-layer", "2",
-                "--n-head", "2", "--n-embd", "64", "--block-size", "64", "--batch-size", "16", "--max-iters", "300",
-                "--warmup-iters", "20", "--lr", "3e-3", "--eval-interval", "300", "--eval-iters", "2"],
-               check=True, capture_output=True)
-server = subprocess.Popen([tinygpt, "serve", "--ckpt", f"{tmp}/colours", "--chat-template", template, "--port", "0",
-                           "--api-key", "sk-local"], stderr=subprocess.PIPE, text=True)
-port = next(int(m.group(1)) for line in server.stderr if (m := re.search(r"127\.0\.0\.1:(\d+)", line)))
-threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
+template = serve_fixture.colour_model(tinygpt, tmp, f"{tmp}/colours")
+server = serve_fixture.Server(tinygpt, "--ckpt", f"{tmp}/colours", "--chat-template", template, "--api-key",
+                              "sk-local")
+port = server.port
 print(f"openai {openai.__version__} against tinygpt serve on port {port}")
 client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-local", max_retries=0)
 try:
@@ -67,7 +56,6 @@ try:
     reply = r.choices[0].message.content
     args = [tinygpt, "chat", "--ckpt", f"{tmp}/colours", "--chat-template", template, "--temperature", "0"]
     with open(f"{tmp}/h.json", "w") as f:
-        import json
         json.dump(history, f)
     chat = subprocess.run(args + ["--messages", f"{tmp}/h.json"], capture_output=True, text=True)
     check(chat.stdout == reply + "\n", "a greedy chat reply equals `tinygpt chat`'s", f"{reply!r} vs {chat.stdout!r}")
@@ -97,6 +85,5 @@ try:
             check(isinstance(e.body, dict) and "message" in e.body, f"{expected.__name__} raised, with a message",
                   str(e.body))
 finally:
-    server.terminate()
-    server.wait(30)
+    server.stop()
 sys.exit(1 if failures else 0)
