@@ -145,7 +145,7 @@ class Server {
         if (first) write(sse(completion_chunk(p->completion, chat, "", true)));  // an empty reply still has its role
         write(sse(completion_chunk(p->completion, chat, "", false, p->completion.finish_reason)));
         if (p->request.include_usage) write(sse(usage_chunk(p->completion, chat)));
-        say(path, *p, gone);
+        if (!gone) say(path, *p);  // a client gone gets its own line below
       } catch (const ApiError& e) {
         write(sse(e.body()));
         if (e.status != 499) fmt::print(stderr, "{}: {}\n", path, e.what());
@@ -160,7 +160,7 @@ class Server {
     });
   }
 
-  /// The request's line on stderr: tokens, time to the first, rate.
+  /// A request admitted: what it asks, its prompt, its place in the queue, and what it came to.
   struct Pending {
     CompletionRequest request;
     ServeEngine::Prompt prompt;
@@ -168,13 +168,14 @@ class Server {
     Completion completion;
     ServeEngine::Timing timing;
   };
-  void say(const std::string& path, const Pending& p, bool gone = false) {
+  /// The request's line on stderr: tokens, time to the first, rate.
+  void say(const std::string& path, const Pending& p) {
     const Completion& c = p.completion;
     const ServeEngine::Timing& t = p.timing;
     const double secs = (t.total_ms - t.first_ms) / 1000;
     fmt::print(stderr, "{}: {} prompt tokens ({} read), {} tokens, waited {:.0f} ms, first after {:.0f} ms, "
-               "{:.1f} tokens/s, {}{}\n", path, c.prompt_tokens, t.read, c.completion_tokens, t.queued_ms, t.first_ms,
-               secs > 0 ? double(c.completion_tokens - 1) / secs : 0.0, c.finish_reason, gone ? " (client gone)" : "");
+               "{:.1f} tokens/s, {}\n", path, c.prompt_tokens, t.read, c.completion_tokens, t.queued_ms, t.first_ms,
+               secs > 0 ? double(c.completion_tokens - 1) / secs : 0.0, c.finish_reason);
   }
 
   httplib::Server svr_;
