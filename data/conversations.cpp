@@ -133,7 +133,7 @@ ConversationSet encode_conversations(const std::vector<Messages>& conversations,
   return set;
 }
 
-ConversationSet load_conversations(const std::vector<fs::path>& files, const ChatTemplate& chat_template,
+ConversationSet load_conversations(const FileList& files, const ChatTemplate& chat_template,
                                    const Tokenizer& tokenizer, int64_t context, double train_fraction) {
   std::vector<Messages> all;
   for (const fs::path& f : files) {

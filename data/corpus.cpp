@@ -9,8 +9,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "data/file_pass.h"
 
 namespace tinygpt::data {
 
@@ -32,34 +33,58 @@ nlohmann::json source_identity(const fs::path& text_path) {
           {"mtime_ns", int64_t(st.st_mtim.tv_sec) * 1000000000 + int64_t(st.st_mtim.tv_nsec)}};
 }
 
+constexpr size_t kChunk = size_t(64) << 20;  // a pass over a text maps it whole but keeps this much resident
+
+/// Calls f(code point, byte offset) for each character of the mapped text, a chunk at a time, each chunk's pages
+/// released once passed (the resident set does not grow with the file); validates as decode_utf8.
+template <class F>
+void for_each_code_point_of(const MappedFile& text, F&& f) {
+  const std::string_view bytes = text.bytes();
+  for (size_t i = 0; i < bytes.size();) {
+    const size_t from = i, end = std::min(bytes.size(), i + kChunk);
+    while (i < end) {
+      const Utf8Char c = decode_utf8_at(bytes, i);
+      if (c.len == 0) utf8_error(bytes, i, c.why);
+      f(c.cp, i);
+      i += size_t(c.len);
+    }
+    text.release(from, i - from);
+  }
+}
+
 MappedFile map_text(const fs::path& text_path) {
   check_text_path(text_path);
   MappedFile text(text_path);
   const std::string_view bytes = text.bytes();
   if (bytes.empty()) throw Error(fmt::format("data file '{}' is empty", text_path.string()));
-  if (const size_t nul = bytes.find('\0'); nul != std::string_view::npos) {
-    throw Error(fmt::format("'{}' looks like a binary file (a NUL byte at offset {}); tinygpt trains on UTF-8 text",
-                            text_path.string(), nul));
+  for (size_t at = 0; at < bytes.size(); at += kChunk) {
+    const size_t n = std::min(kChunk, bytes.size() - at);
+    if (const size_t nul = bytes.substr(at, n).find('\0'); nul != std::string_view::npos) {
+      throw Error(fmt::format("'{}' looks like a binary file (a NUL byte at offset {}); tinygpt trains on UTF-8 text",
+                              text_path.string(), at + nul));
+    }
+    text.release(at, n);
   }
   return text;
 }
 
-/// Ids of every character of `bytes`, through a code point -> id table.
-std::vector<Token> encode_bytes(std::string_view bytes, const std::vector<int32_t>& table, size_t count,
-                                const fs::path& text_path) {
+/// Calls emit(ids) with the ids of every character of the text, a chunk at a time, through a code point -> id table.
+template <class Emit>
+void encode_text(const MappedFile& text, const std::vector<int32_t>& table, const fs::path& text_path, Emit&& emit) {
   std::vector<Token> ids;
-  ids.reserve(count);
-  size_t offset = 0;
-  for_each_code_point(bytes, [&](char32_t c) {
+  for_each_code_point_of(text, [&](char32_t c, size_t offset) {
     const int32_t id = table[size_t(c)];
     if (id < 0) {
       throw Error(fmt::format("'{}': character '{}' (U+{:04X}) at byte offset {} is not in the model's vocabulary",
                               text_path.string(), encode_utf8(std::u32string(1, c)), uint32_t(c), offset));
     }
     ids.push_back(Token(id));
-    offset += c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+    if (ids.size() == kChunk / sizeof(Token)) {
+      emit(ids);
+      ids.clear();
+    }
   });
-  return ids;
+  if (!ids.empty()) emit(ids);
 }
 
 std::vector<int32_t> id_table(const CharVocab& vocab) {
@@ -101,50 +126,46 @@ std::optional<Corpus> read_cache(const fs::path& cache_path, const nlohmann::jso
   } catch (const std::exception&) {  // a damaged cache is encoded again, never trusted
     return std::nullopt;
   }
-  c.tokens = TokenData(std::move(file), offset, count);
   // Every id must name a character of the vocabulary (the embedding lookup trusts them).
-  const size_t vocab_size = c.vocab.chars().size();
-  Token top = 0;
-  for (const Token id : c.tokens.ids()) top = std::max(top, id);
-  if (count > 0 && size_t(top) >= vocab_size) return std::nullopt;
+  if (count > 0 && largest_id(cache_path, offset, count, sizeof(Token)) >= uint64_t(c.vocab.size())) return std::nullopt;
+  c.tokens = TokenData(std::move(file), offset, count);
   c.from_cache = true;
   return c;
 }
 
-void write_cache(const fs::path& cache_path, nlohmann::json header, const CharVocab& vocab, const std::vector<Token>& ids) {
+/// Writes the cache: the header (the source's identity, the vocabulary and the count), then the ids, encoded from the
+/// text a chunk at a time.
+void write_cache(const fs::path& cache_path, nlohmann::json header, const CharVocab& vocab, size_t count,
+                 const MappedFile& text, const fs::path& text_path) {
   header["vocab"] = encode_utf8(vocab.chars());
-  header["count"] = ids.size();
+  header["count"] = count;
   header["offset"] = 0;
   // The header's length depends on the offset's digits: fix the offset with room to spare, then pad.
   const size_t base = 16 + header.dump().size() + 32;
   const size_t offset = (base + alignof(Token) - 1) / alignof(Token) * alignof(Token);
   header["offset"] = offset;
-  std::string text = header.dump();
-  text.resize(offset - 16, ' ');
-  const uint64_t header_len = text.size();
+  std::string head = header.dump();
+  head.resize(offset - 16, ' ');
+  const uint64_t header_len = head.size();
 
-  const fs::path tmp = cache_path.string() + ".tmp";
+  detail::TempFile tmp{cache_path.string() + ".tmp"};
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(fmt::format("cannot write the token cache '{}': {}", tmp.string(), std::strerror(errno)));
+    detail::Writer out(tmp.path);
     out.write(kMagic, 8);
-    out.write(reinterpret_cast<const char*>(&header_len), 8);
-    out.write(text.data(), std::streamsize(text.size()));
-    out.write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * sizeof(Token)));
+    out.write(&header_len, 8);
+    out.write(head.data(), head.size());
+    size_t written = 0;
+    encode_text(text, id_table(vocab), text_path, [&](const std::vector<Token>& ids) {
+      out.write(ids.data(), ids.size() * sizeof(Token));
+      written += ids.size();
+    });
+    if (written != count) throw Error(fmt::format("'{}' changed while it was read; run again", text_path.string()));
     out.close();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw Error(fmt::format("cannot write the token cache '{}' (disk full?)", tmp.string()));
-    }
   }
   std::error_code ec;
-  fs::rename(tmp, cache_path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), why));
-  }
+  fs::rename(tmp.path, cache_path, ec);
+  if (ec) throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
+  tmp.keep = true;
 }
 
 }  // namespace
@@ -169,6 +190,13 @@ MappedFile::MappedFile(const fs::path& path) {
     }
   }
   ::close(fd);
+}
+
+void MappedFile::release(size_t offset, size_t bytes) const {
+  // Only whole pages inside the range: a page shared with the bytes around it stays.
+  const auto page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t begin = (offset + page - 1) / page * page, end = std::min(size_, offset + bytes) / page * page;
+  if (data_ != nullptr && end > begin) ::madvise(static_cast<char*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {
@@ -197,16 +225,43 @@ TokenSpan TokenData::ids() const {
   return std::span<const Token>(reinterpret_cast<const Token*>(p), count_);
 }
 
+uint32_t largest_id(const fs::path& path, uint64_t offset, uint64_t count, size_t id_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
+  std::vector<char> buf(size_t(1) << 20);
+  uint32_t top = 0;
+  for (uint64_t done = 0; done < count * id_bytes;) {
+    const size_t want = size_t(std::min<uint64_t>(buf.size(), count * id_bytes - done));
+    const ssize_t got = ::pread(fd, buf.data(), want, off_t(offset + done));
+    if (got <= 0 || size_t(got) % id_bytes != 0) {
+      ::close(fd);
+      throw Error(fmt::format("cannot read '{}': {}", path.string(), got < 0 ? std::strerror(errno) : "cut short"));
+    }
+    for (size_t i = 0; i < size_t(got); i += id_bytes) {
+      uint32_t id = 0;
+      std::memcpy(&id, buf.data() + i, id_bytes);  // little-endian, as the caches are written
+      top = std::max(top, id);
+    }
+    done += uint64_t(got);
+  }
+  ::close(fd);
+  return top;
+}
+
+void TokenData::release(size_t first, size_t count) const {
+  if (owned_.empty() && count_ > 0) file_.release(offset_ + first * id_bytes_, count * id_bytes_);
+}
+
 Corpus load_corpus(const fs::path& text_path, const fs::path& cache_dir) {
   const MappedFile text = map_text(text_path);
   const nlohmann::json identity = source_identity(text_path);
   const fs::path cache_path = cache_dir / "tokens.bin";
   if (auto cached = read_cache(cache_path, identity)) return std::move(*cached);
 
-  // Pass 1: validate and collect the characters; pass 2: ids.
+  // Pass 1: validate and collect the characters; pass 2 (write_cache): ids.
   std::vector<bool> seen(0x110000, false);
   size_t count = 0;
-  for_each_code_point(text.bytes(), [&](char32_t c) {
+  for_each_code_point_of(text, [&](char32_t c, size_t) {
     seen[size_t(c)] = true;
     ++count;
   });
@@ -219,7 +274,7 @@ Corpus load_corpus(const fs::path& text_path, const fs::path& cache_dir) {
                             text_path.string(), chars.size(), kMaxVocab));
   }
   CharVocab vocab = CharVocab::from_chars(std::move(chars));
-  write_cache(cache_path, identity, vocab, encode_bytes(text.bytes(), id_table(vocab), count, text_path));
+  write_cache(cache_path, identity, vocab, count, text, text_path);
   auto cached = read_cache(cache_path, identity);
   if (!cached) throw Error(fmt::format("the token cache '{}' could not be read back", cache_path.string()));
   cached->from_cache = false;
@@ -228,7 +283,9 @@ Corpus load_corpus(const fs::path& text_path, const fs::path& cache_dir) {
 
 TokenData encode_file(const fs::path& text_path, const CharVocab& vocab) {
   const MappedFile text = map_text(text_path);
-  return TokenData(encode_bytes(text.bytes(), id_table(vocab), text.bytes().size(), text_path));
+  std::vector<Token> all;
+  encode_text(text, id_table(vocab), text_path, [&](const std::vector<Token>& ids) { all.insert(all.end(), ids.begin(), ids.end()); });
+  return TokenData(std::move(all));
 }
 
 Split split_tokens(TokenSpan ids, double train_fraction) {

@@ -85,11 +85,19 @@ class MappedFile {
   MappedFile& operator=(MappedFile&& o) noexcept;
 
   std::string_view bytes() const { return {static_cast<const char*>(data_), size_}; }
+  /// Drops the whole pages of bytes [offset, offset + bytes) from the resident set (madvise MADV_DONTNEED): a pass that
+  /// has read them is done with them; a later read pages them in again from the file.
+  void release(size_t offset, size_t bytes) const;
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
 };
+
+/// The largest of `count` ids of `id_bytes` (2 or 4) each from byte `offset` of a file, read through a small buffer
+/// (the file is not mapped, so the resident set does not grow with it); 0 when count is 0. Throws naming the file
+/// when it cannot be read or is cut short.
+uint32_t largest_id(const std::filesystem::path& path, uint64_t offset, uint64_t count, size_t id_bytes);
 
 /// Token ids, either memory-mapped from a cache file or held in memory.
 class TokenData {
@@ -100,6 +108,8 @@ class TokenData {
   TokenData(MappedFile file, size_t offset, size_t count, size_t id_bytes = sizeof(Token));
 
   TokenSpan ids() const;
+  /// Drops the pages of ids[first, first + count) from the resident set, where they are mapped (MappedFile::release).
+  void release(size_t first, size_t count) const;
 
  private:
   std::vector<Token> owned_;

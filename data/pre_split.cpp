@@ -176,6 +176,28 @@ void PieceCounts::merge(const PieceCounts& other) {
   other.counts_.for_each([&](std::string_view piece, int64_t count) { counts_[piece] += count; });
 }
 
+int64_t PieceCounts::prune(size_t max_pieces) {
+  if (counts_.size() <= max_pieces) return 0;
+  // The smallest threshold t that leaves at most max_pieces / 2 pieces seen more than t times.
+  constexpr size_t kBuckets = size_t(1) << 16;
+  std::vector<size_t> seen(kBuckets + 1, 0);  // seen[c]: pieces counted c times (the last: kBuckets or more)
+  counts_.for_each([&](std::string_view, int64_t c) { ++seen[std::min(size_t(c), kBuckets)]; });
+  size_t above = counts_.size();
+  int64_t t = 0;
+  while (above > max_pieces / 2 && size_t(t) < kBuckets) above -= seen[size_t(++t)];
+  StringMap<int64_t> kept;
+  counts_.for_each([&](std::string_view piece, int64_t c) {
+    if (c > t) {
+      kept[piece] = c;
+    } else {
+      ++dropped_;
+    }
+  });
+  counts_ = std::move(kept);
+  pruned_below_ = std::max(pruned_below_, t);
+  return t;
+}
+
 std::vector<size_t> cut_points(std::string_view text, size_t target) {
   std::vector<size_t> cuts{0};
   target = std::max<size_t>(target, 1);

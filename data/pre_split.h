@@ -76,9 +76,16 @@ class PieceCounts {
   void merge(const PieceCounts& other);
   size_t unique() const { return counts_.size(); }
   const StringMap<int64_t>& map() const { return counts_; }
+  /// When more than max_pieces pieces are held, drops those seen fewest times (the rarest first, all of a count at
+  /// once) until at most max_pieces / 2 are left; returns the largest count dropped (0: nothing dropped).
+  int64_t prune(size_t max_pieces);
+  /// How many distinct pieces pruning dropped, and the largest count it dropped.
+  int64_t dropped() const { return dropped_; }
+  int64_t pruned_below() const { return pruned_below_; }
 
  private:
   StringMap<int64_t> counts_;
+  int64_t dropped_ = 0, pruned_below_ = 0;
 };
 
 /// Where a byte-string can be cut into independent parts for counting or encoding in parallel: the offsets just

@@ -9,6 +9,11 @@
 
 namespace tinygpt::data {
 
+/// Paths of text files, as strings: a std::filesystem::path also holds each of its components as a path of its own
+/// (some 700 bytes for a 90-character path under libstdc++, against 140 for the string), which a corpus of 400,000
+/// files would pay 300 MB for.
+using FileList = std::vector<std::string>;
+
 /// Throws naming the path when it does not exist or is a directory.
 void check_text_path(const std::filesystem::path& path);
 

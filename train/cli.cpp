@@ -422,7 +422,7 @@ void run_eval(const EvalArgs& a) {
   check_numerics_over(a.numerics, ckpt, device);
   const auto model = model_from(ckpt, device, a.batch_size, a.numerics);
   if (!a.chat_data.empty()) return run_eval_chat(a, ckpt, *model);
-  const std::vector<fs::path> files = data::list_text_files(a.data, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
+  const data::FileList files = data::list_text_files(a.data, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
   data::TokenData tokens;
   data::Split split;
   std::optional<ScratchDir> scratch;

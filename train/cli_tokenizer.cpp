@@ -101,7 +101,7 @@ void validate_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
 void run_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
   const auto note = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
   if (app.got_subcommand("train")) {
-    const std::vector<fs::path> files = data::list_text_files(a.data, note);
+    const data::FileList files = data::list_text_files(a.data, note);
     const data::PieceCounts counts = data::count_pieces(files);
     const auto t0 = std::chrono::steady_clock::now();
     const data::BpeTokenizer bpe = data::BpeTokenizer::train(counts, {.vocab_size = a.vocab_size, .progress = {}});

@@ -25,12 +25,12 @@ int64_t source_bytes(data::TokenSpan ids, const data::Tokenizer& tok) {
   return total;
 }
 
-data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size, const std::vector<fs::path>& files,
+data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size, const data::FileList& files,
                                     double train_fraction, bool quiet) {
   if (flag == "char") return data::Tokenizer(data::CharVocab());
   if (flag == "bpe") {
     const std::vector<bool> held_out = data::held_out_documents(files.size(), train_fraction);
-    std::vector<fs::path> train_files;
+    data::FileList train_files;
     for (size_t i = 0; i < files.size(); ++i) {
       if (!held_out[i]) train_files.push_back(files[i]);
     }
@@ -60,7 +60,7 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
   const auto note = [&](const std::string& line) {
     if (!quiet) fmt::print(stderr, "{}\n", line);
   };
-  const std::vector<fs::path> files = data::list_text_files(cfg.data, note);
+  const data::FileList files = data::list_text_files(cfg.data, note);
   const auto t0 = std::chrono::steady_clock::now();
   TrainingData d;
   if (cfg.sft) {  // the train config's check: a checkpoint is given
@@ -78,7 +78,7 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
     if (given != nullptr && given->chars().chars() != corpus.vocab.chars()) {
       throw Error(fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
                               "with the data the run was started on",
-                              given->chars().size(), files[0].string(), corpus.vocab.size()));
+                              given->chars().size(), files[0], corpus.vocab.size()));
     }
     d.tokenizer = data::Tokenizer(corpus.vocab);
     d.tokens = std::move(corpus.tokens);
@@ -88,6 +88,14 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
                             (out / "tokens.bin").string(),
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                             d.split.train.size(), d.split.val.size());
+    const size_t n = d.split.train.size(), all = d.tokens.ids().size(), part = size_t(16) << 20;
+    for (size_t at = 0; at < all; at += part) {  // a part at a time, each released once counted
+      const size_t k = std::min(part, all - at);
+      const size_t t = at < n ? std::min(k, n - at) : 0;  // of them train
+      d.train_bytes += source_bytes(d.tokens.ids().subspan(at, t), d.tokenizer);
+      d.val_bytes += source_bytes(d.tokens.ids().subspan(at + t, k - t), d.tokenizer);
+      d.tokens.release(at, k);
+    }
   } else {
     const bool trained_by_lead = given == nullptr && cfg.tokenizer == "bpe" && !lead;
     d.tokenizer = given != nullptr   ? *given
@@ -102,6 +110,8 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
     d.tokens = std::move(dc.tokens);
     const auto ids = d.tokens.ids();
     d.split = {ids.first(dc.train_count), ids.subspan(dc.train_count)};
+    d.train_bytes = dc.train_bytes;
+    d.val_bytes = dc.val_bytes;
     d.summary = fmt::format(
         "data: {} file{}, {} tokens, {} of {} ({}; {} file{} encoded, {} mapped from {}, {:.2f}s); train {} / val {} tokens{}",
         files.size(), files.size() == 1 ? "" : "s", ids.size(), d.tokenizer.kind(), d.tokenizer.vocab_size(),
@@ -110,8 +120,6 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), d.split.train.size(), d.split.val.size(),
         dc.held_out_documents > 0 ? fmt::format(" ({} whole documents held out)", dc.held_out_documents) : "");
   }
-  d.train_bytes = source_bytes(d.split.train, d.tokenizer);
-  d.val_bytes = source_bytes(d.split.val, d.tokenizer);
   return d;
 }
 

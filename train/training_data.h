@@ -33,7 +33,7 @@ TrainingData load_training_data(const TrainConfig& cfg, const std::filesystem::p
 
 /// The tokenizer --tokenizer names: "char" (an empty CharVocab: the data's characters decide), "bpe" (trained on
 /// `files`' training documents with --vocab-size), or a tokenizer.json file.
-data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size, const std::vector<std::filesystem::path>& files,
+data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size, const data::FileList& files,
                                     double train_fraction, bool quiet);
 
 /// Bits per byte of a mean loss in nats per token over `tokens` ids that stand for `bytes` bytes.
