@@ -10,7 +10,8 @@
 #   bash bench/corpus_memory.sh BUILD_DIR CORPUS_DIR TOKENIZER_JSON COPIES... [-- extra train flags]
 #   e.g. bash bench/corpus_memory.sh build /tmp/corp100 /tmp/tok.json 10 40
 #
-# With CGROUP_MB=N set, each run is also made inside a memory cgroup (v1 or v2) of N MiB, and the table says whether
+# With ONE_FILE_MB=N set, a last row trains on one file of N MB (the corpus's files joined, over again), which a
+# BPE run splits by position (the last tenth of its ids validates). With CGROUP_MB=N set, each run is also made inside a memory cgroup (v1 or v2) of N MiB, and the table says whether
 # it finished. Needs a few GB free beside TMPDIR for the caches (about 2 bytes per token).
 set -euo pipefail
 [ $# -ge 4 ] || { echo "usage: $0 BUILD_DIR CORPUS_DIR TOKENIZER_JSON COPIES... [-- train flags]" >&2; exit 2; }
@@ -100,3 +101,11 @@ for n in "${copies[@]}"; do
   for ((i = 0; i < n; i++)); do cp -rs "$(realpath "$corpus")" "$work/linked/copy$i"; done
   run_row "$(basename "$corpus") x $n" "$work/linked"
 done
+if [ -n "${ONE_FILE_MB:-}" ]; then
+  mkdir -p "$work/one"
+  while [ "$(stat -c %s "$work/one/all.txt" 2> /dev/null || echo 0)" -lt "$((ONE_FILE_MB * 1000000))" ]; do
+    find "$corpus" -type f -print0 | sort -z | xargs -0 cat >> "$work/one/all.txt"
+  done
+  truncate -s "$((ONE_FILE_MB * 1000000))" "$work/one/all.txt"
+  run_row "$(basename "$corpus") joined, one file" "$work/one"
+fi

@@ -39,18 +39,19 @@ struct Item {
 
 int64_t total_size(const FileList& files);
 
-/// Calls work(item, thread) -> ids for every part of every file, in parallel over a batch of files, then
-/// done(item, ids) for the batch's parts in order and after_batch(), before the next batch is mapped (the batch's
-/// pages are unmapped, so the resident set follows the batch). With `limit` >= 0, only the files' first `limit` bytes
-/// (the files in order, the last one cut where a piece ends). Exceptions from work are rethrown after the batch.
 /// Where a text cut at about `at` bytes ends a piece: after the last line break before `at` that lies between two
 /// printable ASCII characters, else `at`.
 size_t piece_end_before(std::string_view text, size_t at);
 
+/// Calls work(item, thread) -> ids for every part of every file, in parallel over a batch of parts (batch_bytes(),
+/// of one file or several), then done(item, ids) for the batch's parts in order and after_batch(), before the next
+/// batch: the batch's ids are dropped and its pages released, so the resident set follows the batch, whatever the
+/// files' sizes. With `limit` >= 0, only the files' first `limit` bytes (the files in order, the last one cut where a
+/// piece ends). Exceptions from work are rethrown after the batch.
 template <class Work, class Done>
 void over_files(const FileList& files, Progress& progress, Work&& work, Done&& done,
                 const std::function<void()>& after_batch = {}, int64_t limit = -1) {
-  std::vector<std::shared_ptr<MappedFile>> maps;
+  std::vector<std::shared_ptr<const MappedFile>> maps;  // items[i]'s file is maps[i]
   std::vector<Item> items;
   std::vector<std::vector<uint32_t>> results;
   size_t bytes = 0;
@@ -72,6 +73,7 @@ void over_files(const FileList& files, Progress& progress, Work&& work, Done&& d
       done(items[i], results[i]);
       std::vector<uint32_t>().swap(results[i]);
       progress.add(int64_t(items[i].text.size()));
+      maps[i]->release(size_t(items[i].text.data() - maps[i]->bytes().data()), items[i].text.size());
     }
     items.clear();
     maps.clear();
@@ -79,7 +81,7 @@ void over_files(const FileList& files, Progress& progress, Work&& work, Done&& d
     if (after_batch) after_batch();
   };
   for (size_t f = 0; f < files.size() && limit != 0; ++f) {
-    auto map = std::make_shared<MappedFile>(files[f]);
+    const auto map = std::make_shared<const MappedFile>(files[f]);
     std::string_view text = map->bytes();
     if (limit >= 0) {
       if (int64_t(text.size()) > limit) text = text.substr(0, piece_end_before(text, size_t(limit)));
@@ -88,10 +90,10 @@ void over_files(const FileList& files, Progress& progress, Work&& work, Done&& d
     const std::vector<size_t> cuts = cut_points(text, kItemBytes);
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
       items.push_back({f, text.substr(cuts[c], cuts[c + 1] - cuts[c]), c + 2 == cuts.size(), c == 0});
+      maps.push_back(map);
+      bytes += items.back().text.size();
+      if (bytes >= batch) run();
     }
-    maps.push_back(std::move(map));
-    bytes += text.size();
-    if (bytes >= batch) run();
   }
   if (!items.empty()) run();
 }

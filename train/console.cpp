@@ -20,4 +20,13 @@ extern "C" void on_signal_during_pass(int) {
   _exit(130);
 }
 
+extern "C" void on_bus_error(int) {
+  tinygpt::data::remove_cache_temp_files_now();
+  constexpr char kMsg[] = "\nerror: a mapped file was cut short while it was read (SIGBUS): a data file or the token "
+                          "cache changed under this run; the files being written were removed (a previous token cache "
+                          "is kept); run again once the files stay as they are\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  _exit(1);
+}
+
 }  // namespace tinygpt

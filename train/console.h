@@ -50,6 +50,9 @@ class StopSignals : SignalHandlers {
 /// temporary files of the token cache or id file being written, say so on one error line and exit 130: the previous
 /// cache is kept, and nothing half-written is left (data::remove_cache_temp_files_now).
 extern "C" void on_signal_during_pass(int sig);
+/// For SIGBUS, installed for the whole program (train/main.cpp): a file read through a map (a data file, a token cache)
+/// that another process cuts short faults on the pages past its new end. The temporary files go, one error line, exit 1.
+extern "C" void on_bus_error(int sig);
 class SignalsEndPass : SignalHandlers {
  public:
   SignalsEndPass() : SignalHandlers(on_signal_during_pass) {}
