@@ -14,7 +14,7 @@
 # BPE run splits by position (the last tenth of its ids validates). With CGROUP_MB=N set, each run is also made inside a memory cgroup (v1 or v2) of N MiB, and the table says whether
 # it finished. Needs a few GB free beside TMPDIR for the caches (about 2 bytes per token).
 set -euo pipefail
-[ $# -ge 4 ] || { echo "usage: $0 BUILD_DIR CORPUS_DIR TOKENIZER_JSON COPIES... [-- train flags]" >&2; exit 2; }
+[ $# -ge 3 ] || { echo "usage: $0 BUILD_DIR CORPUS_DIR TOKENIZER_JSON [COPIES...] [-- train flags]" >&2; exit 2; }
 build=$1 corpus=$2 tok=$3
 shift 3
 copies=()

@@ -201,8 +201,10 @@ PieceCounts count_pieces(const FileList& files, bool quiet, int64_t max_bytes) {
       max_bytes);
   progress.finish(fmt::format(", {} distinct pieces{}", total.unique(),
                               total.pruned_below() > 0
-                                  ? fmt::format(" (over {} seen: {} of those seen at most {} times dropped)",
-                                                kMaxPieces, total.dropped(), total.pruned_below())
+                                  ? fmt::format(" (more than {} seen: {} of the rarest, seen at most {}, dropped)",
+                                                kMaxPieces, total.dropped(),
+                                                total.pruned_below() == 1 ? std::string("once")
+                                                                          : fmt::format("{} times", total.pruned_below()))
                                   : ""));
   return total;
 }
