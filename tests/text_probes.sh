@@ -2,7 +2,7 @@
 # The text path probed as a hostile user would: --data directories with symlink loops, dangling links, unreadable
 # entries and files that change between runs; token caches truncated, swapped in from another run, made by another
 # tokenizer or left half-written by a signal; tokenizer.json files of absurd sizes; two runs after the same run
-# directory at once. Each probe ends in one `error:` line with exit 1 or 2, or in a run that reads the right text (the
+# directory at once; data files cut short or removed while a cache is written. Each probe ends in one `error:` line with exit 1 or 2, or in a run that reads the right text (the
 # cache rebuilt, never half-used), or in a skip said once; never a crash or a hang.
 #   tests/text_probes.sh path/to/tinygpt
 set -uo pipefail
@@ -160,6 +160,25 @@ else
 fi
 runs "$tinygpt" train --data "$dir/big" --tokenizer "$dir/tok.json" --out "$dir/r9" "${tiny[@]}"
 [ "$(files_of "$dir/err")" = 1 ] || fail "after a file was cut short, the next run: $(grep '^data' "$dir/err")"
+# A file that vanishes while the cache is written (z.txt, after the long a.txt): one error line naming it, exit 1.
+awk 'BEGIN { for (i = 1; i <= 1200000; i++) print "line " i " of a long file read before the one that vanishes" }' > "$dir/big/a.txt"
+echo "the last file, removed while the first is read" > "$dir/big/z.txt"
+rm -rf "$dir/r9"
+"$tinygpt" train --data "$dir/big" --tokenizer "$dir/tok.json" --out "$dir/r9" "${tiny[@]}" > /dev/null 2> "$dir/gone.err" &
+pid=$!
+sleep 0.3
+rm "$dir/big/z.txt"
+wait "$pid" 2> /dev/null
+rc=$?
+if [ "$rc" = 1 ]; then
+  [ "$(grep -c '^error:.*z\.txt' "$dir/gone.err")" = 1 ] || fail "a data file that vanished said: $(tail -2 "$dir/gone.err")"
+elif [ "$rc" = 0 ]; then
+  echo "text_probes: the pass read z.txt before it was removed; that probe is skipped"
+else
+  fail "a data file that vanished while read: exit $rc: $(tail -2 "$dir/gone.err")"
+fi
+left=$(ls "$dir/r9" 2> /dev/null | grep "\.tmp$" | tr '\n' ' ')
+[ -z "$left" ] || fail "a data file that vanished left temporary files in the run: $left"
 
 # Two runs after one run directory at once: one trains, the other is refused by the lock with one error line.
 "$tinygpt" train --data "$dir/notes" --tokenizer "$dir/tok.json" --out "$dir/r7" "${tiny[@]}" --max-iters 1000000 \
