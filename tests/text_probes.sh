@@ -2,8 +2,9 @@
 # The text path probed as a hostile user would: --data directories with symlink loops, dangling links, unreadable
 # entries and files that change between runs; token caches truncated, swapped in from another run, made by another
 # tokenizer or left half-written by a signal; tokenizer.json files of absurd sizes; two runs after the same run
-# directory at once; data files cut short or removed while a cache is written. Each probe ends in one `error:` line with exit 1 or 2, or in a run that reads the right text (the
-# cache rebuilt, never half-used), or in a skip said once; never a crash or a hang.
+# directory at once; data files cut short or removed while a cache is written. Each probe ends in one `error:` line
+# with exit 1 or 2, or in a run that reads the right text (the cache rebuilt, never half-used), or in a skip said
+# once; never a crash or a hang.
 #   tests/text_probes.sh path/to/tinygpt
 set -uo pipefail
 tinygpt=$1
