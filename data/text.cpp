@@ -105,4 +105,21 @@ std::u32string CharVocab::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+void write_text_file(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  bool written = false;
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    written = out && (out << text) && out.flush();
+    out.close();
+    written = written && !out.fail();
+  }
+  std::error_code ec;
+  if (written) fs::rename(tmp, path, ec);
+  if (!written || ec) {
+    fs::remove(tmp, ec);
+    throw Error(fmt::format("cannot write '{}'{}", path.string(), written ? "" : " (disk full, or no permission?)"));
+  }
+}
+
 }  // namespace tinygpt::data

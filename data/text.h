@@ -19,6 +19,9 @@ void check_text_path(const std::filesystem::path& path);
 
 /// The bytes of a text file; throws naming the path when it is missing, a directory, unreadable or empty.
 std::string read_text_file(const std::filesystem::path& path);
+/// Writes text to a file by way of a temporary file beside it, renamed into place: a failed write (a full disk) leaves
+/// the old file as it was and no temporary file; throws naming the path.
+void write_text_file(const std::filesystem::path& path, const std::string& text);
 
 /// Decodes UTF-8 (rejecting overlong forms, surrogates and values above U+10FFFF); throws naming the
 /// byte offset of the first invalid sequence.

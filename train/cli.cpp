@@ -258,7 +258,7 @@ void run_attention(const AttentionArgs& a) {
   if (heads.empty()) {
     for (int64_t h = 0; h < ckpt.config.n_head; ++h) heads.push_back(h);
   }
-  write_text_file(a.out, attention_svg(reshape(w, {w.size(1), w.size(2), w.size(3)}), tokens, a.layer, heads));
+  data::write_text_file(a.out, attention_svg(reshape(w, {w.size(1), w.size(2), w.size(3)}), tokens, a.layer, heads));
   fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
 }
 
@@ -542,7 +542,7 @@ Cli::Cli() {
        },
        [] {},
        done([this] {
-         write_text_file(plot_out, loss_curves_svg(fs::path(plot_run) / "metrics.jsonl"));
+         data::write_text_file(plot_out, loss_curves_svg(fs::path(plot_run) / "metrics.jsonl"));
          fmt::print(stderr, "wrote {}\n", plot_out);
        })},
       {"attention", "Draw a layer's attention weights over a text, per head, as an SVG",

@@ -12,7 +12,7 @@
 #include "data/documents.h"
 #include "train/checkpoint.h"
 #include "train/console.h"
-#include "train/plots.h"
+#include "data/text.h"
 
 namespace tinygpt {
 
@@ -106,7 +106,7 @@ void run_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
     const auto t0 = std::chrono::steady_clock::now();
     const data::BpeTokenizer bpe = data::BpeTokenizer::train(counts, {.vocab_size = a.vocab_size, .progress = {}});
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    write_text_file(a.out, bpe.to_json());
+    data::write_text_file(a.out, bpe.to_json());
     fmt::print(stderr, "learned {} merges in {:.1f}s{}; wrote {} ({} tokens, <|endoftext|> is id {})\n", bpe.merges(), secs,
                bpe.vocab_size() < a.vocab_size ? " (no pair occurs twice any more: a smaller vocabulary)" : "", a.out,
                bpe.vocab_size(), bpe.end_of_text());

@@ -4,7 +4,7 @@
 
 #include "autograd/ops.h"
 #include "train/hf_llama.h"
-#include "train/plots.h"
+#include "data/text.h"
 #include "train/safetensors.h"
 
 namespace tinygpt {
@@ -167,14 +167,14 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir) {
       tensors.emplace_back(p.hf, p.rows < 0 ? t : narrow(t, 0, p.row0, p.rows));
     }
     safetensors::save(dir / "model.safetensors", tensors, {{"format", "pt"}});
-    write_text_file(dir / "config.json", llama_config_to_hf(ckpt.config, bos, eot).dump(2) + "\n");
+    data::write_text_file(dir / "config.json", llama_config_to_hf(ckpt.config, bos, eot).dump(2) + "\n");
   } else {
     safetensors::save(dir / "model.safetensors", gpt2_tensors(ckpt), {{"format", "pt"}});  // transformers wants "pt"
-    write_text_file(dir / "config.json", gpt2_config(ckpt.config, eot).dump(2) + "\n");
+    data::write_text_file(dir / "config.json", gpt2_config(ckpt.config, eot).dump(2) + "\n");
   }
-  write_text_file(dir / "tokenizer.json", ckpt.tokenizer.is_bpe() ? ckpt.tokenizer.bpe().to_json()
+  data::write_text_file(dir / "tokenizer.json", ckpt.tokenizer.is_bpe() ? ckpt.tokenizer.bpe().to_json()
                                                                   : tokenizer(ckpt.tokenizer.chars()).dump(2) + "\n");
-  write_text_file(dir / "tokenizer_config.json", tokenizer_config(ckpt.config, ckpt.tokenizer).dump(2) + "\n");
+  data::write_text_file(dir / "tokenizer_config.json", tokenizer_config(ckpt.config, ckpt.tokenizer).dump(2) + "\n");
 }
 
 }  // namespace tinygpt

@@ -80,24 +80,6 @@ struct Point {
 
 }  // namespace
 
-void write_text_file(const fs::path& path, const std::string& text) {
-  // Into a temporary file beside it, then renamed: a failed write (a full disk) leaves the old file as it was.
-  const fs::path tmp = path.string() + ".tmp";
-  bool written = false;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    written = out && (out << text) && out.flush();
-    out.close();
-    written = written && !out.fail();
-  }
-  std::error_code ec;
-  if (written) fs::rename(tmp, path, ec);
-  if (!written || ec) {
-    fs::remove(tmp, ec);
-    throw Error(fmt::format("cannot write '{}'{}", path.string(), written ? "" : " (disk full, or no permission?)"));
-  }
-}
-
 std::string loss_curves_svg(const fs::path& metrics_jsonl) {
   std::ifstream in(metrics_jsonl);
   if (!in) throw Error(fmt::format("cannot read '{}' (train into the run directory first)", metrics_jsonl.string()));

@@ -19,7 +19,4 @@ std::string loss_curves_svg(const std::filesystem::path& metrics_jsonl);
 std::string attention_svg(const Tensor& weights, const std::vector<std::string>& tokens, int64_t layer,
                           const std::vector<int64_t>& heads);
 
-/// Writes text to a file, throwing naming the path when it cannot.
-void write_text_file(const std::filesystem::path& path, const std::string& text);
-
 }  // namespace tinygpt

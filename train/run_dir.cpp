@@ -4,7 +4,7 @@
 
 #include <fstream>
 
-#include "train/plots.h"  // write_text_file
+#include "data/text.h"
 
 namespace tinygpt {
 
@@ -34,7 +34,7 @@ void truncate_metrics(const fs::path& path, int64_t iter) {
     if (j.contains("val_loss") ? it <= iter : it < iter) kept += line + '\n';
   }
   in.close();
-  write_text_file(path, kept);  // by rename: a failed write leaves the old file as it was, and no temporary file
+  data::write_text_file(path, kept);  // by rename: a failed write leaves the old file as it was, and no temporary file
 }
 
 MetricsLog::MetricsLog(const fs::path& path, bool append, bool enabled) : path_(path) {

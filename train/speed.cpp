@@ -15,7 +15,7 @@
 
 #include "kernels/device.h"
 #include "kernels/env.h"
-#include "train/plots.h"  // write_text_file
+#include "data/text.h"
 
 namespace tinygpt {
 
@@ -96,7 +96,7 @@ std::string save_cpu_rates_cache() {
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
   try {
-    write_text_file(path, text);  // by rename, never half a file
+    data::write_text_file(path, text);  // by rename, never half a file
   } catch (const Error& e) {
     return e.what();
   }

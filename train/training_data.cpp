@@ -7,7 +7,7 @@
 
 #include "data/documents.h"
 #include "train/console.h"
-#include "train/plots.h"
+#include "data/text.h"
 
 namespace tinygpt {
 
@@ -104,7 +104,7 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
     if (!d.tokenizer.is_bpe() && d.tokenizer.vocab_size() == 0) {
       d.tokenizer = data::Tokenizer(data::vocab_of_files(files, cfg.model.doc_separator));
     }
-    if (given == nullptr && cfg.tokenizer == "bpe" && lead) write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
+    if (given == nullptr && cfg.tokenizer == "bpe" && lead) data::write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
     const std::vector<uint32_t> separator = d.tokenizer.document_suffix(cfg.model.doc_separator, "--doc-sep");
     data::DocumentCorpus dc = data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
     d.tokens = std::move(dc.tokens);
