@@ -1,5 +1,7 @@
 #include "train/console.h"
 
+#include <atomic>
+
 #include "data/documents.h"
 
 namespace tinygpt {
@@ -21,6 +23,11 @@ extern "C" void on_signal_during_pass(int) {
 }
 
 extern "C" void on_bus_error(int) {
+  // Several threads can fault on the same cut file at once: the first says so and exits, the others wait for it.
+  static std::atomic_flag said = ATOMIC_FLAG_INIT;
+  if (said.test_and_set()) {
+    for (;;) ::pause();
+  }
   tinygpt::data::remove_cache_temp_files_now();
   constexpr char kMsg[] = "\nerror: a mapped file was cut short while it was read (SIGBUS): a data file or the token "
                           "cache changed under this run; the files being written were removed (a previous token cache "
