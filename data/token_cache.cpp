@@ -163,7 +163,7 @@ void write_documents(std::vector<Record>& records, const FileList& files,
                          const std::vector<int64_t>& old_index, Writer& train_out, Writer& val_out, bool quiet) {
   const size_t n = files.size(), w = id_bytes_of(tok);
   const std::vector<uint32_t> bytes_of = source_bytes_of(tok), prefix = tok.document_prefix();
-  size_t copied = 0;  // documents before this one are written
+  size_t copied = 0;  // the unchanged documents before this one are written
   const auto copy_unchanged_before = [&](size_t doc) {
     for (; copied < doc; ++copied) {
       if (old_index[copied] < 0) continue;
@@ -206,7 +206,6 @@ void write_documents(std::vector<Record>& records, const FileList& files,
         records[doc].count += ids.size();
         records[doc].bytes += bytes;
         written += ids.size();
-        if (it.last) copied = doc + 1;
       });
   copy_unchanged_before(n);
   progress.finish(to_encode.empty() ? "" : fmt::format(", {} tokens", written));

@@ -106,17 +106,23 @@ TEST_CASE("documents: the cache holds train documents then held-out ones, reuses
   const std::vector<bool> held = held_out_documents(files.size(), 0.8);
   REQUIRE(std::count(held.begin(), held.end(), true) == 2);
   // What the cache must hold: each document's ids and separator, train documents first, in list order.
-  std::vector<uint32_t> want_train, want_val;
+  std::vector<uint32_t> want_train, want;
   int64_t train_bytes = 0, val_bytes = 0;
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::vector<uint32_t> ids;
-    tok.encode(read_text_file(files[i]), ids, files[i]);
-    ids.push_back(eot[0]);
-    (held[i] ? want_val : want_train).insert((held[i] ? want_val : want_train).end(), ids.begin(), ids.end());
-    (held[i] ? val_bytes : train_bytes) += int64_t(fs::file_size(files[i]));
-  }
-  std::vector<uint32_t> want = want_train;
-  want.insert(want.end(), want_val.begin(), want_val.end());
+  const auto expect_files = [&] {
+    std::vector<uint32_t> want_val;
+    want_train.clear();
+    train_bytes = val_bytes = 0;
+    for (size_t i = 0; i < files.size(); ++i) {
+      std::vector<uint32_t> ids;
+      tok.encode(read_text_file(files[i]), ids, files[i]);
+      ids.push_back(eot[0]);
+      (held[i] ? want_val : want_train).insert((held[i] ? want_val : want_train).end(), ids.begin(), ids.end());
+      (held[i] ? val_bytes : train_bytes) += int64_t(fs::file_size(files[i]));
+    }
+    want = want_train;
+    want.insert(want.end(), want_val.begin(), want_val.end());
+  };
+  expect_files();
   const fs::path cache = dir / "run" / "tokens.bin";
   fs::create_directories(cache.parent_path());
   const auto check = [&](int64_t reused, int64_t encoded) {
@@ -135,18 +141,7 @@ TEST_CASE("documents: the cache holds train documents then held-out ones, reuses
   // One train and one held-out document change: only they are encoded, the others copied from the old cache.
   write_text(files[3], "document three is now longer than it was\n");
   write_text(files[9], "the last one changed too\n");
-  want_train.clear();
-  want_val.clear();
-  train_bytes = val_bytes = 0;
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::vector<uint32_t> ids;
-    tok.encode(read_text_file(files[i]), ids, files[i]);
-    ids.push_back(eot[0]);
-    (held[i] ? want_val : want_train).insert((held[i] ? want_val : want_train).end(), ids.begin(), ids.end());
-    (held[i] ? val_bytes : train_bytes) += int64_t(fs::file_size(files[i]));
-  }
-  want = want_train;
-  want.insert(want.end(), want_val.begin(), want_val.end());
+  expect_files();
   check(8, 2);
   // An id outside the vocabulary (the header intact): the cache is not trusted, everything is encoded again.
   {

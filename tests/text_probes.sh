@@ -139,47 +139,40 @@ wait "$pid" 2> /dev/null
 runs "$tinygpt" train --data "$dir/notes" --tokenizer "$dir/tok.json" --out "$dir/r6" "${tiny[@]}"
 [ "$(files_of "$dir/err")" = 3 ] || fail "after runs stopped while writing the cache, the next read: $(grep '^data' "$dir/err")"
 
+# during_pass WHAT LABEL ERROR_PATTERN: trains on $dir/big into $dir/r9, runs WHAT 0.3 s in (while the long file is
+# read), and expects one error line matching ERROR_PATTERN with exit 1 (or a skip when the pass ended first), and no
+# temporary file left in the run.
+during_pass() {
+  local what=$1 label=$2 pattern=$3
+  rm -rf "$dir/r9"
+  "$tinygpt" train --data "$dir/big" --tokenizer "$dir/tok.json" --out "$dir/r9" "${tiny[@]}" > /dev/null 2> "$dir/pass.err" &
+  local pid=$!
+  sleep 0.3
+  eval "$what"
+  wait "$pid" 2> /dev/null
+  local rc=$?
+  if [ "$rc" = 1 ]; then
+    [ "$(grep -c "$pattern" "$dir/pass.err")" = 1 ] || fail "$label said: $(tail -2 "$dir/pass.err")"
+  elif [ "$rc" = 0 ]; then
+    echo "text_probes: the pass ended before $label happened; that probe is skipped"
+  else
+    fail "$label: exit $rc: $(tail -2 "$dir/pass.err")"
+  fi
+  local left
+  left=$(ls "$dir/r9" 2> /dev/null | grep "\.tmp$" | tr '\n' ' ')
+  [ -z "$left" ] || fail "$label left temporary files in the run: $left"
+}
 # A data file cut short by another process while the cache is written (its pages past the new end fault under the
-# map: SIGBUS): one error line and exit 1, no temporary file left; the next run encodes what the file now holds.
+# map: SIGBUS): one error line and exit 1; the next run encodes what the file now holds.
 mkdir -p "$dir/big"
 awk 'BEGIN { for (i = 1; i <= 1200000; i++) print "line " i " of a file that is cut short while it is read: the quick brown fox" }' > "$dir/big/big.txt"
-rm -rf "$dir/r9"
-"$tinygpt" train --data "$dir/big" --tokenizer "$dir/tok.json" --out "$dir/r9" "${tiny[@]}" > /dev/null 2> "$dir/cut.err" &
-pid=$!
-sleep 0.3
-truncate -s 4096 "$dir/big/big.txt"
-wait "$pid" 2> /dev/null
-rc=$?
-left=$(ls "$dir/r9" 2> /dev/null | grep "\.tmp$" | tr '\n' ' ')
-[ -z "$left" ] || fail "a data file cut short while read left temporary files in the run: $left"
-if [ "$rc" = 1 ]; then
-  [ "$(grep -c '^error:' "$dir/cut.err")" = 1 ] || fail "a data file cut short while read said: $(tail -2 "$dir/cut.err")"
-elif [ "$rc" = 0 ]; then
-  echo "text_probes: the pass over big.txt ended before it was cut short; that probe is skipped"
-else
-  fail "a data file cut short while read: exit $rc: $(tail -2 "$dir/cut.err")"
-fi
+during_pass 'truncate -s 4096 "$dir/big/big.txt"' "a data file cut short while read" '^error:'
 runs "$tinygpt" train --data "$dir/big" --tokenizer "$dir/tok.json" --out "$dir/r9" "${tiny[@]}"
 [ "$(files_of "$dir/err")" = 1 ] || fail "after a file was cut short, the next run: $(grep '^data' "$dir/err")"
 # A file that vanishes while the cache is written (z.txt, after the long a.txt): one error line naming it, exit 1.
 awk 'BEGIN { for (i = 1; i <= 1200000; i++) print "line " i " of a long file read before the one that vanishes" }' > "$dir/big/a.txt"
 echo "the last file, removed while the first is read" > "$dir/big/z.txt"
-rm -rf "$dir/r9"
-"$tinygpt" train --data "$dir/big" --tokenizer "$dir/tok.json" --out "$dir/r9" "${tiny[@]}" > /dev/null 2> "$dir/gone.err" &
-pid=$!
-sleep 0.3
-rm "$dir/big/z.txt"
-wait "$pid" 2> /dev/null
-rc=$?
-if [ "$rc" = 1 ]; then
-  [ "$(grep -c '^error:.*z\.txt' "$dir/gone.err")" = 1 ] || fail "a data file that vanished said: $(tail -2 "$dir/gone.err")"
-elif [ "$rc" = 0 ]; then
-  echo "text_probes: the pass read z.txt before it was removed; that probe is skipped"
-else
-  fail "a data file that vanished while read: exit $rc: $(tail -2 "$dir/gone.err")"
-fi
-left=$(ls "$dir/r9" 2> /dev/null | grep "\.tmp$" | tr '\n' ' ')
-[ -z "$left" ] || fail "a data file that vanished left temporary files in the run: $left"
+during_pass 'rm "$dir/big/z.txt"' "a data file that vanished while read" '^error:.*z\.txt'
 
 # Two runs after one run directory at once: one trains, the other is refused by the lock with one error line.
 "$tinygpt" train --data "$dir/notes" --tokenizer "$dir/tok.json" --out "$dir/r7" "${tiny[@]}" --max-iters 1000000 \
