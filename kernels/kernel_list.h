@@ -29,11 +29,11 @@
 /// y += alpha * x
 #define TINYGPT_PARAMS_axpy(T) (T * y, const T* x, compute_t<T> alpha, int64_t n)
 /// y = beta * y + alpha * x; beta == 0 writes alpha * x without reading y (which may hold anything, NaN included).
-#define TINYGPT_PARAMS_axpby(T) (T * y, const T* x, T alpha, T beta, int64_t n)
-/// axpby for a step whose values are in memory (see adamw_update_indirect): with coef, alpha = coef[0] and beta =
-/// coef[1]; without, alpha = T(alpha * clip_scale(stats[1], max_norm)) and beta = T(beta) (the gradient's clipping
-/// factor folded in). Nothing is written when stats {loss, sum of squares} are not finite.
-#define TINYGPT_PARAMS_axpby_indirect(T) \
+/// A step's values may be read from memory (so that a captured CUDA graph replays with each step's): with coef,
+/// alpha = coef[0] and beta = coef[1]; with stats {loss, gradient sum of squares}, alpha is taken times the gradient's
+/// clipping factor clip_scale(stats[1], max_norm), and nothing is written when the stats are not finite. Either may be
+/// null: alpha = T(alpha), beta = T(beta).
+#define TINYGPT_PARAMS_axpby(T) \
   (T * y, const T* x, int64_t n, double alpha, double beta, const float* coef, const T* stats, double max_norm)
 /// out = op(inp); alpha is the factor of UnaryOp::Scale.
 #define TINYGPT_PARAMS_unary_forward(T) (T * out, const T* inp, int64_t n, UnaryOp op, compute_t<T> alpha)
@@ -144,17 +144,12 @@
 #define TINYGPT_PARAMS_linear_backward(T) (const LinearBackward<T>& c)
 
 // ---- optimizer and positions -------------------------------------------------------------------------------------
-/// One AdamW step on the parameters of `runs` (decoupled weight decay, each run's own; bias-corrected moments; step
-/// counts from 1), with the gradient taken as grad_scale * grad (gradient clipping without a pass of its own; 1: as
-/// it is). param, grad, m and v are the packed buffers the runs index.
-#define TINYGPT_PARAMS_adamw_update(T)                                                                           \
-  (T * param, const T* grad, T* m, T* v, const AdamWRuns& runs, float lr, float beta1, float beta2, float eps, \
-   int64_t step, double grad_scale)
-/// adamw_update with the step's scalars read from memory the step's own work wrote (so that a captured CUDA graph
-/// replays with each step's values): sched = {lr, c1, c2}, c1 and c2 adamw_correction(beta1|2, step) as floats;
-/// stats = {the loss, the gradient's sum of squares}. The gradient is clipped to max_norm (0: not clipped) by
-/// clip_scale of the sum; when the loss or the sum is not finite nothing is updated.
-#define TINYGPT_PARAMS_adamw_update_indirect(T)                                                                   \
+/// One AdamW step on the parameters of `runs` (decoupled weight decay, each run's own; bias-corrected moments),
+/// param, grad, m and v the packed buffers the runs index. The step's scalars are read from memory (so that a captured
+/// CUDA graph replays with each step's values): sched = {lr, c1, c2}, c1 and c2 adamw_correction(beta1|2, step) as
+/// floats; stats = {the loss, the gradient's sum of squares}. The gradient is clipped to max_norm (0: not clipped) by
+/// clip_scale of the sum as it is read; when the loss or the sum is not finite nothing is updated.
+#define TINYGPT_PARAMS_adamw_update(T)                                                                            \
   (T * param, const T* grad, T* m, T* v, const AdamWRuns& runs, const float* sched, const T* stats, double max_norm, \
    float beta1, float beta2, float eps)
 /// Rotary embedding of x (B, L, NH, E) at positions pos0 .. pos0+L-1 (frequencies: kernels/rope_freqs.h): the first
@@ -210,7 +205,6 @@
   X(fill, kFloats, F32)                                     \
   X(axpy, kFloats | kBf16, TEMPLATE)                        \
   X(axpby, kFloats, F32)                                    \
-  X(axpby_indirect, kFloats, F32)                           \
   X(unary_forward, kFloats | kBf16, TEMPLATE)               \
   X(unary_backward, kFloats | kBf16, TEMPLATE)              \
   X(binary_forward, kFloats | kBf16, TEMPLATE)              \
@@ -244,7 +238,6 @@
   X(linear_forward, kFloats | kBf16, TEMPLATE)              \
   X(linear_backward, kFloats | kBf16, TEMPLATE)             \
   X(adamw_update, kFloats, F32)                             \
-  X(adamw_update_indirect, kFloats, F32)                    \
   X(rope_forward, kFloats, F32)                             \
   X(rope_backward, kFloats, F32)                            \
   X(attention_naive_forward, kFloats, F32)                  \

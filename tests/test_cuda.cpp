@@ -17,6 +17,7 @@
 #include "autograd/ops.h"
 #include "kernels/device.h"
 #include "kernels/kernels.h"
+#include "kernels/scalar_math.h"
 #include "nn/gpt.h"
 #include "tests/attention_bf16_case.h"
 #include "tests/attention_cases.h"
@@ -240,11 +241,16 @@ TEST_CASE("cuda: adamw_update matches the CPU") {
   runs.add(0, 400, 0.1f);
   runs.add(500, 300, 0.0f);
   runs.add(800, 200, 0.3f);
+  const Tensor stats = from_vector(std::vector<float>{2.5f, 16.0f}, {2});  // norm 4, clipped to 2 below
+  const Tensor stats_d = stats.to(Device::CUDA);
   for (int64_t step = 1; step <= 3; ++step) {
+    const Tensor sched = from_vector(std::vector<float>{1e-3f, float(adamw_correction(0.9f, step)),
+                                                        float(adamw_correction(0.99f, step))}, {3});
+    const Tensor sched_d = sched.to(Device::CUDA);
     launch(kernels::adamw_update<float>, Device::CPU, p.data<float>(), g.data<float>(), m.data<float>(),
-           v.data<float>(), runs, 1e-3f, 0.9f, 0.99f, 1e-8f, step, 0.5);
+           v.data<float>(), runs, sched.data<float>(), stats.data<float>(), 2.0, 0.9f, 0.99f, 1e-8f);
     launch(kernels::adamw_update<float>, Device::CUDA, pd.data<float>(), gd.data<float>(), md.data<float>(),
-           vd.data<float>(), runs, 1e-3f, 0.9f, 0.99f, 1e-8f, step, 0.5);
+           vd.data<float>(), runs, sched_d.data<float>(), stats_d.data<float>(), 2.0, 0.9f, 0.99f, 1e-8f);
   }
   check_matches(pd, p, 1e-6, 1e-5, "param");
   check_matches(md, m, 1e-6, 1e-5, "exp_avg");

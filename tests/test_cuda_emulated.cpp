@@ -45,7 +45,6 @@ static_assert(std::is_same_v<decltype(gpu::round_to_bf16), decltype(cpu::round_t
               std::is_same_v<decltype(gpu::accumulate_bf16), decltype(cpu::accumulate_bf16)>);
 TINYGPT_SAME_TEMPLATE_SIGNATURE(axpy)
 TINYGPT_SAME_SIGNATURE(axpby)
-TINYGPT_SAME_SIGNATURE(axpby_indirect)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(unary_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(unary_backward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(binary_forward)
@@ -79,7 +78,6 @@ TINYGPT_SAME_TEMPLATE_SIGNATURE(matmul_backward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(linear_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(linear_backward)
 TINYGPT_SAME_SIGNATURE(adamw_update)
-TINYGPT_SAME_SIGNATURE(adamw_update_indirect)
 TINYGPT_SAME_SIGNATURE(rope_forward)
 TINYGPT_SAME_SIGNATURE(rope_backward)
 TINYGPT_SAME_SIGNATURE(attention_naive_forward)
@@ -215,11 +213,11 @@ TEST_CASE("emulated CUDA: fill, axpy, axpby") {
     (g ? gpu::axpy<float> : cpu::axpy<float>)(b[0].data(), x.data(), -1.5f, n);
   });
   compare("axpby", {random(n, 3)}, [&](std::vector<Vec>& b, bool g) {
-    (g ? gpu::axpby : cpu::axpby<float>)(b[0].data(), x.data(), -1.5f, 0.75f, n);
+    (g ? gpu::axpby : cpu::axpby<float>)(b[0].data(), x.data(), n, -1.5, 0.75, nullptr, nullptr, 0.0);
   });
   for (const bool g : {true, false}) {  // beta 0 writes alpha x without reading what was there
     Vec y(size_t(n), NAN);
-    (g ? gpu::axpby : cpu::axpby<float>)(y.data(), x.data(), 2.0f, 0.0f, n);
+    (g ? gpu::axpby : cpu::axpby<float>)(y.data(), x.data(), n, 2.0, 0.0, nullptr, nullptr, 0.0);
     for (int64_t i = 0; i < n; ++i) REQUIRE(y[size_t(i)] == 2.0f * x[size_t(i)]);
   }
 }
@@ -1137,17 +1135,21 @@ TEST_CASE("emulated CUDA: AdamW step over runs of a packed buffer, each with its
   const Vec grad = random(size_t(n), 51);
   const std::vector<Vec> start = {random(size_t(n), 52), random(size_t(n), 53, -0.1f, 0.1f),
                                   random(size_t(n), 54, 0.0f, 0.1f)};
+  // Step 3 at rate 1e-2; {loss, sum of squares}: norm 4, clipped to 3 (the gradient taken times about 0.75).
+  const Vec sched = {1e-2f, float(adamw_correction(0.9f, 3)), float(adamw_correction(0.95f, 3))}, stats = {2.5f, 16.0f};
   compare("adamw", start, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), runs, 1e-2f,
-                                                       0.9f, 0.95f, 1e-8f, 3, 0.75);
+    (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), runs, sched.data(),
+                                                       stats.data(), 3.0, 0.9f, 0.95f, 1e-8f);
   });
   // The one launch against a launch per run, bit for bit; the elements in no run are left alone.
   std::vector<Vec> one = start, each = start;
-  gpu::adamw_update(one[0].data(), grad.data(), one[1].data(), one[2].data(), runs, 1e-2f, 0.9f, 0.95f, 1e-8f, 3, 0.75);
+  gpu::adamw_update(one[0].data(), grad.data(), one[1].data(), one[2].data(), runs, sched.data(), stats.data(), 3.0, 0.9f, 0.95f,
+                    1e-8f);
   for (int r = 0; r < runs.count; ++r) {
     const int64_t at = runs.begin[r];
     gpu::adamw_update(each[0].data() + at, grad.data() + at, each[1].data() + at, each[2].data() + at,
-                      AdamWRuns::one(runs.length(r), runs.weight_decay[r]), 1e-2f, 0.9f, 0.95f, 1e-8f, 3, 0.75);
+                      AdamWRuns::one(runs.length(r), runs.weight_decay[r]), sched.data(), stats.data(), 3.0, 0.9f,
+                      0.95f, 1e-8f);
   }
   for (size_t i = 0; i < 3; ++i) {
     CHECK(one[i] == each[i]);
@@ -1162,8 +1164,10 @@ TEST_CASE("emulated CUDA: AdamW step over runs of a packed buffer, each with its
     std::vector<bf16> copy(size_t(n), bf16(-7.0f));
     AdamWRuns with_copy = runs;
     with_copy.copy = copy.data();
-    update(o[0].data(), grad.data(), o[1].data(), o[2].data(), with_copy, 1e-2f, 0.9f, 0.95f, 1e-8f, 3, 0.75);
-    update(plain[0].data(), grad.data(), plain[1].data(), plain[2].data(), runs, 1e-2f, 0.9f, 0.95f, 1e-8f, 3, 0.75);
+    update(o[0].data(), grad.data(), o[1].data(), o[2].data(), with_copy, sched.data(), stats.data(), 3.0, 0.9f, 0.95f,
+           1e-8f);
+    update(plain[0].data(), grad.data(), plain[1].data(), plain[2].data(), runs, sched.data(), stats.data(), 3.0, 0.9f, 0.95f,
+                    1e-8f);
     CHECK(o == plain);  // the masters and moments as without copies
     for (int64_t i = 0; i < n; ++i) {
       const bool in_run = i < 100 || i >= 150;
@@ -1172,7 +1176,7 @@ TEST_CASE("emulated CUDA: AdamW step over runs of a packed buffer, each with its
   }
 }
 
-TEST_CASE("emulated CUDA: AdamW step with its scalars in device memory: clipped, unclipped, refused when not finite") {
+TEST_CASE("emulated CUDA: AdamW step clipped, unclipped, refused when not finite (its scalars in device memory)") {
   const int64_t n = 300;
   const Vec grad = random(size_t(n), 51);
   const Vec start = random(size_t(n), 52), m0 = random(size_t(n), 53, -0.1f, 0.1f), v0 = random(size_t(n), 54, 0.0f, 0.1f);
@@ -1186,23 +1190,26 @@ TEST_CASE("emulated CUDA: AdamW step with its scalars in device memory: clipped,
     CAPTURE(stats[0]);
     CAPTURE(stats[1]);
     CAPTURE(max_norm);
-    compare("adamw indirect", {start, m0, v0}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::adamw_update_indirect : cpu::adamw_update_indirect<float>)(
-          o[0].data(), grad.data(), o[1].data(), o[2].data(), runs, sched.data(), stats.data(), max_norm, 0.9f, 0.95f,
-          1e-8f);
+    compare("adamw", {start, m0, v0}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), runs,
+                                                         sched.data(), stats.data(), max_norm, 0.9f, 0.95f, 1e-8f);
     }, 0, 0);
-    // The same update as adamw_update with the factor the trainer computes on the host, bit for bit; none when the
-    // loss or the norm is not finite.
-    std::vector<Vec> direct = {start, m0, v0}, indirect = direct;
+    // Clipped: the unclipped update of the gradient taken times max_norm / (norm + 1e-6), bit for bit; unclipped at
+    // or below max_norm (or with max_norm 0); nothing moves when the loss or the sum is not finite.
     const bool finite = std::isfinite(stats[0]) && std::isfinite(stats[1]);
     const double norm = std::sqrt(double(stats[1]));
+    const auto factor = float(max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0);
+    Vec scaled = grad;
+    for (float& e : scaled) e *= factor;
+    std::vector<Vec> expected = {start, m0, v0}, got = expected;
     if (finite) {
-      cpu::adamw_update<float>(direct[0].data(), grad.data(), direct[1].data(), direct[2].data(), runs, 1e-2f, 0.9f,
-                               0.95f, 1e-8f, 3, max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0);
+      gpu::adamw_update(expected[0].data(), scaled.data(), expected[1].data(), expected[2].data(), runs, sched.data(),
+                        stats.data(), 0.0, 0.9f, 0.95f, 1e-8f);
     }
-    gpu::adamw_update_indirect(indirect[0].data(), grad.data(), indirect[1].data(), indirect[2].data(), runs,
-                               sched.data(), stats.data(), max_norm, 0.9f, 0.95f, 1e-8f);
-    for (int i = 0; i < 3; ++i) CHECK(direct[size_t(i)] == indirect[size_t(i)]);
+    gpu::adamw_update(got[0].data(), grad.data(), got[1].data(), got[2].data(), runs, sched.data(), stats.data(),
+                      max_norm, 0.9f, 0.95f, 1e-8f);
+    for (int i = 0; i < 3; ++i) CHECK(expected[size_t(i)] == got[size_t(i)]);
+    CHECK((got[0] == start) == !finite);
   }
 }
 
@@ -1212,21 +1219,21 @@ TEST_CASE("emulated CUDA: axpby with its factors in device memory (Muon's step f
   const Vec coef = {-0.25f, 0.875f}, fine = {2.5f, 16.0f}, refused = {2.5f, NAN};
   for (const double beta : {0.95, 0.0}) {  // beta 0: y is not read
     CAPTURE(beta);
-    compare("axpby indirect, clipped", {y0}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::axpby_indirect : cpu::axpby_indirect<float>)(o[0].data(), x.data(), n, 0.05, beta, nullptr, fine.data(), 1.0);
+    compare("axpby, clipped", {y0}, [&](std::vector<Vec>& o, bool g) {
+      (g ? gpu::axpby : cpu::axpby<float>)(o[0].data(), x.data(), n, 0.05, beta, nullptr, fine.data(), 1.0);
     });
   }
-  compare("axpby indirect, coefficients", {y0}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::axpby_indirect : cpu::axpby_indirect<float>)(o[0].data(), x.data(), n, 0, 0, coef.data(), fine.data(), 1.0);
+  compare("axpby, coefficients", {y0}, [&](std::vector<Vec>& o, bool g) {
+    (g ? gpu::axpby : cpu::axpby<float>)(o[0].data(), x.data(), n, 0, 0, coef.data(), fine.data(), 1.0);
   });
-  // What the direct form computes with the factors the host would pass, bit for bit: alpha 0.05 * (1 / (4 + 1e-6)),
+  // What it computes without stats, given the factors clipping makes, bit for bit: alpha 0.05 * (1 / (4 + 1e-6)),
   // beta 0.95.
   Vec direct = y0, indirect = y0;
-  gpu::axpby(direct.data(), x.data(), float(0.05 * (1.0 / (4.0 + 1e-6))), 0.95f, n);
-  gpu::axpby_indirect(indirect.data(), x.data(), n, 0.05, 0.95, nullptr, fine.data(), 1.0);
+  gpu::axpby(direct.data(), x.data(), n, 0.05 * (1.0 / (4.0 + 1e-6)), 0.95, nullptr, nullptr, 0.0);
+  gpu::axpby(indirect.data(), x.data(), n, 0.05, 0.95, nullptr, fine.data(), 1.0);
   CHECK(direct == indirect);
   Vec untouched = y0;
-  gpu::axpby_indirect(untouched.data(), x.data(), n, 0, 0, coef.data(), refused.data(), 1.0);
+  gpu::axpby(untouched.data(), x.data(), n, 0, 0, coef.data(), refused.data(), 1.0);
   CHECK(untouched == y0);
 }
 

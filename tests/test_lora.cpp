@@ -229,14 +229,6 @@ TEST_CASE("LoRA run: only the adapters train and are saved; merged and apart loa
       INFO(name);
       CHECK(max_abs_diff(resumed.find(name), t) == 0.0);
     }
-    // The GPU's step form on the CPU trains the same adapters.
-    c.resume = false;
-    c.init_from = base_file.string();
-    c.lora = apart.config.lora;
-    c.device_step_on_cpu = true;
-    c.out = (dir.path / fmt::format("device{}", bf16)).string();
-    train(c);
-    CHECK(losses_of(c.out) == straight);
   }
 
   // A base that changed is refused, naming it; so is resuming with other LoRA flags.

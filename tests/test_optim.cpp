@@ -169,7 +169,7 @@ TEST_CASE("muon and AdamW agree with PyTorch (torch.optim.Muon, torch.optim.Adam
       NoGradGuard no_grad;
       const double norm = std::sqrt(sum(flat.grads() * flat.grads()).item());
       test::check_against(full({1}, norm), f.at("grad_norm." + std::to_string(step)), 1e-5, 0, "gradient norm");
-      opt->step(adamw.lr * meta["schedule"][size_t(step)].get<double>(), std::min(1.0, max_norm / (norm + 1e-6)));
+      opt->step(adamw.lr * meta["schedule"][size_t(step)].get<double>(), norm * norm, max_norm);
       for (const auto& [n, p] : params) {
         test::check_against(p, f.at("step" + std::to_string(step) + "." + n), 1e-5, 1e-6, n);
       }
@@ -209,7 +209,6 @@ TEST_CASE("AdamW and Muon write the bf16 working copies as they update: each cop
       return std::make_unique<AdamW>(flat, adamw);
     };
     const auto opt_with = optimizer(flat_with), opt_without = optimizer(flat_without);
-    CHECK(opt_with->writes_bf16_copies());
     for (int step = 0; step < 3; ++step) {
       for (auto* params : {&with, &without}) {
         Tensor loss;

@@ -58,13 +58,19 @@ void AdamW::for_each_launch(F update) {
   }
 }
 
-void AdamW::step(double lr, double grad_scale) {
-  NoGradGuard no_grad;
+std::vector<float> AdamW::schedule(double lr) {
   ++step_;
+  return {float(lr), float(adamw_correction(float(config_.beta1), step_)),
+          float(adamw_correction(float(config_.beta2), step_))};
+}
+
+void AdamW::step(const Tensor& sched, const Tensor& stats, double max_norm) {
+  NoGradGuard no_grad;
+  const auto beta1 = float(config_.beta1), beta2 = float(config_.beta2), eps = float(config_.eps);
   if (flat_) {
     for_each_launch([&]<class T>(T* p, T* g, T* m, T* v, const AdamWRuns& runs, Device device) {
-      launch(kernels::adamw_update<T>, device, p, g, m, v, runs, float(lr), float(config_.beta1),
-             float(config_.beta2), float(config_.eps), step_, grad_scale);
+      launch(kernels::adamw_update<T>, device, p, g, m, v, runs, sched.data<float>(), stats.data<T>(), max_norm, beta1,
+             beta2, eps);
     });
     return;
   }
@@ -74,25 +80,24 @@ void AdamW::step(double lr, double grad_scale) {
     const AdamWRuns runs = AdamWRuns::one(s.param.numel(), s.decay ? float(config_.weight_decay) : 0.0f);
     dispatch_float(s.param.dtype(), "adamw", [&]<class T>() {
       launch(kernels::adamw_update<T>, s.param.device(), s.param.data<T>(), g.data<T>(), s.m.data<T>(), s.v.data<T>(),
-             runs, float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), step_, grad_scale);
+             runs, sched.data<float>(), stats.data<T>(), max_norm, beta1, beta2, eps);
     });
     if (s.param.impl().bf16_copy) write_bf16_copy(s.param);  // bf16 storage: the copy the model reads follows
   }
 }
 
-std::vector<float> AdamW::next_indirect(double lr) {
-  ++step_;
-  return {float(lr), float(adamw_correction(float(config_.beta1), step_)),
-          float(adamw_correction(float(config_.beta2), step_))};
+const Tensor& AdamW::any_parameter() const {
+  if (slots_.empty()) throw Error("AdamW: no parameters to update");
+  return slots_.front().param;
 }
 
-void AdamW::step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) {
+void Optimizer::step(double lr, double grad_sum_squares, double max_norm) {
   NoGradGuard no_grad;
-  if (!flat_) throw Error("AdamW::step_indirect: needs packed parameters (FlatParameters)");
-  for_each_launch([&]<class T>(T* p, T* g, T* m, T* v, const AdamWRuns& runs, Device device) {
-    launch(kernels::adamw_update_indirect<T>, device, p, g, m, v, runs, sched.data<float>(), stats.data<T>(), max_norm,
-           float(config_.beta1), float(config_.beta2), float(config_.eps));
-  });
+  const Tensor& p = any_parameter();
+  const std::vector<float> values = schedule(lr);
+  const Tensor sched = from_vector(values, {int64_t(values.size())}).to(p.device());
+  const Tensor stats = from_vector(std::vector<double>{0.0, grad_sum_squares}, {2}).to(p.dtype()).to(p.device());
+  step(sched, stats, max_norm);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {

@@ -33,25 +33,25 @@ class AdamW : public Optimizer {
   AdamW(FlatParameters& flat, AdamWConfig config,
         const std::function<bool(const FlatParameters::Slot&)>& only = nullptr);
 
-  /// One update of every parameter that has a gradient, at learning rate `lr`, taking each gradient times
-  /// `grad_scale` (how gradient clipping scales them, without a pass over the gradients of its own).
-  void step(double lr, double grad_scale = 1.0) override;
+  /// sched = {lr, c1, c2} (c1, c2 the bias corrections).
+  std::vector<float> schedule(double lr) override;
+  /// adamw_update over the runs of the packed buffers, or over each parameter that has a gradient.
+  void step(const Tensor& sched, const Tensor& stats, double max_norm) override;
+  using Optimizer::step;
+  /// One step at the configured rate.
   void step() { step(config_.lr); }
   void zero_grad() override;
   int64_t steps() const override { return step_; }
   void set_steps(int64_t steps) override { step_ = steps; }
-  /// The step form that reads its values from memory (Optimizer): sched = {lr, c1, c2} (c1, c2 the bias corrections).
-  std::vector<float> next_indirect(double lr) override;
-  /// Its update: adamw_update_indirect over the runs of the packed buffers.
-  void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) override;
-  bool has_indirect() const override { return flat_ != nullptr; }
   /// The moment estimates, named "<param>.exp_avg" and "<param>.exp_avg_sq" (PyTorch's names).
   std::vector<std::pair<std::string, Tensor>> state() const override;
   const char* name() const override { return "adamw"; }
-  /// Over packed parameters: the copies of the parameters it updates, in the update's pass.
-  bool writes_bf16_copies() const override { return flat_ != nullptr; }
+
+ protected:
+  const Tensor& any_parameter() const override;
 
  private:
+  friend class Muon;
   struct Slot {
     std::string name;
     Tensor param, m, v;

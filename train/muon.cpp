@@ -21,7 +21,7 @@ namespace {
 /// y = beta y + alpha x in place (beta 0: y = alpha x, y's old values not read).
 void axpby(Tensor& y, const Tensor& x, double alpha, double beta) {
   dispatch_float(y.dtype(), "muon", [&]<class T>() {
-    launch(kernels::axpby<T>, y.device(), y.data<T>(), x.data<T>(), T(alpha), T(beta), y.numel());
+    launch(kernels::axpby<T>, y.device(), y.data<T>(), x.data<T>(), y.numel(), alpha, beta, nullptr, nullptr, 0.0);
   });
 }
 
@@ -87,8 +87,8 @@ Muon::Muon(FlatParameters& flat, MuonConfig muon, AdamWConfig adamw)
   }
 }
 
-/// update(slot, i) for every matrix, then (bf16 storage) its working copy, while the matrix is in cache: both step
-/// forms write the copies the layers read.
+/// update(slot, i) for every matrix, then (bf16 storage) its working copy, while the matrix is in cache: the step
+/// writes the copies the layers read.
 template <class F>
 void Muon::for_each_slot(F update_matrix) {
   const auto update = [&](Slot& s, size_t i) {
@@ -117,42 +117,25 @@ void Muon::for_each_slot(F update_matrix) {
   if (error) std::rethrow_exception(error);
 }
 
-void Muon::step(double lr, double grad_scale) {
-  NoGradGuard no_grad;
-  adamw_.step(lr, grad_scale);
-  const double rate = config_.lr * lr / adamw_lr_, mu = config_.momentum;
-  for_each_slot([&](Slot& s, size_t) {
-    axpby(s.momentum, s.grad, (1 - mu) * grad_scale, mu);
-    Tensor update = s.momentum;
-    if (config_.nesterov) {
-      update = empty(s.param.shape(), s.param.dtype(), s.param.device());
-      axpby(update, s.grad, (1 - mu) * grad_scale, 0.0);
-      axpby(update, s.momentum, mu, 1.0);
-    }
-    const Tensor o = newton_schulz(update, config_.ns_steps, 1e-7, config_.bf16);
-    axpby(s.param, o, -rate * s.scale, 1.0 - rate * config_.weight_decay);
-  });
-}
-
-std::vector<float> Muon::next_indirect(double lr) {
-  std::vector<float> sched = adamw_.next_indirect(lr);
+std::vector<float> Muon::schedule(double lr) {
+  std::vector<float> sched = adamw_.schedule(lr);
   const double rate = config_.lr * lr / adamw_lr_;
-  for (const Slot& s : slots_) {  // the factors step() hands axpby, rounded as it rounds them
+  for (const Slot& s : slots_) {  // each matrix's update factors, rounded as axpby rounds them
     sched.push_back(float(-rate * s.scale));
     sched.push_back(float(1.0 - rate * config_.weight_decay));
   }
   return sched;
 }
 
-void Muon::step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) {
+void Muon::step(const Tensor& sched, const Tensor& stats, double max_norm) {
   NoGradGuard no_grad;
-  adamw_.step_indirect(sched, stats, max_norm);
+  adamw_.step(sched, stats, max_norm);
   const double mu = config_.momentum;
-  // step()'s updates with clipping's factor and the rate's factors read from memory (axpby_indirect).
+  // The momentum takes clipping's factor from stats; the update, the rate's factors from sched.
   auto axpby_from = [&](Tensor& y, const Tensor& x, double alpha, double beta, const float* coef) {
     dispatch_float(y.dtype(), "muon", [&]<class T>() {
-      launch(kernels::axpby_indirect<T>, y.device(), y.data<T>(), x.data<T>(), y.numel(), alpha, beta, coef,
-             stats.data<T>(), max_norm);
+      launch(kernels::axpby<T>, y.device(), y.data<T>(), x.data<T>(), y.numel(), alpha, beta, coef, stats.data<T>(),
+             max_norm);
     });
   };
   for_each_slot([&](Slot& s, size_t i) {
@@ -167,6 +150,8 @@ void Muon::step_indirect(const Tensor& sched, const Tensor& stats, double max_no
     axpby_from(s.param, o, 0, 0, sched.data<float>() + 3 + 2 * i);
   });
 }
+
+const Tensor& Muon::any_parameter() const { return slots_.empty() ? adamw_.any_parameter() : slots_.front().param; }
 
 std::vector<std::pair<std::string, Tensor>> Muon::state() const {
   auto out = adamw_.state();

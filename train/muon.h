@@ -55,10 +55,14 @@ class Muon : public Optimizer {
  public:
   /// Muon over the block matrices of `flat` (muon_updates), AdamW with `adamw` over the rest.
   Muon(FlatParameters& flat, MuonConfig muon, AdamWConfig adamw);
-  /// `lr`: AdamW's rate this step; the matrices get muon.lr * lr / adamw.lr.
-  void step(double lr, double grad_scale = 1.0) override;
-  /// AdamW's share in its update's pass; each matrix's right after its update (write_bf16_copy), while in cache.
-  bool writes_bf16_copies() const override { return adamw_.writes_bf16_copies(); }
+  /// `lr`: AdamW's rate this step; the matrices get muon.lr * lr / adamw.lr. sched = AdamW's {lr, c1, c2}, then
+  /// each matrix's update factors {-rate * scale, 1 - rate * weight decay}.
+  std::vector<float> schedule(double lr) override;
+  /// AdamW's update, then each matrix's: the momentum takes clipping's factor from stats, the update the rate's
+  /// factors from sched. bf16 copies: AdamW's share in its update's pass; each matrix's right after its update
+  /// (write_bf16_copy), while in cache.
+  void step(const Tensor& sched, const Tensor& stats, double max_norm) override;
+  using Optimizer::step;
   void zero_grad() override { adamw_.zero_grad(); }
   int64_t steps() const override { return adamw_.steps(); }
   void set_steps(int64_t steps) override { adamw_.set_steps(steps); }
@@ -67,11 +71,9 @@ class Muon : public Optimizer {
   const char* name() const override { return "muon"; }
   /// Per matrix (m x n, m <= n) and iteration: X X^T, A A and B X, 4 m^2 n + 2 m^3.
   double step_flops() const override;
-  /// The step form that reads its values from memory (Optimizer): sched = AdamW's {lr, c1, c2}, then each matrix's
-  /// update factors {-rate * scale, 1 - rate * weight decay}; the momentum takes clipping's factor from stats.
-  bool has_indirect() const override { return true; }
-  std::vector<float> next_indirect(double lr) override;
-  void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm) override;
+
+ protected:
+  const Tensor& any_parameter() const override;
 
  private:
   struct Slot {

@@ -10,13 +10,24 @@
 
 namespace tinygpt {
 
+/// An optimizer's step is one form on every device: what changes from step to step (the rate, the bias corrections,
+/// the gradient's clipping) is read from memory the step's own work writes, so a step on the GPU can be captured once
+/// as a CUDA graph and replayed (train/trainer.cpp).
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  /// One update of every parameter at learning rate `lr` (AdamW's rate: an optimizer with a rate of its own for some
-  /// parameters keeps it in proportion), taking each gradient times `grad_scale` (how gradient clipping scales them,
-  /// without a pass over the gradients of its own).
-  virtual void step(double lr, double grad_scale = 1.0) = 0;
+  /// Counts the step and returns the values its update reads from memory at learning rate `lr` (AdamW's rate: an
+  /// optimizer with a rate of its own for some parameters keeps it in proportion): `sched`, the rate, AdamW's bias
+  /// corrections, ...
+  virtual std::vector<float> schedule(double lr) = 0;
+  /// Queues the update reading schedule()'s values from `sched` (f32) and {loss, gradient sum of squares} from
+  /// `stats` (the parameters' dtype), both where the parameters are: each gradient clipped to max_norm (0: not
+  /// clipped) as it is read, and no update at all when either value is not finite. The parameters' bf16 working
+  /// copies (bf16 storage) are written as they are updated.
+  virtual void step(const Tensor& sched, const Tensor& stats, double max_norm) = 0;
+  /// One step at rate `lr` for a loop of one's own (examples, tests): schedule(lr) and {0, grad_sum_squares} put where
+  /// the parameters are; clipped to max_norm when it is above 0.
+  void step(double lr, double grad_sum_squares = 0, double max_norm = 0);
   virtual void zero_grad() = 0;
   /// Steps taken (AdamW's bias correction counts them).
   virtual int64_t steps() const = 0;
@@ -27,32 +38,13 @@ class Optimizer {
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
   /// "adamw" or "muon": what --optimizer and the checkpoint's metadata call it.
   virtual const char* name() const = 0;
-  /// Whether step() writes each parameter's bf16 working copy (bf16 storage) as it updates the f32 master, where
-  /// the copies exist (FlatParameters::bf16_copies), so the trainer need not write them after it.
-  virtual bool writes_bf16_copies() const { return false; }
   /// FLOPs of one step's matrix products (Muon's Newton-Schulz iterations; 0 for AdamW's elementwise update), for
   /// the meter.
   virtual double step_flops() const { return 0; }
 
-  // The GPU's step form (DeviceStep in train/trainer.cpp): what changes from step to step is read from device memory,
-  // so the step can be captured once as a CUDA graph and replayed.
-  /// Whether this optimizer has that form (over packed parameters).
-  virtual bool has_indirect() const { return false; }
-  /// Counts the step and returns the values its update reads from memory this step (`sched`: the rate, AdamW's bias
-  /// corrections, ...).
-  virtual std::vector<float> next_indirect(double lr);
-  /// Queues the update reading next_indirect's values from `sched` and {loss, gradient sum of squares} from `stats`:
-  /// clipped to max_norm (0: not clipped), and no update at all when either is not finite.
-  virtual void step_indirect(const Tensor& sched, const Tensor& stats, double max_norm);
-
- private:
-  [[noreturn]] void no_indirect() const;
+ protected:
+  /// A parameter it updates, whose device and dtype step(lr)'s values take.
+  virtual const Tensor& any_parameter() const = 0;
 };
-
-inline std::vector<float> Optimizer::next_indirect(double) { no_indirect(); }
-inline void Optimizer::step_indirect(const Tensor&, const Tensor&, double) { no_indirect(); }
-inline void Optimizer::no_indirect() const {
-  throw Error(std::string(name()) + ": no step form that reads its values from device memory");
-}
 
 }  // namespace tinygpt

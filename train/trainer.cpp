@@ -39,19 +39,6 @@ using Clock = std::chrono::steady_clock;
 uint64_t derived_seed(uint64_t seed, uint64_t purpose) { return seed * 0x9E3779B97F4A7C15ULL + purpose; }
 constexpr uint64_t kSamplerStream = 1, kModelStream = 2, kEvalTrainStream = 3, kEvalValStream = 4, kDropoutStream = 5;
 
-/// The step's loss sum and the gradient's global L2 norm, read together: the step's one host synchronisation.
-std::pair<double, double> loss_and_grad_norm(const Tensor& loss_sum, const FlatParameters& flat) {
-  NoGradGuard no_grad;
-  const Tensor g = flat.grads();  // the gaps between parameters hold zeros
-  const Tensor both = concat({reshape(loss_sum, {1}), reshape(sum_squares(g), {1})}, 0);
-  if (both.dtype() == DType::F64) {
-    const std::vector<double> v = both.to_vector<double>();
-    return {v[0], std::sqrt(v[1])};
-  }
-  const std::vector<float> v = both.to_vector<float>();
-  return {v[0], std::sqrt(double(v[1]))};
-}
-
 /// Parameters in the order the flat buffers keep them: the reverse of the model's, which is about the order in which
 /// backward finishes their gradients (the last block's first, the token embedding, used by the LM head too, last),
 /// so that gradient buckets fill front to back.
@@ -266,14 +253,15 @@ std::string describe_model(const nn::GPT& model, Device device) {
 }
 
 
-/// The GPU's step on one GPU: every per-step value the work reads is in device memory, refilled before the step (the
-/// micro-batches, the optimizer's rates: Optimizer::next_indirect, the dropout offset: Run::dropout_for_step), and
-/// what the host needs is read back after it ({loss sum, gradient sum of squares}: the step's one host
-/// synchronisation); the optimizer clips and refuses a non-finite step on the device. So the step's work is the same
-/// every step, and with CUDA graphs on it is captured once, on the second step (the first warms the allocator and
-/// loads the kernels), and replayed from then on, dropout included.
-struct DeviceStep {
-  std::vector<Tensor> x, y;  // the micro-batches, refilled in place
+/// The training step, one form on every device: every per-step value the work reads is in memory where the model is
+/// (device memory on a GPU), refilled before the step (the rank's micro-batches, the optimizer's rates:
+/// Optimizer::schedule, the dropout offset: Run::dropout_for_step), and what the host needs is read back after it
+/// ({loss sum, gradient sum of squares}: the step's one host synchronisation); the optimizer clips and refuses a
+/// non-finite step where the parameters are. So the step's work is the same every step, and on one GPU with CUDA
+/// graphs on it is captured once, on the second step (the first warms the allocator and loads the kernels), and
+/// replayed from then on, dropout included.
+struct StepBuffers {
+  std::vector<Tensor> x, y;  // the rank's micro-batches, refilled in place
   Tensor sched, stats;       // the optimizer's values in, {loss sum, sum of squares} out
   bool use_graph = false;
   int64_t queued = 0;   // steps queued op by op so far
@@ -305,7 +293,7 @@ struct Run {
   const StopSignals& stop;
   FlatParameters& flat;
   GradientBuckets* buckets;  // several CPU ranks with --bucket-mb > 0, else null
-  std::optional<DeviceStep> device_step = {};  // one GPU (see DeviceStep)
+  StepBuffers step_buffers = {};
   // The step's dropout offset (DropoutSeed::offset), one 64-bit word in the model's device memory, which every
   // dropout seed the model draws from model_gen adds; see dropout_for_step.
   Tensor dropout_offset = {};
@@ -389,88 +377,30 @@ struct Run {
 
   /// One optimizer step over the step's world * grad_accum micro-batches, drawn in order by every rank; rank r
   /// computes the ones a single process with --grad-accum world * grad_accum computes at micro-steps
-  /// r * grad_accum .. r * grad_accum + A - 1. Throws before the update when the loss or gradient is not finite.
+  /// r * grad_accum .. r * grad_accum + A - 1. The buffers refilled (StepBuffers), then the step replayed as a graph,
+  /// captured, or queued op by op. Throws when the loss or gradient is not finite (the weights were not updated).
   StepStats step(int64_t iter, double lr) {
-    if (device_step) return step_on_device(iter, lr);
+    StepBuffers& d = step_buffers;
     const int rank = comm.rank(), world = comm.world_size();
-    const int64_t micro_steps = cfg.grad_accum * world;
-    dropout_for_step(iter);
-    Tensor loss_sum;  // this rank's micro-batch losses, summed where they are (on the GPU: no synchronisation)
-    for (int64_t micro = 0; micro < micro_steps; ++micro) {
+    for (int64_t micro = 0, mine = 0; micro < cfg.grad_accum * world; ++micro) {
       if (micro / cfg.grad_accum != rank) {
         sampler.skip();
         continue;
       }
       const auto batch = sampler.next();
-      dropout_for_micro_batch(micro);
-      Tensor loss;
-      {
-        profile::Phase phase("forward");
-        loss = model.forward(batch.x.to(device), batch.y.to(device)).loss;
-      }
-      {
-        NoGradGuard no_grad;
-        loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
-      }
-      std::optional<GradReadyHook> hook;  // this rank's last backward of the step: reduce buckets as they complete
-      if (buckets != nullptr && micro % cfg.grad_accum == cfg.grad_accum - 1) {
-        buckets->arm();
-        hook.emplace([this](const Tensor& leaf) { buckets->ready(leaf); });
-      }
-      profile::Phase phase("backward");
-      (micro_steps == 1 ? loss : scale(loss, 1.0 / double(micro_steps))).backward();
+      d.x[size_t(mine)].copy_(batch.x);
+      d.y[size_t(mine)].copy_(batch.y);
+      ++mine;
     }
-    StepStats s;
-    if (world > 1) {
-      profile::Phase phase("gradient reduction");
-      const auto c0 = Clock::now();
-      if (buckets != nullptr) {  // the buckets backward has not started yet, then every sum
-        buckets->finish();
-      } else {  // one buffer: one reduction
-        Tensor g = flat.grads();
-        float* grads = g.data<float>();
-        device == Device::CPU ? comm.all_reduce_sum(grads, flat.numel()) : comm.all_reduce_sum_gpu(grads, flat.numel());
-      }
-      s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
-    }
-    profile::Phase phase("optimizer");
-    const auto [rank_loss, grad_norm] = loss_and_grad_norm(loss_sum, flat);
-    // Summed over the ranks: the loss, and whether a stop was asked of any rank (all stop after the same iteration).
-    double reduced[2] = {rank_loss, stop.requested() ? 1.0 : 0.0};
-    if (world > 1) {
-      const auto c0 = Clock::now();
-      comm.all_reduce_sum(reduced, 2);
-      s.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
-    }
-    s.grad_norm = grad_norm;
-    s.loss = reduced[0] / double(micro_steps);
-    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // before the update: the weights stay finite
-      refuse_non_finite(iter, s);
-    }
-    opt.step(lr, clip_factor(s.grad_norm, cfg.grad_clip));
-    // The layers' bf16 copies of the updated weights: the optimizers write them as they update.
-    if (model.numerics().bf16_storage && !opt.writes_bf16_copies()) flat.write_bf16_copies();
-    opt.zero_grad();
-    s.stop_from_any_rank = reduced[1] > 0;
-    return s;
-  }
-
-  /// The step as DeviceStep describes: refill, then replay the graph, capture it, or queue the work op by op.
-  StepStats step_on_device(int64_t iter, double lr) {
-    DeviceStep& d = *device_step;
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      const auto batch = sampler.next();
-      d.x[size_t(micro)].copy_(batch.x);
-      d.y[size_t(micro)].copy_(batch.y);
-    }
-    const std::vector<float> sched = opt.next_indirect(lr);
+    const std::vector<float> sched = opt.schedule(lr);
     if (!d.sched.defined()) d.sched = empty({int64_t(sched.size())}, DType::F32, device);
     d.sched.copy_(from_vector(sched, {int64_t(sched.size())}));
     dropout_for_step(iter);
+    StepStats s;
     if (!d.graph && d.use_graph && d.queued >= 1) {
       cuda::begin_capture();
       try {
-        queue_step(iter);
+        queue_step(s);
         d.graph = cuda::end_capture();
         console.line("CUDA graphs: iteration {} captured ({} kernels, copies and memsets); replayed from here on\n",
                      iter, d.graph.nodes());
@@ -484,68 +414,103 @@ struct Run {
       d.graph.replay();
       ++d.replays;
     } else {
-      queue_step(iter);
+      queue_step(s);
       ++d.queued;
     }
-    const std::vector<float> stats = d.stats.to_vector<float>();  // the step's one host synchronisation
-    StepStats s;
-    s.loss = double(stats[0]) / double(cfg.grad_accum);
-    s.grad_norm = std::sqrt(double(stats[1]));
-    s.stop_from_any_rank = stop.requested();
-    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {  // the optimizer left the weights as they were
-      refuse_non_finite(iter, s);
-    }
-    return s;
+    return finish_step(iter, s);
   }
 
-  /// Queues (or, while capturing, records) the step's work: each micro-batch's forward and backward, the loss sum and
-  /// the gradient's sum of squares into stats, the optimizer's update reading them, the gradients zeroed.
-  void queue_step(int64_t iter) {
-    DeviceStep& d = *device_step;
-    Tensor loss_sum;
-    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      dropout_for_micro_batch(micro);
+  /// Queues (or, while capturing, records) the step's work: each of the rank's micro-batches' forward and backward,
+  /// the gradients summed over the ranks, the loss sum and the gradient's sum of squares into stats, the optimizer's
+  /// update reading them, the gradients zeroed. The reduction's time goes to s.comm_ms.
+  void queue_step(StepStats& s) {
+    StepBuffers& d = step_buffers;
+    const int world = comm.world_size();
+    const int64_t micro_steps = cfg.grad_accum * world;
+    Tensor loss_sum;  // the micro-batch losses, summed where they are (on the GPU: no synchronisation)
+    for (int64_t a = 0; a < cfg.grad_accum; ++a) {
+      dropout_for_micro_batch(comm.rank() * cfg.grad_accum + a);
       Tensor loss;
       {
         profile::Phase phase("forward");
-        loss = model.forward(d.x[size_t(micro)], d.y[size_t(micro)]).loss;
+        loss = model.forward(d.x[size_t(a)], d.y[size_t(a)]).loss;
       }
       {
         NoGradGuard no_grad;
         loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
       }
+      std::optional<GradReadyHook> hook;  // the rank's last backward of the step: reduce buckets as they complete
+      if (buckets != nullptr && a == cfg.grad_accum - 1) {
+        buckets->arm();
+        hook.emplace([this](const Tensor& leaf) { buckets->ready(leaf); });
+      }
       profile::Phase phase("backward");
-      (cfg.grad_accum == 1 ? loss : scale(loss, 1.0 / double(cfg.grad_accum))).backward();
+      (micro_steps == 1 ? loss : scale(loss, 1.0 / double(micro_steps))).backward();
+    }
+    if (world > 1) {
+      profile::Phase phase("gradient reduction");
+      const auto c0 = Clock::now();
+      if (buckets != nullptr) {  // the buckets backward has not started yet, then every sum
+        buckets->finish();
+      } else {  // one buffer: one reduction
+        Tensor g = flat.grads();
+        float* grads = g.data<float>();
+        device == Device::CPU ? comm.all_reduce_sum(grads, flat.numel()) : comm.all_reduce_sum_gpu(grads, flat.numel());
+      }
+      s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
     }
     profile::Phase phase("optimizer");
     NoGradGuard no_grad;
+    // A rank's loss is its own, the gradient's sum of squares the ranks' (a non-finite loss makes every rank's summed
+    // gradient non-finite too, so all refuse the update together).
     d.stats.copy_(concat({reshape(loss_sum, {1}), reshape(sum_squares(flat.grads()), {1})}, 0));
-    opt.step_indirect(d.sched, d.stats, cfg.grad_clip);
+    opt.step(d.sched, d.stats, cfg.grad_clip);
     opt.zero_grad();
+  }
+
+  /// The step's stats read back (its one host synchronisation), the loss summed over the ranks with whether any was
+  /// asked to stop (so all stop after the same iteration); throws when the loss or the gradient is not finite.
+  StepStats finish_step(int64_t iter, StepStats s) {
+    const int world = comm.world_size();
+    const Tensor& st = step_buffers.stats;
+    const std::vector<double> stats =
+        st.dtype() == DType::F64 ? st.to_vector<double>() : [&] {
+          const std::vector<float> f = st.to_vector<float>();
+          return std::vector<double>{double(f[0]), double(f[1])};
+        }();
+    double reduced[2] = {stats[0], stop.requested() ? 1.0 : 0.0};
+    if (world > 1) {
+      const auto c0 = Clock::now();
+      comm.all_reduce_sum(reduced, 2);
+      s.comm_ms += std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
+    }
+    s.loss = reduced[0] / double(cfg.grad_accum * world);
+    s.grad_norm = std::sqrt(stats[1]);
+    s.stop_from_any_rank = reduced[1] > 0;
+    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) refuse_non_finite(iter, s);  // nothing was updated
+    return s;
   }
 };
 
-/// One GPU (or --device-step-on-cpu), one rank, an optimizer with device-side rates: the step of DeviceStep, its
-/// input buffers, and whether it runs as a CUDA graph (said in the log).
-void set_up_device_step(Run& run) {
+/// The step's buffers (StepBuffers), and whether it runs as a CUDA graph (one GPU, one rank; said in the log).
+void set_up_step(Run& run) {
   const TrainConfig& cfg = run.cfg;
   const Device device = run.device;
-  const int world = run.comm.world_size();
-  Optimizer& opt = run.opt;
-  Console& console = run.console;
-  if (!((device == Device::CUDA || cfg.device_step_on_cpu) && world == 1 && opt.has_indirect())) return;
-  DeviceStep& d = run.device_step.emplace();
+  StepBuffers& d = run.step_buffers;
   for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
     d.x.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
     d.y.push_back(empty({cfg.batch_size, cfg.model.block_size}, DType::I32, device));
   }
-  d.stats = empty({2}, DType::F32, device);
-  d.use_graph = device == Device::CUDA && cfg.cuda_graphs && !cuda::profiling();
+  d.stats = empty({2}, run.flat.values().dtype(), device);
+  if (device != Device::CUDA) return;
+  const bool one = run.comm.world_size() == 1;
+  d.use_graph = one && cfg.cuda_graphs && !cuda::profiling();
   const char* graphs =
       d.use_graph        ? "CUDA graphs: the training step is captured on its second iteration and replayed"
       : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
+      : !one             ? "CUDA graphs off: several ranks; the step is queued op by op"
                          : "CUDA graphs off: TINYGPT_CUDA_PROFILE=1 times each op alone; the step is queued op by op";
-  if (device == Device::CUDA) console.line("{}\n", graphs);
+  run.console.line("{}\n", graphs);
 }
 
 /// The meter's peak for this run, stated on the console with the step's FLOPs (the CPU's measured rates cached for
@@ -655,7 +620,7 @@ TrainResult run_steps(Run& run) {
     }
   }
   result.best_val_loss = state.best_val_loss;
-  if (run.device_step) result.graph_replays = run.device_step->replays;
+  result.graph_replays = run.step_buffers.replays;
   if (result.interrupted) return result;
   console.clear();
   if (lead) {
@@ -764,7 +729,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   }
   Run run{cfg, device, out,     comm,    data,  split, model, model_gen,
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
-  set_up_device_step(run);
+  set_up_step(run);
   return run_steps(run);
 }
 

@@ -71,7 +71,6 @@ struct TrainConfig {
   // On one GPU: the step captured once as a CUDA graph and replayed, dropout included (--no-cuda-graphs: queued op
   // by op, the same work and results).
   bool cuda_graphs = true;
-  bool device_step_on_cpu = false;  // tests: the GPU's step form (reading its per-step values from memory) on the CPU
   std::string attention_math;  // on the GPU: flash attention's operands, f32, tf32 or bf16; empty: as dtype
   std::string storage;  // activations' storage, f32 or bf16 (with --dtype bf16); empty: bf16_storage_of's default
   bool resume = false;

@@ -189,22 +189,18 @@ void axpy<bf16>(bf16* y, const bf16* x, float alpha, int64_t n) {
 }
 
 template <class T>
-void axpby(T* y, const T* x, T alpha, T beta, int64_t n) {
-  if (beta == T(0)) {
+void axpby(T* y, const T* x, int64_t n, double alpha, double beta, const float* coef, const T* stats,
+           double max_norm) {
+  if (stats && (!is_finite(double(stats[0])) || !is_finite(double(stats[1])))) return;  // the step is refused
+  const T a = coef ? T(coef[0]) : T(stats ? alpha * clip_scale(double(stats[1]), max_norm) : alpha);
+  const T b = coef ? T(coef[1]) : T(beta);
+  if (b == T(0)) {
 #pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+    for (int64_t i = 0; i < n; ++i) y[i] = a * x[i];
     return;
   }
 #pragma omp parallel for simd if (n >= kParallelGrain)
-  for (int64_t i = 0; i < n; ++i) y[i] = beta * y[i] + alpha * x[i];
-}
-
-template <class T>
-void axpby_indirect(T* y, const T* x, int64_t n, double alpha, double beta, const float* coef, const T* stats,
-                    double max_norm) {
-  if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
-  const T a = coef ? T(coef[0]) : T(alpha * clip_scale(double(stats[1]), max_norm)), b = coef ? T(coef[1]) : T(beta);
-  axpby(y, x, a, b, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = b * y[i] + a * x[i];
 }
 
 template <class T>
@@ -292,7 +288,6 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
 // The storage types kernels/kernel_list.h lists for each kernel.
 TINYGPT_INSTANTIATE_F32_F64(fill)
 TINYGPT_INSTANTIATE_F32_F64(axpby)
-TINYGPT_INSTANTIATE_F32_F64(axpby_indirect)
 TINYGPT_INSTANTIATE_F32_F64(axpy)  // axpy's bf16 is the specialization above
 TINYGPT_INSTANTIATE_F32_F64_BF16(unary_forward)
 TINYGPT_INSTANTIATE_F32_F64_BF16(unary_backward)

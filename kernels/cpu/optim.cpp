@@ -35,15 +35,8 @@ void update_runs(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, flo
 }  // namespace
 
 template <class T>
-void adamw_update(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, float lr, float beta1, float beta2,
-                  float eps, int64_t step, double grad_scale) {
-  update_runs(param, grad, m, v, runs, lr, beta1, beta2, eps, T(grad_scale), T(adamw_correction(beta1, step)),
-              T(adamw_correction(beta2, step)));
-}
-
-template <class T>
-void adamw_update_indirect(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, const float* sched,
-                           const T* stats, double max_norm, float beta1, float beta2, float eps) {
+void adamw_update(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, const float* sched, const T* stats,
+                  double max_norm, float beta1, float beta2, float eps) {
   if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;  // the step is refused: nothing moves
   update_runs(param, grad, m, v, runs, sched[0], beta1, beta2, eps, T(clip_scale(double(stats[1]), max_norm)),
               T(sched[1]), T(sched[2]));
@@ -51,6 +44,5 @@ void adamw_update_indirect(T* param, const T* grad, T* m, T* v, const AdamWRuns&
 
 // The storage types kernels/kernel_list.h lists for each kernel.
 TINYGPT_INSTANTIATE_F32_F64(adamw_update)
-TINYGPT_INSTANTIATE_F32_F64(adamw_update_indirect)
 
 }  // namespace tinygpt::cpu

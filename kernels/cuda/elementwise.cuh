@@ -138,15 +138,11 @@ __global__ void axpy_kernel(T* y, const T* x, float alpha, int64_t n, bool vec) 
   }, [&](int64_t i) { y[i] = float(y[i]) + alpha * float(x[i]); });
 }
 
-__global__ void axpby_kernel(float* y, const float* x, float alpha, float beta, int64_t n) {
-  TINYGPT_CUDA_LOOP(i, n) y[i] = beta == 0.0f ? alpha * x[i] : beta * y[i] + alpha * x[i];
-}
-
-/// axpby_kernel with alpha and beta from coef, or alpha times the gradient's clipping factor (axpby_indirect).
-__global__ void axpby_indirect_kernel(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef,
-                                      const float* stats, double max_norm) {
-  if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
-  const float a = coef ? coef[0] : float(alpha * clip_scale(double(stats[1]), max_norm));
+/// y = b y + a x, with a and b from coef, or alpha times the gradient's clipping factor from stats (see axpby).
+__global__ void axpby_kernel(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef,
+                             const float* stats, double max_norm) {
+  if (stats && (!is_finite(double(stats[0])) || !is_finite(double(stats[1])))) return;
+  const float a = coef ? coef[0] : float(stats ? alpha * clip_scale(double(stats[1]), max_norm) : alpha);
   const float b = coef ? coef[1] : float(beta);
   TINYGPT_CUDA_LOOP(i, n) y[i] = b == 0.0f ? a * x[i] : b * y[i] + a * x[i];
 }
@@ -493,15 +489,10 @@ __device__ __forceinline__ void adamw_runs(float* param, const float* grad, floa
   }
 }
 
+/// adamw_runs with lr, c1, c2 from sched and the gradient's clip factor from stats (see adamw_update).
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, const AdamWRuns runs, int64_t n,
-                             float lr, float beta1, float beta2, float eps, float c1, float c2, float grad_scale) {
-  adamw_runs(param, grad, m, v, runs, n, lr, beta1, beta2, eps, grad_scale, c1, c2);
-}
-
-/// adamw_kernel with lr, c1, c2 from sched and the gradient's clip factor from stats (see adamw_update_indirect).
-__global__ void adamw_indirect_kernel(float* param, const float* grad, float* m, float* v, const AdamWRuns runs,
-                                      int64_t n, const float* sched, const float* stats, double max_norm, float beta1,
-                                      float beta2, float eps) {
+                             const float* sched, const float* stats, double max_norm, float beta1, float beta2,
+                             float eps) {
   if (!is_finite(double(stats[0])) || !is_finite(double(stats[1]))) return;
   adamw_runs(param, grad, m, v, runs, n, sched[0], beta1, beta2, eps, float(clip_scale(double(stats[1]), max_norm)),
              sched[1], sched[2]);
@@ -571,15 +562,10 @@ void axpy(T* y, const T* x, compute_t<T> alpha, int64_t n) {
   launch_kernel("axpy", axpy_kernel<T>, map_blocks(n, vec), kThreads, 0, y, x, alpha, n, vec);
 }
 
-void axpby_indirect(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef,
-                    const float* stats, double max_norm) {
+void axpby(float* y, const float* x, int64_t n, double alpha, double beta, const float* coef, const float* stats,
+           double max_norm) {
   if (n == 0) return;
-  launch_kernel("axpby", axpby_indirect_kernel, blocks_for(n), kThreads, 0, y, x, n, alpha, beta, coef, stats, max_norm);
-}
-
-void axpby(float* y, const float* x, float alpha, float beta, int64_t n) {
-  if (n == 0) return;
-  launch_kernel("axpby", axpby_kernel, blocks_for(n), kThreads, 0, y, x, alpha, beta, n);
+  launch_kernel("axpby", axpby_kernel, blocks_for(n), kThreads, 0, y, x, n, alpha, beta, coef, stats, max_norm);
 }
 
 template <class T>
@@ -726,21 +712,12 @@ void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_
   launch_kernel("copy_slice", copy_slice_kernel<T>, blocks_for(n), kThreads, 0, dst, src, outer, inner, dst_D, dst_start, src_D, src_start, len, accumulate);
 }
 
-void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, float lr, float beta1,
-                  float beta2, float eps, int64_t step, double grad_scale) {
+void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, const float* sched,
+                  const float* stats, double max_norm, float beta1, float beta2, float eps) {
   const int64_t n = runs.total();
   if (n == 0) return;
-  const float c1 = float(adamw_correction(beta1, step)), c2 = float(adamw_correction(beta2, step));
-  launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, runs, n, lr, beta1, beta2,
-                eps, c1, c2, float(grad_scale));
-}
-
-void adamw_update_indirect(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs,
-                           const float* sched, const float* stats, double max_norm, float beta1, float beta2, float eps) {
-  const int64_t n = runs.total();
-  if (n == 0) return;
-  launch_kernel("adamw_update", adamw_indirect_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, runs, n, sched,
-                stats, max_norm, beta1, beta2, eps);
+  launch_kernel("adamw_update", adamw_kernel, blocks_for(n), kThreads, 0, param, grad, m, v, runs, n, sched, stats,
+                max_norm, beta1, beta2, eps);
 }
 
 void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) {
