@@ -59,6 +59,17 @@ TrainConfig toy_run(const TempDir& dir, int64_t n_embd) {
   return c;
 }
 
+/// The "loss" of each step row of a run's metrics.jsonl, in order.
+std::vector<double> step_losses(const fs::path& run) {
+  std::vector<double> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("train: a step reads its loss and gradient norm to the host once (on the GPU: one synchronisation)") {
@@ -79,18 +90,10 @@ TEST_CASE("train: a step reads its loss and gradient norm to the host once (on t
 }
 
 TEST_CASE("train: the step (rates and clipping read from memory) learns with either optimizer, accumulating or not, "
-          "clipped or not, on f32 and bf16 storage; accumulation is a larger batch") {
+          "clipped or not, on f32 and bf16 storage") {
   // Bf16 storage's working copies are written by the update: a step that left them alone would train nothing, the
   // loss flat at its start. Clipping at 0.05 (below every gradient norm here) changes every step after the first.
-  const auto losses_of_run = [](const fs::path& run) {
-    std::vector<double> losses;
-    std::ifstream in(run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
-    }
-    return losses;
-  };
+
   for (const char* optimizer : {"adamw", "muon"}) {
   for (const bool bf16_storage : {false, true}) {
     std::map<std::pair<int64_t, double>, std::vector<double>> losses;  // by (--grad-accum, --grad-clip)
@@ -105,18 +108,13 @@ TEST_CASE("train: the step (rates and clipping read from memory) learns with eit
       if (bf16_storage) c.dtype = "bf16", c.storage = "bf16";
       const TrainResult r = train(c);
       CHECK(r.max_step_float_reads == 1);
-      const std::vector<double>& l = losses[{accum, clip}] = losses_of_run(c.out);
+      const std::vector<double>& l = losses[{accum, clip}] = step_losses(c.out);
       REQUIRE(l.size() == 10);
       CHECK(r.last_val_loss < l.front() - 0.1);  // it learns
     }
     }
     CHECK(losses[{1, 1.0}][0] == losses[{1, 0.05}][0]);
     CHECK(losses[{1, 1.0}][9] != losses[{1, 0.05}][9]);
-    if (bf16_storage) continue;  // bf16 rounds a batch of 4 and two of 2 differently
-    for (size_t i = 0; i < 10; ++i) {  // the same rows (the sampler draws them in order), summed in another order
-      INFO("iteration " << i);
-      CHECK(losses[{2, 1.0}][i] == doctest::Approx(losses[{1, 1.0}][i]).epsilon(1e-4));
-    }
   }
   }
 }
@@ -545,15 +543,7 @@ TEST_CASE("train: stopping and resuming gives the same losses and weights, bit f
     c.model.dropout = 0.1;
     c.batch_size = 4, c.warmup_iters = 10, c.lr_decay_iters = 120, c.lr = 3e-3;
     c.eval_interval = 30, c.eval_iters = 2, c.log_interval = 1000, c.quiet = true;
-    auto losses = [](const fs::path& run) {
-      std::vector<double> out;
-      std::ifstream in(run / "metrics.jsonl");
-      for (std::string line; std::getline(in, line);) {
-        const auto j = nlohmann::json::parse(line);
-        if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-      }
-      return out;
-    };
+    const auto losses = step_losses;
     c.out = (dir.path / "straight").string();
     c.max_iters = 120;
     train(c);
