@@ -27,7 +27,8 @@ struct HeadsView {
 
 /// Contiguous (B, H, L, D).
 HeadsView heads_first(const Tensor& t, const char* what) {
-  if (t.ndim() != 4) throw Error(fmt::format("attention: {} must be (B, heads, len, dim), got shape {}", what, t.shape().str()));
+  if (t.ndim() != 4)
+    throw Error(fmt::format("attention: {} must be (B, heads, len, dim), got shape {}", what, t.shape().str()));
   const int64_t B = t.size(0), H = t.size(1), L = t.size(2), D = t.size(3);
   return {t, 0, B, H, L, D, {H * L * D, L * D, D}, false};
 }
@@ -86,9 +87,10 @@ void check_score_mods(const ScoreModSettings& s, std::string_view who) {
   if (s.t5_buckets > 0) {
     const int64_t exact = (s.t5_bidirectional ? s.t5_buckets / 2 : s.t5_buckets) / 2;
     if (exact < 1 || s.t5_max_distance <= exact) {
-      throw Error(fmt::format("{}: T5 bias needs at least {} t5_buckets and a t5_max_distance above the exact half "
-                              "({}); got {} buckets, max distance {}",
-                              who, s.t5_bidirectional ? 4 : 2, exact, s.t5_buckets, s.t5_max_distance));
+      throw Error(
+          fmt::format("{}: T5 bias needs at least {} t5_buckets and a t5_max_distance above the exact half "
+                      "({}); got {} buckets, max distance {}",
+                      who, s.t5_bidirectional ? 4 : 2, exact, s.t5_buckets, s.t5_max_distance));
     }
   }
 }
@@ -103,7 +105,8 @@ ScoreModSettings resolved_settings(const ScoreModOptions& o) {
     if (defined && setting != 0 && setting != rows) {
       throw Error(fmt::format("attention: {} is {} but {} gives {}", what, setting, table, rows));
     }
-    if (!defined && setting != 0) throw Error(fmt::format("attention: {} is {} but there is no {}", what, setting, table));
+    if (!defined && setting != 0)
+      throw Error(fmt::format("attention: {} is {} but there is no {}", what, setting, table));
     if (defined) setting = static_cast<std::remove_reference_t<decltype(setting)>>(rows);
   };
   const Tensor& t5 = o.t5_bias;
@@ -118,7 +121,8 @@ ScoreModSettings resolved_settings(const ScoreModOptions& o) {
   }
   from_table(s.max_rel, (rows - 1) / 2, rel.defined(), "max_rel", "relative position table (2m + 1 rows)");
   check_score_mods(s, "attention");
-  if (o.key_doc_ids.defined() && !o.doc_ids.defined()) throw Error("attention: key_doc_ids needs doc_ids (the queries' documents)");
+  if (o.key_doc_ids.defined() && !o.doc_ids.defined())
+    throw Error("attention: key_doc_ids needs doc_ids (the queries' documents)");
   return s;
 }
 
@@ -138,7 +142,8 @@ void set_score_mods(AttentionGeom& g, const ScoreModOptions& o, const Tensor& q,
   if (o.doc_ids.defined()) {
     m.q_doc = check_ids(o.doc_ids, g.T, "doc_ids");
     if (!o.key_doc_ids.defined() && g.T != g.S) {
-      throw Error(fmt::format("attention: with {} queries and {} keys, key_doc_ids must give the keys' documents", g.T, g.S));
+      throw Error(
+          fmt::format("attention: with {} queries and {} keys, key_doc_ids must give the keys' documents", g.T, g.S));
     }
     m.k_doc = o.key_doc_ids.defined() ? check_ids(o.key_doc_ids, g.S, "key_doc_ids") : m.q_doc;
   }
@@ -167,16 +172,18 @@ void set_score_mods(AttentionGeom& g, const ScoreModOptions& o, const Tensor& q,
 /// The weights path: scores, masks, softmax, dropout and the product with v as recorded ops, so the returned
 /// weights are part of the graph (a loss on them reaches q, k and whatever produced them), as in
 /// torch.nn.MultiheadAttention. `mask` is the additive attn_mask (may be undefined).
-AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv, const HeadsView& vv, bool out_heads_last,
-                                       const AttentionGeom& g, const Tensor& mask, const Tensor& key_padding,
-                                       const AttentionOptions& o) {
+AttentionResult attention_with_weights(const HeadsView& qv, const HeadsView& kv, const HeadsView& vv,
+                                       bool out_heads_last, const AttentionGeom& g, const Tensor& mask,
+                                       const Tensor& key_padding, const AttentionOptions& o) {
   const int64_t B = g.B, NH = g.NH, NKV = g.NKV, T = g.T, S = g.S, G = NH / NKV;
   const Tensor q = heads_first_tensor(qv), k = heads_first_tensor(kv), v = heads_first_tensor(vv);
   // Query head h reads key/value head h / G, so the G query heads of a group stack into one (G * T)-row product.
-  Tensor scores = reshape(matmul(reshape(q, {B, NKV, G * T, g.E}), k, false, true, o.numerics), {B, NH, T, S}) * g.scale;
+  Tensor scores =
+      reshape(matmul(reshape(q, {B, NKV, G * T, g.E}), k, false, true, o.numerics), {B, NH, T, S}) * g.scale;
   if (mask.defined()) scores = scores + mask;
   if (g.causal || key_padding.defined()) {
-    const std::vector<uint8_t> padded = key_padding.defined() ? key_padding.to_vector<uint8_t>() : std::vector<uint8_t>();
+    const std::vector<uint8_t> padded =
+        key_padding.defined() ? key_padding.to_vector<uint8_t>() : std::vector<uint8_t>();
     std::vector<uint8_t> hidden(size_t(B * T * S));  // (B, 1, T, S): causal and padding together
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
@@ -203,14 +210,16 @@ AttentionGeom geometry(const HeadsView& q, const HeadsView& k, const HeadsView& 
   detail::check_same("attention", qb, v.base);
   const int64_t B = q.batch, NH = q.heads, NKV = k.heads, T = q.len, S = k.len, E = q.dim, Ev = v.dim;
   if (k.batch != B || v.batch != B || v.heads != NKV || v.len != S || k.dim != E) {
-    throw Error(fmt::format("attention: q (B={}, NH={}, T={}, E={}), k (B={}, NKV={}, S={}, E={}) and v (B={}, NKV={}, "
-                            "S={}, Ev={}) do not fit together",
-                            B, NH, T, E, k.batch, NKV, S, k.dim, v.batch, v.heads, v.len, Ev));
+    throw Error(
+        fmt::format("attention: q (B={}, NH={}, T={}, E={}), k (B={}, NKV={}, S={}, E={}) and v (B={}, NKV={}, "
+                    "S={}, Ev={}) do not fit together",
+                    B, NH, T, E, k.batch, NKV, S, k.dim, v.batch, v.heads, v.len, Ev));
   }
   if (NKV == 0 || NH % NKV != 0) {
     throw Error(fmt::format("attention: {} query heads are not divisible by {} key/value heads", NH, NKV));
   }
-  if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0)) throw Error(fmt::format("attention: dropout_p must be in [0, 1), got {}", o.dropout_p));
+  if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
+    throw Error(fmt::format("attention: dropout_p must be in [0, 1), got {}", o.dropout_p));
 
   AttentionGeom g{};
   g.B = B, g.NH = NH, g.NKV = NKV, g.T = T, g.S = S, g.E = E, g.Ev = Ev;
@@ -280,22 +289,22 @@ AttentionResult run_flash_bf16(const Call& c) {
   launch(kernels::attention_flash_forward_bf16, qb.device(), out.data<bf16>(), lse.data<float>(), qb.data<bf16>() + qo,
          c.k.base.data<bf16>() + ko, c.v.base.data<bf16>() + vo, g);
   const Tensor saved_out = out.detach();
-  out = record("attention_flash_bf16", out, {qb, c.k.base, c.v.base},
-               [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                 AttentionGeom gb = g;
-                 gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) &&
-                                      detail::unwritten(grads[2]);
-                 auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<bf16>(t) + offset : nullptr; };
-                 // The GPU kernels load dout's rows 16 bytes at a time: a gradient that lies in a slice of a larger
-                 // buffer off a 16-byte boundary is copied first (a fresh tensor is aligned).
-                 const bool misaligned = reinterpret_cast<uintptr_t>(dout.raw_data()) % 16 != 0;
-                 const Tensor d = misaligned && dout.device() == Device::CUDA ? dout.clone() : dout;
-                 launch(kernels::attention_flash_backward_bf16, d.device(), at(grads[0], qo), at(grads[1], ko),
-                        at(grads[2], vo), d.data<bf16>(), in[0].data<bf16>() + qo, in[1].data<bf16>() + ko,
-                        in[2].data<bf16>() + vo, saved_out.data<bf16>(), lse.data<float>(), gb);
-               },
-               // As the f32 flash's: a fused qkv's three views are written together, all of it, uninitialized.
-               c.fused_partition() ? 7u : 0u, /*unwritten_disjoint=*/true);
+  out = record(
+      "attention_flash_bf16", out, {qb, c.k.base, c.v.base},
+      [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+        AttentionGeom gb = g;
+        gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) && detail::unwritten(grads[2]);
+        auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<bf16>(t) + offset : nullptr; };
+        // The GPU kernels load dout's rows 16 bytes at a time: a gradient that lies in a slice of a larger
+        // buffer off a 16-byte boundary is copied first (a fresh tensor is aligned).
+        const bool misaligned = reinterpret_cast<uintptr_t>(dout.raw_data()) % 16 != 0;
+        const Tensor d = misaligned && dout.device() == Device::CUDA ? dout.clone() : dout;
+        launch(kernels::attention_flash_backward_bf16, d.device(), at(grads[0], qo), at(grads[1], ko), at(grads[2], vo),
+               d.data<bf16>(), in[0].data<bf16>() + qo, in[1].data<bf16>() + ko, in[2].data<bf16>() + vo,
+               saved_out.data<bf16>(), lse.data<float>(), gb);
+      },
+      // As the f32 flash's: a fused qkv's three views are written together, all of it, uninitialized.
+      c.fused_partition() ? 7u : 0u, /*unwritten_disjoint=*/true);
   return {out, Tensor()};
 }
 
@@ -355,16 +364,17 @@ AttentionResult run_kernels(const Call& c, bool naive, const char* name) {
   const Tensor mask = p.mask, rel_probs = p.rel_probs;
   const Tensor& qb = c.q.base;
   const Tensor& kp = c.o.key_padding_mask;
-  const std::vector<Tensor> inputs{qb, c.k.base, c.v.base, mask, kp, c.o.mods.t5_bias, c.o.mods.relative_key,
-                                   c.o.mods.relative_value};
+  const std::vector<Tensor> inputs{
+      qb, c.k.base, c.v.base, mask, kp, c.o.mods.t5_bias, c.o.mods.relative_key, c.o.mods.relative_value};
   Tensor weights;  // need_weights with score modifiers: the naive kernel's, outside the graph
   if (c.o.need_weights) {
     const bool wants_grad = grad_enabled() && std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) {
                               return t.defined() && t.requires_grad();
                             });
     if (wants_grad) {
-      throw Error("attention: need_weights with score modifiers returns the weights outside the graph; ask for them "
-                  "under NoGradGuard, or drop need_weights");
+      throw Error(
+          "attention: need_weights with score modifiers returns the weights outside the graph; ask for them "
+          "under NoGradGuard, or drop need_weights");
     }
     weights = empty({g.B, g.NH, g.T, g.S}, qb.dtype(), qb.device());
   }
@@ -377,8 +387,8 @@ AttentionResult run_kernels(const Call& c, bool naive, const char* name) {
     const T* kptr = c.k.base.data<T>() + ko;
     const T* vp = c.v.base.data<T>() + vo;
     if (naive) {
-      launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), ptr<T>(weights), ptr<T>(lse), qp, kptr, vp,
-             ptr<T>(mask), kp_ptr, g);
+      launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), ptr<T>(weights), ptr<T>(lse), qp, kptr,
+             vp, ptr<T>(mask), kp_ptr, g);
     } else {
       launch(kernels::attention_flash_forward<T>, qb.device(), out.data<T>(), ptr<T>(lse), qp, kptr, vp, ptr<T>(mask),
              kp_ptr, g);
@@ -386,25 +396,25 @@ AttentionResult run_kernels(const Call& c, bool naive, const char* name) {
   });
   const Tensor saved_out = out.detach();
   const Tensor doc_ids = c.o.mods.doc_ids, key_doc_ids = c.o.mods.key_doc_ids;  // held for g.mods' pointers
-  out = record(name, out, inputs,
-               [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                 (void)doc_ids, (void)key_doc_ids, (void)rel_probs;
-                 AttentionGeom gb = g;
-                 gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) &&
-                                      detail::unwritten(grads[2]);
-                 gb.mods.d_t5_bias = grads[5].defined() ? grads[5].raw_data() : nullptr;
-                 gb.mods.d_rel_k = grads[6].defined() ? grads[6].raw_data() : nullptr;
-                 gb.mods.d_rel_v = grads[7].defined() ? grads[7].raw_data() : nullptr;
-                 dispatch_float(dout.dtype(), "attention", [&]<class T>() {
-                   auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<T>(t) + offset : nullptr; };
-                   const auto fn = naive ? kernels::attention_naive_backward<T> : kernels::attention_flash_backward<T>;
-                   launch(fn, dout.device(), at(grads[0], qo), at(grads[1], ko), at(grads[2], vo), dout.data<T>(),
-                          in[0].data<T>() + qo, in[1].data<T>() + ko, in[2].data<T>() + vo, saved_out.data<T>(),
-                          lse.data<T>(), ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, gb);
-                 });
-               },
-               // The flash kernels write the gradients of a fused qkv's three views, together all of it, uninitialized.
-               !naive && c.fused_partition() ? 7u : 0u, /*unwritten_disjoint=*/true);
+  out = record(
+      name, out, inputs,
+      [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+        (void)doc_ids, (void)key_doc_ids, (void)rel_probs;
+        AttentionGeom gb = g;
+        gb.grads_unwritten = detail::unwritten(grads[0]) && detail::unwritten(grads[1]) && detail::unwritten(grads[2]);
+        gb.mods.d_t5_bias = grads[5].defined() ? grads[5].raw_data() : nullptr;
+        gb.mods.d_rel_k = grads[6].defined() ? grads[6].raw_data() : nullptr;
+        gb.mods.d_rel_v = grads[7].defined() ? grads[7].raw_data() : nullptr;
+        dispatch_float(dout.dtype(), "attention", [&]<class T>() {
+          auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<T>(t) + offset : nullptr; };
+          const auto fn = naive ? kernels::attention_naive_backward<T> : kernels::attention_flash_backward<T>;
+          launch(fn, dout.device(), at(grads[0], qo), at(grads[1], ko), at(grads[2], vo), dout.data<T>(),
+                 in[0].data<T>() + qo, in[1].data<T>() + ko, in[2].data<T>() + vo, saved_out.data<T>(), lse.data<T>(),
+                 ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, gb);
+        });
+      },
+      // The flash kernels write the gradients of a fused qkv's three views, together all of it, uninitialized.
+      !naive && c.fused_partition() ? 7u : 0u, /*unwritten_disjoint=*/true);
   return {out, weights};
 }
 
@@ -448,10 +458,12 @@ Call make_call(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool 
                const AttentionOptions& o, bool qkv_partition) {
   Call c{q, k, v, out_heads_last, o, qkv_partition, geometry(q, k, v, out_heads_last, o)};
   if (o.need_weights && o.impl == AttentionImpl::Flash) {
-    throw Error("attention: need_weights materializes the (B, NH, T, S) weights, which flash attention never holds; "
-                "use AttentionImpl::Auto or Naive");
+    throw Error(
+        "attention: need_weights materializes the (B, NH, T, S) weights, which flash attention never holds; "
+        "use AttentionImpl::Auto or Naive");
   }
-  if (c.bf16()) resolved_settings(o.mods);  // the lean path reads no modifier, but bad settings are refused on every path
+  if (c.bf16())
+    resolved_settings(o.mods);  // the lean path reads no modifier, but bad settings are refused on every path
   return c;
 }
 
@@ -485,8 +497,9 @@ AttentionResult fused_self_attention(const Tensor& qkv, int64_t num_heads, int64
                                      const AttentionOptions& options) {
   const int64_t total = num_heads + 2 * num_kv_heads;
   if (qkv.ndim() != 3 || num_heads <= 0 || num_kv_heads <= 0 || qkv.size(2) % total != 0) {
-    throw Error(fmt::format("attention: fused qkv must be (B, T, (NH + 2 NKV) * E) with NH = {}, NKV = {}; got shape {}",
-                            num_heads, num_kv_heads, qkv.shape().str()));
+    throw Error(
+        fmt::format("attention: fused qkv must be (B, T, (NH + 2 NKV) * E) with NH = {}, NKV = {}; got shape {}",
+                    num_heads, num_kv_heads, qkv.shape().str()));
   }
   const int64_t E = qkv.size(2) / total;
   return attention(heads_last(qkv, 0, num_heads, total, E), heads_last(qkv, num_heads, num_kv_heads, total, E),
@@ -512,15 +525,17 @@ Tensor cached_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
                         int64_t num_kv_heads, const Numerics& numerics, const ScoreModOptions& mods) {
   if (q.ndim() != 3 || k_cache.ndim() != 3 || v_cache.ndim() != 3 || num_heads <= 0 || num_kv_heads <= 0 ||
       q.size(2) % num_heads != 0 || k_cache.size(2) % num_kv_heads != 0 || v_cache.size(2) % num_kv_heads != 0) {
-    throw Error(fmt::format("cached_attention: q must be (B, T, NH * E) and the caches (B, capacity, NKV * E) with NH = {}, "
-                            "NKV = {}; got {}, {} and {}",
-                            num_heads, num_kv_heads, q.shape().str(), k_cache.shape().str(), v_cache.shape().str()));
+    throw Error(
+        fmt::format("cached_attention: q must be (B, T, NH * E) and the caches (B, capacity, NKV * E) with NH = {}, "
+                    "NKV = {}; got {}, {} and {}",
+                    num_heads, num_kv_heads, q.shape().str(), k_cache.shape().str(), v_cache.shape().str()));
   }
   if (len < q.size(1) || len > k_cache.size(1) || v_cache.size(1) != k_cache.size(1)) {
-    throw Error(fmt::format("cached_attention: {} positions with {} queries do not fit caches {} and {}", len, q.size(1),
-                            k_cache.shape().str(), v_cache.shape().str()));
+    throw Error(fmt::format("cached_attention: {} positions with {} queries do not fit caches {} and {}", len,
+                            q.size(1), k_cache.shape().str(), v_cache.shape().str()));
   }
-  if (k_cache.requires_grad() || v_cache.requires_grad()) throw Error("cached_attention: the caches must not require a gradient");
+  if (k_cache.requires_grad() || v_cache.requires_grad())
+    throw Error("cached_attention: the caches must not require a gradient");
   // The first `len` positions of a (B, capacity, heads * D) cache, read in place.
   auto cached = [len](const Tensor& t, int64_t heads) {
     HeadsView view = heads_last(t, 0, heads, heads, t.size(2) / heads);

@@ -17,11 +17,11 @@
 #include <string_view>
 #include <vector>
 
-#include "autograd.h"
-#include "tensor.h"
 #include "../kernels/dropout_hash.h"
 #include "../kernels/numerics.h"
 #include "../kernels/score_mods.h"
+#include "autograd.h"
+#include "tensor.h"
 
 namespace tinygpt {
 
@@ -36,11 +36,11 @@ enum class AttentionImpl : uint8_t {
 /// t + S - T, a key's s. The learned tables get gradients; their shapes give t5_buckets and max_rel (left 0, or equal
 /// to the tables').
 struct ScoreModOptions : ScoreModSettings {
-  Tensor doc_ids;          // (B, T) i32: a query sees only keys of its own document (packed sequences)
-  Tensor key_doc_ids;      // (B, S) i32, the keys' documents when they are not the queries' (default: doc_ids)
-  Tensor t5_bias;          // (NH, buckets): T5's learned bias per head and log-spaced distance bucket
-  Tensor relative_key;     // (2m + 1, E): Shaw's A_K, distances clipped to [-m, m]
-  Tensor relative_value;   // (2m + 1, Ev): Shaw's A_V (needs relative_key's m, or may come alone)
+  Tensor doc_ids;         // (B, T) i32: a query sees only keys of its own document (packed sequences)
+  Tensor key_doc_ids;     // (B, S) i32, the keys' documents when they are not the queries' (default: doc_ids)
+  Tensor t5_bias;         // (NH, buckets): T5's learned bias per head and log-spaced distance bucket
+  Tensor relative_key;    // (2m + 1, E): Shaw's A_K, distances clipped to [-m, m]
+  Tensor relative_value;  // (2m + 1, Ev): Shaw's A_V (needs relative_key's m, or may come alone)
 
   bool any() const {
     return window > 0 || doc_ids.defined() || softcap > 0 || alibi || t5_bias.defined() || relative_key.defined() ||
@@ -84,7 +84,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
 /// cuda::flash_tensor_cores), "flash" (the flash kernels: the CPU's, or the GPU's f32 ones on CUDA cores).
 std::vector<std::string_view> attention_paths();
 /// The path scaled_dot_product_attention(q, k, v, options) runs on (its shape checks made; nothing computed).
-std::string_view attention_path(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
+std::string_view attention_path(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const AttentionOptions& options = {});
 
 /// Self-attention read straight out of a fused projection qkv (B, T, (NH + 2 NKV) * E), holding the NH query
 /// heads, then the NKV key heads, then the NKV value heads; out (B, T, NH * E). No permute copies.

@@ -1,9 +1,9 @@
 #include "autograd/autograd.h"
-#include "autograd/ops.h"
 
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/ops.h"
 #include "kernels/kernels.h"
 
 namespace tinygpt {
@@ -113,13 +113,43 @@ std::vector<std::shared_ptr<TensorImpl>> topological_order(const std::shared_ptr
   return order;
 }
 
+bool is_leaf_input(const Tensor& in) {
+  return in.defined() && in.requires_grad() && !in.impl().grad_fn && !in.impl().from_op;
+}
+
+/// For each leaf, how many of the graph's ops add to its gradient (the ready hook fires when the last one has).
+std::unordered_map<TensorImpl*, int> leaf_adders(const std::vector<std::shared_ptr<TensorImpl>>& order) {
+  std::unordered_map<TensorImpl*, int> adders;
+  for (const auto& impl : order) {
+    if (!impl->grad_fn) continue;
+    for (const Tensor& in : impl->grad_fn->inputs) {
+      if (is_leaf_input(in)) ++adders[&in.impl()];
+    }
+  }
+  return adders;
+}
+
+/// Whether the node writes input i's gradient slot whole (=), so the slot may start uninitialized. An input read twice
+/// by the node (x * x) gets one slot for both: it must start at zero, unless the node writes disjoint parts of it that
+/// cover it (unwritten_disjoint), one at each of its places, each with its bit set.
+bool slot_unwritten(const Node& node, size_t i) {
+  auto writes = [&](size_t j) { return j < 32 && (node.writes_unwritten >> j & 1u); };
+  bool unwritten = writes(i);
+  for (size_t j = 0; j < node.inputs.size(); ++j) {
+    if (j != i && node.inputs[j].impl_ptr() == node.inputs[i].impl_ptr())
+      unwritten = unwritten && node.unwritten_disjoint && writes(j);
+  }
+  return unwritten;
+}
+
 }  // namespace
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   if (!root.requires_grad()) {
     throw Error("backward: the tensor does not require grad (no input was marked with requires_grad_())");
   }
-  if (!(grad.shape() == root.shape())) shape_error("backward", "gradient must match the output", grad.shape(), root.shape());
+  if (!(grad.shape() == root.shape()))
+    shape_error("backward", "gradient must match the output", grad.shape(), root.shape());
   if (grad.dtype() != root.dtype()) throw Error("backward: gradient dtype differs from the output's");
 
   NoGradGuard no_grad;  // backward closures run ops on plain tensors; nothing is recorded
@@ -129,25 +159,16 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
 
   // With a ready hook: how many ops still add to each leaf's gradient.
   const auto* on_ready = g_grad_ready;
-  auto is_leaf_input = [](const Tensor& in) {
-    return in.defined() && in.requires_grad() && !in.impl().grad_fn && !in.impl().from_op;
-  };
   std::unordered_map<TensorImpl*, int> adders;
-  if (on_ready != nullptr) {
-    for (const auto& impl : order) {
-      if (!impl->grad_fn) continue;
-      for (const Tensor& in : impl->grad_fn->inputs) {
-        if (is_leaf_input(in)) ++adders[&in.impl()];
-      }
-    }
-  }
+  if (on_ready != nullptr) adders = leaf_adders(order);
 
   // uninitialized: the slot goes to a node that writes this input's unwritten slot (and reads t once).
   auto gradient_slot = [&](const Tensor& t, bool uninitialized = false) -> Tensor {
     TensorImpl& impl = t.impl();
     if (impl.from_op && !impl.grad_fn) {
-      throw Error("backward: this graph was already freed by an earlier backward(); pass retain_graph=true to "
-                  "the first backward() to run it again");
+      throw Error(
+          "backward: this graph was already freed by an earlier backward(); pass retain_graph=true to "
+          "the first backward() to run it again");
     }
     if (impl.grad_fn) {
       Tensor& slot = pending[&impl];
@@ -177,14 +198,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       const Tensor& in = node.inputs[i];
       if (!in.defined() || !in.requires_grad()) continue;
-      // An input read twice by the node (x * x) gets one slot for both: it must start at zero, unless the node writes
-      // disjoint parts of it that cover it (unwritten_disjoint), one at each of its places, each with its bit set.
-      auto writes = [&](size_t j) { return j < 32 && (node.writes_unwritten >> j & 1u); };
-      bool unwritten = writes(i);
-      for (size_t j = 0; j < node.inputs.size(); ++j) {
-        if (j != i && node.inputs[j].impl_ptr() == in.impl_ptr()) unwritten = unwritten && node.unwritten_disjoint && writes(j);
-      }
-      grads[i] = gradient_slot(in, unwritten);
+      grads[i] = gradient_slot(in, slot_unwritten(node, i));
     }
     const std::vector<Tensor> slots = grads;
     node.backward(dout, node.inputs, grads);

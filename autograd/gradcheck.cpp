@@ -34,7 +34,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     Tensor& x = inputs[k];
     if (!x.requires_grad()) continue;
     const Tensor g = x.grad();
-    const std::vector<double> analytic = g.defined() ? g.to_vector<double>() : std::vector<double>(size_t(x.numel()), 0.0);
+    const std::vector<double> analytic =
+        g.defined() ? g.to_vector<double>() : std::vector<double>(size_t(x.numel()), 0.0);
     double* p = x.data<double>();
     for (int64_t i = 0; i < x.numel(); ++i) {
       const double saved = p[i];
@@ -56,10 +57,10 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
     }
   }
   result.ok = result.ratio <= 1.0;
-  result.report = fmt::format("gradcheck {}: worst element is input {} index {}: analytic {:.10g}, numeric {:.10g} "
-                              "({:.3g}x the tolerance)",
-                              result.ok ? "passed" : "FAILED", result.input, result.index, result.analytic,
-                              result.numeric, result.ratio);
+  result.report = fmt::format(
+      "gradcheck {}: worst element is input {} index {}: analytic {:.10g}, numeric {:.10g} "
+      "({:.3g}x the tolerance)",
+      result.ok ? "passed" : "FAILED", result.input, result.index, result.analytic, result.numeric, result.ratio);
   return result;
 }
 

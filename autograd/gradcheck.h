@@ -13,7 +13,7 @@ struct GradcheckOptions {
   double eps = 1e-6;   // finite-difference step
   double atol = 1e-6;  // an element passes when |analytic - numeric| <= atol + rtol * |numeric|
   double rtol = 1e-4;
-  uint64_t seed = 0;   // seeds the random projection of the output
+  uint64_t seed = 0;  // seeds the random projection of the output
 };
 
 struct GradcheckResult {

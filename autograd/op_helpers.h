@@ -3,9 +3,9 @@
 
 #include <string>
 
+#include "../kernels/kernels.h"
 #include "autograd.h"
 #include "tensor.h"
-#include "../kernels/kernels.h"
 
 namespace tinygpt::detail {
 

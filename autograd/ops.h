@@ -5,12 +5,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "autograd.h"
-#include "tensor.h"
 #include "../kernels/dropout_hash.h"
 #include "../kernels/geometry.h"
 #include "../kernels/numerics.h"
 #include "../kernels/rope_freqs.h"
+#include "autograd.h"
+#include "tensor.h"
 
 namespace tinygpt {
 
@@ -65,7 +65,8 @@ Tensor log_softmax(const Tensor& x);
 /// op(a) @ op(b) over the last two dims, op = transpose when the flag is set (read in place, no copy).
 /// Leading (batch) dims must match, or one operand is 2-D and shared by every batch. On the GPU, numerics.tf32 runs
 /// the product (and its backward) on TF32 tensor cores.
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false, const Numerics& numerics = {});
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
+              const Numerics& numerics = {});
 /// x (..., C) @ weight (OC, C)^T + bias (OC); bias may be undefined. numerics as for matmul.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Numerics& numerics = {});
 /// The transformer's MLP, linear(act(linear(x, w_fc, b_fc)), w_proj, b_proj), as one op with the same values and

@@ -75,12 +75,13 @@ Tensor binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
   dispatch_storage(a.dtype(), name, [&]<class T>() {
     launch(kernels::binary_forward<T>, a.device(), out.data<T>(), a.data<T>(), b.data<T>(), g, op);
   });
-  return record(name, out, {a, b}, [g, op, name](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-    dispatch_storage(dout.dtype(), name, [&]<class T>() {
-      launch(kernels::binary_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]), dout.data<T>(),
-             in[0].data<T>(), in[1].data<T>(), g, op);
-    });
-  });
+  return record(name, out, {a, b},
+                [g, op, name](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+                  dispatch_storage(dout.dtype(), name, [&]<class T>() {
+                    launch(kernels::binary_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
+                           dout.data<T>(), in[0].data<T>(), in[1].data<T>(), g, op);
+                  });
+                });
 }
 
 Tensor unary(const char* name, UnaryOp op, const Tensor& x, double alpha = 0.0) {
@@ -91,12 +92,15 @@ Tensor unary(const char* name, UnaryOp op, const Tensor& x, double alpha = 0.0) 
   });
   // exp, tanh and sqrt differentiate through their output; a detached alias keeps the node off its own output.
   const Tensor saved = (op == UnaryOp::Exp || op == UnaryOp::Tanh || op == UnaryOp::Sqrt) ? out.detach() : Tensor();
-  return record(name, out, {x}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-    dispatch_storage(dout.dtype(), name, [&]<class T>() {
-      launch(kernels::unary_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), in[0].data<T>(),
-             ptr<T>(saved), dout.numel(), op, compute_t<T>(alpha), detail::unwritten(grads[0]));
-    });
-  }, /*writes_unwritten=*/1u);
+  return record(
+      name, out, {x},
+      [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+        dispatch_storage(dout.dtype(), name, [&]<class T>() {
+          launch(kernels::unary_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), in[0].data<T>(),
+                 ptr<T>(saved), dout.numel(), op, compute_t<T>(alpha), detail::unwritten(grads[0]));
+        });
+      },
+      /*writes_unwritten=*/1u);
 }
 
 /// alpha * sum over dim (or over everything when all == true).
@@ -148,12 +152,14 @@ Tensor cast(const Tensor& x, DType dtype) {
 }
 
 void write_bf16_copy(const Tensor& p) {
-  if (p.dtype() != DType::F32) throw Error(fmt::format("write_bf16_copy: the parameter must be f32, got {}", dtype_name(p.dtype())));
+  if (p.dtype() != DType::F32)
+    throw Error(fmt::format("write_bf16_copy: the parameter must be f32, got {}", dtype_name(p.dtype())));
   TensorImpl& impl = p.impl();
   if (!impl.bf16_copy || impl.bf16_copy->storage->device != p.device() || !(impl.bf16_copy->shape == p.shape())) {
     impl.bf16_copy = empty(p.shape(), DType::BF16, p.device()).impl_ptr();
   }
-  launch(kernels::round_to_bf16, p.device(), static_cast<bf16*>(impl.bf16_copy->storage->data), p.data<float>(), p.numel());
+  launch(kernels::round_to_bf16, p.device(), static_cast<bf16*>(impl.bf16_copy->storage->data), p.data<float>(),
+         p.numel());
 }
 
 Tensor working_copy(const Tensor& p) {

@@ -18,8 +18,10 @@ std::pair<int64_t, int64_t> rows_cols(const Tensor& x) {
 }
 
 /// Throws unless every id in ids (i32) lies in [0, limit), or equals `allowed` when given.
-void check_ids(const char* op, const char* what, const Tensor& ids, int64_t limit, std::optional<int32_t> allowed = {}) {
-  if (ids.dtype() != DType::I32) throw Error(fmt::format("{}: {} must be i32, got {}", op, what, dtype_name(ids.dtype())));
+void check_ids(const char* op, const char* what, const Tensor& ids, int64_t limit,
+               std::optional<int32_t> allowed = {}) {
+  if (ids.dtype() != DType::I32)
+    throw Error(fmt::format("{}: {} must be i32, got {}", op, what, dtype_name(ids.dtype())));
   const std::vector<int32_t> v = ids.to_vector<int32_t>();
   for (size_t i = 0; i < v.size(); ++i) {
     if ((v[i] < 0 || v[i] >= limit) && v[i] != allowed) {
@@ -35,14 +37,14 @@ Tensor rowwise_softmax(const char* name, const Tensor& x, bool log) {
   const int64_t N = N_, C = C_;  // plain variables: clang 14 cannot capture structured bindings
   Tensor out = empty(x.shape(), x.dtype(), x.device());
   dispatch_float(x.dtype(), name, [&]<class T>() {
-    launch(log ? kernels::log_softmax_forward<T> : kernels::softmax_forward<T>, x.device(), out.data<T>(),
-           x.data<T>(), N, C);
+    launch(log ? kernels::log_softmax_forward<T> : kernels::softmax_forward<T>, x.device(), out.data<T>(), x.data<T>(),
+           N, C);
   });
   const Tensor saved = out.detach();
   return record(name, out, {x}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
     dispatch_float(dout.dtype(), name, [&]<class T>() {
-      launch(log ? kernels::log_softmax_backward<T> : kernels::softmax_backward<T>, dout.device(),
-             grads[0].data<T>(), dout.data<T>(), saved.data<T>(), N, C);
+      launch(log ? kernels::log_softmax_backward<T> : kernels::softmax_backward<T>, dout.device(), grads[0].data<T>(),
+             dout.data<T>(), saved.data<T>(), N, C);
     });
   });
 }
@@ -133,21 +135,83 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const N
   const Tensor x16 = bf16_operand(x, N * C, math);
   dispatch_storage(x.dtype(), "linear", [&]<class T>() {
     launch(kernels::linear_forward<T>, x.device(),
-           LinearForward<T>{.out = out.data<T>(), .inp = x.data<T>(), .weight = weight.data<T>(), .bias = ptr<T>(bias),
-                            .N = N, .C = C, .OC = OC, .math = math, .inp16 = bf16_bits(x16), .lt_epilogues = lt});
+           LinearForward<T>{.out = out.data<T>(),
+                            .inp = x.data<T>(),
+                            .weight = weight.data<T>(),
+                            .bias = ptr<T>(bias),
+                            .N = N,
+                            .C = C,
+                            .OC = OC,
+                            .math = math,
+                            .inp16 = bf16_bits(x16),
+                            .lt_epilogues = lt});
   });
-  return record("linear", out, {x, weight, bias},
-                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                  dispatch_storage(dout.dtype(), "linear", [&]<class T>() {
-                    launch(kernels::linear_backward<T>, dout.device(),
-                           LinearBackward<T>{.dinp = ptr<T>(grads[0]), .dweight = ptr<T>(grads[1]),
-                                             .dbias = ptr<T>(grads[2]), .dout = dout.data<T>(), .inp = in[0].data<T>(),
-                                             .weight = in[1].data<T>(), .N = N, .C = C, .OC = OC, .math = math,
-                                             .overwrite_dinp = detail::unwritten(grads[0]), .inp16 = bf16_bits(x16),
-                                             .lt_epilogues = lt});
-                  });
-                }, /*writes_unwritten=*/1u);
+  return record(
+      "linear", out, {x, weight, bias},
+      [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+        dispatch_storage(dout.dtype(), "linear", [&]<class T>() {
+          launch(kernels::linear_backward<T>, dout.device(),
+                 LinearBackward<T>{.dinp = ptr<T>(grads[0]),
+                                   .dweight = ptr<T>(grads[1]),
+                                   .dbias = ptr<T>(grads[2]),
+                                   .dout = dout.data<T>(),
+                                   .inp = in[0].data<T>(),
+                                   .weight = in[1].data<T>(),
+                                   .N = N,
+                                   .C = C,
+                                   .OC = OC,
+                                   .math = math,
+                                   .overwrite_dinp = detail::unwritten(grads[0]),
+                                   .inp16 = bf16_bits(x16),
+                                   .lt_epilogues = lt});
+        });
+      },
+      /*writes_unwritten=*/1u);
 }
+
+namespace {
+
+/// mlp's activations: pre = x w_fc^T + b_fc, h = act(pre) (or only its bf16 copy h16), out; x16: x rounded, or none.
+struct MlpActivations {
+  Tensor pre, h, out, x16, h16;  // handles: the tensors mlp holds
+};
+
+/// mlp's two products: pre and h from the first (the activation in its epilogue), out from the second.
+void mlp_forward(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj,
+                 Activation act, const MlpActivations& a, MatmulMath math, bool lt) {
+  Tensor pre = a.pre, h = a.h, out = a.out, x16 = a.x16, h16 = a.h16;
+  const auto [N_, C_] = rows_cols(x);
+  const int64_t N = N_, C = C_, H = pre.size(pre.ndim() - 1), OC = out.size(out.ndim() - 1);
+  dispatch_storage(x.dtype(), "mlp", [&]<class T>() {
+    launch(kernels::linear_forward<T>, x.device(),
+           LinearForward<T>{.out = pre.data<T>(),
+                            .inp = x.data<T>(),
+                            .weight = w_fc.data<T>(),
+                            .bias = ptr<T>(b_fc),
+                            .N = N,
+                            .C = C,
+                            .OC = H,
+                            .math = math,
+                            .act = act,
+                            .act_out = ptr<T>(h),
+                            .inp16 = bf16_bits(x16),
+                            .act16 = bf16_bits(h16),
+                            .lt_epilogues = lt});
+    launch(kernels::linear_forward<T>, x.device(),
+           LinearForward<T>{.out = out.data<T>(),
+                            .inp = ptr<T>(h),
+                            .weight = w_proj.data<T>(),
+                            .bias = ptr<T>(b_proj),
+                            .N = N,
+                            .C = H,
+                            .OC = OC,
+                            .math = math,
+                            .inp16 = bf16_bits(h16),
+                            .lt_epilogues = lt});
+  });
+}
+
+}  // namespace
 
 Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_proj, const Tensor& b_proj,
            Activation act, const Numerics& numerics) {
@@ -168,43 +232,56 @@ Tensor mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor
   const Tensor x16 = bf16_operand(x, N * C, math), h16 = bf16_operand(x, N * H, math);
   const Tensor h = h16.defined() ? Tensor() : empty(pre.shape(), x.dtype(), x.device());
   Tensor out = empty(with_last(x, OC), x.dtype(), x.device());
-  dispatch_storage(x.dtype(), "mlp", [&]<class T>() {
-    launch(kernels::linear_forward<T>, x.device(),
-           LinearForward<T>{.out = pre.data<T>(), .inp = x.data<T>(), .weight = w_fc.data<T>(), .bias = ptr<T>(b_fc),
-                            .N = N, .C = C, .OC = H, .math = math, .act = act, .act_out = ptr<T>(h),
-                            .inp16 = bf16_bits(x16), .act16 = bf16_bits(h16), .lt_epilogues = lt});
-    launch(kernels::linear_forward<T>, x.device(),
-           LinearForward<T>{.out = out.data<T>(), .inp = ptr<T>(h), .weight = w_proj.data<T>(), .bias = ptr<T>(b_proj),
-                            .N = N, .C = H, .OC = OC, .math = math, .inp16 = bf16_bits(h16), .lt_epilogues = lt});
-  });
-  return record("mlp", out, {x, w_fc, b_fc, w_proj, b_proj},
-                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                  const bool first = grads[0].defined() || grads[1].defined() || grads[2].defined();
-                  // The gradient at pre, dout w_proj * act'(pre), formed with act' in the product's epilogue.
-                  const Tensor dpre = first ? empty(pre.shape(), dout.dtype(), dout.device()) : Tensor();
-                  dispatch_storage(dout.dtype(), "mlp", [&]<class T>() {
-                    launch(kernels::linear_backward<T>, dout.device(),
-                           LinearBackward<T>{.dinp = ptr<T>(dpre), .dweight = ptr<T>(grads[3]),
-                                             .dbias = ptr<T>(grads[4]), .dout = dout.data<T>(), .inp = ptr<T>(h),
-                                             .weight = in[3].data<T>(), .N = N, .C = H, .OC = OC, .math = math,
-                                             .overwrite_dinp = true, .act = act, .act_of = pre.data<T>(),
-                                             .inp16 = bf16_bits(h16), .lt_epilogues = lt});
-                    if (first) {
-                      launch(kernels::linear_backward<T>, dout.device(),
-                             LinearBackward<T>{.dinp = ptr<T>(grads[0]), .dweight = ptr<T>(grads[1]),
-                                               .dbias = ptr<T>(grads[2]), .dout = dpre.data<T>(),
-                                               .inp = in[0].data<T>(), .weight = in[1].data<T>(), .N = N, .C = C,
-                                               .OC = H, .math = math, .overwrite_dinp = detail::unwritten(grads[0]),
-                                               .inp16 = bf16_bits(x16), .lt_epilogues = lt});
-                    }
-                  });
-                }, /*writes_unwritten=*/1u);
+  mlp_forward(x, w_fc, b_fc, w_proj, b_proj, act, {.pre = pre, .h = h, .out = out, .x16 = x16, .h16 = h16}, math, lt);
+  return record(
+      "mlp", out, {x, w_fc, b_fc, w_proj, b_proj},
+      [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+        const bool first = grads[0].defined() || grads[1].defined() || grads[2].defined();
+        // The gradient at pre, dout w_proj * act'(pre), formed with act' in the product's epilogue.
+        const Tensor dpre = first ? empty(pre.shape(), dout.dtype(), dout.device()) : Tensor();
+        dispatch_storage(dout.dtype(), "mlp", [&]<class T>() {
+          launch(kernels::linear_backward<T>, dout.device(),
+                 LinearBackward<T>{.dinp = ptr<T>(dpre),
+                                   .dweight = ptr<T>(grads[3]),
+                                   .dbias = ptr<T>(grads[4]),
+                                   .dout = dout.data<T>(),
+                                   .inp = ptr<T>(h),
+                                   .weight = in[3].data<T>(),
+                                   .N = N,
+                                   .C = H,
+                                   .OC = OC,
+                                   .math = math,
+                                   .overwrite_dinp = true,
+                                   .act = act,
+                                   .act_of = pre.data<T>(),
+                                   .inp16 = bf16_bits(h16),
+                                   .lt_epilogues = lt});
+          if (first) {
+            launch(kernels::linear_backward<T>, dout.device(),
+                   LinearBackward<T>{.dinp = ptr<T>(grads[0]),
+                                     .dweight = ptr<T>(grads[1]),
+                                     .dbias = ptr<T>(grads[2]),
+                                     .dout = dpre.data<T>(),
+                                     .inp = in[0].data<T>(),
+                                     .weight = in[1].data<T>(),
+                                     .N = N,
+                                     .C = C,
+                                     .OC = H,
+                                     .math = math,
+                                     .overwrite_dinp = detail::unwritten(grads[0]),
+                                     .inp16 = bf16_bits(x16),
+                                     .lt_epilogues = lt});
+          }
+        });
+      },
+      /*writes_unwritten=*/1u);
 }
 
 namespace {
 
 /// Checks layer norm's operands; returns its rows and features.
-std::pair<int64_t, int64_t> check_layer_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+std::pair<int64_t, int64_t> check_layer_norm(const char* op, const Tensor& x, const Tensor& weight,
+                                             const Tensor& bias) {
   detail::check_storage(op, x);
   detail::check_storage(op, weight, "weight");
   detail::check_same(op, x, weight);
@@ -223,20 +300,21 @@ std::pair<int64_t, int64_t> check_layer_norm(const char* op, const Tensor& x, co
 /// Records the norm's backward for out = norm(x, weight, bias), whose statistics are mean and rstd.
 Tensor record_norm(Tensor out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& mean,
                    const Tensor& rstd, int64_t N, int64_t C, bool rms) {
-  return record(rms ? "rms_norm" : "layer_norm", std::move(out), {x, weight, bias},
-                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                  dispatch_storage(dout.dtype(), "layer_norm", [&]<class T>() {
-                    if (rms) {
-                      launch(kernels::rmsnorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
-                             dout.data<T>(), in[0].data<T>(), in[1].data<T>(), rstd.data<compute_t<T>>(), N, C,
-                             detail::unwritten(grads[0]));
-                    } else {
-                      launch(kernels::layernorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]),
-                             ptr<T>(grads[2]), dout.data<T>(), in[0].data<T>(), in[1].data<T>(),
-                             mean.data<compute_t<T>>(), rstd.data<compute_t<T>>(), N, C, detail::unwritten(grads[0]));
-                    }
-                  });
-                }, /*writes_unwritten=*/1u);
+  return record(
+      rms ? "rms_norm" : "layer_norm", std::move(out), {x, weight, bias},
+      [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+        dispatch_storage(dout.dtype(), "layer_norm", [&]<class T>() {
+          if (rms) {
+            launch(kernels::rmsnorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]), dout.data<T>(),
+                   in[0].data<T>(), in[1].data<T>(), rstd.data<compute_t<T>>(), N, C, detail::unwritten(grads[0]));
+          } else {
+            launch(kernels::layernorm_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]), ptr<T>(grads[2]),
+                   dout.data<T>(), in[0].data<T>(), in[1].data<T>(), mean.data<compute_t<T>>(),
+                   rstd.data<compute_t<T>>(), N, C, detail::unwritten(grads[0]));
+          }
+        });
+      },
+      /*writes_unwritten=*/1u);
 }
 
 Tensor norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, bool rms) {
@@ -273,26 +351,30 @@ std::pair<Tensor, Tensor> add_norm(const char* op, const Tensor& a, const Tensor
              a.data<T>(), b.data<T>(), weight.data<T>(), N, C, compute_t<T>(eps), float(p), seed);
     } else {
       launch(kernels::add_layernorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<compute_t<T>>(mean),
-             ptr<compute_t<T>>(rstd), a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C,
-             compute_t<T>(eps), float(p), seed);
+             ptr<compute_t<T>>(rstd), a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, compute_t<T>(eps),
+             float(p), seed);
     }
   });
   // Two nodes, as the two ops would record: the sum's gradient (from its other readers and from the norm) reaches a
   // and b once it is complete; b's through the dropout's mask when there is one.
-  sum = record("add", sum, {a, b}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
-    for (size_t i = 0; i < grads.size(); ++i) {
-      Tensor& g = grads[i];
-      if (i == 1 && p > 0.0 && g.defined()) {
-        dispatch_storage(dout.dtype(), "add_layer_norm", [&]<class T>() {
-          launch(kernels::dropout_backward<T>, dout.device(), g.data<T>(), dout.data<T>(), dout.numel(), float(p), seed);
-        });
-      } else if (detail::unwritten(g)) {
-        g.copy_(dout);
-      } else if (g.defined()) {
-        accumulate_into(g, dout);
-      }
-    }
-  }, /*writes_unwritten=*/p > 0.0 ? 1u : 3u);
+  sum = record(
+      "add", sum, {a, b},
+      [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
+        for (size_t i = 0; i < grads.size(); ++i) {
+          Tensor& g = grads[i];
+          if (i == 1 && p > 0.0 && g.defined()) {
+            dispatch_storage(dout.dtype(), "add_layer_norm", [&]<class T>() {
+              launch(kernels::dropout_backward<T>, dout.device(), g.data<T>(), dout.data<T>(), dout.numel(), float(p),
+                     seed);
+            });
+          } else if (detail::unwritten(g)) {
+            g.copy_(dout);
+          } else if (g.defined()) {
+            accumulate_into(g, dout);
+          }
+        }
+      },
+      /*writes_unwritten=*/p > 0.0 ? 1u : 3u);
   return {sum, record_norm(out, sum, weight, bias, mean, rstd, N, C, rms)};
 }
 
@@ -319,7 +401,8 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& a, const Tensor& b, const T
 Tensor swiglu(const Tensor& x) {
   detail::check_storage("swiglu", x);
   if (x.ndim() < 1 || x.size(-1) % 2 != 0) {
-    throw Error(fmt::format("swiglu: the last dimension must be even (gate and up side by side), got {}", x.shape().str()));
+    throw Error(
+        fmt::format("swiglu: the last dimension must be even (gate and up side by side), got {}", x.shape().str()));
   }
   const int64_t H = x.size(-1) / 2, N = H == 0 ? 0 : x.numel() / (2 * H);
   std::vector<int64_t> shape = x.shape().vec();
@@ -328,12 +411,15 @@ Tensor swiglu(const Tensor& x) {
   dispatch_storage(x.dtype(), "swiglu", [&]<class T>() {
     launch(kernels::swiglu_forward<T>, x.device(), out.data<T>(), x.data<T>(), N, H);
   });
-  return record("swiglu", std::move(out), {x}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-    dispatch_storage(dout.dtype(), "swiglu", [&]<class T>() {
-      launch(kernels::swiglu_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), in[0].data<T>(), N, H,
-             detail::unwritten(grads[0]));
-    });
-  }, /*writes_unwritten=*/1u);
+  return record(
+      "swiglu", std::move(out), {x},
+      [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+        dispatch_storage(dout.dtype(), "swiglu", [&]<class T>() {
+          launch(kernels::swiglu_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), in[0].data<T>(), N, H,
+                 detail::unwritten(grads[0]));
+        });
+      },
+      /*writes_unwritten=*/1u);
 }
 
 Tensor embedding(const Tensor& ids, const Tensor& weight) {
@@ -352,8 +438,7 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
                 [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
                   dispatch_storage(dout.dtype(), "embedding", [&]<class T>() {
                     launch(kernels::embedding_backward<T>, dout.device(), grads[1].data<T>(), dout.data<T>(),
-                           in[0].data<int32_t>(),
-                           cuda::capturing() ? nullptr : in[0].host_copy(), N, in[1].size(0), C);
+                           in[0].data<int32_t>(), cuda::capturing() ? nullptr : in[0].host_copy(), N, in[1].size(0), C);
                   });
                 });
 }
@@ -394,32 +479,36 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
     NoGradGuard no_grad;
     out = count > 0 ? scale(sum(losses), inv_count) : zeros({}, loss_dtype, logits.device());
   }
-  return record("cross_entropy", out, {logits, targets},
-                [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
-                  // A slot no op has written takes the fused gradient (rewritten below unless dout is 1); one
-                  // already written gets the gradient added, from the logits. dlogits is handed out once: a second
-                  // backward (retain_graph) finds it taken, and the slot is zeroed and added to.
-                  const bool adopt = detail::unwritten(grads[0]) && !*handed_out;
-                  if (adopt) {
-                    grads[0] = dlogits;
-                    *handed_out = true;
-                  } else if (detail::unwritten(grads[0])) {
-                    grads[0].zero_();
-                  }
-                  if (count == 0) return;
-                  dispatch_storage(in[0].dtype(), "cross_entropy", [&]<class T>() {
-                    launch(kernels::crossentropy_backward<T>, dout.device(), grads[0].data<T>(),
-                           dout.data<compute_t<T>>(), compute_t<T>(inv_count), in[0].data<T>(),
-                           lse.data<compute_t<T>>(), in[1].data<int32_t>(), N, V, ignore_index, adopt);
-                  });
-                }, /*writes_unwritten=*/1u);
+  return record(
+      "cross_entropy", out, {logits, targets},
+      [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
+        // A slot no op has written takes the fused gradient (rewritten below unless dout is 1); one
+        // already written gets the gradient added, from the logits. dlogits is handed out once: a second
+        // backward (retain_graph) finds it taken, and the slot is zeroed and added to.
+        const bool adopt = detail::unwritten(grads[0]) && !*handed_out;
+        if (adopt) {
+          grads[0] = dlogits;
+          *handed_out = true;
+        } else if (detail::unwritten(grads[0])) {
+          grads[0].zero_();
+        }
+        if (count == 0) return;
+        dispatch_storage(in[0].dtype(), "cross_entropy", [&]<class T>() {
+          launch(kernels::crossentropy_backward<T>, dout.device(), grads[0].data<T>(), dout.data<compute_t<T>>(),
+                 compute_t<T>(inv_count), in[0].data<T>(), lse.data<compute_t<T>>(), in[1].data<int32_t>(), N, V,
+                 ignore_index, adopt);
+        });
+      },
+      /*writes_unwritten=*/1u);
 }
 
 Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t pos0, RopeFreqs freqs) {
   detail::check_float("rope", x);
   if (x.ndim() != 3 || head_dim <= 0 || head_dim % 2 != 0 || x.size(2) % head_dim != 0) {
-    throw Error(fmt::format("rope: x must be (B, L, NH * E) with an even head_dim E dividing the last dim; got shape {} "
-                            "and head_dim {}", x.shape().str(), head_dim));
+    throw Error(
+        fmt::format("rope: x must be (B, L, NH * E) with an even head_dim E dividing the last dim; got shape {} "
+                    "and head_dim {}",
+                    x.shape().str(), head_dim));
   }
   const int64_t B = x.size(0), L = x.size(1), E = head_dim, NH = x.size(2) / E;
   if (rotated_heads < 0 || rotated_heads > NH) {
@@ -446,7 +535,8 @@ Tensor dropout(const Tensor& x, double p, DropoutSeed seed) {
   });
   return record("dropout", out, {x}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
     dispatch_storage(dout.dtype(), "dropout", [&]<class T>() {
-      launch(kernels::dropout_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), dout.numel(), float(p), seed);
+      launch(kernels::dropout_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), dout.numel(), float(p),
+             seed);
     });
   });
 }

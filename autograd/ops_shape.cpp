@@ -64,9 +64,8 @@ Tensor permute(const Tensor& x, std::vector<int> perm) {
   std::vector<int64_t> dims;
   for (int p : perm) dims.push_back(x.shape()[p]);
   Tensor out = empty(Shape(dims), x.dtype(), x.device());
-  dispatch_storage(x.dtype(), "permute", [&]<class T>() {
-    launch(kernels::permute<T>, x.device(), out.data<T>(), x.data<T>(), g, false);
-  });
+  dispatch_storage(x.dtype(), "permute",
+                   [&]<class T>() { launch(kernels::permute<T>, x.device(), out.data<T>(), x.data<T>(), g, false); });
   const PermuteGeom back = permute_geom(out.shape(), inverse);
   return record("permute", out, {x}, [back](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
     dispatch_storage(dout.dtype(), "permute", [&]<class T>() {
@@ -165,12 +164,14 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
 void write_slice(Tensor& dst, int dim, int64_t start, const Tensor& src) {
   detail::check_storage("write_slice", dst);
   detail::check_same("write_slice", dst, src);
-  if (dst.requires_grad()) throw Error("write_slice: the destination requires a gradient; write_slice is outside the graph");
+  if (dst.requires_grad())
+    throw Error("write_slice: the destination requires a gradient; write_slice is outside the graph");
   const int d = dst.shape().normalize_dim(dim);
   const int64_t D = dst.shape()[d];
   bool ok = src.ndim() == dst.ndim();
   for (int i = 0; ok && i < dst.ndim(); ++i) ok = i == d || src.shape()[i] == dst.shape()[i];
-  if (!ok) shape_error("write_slice", fmt::format("sizes must match except in dimension {}", d), dst.shape(), src.shape());
+  if (!ok)
+    shape_error("write_slice", fmt::format("sizes must match except in dimension {}", d), dst.shape(), src.shape());
   const int64_t n = src.shape()[d];
   if (start < 0 || start + n > D) {
     throw Error(fmt::format("write_slice: [{}, {}) is outside dimension {} of size {}", start, start + n, d, D));

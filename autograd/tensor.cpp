@@ -39,22 +39,32 @@ namespace tinygpt {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::F32: return 4;
-    case DType::F64: return 8;
-    case DType::I32: return 4;
-    case DType::Bool: return 1;
-    case DType::BF16: return 2;
+    case DType::F32:
+      return 4;
+    case DType::F64:
+      return 8;
+    case DType::I32:
+      return 4;
+    case DType::Bool:
+      return 1;
+    case DType::BF16:
+      return 2;
   }
   return 0;
 }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::I32: return "i32";
-    case DType::Bool: return "bool";
-    case DType::BF16: return "bf16";
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::I32:
+      return "i32";
+    case DType::Bool:
+      return "bool";
+    case DType::BF16:
+      return "bf16";
   }
   return "?";
 }
@@ -95,9 +105,7 @@ std::array<int64_t, kMaxDims> Shape::padded() const {
 
 std::string Shape::str() const { return fmt::format("({})", fmt::join(begin(), end(), ", ")); }
 
-bool Shape::operator==(const Shape& o) const {
-  return ndim_ == o.ndim_ && std::equal(begin(), end(), o.begin());
-}
+bool Shape::operator==(const Shape& o) const { return ndim_ == o.ndim_ && std::equal(begin(), end(), o.begin()); }
 
 void shape_error(const std::string& op, const std::string& what, const Shape& a, const Shape& b) {
   throw Error(fmt::format("{}: {}: shapes {} and {}", op, what, a.str(), b.str()));
@@ -217,9 +225,7 @@ class HostCache {
   static constexpr size_t kMinBytes = size_t(1) << 16;
   static constexpr size_t kHugeBytes = size_t(2) << 20;
   static constexpr size_t kFloorBytes = size_t(64) << 20;
-  const bool enabled_ = [] {
-    return !TINYGPT_ENV_IS("TINYGPT_HOST_CACHE", "0");
-  }();
+  const bool enabled_ = [] { return !TINYGPT_ENV_IS("TINYGPT_HOST_CACHE", "0"); }();
   std::mutex mutex_;
   std::unordered_map<size_t, std::vector<void*>> free_;  // by size in bytes
   size_t cached_ = 0, in_use_ = 0, peak_in_use_ = 0;
@@ -258,8 +264,7 @@ Storage::~Storage() {
 
 std::atomic<int64_t> TensorImpl::live_count{0};
 
-TensorImpl::TensorImpl(std::shared_ptr<Storage> st, Shape sh, DType dt)
-    : storage(std::move(st)), shape(sh), dtype(dt) {
+TensorImpl::TensorImpl(std::shared_ptr<Storage> st, Shape sh, DType dt) : storage(std::move(st)), shape(sh), dtype(dt) {
   ++live_count;
 }
 
@@ -304,11 +309,16 @@ double Tensor::item() const {
   if (numel() != 1) throw Error(fmt::format("item: tensor has {} elements (shape {}), not 1", numel(), shape().str()));
   const Tensor host = read_to_host();
   switch (dtype()) {
-    case DType::F32: return *host.data<float>();
-    case DType::F64: return *host.data<double>();
-    case DType::I32: return *host.data<int32_t>();
-    case DType::Bool: return *host.data<uint8_t>() != 0;
-    case DType::BF16: return float(*host.data<bf16>());
+    case DType::F32:
+      return *host.data<float>();
+    case DType::F64:
+      return *host.data<double>();
+    case DType::I32:
+      return *host.data<int32_t>();
+    case DType::Bool:
+      return *host.data<uint8_t>() != 0;
+    case DType::BF16:
+      return float(*host.data<bf16>());
   }
   throw Error("item: unknown dtype");
 }
@@ -365,8 +375,10 @@ Tensor Tensor::to(DType dt) const {
     } else if (dtype() == DType::BF16 && dt == DType::F32) {
       launch(kernels::widen_bf16, device(), out.data<float>(), data<bf16>(), numel());
     } else {
-      throw Error(fmt::format("to(dtype): {} -> {} converts on the CPU only (f32 <-> bf16 on the GPU too); move the "
-                              "tensor there first", dtype_name(dtype()), dtype_name(dt)));
+      throw Error(
+          fmt::format("to(dtype): {} -> {} converts on the CPU only (f32 <-> bf16 on the GPU too); move the "
+                      "tensor there first",
+                      dtype_name(dtype()), dtype_name(dt)));
     }
     return out;
   }
@@ -382,18 +394,36 @@ Tensor Tensor::to(DType dt) const {
   }
   auto convert = [&]<class From>(const From* src) {
     switch (dt) {
-      case DType::F32: std::transform(src, src + n, out.data<float>(), [](From x) { return float(x); }); return;
-      case DType::F64: std::transform(src, src + n, out.data<double>(), [](From x) { return double(x); }); return;
-      case DType::I32: std::transform(src, src + n, out.data<int32_t>(), [](From x) { return int32_t(x); }); return;
-      case DType::Bool: std::transform(src, src + n, out.data<uint8_t>(), [](From x) { return uint8_t(x != From(0)); }); return;
-      case DType::BF16: std::transform(src, src + n, out.data<bf16>(), [](From x) { return bf16(float(x)); }); return;
+      case DType::F32:
+        std::transform(src, src + n, out.data<float>(), [](From x) { return float(x); });
+        return;
+      case DType::F64:
+        std::transform(src, src + n, out.data<double>(), [](From x) { return double(x); });
+        return;
+      case DType::I32:
+        std::transform(src, src + n, out.data<int32_t>(), [](From x) { return int32_t(x); });
+        return;
+      case DType::Bool:
+        std::transform(src, src + n, out.data<uint8_t>(), [](From x) { return uint8_t(x != From(0)); });
+        return;
+      case DType::BF16:
+        std::transform(src, src + n, out.data<bf16>(), [](From x) { return bf16(float(x)); });
+        return;
     }
   };
   switch (dtype()) {
-    case DType::F32: convert(data<float>()); break;
-    case DType::F64: convert(data<double>()); break;
-    case DType::I32: convert(data<int32_t>()); break;
-    case DType::Bool: convert(data<uint8_t>()); break;
+    case DType::F32:
+      convert(data<float>());
+      break;
+    case DType::F64:
+      convert(data<double>());
+      break;
+    case DType::I32:
+      convert(data<int32_t>());
+      break;
+    case DType::Bool:
+      convert(data<uint8_t>());
+      break;
     case DType::BF16: {
       std::vector<float> wide(static_cast<size_t>(n));
       std::copy_n(data<bf16>(), n, wide.begin());
@@ -440,7 +470,8 @@ void Tensor::copy_(const Tensor& src) {
 Tensor& Tensor::requires_grad_(bool on) {
   if (on && !is_leaf()) throw Error("requires_grad_: only leaf tensors can be marked (use detach() first)");
   if (on && dtype() != DType::F32 && dtype() != DType::F64 && dtype() != DType::BF16) {
-    throw Error(fmt::format("requires_grad_: only floating tensors have gradients, this one is {}", dtype_name(dtype())));
+    throw Error(
+        fmt::format("requires_grad_: only floating tensors have gradients, this one is {}", dtype_name(dtype())));
   }
   impl().requires_grad = on;
   return *this;
@@ -449,7 +480,8 @@ Tensor& Tensor::requires_grad_(bool on) {
 Tensor Tensor::grad() const { return Tensor(impl().grad); }
 
 void Tensor::set_grad(const Tensor& g) {
-  if (g.defined() && !(g.shape() == shape())) shape_error("set_grad", "gradient must match the tensor", g.shape(), shape());
+  if (g.defined() && !(g.shape() == shape()))
+    shape_error("set_grad", "gradient must match the tensor", g.shape(), shape());
   impl().grad = g.impl_ptr();
 }
 
@@ -478,8 +510,8 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor buffer_slice(const Tensor& buffer, int64_t offset, const Shape& shape) {
   if (offset < 0 || offset + shape.numel() > buffer.numel()) {
-    throw Error(fmt::format("buffer_slice: elements [{}, {}) are outside a buffer of {}", offset, offset + shape.numel(),
-                            buffer.numel()));
+    throw Error(fmt::format("buffer_slice: elements [{}, {}) are outside a buffer of {}", offset,
+                            offset + shape.numel(), buffer.numel()));
   }
   const size_t elem = dtype_size(buffer.dtype());
   auto storage = std::make_shared<Storage>(buffer.impl().storage, size_t(offset) * elem, size_t(shape.numel()) * elem);
@@ -531,11 +563,21 @@ Tensor generate(const Shape& shape, DType dtype, Device device, const char* op, 
   Tensor t = empty(shape, dtype);
   const int64_t n = shape.numel();
   switch (dtype) {
-    case DType::F32: for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = float(gen(i)); break;
-    case DType::F64: for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = gen(i); break;
-    case DType::I32: for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = int32_t(gen(i)); break;
-    case DType::Bool: for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = gen(i) != 0.0; break;
-    case DType::BF16: for (int64_t i = 0; i < n; ++i) t.data<bf16>()[i] = bf16(float(gen(i))); break;
+    case DType::F32:
+      for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = float(gen(i));
+      break;
+    case DType::F64:
+      for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = gen(i);
+      break;
+    case DType::I32:
+      for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = int32_t(gen(i));
+      break;
+    case DType::Bool:
+      for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = gen(i) != 0.0;
+      break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) t.data<bf16>()[i] = bf16(float(gen(i)));
+      break;
   }
   return t.to(device);
 }
@@ -593,71 +635,3 @@ Tensor from_vector(const std::vector<uint8_t>& v, const Shape& s, Device d) {
 }
 
 }  // namespace tinygpt
-
-// --- printing
-
-namespace {
-
-constexpr int64_t kEdgeItems = 3;
-
-template <class T>
-void format_dim(std::string& out, const T* p, const tinygpt::Shape& shape, int dim, int64_t offset, int64_t stride) {
-  const int64_t n = shape[dim];
-  const int64_t inner = stride / n;
-  const bool elide = n > 2 * kEdgeItems;
-  out += '[';
-  for (int64_t i = 0; i < n; ++i) {
-    if (elide && i == kEdgeItems) {
-      out += dim == shape.ndim() - 1 ? "..., " : "...,\n";
-      i = n - kEdgeItems;
-    }
-    if (dim == shape.ndim() - 1) {
-      if constexpr (std::is_same_v<T, uint8_t>) {
-        out += p[offset + i] ? "true" : "false";
-      } else if constexpr (std::is_integral_v<T>) {
-        out += fmt::format("{}", p[offset + i]);
-      } else {
-        out += fmt::format("{:.4f}", double(float(p[offset + i])));
-      }
-    } else {
-      format_dim(out, p, shape, dim + 1, offset + i * inner, inner);
-    }
-    if (i + 1 < n) out += dim == shape.ndim() - 1 ? ", " : ",\n";
-  }
-  out += ']';
-}
-
-}  // namespace
-
-auto fmt::formatter<tinygpt::Tensor>::format(const tinygpt::Tensor& t, fmt::format_context& ctx) const
-    -> fmt::format_context::iterator {
-  using tinygpt::DType;
-  if (!t.defined()) return fmt::formatter<std::string>::format("tensor(undefined)", ctx);
-  std::string s = "tensor(";
-  const tinygpt::Tensor host = t.to(tinygpt::Device::CPU);
-  auto body = [&]<class T>(const T* p) {
-    if (t.numel() == 0) {
-      s += "[]";
-    } else if (t.ndim() == 0) {
-      if constexpr (std::is_integral_v<T>) {
-        s += fmt::format("{}", int64_t(p[0]));
-      } else {
-        s += fmt::format("{:.4f}", double(float(p[0])));
-      }
-    } else {
-      format_dim(s, p, t.shape(), 0, 0, t.numel());
-    }
-  };
-  switch (t.dtype()) {
-    case DType::F32: body(host.data<float>()); break;
-    case DType::F64: body(host.data<double>()); break;
-    case DType::I32: body(host.data<int32_t>()); break;
-    case DType::Bool: body(host.data<uint8_t>()); break;
-    case DType::BF16: body(host.data<tinygpt::bf16>()); break;
-  }
-  s += fmt::format(", dtype={}", tinygpt::dtype_name(t.dtype()));
-  if (t.device() != tinygpt::Device::CPU) s += ", device=cuda";
-  if (t.requires_grad()) s += ", requires_grad";
-  s += ')';
-  return fmt::formatter<std::string>::format(s, ctx);
-}

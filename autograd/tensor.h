@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "random.h"
-#include "../kernels/bf16.h"
 #include "../kernels/base.h"
+#include "../kernels/bf16.h"
 #include "../kernels/geometry.h"
+#include "random.h"
 
 namespace tinygpt {
 
@@ -112,12 +112,15 @@ class Tensor {
   Device device() const { return impl().storage->device; }
 
   /// Typed pointer to the first element; throws when T does not match the dtype.
-  template <class T> T* data();
-  template <class T> const T* data() const;
+  template <class T>
+  T* data();
+  template <class T>
+  const T* data() const;
   void* raw_data() const { return impl().storage->data; }
 
   /// Copies to a std::vector<T> on the host (T must match the dtype).
-  template <class T> std::vector<T> to_vector() const;
+  template <class T>
+  std::vector<T> to_vector() const;
   /// The single value of a one-element tensor, as double.
   double item() const;
 
@@ -209,11 +212,15 @@ Tensor from_vector(const std::vector<bf16>& values, const Shape& shape, Device d
 template <class F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::F32: return f.template operator()<float>();
-    case DType::F64: return f.template operator()<double>();
+    case DType::F32:
+      return f.template operator()<float>();
+    case DType::F64:
+      return f.template operator()<double>();
     case DType::BF16:
-      throw Error(fmt::format("{}: dtype bf16 is not supported by this op (it takes f32 or f64: convert with .to(DType::F32))", op));
-    default: throw Error(fmt::format("{}: dtype {} is not supported here (use f32 or f64)", op, dtype_name(dtype)));
+      throw Error(fmt::format(
+          "{}: dtype bf16 is not supported by this op (it takes f32 or f64: convert with .to(DType::F32))", op));
+    default:
+      throw Error(fmt::format("{}: dtype {} is not supported here (use f32 or f64)", op, dtype_name(dtype)));
   }
 }
 
@@ -227,12 +234,18 @@ decltype(auto) dispatch_storage(DType dtype, const char* op, F&& f) {
 
 template <class T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::F32;
-  else if constexpr (std::is_same_v<T, double>) return DType::F64;
-  else if constexpr (std::is_same_v<T, int32_t>) return DType::I32;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DType::Bool;
-  else if constexpr (std::is_same_v<T, bf16>) return DType::BF16;
-  else static_assert(sizeof(T) == 0, "no DType for this C++ type");
+  if constexpr (std::is_same_v<T, float>)
+    return DType::F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::F64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DType::I32;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::Bool;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return DType::BF16;
+  else
+    static_assert(sizeof(T) == 0, "no DType for this C++ type");
 }
 
 template <class T>

@@ -24,11 +24,11 @@
 
 #include <algorithm>
 #include <array>
-#include <iterator>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <new>
 #include <string>
 #include <vector>
@@ -46,8 +46,7 @@ std::atomic<int64_t> g_live{0}, g_peak{0};
 void note_alloc(size_t n) {
   const int64_t now = g_live += int64_t(n);
   int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {}
 }
 
 // Every allocation carries its size in a 64-byte header, so delete knows what to subtract.
@@ -148,11 +147,10 @@ Row run(AttentionImpl impl, int64_t B, int64_t NH, int64_t T, int64_t E, bool ca
   const double both = best_ms(reps, fwd_bwd);
   const double flops = 4.0 * double(B * NH) * double(T) * double(T) * double(E) * (causal ? 0.5 : 1.0);
   const std::string name = impl == AttentionImpl::Naive ? "naive"
-                           : bf16_storage                ? "flash_bf16_storage"
-                           : math == AttentionMath::F32  ? "flash"
-                                                         : std::string("flash_") + attention_math_name(math);
-  return {name, B, NH, T, E, causal, fwd, both,
-          flops / (fwd * 1e-3) / 1e9, 3.5 * flops / (both * 1e-3) / 1e9, extra};
+                           : bf16_storage               ? "flash_bf16_storage"
+                           : math == AttentionMath::F32 ? "flash"
+                                                        : std::string("flash_") + attention_math_name(math);
+  return {name, B, NH, T, E, causal, fwd, both, flops / (fwd * 1e-3) / 1e9, 3.5 * flops / (both * 1e-3) / 1e9, extra};
 }
 
 /// The GPU table: the training shape, then B*T = 16384 tokens per shape (FlashAttention's benchmark shapes), TFLOP/s.
@@ -166,9 +164,10 @@ int run_cuda_table(bool json, bool quick, bool bf16_only) {
       quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
   const auto print = [&](const Row& r) {
     if (json) {
-      fmt::print("{{\"impl\": \"{}\", \"B\": {}, \"NH\": {}, \"T\": {}, \"E\": {}, \"causal\": {}, "
-                 "\"fwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}, \"extra_mib\": {:.2f}}}\n",
-                 r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.extra_mib);
+      fmt::print(
+          "{{\"impl\": \"{}\", \"B\": {}, \"NH\": {}, \"T\": {}, \"E\": {}, \"causal\": {}, "
+          "\"fwd_ms\": {:.4f}, \"fwd_bwd_ms\": {:.4f}, \"extra_mib\": {:.2f}}}\n",
+          r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.extra_mib);
     } else {
       fmt::print("{:<10} {:>3} {:>3} {:>6} {:>4} {:>6} {:>9.3f} {:>11.3f} {:>10.2f} {:>14.2f} {:>10.1f}\n", r.impl, r.B,
                  r.NH, r.T, r.E, r.causal ? "yes" : "no", r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops / 1e3,
@@ -217,15 +216,16 @@ int run_mods_table(bool quick, int rounds) {
     scaled_dot_product_attention(q, k, v, o).out.backward(dout);
     return seconds_since(t0) * 1e3;
   };
-  auto extra_mib = [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionOptions& o) {
+  auto extra_mib = [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                      const AttentionOptions& o) {
     scaled_dot_product_attention(q, k, v, o).out.backward(dout);  // gradients exist from here on
     const int64_t before = g_live.load();
     g_peak = before;
     scaled_dot_product_attention(q, k, v, o).out.backward(dout);
     return double(g_peak.load() - before) / (1 << 20);
   };
-  auto row = [&](const std::string& name, int64_t B, int64_t NH, int64_t T, const std::function<void(AttentionOptions&)>& set,
-                 bool plain_causal) {
+  auto row = [&](const std::string& name, int64_t B, int64_t NH, int64_t T,
+                 const std::function<void(AttentionOptions&)>& set, bool plain_causal) {
     Generator gen(1);
     auto input = [&] { return randn({B, NH, T, 64}, gen); };
     Tensor q = input(), k = input(), v = input();
@@ -241,8 +241,9 @@ int run_mods_table(bool quick, int rounds) {
       if (r > 0) a.push_back(ta), b.push_back(tb);  // the first round warms up
     }
     const Spread sa = spread(a), sb = spread(b);
-    fmt::print("{:<22} {:>6} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>7.2f}x {:>10.2f}\n", name, T, sa.min,
-               sa.median, sa.max, sb.min, sb.median, sb.max, sb.median / sa.median, extra_mib(q, k, v, dout, mod));
+    fmt::print("{:<22} {:>6} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>7.2f}x {:>10.2f}\n", name, T,
+               sa.min, sa.median, sa.max, sb.min, sb.median, sb.max, sb.median / sa.median,
+               extra_mib(q, k, v, dout, mod));
     std::fflush(stdout);
   };
   Generator tables(2);
@@ -252,27 +253,39 @@ int run_mods_table(bool quick, int rounds) {
     std::vector<int32_t> docs(size_t(4 * T));
     for (size_t i = 0; i < docs.size(); ++i) docs[i] = int32_t(i % size_t(T) / 200);  // documents of 200 tokens
     const Tensor doc_ids = from_vector(docs, {4, T});
-    row("causal (itself)", 4, 6, T, [](AttentionOptions&) {}, true);
-    row("relative m=16 (k)", 4, 6, T, [&](AttentionOptions& o) { o.mods.relative_key = rel_k; }, true);
-    row("relative m=16 (k, v)", 4, 6, T, [&](AttentionOptions& o) {
-      o.mods.relative_key = rel_k;
-      o.mods.relative_value = rel_v;
-    }, true);
-    row("alibi", 4, 6, T, [](AttentionOptions& o) { o.mods.alibi = true; }, true);
-    row("t5 (32 buckets)", 4, 6, T, [&](AttentionOptions& o) { o.mods.t5_bias = t5; }, true);
-    row("softcap 50", 4, 6, T, [](AttentionOptions& o) { o.mods.softcap = 50; }, true);
-    row("documents of 200", 4, 6, T, [&](AttentionOptions& o) { o.mods.doc_ids = doc_ids; }, true);
-    row("window 256", 4, 6, T, [](AttentionOptions& o) { o.mods.window = 256; }, true);
+    row(
+        "causal (itself)", 4, 6, T, [](AttentionOptions&) {}, true);
+    row(
+        "relative m=16 (k)", 4, 6, T, [&](AttentionOptions& o) { o.mods.relative_key = rel_k; }, true);
+    row(
+        "relative m=16 (k, v)", 4, 6, T,
+        [&](AttentionOptions& o) {
+          o.mods.relative_key = rel_k;
+          o.mods.relative_value = rel_v;
+        },
+        true);
+    row(
+        "alibi", 4, 6, T, [](AttentionOptions& o) { o.mods.alibi = true; }, true);
+    row(
+        "t5 (32 buckets)", 4, 6, T, [&](AttentionOptions& o) { o.mods.t5_bias = t5; }, true);
+    row(
+        "softcap 50", 4, 6, T, [](AttentionOptions& o) { o.mods.softcap = 50; }, true);
+    row(
+        "documents of 200", 4, 6, T, [&](AttentionOptions& o) { o.mods.doc_ids = doc_ids; }, true);
+    row(
+        "window 256", 4, 6, T, [](AttentionOptions& o) { o.mods.window = 256; }, true);
   }
-  if (!quick) row("window 256 (1 head)", 1, 1, 16384, [](AttentionOptions& o) { o.mods.window = 256; }, true);
+  if (!quick)
+    row(
+        "window 256 (1 head)", 1, 1, 16384, [](AttentionOptions& o) { o.mods.window = 256; }, true);
   return 0;
 }
 
 /// The CPU's bf16 table: flash attention forward+backward with f32 operands, bf16 operands on f32 tensors
 /// (AttentionMath::BF16: tile products on AMX-BF16 where the CPU has it, else rounded for the f32 units), bf16 tensors
 /// (bf16 storage), and bf16 tensors with dropout 0.2 (the training runs' setting), timed in turn `rounds` times on the
-/// training shapes of the three-minute job (B=12, NH=4, T=128, E=32) and of nanoGPT's 6-layer config (B=64, NH=6, T=256,
-/// E=64), and at T=1024. GF/s counts 3.5 x the causal forward's 2 T^2 E / 2 per head (nanoGPT's count).
+/// training shapes of the three-minute job (B=12, NH=4, T=128, E=32) and of nanoGPT's 6-layer config (B=64, NH=6,
+/// T=256, E=64), and at T=1024. GF/s counts 3.5 x the causal forward's 2 T^2 E / 2 per head (nanoGPT's count).
 int run_bf16_table(int rounds) {
   fmt::print("threads: {}, bf16 products on {}\n{:<26} {:<24} {:>8} {:>8} {:>8} {:>9} {:>9}\n", omp_get_max_threads(),
              cpu::bf16_kernel_name(cpu::bf16_kernel()), "shape (causal)", "operands", "min ms", "median", "max",
@@ -320,8 +333,8 @@ int run_bf16_table(int rounds) {
     for (size_t i = 0; i < nv; ++i) {
       const Spread s = spread(ms[i]);
       fmt::print("{:<26} {:<24} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f}x {:>9.1f}\n",
-                 fmt::format("B={} NH={} T={} E={}", sh.B, sh.NH, sh.T, sh.E), variants[i].name, s.min, s.median,
-                 s.max, f32_median / s.median, flops / (s.median * 1e-3) / 1e9);
+                 fmt::format("B={} NH={} T={} E={}", sh.B, sh.NH, sh.T, sh.E), variants[i].name, s.min, s.median, s.max,
+                 f32_median / s.median, flops / (s.median * 1e-3) / 1e9);
     }
     std::fflush(stdout);
   }
@@ -329,6 +342,22 @@ int run_bf16_table(int rounds) {
 }
 
 }  // namespace
+
+/// A row of the table, or of JSON lines with --json.
+void print_row(const Row& r, bool json) {
+  if (json) {
+    fmt::print(
+        "{{\"impl\": \"{}\", \"B\": {}, \"NH\": {}, \"T\": {}, \"E\": {}, \"causal\": {}, \"fwd_ms\": {:.3f}, "
+        "\"fwd_bwd_ms\": {:.3f}, \"fwd_gflops\": {:.2f}, \"fwd_bwd_gflops\": {:.2f}, \"extra_mib\": {:.2f}, "
+        "\"threads\": {}}}\n",
+        r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops, r.fwd_bwd_gflops, r.extra_mib,
+        omp_get_max_threads());
+  } else {
+    fmt::print("{:<6} {:>2} {:>3} {:>6} {:>4} {:>6} {:>11.2f} {:>14.2f} {:>9.2f} {:>12.2f} {:>11.2f}\n", r.impl, r.B,
+               r.NH, r.T, r.E, r.causal ? "yes" : "no", r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops, r.fwd_bwd_gflops,
+               r.extra_mib);
+  }
+}
 
 int main(int argc, char** argv) {
   // Tensors straight from operator new (no host cache keeping freed blocks), so the count above sees what each
@@ -361,15 +390,16 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      fmt::print(stderr,
-                 "usage: bench_attention [--json] [--quick | --long] [--mods] [--bf16] [--threads N] [--device cpu|cuda]\n"
-                 "  Times flash and naive attention (forward, forward+backward) and their peak extra memory.\n"
-                 "  --quick: T up to 1024 and no long case.\n"
-                 "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n"
-                 "  --mods: the score modifiers' table (each over plain causal flash attention; a window at T=16384).\n"
-                 "  --bf16: on the CPU, flash with f32 operands, bf16 operands, bf16 tensors (and with dropout 0.2) on\n"
-                 "          the training shapes (5 rounds); on\n"
-                 "          CUDA, only the bf16 rows (bf16 operands on f32 tensors, and bf16 tensors).\n");
+      fmt::print(
+          stderr,
+          "usage: bench_attention [--json] [--quick | --long] [--mods] [--bf16] [--threads N] [--device cpu|cuda]\n"
+          "  Times flash and naive attention (forward, forward+backward) and their peak extra memory.\n"
+          "  --quick: T up to 1024 and no long case.\n"
+          "  --long: only the T=16384 flash case, so the peak resident set printed is its own.\n"
+          "  --mods: the score modifiers' table (each over plain causal flash attention; a window at T=16384).\n"
+          "  --bf16: on the CPU, flash with f32 operands, bf16 operands, bf16 tensors (and with dropout 0.2) on\n"
+          "          the training shapes (5 rounds); on\n"
+          "          CUDA, only the bf16 rows (bf16 operands on f32 tensors, and bf16 tensors).\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -377,23 +407,14 @@ int main(int argc, char** argv) {
   if (bf16 && device == Device::CPU) return run_bf16_table(5);
   std::vector<Row> rows;
   auto emit = [&](const Row& r) {
-    if (json) {
-      fmt::print("{{\"impl\": \"{}\", \"B\": {}, \"NH\": {}, \"T\": {}, \"E\": {}, \"causal\": {}, \"fwd_ms\": {:.3f}, "
-                 "\"fwd_bwd_ms\": {:.3f}, \"fwd_gflops\": {:.2f}, \"fwd_bwd_gflops\": {:.2f}, \"extra_mib\": {:.2f}, "
-                 "\"threads\": {}}}\n",
-                 r.impl, r.B, r.NH, r.T, r.E, r.causal, r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops, r.fwd_bwd_gflops,
-                 r.extra_mib, omp_get_max_threads());
-    } else {
-      fmt::print("{:<6} {:>2} {:>3} {:>6} {:>4} {:>6} {:>11.2f} {:>14.2f} {:>9.2f} {:>12.2f} {:>11.2f}\n", r.impl, r.B,
-                 r.NH, r.T, r.E, r.causal ? "yes" : "no", r.fwd_ms, r.fwd_bwd_ms, r.fwd_gflops, r.fwd_bwd_gflops,
-                 r.extra_mib);
-    }
+    print_row(r, json);
     std::fflush(stdout);
     rows.push_back(r);
   };
   if (!json) {
-    fmt::print("threads: {}\n{:<6} {:>2} {:>3} {:>6} {:>4} {:>6} {:>11} {:>14} {:>9} {:>12} {:>11}\n", omp_get_max_threads(),
-               "impl", "B", "NH", "T", "E", "causal", "fwd ms", "fwd+bwd ms", "fwd GF/s", "fwd+bwd GF/s", "extra MiB");
+    fmt::print("threads: {}\n{:<6} {:>2} {:>3} {:>6} {:>4} {:>6} {:>11} {:>14} {:>9} {:>12} {:>11}\n",
+               omp_get_max_threads(), "impl", "B", "NH", "T", "E", "causal", "fwd ms", "fwd+bwd ms", "fwd GF/s",
+               "fwd+bwd GF/s", "extra MiB");
   }
   if (device == Device::CUDA) return run_cuda_table(json, quick, bf16);
   const std::vector<int64_t> lengths = quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{256, 1024, 4096};

@@ -67,8 +67,10 @@ void run_row(Device device, int64_t N, int64_t V, int rounds) {
   int64_t differ = 0;
   for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
   if (differ != 0) {
-    std::fprintf(stderr, "error: bench_classifier: the fused gradient differs from the separate one in %lld of %zu "
-                 "elements (N %lld, V %lld)\n", (long long)differ, a.size(), (long long)N, (long long)V);
+    std::fprintf(stderr,
+                 "error: bench_classifier: the fused gradient differs from the separate one in %lld of %zu "
+                 "elements (N %lld, V %lld)\n",
+                 (long long)differ, a.size(), (long long)N, (long long)V);
     std::exit(1);
   }
 
@@ -86,9 +88,10 @@ void run_row(Device device, int64_t N, int64_t V, int rounds) {
   }
   const Stats s = stats(ts), f = stats(tf), c = stats(tc);
   const double bytes = 2.0 * double(N) * double(V) * double(sizeof(T));
-  std::printf("| %lld x %lld | %s | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.2fx | %.0f | %.0f |\n",
-              (long long)N, (long long)V, dtype_name(dt), s.min, s.median, s.max, f.min, f.median, f.max, c.min,
-              c.median, c.max, s.median / f.median, bytes / f.median / 1e6, bytes / c.median / 1e6);
+  std::printf(
+      "| %lld x %lld | %s | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.2fx | %.0f | %.0f |\n",
+      (long long)N, (long long)V, dtype_name(dt), s.min, s.median, s.max, f.min, f.median, f.max, c.min, c.median,
+      c.max, s.median / f.median, bytes / f.median / 1e6, bytes / c.median / 1e6);
 }
 
 [[noreturn]] void usage_error(const std::string& what) {
@@ -99,7 +102,8 @@ void run_row(Device device, int64_t N, int64_t V, int rounds) {
 int64_t positive(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v <= 0 || v > (1LL << 30)) usage_error(flag + " needs a positive integer, got '" + text + "'");
+  if (text.empty() || *end != '\0' || v <= 0 || v > (1LL << 30))
+    usage_error(flag + " needs a positive integer, got '" + text + "'");
   return v;
 }
 
@@ -118,17 +122,21 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--help" || a == "-h") {
-      std::printf("usage: bench_classifier [--device cpu|cuda] [--bf16] [--rows N] [--vocab V[,V...]] [--rounds R]\n"
-                  "  Times the classifier's loss and gradient as training runs them: the fused kernel against the\n"
-                  "  separate forward, zeroing and backward, and a plain copy of the logits (the floor), in f32 and bf16\n"
-                  "  (--bf16: bf16 only). Rows default to 4096 on the CPU and 16384 on the GPU (a vocabulary of 50304\n"
-                  "  gets a quarter of them on the CPU); vocabularies default to 65,50304; 10 rounds.\n");
+      std::printf(
+          "usage: bench_classifier [--device cpu|cuda] [--bf16] [--rows N] [--vocab V[,V...]] [--rounds R]\n"
+          "  Times the classifier's loss and gradient as training runs them: the fused kernel against the\n"
+          "  separate forward, zeroing and backward, and a plain copy of the logits (the floor), in f32 and bf16\n"
+          "  (--bf16: bf16 only). Rows default to 4096 on the CPU and 16384 on the GPU (a vocabulary of 50304\n"
+          "  gets a quarter of them on the CPU); vocabularies default to 65,50304; 10 rounds.\n");
       return 0;
     } else if (a == "--device") {
       const std::string d = value();
-      if (d == "cpu") device = Device::CPU;
-      else if (d == "cuda") device = Device::CUDA;
-      else usage_error("--device takes cpu or cuda, got '" + d + "'");
+      if (d == "cpu")
+        device = Device::CPU;
+      else if (d == "cuda")
+        device = Device::CUDA;
+      else
+        usage_error("--device takes cpu or cuda, got '" + d + "'");
     } else if (a == "--bf16") {
       bf16_only = true;
     } else if (a == "--rows") {
@@ -151,9 +159,10 @@ int main(int argc, char** argv) {
     std::printf("bench_classifier: no CUDA device here; skipped\n");
     return 0;
   }
-  std::printf("bench_classifier on %s: ms for the loss and gradient of N x V logits (min / median / max of %d rounds); "
-              "GB/s: the fused pass's bytes (logits read once, gradient written once) over the median\n\n",
-              device == Device::CUDA ? "cuda" : "cpu", rounds);
+  std::printf(
+      "bench_classifier on %s: ms for the loss and gradient of N x V logits (min / median / max of %d rounds); "
+      "GB/s: the fused pass's bytes (logits read once, gradient written once) over the median\n\n",
+      device == Device::CUDA ? "cuda" : "cpu", rounds);
   std::printf("| N x V | dtype | separate ms | fused ms | copy ms | separate / fused | fused GB/s | copy GB/s |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
   for (const int64_t V : vocabs) {

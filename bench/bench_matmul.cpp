@@ -22,6 +22,8 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -34,9 +36,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include "kernels/cpu/cpu_probe.h"
 #include "kernels/cpu/gemm.h"
@@ -74,7 +73,8 @@ CpuSample cpu_sample() {
   }
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  const double self = double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  const double self =
+      double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
   return {machine, self};
 }
 
@@ -89,7 +89,7 @@ struct Product {
   int64_t lda, ldb, ldc;
   float beta;
   const tinygpt::bf16 *a16 = nullptr, *b16 = nullptr;  // --bf16: the operands stored in bf16
-  tinygpt::bf16* c16 = nullptr;                          // --bf16: the result stored in bf16
+  tinygpt::bf16* c16 = nullptr;                        // --bf16: the result stored in bf16
   // --bf16, the GELU column: the bias (n floats) and GELU's output (fwd) or input (dinp), m x n in bf16
   const float* bias = nullptr;
   tinygpt::bf16* act16 = nullptr;
@@ -177,7 +177,8 @@ void check_storage(Product& p, const std::vector<float>& c0, std::vector<float>&
     run_ours_bf16_out(p, nullptr);
     for (size_t i = 0; i < c16.size(); ++i) {
       if (c16[i].bits != tinygpt::bf16(c_storage[i]).bits) {
-        std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the bf16 output is not the f32 one rounded\n",
+        std::fprintf(stderr,
+                     "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the bf16 output is not the f32 one rounded\n",
                      (long long)M, (long long)K, (long long)N, kind);
         std::exit(1);
       }
@@ -197,15 +198,54 @@ void check_gelu(Product& p, const std::vector<float>& c_storage, const std::vect
   for (int64_t i = 0; i < p.m; ++i) {
     for (int64_t j = 0; j < p.n; ++j) {
       const size_t e = size_t(i * p.ldc + j);
-      const float x = p.forward ? c_storage[e] + bias[size_t(j)]
-                                : c_storage[e] * tinygpt::cpu::activation_grad_of(tinygpt::Activation::Gelu, float(act16[e]));
+      const float x = p.forward
+                          ? c_storage[e] + bias[size_t(j)]
+                          : c_storage[e] * tinygpt::cpu::activation_grad_of(tinygpt::Activation::Gelu, float(act16[e]));
       const bool ok = c16[e].bits == tinygpt::bf16(x).bits &&
-                      (!p.forward || act16[e].bits == tinygpt::bf16(tinygpt::cpu::activation_of(tinygpt::Activation::Gelu, x)).bits);
+                      (!p.forward ||
+                       act16[e].bits == tinygpt::bf16(tinygpt::cpu::activation_of(tinygpt::Activation::Gelu, x)).bits);
       if (!ok) {
         std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: the GELU epilogue's output\n",
                      (long long)M, (long long)K, (long long)N, kind);
         std::exit(1);
       }
+    }
+  }
+}
+
+/// max |ours - OpenBLAS| / max |OpenBLAS|; exits with a line naming the row when it is past the tolerance.
+double error_against_blas(const std::vector<float>& c_ours, const std::vector<float>& c_blas, int64_t M, int64_t K,
+                          int64_t N, const char* kind) {
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < c_ours.size(); ++i) {
+    const double d = std::fabs(double(c_ours[i]) - double(c_blas[i]));
+    max_diff = std::isnan(d) ? INFINITY : std::max(max_diff, d);
+    max_ref = std::max(max_ref, std::fabs(double(c_blas[i])));
+  }
+  const double err = max_diff / std::max(max_ref, 1e-30);
+  if (!(err < (g_bf16 ? 3e-2 : 1e-4))) {  // bf16: 8-bit operands against f32 ones
+    std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: max|ours-openblas|/max|openblas| = %g\n",
+                 (long long)M, (long long)K, (long long)N, kind, err);
+    std::exit(1);
+  }
+  return err;
+}
+
+/// One batch of calls of fn after sleeping `settle` seconds: the first call and the first 30 ms not recorded, then at
+/// least 2 calls and 80 ms recorded in `times`.
+template <class F>
+void timed_batch(F&& fn, const Product& p, float* c, double settle, std::vector<double>& times) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(settle));
+  const Clock::time_point start = Clock::now();
+  double kept = 0;
+  for (int calls = 0, recorded = 0;; ++calls) {
+    const Clock::time_point t0 = Clock::now();
+    fn(p, c);
+    const double t = seconds_since(t0);
+    if (calls > 0 && std::chrono::duration<double>(t0 - start).count() >= 0.03) {
+      times.push_back(t);
+      kept += t;
+      if (++recorded >= 2 && kept >= 0.08) break;
     }
   }
 }
@@ -236,8 +276,10 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   // With --bf16 on the default kernel, the same product over bf16 copies of the operands too (bit for bit ours).
   const bool storage = g_bf16 && g_kernel == tinygpt::cpu::bf16_kernel();
   const bool copies = storage || g_sbgemm;  // OpenBLAS's sbgemm reads the bf16 copies too
-  const std::vector<tinygpt::bf16> a16 = copies ? std::vector<tinygpt::bf16>(in0.begin(), in0.end()) : std::vector<tinygpt::bf16>{};
-  const std::vector<tinygpt::bf16> b16 = copies ? std::vector<tinygpt::bf16>(in1.begin(), in1.end()) : std::vector<tinygpt::bf16>{};
+  const std::vector<tinygpt::bf16> a16 =
+      copies ? std::vector<tinygpt::bf16>(in0.begin(), in0.end()) : std::vector<tinygpt::bf16>{};
+  const std::vector<tinygpt::bf16> b16 =
+      copies ? std::vector<tinygpt::bf16>(in1.begin(), in1.end()) : std::vector<tinygpt::bf16>{};
   p.a16 = a16.data(), p.b16 = b16.data();
   std::vector<tinygpt::bf16> c16(storage ? c0.size() : 0);
   p.c16 = c16.data();
@@ -251,18 +293,7 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
 
   run_ours(p, c_ours.data());
   run_blas(p, c_blas.data());
-  double max_diff = 0, max_ref = 0;
-  for (size_t i = 0; i < c_ours.size(); ++i) {
-    const double d = std::fabs(double(c_ours[i]) - double(c_blas[i]));
-    max_diff = std::isnan(d) ? INFINITY : std::max(max_diff, d);
-    max_ref = std::max(max_ref, std::fabs(double(c_blas[i])));
-  }
-  const double err = max_diff / std::max(max_ref, 1e-30);
-  if (!(err < (g_bf16 ? 3e-2 : 1e-4))) {  // bf16: 8-bit operands against f32 ones
-    std::fprintf(stderr, "bench_matmul: WRONG RESULT M=%lld K=%lld N=%lld %s: max|ours-openblas|/max|openblas| = %g\n",
-                 (long long)M, (long long)K, (long long)N, kind, err);
-    std::exit(1);
-  }
+  const double err = error_against_blas(c_ours, c_blas, M, K, N, kind);
 
   // Interleaved in rounds: a batch of ours, then a batch of OpenBLAS, 3 times. Alternating call by call was tried
   // and measured thread-pool contention instead of GEMM: after a call each library's idle workers keep spinning
@@ -272,19 +303,7 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   // recorded, then records at least 2 calls and 80 ms (so >= 6 calls and >= 0.24 s per implementation and row).
   std::vector<double> t_ours, t_blas, t_storage, t_out16, t_gelu;
   auto batch = [&](auto&& fn, float* c, double settle, std::vector<double>& times) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(settle));
-    const Clock::time_point start = Clock::now();
-    double kept = 0;
-    for (int calls = 0, recorded = 0;; ++calls) {
-      const Clock::time_point t0 = Clock::now();
-      fn(p, c);
-      const double t = seconds_since(t0);
-      if (calls > 0 && std::chrono::duration<double>(t0 - start).count() >= 0.03) {
-        times.push_back(t);
-        kept += t;
-        if (++recorded >= 2 && kept >= 0.08) break;
-      }
-    }
+    timed_batch(fn, p, c, settle, times);
   };
   const Clock::time_point start = Clock::now();
   const CpuSample cpu0 = cpu_sample();
@@ -299,8 +318,16 @@ Row bench_one(int64_t M, int64_t K, int64_t N, const char* kind, std::mt19937& r
   double other_load = (cpu1.machine - cpu0.machine - (cpu1.self - cpu0.self)) / seconds_since(start);
   if (other_load < 0) other_load = 0;  // tick rounding; NaN (no /proc/stat) stays NaN
   const double flops = 2.0 * double(M) * double(N) * double(K);
-  return {M, K, N, kind, flops / median(t_ours) / 1e9, flops / median(t_blas) / 1e9, err, other_load,
-          storage ? flops / median(t_storage) / 1e9 : NAN, storage ? flops / median(t_out16) / 1e9 : NAN,
+  return {M,
+          K,
+          N,
+          kind,
+          flops / median(t_ours) / 1e9,
+          flops / median(t_blas) / 1e9,
+          err,
+          other_load,
+          storage ? flops / median(t_storage) / 1e9 : NAN,
+          storage ? flops / median(t_out16) / 1e9 : NAN,
           gelu ? flops / median(t_gelu) / 1e9 : NAN};
 }
 
@@ -367,14 +394,18 @@ int parse_args(int argc, char** argv, int& threads, bool& quick, bool& json) {
 void use_best_openblas_kernels(char** argv) {
 #if defined(__linux__) && defined(__x86_64__)  // x86 kernel names; /proc/self/exe is Linux's
   const std::string core = openblas_get_corename();
-  const char* want = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+  const char* want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                     : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                       : nullptr;
   if (want && !std::getenv("OPENBLAS_CORETYPE") && (core == "Prescott" || core == "Core2" || core == "Katmai")) {
-    std::fprintf(stderr, "bench_matmul: OpenBLAS chose its %s kernels on a CPU with %s; running again with "
-                 "OPENBLAS_CORETYPE=%s\n", core.c_str(), std::strcmp(want, "SkylakeX") ? "AVX2" : "AVX-512", want);
+    std::fprintf(stderr,
+                 "bench_matmul: OpenBLAS chose its %s kernels on a CPU with %s; running again with "
+                 "OPENBLAS_CORETYPE=%s\n",
+                 core.c_str(), std::strcmp(want, "SkylakeX") ? "AVX2" : "AVX-512", want);
     setenv("OPENBLAS_CORETYPE", want, 1);
     execv("/proc/self/exe", argv);
-    std::fprintf(stderr, "bench_matmul: could not run again (%s); OpenBLAS keeps its %s kernels\n", std::strerror(errno),
-                 core.c_str());
+    std::fprintf(stderr, "bench_matmul: could not run again (%s); OpenBLAS keeps its %s kernels\n",
+                 std::strerror(errno), core.c_str());
   }
 #endif
   (void)argv;
@@ -386,15 +417,35 @@ void print_json_row(const Row& r, double ratio, int threads) {
   if (!std::isnan(r.other_load)) std::snprintf(load, sizeof load, "%.2f", r.other_load);
   std::printf(
       "{\"M\": %lld, \"K\": %lld, \"N\": %lld, \"kind\": \"%s\", \"gflops\": %.2f, \"openblas_gflops\": %.2f, "
-      "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": \"%s\", "
-      "\"bf16_storage_gflops\": %.2f, \"bf16_out_gflops\": %.2f, \"gelu_gflops\": %.2f, \"openblas_precision\": \"%s\"}\n",
+      "\"ratio\": %.4f, \"threads\": %d, \"max_rel_err\": %.3g, \"other_load\": %s, \"bf16\": %s, \"bf16_kernel\": "
+      "\"%s\", "
+      "\"bf16_storage_gflops\": %.2f, \"bf16_out_gflops\": %.2f, \"gelu_gflops\": %.2f, \"openblas_precision\": "
+      "\"%s\"}\n",
       (long long)r.M, (long long)r.K, (long long)r.N, r.kind, r.ours, r.blas, ratio, threads, r.err, load,
       g_bf16 ? "true" : "false", g_bf16 ? tinygpt::cpu::bf16_kernel_name(g_kernel) : "",
-      std::isnan(r.storage) ? 0.0 : r.storage, std::isnan(r.out16) ? 0.0 : r.out16,
-      std::isnan(r.gelu) ? 0.0 : r.gelu, g_sbgemm ? "bf16" : "f32");
+      std::isnan(r.storage) ? 0.0 : r.storage, std::isnan(r.out16) ? 0.0 : r.out16, std::isnan(r.gelu) ? 0.0 : r.gelu,
+      g_sbgemm ? "bf16" : "f32");
 }
 
 }  // namespace
+
+/// The table's heading: the stated peak, the threads and kernels, the peer, the columns.
+void print_header(int threads, double peak, tinygpt::cpu::Bf16Kernel unit, const char* peer, const char* ratio_name) {
+  const tinygpt::cpu::UnitRates& rates = tinygpt::cpu::unit_rates();
+  if (peak > 0)
+    std::printf("stated peak: %d threads x %.2f GHz x %.0f FLOP a cycle of %s = %.0f GFLOP/s (measured; %s)\n", threads,
+                rates.ghz, tinygpt::cpu::flops_per_cycle(unit), tinygpt::cpu::bf16_kernel_name(unit), peak,
+                tinygpt::cpu::cpu_model_name().c_str());
+  std::printf(
+      "threads=%d, GFLOP/s from the median call time of batches interleaved with OpenBLAS (%s kernels)%s\n", threads,
+      openblas_get_corename(),
+      g_bf16 ? (std::string("; ours with bf16 operands on ") + tinygpt::cpu::bf16_kernel_name(g_kernel) + " kernels")
+                   .c_str()
+             : "");
+  std::printf("peer: %s\n", peer);
+  std::printf("%6s %5s %5s %-5s %12s %16s %8s%s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", ratio_name,
+              g_bf16 ? "  bf16_storage_gflops  storage/ours  bf16_out_gflops  gelu_gflops" : "");
+}
 
 int main(int argc, char** argv) {
   int threads = omp_get_max_threads();
@@ -405,8 +456,10 @@ int main(int argc, char** argv) {
   openblas_set_num_threads(threads);
   if (g_bf16) g_sbgemm = reinterpret_cast<SbgemmFn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
   // Whose precision each side computes in: a ratio across precisions says so in its column's name.
-  const char* peer = !g_bf16 ? "OpenBLAS sgemm (f32)" : g_sbgemm ? "OpenBLAS sbgemm (bf16 operands)"
-                     : "OpenBLAS sgemm (f32: this OpenBLAS has no cblas_sbgemm, built without BUILD_BFLOAT16)";
+  const char* peer = !g_bf16 ? "OpenBLAS sgemm (f32)"
+                     : g_sbgemm
+                         ? "OpenBLAS sbgemm (bf16 operands)"
+                         : "OpenBLAS sgemm (f32: this OpenBLAS has no cblas_sbgemm, built without BUILD_BFLOAT16)";
   const char* ratio_name = g_bf16 && !g_sbgemm ? "bf16/f32" : "ratio";
 
   const int64_t Ms[] = {768, 16384};
@@ -421,20 +474,7 @@ int main(int argc, char** argv) {
   double ours_lo = INFINITY, ours_hi = 0, out16_lo = INFINITY, out16_hi = 0;
 
   std::mt19937 rng(42);
-  if (!json) {
-    if (peak > 0)
-      std::printf("stated peak: %d threads x %.2f GHz x %.0f FLOP a cycle of %s = %.0f GFLOP/s (measured; %s)\n", threads,
-                  rates.ghz, tinygpt::cpu::flops_per_cycle(unit), tinygpt::cpu::bf16_kernel_name(unit), peak,
-                  tinygpt::cpu::cpu_model_name().c_str());
-    std::printf("threads=%d, GFLOP/s from the median call time of batches interleaved with OpenBLAS (%s kernels)%s\n",
-                threads, openblas_get_corename(),
-                g_bf16 ? (std::string("; ours with bf16 operands on ") + tinygpt::cpu::bf16_kernel_name(g_kernel) +
-                          " kernels").c_str()
-                       : "");
-    std::printf("peer: %s\n", peer);
-    std::printf("%6s %5s %5s %-5s %12s %16s %8s%s\n", "M", "K", "N", "kind", "ours_gflops", "openblas_gflops", ratio_name,
-                g_bf16 ? "  bf16_storage_gflops  storage/ours  bf16_out_gflops  gelu_gflops" : "");
-  }
+  if (!json) print_header(threads, peak, unit, peer, ratio_name);
   double min_ratio = INFINITY, log_sum = 0, storage_log_sum = 0;
   int storage_rows = 0;
   int rows = 0, busy_rows = 0;
@@ -478,8 +518,8 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     if (busy_rows)
-      std::printf("* %d rows ran while other processes used more than %.2f cores; rerun for clean numbers\n",
-                  busy_rows, kBusyCores);
+      std::printf("* %d rows ran while other processes used more than %.2f cores; rerun for clean numbers\n", busy_rows,
+                  kBusyCores);
   }
   return 0;
 }

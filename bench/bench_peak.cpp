@@ -67,9 +67,10 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--seconds") && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      std::printf("usage: bench_peak [--threads N] [--seconds S]\n"
-                  "  Peak GFLOP/s of each multiply unit this CPU has (f32 FMA, AVX512-BF16, AMX-BF16), registers\n"
-                  "  only, on 1 thread and on N threads (default: omp_get_max_threads()), S seconds each (default 1)\n");
+      std::printf(
+          "usage: bench_peak [--threads N] [--seconds S]\n"
+          "  Peak GFLOP/s of each multiply unit this CPU has (f32 FMA, AVX512-BF16, AMX-BF16), registers\n"
+          "  only, on 1 thread and on N threads (default: omp_get_max_threads()), S seconds each (default 1)\n");
       return 0;
     } else {
       std::fprintf(stderr, "bench_peak: unknown argument '%s' (--help)\n", argv[i]);
@@ -97,9 +98,10 @@ int main(int argc, char** argv) {
   }
   // What the kernel choice and the training log's meter use (kernels/cpu/cpu_probe.h): a shorter probe, per thread.
   const tinygpt::cpu::UnitRates& r = tinygpt::cpu::unit_rates();
-  std::printf("%s: clock %.2f GHz (dependent adds, %d threads at once); FLOPs a cycle a core: f32 FMA %g, "
-              "AVX512-BF16 %g, AMX-BF16 %g; bf16 products on %s\n",
-              tinygpt::cpu::cpu_model_name().c_str(), r.ghz, omp_get_max_threads(), r.f32, r.avx512_bf16, r.amx,
-              tinygpt::cpu::bf16_kernel_name(tinygpt::cpu::bf16_kernel()));
+  std::printf(
+      "%s: clock %.2f GHz (dependent adds, %d threads at once); FLOPs a cycle a core: f32 FMA %g, "
+      "AVX512-BF16 %g, AMX-BF16 %g; bf16 products on %s\n",
+      tinygpt::cpu::cpu_model_name().c_str(), r.ghz, omp_get_max_threads(), r.f32, r.avx512_bf16, r.amx,
+      tinygpt::cpu::bf16_kernel_name(tinygpt::cpu::bf16_kernel()));
   return 0;
 }

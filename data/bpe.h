@@ -2,9 +2,9 @@
 // first, the rest of the text's bytes are cut into pieces by a pre-split pattern (GPT-2's, Llama 3's or Qwen2's:
 // contractions, letter runs, number runs, runs of other characters, whitespace), and each piece's bytes are merged
 // pairwise by a ranked list of merges learned from a corpus. Every byte string encodes and decodes back exactly (all
-// 256 bytes are tokens); one special token, <|endoftext|> unless the model names another, ends each document. Reads and writes
-// Hugging Face's tokenizer.json, so `tokenizers`, `transformers` and tiktoken (given the same pattern and ranks) give
-// the same ids.
+// 256 bytes are tokens); one special token, <|endoftext|> unless the model names another, ends each document. Reads and
+// writes Hugging Face's tokenizer.json, so `tokenizers`, `transformers` and tiktoken (given the same pattern and ranks)
+// give the same ids.
 #pragma once
 
 #include <array>
@@ -94,7 +94,8 @@ class BpeTokenizer {
   /// (a file that mentions <|endoftext|> is text).
   enum class Specials : uint8_t { AsText, Match };
   /// Appends the ids of `text` (any bytes) to `out`. No bos is added (a caller that wants one: begin_of_text()).
-  void encode(std::string_view text, std::vector<uint32_t>& out, Cache& cache, Specials specials = Specials::AsText) const;
+  void encode(std::string_view text, std::vector<uint32_t>& out, Cache& cache,
+              Specials specials = Specials::AsText) const;
   void encode(std::string_view text, std::vector<uint32_t>& out, Specials specials = Specials::AsText) const {
     Cache cache(4096);
     encode(text, out, cache, specials);
@@ -111,7 +112,7 @@ class BpeTokenizer {
   struct Merge {
     uint32_t left, right, result;
   };
-  std::vector<Merge> merges_;  // in rank order
+  std::vector<Merge> merges_;                                             // in rank order
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merge_of_;  // (left, right) -> (rank, result)
   void encode_text(std::string_view text, std::vector<uint32_t>& out, Cache& cache) const;  // no added tokens
   std::vector<Added> added_;

@@ -32,9 +32,12 @@ ChatTemplate::ChatTemplate(std::string name, const std::string& source) : name_(
   }
 }
 
-std::string ChatTemplate::render(const Messages& messages, bool add_generation_prompt, const TokenizerConfig& tc) const {
-  nlohmann::ordered_json context = {{"messages", messages}, {"add_generation_prompt", add_generation_prompt},
-                                    {"tools", nullptr}, {"documents", nullptr}};
+std::string ChatTemplate::render(const Messages& messages, bool add_generation_prompt,
+                                 const TokenizerConfig& tc) const {
+  nlohmann::ordered_json context = {{"messages", messages},
+                                    {"add_generation_prompt", add_generation_prompt},
+                                    {"tools", nullptr},
+                                    {"documents", nullptr}};
   if (!tc.bos_token.empty()) context["bos_token"] = tc.bos_token;
   if (!tc.eos_token.empty()) context["eos_token"] = tc.eos_token;
   try {
@@ -74,14 +77,21 @@ std::vector<std::string> add_chatml_tokens(Tokenizer& tokenizer) {
   auto next = uint64_t(tokenizer.vocab_size());  // ids are unsigned in tokenizer.json
   for (const char* token : {"<|im_start|>", "<|im_end|>"}) {
     if (tokenizer.bpe().added_id(token) >= 0) continue;
-    j["added_tokens"].push_back({{"id", next++}, {"content", token}, {"single_word", false}, {"lstrip", false},
-                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+    j["added_tokens"].push_back({{"id", next++},
+                                 {"content", token},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
     added.emplace_back(token);
   }
   TokenizerConfig config = tokenizer.config();
   config.chat_template = kChatml;
-  tokenizer = Tokenizer(added.empty() ? tokenizer.bpe() : BpeTokenizer::from_json(j.dump(), "the tokenizer with ChatML's "
-                                                                                              "tokens"),
+  tokenizer = Tokenizer(added.empty() ? tokenizer.bpe()
+                                      : BpeTokenizer::from_json(j.dump(),
+                                                                "the tokenizer with ChatML's "
+                                                                "tokens"),
                         config);
   return added;
 }
@@ -112,7 +122,8 @@ Messages parse_messages(const std::string& text, const std::string& what) {
     const auto& x = m[k];
     if (!x.is_object() || !x.contains("role") || !x["role"].is_string() || !x.contains("content") ||
         !x["content"].is_string()) {
-      throw Error(fmt::format("{}: message {} must be an object with a string \"role\" and a string \"content\"", what, k));
+      throw Error(
+          fmt::format("{}: message {} must be an object with a string \"role\" and a string \"content\"", what, k));
     }
   }
   return m;

@@ -3,11 +3,11 @@
 // renders it; ChatML and Llama 3's templates are built in for models that have none.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "jinja.h"
 #include "tokenizer.h"

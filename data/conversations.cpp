@@ -37,11 +37,13 @@ Messages conversation_of(const nlohmann::ordered_json& j, const std::string& whe
       throw Error(fmt::format("{}: turn {} must be an object with a string \"from\" and a string \"value\"", where, k));
     }
     const std::string from = turn["from"].get<std::string>();
-    const char* role = from == "human" || from == "user" ? "user"
+    const char* role = from == "human" || from == "user"      ? "user"
                        : from == "gpt" || from == "assistant" ? "assistant"
-                       : from == "system" ? "system" : nullptr;
+                       : from == "system"                     ? "system"
+                                                              : nullptr;
     if (role == nullptr) {
-      throw Error(fmt::format("{}: turn {} is from \"{}\"; ShareGPT's turns are from human, gpt or system", where, k, from));
+      throw Error(
+          fmt::format("{}: turn {} is from \"{}\"; ShareGPT's turns are from human, gpt or system", where, k, from));
     }
     m.push_back({{"role", role}, {"content", turn["value"]}});
   }
@@ -89,12 +91,14 @@ void tokenize_conversation(const Messages& conversation, const ChatTemplate& cha
     if (conversation[k]["role"] != "assistant") continue;
     const Messages before(conversation.begin(), conversation.begin() + int64_t(k));
     const Messages through(conversation.begin(), conversation.begin() + int64_t(k) + 1);
-    const std::string opening = chat_template.render(before, true, tc), closed = chat_template.render(through, false, tc);
+    const std::string opening = chat_template.render(before, true, tc),
+                      closed = chat_template.render(through, false, tc);
     if (closed.compare(0, opening.size(), opening) != 0 || whole.compare(0, closed.size(), closed) != 0 ||
         opening.size() < done) {
-      throw Error(fmt::format("the chat template {} renders a conversation's start otherwise once more messages follow, "
-                              "so the assistant's tokens of message {} cannot be told apart",
-                              chat_template.name(), k));
+      throw Error(
+          fmt::format("the chat template {} renders a conversation's start otherwise once more messages follow, "
+                      "so the assistant's tokens of message {} cannot be told apart",
+                      chat_template.name(), k));
     }
     // The reply: from the assistant's opening to its end of turn, the end of turn included.
     size_t end = closed.size();
@@ -133,8 +137,8 @@ ConversationSet encode_conversations(const std::vector<Messages>& conversations,
   return set;
 }
 
-ConversationSet load_conversations(const FileList& files, const ChatTemplate& chat_template,
-                                   const Tokenizer& tokenizer, int64_t context, double train_fraction) {
+ConversationSet load_conversations(const FileList& files, const ChatTemplate& chat_template, const Tokenizer& tokenizer,
+                                   int64_t context, double train_fraction) {
   std::vector<Messages> all;
   for (const fs::path& f : files) {
     for (Messages& m : read_conversations(f)) all.push_back(std::move(m));
@@ -144,12 +148,16 @@ ConversationSet load_conversations(const FileList& files, const ChatTemplate& ch
       encode_conversations(all, held_out_documents(all.size(), train_fraction), chat_template, tokenizer, context);
   if (set.train.size() == 0) throw Error("no conversation with an assistant's reply is left to train on");
   if (set.val.size() == 0) {
-    throw Error(fmt::format("no conversation is held out for validation ({} in all, --train-fraction {}): give more "
-                            "conversations or a smaller --train-fraction", all.size(), train_fraction));
+    throw Error(
+        fmt::format("no conversation is held out for validation ({} in all, --train-fraction {}): give more "
+                    "conversations or a smaller --train-fraction",
+                    all.size(), train_fraction));
   }
-  set.summary = fmt::format("data: {} conversations ({} train, {} held out), {} assistant tokens to train on ({} held "
-                            "out), template {}", all.size(), set.train.size(), set.val.size(),
-                            set.train.assistant_tokens, set.val.assistant_tokens, chat_template.name());
+  set.summary = fmt::format(
+      "data: {} conversations ({} train, {} held out), {} assistant tokens to train on ({} held "
+      "out), template {}",
+      all.size(), set.train.size(), set.val.size(), set.train.assistant_tokens, set.val.assistant_tokens,
+      chat_template.name());
   // A batch row is one conversation padded to the context: the share of positions that are padding (the rows are
   // drawn uniformly, so a batch's share is this on average).
   int64_t filled = 0;

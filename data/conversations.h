@@ -50,7 +50,7 @@ ConversationSet encode_conversations(const std::vector<Messages>& conversations,
                                      const ChatTemplate& chat_template, const Tokenizer& tokenizer, int64_t context);
 
 /// The conversations of the files, held out whole (every k-th, as documents are), each cut to `context` + 1 tokens.
-ConversationSet load_conversations(const FileList& files, const ChatTemplate& chat_template,
-                                   const Tokenizer& tokenizer, int64_t context, double train_fraction);
+ConversationSet load_conversations(const FileList& files, const ChatTemplate& chat_template, const Tokenizer& tokenizer,
+                                   int64_t context, double train_fraction);
 
 }  // namespace tinygpt::data

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "data/file_pass.h"
 
@@ -24,7 +24,7 @@ constexpr size_t kMaxHeader = size_t(1) << 24;
 
 /// The source file's identity: a cache is valid only for the same path, size and modification time.
 nlohmann::json source_identity(const fs::path& text_path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(text_path.c_str(), &st) != 0) {
     throw Error(fmt::format("cannot stat '{}': {}", text_path.string(), std::strerror(errno)));
   }
@@ -127,7 +127,8 @@ std::optional<Corpus> read_cache(const fs::path& cache_path, const nlohmann::jso
     return std::nullopt;
   }
   // Every id must name a character of the vocabulary (the embedding lookup trusts them).
-  if (count > 0 && largest_id(cache_path, offset, count, sizeof(Token)) >= uint64_t(c.vocab.size())) return std::nullopt;
+  if (count > 0 && largest_id(cache_path, offset, count, sizeof(Token)) >= uint64_t(c.vocab.size()))
+    return std::nullopt;
   c.tokens = TokenData(std::move(file), offset, count);
   c.from_cache = true;
   return c;
@@ -164,7 +165,8 @@ void write_cache(const fs::path& cache_path, nlohmann::json header, const CharVo
   }
   std::error_code ec;
   fs::rename(tmp.path, cache_path, ec);
-  if (ec) throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
+  if (ec)
+    throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
   tmp.keep = true;
 }
 
@@ -174,11 +176,11 @@ MappedFile::MappedFile(const fs::path& path) {
   // O_NONBLOCK: a named pipe opens at once (and is refused below) instead of waiting for a writer forever.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw Error(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(fmt::format("'{}' is not a regular file (a directory, pipe or device?): tinygpt reads files",
-                            path.string()));
+    throw Error(
+        fmt::format("'{}' is not a regular file (a directory, pipe or device?): tinygpt reads files", path.string()));
   }
   size_ = size_t(st.st_size);
   if (size_ > 0) {
@@ -203,7 +205,8 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(data_, size_);
 }
 
-MappedFile::MappedFile(MappedFile&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+MappedFile::MappedFile(MappedFile&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
@@ -284,7 +287,8 @@ Corpus load_corpus(const fs::path& text_path, const fs::path& cache_dir) {
 TokenData encode_file(const fs::path& text_path, const CharVocab& vocab) {
   const MappedFile text = map_text(text_path);
   std::vector<Token> all;
-  encode_text(text, id_table(vocab), text_path, [&](const std::vector<Token>& ids) { all.insert(all.end(), ids.begin(), ids.end()); });
+  encode_text(text, id_table(vocab), text_path,
+              [&](const std::vector<Token>& ids) { all.insert(all.end(), ids.begin(), ids.end()); });
   return TokenData(std::move(all));
 }
 
@@ -296,13 +300,13 @@ Split split_tokens(TokenSpan ids, double train_fraction) {
   return {ids.first(n), ids.subspan(n)};
 }
 
-BatchSampler::BatchSampler(TokenSpan ids, int64_t batch_size, int64_t block_size, uint64_t seed,
-                           const char* what)
+BatchSampler::BatchSampler(TokenSpan ids, int64_t batch_size, int64_t block_size, uint64_t seed, const char* what)
     : ids_(ids), batch_size_(batch_size), block_size_(block_size), gen_(seed) {
   if (int64_t(ids.size()) < block_size + 1) {
-    throw Error(fmt::format("the {} has {} tokens, fewer than block_size + 1 = {}: use a longer text or a smaller "
-                            "--block-size",
-                            what, ids.size(), block_size + 1));
+    throw Error(
+        fmt::format("the {} has {} tokens, fewer than block_size + 1 = {}: use a longer text or a smaller "
+                    "--block-size",
+                    what, ids.size(), block_size + 1));
   }
 }
 

@@ -3,8 +3,8 @@
 // and the seeded batch sampler.
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <iterator>
 #include <span>
@@ -27,8 +27,8 @@ class TokenSpan {
   TokenSpan() = default;
   TokenSpan(std::span<const uint16_t> s) : data_(s.data()), size_(s.size()), wide_(false) {}  // NOLINT: a view
   TokenSpan(std::span<const uint32_t> s) : data_(s.data()), size_(s.size()), wide_(true) {}   // NOLINT: a view
-  TokenSpan(const std::vector<uint16_t>& v) : TokenSpan(std::span<const uint16_t>(v)) {}     // NOLINT: a view
-  TokenSpan(const std::vector<uint32_t>& v) : TokenSpan(std::span<const uint32_t>(v)) {}     // NOLINT: a view
+  TokenSpan(const std::vector<uint16_t>& v) : TokenSpan(std::span<const uint16_t>(v)) {}      // NOLINT: a view
+  TokenSpan(const std::vector<uint32_t>& v) : TokenSpan(std::span<const uint32_t>(v)) {}      // NOLINT: a view
   TokenSpan(std::span<uint16_t> s) : TokenSpan(std::span<const uint16_t>(s)) {}               // NOLINT: a view
 
   size_t size() const { return size_; }

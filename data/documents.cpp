@@ -9,12 +9,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <bit>
 #include <unordered_map>
 
 #include "data/file_pass.h"
@@ -58,14 +58,15 @@ std::string not_text(const fs::path& p, uintmax_t size) {
 }
 
 void require_regular(const fs::path& p, const std::string& arg) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(p.c_str(), &st) != 0) {
     throw Error(fmt::format("--data '{}': cannot read '{}': {}", arg, p.string(), std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
-    throw Error(fmt::format("--data '{}': '{}' is not a regular file (a pipe, socket or device); give text files or "
-                            "directories",
-                            arg, p.string()));
+    throw Error(
+        fmt::format("--data '{}': '{}' is not a regular file (a pipe, socket or device); give text files or "
+                    "directories",
+                    arg, p.string()));
   }
 }
 
@@ -126,7 +127,8 @@ FileList list_text_files(const std::vector<std::string>& args, const Note& note)
       for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) matched.emplace_back(g.gl_pathv[i]);
       ::globfree(&g);
       if (matched.empty()) {
-        throw Error(fmt::format("--data '{}' does not exist (no file or directory, and no file matches it as a pattern)", arg));
+        throw Error(
+            fmt::format("--data '{}' does not exist (no file or directory, and no file matches it as a pattern)", arg));
       }
       std::sort(matched.begin(), matched.end(), by_bytes);
       for (auto& m : matched) {
@@ -143,8 +145,12 @@ FileList list_text_files(const std::vector<std::string>& args, const Note& note)
 // --- progress ---
 
 Progress::Progress(std::string label, int64_t total, bool quiet)
-    : label_(std::move(label)), total_(total), quiet_(quiet), tty_(::isatty(2) != 0),
-      start_(std::chrono::steady_clock::now()), drawn_(start_) {}
+    : label_(std::move(label)),
+      total_(total),
+      quiet_(quiet),
+      tty_(::isatty(2) != 0),
+      start_(std::chrono::steady_clock::now()),
+      drawn_(start_) {}
 
 void Progress::add(int64_t bytes) {
   done_ += bytes;
@@ -159,8 +165,8 @@ void Progress::draw(bool last) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double rate = secs > 0 ? double(done_) / secs : 0;
   if (last) {
-    fmt::print(stderr, "{}{}: {:.1f} MB in {:.1f}s ({:.1f} MB/s)", tty_ ? "\r\033[K" : "", label_, double(done_) / 1e6, secs,
-               rate / 1e6);
+    fmt::print(stderr, "{}{}: {:.1f} MB in {:.1f}s ({:.1f} MB/s)", tty_ ? "\r\033[K" : "", label_, double(done_) / 1e6,
+               secs, rate / 1e6);
     return;
   }
   const double frac = total_ > 0 ? double(done_) / double(total_) : 0;
@@ -199,13 +205,12 @@ PieceCounts count_pieces(const FileList& files, bool quiet, int64_t max_bytes) {
         total.prune(kMaxPieces);
       },
       max_bytes);
-  progress.finish(fmt::format(", {} distinct pieces{}", total.unique(),
-                              total.pruned_below() > 0
-                                  ? fmt::format(" (more than {} seen: {} of the rarest, seen at most {}, dropped)",
-                                                kMaxPieces, total.dropped(),
-                                                total.pruned_below() == 1 ? std::string("once")
-                                                                          : fmt::format("{} times", total.pruned_below()))
-                                  : ""));
+  progress.finish(fmt::format(
+      ", {} distinct pieces{}", total.unique(),
+      total.pruned_below() > 0
+          ? fmt::format(" (more than {} seen: {} of the rarest, seen at most {}, dropped)", kMaxPieces, total.dropped(),
+                        total.pruned_below() == 1 ? std::string("once") : fmt::format("{} times", total.pruned_below()))
+          : ""));
   return total;
 }
 
@@ -216,8 +221,8 @@ CharVocab vocab_of_files(const FileList& files, const std::string& extra) {
     try {
       for_each_code_point(map.bytes(), [&](char32_t c) { seen[size_t(c)] = true; });
     } catch (const Error& e) {
-      throw Error(fmt::format("'{}': {}; a character model needs UTF-8 text (--tokenizer bpe takes any bytes)", f,
-                              e.what()));
+      throw Error(
+          fmt::format("'{}': {}; a character model needs UTF-8 text (--tokenizer bpe takes any bytes)", f, e.what()));
     }
   }
   for_each_code_point(extra, [&](char32_t c) { seen[size_t(c)] = true; });
@@ -226,7 +231,8 @@ CharVocab vocab_of_files(const FileList& files, const std::string& extra) {
     if (seen[size_t(c)]) chars.push_back(c);
   }
   if (int64_t(chars.size()) > kMaxVocab) {
-    throw Error(fmt::format("the data has {} distinct characters, more than {}: use --tokenizer bpe", chars.size(), kMaxVocab));
+    throw Error(
+        fmt::format("the data has {} distinct characters, more than {}: use --tokenizer bpe", chars.size(), kMaxVocab));
   }
   return CharVocab::from_chars(std::move(chars));
 }
@@ -244,9 +250,12 @@ BpeTokenizer read_tokenizer_file(const fs::path& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
     throw Error(fmt::format("tokenizer '{}' {}", path.string(),
-                            fs::exists(path, ec) ? "is not a regular file" : "does not exist (--tokenizer takes char, bpe or a tokenizer.json file)"));
+                            fs::exists(path, ec)
+                                ? "is not a regular file"
+                                : "does not exist (--tokenizer takes char, bpe or a tokenizer.json file)"));
   }
-  if (fs::file_size(path, ec) > (uintmax_t(1) << 30)) throw Error(fmt::format("tokenizer '{}' is over 1 GiB", path.string()));
+  if (fs::file_size(path, ec) > (uintmax_t(1) << 30))
+    throw Error(fmt::format("tokenizer '{}' is over 1 GiB", path.string()));
   const MappedFile map(path);
   return BpeTokenizer::from_json(map.bytes(), path.string());
 }
@@ -257,7 +266,8 @@ using detail::Writer;
 int64_t write_document_ids(const FileList& files, const Tokenizer& tok, const fs::path& out_path, bool quiet) {
   TempFile tmp{out_path.string() + ".tmp"};
   Writer out(tmp.path);
-  Progress progress(fmt::format("encoding {} file{}", files.size(), files.size() == 1 ? "" : "s"), detail::total_size(files), quiet);
+  Progress progress(fmt::format("encoding {} file{}", files.size(), files.size() == 1 ? "" : "s"),
+                    detail::total_size(files), quiet);
   std::vector<BpeTokenizer::Cache> caches(static_cast<size_t>(omp_get_max_threads()));
   int64_t written = 0;
   const int32_t eot = tok.end_of_text();

@@ -54,18 +54,17 @@ inline constexpr size_t kMaxPieces = size_t(1) << 21;
 /// How often each pre-split piece occurs in the files (counted on every thread, a batch of files at a time); with
 /// `max_bytes`, only in their first max_bytes bytes (the files in order, the last one cut where a piece ends). Holds
 /// at most kMaxPieces distinct pieces after each batch, dropping the rarest past that (saying so in the progress line).
-PieceCounts count_pieces(const FileList& files, bool quiet = false,
-                         int64_t max_bytes = -1);
+PieceCounts count_pieces(const FileList& files, bool quiet = false, int64_t max_bytes = -1);
 
 /// A character vocabulary of every character of the files and `extra` (--doc-sep's text); throws naming the file and
 /// byte offset of invalid UTF-8, or more than kMaxVocab characters.
 CharVocab vocab_of_files(const FileList& files, const std::string& extra);
 
 struct DocumentCorpus {
-  TokenData tokens;       // the train documents' ids, then the held-out documents'
-  size_t train_count = 0;  // how many of them train
+  TokenData tokens;                               // the train documents' ids, then the held-out documents'
+  size_t train_count = 0;                         // how many of them train
   int64_t documents = 0, held_out_documents = 0;  // held_out_documents 0: the split is the last fraction of the ids
-  int64_t reused = 0, encoded = 0;  // documents whose ids came from the cache, and those encoded
+  int64_t reused = 0, encoded = 0;                // documents whose ids came from the cache, and those encoded
   int64_t train_bytes = 0, val_bytes = 0;  // the source bytes the train and held-out ids stand for (bits per byte)
 };
 
@@ -80,13 +79,12 @@ BpeTokenizer read_tokenizer_file(const std::filesystem::path& path);
 /// text for characters), from the cache at `cache_path` where it holds them under the same tokenizer. The held-out
 /// documents are spread evenly over the list, round(n (1 - train_fraction)) of them, when that is at least one; else
 /// the last fraction of all ids validates (as a single file splits).
-DocumentCorpus load_documents(const FileList& files, const Tokenizer& tok,
-                              const std::vector<uint32_t>& separator, double train_fraction,
-                              const std::filesystem::path& cache_path, bool quiet = false);
+DocumentCorpus load_documents(const FileList& files, const Tokenizer& tok, const std::vector<uint32_t>& separator,
+                              double train_fraction, const std::filesystem::path& cache_path, bool quiet = false);
 
 /// Writes every file's ids, each followed by the end-of-text id, as little-endian uint32 (tokenizer encode --out);
 /// returns the number of ids.
-int64_t write_document_ids(const FileList& files, const Tokenizer& tok,
-                           const std::filesystem::path& out, bool quiet = false);
+int64_t write_document_ids(const FileList& files, const Tokenizer& tok, const std::filesystem::path& out,
+                           bool quiet = false);
 
 }  // namespace tinygpt::data

@@ -24,7 +24,7 @@
 
 namespace tinygpt::data::detail {
 
-inline constexpr size_t kItemBytes = size_t(4) << 20;    // a part of a file one thread takes
+inline constexpr size_t kItemBytes = size_t(4) << 20;  // a part of a file one thread takes
 /// What a pass maps at once: two parts a thread, 16 to 64 MB (the batch's ids are held until it is written).
 inline size_t batch_bytes() {
   return std::clamp(size_t(omp_get_max_threads()) * 2 * kItemBytes, size_t(16) << 20, size_t(64) << 20);

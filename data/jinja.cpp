@@ -154,23 +154,46 @@ std::string decode_escapes(std::string_view s, int line) {
       const std::string digits(s.substr(i + 1, size_t(hex)));
       char* end = nullptr;
       const unsigned long c = std::strtoul(digits.c_str(), &end, 16);
-      if (end != digits.c_str() + hex) fail(line, fmt::format("a string literal's escape \\{}{} is not hexadecimal", e, digits));
+      if (end != digits.c_str() + hex)
+        fail(line, fmt::format("a string literal's escape \\{}{} is not hexadecimal", e, digits));
       put_code(uint32_t(c));
       i += size_t(hex);
       continue;
     }
     switch (e) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case '0': out += '\0'; break;
-      case 'a': out += '\a'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'v': out += '\v'; break;
-      case '\\': case '\'': case '"': out += e; break;
-      case '\n': break;  // a backslash before a newline joins the lines, as in Python
-      default: out += '\\', out += e;  // Python keeps an unknown escape as it is
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case '0':
+        out += '\0';
+        break;
+      case 'a':
+        out += '\a';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'v':
+        out += '\v';
+        break;
+      case '\\':
+      case '\'':
+      case '"':
+        out += e;
+        break;
+      case '\n':
+        break;  // a backslash before a newline joins the lines, as in Python
+      default:
+        out += '\\', out += e;  // Python keeps an unknown escape as it is
     }
   }
   return out;
@@ -221,8 +244,8 @@ std::vector<Token> tokenize(std::string_view s, int line) {
       out.push_back({Token::Kind::String, decode_escapes(s.substr(start, i - start), line)});
       ++i;
     } else {
-      static const char* const ops[] = {"//", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{", "}", ".", ",",
-                                        ":", "|", "~", "+", "-", "*", "/", "%", "<", ">", "="};
+      static const char* const ops[] = {"//", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{", "}", ".",
+                                        ",",  ":",  "|",  "~",  "+",  "-",  "*", "/", "%", "<", ">", "="};
       bool found = false;
       for (const char* op : ops) {
         const std::string_view o(op);
@@ -319,7 +342,8 @@ class ExprParser {
       std::string op;
       if (is_op("==") || is_op("!=") || is_op("<") || is_op(">") || is_op("<=") || is_op(">=") || is_name("in")) {
         op = t_[p_++].text;
-      } else if (is_name("not") && p_ + 1 < t_.size() && t_[p_ + 1].kind == Token::Kind::Name && t_[p_ + 1].text == "in") {
+      } else if (is_name("not") && p_ + 1 < t_.size() && t_[p_ + 1].kind == Token::Kind::Name &&
+                 t_[p_ + 1].text == "in") {
         p_ += 2;
         op = "not in";
       } else {
@@ -462,7 +486,8 @@ class ExprParser {
       if (is_op("|")) {
         ++p_;
         std::string name = take_name("a filter's name");
-        if (!known_filter(name)) fail(line_, fmt::format("the filter '{}' is not one tinygpt's template reader knows", name));
+        if (!known_filter(name))
+          fail(line_, fmt::format("the filter '{}' is not one tinygpt's template reader knows", name));
         auto f = std::make_shared<Expr>();
         f->kind = Expr::Kind::Filter;
         f->line = line_;
@@ -477,7 +502,8 @@ class ExprParser {
         t->line = line_;
         if (is_name("not")) ++p_, t->negated = true;
         t->name = take_name("a test's name");
-        if (!known_test(t->name)) fail(line_, fmt::format("the test '{}' is not one tinygpt's template reader knows", t->name));
+        if (!known_test(t->name))
+          fail(line_, fmt::format("the test '{}' is not one tinygpt's template reader knows", t->name));
         t->args.push_back(e);
         if (is_op("(")) {
           call_arguments(*t);
@@ -534,8 +560,10 @@ class StmtParser {
       for (const char* e : ends) {
         if (keyword == e) {
           ended = keyword;
-          if (keyword == "elif") pending_ = std::make_unique<ExprParser>(std::move(ep));
-          else ep.expect_end();
+          if (keyword == "elif")
+            pending_ = std::make_unique<ExprParser>(std::move(ep));
+          else
+            ep.expect_end();
           return out;
         }
       }
@@ -612,8 +640,10 @@ class StmtParser {
       n->body = body({"endgeneration"}, ended, line);
       return n;
     }
-    fail(line, fmt::format("{{% {} %}} is not a statement tinygpt's template reader knows (it reads if, for, set, break, "
-                           "continue and generation)", keyword));
+    fail(line,
+         fmt::format("{{% {} %}} is not a statement tinygpt's template reader knows (it reads if, for, set, break, "
+                     "continue and generation)",
+                     keyword));
   }
 
   std::vector<Chunk> c_;

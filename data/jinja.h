@@ -7,11 +7,11 @@
 // is never rendered differently from transformers' rendering without saying so.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <memory>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 namespace tinygpt::data::jinja {
 

@@ -2,13 +2,13 @@
 // jinja.cpp lexes and parses a template into Nodes; jinja_eval.cpp renders them.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace tinygpt::data::jinja {
 
@@ -27,11 +27,31 @@ struct Value {
   std::shared_ptr<DictValue> dict;
 
   static Value none() { return with(Kind::None); }
-  static Value boolean(bool v) { Value x = with(Kind::Bool); x.b = v; return x; }
-  static Value integer(int64_t v) { Value x = with(Kind::Int); x.i = v; return x; }
-  static Value real(double v) { Value x = with(Kind::Float); x.f = v; return x; }
-  static Value string(std::string v) { Value x = with(Kind::String); x.s = std::move(v); return x; }
-  static Value function(std::string name) { Value x = with(Kind::Function); x.s = std::move(name); return x; }
+  static Value boolean(bool v) {
+    Value x = with(Kind::Bool);
+    x.b = v;
+    return x;
+  }
+  static Value integer(int64_t v) {
+    Value x = with(Kind::Int);
+    x.i = v;
+    return x;
+  }
+  static Value real(double v) {
+    Value x = with(Kind::Float);
+    x.f = v;
+    return x;
+  }
+  static Value string(std::string v) {
+    Value x = with(Kind::String);
+    x.s = std::move(v);
+    return x;
+  }
+  static Value function(std::string name) {
+    Value x = with(Kind::Function);
+    x.s = std::move(name);
+    return x;
+  }
   static Value new_list(std::vector<Value> items = {});
   static Value new_dict(bool is_namespace = false);
 
@@ -39,7 +59,11 @@ struct Value {
   bool is_number() const { return kind == Kind::Int || kind == Kind::Float || kind == Kind::Bool; }
 
  private:
-  static Value with(Kind k) { Value x; x.kind = k; return x; }
+  static Value with(Kind k) {
+    Value x;
+    x.kind = k;
+    return x;
+  }
 };
 
 struct ListValue {
@@ -57,7 +81,10 @@ struct DictValue {
   }
   void set(const std::string& key, Value v) {
     for (auto& [k, old] : items) {
-      if (k == key) { old = std::move(v); return; }
+      if (k == key) {
+        old = std::move(v);
+        return;
+      }
     }
     items.emplace_back(key, std::move(v));
   }
@@ -83,11 +110,11 @@ using ExprP = std::shared_ptr<const Expr>;
 struct Expr {
   enum class Kind { Literal, Name, Attr, Item, Slice, Call, Filter, Test, Unary, Binary, Cond, List, Dict } kind;
   int line = 0;
-  Value literal;                                        // Literal
-  std::string name;                                     // Name, Attr, Filter, Test; Unary's and Binary's operator
-  std::vector<ExprP> args;                              // operands (Attr/Item/Slice/Filter/Test/Call: the object first)
-  std::vector<std::pair<std::string, ExprP>> kwargs;    // a call's, a filter's or a test's keyword arguments
-  bool negated = false;                                 // Test: `is not`
+  Value literal;                                      // Literal
+  std::string name;                                   // Name, Attr, Filter, Test; Unary's and Binary's operator
+  std::vector<ExprP> args;                            // operands (Attr/Item/Slice/Filter/Test/Call: the object first)
+  std::vector<std::pair<std::string, ExprP>> kwargs;  // a call's, a filter's or a test's keyword arguments
+  bool negated = false;                               // Test: `is not`
 };
 
 struct Node;
@@ -96,12 +123,12 @@ using NodeP = std::shared_ptr<const Node>;
 struct Node {
   enum class Kind { Body, Text, Output, If, For, Set, Break, Continue } kind;
   int line = 0;
-  std::string text;                                      // Text
-  ExprP expr;                                            // Output; Set's value; For's iterable
+  std::string text;                                            // Text
+  ExprP expr;                                                  // Output; Set's value; For's iterable
   std::vector<std::pair<ExprP, std::vector<NodeP>>> branches;  // If: (condition, body), in order
-  std::vector<NodeP> body, else_body;                    // Body, For (else: no items), If (else)
-  std::vector<std::string> targets;                      // For: the loop's names; Set: a name, or namespace and attribute
-  ExprP filter;                                          // For: `for x in xs if cond`
+  std::vector<NodeP> body, else_body;                          // Body, For (else: no items), If (else)
+  std::vector<std::string> targets;  // For: the loop's names; Set: a name, or namespace and attribute
+  ExprP filter;                      // For: `for x in xs if cond`
 };
 
 // Values as Python and jinja2 treat them (jinja_values.cpp); `line` is the template's, for errors.
@@ -119,7 +146,7 @@ struct JsonStyle {
 };
 void to_json(const Value& v, const JsonStyle& st, int64_t level, std::string& out, int line);
 std::vector<std::string> characters(const std::string& s);  // UTF-8 characters, as Python indexes a str
-bool py_space(const std::string& ch);                         // str.isspace() of one character
+bool py_space(const std::string& ch);                       // str.isspace() of one character
 /// str.strip / lstrip / rstrip: Python's whitespace, or the characters of `chars` (a string value).
 std::string strip(const std::string& s, bool left, bool right, const Value* chars = nullptr);
 std::string ascii_case(std::string s, bool upper);

@@ -20,7 +20,7 @@ using nlohmann::ordered_json;
 
 constexpr int64_t kMaxSteps = 1'000'000;         // statements and loop rounds: a hostile template ends, said so
 constexpr size_t kMaxOutput = size_t(16) << 20;  // bytes rendered, or in one string
-constexpr size_t kMaxItems = 100'000;             // items in one list
+constexpr size_t kMaxItems = 100'000;            // items in one list
 
 struct Args {
   std::vector<Value> pos;
@@ -34,13 +34,15 @@ struct Args {
   }
 };
 
-const char* const kFilters[] = {"trim", "length", "count", "tojson", "string", "int", "float", "upper", "lower",
-                                "capitalize", "first", "last", "join", "default", "d", "replace", "list", "items",
-                                "reverse", "safe", "abs", "select", "reject", "selectattr", "rejectattr", "map"};
-const char* const kTests[] = {"defined", "undefined", "none", "string", "number", "integer", "float", "boolean",
-                              "true", "false", "mapping", "iterable", "sequence", "callable", "odd", "even",
-                              "divisibleby", "eq", "equalto", "==", "ne", "!=", "lt", "<", "gt", ">", "le", "<=",
-                              "ge", ">=", "in", "sameas", "lower", "upper"};
+const char* const kFilters[] = {"trim",   "length",  "count",      "tojson",     "string",  "int",  "float",
+                                "upper",  "lower",   "capitalize", "first",      "last",    "join", "default",
+                                "d",      "replace", "list",       "items",      "reverse", "safe", "abs",
+                                "select", "reject",  "selectattr", "rejectattr", "map"};
+const char* const kTests[] = {
+    "defined", "undefined", "none",     "string",   "number",   "integer", "float", "boolean",     "true",
+    "false",   "mapping",   "iterable", "sequence", "callable", "odd",     "even",  "divisibleby", "eq",
+    "equalto", "==",        "ne",       "!=",       "lt",       "<",       "gt",    ">",           "le",
+    "<=",      "ge",        ">=",       "in",       "sameas",   "lower",   "upper"};
 
 class Renderer {
  public:
@@ -75,9 +77,14 @@ class Renderer {
   Flow exec(const Node& n) {
     step(n.line);
     switch (n.kind) {
-      case Node::Kind::Body: return exec_all(n.body);
-      case Node::Kind::Text: out_ += n.text; return Flow::Normal;
-      case Node::Kind::Output: out_ += to_str(eval(*n.expr)); return Flow::Normal;
+      case Node::Kind::Body:
+        return exec_all(n.body);
+      case Node::Kind::Text:
+        out_ += n.text;
+        return Flow::Normal;
+      case Node::Kind::Output:
+        out_ += to_str(eval(*n.expr));
+        return Flow::Normal;
       case Node::Kind::If:
         for (const auto& [cond, body] : n.branches) {
           if (truthy(eval(*cond))) return exec_all(body);
@@ -91,14 +98,18 @@ class Renderer {
         }
         const Value ns = lookup(n.targets[0]);
         if (ns.kind != Kind::Dict || !ns.dict->is_namespace) {
-          fail(n.line, fmt::format("cannot set '{}.{}': '{}' is not a namespace()", n.targets[0], n.targets[1], n.targets[0]));
+          fail(n.line,
+               fmt::format("cannot set '{}.{}': '{}' is not a namespace()", n.targets[0], n.targets[1], n.targets[0]));
         }
         ns.dict->set(n.targets[1], std::move(v));
         return Flow::Normal;
       }
-      case Node::Kind::Break: return Flow::Break;
-      case Node::Kind::Continue: return Flow::Continue;
-      case Node::Kind::For: return exec_for(n);
+      case Node::Kind::Break:
+        return Flow::Break;
+      case Node::Kind::Continue:
+        return Flow::Continue;
+      case Node::Kind::For:
+        return exec_for(n);
     }
     return Flow::Normal;
   }
@@ -132,7 +143,8 @@ class Renderer {
     // One `loop` for the whole statement, its fields rewritten each round in place (jinja2's LoopContext is one
     // object too).
     Value loop = Value::new_dict();
-    for (const char* key : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"}) {
+    for (const char* key :
+         {"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"}) {
       loop.dict->set(key, Value{});
     }
     auto& f = loop.dict->items;
@@ -200,17 +212,23 @@ class Renderer {
   /// loop) is an error, not the machine's memory.
   Value eval(const Expr& e) {
     Value v = eval_unbounded(e);
-    if (v.kind == Kind::String && v.s.size() > kMaxOutput) fail(e.line, fmt::format("a string past {} MiB", kMaxOutput >> 20));
-    if (v.kind == Kind::List && v.list->items.size() > kMaxItems) fail(e.line, fmt::format("a list past {} items", kMaxItems));
+    if (v.kind == Kind::String && v.s.size() > kMaxOutput)
+      fail(e.line, fmt::format("a string past {} MiB", kMaxOutput >> 20));
+    if (v.kind == Kind::List && v.list->items.size() > kMaxItems)
+      fail(e.line, fmt::format("a list past {} items", kMaxItems));
     return v;
   }
 
   Value eval_unbounded(const Expr& e) {
     switch (e.kind) {
-      case Expr::Kind::Literal: return e.literal;
-      case Expr::Kind::Name: return lookup(e.name);
-      case Expr::Kind::Attr: return attribute(eval(*e.args[0]), e.name, e.line);
-      case Expr::Kind::Item: return item(eval(*e.args[0]), eval(*e.args[1]), e.line);
+      case Expr::Kind::Literal:
+        return e.literal;
+      case Expr::Kind::Name:
+        return lookup(e.name);
+      case Expr::Kind::Attr:
+        return attribute(eval(*e.args[0]), e.name, e.line);
+      case Expr::Kind::Item:
+        return item(eval(*e.args[0]), eval(*e.args[1]), e.line);
       case Expr::Kind::Slice: {
         const Value obj = eval(*e.args[0]);
         if (obj.kind != Kind::List && obj.kind != Kind::String) {
@@ -242,7 +260,8 @@ class Renderer {
         }
         return d;
       }
-      case Expr::Kind::Cond: return truthy(eval(*e.args[0])) ? eval(*e.args[1]) : eval(*e.args[2]);
+      case Expr::Kind::Cond:
+        return truthy(eval(*e.args[0])) ? eval(*e.args[1]) : eval(*e.args[2]);
       case Expr::Kind::Unary: {
         const Value v = eval(*e.args[0]);
         if (e.name == "not") return Value::boolean(!truthy(v));
@@ -253,15 +272,47 @@ class Renderer {
         const double x = number(v, e.line, e.name.c_str());
         return Value::real(e.name == "-" ? -x : x);
       }
-      case Expr::Kind::Binary: return binary(e);
-      case Expr::Kind::Call: return call(e);
-      case Expr::Kind::Filter: return filter(e.name, eval(*e.args[0]), arguments(e, 1), e.line);
+      case Expr::Kind::Binary:
+        return binary(e);
+      case Expr::Kind::Call:
+        return call(e);
+      case Expr::Kind::Filter:
+        return filter(e.name, eval(*e.args[0]), arguments(e, 1), e.line);
       case Expr::Kind::Test: {
         const bool r = test(e.name, eval(*e.args[0]), arguments(e, 1), e.line);
         return Value::boolean(e.negated ? !r : r);
       }
     }
     return {};
+  }
+
+  /// An arithmetic operator on integers as Python computes it: true with the result in r, false for a negative power
+  /// (a float); an overflow past 64 bits fails.
+  bool integer_arith(const std::string& op, int64_t i, int64_t j, int line, int64_t& r) {
+    r = 0;
+    bool overflow = false;
+    if (op == "+")
+      overflow = __builtin_add_overflow(i, j, &r);
+    else if (op == "-")
+      overflow = __builtin_sub_overflow(i, j, &r);
+    else if (op == "*")
+      overflow = __builtin_mul_overflow(i, j, &r);
+    else if (j == -1 && (op == "//" || op == "%"))  // apart: INT64_MIN / -1 traps
+      overflow = op == "//" && __builtin_sub_overflow(int64_t(0), i, &r);
+    else if (op == "//")
+      r = i / j - ((i % j != 0) && ((i < 0) != (j < 0)));
+    else if (op == "%")
+      r = ((i % j) + j) % j;
+    else if (j >= 0) {  // **
+      r = 1;            // by squaring: a base squared is used only while higher bits of the exponent remain
+      int64_t base = i;
+      for (int64_t n = j; n > 0 && !overflow; n >>= 1) {
+        if (n & 1) overflow = __builtin_mul_overflow(r, base, &r);
+        if (n > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
+    }
+    if (overflow) fail(line, fmt::format("integer overflow in {} {} {} (past 64 bits)", i, op, j));
+    return op != "**" || j >= 0;
   }
 
   Value binary(const Expr& e) {
@@ -318,24 +369,9 @@ class Renderer {
     const double x = number(a, e.line, op.c_str()), y = number(b, e.line, op.c_str());
     if ((op == "/" || op == "//" || op == "%") && y == 0) fail(e.line, "division by zero");
     if (ints) {
-      const int64_t i = int64_t(x), j = int64_t(y);
       int64_t r = 0;
-      bool overflow = false;
-      if (op == "+") overflow = __builtin_add_overflow(i, j, &r);
-      else if (op == "-") overflow = __builtin_sub_overflow(i, j, &r);
-      else if (op == "*") overflow = __builtin_mul_overflow(i, j, &r);
-      else if (op == "//") r = i / j - ((i % j != 0) && ((i < 0) != (j < 0)));
-      else if (op == "%") r = ((i % j) + j) % j;
-      else if (j >= 0) {  // **
-        r = 1;  // by squaring: a base squared is used only while higher bits of the exponent remain
-        int64_t base = i;
-        for (int64_t n = j; n > 0 && !overflow; n >>= 1) {
-          if (n & 1) overflow = __builtin_mul_overflow(r, base, &r);
-          if (n > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
-        }
-      }
-      if (overflow) fail(e.line, fmt::format("integer overflow in {} {} {} (past 64 bits)", i, op, j));
-      if (op != "**" || j >= 0) return Value::integer(r);
+      const auto exact = [](const Value& v) { return v.kind == Kind::Int ? v.i : int64_t(v.b); };  // no double
+      if (integer_arith(op, exact(a), exact(b), e.line, r)) return Value::integer(r);
     }
     if (op == "+") return Value::real(x + y);
     if (op == "-") return Value::real(x - y);
@@ -402,17 +438,22 @@ class Renderer {
         return v ? *v : a.pos.size() > 1 ? a.pos[1] : Value::none();
       }
       for (const auto& [k, v] : obj.dict->items) {
-        if (name == "items") out.push_back(Value::new_list({Value::string(k), v}));
-        else if (name == "keys") out.push_back(Value::string(k));
-        else if (name == "values") out.push_back(v);
-        else fail(line, fmt::format("dict has no method '{}' in tinygpt's template reader", name));
+        if (name == "items")
+          out.push_back(Value::new_list({Value::string(k), v}));
+        else if (name == "keys")
+          out.push_back(Value::string(k));
+        else if (name == "values")
+          out.push_back(v);
+        else
+          fail(line, fmt::format("dict has no method '{}' in tinygpt's template reader", name));
       }
       return Value::new_list(std::move(out));
     }
     const std::string& s = obj.s;
     const Value* a0 = a.get(0, "");
     const auto arg_str = [&](size_t k) {
-      if (k >= a.pos.size() || a.pos[k].kind != Kind::String) fail(line, fmt::format("str.{}() needs a string argument", name));
+      if (k >= a.pos.size() || a.pos[k].kind != Kind::String)
+        fail(line, fmt::format("str.{}() needs a string argument", name));
       return a.pos[k].s;
     };
     if (name == "strip") return Value::string(strip(s, true, true, a0));
@@ -449,7 +490,8 @@ class Renderer {
         const std::string sep = arg_str(0);
         if (sep.empty()) fail(line, "empty separator");
         size_t p = 0, q;
-        while ((q = s.find(sep, p)) != std::string::npos) parts.push_back(Value::string(s.substr(p, q - p))), p = q + sep.size();
+        while ((q = s.find(sep, p)) != std::string::npos)
+          parts.push_back(Value::string(s.substr(p, q - p))), p = q + sep.size();
         parts.push_back(Value::string(s.substr(p)));
       }
       return Value::new_list(std::move(parts));
@@ -474,7 +516,8 @@ class Renderer {
     if (name == "true") return v.kind == Kind::Bool && v.b;
     if (name == "false") return v.kind == Kind::Bool && !v.b;
     if (name == "mapping") return v.kind == Kind::Dict;
-    if (name == "iterable") return v.kind == Kind::List || v.kind == Kind::Dict || v.kind == Kind::String || !v.defined();
+    if (name == "iterable")
+      return v.kind == Kind::List || v.kind == Kind::Dict || v.kind == Kind::String || !v.defined();
     if (name == "sequence") return v.kind == Kind::List || v.kind == Kind::Dict || v.kind == Kind::String;
     if (name == "callable") return v.kind == Kind::Function;
     if (name == "odd" || name == "even") {
@@ -488,7 +531,8 @@ class Renderer {
     if (name == "eq" || name == "equalto" || name == "==") return equal(v, need());
     if (name == "ne" || name == "!=") return !equal(v, need());
     if (name == "in") return contains(need(), v, line);
-    if (name == "sameas") return v.kind == need().kind && (v.kind == Kind::None || v.kind == Kind::Undefined || equal(v, *arg));
+    if (name == "sameas")
+      return v.kind == need().kind && (v.kind == Kind::None || v.kind == Kind::Undefined || equal(v, *arg));
     if (name == "lower") return v.kind == Kind::String && ascii_case(v.s, false) == v.s;
     if (name == "upper") return v.kind == Kind::String && ascii_case(v.s, true) == v.s;
     const double x = number(v, line, name.c_str()), y = number(need(), line, name.c_str());
@@ -496,6 +540,50 @@ class Renderer {
     if (name == "gt" || name == ">") return x > y;
     if (name == "le" || name == "<=") return x <= y;
     return x >= y;
+  }
+
+  /// The filter tojson(indent, ensure_ascii, separators, sort_keys).
+  Value tojson(const Value& v, const Args& a, int line) {
+    JsonStyle st;
+    if (const Value* ind = a.get(1, "indent"); ind != nullptr && ind->kind != Kind::None)
+      st.indent = int64_t(number(*ind, line, "indent"));
+    if (a.get(0, "ensure_ascii") != nullptr && truthy(*a.get(0, "ensure_ascii"))) {
+      fail(line, "tojson(ensure_ascii=true) is not in tinygpt's template reader");
+    }
+    st.item_sep = st.indent >= 0 ? "," : ", ";
+    st.key_sep = ": ";
+    if (const Value* sep = a.get(2, "separators");
+        sep != nullptr && sep->kind == Kind::List && sep->list->items.size() == 2) {
+      st.item_sep = to_str(sep->list->items[0]);
+      st.key_sep = to_str(sep->list->items[1]);
+    }
+    if (const Value* sk = a.get(3, "sort_keys")) st.sort_keys = truthy(*sk);
+    std::string out;
+    to_json(v, st, 0, out, line);
+    return Value::string(out);
+  }
+
+  /// The filters select, reject, selectattr and rejectattr over `items`.
+  Value select(const std::string& name, const std::vector<Value>& items, const Args& a, int line) {
+    const bool by_attr = name == "selectattr" || name == "rejectattr",
+               keep_if = name == "select" || name == "selectattr";
+    Args rest;
+    for (size_t k = by_attr ? 2 : 1; k < a.pos.size(); ++k) rest.pos.push_back(a.pos[k]);
+    const std::string test_name = a.pos.size() > (by_attr ? 1u : 0u) ? to_str(a.pos[by_attr ? 1 : 0]) : "";
+    if (!test_name.empty() && !known_test(test_name))
+      fail(line, fmt::format("the test '{}' is not one tinygpt's template reader knows", test_name));
+    std::vector<Value> out;
+    for (const Value& x : items) {
+      Value subject = x;
+      if (by_attr) {
+        if (a.pos.empty()) fail(line, fmt::format("{}() needs an attribute", name));
+        subject = x.kind == Kind::Dict && x.dict->find(to_str(a.pos[0])) ? *x.dict->find(to_str(a.pos[0]))
+                                                                         : undefined(to_str(a.pos[0]));
+      }
+      const bool r = test_name.empty() ? truthy(subject) : test(test_name, subject, rest, line);
+      if (r == keep_if) out.push_back(x);
+    }
+    return Value::new_list(std::move(out));
   }
 
   Value filter(const std::string& name, const Value& v, const Args& a, int line) {
@@ -515,23 +603,7 @@ class Renderer {
       const Value* dflt = a.get(0, "default_value");
       return use_default ? (dflt ? *dflt : Value::string("")) : v;
     }
-    if (name == "tojson") {
-      JsonStyle st;
-      if (const Value* ind = a.get(1, "indent"); ind != nullptr && ind->kind != Kind::None) st.indent = int64_t(number(*ind, line, "indent"));
-      if (a.get(0, "ensure_ascii") != nullptr && truthy(*a.get(0, "ensure_ascii"))) {
-        fail(line, "tojson(ensure_ascii=true) is not in tinygpt's template reader");
-      }
-      st.item_sep = st.indent >= 0 ? "," : ", ";
-      st.key_sep = ": ";
-      if (const Value* sep = a.get(2, "separators"); sep != nullptr && sep->kind == Kind::List && sep->list->items.size() == 2) {
-        st.item_sep = to_str(sep->list->items[0]);
-        st.key_sep = to_str(sep->list->items[1]);
-      }
-      if (const Value* sk = a.get(3, "sort_keys")) st.sort_keys = truthy(*sk);
-      std::string out;
-      to_json(v, st, 0, out, line);
-      return Value::string(out);
-    }
+    if (name == "tojson") return tojson(v, a, line);
     if (name == "int") {
       if (v.kind == Kind::String) {
         char* end = nullptr;
@@ -541,7 +613,10 @@ class Renderer {
       }
       return Value::integer(v.is_number() ? int64_t(number(v, line, "int")) : 0);
     }
-    if (name == "float") return Value::real(v.is_number() ? number(v, line, "float") : v.kind == Kind::String ? std::strtod(v.s.c_str(), nullptr) : 0.0);
+    if (name == "float")
+      return Value::real(v.is_number()            ? number(v, line, "float")
+                         : v.kind == Kind::String ? std::strtod(v.s.c_str(), nullptr)
+                                                  : 0.0);
     if (name == "abs") {
       if (v.kind == Kind::Int) return Value::integer(v.i < 0 ? -v.i : v.i);
       return Value::real(std::fabs(number(v, line, "abs")));
@@ -577,26 +652,12 @@ class Renderer {
     if (name == "map") {
       const Value* attr = a.get(99, "attribute");
       if (attr == nullptr) fail(line, "map() is read only with attribute= in tinygpt's template reader");
-      for (Value& x : items) x = x.kind == Kind::Dict && x.dict->find(to_str(*attr)) ? *x.dict->find(to_str(*attr)) : undefined(to_str(*attr));
+      for (Value& x : items)
+        x = x.kind == Kind::Dict && x.dict->find(to_str(*attr)) ? *x.dict->find(to_str(*attr))
+                                                                : undefined(to_str(*attr));
       return Value::new_list(std::move(items));
     }
-    // select, reject, selectattr, rejectattr
-    const bool by_attr = name == "selectattr" || name == "rejectattr", keep_if = name == "select" || name == "selectattr";
-    Args rest;
-    for (size_t k = by_attr ? 2 : 1; k < a.pos.size(); ++k) rest.pos.push_back(a.pos[k]);
-    const std::string test_name = a.pos.size() > (by_attr ? 1u : 0u) ? to_str(a.pos[by_attr ? 1 : 0]) : "";
-    if (!test_name.empty() && !known_test(test_name)) fail(line, fmt::format("the test '{}' is not one tinygpt's template reader knows", test_name));
-    std::vector<Value> out;
-    for (const Value& x : items) {
-      Value subject = x;
-      if (by_attr) {
-        if (a.pos.empty()) fail(line, fmt::format("{}() needs an attribute", name));
-        subject = x.kind == Kind::Dict && x.dict->find(to_str(a.pos[0])) ? *x.dict->find(to_str(a.pos[0])) : undefined(to_str(a.pos[0]));
-      }
-      const bool r = test_name.empty() ? truthy(subject) : test(test_name, subject, rest, line);
-      if (r == keep_if) out.push_back(x);
-    }
-    return Value::new_list(std::move(out));
+    return select(name, items, a, line);  // select, reject, selectattr, rejectattr
   }
 
   std::vector<std::unordered_map<std::string, Value>> scopes_;

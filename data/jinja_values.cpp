@@ -20,15 +20,24 @@ namespace {
 
 const char* type_name(const Value& v) {
   switch (v.kind) {
-    case Kind::Undefined: return "undefined";
-    case Kind::None: return "NoneType";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int";
-    case Kind::Float: return "float";
-    case Kind::String: return "str";
-    case Kind::List: return "list";
-    case Kind::Dict: return "dict";
-    case Kind::Function: return "function";
+    case Kind::Undefined:
+      return "undefined";
+    case Kind::None:
+      return "NoneType";
+    case Kind::Bool:
+      return "bool";
+    case Kind::Int:
+      return "int";
+    case Kind::Float:
+      return "float";
+    case Kind::String:
+      return "str";
+    case Kind::List:
+      return "list";
+    case Kind::Dict:
+      return "dict";
+    case Kind::Function:
+      return "function";
   }
   return "?";
 }
@@ -41,15 +50,20 @@ Value undefined(std::string name) {
 
 Value from_json(const ordered_json& j) {
   switch (j.type()) {
-    case ordered_json::value_t::null: return Value::none();
-    case ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case ordered_json::value_t::null:
+      return Value::none();
+    case ordered_json::value_t::boolean:
+      return Value::boolean(j.get<bool>());
+    case ordered_json::value_t::number_integer:
+      return Value::integer(j.get<int64_t>());
     case ordered_json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
       return u > uint64_t(INT64_MAX) ? Value::real(double(u)) : Value::integer(int64_t(u));
     }
-    case ordered_json::value_t::number_float: return Value::real(j.get<double>());
-    case ordered_json::value_t::string: return Value::string(j.get<std::string>());
+    case ordered_json::value_t::number_float:
+      return Value::real(j.get<double>());
+    case ordered_json::value_t::string:
+      return Value::string(j.get<std::string>());
     case ordered_json::value_t::array: {
       std::vector<Value> items;
       for (const auto& x : j) items.push_back(from_json(x));
@@ -60,20 +74,30 @@ Value from_json(const ordered_json& j) {
       for (const auto& [k, x] : j.items()) d.dict->set(k, from_json(x));
       return d;
     }
-    default: return Value::none();
+    default:
+      return Value::none();
   }
 }
 
 bool truthy(const Value& v) {
   switch (v.kind) {
-    case Kind::Undefined: case Kind::None: return false;
-    case Kind::Bool: return v.b;
-    case Kind::Int: return v.i != 0;
-    case Kind::Float: return v.f != 0;
-    case Kind::String: return !v.s.empty();
-    case Kind::List: return !v.list->items.empty();
-    case Kind::Dict: return !v.dict->items.empty();
-    case Kind::Function: return true;
+    case Kind::Undefined:
+    case Kind::None:
+      return false;
+    case Kind::Bool:
+      return v.b;
+    case Kind::Int:
+      return v.i != 0;
+    case Kind::Float:
+      return v.f != 0;
+    case Kind::String:
+      return !v.s.empty();
+    case Kind::List:
+      return !v.list->items.empty();
+    case Kind::Dict:
+      return !v.dict->items.empty();
+    case Kind::Function:
+      return true;
   }
   return false;
 }
@@ -91,13 +115,20 @@ std::string string_repr(const std::string& s) {
   const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
   std::string out(1, q);
   for (const unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == q) out += '\\', out += char(c);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-    else out += char(c);
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == q)
+      out += '\\', out += char(c);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += char(c);
   }
   return out + q;
 }
@@ -107,12 +138,18 @@ std::string repr(const Value& v);
 /// Python's str().
 std::string to_str(const Value& v) {
   switch (v.kind) {
-    case Kind::Undefined: return "";
-    case Kind::None: return "None";
-    case Kind::Bool: return v.b ? "True" : "False";
-    case Kind::Int: return std::to_string(v.i);
-    case Kind::Float: return float_repr(v.f);
-    case Kind::String: return v.s;
+    case Kind::Undefined:
+      return "";
+    case Kind::None:
+      return "None";
+    case Kind::Bool:
+      return v.b ? "True" : "False";
+    case Kind::Int:
+      return std::to_string(v.i);
+    case Kind::Float:
+      return float_repr(v.f);
+    case Kind::String:
+      return v.s;
     case Kind::List: {
       std::string s = "[";
       for (size_t k = 0; k < v.list->items.size(); ++k) s += (k ? ", " : "") + repr(v.list->items[k]);
@@ -122,31 +159,48 @@ std::string to_str(const Value& v) {
       if (v.dict->is_namespace) return "<Namespace>";
       std::string s = "{";
       bool first = true;
-      for (const auto& [k, x] : v.dict->items) s += (first ? "" : ", ") + string_repr(k) + ": " + repr(x), first = false;
+      for (const auto& [k, x] : v.dict->items)
+        s += (first ? "" : ", ") + string_repr(k) + ": " + repr(x), first = false;
       return s + "}";
     }
-    case Kind::Function: return "<function " + v.s + ">";
+    case Kind::Function:
+      return "<function " + v.s + ">";
   }
   return "";
 }
 
 std::string repr(const Value& v) { return v.kind == Kind::String ? string_repr(v.s) : to_str(v); }
 
-
 void json_string(const std::string& s, std::string& out) {
   out += '"';
   for (const unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
-        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-        else out += char(c);
+        if (c < 0x20)
+          out += fmt::format("\\u{:04x}", c);
+        else
+          out += char(c);
     }
   }
   out += '"';
@@ -157,15 +211,26 @@ void to_json(const Value& v, const JsonStyle& st, int64_t level, std::string& ou
     if (st.indent >= 0) out += '\n' + std::string(size_t(st.indent * l), ' ');
   };
   switch (v.kind) {
-    case Kind::None: out += "null"; return;
-    case Kind::Bool: out += v.b ? "true" : "false"; return;
-    case Kind::Int: out += std::to_string(v.i); return;
+    case Kind::None:
+      out += "null";
+      return;
+    case Kind::Bool:
+      out += v.b ? "true" : "false";
+      return;
+    case Kind::Int:
+      out += std::to_string(v.i);
+      return;
     case Kind::Float:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : float_repr(v.f);
       return;
-    case Kind::String: json_string(v.s, out); return;
+    case Kind::String:
+      json_string(v.s, out);
+      return;
     case Kind::List: {
-      if (v.list->items.empty()) { out += "[]"; return; }
+      if (v.list->items.empty()) {
+        out += "[]";
+        return;
+      }
       out += '[';
       for (size_t k = 0; k < v.list->items.size(); ++k) {
         if (k) out += st.item_sep;
@@ -177,10 +242,14 @@ void to_json(const Value& v, const JsonStyle& st, int64_t level, std::string& ou
       return;
     }
     case Kind::Dict: {
-      if (v.dict->items.empty()) { out += "{}"; return; }
+      if (v.dict->items.empty()) {
+        out += "{}";
+        return;
+      }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.dict->items) items.push_back(&kv);
-      if (st.sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      if (st.sort_keys)
+        std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
       out += '{';
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += st.item_sep;
@@ -193,7 +262,8 @@ void to_json(const Value& v, const JsonStyle& st, int64_t level, std::string& ou
       out += '}';
       return;
     }
-    default: fail(line, fmt::format("tojson: a value of type {} is not JSON serializable", type_name(v)));
+    default:
+      fail(line, fmt::format("tojson: a value of type {} is not JSON serializable", type_name(v)));
   }
 }
 
@@ -211,11 +281,35 @@ std::vector<std::string> characters(const std::string& s) {
 
 /// Python's str.isspace() for one UTF-8 character.
 bool py_space(const std::string& ch) {
-  static const char* const spaces[] = {" ", "\t", "\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x1f",
-                                       "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80", "\xe2\x80\x80", "\xe2\x80\x81",
-                                       "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86",
-                                       "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8",
-                                       "\xe2\x80\xa9", "\xe2\x80\xaf", "\xe2\x81\x9f", "\xe3\x80\x80"};
+  static const char* const spaces[] = {" ",
+                                       "\t",
+                                       "\n",
+                                       "\r",
+                                       "\v",
+                                       "\f",
+                                       "\x1c",
+                                       "\x1d",
+                                       "\x1e",
+                                       "\x1f",
+                                       "\xc2\x85",
+                                       "\xc2\xa0",
+                                       "\xe1\x9a\x80",
+                                       "\xe2\x80\x80",
+                                       "\xe2\x80\x81",
+                                       "\xe2\x80\x82",
+                                       "\xe2\x80\x83",
+                                       "\xe2\x80\x84",
+                                       "\xe2\x80\x85",
+                                       "\xe2\x80\x86",
+                                       "\xe2\x80\x87",
+                                       "\xe2\x80\x88",
+                                       "\xe2\x80\x89",
+                                       "\xe2\x80\x8a",
+                                       "\xe2\x80\xa8",
+                                       "\xe2\x80\xa9",
+                                       "\xe2\x80\xaf",
+                                       "\xe2\x81\x9f",
+                                       "\xe3\x80\x80"};
   for (const char* s : spaces) {
     if (ch == s) return true;
   }
@@ -240,7 +334,8 @@ std::string strip(const std::string& s, bool left, bool right, const Value* char
 }
 
 std::string ascii_case(std::string s, bool upper) {
-  for (char& c : s) c = char(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : s)
+    c = char(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
@@ -254,13 +349,18 @@ double number(const Value& v, int line, const char* op) {
 
 bool equal(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
-    if (a.kind != Kind::Float && b.kind != Kind::Float) return (a.kind == Kind::Bool ? a.b : a.i) == (b.kind == Kind::Bool ? b.b : b.i);
+    if (a.kind != Kind::Float && b.kind != Kind::Float)
+      return (a.kind == Kind::Bool ? a.b : a.i) == (b.kind == Kind::Bool ? b.b : b.i);
     return number(a, 0, "==") == number(b, 0, "==");
   }
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case Kind::Undefined: case Kind::None: return true;
-    case Kind::String: case Kind::Function: return a.s == b.s;
+    case Kind::Undefined:
+    case Kind::None:
+      return true;
+    case Kind::String:
+    case Kind::Function:
+      return a.s == b.s;
     case Kind::List:
       if (a.list->items.size() != b.list->items.size()) return false;
       for (size_t k = 0; k < a.list->items.size(); ++k) {
@@ -274,25 +374,33 @@ bool equal(const Value& a, const Value& b) {
         if (y == nullptr || !equal(x, *y)) return false;
       }
       return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 
 int64_t length(const Value& v, int line) {
   switch (v.kind) {
-    case Kind::Undefined: return 0;
-    case Kind::String: return int64_t(characters(v.s).size());
-    case Kind::List: return int64_t(v.list->items.size());
-    case Kind::Dict: return int64_t(v.dict->items.size());
-    default: fail(line, fmt::format("object of type '{}' has no len()", type_name(v)));
+    case Kind::Undefined:
+      return 0;
+    case Kind::String:
+      return int64_t(characters(v.s).size());
+    case Kind::List:
+      return int64_t(v.list->items.size());
+    case Kind::Dict:
+      return int64_t(v.dict->items.size());
+    default:
+      fail(line, fmt::format("object of type '{}' has no len()", type_name(v)));
   }
 }
 
 /// What `for` walks: a list's items, a dict's keys, a string's characters, nothing for undefined.
 std::vector<Value> iterate(const Value& v, int line) {
   switch (v.kind) {
-    case Kind::Undefined: return {};
-    case Kind::List: return v.list->items;
+    case Kind::Undefined:
+      return {};
+    case Kind::List:
+      return v.list->items;
     case Kind::Dict: {
       std::vector<Value> keys;
       for (const auto& kv : v.dict->items) keys.push_back(Value::string(kv.first));
@@ -303,7 +411,8 @@ std::vector<Value> iterate(const Value& v, int line) {
       for (auto& ch : characters(v.s)) out.push_back(Value::string(ch));
       return out;
     }
-    default: fail(line, fmt::format("'{}' object is not iterable", type_name(v)));
+    default:
+      fail(line, fmt::format("'{}' object is not iterable", type_name(v)));
   }
 }
 
@@ -313,10 +422,14 @@ bool contains(const Value& container, const Value& x, int line) {
       if (x.kind != Kind::String) fail(line, fmt::format("'in <string>' requires a string, not {}", type_name(x)));
       return container.s.find(x.s) != std::string::npos;
     case Kind::List:
-      return std::any_of(container.list->items.begin(), container.list->items.end(), [&](const Value& y) { return equal(x, y); });
-    case Kind::Dict: return x.kind == Kind::String && container.dict->find(x.s) != nullptr;
-    case Kind::Undefined: fail(line, fmt::format("'{}' is undefined", container.s));
-    default: fail(line, fmt::format("argument of type '{}' is not iterable", type_name(container)));
+      return std::any_of(container.list->items.begin(), container.list->items.end(),
+                         [&](const Value& y) { return equal(x, y); });
+    case Kind::Dict:
+      return x.kind == Kind::String && container.dict->find(x.s) != nullptr;
+    case Kind::Undefined:
+      fail(line, fmt::format("'{}' is undefined", container.s));
+    default:
+      fail(line, fmt::format("argument of type '{}' is not iterable", type_name(container)));
   }
 }
 

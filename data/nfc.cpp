@@ -19,9 +19,8 @@ constexpr char32_t kRawByte = 0x110000;
 uint8_t combining_class(char32_t c) {
   if (c < 0x300 || c >= kRawByte) return 0;
   const auto& t = unicode::kCombiningClasses;
-  const auto* it = std::upper_bound(std::begin(t), std::end(t), c, [](char32_t x, const unicode::ClassRange& r) {
-    return x < r.first;
-  });
+  const auto* it = std::upper_bound(std::begin(t), std::end(t), c,
+                                    [](char32_t x, const unicode::ClassRange& r) { return x < r.first; });
   if (it == std::begin(t)) return 0;
   --it;
   return c <= it->last ? it->ccc : 0;
@@ -31,9 +30,8 @@ uint8_t combining_class(char32_t c) {
 const unicode::Decomposition* decomposition_of(char32_t c) {
   if (c < 0xC0 || c >= kRawByte) return nullptr;
   const auto& t = unicode::kDecompositions;
-  const auto* it = std::lower_bound(std::begin(t), std::end(t), c, [](const unicode::Decomposition& d, char32_t x) {
-    return d.cp < x;
-  });
+  const auto* it = std::lower_bound(std::begin(t), std::end(t), c,
+                                    [](const unicode::Decomposition& d, char32_t x) { return d.cp < x; });
   return it != std::end(t) && it->cp == c ? it : nullptr;
 }
 
@@ -108,7 +106,7 @@ bool inert(char32_t c) {
       b[x.second] = true;
       composite[x.cp] = true;
     }
-    for (char32_t c = kVBase; c < kVBase + kVCount; ++c) b[c] = true;       // Hangul vowels follow a leading consonant
+    for (char32_t c = kVBase; c < kVBase + kVCount; ++c) b[c] = true;      // Hangul vowels follow a leading consonant
     for (char32_t c = kTBase + 1; c < kTBase + kTCount; ++c) b[c] = true;  // and trailing ones a syllable
     // A composite whose decomposition starts with a mark or a second composes with what precedes it (U+16124 is
     // U+16129 U+1611F, and U+1611E U+16129 compose); one that is not a primary composite NFC never keeps.

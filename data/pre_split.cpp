@@ -28,8 +28,8 @@ bool in_ranges(const unicode::CodeRange (&ranges)[N], char32_t c) {
 
 /// Unicode's White_Space property (what \s matches in the regex engines of `tokenizers` and tiktoken).
 bool is_space(char32_t c) {
-  return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+  return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
 Class classify(char32_t c) {

@@ -35,7 +35,8 @@ size_t gpt2_piece_length(std::string_view text, size_t pos);
 /// The same for Llama 3's pattern (max_digits 3) and Qwen2's (max_digits 1).
 size_t llama3_piece_length(std::string_view text, size_t pos, size_t max_digits);
 inline size_t piece_length(std::string_view text, size_t pos, PreSplit split) {
-  return split == PreSplit::Gpt2 ? gpt2_piece_length(text, pos) : llama3_piece_length(text, pos, split == PreSplit::Llama3 ? 3 : 1);
+  return split == PreSplit::Gpt2 ? gpt2_piece_length(text, pos)
+                                 : llama3_piece_length(text, pos, split == PreSplit::Llama3 ? 3 : 1);
 }
 
 /// Where the next number character (\p{N}) at or after byte `pos` starts, or text.size(); and the byte length of the
@@ -90,7 +91,8 @@ class PieceCounts {
 
 /// Where a byte-string can be cut into independent parts for counting or encoding in parallel: the offsets just
 /// after a '\n' between two printable ASCII characters (a lone newline is a piece of its own whatever follows it, so
-/// the parts split into the same pieces as the whole), about `target` bytes apart. Returns the cut points, the first 0 and the last text.size().
+/// the parts split into the same pieces as the whole), about `target` bytes apart. Returns the cut points, the first 0
+/// and the last text.size().
 std::vector<size_t> cut_points(std::string_view text, size_t target);
 
 }  // namespace tinygpt::data

@@ -11,12 +11,12 @@
 // a token (read(), not the map: the resident set does not grow); the map pages them in only as batches touch them.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <unordered_map>
 
@@ -49,7 +49,7 @@ struct Identity {
 };
 
 Identity identity(const fs::path& p) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(p.c_str(), &st) != 0) throw Error(fmt::format("cannot stat '{}': {}", p.string(), std::strerror(errno)));
   return {fs::absolute(p).lexically_normal().string(), int64_t(st.st_size),
           int64_t(st.st_mtim.tv_sec) * 1000000000 + int64_t(st.st_mtim.tv_nsec)};
@@ -115,8 +115,8 @@ std::optional<Cache> read_cache(const fs::path& path) {
   const auto& h = c.header;
   const auto whole = [&](const char* key) { return h.contains(key) && h[key].is_number_unsigned(); };
   if (!h.is_object() || !whole("documents") || !whole("count") || !whole("train_count") || !whole("id_bytes") ||
-      !whole("paths_bytes") || !whole("train_bytes") || !whole("val_bytes") ||
-      !h.contains("tokenizer") || !h.contains("held_out")) {
+      !whole("paths_bytes") || !whole("train_bytes") || !whole("val_bytes") || !h.contains("tokenizer") ||
+      !h.contains("held_out")) {
     return std::nullopt;
   }
   c.documents = h["documents"].get<size_t>();
@@ -157,10 +157,9 @@ void write_ids(Writer& out, const std::vector<uint32_t>& ids, size_t w, std::vec
 /// The documents' ids in list order, each to `train_out` or `val_out` as it is held out: an unchanged one's copied from
 /// the old cache (old_index names its record), the others encoded on every thread a batch of files at a time. Fills
 /// each record's count and bytes.
-void write_documents(std::vector<Record>& records, const FileList& files,
-                         const std::vector<bool>& held_out, const Tokenizer& tok,
-                         const std::vector<uint32_t>& separator, const Cache* old,
-                         const std::vector<int64_t>& old_index, Writer& train_out, Writer& val_out, bool quiet) {
+void write_documents(std::vector<Record>& records, const FileList& files, const std::vector<bool>& held_out,
+                     const Tokenizer& tok, const std::vector<uint32_t>& separator, const Cache* old,
+                     const std::vector<int64_t>& old_index, Writer& train_out, Writer& val_out, bool quiet) {
   const size_t n = files.size(), w = id_bytes_of(tok);
   const std::vector<uint32_t> bytes_of = source_bytes_of(tok), prefix = tok.document_prefix();
   size_t copied = 0;  // the unchanged documents before this one are written
@@ -265,11 +264,62 @@ std::vector<int64_t> unchanged_in(const Cache& old, const std::vector<Record>& r
   return old_index;
 }
 
+/// Where each document's ids go (Record::offset): the train documents' first, in order, then the held-out ones.
+struct Placement {
+  uint64_t train_count = 0, total = 0, train_bytes = 0, val_bytes = 0;
+};
+
+Placement place_documents(std::vector<Record>& records, const std::vector<bool>& held_out) {
+  Placement p;
+  for (size_t i = 0; i < records.size(); ++i) p.train_count += held_out[i] ? 0 : records[i].count;
+  uint64_t at_train = 0, at_val = p.train_count;
+  for (size_t i = 0; i < records.size(); ++i) {
+    Record& r = records[i];
+    uint64_t& at = held_out[i] ? at_val : at_train;
+    r.offset = at;
+    at += r.count;
+    (held_out[i] ? p.val_bytes : p.train_bytes) += r.bytes;
+    p.total += r.count;
+  }
+  return p;
+}
+
+/// The header (its length, then the JSON padded to its room), then the magic: a file cut short before it is no cache.
+void write_header(Writer& out, std::string header) {
+  if (header.size() > kHeaderBytes) throw Error("the token cache's header does not fit its room (a bug)");
+  const uint64_t len = header.size();
+  header.resize(kHeaderBytes, ' ');
+  out.write_at(8, &len, 8);
+  out.write_at(16, header.data(), header.size());
+  out.write_at(0, kMagic, 8);  // last: a file cut short before here is no cache
+}
+
+/// The cache at `path` if it was written under this tokenizer (its fingerprint and id width) and holds no id past its
+/// vocabulary; else none (another tokenizer's, or damaged: the embedding lookup trusts the ids).
+std::optional<Cache> cache_under(const fs::path& path, const std::string& print, size_t w, const Tokenizer& tok) {
+  std::optional<Cache> c = read_cache(path);
+  if (c && (c->header["tokenizer"] != print || c->id_bytes != w ||
+            (c->count > 0 && largest_id(path, c->ids_at, c->count, w) >= uint64_t(tok.vocab_size())))) {
+    c.reset();
+  }
+  return c;
+}
+
+/// A record per file (its size, time and where its path ends in `paths`, to which it is appended); ids to come.
+std::vector<Record> records_of(const FileList& files, std::string& paths) {
+  std::vector<Record> records(files.size(), Record{});
+  for (size_t i = 0; i < files.size(); ++i) {
+    const Identity id = identity(files[i]);
+    paths += id.source;
+    records[i] = {0, 0, id.size, id.mtime_ns, paths.size(), 0};
+  }
+  return records;
+}
+
 }  // namespace
 
-DocumentCorpus load_documents(const FileList& files, const Tokenizer& tok,
-                              const std::vector<uint32_t>& separator, double train_fraction, const fs::path& cache_path,
-                              bool quiet) {
+DocumentCorpus load_documents(const FileList& files, const Tokenizer& tok, const std::vector<uint32_t>& separator,
+                              double train_fraction, const fs::path& cache_path, bool quiet) {
   if (!(train_fraction > 0 && train_fraction < 1)) {
     throw Error(fmt::format("the train fraction must be in (0, 1), got {}", train_fraction));
   }
@@ -278,25 +328,17 @@ DocumentCorpus load_documents(const FileList& files, const Tokenizer& tok,
   const int64_t held_out_count = std::count(held_out.begin(), held_out.end(), true);
   const bool by_documents = held_out_count > 0;
   const std::string print = fingerprint(tok, separator);
-  std::vector<Record> records(n, Record{});
   std::string paths;  // every document's absolute path, one after another
-  for (size_t i = 0; i < n; ++i) {
-    const Identity id = identity(files[i]);
-    paths += id.source;
-    records[i] = {0, 0, id.size, id.mtime_ns, paths.size(), 0};
-  }
+  std::vector<Record> records = records_of(files, paths);
 
   // An old cache under this tokenizer: used whole when no document changed, else its unchanged documents' ids copied.
-  std::optional<Cache> old = read_cache(cache_path);
-  if (old && (old->header["tokenizer"] != print || old->id_bytes != w ||
-              (old->count > 0 && largest_id(cache_path, old->ids_at, old->count, w) >= uint64_t(tok.vocab_size())))) {
-    old.reset();  // another tokenizer's, or damaged (the embedding lookup trusts the ids): encoded again
-  }
+  std::optional<Cache> old = cache_under(cache_path, print, w, tok);
   std::vector<int64_t> old_index(n, -1);
   if (old) {
     old_index = unchanged_in(*old, records, paths);
     const auto& h = old->header;
-    bool same = h["held_out"] == by_documents && old->documents == n && h.value("train_fraction", -1.0) == train_fraction;
+    bool same =
+        h["held_out"] == by_documents && old->documents == n && h.value("train_fraction", -1.0) == train_fraction;
     for (size_t i = 0; same && i < n; ++i) same = old_index[i] == int64_t(i);
     if (same) return corpus_of(std::move(*old), 0);
   }
@@ -321,17 +363,7 @@ DocumentCorpus load_documents(const FileList& files, const Tokenizer& tok,
     out.append(val, 0, val.bytes().size());
   }
 
-  uint64_t train_count = 0, total = 0, train_bytes = 0, val_bytes = 0;
-  for (size_t i = 0; i < n; ++i) train_count += held_out[i] ? 0 : records[i].count;
-  uint64_t at_train = 0, at_val = train_count;
-  for (size_t i = 0; i < n; ++i) {
-    Record& r = records[i];
-    uint64_t& at = held_out[i] ? at_val : at_train;
-    r.offset = at;
-    at += r.count;
-    (held_out[i] ? val_bytes : train_bytes) += r.bytes;
-    total += r.count;
-  }
+  auto [train_count, total, train_bytes, val_bytes] = place_documents(records, held_out);
   out.write_at(records_at, records.data(), n * sizeof(Record));
   std::vector<Record>().swap(records);
   if (!by_documents) {  // too few documents to hold whole ones out: the last fraction of the ids validates
@@ -340,23 +372,25 @@ DocumentCorpus load_documents(const FileList& files, const Tokenizer& tok,
     val_bytes = bytes_of_ids(out_tmp.path, ids_at, w, train_count, total, tok);
     train_bytes -= val_bytes;
   }
-  std::string header = nlohmann::json({{"tokenizer", print}, {"held_out", by_documents},
-                                       {"held_out_documents", held_out_count}, {"train_fraction", train_fraction},
-                                       {"documents", n}, {"count", total}, {"train_count", train_count},
-                                       {"id_bytes", w}, {"paths_bytes", paths.size()},
-                                       {"train_bytes", train_bytes}, {"val_bytes", val_bytes}})
-                           .dump();
-  if (header.size() > kHeaderBytes) throw Error("the token cache's header does not fit its room (a bug)");
-  const uint64_t len = header.size();
-  header.resize(kHeaderBytes, ' ');
-  out.write_at(8, &len, 8);
-  out.write_at(16, header.data(), header.size());
-  out.write_at(0, kMagic, 8);  // last: a file cut short before here is no cache
+  const std::string header = nlohmann::json({{"tokenizer", print},
+                                             {"held_out", by_documents},
+                                             {"held_out_documents", held_out_count},
+                                             {"train_fraction", train_fraction},
+                                             {"documents", n},
+                                             {"count", total},
+                                             {"train_count", train_count},
+                                             {"id_bytes", w},
+                                             {"paths_bytes", paths.size()},
+                                             {"train_bytes", train_bytes},
+                                             {"val_bytes", val_bytes}})
+                                 .dump();
+  write_header(out, header);
   out.close();
 
   std::error_code ec;
   fs::rename(out_tmp.path, cache_path, ec);
-  if (ec) throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
+  if (ec)
+    throw Error(fmt::format("cannot move the token cache into place at '{}': {}", cache_path.string(), ec.message()));
   out_tmp.keep = true;
   std::optional<Cache> fresh = read_cache(cache_path);
   if (!fresh) throw Error(fmt::format("the token cache '{}' could not be read back", cache_path.string()));

@@ -9,8 +9,8 @@ namespace tinygpt::data {
 Tokenizer::Tokenizer(BpeTokenizer bpe, TokenizerConfig config) : config_(std::move(config)) {
   for (const std::string* token : {&config_.bos_token, &config_.eos_token}) {
     if (!token->empty() && bpe.added_id(*token) < 0) {
-      throw Error(fmt::format("the tokenizer's {} token {} is not one of its added tokens", token == &config_.bos_token ? "bos" : "eos",
-                              *token));
+      throw Error(fmt::format("the tokenizer's {} token {} is not one of its added tokens",
+                              token == &config_.bos_token ? "bos" : "eos", *token));
     }
   }
   if (!config_.eos_token.empty()) bpe.set_end_of_text(bpe.added_id(config_.eos_token));
@@ -32,9 +32,10 @@ void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out, const 
     for_each_code_point(text, [&](char32_t c) {
       const int32_t id = chars_.id(c);
       if (id < 0) {
-        throw Error(fmt::format("{}: character '{}' (U+{:04X}) at byte offset {} is not in the model's vocabulary of {} "
-                                "characters (a model trained with --tokenizer bpe takes any text)",
-                                what, encode_utf8(std::u32string(1, c)), uint32_t(c), offset, chars_.size()));
+        throw Error(
+            fmt::format("{}: character '{}' (U+{:04X}) at byte offset {} is not in the model's vocabulary of {} "
+                        "characters (a model trained with --tokenizer bpe takes any text)",
+                        what, encode_utf8(std::u32string(1, c)), uint32_t(c), offset, chars_.size()));
       }
       out.push_back(uint32_t(id));
       offset += c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;

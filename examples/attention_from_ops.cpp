@@ -2,14 +2,14 @@
 // against the library's nn::MultiHeadAttention holding the same weights: the outputs and the gradients of the
 // input and of every weight must agree. Each stage prints its shape, and TINYGPT_TRACE_SHAPES=1 makes the
 // library's layer print its own stages too.
+#include <tinygpt/autograd/ops.h>
+#include <tinygpt/nn/attention.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <vector>
-
-#include <tinygpt/autograd/ops.h>
-#include <tinygpt/nn/attention.h>
 
 using namespace tinygpt;
 
@@ -24,8 +24,8 @@ Tensor traced(const char* stage, Tensor t) {
 Tensor attention_from_ops(const Tensor& x, const Tensor& w_qkv, const Tensor& b_qkv, const Tensor& w_proj,
                           const Tensor& b_proj, int64_t NH) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), E = C / NH;
-  const Tensor qkv = traced("qkv = x W^T + b", linear(x, w_qkv, b_qkv));                      // (B, T, 3C)
-  auto heads = [&](int64_t which) {                                                          // -> (B, NH, T, E)
+  const Tensor qkv = traced("qkv = x W^T + b", linear(x, w_qkv, b_qkv));  // (B, T, 3C)
+  auto heads = [&](int64_t which) {                                       // -> (B, NH, T, E)
     return transpose(reshape(narrow(qkv, 2, which * C, C), {B, T, NH, E}), 1, 2);
   };
   const Tensor q = traced("q", heads(0)), k = traced("k", heads(1)), v = traced("v", heads(2));
@@ -33,10 +33,10 @@ Tensor attention_from_ops(const Tensor& x, const Tensor& w_qkv, const Tensor& b_
   std::vector<float> causal(size_t(T * T), 0.0f);  // -inf above the diagonal: a query never sees the future
   for (int64_t i = 0; i < T; ++i)
     for (int64_t j = i + 1; j < T; ++j) causal[size_t(i * T + j)] = -std::numeric_limits<float>::infinity();
-  scores = scores + from_vector(causal, {T, T});                                             // broadcast
-  const Tensor weights = traced("softmax over keys", softmax(scores));                       // (B, NH, T, T)
-  const Tensor y = traced("weights @ v", matmul(weights, v));                                // (B, NH, T, E)
-  const Tensor merged = traced("heads merged", reshape(transpose(y, 1, 2), {B, T, C}));       // (B, T, C)
+  scores = scores + from_vector(causal, {T, T});                                         // broadcast
+  const Tensor weights = traced("softmax over keys", softmax(scores));                   // (B, NH, T, T)
+  const Tensor y = traced("weights @ v", matmul(weights, v));                            // (B, NH, T, E)
+  const Tensor merged = traced("heads merged", reshape(transpose(y, 1, 2), {B, T, C}));  // (B, T, C)
   return traced("output projection", linear(merged, w_proj, b_proj));
 }
 
@@ -56,7 +56,11 @@ int main() {
   nn::MultiHeadAttention layer({.embed_dim = C, .num_heads = NH}, gen);
 
   // The same weights as separate leaves of our own graph.
-  auto leaf = [](const Tensor& t) { Tensor c = t.clone(); c.requires_grad_(); return c; };
+  auto leaf = [](const Tensor& t) {
+    Tensor c = t.clone();
+    c.requires_grad_();
+    return c;
+  };
   Tensor w_qkv = leaf(layer.c_attn->weight), b_qkv = leaf(layer.c_attn->bias);
   Tensor w_proj = leaf(layer.c_proj.weight), b_proj = leaf(layer.c_proj.bias);
   Tensor x1 = randn({B, T, C}, gen);
@@ -71,7 +75,10 @@ int main() {
   sum(ours * r).backward();
   sum(theirs * r).backward();
 
-  struct Check { const char* what; double diff; };
+  struct Check {
+    const char* what;
+    double diff;
+  };
   const Check checks[] = {
       {"output", max_abs_diff(ours, theirs)},
       {"d input", max_abs_diff(x1.grad(), x2.grad())},

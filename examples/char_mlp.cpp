@@ -1,17 +1,16 @@
 // A model that is not a GPT, trained on tinygpt's autograd, AdamW and data loader: Bengio et al.'s (2003)
 // character-level MLP. The previous K characters are embedded, concatenated, passed through one tanh layer,
 // and the next character is predicted. Usage: char_mlp TEXT_FILE [STEPS]
+#include <tinygpt/data/corpus.h>
+#include <tinygpt/nn/layers.h>
+#include <tinygpt/train/adamw.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
-
-#include <tinygpt/data/corpus.h>
-#include <tinygpt/nn/layers.h>
-#include <tinygpt/train/adamw.h>
 
 using namespace tinygpt;
 
@@ -25,7 +24,7 @@ struct CharMLP : nn::Module {
     register_module("hidden", hidden);
     register_module("out", out);
   }
-  Tensor forward(const Tensor& context) const {  // (B, K) i32 -> (B, V) logits
+  Tensor forward(const Tensor& context) const {                             // (B, K) i32 -> (B, V) logits
     const Tensor e = reshape(emb.forward(context), {context.size(0), -1});  // (B, K * 24)
     return out.forward(tanh(hidden.forward(e)));
   }

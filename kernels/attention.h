@@ -31,22 +31,22 @@ namespace tinygpt {
 
 struct AttentionGeom {
   int64_t B, NH, NKV, T, S, E, Ev;
-  int64_t q_stride[3];  // b, h, t
-  int64_t k_stride[3];  // b, kv head, s
-  int64_t v_stride[3];  // b, kv head, s
-  int64_t o_stride[3];  // b, h, t
+  int64_t q_stride[3];     // b, h, t
+  int64_t k_stride[3];     // b, kv head, s
+  int64_t v_stride[3];     // b, kv head, s
+  int64_t o_stride[3];     // b, h, t
   int64_t mask_stride[4];  // b, h, t, s; used only when a mask is given
   double scale;            // usually 1 / sqrt(E)
   bool causal;
   float dropout_p;
-  DropoutSeed dropout_seed;  // read where the kernels run (value()): see kernels/dropout_hash.h
+  DropoutSeed dropout_seed;                 // read where the kernels run (value()): see kernels/dropout_hash.h
   AttentionMath math = AttentionMath::F32;  // the flash kernels' operand format (the CPU has F32 and BF16; TF32 as F32)
   // Flash backward only: dq, dk and dv hold anything (NaN included) and are written (=), not added to; the GPU
-  // and CPU kernels store each row once (the CPU zeroes the rows no task visits). For the views of a fused qkv gradient that no op has
-  // written yet (Node::unwritten_disjoint): no memset of it, and no read of those zeros.
+  // and CPU kernels store each row once (the CPU zeroes the rows no task visits). For the views of a fused qkv gradient
+  // that no op has written yet (Node::unwritten_disjoint): no memset of it, and no read of those zeros.
   bool grads_unwritten = false;
   FlashVariants flash = {};  // the GPU's bf16 flash kernels that wait for a measurement (kernels/numerics.h)
-  ScoreMods mods;  // relative positions, ALiBi, T5 bias, window, documents, soft-cap (kernels/score_mods.h)
+  ScoreMods mods;            // relative positions, ALiBi, T5 bias, window, documents, soft-cap (kernels/score_mods.h)
 };
 
 /// Whether the flash forward on bf16 storage (attention_flash_forward_bf16) takes a call: head dim 64 or 128 for q, k
@@ -56,8 +56,8 @@ inline bool flash_bf16_takes(const AttentionGeom& g, const void* q, const void* 
   const auto whole = [](const void* p, const int64_t* stride) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0 && stride[0] % 8 == 0 && stride[1] % 8 == 0 && stride[2] % 8 == 0;
   };
-  return (g.E == 64 || g.E == 128) && g.Ev == g.E && !g.mods.any() && whole(q, g.q_stride) &&
-         whole(k, g.k_stride) && whole(v, g.v_stride) && whole(out, g.o_stride);
+  return (g.E == 64 || g.E == 128) && g.Ev == g.E && !g.mods.any() && whole(q, g.q_stride) && whole(k, g.k_stride) &&
+         whole(v, g.v_stride) && whole(out, g.o_stride);
 }
 
 }  // namespace tinygpt

@@ -46,7 +46,7 @@ struct bf16 {
 
   bf16() = default;
   TINYGPT_HOST_DEVICE bf16(float x) : bits(bf16_bits_of(x)) {}  // NOLINT: implicit, rounds (c10::BFloat16 too)
-  TINYGPT_HOST_DEVICE bf16(double x) : bf16(float(x)) {}         // NOLINT: through float, as T(double) does
+  TINYGPT_HOST_DEVICE bf16(double x) : bf16(float(x)) {}        // NOLINT: through float, as T(double) does
   TINYGPT_HOST_DEVICE operator float() const { return float_of_bf16_bits(bits); }  // NOLINT: exact
 
   TINYGPT_HOST_DEVICE static bf16 from_bits(uint16_t b) {

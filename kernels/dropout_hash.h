@@ -57,7 +57,9 @@ TINYGPT_HOST_DEVICE inline uint32_t dropout_key(uint64_t seed, uint64_t hi) {
 }
 
 /// The 24 random bits of an element, from its block's key and its low word.
-TINYGPT_HOST_DEVICE inline uint32_t dropout_bits(uint32_t key, uint32_t lo) { return mix32((lo * 0x9e3779b9u) ^ key) >> 8; }
+TINYGPT_HOST_DEVICE inline uint32_t dropout_bits(uint32_t key, uint32_t lo) {
+  return mix32((lo * 0x9e3779b9u) ^ key) >> 8;
+}
 
 /// Uniform in [0, 1) with 24 random bits, from a block's key and the element's low word.
 TINYGPT_HOST_DEVICE inline float dropout_uniform(uint32_t key, uint32_t lo) {
@@ -101,7 +103,8 @@ struct DropoutRow {
 
   DropoutRow() = default;
   TINYGPT_HOST_DEVICE DropoutRow(uint64_t seed, int64_t i0)
-      : lo0(uint32_t(uint64_t(i0))), key0(dropout_key(seed, uint64_t(i0) >> 32)),
+      : lo0(uint32_t(uint64_t(i0))),
+        key0(dropout_key(seed, uint64_t(i0) >> 32)),
         key1(dropout_key(seed, (uint64_t(i0) >> 32) + 1)) {}
 
   /// dropout_keep(seed, i0 + j, p).

@@ -28,10 +28,12 @@ inline constexpr Switch kSwitches[] = {
      "agree up to the order of f32 sums"},
     {"TINYGPT_CACHE_DIR", "a directory | off",
      "where train keeps the CPU's measured clock and unit rates (cpu-rates.txt), so every run on a machine states "
-     "the same peak (a clock read 2% faster at start-up replaces the cached one) (default: $XDG_CACHE_HOME/tinygpt, else ~/.cache/tinygpt; off: measured by every run, nothing "
+     "the same peak (a clock read 2% faster at start-up replaces the cached one) (default: $XDG_CACHE_HOME/tinygpt, "
+     "else ~/.cache/tinygpt; off: measured by every run, nothing "
      "written)"},
     {"TINYGPT_FLASH_ROWS", "128",
-     "the GPU's flash forward on bf16 storage at head dim 64 takes blocks of 128 query rows (each of 4 warps two 16-row "
+     "the GPU's flash forward on bf16 storage at head dim 64 takes blocks of 128 query rows (each of 4 warps two "
+     "16-row "
      "tiles, so every K and V fragment read from shared memory serves both) instead of 64; not the default until "
      "measured faster on a GPU (scripts/gpu_check.sh times both)"},
     {"TINYGPT_FLASH_Q", "smem",
@@ -81,10 +83,10 @@ inline std::string set_switches() {
 }  // namespace tinygpt::env
 
 /// The value of a listed switch (kernels/env.h), or nullptr when unset or empty; an unlisted name does not compile.
-#define TINYGPT_ENV(name)                                                                      \
-  ([] {                                                                                        \
-    static_assert(::tinygpt::env::listed(name), name " is not listed in kernels/env.h");       \
-    return ::tinygpt::env::value(name);                                                        \
+#define TINYGPT_ENV(name)                                                                \
+  ([] {                                                                                  \
+    static_assert(::tinygpt::env::listed(name), name " is not listed in kernels/env.h"); \
+    return ::tinygpt::env::value(name);                                                  \
   }())
 /// Whether a listed switch is set to exactly `want` (the variable read once).
 #define TINYGPT_ENV_IS(name, want)                              \

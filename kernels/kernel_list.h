@@ -65,22 +65,22 @@
 /// sum = a + b and out = layernorm(sum) in one pass over the rows (a residual add and the layer norm that reads it);
 /// mean and rstd as layernorm_forward's. With p > 0, b enters dropped out: element i of b as dropout_forward(b, p,
 /// seed) would make it (the same mask).
-#define TINYGPT_PARAMS_add_layernorm_forward(T)                                                                     \
+#define TINYGPT_PARAMS_add_layernorm_forward(T)                                                                        \
   (T * sum, T * out, compute_t<T> * mean, compute_t<T> * rstd, const T* a, const T* b, const T* weight, const T* bias, \
    int64_t N, int64_t C, compute_t<T> eps, float p, DropoutSeed seed)
 /// The GPU's dweight and dbias: per-block partial sums, added in a fixed order by a second kernel (deterministic).
-#define TINYGPT_PARAMS_layernorm_backward(T)                                                                  \
+#define TINYGPT_PARAMS_layernorm_backward(T)                                                                 \
   (T * dinp, T * dweight, T * dbias, const T* dout, const T* inp, const T* weight, const compute_t<T>* mean, \
    const compute_t<T>* rstd, int64_t N, int64_t C, bool overwrite_dinp)
 /// RMSNorm (Llama's): out = inp * rstd * weight with rstd (N) = 1 / sqrt(mean(inp^2) + eps), saved for the backward
 /// pass (f32 for bf16 storage); no mean and no bias. The add_ form and the backward as the layer norm's.
 #define TINYGPT_PARAMS_rmsnorm_forward(T) \
   (T * out, compute_t<T> * rstd, const T* inp, const T* weight, int64_t N, int64_t C, compute_t<T> eps)
-#define TINYGPT_PARAMS_add_rmsnorm_forward(T)                                                                 \
-  (T * sum, T * out, compute_t<T> * rstd, const T* a, const T* b, const T* weight, int64_t N, int64_t C,      \
+#define TINYGPT_PARAMS_add_rmsnorm_forward(T)                                                            \
+  (T * sum, T * out, compute_t<T> * rstd, const T* a, const T* b, const T* weight, int64_t N, int64_t C, \
    compute_t<T> eps, float p, DropoutSeed seed)
-#define TINYGPT_PARAMS_rmsnorm_backward(T)                                                                    \
-  (T * dinp, T * dweight, const T* dout, const T* inp, const T* weight, const compute_t<T>* rstd, int64_t N,  \
+#define TINYGPT_PARAMS_rmsnorm_backward(T)                                                                   \
+  (T * dinp, T * dweight, const T* dout, const T* inp, const T* weight, const compute_t<T>* rstd, int64_t N, \
    int64_t C, bool overwrite_dinp)
 /// SwiGLU's gate: out (N, H) = silu(inp[:, :H]) * inp[:, H:] for inp (N, 2H), the gate and up projections side by
 /// side (one fused product); f32 arithmetic. Backward: dinp (N, 2H) += the gradients of both halves (= with
@@ -94,22 +94,22 @@
   (T * dweight, const T* dout, const int32_t* ids, const int32_t* host_ids, int64_t N, int64_t V, int64_t C)
 /// losses (N) = lse - logits[target]; lse (N) saved (both f32 for bf16 logits). Rows whose target is ignore_index get
 /// loss 0.
-#define TINYGPT_PARAMS_crossentropy_forward(T)                                                                    \
+#define TINYGPT_PARAMS_crossentropy_forward(T)                                                               \
   (compute_t<T> * losses, compute_t<T> * lse, const T* logits, const int32_t* targets, int64_t N, int64_t V, \
    int32_t ignore_index)
 /// dlogits += dloss * (softmax(logits) - onehot(target)) for every row that is not ignored, with dloss = *dloss_in *
 /// scale: the upstream gradient is read where it lies (device memory on the GPU: no host synchronisation). With
 /// `fused`, dlogits holds crossentropy_fused's gradient (the one for *dloss_in == 1): it is left as it is when
 /// *dloss_in is 1 (the kernel then reads nothing else) and overwritten (=) with the gradient for *dloss_in otherwise.
-#define TINYGPT_PARAMS_crossentropy_backward(T)                                                                     \
-  (T * dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse,            \
+#define TINYGPT_PARAMS_crossentropy_backward(T)                                                          \
+  (T * dlogits, const compute_t<T>* dloss, compute_t<T> scale, const T* logits, const compute_t<T>* lse, \
    const int32_t* targets, int64_t N, int64_t V, int32_t ignore_index, bool fused)
 /// The fused classifier (llm.c's): crossentropy_forward's losses and lse, and in the same pass over each row of
 /// logits the gradient for an upstream gradient of 1, written (=): dlogits = scale * (softmax(logits) -
 /// onehot(target)), zero rows where the target is ignored. The logits are read once for loss and gradient; training
 /// runs this, and crossentropy_backward(fused) keeps its gradient when the loss's gradient is 1.
-#define TINYGPT_PARAMS_crossentropy_fused(T)                                                                     \
-  (compute_t<T> * losses, compute_t<T> * lse, T * dlogits, const T* logits, const int32_t* targets,             \
+#define TINYGPT_PARAMS_crossentropy_fused(T)                                                        \
+  (compute_t<T> * losses, compute_t<T> * lse, T * dlogits, const T* logits, const int32_t* targets, \
    compute_t<T> scale, int64_t N, int64_t V, int32_t ignore_index)
 /// Keeps element i with probability 1-p (scaled by 1/(1-p)); the mask is a hash of (seed, i), so
 /// backward recomputes it instead of storing it, and any thread split gives the same mask.
@@ -121,8 +121,8 @@
 #define TINYGPT_PARAMS_permute(T) (T * out, const T* inp, const PermuteGeom& g, bool accumulate)
 /// dst[o, dst_start + j, i] (=|+=) src[o, src_start + j, i] for j < len. dst (outer, dst_D, inner), src (outer,
 /// src_D, inner)
-#define TINYGPT_PARAMS_copy_slice(T)                                                                               \
-  (T * dst, const T* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start, int64_t src_D,          \
+#define TINYGPT_PARAMS_copy_slice(T)                                                                     \
+  (T * dst, const T* src, int64_t outer, int64_t inner, int64_t dst_D, int64_t dst_start, int64_t src_D, \
    int64_t src_start, int64_t len, bool accumulate)
 
 // ---- products ----------------------------------------------------------------------------------------------------
@@ -130,10 +130,10 @@
 /// batch = max(batch_a, batch_b) and an operand with batch 1 is shared by every batch. math: MatmulMath::BF16 rounds
 /// the operands to bf16 (gemm's packing); TF32 is for the GPU's tensor cores, and the CPU computes it as F32. The GPU
 /// runs cuBLAS (strided batched).
-#define TINYGPT_PARAMS_matmul_forward(T)                                                                            \
+#define TINYGPT_PARAMS_matmul_forward(T)                                                                             \
   (T * out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, \
    bool trans_b, MatmulMath math)
-#define TINYGPT_PARAMS_matmul_backward(T)                                                                     \
+#define TINYGPT_PARAMS_matmul_backward(T)                                                                         \
   (T * da, T * db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, \
    int64_t N, bool trans_a, bool trans_b, MatmulMath math)
 /// A linear layer, out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC) with an optional activation, and its
@@ -149,7 +149,7 @@
 /// CUDA graph replays with each step's values): sched = {lr, c1, c2}, c1 and c2 adamw_correction(beta1|2, step) as
 /// floats; stats = {the loss, the gradient's sum of squares}. The gradient is clipped to max_norm (0: not clipped) by
 /// clip_scale of the sum as it is read; when the loss or the sum is not finite nothing is updated.
-#define TINYGPT_PARAMS_adamw_update(T)                                                                            \
+#define TINYGPT_PARAMS_adamw_update(T)                                                                               \
   (T * param, const T* grad, T* m, T* v, const AdamWRuns& runs, const float* sched, const T* stats, double max_norm, \
    float beta1, float beta2, float eps)
 /// Rotary embedding of x (B, L, NH, E) at positions pos0 .. pos0+L-1 (frequencies: kernels/rope_freqs.h): the first
@@ -163,24 +163,24 @@
 // `mask` is the additive mask (may be null), `key_padding` (B, S) nonzero ignores a key (may be null).
 /// The naive reference, which materializes the scores: out (B, NH, T, Ev) and lse (B, NH, T); weights (B, NH, T, S),
 /// contiguous, receives the softmax probabilities before dropout when not null.
-#define TINYGPT_PARAMS_attention_naive_forward(T)                                                             \
+#define TINYGPT_PARAMS_attention_naive_forward(T)                                                                \
   (T * out, T * weights, T * lse, const T* q, const T* k, const T* v, const T* mask, const uint8_t* key_padding, \
    const AttentionGeom& g)
 /// dq, dk, dv += gradients (any may be null; each uses the strides of its input, dout those of out).
-#define TINYGPT_PARAMS_attention_naive_backward(T)                                                            \
-  (T * dq, T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse,     \
+#define TINYGPT_PARAMS_attention_naive_backward(T)                                                        \
+  (T * dq, T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse, \
    const T* mask, const uint8_t* key_padding, const AttentionGeom& g)
 /// Flash attention (tiled, online softmax, no T x S buffer): saves only out (B, NH, T, Ev) and lse (B, NH, T). The
 /// GPU's runs head dims up to 128, f32 on CUDA cores or TF32/BF16 operands on tensor cores (g.math).
-#define TINYGPT_PARAMS_attention_flash_forward(T)                                                                \
-  (T * out, T * lse, const T* q, const T* k, const T* v, const T* mask, const uint8_t* key_padding,             \
+#define TINYGPT_PARAMS_attention_flash_forward(T)                                                   \
+  (T * out, T * lse, const T* q, const T* k, const T* v, const T* mask, const uint8_t* key_padding, \
    const AttentionGeom& g)
 /// FlashAttention-2 backward: recomputes P tile by tile from lse; dq, dk, dv += gradients (any may be null).
 /// Deterministic: every gradient element is summed by one thread (CPU) or one block (GPU) in a fixed order, so no
 /// gradient needs atomics. The GPU's: D = rowsum(dO * O) first, then one pass over key tiles for dK and dV and a
 /// separate pass over query tiles for dQ (P and dS computed twice).
-#define TINYGPT_PARAMS_attention_flash_backward(T)                                                            \
-  (T * dq, T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse,     \
+#define TINYGPT_PARAMS_attention_flash_backward(T)                                                        \
+  (T * dq, T * dk, T * dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const T* lse, \
    const T* mask, const uint8_t* key_padding, const AttentionGeom& g)
 /// Flash forward on bf16 storage: out (bf16, strides g.o_stride) and lse (f32) of bf16 q, k, v, without an additive
 /// mask, relative positions or T5 bias: the calls flash_bf16_takes accepts (kernels/attention.h). The CPU's is the
@@ -198,60 +198,62 @@
 /// kBf16; kPlain for a function without a storage type). gpu, the CUDA side's form: PLAIN, one function with the
 /// CPU's signature (no storage type); F32, one f32 function cuda::name; TEMPLATE, cuda::name<T> for each storage type
 /// in takes but f64.
-#define TINYGPT_KERNELS(X)                                  \
-  X(round_to_bf16, kPlain, PLAIN)                           \
-  X(widen_bf16, kPlain, PLAIN)                              \
-  X(accumulate_bf16, kPlain, PLAIN)                         \
-  X(fill, kFloats, F32)                                     \
-  X(axpy, kFloats | kBf16, TEMPLATE)                        \
-  X(axpby, kFloats, F32)                                    \
-  X(unary_forward, kFloats | kBf16, TEMPLATE)               \
-  X(unary_backward, kFloats | kBf16, TEMPLATE)              \
-  X(binary_forward, kFloats | kBf16, TEMPLATE)              \
-  X(binary_backward, kFloats | kBf16, TEMPLATE)             \
-  X(sum_forward, kFloats, F32)                              \
-  X(sum_backward, kFloats, F32)                             \
-  X(sum_squares, kFloats, F32)                              \
-  X(softmax_forward, kFloats, F32)                          \
-  X(softmax_backward, kFloats, F32)                         \
-  X(log_softmax_forward, kFloats, F32)                      \
-  X(log_softmax_backward, kFloats, F32)                     \
-  X(layernorm_forward, kFloats | kBf16, TEMPLATE)           \
-  X(add_layernorm_forward, kFloats | kBf16, TEMPLATE)       \
-  X(layernorm_backward, kFloats | kBf16, TEMPLATE)          \
-  X(rmsnorm_forward, kFloats | kBf16, TEMPLATE)             \
-  X(add_rmsnorm_forward, kFloats | kBf16, TEMPLATE)         \
-  X(rmsnorm_backward, kFloats | kBf16, TEMPLATE)            \
-  X(swiglu_forward, kFloats | kBf16, TEMPLATE)              \
-  X(swiglu_backward, kFloats | kBf16, TEMPLATE)             \
-  X(embedding_forward, kFloats | kBf16, TEMPLATE)           \
-  X(embedding_backward, kFloats | kBf16, TEMPLATE)          \
-  X(crossentropy_forward, kFloats | kBf16, TEMPLATE)        \
-  X(crossentropy_backward, kFloats | kBf16, TEMPLATE)       \
-  X(crossentropy_fused, kFloats | kBf16, TEMPLATE)          \
-  X(dropout_forward, kFloats | kBf16, TEMPLATE)             \
-  X(dropout_backward, kFloats | kBf16, TEMPLATE)            \
-  X(permute, kFloats | kBf16, TEMPLATE)                     \
-  X(copy_slice, kFloats | kBf16, TEMPLATE)                  \
-  X(matmul_forward, kFloats | kBf16, TEMPLATE)              \
-  X(matmul_backward, kFloats | kBf16, TEMPLATE)             \
-  X(linear_forward, kFloats | kBf16, TEMPLATE)              \
-  X(linear_backward, kFloats | kBf16, TEMPLATE)             \
-  X(adamw_update, kFloats, F32)                             \
-  X(rope_forward, kFloats, F32)                             \
-  X(rope_backward, kFloats, F32)                            \
-  X(attention_naive_forward, kFloats, F32)                  \
-  X(attention_naive_backward, kFloats, F32)                 \
-  X(attention_flash_forward, kFloats, F32)                  \
-  X(attention_flash_backward, kFloats, F32)                 \
-  X(attention_flash_forward_bf16, kPlain, PLAIN)            \
+#define TINYGPT_KERNELS(X)                            \
+  X(round_to_bf16, kPlain, PLAIN)                     \
+  X(widen_bf16, kPlain, PLAIN)                        \
+  X(accumulate_bf16, kPlain, PLAIN)                   \
+  X(fill, kFloats, F32)                               \
+  X(axpy, kFloats | kBf16, TEMPLATE)                  \
+  X(axpby, kFloats, F32)                              \
+  X(unary_forward, kFloats | kBf16, TEMPLATE)         \
+  X(unary_backward, kFloats | kBf16, TEMPLATE)        \
+  X(binary_forward, kFloats | kBf16, TEMPLATE)        \
+  X(binary_backward, kFloats | kBf16, TEMPLATE)       \
+  X(sum_forward, kFloats, F32)                        \
+  X(sum_backward, kFloats, F32)                       \
+  X(sum_squares, kFloats, F32)                        \
+  X(softmax_forward, kFloats, F32)                    \
+  X(softmax_backward, kFloats, F32)                   \
+  X(log_softmax_forward, kFloats, F32)                \
+  X(log_softmax_backward, kFloats, F32)               \
+  X(layernorm_forward, kFloats | kBf16, TEMPLATE)     \
+  X(add_layernorm_forward, kFloats | kBf16, TEMPLATE) \
+  X(layernorm_backward, kFloats | kBf16, TEMPLATE)    \
+  X(rmsnorm_forward, kFloats | kBf16, TEMPLATE)       \
+  X(add_rmsnorm_forward, kFloats | kBf16, TEMPLATE)   \
+  X(rmsnorm_backward, kFloats | kBf16, TEMPLATE)      \
+  X(swiglu_forward, kFloats | kBf16, TEMPLATE)        \
+  X(swiglu_backward, kFloats | kBf16, TEMPLATE)       \
+  X(embedding_forward, kFloats | kBf16, TEMPLATE)     \
+  X(embedding_backward, kFloats | kBf16, TEMPLATE)    \
+  X(crossentropy_forward, kFloats | kBf16, TEMPLATE)  \
+  X(crossentropy_backward, kFloats | kBf16, TEMPLATE) \
+  X(crossentropy_fused, kFloats | kBf16, TEMPLATE)    \
+  X(dropout_forward, kFloats | kBf16, TEMPLATE)       \
+  X(dropout_backward, kFloats | kBf16, TEMPLATE)      \
+  X(permute, kFloats | kBf16, TEMPLATE)               \
+  X(copy_slice, kFloats | kBf16, TEMPLATE)            \
+  X(matmul_forward, kFloats | kBf16, TEMPLATE)        \
+  X(matmul_backward, kFloats | kBf16, TEMPLATE)       \
+  X(linear_forward, kFloats | kBf16, TEMPLATE)        \
+  X(linear_backward, kFloats | kBf16, TEMPLATE)       \
+  X(adamw_update, kFloats, F32)                       \
+  X(rope_forward, kFloats, F32)                       \
+  X(rope_backward, kFloats, F32)                      \
+  X(attention_naive_forward, kFloats, F32)            \
+  X(attention_naive_backward, kFloats, F32)           \
+  X(attention_flash_forward, kFloats, F32)            \
+  X(attention_flash_backward, kFloats, F32)           \
+  X(attention_flash_forward_bf16, kPlain, PLAIN)      \
   X(attention_flash_backward_bf16, kPlain, PLAIN)
 
 /// Declarations in a namespace: TINYGPT_KERNELS(TINYGPT_DECLARE_CPU) in tinygpt::cpu, TINYGPT_DECLARE_CUDA in
 /// tinygpt::cuda. Each side's form: the CUDA side's is the list's; every CPU kernel with a storage type is a template.
 #define TINYGPT_DECLARE_PLAIN(name) void name TINYGPT_PARAMS_##name(void);
 #define TINYGPT_DECLARE_F32(name) void name TINYGPT_PARAMS_##name(float);
-#define TINYGPT_DECLARE_TEMPLATE(name) template <class T> void name TINYGPT_PARAMS_##name(T);
+#define TINYGPT_DECLARE_TEMPLATE(name) \
+  template <class T>                   \
+  void name TINYGPT_PARAMS_##name(T);
 #define TINYGPT_DECLARE_CUDA(name, takes, gpu) TINYGPT_DECLARE_##gpu(name)
 #define TINYGPT_DECLARE_CPU(name, takes, gpu) TINYGPT_DECLARE_CPU_##gpu(name)
 #define TINYGPT_DECLARE_CPU_PLAIN TINYGPT_DECLARE_PLAIN

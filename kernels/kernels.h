@@ -1,7 +1,7 @@
 // Raw compute, no autograd. Every kernel is a {cpu, cuda} pair of function pointers with one signature (checked
-// at compile time below); launch(kernel, device, args...) picks one. Conventions (llm.c style): outputs first, then inputs, then
-// sizes; gradients carry a `d` prefix and backward kernels accumulate (+=) into them, except where an `overwrite`
-// flag asks them to write (=) one (a gradient slot not yet written: autograd's Node::writes_unwritten).
+// at compile time below); launch(kernel, device, args...) picks one. Conventions (llm.c style): outputs first, then
+// inputs, then sizes; gradients carry a `d` prefix and backward kernels accumulate (+=) into them, except where an
+// `overwrite` flag asks them to write (=) one (a gradient slot not yet written: autograd's Node::writes_unwritten).
 //
 // The one legend of shape letters, for names and trailing comments across the project:
 //   B   batch size             T   sequence length (queries)    S   sequence length (keys and values)
@@ -21,8 +21,8 @@
 #include "base.h"
 #include "bf16.h"
 #include "cpu/cpu_kernels.h"
-#include "device.h"
 #include "cuda/cuda_kernels.h"
+#include "device.h"
 #include "profile.h"
 
 namespace tinygpt {
@@ -90,10 +90,14 @@ inline constexpr unsigned kFloats = kF32 | kF64;
 
 template <class T>
 constexpr unsigned storage_bit() {
-  if constexpr (std::is_same_v<T, float>) return kF32;
-  else if constexpr (std::is_same_v<T, double>) return kF64;
-  else if constexpr (std::is_same_v<T, bf16>) return kBf16;
-  else return 0;
+  if constexpr (std::is_same_v<T, float>)
+    return kF32;
+  else if constexpr (std::is_same_v<T, double>)
+    return kF64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return kBf16;
+  else
+    return 0;
 }
 
 template <class T, unsigned Takes, class K>
@@ -113,26 +117,26 @@ constexpr K storage_checked(K k) {
 #define TINYGPT_KERNEL_ENTRY(name, takes, gpu) TINYGPT_KERNEL_##gpu(name, takes)
 
 /// F32: cuda::name is one f32 function.
-#define TINYGPT_KERNEL_F32(name, takes)                                                                        \
-  static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name)>,                             \
-                "cpu::" #name " and cuda::" #name " must have one signature (kernels/kernel_list.h)");          \
-  template <class T>                                                                                          \
-  inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                            \
+#define TINYGPT_KERNEL_F32(name, takes)                                                                \
+  static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name)>,                      \
+                "cpu::" #name " and cuda::" #name " must have one signature (kernels/kernel_list.h)"); \
+  template <class T>                                                                                   \
+  inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                    \
       Kernel<decltype(cpu::name<T>)>{#name, cpu::name<T>, gpu_slot<decltype(cpu::name<T>)>(cuda::name)});
 
 /// TEMPLATE: cuda::name<T> runs every storage type T the line lists but f64 (f32 and bf16). Its .cu file instantiates
 /// each of them: a missing one fails to link.
-#define TINYGPT_KERNEL_TEMPLATE(name, takes)                                                                   \
-  static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name<float>)>,                      \
-                "cpu::" #name " and cuda::" #name " must have one signature (kernels/kernel_list.h)");          \
-  template <class T>                                                                                          \
-  inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                            \
+#define TINYGPT_KERNEL_TEMPLATE(name, takes)                                                           \
+  static_assert(std::is_same_v<decltype(cpu::name<float>), decltype(cuda::name<float>)>,               \
+                "cpu::" #name " and cuda::" #name " must have one signature (kernels/kernel_list.h)"); \
+  template <class T>                                                                                   \
+  inline constexpr Kernel<decltype(cpu::name<T>)> name = storage_checked<T, takes>(                    \
       Kernel<decltype(cpu::name<T>)>{#name, cpu::name<T>, gpu_template_slot<T>(cuda::name<T>)});
 
 /// PLAIN: one function on each side (a conversion between storage types, or bf16 attention).
-#define TINYGPT_KERNEL_PLAIN(name, takes)                                                                      \
-  static_assert(std::is_same_v<decltype(cpu::name), decltype(cuda::name)>,                                    \
-                "cpu::" #name " and cuda::" #name " must have one signature");                                 \
+#define TINYGPT_KERNEL_PLAIN(name, takes)                                      \
+  static_assert(std::is_same_v<decltype(cpu::name), decltype(cuda::name)>,     \
+                "cpu::" #name " and cuda::" #name " must have one signature"); \
   inline constexpr Kernel<decltype(cpu::name)> name{#name, cpu::name, gpu_slot<decltype(cpu::name)>(cuda::name)};
 
 TINYGPT_KERNELS(TINYGPT_KERNEL_ENTRY)

@@ -1,15 +1,15 @@
 // Scalar math that the CPU kernels and their CUDA twins share, written once for both compilers (as
-// kernels/dropout_hash.h): GELU and its derivative, SwiGLU and its gradients, one AdamW update, the extent of the causal mask and window, the
-// score modifiers' per-element terms. The CPU kernels
-// call these with float and double; the CUDA kernels with float.
+// kernels/dropout_hash.h): GELU and its derivative, SwiGLU and its gradients, one AdamW update, the extent of the
+// causal mask and window, the score modifiers' per-element terms. The CPU kernels call these with float and double; the
+// CUDA kernels with float.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "attention.h"
-#include "geometry.h"
 #include "dropout_hash.h"  // TINYGPT_HOST_DEVICE
+#include "geometry.h"
 
 namespace tinygpt {
 
@@ -130,7 +130,7 @@ TINYGPT_HOST_DEVICE inline int64_t key_begin(const AttentionGeom& g, int64_t t) 
 /// The queries that can see key s by position: [query_begin(g, s), query_end(g, s)), both growing with s.
 TINYGPT_HOST_DEVICE inline int64_t query_begin(const AttentionGeom& g, int64_t s) {
   int64_t begin = 0;
-  if (g.causal) begin = s - (g.S - g.T);  // tq >= s
+  if (g.causal) begin = s - (g.S - g.T);                                            // tq >= s
   if (g.mods.window > 0 && !g.causal) begin = s - (g.S - g.T) - g.mods.window + 1;  // tq > s - window
   return begin < 0 ? 0 : (begin > g.T ? g.T : begin);
 }
@@ -153,7 +153,8 @@ TINYGPT_HOST_DEVICE inline T position_bias(const AttentionGeom& g, int64_t h, in
   T bias = 0;
   if (m.alibi) bias -= T(alibi_slope(h, g.NH)) * T(d < 0 ? -d : d);
   if (m.t5_bias) {
-    bias += static_cast<const T*>(m.t5_bias)[h * m.t5_buckets + t5_bucket(d, m.t5_buckets, m.t5_max_distance, m.t5_bidirectional)];
+    bias += static_cast<const T*>(
+        m.t5_bias)[h * m.t5_buckets + t5_bucket(d, m.t5_buckets, m.t5_max_distance, m.t5_bidirectional)];
   }
   return bias;
 }

@@ -26,8 +26,8 @@
 //   the per-element math            on the CPU modified_logit and modified_element_backward, and the ModTile that
 //                                   applies them a row at a time (kernels/cpu/attention.cpp); on the GPU
 //                                   score_logit, score_dp and score_ds (kernels/cuda/attention_common.cuh).
-// To add one: a field in ScoreModSettings (its range in check_score_mods), its term in the per-element forward and its derivative in the backward (and a
-// range in key_begin/key_end if it hides keys); docs/DESIGN.md walks through it.
+// To add one: a field in ScoreModSettings (its range in check_score_mods), its term in the per-element forward and its
+// derivative in the backward (and a range in key_begin/key_end if it hides keys); docs/DESIGN.md walks through it.
 #pragma once
 
 #include <cmath>
@@ -41,31 +41,31 @@ namespace tinygpt {
 /// through the layer (nn::MultiHeadAttentionConfig::mods) and the op (ScoreModOptions) to the kernels (ScoreMods),
 /// checked by one function (check_score_mods, autograd/attention.h).
 struct ScoreModSettings {
-  int64_t window = 0;                // > 0: keys with |d| < window only (with causal: the last `window` keys)
-  double softcap = 0;                // > 0: x -> cap * tanh(x / cap)
-  bool alibi = false;                // + alibi_slope(h, NH) * -|d|
-  int32_t t5_buckets = 0;            // > 0: T5's learned bias per head and log-spaced distance bucket
+  int64_t window = 0;      // > 0: keys with |d| < window only (with causal: the last `window` keys)
+  double softcap = 0;      // > 0: x -> cap * tanh(x / cap)
+  bool alibi = false;      // + alibi_slope(h, NH) * -|d|
+  int32_t t5_buckets = 0;  // > 0: T5's learned bias per head and log-spaced distance bucket
   int32_t t5_max_distance = 128;
   bool t5_bidirectional = false;
-  int64_t max_rel = 0;               // m > 0: Shaw's relative positions, distances clipped to [-m, m]
+  int64_t max_rel = 0;  // m > 0: Shaw's relative positions, distances clipped to [-m, m]
 };
 
 /// The settings with the kernels' data: document ids, the learned tables (sized by t5_buckets and max_rel) and
 /// their gradients.
 struct ScoreMods : ScoreModSettings {
   // Masks by data.
-  const int32_t* q_doc = nullptr;    // (B, T) document id of each query; with k_doc, a query sees its document only
-  const int32_t* k_doc = nullptr;    // (B, S) document id of each key
+  const int32_t* q_doc = nullptr;  // (B, T) document id of each query; with k_doc, a query sees its document only
+  const int32_t* k_doc = nullptr;  // (B, S) document id of each key
   // Tables of the logit's terms.
-  const void* t5_bias = nullptr;     // (NH, t5_buckets) learned bias of each head and bucket, element type of q
-  const void* rel_k = nullptr;       // A_K (2m + 1, E): the raw product gains q_t . A_K[rel(d)] (may be null)
-  const void* rel_v = nullptr;       // A_V (2m + 1, Ev): the output gains sum_s P[t, s] A_V[rel(d)] (may be null)
-  void* rel_probs = nullptr;         // with rel_v: Pbar (B, NH, T, 2m + 1), the (dropped) probabilities summed per
-                                     // clipped distance; written by the forward, read by the backward
+  const void* t5_bias = nullptr;  // (NH, t5_buckets) learned bias of each head and bucket, element type of q
+  const void* rel_k = nullptr;    // A_K (2m + 1, E): the raw product gains q_t . A_K[rel(d)] (may be null)
+  const void* rel_v = nullptr;    // A_V (2m + 1, Ev): the output gains sum_s P[t, s] A_V[rel(d)] (may be null)
+  void* rel_probs = nullptr;      // with rel_v: Pbar (B, NH, T, 2m + 1), the (dropped) probabilities summed per
+                                  // clipped distance; written by the forward, read by the backward
   // Gradients of the learned tables (backward; any may be null): += the tables' gradients.
-  void* d_rel_k = nullptr;           // (2m + 1, E)
-  void* d_rel_v = nullptr;           // (2m + 1, Ev)
-  void* d_t5_bias = nullptr;         // (NH, t5_buckets)
+  void* d_rel_k = nullptr;    // (2m + 1, E)
+  void* d_rel_v = nullptr;    // (2m + 1, Ev)
+  void* d_t5_bias = nullptr;  // (NH, t5_buckets)
   // Set by the GPU launchers for their own kernels (callers leave them null): R and G rows, (B, NH, T, 2m + 1).
   const float* gpu_R = nullptr;
   const float* gpu_G = nullptr;

@@ -18,7 +18,8 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
     throw Error(fmt::format("MultiHeadAttention: embed_dim ({}), num_heads ({}) and num_kv_heads ({}) must be positive",
                             c.embed_dim, c.num_heads, c.num_kv_heads));
   }
-  if (c.head_dim < 0) throw Error(fmt::format("MultiHeadAttention: head_dim must be 0 or positive, got {}", c.head_dim));
+  if (c.head_dim < 0)
+    throw Error(fmt::format("MultiHeadAttention: head_dim must be 0 or positive, got {}", c.head_dim));
   if (c.head_dim == 0 && c.embed_dim % c.num_heads != 0) {
     throw Error(fmt::format("MultiHeadAttention: embed_dim {} is not divisible by num_heads {} (or give head_dim)",
                             c.embed_dim, c.num_heads));
@@ -31,7 +32,8 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
   if (c.rope && c.head_dim % 2 != 0) {
     throw Error(fmt::format("MultiHeadAttention: RoPE needs an even head dim, got {}", c.head_dim));
   }
-  if (!(c.dropout >= 0.0 && c.dropout < 1.0)) throw Error(fmt::format("MultiHeadAttention: dropout must be in [0, 1), got {}", c.dropout));
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+    throw Error(fmt::format("MultiHeadAttention: dropout must be in [0, 1), got {}", c.dropout));
   check_score_mods(c.mods, "MultiHeadAttention");
   if (c.add_bias_kv || c.add_zero_attn) {
     // The appended key positions (bias_k / bias_v, the zero key) stand at no sequence position.
@@ -45,9 +47,10 @@ MultiHeadAttentionConfig resolve(MultiHeadAttentionConfig c) {
     note(c.mods.t5_buckets > 0, "t5_buckets (T5 bias)");
     note(c.mods.window > 0, "window");
     if (!clash.empty()) {
-      throw Error(fmt::format("MultiHeadAttention: add_bias_kv and add_zero_attn append key positions that have no "
-                              "sequence position, which {} needs; turn one or the other off",
-                              clash));
+      throw Error(
+          fmt::format("MultiHeadAttention: add_bias_kv and add_zero_attn append key positions that have no "
+                      "sequence position, which {} needs; turn one or the other off",
+                      clash));
     }
   }
   return c;
@@ -149,9 +152,8 @@ void append_keys(const MultiHeadAttentionConfig& c, const Tensor& bias_k, const 
   trace("v with appended values", v);
   const Tensor& kp = key_padding_mask;
   if (kp.defined() && (kp.dtype() != DType::Bool || !(kp.shape() == Shape{B, S}))) {
-    throw Error(fmt::format(
-        "MultiHeadAttention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}", B, S,
-        dtype_name(kp.dtype()), kp.shape().str()));
+    throw Error(fmt::format("MultiHeadAttention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}",
+                            B, S, dtype_name(kp.dtype()), kp.shape().str()));
   }
   opts.key_padding_mask = pad_key_columns(kp, S, extra, "key_padding_mask");
   Tensor mask = pad_key_columns(attn_mask, S, extra, "attn_mask");
@@ -199,11 +201,13 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionConfig& config, G
   if (m > 0) {
     relative_key = register_parameter("relative_key", randn({2 * m + 1, E}, gen, DType::F32, Device::CPU, kInitStd));
     if (c.relative_values) {
-      relative_value = register_parameter("relative_value", randn({2 * m + 1, E}, gen, DType::F32, Device::CPU, kInitStd));
+      relative_value =
+          register_parameter("relative_value", randn({2 * m + 1, E}, gen, DType::F32, Device::CPU, kInitStd));
     }
   }
   if (c.mods.t5_buckets > 0) {
-    t5_bias = register_parameter("t5_bias", randn({c.num_heads, c.mods.t5_buckets}, gen, DType::F32, Device::CPU, kInitStd));
+    t5_bias =
+        register_parameter("t5_bias", randn({c.num_heads, c.mods.t5_buckets}, gen, DType::F32, Device::CPU, kInitStd));
   }
   if (c.add_bias_kv) {
     // torch's xavier_normal_ of its (1, 1, W) bias_k: fan_in = fan_out = W, std = sqrt(2 / (fan_in + fan_out)).
@@ -233,6 +237,38 @@ ScoreModOptions MultiHeadAttention::score_mods(const Tensor& doc_ids) const {
   return m;
 }
 
+MultiHeadAttention::Projected MultiHeadAttention::project_apart(const Tensor& q_in, const Tensor& k_in,
+                                                                const Tensor& v_in, int64_t pos0) const {
+  const auto& c = config_;
+  const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim();
+  Tensor q, k, v;
+  if (c_attn) {
+    // Cross-attention with the fused weights: each input gets its own rows of c_attn.
+    auto rows = [&](const Tensor& t, int64_t first, int64_t count) {
+      return t.defined() ? narrow(t, 0, first * E, count * E) : Tensor();
+    };
+    q = linear(q_in, rows(c_attn->weight, 0, NH), rows(c_attn->bias, 0, NH), numerics());
+    k = linear(k_in, rows(c_attn->weight, NH, NKV), rows(c_attn->bias, NH, NKV), numerics());
+    v = linear(v_in, rows(c_attn->weight, NH + NKV, NKV), rows(c_attn->bias, NH + NKV, NKV), numerics());
+  } else {
+    q = q_proj->forward(q_in);
+    k = k_proj->forward(k_in);
+    v = v_proj->forward(v_in);
+  }
+  trace("q projection (B, T, NH*E)", q);
+  trace("k projection (B, S, NKV*E)", k);
+  trace("v projection (B, S, NKV*E)", v);
+  if (c.qk_norm) {
+    q = normalize_heads(*q_norm, q, E);
+    k = normalize_heads(*k_norm, k, E);
+  }
+  if (c.rope) {
+    q = rope(q, E, NH, pos0, c.rope_freqs);
+    k = rope(k, E, NKV, pos0, c.rope_freqs);
+  }
+  return {q, k, v};
+}
+
 MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                                        const Tensor& key_padding_mask, const Tensor& attn_mask,
                                                        bool is_causal, bool need_weights, bool average_attn_weights,
@@ -242,8 +278,9 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   check_inputs(c, query, key, value);
   const bool extra_keys = c.add_bias_kv || c.add_zero_attn;
   if (extra_keys && doc_ids.defined()) {
-    throw Error("MultiHeadAttention: doc_ids with add_bias_kv or add_zero_attn: the appended key positions belong to "
-                "no document");
+    throw Error(
+        "MultiHeadAttention: doc_ids with add_bias_kv or add_zero_attn: the appended key positions belong to "
+        "no document");
   }
   AttentionOptions opts;
   opts.is_causal = is_causal;
@@ -278,31 +315,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
     if (c.rope) qkv = rope(qkv, E, NH + NKV, pos0, c.rope_freqs);  // rotate the q and k heads, not v
     r = fused_self_attention(qkv, NH, NKV, opts);
   } else {
-    Tensor q, k, v;
-    if (c_attn) {
-      // Cross-attention with the fused weights: each input gets its own rows of c_attn.
-      auto rows = [&](const Tensor& t, int64_t first, int64_t count) {
-        return t.defined() ? narrow(t, 0, first * E, count * E) : Tensor();
-      };
-      q = linear(q_in, rows(c_attn->weight, 0, NH), rows(c_attn->bias, 0, NH), numerics());
-      k = linear(k_in, rows(c_attn->weight, NH, NKV), rows(c_attn->bias, NH, NKV), numerics());
-      v = linear(v_in, rows(c_attn->weight, NH + NKV, NKV), rows(c_attn->bias, NH + NKV, NKV), numerics());
-    } else {
-      q = q_proj->forward(q_in);
-      k = k_proj->forward(k_in);
-      v = v_proj->forward(v_in);
-    }
-    trace("q projection (B, T, NH*E)", q);
-    trace("k projection (B, S, NKV*E)", k);
-    trace("v projection (B, S, NKV*E)", v);
-    if (c.qk_norm) {
-      q = normalize_heads(*q_norm, q, E);
-      k = normalize_heads(*k_norm, k, E);
-    }
-    if (c.rope) {
-      q = rope(q, E, NH, pos0, c.rope_freqs);
-      k = rope(k, E, NKV, pos0, c.rope_freqs);
-    }
+    auto [q, k, v] = project_apart(q_in, k_in, v_in, pos0);
     if (extra_keys) append_keys(c, bias_k, bias_v, q, k, v, key_padding_mask, attn_mask, is_causal, opts);
     r = packed_attention(q, k, v, NH, NKV, opts);
   }
@@ -322,10 +335,12 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
 
 Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tensor& v_cache, int64_t pos) const {
   const auto& c = config_;
-  if (!c_attn) throw Error("MultiHeadAttention: forward_cached needs the fused QKV projection (kdim == vdim == embed_dim)");
+  if (!c_attn)
+    throw Error("MultiHeadAttention: forward_cached needs the fused QKV projection (kdim == vdim == embed_dim)");
   if (c.add_bias_kv || c.add_zero_attn) {
-    throw Error("MultiHeadAttention: forward_cached does not support add_bias_kv or add_zero_attn (the appended "
-                "key/value positions are not in the cache); use forward");
+    throw Error(
+        "MultiHeadAttention: forward_cached does not support add_bias_kv or add_zero_attn (the appended "
+        "key/value positions are not in the cache); use forward");
   }
   if (x.ndim() != 3 || x.size(2) != c.embed_dim) {
     throw Error(fmt::format("MultiHeadAttention: forward_cached's x must be ({}, {}), got {}",
@@ -334,9 +349,10 @@ Tensor MultiHeadAttention::forward_cached(const Tensor& x, Tensor& k_cache, Tens
   const Tensor xb = c.batch_first ? x : transpose(x, 0, 1);  // (B, T, embed_dim)
   const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim(), T = xb.size(1);
   if (pos < 0 || pos + T > k_cache.size(1)) {
-    throw Error(fmt::format("MultiHeadAttention: positions [{}, {}) do not fit a cache of {}", pos, pos + T, k_cache.size(1)));
+    throw Error(
+        fmt::format("MultiHeadAttention: positions [{}, {}) do not fit a cache of {}", pos, pos + T, k_cache.size(1)));
   }
-  Tensor qkv = c_attn->forward(xb);  // (B, T, (NH + 2 NKV) * E)
+  Tensor qkv = c_attn->forward(xb);                             // (B, T, (NH + 2 NKV) * E)
   if (qkv.dtype() == DType::BF16) qkv = cast(qkv, DType::F32);  // the cache and cached attention are f32
   qkv = normalize_qk(qkv);
   if (c.rope) qkv = rope(qkv, E, NH + NKV, pos, c.rope_freqs);

@@ -1,8 +1,8 @@
 // Multi-head attention with the semantics of torch.nn.MultiheadAttention (batch_first, add_bias_kv, add_zero_attn
 // included), plus grouped-query heads, rotary position embeddings and the score modifiers of the flash kernels
-// (Shaw's relative positions, ALiBi, T5 bias, sliding window, document masks, soft-cap). Self-attention (query, key and value the same
-// tensor) runs one fused QKV projection and reads q, k and v straight out of it; cross-attention projects
-// each input with its own rows of the projection. Set TINYGPT_TRACE_SHAPES=1 to log every stage's shape.
+// (Shaw's relative positions, ALiBi, T5 bias, sliding window, document masks, soft-cap). Self-attention (query, key and
+// value the same tensor) runs one fused QKV projection and reads q, k and v straight out of it; cross-attention
+// projects each input with its own rows of the projection. Set TINYGPT_TRACE_SHAPES=1 to log every stage's shape.
 //
 // add_bias_kv and add_zero_attn append key/value positions after the S keys, as torch does: first the learned
 // bias_k / bias_v, (1, 1, NKV * head_dim) (torch's (1, 1, embed_dim); with grouped-query heads one bias per key/value
@@ -32,16 +32,17 @@ struct MultiHeadAttentionConfig {
   bool add_bias_kv = false;    // learned bias_k, bias_v appended to the keys and values (one more key position)
   bool add_zero_attn = false;  // a zero key and value appended (after bias_k / bias_v)
   bool batch_first = true;     // false: query, key, value and the output are sequence-first (T, B, E)
-  double dropout = 0.0;      // on the attention weights, in training mode
-  bool rope = false;         // rotate q and k by position (RoPE) instead of relying on learned positions
-  RopeFreqs rope_freqs{};  // with rope: base and scaling (kernels/rope_freqs.h)
+  double dropout = 0.0;        // on the attention weights, in training mode
+  bool rope = false;           // rotate q and k by position (RoPE) instead of relying on learned positions
+  RopeFreqs rope_freqs{};      // with rope: base and scaling (kernels/rope_freqs.h)
   double proj_init_std = kInitStd;  // of the output projection (GPT-2 scales it down with depth)
   // Score modifiers inside the attention kernels (kernels/score_mods.h): window, softcap, alibi, T5's bias (t5_buckets
   // > 0: a learned table t5_bias (num_heads, buckets)), Shaw's relative positions (max_rel = m > 0: tables
   // relative_key and relative_value of (2m + 1, head_dim) shared by the heads).
   ScoreModSettings mods{};
   bool relative_values = true;  // with max_rel: false, relative_key only
-  bool qk_norm = false;  // QK-norm: each head's query and key LayerNorm'd over head_dim (gains q_norm, k_norm), before RoPE
+  bool qk_norm =
+      false;  // QK-norm: each head's query and key LayerNorm'd over head_dim (gains q_norm, k_norm), before RoPE
 };
 
 class MultiHeadAttention : public Module {
@@ -73,12 +74,12 @@ class MultiHeadAttention : public Module {
   const MultiHeadAttentionConfig& config() const { return config_; }
   int64_t head_dim() const { return config_.head_dim; }
 
-  std::unique_ptr<Linear> c_attn;                   // fused (NH + 2 NKV) * E rows, when kdim == vdim == embed_dim
-  std::unique_ptr<Linear> q_proj, k_proj, v_proj;   // otherwise
+  std::unique_ptr<Linear> c_attn;                  // fused (NH + 2 NKV) * E rows, when kdim == vdim == embed_dim
+  std::unique_ptr<Linear> q_proj, k_proj, v_proj;  // otherwise
   Linear c_proj;
-  Tensor relative_key, relative_value;  // (2m + 1, head_dim), with max_relative_position
-  Tensor t5_bias;                       // (num_heads, t5_buckets), with t5_buckets
-  Tensor bias_k, bias_v;                // (1, 1, NKV * head_dim), with add_bias_kv (torch's names and shape)
+  Tensor relative_key, relative_value;        // (2m + 1, head_dim), with max_relative_position
+  Tensor t5_bias;                             // (num_heads, t5_buckets), with t5_buckets
+  Tensor bias_k, bias_v;                      // (1, 1, NKV * head_dim), with add_bias_kv (torch's names and shape)
   std::unique_ptr<LayerNorm> q_norm, k_norm;  // over head_dim, gain only, shared by the heads; with qk_norm
 
  private:
@@ -86,6 +87,12 @@ class MultiHeadAttention : public Module {
   ScoreModOptions score_mods(const Tensor& doc_ids) const;
   /// With qk_norm, the fused projection's (B, L, (NH + 2 NKV) E) with its q and k heads normalized; else as given.
   Tensor normalize_qk(const Tensor& qkv) const;
+  /// Without the fused self-attention path: q (B, T, NH E), k and v (B, S, NKV E) projected apart (cross-attention
+  /// with fused weights: each from its rows of c_attn), q and k normalized (qk_norm) and rotated (rope) from pos0.
+  struct Projected {
+    Tensor q, k, v;
+  };
+  Projected project_apart(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t pos0) const;
 
   MultiHeadAttentionConfig config_;
   Generator* gen_;

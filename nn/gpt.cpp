@@ -37,7 +37,8 @@ MultiHeadAttentionConfig attention_config(const GPTConfig& c) {
 
 constexpr std::pair<MlpKind, const char*> kMlpNames[] = {
     {MlpKind::Gelu, "gelu"}, {MlpKind::Relu2, "relu2"}, {MlpKind::SwiGLU, "swiglu"}};
-constexpr std::pair<NormKind, const char*> kNormNames[] = {{NormKind::LayerNorm, "layernorm"}, {NormKind::RMSNorm, "rmsnorm"}};
+constexpr std::pair<NormKind, const char*> kNormNames[] = {{NormKind::LayerNorm, "layernorm"},
+                                                           {NormKind::RMSNorm, "rmsnorm"}};
 
 template <class E, size_t N>
 const char* name_of(const std::pair<E, const char*> (&names)[N], E value) {
@@ -81,7 +82,8 @@ bool parse_norm(std::string_view name, NormKind& n) { return parse_name(kNormNam
 namespace {
 
 constexpr std::pair<LoraTarget, const char*> kLoraTargetNames[] = {
-    {kLoraQ, "q"}, {kLoraK, "k"}, {kLoraV, "v"}, {kLoraO, "o"}, {kLoraGate, "gate"}, {kLoraUp, "up"}, {kLoraDown, "down"}};
+    {kLoraQ, "q"},       {kLoraK, "k"},   {kLoraV, "v"},      {kLoraO, "o"},
+    {kLoraGate, "gate"}, {kLoraUp, "up"}, {kLoraDown, "down"}};
 
 }  // namespace
 
@@ -148,13 +150,14 @@ void GPTConfig::validate() const {
   positive("n_layer", n_layer);
   positive("n_head", n_head);
   positive("n_embd", n_embd);
-  if (n_kv_head < 0) throw Error(fmt::format("model config: n_kv_head must be 0 (= n_head) or positive, got {}", n_kv_head));
+  if (n_kv_head < 0)
+    throw Error(fmt::format("model config: n_kv_head must be 0 (= n_head) or positive, got {}", n_kv_head));
   if (head_dim < 0 || head_dim > 1024) {
     throw Error(fmt::format("model config: head_dim must be 0 (n_embd / n_head) or in [1, 1024], got {}", head_dim));
   }
   if (head_dim == 0 && n_embd % n_head != 0) {
-    throw Error(fmt::format("model config: n_embd ({}) must be divisible by n_head ({}), or give head_dim", n_embd,
-                            n_head));
+    throw Error(
+        fmt::format("model config: n_embd ({}) must be divisible by n_head ({}), or give head_dim", n_embd, n_head));
   }
   if (n_kv_head > 0 && n_head % n_kv_head != 0) {
     throw Error(fmt::format("model config: n_head ({}) must be divisible by n_kv_head ({})", n_head, n_kv_head));
@@ -164,24 +167,30 @@ void GPTConfig::validate() const {
   }
   check_score_mods(score_mods(), "model config");
   if (!(logit_softcap >= 0.0) || !std::isfinite(logit_softcap)) {
-    throw Error(fmt::format("model config: logit_softcap must be a finite number >= 0 (0: off), got {}", logit_softcap));
+    throw Error(
+        fmt::format("model config: logit_softcap must be a finite number >= 0 (0: off), got {}", logit_softcap));
   }
   if (pos == Positions::Rope && head_size() % 2 != 0) {
     throw Error(fmt::format("model config: RoPE needs an even head size, got {}", head_size()));
   }
-  if (!(dropout >= 0.0 && dropout < 1.0)) throw Error(fmt::format("model config: dropout must be in [0, 1), got {}", dropout));
-  if (!(norm_eps > 0.0 && norm_eps < 1.0)) throw Error(fmt::format("model config: norm_eps must be in (0, 1), got {}", norm_eps));
-  if (ffn_hidden < 0) throw Error(fmt::format("model config: ffn_hidden must be 0 (the default width) or positive, got {}", ffn_hidden));
+  if (!(dropout >= 0.0 && dropout < 1.0))
+    throw Error(fmt::format("model config: dropout must be in [0, 1), got {}", dropout));
+  if (!(norm_eps > 0.0 && norm_eps < 1.0))
+    throw Error(fmt::format("model config: norm_eps must be in (0, 1), got {}", norm_eps));
+  if (ffn_hidden < 0)
+    throw Error(fmt::format("model config: ffn_hidden must be 0 (the default width) or positive, got {}", ffn_hidden));
   if (!(rope_theta > 1.0 && std::isfinite(rope_theta))) {
     throw Error(fmt::format("model config: rope_theta must be a finite number above 1, got {}", rope_theta));
   }
   const RopeScaling& s = rope_scaling;
-  if (s != RopeScaling{} && !(s.factor >= 1.0 && s.factor <= 1024.0 && s.low_freq_factor > 0.0 &&
-                              s.high_freq_factor > s.low_freq_factor && s.original_context >= 1.0 &&
-                              s.original_context <= 1e9 && std::isfinite(s.high_freq_factor))) {
-    throw Error(fmt::format("model config: RoPE scaling needs a factor in [1, 1024], 0 < low_freq_factor < "
-                            "high_freq_factor and an original context of at least 1; got factor {}, low {}, high {}, "
-                            "original context {}", s.factor, s.low_freq_factor, s.high_freq_factor, s.original_context));
+  if (s != RopeScaling{} &&
+      !(s.factor >= 1.0 && s.factor <= 1024.0 && s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor &&
+        s.original_context >= 1.0 && s.original_context <= 1e9 && std::isfinite(s.high_freq_factor))) {
+    throw Error(
+        fmt::format("model config: RoPE scaling needs a factor in [1, 1024], 0 < low_freq_factor < "
+                    "high_freq_factor and an original context of at least 1; got factor {}, low {}, high {}, "
+                    "original context {}",
+                    s.factor, s.low_freq_factor, s.high_freq_factor, s.original_context));
   }
   if (lora.enabled()) {
     if (lora.targets == 0 || lora.targets >= 2 * kLoraDown) throw Error("model config: LoRA needs at least one target");
@@ -191,8 +200,8 @@ void GPTConfig::validate() const {
     int64_t narrowest = n_embd;
     for (const LoraSite& site : lora_sites()) narrowest = std::min({narrowest, site.rows, site.in});
     if (lora.rank > narrowest) {
-      throw Error(fmt::format("model config: the LoRA rank {} is above the narrowest adapted layer's width {}", lora.rank,
-                              narrowest));
+      throw Error(fmt::format("model config: the LoRA rank {} is above the narrowest adapted layer's width {}",
+                              lora.rank, narrowest));
     }
     if (!(lora.alpha > 0 && std::isfinite(lora.alpha))) {
       throw Error(fmt::format("model config: the LoRA alpha must be a finite number above 0, got {}", lora.alpha));
@@ -204,7 +213,8 @@ void GPTConfig::validate() const {
 
 MLP::MLP(const GPTConfig& c, Generator& gen)
     : c_fc(c.n_embd, (c.mlp == MlpKind::SwiGLU ? 2 : 1) * c.ffn_width(), c.bias, gen),
-      c_proj(c.ffn_width(), c.n_embd, c.bias, gen, c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer))),
+      c_proj(c.ffn_width(), c.n_embd, c.bias, gen,
+             c.zero_init_proj ? 0.0 : kInitStd / std::sqrt(2.0 * double(c.n_layer))),
       kind_(c.mlp) {
   register_module("c_fc", c_fc);
   register_module("c_proj", c_proj);
@@ -293,8 +303,8 @@ GPT::GPT(const GPTConfig& config, Generator& gen)
   // LoRA's adapters last, so the base's weights draw the same numbers with or without them.
   for (const auto& block : h) {
     for (const LoraSite& site : config_.lora_sites()) {
-      block->linear(site.linear).add_adapter(site.target, site.first, site.rows, config_.lora.rank,
-                                             config_.lora.scale(), gen);
+      block->linear(site.linear)
+          .add_adapter(site.target, site.first, site.rows, config_.lora.rank, config_.lora.scale(), gen);
     }
   }
 }
@@ -303,11 +313,13 @@ int64_t GPT::num_parameters_non_embedding() const { return num_parameters() - (w
 
 Tensor GPT::embed(const Tensor& ids, int64_t pos0) const {
   if (ids.ndim() != 2 || ids.dtype() != DType::I32) {
-    throw Error(fmt::format("GPT: ids must be an i32 (B, T) tensor, got {} {}", dtype_name(ids.dtype()), ids.shape().str()));
+    throw Error(
+        fmt::format("GPT: ids must be an i32 (B, T) tensor, got {} {}", dtype_name(ids.dtype()), ids.shape().str()));
   }
   const int64_t T = ids.size(1);
   if (pos0 + T > config_.block_size && !config_.relative_positions()) {
-    throw Error(fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", pos0 + T, config_.block_size));
+    throw Error(
+        fmt::format("GPT: a sequence of {} tokens is longer than the block size {}", pos0 + T, config_.block_size));
   }
   Tensor x = wte.forward(ids);  // (B, T, C)
   if (wpe) x = x + wpe->forward(position_ids(pos0, T, ids.device()));
@@ -351,7 +363,8 @@ Tensor GPT::document_ids(const Tensor& ids) const {
 
 bool GPT::ends_document(const std::vector<int32_t>& context) const {
   const size_t n = doc_separator_.size();
-  return n > 0 && context.size() >= n && std::equal(doc_separator_.begin(), doc_separator_.end(), context.end() - int64_t(n));
+  return n > 0 && context.size() >= n &&
+         std::equal(doc_separator_.begin(), doc_separator_.end(), context.end() - int64_t(n));
 }
 
 GPT::Output GPT::forward(const Tensor& ids, const Tensor& targets) const {
@@ -380,7 +393,8 @@ Tensor GPT::attention_weights(const Tensor& ids, int64_t layer) const {
   const Tensor doc_ids = document_ids(ids);
   for (int64_t i = 0; i < layer; ++i) x = h[size_t(i)]->forward(x, *gen_, doc_ids);
   const Tensor a = h[size_t(layer)]->ln_1.forward(x);
-  return h[size_t(layer)]->attn.forward(a, a, a, {}, {}, /*is_causal=*/true, /*need_weights=*/true, /*average=*/false, 0, doc_ids)
+  return h[size_t(layer)]
+      ->attn.forward(a, a, a, {}, {}, /*is_causal=*/true, /*need_weights=*/true, /*average=*/false, 0, doc_ids)
       .weights;
 }
 
@@ -412,7 +426,8 @@ Tensor GPT::forward_cached(const Tensor& ids, KVCache& cache) const {
 
 void GPT::slide_cache(KVCache& cache, int64_t n) const {
   if (!config_.relative_positions()) {
-    throw Error(fmt::format("GPT: a sliding cache needs relative positions; this model's are {}", positions_name(config_.pos)));
+    throw Error(
+        fmt::format("GPT: a sliding cache needs relative positions; this model's are {}", positions_name(config_.pos)));
   }
   if (n < 0 || n > cache.len) throw Error(fmt::format("GPT: cannot drop {} of {} cached positions", n, cache.len));
   NoGradGuard no_grad;

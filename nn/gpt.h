@@ -1,9 +1,9 @@
-// GPT as nanoGPT builds it: token (+ learned position) embeddings or another position scheme (Positions), N pre-LayerNorm transformer blocks of
-// causal self-attention and a 4x GELU MLP, a final LayerNorm, and an LM head tied to the token embedding. The Llama
-// family is the same model with other values of its config: RMSNorm, a SwiGLU MLP of its own width, rotary positions
-// with their base, grouped-query heads, q/k/v biases (Qwen2), an untied head.
-// Parameter names are nanoGPT's ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", ...), so
-// weights move between the two by name; train/import_hf.cpp and export.cpp map them to Hugging Face's.
+// GPT as nanoGPT builds it: token (+ learned position) embeddings or another position scheme (Positions), N
+// pre-LayerNorm transformer blocks of causal self-attention and a 4x GELU MLP, a final LayerNorm, and an LM head tied
+// to the token embedding. The Llama family is the same model with other values of its config: RMSNorm, a SwiGLU MLP of
+// its own width, rotary positions with their base, grouped-query heads, q/k/v biases (Qwen2), an untied head. Parameter
+// names are nanoGPT's ("transformer.wte.weight", "transformer.h.0.attn.c_attn.weight", ...), so weights move between
+// the two by name; train/import_hf.cpp and export.cpp map them to Hugging Face's.
 #pragma once
 
 #include <memory>
@@ -41,7 +41,13 @@ bool parse_norm(std::string_view name, NormKind& n);
 /// LoRA's targets: the linear layers (or, in the fused ones, the rows) that get adapters: q, k and v (rows of
 /// attn.c_attn), o (attn.c_proj), gate and up (rows of mlp.c_fc with SwiGLU; without, c_fc is "up"), down (mlp.c_proj).
 enum LoraTarget : uint32_t {
-  kLoraQ = 1, kLoraK = 2, kLoraV = 4, kLoraO = 8, kLoraGate = 16, kLoraUp = 32, kLoraDown = 64
+  kLoraQ = 1,
+  kLoraK = 2,
+  kLoraV = 4,
+  kLoraO = 8,
+  kLoraGate = 16,
+  kLoraUp = 32,
+  kLoraDown = 64
 };
 /// The targets as "q,k,v,o,gate,up,down" lists them (in that order).
 std::string lora_targets_name(uint32_t targets);
@@ -50,9 +56,9 @@ uint32_t parse_lora_targets(std::string_view list);
 
 /// Low-rank adapters on chosen linear layers; the rest of the model is frozen (nothing trains it).
 struct LoraConfig {
-  int64_t rank = 0;        // 0: none
-  double alpha = 0;        // the adapters' outputs scaled by alpha / rank
-  uint32_t targets = 0;    // LoraTarget bits
+  int64_t rank = 0;      // 0: none
+  double alpha = 0;      // the adapters' outputs scaled by alpha / rank
+  uint32_t targets = 0;  // LoraTarget bits
   bool enabled() const { return rank > 0; }
   double scale() const { return alpha / double(rank); }
   bool operator==(const LoraConfig&) const = default;
@@ -73,25 +79,25 @@ struct GPTConfig {
   int64_t block_size = 256;  // longest context
   int64_t n_layer = 6;
   int64_t n_head = 6;
-  int64_t n_kv_head = 0;     // 0: n_head (plain multi-head); fewer: grouped-query attention
+  int64_t n_kv_head = 0;  // 0: n_head (plain multi-head); fewer: grouped-query attention
   int64_t n_embd = 384;
-  int64_t head_dim = 0;      // each head's width; 0: n_embd / n_head (else q, k, v are n_head x it, as Qwen3's, Gemma's)
-  double dropout = 0.0;      // embeddings, attention weights, residual branches (training mode only)
-  bool bias = false;         // biases in Linear and LayerNorm layers
-  bool qkv_bias = false;     // biases in the q, k and v projections even without `bias` (Qwen2)
+  int64_t head_dim = 0;   // each head's width; 0: n_embd / n_head (else q, k, v are n_head x it, as Qwen3's, Gemma's)
+  double dropout = 0.0;   // embeddings, attention weights, residual branches (training mode only)
+  bool bias = false;      // biases in Linear and LayerNorm layers
+  bool qkv_bias = false;  // biases in the q, k and v projections even without `bias` (Qwen2)
   NormKind norm = NormKind::LayerNorm;
   double norm_eps = 1e-5;
   MlpKind mlp = MlpKind::Gelu;
-  int64_t ffn_hidden = 0;    // the MLP's inner width; 0: ffn_width()'s default
+  int64_t ffn_hidden = 0;       // the MLP's inner width; 0: ffn_width()'s default
   double rope_theta = 10000.0;  // pos rope: the base of the rotation frequencies
   RopeScaling rope_scaling{};   // pos rope: Llama 3's rescaling of them (factor 1: none; kernels/rope_freqs.h)
   Positions pos = Positions::Learned;
   int64_t max_relative_position = 16;  // pos relative: distances clipped to [-m, m]
-  int64_t window = 0;        // > 0: sliding-window attention over the last `window` positions
-  double attn_softcap = 0;   // > 0: attention logits soft-capped to (-attn_softcap, attn_softcap)
-  std::string doc_separator = {};  // packed documents: the text ending one; attention stays within (empty: none)
+  int64_t window = 0;                  // > 0: sliding-window attention over the last `window` positions
+  double attn_softcap = 0;             // > 0: attention logits soft-capped to (-attn_softcap, attn_softcap)
+  std::string doc_separator = {};      // packed documents: the text ending one; attention stays within (empty: none)
   // Modern small-GPT options (modded-nanogpt's speedrun), all off by default:
-  double logit_softcap = 0;    // > 0: the head's logits soft-capped, cap * tanh(logits / cap)
+  double logit_softcap = 0;     // > 0: the head's logits soft-capped, cap * tanh(logits / cap)
   bool zero_init_proj = false;  // the residual output projections (attn.c_proj, mlp.c_proj) start at zero
   bool untied_head = false;     // the head has its own weight, lm_head.weight (vocab_size, n_embd), not wte's
   bool qk_norm = false;         // QK-norm: queries and keys LayerNorm'd per head (attn.q_norm, attn.k_norm)
@@ -223,7 +229,7 @@ class GPT : public Module {
 
   GPTConfig config_;
   mutable Tensor positions_;  // the GPU's position ids from 0 of the last length asked for
-  Generator* gen_;  // dropout masks
+  Generator* gen_;            // dropout masks
   std::vector<int32_t> doc_separator_;
 };
 

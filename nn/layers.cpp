@@ -11,13 +11,15 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, Genera
 
 void Linear::add_adapter(const char* target, int64_t first, int64_t rows, int64_t rank, double scale, Generator& gen) {
   const int64_t in = weight.size(1), out = weight.size(0);
-  if (rank <= 0 || first < 0 || rows <= 0 || first + rows > out || (!lora_.empty() && first < lora_.back().first + lora_.back().rows)) {
+  if (rank <= 0 || first < 0 || rows <= 0 || first + rows > out ||
+      (!lora_.empty() && first < lora_.back().first + lora_.back().rows)) {
     throw Error(fmt::format("Linear: a LoRA adapter of rank {} on rows [{}, {}) of {} does not fit", rank, first,
                             first + rows, out));
   }
   const double bound = 1.0 / std::sqrt(double(in));
   LoraAdapter a{.first = first, .rows = rows, .A = {}, .B = {}};
-  a.A = register_parameter(fmt::format("lora_{}_A", target), rand({rank, in}, gen, DType::F32, Device::CPU, -bound, bound));
+  a.A = register_parameter(fmt::format("lora_{}_A", target),
+                           rand({rank, in}, gen, DType::F32, Device::CPU, -bound, bound));
   a.B = register_parameter(fmt::format("lora_{}_B", target), zeros({rows, rank}));
   lora_.push_back(std::move(a));
   lora_scale_ = scale;

@@ -22,6 +22,7 @@ packages=(
   clang libomp-dev           # scripts/fuzz.sh only: libFuzzer targets (CI runs them)
   curl ca-certificates       # scripts/get_data.sh: fetches tiny Shakespeare when no local copy exists
   python3                    # tests: the source size limits (scripts/check_source_limits.py), the MPI test's check
+  clang-format               # tests: the sources as .clang-format writes them (scripts/check_format.sh)
   openmpi-bin libopenmpi-dev # data-parallel training over several processes (mpirun)
 )
 

@@ -56,7 +56,8 @@ class Server {
       send_json(res, 200, {{"status", "ok"}});
     });
     svr_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-      if (authorized(req, res, args_.api_key)) send_json(res, 200, models_body(engine_.limits().model, engine_.created()));
+      if (authorized(req, res, args_.api_key))
+        send_json(res, 200, models_body(engine_.limits().model, engine_.created()));
     });
     svr_.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res, args_.api_key)) return;
@@ -75,13 +76,15 @@ class Server {
     svr_.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
                                                                    httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      const std::string what =
-          res.status == 404 ? fmt::format("no route {} {} (the API is GET /v1/models, POST /v1/chat/completions and "
-                                          "POST /v1/completions)", req.method, req.path.substr(0, 200))
-          : res.status == 413 ? "the request body is larger than this server takes (--max-body)"
-                              : fmt::format("the request could not be read (HTTP {})", res.status);
-      send_json(res, res.status, ApiError(res.status, "invalid_request_error", res.status == 404 ? "unknown_url" : "",
-                                          "", what).body());
+      const std::string what = res.status == 404
+                                   ? fmt::format(
+                                         "no route {} {} (the API is GET /v1/models, POST /v1/chat/completions and "
+                                         "POST /v1/completions)",
+                                         req.method, req.path.substr(0, 200))
+                               : res.status == 413 ? "the request body is larger than this server takes (--max-body)"
+                                                   : fmt::format("the request could not be read (HTTP {})", res.status);
+      send_json(res, res.status,
+                ApiError(res.status, "invalid_request_error", res.status == 404 ? "unknown_url" : "", "", what).body());
       return httplib::Server::HandlerResponse::Handled;
     }));
     svr_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -90,8 +93,7 @@ class Server {
         std::rethrow_exception(ep);
       } catch (const std::exception& e) {
         what = e.what();
-      } catch (...) {
-      }
+      } catch (...) {}
       send_json(res, 500, ApiError(500, "server_error", "", "", what).body());
     });
   }
@@ -173,8 +175,10 @@ class Server {
     const Completion& c = p.completion;
     const ServeEngine::Timing& t = p.timing;
     const double secs = (t.total_ms - t.first_ms) / 1000;
-    fmt::print(stderr, "{}: {} prompt tokens ({} read), {} tokens, waited {:.0f} ms, first after {:.0f} ms, "
-               "{:.1f} tokens/s, {}\n", path, c.prompt_tokens, t.read, c.completion_tokens, t.queued_ms, t.first_ms,
+    fmt::print(stderr,
+               "{}: {} prompt tokens ({} read), {} tokens, waited {:.0f} ms, first after {:.0f} ms, "
+               "{:.1f} tokens/s, {}\n",
+               path, c.prompt_tokens, t.read, c.completion_tokens, t.queued_ms, t.first_ms,
                secs > 0 ? double(c.completion_tokens - 1) / secs : 0.0, c.finish_reason);
   }
 
@@ -199,7 +203,7 @@ class StopSignals {
  public:
   StopSignals() {
     if (::pipe(g_signal_pipe) != 0) throw Error(fmt::format("cannot make a pipe: {}", std::strerror(errno)));
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_serve_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
@@ -211,8 +215,7 @@ class StopSignals {
   /// Waits for a signal (or wake()); false when woken.
   static bool wait() {
     char byte = 0;
-    while (::read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
-    }
+    while (::read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {}
     return byte == 's';
   }
   static void wake() {
@@ -235,8 +238,10 @@ void serve_http(ServeEngine& engine, const ServeArgs& a) {
   svr.set_write_timeout(30);
   const int port = a.port == 0 ? svr.bind_to_any_port(a.host) : (svr.bind_to_port(a.host, a.port) ? a.port : -1);
   if (port < 0) {
-    throw Error(fmt::format("cannot listen on {}:{}: the port is taken or the address is not this machine's (another "
-                            "--port, or --port 0 for any free one)", a.host, a.port));
+    throw Error(
+        fmt::format("cannot listen on {}:{}: the port is taken or the address is not this machine's (another "
+                    "--port, or --port 0 for any free one)",
+                    a.host, a.port));
   }
   fmt::print(stderr, "serving {}\n", engine.describe());
   fmt::print(stderr, "listening on http://{}:{} (the API under /v1, a chat page at /); Ctrl-C or SIGTERM stops{}\n",

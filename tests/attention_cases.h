@@ -36,8 +36,8 @@ struct Config {
   MaskKind mask = MaskKind::None;
   float dropout = 0;
   Layout layout = Layout::Contiguous;
-  bool masked_row = false;     // some query rows see no key at all
-  int64_t padded_prefix = 0;   // keys [0, padded_prefix) of batch 0 padded: whole leading key tiles invisible
+  bool masked_row = false;    // some query rows see no key at all
+  int64_t padded_prefix = 0;  // keys [0, padded_prefix) of batch 0 padded: whole leading key tiles invisible
   uint32_t seed = 1;
 };
 
@@ -46,10 +46,10 @@ inline std::string describe(const Config& c) {
   static const char* masks[] = {"none", "full", "broadcast(T,S)", "per-key"};
   return "B=" + std::to_string(c.B) + " NH=" + std::to_string(c.NH) + " NKV=" + std::to_string(c.NKV) +
          " T=" + std::to_string(c.T) + " S=" + std::to_string(c.S) + " E=" + std::to_string(c.E) +
-         " Ev=" + std::to_string(c.Ev) + " causal=" + std::to_string(c.causal) + " key_padding=" +
-         std::to_string(c.key_padding) + " mask=" + masks[int(c.mask)] + " dropout=" + std::to_string(c.dropout) +
-         " layout=" + layouts[int(c.layout)] + " masked_row=" + std::to_string(c.masked_row) +
-         " padded_prefix=" + std::to_string(c.padded_prefix);
+         " Ev=" + std::to_string(c.Ev) + " causal=" + std::to_string(c.causal) +
+         " key_padding=" + std::to_string(c.key_padding) + " mask=" + masks[int(c.mask)] +
+         " dropout=" + std::to_string(c.dropout) + " layout=" + layouts[int(c.layout)] +
+         " masked_row=" + std::to_string(c.masked_row) + " padded_prefix=" + std::to_string(c.padded_prefix);
 }
 
 /// Inputs in double. q, k and v live in one storage buffer (separate regions, or interleaved when fused); the
@@ -70,7 +70,8 @@ inline int64_t extent(const int64_t* stride, int64_t d0, int64_t d1, int64_t d2,
 }
 
 /// Storage indices of every element of a (d0, d1, d2, D) tensor read through strides, in row-major order.
-inline std::vector<int64_t> elements(int64_t off, const int64_t* stride, int64_t d0, int64_t d1, int64_t d2, int64_t D) {
+inline std::vector<int64_t> elements(int64_t off, const int64_t* stride, int64_t d0, int64_t d1, int64_t d2,
+                                     int64_t D) {
   std::vector<int64_t> idx;
   for (int64_t a = 0; a < d0; ++a)
     for (int64_t b = 0; b < d1; ++b)
@@ -79,10 +80,18 @@ inline std::vector<int64_t> elements(int64_t off, const int64_t* stride, int64_t
   return idx;
 }
 
-inline std::vector<int64_t> q_elements(const Problem& p) { return elements(p.q_off, p.g.q_stride, p.g.B, p.g.NH, p.g.T, p.g.E); }
-inline std::vector<int64_t> k_elements(const Problem& p) { return elements(p.k_off, p.g.k_stride, p.g.B, p.g.NKV, p.g.S, p.g.E); }
-inline std::vector<int64_t> v_elements(const Problem& p) { return elements(p.v_off, p.g.v_stride, p.g.B, p.g.NKV, p.g.S, p.g.Ev); }
-inline std::vector<int64_t> o_elements(const Problem& p) { return elements(0, p.g.o_stride, p.g.B, p.g.NH, p.g.T, p.g.Ev); }
+inline std::vector<int64_t> q_elements(const Problem& p) {
+  return elements(p.q_off, p.g.q_stride, p.g.B, p.g.NH, p.g.T, p.g.E);
+}
+inline std::vector<int64_t> k_elements(const Problem& p) {
+  return elements(p.k_off, p.g.k_stride, p.g.B, p.g.NKV, p.g.S, p.g.E);
+}
+inline std::vector<int64_t> v_elements(const Problem& p) {
+  return elements(p.v_off, p.g.v_stride, p.g.B, p.g.NKV, p.g.S, p.g.Ev);
+}
+inline std::vector<int64_t> o_elements(const Problem& p) {
+  return elements(0, p.g.o_stride, p.g.B, p.g.NH, p.g.T, p.g.Ev);
+}
 
 /// After a flash backward with AttentionGeom::grads_unwritten into a dqkv buffer that started as NaN: the elements
 /// of no view (a layout's gaps, which no kernel writes) set to 0; returns how many elements of the views are NaN
@@ -166,7 +175,8 @@ inline Problem make_problem(const Config& c) {
   if (mk != MaskKind::None) {
     int64_t n = 0;
     int64_t* ms = g.mask_stride;
-    if (mk == MaskKind::Full) ms[0] = c.NH * c.T * c.S, ms[1] = c.T * c.S, ms[2] = c.S, ms[3] = 1, n = c.B * c.NH * c.T * c.S;
+    if (mk == MaskKind::Full)
+      ms[0] = c.NH * c.T * c.S, ms[1] = c.T * c.S, ms[2] = c.S, ms[3] = 1, n = c.B * c.NH * c.T * c.S;
     if (mk == MaskKind::BroadcastTS) ms[0] = 0, ms[1] = 0, ms[2] = c.S, ms[3] = 1, n = c.T * c.S;
     if (mk == MaskKind::PerKey) ms[0] = c.S, ms[1] = 0, ms[2] = 0, ms[3] = 1, n = c.B * c.S;
     p.mask.resize(size_t(n));
@@ -213,7 +223,8 @@ inline Reference reference_forward(const Problem& p) {
           }
           x *= g.scale;
           if (!p.mask.empty()) {
-            x += p.mask[size_t(b * g.mask_stride[0] + h * g.mask_stride[1] + t * g.mask_stride[2] + s * g.mask_stride[3])];
+            x += p.mask[size_t(b * g.mask_stride[0] + h * g.mask_stride[1] + t * g.mask_stride[2] +
+                               s * g.mask_stride[3])];
           }
           if (g.causal && s > t + g.S - g.T) x = -kInf;
           if (!p.kp.empty() && p.kp[size_t(b * g.S + s)]) x = -kInf;
@@ -232,7 +243,8 @@ inline Reference reference_forward(const Problem& p) {
           if (!keep) continue;
           for (int64_t e = 0; e < g.Ev; ++e) {
             r.out[size_t(row * g.Ev + e)] +=
-                w * keep_scale * p.qkv[size_t(p.v_off + b * g.v_stride[0] + kvh * g.v_stride[1] + s * g.v_stride[2] + e)];
+                w * keep_scale *
+                p.qkv[size_t(p.v_off + b * g.v_stride[0] + kvh * g.v_stride[1] + s * g.v_stride[2] + e)];
           }
         }
       }
@@ -261,8 +273,13 @@ std::vector<T> convert(const std::vector<double>& x) {
 template <class T>
 struct HostInputs {
   explicit HostInputs(const Problem& p)
-      : qkv(convert<T>(p.qkv)), mask(convert<T>(p.mask)), dout(convert<T>(p.dout)), q(qkv.data() + p.q_off),
-        k(qkv.data() + p.k_off), v(qkv.data() + p.v_off), m(mask.empty() ? nullptr : mask.data()),
+      : qkv(convert<T>(p.qkv)),
+        mask(convert<T>(p.mask)),
+        dout(convert<T>(p.dout)),
+        q(qkv.data() + p.q_off),
+        k(qkv.data() + p.k_off),
+        v(qkv.data() + p.v_off),
+        m(mask.empty() ? nullptr : mask.data()),
         kp(p.kp.empty() ? nullptr : p.kp.data()) {}
   HostInputs(const HostInputs&) = delete;  // the pointers point into this object
   HostInputs& operator=(const HostInputs&) = delete;
@@ -298,7 +315,8 @@ Run<T> run(const Problem& p, bool flash, bool backward) {
 
 /// Every element within atol + rtol * |expected|; infinities must match exactly, NaN never passes.
 template <class T>
-void check_close(const std::vector<T>& got, const std::vector<double>& expected, double atol, double rtol, const char* what) {
+void check_close(const std::vector<T>& got, const std::vector<double>& expected, double atol, double rtol,
+                 const char* what) {
   REQUIRE(got.size() == expected.size());
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -307,7 +325,8 @@ void check_close(const std::vector<T>& got, const std::vector<double>& expected,
     if (!ok && bad++ == 0) first = int64_t(i);
   }
   INFO(what << ": " << bad << " of " << got.size() << " elements differ; first at " << first << ": got "
-            << (first >= 0 ? double(got[size_t(first)]) : 0.0) << ", expected " << (first >= 0 ? expected[size_t(first)] : 0.0));
+            << (first >= 0 ? double(got[size_t(first)]) : 0.0) << ", expected "
+            << (first >= 0 ? expected[size_t(first)] : 0.0));
   CHECK(bad == 0);
 }
 
@@ -361,8 +380,9 @@ void check_rounded_close(const std::vector<T>& got, const std::vector<double>& e
   const double n = double(std::max<int64_t>(finite, 1));
   const double rel = std::sqrt(err2 / n) / std::max(std::sqrt(ref2 / n), kFloor);
   const auto show = [&](int64_t i) {
-    return i < 0 ? std::string("-") : "got " + std::to_string(double(got[size_t(i)])) + ", expected " +
-                                          std::to_string(expected[size_t(i)]) + " at " + std::to_string(i);
+    return i < 0 ? std::string("-")
+                 : "got " + std::to_string(double(got[size_t(i)])) + ", expected " +
+                       std::to_string(expected[size_t(i)]) + " at " + std::to_string(i);
   };
   INFO(what << " (" << std::string(attention_math_name(format)) << "): relative RMS error " << rel << ", largest error "
             << max_err << " (largest |expected| " << max_ref << "; " << show(worst) << "), " << bad_inf
@@ -389,37 +409,96 @@ inline std::vector<Config> forward_cases() {
   std::vector<Config> cs;
   cs.push_back({.B = 2, .NH = 2, .NKV = 2, .T = 5, .S = 5, .E = 8, .Ev = 8});
   cs.push_back({.B = 1, .NH = 4, .NKV = 2, .T = 6, .S = 9, .E = 8, .Ev = 5, .layout = Layout::SeqMajor});  // GQA
-  cs.push_back({.B = 2, .NH = 2, .NKV = 1, .T = 3, .S = 7, .E = 4, .Ev = 4, .causal = true});             // T < S
-  cs.push_back({.B = 1, .NH = 2, .NKV = 2, .T = 7, .S = 3, .E = 4, .Ev = 6, .causal = true});             // T > S: empty rows
+  cs.push_back({.B = 2, .NH = 2, .NKV = 1, .T = 3, .S = 7, .E = 4, .Ev = 4, .causal = true});              // T < S
+  cs.push_back({.B = 1, .NH = 2, .NKV = 2, .T = 7, .S = 3, .E = 4, .Ev = 6, .causal = true});  // T > S: empty rows
   cs.push_back({.B = 2, .NH = 2, .NKV = 2, .T = 4, .S = 6, .E = 8, .Ev = 8, .key_padding = true, .seed = 2});
   cs.push_back({.B = 2, .NH = 2, .NKV = 1, .T = 5, .S = 6, .E = 8, .Ev = 8, .mask = MaskKind::Full, .seed = 3});
   cs.push_back({.B = 1, .NH = 2, .NKV = 2, .T = 5, .S = 5, .E = 8, .Ev = 8, .causal = true, .masked_row = true});
-  cs.push_back({.B = 2, .NH = 2, .NKV = 2, .T = 5, .S = 6, .E = 8, .Ev = 8, .mask = MaskKind::PerKey, .masked_row = true});
-  cs.push_back({.B = 2, .NH = 2, .NKV = 2, .T = 6, .S = 6, .E = 8, .Ev = 8, .causal = true, .dropout = 0.3f,
-                .layout = Layout::Fused, .seed = 4});
+  cs.push_back(
+      {.B = 2, .NH = 2, .NKV = 2, .T = 5, .S = 6, .E = 8, .Ev = 8, .mask = MaskKind::PerKey, .masked_row = true});
+  cs.push_back({.B = 2,
+                .NH = 2,
+                .NKV = 2,
+                .T = 6,
+                .S = 6,
+                .E = 8,
+                .Ev = 8,
+                .causal = true,
+                .dropout = 0.3f,
+                .layout = Layout::Fused,
+                .seed = 4});
   return cs;
 }
 
 /// A seeded random matrix of shapes plus the corners a random draw may miss.
 inline std::vector<Config> flash_cases() {
   std::vector<Config> cs;
-  cs.push_back({.B = 2, .NH = 4, .NKV = 2, .T = 64, .S = 64, .E = 64, .Ev = 64, .causal = true, .layout = Layout::Fused});
-  cs.push_back({.B = 1, .NH = 4, .NKV = 4, .T = 100, .S = 100, .E = 32, .Ev = 32, .causal = true, .key_padding = true,
-                .mask = MaskKind::BroadcastTS, .dropout = 0.1f, .layout = Layout::Fused, .masked_row = true});
+  cs.push_back(
+      {.B = 2, .NH = 4, .NKV = 2, .T = 64, .S = 64, .E = 64, .Ev = 64, .causal = true, .layout = Layout::Fused});
+  cs.push_back({.B = 1,
+                .NH = 4,
+                .NKV = 4,
+                .T = 100,
+                .S = 100,
+                .E = 32,
+                .Ev = 32,
+                .causal = true,
+                .key_padding = true,
+                .mask = MaskKind::BroadcastTS,
+                .dropout = 0.1f,
+                .layout = Layout::Fused,
+                .masked_row = true});
   cs.push_back({.B = 1, .NH = 4, .NKV = 1, .T = 1, .S = 100, .E = 128, .Ev = 128, .causal = true});
-  cs.push_back({.B = 2, .NH = 4, .NKV = 2, .T = 130, .S = 200, .E = 64, .Ev = 64, .causal = true, .layout = Layout::SeqMajor});
-  cs.push_back({.B = 1, .NH = 4, .NKV = 2, .T = 100, .S = 33, .E = 80, .Ev = 48, .causal = true, .mask = MaskKind::Full});
+  cs.push_back(
+      {.B = 2, .NH = 4, .NKV = 2, .T = 130, .S = 200, .E = 64, .Ev = 64, .causal = true, .layout = Layout::SeqMajor});
+  cs.push_back(
+      {.B = 1, .NH = 4, .NKV = 2, .T = 100, .S = 33, .E = 80, .Ev = 48, .causal = true, .mask = MaskKind::Full});
   cs.push_back({.B = 2, .NH = 4, .NKV = 4, .T = 33, .S = 7, .E = 5, .Ev = 3, .key_padding = true, .dropout = 0.5f});
-  cs.push_back({.B = 2, .NH = 4, .NKV = 2, .T = 40, .S = 150, .E = 32, .Ev = 32, .key_padding = true, .padded_prefix = 140});
-  cs.push_back({.B = 2, .NH = 4, .NKV = 1, .T = 150, .S = 150, .E = 16, .Ev = 16, .causal = true, .dropout = 0.1f,
+  cs.push_back(
+      {.B = 2, .NH = 4, .NKV = 2, .T = 40, .S = 150, .E = 32, .Ev = 32, .key_padding = true, .padded_prefix = 140});
+  cs.push_back({.B = 2,
+                .NH = 4,
+                .NKV = 1,
+                .T = 150,
+                .S = 150,
+                .E = 16,
+                .Ev = 16,
+                .causal = true,
+                .dropout = 0.1f,
                 .padded_prefix = 100});
   // 32 and more (batch, kv head) pairs: the flash backward's one pass (dQ summed beside dK and dV, no pass 2).
-  cs.push_back({.B = 8, .NH = 4, .NKV = 4, .T = 33, .S = 33, .E = 16, .Ev = 16, .causal = true, .key_padding = true,
-                .mask = MaskKind::Full, .dropout = 0.1f});
-  cs.push_back({.B = 16, .NH = 4, .NKV = 2, .T = 70, .S = 70, .E = 32, .Ev = 32, .causal = true, .layout = Layout::Fused});
-  cs.push_back({.B = 8, .NH = 8, .NKV = 4, .T = 100, .S = 64, .E = 16, .Ev = 24, .mask = MaskKind::BroadcastTS,
-                .layout = Layout::SeqMajor, .masked_row = true});
-  cs.push_back({.B = 32, .NH = 2, .NKV = 1, .T = 130, .S = 130, .E = 8, .Ev = 8, .causal = true, .dropout = 0.2f,
+  cs.push_back({.B = 8,
+                .NH = 4,
+                .NKV = 4,
+                .T = 33,
+                .S = 33,
+                .E = 16,
+                .Ev = 16,
+                .causal = true,
+                .key_padding = true,
+                .mask = MaskKind::Full,
+                .dropout = 0.1f});
+  cs.push_back(
+      {.B = 16, .NH = 4, .NKV = 2, .T = 70, .S = 70, .E = 32, .Ev = 32, .causal = true, .layout = Layout::Fused});
+  cs.push_back({.B = 8,
+                .NH = 8,
+                .NKV = 4,
+                .T = 100,
+                .S = 64,
+                .E = 16,
+                .Ev = 24,
+                .mask = MaskKind::BroadcastTS,
+                .layout = Layout::SeqMajor,
+                .masked_row = true});
+  cs.push_back({.B = 32,
+                .NH = 2,
+                .NKV = 1,
+                .T = 130,
+                .S = 130,
+                .E = 8,
+                .Ev = 8,
+                .causal = true,
+                .dropout = 0.2f,
                 .padded_prefix = 60});
   std::mt19937 rng(2024);
   auto pick = [&](auto... xs) {

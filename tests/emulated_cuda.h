@@ -24,6 +24,8 @@
 // Include this before any header of device code: it defines the CUDA keywords and built-ins those use.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -36,8 +38,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <sys/mman.h>
 #if !defined(__x86_64__)
 #define TINYGPT_EMU_UCONTEXT 1  // x86-64 switches fibers with the few instructions below; elsewhere, ucontext
 #endif
@@ -163,10 +163,10 @@ inline void switch_context(Context& save, const Context& load) { tinygpt_emu_swi
 /// entry begins as if called (its stack pointer 8 past a 16-byte boundary); entry never returns.
 inline void make_context(Context& c, unsigned char* stack, size_t bytes, void (*entry)()) {
   uint64_t* sp = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15));
-  *--sp = 0;                               // entry's return address
+  *--sp = 0;                                  // entry's return address
   *--sp = reinterpret_cast<uint64_t>(entry);  // where the switch returns to
-  for (int i = 0; i < 6; ++i) *--sp = 0;   // rbp, rbx, r12-r15
-  uint16_t x87_control;                    // the calling thread's rounding and flushing modes, as a new thread's
+  for (int i = 0; i < 6; ++i) *--sp = 0;      // rbp, rbx, r12-r15
+  uint16_t x87_control;                       // the calling thread's rounding and flushing modes, as a new thread's
   asm volatile("fnstcw %0" : "=m"(x87_control));
   *--sp = uint64_t(__builtin_ia32_stmxcsr()) | uint64_t(x87_control) << 32;
   c.sp = sp;
@@ -192,10 +192,10 @@ struct Fiber {
   size_t stack_bytes = 0;
   unsigned index = 0;
   bool done = false;
-  const Barrier* waiting = nullptr;  // the barrier it waits at, until released
-  std::vector<PendingCopy> open_copies;                // issued, not yet committed
+  const Barrier* waiting = nullptr;                   // the barrier it waits at, until released
+  std::vector<PendingCopy> open_copies;               // issued, not yet committed
   std::vector<std::vector<PendingCopy>> copy_groups;  // committed, oldest first
-  void* fake_stack = nullptr;                          // AddressSanitizer's, while switched out
+  void* fake_stack = nullptr;                         // AddressSanitizer's, while switched out
 };
 
 /// The calling thread's side of the switches: where fibers return to.
@@ -204,7 +204,7 @@ struct Scheduler {
   void* fake_stack = nullptr;
   const void* stack_bottom = nullptr;  // the calling thread's stack, for AddressSanitizer
   size_t stack_bytes = 0;
-  Fiber* fibers = nullptr;     // the block's threads
+  Fiber* fibers = nullptr;      // the block's threads
   std::vector<uint64_t> ready;  // a bit a thread: neither waiting nor returned
   void set_ready(unsigned i) { ready[i / 64] |= uint64_t(1) << (i % 64); }
   void clear_ready(unsigned i) { ready[i / 64] &= ~(uint64_t(1) << (i % 64)); }
@@ -306,14 +306,14 @@ auto warp_exchange(const uint32_t* words, int n, Read read) {
 
 inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
-  return warp_exchange(&bits, 1, [&](const uint32_t (*slot)[8], unsigned lane) {
+  return warp_exchange(&bits, 1, [&](const uint32_t(*slot)[8], unsigned lane) {
     return std::bit_cast<float>(slot[lane ^ unsigned(lane_mask)][0]);
   });
 }
 
 inline float __shfl_sync(unsigned, float x, int src_lane) {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
-  return warp_exchange(&bits, 1, [&](const uint32_t (*slot)[8], unsigned) {
+  return warp_exchange(&bits, 1, [&](const uint32_t(*slot)[8], unsigned) {
     return std::bit_cast<float>(slot[unsigned(src_lane) % 32][0]);
   });
 }
@@ -328,7 +328,9 @@ inline uint16_t to_bf16_bits(float x) {
 
 inline float bf16_bits_to_float(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
 
-inline uint32_t pack_bf16(float lo, float hi) { return uint32_t(to_bf16_bits(lo)) | (uint32_t(to_bf16_bits(hi)) << 16); }
+inline uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(to_bf16_bits(lo)) | (uint32_t(to_bf16_bits(hi)) << 16);
+}
 
 using Slots = const uint32_t (*)[8];
 
@@ -360,7 +362,8 @@ inline float bf16_half(uint32_t w, int i) { return bf16_bits_to_float(uint16_t(i
 /// B(k, n) by lane n * 4 + (k % 8) / 2 in register 4 + k / 8, half k % 2.
 inline void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   emulated_mma<16>(
-      d, a, b, [](Slots s, int r, int k) { return bf16_half(s[(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2); },
+      d, a, b,
+      [](Slots s, int r, int k) { return bf16_half(s[(r % 8) * 4 + (k % 8) / 2][r / 8 + 2 * (k / 8)], k % 2); },
       [](Slots s, int k, int n) { return bf16_half(s[n * 4 + (k % 8) / 2][4 + k / 8], k % 2); });
 }
 
@@ -456,7 +459,8 @@ class Stacks {
   static constexpr size_t kBytes = size_t(1) << 20, kGuard = 4096;
   unsigned char* get(size_t i) {
     while (stacks_.size() <= i) {
-      void* p = mmap(nullptr, kBytes + kGuard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      void* p =
+          mmap(nullptr, kBytes + kGuard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p == MAP_FAILED || mprotect(p, kGuard, PROT_NONE) != 0) {
         std::fprintf(stderr, "emulated CUDA: could not map a fiber's stack\n");
         std::abort();
@@ -498,7 +502,9 @@ inline void fiber_main() {
 
 // In functions of their own: on the ucontext path getcontext and swapcontext return twice to the compiler, and the
 // scheduler's locals would be thought clobbered.
-[[gnu::noinline]] inline void make_fiber_context(Fiber& f) { make_context(f.context, f.stack, f.stack_bytes, fiber_main); }
+[[gnu::noinline]] inline void make_fiber_context(Fiber& f) {
+  make_context(f.context, f.stack, f.stack_bytes, fiber_main);
+}
 
 /// Switches to fiber f until it waits at a barrier or ends.
 [[gnu::noinline]] inline void run_fiber(Scheduler& s, Fiber& f) {
@@ -545,8 +551,10 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, const std::fu
         while (done < threads) {
           const int i = scheduler.pick(down);
           if (i < 0) {
-            std::fprintf(stderr, "emulated CUDA: block (%u, %u, %u): %u of %u threads wait at barriers the others "
-                         "never reach (a __syncthreads in divergent code?)\n", x, y, z, threads - done, threads);
+            std::fprintf(stderr,
+                         "emulated CUDA: block (%u, %u, %u): %u of %u threads wait at barriers the others "
+                         "never reach (a __syncthreads in divergent code?)\n",
+                         x, y, z, threads - done, threads);
             std::abort();
           }
           Fiber* next = &fibers[unsigned(i)];
@@ -582,7 +590,10 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
 class Scratch {
  public:
   explicit Scratch(size_t bytes) : bytes_(bytes, 0xff) {}
-  template <class T> T* as() { return reinterpret_cast<T*>(bytes_.data()); }
+  template <class T>
+  T* as() {
+    return reinterpret_cast<T*>(bytes_.data());
+  }
 
  private:
   std::vector<unsigned char> bytes_;
@@ -594,7 +605,9 @@ inline void copy_to_host(void* dst, const void* src, size_t bytes) {
   ++host_copies;
   if (bytes) std::memcpy(dst, src, bytes);
 }
-inline void copy_to_device(void* dst, const void* src, size_t bytes) { if (bytes) std::memcpy(dst, src, bytes); }
+inline void copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
 
 /// What the launchers read of the GPU: an H100's shared memory per block.
 struct DeviceProperties {
@@ -680,8 +693,8 @@ inline bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   ++fused_gemm_calls;
   if (!fused_gemm_available) return false;
   if (math == MatmulMath::BF16) {
-    gemm_bf16(trans_a, trans_b, M, N, K, 1.0f, static_cast<const uint16_t*>(A), lda, 0,
-              static_cast<const uint16_t*>(B), ldb, 0, 0.0f, D, ldd, 0, 1, what);
+    gemm_bf16(trans_a, trans_b, M, N, K, 1.0f, static_cast<const uint16_t*>(A), lda, 0, static_cast<const uint16_t*>(B),
+              ldb, 0, 0.0f, D, ldd, 0, 1, what);
   } else {
     gemm(trans_a, trans_b, M, N, K, 1.0f, static_cast<const float*>(A), lda, 0, static_cast<const float*>(B), ldb, 0,
          0.0f, D, ldd, 0, 1, math == MatmulMath::TF32, what);

@@ -96,13 +96,13 @@ TEST_CASE("attention: flash and the weights path equal naive, forward and gradie
   Generator gen(11);
   const std::vector<Case> cases = {
       {1, 2, 2, 5, 5, 16, 16, false, false, false, false, false},
-      {2, 4, 2, 7, 13, 32, 32, true, false, false, false, false},    // GQA, causal with T < S
-      {2, 4, 1, 13, 7, 16, 24, true, false, false, false, false},    // MQA, causal with T > S, Ev != E
-      {1, 2, 2, 1, 9, 64, 64, false, false, false, false, false},    // T = 1
-      {2, 3, 3, 33, 33, 80, 80, false, true, false, false, false},   // padding: batch 1 fully masked
-      {1, 4, 2, 17, 21, 128, 128, false, false, true, false, false}, // additive mask, per head
-      {2, 2, 1, 9, 9, 32, 32, true, true, true, true, false},        // every mask at once, bool attn_mask
-      {1, 2, 2, 65, 70, 16, 16, false, false, false, false, true},   // dropout with a fixed seed
+      {2, 4, 2, 7, 13, 32, 32, true, false, false, false, false},     // GQA, causal with T < S
+      {2, 4, 1, 13, 7, 16, 24, true, false, false, false, false},     // MQA, causal with T > S, Ev != E
+      {1, 2, 2, 1, 9, 64, 64, false, false, false, false, false},     // T = 1
+      {2, 3, 3, 33, 33, 80, 80, false, true, false, false, false},    // padding: batch 1 fully masked
+      {1, 4, 2, 17, 21, 128, 128, false, false, true, false, false},  // additive mask, per head
+      {2, 2, 1, 9, 9, 32, 32, true, true, true, true, false},         // every mask at once, bool attn_mask
+      {1, 2, 2, 65, 70, 16, 16, false, false, false, false, true},    // dropout with a fixed seed
       {2, 4, 2, 40, 40, 32, 16, true, true, false, false, true},
   };
   for (const Case& c : cases) {
@@ -156,8 +156,8 @@ TEST_CASE("attention: the returned weights are part of the graph (gradient check
   o.need_weights = true;
   const Inputs qkv = {leaf({1, 4, 5, 4}, gen), leaf({1, 2, 6, 4}, gen), leaf({1, 2, 6, 3}, gen)};
   expect_gradcheck([o](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], o).weights; }, qkv);
-  expect_gradcheck([o](const Inputs& in) { return mean(scaled_dot_product_attention(in[0], in[1], in[2], o).weights, 1); },
-                   qkv);
+  expect_gradcheck(
+      [o](const Inputs& in) { return mean(scaled_dot_product_attention(in[0], in[1], in[2], o).weights, 1); }, qkv);
   // A loss on both the output and the weights, read out of a fused projection.
   AttentionOptions f;
   f.is_causal = true;
@@ -172,7 +172,8 @@ TEST_CASE("attention: the returned weights are part of the graph (gradient check
   CHECK(r.weights.requires_grad());
   AttentionOptions flash = o;
   flash.impl = AttentionImpl::Flash;
-  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], flash), doctest::Contains("need_weights"), Error);
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], flash), doctest::Contains("need_weights"),
+                       Error);
 }
 
 TEST_CASE("attention: weights sum to one over unmasked keys, and match the output") {
@@ -208,8 +209,8 @@ TEST_CASE("attention: grouped-query heads equal multi-head attention with repeat
   };
   AttentionOptions o;
   o.is_causal = true;
-  check_close(scaled_dot_product_attention(q, k, v, o).out, scaled_dot_product_attention(q, repeat(k), repeat(v), o).out,
-              1e-12, 1e-10);
+  check_close(scaled_dot_product_attention(q, k, v, o).out,
+              scaled_dot_product_attention(q, repeat(k), repeat(v), o).out, 1e-12, 1e-10);
 }
 
 TEST_CASE("attention: shape and mask errors are named") {
@@ -244,7 +245,8 @@ TEST_CASE("MultiHeadAttention: self-attention equals the computation composed fr
       for (int64_t t = 0; t < T; ++t)
         for (int64_t s = 0; s < T; ++s)
           if (s > t || (b == 0 && s == 3)) bias[size_t((b * T + t) * T + s)] = -1e30f;
-    const Tensor scores = matmul(q, repeat_2_kv_heads(k), false, true) * (1.0 / std::sqrt(double(E))) + reshape(from_vector(bias, {B, T, T}), {B, 1, T, T});
+    const Tensor scores = matmul(q, repeat_2_kv_heads(k), false, true) * (1.0 / std::sqrt(double(E))) +
+                          reshape(from_vector(bias, {B, T, T}), {B, 1, T, T});
     const Tensor p = softmax(scores);
     const Tensor merged = reshape(permute(matmul(p, repeat_2_kv_heads(v)), {0, 2, 1, 3}), {B, T, NH * E});
     check_close(got.out, linear(merged, mha.c_proj.weight, mha.c_proj.bias), 1e-5, 1e-4);
@@ -264,7 +266,8 @@ TEST_CASE("MultiHeadAttention: cross-attention, kdim/vdim, averaged weights, gra
   for (auto& [n, t] : cross.named_parameters()) names.push_back(n);
   CHECK(names == std::vector<std::string>{"q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
                                           "v_proj.weight", "v_proj.bias", "c_proj.weight", "c_proj.bias"});
-  CHECK_THROWS_WITH_AS(nn::MultiHeadAttention({.embed_dim = 10, .num_heads = 4}), doctest::Contains("not divisible"), Error);
+  CHECK_THROWS_WITH_AS(nn::MultiHeadAttention({.embed_dim = 10, .num_heads = 4}), doctest::Contains("not divisible"),
+                       Error);
   CHECK_THROWS_AS(cross.forward(q, q, q), Error);  // key has the wrong width
 }
 
@@ -298,14 +301,20 @@ TEST_CASE("MultiHeadAttention with QK-norm: gradient check in f64 (self- and cro
   Generator gen(19);
   for (const bool cross : {false, true}) {
     CAPTURE(cross);
-    nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2, .kdim = cross ? 6 : 0, .vdim = cross ? 6 : 0,
-                                .bias = false, .rope = true, .qk_norm = true},
+    nn::MultiHeadAttention mha({.embed_dim = 8,
+                                .num_heads = 4,
+                                .num_kv_heads = 2,
+                                .kdim = cross ? 6 : 0,
+                                .vdim = cross ? 6 : 0,
+                                .bias = false,
+                                .rope = true,
+                                .qk_norm = true},
                                gen);
     std::vector<Tensor> inputs = {leaf({2, 4, 8}, gen), leaf({2, 5, cross ? 6 : 8}, gen)};
     std::vector<Tensor*> slots;  // the module's tensors, pointed at the f64 inputs for each evaluation
-    for (Tensor* t : {mha.c_attn ? &mha.c_attn->weight : &mha.q_proj->weight, mha.c_attn ? nullptr : &mha.k_proj->weight,
-                      mha.c_attn ? nullptr : &mha.v_proj->weight, &mha.c_proj.weight, &mha.q_norm->weight,
-                      &mha.k_norm->weight}) {
+    for (Tensor* t :
+         {mha.c_attn ? &mha.c_attn->weight : &mha.q_proj->weight, mha.c_attn ? nullptr : &mha.k_proj->weight,
+          mha.c_attn ? nullptr : &mha.v_proj->weight, &mha.c_proj.weight, &mha.q_norm->weight, &mha.k_norm->weight}) {
       if (t == nullptr) continue;
       Tensor d = t->detach().to(DType::F64);
       if (t == &mha.q_norm->weight || t == &mha.k_norm->weight) d = d + randn(d.shape(), gen, DType::F64) * 0.3;
@@ -350,17 +359,22 @@ TEST_CASE("MultiHeadAttention with QK-norm: gradient check in f64 (self- and cro
   CHECK(std::any_of(moved.begin(), moved.end(), [](float d) { return std::abs(d) > 1e-2f; }));
 }
 
-TEST_CASE("MultiHeadAttention: add_bias_kv and add_zero_attn with grouped-query heads equal the computation composed "
-          "from basic ops, sequence-first") {
+TEST_CASE(
+    "MultiHeadAttention: add_bias_kv and add_zero_attn with grouped-query heads equal the computation composed "
+    "from basic ops, sequence-first") {
   Generator gen(20);
   const int64_t B = 2, T = 5, S = T + 2, NH = 4, NKV = 2, E = 4;
-  nn::MultiHeadAttention mha({.embed_dim = 16, .num_heads = 4, .num_kv_heads = 2, .add_bias_kv = true,
-                              .add_zero_attn = true, .batch_first = false},
+  nn::MultiHeadAttention mha({.embed_dim = 16,
+                              .num_heads = 4,
+                              .num_kv_heads = 2,
+                              .add_bias_kv = true,
+                              .add_zero_attn = true,
+                              .batch_first = false},
                              gen);
   std::vector<std::string> names;
   for (auto& [n, t] : mha.named_parameters()) names.push_back(n);
-  CHECK(names == std::vector<std::string>{"bias_k", "bias_v", "c_attn.weight", "c_attn.bias", "c_proj.weight",
-                                          "c_proj.bias"});
+  CHECK(names ==
+        std::vector<std::string>{"bias_k", "bias_v", "c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias"});
   CHECK(mha.bias_k.shape() == Shape{1, 1, NKV * E});  // one bias per key/value head
   CHECK(mha.bias_v.shape() == Shape{1, 1, NKV * E});
   const Tensor x = randn({T, B, 16}, gen);  // sequence-first
@@ -371,21 +385,22 @@ TEST_CASE("MultiHeadAttention: add_bias_kv and add_zero_attn with grouped-query 
   // Reference: batch-first x, explicit heads, bias_k / bias_v and a zero row appended to every key/value head, causal
   // and padding over the T real keys only.
   const Tensor qkv = linear(transpose(x, 0, 1), mha.c_attn->weight, mha.c_attn->bias);  // (B, T, (4 + 2 + 2) * 4)
-  auto heads = [&](int64_t first, int64_t count) {  // -> (B, count, T, E)
+  auto heads = [&](int64_t first, int64_t count) {                                      // -> (B, count, T, E)
     return permute(reshape(narrow(qkv, 2, first * E, count * E), {B, T, count, E}), {0, 2, 1, 3});
   };
   auto appended = [&](const Tensor& t, const Tensor& bias) {  // (B, NKV, T, E) -> (B, NKV, T + 2, E)
     const Tensor b = zeros({B, NKV, 1, E}) + permute(reshape(bias, {1, 1, NKV, E}), {0, 2, 1, 3});
     return concat({t, b, zeros({B, NKV, 1, E})}, 2);
   };
-  const Tensor q = heads(0, NH), k = appended(heads(NH, NKV), mha.bias_k), v = appended(heads(NH + NKV, NKV), mha.bias_v);
+  const Tensor q = heads(0, NH), k = appended(heads(NH, NKV), mha.bias_k),
+               v = appended(heads(NH + NKV, NKV), mha.bias_v);
   std::vector<float> bias(size_t(B * T * S), 0.0f);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t s = 0; s < T; ++s)
         if (s > t || pad_bits[size_t(b * T + s)]) bias[size_t((b * T + t) * S + s)] = -1e30f;
-  const Tensor scores =
-      matmul(q, repeat_2_kv_heads(k), false, true) * (1.0 / std::sqrt(double(E))) + reshape(from_vector(bias, {B, T, S}), {B, 1, T, S});
+  const Tensor scores = matmul(q, repeat_2_kv_heads(k), false, true) * (1.0 / std::sqrt(double(E))) +
+                        reshape(from_vector(bias, {B, T, S}), {B, 1, T, S});
   const Tensor p = softmax(scores);
   const Tensor merged = reshape(permute(matmul(p, repeat_2_kv_heads(v)), {0, 2, 1, 3}), {B, T, NH * E});
   check_close(got.out, transpose(linear(merged, mha.c_proj.weight, mha.c_proj.bias), 0, 1), 1e-5, 1e-4);
@@ -399,7 +414,8 @@ TEST_CASE("MultiHeadAttention: add_bias_kv and add_zero_attn with grouped-query 
     for (int64_t s = 0; s < T; ++s) {
       causal[size_t(t * T + s)] = s > t;
       additive[size_t(t * T + s)] = float(0.1 * double(t - 2 * s));
-      additive_causal[size_t(t * T + s)] = s > t ? -std::numeric_limits<float>::infinity() : additive[size_t(t * T + s)];
+      additive_causal[size_t(t * T + s)] =
+          s > t ? -std::numeric_limits<float>::infinity() : additive[size_t(t * T + s)];
     }
   const auto with_mask = mha.forward(x, x, x, Tensor(), from_vector(causal, {T, T}), false, true, false);
   const auto with_flag = mha.forward(x, x, x, Tensor(), Tensor(), true, true, false);
@@ -443,17 +459,21 @@ TEST_CASE("MultiHeadAttention: batch_first = false is batch_first = true on tran
 
 TEST_CASE("MultiHeadAttention: gradient check with bias_k, bias_v, the zero key and sequence-first inputs in f64") {
   Generator gen(24);
-  nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 4, .num_kv_heads = 2, .add_bias_kv = true,
-                              .add_zero_attn = true, .batch_first = false},
+  nn::MultiHeadAttention mha({.embed_dim = 8,
+                              .num_heads = 4,
+                              .num_kv_heads = 2,
+                              .add_bias_kv = true,
+                              .add_zero_attn = true,
+                              .batch_first = false},
                              gen);
   auto f64_leaf = [](const Tensor& p) {
     Tensor d = p.detach().to(DType::F64);
     d.requires_grad_();
     return d;
   };
-  const std::vector<Tensor> inputs = {leaf({4, 2, 8}, gen),         f64_leaf(mha.c_attn->weight), f64_leaf(mha.c_attn->bias),
-                                      f64_leaf(mha.c_proj.weight), f64_leaf(mha.c_proj.bias),   f64_leaf(mha.bias_k),
-                                      f64_leaf(mha.bias_v)};
+  const std::vector<Tensor> inputs = {
+      leaf({4, 2, 8}, gen),      f64_leaf(mha.c_attn->weight), f64_leaf(mha.c_attn->bias), f64_leaf(mha.c_proj.weight),
+      f64_leaf(mha.c_proj.bias), f64_leaf(mha.bias_k),         f64_leaf(mha.bias_v)};
   const Tensor pad = from_vector(std::vector<uint8_t>{0, 0, 1, 0, 0, 0, 0, 0}, {2, 4});
   nn::MultiHeadAttention* m = &mha;
   for (bool need_weights : {false, true}) {  // with weights: a loss on the per-head weights reaches bias_k too
@@ -469,7 +489,8 @@ TEST_CASE("MultiHeadAttention: gradient check with bias_k, bias_v, the zero key 
   }
 }
 
-TEST_CASE("MultiHeadAttention: add_bias_kv, add_zero_attn and batch_first = false refuse what they cannot mean, named") {
+TEST_CASE(
+    "MultiHeadAttention: add_bias_kv, add_zero_attn and batch_first = false refuse what they cannot mean, named") {
   using Config = nn::MultiHeadAttentionConfig;
   auto build = [](const Config& c) { nn::MultiHeadAttention m(c); };
   CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .rope = true}),
@@ -482,7 +503,8 @@ TEST_CASE("MultiHeadAttention: add_bias_kv, add_zero_attn and batch_first = fals
                        doctest::Contains("t5_buckets"), Error);
   CHECK_THROWS_WITH_AS(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .mods = {.window = 3}}),
                        doctest::Contains("window"), Error);
-  CHECK_NOTHROW(build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true, .mods = {.softcap = 5.0}}));
+  CHECK_NOTHROW(
+      build({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true, .mods = {.softcap = 5.0}}));
 
   Generator gen(23);
   nn::MultiHeadAttention mha({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .add_zero_attn = true}, gen);
@@ -490,20 +512,22 @@ TEST_CASE("MultiHeadAttention: add_bias_kv, add_zero_attn and batch_first = fals
   {
     NoGradGuard no_grad;
     Tensor kc = zeros({2, 8, 8}), vc = zeros({2, 8, 8});
-    CHECK_THROWS_WITH_AS(mha.forward_cached(x, kc, vc, 0), doctest::Contains("forward_cached does not support add_bias_kv"),
-                         Error);
+    CHECK_THROWS_WITH_AS(mha.forward_cached(x, kc, vc, 0),
+                         doctest::Contains("forward_cached does not support add_bias_kv"), Error);
   }
   const Tensor docs = from_vector(std::vector<int32_t>(10, 0), {2, 5});
   CHECK_THROWS_WITH_AS(mha.forward(x, x, x, Tensor(), Tensor(), false, false, true, 0, docs),
                        doctest::Contains("doc_ids with add_bias_kv or add_zero_attn"), Error);
-  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, zeros({2, 5})), doctest::Contains("key_padding_mask must be a bool"), Error);
+  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, zeros({2, 5})), doctest::Contains("key_padding_mask must be a bool"),
+                       Error);
   CHECK_THROWS_WITH_AS(mha.forward(x, x, x, Tensor(), from_vector(std::vector<uint8_t>(10, 0), {5, 2})),
                        doctest::Contains("does not end in the 5 keys"), Error);
 
   nn::MultiHeadAttention sf({.embed_dim = 8, .num_heads = 2, .batch_first = false}, gen);
   const Tensor mem = randn({3, 2, 8}, gen);  // (S, B, E), but x read sequence-first has B = 5
   CHECK_THROWS_WITH_AS(sf.forward(x, mem, mem), doctest::Contains("key must be (S, B, 8)"), Error);
-  CHECK_THROWS_WITH_AS(sf.forward(randn({5, 2, 6}, gen), mem, mem), doctest::Contains("query must be (T, B, 8)"), Error);
+  CHECK_THROWS_WITH_AS(sf.forward(randn({5, 2, 6}, gen), mem, mem), doctest::Contains("query must be (T, B, 8)"),
+                       Error);
 }
 
 TEST_CASE("attention on bf16 tensors tracks the f32 op with bf16 operands (CPU: the bf16-storage forward's twin)") {
@@ -561,7 +585,8 @@ TEST_CASE("attention: the paths in order: every one taken by its calls, each equ
     // bf16 tensors against the naive kernel on the same (rounded) values in f32, bf16 operands.
     const Tensor got = scaled_dot_product_attention(qd, kd, vd, w.o).out.to(DType::F32);
     if (w.bf16) reference.numerics.attention = AttentionMath::BF16;
-    const Tensor want = scaled_dot_product_attention(qd.to(DType::F32), kd.to(DType::F32), vd.to(DType::F32), reference).out;
+    const Tensor want =
+        scaled_dot_product_attention(qd.to(DType::F32), kd.to(DType::F32), vd.to(DType::F32), reference).out;
     check_close(got, want, w.bf16 ? 2e-2 : 1e-5, w.bf16 ? 2e-2 : 1e-5);
   }
   // Every path is taken but the GPU's tensor-core one, which no CPU tensor takes (tests/test_cuda.cpp asks it).

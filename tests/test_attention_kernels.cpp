@@ -39,7 +39,15 @@ TEST_CASE("attention_naive_forward matches a direct double-precision computation
 
 TEST_CASE("attention kernels: a row with no visible key gives zeros, lse -inf and zero gradients, never NaN") {
   // Causal with T > S: rows t < T - S see nothing; row T/2 has an all -inf mask; batch 1 pads every key.
-  const Config c{.B = 2, .NH = 2, .NKV = 1, .T = 9, .S = 5, .E = 16, .Ev = 16, .causal = true, .dropout = 0.2f,
+  const Config c{.B = 2,
+                 .NH = 2,
+                 .NKV = 1,
+                 .T = 9,
+                 .S = 5,
+                 .E = 16,
+                 .Ev = 16,
+                 .causal = true,
+                 .dropout = 0.2f,
                  .masked_row = true};
   Problem p = make_problem(c);
   p.kp.assign(size_t(c.B * c.S), 0);
@@ -57,7 +65,8 @@ TEST_CASE("attention kernels: a row with no visible key gives zeros, lse -inf an
           if (!(b == 1 || t < c.T - c.S || t == c.T / 2)) continue;
           ++empty_rows;
           CHECK(lse == -std::numeric_limits<float>::infinity());
-          for (int64_t e = 0; e < c.Ev; ++e) CHECK(r.out[size_t(b * g.o_stride[0] + h * g.o_stride[1] + t * g.o_stride[2] + e)] == 0.0f);
+          for (int64_t e = 0; e < c.Ev; ++e)
+            CHECK(r.out[size_t(b * g.o_stride[0] + h * g.o_stride[1] + t * g.o_stride[2] + e)] == 0.0f);
           for (int64_t e = 0; e < c.E; ++e) {
             CHECK(r.dqkv[size_t(p.q_off + b * g.q_stride[0] + h * g.q_stride[1] + t * g.q_stride[2] + e)] == 0.0f);
           }
@@ -103,13 +112,40 @@ void check_naive_backward(const Config& c) {
 
 TEST_CASE("attention_naive_backward matches central differences") {
   check_naive_backward({.B = 2, .NH = 2, .NKV = 2, .T = 4, .S = 5, .E = 4, .Ev = 3});
-  check_naive_backward({.B = 1, .NH = 4, .NKV = 2, .T = 5, .S = 4, .E = 4, .Ev = 4, .causal = true, .layout = Layout::SeqMajor});
-  check_naive_backward({.B = 2, .NH = 2, .NKV = 1, .T = 3, .S = 6, .E = 3, .Ev = 5, .causal = true, .key_padding = true,
-                        .mask = MaskKind::Full, .seed = 5});
-  check_naive_backward({.B = 1, .NH = 2, .NKV = 2, .T = 5, .S = 5, .E = 4, .Ev = 4, .mask = MaskKind::BroadcastTS,
-                        .masked_row = true, .seed = 6});
-  check_naive_backward({.B = 2, .NH = 2, .NKV = 1, .T = 5, .S = 5, .E = 4, .Ev = 4, .causal = true, .dropout = 0.25f,
-                        .layout = Layout::Fused, .seed = 7});
+  check_naive_backward(
+      {.B = 1, .NH = 4, .NKV = 2, .T = 5, .S = 4, .E = 4, .Ev = 4, .causal = true, .layout = Layout::SeqMajor});
+  check_naive_backward({.B = 2,
+                        .NH = 2,
+                        .NKV = 1,
+                        .T = 3,
+                        .S = 6,
+                        .E = 3,
+                        .Ev = 5,
+                        .causal = true,
+                        .key_padding = true,
+                        .mask = MaskKind::Full,
+                        .seed = 5});
+  check_naive_backward({.B = 1,
+                        .NH = 2,
+                        .NKV = 2,
+                        .T = 5,
+                        .S = 5,
+                        .E = 4,
+                        .Ev = 4,
+                        .mask = MaskKind::BroadcastTS,
+                        .masked_row = true,
+                        .seed = 6});
+  check_naive_backward({.B = 2,
+                        .NH = 2,
+                        .NKV = 1,
+                        .T = 5,
+                        .S = 5,
+                        .E = 4,
+                        .Ev = 4,
+                        .causal = true,
+                        .dropout = 0.25f,
+                        .layout = Layout::Fused,
+                        .seed = 7});
 }
 
 /// Flash forward and backward against naive in the same precision.
@@ -142,8 +178,17 @@ TEST_CASE("attention_flash matches attention_naive, forward and backward") {
 }
 
 TEST_CASE("attention backward kernels accumulate into their gradients") {
-  const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 70, .S = 70, .E = 32, .Ev = 32, .causal = true, .mask = MaskKind::Full,
-                 .dropout = 0.1f, .layout = Layout::Fused};
+  const Config c{.B = 2,
+                 .NH = 4,
+                 .NKV = 2,
+                 .T = 70,
+                 .S = 70,
+                 .E = 32,
+                 .Ev = 32,
+                 .causal = true,
+                 .mask = MaskKind::Full,
+                 .dropout = 0.1f,
+                 .layout = Layout::Fused};
   const Problem p = make_problem(c);
   for (bool flash : {false, true}) {
     INFO("flash=" << flash);
@@ -195,13 +240,29 @@ TEST_CASE("attention_flash results do not depend on the number of threads") {
 TEST_CASE("attention_flash with bf16 operands matches naive on rounded operands, forward and backward") {
   MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(bf16_kernel())));
   const std::vector<Config> cases = {
-      {.B = 2, .NH = 4, .NKV = 2, .T = 70, .S = 70, .E = 32, .Ev = 32, .causal = true, .dropout = 0.1f,
+      {.B = 2,
+       .NH = 4,
+       .NKV = 2,
+       .T = 70,
+       .S = 70,
+       .E = 32,
+       .Ev = 32,
+       .causal = true,
+       .dropout = 0.1f,
        .layout = Layout::Fused},
       {.B = 1, .NH = 2, .NKV = 2, .T = 150, .S = 140, .E = 64, .Ev = 64, .mask = MaskKind::Full},
       {.B = 2, .NH = 2, .NKV = 1, .T = 33, .S = 47, .E = 24, .Ev = 40, .key_padding = true, .layout = Layout::SeqMajor},
       {.B = 1, .NH = 1, .NKV = 1, .T = 40, .S = 40, .E = 130, .Ev = 20, .causal = true},
       // the backward's one pass (32 (batch, kv head) pairs)
-      {.B = 16, .NH = 4, .NKV = 2, .T = 70, .S = 70, .E = 32, .Ev = 32, .causal = true, .dropout = 0.1f,
+      {.B = 16,
+       .NH = 4,
+       .NKV = 2,
+       .T = 70,
+       .S = 70,
+       .E = 32,
+       .Ev = 32,
+       .causal = true,
+       .dropout = 0.1f,
        .layout = Layout::Fused},
   };
   for (const Config& c : cases) {

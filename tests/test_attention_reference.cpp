@@ -7,9 +7,9 @@
 // projections as it does in torch. tinygpt computes in float32 from the fixture's float32 values; torch's reference
 // was computed in float64.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "autograd/attention.h"
 #include "nn/attention.h"
@@ -112,8 +112,11 @@ void run_sdpa_case(const Fixture& f, const nlohmann::json& c) {
 
 }  // namespace
 
-TEST_CASE("attention agrees with PyTorch: outputs, weights and every gradient (tests/reference/attention_fixture.safetensors)") {
-  Fixture f{safetensors::load(test::reference_fixture("TINYGPT_ATTENTION_FIXTURE", "attention_fixture.safetensors")), ""};
+TEST_CASE(
+    "attention agrees with PyTorch: outputs, weights and every gradient "
+    "(tests/reference/attention_fixture.safetensors)") {
+  Fixture f{safetensors::load(test::reference_fixture("TINYGPT_ATTENTION_FIXTURE", "attention_fixture.safetensors")),
+            ""};
   const auto cases = nlohmann::json::parse(f.contents.metadata.at("cases"));
   const int64_t B = std::stoll(f.contents.metadata.at("B"));
   REQUIRE(cases.size() >= 35);

@@ -71,8 +71,8 @@ TEST_CASE("bf16 rounds to nearest, ties to even, as PyTorch and the hardware do"
 TEST_CASE("bf16 tensors: factories, to(), item, printing, views and copies") {
   CHECK(dtype_size(DType::BF16) == 2);
   CHECK(std::string(dtype_name(DType::BF16)) == "bf16");
-  const Tensor x = from_vector(std::vector<float>{1.0f, from_bits32(0x3f808000u), from_bits32(0x3f818000u), 3.14159265f},
-                               {2, 2});
+  const Tensor x =
+      from_vector(std::vector<float>{1.0f, from_bits32(0x3f808000u), from_bits32(0x3f818000u), 3.14159265f}, {2, 2});
   const Tensor h = x.to(DType::BF16);
   CHECK(h.dtype() == DType::BF16);
   CHECK(h.shape() == Shape{2, 2});
@@ -188,7 +188,10 @@ TEST_CASE("bf16 ops: elementwise ops on bf16 storage match their f32 twins withi
 TEST_CASE("bf16 ops: matmul on bf16 storage matches its f32 twin within one rounding, batched and transposed") {
   // Products of bf16 values are exact in f32 and summed in f32 on both sides (in different orders): what differs is
   // the one rounding of each stored output and gradient, and f32's summation order (the atol).
-  struct Case { Shape a, b; bool ta, tb; };
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+  };
   for (const Case& c : {Case{{37, 70}, {70, 45}, false, false}, Case{{70, 37}, {45, 70}, true, true},
                         Case{{3, 20, 33}, {33, 17}, false, false}, Case{{3, 33, 20}, {3, 17, 33}, true, true},
                         Case{{2, 40, 300}, {2, 300, 64}, false, false}}) {
@@ -289,7 +292,7 @@ TEST_CASE("bf16 ops: embedding and cross-entropy: rows summed in f32, the loss i
   const Tensor ids = from_vector(std::vector<int32_t>{3, 1, 3, 3, 0, 2, 1, 3, 3, 4, 3, 3}, {3, 4});
   const Tensor table = repr({5, 16}, 41);
   const Twin emb = twin({table}, [&](const std::vector<Tensor>& v) { return embedding(ids, v[0]); });
-  check_close(emb.y16, emb.y32, 0, 0);  // a copy
+  check_close(emb.y16, emb.y32, 0, 0);                  // a copy
   check_close(emb.g16[0], emb.g32[0], 1e-6, kHalfUlp);  // row 3 sums seven rows of the gradient, rounded once
 
   const Tensor logits = repr({6, 11}, 42, 3.0);
@@ -316,9 +319,8 @@ TEST_CASE("bf16 ops: linear and the fused MLP on bf16 storage against their f32 
   // off by up to 2^-8 of itself. So out may differ from the twin's by 2^-8 sum_j |w_proj[o, j] h[j]| (computed here
   // from the twin's values) on top of its own rounding.
   const Tensor w2 = repr({24, 40}, 54, 0.2), b2 = repr({24}, 55);
-  const Twin m = twin({x, w, bias, w2, b2}, [](const std::vector<Tensor>& v) {
-    return mlp(v[0], v[1], v[2], v[3], v[4], Activation::Gelu);
-  });
+  const Twin m = twin({x, w, bias, w2, b2},
+                      [](const std::vector<Tensor>& v) { return mlp(v[0], v[1], v[2], v[3], v[4], Activation::Gelu); });
   const std::vector<float> h = gelu(linear(x, w, bias)).to_vector<float>(), wp = w2.to_vector<float>();
   const std::vector<float> out32 = m.y32.to_vector<float>(), out16 = m.y16.to(DType::F32).to_vector<float>();
   size_t within = 0;
@@ -357,8 +359,14 @@ TEST_CASE("bf16 ops: cast is differentiable both ways, and the ops without bf16 
   for (const auto& [what, op] : std::vector<std::pair<std::string, std::function<Tensor()>>>{
            {"softmax", [&] { return softmax(b); }},
            {"sum", [&] { return sum(b); }},
-           {"rope", [&] { return rope(reshape(b, {1, 2, 3}), 2, 1, 0, 10000.0); }},
-           {"add", [&] { return add(b, ones({2, 3})); }},  // bf16 + f32: no implicit promotion
+           {"rope",
+            [&] {
+              return rope(reshape(b, {1, 2, 3}), 2, 1, 0, 10000.0);
+            }},
+           {"add",
+            [&] {
+              return add(b, ones({2, 3}));
+            }},  // bf16 + f32: no implicit promotion
        }) {
     CAPTURE(what);
     try {

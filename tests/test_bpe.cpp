@@ -19,7 +19,8 @@ namespace {
 
 std::vector<std::string> pieces(std::string_view text, bool individual_digits = false) {
   std::vector<std::string> out;
-  for_each_piece(text, [&](std::string_view p) { out.emplace_back(p); }, individual_digits);
+  for_each_piece(
+      text, [&](std::string_view p) { out.emplace_back(p); }, individual_digits);
   return out;
 }
 
@@ -38,7 +39,9 @@ TEST_CASE("bpe: Digits(individual_digits) before GPT-2's split, as tokenizers' p
   // ends the text GPT-2's split sees, so "  " before it stays one piece ("a  12" splits as "a", "  ", "1", "2").
   CHECK(pieces("a  12 x3", true) == std::vector<std::string>{"a", "  ", "1", "2", " x", "3"});
   CHECK(pieces("year 2024!", true) == std::vector<std::string>{"year", " ", "2", "0", "2", "4", "!"});
-  CHECK(pieces("\xd9\xa3" "4 x", true) == std::vector<std::string>{"\xd9\xa3", "4", " x"});  // U+0663, an Arabic-Indic digit
+  CHECK(pieces("\xd9\xa3"
+               "4 x",
+               true) == std::vector<std::string>{"\xd9\xa3", "4", " x"});  // U+0663, an Arabic-Indic digit
   CHECK(pieces("it's 3rd", true) == std::vector<std::string>{"it", "'s", " ", "3", "rd"});
   CHECK(pieces("a  12 x3") == std::vector<std::string>{"a", " ", " 12", " x", "3"});  // GPT-2's split alone
 }
@@ -50,8 +53,9 @@ TEST_CASE("bpe: GPT-2's pre-split, worked by hand from the pattern's alternative
   CHECK(pieces("it'll 'LL") == std::vector<std::string>{"it", "'ll", " '", "LL"});  // case-sensitive, as GPT-2's
   CHECK(pieces("a  \nb") == std::vector<std::string>{"a", "  ", "\n", "b"});
   CHECK(pieces("end   ") == std::vector<std::string>{"end", "   "});
-  CHECK(pieces("caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87") == std::vector<std::string>{"caf\xc3\xa9", " \xe4\xb8\xad\xe6\x96\x87"});
-  CHECK(pieces("\xc2\xbd+2") == std::vector<std::string>{"\xc2\xbd", "+", "2"});  // '½' is a number (No)
+  CHECK(pieces("caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87") ==
+        std::vector<std::string>{"caf\xc3\xa9", " \xe4\xb8\xad\xe6\x96\x87"});
+  CHECK(pieces("\xc2\xbd+2") == std::vector<std::string>{"\xc2\xbd", "+", "2"});    // '½' is a number (No)
   CHECK(pieces("a\xff\xfe b") == std::vector<std::string>{"a", "\xff\xfe", " b"});  // invalid bytes: other characters
   CHECK(pieces("\xe3\x80\x80x") == std::vector<std::string>{"\xe3\x80\x80", "x"});  // U+3000 is whitespace
 }
@@ -60,7 +64,8 @@ TEST_CASE("bpe: Llama 3's and Qwen2's pre-splits, as tokenizers' Split(pattern, 
   // tokenizers 0.23, pre_tokenize_str of Split(Regex(kLlama3Pattern or kQwen2Pattern), "isolated") on these texts.
   const auto split = [](std::string_view text, PreSplit s) {
     std::vector<std::string> out;
-    for_each_piece(text, [&](std::string_view p) { out.emplace_back(p); }, false, s);
+    for_each_piece(
+        text, [&](std::string_view p) { out.emplace_back(p); }, false, s);
     return out;
   };
   using V = std::vector<std::string>;
@@ -85,11 +90,13 @@ TEST_CASE("bpe: added tokens matched whole (special ones only when asked), and a
   const int64_t n = base.vocab_size();
   const std::string added = fmt::format(R"("added_tokens": [{{"id": {0}, "content": "<|endoftext|>", "special": true}},
       {{"id": {1}, "content": "<|im_start|>", "special": true}}, {{"id": {2}, "content": "<|im", "special": true}},
-      {{"id": {3}, "content": "[W]", "special": false}}],)", n - 1, n, n + 1, n + 2);
+      {{"id": {3}, "content": "[W]", "special": false}}],)",
+                                        n - 1, n, n + 1, n + 2);
   const size_t a = j.find("\"added_tokens\""), a_end = j.find("\"normalizer\"");
   j.replace(a, a_end - a, added);
   const size_t p = j.find("\"post_processor\": null");
-  j.replace(p, 22, R"("post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|im_start|>",
+  j.replace(p, 22,
+            R"("post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|im_start|>",
       "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]})");
   const BpeTokenizer tok = BpeTokenizer::from_json(j, "chat.json");
   CHECK(tok.vocab_size() == n + 3);
@@ -111,9 +118,10 @@ TEST_CASE("bpe: added tokens matched whole (special ones only when asked), and a
   CHECK(back.to_json() == tok.to_json());
   CHECK(back.begin_of_text() == n);
   CHECK(back.added().size() == 4);
-  CHECK_THROWS_WITH_AS(BpeTokenizer::from_json(std::string(j).replace(j.find("\"<|im_start|>\",\n      \"type_id\""), 14,
-                                                                       "\"<|nope|>\""), "t.json"),
-                       doctest::Contains("not an added token"), Error);
+  CHECK_THROWS_WITH_AS(
+      BpeTokenizer::from_json(
+          std::string(j).replace(j.find("\"<|im_start|>\",\n      \"type_id\""), 14, "\"<|nope|>\""), "t.json"),
+      doctest::Contains("not an added token"), Error);
 }
 
 TEST_CASE("bpe: cut points fall where pieces end, so counting in parts counts the same") {
@@ -149,7 +157,7 @@ TEST_CASE("bpe: merges on a hand-worked example") {
   CHECK(encode(tok, "abc") == Ids{257});
   CHECK(encode(tok, "bc") == Ids{'b', 'c'});
   CHECK(encode(tok, "ab abc") == Ids{256, ' ', 257});  // " abc" is one piece: ' ', then a b c merged
-  CHECK(encode(tok, "<|endoftext|>").size() > 1);  // the special token's text is ordinary text
+  CHECK(encode(tok, "<|endoftext|>").size() > 1);      // the special token's text is ordinary text
   // Ranks decide, not order in the text: in "abab" both (a,b) merge.
   CHECK(encode(tok, "abab") == Ids{256, 256});
 }
@@ -183,7 +191,8 @@ TEST_CASE("bpe: tokenizer.json round trip, and what is not a byte-level BPE is r
   CHECK(back.vocab_size() == tok.vocab_size());
   CHECK(back.end_of_text() == tok.end_of_text());
   CHECK(back.to_json() == tok.to_json());
-  for (const char* text : {"lowest newest", "widest low\n\nnew!", "\xff\x00 x"}) CHECK(encode(back, text) == encode(tok, text));
+  for (const char* text : {"lowest newest", "widest low\n\nnew!", "\xff\x00 x"})
+    CHECK(encode(back, text) == encode(tok, text));
 
   const auto refused = [](const std::string& json, const char* why) {
     CHECK_THROWS_WITH_AS(BpeTokenizer::from_json(json, "t.json"), doctest::Contains(why), Error);
@@ -231,18 +240,18 @@ TEST_CASE("bpe: tokenizer.json round trip, and what is not a byte-level BPE is r
 TEST_CASE("nfc: Unicode's normalization form C, on the cases the standard's own examples work") {
   // UAX #15 and the Unicode Standard, chapter 3: composition, reordering, blocking, singletons, exclusions, Hangul.
   const std::pair<const char*, const char*> cases[] = {
-      {"e\xcc\x81", "\xc3\xa9"},                          // e + acute: U+00E9
+      {"e\xcc\x81", "\xc3\xa9"},                                 // e + acute: U+00E9
       {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81"},  // Hangul L V T: U+AC01
       {"\xea\xb0\x80\xe1\x86\xa8", "\xea\xb0\x81"},              // LV syllable + T
       {"a\xcc\x87\xcc\xa3", "\xe1\xba\xa1\xcc\x87"},             // a + dot above + dot below: U+1EA1 U+0307
       {"a\xcc\xa3\xcc\x87", "\xe1\xba\xa1\xcc\x87"},             // the same in canonical order
       {"a\xcc\x81\xcc\x81", "\xc3\xa1\xcc\x81"},                 // the second acute is blocked by the first
-      {"\xe2\x84\xa6", "\xce\xa9"},                          // OHM SIGN, a singleton: U+03A9
-      {"\xe2\x84\xab", "\xc3\x85"},                          // ANGSTROM SIGN: U+00C5
+      {"\xe2\x84\xa6", "\xce\xa9"},                              // OHM SIGN, a singleton: U+03A9
+      {"\xe2\x84\xab", "\xc3\x85"},                              // ANGSTROM SIGN: U+00C5
       {"\xe0\xa5\x98", "\xe0\xa4\x95\xe0\xa4\xbc"},              // DEVANAGARI QA, excluded from composition
-      {"\xcd\x84", "\xcc\x88\xcc\x81"},                      // U+0344, a non-starter decomposition
-      {"\xc3\x85\xcc\x81", "\xc7\xba"},                      // U+00C5 + acute: U+01FA
-      {"e\xff\xcc\x81", "e\xff\xcc\x81"},                    // a byte that is not UTF-8 blocks composition
+      {"\xcd\x84", "\xcc\x88\xcc\x81"},                          // U+0344, a non-starter decomposition
+      {"\xc3\x85\xcc\x81", "\xc7\xba"},                          // U+00C5 + acute: U+01FA
+      {"e\xff\xcc\x81", "e\xff\xcc\x81"},                        // a byte that is not UTF-8 blocks composition
       {"plain text 123", "plain text 123"},
   };
   for (const auto& [in, out] : cases) {

@@ -34,7 +34,8 @@ std::vector<std::string> shown_defaults(const std::string& help, int* negatable)
 }
 
 /// Parses `tinygpt <sub> <required...> <extra...>` into `cli`.
-void parse(Cli& cli, const std::string& sub, const std::vector<std::string>& required, const std::vector<std::string>& extra) {
+void parse(Cli& cli, const std::string& sub, const std::vector<std::string>& required,
+           const std::vector<std::string>& extra) {
   std::vector<std::string> args = {"tinygpt", sub};
   args.insert(args.end(), required.begin(), required.end());
   args.insert(args.end(), extra.begin(), extra.end());
@@ -61,7 +62,11 @@ TEST_CASE("cli: the defaults --help shows are the defaults used") {
     CHECK(help.find("{true}") == std::string::npos);
     const std::vector<std::string> defaults = shown_defaults(help, &negatable);
     CHECK(defaults.size() >= 4);
-    INFO("given back: " << [&] { std::string s; for (const auto& a : defaults) s += a + " "; return s; }());
+    INFO("given back: " << [&] {
+      std::string s;
+      for (const auto& a : defaults) s += a + " ";
+      return s;
+    }());
     parse(reference, sub, required, {});
     parse(given, sub, required, defaults);
     // Which flags were given is recorded at parse time (with --init-from or --resume they must agree with the
@@ -93,7 +98,7 @@ TEST_CASE("cli: usage errors exit with 2 and one error line, help and --version 
   };
   CHECK(run({"tinygpt", "train", "--data", "x.txt", "--max-iters", "ten"}) == Cli::kUsageError);
   CHECK(run({"tinygpt", "train", "--data", "x.txt", "--no-such-flag"}) == Cli::kUsageError);
-  CHECK(run({"tinygpt", "train"}) == Cli::kUsageError);  // --data is required
+  CHECK(run({"tinygpt", "train"}) == Cli::kUsageError);                                   // --data is required
   CHECK(run({"tinygpt", "train", "--data", "x.txt", "--lr", "-1"}) == Cli::kUsageError);  // parses, out of range
   CHECK(run({"tinygpt", "--version"}) == 0);
   CHECK(run({"tinygpt", "sample", "--help"}) == 0);

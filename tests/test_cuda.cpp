@@ -6,12 +6,12 @@
 #include <doctest/doctest.h>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
 
 #include "autograd/attention.h"
 #include "autograd/ops.h"
@@ -129,7 +129,8 @@ TEST_CASE("cuda: elementwise and broadcast ops match the CPU") {
   check_op("sub broadcast", [](auto& x) { return x[0] - x[1]; }, {a, row});
   check_op("mul broadcast both", [](auto& x) { return x[0] * x[1]; }, {col, row});
   check_op("div broadcast", [](auto& x) { return x[0] / x[1]; }, {a, pos});
-  check_op("div by broadcast", [](auto& x) { return x[1] / x[0]; }, {col, a}, 1e-4, 1e-4);
+  check_op(
+      "div by broadcast", [](auto& x) { return x[1] / x[0]; }, {col, a}, 1e-4, 1e-4);
   check_op("scale", [](auto& x) { return scale(x[0], -0.7); }, {a});
   check_op("neg", [](auto& x) { return -x[0]; }, {a});
   check_op("exp", [](auto& x) { return exp(x[0]); }, {a});
@@ -142,9 +143,12 @@ TEST_CASE("cuda: elementwise and broadcast ops match the CPU") {
 
 TEST_CASE("cuda: reductions, softmax and layout ops match the CPU") {
   const Tensor a = randn_f32({6, 300, 17}, 1), wide = randn_f32({5, 1000}, 2);
-  check_op("sum", [](auto& x) { return sum(x[0]); }, {a}, 1e-3, 1e-4);
-  check_op("sum dim 1", [](auto& x) { return sum(x[0], 1); }, {a}, 1e-4, 1e-4);
-  check_op("sum last dim", [](auto& x) { return sum(x[0], -1, true); }, {wide}, 1e-4, 1e-4);
+  check_op(
+      "sum", [](auto& x) { return sum(x[0]); }, {a}, 1e-3, 1e-4);
+  check_op(
+      "sum dim 1", [](auto& x) { return sum(x[0], 1); }, {a}, 1e-4, 1e-4);
+  check_op(
+      "sum last dim", [](auto& x) { return sum(x[0], -1, true); }, {wide}, 1e-4, 1e-4);
   check_op("mean dim 0", [](auto& x) { return mean(x[0], 0); }, {a});
   check_op("softmax", [](auto& x) { return softmax(x[0]); }, {a});
   check_op("softmax wide", [](auto& x) { return softmax(x[0]); }, {wide});
@@ -165,16 +169,22 @@ TEST_CASE("cuda: matmul and linear (cuBLAS, f32) match the CPU") {
       const Tensor b1 = tb ? randn_f32({30, 40}, 3) : randn_f32({40, 30}, 3);
       const Tensor a1 = ta ? randn_f32({40, 25}, 4) : randn_f32({25, 40}, 4);
       const std::string t = fmt::format(" trans_a={} trans_b={}", ta, tb);
-      check_op("matmul batched" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a, b}, 1e-4, 1e-4);
-      check_op("matmul shared b" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a, b1}, 1e-4, 1e-4);
-      check_op("matmul shared a" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a1, b}, 1e-4, 1e-4);
+      check_op(
+          "matmul batched" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a, b}, 1e-4, 1e-4);
+      check_op(
+          "matmul shared b" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a, b1}, 1e-4, 1e-4);
+      check_op(
+          "matmul shared a" + t, [=](auto& x) { return matmul(x[0], x[1], ta, tb); }, {a1, b}, 1e-4, 1e-4);
     }
   }
   const Tensor x = randn_f32({2, 70, 48}, 5), w = randn_f32({96, 48}, 6, 0.2), bias = randn_f32({96}, 7);
-  check_op("linear", [](auto& in) { return linear(in[0], in[1], in[2]); }, {x, w, bias}, 1e-4, 1e-4);
-  check_op("linear without bias", [](auto& in) { return linear(in[0], in[1]); }, {x, w}, 1e-4, 1e-4);
-  check_op("linear with many rows", [](auto& in) { return linear(in[0], in[1], in[2]); },
-           {randn_f32({3000, 48}, 8), w, bias}, 1e-4, 1e-4);
+  check_op(
+      "linear", [](auto& in) { return linear(in[0], in[1], in[2]); }, {x, w, bias}, 1e-4, 1e-4);
+  check_op(
+      "linear without bias", [](auto& in) { return linear(in[0], in[1]); }, {x, w}, 1e-4, 1e-4);
+  check_op(
+      "linear with many rows", [](auto& in) { return linear(in[0], in[1], in[2]); },
+      {randn_f32({3000, 48}, 8), w, bias}, 1e-4, 1e-4);
 }
 
 TEST_CASE("cuda: bf16 matmuls (cuBLAS on bf16 copies) match the CPU's bf16 products") {
@@ -183,11 +193,13 @@ TEST_CASE("cuda: bf16 matmuls (cuBLAS on bf16 copies) match the CPU's bf16 produ
   for (bool ta : {false, true}) {
     const Tensor a = ta ? randn_f32({3, 40, 25}, 1) : randn_f32({3, 25, 40}, 1);
     const Tensor b = randn_f32({40, 30}, 3);
-    check_op(fmt::format("bf16 matmul shared b trans_a={}", ta),
-             [=](auto& x) { return matmul(x[0], x[1], ta, false, bf16); }, {a, b}, 1e-4, 1e-4);
+    check_op(
+        fmt::format("bf16 matmul shared b trans_a={}", ta),
+        [=](auto& x) { return matmul(x[0], x[1], ta, false, bf16); }, {a, b}, 1e-4, 1e-4);
   }
   const Tensor x = randn_f32({2, 70, 48}, 5), w = randn_f32({96, 48}, 6, 0.2), bias = randn_f32({96}, 7);
-  check_op("bf16 linear", [=](auto& in) { return linear(in[0], in[1], in[2], bf16); }, {x, w, bias}, 1e-4, 1e-4);
+  check_op(
+      "bf16 linear", [=](auto& in) { return linear(in[0], in[1], in[2], bf16); }, {x, w, bias}, 1e-4, 1e-4);
 }
 
 TEST_CASE("cuda: the MLP with GELU and ReLU squared matches the CPU, with and without cublasLt's epilogues") {
@@ -206,10 +218,11 @@ TEST_CASE("cuda: the MLP with GELU and ReLU squared matches the CPU, with and wi
         // is rounded to bf16 before the products, so a rounding can flip: 2^-8 of one term of a gradient's sum (on an
         // H200, 2 to 5 elements of each gradient, at most 4e-4 off).
         const double tol = act != Activation::Gelu ? 1e-4 : epilogues && !bf16 ? 5e-3 : bf16 ? 2e-3 : 1e-4;
-        check_op(fmt::format("mlp {}{}{}", act == Activation::Gelu ? "GELU" : "ReLU^2", bf16 ? " bf16" : "",
-                             epilogues ? ", cublasLt's epilogues" : ""),
-                 [=](auto& in) { return mlp(in[0], in[1], in[2], in[3], in[4], act, numerics); },
-                 {x, w_fc, b_fc, w_proj, b_proj}, tol, tol);
+        check_op(
+            fmt::format("mlp {}{}{}", act == Activation::Gelu ? "GELU" : "ReLU^2", bf16 ? " bf16" : "",
+                        epilogues ? ", cublasLt's epilogues" : ""),
+            [=](auto& in) { return mlp(in[0], in[1], in[2], in[3], in[4], act, numerics); },
+            {x, w_fc, b_fc, w_proj, b_proj}, tol, tol);
       }
     }
   }
@@ -217,11 +230,14 @@ TEST_CASE("cuda: the MLP with GELU and ReLU squared matches the CPU, with and wi
 
 TEST_CASE("cuda: layernorm, embedding, cross-entropy and rope match the CPU") {
   const Tensor x = randn_f32({3, 50, 96}, 1), w = randn_f32({96}, 2), b = randn_f32({96}, 3);
-  check_op("layer_norm", [](auto& in) { return layer_norm(in[0], in[1], in[2]); }, {x, w, b}, 1e-4, 1e-4);
-  check_op("layer_norm many rows", [](auto& in) { return layer_norm(in[0], in[1], Tensor()); },
-           {randn_f32({5000, 64}, 4), randn_f32({64}, 5)}, 1e-4, 1e-4);
+  check_op(
+      "layer_norm", [](auto& in) { return layer_norm(in[0], in[1], in[2]); }, {x, w, b}, 1e-4, 1e-4);
+  check_op(
+      "layer_norm many rows", [](auto& in) { return layer_norm(in[0], in[1], Tensor()); },
+      {randn_f32({5000, 64}, 4), randn_f32({64}, 5)}, 1e-4, 1e-4);
   const Tensor table = randn_f32({65, 96}, 6), tokens = ids({8, 300}, 65, 7);
-  check_op("embedding", [](auto& in) { return embedding(in[1], in[0]); }, {table, tokens}, 1e-5, 1e-5);
+  check_op(
+      "embedding", [](auto& in) { return embedding(in[1], in[0]); }, {table, tokens}, 1e-5, 1e-5);
   const Tensor logits = randn_f32({4, 70, 65}, 8, 2.0);
   Tensor targets = ids({4, 70}, 65, 9);
   {
@@ -229,8 +245,10 @@ TEST_CASE("cuda: layernorm, embedding, cross-entropy and rope match the CPU") {
     t[3] = t[100] = -1;  // ignored positions
     targets = from_vector(t, {4, 70});
   }
-  check_op("cross_entropy", [](auto& in) { return cross_entropy(in[0], in[1]); }, {logits, targets}, 1e-5, 1e-4);
-  check_op("rope", [](auto& in) { return rope(in[0], 16, 3, 5); }, {randn_f32({2, 9, 4 * 16}, 10)}, 1e-5, 1e-4);
+  check_op(
+      "cross_entropy", [](auto& in) { return cross_entropy(in[0], in[1]); }, {logits, targets}, 1e-5, 1e-4);
+  check_op(
+      "rope", [](auto& in) { return rope(in[0], 16, 3, 5); }, {randn_f32({2, 9, 4 * 16}, 10)}, 1e-5, 1e-4);
 }
 
 TEST_CASE("cuda: adamw_update matches the CPU") {
@@ -244,8 +262,8 @@ TEST_CASE("cuda: adamw_update matches the CPU") {
   const Tensor stats = from_vector(std::vector<float>{2.5f, 16.0f}, {2});  // norm 4, clipped to 2 below
   const Tensor stats_d = stats.to(Device::CUDA);
   for (int64_t step = 1; step <= 3; ++step) {
-    const Tensor sched = from_vector(std::vector<float>{1e-3f, float(adamw_correction(0.9f, step)),
-                                                        float(adamw_correction(0.99f, step))}, {3});
+    const Tensor sched = from_vector(
+        std::vector<float>{1e-3f, float(adamw_correction(0.9f, step)), float(adamw_correction(0.99f, step))}, {3});
     const Tensor sched_d = sched.to(Device::CUDA);
     launch(kernels::adamw_update<float>, Device::CPU, p.data<float>(), g.data<float>(), m.data<float>(),
            v.data<float>(), runs, sched.data<float>(), stats.data<float>(), 2.0, 0.9f, 0.99f, 1e-8f);
@@ -287,7 +305,8 @@ Run<float> run_cuda(const Problem& p, bool flash, int backward) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   DeviceBuffer<float> qkv(convert<float>(p.qkv)), mask(convert<float>(p.mask)), dout(convert<float>(p.dout));
   DeviceBuffer<uint8_t> kp(p.kp);
-  DeviceBuffer<float> out(std::vector<float>(size_t(p.out_size), nan)), lse(std::vector<float>(size_t(g.B * g.NH * g.T), nan));
+  DeviceBuffer<float> out(std::vector<float>(size_t(p.out_size), nan)),
+      lse(std::vector<float>(size_t(g.B * g.NH * g.T), nan));
   DeviceBuffer<float> weights(std::vector<float>(flash ? 0 : size_t(g.B * g.NH * g.T * g.S), nan));
   // Gradients start at zero, or as NaN where the backward is told they are unwritten (it must store each element).
   DeviceBuffer<float> dqkv(std::vector<float>(backward ? p.qkv.size() : 0, g.grads_unwritten ? nan : 0.0f));
@@ -353,21 +372,67 @@ TEST_CASE("cuda: flash attention matches the CPU naive kernels over the whole te
   for (const Config& c : forward_cases()) check_against_cpu(c, true);
   for (const Config& c : flash_cases()) check_against_cpu(c, true);
   // Longer sequences: many key tiles, causal tile skipping, head dims 64 and 128.
-  check_against_cpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
-                     .key_padding = true, .layout = Layout::Fused, .seed = 11}, true);
-  check_against_cpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true,
-                     .mask = MaskKind::Full, .dropout = 0.1f, .seed = 12}, true);
+  check_against_cpu({.B = 2,
+                     .NH = 4,
+                     .NKV = 2,
+                     .T = 300,
+                     .S = 300,
+                     .E = 64,
+                     .Ev = 64,
+                     .causal = true,
+                     .key_padding = true,
+                     .layout = Layout::Fused,
+                     .seed = 11},
+                    true);
+  check_against_cpu({.B = 1,
+                     .NH = 2,
+                     .NKV = 2,
+                     .T = 200,
+                     .S = 257,
+                     .E = 128,
+                     .Ev = 128,
+                     .causal = true,
+                     .mask = MaskKind::Full,
+                     .dropout = 0.1f,
+                     .seed = 12},
+                    true);
 }
 
 TEST_CASE("cuda: tensor-core flash attention (tf32, bf16) matches the double reference over the whole test matrix") {
   for (const Config& c : forward_cases()) check_tensor_cores_against_reference(c);
   for (const Config& c : flash_cases()) check_tensor_cores_against_reference(c);
-  check_tensor_cores_against_reference({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
-                                .key_padding = true, .layout = Layout::Fused, .seed = 11});
-  check_tensor_cores_against_reference({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true,
-                                .mask = MaskKind::Full, .dropout = 0.1f, .seed = 12});
-  check_tensor_cores_against_reference({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128, .causal = true,
-                                .layout = Layout::Fused, .seed = 13});
+  check_tensor_cores_against_reference({.B = 2,
+                                        .NH = 4,
+                                        .NKV = 2,
+                                        .T = 300,
+                                        .S = 300,
+                                        .E = 64,
+                                        .Ev = 64,
+                                        .causal = true,
+                                        .key_padding = true,
+                                        .layout = Layout::Fused,
+                                        .seed = 11});
+  check_tensor_cores_against_reference({.B = 1,
+                                        .NH = 2,
+                                        .NKV = 2,
+                                        .T = 200,
+                                        .S = 257,
+                                        .E = 128,
+                                        .Ev = 128,
+                                        .causal = true,
+                                        .mask = MaskKind::Full,
+                                        .dropout = 0.1f,
+                                        .seed = 12});
+  check_tensor_cores_against_reference({.B = 1,
+                                        .NH = 4,
+                                        .NKV = 4,
+                                        .T = 1024,
+                                        .S = 1024,
+                                        .E = 128,
+                                        .Ev = 128,
+                                        .causal = true,
+                                        .layout = Layout::Fused,
+                                        .seed = 13});
 }
 
 /// The flash forward and backward on bf16 storage (bf16 q, k, v, out and gradients) against the double reference
@@ -407,14 +472,26 @@ void check_bf16_storage_on_gpu(const Config& c, FlashVariants flash = {}) {
 /// The bf16-storage kernels' shapes on the GPU: many tiles causal (fused, GQA), head dim 128 with partial tiles and
 /// long and not causal, few queries over many keys, the training shape's dropout.
 void check_bf16_storage_shapes_on_gpu(FlashVariants flash = {}) {
-  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 64, .Ev = 64, .causal = true,
-                             .layout = Layout::Fused, .seed = 11}, flash);
-  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12}, flash);
-  check_bf16_storage_on_gpu({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128,
-                             .layout = Layout::Fused, .seed = 13}, flash);
+  check_bf16_storage_on_gpu({.B = 2,
+                             .NH = 4,
+                             .NKV = 2,
+                             .T = 300,
+                             .S = 300,
+                             .E = 64,
+                             .Ev = 64,
+                             .causal = true,
+                             .layout = Layout::Fused,
+                             .seed = 11},
+                            flash);
+  check_bf16_storage_on_gpu(
+      {.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12}, flash);
+  check_bf16_storage_on_gpu(
+      {.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128, .layout = Layout::Fused, .seed = 13},
+      flash);
   check_bf16_storage_on_gpu({.B = 2, .NH = 2, .NKV = 1, .T = 100, .S = 1000, .E = 64, .Ev = 64, .seed = 14}, flash);
-  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true,
-                             .dropout = 0.2f, .seed = 15}, flash);
+  check_bf16_storage_on_gpu(
+      {.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f, .seed = 15},
+      flash);
 }
 
 TEST_CASE("cuda: flash attention on bf16 storage matches the double reference; bf16 attention tracks f32") {
@@ -425,18 +502,27 @@ TEST_CASE("cuda: flash attention on bf16 storage matches the double reference; b
 }
 
 TEST_CASE("cuda: the bf16-storage forward's 128-row blocks (FlashVariants::rows128) match the double reference") {
-  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true,
-                             .dropout = 0.2f, .seed = 15}, {.rows128 = true});
-  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 300, .E = 64, .Ev = 64, .causal = true, .seed = 16}, {.rows128 = true});
-  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 17}, {.rows128 = true});
+  check_bf16_storage_on_gpu(
+      {.B = 2, .NH = 4, .NKV = 2, .T = 256, .S = 256, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f, .seed = 15},
+      {.rows128 = true});
+  check_bf16_storage_on_gpu(
+      {.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 300, .E = 64, .Ev = 64, .causal = true, .seed = 16},
+      {.rows128 = true});
+  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 17},
+                            {.rows128 = true});
 }
 
-TEST_CASE("cuda: the bf16-storage forward with Q from shared memory (FlashVariants::q_smem) matches the double reference") {
-  check_bf16_storage_on_gpu({.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12}, {.q_smem = true});
-  check_bf16_storage_on_gpu({.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128,
-                             .layout = Layout::Fused, .seed = 13}, {.q_smem = true});
-  check_bf16_storage_on_gpu({.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 128, .Ev = 128, .causal = true,
-                             .dropout = 0.2f, .seed = 18}, {.q_smem = true});
+TEST_CASE(
+    "cuda: the bf16-storage forward with Q from shared memory (FlashVariants::q_smem) matches the double reference") {
+  check_bf16_storage_on_gpu(
+      {.B = 1, .NH = 2, .NKV = 2, .T = 200, .S = 257, .E = 128, .Ev = 128, .causal = true, .seed = 12},
+      {.q_smem = true});
+  check_bf16_storage_on_gpu(
+      {.B = 1, .NH = 4, .NKV = 4, .T = 1024, .S = 1024, .E = 128, .Ev = 128, .layout = Layout::Fused, .seed = 13},
+      {.q_smem = true});
+  check_bf16_storage_on_gpu(
+      {.B = 2, .NH = 4, .NKV = 2, .T = 300, .S = 300, .E = 128, .Ev = 128, .causal = true, .dropout = 0.2f, .seed = 18},
+      {.q_smem = true});
 }
 
 TEST_CASE("cuda: the one-pass bf16-storage backward (FlashVariants::dq_atomic) matches the double reference") {
@@ -444,8 +530,18 @@ TEST_CASE("cuda: the one-pass bf16-storage backward (FlashVariants::dq_atomic) m
 }
 
 TEST_CASE("cuda: flash attention is deterministic, its backward accumulates or stores (f32, tf32 and bf16 kernels)") {
-  const Config c{.B = 2, .NH = 4, .NKV = 2, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
-                 .key_padding = true, .dropout = 0.1f, .layout = Layout::Fused, .seed = 21};
+  const Config c{.B = 2,
+                 .NH = 4,
+                 .NKV = 2,
+                 .T = 200,
+                 .S = 200,
+                 .E = 64,
+                 .Ev = 64,
+                 .causal = true,
+                 .key_padding = true,
+                 .dropout = 0.1f,
+                 .layout = Layout::Fused,
+                 .seed = 21};
   for (const AttentionMath format : {AttentionMath::F32, AttentionMath::TF32, AttentionMath::BF16}) {
     INFO("operands: " << std::string(attention_math_name(format)));
     Problem p = make_problem(c);
@@ -491,14 +587,15 @@ TEST_CASE("cuda: the attention op runs tf32 and bf16 operands on tensor cores, f
 TEST_CASE("cuda: the attention op runs on the GPU through strided views of a fused projection") {
   const Tensor qkv = randn_f32({2, 100, 3 * 4 * 32}, 1);
   for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Naive}) {
-    check_op(impl == AttentionImpl::Flash ? "fused_self_attention (flash)" : "fused_self_attention (naive)",
-             [impl](auto& in) {
-               AttentionOptions o;
-               o.is_causal = true;
-               o.impl = impl;
-               return fused_self_attention(in[0], 4, 4, o).out;
-             },
-             {qkv}, 1e-4, 1e-4);
+    check_op(
+        impl == AttentionImpl::Flash ? "fused_self_attention (flash)" : "fused_self_attention (naive)",
+        [impl](auto& in) {
+          AttentionOptions o;
+          o.is_causal = true;
+          o.impl = impl;
+          return fused_self_attention(in[0], 4, 4, o).out;
+        },
+        {qkv}, 1e-4, 1e-4);
   }
 }
 
@@ -576,7 +673,7 @@ TEST_CASE("cuda: GPT training on bf16 storage tracks the CPU's bf16 storage for 
   const Numerics bf16{.bf16 = true, .attention = AttentionMath::BF16, .bf16_storage = true};
   const std::vector<double> cpu = train_losses(Device::CPU, bf16), gpu = train_losses(Device::CUDA, bf16);
   check_tracks(gpu, cpu, 2e-2);
-  CHECK(gpu.back() < gpu.front() - 0.3);  // it learns
+  CHECK(gpu.back() < gpu.front() - 0.3);                // it learns
   check_tracks(gpu, train_losses(Device::CUDA), 3e-2);  // and tracks f32 storage
 }
 
@@ -626,43 +723,44 @@ TEST_CASE("cuda: the training step as a CUDA graph gives the losses of the step 
   };
   for (const int64_t accum : {1, 2}) {
     for (const Numbers numbers : {Numbers{"fp32", ""}, Numbers{"bf16", "f32"}, Numbers{"bf16", "bf16"}}) {
-    for (const double dropout : {0.0, 0.2}) {
-      const std::string dtype = fmt::format("{}_{}_{}", numbers.dtype, numbers.storage, dropout);
-      INFO("--grad-accum " << accum << ", --dtype " << numbers.dtype << " --storage " << numbers.storage
-                           << " --dropout " << dropout);
-      std::vector<TrainResult> runs;
-      for (const bool graphs : {true, false}) {
-        TrainConfig c;
-        c.data = {(dir / "toy.txt").string()};
-        c.out = (dir / fmt::format("{}_{}_{}", accum, dtype, graphs ? 1 : 0)).string();
-        c.device = "cuda";
-        c.dtype = numbers.dtype;
-        c.storage = numbers.storage;
-        c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 32, c.model.block_size = 16;
-        c.batch_size = 4, c.max_iters = 12, c.eval_interval = 5, c.eval_iters = 2, c.warmup_iters = 2;
-        c.lr_decay_iters = 12, c.grad_accum = accum, c.cuda_graphs = graphs, c.quiet = true;
-        c.model.dropout = dropout;
-        runs.push_back(train(c));
-        CHECK(runs.back().max_step_syncs == 1);
-      }
-      CHECK(runs[0].graph_replays == 12 - 1);  // the first step queued; captured on the second, every later one replayed
-      CHECK(runs[1].graph_replays == 0);
-      CHECK(runs[0].last_val_loss == runs[1].last_val_loss);  // evaluations between replays: the same model
-      CHECK(runs[0].best_val_loss == runs[1].best_val_loss);
-      const auto losses = [&](const std::string& name) {
-        std::vector<double> out;
-        std::ifstream in(dir / name / "metrics.jsonl");
-        for (std::string line; std::getline(in, line);) {
-          const auto j = nlohmann::json::parse(line);
-          if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+      for (const double dropout : {0.0, 0.2}) {
+        const std::string dtype = fmt::format("{}_{}_{}", numbers.dtype, numbers.storage, dropout);
+        INFO("--grad-accum " << accum << ", --dtype " << numbers.dtype << " --storage " << numbers.storage
+                             << " --dropout " << dropout);
+        std::vector<TrainResult> runs;
+        for (const bool graphs : {true, false}) {
+          TrainConfig c;
+          c.data = {(dir / "toy.txt").string()};
+          c.out = (dir / fmt::format("{}_{}_{}", accum, dtype, graphs ? 1 : 0)).string();
+          c.device = "cuda";
+          c.dtype = numbers.dtype;
+          c.storage = numbers.storage;
+          c.model.n_layer = 2, c.model.n_head = 2, c.model.n_embd = 32, c.model.block_size = 16;
+          c.batch_size = 4, c.max_iters = 12, c.eval_interval = 5, c.eval_iters = 2, c.warmup_iters = 2;
+          c.lr_decay_iters = 12, c.grad_accum = accum, c.cuda_graphs = graphs, c.quiet = true;
+          c.model.dropout = dropout;
+          runs.push_back(train(c));
+          CHECK(runs.back().max_step_syncs == 1);
         }
-        return out;
-      };
-      const auto a = losses(fmt::format("{}_{}_1", accum, dtype));
-      const auto b = losses(fmt::format("{}_{}_0", accum, dtype));
-      CHECK(a.size() == 12);
-      CHECK(a == b);
-    }
+        CHECK(runs[0].graph_replays ==
+              12 - 1);  // the first step queued; captured on the second, every later one replayed
+        CHECK(runs[1].graph_replays == 0);
+        CHECK(runs[0].last_val_loss == runs[1].last_val_loss);  // evaluations between replays: the same model
+        CHECK(runs[0].best_val_loss == runs[1].best_val_loss);
+        const auto losses = [&](const std::string& name) {
+          std::vector<double> out;
+          std::ifstream in(dir / name / "metrics.jsonl");
+          for (std::string line; std::getline(in, line);) {
+            const auto j = nlohmann::json::parse(line);
+            if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+          }
+          return out;
+        };
+        const auto a = losses(fmt::format("{}_{}_1", accum, dtype));
+        const auto b = losses(fmt::format("{}_{}_0", accum, dtype));
+        CHECK(a.size() == 12);
+        CHECK(a == b);
+      }
     }
   }
   fs::remove_all(dir);

@@ -9,9 +9,12 @@
 #include "tests/emulated_cuda.h"
 // (the emulator first: it defines what device code needs)
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_naive.cuh"
+#include "kernels/cuda/crossentropy.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/nn.cuh"
+#include "kernels/cuda/reduce.cuh"
 // (then the CPU twins)
 #include <doctest/doctest.h>
 
@@ -31,13 +34,13 @@ using namespace tinygpt;
 namespace gpu = tinygpt::cuda::emulated;
 
 // The emulated definitions have the CPU twins' signatures (kernels/kernels.h checks the CUDA declarations too).
-#define TINYGPT_SAME_SIGNATURE(name)                                                      \
-  static_assert(std::is_same_v<decltype(gpu::name), decltype(cpu::name<float>)>,          \
+#define TINYGPT_SAME_SIGNATURE(name)                                             \
+  static_assert(std::is_same_v<decltype(gpu::name), decltype(cpu::name<float>)>, \
                 "kernels/cuda: " #name " does not have the signature of cpu::" #name);
 // The kernels that take bf16 storage too are templates on both sides.
-#define TINYGPT_SAME_TEMPLATE_SIGNATURE(name)                                                              \
-  static_assert(std::is_same_v<decltype(gpu::name<float>), decltype(cpu::name<float>)> &&                  \
-                    std::is_same_v<decltype(gpu::name<bf16>), decltype(cpu::name<bf16>)>,                  \
+#define TINYGPT_SAME_TEMPLATE_SIGNATURE(name)                                             \
+  static_assert(std::is_same_v<decltype(gpu::name<float>), decltype(cpu::name<float>)> && \
+                    std::is_same_v<decltype(gpu::name<bf16>), decltype(cpu::name<bf16>)>, \
                 "kernels/cuda: " #name " does not have the signature of cpu::" #name);
 TINYGPT_SAME_SIGNATURE(fill)
 static_assert(std::is_same_v<decltype(gpu::round_to_bf16), decltype(cpu::round_to_bf16)> &&
@@ -113,7 +116,8 @@ void check_same(const Vec& emulated, const Vec& cpu, const std::string& what, do
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < cpu.size(); ++i) {
     const double a = emulated[i], b = cpu[i];
-    const bool ok = (std::isnan(a) && std::isnan(b)) || (std::isinf(b) && a == b) || std::abs(a - b) <= atol + rtol * std::abs(b);
+    const bool ok =
+        (std::isnan(a) && std::isnan(b)) || (std::isinf(b) && a == b) || std::abs(a - b) <= atol + rtol * std::abs(b);
     if (!ok && bad++ == 0) first = i;
   }
   INFO(what << ": " << bad << " of " << cpu.size() << " elements differ; first at " << first << ": emulated CUDA "
@@ -141,7 +145,8 @@ void compare(const std::string& what, std::vector<Vec> start, F run, double atol
   std::vector<Vec> emulated = start, cpu = start;
   run(emulated, true);
   run(cpu, false);
-  for (size_t i = 0; i < start.size(); ++i) check_same(emulated[i], cpu[i], what + ", output " + std::to_string(i), atol, rtol);
+  for (size_t i = 0; i < start.size(); ++i)
+    check_same(emulated[i], cpu[i], what + ", output " + std::to_string(i), atol, rtol);
 }
 
 const char* unary_name(UnaryOp op) {
@@ -205,9 +210,8 @@ TEST_CASE("the emulator: one warp runs ahead of the others, so a missing barrier
 
 TEST_CASE("emulated CUDA: fill, axpy, axpby") {
   const int64_t n = 700;  // 3 blocks of 256 threads, the last one partial
-  compare("fill", {random(n, 1)}, [&](std::vector<Vec>& b, bool g) {
-    (g ? gpu::fill : cpu::fill<float>)(b[0].data(), 0.25f, n);
-  });
+  compare("fill", {random(n, 1)},
+          [&](std::vector<Vec>& b, bool g) { (g ? gpu::fill : cpu::fill<float>)(b[0].data(), 0.25f, n); });
   const Vec x = random(n, 2);
   compare("axpy", {random(n, 3)}, [&](std::vector<Vec>& b, bool g) {
     (g ? gpu::axpy<float> : cpu::axpy<float>)(b[0].data(), x.data(), -1.5f, n);
@@ -235,7 +239,7 @@ TEST_CASE("emulated CUDA: f32 <-> bf16 conversion, vector and element paths, bit
     cpu::round_to_bf16(h_cpu.data() + off, x.data() + off, n);
     size_t same = 0;
     for (size_t i = 0; i < h_gpu.size(); ++i) same += h_gpu[i].bits == h_cpu[i].bits;
-    CHECK(same == h_gpu.size());  // the elements past n untouched on both
+    CHECK(same == h_gpu.size());     // the elements past n untouched on both
     CHECK(h_gpu[6].bits == 0x3f82);  // h[off + i] is x[off + i] rounded
     Vec w_gpu(size_t(n) + 8, -7.0f), w_cpu = w_gpu;
     gpu::widen_bf16(w_gpu.data() + off, h_gpu.data() + off, n);
@@ -266,8 +270,8 @@ TEST_CASE("emulated CUDA: unary ops, forward and backward") {
       compare(name + (overwrite ? " backward, overwriting" : " backward"),
               {overwrite ? Vec(size_t(n), std::numeric_limits<float>::quiet_NaN()) : random(n, 6)},
               [&](std::vector<Vec>& b, bool g) {
-                (g ? gpu::unary_backward<float> : cpu::unary_backward<float>)(b[0].data(), dy.data(), x.data(), y.data(), n,
-                                                                       op, 0.7f, overwrite);
+                (g ? gpu::unary_backward<float> : cpu::unary_backward<float>)(b[0].data(), dy.data(), x.data(),
+                                                                              y.data(), n, op, 0.7f, overwrite);
               });
     }
   }
@@ -293,17 +297,18 @@ TEST_CASE("emulated CUDA: binary ops over broadcast shapes, forward and backward
     const int64_t na = count(s.a), nb = count(s.b), n = count(geom.out);
     const Vec a = random(size_t(na), 7), b = random(size_t(nb), 8, 0.5f, 2.0f), dout = random(size_t(n), 9);
     for (const BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
-      const std::string name = "binary op " + std::to_string(int(op)) + " over " + std::to_string(na) + " and " + std::to_string(nb);
+      const std::string name =
+          "binary op " + std::to_string(int(op)) + " over " + std::to_string(na) + " and " + std::to_string(nb);
       compare(name + " forward", {Vec(size_t(n))}, [&](std::vector<Vec>& o, bool g) {
         (g ? gpu::binary_forward<float> : cpu::binary_forward<float>)(o[0].data(), a.data(), b.data(), geom, op);
       });
       compare(name + " backward", {random(size_t(na), 10), random(size_t(nb), 11)}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::binary_backward<float> : cpu::binary_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(), b.data(),
-                                                                 geom, op);
+        (g ? gpu::binary_backward<float> : cpu::binary_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(),
+                                                                        b.data(), geom, op);
       });
       compare(name + " backward, db only", {random(size_t(nb), 12)}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::binary_backward<float> : cpu::binary_backward<float>)(nullptr, o[0].data(), dout.data(), a.data(), b.data(),
-                                                                 geom, op);
+        (g ? gpu::binary_backward<float> : cpu::binary_backward<float>)(nullptr, o[0].data(), dout.data(), a.data(),
+                                                                        b.data(), geom, op);
       });
     }
   }
@@ -314,11 +319,15 @@ TEST_CASE("emulated CUDA: sums over a middle dim (strided) and over long rows (c
     int64_t outer, D, inner;
   };
   for (const Case c : {Case{3, 7, 5}, Case{2, 300, 1}, Case{1, 50000, 1}}) {  // 50000: three chunks per row
-    const std::string name = "sum (" + std::to_string(c.outer) + ", " + std::to_string(c.D) + ", " + std::to_string(c.inner) + ")";
+    const std::string name =
+        "sum (" + std::to_string(c.outer) + ", " + std::to_string(c.D) + ", " + std::to_string(c.inner) + ")";
     const Vec x = random(size_t(c.outer * c.D * c.inner), 13);
-    compare(name + " forward", {Vec(size_t(c.outer * c.inner))}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::sum_forward : cpu::sum_forward<float>)(o[0].data(), x.data(), c.outer, c.D, c.inner, 0.5f);
-    }, 1e-4, 1e-4);
+    compare(
+        name + " forward", {Vec(size_t(c.outer * c.inner))},
+        [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::sum_forward : cpu::sum_forward<float>)(o[0].data(), x.data(), c.outer, c.D, c.inner, 0.5f);
+        },
+        1e-4, 1e-4);
     const Vec dout = random(size_t(c.outer * c.inner), 14);
     compare(name + " backward", {random(x.size(), 15)}, [&](std::vector<Vec>& o, bool g) {
       (g ? gpu::sum_backward : cpu::sum_backward<float>)(o[0].data(), dout.data(), c.outer, c.D, c.inner, 0.5f);
@@ -329,9 +338,12 @@ TEST_CASE("emulated CUDA: sums over a middle dim (strided) and over long rows (c
 TEST_CASE("emulated CUDA: sum of squares (empty, one chunk, several chunks)") {
   for (const int64_t n : {int64_t(0), int64_t(300), int64_t(50000)}) {
     const Vec x = random(size_t(n), 13);
-    compare("sum_squares of " + std::to_string(n), {Vec(1)}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::sum_squares : cpu::sum_squares<float>)(o[0].data(), x.data(), n);
-    }, 1e-4, 1e-4);
+    compare(
+        "sum_squares of " + std::to_string(n), {Vec(1)},
+        [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::sum_squares : cpu::sum_squares<float>)(o[0].data(), x.data(), n);
+        },
+        1e-4, 1e-4);
   }
 }
 
@@ -367,36 +379,46 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
     const Vec dout = random(size_t(N * C), 23), residual = random(size_t(N * C), 27);
     for (const bool with_bias : {true, false}) {
       const std::string name = with_bias ? "layernorm" : "layernorm without bias";
-      compare(name + " forward", {Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::layernorm_forward<float> : cpu::layernorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), x.data(),
-                                                                     w.data(), with_bias ? bias.data() : nullptr, N, C, 1e-5f);
-      });
+      compare(name + " forward", {Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))},
+              [&](std::vector<Vec>& o, bool g) {
+                (g ? gpu::layernorm_forward<float>
+                   : cpu::layernorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), x.data(), w.data(),
+                                                    with_bias ? bias.data() : nullptr, N, C, 1e-5f);
+              });
       for (const float p : {0.0f, 0.3f}) {  // the residual without and with dropout
         compare(name + " after a residual add, forward" + (p > 0 ? " (dropout)" : ""),
-                {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
-                  (g ? gpu::add_layernorm_forward<float> : cpu::add_layernorm_forward<float>)(
-                      o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(), residual.data(), w.data(),
-                      with_bias ? bias.data() : nullptr, N, C, 1e-5f, p, g ? through_offset(77) : DropoutSeed(77));
+                {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))},
+                [&](std::vector<Vec>& o, bool g) {
+                  (g ? gpu::add_layernorm_forward<float>
+                     : cpu::add_layernorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(),
+                                                          residual.data(), w.data(), with_bias ? bias.data() : nullptr,
+                                                          N, C, 1e-5f, p, g ? through_offset(77) : DropoutSeed(77));
                 });
       }
       Vec y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
       cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
       for (const bool overwrite : {false, true}) {
-        const Vec dinp = overwrite ? Vec(size_t(N * C), std::numeric_limits<float>::quiet_NaN()) : random(size_t(N * C), 24);
-        compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
-                {dinp, random(size_t(C), 25), random(size_t(C), 26)},
-                [&](std::vector<Vec>& o, bool g) {
-                  (g ? gpu::layernorm_backward<float> : cpu::layernorm_backward<float>)(
-                      o[0].data(), o[1].data(), with_bias ? o[2].data() : nullptr, dout.data(), x.data(), w.data(),
-                      mean.data(), rstd.data(), N, C, overwrite);
-                }, 1e-4, 1e-4);
+        const Vec dinp =
+            overwrite ? Vec(size_t(N * C), std::numeric_limits<float>::quiet_NaN()) : random(size_t(N * C), 24);
+        compare(
+            name + (overwrite ? " backward, overwriting dinp" : " backward"),
+            {dinp, random(size_t(C), 25), random(size_t(C), 26)},
+            [&](std::vector<Vec>& o, bool g) {
+              (g ? gpu::layernorm_backward<float>
+                 : cpu::layernorm_backward<float>)(o[0].data(), o[1].data(), with_bias ? o[2].data() : nullptr,
+                                                   dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C,
+                                                   overwrite);
+            },
+            1e-4, 1e-4);
       }
-      compare(name + " backward, weight and bias only", {random(size_t(C), 25), random(size_t(C), 26)},
-              [&](std::vector<Vec>& o, bool g) {
-                (g ? gpu::layernorm_backward<float> : cpu::layernorm_backward<float>)(
-                    nullptr, o[0].data(), with_bias ? o[1].data() : nullptr, dout.data(), x.data(), w.data(),
-                    mean.data(), rstd.data(), N, C, false);
-              }, 1e-4, 1e-4);
+      compare(
+          name + " backward, weight and bias only", {random(size_t(C), 25), random(size_t(C), 26)},
+          [&](std::vector<Vec>& o, bool g) {
+            (g ? gpu::layernorm_backward<float>
+               : cpu::layernorm_backward<float>)(nullptr, o[0].data(), with_bias ? o[1].data() : nullptr, dout.data(),
+                                                 x.data(), w.data(), mean.data(), rstd.data(), N, C, false);
+          },
+          1e-4, 1e-4);
     }
   }
   // Rows wider than the fused backward kernel's shared memory takes (C > 768): the input and parameter kernels.
@@ -404,12 +426,14 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
   const Vec x2 = random(size_t(N2 * C2), 30), w2 = random(size_t(C2), 31), dout2 = random(size_t(N2 * C2), 32);
   Vec y2(static_cast<size_t>(N2 * C2)), mean2(static_cast<size_t>(N2)), rstd2(static_cast<size_t>(N2));
   cpu::layernorm_forward<float>(y2.data(), mean2.data(), rstd2.data(), x2.data(), w2.data(), nullptr, N2, C2, 1e-5f);
-  compare("layernorm backward, wide rows", {random(size_t(N2 * C2), 33), random(size_t(C2), 34), random(size_t(C2), 35)},
-          [&](std::vector<Vec>& o, bool g) {
-            (g ? gpu::layernorm_backward<float> : cpu::layernorm_backward<float>)(
-                o[0].data(), o[1].data(), o[2].data(), dout2.data(), x2.data(), w2.data(), mean2.data(), rstd2.data(),
-                N2, C2, false);
-          }, 1e-4, 1e-4);
+  compare(
+      "layernorm backward, wide rows", {random(size_t(N2 * C2), 33), random(size_t(C2), 34), random(size_t(C2), 35)},
+      [&](std::vector<Vec>& o, bool g) {
+        (g ? gpu::layernorm_backward<float>
+           : cpu::layernorm_backward<float>)(o[0].data(), o[1].data(), o[2].data(), dout2.data(), x2.data(), w2.data(),
+                                             mean2.data(), rstd2.data(), N2, C2, false);
+      },
+      1e-4, 1e-4);
 }
 
 TEST_CASE("emulated CUDA: RMSNorm (fused and wide rows) and SwiGLU, forward and backward") {
@@ -419,43 +443,56 @@ TEST_CASE("emulated CUDA: RMSNorm (fused and wide rows) and SwiGLU, forward and 
     const Vec x = random(size_t(N * C), 40), w = random(size_t(C), 41), dout = random(size_t(N * C), 42);
     const Vec residual = random(size_t(N * C), 43);
     compare("rmsnorm forward", {Vec(size_t(N * C)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::rmsnorm_forward<float> : cpu::rmsnorm_forward<float>)(o[0].data(), o[1].data(), x.data(), w.data(), N, C,
-                                                                       1e-6f);
+      (g ? gpu::rmsnorm_forward<float> : cpu::rmsnorm_forward<float>)(o[0].data(), o[1].data(), x.data(), w.data(), N,
+                                                                      C, 1e-6f);
     });
     for (const float p : {0.0f, 0.3f}) {
       compare(std::string("rmsnorm after a residual add, forward") + (p > 0 ? " (dropout)" : ""),
               {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
-                (g ? gpu::add_rmsnorm_forward<float> : cpu::add_rmsnorm_forward<float>)(
-                    o[0].data(), o[1].data(), o[2].data(), x.data(), residual.data(), w.data(), N, C, 1e-6f, p,
-                    g ? through_offset(78) : DropoutSeed(78));
+                (g ? gpu::add_rmsnorm_forward<float>
+                   : cpu::add_rmsnorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), x.data(), residual.data(),
+                                                      w.data(), N, C, 1e-6f, p,
+                                                      g ? through_offset(78) : DropoutSeed(78));
               });
     }
     Vec y(static_cast<size_t>(N * C)), rstd(static_cast<size_t>(N));
     cpu::rmsnorm_forward<float>(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
     for (const bool overwrite : {false, true}) {
-      const Vec dinp = overwrite ? Vec(size_t(N * C), std::numeric_limits<float>::quiet_NaN()) : random(size_t(N * C), 44);
-      compare(overwrite ? "rmsnorm backward, overwriting dinp" : "rmsnorm backward", {dinp, random(size_t(C), 45)},
-              [&](std::vector<Vec>& o, bool g) {
-                (g ? gpu::rmsnorm_backward<float> : cpu::rmsnorm_backward<float>)(
-                    o[0].data(), o[1].data(), dout.data(), x.data(), w.data(), rstd.data(), N, C, overwrite);
-              }, 1e-4, 1e-4);
+      const Vec dinp =
+          overwrite ? Vec(size_t(N * C), std::numeric_limits<float>::quiet_NaN()) : random(size_t(N * C), 44);
+      compare(
+          overwrite ? "rmsnorm backward, overwriting dinp" : "rmsnorm backward", {dinp, random(size_t(C), 45)},
+          [&](std::vector<Vec>& o, bool g) {
+            (g ? gpu::rmsnorm_backward<float> : cpu::rmsnorm_backward<float>)(o[0].data(), o[1].data(), dout.data(),
+                                                                              x.data(), w.data(), rstd.data(), N, C,
+                                                                              overwrite);
+          },
+          1e-4, 1e-4);
     }
-    compare("rmsnorm backward, weight only", {random(size_t(C), 45)}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::rmsnorm_backward<float> : cpu::rmsnorm_backward<float>)(nullptr, o[0].data(), dout.data(), x.data(),
-                                                                        w.data(), rstd.data(), N, C, false);
-    }, 1e-4, 1e-4);
+    compare(
+        "rmsnorm backward, weight only", {random(size_t(C), 45)},
+        [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::rmsnorm_backward<float> : cpu::rmsnorm_backward<float>)(nullptr, o[0].data(), dout.data(), x.data(),
+                                                                            w.data(), rstd.data(), N, C, false);
+        },
+        1e-4, 1e-4);
   }
   const int64_t N = 37, H = 70;
   const Vec h = random(size_t(N * 2 * H), 46, -6.0f, 6.0f), dout = random(size_t(N * H), 47);
-  compare("swiglu forward", {Vec(size_t(N * H))}, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::swiglu_forward<float> : cpu::swiglu_forward<float>)(o[0].data(), h.data(), N, H);
-  }, 1e-6, 1e-5);
+  compare(
+      "swiglu forward", {Vec(size_t(N * H))},
+      [&](std::vector<Vec>& o, bool g) {
+        (g ? gpu::swiglu_forward<float> : cpu::swiglu_forward<float>)(o[0].data(), h.data(), N, H);
+      },
+      1e-6, 1e-5);
   for (const bool overwrite : {false, true}) {
-    compare(overwrite ? "swiglu backward, overwriting" : "swiglu backward", {random(size_t(N * 2 * H), 48)},
-            [&](std::vector<Vec>& o, bool g) {
-              (g ? gpu::swiglu_backward<float> : cpu::swiglu_backward<float>)(o[0].data(), dout.data(), h.data(), N, H,
-                                                                              overwrite);
-            }, 1e-6, 1e-5);
+    compare(
+        overwrite ? "swiglu backward, overwriting" : "swiglu backward", {random(size_t(N * 2 * H), 48)},
+        [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::swiglu_backward<float> : cpu::swiglu_backward<float>)(o[0].data(), dout.data(), h.data(), N, H,
+                                                                          overwrite);
+        },
+        1e-6, 1e-5);
   }
   // bf16 storage: the same f32 arithmetic, each result rounded once.
   std::vector<bf16> hb(h.size()), yc(size_t(N * H)), yg(size_t(N * H));
@@ -463,7 +500,8 @@ TEST_CASE("emulated CUDA: RMSNorm (fused and wide rows) and SwiGLU, forward and 
   cpu::swiglu_forward<bf16>(yc.data(), hb.data(), N, H);
   gpu::swiglu_forward<bf16>(yg.data(), hb.data(), N, H);
   // The CPU's exp and CUDA's expf differ in the last float bits, so a rounding may fall either side: one bf16 step.
-  for (size_t i = 0; i < yc.size(); ++i) CHECK(std::abs(float(yc[i]) - float(yg[i])) <= std::abs(float(yc[i])) / 128 + 1e-30f);
+  for (size_t i = 0; i < yc.size(); ++i)
+    CHECK(std::abs(float(yc[i]) - float(yg[i])) <= std::abs(float(yc[i])) / 128 + 1e-30f);
 }
 
 TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backward") {
@@ -487,8 +525,8 @@ TEST_CASE("emulated CUDA: embedding (repeated and unused ids), forward and backw
     for (const int32_t* host_ids : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ids.data())}) {
       const int64_t copies = gpu::host_copies;
       compare("embedding backward", {random(size_t(V * C), 29)}, [&](std::vector<Vec>& o, bool g) {
-        (g ? gpu::embedding_backward<float> : cpu::embedding_backward<float>)(o[0].data(), dout.data(), ids.data(), host_ids,
-                                                                       N, V, C);
+        (g ? gpu::embedding_backward<float> : cpu::embedding_backward<float>)(o[0].data(), dout.data(), ids.data(),
+                                                                              host_ids, N, V, C);
         if (g) results.push_back(o[0]);
       });
       CHECK(gpu::host_copies == copies);
@@ -502,18 +540,27 @@ TEST_CASE("emulated CUDA: dropout draws the CPU's mask, forward and backward") {
   const Vec x = random(size_t(n), 32), dout = random(size_t(n), 33);
   for (const float p : {0.0f, 0.3f, 1.0f}) {
     const std::string name = "dropout p=" + std::to_string(p);
-    compare(name + " forward", {Vec(size_t(n))}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::dropout_forward<float> : cpu::dropout_forward<float>)(o[0].data(), x.data(), n, p, 99);
-    }, 0.0, 0.0);
+    compare(
+        name + " forward", {Vec(size_t(n))},
+        [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::dropout_forward<float> : cpu::dropout_forward<float>)(o[0].data(), x.data(), n, p, 99);
+        },
+        0.0, 0.0);
     // The GPU's seed through an offset in (device) memory, as a captured training step reads it: the same mask.
-    compare(name + " forward, seed through an offset", {Vec(size_t(n))}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::dropout_forward<float> : cpu::dropout_forward<float>)(o[0].data(), x.data(), n, p,
-                                                                      g ? through_offset(99) : DropoutSeed(99));
-    }, 0.0, 0.0);
-    compare(name + " backward", {random(size_t(n), 34)}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::dropout_backward<float> : cpu::dropout_backward<float>)(o[0].data(), dout.data(), n, p,
-                                                                        g ? through_offset(99) : DropoutSeed(99));
-    }, 0.0, 1e-7);
+    compare(
+        name + " forward, seed through an offset", {Vec(size_t(n))},
+        [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::dropout_forward<float> : cpu::dropout_forward<float>)(o[0].data(), x.data(), n, p,
+                                                                          g ? through_offset(99) : DropoutSeed(99));
+        },
+        0.0, 0.0);
+    compare(
+        name + " backward", {random(size_t(n), 34)},
+        [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::dropout_backward<float> : cpu::dropout_backward<float>)(o[0].data(), dout.data(), n, p,
+                                                                            g ? through_offset(99) : DropoutSeed(99));
+        },
+        0.0, 1e-7);
   }
 }
 
@@ -527,14 +574,20 @@ TEST_CASE("emulated CUDA: permute and copy_slice, storing and accumulating") {
   for (int d = 0; d < kMaxDims; ++d) g.out[d] = shape[perm[d]], g.inp_stride[d] = stride[perm[d]];
   const Vec x = random(120, 35);
   for (const bool acc : {false, true}) {
-    compare(std::string("permute") + (acc ? " accumulating" : ""), {random(120, 36)}, [&](std::vector<Vec>& o, bool gp) {
-      (gp ? gpu::permute<float> : cpu::permute<float>)(o[0].data(), x.data(), g, acc);
-    }, 0.0, 1e-7);
+    compare(
+        std::string("permute") + (acc ? " accumulating" : ""), {random(120, 36)},
+        [&](std::vector<Vec>& o, bool gp) {
+          (gp ? gpu::permute<float> : cpu::permute<float>)(o[0].data(), x.data(), g, acc);
+        },
+        0.0, 1e-7);
     // src (3, 7, 4) rows 2..5 into dst (3, 9, 4) rows 4..7
     const Vec src = random(3 * 7 * 4, 37);
-    compare(std::string("copy_slice") + (acc ? " accumulating" : ""), {random(3 * 9 * 4, 38)}, [&](std::vector<Vec>& o, bool gp) {
-      (gp ? gpu::copy_slice<float> : cpu::copy_slice<float>)(o[0].data(), src.data(), 3, 4, 9, 4, 7, 2, 4, acc);
-    }, 0.0, 1e-7);
+    compare(
+        std::string("copy_slice") + (acc ? " accumulating" : ""), {random(3 * 9 * 4, 38)},
+        [&](std::vector<Vec>& o, bool gp) {
+          (gp ? gpu::copy_slice<float> : cpu::copy_slice<float>)(o[0].data(), src.data(), 3, 4, 9, 4, 7, 2, 4, acc);
+        },
+        0.0, 1e-7);
   }
 }
 
@@ -559,12 +612,21 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
     for (const bool with_bias : {true, false}) {
       for (const Activation act : {Activation::None, Activation::Gelu, Activation::ReluSquared}) {
         const std::string name = std::string(with_bias ? "linear" : "linear without bias") +
-                                 (act == Activation::Gelu ? ", GELU" : act == Activation::ReluSquared ? ", ReLU^2" : "") +
+                                 (act == Activation::Gelu          ? ", GELU"
+                                  : act == Activation::ReluSquared ? ", ReLU^2"
+                                                                   : "") +
                                  " C=" + std::to_string(C) + " OC=" + std::to_string(OC) +
                                  (lt ? "" : ", no cublasLt algorithm") + (keep16 ? ", inp kept in bf16" : "");
         // The forward's arguments; each call below changes what it must.
-        const LinearForward<float> f{.inp = x.data(), .weight = w.data(), .bias = with_bias ? bias.data() : nullptr,
-                                     .N = rows, .C = C, .OC = OC, .math = math, .act = act, .lt_epilogues = true};
+        const LinearForward<float> f{.inp = x.data(),
+                                     .weight = w.data(),
+                                     .bias = with_bias ? bias.data() : nullptr,
+                                     .N = rows,
+                                     .C = C,
+                                     .OC = OC,
+                                     .math = math,
+                                     .act = act,
+                                     .lt_epilogues = true};
         compare(name + " forward", {Vec(size_t(rows * OC)), Vec(size_t(rows * OC))}, [&](std::vector<Vec>& o, bool g) {
           LinearForward<float> c = f;
           c.out = o[0].data(), c.act_out = o[1].data();
@@ -595,33 +657,59 @@ void check_linear_launchers(MatmulMath math, int64_t C, int64_t OC, bool lt) {
           CHECK(out == ref_out);
           CHECK(no_act == untouched);
           bool rounded = true;
-          for (size_t k = 0; k < out.size(); ++k) rounded = rounded && act16[k] == tinygpt::cuda::to_bf16_bits(ref_act[k]);
+          for (size_t k = 0; k < out.size(); ++k)
+            rounded = rounded && act16[k] == tinygpt::cuda::to_bf16_bits(ref_act[k]);
           CHECK(rounded);
           const Vec w_next = random(size_t(5 * OC), 52);
           Vec next(size_t(rows * 5)), ref_next(next.size());
-          gpu::linear_forward<float>({.out = next.data(), .inp = nullptr, .weight = w_next.data(), .N = rows, .C = OC,
-                                      .OC = 5, .math = math, .inp16 = act16.data(), .lt_epilogues = true});
-          gpu::linear_forward<float>({.out = ref_next.data(), .inp = ref_act.data(), .weight = w_next.data(), .N = rows,
-                                      .C = OC, .OC = 5, .math = math, .lt_epilogues = true});
+          gpu::linear_forward<float>({.out = next.data(),
+                                      .inp = nullptr,
+                                      .weight = w_next.data(),
+                                      .N = rows,
+                                      .C = OC,
+                                      .OC = 5,
+                                      .math = math,
+                                      .inp16 = act16.data(),
+                                      .lt_epilogues = true});
+          gpu::linear_forward<float>({.out = ref_next.data(),
+                                      .inp = ref_act.data(),
+                                      .weight = w_next.data(),
+                                      .N = rows,
+                                      .C = OC,
+                                      .OC = 5,
+                                      .math = math,
+                                      .lt_epilogues = true});
           CHECK(next == ref_next);
         }
         for (const bool overwrite : {false, true}) {
           if (act != Activation::None && !overwrite) continue;  // an activation's gradient overwrites dinp
           const Vec dinp = overwrite ? Vec(x.size(), std::numeric_limits<float>::quiet_NaN()) : random(x.size(), 48);
-          compare(name + (overwrite ? " backward, overwriting dinp" : " backward"),
-                  {dinp, random(w.size(), 49), random(size_t(OC), 50)}, [&](std::vector<Vec>& o, bool g) {
-                    LinearBackward<float> c{.dinp = o[0].data(), .dweight = o[1].data(),
-                                            .dbias = with_bias ? o[2].data() : nullptr, .dout = dout.data(),
-                                            .inp = x.data(), .weight = w.data(), .N = rows, .C = C, .OC = OC,
-                                            .math = math, .overwrite_dinp = overwrite, .act = act,
-                                            .act_of = pre.data(), .lt_epilogues = true};
-                    if (g) {
-                      if (keep16) c.inp = nan_x.data(), c.inp16 = x16.data();
-                      gpu::linear_backward<float>(c);
-                    } else {
-                      cpu::linear_backward<float>(c);
-                    }
-                  }, 1e-4, 1e-4);
+          compare(
+              name + (overwrite ? " backward, overwriting dinp" : " backward"),
+              {dinp, random(w.size(), 49), random(size_t(OC), 50)},
+              [&](std::vector<Vec>& o, bool g) {
+                LinearBackward<float> c{.dinp = o[0].data(),
+                                        .dweight = o[1].data(),
+                                        .dbias = with_bias ? o[2].data() : nullptr,
+                                        .dout = dout.data(),
+                                        .inp = x.data(),
+                                        .weight = w.data(),
+                                        .N = rows,
+                                        .C = C,
+                                        .OC = OC,
+                                        .math = math,
+                                        .overwrite_dinp = overwrite,
+                                        .act = act,
+                                        .act_of = pre.data(),
+                                        .lt_epilogues = true};
+                if (g) {
+                  if (keep16) c.inp = nan_x.data(), c.inp16 = x16.data();
+                  gpu::linear_backward<float>(c);
+                } else {
+                  cpu::linear_backward<float>(c);
+                }
+              },
+              1e-4, 1e-4);
         }
       }
     }
@@ -639,13 +727,31 @@ TEST_CASE("emulated CUDA: linear asks cublasLt for its epilogues only when the c
   const auto calls = [&](MatmulMath math, bool lt) {
     Vec out(size_t(rows * OC)), act_out(out.size()), dinp(x.size()), dw(w.size()), db(bias.size());
     gpu::fused_gemm_calls = 0;
-    gpu::linear_forward<float>({.out = out.data(), .inp = x.data(), .weight = w.data(), .bias = bias.data(), .N = rows,
-                                .C = C, .OC = OC, .math = math, .act = Activation::Gelu, .act_out = act_out.data(),
+    gpu::linear_forward<float>({.out = out.data(),
+                                .inp = x.data(),
+                                .weight = w.data(),
+                                .bias = bias.data(),
+                                .N = rows,
+                                .C = C,
+                                .OC = OC,
+                                .math = math,
+                                .act = Activation::Gelu,
+                                .act_out = act_out.data(),
                                 .lt_epilogues = lt});
     // backward as if x were GELU's output, of pre-activations x too
-    gpu::linear_backward<float>({.dinp = dinp.data(), .dweight = dw.data(), .dbias = db.data(), .dout = dout.data(),
-                                 .inp = x.data(), .weight = w.data(), .N = rows, .C = C, .OC = OC, .math = math,
-                                 .overwrite_dinp = true, .act = Activation::Gelu, .act_of = x.data(),
+    gpu::linear_backward<float>({.dinp = dinp.data(),
+                                 .dweight = dw.data(),
+                                 .dbias = db.data(),
+                                 .dout = dout.data(),
+                                 .inp = x.data(),
+                                 .weight = w.data(),
+                                 .N = rows,
+                                 .C = C,
+                                 .OC = OC,
+                                 .math = math,
+                                 .overwrite_dinp = true,
+                                 .act = Activation::Gelu,
+                                 .act_of = x.data(),
                                  .lt_epilogues = lt});
     return gpu::fused_gemm_calls;
   };
@@ -672,13 +778,17 @@ TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched 
           const Vec a = random(size_t(bt.a * M * K), 39), b = random(size_t(bt.b * K * N), 40);
           const Vec dout = random(size_t(batch * M * N), 41);
           compare(name + " forward", {Vec(size_t(batch * M * N))}, [&](std::vector<Vec>& o, bool g) {
-            (g ? gpu::matmul_forward<float> : cpu::matmul_forward<float>)(o[0].data(), a.data(), b.data(), bt.a, bt.b, M, K,
-                                                                   N, ta, tb, math);
+            (g ? gpu::matmul_forward<float> : cpu::matmul_forward<float>)(o[0].data(), a.data(), b.data(), bt.a, bt.b,
+                                                                          M, K, N, ta, tb, math);
           });
-          compare(name + " backward", {random(a.size(), 42), random(b.size(), 43)}, [&](std::vector<Vec>& o, bool g) {
-            (g ? gpu::matmul_backward<float> : cpu::matmul_backward<float>)(o[0].data(), o[1].data(), dout.data(), a.data(),
-                                                                     b.data(), bt.a, bt.b, M, K, N, ta, tb, math);
-          }, 1e-4, 1e-4);
+          compare(
+              name + " backward", {random(a.size(), 42), random(b.size(), 43)},
+              [&](std::vector<Vec>& o, bool g) {
+                (g ? gpu::matmul_backward<float> : cpu::matmul_backward<float>)(o[0].data(), o[1].data(), dout.data(),
+                                                                                a.data(), b.data(), bt.a, bt.b, M, K, N,
+                                                                                ta, tb, math);
+              },
+              1e-4, 1e-4);
         }
       }
     }
@@ -704,7 +814,8 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     check_same(out, ref, "matmul forward", rounded ? 5e-2 : 1e-5, rounded ? 1e-2 : 1e-4);
     CHECK((largest_difference(out, ref) > 1e-4) == rounded);
     Vec da(a.size(), 0.0f), db(b.size(), 0.0f), ref_da = da, ref_db = db;
-    gpu::matmul_backward<float>(da.data(), db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, math);
+    gpu::matmul_backward<float>(da.data(), db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false, false,
+                                math);
     cpu::matmul_backward<float>(ref_da.data(), ref_db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false,
                                 false, MatmulMath::F32);
     CHECK((largest_difference(da, ref_da) > 1e-4) == rounded);
@@ -724,8 +835,14 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     for (const bool lt : {false, true}) {
       INFO("cublasLt's epilogues " << (lt ? "asked for" : "not asked for"));
       Vec pre(size_t(M * OC)), act(pre.size()), ref_pre(pre.size()), ref_act(pre.size());
-      const LinearForward<float> gelu{.inp = a.data(), .weight = w2.data(), .bias = bias.data(), .N = M, .C = K,
-                                      .OC = OC, .act = Activation::Gelu, .lt_epilogues = lt};
+      const LinearForward<float> gelu{.inp = a.data(),
+                                      .weight = w2.data(),
+                                      .bias = bias.data(),
+                                      .N = M,
+                                      .C = K,
+                                      .OC = OC,
+                                      .act = Activation::Gelu,
+                                      .lt_epilogues = lt};
       c = gelu, c_ref = gelu;
       c.out = pre.data(), c.act_out = act.data(), c.math = math;
       c_ref.out = ref_pre.data(), c_ref.act_out = ref_act.data();
@@ -733,8 +850,15 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
       cpu::linear_forward<float>(c_ref);
       CHECK((largest_difference(act, ref_act) > 1e-4) == rounded);
       Vec dx(a.size()), ref_dx(a.size());
-      const LinearBackward<float> dgelu{.dout = dout2.data(), .inp = a.data(), .weight = w2.data(), .N = M, .C = K,
-                                        .OC = OC, .overwrite_dinp = true, .act = Activation::Gelu, .act_of = b.data(),
+      const LinearBackward<float> dgelu{.dout = dout2.data(),
+                                        .inp = a.data(),
+                                        .weight = w2.data(),
+                                        .N = M,
+                                        .C = K,
+                                        .OC = OC,
+                                        .overwrite_dinp = true,
+                                        .act = Activation::Gelu,
+                                        .act_of = b.data(),
                                         .lt_epilogues = lt};
       LinearBackward<float> cb = dgelu, refb = dgelu;
       cb.dinp = dx.data(), cb.math = math, refb.dinp = ref_dx.data();
@@ -770,7 +894,9 @@ std::vector<T> stored_as(const Vec& v) {
   return std::vector<T>(v.begin(), v.end());
 }
 
-Bf random_bf16(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) { return stored_as<bf16>(random(n, seed, lo, hi)); }
+Bf random_bf16(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
+  return stored_as<bf16>(random(n, seed, lo, hi));
+}
 
 /// compare() over buffers stored as T (f32 or bf16): run(buffers, on_gpu) into copies of the same start; compared
 /// widened (exact when atol and rtol are 0: the same bits).
@@ -825,11 +951,14 @@ TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row
     Vec losses(static_cast<size_t>(N)), lse(static_cast<size_t>(N));
     cpu::crossentropy_forward<T>(losses.data(), lse.data(), logits.data(), targets.data(), N, V, -100);
     const float dloss = 0.6f;  // the upstream gradient, read from (device) memory, times the scale
-    compare_stored<T>("crossentropy backward", {stored_as<T>(random(size_t(N * V), 31))},
-                      [&](std::vector<std::vector<T>>& o, bool g) {
-                        (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(
-                            o[0].data(), &dloss, 0.5f, logits.data(), lse.data(), targets.data(), N, V, -100, false);
-                      }, atol, rtol);
+    compare_stored<T>(
+        "crossentropy backward", {stored_as<T>(random(size_t(N * V), 31))},
+        [&](std::vector<std::vector<T>>& o, bool g) {
+          (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(o[0].data(), &dloss, 0.5f, logits.data(),
+                                                                              lse.data(), targets.data(), N, V, -100,
+                                                                              false);
+        },
+        atol, rtol);
     // The fused classifier: losses, lse and the gradient for a loss gradient of 1 (written over what was there; the
     // ignored row zeroed), then its backward: kept for 1, rewritten for 0.6.
     const std::vector<T> garbage = stored_as<T>(random(size_t(N * V), 32));
@@ -837,16 +966,21 @@ TEST_CASE("emulated CUDA: cross-entropy over f32 and bf16 logits (an ignored row
       CAPTURE(upstream);
       compare("crossentropy fused (losses, lse)", {Vec(size_t(N)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
         std::vector<T> d = garbage;
-        (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(o[0].data(), o[1].data(), d.data(),
-                                                                      logits.data(), targets.data(), 0.5f, N, V, -100);
-      });
-      compare_stored<T>("crossentropy fused, then its backward", {garbage}, [&](std::vector<std::vector<T>>& o, bool g) {
-        Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
-        (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(l.data(), s.data(), o[0].data(), logits.data(),
+        (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(o[0].data(), o[1].data(), d.data(), logits.data(),
                                                                       targets.data(), 0.5f, N, V, -100);
-        (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(
-            o[0].data(), &upstream, 0.5f, logits.data(), s.data(), targets.data(), N, V, -100, true);
-      }, atol, rtol);
+      });
+      compare_stored<T>(
+          "crossentropy fused, then its backward", {garbage},
+          [&](std::vector<std::vector<T>>& o, bool g) {
+            Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
+            (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(l.data(), s.data(), o[0].data(),
+                                                                          logits.data(), targets.data(), 0.5f, N, V,
+                                                                          -100);
+            (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(o[0].data(), &upstream, 0.5f,
+                                                                                logits.data(), s.data(), targets.data(),
+                                                                                N, V, -100, true);
+          },
+          atol, rtol);
     }
     // On the CPU the fused gradient is, bit for bit, the unfused backward's into a zeroed slot (for 1 and for 0.6).
     for (const float upstream : {1.0f, 0.6f}) {
@@ -875,19 +1009,28 @@ TEST_CASE("emulated CUDA: cross-entropy over wide rows (a block a row, online so
       gpu::crossentropy_forward<T>(losses.data(), lse.data(), logits.data(), targets.data(), N, V, -100);
       const float dloss = 0.6f;
       const std::vector<T> start = stored_as<T>(random(size_t(N * V), 34));
-      compare_stored<T>("wide crossentropy backward", {start}, [&](std::vector<std::vector<T>>& o, bool g) {
-        (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(o[0].data(), &dloss, 0.25f, logits.data(),
-                                                                            lse.data(), targets.data(), N, V, -100, false);
-      }, atol, rtol);
+      compare_stored<T>(
+          "wide crossentropy backward", {start},
+          [&](std::vector<std::vector<T>>& o, bool g) {
+            (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(o[0].data(), &dloss, 0.25f,
+                                                                                logits.data(), lse.data(),
+                                                                                targets.data(), N, V, -100, false);
+          },
+          atol, rtol);
       for (const float upstream : {1.0f, 0.6f}) {
         CAPTURE(upstream);
-        compare_stored<T>("wide crossentropy fused, then its backward", {start}, [&](std::vector<std::vector<T>>& o, bool g) {
-          Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
-          (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(l.data(), s.data(), o[0].data(), logits.data(),
-                                                                        targets.data(), 0.25f, N, V, -100);
-          (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(
-              o[0].data(), &upstream, 0.25f, logits.data(), s.data(), targets.data(), N, V, -100, true);
-        }, atol, rtol);
+        compare_stored<T>(
+            "wide crossentropy fused, then its backward", {start},
+            [&](std::vector<std::vector<T>>& o, bool g) {
+              Vec l(static_cast<size_t>(N)), s(static_cast<size_t>(N));
+              (g ? gpu::crossentropy_fused<T> : cpu::crossentropy_fused<T>)(l.data(), s.data(), o[0].data(),
+                                                                            logits.data(), targets.data(), 0.25f, N, V,
+                                                                            -100);
+              (g ? gpu::crossentropy_backward<T> : cpu::crossentropy_backward<T>)(o[0].data(), &upstream, 0.25f,
+                                                                                  logits.data(), s.data(),
+                                                                                  targets.data(), N, V, -100, true);
+            },
+            atol, rtol);
         // On the (emulated) GPU the fused path gives the separate one's bits: the same lse, the same element formula.
         check_fused_is_separate<T>(true, start, logits, targets, losses, lse, 0.25f, upstream, N, V);
       }
@@ -906,22 +1049,28 @@ TEST_CASE("emulated CUDA: bf16 storage, elementwise maps (16-byte groups and sin
     const Bf x = random_bf16(size_t(n + 1), 70), y = random_bf16(size_t(n + 1), 71, 0.5f, 2.0f);
     const Bf dout = random_bf16(size_t(n + 1), 72);
     const auto at = [off](const Bf& v) { return v.data() + off; };
-    compare_bf16("axpy", {random_bf16(size_t(n + 1), 73)}, [&](std::vector<Bf>& o, bool g) {
-      (g ? gpu::axpy<bf16> : cpu::axpy<bf16>)(o[0].data() + off, at(x), -1.5f, n);
-    }, 1e-6, kBf16Ulp);
+    compare_bf16(
+        "axpy", {random_bf16(size_t(n + 1), 73)},
+        [&](std::vector<Bf>& o, bool g) {
+          (g ? gpu::axpy<bf16> : cpu::axpy<bf16>)(o[0].data() + off, at(x), -1.5f, n);
+        },
+        1e-6, kBf16Ulp);
     for (const BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
       const std::string name = "binary op " + std::to_string(int(op));
       BroadcastGeom geom{};
       geom.same_shape = true;
-      for (int d = 0; d < kMaxDims; ++d) geom.out[d] = d == kMaxDims - 1 ? n : 1, geom.a_stride[d] = geom.b_stride[d] = 1;
+      for (int d = 0; d < kMaxDims; ++d)
+        geom.out[d] = d == kMaxDims - 1 ? n : 1, geom.a_stride[d] = geom.b_stride[d] = 1;
       compare_bf16(name + " forward", {Bf(size_t(n + 1))}, [&](std::vector<Bf>& o, bool g) {
         (g ? gpu::binary_forward<bf16> : cpu::binary_forward<bf16>)(o[0].data() + off, at(x), at(y), geom, op);
       });
-      compare_bf16(name + " backward", {random_bf16(size_t(n + 1), 74), random_bf16(size_t(n + 1), 75)},
-                   [&](std::vector<Bf>& o, bool g) {
-                     (g ? gpu::binary_backward<bf16> : cpu::binary_backward<bf16>)(
-                         o[0].data() + off, o[1].data() + off, at(dout), at(x), at(y), geom, op);
-                   }, 1e-6, kBf16Ulp);
+      compare_bf16(
+          name + " backward", {random_bf16(size_t(n + 1), 74), random_bf16(size_t(n + 1), 75)},
+          [&](std::vector<Bf>& o, bool g) {
+            (g ? gpu::binary_backward<bf16> : cpu::binary_backward<bf16>)(o[0].data() + off, o[1].data() + off,
+                                                                          at(dout), at(x), at(y), geom, op);
+          },
+          1e-6, kBf16Ulp);
     }
     for (const UnaryOp op : {UnaryOp::Neg, UnaryOp::Scale, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Tanh, UnaryOp::Relu,
                              UnaryOp::Gelu, UnaryOp::Sqrt}) {
@@ -930,41 +1079,53 @@ TEST_CASE("emulated CUDA: bf16 storage, elementwise maps (16-byte groups and sin
       const Bf in = positive ? random_bf16(size_t(n + 1), 76, 0.1f, 3.0f) : random_bf16(size_t(n + 1), 76, -3.0f, 3.0f);
       Bf out(static_cast<size_t>(n + 1));
       cpu::unary_forward<bf16>(out.data() + off, at(in), n, op, 0.7f);
-      compare_bf16(name + " forward", {Bf(size_t(n + 1))}, [&](std::vector<Bf>& o, bool g) {
-        (g ? gpu::unary_forward<bf16> : cpu::unary_forward<bf16>)(o[0].data() + off, at(in), n, op, 0.7f);
-      }, 1e-6, kBf16Ulp);
+      compare_bf16(
+          name + " forward", {Bf(size_t(n + 1))},
+          [&](std::vector<Bf>& o, bool g) {
+            (g ? gpu::unary_forward<bf16> : cpu::unary_forward<bf16>)(o[0].data() + off, at(in), n, op, 0.7f);
+          },
+          1e-6, kBf16Ulp);
       for (const bool overwrite : {false, true}) {
-        compare_bf16(name + (overwrite ? " backward, overwriting" : " backward"), {random_bf16(size_t(n + 1), 77)},
-                     [&](std::vector<Bf>& o, bool g) {
-                       (g ? gpu::unary_backward<bf16> : cpu::unary_backward<bf16>)(
-                           o[0].data() + off, at(dout), at(in), at(out), n, op, 0.7f, overwrite);
-                     }, 1e-6, kBf16Ulp);
+        compare_bf16(
+            name + (overwrite ? " backward, overwriting" : " backward"), {random_bf16(size_t(n + 1), 77)},
+            [&](std::vector<Bf>& o, bool g) {
+              (g ? gpu::unary_backward<bf16> : cpu::unary_backward<bf16>)(o[0].data() + off, at(dout), at(in), at(out),
+                                                                          n, op, 0.7f, overwrite);
+            },
+            1e-6, kBf16Ulp);
       }
     }
     for (const float p : {0.0f, 0.3f}) {
       compare_bf16("dropout forward", {Bf(size_t(n + 1))}, [&](std::vector<Bf>& o, bool g) {
         (g ? gpu::dropout_forward<bf16> : cpu::dropout_forward<bf16>)(o[0].data() + off, at(x), n, p, 99);
       });
-      compare_bf16("dropout backward", {random_bf16(size_t(n + 1), 78)}, [&](std::vector<Bf>& o, bool g) {
-        (g ? gpu::dropout_backward<bf16> : cpu::dropout_backward<bf16>)(o[0].data() + off, at(dout), n, p, 99);
-      }, 1e-6, kBf16Ulp);
+      compare_bf16(
+          "dropout backward", {random_bf16(size_t(n + 1), 78)},
+          [&](std::vector<Bf>& o, bool g) {
+            (g ? gpu::dropout_backward<bf16> : cpu::dropout_backward<bf16>)(o[0].data() + off, at(dout), n, p, 99);
+          },
+          1e-6, kBf16Ulp);
     }
   }
   // Broadcast operands (the warp-per-element, row-block and full kernels) and the layout moves.
-  const int64_t a_shape[kMaxDims] = {1, 1, 5, 9, 8}, b_shape[kMaxDims] = {1, 1, 1, 9, 8}, c_shape[kMaxDims] = {1, 1, 5, 1, 1};
+  const int64_t a_shape[kMaxDims] = {1, 1, 5, 9, 8}, b_shape[kMaxDims] = {1, 1, 1, 9, 8},
+                c_shape[kMaxDims] = {1, 1, 5, 1, 1};
   for (const auto* other : {&b_shape, &c_shape}) {
     const BroadcastGeom geom = broadcast(a_shape, *other);
     const int64_t na = count(a_shape), nb = count(*other);
-    const Bf a = random_bf16(size_t(na), 79), b = random_bf16(size_t(nb), 80, 0.5f, 2.0f), d = random_bf16(size_t(na), 81);
+    const Bf a = random_bf16(size_t(na), 79), b = random_bf16(size_t(nb), 80, 0.5f, 2.0f),
+             d = random_bf16(size_t(na), 81);
     for (const BinaryOp op : {BinaryOp::Add, BinaryOp::Mul}) {
       compare_bf16("broadcast forward", {Bf(size_t(na))}, [&](std::vector<Bf>& o, bool g) {
         (g ? gpu::binary_forward<bf16> : cpu::binary_forward<bf16>)(o[0].data(), a.data(), b.data(), geom, op);
       });
-      compare_bf16("broadcast backward", {random_bf16(size_t(na), 82), random_bf16(size_t(nb), 83)},
-                   [&](std::vector<Bf>& o, bool g) {
-                     (g ? gpu::binary_backward<bf16> : cpu::binary_backward<bf16>)(o[0].data(), o[1].data(), d.data(),
-                                                                                 a.data(), b.data(), geom, op);
-                   }, 1e-5, kBf16Ulp);
+      compare_bf16(
+          "broadcast backward", {random_bf16(size_t(na), 82), random_bf16(size_t(nb), 83)},
+          [&](std::vector<Bf>& o, bool g) {
+            (g ? gpu::binary_backward<bf16> : cpu::binary_backward<bf16>)(o[0].data(), o[1].data(), d.data(), a.data(),
+                                                                          b.data(), geom, op);
+          },
+          1e-5, kBf16Ulp);
     }
   }
   PermuteGeom g{};
@@ -985,8 +1146,8 @@ TEST_CASE("emulated CUDA: bf16 storage, elementwise maps (16-byte groups and sin
 }
 
 TEST_CASE("emulated CUDA: bf16 storage, layer norm and embedding") {
-  // C = 48: rows of whole 16-byte groups (two per lane for some lanes: 6 groups); C = 45: an element at a time; N = 530:
-  // 34 blocks of weight and bias partial sums.
+  // C = 48: rows of whole 16-byte groups (two per lane for some lanes: 6 groups); C = 45: an element at a time; N =
+  // 530: 34 blocks of weight and bias partial sums.
   for (const int64_t C : {48, 45}) {
     CAPTURE(C);
     const int64_t N = 530;
@@ -994,9 +1155,12 @@ TEST_CASE("emulated CUDA: bf16 storage, layer norm and embedding") {
     const Bf residual = random_bf16(size_t(N * C), 93), dout = random_bf16(size_t(N * C), 94);
     // The statistics are f32 (compared at f32 tolerances), the rows bf16.
     Bf y_cpu(static_cast<size_t>(N * C)), y_gpu(static_cast<size_t>(N * C));
-    Vec mean_cpu(static_cast<size_t>(N)), rstd_cpu(static_cast<size_t>(N)), mean_gpu(static_cast<size_t>(N)), rstd_gpu(static_cast<size_t>(N));
-    cpu::layernorm_forward<bf16>(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
-    gpu::layernorm_forward<bf16>(y_gpu.data(), mean_gpu.data(), rstd_gpu.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
+    Vec mean_cpu(static_cast<size_t>(N)), rstd_cpu(static_cast<size_t>(N)), mean_gpu(static_cast<size_t>(N)),
+        rstd_gpu(static_cast<size_t>(N));
+    cpu::layernorm_forward<bf16>(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(), w.data(), bias.data(), N, C,
+                                 1e-5f);
+    gpu::layernorm_forward<bf16>(y_gpu.data(), mean_gpu.data(), rstd_gpu.data(), x.data(), w.data(), bias.data(), N, C,
+                                 1e-5f);
     check_same(widened(y_gpu), widened(y_cpu), "layernorm forward", 1e-5, kBf16Ulp);
     check_same(mean_gpu, mean_cpu, "layernorm mean", 1e-6, 1e-5);
     check_same(rstd_gpu, rstd_cpu, "layernorm rstd", 1e-6, 1e-5);
@@ -1011,15 +1175,18 @@ TEST_CASE("emulated CUDA: bf16 storage, layer norm and embedding") {
       check_same(widened(y_gpu), widened(y_cpu), "add_layernorm forward", 1e-5, kBf16Ulp);
       check_same(rstd_gpu, rstd_cpu, "add_layernorm rstd", 1e-6, 1e-5);
     }
-    cpu::layernorm_forward<bf16>(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(), w.data(), bias.data(), N, C, 1e-5f);
+    cpu::layernorm_forward<bf16>(y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(), w.data(), bias.data(), N, C,
+                                 1e-5f);
     for (const bool overwrite : {false, true}) {
-      compare_bf16(std::string("layernorm backward") + (overwrite ? ", overwriting" : ""),
-                   {random_bf16(size_t(N * C), 95), random_bf16(size_t(C), 96), random_bf16(size_t(C), 97)},
-                   [&](std::vector<Bf>& o, bool g) {
-                     (g ? gpu::layernorm_backward<bf16> : cpu::layernorm_backward<bf16>)(
-                         o[0].data(), o[1].data(), o[2].data(), dout.data(), x.data(), w.data(), mean_cpu.data(),
-                         rstd_cpu.data(), N, C, overwrite);
-                   }, 1e-4, kBf16Ulp);
+      compare_bf16(
+          std::string("layernorm backward") + (overwrite ? ", overwriting" : ""),
+          {random_bf16(size_t(N * C), 95), random_bf16(size_t(C), 96), random_bf16(size_t(C), 97)},
+          [&](std::vector<Bf>& o, bool g) {
+            (g ? gpu::layernorm_backward<bf16>
+               : cpu::layernorm_backward<bf16>)(o[0].data(), o[1].data(), o[2].data(), dout.data(), x.data(), w.data(),
+                                                mean_cpu.data(), rstd_cpu.data(), N, C, overwrite);
+          },
+          1e-4, kBf16Ulp);
     }
   }
   {  // wider rows than the fused backward takes: the input and parameter kernels
@@ -1028,13 +1195,15 @@ TEST_CASE("emulated CUDA: bf16 storage, layer norm and embedding") {
     Bf y(static_cast<size_t>(N * C));
     Vec mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
     cpu::layernorm_forward<bf16>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), nullptr, N, C, 1e-5f);
-    compare_bf16("layernorm backward, wide rows",
-                 {random_bf16(size_t(N * C), 101), random_bf16(size_t(C), 102), random_bf16(size_t(C), 103)},
-                 [&](std::vector<Bf>& o, bool g) {
-                   (g ? gpu::layernorm_backward<bf16> : cpu::layernorm_backward<bf16>)(
-                       o[0].data(), o[1].data(), o[2].data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                       N, C, false);
-                 }, 1e-4, kBf16Ulp);
+    compare_bf16(
+        "layernorm backward, wide rows",
+        {random_bf16(size_t(N * C), 101), random_bf16(size_t(C), 102), random_bf16(size_t(C), 103)},
+        [&](std::vector<Bf>& o, bool g) {
+          (g ? gpu::layernorm_backward<bf16> : cpu::layernorm_backward<bf16>)(o[0].data(), o[1].data(), o[2].data(),
+                                                                              dout.data(), x.data(), w.data(),
+                                                                              mean.data(), rstd.data(), N, C, false);
+        },
+        1e-4, kBf16Ulp);
   }
   for (const int64_t C : {40, 37}) {  // embedding: whole groups of a row, and single elements
     CAPTURE(C);
@@ -1046,10 +1215,13 @@ TEST_CASE("emulated CUDA: bf16 storage, layer norm and embedding") {
       (g ? gpu::embedding_forward<bf16> : cpu::embedding_forward<bf16>)(o[0].data(), ids.data(), weight.data(), N, C);
     });
     for (const int32_t* host_ids : {static_cast<const int32_t*>(nullptr), static_cast<const int32_t*>(ids.data())}) {
-      compare_bf16("embedding backward", {random_bf16(size_t(V * C), 106)}, [&](std::vector<Bf>& o, bool g) {
-        (g ? gpu::embedding_backward<bf16> : cpu::embedding_backward<bf16>)(o[0].data(), dout.data(), ids.data(),
-                                                                            host_ids, N, V, C);
-      }, 1e-5, kBf16Ulp);
+      compare_bf16(
+          "embedding backward", {random_bf16(size_t(V * C), 106)},
+          [&](std::vector<Bf>& o, bool g) {
+            (g ? gpu::embedding_backward<bf16> : cpu::embedding_backward<bf16>)(o[0].data(), dout.data(), ids.data(),
+                                                                                host_ids, N, V, C);
+          },
+          1e-5, kBf16Ulp);
     }
   }
 }
@@ -1067,16 +1239,21 @@ TEST_CASE("emulated CUDA: bf16 storage, matmul and linear (bf16 in and out, f32 
         const int64_t batch = std::max(bt.a, bt.b);
         const Bf a = random_bf16(size_t(bt.a * M * K), 110), b = random_bf16(size_t(bt.b * K * N), 111);
         const Bf dout = random_bf16(size_t(batch * M * N), 112);
-        compare_bf16(name + " forward", {Bf(size_t(batch * M * N))}, [&](std::vector<Bf>& o, bool g) {
-          (g ? gpu::matmul_forward<bf16> : cpu::matmul_forward<bf16>)(o[0].data(), a.data(), b.data(), bt.a, bt.b, M, K,
-                                                                      N, ta, tb, MatmulMath::BF16);
-        }, 1e-4, kBf16Ulp);
-        compare_bf16(name + " backward", {random_bf16(a.size(), 113), random_bf16(b.size(), 114)},
-                     [&](std::vector<Bf>& o, bool g) {
-                       (g ? gpu::matmul_backward<bf16> : cpu::matmul_backward<bf16>)(
-                           o[0].data(), o[1].data(), dout.data(), a.data(), b.data(), bt.a, bt.b, M, K, N, ta, tb,
-                           MatmulMath::BF16);
-                     }, 1e-4, kBf16Ulp);
+        compare_bf16(
+            name + " forward", {Bf(size_t(batch * M * N))},
+            [&](std::vector<Bf>& o, bool g) {
+              (g ? gpu::matmul_forward<bf16> : cpu::matmul_forward<bf16>)(o[0].data(), a.data(), b.data(), bt.a, bt.b,
+                                                                          M, K, N, ta, tb, MatmulMath::BF16);
+            },
+            1e-4, kBf16Ulp);
+        compare_bf16(
+            name + " backward", {random_bf16(a.size(), 113), random_bf16(b.size(), 114)},
+            [&](std::vector<Bf>& o, bool g) {
+              (g ? gpu::matmul_backward<bf16> : cpu::matmul_backward<bf16>)(o[0].data(), o[1].data(), dout.data(),
+                                                                            a.data(), b.data(), bt.a, bt.b, M, K, N, ta,
+                                                                            tb, MatmulMath::BF16);
+            },
+            1e-4, kBf16Ulp);
       }
     }
   }
@@ -1086,30 +1263,51 @@ TEST_CASE("emulated CUDA: bf16 storage, matmul and linear (bf16 in and out, f32 
   };
   for (const Widths wd : {Widths{16, 24}, Widths{9, 11}}) {
     const int64_t rows = 70, C = wd.C, OC = wd.OC;
-    const Bf x = random_bf16(size_t(rows * C), 115), w = random_bf16(size_t(OC * C), 116), bias = random_bf16(size_t(OC), 117);
+    const Bf x = random_bf16(size_t(rows * C), 115), w = random_bf16(size_t(OC * C), 116),
+             bias = random_bf16(size_t(OC), 117);
     const Bf dout = random_bf16(size_t(rows * OC), 118), pre = random_bf16(x.size(), 119, -3.0f, 3.0f);
     for (const bool with_bias : {true, false}) {
       for (const Activation act : {Activation::None, Activation::Gelu, Activation::ReluSquared}) {
         const std::string name = "linear " + std::to_string(C) + "x" + std::to_string(OC) + (with_bias ? " bias" : "") +
                                  " act " + std::to_string(int(act));
         const bool has_act = act != Activation::None;
-        compare_bf16(name + " forward", {Bf(size_t(rows * OC)), Bf(size_t(rows * OC))}, [&](std::vector<Bf>& o, bool g) {
-          (g ? gpu::linear_forward<bf16> : cpu::linear_forward<bf16>)(
-              {.out = o[0].data(), .inp = x.data(), .weight = w.data(), .bias = with_bias ? bias.data() : nullptr,
-               .N = rows, .C = C, .OC = OC, .math = MatmulMath::BF16, .act = act,
-               .act_out = has_act ? o[1].data() : nullptr});
-        }, 1e-4, kBf16Ulp);
+        compare_bf16(
+            name + " forward", {Bf(size_t(rows * OC)), Bf(size_t(rows * OC))},
+            [&](std::vector<Bf>& o, bool g) {
+              (g ? gpu::linear_forward<bf16> : cpu::linear_forward<bf16>)({.out = o[0].data(),
+                                                                           .inp = x.data(),
+                                                                           .weight = w.data(),
+                                                                           .bias = with_bias ? bias.data() : nullptr,
+                                                                           .N = rows,
+                                                                           .C = C,
+                                                                           .OC = OC,
+                                                                           .math = MatmulMath::BF16,
+                                                                           .act = act,
+                                                                           .act_out = has_act ? o[1].data() : nullptr});
+            },
+            1e-4, kBf16Ulp);
         for (const bool overwrite : {false, true}) {
           if (has_act && !overwrite) continue;  // a gradient through the activation overwrites dinp
-          compare_bf16(name + " backward" + (overwrite ? ", overwriting" : ""),
-                       {random_bf16(x.size(), 120), random_bf16(w.size(), 121), random_bf16(size_t(OC), 122)},
-                       [&](std::vector<Bf>& o, bool g) {
-                         (g ? gpu::linear_backward<bf16> : cpu::linear_backward<bf16>)(
-                             {.dinp = o[0].data(), .dweight = o[1].data(), .dbias = with_bias ? o[2].data() : nullptr,
-                              .dout = dout.data(), .inp = x.data(), .weight = w.data(), .N = rows, .C = C, .OC = OC,
-                              .math = MatmulMath::BF16, .overwrite_dinp = overwrite, .act = act,
-                              .act_of = has_act ? pre.data() : nullptr});
-                       }, 1e-3, kBf16Ulp);
+          compare_bf16(
+              name + " backward" + (overwrite ? ", overwriting" : ""),
+              {random_bf16(x.size(), 120), random_bf16(w.size(), 121), random_bf16(size_t(OC), 122)},
+              [&](std::vector<Bf>& o, bool g) {
+                (g ? gpu::linear_backward<bf16>
+                   : cpu::linear_backward<bf16>)({.dinp = o[0].data(),
+                                                  .dweight = o[1].data(),
+                                                  .dbias = with_bias ? o[2].data() : nullptr,
+                                                  .dout = dout.data(),
+                                                  .inp = x.data(),
+                                                  .weight = w.data(),
+                                                  .N = rows,
+                                                  .C = C,
+                                                  .OC = OC,
+                                                  .math = MatmulMath::BF16,
+                                                  .overwrite_dinp = overwrite,
+                                                  .act = act,
+                                                  .act_of = has_act ? pre.data() : nullptr});
+              },
+              1e-3, kBf16Ulp);
         }
       }
     }
@@ -1138,13 +1336,13 @@ TEST_CASE("emulated CUDA: AdamW step over runs of a packed buffer, each with its
   // Step 3 at rate 1e-2; {loss, sum of squares}: norm 4, clipped to 3 (the gradient taken times about 0.75).
   const Vec sched = {1e-2f, float(adamw_correction(0.9f, 3)), float(adamw_correction(0.95f, 3))}, stats = {2.5f, 16.0f};
   compare("adamw", start, [&](std::vector<Vec>& o, bool g) {
-    (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), runs, sched.data(),
-                                                       stats.data(), 3.0, 0.9f, 0.95f, 1e-8f);
+    (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), runs,
+                                                       sched.data(), stats.data(), 3.0, 0.9f, 0.95f, 1e-8f);
   });
   // The one launch against a launch per run, bit for bit; the elements in no run are left alone.
   std::vector<Vec> one = start, each = start;
-  gpu::adamw_update(one[0].data(), grad.data(), one[1].data(), one[2].data(), runs, sched.data(), stats.data(), 3.0, 0.9f, 0.95f,
-                    1e-8f);
+  gpu::adamw_update(one[0].data(), grad.data(), one[1].data(), one[2].data(), runs, sched.data(), stats.data(), 3.0,
+                    0.9f, 0.95f, 1e-8f);
   for (int r = 0; r < runs.count; ++r) {
     const int64_t at = runs.begin[r];
     gpu::adamw_update(each[0].data() + at, grad.data() + at, each[1].data() + at, each[2].data() + at,
@@ -1166,8 +1364,8 @@ TEST_CASE("emulated CUDA: AdamW step over runs of a packed buffer, each with its
     with_copy.copy = copy.data();
     update(o[0].data(), grad.data(), o[1].data(), o[2].data(), with_copy, sched.data(), stats.data(), 3.0, 0.9f, 0.95f,
            1e-8f);
-    update(plain[0].data(), grad.data(), plain[1].data(), plain[2].data(), runs, sched.data(), stats.data(), 3.0, 0.9f, 0.95f,
-                    1e-8f);
+    update(plain[0].data(), grad.data(), plain[1].data(), plain[2].data(), runs, sched.data(), stats.data(), 3.0, 0.9f,
+           0.95f, 1e-8f);
     CHECK(o == plain);  // the masters and moments as without copies
     for (int64_t i = 0; i < n; ++i) {
       const bool in_run = i < 100 || i >= 150;
@@ -1179,21 +1377,28 @@ TEST_CASE("emulated CUDA: AdamW step over runs of a packed buffer, each with its
 TEST_CASE("emulated CUDA: AdamW step clipped, unclipped, refused when not finite (its scalars in device memory)") {
   const int64_t n = 300;
   const Vec grad = random(size_t(n), 51);
-  const Vec start = random(size_t(n), 52), m0 = random(size_t(n), 53, -0.1f, 0.1f), v0 = random(size_t(n), 54, 0.0f, 0.1f);
+  const Vec start = random(size_t(n), 52), m0 = random(size_t(n), 53, -0.1f, 0.1f),
+            v0 = random(size_t(n), 54, 0.0f, 0.1f);
   const AdamWRuns runs = three_runs();
   const float c1 = float(adamw_correction(0.9f, 3)), c2 = float(adamw_correction(0.95f, 3));
   const Vec sched = {1e-2f, c1, c2};
   constexpr float kInf = std::numeric_limits<float>::infinity();
   // {loss, sum of squares}: norm 4 clipped to 1 (and not, with max_norm 0 or 5); a NaN loss; an infinite sum.
-  for (const auto& [stats, max_norm] : std::vector<std::pair<Vec, double>>{
-           {{2.5f, 16.0f}, 1.0}, {{2.5f, 16.0f}, 0.0}, {{2.5f, 16.0f}, 5.0}, {{NAN, 16.0f}, 1.0}, {{2.5f, kInf}, 1.0}}) {
+  for (const auto& [stats, max_norm] : std::vector<std::pair<Vec, double>>{{{2.5f, 16.0f}, 1.0},
+                                                                           {{2.5f, 16.0f}, 0.0},
+                                                                           {{2.5f, 16.0f}, 5.0},
+                                                                           {{NAN, 16.0f}, 1.0},
+                                                                           {{2.5f, kInf}, 1.0}}) {
     CAPTURE(stats[0]);
     CAPTURE(stats[1]);
     CAPTURE(max_norm);
-    compare("adamw", {start, m0, v0}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), runs,
-                                                         sched.data(), stats.data(), max_norm, 0.9f, 0.95f, 1e-8f);
-    }, 0, 0);
+    compare(
+        "adamw", {start, m0, v0},
+        [&](std::vector<Vec>& o, bool g) {
+          (g ? gpu::adamw_update : cpu::adamw_update<float>)(o[0].data(), grad.data(), o[1].data(), o[2].data(), runs,
+                                                             sched.data(), stats.data(), max_norm, 0.9f, 0.95f, 1e-8f);
+        },
+        0, 0);
     // Clipped: the unclipped update of the gradient taken times max_norm / (norm + 1e-6), bit for bit; unclipped at
     // or below max_norm (or with max_norm 0); nothing moves when the loss or the sum is not finite.
     const bool finite = std::isfinite(stats[0]) && std::isfinite(stats[1]);
@@ -1274,7 +1479,8 @@ using namespace tinygpt::test::attention;
 /// The attention kernels of one implementation (naive or flash) on the emulated GPU and on the CPU, forward (out,
 /// lse, the naive path's weights) and backward (dq, dk, dv accumulated into a buffer that starts at 1).
 void check_attention(const Config& c, bool flash, AttentionMath math = AttentionMath::F32) {
-  const std::string name = std::string(flash ? "flash" : "naive") + " attention (" + attention_math_name(math) + "), " + describe(c);
+  const std::string name =
+      std::string(flash ? "flash" : "naive") + " attention (" + attention_math_name(math) + "), " + describe(c);
   INFO(name);
   Problem p = make_problem(c);
   p.g.math = math;
@@ -1286,38 +1492,50 @@ void check_attention(const Config& c, bool flash, AttentionMath math = Attention
   const HostInputs<float> in(p);
   const size_t rows = size_t(g.B * g.NH * g.T);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const Vec start_out(static_cast<size_t>(p.out_size), nan), start_lse(rows, nan), start_w(flash ? 0 : rows * size_t(g.S), nan);
-  compare(name + " forward", {start_out, start_lse, start_w}, [&](std::vector<Vec>& o, bool gp) {
-    float* w = flash ? nullptr : o[2].data();
-    if (flash) {
-      (gp ? gpu::attention_flash_forward : cpu::attention_flash_forward<float>)(o[0].data(), o[1].data(), in.q, in.k,
-                                                                               in.v, in.m, in.kp, gp ? g_dev : g);
-    } else {
-      (gp ? gpu::attention_naive_forward : cpu::attention_naive_forward<float>)(o[0].data(), w, o[1].data(), in.q, in.k,
-                                                                               in.v, in.m, in.kp, gp ? g_dev : g);
-    }
-  }, 2e-5, 2e-4);
+  const Vec start_out(static_cast<size_t>(p.out_size), nan), start_lse(rows, nan),
+      start_w(flash ? 0 : rows * size_t(g.S), nan);
+  compare(
+      name + " forward", {start_out, start_lse, start_w},
+      [&](std::vector<Vec>& o, bool gp) {
+        float* w = flash ? nullptr : o[2].data();
+        if (flash) {
+          (gp ? gpu::attention_flash_forward : cpu::attention_flash_forward<float>)(o[0].data(), o[1].data(), in.q,
+                                                                                    in.k, in.v, in.m, in.kp,
+                                                                                    gp ? g_dev : g);
+        } else {
+          (gp ? gpu::attention_naive_forward : cpu::attention_naive_forward<float>)(o[0].data(), w, o[1].data(), in.q,
+                                                                                    in.k, in.v, in.m, in.kp,
+                                                                                    gp ? g_dev : g);
+        }
+      },
+      2e-5, 2e-4);
   Vec out(static_cast<size_t>(p.out_size), nan), lse(rows, nan);
   cpu::attention_flash_forward<float>(out.data(), lse.data(), in.q, in.k, in.v, in.m, in.kp, g);
-  compare(name + " backward", {Vec(in.qkv.size(), 1.0f)}, [&](std::vector<Vec>& o, bool gp) {
-    float* d = o[0].data();
-    const auto f = flash ? (gp ? gpu::attention_flash_backward : cpu::attention_flash_backward<float>)
-                         : (gp ? gpu::attention_naive_backward : cpu::attention_naive_backward<float>);
-    f(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp,
-      gp ? g_dev : g);
-  }, 1e-4, 2e-4);
+  compare(
+      name + " backward", {Vec(in.qkv.size(), 1.0f)},
+      [&](std::vector<Vec>& o, bool gp) {
+        float* d = o[0].data();
+        const auto f = flash ? (gp ? gpu::attention_flash_backward : cpu::attention_flash_backward<float>)
+                             : (gp ? gpu::attention_naive_backward : cpu::attention_naive_backward<float>);
+        f(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp,
+          gp ? g_dev : g);
+      },
+      1e-4, 2e-4);
   if (!flash) return;
   // The flash backward into gradients no op has written (grads_unwritten): buffers of NaN, each element of q, k and
   // v's views written (=), on the GPU without a read, on the CPU after zeroing them.
   AttentionGeom gu = g, gu_dev = g_dev;
   gu.grads_unwritten = gu_dev.grads_unwritten = true;
-  compare(name + " backward into unwritten gradients", {Vec(in.qkv.size(), nan)}, [&](std::vector<Vec>& o, bool gp) {
-    float* d = o[0].data();
-    (gp ? gpu::attention_flash_backward : cpu::attention_flash_backward<float>)(
-        d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k, in.v, out.data(), lse.data(), in.m, in.kp,
-        gp ? gu_dev : gu);
-    CHECK(settle_unwritten(o[0], p) == 0);
-  }, 1e-4, 2e-4);
+  compare(
+      name + " backward into unwritten gradients", {Vec(in.qkv.size(), nan)},
+      [&](std::vector<Vec>& o, bool gp) {
+        float* d = o[0].data();
+        (gp ? gpu::attention_flash_backward
+            : cpu::attention_flash_backward<float>)(d + p.q_off, d + p.k_off, d + p.v_off, in.dout.data(), in.q, in.k,
+                                                    in.v, out.data(), lse.data(), in.m, in.kp, gp ? gu_dev : gu);
+        CHECK(settle_unwritten(o[0], p) == 0);
+      },
+      1e-4, 2e-4);
 }
 
 /// Which score modifiers a case turns on (kernels/score_mods.h).
@@ -1351,8 +1569,8 @@ void check_attention_mods(const Config& c, const Mods& mods, bool flash, Attenti
   };
   auto run = [&](bool gpu) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    Side r{Vec(size_t(p.out_size), nan), Vec(size_t(rows), nan), Vec(size_t(rows * W), nan), Vec(in.qkv.size(), 1.0f),
-           Vec(rel_k.size(), 0.0f), Vec(rel_v.size(), 0.0f), Vec(t5.size(), 0.0f)};
+    Side r{Vec(size_t(p.out_size), nan), Vec(size_t(rows), nan),  Vec(size_t(rows * W), nan), Vec(in.qkv.size(), 1.0f),
+           Vec(rel_k.size(), 0.0f),      Vec(rel_v.size(), 0.0f), Vec(t5.size(), 0.0f)};
     AttentionGeom g = g0;
     ScoreMods& m = g.mods;
     m.window = mods.window;
@@ -1366,10 +1584,10 @@ void check_attention_mods(const Config& c, const Mods& mods, bool flash, Attenti
     }
     if (flash) {
       (gpu ? gpu::attention_flash_forward : cpu::attention_flash_forward<float>)(r.out.data(), r.lse.data(), in.q, in.k,
-                                                                                in.v, in.m, in.kp, g);
+                                                                                 in.v, in.m, in.kp, g);
     } else {
       (gpu ? gpu::attention_naive_forward : cpu::attention_naive_forward<float>)(r.out.data(), nullptr, r.lse.data(),
-                                                                                in.q, in.k, in.v, in.m, in.kp, g);
+                                                                                 in.q, in.k, in.v, in.m, in.kp, g);
     }
     const auto backward = flash ? (gpu ? gpu::attention_flash_backward : cpu::attention_flash_backward<float>)
                                 : (gpu ? gpu::attention_naive_backward : cpu::attention_naive_backward<float>);
@@ -1392,21 +1610,70 @@ void check_attention_mods(const Config& c, const Mods& mods, bool flash, Attenti
 }  // namespace
 
 TEST_CASE("emulated CUDA: naive attention (GQA, masks, padding, dropout, rows that see nothing)") {
-  check_attention({.B = 2, .NH = 4, .NKV = 2, .T = 9, .S = 13, .E = 8, .Ev = 6, .causal = true, .key_padding = true,
-                   .mask = MaskKind::BroadcastTS, .dropout = 0.2f, .seed = 3}, false);
+  check_attention({.B = 2,
+                   .NH = 4,
+                   .NKV = 2,
+                   .T = 9,
+                   .S = 13,
+                   .E = 8,
+                   .Ev = 6,
+                   .causal = true,
+                   .key_padding = true,
+                   .mask = MaskKind::BroadcastTS,
+                   .dropout = 0.2f,
+                   .seed = 3},
+                  false);
   check_attention({.B = 1, .NH = 2, .NKV = 1, .T = 12, .S = 5, .E = 40, .Ev = 40, .causal = true, .seed = 4}, false);
-  check_attention({.B = 2, .NH = 3, .NKV = 3, .T = 10, .S = 10, .E = 16, .Ev = 16, .causal = true,
-                   .layout = Layout::Fused, .seed = 9}, false);
+  check_attention({.B = 2,
+                   .NH = 3,
+                   .NKV = 3,
+                   .T = 10,
+                   .S = 10,
+                   .E = 16,
+                   .Ev = 16,
+                   .causal = true,
+                   .layout = Layout::Fused,
+                   .seed = 9},
+                  false);
 }
 
 TEST_CASE("emulated CUDA: flash attention on CUDA cores (partial tiles, padded head dims, GQA, masks, dropout)") {
   check_attention({.B = 1, .NH = 2, .NKV = 1, .T = 70, .S = 100, .E = 40, .Ev = 24, .causal = true, .seed = 5}, true);
-  check_attention({.B = 1, .NH = 4, .NKV = 2, .T = 80, .S = 80, .E = 32, .Ev = 32, .causal = true,
-                   .layout = Layout::Fused, .seed = 10}, true);
-  check_attention({.B = 2, .NH = 2, .NKV = 2, .T = 33, .S = 20, .E = 64, .Ev = 64, .causal = true, .key_padding = true,
-                   .mask = MaskKind::Full, .dropout = 0.3f, .seed = 6}, true);
-  check_attention({.B = 1, .NH = 1, .NKV = 1, .T = 16, .S = 70, .E = 100, .Ev = 128, .mask = MaskKind::PerKey,
-                   .layout = Layout::SeqMajor, .seed = 7}, true);
+  check_attention({.B = 1,
+                   .NH = 4,
+                   .NKV = 2,
+                   .T = 80,
+                   .S = 80,
+                   .E = 32,
+                   .Ev = 32,
+                   .causal = true,
+                   .layout = Layout::Fused,
+                   .seed = 10},
+                  true);
+  check_attention({.B = 2,
+                   .NH = 2,
+                   .NKV = 2,
+                   .T = 33,
+                   .S = 20,
+                   .E = 64,
+                   .Ev = 64,
+                   .causal = true,
+                   .key_padding = true,
+                   .mask = MaskKind::Full,
+                   .dropout = 0.3f,
+                   .seed = 6},
+                  true);
+  check_attention({.B = 1,
+                   .NH = 1,
+                   .NKV = 1,
+                   .T = 16,
+                   .S = 70,
+                   .E = 100,
+                   .Ev = 128,
+                   .mask = MaskKind::PerKey,
+                   .layout = Layout::SeqMajor,
+                   .seed = 7},
+                  true);
 }
 
 TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core kernels for tf32 and bf16 operands") {
@@ -1419,8 +1686,10 @@ TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core ke
     Config c;
   };
   const Case cases[] = {
-      {AttentionMath::TF32, {.B = 1, .NH = 2, .NKV = 1, .T = 40, .S = 70, .E = 32, .Ev = 32, .causal = true, .seed = 8}},
-      {AttentionMath::BF16, {.B = 1, .NH = 2, .NKV = 1, .T = 40, .S = 70, .E = 32, .Ev = 32, .causal = true, .seed = 8}},
+      {AttentionMath::TF32,
+       {.B = 1, .NH = 2, .NKV = 1, .T = 40, .S = 70, .E = 32, .Ev = 32, .causal = true, .seed = 8}},
+      {AttentionMath::BF16,
+       {.B = 1, .NH = 2, .NKV = 1, .T = 40, .S = 70, .E = 32, .Ev = 32, .causal = true, .seed = 8}},
       {AttentionMath::TF32, {.B = 1, .NH = 1, .NKV = 1, .T = 20, .S = 30, .E = 128, .Ev = 128, .seed = 9}},
       {AttentionMath::BF16, {.B = 1, .NH = 1, .NKV = 1, .T = 20, .S = 30, .E = 64, .Ev = 64, .seed = 10}},
   };
@@ -1462,21 +1731,40 @@ TEST_CASE("emulated CUDA: flash attention's entry points pick the tensor-core ke
 TEST_CASE("emulated CUDA: score modifiers in the naive and flash kernels, every table's gradient") {
   const Mods all{.window = 30, .max_rel = 4, .rel_value = true, .alibi = true, .t5 = true, .docs = true, .softcap = 5};
   // Naive, everything at once with padding, a mask and dropout.
-  check_attention_mods({.B = 2, .NH = 4, .NKV = 2, .T = 9, .S = 13, .E = 8, .Ev = 6, .causal = true, .key_padding = true,
-                        .mask = MaskKind::BroadcastTS, .dropout = 0.2f, .seed = 3},
-                       {.window = 5, .max_rel = 2, .rel_value = true, .alibi = true, .t5 = true, .docs = true, .softcap = 3},
-                       false);
+  check_attention_mods(
+      {.B = 2,
+       .NH = 4,
+       .NKV = 2,
+       .T = 9,
+       .S = 13,
+       .E = 8,
+       .Ev = 6,
+       .causal = true,
+       .key_padding = true,
+       .mask = MaskKind::BroadcastTS,
+       .dropout = 0.2f,
+       .seed = 3},
+      {.window = 5, .max_rel = 2, .rel_value = true, .alibi = true, .t5 = true, .docs = true, .softcap = 3}, false);
   // Flash on CUDA cores over several tiles: the window skips tiles, documents hide whole ones.
-  check_attention_mods({.B = 1, .NH = 2, .NKV = 1, .T = 150, .S = 150, .E = 32, .Ev = 32, .causal = true, .seed = 11}, all, true);
-  check_attention_mods({.B = 2, .NH = 2, .NKV = 2, .T = 40, .S = 90, .E = 16, .Ev = 24, .key_padding = true,
-                        .dropout = 0.1f, .seed = 12},
+  check_attention_mods({.B = 1, .NH = 2, .NKV = 1, .T = 150, .S = 150, .E = 32, .Ev = 32, .causal = true, .seed = 11},
+                       all, true);
+  check_attention_mods({.B = 2,
+                        .NH = 2,
+                        .NKV = 2,
+                        .T = 40,
+                        .S = 90,
+                        .E = 16,
+                        .Ev = 24,
+                        .key_padding = true,
+                        .dropout = 0.1f,
+                        .seed = 12},
                        {.window = 20, .max_rel = 30, .rel_value = true, .t5 = true, .softcap = 2}, true);
   // The tensor-core kernels apply the same terms (within their operand format's rounding of the f32 kernels), and the
   // same dropout in their build with the modifiers.
-  check_attention_mods({.B = 1, .NH = 2, .NKV = 1, .T = 100, .S = 100, .E = 32, .Ev = 32, .causal = true,
-                        .dropout = 0.15f, .seed = 13},
-                       {.window = 40, .max_rel = 3, .alibi = true, .t5 = true, .docs = true, .softcap = 4}, true,
-                       AttentionMath::TF32, 5e-3);
+  check_attention_mods(
+      {.B = 1, .NH = 2, .NKV = 1, .T = 100, .S = 100, .E = 32, .Ev = 32, .causal = true, .dropout = 0.15f, .seed = 13},
+      {.window = 40, .max_rel = 3, .alibi = true, .t5 = true, .docs = true, .softcap = 4}, true, AttentionMath::TF32,
+      5e-3);
   check_attention_mods({.B = 1, .NH = 2, .NKV = 1, .T = 100, .S = 100, .E = 32, .Ev = 32, .causal = true, .seed = 13},
                        {.window = 40, .max_rel = 3, .rel_value = true, .alibi = true, .softcap = 4}, true,
                        AttentionMath::BF16, 5e-2);

@@ -56,7 +56,8 @@ TEST_CASE("read_text_file: missing, directory and empty files are errors naming 
 TEST_CASE("documents: a vocabulary over 65,536 tokens is cached in 32-bit ids, read back and reused") {
   // A BPE of 256 bytes, no merges and 70,000 added tokens (ordinary ones, so a document's text matches them).
   std::string added = R"({"id": 256, "content": "<|endoftext|>", "special": true})";
-  for (int i = 257; i < 70000; ++i) added += fmt::format(R"(, {{"id": {}, "content": "<t{}>", "special": false}})", i, i);
+  for (int i = 257; i < 70000; ++i)
+    added += fmt::format(R"(, {{"id": {}, "content": "<t{}>", "special": false}})", i, i);
   PieceCounts counts;
   counts.add_text("x");
   std::string json = BpeTokenizer::train(counts, {.vocab_size = 257, .progress = {}}).to_json();

@@ -47,8 +47,8 @@ EmulatedRun run_emulated(const Problem& p, bool unwritten) {
 }
 
 void check_format(const Config& c, AttentionMath format, bool unwritten) {
-  INFO("tensor-core flash (emulated, " << attention_math_name(format) << " operands" <<
-       (unwritten ? ", into unwritten gradients" : "") << "): " << describe(c));
+  INFO("tensor-core flash (emulated, " << attention_math_name(format) << " operands"
+                                       << (unwritten ? ", into unwritten gradients" : "") << "): " << describe(c));
   Problem p = rounded_to(make_problem(c), format);
   const Run<double> ref = run<double>(p, false, true);
   p.g.math = format;
@@ -67,29 +67,65 @@ void check_emulated(const Config& c) {
 }  // namespace
 
 TEST_CASE("tensor-core flash (emulated): two query and key tiles, causal, fused QKV, GQA, head dim 64") {
-  check_emulated({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .layout = Layout::Fused});
+  check_emulated(
+      {.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .layout = Layout::Fused});
 }
 
 TEST_CASE("tensor-core flash (emulated): partial tiles, T < S causal, head dim 128, strided") {
-  check_emulated({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true,
-                  .layout = Layout::SeqMajor, .seed = 5});
+  check_emulated({.B = 1,
+                  .NH = 2,
+                  .NKV = 2,
+                  .T = 70,
+                  .S = 100,
+                  .E = 128,
+                  .Ev = 128,
+                  .causal = true,
+                  .layout = Layout::SeqMajor,
+                  .seed = 5});
 }
 
 TEST_CASE("tensor-core flash (emulated): padding, additive mask, empty rows, dropout, head dim 32") {
-  check_emulated({.B = 2, .NH = 2, .NKV = 2, .T = 40, .S = 90, .E = 32, .Ev = 32, .causal = false, .key_padding = true,
-                  .mask = MaskKind::BroadcastTS, .dropout = 0.2f, .masked_row = true, .seed = 6});
+  check_emulated({.B = 2,
+                  .NH = 2,
+                  .NKV = 2,
+                  .T = 40,
+                  .S = 90,
+                  .E = 32,
+                  .Ev = 32,
+                  .causal = false,
+                  .key_padding = true,
+                  .mask = MaskKind::BroadcastTS,
+                  .dropout = 0.2f,
+                  .masked_row = true,
+                  .seed = 6});
 }
 
 TEST_CASE("tensor-core flash (emulated): unequal and odd head dims, T > S causal (rows that see nothing), MQA") {
-  check_emulated({.B = 1, .NH = 2, .NKV = 1, .T = 75, .S = 20, .E = 80, .Ev = 48, .causal = true, .mask = MaskKind::Full,
+  check_emulated({.B = 1,
+                  .NH = 2,
+                  .NKV = 1,
+                  .T = 75,
+                  .S = 20,
+                  .E = 80,
+                  .Ev = 48,
+                  .causal = true,
+                  .mask = MaskKind::Full,
                   .seed = 7});
-  check_emulated({.B = 2, .NH = 2, .NKV = 2, .T = 33, .S = 7, .E = 5, .Ev = 3, .key_padding = true, .dropout = 0.5f,
-                  .seed = 8});
+  check_emulated(
+      {.B = 2, .NH = 2, .NKV = 2, .T = 33, .S = 7, .E = 5, .Ev = 3, .key_padding = true, .dropout = 0.5f, .seed = 8});
 }
 
 TEST_CASE("tensor-core flash (emulated): whole leading key tiles padded away") {
-  check_emulated({.B = 1, .NH = 2, .NKV = 2, .T = 40, .S = 150, .E = 16, .Ev = 16, .key_padding = true,
-                  .padded_prefix = 140, .seed = 9});
+  check_emulated({.B = 1,
+                  .NH = 2,
+                  .NKV = 2,
+                  .T = 40,
+                  .S = 150,
+                  .E = 16,
+                  .Ev = 16,
+                  .key_padding = true,
+                  .padded_prefix = 140,
+                  .seed = 9});
 }
 
 /// The flash kernels on bf16 storage (kernels/cuda/flash_bf16.cuh: ldmatrix fragments, cp.async double buffering),
@@ -102,18 +138,19 @@ void check_bf16_storage(const Config& c, FlashVariants flash = {}) {
   Problem p = rounded_to(make_problem(c), AttentionMath::BF16);
   p.g.flash = flash;
   const Run<double> ref = run<double>(p, true, true);
-  const std::vector<bf16> qkv(p.qkv.begin(), p.qkv.end());  // exact: the inputs are rounded to bf16 already
+  const std::vector<bf16> qkv(p.qkv.begin(), p.qkv.end());     // exact: the inputs are rounded to bf16 already
   const std::vector<bf16> dout(p.dout.begin(), p.dout.end());  // the upstream gradient as bf16 storage holds it
   const bf16 *q = qkv.data() + p.q_off, *k = qkv.data() + p.k_off, *v = qkv.data() + p.v_off;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (const auto& [emulated, unwritten] : {std::pair{true, true}, {true, false}, {false, false}}) {
-    INFO((emulated ? "the GPU kernels, emulated" : "their CPU twins") << (unwritten ? ", unwritten gradients" : ", added to"));
+    INFO((emulated ? "the GPU kernels, emulated" : "their CPU twins")
+         << (unwritten ? ", unwritten gradients" : ", added to"));
     const float start = unwritten ? nan : 0.25f;
     std::vector<bf16> out(size_t(p.out_size), bf16(nan)), grads(qkv.size(), bf16(start));
     std::vector<float> lse(size_t(p.g.B * p.g.NH * p.g.T), nan);
     REQUIRE(flash_bf16_takes(p.g, q, k, v, out.data()));
-    (emulated ? cuda::emulated::attention_flash_forward_bf16 : cpu::attention_flash_forward_bf16)(out.data(), lse.data(),
-                                                                                                 q, k, v, p.g);
+    (emulated ? cuda::emulated::attention_flash_forward_bf16 : cpu::attention_flash_forward_bf16)(
+        out.data(), lse.data(), q, k, v, p.g);
     AttentionGeom gb = p.g;
     gb.grads_unwritten = unwritten;
     bf16* d = grads.data();
@@ -134,8 +171,8 @@ void check_bf16_storage(const Config& c, FlashVariants flash = {}) {
 }
 
 TEST_CASE("flash on bf16 storage (emulated): causal, fused QKV, GQA, head dim 64, two tiles") {
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true,
-                      .layout = Layout::Fused});
+  check_bf16_storage(
+      {.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .layout = Layout::Fused});
 }
 
 TEST_CASE("flash on bf16 storage (emulated): partial tiles, T < S causal, head dim 128") {
@@ -160,8 +197,8 @@ TEST_CASE("flash on bf16 storage (emulated): not causal, three key tiles, T > S 
 TEST_CASE("flash on bf16 storage (emulated): dropout (causal GQA at head dim 64, head dim 128 with partial tiles)") {
   // The mask of kernels/dropout_hash.h on P after the row sums: P V forward, dP's factor in dS and dV's P backward
   // (the dK/dV pass keeps each step's query rows' dropout in shared memory), against the double reference's mask.
-  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f,
-                      .seed = 21});
+  check_bf16_storage(
+      {.B = 1, .NH = 4, .NKV = 2, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f, .seed = 21});
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 22});
 }
 
@@ -175,24 +212,42 @@ TEST_CASE("flash on bf16 storage (emulated): the forward's 128-row blocks (Flash
   // and warps whose second tile is wholly past it) with a fused qkv; keys past the rows (T < S, GQA); rows that see
   // nothing (T > S); not causal over three key tiles with dropout; dropout on the training shape's pattern. The
   // backward is the default's.
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true,
-                      .layout = Layout::Fused}, {.rows128 = true});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 33}, {.rows128 = true});
-  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 160, .S = 160, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f,
-                      .seed = 35}, {.rows128 = true});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 200, .S = 200, .E = 64, .Ev = 64, .causal = true,
-                      .layout = Layout::Fused, .seed = 31}, {.rows128 = true});
-  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 50, .S = 140, .E = 64, .Ev = 64, .causal = true, .seed = 32}, {.rows128 = true});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .dropout = 0.2f, .seed = 34}, {.rows128 = true});
+  check_bf16_storage(
+      {.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .layout = Layout::Fused},
+      {.rows128 = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 33},
+                     {.rows128 = true});
+  check_bf16_storage(
+      {.B = 1, .NH = 4, .NKV = 2, .T = 160, .S = 160, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f, .seed = 35},
+      {.rows128 = true});
+  check_bf16_storage({.B = 1,
+                      .NH = 2,
+                      .NKV = 1,
+                      .T = 200,
+                      .S = 200,
+                      .E = 64,
+                      .Ev = 64,
+                      .causal = true,
+                      .layout = Layout::Fused,
+                      .seed = 31},
+                     {.rows128 = true});
+  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 50, .S = 140, .E = 64, .Ev = 64, .causal = true, .seed = 32},
+                     {.rows128 = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .dropout = 0.2f, .seed = 34},
+                     {.rows128 = true});
 }
 
-TEST_CASE("flash on bf16 storage (emulated): the head-dim-128 forward with Q from shared memory (FlashVariants::q_smem)") {
+TEST_CASE(
+    "flash on bf16 storage (emulated): the head-dim-128 forward with Q from shared memory (FlashVariants::q_smem)") {
   // Q's fragments read at each k step instead of held in registers: partial tiles with T < S causal, not causal over
   // several key tiles with GQA, rows that see nothing, dropout.
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5}, {.q_smem = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5},
+                     {.q_smem = true});
   check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .seed = 15}, {.q_smem = true});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 128, .Ev = 128, .causal = true, .seed = 7}, {.q_smem = true});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 22}, {.q_smem = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 128, .Ev = 128, .causal = true, .seed = 7},
+                     {.q_smem = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 22},
+                     {.q_smem = true});
 }
 
 TEST_CASE("flash on bf16 storage (emulated): the one-pass backward, dQ by atomics (FlashVariants::dq_atomic)") {
@@ -200,14 +255,20 @@ TEST_CASE("flash on bf16 storage (emulated): the one-pass backward, dQ by atomic
   // added to f32 sums zeroed by the D kernel, then scaled and rounded once. Head dim 64 (64 queries a step: four
   // row groups) and 128 (32 a step: two row groups, two feature halves), causal and not, GQA (several query heads
   // into one key tile's pass), rows past T, rows that see nothing, dropout, into unwritten gradients and added to.
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true,
-                      .layout = Layout::Fused}, {.dq_atomic = true});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5}, {.dq_atomic = true});
-  check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 10}, {.dq_atomic = true});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 7}, {.dq_atomic = true});
-  check_bf16_storage({.B = 1, .NH = 4, .NKV = 2, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f,
-                      .seed = 21}, {.dq_atomic = true});
-  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 15}, {.dq_atomic = true});
+  check_bf16_storage(
+      {.B = 1, .NH = 2, .NKV = 1, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .layout = Layout::Fused},
+      {.dq_atomic = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 70, .S = 100, .E = 128, .Ev = 128, .causal = true, .seed = 5},
+                     {.dq_atomic = true});
+  check_bf16_storage({.B = 2, .NH = 4, .NKV = 2, .T = 65, .S = 150, .E = 64, .Ev = 64, .seed = 10},
+                     {.dq_atomic = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 2, .T = 75, .S = 20, .E = 64, .Ev = 64, .causal = true, .seed = 7},
+                     {.dq_atomic = true});
+  check_bf16_storage(
+      {.B = 1, .NH = 4, .NKV = 2, .T = 128, .S = 128, .E = 64, .Ev = 64, .causal = true, .dropout = 0.2f, .seed = 21},
+      {.dq_atomic = true});
+  check_bf16_storage({.B = 1, .NH = 2, .NKV = 1, .T = 90, .S = 130, .E = 128, .Ev = 128, .dropout = 0.3f, .seed = 15},
+                     {.dq_atomic = true});
 }
 
 // The whole attention test matrix (the CPU and GPU suites' flash cases): about a minute under the emulator, so it

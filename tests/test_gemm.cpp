@@ -20,9 +20,9 @@
 #include "kernels/cpu/vec_math.h"
 
 using tinygpt::Activation;
-using tinygpt::cpu::Bf16Kernel;
 using tinygpt::cpu::bf16_kernel_name;
 using tinygpt::cpu::bf16_kernels_available;
+using tinygpt::cpu::Bf16Kernel;
 using tinygpt::cpu::gemm;
 using tinygpt::cpu::gemm_bf16;
 
@@ -176,8 +176,8 @@ void check(const Case& c, uint32_t seed = 1) {
   }
   INFO("ta=" << c.ta << " tb=" << c.tb << " M=" << c.M << " N=" << c.N << " K=" << c.K << " alpha=" << c.alpha
              << " beta=" << c.beta << " bf16=" << c.bf16 << " bias=" << c.bias << " act=" << int(c.act)
-             << " act_grad=" << c.act_grad
-             << " kernel=" << (c.kernel ? bf16_kernel_name(*c.kernel) : "-") << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
+             << " act_grad=" << c.act_grad << " kernel=" << (c.kernel ? bf16_kernel_name(*c.kernel) : "-")
+             << " pads=" << c.pad_a << "," << c.pad_b << "," << c.pad_c << " worst=" << worst);
   CHECK(bad == 0);
 }
 
@@ -283,7 +283,8 @@ TEST_CASE_TEMPLATE("gemm with bf16 operands matches naive products of the rounde
   uint32_t seed = 100;
   for (int64_t M : {1, 3, 17, 65})
     for (int64_t N : {1, 17, 130})
-      for (int64_t K : {3, 31, 130}) check_all_trans<T>({false, false, M, N, K, 1.0, 0.0, 0, 0, 0, false, true}, ++seed);
+      for (int64_t K : {3, 31, 130})
+        check_all_trans<T>({false, false, M, N, K, 1.0, 0.0, 0, 0, 0, false, true}, ++seed);
   check_all_trans<T>({false, false, 130, 65, 300, 0.25, 2.0, 5, 5, 5, false, true});
   check<T>({false, true, 37, 1100, 2100, 1.0, 1.0, 0, 0, 0, false, true});  // K in several groups
 }
@@ -318,31 +319,39 @@ TEST_CASE("gemm on bf16 storage: bit for bit gemm<float> with bf16 operands, on 
   MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(tinygpt::cpu::bf16_kernel())));
   std::mt19937 rng(7);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for_each_transpose({{1, 1, 1, 0}, {9, 17, 31, 3}, {33, 130, 33, 0}, {70, 65, 300, 5}, {130, 300, 384, 1},
-                      {64, 70, 130, 0}, {48, 96, 40, 3}, {136, 33, 1030, 1}},
+  for_each_transpose({{1, 1, 1, 0},
+                      {9, 17, 31, 3},
+                      {33, 130, 33, 0},
+                      {70, 65, 300, 5},
+                      {130, 300, 384, 1},
+                      {64, 70, 130, 0},
+                      {48, 96, 40, 3},
+                      {136, 33, 1030, 1}},
                      [&](const Shape3& sh, bool ta, bool tb, int64_t lda, int64_t ldb, int64_t ldc) {
-    const int64_t a_rows = ta ? sh.K : sh.M, b_rows = tb ? sh.N : sh.K;
-    std::vector<float> a(size_t(a_rows * lda)), b(size_t(b_rows * ldb)), bias(size_t(sh.N));
-    for (float& x : a) x = tinygpt::round_bf16(dist(rng));
-    for (float& x : b) x = tinygpt::round_bf16(dist(rng));
-    for (float& x : bias) x = dist(rng);
-    std::vector<tinygpt::bf16> a16(a.begin(), a.end()), b16(b.begin(), b.end());
-    for (const bool epilogue : {false, true}) {
-      std::vector<float> c_ref(size_t(sh.M * ldc)), c(size_t(sh.M * ldc));
-      for (size_t i = 0; i < c.size(); ++i) c[i] = c_ref[i] = dist(rng);
-      std::vector<float> act_ref(c.size()), act(c.size());
-      tinygpt::cpu::Epilogue<float> ep_ref, ep;
-      if (epilogue) {
-        ep_ref = {bias.data(), Activation::Gelu, act_ref.data(), nullptr};
-        ep = {bias.data(), Activation::Gelu, act.data(), nullptr};
-      }
-      const float beta = epilogue ? 0.0f : 0.5f;
-      gemm<float>(ta, tb, sh.M, sh.N, sh.K, 1.5f, a.data(), lda, b.data(), ldb, beta, c_ref.data(), ldc, true, ep_ref);
-      gemm(ta, tb, sh.M, sh.N, sh.K, 1.5f, a16.data(), lda, b16.data(), ldb, beta, c.data(), ldc, ep);
-      CHECK(c == c_ref);
-      if (epilogue) CHECK(act == act_ref);
-    }
-  });
+                       const int64_t a_rows = ta ? sh.K : sh.M, b_rows = tb ? sh.N : sh.K;
+                       std::vector<float> a(size_t(a_rows * lda)), b(size_t(b_rows * ldb)), bias(size_t(sh.N));
+                       for (float& x : a) x = tinygpt::round_bf16(dist(rng));
+                       for (float& x : b) x = tinygpt::round_bf16(dist(rng));
+                       for (float& x : bias) x = dist(rng);
+                       std::vector<tinygpt::bf16> a16(a.begin(), a.end()), b16(b.begin(), b.end());
+                       for (const bool epilogue : {false, true}) {
+                         std::vector<float> c_ref(size_t(sh.M * ldc)), c(size_t(sh.M * ldc));
+                         for (size_t i = 0; i < c.size(); ++i) c[i] = c_ref[i] = dist(rng);
+                         std::vector<float> act_ref(c.size()), act(c.size());
+                         tinygpt::cpu::Epilogue<float> ep_ref, ep;
+                         if (epilogue) {
+                           ep_ref = {bias.data(), Activation::Gelu, act_ref.data(), nullptr};
+                           ep = {bias.data(), Activation::Gelu, act.data(), nullptr};
+                         }
+                         const float beta = epilogue ? 0.0f : 0.5f;
+                         gemm<float>(ta, tb, sh.M, sh.N, sh.K, 1.5f, a.data(), lda, b.data(), ldb, beta, c_ref.data(),
+                                     ldc, true, ep_ref);
+                         gemm(ta, tb, sh.M, sh.N, sh.K, 1.5f, a16.data(), lda, b16.data(), ldb, beta, c.data(), ldc,
+                              ep);
+                         CHECK(c == c_ref);
+                         if (epilogue) CHECK(act == act_ref);
+                       }
+                     });
 }
 
 TEST_CASE("gemm on bf16 storage stored in bf16 (Bf16Out): the f32 result and its epilogue, rounded once, bit for bit") {
@@ -354,45 +363,47 @@ TEST_CASE("gemm on bf16 storage stored in bf16 (Bf16Out): the f32 result and its
   MESSAGE("bf16 kernel: " << std::string(bf16_kernel_name(tinygpt::cpu::bf16_kernel())));
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  for_each_transpose({{3, 40, 50, 1}, {70, 65, 300, 5}, {130, 300, 384, 0}, {40, 1100, 2100, 0}},
-                     [&](const Shape3& sh, bool ta, bool tb, int64_t lda, int64_t ldb, int64_t ld) {
-    std::vector<bf16> a(size_t((ta ? sh.K : sh.M) * lda)), b(size_t((tb ? sh.N : sh.K) * ldb));
-    std::vector<float> bias(size_t(sh.N));
-    for (bf16& x : a) x = dist(rng);
-    for (bf16& x : b) x = dist(rng);
-    for (float& x : bias) x = dist(rng);
-    std::vector<float> c(size_t(sh.M * ld));
-    gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ld);
-    std::vector<bf16> held(c.size()), of(c.size());
-    for (size_t i = 0; i < c.size(); ++i) held[i] = dist(rng), of[i] = dist(rng);
-    for (const int mode : {0, 1, 2}) {  // plain; forward with bias and GELU; backward through GELU, accumulating
-      CAPTURE(mode);
-      std::vector<bf16> out = held, act(c.size(), bf16(0.0f)), want = held, want_act = act;
-      Bf16Out o{out.data(), ld, mode == 2};
-      tinygpt::cpu::Epilogue<float> ep;
-      if (mode == 1) ep.bias = bias.data(), ep.act = Activation::Gelu, o.act_out = act.data();
-      if (mode == 2) ep.act = Activation::Gelu, o.act_of = of.data();
-      ep.out16 = &o;
-      gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, nullptr, ld, ep);
-      // Each step a pass of its own, so no multiply-add is fused across steps (the kernel's passes are separate).
-      std::vector<float> x = c;
-      for (int64_t i = 0; i < sh.M && mode == 1; ++i)
-        for (int64_t j = 0; j < sh.N; ++j) x[size_t(i * ld + j)] += bias[size_t(j)];
-      for (size_t i = 0; i < x.size() && mode == 2; ++i)
-        x[i] *= tinygpt::cpu::activation_grad_of(Activation::Gelu, float(of[i]));
-      for (size_t i = 0; i < x.size() && mode == 2; ++i) x[i] += float(held[i]);
-      for (int64_t i = 0; i < sh.M; ++i) {
-        for (int64_t j = 0; j < sh.N; ++j) {
-          const size_t at = size_t(i * ld + j);
-          want[at] = x[at];
-          if (mode == 1) want_act[at] = tinygpt::cpu::activation_of(Activation::Gelu, x[at]);
+  for_each_transpose(
+      {{3, 40, 50, 1}, {70, 65, 300, 5}, {130, 300, 384, 0}, {40, 1100, 2100, 0}},
+      [&](const Shape3& sh, bool ta, bool tb, int64_t lda, int64_t ldb, int64_t ld) {
+        std::vector<bf16> a(size_t((ta ? sh.K : sh.M) * lda)), b(size_t((tb ? sh.N : sh.K) * ldb));
+        std::vector<float> bias(size_t(sh.N));
+        for (bf16& x : a) x = dist(rng);
+        for (bf16& x : b) x = dist(rng);
+        for (float& x : bias) x = dist(rng);
+        std::vector<float> c(size_t(sh.M * ld));
+        gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ld);
+        std::vector<bf16> held(c.size()), of(c.size());
+        for (size_t i = 0; i < c.size(); ++i) held[i] = dist(rng), of[i] = dist(rng);
+        for (const int mode : {0, 1, 2}) {  // plain; forward with bias and GELU; backward through GELU, accumulating
+          CAPTURE(mode);
+          std::vector<bf16> out = held, act(c.size(), bf16(0.0f)), want = held, want_act = act;
+          Bf16Out o{out.data(), ld, mode == 2};
+          tinygpt::cpu::Epilogue<float> ep;
+          if (mode == 1) ep.bias = bias.data(), ep.act = Activation::Gelu, o.act_out = act.data();
+          if (mode == 2) ep.act = Activation::Gelu, o.act_of = of.data();
+          ep.out16 = &o;
+          gemm(ta, tb, sh.M, sh.N, sh.K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, nullptr, ld, ep);
+          // Each step a pass of its own, so no multiply-add is fused across steps (the kernel's passes are separate).
+          std::vector<float> x = c;
+          for (int64_t i = 0; i < sh.M && mode == 1; ++i)
+            for (int64_t j = 0; j < sh.N; ++j) x[size_t(i * ld + j)] += bias[size_t(j)];
+          for (size_t i = 0; i < x.size() && mode == 2; ++i)
+            x[i] *= tinygpt::cpu::activation_grad_of(Activation::Gelu, float(of[i]));
+          for (size_t i = 0; i < x.size() && mode == 2; ++i) x[i] += float(held[i]);
+          for (int64_t i = 0; i < sh.M; ++i) {
+            for (int64_t j = 0; j < sh.N; ++j) {
+              const size_t at = size_t(i * ld + j);
+              want[at] = x[at];
+              if (mode == 1) want_act[at] = tinygpt::cpu::activation_of(Activation::Gelu, x[at]);
+            }
+          }
+          bool same = true;
+          for (size_t i = 0; i < out.size(); ++i)
+            same = same && out[i].bits == want[i].bits && act[i].bits == want_act[i].bits;
+          CHECK(same);
         }
-      }
-      bool same = true;
-      for (size_t i = 0; i < out.size(); ++i) same = same && out[i].bits == want[i].bits && act[i].bits == want_act[i].bits;
-      CHECK(same);
-    }
-  });
+      });
 }
 
 /// The bf16 units this CPU has for tile products (AMX-BF16, AVX512-BF16): none on an AVX2 CPU.
@@ -441,8 +452,7 @@ TEST_CASE("Bf16Tiles: the flash kernels' bf16 tile products match naive products
                     continue;
                   }
                   double ref = accumulate ? double(C0[size_t(i * ldc + j)]) : 0.0;
-                  for (int64_t k = 0; k < K; ++k)
-                    ref += Ar[size_t(i * ars + k * aks)] * Br[size_t(k * ldb + j)];
+                  for (int64_t k = 0; k < K; ++k) ref += Ar[size_t(i * ars + k * aks)] * Br[size_t(k * ldb + j)];
                   bad += !(std::abs(got - ref) <= 1e-6 * double(K + 1) * (1 + std::abs(ref)));
                 }
               }
@@ -453,8 +463,9 @@ TEST_CASE("Bf16Tiles: the flash kernels' bf16 tile products match naive products
 
 // The flash kernels on bf16 storage pack A and B straight from bf16 rows, and hold B packed from its transpose (Q^T
 // from Q's rows): the same rounded values as the f32 operands, so the products must agree bit for bit.
-TEST_CASE("Bf16Tiles: operands packed from bf16 storage, and B held from its transpose, give the f32 operands' products" *
-          doctest::skip(tile_units().empty())) {
+TEST_CASE(
+    "Bf16Tiles: operands packed from bf16 storage, and B held from its transpose, give the f32 operands' products" *
+    doctest::skip(tile_units().empty())) {
   using tinygpt::bf16;
   for (const Bf16Kernel kernel : tile_units()) {
     CAPTURE(bf16_kernel_name(kernel));
@@ -535,7 +546,8 @@ TEST_CASE("Bf16Tiles: a band skips only what vanishes: bit for bit the whole pro
                   const int64_t ldc = N + 3;
                   std::vector<float> A(size_t(M * K)), B(size_t(K * N)), C0(size_t(M * ldc));
                   for (int64_t r = 0; r < M; ++r)
-                    for (int64_t k = 0; k < K; ++k) A[size_t(r * K + k)] = on_k && !inside(r, k) ? 0.0f : float(dist(rng));
+                    for (int64_t k = 0; k < K; ++k)
+                      A[size_t(r * K + k)] = on_k && !inside(r, k) ? 0.0f : float(dist(rng));
                   for (auto& x : B) x = float(dist(rng));
                   for (auto& x : C0) x = float(dist(rng));
                   // A as f32 (packed), or as bf16 rows (read in place where K is whole 32-k chunks).
@@ -543,8 +555,10 @@ TEST_CASE("Bf16Tiles: a band skips only what vanishes: bit for bit the whole pro
                   for (const bool rows16 : {false, true}) {
                     CAPTURE(rows16);
                     std::vector<float> whole = C0, banded = C0;
-                    if (rows16) tiles.pack_a(A16.data(), K, 1, M, K);
-                    else tiles.pack_a(A.data(), K, 1, M, K);
+                    if (rows16)
+                      tiles.pack_a(A16.data(), K, 1, M, K);
+                    else
+                      tiles.pack_a(A.data(), K, 1, M, K);
                     tiles.pack_b(0, B.data(), N, 1, K, N);
                     tiles.run(whole.data(), ldc, 0, M, K, N, accumulate);
                     tiles.run(banded.data(), ldc, 0, M, K, N, accumulate, band);
@@ -553,9 +567,12 @@ TEST_CASE("Bf16Tiles: a band skips only what vanishes: bit for bit the whole pro
                       for (int64_t c = 0; c < ldc; ++c) {
                         const size_t i = size_t(r * ldc + c);
                         const float skipped = accumulate ? C0[i] : 0.0f;
-                        if (c >= N) bad += banded[i] != C0[i];
-                        else if (on_k || inside(r, c)) bad += banded[i] != whole[i];
-                        else bad += banded[i] != whole[i] && banded[i] != skipped;
+                        if (c >= N)
+                          bad += banded[i] != C0[i];
+                        else if (on_k || inside(r, c))
+                          bad += banded[i] != whole[i];
+                        else
+                          bad += banded[i] != whole[i] && banded[i] != skipped;
                       }
                     }
                     CHECK(bad == 0);
@@ -580,8 +597,10 @@ TEST_CASE("round_range, round_scaled and widen_range match the scalar bf16 conve
       CAPTURE(n);
       for (const float scale : {1.0f, 0.37f}) {
         std::vector<bf16> got(size_t(n + off)), want(size_t(n + off));
-        if (scale == 1.0f) tinygpt::cpu::round_range(got.data() + off, x.data() + off, n);
-        else tinygpt::cpu::round_scaled(got.data() + off, x.data() + off, scale, n);
+        if (scale == 1.0f)
+          tinygpt::cpu::round_range(got.data() + off, x.data() + off, n);
+        else
+          tinygpt::cpu::round_scaled(got.data() + off, x.data() + off, scale, n);
         int64_t bad = 0;
         for (int64_t i = off; i < off + n; ++i) {
           want[size_t(i)] = bf16(x[size_t(i)] * scale);
@@ -606,15 +625,18 @@ TEST_CASE("every bf16 kernel propagates NaN and infinity from its operands") {
   for (const Bf16Kernel kernel : bf16_kernels_available()) {
     INFO("kernel " << bf16_kernel_name(kernel));
     std::vector<float> A(size_t(M * K), 0.5f), B(size_t(K * N), 0.25f), C(size_t(M * N), 0.0f);
-    A[size_t(3 * K + 5)] = std::numeric_limits<float>::quiet_NaN();   // row 3 of C
+    A[size_t(3 * K + 5)] = std::numeric_limits<float>::quiet_NaN();  // row 3 of C
     B[size_t(7 * N + 11)] = std::numeric_limits<float>::infinity();  // column 11 of C
     gemm_bf16(kernel, false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
     for (int64_t i = 0; i < M; ++i) {
       for (int64_t j = 0; j < N; ++j) {
         const float c = C[size_t(i * N + j)];
-        if (i == 3) CHECK(std::isnan(c));
-        else if (j == 11) CHECK(c == std::numeric_limits<float>::infinity());
-        else CHECK(c == doctest::Approx(K * 0.125f));
+        if (i == 3)
+          CHECK(std::isnan(c));
+        else if (j == 11)
+          CHECK(c == std::numeric_limits<float>::infinity());
+        else
+          CHECK(c == doctest::Approx(K * 0.125f));
       }
     }
   }

@@ -156,7 +156,7 @@ TEST_CASE("gguf: one tensor of each type dequantizes to the values ggml's block 
   CHECK(q5k[1] == 1.0f);
   CHECK(q5k[128] == 3.0f);
   CHECK(q5k[224] == 20.5f);
-  CHECK(q5k[225] == 148.5f);  // 8 (3 + 16) - 0.5 7
+  CHECK(q5k[225] == 148.5f);                 // 8 (3 + 16) - 0.5 7
   const std::vector<float> q6k = v("q6_K");  // d scale (q - 32)
   CHECK(q6k[0] == 8.5f);
   CHECK(q6k[1] == -15.5f);
@@ -191,8 +191,10 @@ TEST_CASE("gguf: a damaged or unsupported file is refused with one Error naming 
   refused(b, "GGUF version 1");
   b = good, std::memcpy(b.data() + 4, "\0\0\0\3", 4);
   refused(b, "big-endian");
-  refused(gguf_bytes({{"w", {256}, 10, std::string(84, '\0')}}), "tensor w is of type q2_K, which tinygpt does not read");
-  refused(gguf_bytes({{"w", {33}, tinygpt::gguf::kQ8_0, std::string(68, '\0')}}), "rows of 33 values, not whole q8_0 blocks");
+  refused(gguf_bytes({{"w", {256}, 10, std::string(84, '\0')}}),
+          "tensor w is of type q2_K, which tinygpt does not read");
+  refused(gguf_bytes({{"w", {33}, tinygpt::gguf::kQ8_0, std::string(68, '\0')}}),
+          "rows of 33 values, not whole q8_0 blocks");
   refused(gguf_bytes({{"w", {2}, 0, "12345678"}, {"w", {2}, 0, "12345678"}}), "tensor w appears twice");
   refused(gguf_bytes({{"w", {0}, 0, ""}}), "has a dimension of 0");
   refused(gguf_bytes({{"w", {1, 1, 1, 1, 1}, 0, "1234"}}), "5 dimensions");
@@ -211,7 +213,8 @@ TEST_CASE("gguf: a damaged or unsupported file is refused with one Error naming 
   // A reader's typed access names the key and what it holds.
   const TempFile file(good);
   const File f(file.path);
-  CHECK_THROWS_WITH_AS(f.integer("general.architecture"), doctest::Contains("its general.architecture is a string, not a non-negative integer"),
+  CHECK_THROWS_WITH_AS(f.integer("general.architecture"),
+                       doctest::Contains("its general.architecture is a string, not a non-negative integer"),
                        tinygpt::Error);
   CHECK_THROWS_WITH_AS(f.string("general.name"), doctest::Contains("has no general.name"), tinygpt::Error);
 }

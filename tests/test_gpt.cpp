@@ -1,17 +1,17 @@
 // nn::GPT: nanoGPT's names and sizes, GPT-2 initialization, the KV cache against the full forward pass,
 // generation, and agreement with PyTorch on a committed fixture (tests/reference/make_gpt_fixture.py).
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <set>
-#include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
 #include "nn/gpt.h"
+#include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/generate.h"
-#include "test_util.h"
 #include "train/safetensors.h"
 
 using namespace tinygpt;
@@ -76,13 +76,22 @@ TEST_CASE("gpt: parameter names are nanoGPT's, in its order") {
   const nn::GPT model(c, gen);
   std::vector<std::string> names;
   for (const auto& [name, t] : model.named_parameters()) names.push_back(name);
-  const std::vector<std::string> expected = {
-      "transformer.wte.weight",          "transformer.wpe.weight",           "transformer.h.0.ln_1.weight",
-      "transformer.h.0.ln_1.bias",       "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias",
-      "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias", "transformer.h.0.ln_2.weight",
-      "transformer.h.0.ln_2.bias",       "transformer.h.0.mlp.c_fc.weight",  "transformer.h.0.mlp.c_fc.bias",
-      "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias", "transformer.ln_f.weight",
-      "transformer.ln_f.bias"};
+  const std::vector<std::string> expected = {"transformer.wte.weight",
+                                             "transformer.wpe.weight",
+                                             "transformer.h.0.ln_1.weight",
+                                             "transformer.h.0.ln_1.bias",
+                                             "transformer.h.0.attn.c_attn.weight",
+                                             "transformer.h.0.attn.c_attn.bias",
+                                             "transformer.h.0.attn.c_proj.weight",
+                                             "transformer.h.0.attn.c_proj.bias",
+                                             "transformer.h.0.ln_2.weight",
+                                             "transformer.h.0.ln_2.bias",
+                                             "transformer.h.0.mlp.c_fc.weight",
+                                             "transformer.h.0.mlp.c_fc.bias",
+                                             "transformer.h.0.mlp.c_proj.weight",
+                                             "transformer.h.0.mlp.c_proj.bias",
+                                             "transformer.ln_f.weight",
+                                             "transformer.ln_f.bias"};
   CHECK(names == expected);
 }
 
@@ -128,7 +137,8 @@ TEST_CASE("gpt: bad configs are refused with the field named") {
   CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("block_size must be positive"), Error);
   Generator gen(1);
   const nn::GPT model(tiny_config(), gen);
-  CHECK_THROWS_WITH_AS(model.forward(random_ids(1, 17, 11, gen)), doctest::Contains("longer than the block size 16"), Error);
+  CHECK_THROWS_WITH_AS(model.forward(random_ids(1, 17, 11, gen)), doctest::Contains("longer than the block size 16"),
+                       Error);
 }
 
 TEST_CASE("gpt: the loss at initialization is about ln(vocab), and backward reaches every parameter") {
@@ -146,59 +156,60 @@ TEST_CASE("gpt: the loss at initialization is about ln(vocab), and backward reac
   }
 }
 
-TEST_CASE("gpt: bf16 storage: bf16 activations from the embedding on, f32 loss and f32 gradients close to f32 storage's") {
+TEST_CASE(
+    "gpt: bf16 storage: bf16 activations from the embedding on, f32 loss and f32 gradients close to f32 storage's") {
   // The same model and batch with bf16 products (f32 tensors), then with bf16 storage: every activation rounded to bf16
   // between ops, the weights read through their bf16 working copies. The loss is f32 and close; every parameter's
   // gradient lands in its f32 master and is close to the f32 run's (relative to its largest element: the values
   // are sums of thousands of rounded terms). Positions learned and rotary, with and without dropout; head dims 8
   // and 64 (the 6-layer model's).
   for (const auto pos : {nn::Positions::Learned, nn::Positions::Rope})
-  for (const int64_t head_dim : {8, 64}) {
-    for (const double dropout : {0.0, 0.1}) {
-      CAPTURE(int(pos));
-      CAPTURE(dropout);
-      CAPTURE(head_dim);
-      nn::GPTConfig c = tiny_config();
-      c.pos = pos;
-      c.dropout = dropout;
-      c.n_embd = c.n_head * head_dim;
-      Generator gen(5);
-      nn::GPT model(c, gen);
-      const Tensor ids = random_ids(3, 16, 11, gen), targets = random_ids(3, 16, 11, gen);
-      Numerics n;
-      n.bf16 = true;
-      model.set_numerics(n);
-      Generator& g = gen;  // the model draws its dropout seeds from it
-      const auto rng = g.state();
-      const auto ref = model.forward(ids, targets);
-      ref.loss.backward();
-      std::vector<Tensor> ref_grads;
-      for (const Tensor& p : model.parameters()) ref_grads.push_back(p.grad().clone());
-      model.zero_grad();
-      n.bf16_storage = true;
-      model.set_numerics(n);
-      g.set_state(rng);
-      const auto out = model.forward(ids, targets);
-      CHECK(out.logits.dtype() == DType::BF16);
-      CHECK(out.loss.dtype() == DType::F32);
-      CHECK(std::abs(out.loss.item() - ref.loss.item()) < 0.01);
-      out.loss.backward();
-      const auto params = model.named_parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        INFO(params[i].first);
-        const Tensor grad = params[i].second.grad();
-        REQUIRE(grad.defined());
-        CHECK(grad.dtype() == DType::F32);
-        const std::vector<float> a = grad.to_vector<float>(), b = ref_grads[i].to_vector<float>();
-        double largest = 0, diff = 0;
-        for (size_t k = 0; k < a.size(); ++k) {
-          largest = std::max(largest, double(std::abs(b[k])));
-          diff = std::max(diff, double(std::abs(a[k] - b[k])));
+    for (const int64_t head_dim : {8, 64}) {
+      for (const double dropout : {0.0, 0.1}) {
+        CAPTURE(int(pos));
+        CAPTURE(dropout);
+        CAPTURE(head_dim);
+        nn::GPTConfig c = tiny_config();
+        c.pos = pos;
+        c.dropout = dropout;
+        c.n_embd = c.n_head * head_dim;
+        Generator gen(5);
+        nn::GPT model(c, gen);
+        const Tensor ids = random_ids(3, 16, 11, gen), targets = random_ids(3, 16, 11, gen);
+        Numerics n;
+        n.bf16 = true;
+        model.set_numerics(n);
+        Generator& g = gen;  // the model draws its dropout seeds from it
+        const auto rng = g.state();
+        const auto ref = model.forward(ids, targets);
+        ref.loss.backward();
+        std::vector<Tensor> ref_grads;
+        for (const Tensor& p : model.parameters()) ref_grads.push_back(p.grad().clone());
+        model.zero_grad();
+        n.bf16_storage = true;
+        model.set_numerics(n);
+        g.set_state(rng);
+        const auto out = model.forward(ids, targets);
+        CHECK(out.logits.dtype() == DType::BF16);
+        CHECK(out.loss.dtype() == DType::F32);
+        CHECK(std::abs(out.loss.item() - ref.loss.item()) < 0.01);
+        out.loss.backward();
+        const auto params = model.named_parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          INFO(params[i].first);
+          const Tensor grad = params[i].second.grad();
+          REQUIRE(grad.defined());
+          CHECK(grad.dtype() == DType::F32);
+          const std::vector<float> a = grad.to_vector<float>(), b = ref_grads[i].to_vector<float>();
+          double largest = 0, diff = 0;
+          for (size_t k = 0; k < a.size(); ++k) {
+            largest = std::max(largest, double(std::abs(b[k])));
+            diff = std::max(diff, double(std::abs(a[k] - b[k])));
+          }
+          CHECK(diff <= 0.05 * largest + 1e-6);
         }
-        CHECK(diff <= 0.05 * largest + 1e-6);
       }
     }
-  }
 }
 
 TEST_CASE("gpt: every dropout seed adds the generator's offset, read when the kernels run (a captured step's masks)") {
@@ -228,7 +239,8 @@ TEST_CASE("gpt: every dropout seed adds the generator's offset, read when the ke
   CHECK(model.forward(ids, targets).loss.item() == zero);
 }
 
-TEST_CASE("gpt: bf16 storage reads the working copies, not the masters: a stale copy changes the loss until rewritten") {
+TEST_CASE(
+    "gpt: bf16 storage reads the working copies, not the masters: a stale copy changes the loss until rewritten") {
   // The layers take each weight's bf16 working copy as it was last written; an optimizer step writes the copies
   // (FlatParameters::write_bf16_copies), and write_bf16_copies rewrites them after any other change of the masters.
   Generator gen(6);
@@ -306,16 +318,17 @@ TEST_CASE("gpt: the KV cache gives the full forward pass's logits, position by p
     model.train(false);
     NoGradGuard no_grad;
     const Tensor ids = random_ids(2, 16, 11, gen);
-    const Tensor full = model.forward(ids).logits;  // (2, 16, 11)
+    const Tensor full = model.forward(ids).logits;                      // (2, 16, 11)
     nn::KVCache cache = check_cache_matches_full(model, ids, full, 5);  // a 5-token chunk, then one token at a time
     CHECK(cache.len == 16);
-    CHECK_THROWS_WITH_AS(model.forward_cached(id_columns(ids, 0, 1), cache),
-                         doctest::Contains("exceed the block size"), Error);
+    CHECK_THROWS_WITH_AS(model.forward_cached(id_columns(ids, 0, 1), cache), doctest::Contains("exceed the block size"),
+                         Error);
   }
 }
 
 TEST_CASE("gpt: every position scheme, window and soft-cap: the KV cache gives the full forward pass's logits") {
-  for (const nn::Positions pos : {nn::Positions::Relative, nn::Positions::Alibi, nn::Positions::T5, nn::Positions::None}) {
+  for (const nn::Positions pos :
+       {nn::Positions::Relative, nn::Positions::Alibi, nn::Positions::T5, nn::Positions::None}) {
     for (const int64_t window : {0, 5}) {
       CAPTURE(nn::positions_name(pos));
       CAPTURE(window);
@@ -355,7 +368,8 @@ TEST_CASE("gpt: relu^2 MLP, soft-capped logits, zero-initialized projections: th
   x.requires_grad_();
   test::expect_gradcheck([](const std::vector<Tensor>& in) { return nn::relu_squared(in[0]); }, {x});
   test::expect_gradcheck([](const std::vector<Tensor>& in) { return nn::soft_cap(in[0] * 4.0, 2.5); }, {x});
-  const std::vector<double> r = nn::relu_squared(x).to_vector<double>(), c = nn::soft_cap(x * 4.0, 2.5).to_vector<double>();
+  const std::vector<double> r = nn::relu_squared(x).to_vector<double>(),
+                            c = nn::soft_cap(x * 4.0, 2.5).to_vector<double>();
   for (size_t i = 0; i < xv.size(); ++i) {
     CHECK(r[i] == doctest::Approx(xv[i] > 0 ? xv[i] * xv[i] : 0.0));
     CHECK(c[i] == doctest::Approx(2.5 * std::tanh(4.0 * xv[i] / 2.5)));
@@ -390,7 +404,8 @@ TEST_CASE("gpt: relu^2 MLP, soft-capped logits, zero-initialized projections: th
   const Tensor h0 = randn({2, 5, 32}, gen_a);
   const Tensor fc = linear(h0, b.h[0]->mlp.c_fc.weight, b.h[0]->mlp.c_fc.bias);
   const Tensor relu_fc = relu(fc);
-  CHECK(max_abs_diff(b.h[0]->mlp.forward(h0), linear(relu_fc * relu_fc, b.h[0]->mlp.c_proj.weight, b.h[0]->mlp.c_proj.bias)) < 1e-6);
+  CHECK(max_abs_diff(b.h[0]->mlp.forward(h0),
+                     linear(relu_fc * relu_fc, b.h[0]->mlp.c_proj.weight, b.h[0]->mlp.c_proj.bias)) < 1e-6);
   // The head: the capped logits are cap * tanh(logits / cap) of a model with the same blocks and no cap.
   nn::GPTConfig uncapped = modern;
   uncapped.logit_softcap = 0;
@@ -525,7 +540,8 @@ TEST_CASE("gpt: with a document separator, attention stays within each document,
   // Changing the first document changes nothing after it.
   std::vector<int32_t> changed = ids;
   changed[0] = 9, changed[1] = 2;
-  const Tensor a = model.forward(from_vector(ids, {1, 13})).logits, b = model.forward(from_vector(changed, {1, 13})).logits;
+  const Tensor a = model.forward(from_vector(ids, {1, 13})).logits,
+               b = model.forward(from_vector(changed, {1, 13})).logits;
   CHECK(max_abs_diff(narrow(a, 1, 4, 9), narrow(b, 1, 4, 9)) < 1e-6);
   CHECK(max_abs_diff(narrow(a, 1, 0, 4), narrow(b, 1, 0, 4)) > 1e-3);
   CHECK(model.ends_document({3, 0, 1}));
@@ -608,7 +624,8 @@ TEST_CASE("sample_token: temperature 0 and top-k 1 pick the argmax; top-k and to
   // (0.808), 0.85 also 4 (0.900), 0.95 also 0, never 2.
   const auto drawn = [&](double top_p) {
     std::set<int32_t> seen;
-    for (int i = 0; i < 400; ++i) seen.insert(sample_token(logits, {.temperature = 1.0, .top_k = 0, .top_p = top_p}, gen));
+    for (int i = 0; i < 400; ++i)
+      seen.insert(sample_token(logits, {.temperature = 1.0, .top_k = 0, .top_p = top_p}, gen));
     return seen;
   };
   CHECK(drawn(0.0) == std::set<int32_t>{1});
@@ -635,7 +652,8 @@ TEST_CASE("gpt agrees with PyTorch: logits, loss and every gradient (tests/refer
   const auto logits = out.logits.to_vector<float>();
   const auto ref_logits = fixture.find("expected.logits").to_vector<double>();
   REQUIRE(logits.size() == ref_logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) CHECK(std::abs(logits[i] - ref_logits[i]) <= 1e-5 + 1e-4 * std::abs(ref_logits[i]));
+  for (size_t i = 0; i < logits.size(); ++i)
+    CHECK(std::abs(logits[i] - ref_logits[i]) <= 1e-5 + 1e-4 * std::abs(ref_logits[i]));
   out.loss.backward();
   for (const auto& [name, p] : model.named_parameters()) {
     INFO(name);
@@ -643,7 +661,8 @@ TEST_CASE("gpt agrees with PyTorch: logits, loss and every gradient (tests/refer
     const auto ref = fixture.find("expected.grad." + name).to_vector<double>();
     REQUIRE(g.size() == ref.size());
     double worst = 0;
-    for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - ref[i]) - (1e-6 + 1e-3 * std::abs(ref[i])));
+    for (size_t i = 0; i < g.size(); ++i)
+      worst = std::max(worst, std::abs(g[i] - ref[i]) - (1e-6 + 1e-3 * std::abs(ref[i])));
     CHECK(worst <= 0.0);
   }
 }

@@ -13,9 +13,10 @@ using Inputs = std::vector<Tensor>;
 
 TEST_CASE("gradcheck: binary ops with broadcasting") {
   Generator gen(1);
-  const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {4}}, {{2, 3, 4}, {3, 1}}, {{3, 1}, {1, 4}}, {{2, 1, 4}, {1}}, {{5}, {2, 3, 5}},
-      {{2, 300}, {300}}};  // rows longer than the broadcast gradient's 256-element pieces
+  const std::vector<std::pair<Shape, Shape>> shapes = {{{2, 3, 4}, {2, 3, 4}}, {{2, 3, 4}, {4}}, {{2, 3, 4}, {3, 1}},
+                                                       {{3, 1}, {1, 4}},       {{2, 1, 4}, {1}}, {{5}, {2, 3, 5}},
+                                                       {{2, 300}, {300}}};  // rows longer than the broadcast gradient's
+                                                                            // 256-element pieces
   for (const auto& [sa, sb] : shapes) {
     CAPTURE(sa.str());
     CAPTURE(sb.str());
@@ -95,19 +96,21 @@ TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout, rotary embe
   expect_gradcheck([](const Inputs& in) { return layer_norm(in[0], in[1], Tensor()); },
                    {leaf({4, 5}, gen), leaf({5}, gen)});
   // The fused residual add and norm: both outputs, the sum also read by a second op (as the next residual add does).
-  expect_gradcheck([](const Inputs& in) {
-                     const auto [sum, normed] = add_layer_norm(in[0], in[1], in[2], in[3]);
-                     return concat({sum * 0.7, normed * normed}, 0);
-                   },
-                   {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
+  expect_gradcheck(
+      [](const Inputs& in) {
+        const auto [sum, normed] = add_layer_norm(in[0], in[1], in[2], in[3]);
+        return concat({sum * 0.7, normed * normed}, 0);
+      },
+      {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
   expect_gradcheck([](const Inputs& in) { return add_layer_norm(in[0], in[1], in[2], Tensor()).second; },
                    {leaf({4, 5}, gen), leaf({4, 5}, gen), leaf({5}, gen)});
   // With the residual's dropout inside (a fixed seed: a fixed mask).
-  expect_gradcheck([](const Inputs& in) {
-                     const auto [sum, normed] = add_layer_norm(in[0], in[1], in[2], in[3], 1e-5, 0.4, 99);
-                     return concat({sum * 0.7, normed * normed}, 0);
-                   },
-                   {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
+  expect_gradcheck(
+      [](const Inputs& in) {
+        const auto [sum, normed] = add_layer_norm(in[0], in[1], in[2], in[3], 1e-5, 0.4, 99);
+        return concat({sum * 0.7, normed * normed}, 0);
+      },
+      {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen), leaf({6}, gen)});
   const Tensor ids = from_vector(std::vector<int32_t>{1, 3, 1, 0, 3, 3}, {2, 3});  // repeated ids accumulate
   expect_gradcheck([ids](const Inputs& in) { return embedding(ids, in[0]); }, {leaf({4, 3}, gen)});
   const Tensor targets = from_vector(std::vector<int32_t>{2, -1, 0, 4, 1, -1}, {2, 3});
@@ -122,22 +125,25 @@ TEST_CASE("gradcheck: layer norm, embedding, cross-entropy, dropout, rotary embe
 TEST_CASE("gradcheck: RMSNorm (alone and after a residual add, with dropout) and SwiGLU") {
   Generator gen(15);
   expect_gradcheck([](const Inputs& in) { return rms_norm(in[0], in[1]); }, {leaf({2, 3, 6}, gen), leaf({6}, gen)});
-  expect_gradcheck([](const Inputs& in) {
-                     const auto [sum, normed] = add_rms_norm(in[0], in[1], in[2]);
-                     return concat({sum * 0.7, normed * normed}, 0);
-                   },
-                   {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen)});
-  expect_gradcheck([](const Inputs& in) {
-                     const auto [sum, normed] = add_rms_norm(in[0], in[1], in[2], 1e-6, 0.4, 99);
-                     return concat({sum * 0.7, normed * normed}, 0);
-                   },
-                   {leaf({4, 5}, gen), leaf({4, 5}, gen), leaf({5}, gen)});
+  expect_gradcheck(
+      [](const Inputs& in) {
+        const auto [sum, normed] = add_rms_norm(in[0], in[1], in[2]);
+        return concat({sum * 0.7, normed * normed}, 0);
+      },
+      {leaf({2, 3, 6}, gen), leaf({2, 3, 6}, gen), leaf({6}, gen)});
+  expect_gradcheck(
+      [](const Inputs& in) {
+        const auto [sum, normed] = add_rms_norm(in[0], in[1], in[2], 1e-6, 0.4, 99);
+        return concat({sum * 0.7, normed * normed}, 0);
+      },
+      {leaf({4, 5}, gen), leaf({4, 5}, gen), leaf({5}, gen)});
   // Gate values well into both tails of the sigmoid; the output read twice (fan-out into the gradient).
-  expect_gradcheck([](const Inputs& in) {
-                     const Tensor y = swiglu(in[0]);
-                     return y * y + y;
-                   },
-                   {leaf({2, 3, 8}, gen, 3.0)});
+  expect_gradcheck(
+      [](const Inputs& in) {
+        const Tensor y = swiglu(in[0]);
+        return y * y + y;
+      },
+      {leaf({2, 3, 8}, gen, 3.0)});
 }
 
 TEST_CASE("gradcheck: shape ops") {
@@ -147,10 +153,12 @@ TEST_CASE("gradcheck: shape ops") {
   expect_gradcheck([](const Inputs& in) { return transpose(in[0], 1, 3); }, {leaf({2, 3, 2, 4}, gen)});
   expect_gradcheck([](const Inputs& in) { return narrow(in[0], 1, 1, 2); }, {leaf({2, 4, 3}, gen)});
   expect_gradcheck([](const Inputs& in) { return slice(in[0], -1, 1, -1); }, {leaf({2, 5}, gen)});
-  expect_gradcheck([](const Inputs& in) { return split(in[0], 2, 0)[1] * split(in[0], 2, 0)[0]; },
-                   {leaf({4, 3}, gen)});
-  expect_gradcheck([](const Inputs& in) { return concat({in[0], in[1], in[0]}, 1); },
-                   {leaf({2, 2, 3}, gen), leaf({2, 1, 3}, gen)});
+  expect_gradcheck([](const Inputs& in) { return split(in[0], 2, 0)[1] * split(in[0], 2, 0)[0]; }, {leaf({4, 3}, gen)});
+  expect_gradcheck(
+      [](const Inputs& in) {
+        return concat({in[0], in[1], in[0]}, 1);
+      },
+      {leaf({2, 2, 3}, gen), leaf({2, 1, 3}, gen)});
 }
 
 TEST_CASE("gradcheck: fan-out, a deep chain and a composite expression") {
@@ -174,7 +182,8 @@ TEST_CASE("gradcheck: fan-out, a deep chain and a composite expression") {
         const Tensor y = x + linear(h, in[5]);
         return cross_entropy(y, targets) + mean(softmax(y) * y);
       },
-      {leaf({4, 4}, gen), leaf({4}, gen), leaf({4}, gen), leaf({6, 4}, gen, 0.5), leaf({6}, gen), leaf({4, 6}, gen, 0.5)});
+      {leaf({4, 4}, gen), leaf({4}, gen), leaf({4}, gen), leaf({6, 4}, gen, 0.5), leaf({6}, gen),
+       leaf({4, 6}, gen, 0.5)});
 }
 
 TEST_CASE("gradcheck: catches a wrong backward and names the element") {
@@ -187,9 +196,10 @@ TEST_CASE("gradcheck: catches a wrong backward and names the element") {
       out = exp(in[0]);
     }
     const Tensor saved = out.detach();
-    return record("broken_exp", out, {in[0]}, [saved](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> g) {
-      accumulate_into(g[0], dout * saved * 2.0);
-    });
+    return record("broken_exp", out, {in[0]},
+                  [saved](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> g) {
+                    accumulate_into(g[0], dout * saved * 2.0);
+                  });
   };
   const GradcheckResult r = gradcheck(broken_exp, {leaf({3}, gen)});
   CHECK(!r.ok);

@@ -3,16 +3,16 @@
 // and its checkpoint is read merged (sample, chat, export) or apart (resume); a base that changed is refused.
 #include <doctest/doctest.h>
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
-#include "test_util.h"
 #include "nn/gpt.h"
+#include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -188,7 +188,8 @@ TEST_CASE("LoRA run: only the adapters train and are saved; merged and apart loa
     const safetensors::Contents file = safetensors::load(fs::path(c.out) / kLatestCheckpoint);
     for (const auto& [name, t] : file.tensors) {
       INFO(name);
-      CHECK((nn::is_lora_parameter(name) || (name.starts_with("optimizer.") && nn::is_lora_parameter(name.substr(0, name.rfind('.'))))));
+      CHECK((nn::is_lora_parameter(name) ||
+             (name.starts_with("optimizer.") && nn::is_lora_parameter(name.substr(0, name.rfind('.'))))));
     }
     // The base's weights, as read apart, are the base's: nothing trained them.
     for (const auto& [name, t] : before.contents.tensors) {
@@ -246,9 +247,9 @@ TEST_CASE("LoRA run: only the adapters train and are saved; merged and apart loa
   base.max_iters = 31;  // the base trained on: its latest checkpoint now differs
   base.resume = true;
   train(base);
-  CHECK_THROWS_WITH_AS(load_checkpoint(dir.path / "adapted"), doctest::Contains("has changed since the adapters were trained"),
-                       Error);
+  CHECK_THROWS_WITH_AS(load_checkpoint(dir.path / "adapted"),
+                       doctest::Contains("has changed since the adapters were trained"), Error);
   fs::remove(base_file);
-  CHECK_THROWS_WITH_AS(load_checkpoint(dir.path / "adapted"), doctest::Contains("a LoRA checkpoint holds only its adapters"),
-                       Error);
+  CHECK_THROWS_WITH_AS(load_checkpoint(dir.path / "adapted"),
+                       doctest::Contains("a LoRA checkpoint holds only its adapters"), Error);
 }

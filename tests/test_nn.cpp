@@ -1,5 +1,4 @@
 #include <doctest/doctest.h>
-
 #include <fmt/format.h>
 
 #include <cmath>

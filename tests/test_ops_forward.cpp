@@ -62,9 +62,12 @@ TEST_CASE("forward: sum and mean, over everything and over a dim") {
 TEST_CASE("forward: softmax and log-softmax") {
   const Tensor x = vec({1, 2, 3, 1000, 1000, 1000}, {2, 3});  // the second row would overflow exp
   // exp(i) / (e + e^2 + e^3)
-  check_close(softmax(x), {0.09003057317038046, 0.24472847105479767, 0.6652409557748219, 1. / 3, 1. / 3, 1. / 3}, 1e-12);
-  check_close(log_softmax(x), {-2.40760596444438, -1.4076059644443801, -0.4076059644443803, -std::log(3.0),
-                               -std::log(3.0), -std::log(3.0)}, 1e-12);
+  check_close(softmax(x), {0.09003057317038046, 0.24472847105479767, 0.6652409557748219, 1. / 3, 1. / 3, 1. / 3},
+              1e-12);
+  check_close(
+      log_softmax(x),
+      {-2.40760596444438, -1.4076059644443801, -0.4076059644443803, -std::log(3.0), -std::log(3.0), -std::log(3.0)},
+      1e-12);
   // A row masked out entirely (every key hidden from a query) gives zeros, not NaN; -inf entries of a row that
   // has others get exactly zero.
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -75,9 +78,9 @@ TEST_CASE("forward: matmul, transposed operands, batches, linear") {
   const Tensor a = fvec({1, 2, 3, 4, 5, 6}, {2, 3});
   const Tensor b = fvec({7, 8, 9, 10, 11, 12}, {3, 2});
   check_close(matmul(a, b), {58, 64, 139, 154});
-  check_close(matmul(b, a, true, true), {58, 139, 64, 154});  // (a b)^T = b^T a^T
-  check_close(matmul(a, a, false, true), {14, 32, 32, 77});   // a a^T
-  check_close(matmul(a, a, true, false), {17, 22, 27, 22, 29, 36, 27, 36, 45});  // a^T a
+  check_close(matmul(b, a, true, true), {58, 139, 64, 154});                             // (a b)^T = b^T a^T
+  check_close(matmul(a, a, false, true), {14, 32, 32, 77});                              // a a^T
+  check_close(matmul(a, a, true, false), {17, 22, 27, 22, 29, 36, 27, 36, 45});          // a^T a
   const Tensor batch = concat({reshape(a, {1, 2, 3}), reshape(a * 2.0, {1, 2, 3})}, 0);  // (2, 2, 3)
   check_close(matmul(batch, b), {58, 64, 139, 154, 116, 128, 278, 308});
   const Tensor bb = concat({reshape(b, {1, 3, 2}), reshape(b, {1, 3, 2})}, 0);
@@ -176,8 +179,7 @@ TEST_CASE("forward: cross-entropy, with an ignore index") {
   const Tensor targets = from_vector(std::vector<int32_t>{0, 4, 2}, {3});
   CHECK(cross_entropy(uniform, targets).item() == doctest::Approx(std::log(5.0)));
   const Tensor logits = vec({0, 0, std::log(3.0), 5, 5, 5}, {2, 3});  // row 0: p(2) = 3/5
-  CHECK(cross_entropy(logits, from_vector(std::vector<int32_t>{2, -1}, {2})).item() ==
-        doctest::Approx(-std::log(0.6)));
+  CHECK(cross_entropy(logits, from_vector(std::vector<int32_t>{2, -1}, {2})).item() == doctest::Approx(-std::log(0.6)));
   CHECK(cross_entropy(logits, from_vector(std::vector<int32_t>{-1, -1}, {2})).item() == 0.0);
   CHECK_THROWS_WITH_AS(cross_entropy(logits, from_vector(std::vector<int32_t>{3, 0}, {2})),
                        doctest::Contains("target 3"), Error);
@@ -235,8 +237,8 @@ TEST_CASE("dropout hash: row and stream forms agree with dropout_keep, across a 
   int64_t same = 0;
   for (int64_t i = 0; i < 10000; ++i) same += dropout_keep(seed, i, 0.5f) == dropout_keep(seed, i + block, 0.5f);
   CHECK(std::abs(double(same) / 10000 - 0.5) < 0.03);
-  // Uniform: 16 bins of 2^20 draws within 2% of 1/16 (5 standard deviations); neighbours (rows of attention scores) uncorrelated, and so are
-  // elements a row apart (S = 256).
+  // Uniform: 16 bins of 2^20 draws within 2% of 1/16 (5 standard deviations); neighbours (rows of attention scores)
+  // uncorrelated, and so are elements a row apart (S = 256).
   const int64_t n = int64_t(1) << 20;
   std::vector<double> u(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) u[size_t(i)] = hash_uniform(seed, i);
@@ -288,8 +290,8 @@ TEST_CASE("forward: Llama 3's RoPE scaling keeps the fast pairs, slows the slow 
   // One head of D = 8, base 10000: inv_freq 1, 0.1, 0.01, 0.001, wavelengths 2 pi / inv_freq = 6.3, 62.8, 628, 6283.
   // Original context 64, low_freq_factor 1, high_freq_factor 4: below 64 / 4 = 16 kept (pair 0), above 64 / 1 = 64
   // divided by the factor 8 (pairs 2, 3), between blended (pair 1) with smooth = (64 / wavelength - 1) / (4 - 1).
-  const RopeFreqs freqs(10000.0, RopeScaling{.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
-                                             .original_context = 64});
+  const RopeFreqs freqs(10000.0,
+                        RopeScaling{.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_context = 64});
   const double pi = 3.14159265358979323846, smooth = (64.0 / (2 * pi / 0.1) - 1.0) / 3.0;
   const double inv[4] = {1.0, (1 - smooth) * 0.1 / 8 + smooth * 0.1, 0.01 / 8, 0.001 / 8};
   const Tensor x = vec({1, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 8});
@@ -317,7 +319,7 @@ TEST_CASE("forward: rotary embedding rotates feature pairs by pos * base^(-2i/D)
   check_close(std::vector<double>(y.begin() + 4, y.end()), expected, 1e-12);
   // pos0 shifts positions; heads past rotated_heads are copied; the norm is preserved.
   check_close(rope(narrow(x, 1, 1, 1), 4, 1, 1, 100.0), expected, 1e-12);
-  check_close(rope(x, 2, 1, 0, 100.0), {1, 2, 3, 4, 1 * std::cos(1.0) - 2 * std::sin(1.0),
-                                        1 * std::sin(1.0) + 2 * std::cos(1.0), 3, 4}, 1e-12);
+  check_close(rope(x, 2, 1, 0, 100.0),
+              {1, 2, 3, 4, 1 * std::cos(1.0) - 2 * std::sin(1.0), 1 * std::sin(1.0) + 2 * std::cos(1.0), 3, 4}, 1e-12);
   CHECK_THROWS_AS(rope(x, 3, 1), Error);
 }

@@ -2,7 +2,6 @@
 // and 20 steps of Muon beside AdamW (and of AdamW alone) against torch.optim.Muon and torch.optim.AdamW
 // (tests/reference/make_muon_fixture.py).
 #include <doctest/doctest.h>
-
 #include <nlohmann/json.hpp>
 
 #include "autograd/autograd.h"
@@ -72,7 +71,8 @@ TEST_CASE("muon: the Newton-Schulz iteration is Keller Jordan's quintic, for wid
       REQUIRE(got.size() == v.size());
       double worst = 0;
       for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) worst = std::max(worst, std::abs(got[size_t(i * cols + j)] - want[size_t(i)][size_t(j)]));
+        for (int64_t j = 0; j < cols; ++j)
+          worst = std::max(worst, std::abs(got[size_t(i * cols + j)] - want[size_t(i)][size_t(j)]));
       CHECK(worst < (dtype == DType::F64 ? 1e-12 : 2e-5));
       // What it is for: every singular value near 1 (the iteration leaves them in about [0.7, 1.2]), so each row of
       // the wide orientation has a squared norm, an average of squared singular values, within that band squared.
@@ -183,8 +183,9 @@ TEST_CASE("muon and AdamW agree with PyTorch (torch.optim.Muon, torch.optim.Adam
   }
 }
 
-TEST_CASE("AdamW and Muon write the bf16 working copies as they update: each copy is its new master rounded, and the "
-          "masters move exactly as without copies") {
+TEST_CASE(
+    "AdamW and Muon write the bf16 working copies as they update: each copy is its new master rounded, and the "
+    "masters move exactly as without copies") {
   // The f32 masters are the optimizer's: an update of the copies alone, a copy left stale or one rounded another way
   // than to nearest even shows here.
   const std::vector<std::pair<std::string, Shape>> shapes = {{"transformer.wte.weight", {11, 8}},

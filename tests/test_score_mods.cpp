@@ -50,7 +50,7 @@ TEST_CASE("T5 buckets: exact below half the buckets, log-spaced up to max_distan
   auto both = [](int64_t d) { return t5_bucket(d, 32, 128, true); };
   CHECK(both(-3) == 3);
   CHECK(both(3) == 19);
-  CHECK(both(-16) == 10);   // 8 + floor(0.25 * 8)
+  CHECK(both(-16) == 10);      // 8 + floor(0.25 * 8)
   CHECK(both(32) == 16 + 12);  // 8 + floor(0.5 * 8), future
   CHECK(both(-1000) == 15);
 }
@@ -64,12 +64,13 @@ struct Mods {
   double softcap = 0;
 
   std::string str() const {
-    return "B=" + std::to_string(B) + " NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV) + " T=" +
-           std::to_string(T) + " S=" + std::to_string(S) + " causal=" + std::to_string(causal) +
+    return "B=" + std::to_string(B) + " NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV) +
+           " T=" + std::to_string(T) + " S=" + std::to_string(S) + " causal=" + std::to_string(causal) +
            " padding=" + std::to_string(padding) + " dropout=" + std::to_string(dropout) +
            " window=" + std::to_string(window) + " max_rel=" + std::to_string(max_rel) +
            " rel_value=" + std::to_string(rel_value) + " alibi=" + std::to_string(alibi) + " t5=" + std::to_string(t5) +
-           (t5_bidir ? "(bidirectional)" : "") + " docs=" + std::to_string(docs) + " softcap=" + std::to_string(softcap);
+           (t5_bidir ? "(bidirectional)" : "") + " docs=" + std::to_string(docs) +
+           " softcap=" + std::to_string(softcap);
   }
 };
 
@@ -93,7 +94,8 @@ Problem make(const Mods& c, uint64_t seed) {
   if (c.docs) {  // packed documents: batch 0 has three, batch 1 one long and one short
     for (int64_t b = 0; b < c.B; ++b) {
       for (int64_t t = 0; t < c.T; ++t) p.q_doc.push_back(int32_t(b == 0 ? t * 3 / c.T : (t < c.T - 2 ? 0 : 1)));
-      for (int64_t s = 0; s < c.S; ++s) p.k_doc.push_back(int32_t(b == 0 ? (s + c.T - c.S) * 3 / c.T : (s + c.T - c.S < c.T - 2 ? 0 : 1)));
+      for (int64_t s = 0; s < c.S; ++s)
+        p.k_doc.push_back(int32_t(b == 0 ? (s + c.T - c.S) * 3 / c.T : (s + c.T - c.S < c.T - 2 ? 0 : 1)));
     }
   }
   if (c.padding) {
@@ -210,7 +212,9 @@ void check_case(const Mods& c) {
     for (DType dtype : {DType::F64, DType::F32}) {
       INFO((impl == AttentionImpl::Flash ? "flash " : "naive ") << std::string(dtype_name(dtype)));
       const auto got = run(
-          [&](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], options(c, p, in, impl)).out; },
+          [&](const Inputs& in) {
+            return scaled_dot_product_attention(in[0], in[1], in[2], options(c, p, in, impl)).out;
+          },
           p.inputs, dtype);
       const double tol = dtype == DType::F64 ? 1e-10 : 2e-5;
       for (size_t i = 0; i < ref.size(); ++i) {
@@ -228,8 +232,8 @@ TEST_CASE("score modifiers: flash and naive kernels equal the attention composed
     change(c);
     cases.push_back(c);
   };
-  with([](Mods& c) { c.max_rel = 2; });                                 // T > m: clipped distances
-  with([](Mods& c) { c.max_rel = 9, c.causal = false; });               // T < m: nothing clipped, both directions
+  with([](Mods& c) { c.max_rel = 2; });                    // T > m: clipped distances
+  with([](Mods& c) { c.max_rel = 9, c.causal = false; });  // T < m: nothing clipped, both directions
   with([](Mods& c) { c.max_rel = 3, c.rel_value = true; });
   with([](Mods& c) { c.max_rel = 2, c.rel_value = true, c.causal = false, c.T = 5, c.S = 9, c.padding = true; });
   with([](Mods& c) { c.alibi = true; });
@@ -283,7 +287,9 @@ TEST_CASE("score modifiers: flash attention over many tiles (window and document
   c.softcap = 5.0;
   const Problem p = make(c, 6);
   auto attend = [&](AttentionImpl impl) {
-    return [&c, &p, impl](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], options(c, p, in, impl)).out; };
+    return [&c, &p, impl](const Inputs& in) {
+      return scaled_dot_product_attention(in[0], in[1], in[2], options(c, p, in, impl)).out;
+    };
   };
   const auto naive = run(attend(AttentionImpl::Naive), p.inputs, DType::F64);
   const auto flash = run(attend(AttentionImpl::Flash), p.inputs, DType::F64);
@@ -321,24 +327,39 @@ TEST_CASE("score modifiers: bad tables, ids and values are refused with a messag
     set(o.mods);
     scaled_dot_product_attention(q, k, k, o);
   };
-  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.relative_key = randn({4, 8}, gen, DType::F64); }),
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) {
+                         m.relative_key = randn({4, 8}, gen, DType::F64);
+                       }),
                        doctest::Contains("2m + 1 rows"), Error);
-  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.relative_key = randn({5, 7}, gen, DType::F64); }),
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) {
+                         m.relative_key = randn({5, 7}, gen, DType::F64);
+                       }),
                        doctest::Contains("relative_key must be (2m + 1, E)"), Error);
-  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.t5_bias = randn({3, 8}, gen, DType::F64); }),
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) {
+                         m.t5_bias = randn({3, 8}, gen, DType::F64);
+                       }),
                        doctest::Contains("t5_bias must be (NH, buckets)"), Error);
   CHECK_THROWS_AS(attempt([&](ScoreModOptions& m) { m.t5_bias = randn({2, 8}, gen, DType::F32); }), Error);
-  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.doc_ids = from_vector(std::vector<int32_t>{0, 0, 1}, {1, 3}); }),
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) {
+                         m.doc_ids = from_vector(std::vector<int32_t>{0, 0, 1}, {1, 3});
+                       }),
                        doctest::Contains("doc_ids must be an i32 (B, T)"), Error);
-  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.window = -1; }), doctest::Contains("window must be >= 0"), Error);
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.window = -1; }), doctest::Contains("window must be >= 0"),
+                       Error);
   CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.softcap = -2; }), doctest::Contains("softcap"), Error);
   // The settings the tables size must agree with them.
   CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.t5_buckets = 8; }), doctest::Contains("no t5_bias"), Error);
-  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.t5_buckets = 4, m.t5_bias = randn({2, 8}, gen, DType::F64); }),
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) {
+                         m.t5_buckets = 4, m.t5_bias = randn({2, 8}, gen, DType::F64);
+                       }),
                        doctest::Contains("t5_buckets is 4 but"), Error);
-  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.max_rel = 3, m.relative_key = randn({5, 8}, gen, DType::F64); }),
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) {
+                         m.max_rel = 3, m.relative_key = randn({5, 8}, gen, DType::F64);
+                       }),
                        doctest::Contains("max_rel is 3 but"), Error);
-  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) { m.t5_max_distance = 2, m.t5_bias = randn({2, 8}, gen, DType::F64); }),
+  CHECK_THROWS_WITH_AS(attempt([&](ScoreModOptions& m) {
+                         m.t5_max_distance = 2, m.t5_bias = randn({2, 8}, gen, DType::F64);
+                       }),
                        doctest::Contains("t5_max_distance above"), Error);
 }
 
@@ -351,9 +372,13 @@ TEST_CASE("score modifiers: bf16 tensors are refused bad settings as f32 ones ar
     scaled_dot_product_attention(q, q, q, o);
   };
   CHECK_NOTHROW(attempt([](ScoreModOptions&) {}));
-  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) { m.window = -1; }), doctest::Contains("window must be >= 0"), Error);
-  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) { m.softcap = std::nan(""); }), doctest::Contains("softcap"), Error);
-  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) { m.key_doc_ids = from_vector(std::vector<int32_t>{0, 0, 1, 1}, {1, 4}); }),
+  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) { m.window = -1; }), doctest::Contains("window must be >= 0"),
+                       Error);
+  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) { m.softcap = std::nan(""); }), doctest::Contains("softcap"),
+                       Error);
+  CHECK_THROWS_WITH_AS(attempt([](ScoreModOptions& m) {
+                         m.key_doc_ids = from_vector(std::vector<int32_t>{0, 0, 1, 1}, {1, 4});
+                       }),
                        doctest::Contains("key_doc_ids needs doc_ids"), Error);
 }
 

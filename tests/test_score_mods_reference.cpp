@@ -5,9 +5,9 @@
 // the output and the gradient of q, k, v and of every learned table for loss = sum(out * dout). tinygpt computes in
 // float32 from the fixture's float32 values; torch's reference was computed in float64.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -72,8 +72,10 @@ void run_case(const Fixture& f, const nlohmann::json& c, AttentionImpl impl) {
 
 }  // namespace
 
-TEST_CASE("score modifiers agree with PyTorch: outputs and every gradient (tests/reference/score_mods_fixture.safetensors)") {
-  Fixture f{safetensors::load(test::reference_fixture("TINYGPT_SCORE_MODS_FIXTURE", "score_mods_fixture.safetensors")), ""};
+TEST_CASE(
+    "score modifiers agree with PyTorch: outputs and every gradient (tests/reference/score_mods_fixture.safetensors)") {
+  Fixture f{safetensors::load(test::reference_fixture("TINYGPT_SCORE_MODS_FIXTURE", "score_mods_fixture.safetensors")),
+            ""};
   const auto cases = nlohmann::json::parse(f.contents.metadata.at("cases"));
   REQUIRE(cases.size() >= 15);
   for (const auto& c : cases) {

@@ -89,10 +89,10 @@ TEST_CASE("tensor: printing with fmt") {
   const Tensor t = from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
   CHECK(fmt::format("{}", t) == "tensor([[1.0000, 2.0000],\n[3.0000, 4.0000]], dtype=f32)");
   CHECK(fmt::format("{}", arange(3, DType::I32)) == "tensor([0, 1, 2], dtype=i32)");
-  CHECK(fmt::format("{}", arange(10)) ==
-        "tensor([0.0000, 1.0000, 2.0000, ..., 7.0000, 8.0000, 9.0000], dtype=f32)");
+  CHECK(fmt::format("{}", arange(10)) == "tensor([0.0000, 1.0000, 2.0000, ..., 7.0000, 8.0000, 9.0000], dtype=f32)");
   CHECK(fmt::format("{}", Shape{4, 5}) == "(4, 5)");
-  CHECK(fmt::format("{}", from_vector(std::vector<uint8_t>{1, 0, 7}, {3})) == "tensor([true, false, true], dtype=bool)");
+  CHECK(fmt::format("{}", from_vector(std::vector<uint8_t>{1, 0, 7}, {3})) ==
+        "tensor([true, false, true], dtype=bool)");
   Tensor g = ones({1}, DType::F64);
   g.requires_grad_();
   CHECK(fmt::format("{}", g) == "tensor([1.0000], dtype=f64, requires_grad)");
@@ -101,8 +101,8 @@ TEST_CASE("tensor: printing with fmt") {
 TEST_CASE("tensor: shape errors name the op and both shapes") {
   const Tensor a = zeros({2, 3}), b = zeros({4, 3});
   CHECK_THROWS_WITH_AS(add(a, b), "add: not broadcastable: shapes (2, 3) and (4, 3)", Error);
-  CHECK_THROWS_WITH_AS(matmul(a, b), doctest::Contains("matmul: inner dimensions differ (3 vs 4): shapes (2, 3) and (4, 3)"),
-                       Error);
+  CHECK_THROWS_WITH_AS(matmul(a, b),
+                       doctest::Contains("matmul: inner dimensions differ (3 vs 4): shapes (2, 3) and (4, 3)"), Error);
   CHECK_THROWS_WITH_AS(reshape(a, {4, 2}), "reshape: element counts differ: shapes (2, 3) and (4, 2)", Error);
   CHECK_THROWS_WITH_AS(add(a, zeros({2, 3}, DType::F64)), doctest::Contains("dtypes differ"), Error);
 }

@@ -2,7 +2,7 @@
 // short training run that checkpoints, resumes and samples.
 #include <doctest/doctest.h>
 #include <fmt/core.h>
-
+#include <nlohmann/json.hpp>
 #include <omp.h>
 
 #include <cmath>
@@ -11,13 +11,12 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
-#include "test_util.h"
 #include "data/corpus.h"
 #include "kernels/cpu/cpu_probe.h"
 #include "kernels/cpu/gemm.h"
+#include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"
 #include "train/export.h"
@@ -45,7 +44,8 @@ std::string read_file(const fs::path& p) {
 /// A small text with structure a model can learn quickly.
 std::string toy_text() {
   std::string s;
-  for (int i = 0; i < 400; ++i) s += i % 3 == 0 ? "the cat sat on the mat. " : i % 3 == 1 ? "a dog ran. " : "hello world! ";
+  for (int i = 0; i < 400; ++i)
+    s += i % 3 == 0 ? "the cat sat on the mat. " : i % 3 == 1 ? "a dog ran. " : "hello world! ";
   return s;
 }
 
@@ -89,33 +89,35 @@ TEST_CASE("train: a step reads its loss and gradient norm to the host once (on t
   }
 }
 
-TEST_CASE("train: the step (rates and clipping read from memory) learns with either optimizer, accumulating or not, "
-          "clipped or not, on f32 and bf16 storage") {
+TEST_CASE(
+    "train: the step (rates and clipping read from memory) learns with either optimizer, accumulating or not, "
+    "clipped or not, on f32 and bf16 storage") {
   // Bf16 storage's working copies are written by the update: a step that left them alone would train nothing, the
   // loss flat at its start. Clipping at 0.05 (below every gradient norm here) changes every step after the first.
 
   for (const char* optimizer : {"adamw", "muon"}) {
-  for (const bool bf16_storage : {false, true}) {
-    std::map<std::pair<int64_t, double>, std::vector<double>> losses;  // by (--grad-accum, --grad-clip)
-    for (const int64_t accum : {1, 2}) {
-    for (const double clip : {1.0, 0.05}) {
-      INFO(optimizer << ", --grad-accum " << accum << ", --grad-clip " << clip << ", bf16 storage " << bf16_storage);
-      TempDir dir(fmt::format("step_{}_{}_{}_{}", optimizer, accum, clip, bf16_storage));
-      TrainConfig c = toy_run(dir, 32);
-      c.out = (dir.path / "run").string();
-      c.batch_size = 4 / accum, c.max_iters = 10, c.eval_interval = 5, c.eval_iters = 2, c.warmup_iters = 2;
-      c.lr_decay_iters = 10, c.grad_accum = accum, c.grad_clip = clip, c.optimizer = optimizer, c.quiet = true;
-      if (bf16_storage) c.dtype = "bf16", c.storage = "bf16";
-      const TrainResult r = train(c);
-      CHECK(r.max_step_float_reads == 1);
-      const std::vector<double>& l = losses[{accum, clip}] = step_losses(c.out);
-      REQUIRE(l.size() == 10);
-      CHECK(r.last_val_loss < l.front() - 0.1);  // it learns
+    for (const bool bf16_storage : {false, true}) {
+      std::map<std::pair<int64_t, double>, std::vector<double>> losses;  // by (--grad-accum, --grad-clip)
+      for (const int64_t accum : {1, 2}) {
+        for (const double clip : {1.0, 0.05}) {
+          INFO(optimizer << ", --grad-accum " << accum << ", --grad-clip " << clip << ", bf16 storage "
+                         << bf16_storage);
+          TempDir dir(fmt::format("step_{}_{}_{}_{}", optimizer, accum, clip, bf16_storage));
+          TrainConfig c = toy_run(dir, 32);
+          c.out = (dir.path / "run").string();
+          c.batch_size = 4 / accum, c.max_iters = 10, c.eval_interval = 5, c.eval_iters = 2, c.warmup_iters = 2;
+          c.lr_decay_iters = 10, c.grad_accum = accum, c.grad_clip = clip, c.optimizer = optimizer, c.quiet = true;
+          if (bf16_storage) c.dtype = "bf16", c.storage = "bf16";
+          const TrainResult r = train(c);
+          CHECK(r.max_step_float_reads == 1);
+          const std::vector<double>& l = losses[{accum, clip}] = step_losses(c.out);
+          REQUIRE(l.size() == 10);
+          CHECK(r.last_val_loss < l.front() - 0.1);  // it learns
+        }
+      }
+      CHECK(losses[{1, 1.0}][0] == losses[{1, 0.05}][0]);
+      CHECK(losses[{1, 1.0}][9] != losses[{1, 0.05}][9]);
     }
-    }
-    CHECK(losses[{1, 1.0}][0] == losses[{1, 0.05}][0]);
-    CHECK(losses[{1, 1.0}][9] != losses[{1, 0.05}][9]);
-  }
   }
 }
 
@@ -131,8 +133,8 @@ TEST_CASE("train --dtype bf16: rounded operands change the losses a little, and 
     return r.last_val_loss;
   };
   const double fp32 = run("fp32"), bf16 = run("bf16");
-  CHECK(fp32 != bf16);                     // the rounding is applied in training
-  CHECK(std::abs(fp32 - bf16) < 0.05);     // and it trains the same
+  CHECK(fp32 != bf16);                       // the rounding is applied in training
+  CHECK(std::abs(fp32 - bf16) < 0.05);       // and it trains the same
   CHECK(bf16 < std::log(double(17)) - 0.5);  // well below a uniform guess over the toy's characters
   TrainConfig bad;
   bad.data = {"x.txt"}, bad.dtype = "fp16";
@@ -205,7 +207,8 @@ TEST_CASE("corpus: encoded once into a cache, mapped after; a changed source re-
   CHECK(first.tokens.ids().size() == 12);
   const data::Corpus second = data::load_corpus(text, dir.path);
   CHECK(second.from_cache);
-  CHECK(std::equal(first.tokens.ids().begin(), first.tokens.ids().end(), second.tokens.ids().begin(), second.tokens.ids().end()));
+  CHECK(std::equal(first.tokens.ids().begin(), first.tokens.ids().end(), second.tokens.ids().begin(),
+                   second.tokens.ids().end()));
   CHECK(second.tokens.ids()[0] == data::Token(first.vocab.id(U'h')));
   write_file(text, "something else entirely");
   const data::Corpus third = data::load_corpus(text, dir.path);
@@ -216,10 +219,12 @@ TEST_CASE("corpus: encoded once into a cache, mapped after; a changed source re-
   CHECK_THROWS_WITH_AS(data::load_corpus(text, dir.path), doctest::Contains("invalid UTF-8 at byte offset 2"), Error);
   write_file(text, "");
   CHECK_THROWS_WITH_AS(data::load_corpus(text, dir.path), doctest::Contains("is empty"), Error);
-  CHECK_THROWS_WITH_AS(data::load_corpus(dir.path / "missing.txt", dir.path), doctest::Contains("does not exist"), Error);
+  CHECK_THROWS_WITH_AS(data::load_corpus(dir.path / "missing.txt", dir.path), doctest::Contains("does not exist"),
+                       Error);
   CHECK_THROWS_WITH_AS(data::load_corpus(dir.path, dir.path), doctest::Contains("is a directory"), Error);
   write_file(text, "abc\xc3\xa9");
-  CHECK_THROWS_WITH_AS(data::encode_file(text, data::CharVocab(U"abc")), doctest::Contains("at byte offset 3 is not in the model's vocabulary"), Error);
+  CHECK_THROWS_WITH_AS(data::encode_file(text, data::CharVocab(U"abc")),
+                       doctest::Contains("at byte offset 3 is not in the model's vocabulary"), Error);
 }
 
 TEST_CASE("batch sampler: y is x shifted by one, windows stay inside, the seed fixes the draw") {
@@ -412,7 +417,8 @@ TEST_CASE("checkpoints: a directory means best, else latest; foreign or mismatch
                                   nn::GPTConfig wider = cfg;
                                   wider.n_embd = 16;
                                   return wider;
-                                }()).dump();
+                                }())
+                                    .dump();
   safetensors::save(p, contents.tensors, contents.metadata);
   CHECK_THROWS_WITH_AS(load_checkpoint(p), doctest::Contains("but the config needs"), Error);
   contents = safetensors::load(dir.path / kBestCheckpoint);
@@ -608,7 +614,8 @@ TEST_CASE("memory: the parameter count from a config is the built model's, and a
   small.vocab_size = 65, small.n_layer = 4, small.n_head = 4, small.n_embd = 128, small.block_size = 64;
   CHECK_NOTHROW(require_memory(training_memory(small, 12), Device::CPU, "training this model", "use less"));
   // Muon's momentum: one more copy of the parameters in the optimizer's share.
-  CHECK(training_memory(small, 12, true).optimizer == doctest::Approx(training_memory(small, 12).optimizer * 4.0 / 3.0));
+  CHECK(training_memory(small, 12, true).optimizer ==
+        doctest::Approx(training_memory(small, 12).optimizer * 4.0 / 3.0));
   // bf16 storage: a 2-byte working copy beside each 4-byte master, the same optimizer state, and activations of 2
   // bytes; with RoPE (an f32 op) attention also keeps f32 copies of q, k, v and its output.
   const MemoryNeed f32 = training_memory(small, 12), bf16 = training_memory(small, 12, false, true);
@@ -648,11 +655,19 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
                                                                           {"transformer.wpe.weight", {T, C}}};
     for (int i = 0; i < L; ++i) {
       const std::string h = "transformer.h." + std::to_string(i) + ".";
-      for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-               {"ln_1.weight", {C}}, {"ln_1.bias", {C}}, {"attn.c_attn.weight", {C, 3 * C}}, {"attn.c_attn.bias", {3 * C}},
-               {"attn.c_proj.weight", {C, C}}, {"attn.c_proj.bias", {C}}, {"ln_2.weight", {C}}, {"ln_2.bias", {C}},
-               {"mlp.c_fc.weight", {C, 4 * C}}, {"mlp.c_fc.bias", {4 * C}}, {"mlp.c_proj.weight", {4 * C, C}},
-               {"mlp.c_proj.bias", {C}}}) {
+      for (const auto& [name, shape] :
+           std::vector<std::pair<std::string, std::vector<int64_t>>>{{"ln_1.weight", {C}},
+                                                                     {"ln_1.bias", {C}},
+                                                                     {"attn.c_attn.weight", {C, 3 * C}},
+                                                                     {"attn.c_attn.bias", {3 * C}},
+                                                                     {"attn.c_proj.weight", {C, C}},
+                                                                     {"attn.c_proj.bias", {C}},
+                                                                     {"ln_2.weight", {C}},
+                                                                     {"ln_2.bias", {C}},
+                                                                     {"mlp.c_fc.weight", {C, 4 * C}},
+                                                                     {"mlp.c_fc.bias", {4 * C}},
+                                                                     {"mlp.c_proj.weight", {4 * C, C}},
+                                                                     {"mlp.c_proj.bias", {C}}}) {
         expected.emplace_back(h + name, shape);
       }
     }
@@ -702,7 +717,8 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
     CHECK(tok_cfg["clean_up_tokenization_spaces"] == false);
   }
 
-  nn::GPTConfig rope{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .pos = nn::Positions::Rope};
+  nn::GPTConfig rope{
+      .vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .pos = nn::Positions::Rope};
   // Rotary positions make a model of the Llama family: exported as LlamaForCausalLM with its other parts, refused by
   // name beside GPT-2's.
   CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("LayerNorm beside Llama's other parts"));
@@ -718,12 +734,15 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
   rope = {.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .qkv_bias = true};
   CHECK_THROWS_WITH(check_hf_exportable(rope), doctest::Contains("--qkv-bias"));
   rope.pos = nn::Positions::Rope;
-  for (const nn::Positions p : {nn::Positions::Relative, nn::Positions::Alibi, nn::Positions::T5, nn::Positions::None}) {
+  for (const nn::Positions p :
+       {nn::Positions::Relative, nn::Positions::Alibi, nn::Positions::T5, nn::Positions::None}) {
     nn::GPTConfig relative = rope;
     relative.pos = p;
-    CHECK_THROWS_WITH(check_hf_exportable(relative), doctest::Contains(doctest::String((std::string("--pos ") + nn::positions_name(p)).c_str())));
+    CHECK_THROWS_WITH(check_hf_exportable(relative),
+                      doctest::Contains(doctest::String((std::string("--pos ") + nn::positions_name(p)).c_str())));
     relative.qkv_bias = false;
-    CHECK_THROWS_WITH(check_hf_exportable(relative), doctest::Contains(doctest::String((std::string("--pos ") + nn::positions_name(p)).c_str())));
+    CHECK_THROWS_WITH(check_hf_exportable(relative),
+                      doctest::Contains(doctest::String((std::string("--pos ") + nn::positions_name(p)).c_str())));
   }
   nn::GPTConfig windowed{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .window = 4};
   CHECK_THROWS_WITH(check_hf_exportable(windowed), doctest::Contains("sliding-window"));
@@ -742,10 +761,12 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
   CHECK_NOTHROW(check_hf_exportable(modern));
 
   // An untied head: GPT-2 keeps it as lm_head.weight with tie_word_embeddings false.
-  const nn::GPTConfig untied{.vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .untied_head = true};
+  const nn::GPTConfig untied{
+      .vocab_size = 5, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 8, .untied_head = true};
   Generator gen(6);
   nn::GPT model(untied, gen);
-  save_checkpoint(dir.path / "untied.safetensors", model, data::Tokenizer(data::CharVocab(U"\n ab\u00e9")), nullptr, {});
+  save_checkpoint(dir.path / "untied.safetensors", model, data::Tokenizer(data::CharVocab(U"\n ab\u00e9")), nullptr,
+                  {});
   export_hf(load_checkpoint(dir.path / "untied.safetensors"), dir.path / "hf_untied");
   const auto st = safetensors::load(dir.path / "hf_untied" / "model.safetensors");
   const Tensor head = st.find("lm_head.weight");
@@ -758,7 +779,8 @@ TEST_CASE("export to Hugging Face: GPT-2's names, layouts and config, a characte
 TEST_CASE("checkpoint config: the position scheme and attention options round-trip; old checkpoints read as saved") {
   nn::GPTConfig c;
   c.vocab_size = 7, c.block_size = 8, c.n_layer = 1, c.n_head = 2, c.n_embd = 8;
-  c.pos = nn::Positions::Relative, c.max_relative_position = 3, c.window = 5, c.attn_softcap = 30, c.doc_separator = "\n\n";
+  c.pos = nn::Positions::Relative, c.max_relative_position = 3, c.window = 5, c.attn_softcap = 30,
+  c.doc_separator = "\n\n";
   c.mlp = nn::MlpKind::Relu2, c.logit_softcap = 15, c.zero_init_proj = true, c.untied_head = true, c.qk_norm = true;
   CHECK(gpt_config_from_json(to_json(c)) == c);
   nn::GPTConfig llama = c;  // the Llama family's options
@@ -766,9 +788,9 @@ TEST_CASE("checkpoint config: the position scheme and attention options round-tr
   llama.mlp = nn::MlpKind::SwiGLU, llama.ffn_hidden = 24, llama.rope_theta = 1e5, llama.qkv_bias = true;
   CHECK(gpt_config_from_json(to_json(llama)) == llama);
   nlohmann::json old = to_json(c);
-  for (const char* key : {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator", "mlp",
-                          "logit_softcap", "zero_init_proj", "untied_head", "qk_norm", "norm", "norm_eps", "ffn_hidden",
-                          "rope_theta", "qkv_bias"}) {
+  for (const char* key :
+       {"pos", "max_relative_position", "window", "attn_softcap", "doc_separator", "mlp", "logit_softcap",
+        "zero_init_proj", "untied_head", "qk_norm", "norm", "norm_eps", "ffn_hidden", "rope_theta", "qkv_bias"}) {
     old.erase(key);
   }
   old["relu2"] = true;  // before "mlp"

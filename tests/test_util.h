@@ -16,8 +16,7 @@ namespace tinygpt::test {
 /// A fresh empty directory under the system temp dir ("tinygpt_test_<name>"), removed at scope exit.
 struct TempDir {
   std::filesystem::path path;
-  explicit TempDir(const std::string& name)
-      : path(std::filesystem::temp_directory_path() / ("tinygpt_test_" + name)) {
+  explicit TempDir(const std::string& name) : path(std::filesystem::temp_directory_path() / ("tinygpt_test_" + name)) {
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }
@@ -64,7 +63,8 @@ inline void expect_gradcheck(const std::function<Tensor(const std::vector<Tensor
   const GradcheckResult once = gradcheck(f, inputs, options);
   INFO(once.report);
   CHECK(once.ok);
-  const GradcheckResult twice = gradcheck([&f](const std::vector<Tensor>& in) { return f(in) + f(in); }, inputs, options);
+  const GradcheckResult twice =
+      gradcheck([&f](const std::vector<Tensor>& in) { return f(in) + f(in); }, inputs, options);
   INFO("f(x) + f(x): " << twice.report);
   CHECK(twice.ok);
 }

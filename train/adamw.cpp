@@ -4,8 +4,8 @@
 
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
-#include "kernels/scalar_math.h"
 #include "kernels/kernels.h"
+#include "kernels/scalar_math.h"
 
 namespace tinygpt {
 

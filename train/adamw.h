@@ -26,10 +26,10 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<std::pair<std::string, Tensor>> params, AdamWConfig config);
   /// Over packed parameters: the moments get the buffers' layout, and a step is one update of every run of
-  /// neighbouring parameters with the same weight decay: one kernel launch for up to AdamWRuns::kMaxRuns runs. Every parameter
-  /// is updated every step (a gradient that stayed zero still decays the weights and the moments).
-  /// With `only`, the parameters it accepts (the others are another optimizer's: no moments are saved for them,
-  /// and a step leaves them alone).
+  /// neighbouring parameters with the same weight decay: one kernel launch for up to AdamWRuns::kMaxRuns runs. Every
+  /// parameter is updated every step (a gradient that stayed zero still decays the weights and the moments). With
+  /// `only`, the parameters it accepts (the others are another optimizer's: no moments are saved for them, and a step
+  /// leaves them alone).
   AdamW(FlatParameters& flat, AdamWConfig config,
         const std::function<bool(const FlatParameters::Slot&)>& only = nullptr);
 

@@ -8,8 +8,13 @@ namespace tinygpt {
 
 ChatSession::ChatSession(const nn::GPT& model, const data::Tokenizer& tokenizer, data::ChatTemplate chat_template,
                          int64_t window, GenerateOptions options, uint64_t seed)
-    : tokenizer_(tokenizer), template_(std::move(chat_template)), end_of_turn_(template_.end_of_turn(tokenizer.config())),
-      options_(options), gen_(seed), decoder_(model, tokenizer, window), window_(decoder_.window()) {
+    : tokenizer_(tokenizer),
+      template_(std::move(chat_template)),
+      end_of_turn_(template_.end_of_turn(tokenizer.config())),
+      options_(options),
+      gen_(seed),
+      decoder_(model, tokenizer, window),
+      window_(decoder_.window()) {
   options_.vocab = tokenizer.vocab_size();  // a vocabulary padded past the tokenizer: the padding is never drawn
 }
 
@@ -34,9 +39,10 @@ std::vector<int32_t> ChatSession::render_to_fit(int64_t& dropped) {
     // Drop the oldest message after the system prompt, and then up to the next user message, so turns stay whole.
     const size_t first = !messages_.empty() && messages_[0]["role"] == "system" ? 1 : 0;
     if (messages_.size() - first <= 1) {
-      throw Error(fmt::format("the conversation's last message{} is {} tokens; with room for a reply of {} it does not "
-                              "fit the window of {} tokens (a shorter message, or a larger --context)",
-                              first ? " and the system prompt" : "", ids.size(), reserve, window_));
+      throw Error(
+          fmt::format("the conversation's last message{} is {} tokens; with room for a reply of {} it does not "
+                      "fit the window of {} tokens (a shorter message, or a larger --context)",
+                      first ? " and the system prompt" : "", ids.size(), reserve, window_));
     }
     do {
       messages_.erase(messages_.begin() + int64_t(first));
@@ -62,9 +68,8 @@ ChatSession::Reply ChatSession::respond(const std::function<void(std::string_vie
   const std::vector<int32_t> ids = render_to_fit(r.dropped);
   std::vector<std::string> stops;
   if (!end_of_turn_.empty()) stops.push_back(end_of_turn_);
-  const CachedDecoder::Result d = decoder_.draw(ids, stops, options_, gen_, on_text, [stop] {
-    return stop != nullptr && stop->load();
-  });
+  const CachedDecoder::Result d =
+      decoder_.draw(ids, stops, options_, gen_, on_text, [stop] { return stop != nullptr && stop->load(); });
   r.text = d.text;
   r.tokens = d.tokens;
   r.read = d.read;

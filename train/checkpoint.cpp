@@ -61,14 +61,29 @@ RopeScaling rope_scaling_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json to_json(const nn::GPTConfig& c) {
-  nlohmann::json j = {{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
-          {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},   {"n_embd", c.n_embd},
-          {"dropout", c.dropout},       {"bias", c.bias},             {"pos", nn::positions_name(c.pos)},
-          {"max_relative_position", c.max_relative_position}, {"window", c.window}, {"attn_softcap", c.attn_softcap},
-          {"doc_separator", c.doc_separator}, {"mlp", nn::mlp_name(c.mlp)}, {"ffn_hidden", c.ffn_hidden},
-          {"norm", nn::norm_name(c.norm)}, {"norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
-          {"qkv_bias", c.qkv_bias}, {"logit_softcap", c.logit_softcap},
-          {"zero_init_proj", c.zero_init_proj}, {"untied_head", c.untied_head}, {"qk_norm", c.qk_norm}};
+  nlohmann::json j = {{"vocab_size", c.vocab_size},
+                      {"block_size", c.block_size},
+                      {"n_layer", c.n_layer},
+                      {"n_head", c.n_head},
+                      {"n_kv_head", c.n_kv_head},
+                      {"n_embd", c.n_embd},
+                      {"dropout", c.dropout},
+                      {"bias", c.bias},
+                      {"pos", nn::positions_name(c.pos)},
+                      {"max_relative_position", c.max_relative_position},
+                      {"window", c.window},
+                      {"attn_softcap", c.attn_softcap},
+                      {"doc_separator", c.doc_separator},
+                      {"mlp", nn::mlp_name(c.mlp)},
+                      {"ffn_hidden", c.ffn_hidden},
+                      {"norm", nn::norm_name(c.norm)},
+                      {"norm_eps", c.norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"qkv_bias", c.qkv_bias},
+                      {"logit_softcap", c.logit_softcap},
+                      {"zero_init_proj", c.zero_init_proj},
+                      {"untied_head", c.untied_head},
+                      {"qk_norm", c.qk_norm}};
   if (c.rope_scaling != RopeScaling{}) j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
   if (c.head_dim > 0) j["head_dim"] = c.head_dim;
   if (c.lora.enabled()) {
@@ -103,7 +118,8 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   c.ffn_hidden = j.value("ffn_hidden", int64_t(0));
   c.norm_eps = j.value("norm_eps", 1e-5);
   c.rope_theta = j.value("rope_theta", 10000.0);
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) c.rope_scaling = rope_scaling_from_json(j["rope_scaling"]);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    c.rope_scaling = rope_scaling_from_json(j["rope_scaling"]);
   c.qkv_bias = j.value("qkv_bias", false);
   c.logit_softcap = j.value("logit_softcap", 0.0);
   c.zero_init_proj = j.value("zero_init_proj", false);
@@ -136,7 +152,8 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Tok
     meta["tokenizer"] = tokenizer.bpe().to_json();
     if (const data::TokenizerConfig& tc = tokenizer.config(); !tc.empty()) {
       meta["tokenizer_config"] =
-          nlohmann::json{{"bos_token", tc.bos_token}, {"eos_token", tc.eos_token}, {"chat_template", tc.chat_template}}.dump();
+          nlohmann::json{{"bos_token", tc.bos_token}, {"eos_token", tc.eos_token}, {"chat_template", tc.chat_template}}
+              .dump();
     }
   } else {
     meta["vocab"] = data::encode_utf8(tokenizer.chars().chars());
@@ -151,11 +168,14 @@ void save_checkpoint(const fs::path& path, const nn::GPT& model, const data::Tok
   meta["numerics"] = nlohmann::json{{"tf32", model.numerics().tf32},
                                     {"bf16", model.numerics().bf16},
                                     {"attention_math", attention_math_name(model.numerics().attention)},
-                                    {"storage", model.numerics().bf16_storage ? "bf16" : "f32"}}.dump();
+                                    {"storage", model.numerics().bf16_storage ? "bf16" : "f32"}}
+                         .dump();
   if (lora) {
-    if (state.lora_base.path.empty()) throw Error("save_checkpoint: a LoRA model needs its base (TrainState::lora_base)");
-    meta["lora_base"] = nlohmann::json{{"path", state.lora_base.path},
-                                       {"checksum", fmt::format("{:016x}", state.lora_base.checksum)}}.dump();
+    if (state.lora_base.path.empty())
+      throw Error("save_checkpoint: a LoRA model needs its base (TrainState::lora_base)");
+    meta["lora_base"] =
+        nlohmann::json{{"path", state.lora_base.path}, {"checksum", fmt::format("{:016x}", state.lora_base.checksum)}}
+            .dump();
   }
   safetensors::save(path, tensors, meta);
 }
@@ -198,7 +218,8 @@ void attach_lora_base(Checkpoint& c, const std::function<Error(const std::string
   const LoraBase& base_id = c.state.lora_base;
   if (base_id.path.empty()) throw bad("its config has LoRA adapters but its metadata names no base (lora_base)");
   if (lora_depth >= kMaxLoraDepth) {
-    throw bad(fmt::format("its LoRA base is the end of a chain of over {} LoRA checkpoints (or a loop)", kMaxLoraDepth));
+    throw bad(
+        fmt::format("its LoRA base is the end of a chain of over {} LoRA checkpoints (or a loop)", kMaxLoraDepth));
   }
   Checkpoint base;
   ++lora_depth;
@@ -206,14 +227,17 @@ void attach_lora_base(Checkpoint& c, const std::function<Error(const std::string
     base = load_checkpoint(base_id.path, LoraLoad::Merged);
   } catch (const std::exception& e) {
     --lora_depth;
-    throw bad(fmt::format("its LoRA base cannot be read ({}); a LoRA checkpoint holds only its adapters, so it needs the "
-                          "base it was trained on at '{}'", e.what(), base_id.path));
+    throw bad(
+        fmt::format("its LoRA base cannot be read ({}); a LoRA checkpoint holds only its adapters, so it needs the "
+                    "base it was trained on at '{}'",
+                    e.what(), base_id.path));
   }
   --lora_depth;
   if (const uint64_t sum = base_checksum(base.contents); sum != base_id.checksum) {
-    throw bad(fmt::format("its LoRA base '{}' has changed since the adapters were trained on it (weights checksum {:016x}, "
-                          "recorded {:016x}): put that base back, or train the adapters again on this one",
-                          base_id.path, sum, base_id.checksum));
+    throw bad(
+        fmt::format("its LoRA base '{}' has changed since the adapters were trained on it (weights checksum {:016x}, "
+                    "recorded {:016x}): put that base back, or train the adapters again on this one",
+                    base_id.path, sum, base_id.checksum));
   }
   auto architecture = [](nn::GPTConfig g) {
     g.lora = {};
@@ -226,7 +250,8 @@ void attach_lora_base(Checkpoint& c, const std::function<Error(const std::string
                           tinygpt::to_json(base.config).dump(), tinygpt::to_json(c.config).dump()));
   }
   for (auto& [name, t] : base.contents.tensors) {
-    if (!name.starts_with(kOptimizerPrefix) && !c.contents.find(name).defined()) c.contents.tensors.emplace_back(name, t);
+    if (!name.starts_with(kOptimizerPrefix) && !c.contents.find(name).defined())
+      c.contents.tensors.emplace_back(name, t);
   }
 }
 
@@ -280,6 +305,37 @@ void merge_lora(Checkpoint& ckpt) {
   std::erase_if(ckpt.contents.tensors, [](const auto& e) { return nn::is_lora_parameter(e.first); });
   ckpt.merged_lora = c.lora;
   ckpt.config.lora = {};
+}
+
+/// Every weight the config implies is there with the right shape and dtype, and finite; else throws bad(what).
+template <class Bad>
+void check_weights(const Checkpoint& c, const Bad& bad) {
+  Generator gen = Generator::for_loading();  // shapes only
+  nn::GPTConfig shapes_only = c.config;
+  shapes_only.n_layer = std::min<int64_t>(shapes_only.n_layer, 1);  // one block shows every block's shapes
+  const nn::GPT probe(shapes_only, gen);
+  for (int64_t layer = 0; layer < c.config.n_layer; ++layer) {
+    for (const auto& [name, p] : probe.named_parameters()) {
+      std::string actual = name;
+      if (name.rfind("transformer.h.0.", 0) == 0) {
+        actual = fmt::format("transformer.h.{}.{}", layer, name.substr(16));
+      } else if (layer > 0) {
+        continue;
+      }
+      const Tensor t = c.contents.find(actual);
+      if (!t.defined()) throw bad(fmt::format("weight '{}' is missing", actual));
+      if (!(t.shape() == p.shape()) || t.dtype() != p.dtype()) {
+        throw bad(fmt::format("weight '{}' is {} {}, but the config needs {} {}", actual, dtype_name(t.dtype()),
+                              t.shape().str(), dtype_name(p.dtype()), p.shape().str()));
+      }
+      if (const int64_t at = first_non_finite(t); at >= 0) {
+        throw bad(
+            fmt::format("weight '{}' holds {} at element {}: the run that saved it had diverged (resume from "
+                        "an earlier checkpoint, or train again with a lower --lr)",
+                        actual, std::isnan(t.data<float>()[at]) ? "NaN" : "an infinity", at));
+      }
+    }
+  }
 }
 
 Checkpoint load_checkpoint(const fs::path& path_in, LoraLoad lora) {
@@ -351,32 +407,7 @@ Checkpoint load_checkpoint(const fs::path& path_in, LoraLoad lora) {
                           c.config.vocab_size));
   }
   if (c.config.lora.enabled()) attach_lora_base(c, bad);
-  // Every weight the config implies must be there with the right shape.
-  Generator gen = Generator::for_loading();  // shapes only
-  nn::GPTConfig shapes_only = c.config;
-  shapes_only.n_layer = std::min<int64_t>(shapes_only.n_layer, 1);  // one block shows every block's shapes
-  const nn::GPT probe(shapes_only, gen);
-  for (int64_t layer = 0; layer < c.config.n_layer; ++layer) {
-    for (const auto& [name, p] : probe.named_parameters()) {
-      std::string actual = name;
-      if (name.rfind("transformer.h.0.", 0) == 0) {
-        actual = fmt::format("transformer.h.{}.{}", layer, name.substr(16));
-      } else if (layer > 0) {
-        continue;
-      }
-      const Tensor t = c.contents.find(actual);
-      if (!t.defined()) throw bad(fmt::format("weight '{}' is missing", actual));
-      if (!(t.shape() == p.shape()) || t.dtype() != p.dtype()) {
-        throw bad(fmt::format("weight '{}' is {} {}, but the config needs {} {}", actual, dtype_name(t.dtype()),
-                              t.shape().str(), dtype_name(p.dtype()), p.shape().str()));
-      }
-      if (const int64_t at = first_non_finite(t); at >= 0) {
-        throw bad(fmt::format("weight '{}' holds {} at element {}: the run that saved it had diverged (resume from "
-                              "an earlier checkpoint, or train again with a lower --lr)",
-                              actual, std::isnan(t.data<float>()[at]) ? "NaN" : "an infinity", at));
-      }
-    }
-  }
+  check_weights(c, bad);
   if (lora == LoraLoad::Merged) merge_lora(c);
   return c;
 }
@@ -406,9 +437,10 @@ void load_weights_grown(nn::GPT& model, const Checkpoint& ckpt) {
 
 void load_optimizer(Optimizer& opt, const Checkpoint& ckpt) {
   if (ckpt.optimizer != opt.name() && ckpt.optimizer != "none") {
-    throw Error(fmt::format("'{}' was trained with --optimizer {}, not {}: resume with --optimizer {} or without the "
-                            "flag (or start a new run in another --out)",
-                            ckpt.path.string(), ckpt.optimizer, opt.name(), ckpt.optimizer));
+    throw Error(
+        fmt::format("'{}' was trained with --optimizer {}, not {}: resume with --optimizer {} or without the "
+                    "flag (or start a new run in another --out)",
+                    ckpt.path.string(), ckpt.optimizer, opt.name(), ckpt.optimizer));
   }
   for (auto& [name, t] : opt.state()) {
     const Tensor saved = ckpt.contents.find(kOptimizerPrefix + name);
@@ -417,12 +449,15 @@ void load_optimizer(Optimizer& opt, const Checkpoint& ckpt) {
                               ckpt.path.string(), name));
     }
     if (!(saved.shape() == t.shape()) || saved.dtype() != t.dtype()) {
-      throw Error(fmt::format("'{}': optimizer state '{}' is {} {}, but the model needs {} {}", ckpt.path.string(), name,
-                              dtype_name(saved.dtype()), saved.shape().str(), dtype_name(t.dtype()), t.shape().str()));
+      throw Error(fmt::format("'{}': optimizer state '{}' is {} {}, but the model needs {} {}", ckpt.path.string(),
+                              name, dtype_name(saved.dtype()), saved.shape().str(), dtype_name(t.dtype()),
+                              t.shape().str()));
     }
     if (const int64_t at = first_non_finite(saved); at >= 0) {
-      throw Error(fmt::format("'{}': optimizer state '{}' holds a NaN or infinity at element {}: the run that saved it "
-                              "had diverged (resume from an earlier checkpoint)", ckpt.path.string(), name, at));
+      throw Error(
+          fmt::format("'{}': optimizer state '{}' holds a NaN or infinity at element {}: the run that saved it "
+                      "had diverged (resume from an earlier checkpoint)",
+                      ckpt.path.string(), name, at));
     }
     Tensor dst = t;
     dst.copy_(saved);

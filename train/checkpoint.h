@@ -1,13 +1,15 @@
 // Checkpoints: one .safetensors file holding the model's weights under nanoGPT's names, the optimizer's
-// state under "optimizer.<param>.exp_avg" / ".exp_avg_sq" (AdamW) or ".momentum_buffer" (Muon), and metadata: the model config, the vocabulary
+// state under "optimizer.<param>.exp_avg" / ".exp_avg_sq" (AdamW) or ".momentum_buffer" (Muon), and metadata: the model
+// config, the vocabulary
 // ("vocab": the characters; or "tokenizer": a byte-level BPE's tokenizer.json),
 // the iteration, the best validation loss, the random generators' states and the run's training flags.
 // A run directory keeps ckpt_latest.safetensors and ckpt_best.safetensors.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <limits>
-#include <nlohmann/json.hpp>
 
 #include "../autograd/random.h"
 #include "../data/tokenizer.h"
@@ -30,7 +32,7 @@ struct LoraBase {
 
 /// Everything beyond the weights that a resumed run needs.
 struct TrainState {
-  int64_t iter = 0;  // iterations completed
+  int64_t iter = 0;          // iterations completed
   double train_seconds = 0;  // time spent in those iterations' steps (what --time-budget counts)
   double best_val_loss = std::numeric_limits<double>::infinity();
   Generator::State sampler_rng{};  // the training batch sampler
@@ -46,7 +48,7 @@ struct Checkpoint {
   TrainState state;
   int64_t optimizer_step = 0;
   std::string optimizer = "adamw";  // its --optimizer ("adamw" in checkpoints from before Muon); "none": weights only
-  Numerics numerics;  // what the model computed with in training (eval and sample use it unless told otherwise)
+  Numerics numerics;    // what the model computed with in training (eval and sample use it unless told otherwise)
   std::string storage;  // its activations' storage, "f32" or "bf16"; "" in checkpoints from before it was recorded
   safetensors::Contents contents;
   nn::LoraConfig merged_lora;  // LoRA adapters merge_lora merged into the weights (read with LoraLoad::Merged)

@@ -14,41 +14,30 @@
 #include <fstream>
 #include <limits>
 
-#include "data/corpus.h"
 #include "data/conversations.h"
+#include "data/corpus.h"
 #include "data/documents.h"
 #include "kernels/env.h"
-#include "train/training_data.h"
 #include "train/checkpoint.h"
 #include "train/cli_chat.h"
+#include "train/cli_inspect.h"
 #include "train/cli_serve.h"
 #include "train/cli_tokenizer.h"
 #include "train/cli_train.h"
 #include "train/comm.h"
 #include "train/export.h"
+#include "train/generate.h"
 #include "train/gguf.h"
 #include "train/import_gguf.h"
 #include "train/import_hf.h"
-#include "train/generate.h"
 #include "train/memory.h"
 #include "train/plots.h"
+#include "train/run_dir.h"
 #include "train/speed.h"
 #include "train/trainer.h"
+#include "train/training_data.h"
 
 namespace tinygpt {
-
-Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
-  Numerics n = checkpoint;
-  if (!dtype.empty()) n.bf16 = dtype == "bf16";
-  if (tf32) n.tf32 = *tf32;
-  // --dtype or --tf32 / --no-tf32 given: attention's default follows them, unless --attention-math says otherwise.
-  if (!dtype.empty() || tf32) n.attention = default_attention_math(n.bf16, n.tf32, device == Device::CUDA);
-  if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
-  n.bf16_storage = bf16_storage_of(storage, n.bf16, device);
-  n.flash = env::flash_variants();
-  n.lt_epilogues = env::lt_epilogues();
-  return n;
-}
 
 namespace fs = std::filesystem;
 
@@ -64,7 +53,8 @@ struct ScratchDir {
   fs::path path;
   ScratchDir() {
     std::string templ = (fs::temp_directory_path() / "tinygpt-XXXXXX").string();
-    if (::mkdtemp(templ.data()) == nullptr) throw Error(fmt::format("cannot make a scratch directory under {}", fs::temp_directory_path().string()));
+    if (::mkdtemp(templ.data()) == nullptr)
+      throw Error(fmt::format("cannot make a scratch directory under {}", fs::temp_directory_path().string()));
     path = templ;
   }
   ~ScratchDir() {
@@ -104,44 +94,9 @@ class HelpFormatter : public CLI::Formatter {
   }
 };
 
-
-
-/// The ids of a flag's text; throws naming the flag and the first character outside a character vocabulary.
-std::vector<int32_t> encode_flag_text(const data::Tokenizer& tok, const std::string& text, const char* flag) {
-  const std::vector<uint32_t> ids = tok.encode_prompt(text, flag);
-  return {ids.begin(), ids.end()};
-}
-
-/// The position scheme and attention options of a model, for `info`: "relative positions (m = 16), window 64".
-std::string describe_attention(const nn::GPTConfig& c) {
-  std::string s = c.pos == nn::Positions::Rope      ? "RoPE"
-                  : c.pos == nn::Positions::Relative ? fmt::format("relative positions (clipped at {})", c.max_relative_position)
-                  : c.pos == nn::Positions::Alibi   ? "ALiBi"
-                  : c.pos == nn::Positions::T5      ? "T5 relative bias"
-                  : c.pos == nn::Positions::None    ? "no positions"
-                                                    : "learned positions";
-  if (c.window > 0) s += fmt::format(", window {}", c.window);
-  if (c.attn_softcap > 0) s += fmt::format(", soft-cap {}", c.attn_softcap);
-  if (!c.doc_separator.empty()) s += ", documents";
-  if (c.mlp == nn::MlpKind::Relu2) s += ", relu^2 MLP";
-  if (c.mlp == nn::MlpKind::SwiGLU) s += fmt::format(", SwiGLU MLP ({} wide)", c.ffn_width());
-  if (c.mlp != nn::MlpKind::SwiGLU && c.ffn_hidden > 0) s += fmt::format(", MLP {} wide", c.ffn_hidden);
-  if (c.norm == nn::NormKind::RMSNorm) s += fmt::format(", RMSNorm (eps {:g})", c.norm_eps);
-  if (c.pos == nn::Positions::Rope && c.rope_theta != 10000.0) s += fmt::format(", RoPE theta {:g}", c.rope_theta);
-  if (c.pos == nn::Positions::Rope && c.rope_scaling.factor != 1.0) {
-    s += fmt::format(" scaled as Llama 3's (factor {:g} from a context of {:g})", c.rope_scaling.factor,
-                     c.rope_scaling.original_context);
-  }
-  if (c.qkv_bias && !c.bias) s += ", q/k/v biases";
-  if (c.logit_softcap > 0) s += fmt::format(", logits soft-capped at {}", c.logit_softcap);
-  if (c.zero_init_proj) s += ", output projections initialized to zero";
-  if (c.untied_head) s += ", untied head";
-  if (c.qk_norm) s += ", QK-norm";
-  return s;
-}
-
 void add_sample_options(CLI::App* cmd, SampleArgs& a) {
-  cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
+  cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+      ->required();
   cmd->add_option("--prompt", a.prompt, "Text to continue (printed first)")->capture_default_str();
   cmd->add_option("--max-new-tokens", a.gen.max_new_tokens, "Tokens to generate per sample")->capture_default_str();
   cmd->add_option("--temperature", a.gen.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
@@ -154,122 +109,26 @@ void add_sample_options(CLI::App* cmd, SampleArgs& a) {
 }
 
 void add_eval_options(CLI::App* cmd, EvalArgs& a) {
-  cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
-  cmd->add_option("--data", a.data, "Text files, directories or globs, repeatable (a character model needs its characters "
-                  "to be in the vocabulary; a BPE takes any text)")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--chat-data", a.chat_data, "Instead of --data: JSON lines of conversations, repeatable; prints the "
+  cmd->add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+      ->required();
+  cmd->add_option("--data", a.data,
+                  "Text files, directories or globs, repeatable (a character model needs its characters "
+                  "to be in the vocabulary; a BPE takes any text)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--chat-data", a.chat_data,
+                  "Instead of --data: JSON lines of conversations, repeatable; prints the "
                   "loss on the assistants' tokens (their replies and ends of turn) over them all")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--chat-template", a.chat_template, "With --chat-data: chatml, llama3 or a Jinja file (default: the "
+  cmd->add_option("--chat-template", a.chat_template,
+                  "With --chat-data: chatml, llama3 or a Jinja file (default: the "
                   "model's own, else chatml)");
   cmd->add_option("--batch-size", a.batch_size, "Sequences per batch")->capture_default_str();
   cmd->add_option("--eval-iters", a.eval_iters, "Batches per split")->capture_default_str();
-  cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")->capture_default_str();
+  cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")
+      ->capture_default_str();
   cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   add_numerics_flags(cmd, a.numerics);
-}
-
-void run_info(const std::string& path) {
-  const Checkpoint ckpt = load_checkpoint(path);
-  int64_t params = 0, positions = 0;  // counted from the saved weights (the optimizer's moments left out)
-  for (const auto& [name, t] : ckpt.contents.tensors) {
-    if (name.rfind("optimizer.", 0) == 0) continue;
-    params += t.numel();
-    if (name == "transformer.wpe.weight") positions = t.numel();
-  }
-  const auto& c = ckpt.config;
-  fmt::print("checkpoint     {}\n", ckpt.path.string());
-  fmt::print("model          {} layers, {} heads ({} key/value{}), {} wide, block {}, vocabulary {} ({}), bias {}, {}\n",
-             c.n_layer, c.n_head, c.n_kv_head > 0 ? c.n_kv_head : c.n_head,
-             c.head_dim > 0 ? fmt::format("; {} wide each", c.head_dim) : "", c.n_embd, c.block_size, c.vocab_size,
-             ckpt.tokenizer.vocab_size() < c.vocab_size
-                 ? fmt::format("{}, {} tokens and {} rows of padding", ckpt.tokenizer.kind(), ckpt.tokenizer.vocab_size(),
-                               c.vocab_size - ckpt.tokenizer.vocab_size())
-                 : ckpt.tokenizer.kind(),
-             c.bias ? "on" : "off", describe_attention(c));
-  if (positions > 0) {
-    fmt::print("parameters     {} ({:.2f}M without the position table)\n", params, double(params - positions) / 1e6);
-  } else {
-    fmt::print("parameters     {} ({:.2f}M)\n", params, double(params) / 1e6);
-  }
-  if (ckpt.merged_lora.enabled()) {
-    const nn::LoraConfig& l = ckpt.merged_lora;
-    fmt::print("LoRA           rank {}, alpha {:g}, on {}: the file holds the adapters, merged here into the base {}\n",
-               l.rank, l.alpha, nn::lora_targets_name(l.targets), ckpt.state.lora_base.path);
-  }
-  fmt::print("iteration      {}\n", ckpt.state.iter);
-  fmt::print("best val loss  {:.4f}\n", ckpt.state.best_val_loss);
-  fmt::print("numerics       {}, {} attention operands; on the GPU: {} matmuls\n",
-             ckpt.numerics.bf16 ? "bf16 matmul operands (--dtype bf16)" : "fp32",
-             attention_math_name(ckpt.numerics.attention), matmul_math_name(ckpt.numerics.matmul()));
-  const nlohmann::json& flags = ckpt.state.train_config;
-  const int64_t batch = flags.is_object() && flags.contains("batch_size") && flags["batch_size"].is_number_integer()
-                            ? flags["batch_size"].get<int64_t>()
-                            : 64;
-  // As training on this machine's CPU would store activations: the run's --storage, else the CPU's default for its
-  // --dtype (bf16 with --dtype bf16 on AMX; older checkpoints recorded no --storage; a GPU run that took the GPU's
-  // default recorded none either, so its figure is the CPU's).
-  const std::string storage = flags.is_object() ? flags.value("storage", std::string()) : std::string();
-  bool storage_bf16 = false;
-  try {
-    storage_bf16 = bf16_storage_of(storage, ckpt.numerics.bf16, Device::CPU);
-  } catch (const Error&) {  // a value this version does not know: count f32
-  }
-  fmt::print("memory         training at batch {}: about {}; sampling: about {}\n", batch,
-             describe(training_memory(c, batch, ckpt.optimizer == "muon", storage_bf16)),
-             describe(inference_memory(c, 1)));
-  fmt::print("optimizer      {}\n", ckpt.optimizer_step > 0 ? fmt::format("{}, {} steps", ckpt.optimizer == "muon" ? "Muon and AdamW" : "AdamW", ckpt.optimizer_step) : "none saved");
-  const fs::path metrics = ckpt.path.parent_path() / "metrics.jsonl";
-  // Lines that do not hold an evaluation's numbers (damaged, or cut by a full disk) are passed over.
-  std::error_code ec;
-  std::ifstream in;
-  if (fs::is_regular_file(metrics, ec)) in.open(metrics);
-  nlohmann::json last_eval;
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("iter") && j["iter"].is_number_integer() && j.contains("val_loss") &&
-        j["val_loss"].is_number() && j.contains("train_loss") && j["train_loss"].is_number()) {
-      last_eval = j;
-    }
-  }
-  if (!last_eval.is_null()) {
-    fmt::print("last eval      iteration {}: train loss {:.4f}, val loss {:.4f}{}\n", last_eval["iter"].get<int64_t>(),
-               last_eval["train_loss"].get<double>(), last_eval["val_loss"].get<double>(),
-               last_eval.contains("val_bpb") && last_eval["val_bpb"].is_number()
-                   ? fmt::format(" ({:.4f} bits per byte)", last_eval["val_bpb"].get<double>())
-                   : "");
-  }
-  fmt::print("training flags {}\n", ckpt.state.train_config.dump());
-}
-
-void run_attention(const AttentionArgs& a) {
-  const Checkpoint ckpt = load_checkpoint(a.ckpt);
-  const auto model = model_from(ckpt);
-  if (a.text.empty()) throw Error("--text is empty: give the text to look at");
-  const std::vector<int32_t> ids = encode_flag_text(ckpt.tokenizer, a.text, "--text");
-  if (int64_t(ids.size()) > ckpt.config.block_size) {
-    throw Error(fmt::format("--text is {} tokens, more than the model's block size {}", ids.size(), ckpt.config.block_size));
-  }
-  std::vector<std::string> tokens;
-  for (const int32_t id : ids) tokens.push_back(ckpt.tokenizer.token_bytes(uint32_t(id)));
-  const Tensor w = model->attention_weights(from_vector(ids, {1, int64_t(ids.size())}), a.layer);  // (1, NH, T, T)
-  std::vector<int64_t> heads = a.heads;
-  if (heads.empty()) {
-    for (int64_t h = 0; h < ckpt.config.n_head; ++h) heads.push_back(h);
-  }
-  data::write_text_file(a.out, attention_svg(reshape(w, {w.size(1), w.size(2), w.size(3)}), tokens, a.layer, heads));
-  fmt::print(stderr, "wrote {} (layer {}, {} head{})\n", a.out, a.layer, heads.size(), heads.size() == 1 ? "" : "s");
-}
-
-
-
-
-void validate_attention(const AttentionArgs& a) {
-  if (a.layer < 0) throw Error(fmt::format("--layer must not be negative, got {}", a.layer));
-  for (const int64_t h : a.heads) {
-    if (h < 0) throw Error(fmt::format("--head must not be negative, got {}", h));
-  }
 }
 
 /// "error: WHAT" on stderr, whatever stderr is (a closed pipe there is not worth an abort).
@@ -297,7 +156,8 @@ void check_number_flags(const CLI::App& app) {
         }
       } else if (type.rfind("FLOAT", 0) == 0) {
         const double x = std::strtod(s, &end);
-        if (end != s && !std::isfinite(x)) throw UsageError(fmt::format("{}: {} is not a finite number", opt->get_name(), v));
+        if (end != s && !std::isfinite(x))
+          throw UsageError(fmt::format("{}: {} is not a finite number", opt->get_name(), v));
       }
     }
   }
@@ -306,9 +166,11 @@ void check_number_flags(const CLI::App& app) {
 
 void validate_sample(const SampleArgs& a) {
   validate_numerics(a.numerics, a.device);
-  if (a.gen.max_new_tokens < 0) throw Error(fmt::format("--max-new-tokens must not be negative, got {}", a.gen.max_new_tokens));
+  if (a.gen.max_new_tokens < 0)
+    throw Error(fmt::format("--max-new-tokens must not be negative, got {}", a.gen.max_new_tokens));
   if (a.num_samples <= 0) throw Error(fmt::format("--num-samples must be positive, got {}", a.num_samples));
-  if (!(a.gen.temperature >= 0)) throw Error(fmt::format("--temperature must not be negative, got {}", a.gen.temperature));
+  if (!(a.gen.temperature >= 0))
+    throw Error(fmt::format("--temperature must not be negative, got {}", a.gen.temperature));
   if (a.gen.top_k < 0) throw Error(fmt::format("--top-k must not be negative, got {}", a.gen.top_k));
 }
 
@@ -322,10 +184,14 @@ void run_sample(const SampleArgs& a) {
   const int64_t context = a.gen.kv_cache ? int64_t(ids.size()) + a.gen.max_new_tokens : 0;
   const auto model = model_from(ckpt, device, 1, a.numerics, context);
   const Numerics& n = model->numerics();
-  fmt::print(stderr, "sampling from {} (iteration {}, val loss {:.4f}), {} cache; decoding with {} weights and "
-             "activations, {} products\n", ckpt.path.string(), ckpt.state.iter, ckpt.state.best_val_loss,
-             a.gen.kv_cache ? "with KV" : "without KV", n.bf16_storage ? "bf16" : "f32",
-             n.bf16 ? "bf16" : n.tf32 ? "tf32" : "f32");
+  fmt::print(stderr,
+             "sampling from {} (iteration {}, val loss {:.4f}), {} cache; decoding with {} weights and "
+             "activations, {} products\n",
+             ckpt.path.string(), ckpt.state.iter, ckpt.state.best_val_loss, a.gen.kv_cache ? "with KV" : "without KV",
+             n.bf16_storage ? "bf16" : "f32",
+             n.bf16   ? "bf16"
+             : n.tf32 ? "tf32"
+                      : "f32");
   Generator gen(a.seed);
   GenerateOptions options = a.gen;
   options.vocab = ckpt.tokenizer.vocab_size();  // a vocabulary padded past the tokenizer: the padding is never drawn
@@ -335,7 +201,8 @@ void run_sample(const SampleArgs& a) {
     fmt::print("{}", a.prompt);
     generate(*model, ids, options, gen, [&](int32_t id) {
       const std::string bytes = ckpt.tokenizer.token_bytes(uint32_t(id));
-      std::fwrite(bytes.data(), 1, bytes.size(), stdout);  // a BPE token may hold part of a character: bytes as they come
+      std::fwrite(bytes.data(), 1, bytes.size(),
+                  stdout);  // a BPE token may hold part of a character: bytes as they come
       std::fflush(stdout);
     });
   }
@@ -344,6 +211,28 @@ void run_sample(const SampleArgs& a) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print(stderr, "{} tokens in {:.3f}s ({:.0f} tokens/s)\n", a.gen.max_new_tokens * a.num_samples, secs,
              double(a.gen.max_new_tokens * a.num_samples) / secs);
+}
+
+void add_export_options(CLI::App& c, ExportArgs& a) {
+  c.add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+      ->required();
+  c.add_option("--format", a.format, "Format to write")->capture_default_str()->check(CLI::IsMember({"hf", "gguf"}));
+  c.add_option("--out", a.out,
+               "hf: the directory to write (created; its config, weight and tokenizer "
+               "files are overwritten); gguf: the file")
+      ->required();
+  c.add_option("--type", a.type,
+               "gguf: the weight matrices' type, f32, f16, bf16 or q8_0 (default f32; "
+               "norms and biases stay f32)");
+}
+
+void add_import_options(CLI::App& c, ImportArgs& a) {
+  c.add_option("--format", a.format, "Format to read")->capture_default_str()->check(CLI::IsMember({"hf", "gguf"}));
+  c.add_option("--from", a.from,
+               "hf: the model directory (config.json, model.safetensors or its "
+               "shards, tokenizer.json); gguf: the .gguf file")
+      ->required();
+  c.add_option("--out", a.out, "Run directory to write (its ckpt_latest.safetensors)")->required();
 }
 
 void validate_export(const ExportArgs& a) {
@@ -364,9 +253,10 @@ void run_export_gguf(const ExportArgs& a) {
   GgufType type = GgufType::F32;
   if (!a.type.empty()) parse_gguf_type(a.type, type);
   const GgufWritten w = export_gguf(ckpt, a.out, type);
-  fmt::print(stderr, "wrote {} (GGUF v3, llama.cpp's {} architecture, {} tensors, {:.1f} MiB, weight matrices {}{}, from "
-             "{}); run it with llama.cpp (llama-cli -m {}) or ollama\n", a.out, w.architecture, w.tensors,
-             double(w.bytes) / (1 << 20), gguf_type_name(type),
+  fmt::print(stderr,
+             "wrote {} (GGUF v3, llama.cpp's {} architecture, {} tensors, {:.1f} MiB, weight matrices {}{}, from "
+             "{}); run it with llama.cpp (llama-cli -m {}) or ollama\n",
+             a.out, w.architecture, w.tensors, double(w.bytes) / (1 << 20), gguf_type_name(type),
              w.as_f16 > 0 ? fmt::format(", {} of them f16 (rows not a multiple of 32)", w.as_f16) : "",
              ckpt.path.string(), a.out);
 }
@@ -375,20 +265,24 @@ void run_export(const ExportArgs& a) {
   if (a.format == "gguf") return run_export_gguf(a);
   const Checkpoint ckpt = load_checkpoint(a.ckpt);
   export_hf(ckpt, a.out);
-  fmt::print(stderr, "wrote {} ({} and tokenizer, from {}); load it with transformers' "
-             "AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained\n", a.out,
-             hf_architecture(ckpt.config), ckpt.path.string());
+  fmt::print(stderr,
+             "wrote {} ({} and tokenizer, from {}); load it with transformers' "
+             "AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained\n",
+             a.out, hf_architecture(ckpt.config), ckpt.path.string());
 }
 
 void run_import(const ImportArgs& a) {
   const fs::path path = a.format == "gguf" ? import_gguf(a.from, a.out) : import_hf(a.from, a.out);
-  fmt::print(stderr, "wrote {} from {}; sample with `tinygpt sample --ckpt {}`, fine-tune with `tinygpt train "
-             "--init-from {} --data ...`\n", path.string(), a.from, a.out, a.out);
+  fmt::print(stderr,
+             "wrote {} from {}; sample with `tinygpt sample --ckpt {}`, fine-tune with `tinygpt train "
+             "--init-from {} --data ...`\n",
+             path.string(), a.from, a.out, a.out);
 }
 
 void validate_eval(const EvalArgs& a) {
   validate_numerics(a.numerics, a.device);
-  if (a.data.empty() == a.chat_data.empty()) throw Error("eval reads --data (text) or --chat-data (conversations): give one");
+  if (a.data.empty() == a.chat_data.empty())
+    throw Error("eval reads --data (text) or --chat-data (conversations): give one");
   if (!a.chat_template.empty() && a.chat_data.empty()) throw Error("--chat-template is for --chat-data");
   if (a.batch_size <= 0 || a.eval_iters <= 0) throw Error("--batch-size and --eval-iters must be positive");
   if (!(a.train_fraction > 0 && a.train_fraction < 1)) {
@@ -422,7 +316,8 @@ void run_eval(const EvalArgs& a) {
   check_numerics_over(a.numerics, ckpt, device);
   const auto model = model_from(ckpt, device, a.batch_size, a.numerics);
   if (!a.chat_data.empty()) return run_eval_chat(a, ckpt, *model);
-  const data::FileList files = data::list_text_files(a.data, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
+  const data::FileList files =
+      data::list_text_files(a.data, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
   data::TokenData tokens;
   data::Split split;
   std::optional<ScratchDir> scratch;
@@ -446,16 +341,28 @@ void run_eval(const EvalArgs& a) {
 
 }  // namespace
 
+/// The ids of a flag's text; throws naming the flag and the first character outside a character vocabulary.
+std::vector<int32_t> encode_flag_text(const data::Tokenizer& tok, const std::string& text, const char* flag) {
+  const std::vector<uint32_t> ids = tok.encode_prompt(text, flag);
+  return {ids.begin(), ids.end()};
+}
+
 void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
-  cmd->add_option("--dtype", n.dtype, "fp32, or bf16: matmul operands (on the GPU and on CPUs with a bf16 unit also flash "
-                  "attention's) rounded to bf16 (default: as the checkpoint was trained)")->check(CLI::IsMember({"fp32", "bf16"}));
-  cmd->add_flag_callback("--tf32", [&n] { n.tf32 = true; },
-                         "On the GPU, TF32 tensor cores for f32 matmuls (default: as the checkpoint was trained)");
-  cmd->add_flag_callback("--no-tf32", [&n] { n.tf32 = false; }, "On the GPU, full f32 matmuls");
-  cmd->add_option("--attention-math", n.attention_math,
-                  "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
-                  "as --dtype's and --tf32's default)");
-  cmd->add_option("--storage", n.storage, "Activations stored in f32 or bf16 (bf16 needs bf16 products; default: bf16 with them on "
+  cmd->add_option("--dtype", n.dtype,
+                  "fp32, or bf16: matmul operands (on the GPU and on CPUs with a bf16 unit also flash "
+                  "attention's) rounded to bf16 (default: as the checkpoint was trained)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_flag_callback(
+      "--tf32", [&n] { n.tf32 = true; },
+      "On the GPU, TF32 tensor cores for f32 matmuls (default: as the checkpoint was trained)");
+  cmd->add_flag_callback(
+      "--no-tf32", [&n] { n.tf32 = false; }, "On the GPU, full f32 matmuls");
+  cmd->add_option(
+      "--attention-math", n.attention_math,
+      "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
+      "as --dtype's and --tf32's default)");
+  cmd->add_option("--storage", n.storage,
+                  "Activations stored in f32 or bf16 (bf16 needs bf16 products; default: bf16 with them on "
                   "the GPU and on CPUs with a bf16 unit, else f32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
 }
@@ -464,8 +371,8 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
 /// `context` tokens (0: the block size).
 std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device, int64_t batch_size,
                                     const NumericsFlags& numerics, int64_t context) {
-  require_memory(inference_memory(ckpt.config, batch_size, context), device, fmt::format("running {}", ckpt.path.string()),
-                 "use a machine with more memory");
+  require_memory(inference_memory(ckpt.config, batch_size, context), device,
+                 fmt::format("running {}", ckpt.path.string()), "use a machine with more memory");
   Generator gen = Generator::for_loading();  // the weights are loaded next
   auto model = std::make_unique<nn::GPT>(ckpt.config, gen);
   load_weights(*model, ckpt);
@@ -483,7 +390,8 @@ void validate_numerics(const NumericsFlags& n, const std::string& device) {
   if (!n.storage.empty() && n.storage != "f32" && n.storage != "bf16") {
     throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", n.storage));
   }
-  if (n.storage == "bf16" && n.dtype == "fp32") throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");
+  if (n.storage == "bf16" && n.dtype == "fp32")
+    throw Error("--storage bf16 needs --dtype bf16 (bf16 activations feed bf16 products)");
 }
 
 /// The flags' numerics over the checkpoint's, where a contradiction only the checkpoint reveals (--storage bf16 over
@@ -498,34 +406,46 @@ void check_numerics_over(const NumericsFlags& n, const Checkpoint& ckpt, Device 
 
 Cli::Cli() {
   app.formatter(std::make_shared<HelpFormatter>());
-  app.footer("Exit status: 0 done, 1 error (bad data, checkpoint, file or device), 2 usage error (unknown flag, bad or "
-             "contradictory value), 130 stopped by a signal (the latest checkpoint saved).");
+  app.footer(
+      "Exit status: 0 done, 1 error (bad data, checkpoint, file or device), 2 usage error (unknown flag, bad or "
+      "contradictory value), 130 stopped by a signal (the latest checkpoint saved).");
   app.require_subcommand(1);
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last one wins
   app.set_version_flag("--version", "tinygpt " TINYGPT_VERSION);
-  app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  const auto done = [](auto f) { return [f] { f(); return 0; }; };  // a run that ends in 0 unless it throws
+  app.add_option("--threads", threads, "OpenMP threads (0: all cores)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  const auto done = [](auto f) {
+    return [f] {
+      f();
+      return 0;
+    };
+  };  // a run that ends in 0 unless it throws
   commands = {
       {"train", "Train a GPT on text files, over characters or a byte-level BPE (nanoGPT's shakespeare_char defaults)",
        [this](CLI::App& c) { add_train_options(c, train_config); }, [this] { train_config.validate(); },
        [this] { return run_train(train_config); }},
-      {"sft", "Fine-tune a model on conversations (JSON lines of OpenAI's messages or ShareGPT's), the loss on the "
-              "assistant's replies only (the train flags apply; --init-from is required)",
+      {"sft",
+       "Fine-tune a model on conversations (JSON lines of OpenAI's messages or ShareGPT's), the loss on the "
+       "assistant's replies only (the train flags apply; --init-from is required)",
        [this](CLI::App& c) {
          add_train_options(c, sft_config);
-         c.add_option("--chat-template", sft_config.chat_template, "chatml, llama3 or a Jinja file (default: the "
+         c.add_option("--chat-template", sft_config.chat_template,
+                      "chatml, llama3 or a Jinja file (default: the "
                       "model's own, else chatml)");
        },
        [this] { sft_config.validate(); }, [this] { return run_train(sft_config); }},
       {"sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)",
        [this](CLI::App& c) { add_sample_options(&c, sample_args); }, [this] { validate_sample(sample_args); },
        done([this] { run_sample(sample_args); })},
-      {"chat", "Talk to a model: a conversation on a terminal, or the replies to --message turns (rendered with its "
-               "chat template; --render-only prints the prompt)",
+      {"chat",
+       "Talk to a model: a conversation on a terminal, or the replies to --message turns (rendered with its "
+       "chat template; --render-only prints the prompt)",
        [this](CLI::App& c) { add_chat_options(c, chat_args); }, [this] { validate_chat(chat_args); },
        done([this] { run_chat(chat_args); })},
-      {"serve", "Serve a model over HTTP with the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, "
-                "streaming) and a chat page at /",
+      {"serve",
+       "Serve a model over HTTP with the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, "
+       "streaming) and a chat page at /",
        [this](CLI::App& c) { add_serve_options(c, serve_args); }, [this] { validate_serve(serve_args); },
        done([this] { run_serve(serve_args); })},
       {"eval", "Print a checkpoint's mean loss and bits per byte on the train and val splits of text files",
@@ -536,54 +456,22 @@ Cli::Cli() {
        [this] { validate_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args); },
        done([this] { run_tokenizer(*app.get_subcommand("tokenizer"), tokenizer_args); })},
       {"plot", "Draw a run's train and val loss curves as an SVG",
-       [this](CLI::App& c) {
-         c.add_option("--run", plot_run, "Run directory (its metrics.jsonl)")->required();
-         c.add_option("--out", plot_out, "SVG file to write")->capture_default_str();
-       },
-       [] {},
-       done([this] {
-         data::write_text_file(plot_out, loss_curves_svg(fs::path(plot_run) / "metrics.jsonl"));
-         fmt::print(stderr, "wrote {}\n", plot_out);
-       })},
+       [this](CLI::App& c) { add_plot_options(c, plot_args); }, [] {}, done([this] { run_plot(plot_args); })},
       {"attention", "Draw a layer's attention weights over a text, per head, as an SVG",
-       [this](CLI::App& c) {
-         c.add_option("--ckpt", attention_args.ckpt, "Checkpoint file, or a run directory")->required();
-         c.add_option("--text", attention_args.text, "Characters to run through the model (at most block_size)")->required();
-         c.add_option("--layer", attention_args.layer, "Block whose attention to draw (0 = first)")->capture_default_str();
-         c.add_option("--head", attention_args.heads, "Head(s) to draw, repeatable (default: all)")
-             ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-         c.add_option("--out", attention_args.out, "SVG file to write")->capture_default_str();
-       },
+       [this](CLI::App& c) { add_attention_options(c, attention_args); },
        [this] { validate_attention(attention_args); }, done([this] { run_attention(attention_args); })},
-      {"export", "Write a checkpoint in another library's format (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM "
-                 "or Qwen2ForCausalLM directory with its tokenizer; gguf: one file llama.cpp and ollama run)",
-       [this](CLI::App& c) {
-         c.add_option("--ckpt", export_args.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
-             ->required();
-         c.add_option("--format", export_args.format, "Format to write")->capture_default_str()->check(
-             CLI::IsMember({"hf", "gguf"}));
-         c.add_option("--out", export_args.out, "hf: the directory to write (created; its config, weight and tokenizer "
-                                                "files are overwritten); gguf: the file")->required();
-         c.add_option("--type", export_args.type, "gguf: the weight matrices' type, f32, f16, bf16 or q8_0 (default f32; "
-                                                  "norms and biases stay f32)");
-       },
-       [this] { validate_export(export_args); }, done([this] { run_export(export_args); })},
-      {"import", "Read another library's model as a tinygpt run (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM or "
-                 "Qwen2ForCausalLM directory with its byte-level BPE tokenizer.json; gguf: a llama.cpp file of the "
-                 "llama, qwen2 or gpt2 architecture, f32, f16, bf16 or quantized as Q8_0, Q4_0 or Q4_K_M)",
-       [this](CLI::App& c) {
-         c.add_option("--format", import_args.format, "Format to read")->capture_default_str()->check(CLI::IsMember({"hf", "gguf"}));
-         c.add_option("--from", import_args.from, "hf: the model directory (config.json, model.safetensors or its "
-                      "shards, tokenizer.json); gguf: the .gguf file")->required();
-         c.add_option("--out", import_args.out, "Run directory to write (its ckpt_latest.safetensors)")->required();
-       },
-       [] {}, done([this] { run_import(import_args); })},
+      {"export",
+       "Write a checkpoint in another library's format (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM "
+       "or Qwen2ForCausalLM directory with its tokenizer; gguf: one file llama.cpp and ollama run)",
+       [this](CLI::App& c) { add_export_options(c, export_args); }, [this] { validate_export(export_args); },
+       done([this] { run_export(export_args); })},
+      {"import",
+       "Read another library's model as a tinygpt run (hf: a Hugging Face GPT2LMHeadModel, LlamaForCausalLM or "
+       "Qwen2ForCausalLM directory with its byte-level BPE tokenizer.json; gguf: a llama.cpp file of the "
+       "llama, qwen2 or gpt2 architecture, f32, f16, bf16 or quantized as Q8_0, Q4_0 or Q4_K_M)",
+       [this](CLI::App& c) { add_import_options(c, import_args); }, [] {}, done([this] { run_import(import_args); })},
       {"info", "Print a checkpoint's model, parameter count, iteration and losses",
-       [this](CLI::App& c) {
-         c.add_option("--ckpt", info_ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
-             ->required();
-       },
-       [] {}, done([this] { run_info(info_ckpt); })},
+       [this](CLI::App& c) { add_info_options(c, info_ckpt); }, [] {}, done([this] { run_info(info_ckpt); })},
   };
   for (const Command& c : commands) c.options(*app.add_subcommand(c.name, c.help));
   // The global options (declared on `app` above, and only there) in every position: after any subcommand and any
@@ -664,7 +552,8 @@ int Cli::run() {
   const bool flushed = std::fflush(stdout) == 0;
   const int err = errno;
   if (!flushed || std::ferror(stdout)) {
-    print_error(fmt::format("cannot write the output to stdout{}", err != 0 ? ": " + std::string(std::strerror(err)) : ""));
+    print_error(
+        fmt::format("cannot write the output to stdout{}", err != 0 ? ": " + std::string(std::strerror(err)) : ""));
     return 1;
   }
   return status;

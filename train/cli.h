@@ -1,6 +1,6 @@
 // The tinygpt command line (CLI11): a table of subcommands (train, sft, sample, chat, serve, eval, tokenizer, plot,
-// attention, export, import, info). main() parses into a Cli and runs it; the fuzzer parses arbitrary arguments into one and validates
-// them without running anything.
+// attention, export, import, info). main() parses into a Cli and runs it; the fuzzer parses arbitrary arguments into
+// one and validates them without running anything.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -20,17 +20,6 @@ namespace tinygpt {
 /// error (exit 2), as it does the values the parser refuses.
 struct UsageError : Error {
   using Error::Error;
-};
-
-/// eval's and sample's --dtype, --tf32/--no-tf32 and --attention-math: unset, the checkpoint's numerics (what
-/// training used).
-struct NumericsFlags {
-  std::string dtype;  // empty: the checkpoint's
-  std::optional<bool> tf32;
-  std::string attention_math;  // empty: the checkpoint's, or with --dtype that dtype's (default_attention_math)
-  std::string storage;         // empty: the default (bf16_storage_of)
-  bool operator==(const NumericsFlags&) const = default;
-  Numerics over(const Numerics& checkpoint, Device device) const;
 };
 
 struct SampleArgs {
@@ -89,6 +78,11 @@ struct AttentionArgs {
   bool operator==(const AttentionArgs&) const = default;
 };
 
+struct PlotArgs {
+  std::string run, out = "loss.svg";
+  bool operator==(const PlotArgs&) const = default;
+};
+
 struct ExportArgs {
   std::string ckpt, format = "hf", out, type;  // type: gguf's weight type (f32 where not given)
   bool operator==(const ExportArgs&) const = default;
@@ -115,6 +109,8 @@ CLI::Option* add_switch(CLI::App* cmd, const std::string& name, bool& value, con
 /// checkpoint's model on a device in eval mode, after checking that it fits with `batch_size` sequences of `context`
 /// tokens (0: the block size).
 void add_numerics_flags(CLI::App* cmd, NumericsFlags& n);
+/// The ids of a flag's text; throws naming the flag and the first character outside a character vocabulary.
+std::vector<int32_t> encode_flag_text(const data::Tokenizer& tok, const std::string& text, const char* flag);
 void validate_numerics(const NumericsFlags& n, const std::string& device);
 void check_numerics_over(const NumericsFlags& n, const Checkpoint& ckpt, Device device);
 std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Device::CPU, int64_t batch_size = 1,
@@ -174,7 +170,8 @@ struct Cli {
   ExportArgs export_args;
   TokenizerArgs tokenizer_args;
   ImportArgs import_args;
-  std::string plot_run, plot_out = "loss.svg", info_ckpt;
+  PlotArgs plot_args;
+  std::string info_ckpt;
   std::vector<Command> commands;  // filled by the constructor, one row per subcommand
 
  private:

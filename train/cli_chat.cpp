@@ -23,7 +23,7 @@ extern "C" void on_chat_interrupt(int) { g_interrupted = true; }
 class InterruptToStop {
  public:
   InterruptToStop() {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = on_chat_interrupt;
     sigemptyset(&sa.sa_mask);  // no SA_RESTART: a read waiting for a line returns at once
     sigaction(SIGINT, &sa, &old_);
@@ -33,7 +33,7 @@ class InterruptToStop {
   InterruptToStop& operator=(const InterruptToStop&) = delete;
 
  private:
-  struct sigaction old_{};
+  struct sigaction old_ {};
 };
 
 /// A line from standard input without its newline; nullopt at the end of the input. An interrupt while waiting
@@ -78,27 +78,35 @@ void say_turn(const ChatSession::Reply& r, int64_t window) {
     fmt::print(stderr, "[dropped the {} oldest message{} to fit the window of {} tokens]\n", r.dropped,
                r.dropped == 1 ? "" : "s", window);
   }
-  if (r.stopped) fmt::print(stderr, "[reply stopped]\n");
-  else if (r.full) fmt::print(stderr, "[reply cut at {} tokens: the window of {} tokens is full]\n", r.tokens, window);
-  else if (!r.ended) fmt::print(stderr, "[reply cut at {} tokens (--max-new-tokens)]\n", r.tokens);
+  if (r.stopped)
+    fmt::print(stderr, "[reply stopped]\n");
+  else if (r.full)
+    fmt::print(stderr, "[reply cut at {} tokens: the window of {} tokens is full]\n", r.tokens, window);
+  else if (!r.ended)
+    fmt::print(stderr, "[reply cut at {} tokens (--max-new-tokens)]\n", r.tokens);
 }
 
 }  // namespace
 
 void add_chat_options(CLI::App& c, ChatArgs& a) {
-  c.add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")->required();
+  c.add_option("--ckpt", a.ckpt, "Checkpoint file, or a run directory (its best checkpoint, else its latest)")
+      ->required();
   c.add_option("--system", a.system, "System prompt (default: none, or what the model's template says)");
-  c.add_option("--message", a.messages, "A user's turn, repeatable: each reply is printed on stdout (no terminal needed)")
+  c.add_option("--message", a.messages,
+               "A user's turn, repeatable: each reply is printed on stdout (no terminal needed)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  c.add_option("--messages", a.messages_file, "JSON file of OpenAI messages ([{\"role\", \"content\"}...]): the "
+  c.add_option("--messages", a.messages_file,
+               "JSON file of OpenAI messages ([{\"role\", \"content\"}...]): the "
                "conversation so far (a reply is drawn to its last user message, or with --render-only it is rendered)");
   c.add_flag("--render-only", a.render_only, "Print the rendered prompt (with the assistant's opening) and exit");
-  c.add_option("--chat-template", a.chat_template, "chatml, llama3, or a Jinja file (default: the model's own, else chatml)");
+  c.add_option("--chat-template", a.chat_template,
+               "chatml, llama3, or a Jinja file (default: the model's own, else chatml)");
   c.add_option("--max-new-tokens", a.gen.max_new_tokens, "Most tokens of a reply")->capture_default_str();
   c.add_option("--temperature", a.gen.temperature, "Softmax temperature (0: greedy)")->capture_default_str();
   c.add_option("--top-k", a.gen.top_k, "Sample among the k most likely tokens (0: all)")->capture_default_str();
   c.add_option("--seed", a.seed, "Random seed (the same seed gives the same replies)")->capture_default_str();
-  c.add_option("--context", a.context, "The conversation's window in tokens, its reply included (default: the block "
+  c.add_option("--context", a.context,
+               "The conversation's window in tokens, its reply included (default: the block "
                "size, at most 4096); the oldest turns are dropped beyond it");
   c.add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   add_numerics_flags(&c, a.numerics);
@@ -106,8 +114,10 @@ void add_chat_options(CLI::App& c, ChatArgs& a) {
 
 void validate_chat(const ChatArgs& a) {
   validate_numerics(a.numerics, a.device);
-  if (a.gen.max_new_tokens <= 0) throw Error(fmt::format("--max-new-tokens must be positive, got {}", a.gen.max_new_tokens));
-  if (!(a.gen.temperature >= 0)) throw Error(fmt::format("--temperature must not be negative, got {}", a.gen.temperature));
+  if (a.gen.max_new_tokens <= 0)
+    throw Error(fmt::format("--max-new-tokens must be positive, got {}", a.gen.max_new_tokens));
+  if (!(a.gen.temperature >= 0))
+    throw Error(fmt::format("--temperature must not be negative, got {}", a.gen.temperature));
   if (a.gen.top_k < 0) throw Error(fmt::format("--top-k must not be negative, got {}", a.gen.top_k));
   if (a.context < 0) throw Error(fmt::format("--context must not be negative, got {}", a.context));
 }
@@ -124,8 +134,8 @@ void run_chat(const ChatArgs& a) {
   }
   const Device device = parse_device(a.device);
   check_numerics_over(a.numerics, ckpt, device);
-  const int64_t window = a.context > 0 ? std::min(a.context, ckpt.config.block_size)
-                                       : std::min<int64_t>(ckpt.config.block_size, 4096);
+  const int64_t window =
+      a.context > 0 ? std::min(a.context, ckpt.config.block_size) : std::min<int64_t>(ckpt.config.block_size, 4096);
   const auto model = model_from(ckpt, device, 1, a.numerics, window);
   ChatSession chat(*model, ckpt.tokenizer, tpl, window, a.gen, a.seed);
   for (const auto& m : history) chat.add(m["role"].get<std::string>(), m["content"].get<std::string>());

@@ -10,9 +10,9 @@
 
 #include "data/bpe.h"
 #include "data/documents.h"
+#include "data/text.h"
 #include "train/checkpoint.h"
 #include "train/console.h"
-#include "data/text.h"
 
 namespace tinygpt {
 
@@ -60,10 +60,12 @@ std::vector<uint32_t> parse_ids(const std::string& text, const data::Tokenizer& 
 void add_tokenizer_options(CLI::App& tokenizer, TokenizerArgs& a) {
   CLI::App* cmd = &tokenizer;
   cmd->require_subcommand(1);
-  CLI::App* train = cmd->add_subcommand("train", "Learn a byte-level BPE (GPT-2's pre-split) from text files and write it as "
+  CLI::App* train = cmd->add_subcommand("train",
+                                        "Learn a byte-level BPE (GPT-2's pre-split) from text files and write it as "
                                         "a Hugging Face tokenizer.json");
   train->add_option("--data", a.data, "Files, directories (walked; text files only) and globs, repeatable")
-      ->required()->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      ->required()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   train->add_option("--vocab-size", a.vocab_size, "Tokens: the 256 bytes, the merges and <|endoftext|> (257 to 65536)")
       ->capture_default_str();
   train->add_option("--out", a.out, "tokenizer.json to write")->required();
@@ -71,7 +73,8 @@ void add_tokenizer_options(CLI::App& tokenizer, TokenizerArgs& a) {
     sub->add_option("--tokenizer", a.tokenizer, "A tokenizer.json file");
     sub->add_option("--ckpt", a.ckpt, "A checkpoint or run directory: its tokenizer (a BPE, or its characters)");
   };
-  CLI::App* encode = cmd->add_subcommand("encode", "Print the ids of --text on one line, or write every --data document's "
+  CLI::App* encode = cmd->add_subcommand("encode",
+                                         "Print the ids of --text on one line, or write every --data document's "
                                          "ids, each followed by <|endoftext|>, to --out as little-endian uint32");
   source(encode);
   encode->add_option("--text", a.text, "Text to encode");
@@ -107,9 +110,9 @@ void run_tokenizer(const CLI::App& app, const TokenizerArgs& a) {
     const data::BpeTokenizer bpe = data::BpeTokenizer::train(counts, {.vocab_size = a.vocab_size, .progress = {}});
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     data::write_text_file(a.out, bpe.to_json());
-    fmt::print(stderr, "learned {} merges in {:.1f}s{}; wrote {} ({} tokens, <|endoftext|> is id {})\n", bpe.merges(), secs,
-               bpe.vocab_size() < a.vocab_size ? " (no pair occurs twice any more: a smaller vocabulary)" : "", a.out,
-               bpe.vocab_size(), bpe.end_of_text());
+    fmt::print(stderr, "learned {} merges in {:.1f}s{}; wrote {} ({} tokens, <|endoftext|> is id {})\n", bpe.merges(),
+               secs, bpe.vocab_size() < a.vocab_size ? " (no pair occurs twice any more: a smaller vocabulary)" : "",
+               a.out, bpe.vocab_size(), bpe.end_of_text());
     return;
   }
   const data::Tokenizer tok = tokenizer_of(a);

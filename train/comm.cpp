@@ -62,7 +62,8 @@ class Mpi final : public Communicator {
     check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
     MPI_Comm node;  // the ranks that share this machine's memory
-    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+          "MPI_Comm_split_type");
     check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
     MPI_Comm_free(&node);
     // The started reductions' two phases each on a communicator of their own: MPI wants collectives in one order on
@@ -105,8 +106,8 @@ class Mpi final : public Communicator {
     p.data = data, p.n = n;
     plan(n, p.plan);
     p.parts.resize(size_t(p.plan.own) * size_t(size_));
-    check(MPI_Ialltoallv(data, p.plan.counts.data(), p.plan.offsets.data(), MPI_FLOAT, p.parts.data(), p.plan.mine.data(),
-                         p.plan.zeros.data(), MPI_FLOAT, scatter_comm_, &p.request),
+    check(MPI_Ialltoallv(data, p.plan.counts.data(), p.plan.offsets.data(), MPI_FLOAT, p.parts.data(),
+                         p.plan.mine.data(), p.plan.zeros.data(), MPI_FLOAT, scatter_comm_, &p.request),
           "MPI_Ialltoallv");
   }
 
@@ -183,7 +184,8 @@ class Mpi final : public Communicator {
       Pending& p = pending_.front();
       int done = 0;
       if (wait) {
-        check(MPI_Wait(&p.request, MPI_STATUS_IGNORE), p.phase == 0 ? "MPI_Wait (Ialltoallv)" : "MPI_Wait (Iallgatherv)");
+        check(MPI_Wait(&p.request, MPI_STATUS_IGNORE),
+              p.phase == 0 ? "MPI_Wait (Ialltoallv)" : "MPI_Wait (Iallgatherv)");
         done = 1;
       } else {
         check(MPI_Test(&p.request, &done, MPI_STATUS_IGNORE), "MPI_Test");
@@ -230,10 +232,11 @@ Communicator& communicator() {
 #if TINYGPT_HAS_MPI
     return std::make_unique<Mpi>();
 #else
-    throw Error(fmt::format("started as one of {} ranks, but this tinygpt was built without MPI, so every rank would "
-                            "train the same thing alone; install libopenmpi-dev and rebuild (scripts/setup.sh, "
-                            "scripts/build.sh), or start one process",
-                            world));
+    throw Error(
+        fmt::format("started as one of {} ranks, but this tinygpt was built without MPI, so every rank would "
+                    "train the same thing alone; install libopenmpi-dev and rebuild (scripts/setup.sh, "
+                    "scripts/build.sh), or start one process",
+                    world));
 #endif
   }();
   return *comm;

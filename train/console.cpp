@@ -16,8 +16,9 @@ extern "C" void on_stop_signal(int sig) {
 
 extern "C" void on_signal_during_pass(int) {
   tinygpt::data::remove_cache_temp_files_now();
-  constexpr char kMsg[] = "\nerror: stopped by a signal while reading the data; the files being written were removed "
-                          "(a previous token cache is kept)\n";
+  constexpr char kMsg[] =
+      "\nerror: stopped by a signal while reading the data; the files being written were removed "
+      "(a previous token cache is kept)\n";
   [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
   _exit(130);
 }
@@ -29,9 +30,10 @@ extern "C" void on_bus_error(int) {
     for (;;) ::pause();
   }
   tinygpt::data::remove_cache_temp_files_now();
-  constexpr char kMsg[] = "\nerror: a mapped file was cut short while it was read (SIGBUS): a data file or the token "
-                          "cache changed under this run; the files being written were removed (a previous token cache "
-                          "is kept); run again once the files stay as they are\n";
+  constexpr char kMsg[] =
+      "\nerror: a mapped file was cut short while it was read (SIGBUS): a data file or the token "
+      "cache changed under this run; the files being written were removed (a previous token cache "
+      "is kept); run again once the files stay as they are\n";
   [[maybe_unused]] const auto n = ::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
   _exit(1);
 }

@@ -22,7 +22,7 @@ extern "C" void on_stop_signal(int sig);
 class SignalHandlers {
  public:
   explicit SignalHandlers(void (*handler)(int)) {
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = handler;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
@@ -36,7 +36,8 @@ class SignalHandlers {
   SignalHandlers& operator=(const SignalHandlers&) = delete;
 
  private:
-  struct sigaction old_int_{}, old_term_{};
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 /// While alive, SIGINT and SIGTERM ask the training loop to stop after the current iteration.
@@ -51,7 +52,8 @@ class StopSignals : SignalHandlers {
 /// cache is kept, and nothing half-written is left (data::remove_cache_temp_files_now).
 extern "C" void on_signal_during_pass(int sig);
 /// For SIGBUS, installed for the whole program (train/main.cpp): a file read through a map (a data file, a token cache)
-/// that another process cuts short faults on the pages past its new end. The temporary files go, one error line, exit 1.
+/// that another process cuts short faults on the pages past its new end. The temporary files go, one error line,
+/// exit 1.
 extern "C" void on_bus_error(int sig);
 class SignalsEndPass : SignalHandlers {
  public:
@@ -73,7 +75,8 @@ class Console {
   }
   void status(int64_t iter, int64_t max_iters, double loss, double tok_per_s, double ms_per_iter) {
     if (quiet_ || !tty_) return;
-    show(fmt::format("{}/{} ({:.0f}%)", iter + 1, max_iters, 100.0 * double(iter + 1) / double(std::max<int64_t>(max_iters, 1))),
+    show(fmt::format("{}/{} ({:.0f}%)", iter + 1, max_iters,
+                     100.0 * double(iter + 1) / double(std::max<int64_t>(max_iters, 1))),
          loss, tok_per_s, double(max_iters - iter - 1) * ms_per_iter / 1e3);
   }
   /// The status line of a run with a time budget: progress and ETA by the budget's seconds.
@@ -95,8 +98,8 @@ class Console {
     if (live_ && now - last_ < std::chrono::milliseconds(100)) return;
     last_ = now;
     const auto eta = int64_t(eta_s);
-    fmt::print(stderr, "\r{}  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", progress, loss, tok_per_s, eta / 3600,
-               eta / 60 % 60, eta % 60);
+    fmt::print(stderr, "\r{}  loss {:.4f}  {:.0f} tok/s  ETA {}:{:02d}:{:02d}\x1b[K", progress, loss, tok_per_s,
+               eta / 3600, eta / 60 % 60, eta % 60);
     live_ = true;
   }
 

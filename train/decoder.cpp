@@ -5,7 +5,9 @@
 namespace tinygpt {
 
 CachedDecoder::CachedDecoder(const nn::GPT& model, const data::Tokenizer& tokenizer, int64_t window)
-    : model_(model), tokenizer_(tokenizer), window_(std::min(window, model.config().block_size)),
+    : model_(model),
+      tokenizer_(tokenizer),
+      window_(std::min(window, model.config().block_size)),
       cache_(model.make_cache(1, window_)) {}
 
 void CachedDecoder::clear() {
@@ -40,8 +42,8 @@ CachedDecoder::Result CachedDecoder::draw(const std::vector<int32_t>& prompt, co
                                           const std::function<bool()>& should_stop) {
   if (prompt.empty()) throw Error("the prompt has no tokens");
   if (int64_t(prompt.size()) >= window_) {
-    throw Error(fmt::format("the prompt is {} tokens: it leaves no room for a reply in the window of {}",
-                            prompt.size(), window_));
+    throw Error(fmt::format("the prompt is {} tokens: it leaves no room for a reply in the window of {}", prompt.size(),
+                            window_));
   }
   NoGradGuard no_grad;
   Result r;
@@ -89,7 +91,8 @@ CachedDecoder::Result CachedDecoder::draw(const std::vector<int32_t>& prompt, co
       break;
     }
     const size_t hold = held_back(text, stops);
-    if (on_text && text.size() - hold > shown) on_text(std::string_view(text).substr(shown, text.size() - hold - shown));
+    if (on_text && text.size() - hold > shown)
+      on_text(std::string_view(text).substr(shown, text.size() - hold - shown));
     shown = std::max(shown, text.size() - hold);
     if (cache_.len + 1 >= cache_.capacity()) {  // the prompt and the reply fill the window
       r.full = true;

@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include "autograd/ops.h"
-#include "train/hf_llama.h"
 #include "data/text.h"
+#include "train/hf_llama.h"
 #include "train/safetensors.h"
 
 namespace tinygpt {
@@ -15,37 +15,44 @@ using nlohmann::json;
 void check_hf_exportable(const nn::GPTConfig& c) {
   if (is_llama_shaped(c)) return check_llama_exportable(c);
   if (c.pos != nn::Positions::Learned) {
-    throw Error(fmt::format("this model's positions are {} (trained with --pos {}), which GPT-2 cannot express: its "
-                            "positions are a learned table. Export a model trained with --pos learned",
-                            c.pos == nn::Positions::Rope ? "rotary position embeddings" : nn::positions_name(c.pos),
-                            nn::positions_name(c.pos)));
+    throw Error(
+        fmt::format("this model's positions are {} (trained with --pos {}), which GPT-2 cannot express: its "
+                    "positions are a learned table. Export a model trained with --pos learned",
+                    c.pos == nn::Positions::Rope ? "rotary position embeddings" : nn::positions_name(c.pos),
+                    nn::positions_name(c.pos)));
   }
   if (c.window > 0 || c.attn_softcap > 0) {
-    throw Error(fmt::format("this model uses {}, which GPT-2 cannot express: its attention sees the whole block "
-                            "without a cap. Export a model trained without --window and --softcap",
-                            c.window > 0 ? "sliding-window attention (--window)" : "soft-capped attention logits (--softcap)"));
+    throw Error(
+        fmt::format("this model uses {}, which GPT-2 cannot express: its attention sees the whole block "
+                    "without a cap. Export a model trained without --window and --softcap",
+                    c.window > 0 ? "sliding-window attention (--window)" : "soft-capped attention logits (--softcap)"));
   }
   const bool relu2 = c.mlp == nn::MlpKind::Relu2, wide = c.ffn_hidden > 0 && c.ffn_hidden != 4 * c.n_embd;
   if (relu2 || wide || c.logit_softcap > 0 || c.qk_norm) {
-    throw Error(fmt::format("this model uses {}, which GPT-2 cannot express. Export a model trained without --mlp relu2, "
-                            "--ffn-hidden, --logit-softcap and --qk-norm",
-                            relu2                  ? "a relu^2 MLP (--mlp relu2): GPT-2's MLP is GELU"
-                            : wide                 ? "an MLP of another width (--ffn-hidden): GPT-2's is 4 n_embd"
-                            : c.logit_softcap > 0 ? "soft-capped logits (--logit-softcap)"
-                                                  : "normalized queries and keys (--qk-norm)"));
+    throw Error(
+        fmt::format("this model uses {}, which GPT-2 cannot express. Export a model trained without --mlp relu2, "
+                    "--ffn-hidden, --logit-softcap and --qk-norm",
+                    relu2                 ? "a relu^2 MLP (--mlp relu2): GPT-2's MLP is GELU"
+                    : wide                ? "an MLP of another width (--ffn-hidden): GPT-2's is 4 n_embd"
+                    : c.logit_softcap > 0 ? "soft-capped logits (--logit-softcap)"
+                                          : "normalized queries and keys (--qk-norm)"));
   }
   if (!c.doc_separator.empty()) {
-    throw Error("this model keeps attention within documents (--doc-sep or --doc-mask), which GPT-2 cannot express: its "
-                "attention sees the whole block. Export a model trained without them");
+    throw Error(
+        "this model keeps attention within documents (--doc-sep or --doc-mask), which GPT-2 cannot express: its "
+        "attention sees the whole block. Export a model trained without them");
   }
   if (c.qkv_bias && !c.bias) {
-    throw Error("this model has biases in its q, k and v projections only (--qkv-bias), which GPT-2 cannot express. "
-                "Export a model trained with --bias or without --qkv-bias");
+    throw Error(
+        "this model has biases in its q, k and v projections only (--qkv-bias), which GPT-2 cannot express. "
+        "Export a model trained with --bias or without --qkv-bias");
   }
   if (c.n_kv_head > 0 && c.n_kv_head != c.n_head) {
-    throw Error(fmt::format("this model has grouped-query attention ({} key/value heads for {} query heads), which "
-                            "GPT-2 cannot express: each of its heads has its own keys and values. Export a model "
-                            "trained without --n-kv-head", c.n_kv_head, c.n_head));
+    throw Error(
+        fmt::format("this model has grouped-query attention ({} key/value heads for {} query heads), which "
+                    "GPT-2 cannot express: each of its heads has its own keys and values. Export a model "
+                    "trained without --n-kv-head",
+                    c.n_kv_head, c.n_head));
   }
 }
 
@@ -97,14 +104,14 @@ json gpt2_config(const nn::GPTConfig& c, int32_t end_of_text) {
       {"n_embd", c.n_embd},
       {"n_layer", c.n_layer},
       {"n_head", c.n_head},
-      {"n_inner", nullptr},                    // 4 * n_embd
-      {"activation_function", "gelu_new"},     // GELU, tanh approximation (ours)
+      {"n_inner", nullptr},                 // 4 * n_embd
+      {"activation_function", "gelu_new"},  // GELU, tanh approximation (ours)
       {"layer_norm_epsilon", 1e-5},
       {"resid_pdrop", c.dropout},
       {"embd_pdrop", c.dropout},
       {"attn_pdrop", c.dropout},
       {"initializer_range", 0.02},
-      {"scale_attn_weights", true},           // 1 / sqrt(head size)
+      {"scale_attn_weights", true},  // 1 / sqrt(head size)
       {"tie_word_embeddings", !c.untied_head},
       {"use_cache", true},
       // A BPE's <|endoftext|>, as GPT-2's; a character vocabulary has no special tokens.
@@ -128,9 +135,17 @@ json tokenizer(const data::CharVocab& vocab) {
       {"pre_tokenizer", nullptr},
       {"post_processor", nullptr},
       {"decoder", {{"type", "Fuse"}}},
-      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-                 {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
-                 {"ignore_merges", false}, {"vocab", ids}, {"merges", json::array()}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", ids},
+        {"merges", json::array()}}},
   };
 }
 
@@ -172,8 +187,9 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir) {
     safetensors::save(dir / "model.safetensors", gpt2_tensors(ckpt), {{"format", "pt"}});  // transformers wants "pt"
     data::write_text_file(dir / "config.json", gpt2_config(ckpt.config, eot).dump(2) + "\n");
   }
-  data::write_text_file(dir / "tokenizer.json", ckpt.tokenizer.is_bpe() ? ckpt.tokenizer.bpe().to_json()
-                                                                  : tokenizer(ckpt.tokenizer.chars()).dump(2) + "\n");
+  data::write_text_file(dir / "tokenizer.json", ckpt.tokenizer.is_bpe()
+                                                    ? ckpt.tokenizer.bpe().to_json()
+                                                    : tokenizer(ckpt.tokenizer.chars()).dump(2) + "\n");
   data::write_text_file(dir / "tokenizer_config.json", tokenizer_config(ckpt.config, ckpt.tokenizer).dump(2) + "\n");
 }
 

@@ -1,7 +1,8 @@
 #include "train/flat_parameters.h"
-#include "kernels/kernels.h"
 
 #include <fmt/format.h>
+
+#include "kernels/kernels.h"
 
 namespace tinygpt {
 
@@ -19,9 +20,11 @@ FlatParameters::FlatParameters(std::vector<std::pair<std::string, Tensor>> param
   int64_t n = 0;
   for (auto& [name, p] : params) {
     if (p.dtype() != dtype || p.device() != device) {
-      throw Error(fmt::format("FlatParameters: '{}' is {} on {}, '{}' {} on {}: one buffer holds one dtype on one "
-                              "device", name, dtype_name(p.dtype()), device_name(p.device()), params[0].first,
-                              dtype_name(dtype), device_name(device)));
+      throw Error(
+          fmt::format("FlatParameters: '{}' is {} on {}, '{}' {} on {}: one buffer holds one dtype on one "
+                      "device",
+                      name, dtype_name(p.dtype()), device_name(p.device()), params[0].first, dtype_name(dtype),
+                      device_name(device)));
     }
     slots_.push_back({name, p, n});
     n += (p.numel() + align - 1) / align * align;
@@ -40,7 +43,8 @@ void FlatParameters::zero_grad() {
 void FlatParameters::write_bf16_copies() {
   if (!values16_.defined()) {
     values16_ = zeros(values_.shape(), DType::BF16, values_.device());
-    for (const Slot& s : slots_) s.param.impl().bf16_copy = buffer_slice(values16_, s.offset, s.param.shape()).impl_ptr();
+    for (const Slot& s : slots_)
+      s.param.impl().bf16_copy = buffer_slice(values16_, s.offset, s.param.shape()).impl_ptr();
   }
   launch(kernels::round_to_bf16, values_.device(), values16_.data<bf16>(), values_.data<float>(), values_.numel());
 }

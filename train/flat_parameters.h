@@ -1,7 +1,7 @@
 // Every parameter in one contiguous buffer and every gradient in another, each parameter (and its gradient) a
 // view of its slice: a training step reduces the gradients over the ranks in one call on one buffer, clips them
-// with one norm, and AdamW updates stretches of neighbouring parameters instead of one tensor at a time. Checkpoints still see
-// the parameters one by one, under their names.
+// with one norm, and AdamW updates stretches of neighbouring parameters instead of one tensor at a time. Checkpoints
+// still see the parameters one by one, under their names.
 #pragma once
 
 #include <string>

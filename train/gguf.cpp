@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cmath>
@@ -9,7 +10,6 @@
 #include <fstream>
 #include <functional>
 #include <numeric>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "autograd/ops.h"
@@ -34,10 +34,14 @@ bool parse_gguf_type(std::string_view name, GgufType& out) {
 
 const char* gguf_type_name(GgufType type) {
   switch (type) {
-    case GgufType::F32: return "f32";
-    case GgufType::F16: return "f16";
-    case GgufType::BF16: return "bf16";
-    case GgufType::Q8_0: return "q8_0";
+    case GgufType::F32:
+      return "f32";
+    case GgufType::F16:
+      return "f16";
+    case GgufType::BF16:
+      return "bf16";
+    case GgufType::Q8_0:
+      return "q8_0";
   }
   return "?";
 }
@@ -65,7 +69,7 @@ uint16_t half_bits(float f) {
   if (exp == 0xff) return uint16_t(sign | 0x7c00u | (mant != 0 ? 0x200u : 0u));  // inf, NaN
   const int32_t e = int32_t(exp) - 127 + 15;
   if (e >= 0x1f) return uint16_t(sign | 0x7c00u);  // too large: inf
-  if (e <= 0) {                                   // a subnormal half, or zero
+  if (e <= 0) {                                    // a subnormal half, or zero
     if (e < -10) return uint16_t(sign);
     mant |= 0x800000u;
     const uint32_t shift = uint32_t(14 - e), half = mant >> shift, rem = mant & ((1u << shift) - 1);
@@ -141,8 +145,10 @@ std::string encode(const Out& t) {
       float amax = 0;
       for (int64_t j = 0; j < kQ8Block; ++j) amax = std::max(amax, std::fabs(v[b + size_t(j)]));
       if (!std::isfinite(amax)) {
-        throw Error(fmt::format("export_gguf: {} holds a weight that is not finite (near value {}); q8_0 cannot hold "
-                                "it (the model diverged: export an earlier checkpoint)", t.name, b));
+        throw Error(
+            fmt::format("export_gguf: {} holds a weight that is not finite (near value {}); q8_0 cannot hold "
+                        "it (the model diverged: export an earlier checkpoint)",
+                        t.name, b));
       }
       const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
       put<uint16_t>(s, half_bits(d));
@@ -156,9 +162,12 @@ std::string encode(const Out& t) {
 std::string pre_name(const data::BpeTokenizer& bpe) {
   if (bpe.individual_digits()) return bpe.pre_split() == data::PreSplit::Gpt2 ? "smollm" : "";
   switch (bpe.pre_split()) {
-    case data::PreSplit::Gpt2: return "gpt-2";
-    case data::PreSplit::Llama3: return "llama-bpe";
-    case data::PreSplit::Qwen2: return "qwen2";
+    case data::PreSplit::Gpt2:
+      return "gpt-2";
+    case data::PreSplit::Llama3:
+      return "llama-bpe";
+    case data::PreSplit::Qwen2:
+      return "qwen2";
   }
   return "";
 }
@@ -203,7 +212,8 @@ void tokenizer_metadata(Metadata& m, const data::Tokenizer& tok, int64_t model_v
 /// (GPT-2's biases: llama.cpp's gpt2 requires them).
 std::vector<float> rows_of(const Checkpoint& ckpt, const GgufPiece& p) {
   const Tensor t = ckpt.contents.find(p.ours);
-  if (!t.defined()) return std::vector<float>(size_t(std::accumulate(p.shape.begin(), p.shape.end(), int64_t(1), std::multiplies<>())));
+  if (!t.defined())
+    return std::vector<float>(size_t(std::accumulate(p.shape.begin(), p.shape.end(), int64_t(1), std::multiplies<>())));
   return (p.rows < 0 ? t : narrow(t, 0, p.row0, p.rows)).to(DType::F32).to_vector<float>();
 }
 
@@ -221,8 +231,10 @@ std::vector<Out> tensors_of(const Checkpoint& ckpt, const std::string& arch, uin
                      if (p.interleave == 0) return w;
                      return interleave_rotary_pairs(w, p.interleave, p.shape.size() == 2 ? p.shape[1] : 1, false);
                    }});
-    if (out.size() == 1 && c.rope_scaling != RopeScaling{}) {  // after token_embd: llama.cpp divides each pair's frequency
-      out.push_back({"rope_freqs.weight", {E / 2}, kF32, [&c, E] { return rope_freq_factors(c.rope_theta, c.rope_scaling, E); }});
+    if (out.size() == 1 &&
+        c.rope_scaling != RopeScaling{}) {  // after token_embd: llama.cpp divides each pair's frequency
+      out.push_back(
+          {"rope_freqs.weight", {E / 2}, kF32, [&c, E] { return rope_freq_factors(c.rope_theta, c.rope_scaling, E); }});
     }
   }
   return out;
@@ -386,17 +398,20 @@ std::string check_gguf_exportable(const Checkpoint& ckpt) {
   const nn::GPTConfig& c = ckpt.config;
   check_hf_exportable(c);
   if (!ckpt.tokenizer.is_bpe()) {
-    throw Error("this model's tokenizer is characters, which GGUF's tokenizers (byte-level BPE, SentencePiece) cannot "
-                "hold one to one. Export a model trained with --tokenizer (a byte-level BPE: tinygpt tokenizer train)");
+    throw Error(
+        "this model's tokenizer is characters, which GGUF's tokenizers (byte-level BPE, SentencePiece) cannot "
+        "hold one to one. Export a model trained with --tokenizer (a byte-level BPE: tinygpt tokenizer train)");
   }
   if (pre_name(ckpt.tokenizer.bpe()).empty()) {
-    throw Error("this model's tokenizer splits digits one by one before Llama 3's or Qwen2's pre-split, which "
-                "llama.cpp names no pre-tokenizer for (it knows gpt-2, smollm, llama-bpe and qwen2)");
+    throw Error(
+        "this model's tokenizer splits digits one by one before Llama 3's or Qwen2's pre-split, which "
+        "llama.cpp names no pre-tokenizer for (it knows gpt-2, smollm, llama-bpe and qwen2)");
   }
   const std::string arch = !is_llama_shaped(c) ? "gpt2" : c.qkv_bias && !c.bias ? "qwen2" : "llama";
   if (arch == "qwen2" && c.rope_scaling != RopeScaling{}) {
-    throw Error("this model has q/k/v biases (llama.cpp's qwen2) and Llama 3's RoPE scaling, which llama.cpp's qwen2 "
-                "does not read. Export a model without one of them");
+    throw Error(
+        "this model has q/k/v biases (llama.cpp's qwen2) and Llama 3's RoPE scaling, which llama.cpp's qwen2 "
+        "does not read. Export a model without one of them");
   }
   return arch;
 }

@@ -46,8 +46,8 @@ std::vector<float> rope_freq_factors(double theta, const RopeScaling& scaling, i
 struct GgufWritten {
   std::string architecture;
   int64_t tensors = 0;
-  int64_t bytes = 0;     // the file's size
-  int64_t as_f16 = 0;    // q8_0 only: matrices written f16, their rows not a multiple of 32
+  int64_t bytes = 0;   // the file's size
+  int64_t as_f16 = 0;  // q8_0 only: matrices written f16, their rows not a multiple of 32
 };
 
 /// Writes the checkpoint's model as GGUF v3 to `file` (by a temporary file and a rename: never half a file):

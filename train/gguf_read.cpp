@@ -27,14 +27,14 @@ struct TypeEntry {
   Block block;  // {0, 0}: named for refusals, not read
 };
 constexpr TypeEntry kTypes[] = {
-    {0, "f32", {1, 4}},       {1, "f16", {1, 2}},      {2, "q4_0", {32, 18}},    {3, "q4_1", {32, 20}},
-    {6, "q5_0", {32, 22}},    {7, "q5_1", {32, 24}},   {8, "q8_0", {32, 34}},    {9, "q8_1", {}},
-    {10, "q2_K", {}},         {11, "q3_K", {}},        {12, "q4_K", {256, 144}}, {13, "q5_K", {256, 176}},
-    {14, "q6_K", {256, 210}}, {15, "q8_K", {}},        {16, "iq2_xxs", {}},      {17, "iq2_xs", {}},
-    {18, "iq3_xxs", {}},      {19, "iq1_s", {}},       {20, "iq4_nl", {}},       {21, "iq3_s", {}},
-    {22, "iq2_s", {}},        {23, "iq4_xs", {}},      {24, "i8", {}},           {25, "i16", {}},
-    {26, "i32", {}},          {27, "i64", {}},         {28, "f64", {}},          {29, "iq1_m", {}},
-    {30, "bf16", {1, 2}},     {34, "tq1_0", {}},       {35, "tq2_0", {}},        {39, "mxfp4", {}},
+    {0, "f32", {1, 4}},       {1, "f16", {1, 2}},    {2, "q4_0", {32, 18}},    {3, "q4_1", {32, 20}},
+    {6, "q5_0", {32, 22}},    {7, "q5_1", {32, 24}}, {8, "q8_0", {32, 34}},    {9, "q8_1", {}},
+    {10, "q2_K", {}},         {11, "q3_K", {}},      {12, "q4_K", {256, 144}}, {13, "q5_K", {256, 176}},
+    {14, "q6_K", {256, 210}}, {15, "q8_K", {}},      {16, "iq2_xxs", {}},      {17, "iq2_xs", {}},
+    {18, "iq3_xxs", {}},      {19, "iq1_s", {}},     {20, "iq4_nl", {}},       {21, "iq3_s", {}},
+    {22, "iq2_s", {}},        {23, "iq4_xs", {}},    {24, "i8", {}},           {25, "i16", {}},
+    {26, "i32", {}},          {27, "i64", {}},       {28, "f64", {}},          {29, "iq1_m", {}},
+    {30, "bf16", {1, 2}},     {34, "tq1_0", {}},     {35, "tq2_0", {}},        {39, "mxfp4", {}},
 };
 
 const TypeEntry* entry_of(uint32_t type) {
@@ -184,25 +184,48 @@ void dequantize(uint32_t type, const uint8_t* src, int64_t n, float* dst) {
     const uint8_t* s = src + i * b.bytes;
     float* y = dst + i * b.values;
     switch (type) {
-      case kF32: std::memcpy(y, s, 4); break;
-      case kF16: *y = half(s); break;
-      case kBF16: *y = float_of_bf16_bits(uint16_t(s[0] | s[1] << 8)); break;
-      case kQ4_0: q4_0(s, y); break;
-      case kQ4_1: q4_1(s, y); break;
-      case kQ5_0: q5(s, y, false); break;
-      case kQ5_1: q5(s, y, true); break;
-      case kQ8_0: q8_0(s, y); break;
-      case kQ4_K: q45_k(s, y, false); break;
-      case kQ5_K: q45_k(s, y, true); break;
-      case kQ6_K: q6_k(s, y); break;
-      default: break;
+      case kF32:
+        std::memcpy(y, s, 4);
+        break;
+      case kF16:
+        *y = half(s);
+        break;
+      case kBF16:
+        *y = float_of_bf16_bits(uint16_t(s[0] | s[1] << 8));
+        break;
+      case kQ4_0:
+        q4_0(s, y);
+        break;
+      case kQ4_1:
+        q4_1(s, y);
+        break;
+      case kQ5_0:
+        q5(s, y, false);
+        break;
+      case kQ5_1:
+        q5(s, y, true);
+        break;
+      case kQ8_0:
+        q8_0(s, y);
+        break;
+      case kQ4_K:
+        q45_k(s, y, false);
+        break;
+      case kQ5_K:
+        q45_k(s, y, true);
+        break;
+      case kQ6_K:
+        q6_k(s, y);
+        break;
+      default:
+        break;
     }
   }
 }
 
 const char* kind_name(Value::Kind kind) {
-  static constexpr const char* kNames[] = {"uint8", "int8",   "uint16", "int16", "uint32", "int32", "float32",
-                                           "bool",  "string", "array",  "uint64", "int64", "float64"};
+  static constexpr const char* kNames[] = {"uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+                                           "bool",  "string", "array",  "uint64", "int64",  "float64"};
   return uint32_t(kind) < std::size(kNames) ? kNames[kind] : "?";
 }
 
@@ -248,22 +271,49 @@ struct Reader {
 /// A number or bool of `kind` as (integer bits, double).
 std::pair<int64_t, double> Reader::scalar(Value::Kind kind) {
   switch (kind) {
-    case Value::U8: { const auto x = get<uint8_t>("a value"); return {x, double(x)}; }
-    case Value::I8: { const auto x = get<int8_t>("a value"); return {x, double(x)}; }
-    case Value::U16: { const auto x = get<uint16_t>("a value"); return {x, double(x)}; }
-    case Value::I16: { const auto x = get<int16_t>("a value"); return {x, double(x)}; }
-    case Value::U32: { const auto x = get<uint32_t>("a value"); return {x, double(x)}; }
-    case Value::I32: { const auto x = get<int32_t>("a value"); return {x, double(x)}; }
-    case Value::U64: { const auto x = get<uint64_t>("a value"); return {int64_t(x), double(x)}; }
-    case Value::I64: { const auto x = get<int64_t>("a value"); return {x, double(x)}; }
-    case Value::F32: return {0, double(get<float>("a value"))};
-    case Value::F64: return {0, get<double>("a value")};
+    case Value::U8: {
+      const auto x = get<uint8_t>("a value");
+      return {x, double(x)};
+    }
+    case Value::I8: {
+      const auto x = get<int8_t>("a value");
+      return {x, double(x)};
+    }
+    case Value::U16: {
+      const auto x = get<uint16_t>("a value");
+      return {x, double(x)};
+    }
+    case Value::I16: {
+      const auto x = get<int16_t>("a value");
+      return {x, double(x)};
+    }
+    case Value::U32: {
+      const auto x = get<uint32_t>("a value");
+      return {x, double(x)};
+    }
+    case Value::I32: {
+      const auto x = get<int32_t>("a value");
+      return {x, double(x)};
+    }
+    case Value::U64: {
+      const auto x = get<uint64_t>("a value");
+      return {int64_t(x), double(x)};
+    }
+    case Value::I64: {
+      const auto x = get<int64_t>("a value");
+      return {x, double(x)};
+    }
+    case Value::F32:
+      return {0, double(get<float>("a value"))};
+    case Value::F64:
+      return {0, get<double>("a value")};
     case Value::Bool: {
       const auto b = get<uint8_t>("a value");
       if (b > 1) corrupt(fmt::format("a bool holds {}", b));
       return {b, double(b)};
     }
-    default: corrupt(fmt::format("a value of unknown kind {}", uint32_t(kind)));
+    default:
+      corrupt(fmt::format("a value of unknown kind {}", uint32_t(kind)));
   }
 }
 
@@ -308,6 +358,40 @@ Value Reader::value(Value::Kind kind, int depth) {
   throw Error(fmt::format("'{}': its {} is a {}, not {}", path, key, kind_name(v.kind), wanted));
 }
 
+/// A tensor's entry of the header: name, shape, type (one tinygpt reads) and aligned offset, checked as read.
+TensorInfo read_tensor_info(Reader& r, uint64_t alignment, const std::string& path_) {
+  TensorInfo t;
+  t.name = r.string("a tensor's name");
+  const auto dims = r.get<uint32_t>("a tensor's rank");
+  if (dims == 0 || dims > 4) r.corrupt(fmt::format("tensor {} has {} dimensions (ggml's are 1 to 4)", t.name, dims));
+  uint64_t n = 1;
+  for (uint32_t d = 0; d < dims; ++d) {
+    const auto ne = r.get<uint64_t>("a tensor's shape");
+    if (ne == 0 || ne > (uint64_t(1) << 40) || n > (uint64_t(1) << 40) / ne) {
+      r.corrupt(fmt::format("tensor {} has a dimension of {}", t.name, ne));
+    }
+    n *= ne;
+    t.shape.insert(t.shape.begin(), int64_t(ne));
+  }
+  t.type = r.get<uint32_t>("a tensor's type");
+  const Block b = block_of(t.type);
+  if (b.values == 0) {
+    throw Error(
+        fmt::format("'{}': tensor {} is of type {}, which tinygpt does not read (it reads f32, f16, bf16, "
+                    "q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K and q6_K: llama.cpp's Q8_0, Q4_0 and Q4_K_M "
+                    "files; requantize with llama-quantize)",
+                    path_, t.name, type_name(t.type)));
+  }
+  if (t.shape.back() % b.values != 0) {
+    r.corrupt(fmt::format("tensor {} has rows of {} values, not whole {} blocks of {}", t.name, t.shape.back(),
+                          type_name(t.type), b.values));
+  }
+  t.bytes = n / uint64_t(b.values) * uint64_t(b.bytes);
+  t.offset = r.get<uint64_t>("a tensor's offset");
+  if (t.offset % alignment != 0) r.corrupt(fmt::format("tensor {}'s offset is not aligned", t.name));
+  return t;
+}
+
 }  // namespace
 
 File::File(const std::filesystem::path& path) : path_(path.string()) {
@@ -335,8 +419,10 @@ File::File(const std::filesystem::path& path) : path_(path.string()) {
     r.pos = 4;
     version_ = r.get<uint32_t>("the version");
     if (version_ == 0x02000000u || version_ == 0x03000000u) {
-      throw Error(fmt::format("'{}' is a big-endian GGUF file; tinygpt reads little-endian ones (as llama.cpp's "
-                              "converter writes by default)", path_));
+      throw Error(
+          fmt::format("'{}' is a big-endian GGUF file; tinygpt reads little-endian ones (as llama.cpp's "
+                      "converter writes by default)",
+                      path_));
     }
     if (version_ != 2 && version_ != 3) {
       throw Error(fmt::format("'{}' is GGUF version {}; tinygpt reads versions 2 and 3", path_, version_));
@@ -360,41 +446,17 @@ File::File(const std::filesystem::path& path) : path_(path.string()) {
     }
     if (n_tensors > (size_ - r.pos) / 24) r.corrupt(fmt::format("{} tensors cannot fit in it", n_tensors));
     for (uint64_t k = 0; k < n_tensors; ++k) {
-      TensorInfo t;
-      t.name = r.string("a tensor's name");
-      const auto dims = r.get<uint32_t>("a tensor's rank");
-      if (dims == 0 || dims > 4) r.corrupt(fmt::format("tensor {} has {} dimensions (ggml's are 1 to 4)", t.name, dims));
-      uint64_t n = 1;
-      for (uint32_t d = 0; d < dims; ++d) {
-        const auto ne = r.get<uint64_t>("a tensor's shape");
-        if (ne == 0 || ne > (uint64_t(1) << 40) || n > (uint64_t(1) << 40) / ne) {
-          r.corrupt(fmt::format("tensor {} has a dimension of {}", t.name, ne));
-        }
-        n *= ne;
-        t.shape.insert(t.shape.begin(), int64_t(ne));
-      }
-      t.type = r.get<uint32_t>("a tensor's type");
-      const Block b = block_of(t.type);
-      if (b.values == 0) {
-        throw Error(fmt::format("'{}': tensor {} is of type {}, which tinygpt does not read (it reads f32, f16, bf16, "
-                                "q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K and q6_K: llama.cpp's Q8_0, Q4_0 and Q4_K_M "
-                                "files; requantize with llama-quantize)", path_, t.name, type_name(t.type)));
-      }
-      if (t.shape.back() % b.values != 0) {
-        r.corrupt(fmt::format("tensor {} has rows of {} values, not whole {} blocks of {}", t.name, t.shape.back(),
-                              type_name(t.type), b.values));
-      }
-      t.bytes = n / uint64_t(b.values) * uint64_t(b.bytes);
-      t.offset = r.get<uint64_t>("a tensor's offset");
-      if (t.offset % alignment != 0) r.corrupt(fmt::format("tensor {}'s offset is not aligned", t.name));
+      TensorInfo t = read_tensor_info(r, alignment, path_);
       if (!index_.emplace(t.name, tensors_.size()).second) r.corrupt(fmt::format("tensor {} appears twice", t.name));
       tensors_.push_back(std::move(t));
     }
     const uint64_t start = (r.pos + alignment - 1) / alignment * alignment;
     for (TensorInfo& t : tensors_) {
       if (start > size_ || t.offset > size_ - start || t.bytes > size_ - start - t.offset) {
-        throw Error(fmt::format("'{}' is truncated or corrupt: tensor {} ({} bytes at offset {}) lies past its end "
-                                "({} bytes)", path_, t.name, t.bytes, t.offset, size_));
+        throw Error(
+            fmt::format("'{}' is truncated or corrupt: tensor {} ({} bytes at offset {}) lies past its end "
+                        "({} bytes)",
+                        path_, t.name, t.bytes, t.offset, size_));
       }
       t.offset += start;
     }
@@ -436,7 +498,8 @@ uint64_t File::integer(std::string_view key, uint64_t fallback) const { return f
 double File::number(std::string_view key, double fallback) const {
   const Value* v = find(key);
   if (!v) return fallback;
-  if (v->kind == Value::String || v->kind == Value::Array || v->kind == Value::Bool) wrong_kind(path_, key, *v, "a number");
+  if (v->kind == Value::String || v->kind == Value::Array || v->kind == Value::Bool)
+    wrong_kind(path_, key, *v, "a number");
   return v->f;
 }
 

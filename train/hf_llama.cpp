@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 
 #include "data/bpe.h"
 #include "train/checkpoint.h"  // rope_scaling_json, rope_scaling_from_json
@@ -15,12 +16,15 @@ bool is_llama_shaped(const nn::GPTConfig& c) {
   return c.norm == nn::NormKind::RMSNorm || c.mlp == nn::MlpKind::SwiGLU || c.pos == nn::Positions::Rope;
 }
 
-nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
-  const std::string type = j.value("model_type", std::string());
-  const auto bad = [&](const std::string& why) {
-    return Error(fmt::format("'{}' is not a {} tinygpt can import: {}", what, type == "qwen2" ? "Qwen2" : "Llama", why));
-  };
-  const auto integer = [&](const char* key, int64_t fallback) -> int64_t {
+namespace {
+
+/// config.json's values by key, each checked for its type; a wrong one throws bad(why).
+struct ConfigReader {
+  const json& j;
+  std::function<Error(const std::string&)> bad;
+
+  /// A positive integer; absent or null: `fallback`, or an error when it is 0.
+  int64_t integer(const char* key, int64_t fallback) const {
     if (!j.contains(key) || j[key].is_null()) {
       if (fallback > 0) return fallback;
       throw bad(fmt::format("config.json has no {}", key));
@@ -29,34 +33,45 @@ nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
       throw bad(fmt::format("config.json's {} is {}, not a positive integer", key, j[key].dump()));
     }
     return j[key].get<int64_t>();
-  };
-  const auto number = [&](const char* key, double fallback) -> double {
+  }
+  double number(const char* key, double fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (!j[key].is_number()) throw bad(fmt::format("config.json's {} is {}, not a number", key, j[key].dump()));
     return j[key].get<double>();
-  };
-  const auto flag = [&](const char* key, bool fallback) -> bool {
+  }
+  bool flag(const char* key, bool fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
     if (!j[key].is_boolean()) throw bad(fmt::format("config.json's {} is {}, not true or false", key, j[key].dump()));
     return j[key].get<bool>();
+  }
+};
+
+}  // namespace
+
+nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
+  const std::string type = j.value("model_type", std::string());
+  const auto bad = [&](const std::string& why) {
+    return Error(
+        fmt::format("'{}' is not a {} tinygpt can import: {}", what, type == "qwen2" ? "Qwen2" : "Llama", why));
   };
+  const ConfigReader r{j, bad};
   nn::GPTConfig c;
-  c.n_embd = integer("hidden_size", 0);
-  c.n_layer = integer("num_hidden_layers", 0);
-  c.n_head = integer("num_attention_heads", 0);
-  c.n_kv_head = integer("num_key_value_heads", c.n_head);
+  c.n_embd = r.integer("hidden_size", 0);
+  c.n_layer = r.integer("num_hidden_layers", 0);
+  c.n_head = r.integer("num_attention_heads", 0);
+  c.n_kv_head = r.integer("num_key_value_heads", c.n_head);
   if (c.n_kv_head == c.n_head) c.n_kv_head = 0;
-  c.ffn_hidden = integer("intermediate_size", 0);
-  c.vocab_size = integer("vocab_size", 0);
-  c.block_size = integer("max_position_embeddings", 2048);
+  c.ffn_hidden = r.integer("intermediate_size", 0);
+  c.vocab_size = r.integer("vocab_size", 0);
+  c.block_size = r.integer("max_position_embeddings", 2048);
   c.norm = nn::NormKind::RMSNorm;
-  c.norm_eps = number("rms_norm_eps", 1e-6);
+  c.norm_eps = r.number("rms_norm_eps", 1e-6);
   c.mlp = nn::MlpKind::SwiGLU;
   c.pos = nn::Positions::Rope;
   // transformers 5 keeps the rotary settings in rope_parameters ({"rope_theta", "rope_type"}); 4 at the top level.
   const json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"] : json();
   c.rope_theta = rope.contains("rope_theta") ? rope["rope_theta"].is_number() ? rope["rope_theta"].get<double>() : -1.0
-                                             : number("rope_theta", 10000.0);
+                                             : r.number("rope_theta", 10000.0);
   // Llama 3's rescaled frequencies: in rope_parameters (transformers 5) or rope_scaling (4); other kinds are refused.
   try {
     if (rope.contains("rope_type") && rope["rope_type"] != "default") {
@@ -67,14 +82,14 @@ nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
   } catch (const Error& e) {
     throw bad(fmt::format("its {}", e.what()));
   }
-  c.untied_head = !flag("tie_word_embeddings", false);  // LlamaConfig's and Qwen2Config's default: untied
+  c.untied_head = !r.flag("tie_word_embeddings", false);  // LlamaConfig's and Qwen2Config's default: untied
   c.dropout = 0;
   if (const std::string act = j.value("hidden_act", std::string("silu")); act != "silu") {
     throw bad(fmt::format("its MLP's activation is {} (tinygpt's SwiGLU gates with silu)", act));
   }
   // head_dim: each head's width where it is not hidden_size / num_attention_heads (as transformers reads it).
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    c.head_dim = integer("head_dim", 0);
+    c.head_dim = r.integer("head_dim", 0);
     if (c.n_head > 0 && c.n_embd % c.n_head == 0 && c.head_dim == c.n_embd / c.n_head) c.head_dim = 0;
   }
   if (c.head_dim == 0 && c.n_head > 0 && c.n_embd % c.n_head != 0) {
@@ -83,9 +98,9 @@ nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
   }
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2's q, k and v projections always have biases, its output projection none
-    if (flag("use_sliding_window", false)) throw bad("it uses a sliding window (use_sliding_window)");
+    if (r.flag("use_sliding_window", false)) throw bad("it uses a sliding window (use_sliding_window)");
   } else {
-    const bool attention_bias = flag("attention_bias", false), mlp_bias = flag("mlp_bias", false);
+    const bool attention_bias = r.flag("attention_bias", false), mlp_bias = r.flag("mlp_bias", false);
     if (attention_bias != mlp_bias) {
       throw bad(fmt::format("its attention_bias is {} but its mlp_bias {} (tinygpt's biases are all on or all off)",
                             attention_bias, mlp_bias));
@@ -105,11 +120,15 @@ nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
 
 void check_llama_exportable(const nn::GPTConfig& c) {
   const auto refuse = [](const std::string& what, const char* flag) {
-    throw Error(fmt::format("this model uses {}, which LlamaForCausalLM cannot express. Export a model trained {}", what, flag));
+    throw Error(fmt::format("this model uses {}, which LlamaForCausalLM cannot express. Export a model trained {}",
+                            what, flag));
   };
-  if (c.norm != nn::NormKind::RMSNorm) refuse("LayerNorm beside Llama's other parts (Llama's norm is RMSNorm)", "with --norm rmsnorm");
-  if (c.mlp != nn::MlpKind::SwiGLU) refuse(fmt::format("a {} MLP (Llama's is SwiGLU)", nn::mlp_name(c.mlp)), "with --mlp swiglu");
-  if (c.pos != nn::Positions::Rope) refuse(fmt::format("{} positions (Llama's are rotary)", nn::positions_name(c.pos)), "with --pos rope");
+  if (c.norm != nn::NormKind::RMSNorm)
+    refuse("LayerNorm beside Llama's other parts (Llama's norm is RMSNorm)", "with --norm rmsnorm");
+  if (c.mlp != nn::MlpKind::SwiGLU)
+    refuse(fmt::format("a {} MLP (Llama's is SwiGLU)", nn::mlp_name(c.mlp)), "with --mlp swiglu");
+  if (c.pos != nn::Positions::Rope)
+    refuse(fmt::format("{} positions (Llama's are rotary)", nn::positions_name(c.pos)), "with --pos rope");
   if (c.window > 0) refuse("sliding-window attention (--window)", "without --window");
   if (c.attn_softcap > 0) refuse("soft-capped attention logits (--softcap)", "without --softcap");
   if (c.logit_softcap > 0) refuse("soft-capped logits (--logit-softcap)", "without --logit-softcap");

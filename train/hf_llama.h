@@ -3,8 +3,9 @@
 // its tensors to Hugging Face's names, read by the import and the export alike.
 #pragma once
 
-#include <cstdint>
 #include <nlohmann/json.hpp>
+
+#include <cstdint>
 #include <string>
 #include <vector>
 

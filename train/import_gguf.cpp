@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_map>
 
@@ -33,14 +33,14 @@ std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("(
 
 /// Llama 3's scaling from the factors of rope_freqs.weight (each pair's frequency divided by its factor). Only the
 /// ratios of the original context to the band edges show in the factors, so low_freq_factor is taken as Llama 3's 1:
-/// the largest factor is `factor`, and a pair blended between the bands (blend = (context / wavelength - 1) / (high - 1))
-/// gives, with a second, the context and high_freq_factor (Llama 3's 8192 and 4 come back exactly); with one, high is
-/// taken as 4; with none, the context is 8192 or between the two bands. Refused unless the scaling gives every factor
-/// back.
+/// the largest factor is `factor`, and a pair blended between the bands (blend = (context / wavelength - 1) / (high -
+/// 1)) gives, with a second, the context and high_freq_factor (Llama 3's 8192 and 4 come back exactly); with one, high
+/// is taken as 4; with none, the context is 8192 or between the two bands. Refused unless the scaling gives every
+/// factor back.
 RopeScaling scaling_of(const gguf::File& f, const gguf::TensorInfo& t, double theta, int64_t E) {
   if (t.shape != std::vector<int64_t>{E / 2}) {
-    throw not_importable(f, fmt::format("rope_freqs.weight is {} where its heads have {} rotary pairs",
-                                        shape_str(t.shape), E / 2));
+    throw not_importable(
+        f, fmt::format("rope_freqs.weight is {} where its heads have {} rotary pairs", shape_str(t.shape), E / 2));
   }
   const std::vector<float> r = f.values(t);
   if (std::all_of(r.begin(), r.end(), [](float x) { return x == 1.0f; })) return RopeScaling{};
@@ -50,7 +50,8 @@ RopeScaling scaling_of(const gguf::File& f, const gguf::TensorInfo& t, double th
   std::vector<std::pair<double, double>> blended;  // (1 / wavelength, blend)
   double kept_max = 0, scaled_min = 1e300;         // the wavelengths either side of the blend
   for (int64_t i = 0; i < E / 2; ++i) {
-    const double x = double(r[size_t(i)]), wavelength = 2.0 * 3.14159265358979323846 / std::pow(theta, -2.0 * double(i) / double(E));
+    const double x = double(r[size_t(i)]),
+                 wavelength = 2.0 * 3.14159265358979323846 / std::pow(theta, -2.0 * double(i) / double(E));
     if (x > 1.0 + 1e-6 && x < s.factor * (1.0 - 1e-6)) {
       blended.emplace_back(1.0 / wavelength, (1.0 / x - 1.0 / s.factor) / (1.0 - 1.0 / s.factor));
     } else if (x <= 1.0 + 1e-6) {
@@ -83,8 +84,9 @@ RopeScaling scaling_of(const gguf::File& f, const gguf::TensorInfo& t, double th
     for (size_t i = 0; i < r.size(); ++i) same = same && std::fabs(back[i] - r[i]) <= 1e-5f * std::fabs(r[i]);
     if (same) return c;
   }
-  throw not_importable(f, "its rope_freqs.weight holds frequency factors that are not Llama 3's scaling (the one "
-                          "tinygpt implements)");
+  throw not_importable(f,
+                       "its rope_freqs.weight holds frequency factors that are not Llama 3's scaling (the one "
+                       "tinygpt implements)");
 }
 
 /// The Llama family's settings: grouped-query heads, RMSNorm, SwiGLU, rotary positions and their scaling, biases.
@@ -101,10 +103,12 @@ void llama_settings(const gguf::File& f, const std::string& a, nn::GPTConfig& c)
   const uint64_t k = f.integer(a + "attention.key_length", even), v = f.integer(a + "attention.value_length", k);
   if (k == 0 || k > 1024) {
     throw not_importable(f, fmt::format("its embedding_length {} is not a multiple of its head_count {} and its {} is "
-                                        "{}", c.n_embd, c.n_head, a + "attention.key_length", k));
+                                        "{}",
+                                        c.n_embd, c.n_head, a + "attention.key_length", k));
   }
   if (v != k) {
-    throw not_importable(f, fmt::format("its keys' heads are {} wide and its values' {} (tinygpt's are one width)", k, v));
+    throw not_importable(f,
+                         fmt::format("its keys' heads are {} wide and its values' {} (tinygpt's are one width)", k, v));
   }
   c.head_dim = k == even ? 0 : int64_t(k);
   const int64_t E = c.head_size();
@@ -113,10 +117,12 @@ void llama_settings(const gguf::File& f, const std::string& a, nn::GPTConfig& c)
   }
   if (const std::string kind = f.string(a + "rope.scaling.type", "none"); kind != "none") {
     throw not_importable(f, fmt::format("its RoPE scaling is {} (tinygpt implements Llama 3's, which llama.cpp keeps "
-                                        "as rope_freqs.weight)", kind));
+                                        "as rope_freqs.weight)",
+                                        kind));
   }
   if (const gguf::TensorInfo* t = f.tensor("rope_freqs.weight")) c.rope_scaling = scaling_of(f, *t, c.rope_theta, E);
-  const bool out_bias = f.tensor("blk.0.attn_output.bias") != nullptr, q_bias = f.tensor("blk.0.attn_q.bias") != nullptr;
+  const bool out_bias = f.tensor("blk.0.attn_output.bias") != nullptr,
+             q_bias = f.tensor("blk.0.attn_q.bias") != nullptr;
   c.bias = out_bias;
   c.qkv_bias = q_bias && !out_bias;
 }
@@ -134,13 +140,15 @@ void check_tensors(const gguf::File& f, const nn::GPTConfig& c, const std::strin
     known.insert(p.gguf);
   }
   for (const gguf::TensorInfo& t : f.tensors()) {
-    if (!known.contains(t.name)) throw not_importable(f, fmt::format("it has a tensor tinygpt has no place for, {}", t.name));
+    if (!known.contains(t.name))
+      throw not_importable(f, fmt::format("it has a tensor tinygpt has no place for, {}", t.name));
   }
 }
 
 /// A byte-level pre-split llama.cpp names (tokenizer.ggml.pre) as tokenizers' JSON, or null for one tinygpt lacks.
 json pre_tokenizer_of(const std::string& pre) {
-  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   const auto split = [](std::string_view pattern) {
     return json{{"type", "Sequence"},
                 {"pretokenizers",
@@ -155,40 +163,52 @@ json pre_tokenizer_of(const std::string& pre) {
   if (kLlama3.contains(pre)) return split(data::kLlama3Pattern);
   if (kQwen2.contains(pre)) return split(data::kQwen2Pattern);
   if (pre == "smollm") {
-    return json{{"type", "Sequence"}, {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
+    return json{{"type", "Sequence"},
+                {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
   }
   return nullptr;
 }
 
 }  // namespace
 
-data::Tokenizer gguf_tokenizer(const gguf::File& f) {
+/// The pre-tokenizer of the file's byte-level BPE (tokenizer.ggml.pre) as tokenizer.json writes it; throws naming a
+/// tokenizer or pre-tokenizer tinygpt does not read.
+json gguf_pre_tokenizer(const gguf::File& f) {
   const std::string model = f.string("tokenizer.ggml.model");
   if (model == "llama") {
-    throw not_importable(f, "its tokenizer is SentencePiece (tokenizer.ggml.model \"llama\", as Llama 2's, Mistral's, "
-                            "TinyLlama's and Gemma's); tinygpt reads byte-level BPE tokenizers (\"gpt2\": GPT-2's, "
-                            "Llama 3's, Qwen2's, SmolLM2's)");
+    throw not_importable(f,
+                         "its tokenizer is SentencePiece (tokenizer.ggml.model \"llama\", as Llama 2's, Mistral's, "
+                         "TinyLlama's and Gemma's); tinygpt reads byte-level BPE tokenizers (\"gpt2\": GPT-2's, "
+                         "Llama 3's, Qwen2's, SmolLM2's)");
   }
-  if (model != "gpt2") throw not_importable(f, fmt::format("its tokenizer is {} (tinygpt reads gpt2, a byte-level BPE)", model));
+  if (model != "gpt2")
+    throw not_importable(f, fmt::format("its tokenizer is {} (tinygpt reads gpt2, a byte-level BPE)", model));
   const std::string pre = f.string("tokenizer.ggml.pre", "");
   const json pre_tokenizer = pre_tokenizer_of(pre);
   if (pre_tokenizer.is_null()) {
     throw not_importable(f, pre.empty() ? "it names no pre-tokenizer (tokenizer.ggml.pre; convert it again with a "
                                           "newer llama.cpp)"
                                         : fmt::format("its pre-tokenizer is {} (tinygpt splits as gpt-2, llama-bpe, "
-                                                      "qwen2 and smollm do)", pre));
+                                                      "qwen2 and smollm do)",
+                                                      pre));
   }
+  return pre_tokenizer;
+}
+
+data::Tokenizer gguf_tokenizer(const gguf::File& f) {
+  const json pre_tokenizer = gguf_pre_tokenizer(f);
   const std::vector<std::string> tokens = f.strings("tokenizer.ggml.tokens");
   const std::vector<std::string> merges = f.strings("tokenizer.ggml.merges");
   const std::string chat_template = f.string("tokenizer.chat_template", "");
   for (const auto& [what, strings] : {std::pair{"token", &tokens}, std::pair{"merge", &merges}}) {
     for (size_t i = 0; i < strings->size(); ++i) {
-      if (!data::valid_utf8((*strings)[i])) throw not_importable(f, fmt::format("its {} {} is not valid UTF-8", what, i));
+      if (!data::valid_utf8((*strings)[i]))
+        throw not_importable(f, fmt::format("its {} {} is not valid UTF-8", what, i));
     }
   }
   if (!data::valid_utf8(chat_template)) throw not_importable(f, "its tokenizer.chat_template is not valid UTF-8");
   std::vector<int64_t> types = f.find("tokenizer.ggml.token_type") ? f.integers("tokenizer.ggml.token_type")
-                                                                    : std::vector<int64_t>(tokens.size(), 1);
+                                                                   : std::vector<int64_t>(tokens.size(), 1);
   if (types.size() != tokens.size()) {
     throw not_importable(f, fmt::format("it has {} tokens but {} token types", tokens.size(), types.size()));
   }
@@ -216,7 +236,9 @@ data::Tokenizer gguf_tokenizer(const gguf::File& f) {
     return int64_t(id);
   };
   const int64_t bos = token_id("tokenizer.ggml.bos_token_id"), eos = token_id("tokenizer.ggml.eos_token_id");
-  const auto is_added = [&](int64_t id) { return id >= 0 && (types[size_t(id)] == kControl || types[size_t(id)] == kUserDefined); };
+  const auto is_added = [&](int64_t id) {
+    return id >= 0 && (types[size_t(id)] == kControl || types[size_t(id)] == kUserDefined);
+  };
   json post = nullptr;
   if (f.boolean("tokenizer.ggml.add_bos_token", false) && is_added(bos)) {
     const std::string& b = tokens[size_t(bos)];
@@ -244,7 +266,8 @@ nn::GPTConfig gguf_config(const gguf::File& f, std::string& arch) {
     throw not_importable(f, fmt::format("its architecture is {} (tinygpt imports llama, qwen2 and gpt2)", arch));
   }
   const std::string a = arch + ".";
-  if (f.integer(a + "expert_count", 0) > 0) throw not_importable(f, "it is a mixture of experts (" + a + "expert_count)");
+  if (f.integer(a + "expert_count", 0) > 0)
+    throw not_importable(f, "it is a mixture of experts (" + a + "expert_count)");
   const auto size = [&](const std::string& key) {
     const uint64_t v = f.integer(key);
     if (v == 0 || v > (uint64_t(1) << 30)) throw not_importable(f, fmt::format("its {} is {}", key, v));
@@ -258,7 +281,8 @@ nn::GPTConfig gguf_config(const gguf::File& f, std::string& arch) {
   c.ffn_hidden = size(a + "feed_forward_length");
   c.dropout = 0;
   if (arch == "gpt2" && c.n_embd % c.n_head != 0) {
-    throw not_importable(f, fmt::format("its embedding_length {} is not a multiple of its head_count {}", c.n_embd, c.n_head));
+    throw not_importable(
+        f, fmt::format("its embedding_length {} is not a multiple of its head_count {}", c.n_embd, c.n_head));
   }
   const gguf::TensorInfo* embd = f.tensor("token_embd.weight");
   if (!embd || embd->shape.size() != 2 || embd->shape[1] != c.n_embd) {
@@ -283,7 +307,8 @@ nn::GPTConfig gguf_config(const gguf::File& f, std::string& arch) {
     throw not_importable(f, e.what());
   }
   if (c.n_layer > int64_t(f.tensors().size())) {  // before a table of its tensors is made
-    throw not_importable(f, fmt::format("its block_count {} is more than its {} tensors", c.n_layer, f.tensors().size()));
+    throw not_importable(f,
+                         fmt::format("its block_count {} is more than its {} tensors", c.n_layer, f.tensors().size()));
   }
   check_tensors(f, c, arch);
   return c;

@@ -1,11 +1,11 @@
 #include "train/import_hf.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <map>
 #include <set>
-#include <nlohmann/json.hpp>
 
 #include "autograd/ops.h"
 #include "data/documents.h"
@@ -41,8 +41,10 @@ nn::GPTConfig gpt_config_of(const nlohmann::json& j, const std::string& dir) {
   const std::string type = j.value("model_type", std::string());
   if (type == "llama" || type == "qwen2") return llama_config_from_hf(j, dir);
   if (type != "gpt2") {
-    throw Error(fmt::format("'{}' is not a model tinygpt can import: its config.json says model_type {} (tinygpt "
-                            "imports gpt2, llama and qwen2)", dir, j.value("model_type", nlohmann::json()).dump()));
+    throw Error(
+        fmt::format("'{}' is not a model tinygpt can import: its config.json says model_type {} (tinygpt "
+                    "imports gpt2, llama and qwen2)",
+                    dir, j.value("model_type", nlohmann::json()).dump()));
   }
   const auto integer = [&](const char* key) -> int64_t {
     if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0) {
@@ -72,7 +74,8 @@ nn::GPTConfig gpt_config_of(const nlohmann::json& j, const std::string& dir) {
   if (!j.value("scale_attn_weights", true) || j.value("scale_attn_by_inverse_layer_idx", false)) {
     throw bad("its attention scores are not scaled by 1 / sqrt(head size) alone");
   }
-  if (c.vocab_size > data::kMaxBpeVocab) throw bad(fmt::format("its vocabulary of {} is over {}", c.vocab_size, data::kMaxBpeVocab));
+  if (c.vocab_size > data::kMaxBpeVocab)
+    throw bad(fmt::format("its vocabulary of {} is over {}", c.vocab_size, data::kMaxBpeVocab));
   c.validate();
   return c;
 }
@@ -83,9 +86,10 @@ safetensors::Contents load_weights(const fs::path& dir) {
   if (fs::is_regular_file(dir / "model.safetensors", ec)) return safetensors::load(dir / "model.safetensors");
   const fs::path index = dir / "model.safetensors.index.json";
   if (!fs::is_regular_file(index, ec)) {
-    throw Error(fmt::format("'{}' has no model.safetensors nor model.safetensors.index.json (tinygpt reads safetensors "
-                            "weights, not pytorch_model.bin: save with save_pretrained(..., safe_serialization=True))",
-                            dir.string()));
+    throw Error(
+        fmt::format("'{}' has no model.safetensors nor model.safetensors.index.json (tinygpt reads safetensors "
+                    "weights, not pytorch_model.bin: save with save_pretrained(..., safe_serialization=True))",
+                    dir.string()));
   }
   const nlohmann::json j = read_json(index, dir.string());
   if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
@@ -95,7 +99,8 @@ safetensors::Contents load_weights(const fs::path& dir) {
   for (const auto& [name, file] : j["weight_map"].items()) {
     const std::string f = file.is_string() ? file.get<std::string>() : std::string();
     if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
-      throw Error(fmt::format("'{}': tensor {} is in {}, not a file of the directory", index.string(), name, file.dump()));
+      throw Error(
+          fmt::format("'{}': tensor {} is in {}, not a file of the directory", index.string(), name, file.dump()));
     }
     shards.insert(f);
   }
@@ -118,7 +123,8 @@ void load_gpt2(nn::GPT& model, const safetensors::Contents& weights, const std::
     return t.dtype() == DType::F32 ? t : t.to(DType::F32);
   };
   for (auto& [name, param] : model.named_parameters()) {
-    const bool conv1d = name.find(".c_attn.weight") != std::string::npos || name.find(".c_proj.weight") != std::string::npos ||
+    const bool conv1d = name.find(".c_attn.weight") != std::string::npos ||
+                        name.find(".c_proj.weight") != std::string::npos ||
                         name.find(".c_fc.weight") != std::string::npos;
     Tensor src = find(name);
     if (conv1d) src = transpose(src, 0, 1);
@@ -151,13 +157,15 @@ void load_llama(nn::GPT& model, const safetensors::Contents& weights, const std:
 std::string token_text(const nlohmann::json& j, const char* key, const std::string& path) {
   if (!j.contains(key) || j[key].is_null()) return "";
   if (j[key].is_string()) return j[key].get<std::string>();
-  if (j[key].is_object() && j[key].contains("content") && j[key]["content"].is_string()) return j[key]["content"].get<std::string>();
+  if (j[key].is_object() && j[key].contains("content") && j[key]["content"].is_string())
+    return j[key]["content"].get<std::string>();
   throw Error(fmt::format("'{}': its {} is neither a string nor a token object", path, key));
 }
 
 /// The model's bos, eos and chat template: from tokenizer_config.json (a template there, or in chat_template.jinja as
 /// transformers 4.43 and later save it), the eos else from config.json's eos_token_id.
-data::TokenizerConfig read_tokenizer_config(const fs::path& dir, const nlohmann::json& config, const data::BpeTokenizer& bpe) {
+data::TokenizerConfig read_tokenizer_config(const fs::path& dir, const nlohmann::json& config,
+                                            const data::BpeTokenizer& bpe) {
   data::TokenizerConfig tc;
   std::error_code ec;
   if (const fs::path path = dir / "tokenizer_config.json"; fs::is_regular_file(path, ec)) {
@@ -246,8 +254,10 @@ fs::path import_hf(const fs::path& dir, const fs::path& out) {
   double held = 0;
   for (const auto& [name, t] : weights.tensors) held += double(t.numel());
   if (const double need = gpt_parameter_count(config); need > 2 * held + double(1 << 20)) {
-    throw Error(fmt::format("'{}': its config.json describes a model of {:.0f} parameters but the weights hold {:.0f} "
-                            "values", dir.string(), need, held));
+    throw Error(
+        fmt::format("'{}': its config.json describes a model of {:.0f} parameters but the weights hold {:.0f} "
+                    "values",
+                    dir.string(), need, held));
   }
   Generator gen = Generator::for_loading();  // the weights are loaded next
   nn::GPT model(config, gen);

@@ -16,9 +16,10 @@ void freeze_base(nn::GPT& model) {
 
 void refuse_lora_new_tokens(const nn::LoraConfig& lora) {
   if (!lora.enabled()) return;
-  throw Error("sft --lora-rank: this model's tokenizer lacks ChatML's tokens, which a frozen embedding cannot learn; "
-              "run a full sft (without --lora-rank) first, or give --chat-template a template the tokenizer has the "
-              "tokens of");
+  throw Error(
+      "sft --lora-rank: this model's tokenizer lacks ChatML's tokens, which a frozen embedding cannot learn; "
+      "run a full sft (without --lora-rank) first, or give --chat-template a template the tokenizer has the "
+      "tokens of");
 }
 
 std::vector<std::pair<std::string, Tensor>> trainable_parameters(nn::GPT& model, bool bf16_storage) {
@@ -39,11 +40,12 @@ std::string describe_lora(const nn::GPT& model, const std::vector<std::pair<std:
   int64_t n = 0;
   for (const auto& [name, p] : trained) n += p.numel();
   const int64_t all = model.num_parameters();
-  return fmt::format("LoRA: rank {}, alpha {:g}, on {} of {} blocks: {:.2f}M parameters train ({:.2f}% of {:.1f}M), the "
-                     "base frozen{} ({})\n",
-                     l.rank, l.alpha, nn::lora_targets_name(l.targets), model.config().n_layer, double(n) / 1e6,
-                     100.0 * double(n) / double(all), double(all - n) / 1e6,
-                     model.numerics().bf16_storage ? " in bf16" : "", base.path);
+  return fmt::format(
+      "LoRA: rank {}, alpha {:g}, on {} of {} blocks: {:.2f}M parameters train ({:.2f}% of {:.1f}M), the "
+      "base frozen{} ({})\n",
+      l.rank, l.alpha, nn::lora_targets_name(l.targets), model.config().n_layer, double(n) / 1e6,
+      100.0 * double(n) / double(all), double(all - n) / 1e6, model.numerics().bf16_storage ? " in bf16" : "",
+      base.path);
 }
 
 }  // namespace tinygpt

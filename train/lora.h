@@ -15,7 +15,8 @@ namespace tinygpt {
 LoraBase lora_base_of(const Checkpoint& base);
 /// Turns off the gradient of every parameter but the adapters'.
 void freeze_base(nn::GPT& model);
-/// Throws, with LoRA, for an sft that would add tokens to the tokenizer (ChatML's): a frozen embedding cannot learn them.
+/// Throws, with LoRA, for an sft that would add tokens to the tokenizer (ChatML's): a frozen embedding cannot learn
+/// them.
 void refuse_lora_new_tokens(const nn::LoraConfig& lora);
 /// The parameters that train, each named: all of them, or with LoRA the adapters alone, the frozen base's weights then
 /// kept only in bf16 where activations are (they are read as bf16 copies anyway; the f32 values would only hold

@@ -1,11 +1,10 @@
 // The tinygpt command line: see train/cli.h.
-#include "train/cli.h"
+#include <csignal>
 
 #include "serve/http.h"
+#include "train/cli.h"
 #include "train/cli_serve.h"
 #include "train/console.h"
-
-#include <csignal>
 
 int main(int argc, char** argv) {
   // A closed pipe on stdout is a failed write (EPIPE), answered with an error line and exit 1, not a silent death.

@@ -65,15 +65,15 @@ double gpt_parameter_count(const nn::GPTConfig& c) {
   const double qkv = double(c.n_head + 2 * (c.n_kv_head > 0 ? c.n_kv_head : c.n_head)) * hd;
   const double nb = c.norm == nn::NormKind::RMSNorm ? 0.0 : b, qb = c.bias || c.qkv_bias ? 1.0 : 0.0;
   const double H = double(c.ffn_width()), fc = (c.mlp == nn::MlpKind::SwiGLU ? 2.0 : 1.0) * H;
-  const double layer = 2 * C * (1 + nb)    // ln_1, ln_2
-                       + qkv * C + qkv * qb  // c_attn
-                       + q * C + C * b       // attn.c_proj
+  const double layer = 2 * C * (1 + nb)                   // ln_1, ln_2
+                       + qkv * C + qkv * qb               // c_attn
+                       + q * C + C * b                    // attn.c_proj
                        + fc * C + fc * b + H * C + C * b  // mlp.c_fc (SwiGLU: gate and up), mlp.c_proj
                        + (c.qk_norm ? 2 * hd : 0.0);      // attn.q_norm, attn.k_norm
-  double positions = c.pos == nn::Positions::Learned ? double(c.block_size) * C : 0.0;  // wpe
+  double positions = c.pos == nn::Positions::Learned ? double(c.block_size) * C : 0.0;                     // wpe
   if (c.pos == nn::Positions::Relative) positions = L * 2 * double(2 * c.max_relative_position + 1) * hd;  // A_K, A_V
   if (c.pos == nn::Positions::T5) positions = L * double(c.n_head) * nn::GPTConfig::kT5Buckets;
-  const double head = c.untied_head ? V * C : 0.0;  // lm_head (else tied to wte)
+  const double head = c.untied_head ? V * C : 0.0;             // lm_head (else tied to wte)
   return V * C + positions + L * layer + C * (1 + nb) + head;  // wte, position tables, blocks, ln_f, lm_head
 }
 
@@ -120,14 +120,15 @@ double available_memory(Device device) {
   double avail = mem_available();
   if (std::isnan(avail)) {
     avail = std::numeric_limits<double>::infinity();  // unknown: no limit claimed
-#if defined(_SC_AVPHYS_PAGES)  // glibc's; macOS has no such query
+#if defined(_SC_AVPHYS_PAGES)                         // glibc's; macOS has no such query
     const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (pages > 0 && page > 0) avail = double(pages) * double(page);
 #endif
   }
   // A container's limit: cgroup v2, then v1 (whose "no limit" is a huge number, harmless here).
-  for (const auto& [limit, usage] : {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-                                     {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
+  for (const auto& [limit, usage] :
+       {std::pair{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+        {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
     const double l = read_number(limit), u = read_number(usage);
     if (!std::isnan(l) && !std::isnan(u)) {
       avail = std::min(avail, std::max(0.0, l - u));
@@ -157,7 +158,8 @@ void require_memory_to_read(const std::filesystem::path& path) {
   if (ec) return;  // the reader names what is wrong with the file
   const double have = available_memory(Device::CPU);
   if (double(size) > have) {
-    throw Error(fmt::format("reading '{}' needs {} of host memory, but {} is available", path.string(), gib(double(size)), gib(have)));
+    throw Error(fmt::format("reading '{}' needs {} of host memory, but {} is available", path.string(),
+                            gib(double(size)), gib(have)));
   }
 }
 

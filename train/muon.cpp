@@ -65,8 +65,10 @@ Tensor newton_schulz(const Tensor& g, int steps, double eps, bool bf16) {
 
 double muon_scale(MuonScale scale, int64_t rows, int64_t cols) {
   switch (scale) {
-    case MuonScale::Original: return std::sqrt(std::max(1.0, double(rows) / double(cols)));
-    case MuonScale::MatchAdamW: return 0.2 * std::sqrt(double(std::max(rows, cols)));
+    case MuonScale::Original:
+      return std::sqrt(std::max(1.0, double(rows) / double(cols)));
+    case MuonScale::MatchAdamW:
+      return 0.2 * std::sqrt(double(std::max(rows, cols)));
   }
   return 1.0;
 }

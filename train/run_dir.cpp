@@ -16,24 +16,42 @@ fs::path make_output_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out, ec)) {
-    throw Error(fmt::format("cannot create the output directory '{}': {}", out.string(), ec ? ec.message() : "not a directory"));
+    throw Error(fmt::format("cannot create the output directory '{}': {}", out.string(),
+                            ec ? ec.message() : "not a directory"));
   }
   return out;
 }
 
 /// On resume: drops the lines a stopped run wrote after its checkpoint (iterations from `iter` on, evaluations
 /// after it), so the resumed run's lines follow without repeats.
-void truncate_metrics(const fs::path& path, int64_t iter) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string kept;
+std::vector<MetricsRow> read_metrics(const fs::path& path) {
+  std::error_code ec;
+  std::ifstream in;
+  if (fs::is_regular_file(path, ec)) in.open(path);
+  std::vector<MetricsRow> rows;
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_object() || !j.contains("iter") || !j["iter"].is_number_integer()) continue;
-    const int64_t it = j["iter"].get<int64_t>();
-    if (j.contains("val_loss") ? it <= iter : it < iter) kept += line + '\n';
+    const auto number = [&j](const char* key) {
+      return j.contains(key) && j[key].is_number() ? std::optional<double>(j[key].get<double>()) : std::nullopt;
+    };
+    rows.push_back({.iter = j["iter"].get<int64_t>(),
+                    .evaluation = j.contains("val_loss"),
+                    .loss = number("loss"),
+                    .train_loss = number("train_loss"),
+                    .val_loss = number("val_loss"),
+                    .val_bpb = number("val_bpb"),
+                    .line = std::move(line)});
   }
-  in.close();
+  return rows;
+}
+
+void truncate_metrics(const fs::path& path, int64_t iter) {
+  if (!fs::exists(path)) return;
+  std::string kept;
+  for (const MetricsRow& r : read_metrics(path)) {
+    if (r.evaluation ? r.iter <= iter : r.iter < iter) kept += r.line + '\n';
+  }
   data::write_text_file(path, kept);  // by rename: a failed write leaves the old file as it was, and no temporary file
 }
 
@@ -72,9 +90,10 @@ void MetricsLog::write(const nlohmann::json& j) {
       const int err = n < 0 ? errno : ENOSPC;
       if (before >= 0 && ::ftruncate(fd_, before) != 0) {
       }  // no half line left (where even that fails, a resumed run drops it: truncate_metrics)
-      throw Error(fmt::format("cannot write '{}': {}; the checkpoints saved so far are intact (--resume continues "
-                              "from the latest)",
-                              path_.string(), std::strerror(err)));
+      throw Error(
+          fmt::format("cannot write '{}': {}; the checkpoints saved so far are intact (--resume continues "
+                      "from the latest)",
+                      path_.string(), std::strerror(err)));
     }
     done += size_t(n);
   }

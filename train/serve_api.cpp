@@ -59,7 +59,8 @@ std::string content_text(const json& content, const std::string& param) {
     if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
       throw bad_request(where, fmt::format("'{}' must be a text part ({{\"type\": \"text\", \"text\": ...}}): tinygpt "
-                                           "models read text only", where));
+                                           "models read text only",
+                                           where));
     }
     text += part["text"].get<std::string>();
   }
@@ -90,7 +91,8 @@ data::Messages read_messages(const json& body, const ApiLimits& limits, size_t& 
                                                      role.substr(0, 64)));
     }
     if (!x.contains("content")) {
-      throw bad_request(where + ".content", fmt::format("'{}.content' is required", where), "missing_required_parameter");
+      throw bad_request(where + ".content", fmt::format("'{}.content' is required", where),
+                        "missing_required_parameter");
     }
     std::string content = content_text(x["content"], where + ".content");
     text_bytes += content.size();
@@ -104,8 +106,9 @@ std::string read_prompt(const json& body) {
   const json& p = body["prompt"];
   if (p.is_string()) return p.get<std::string>();
   if (p.is_array() && p.size() == 1 && p[0].is_string()) return p[0].get<std::string>();
-  throw bad_request("prompt", fmt::format("'prompt' must be a string (or an array of one string), got {}{}",
-                                          type_name(p), p.is_array() ? " of other than one string" : ""),
+  throw bad_request("prompt",
+                    fmt::format("'prompt' must be a string (or an array of one string), got {}{}", type_name(p),
+                                p.is_array() ? " of other than one string" : ""),
                     "invalid_type");
 }
 
@@ -129,7 +132,8 @@ std::vector<std::string> read_stops(const json& body, const ApiLimits& limits) {
   for (const std::string& x : stops) {
     if (x.empty()) throw bad_request("stop", "'stop' strings must not be empty");
     if (x.size() > limits.max_stop_bytes) {
-      throw bad_request("stop", fmt::format("a 'stop' string is {} bytes, at most {}", x.size(), limits.max_stop_bytes));
+      throw bad_request("stop",
+                        fmt::format("a 'stop' string is {} bytes, at most {}", x.size(), limits.max_stop_bytes));
     }
   }
   return stops;
@@ -163,8 +167,11 @@ void refuse_unsupported(const json& body) {
 }  // namespace
 
 json ApiError::body() const {
-  return {{"error", {{"message", what()}, {"type", type}, {"param", param.empty() ? json() : json(param)},
-                     {"code", code.empty() ? json() : json(code)}}}};
+  return {{"error",
+           {{"message", what()},
+            {"type", type},
+            {"param", param.empty() ? json() : json(param)},
+            {"code", code.empty() ? json() : json(code)}}}};
 }
 
 ApiError bad_request(const std::string& param, const std::string& message, const std::string& code) {
@@ -185,9 +192,9 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat, con
     if (!body["model"].is_string()) throw wrong_type("model", "a string", body["model"]);
     const std::string model = body["model"].get<std::string>();
     if (model != limits.model) {
-      throw ApiError(404, "invalid_request_error", "model_not_found", "model",
-                     fmt::format("the model '{}' does not exist: this server serves '{}'", model.substr(0, 200),
-                                 limits.model));
+      throw ApiError(
+          404, "invalid_request_error", "model_not_found", "model",
+          fmt::format("the model '{}' does not exist: this server serves '{}'", model.substr(0, 200), limits.model));
     }
   }
   size_t text_bytes = 0;
@@ -225,7 +232,8 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat, con
     const json& o = body["stream_options"];
     if (!o.is_object()) throw wrong_type("stream_options", "an object", o);
     if (o.contains("include_usage") && !o["include_usage"].is_null()) {
-      if (!o["include_usage"].is_boolean()) throw wrong_type("stream_options.include_usage", "a boolean", o["include_usage"]);
+      if (!o["include_usage"].is_boolean())
+        throw wrong_type("stream_options.include_usage", "a boolean", o["include_usage"]);
       r.include_usage = o["include_usage"].get<bool>();
     }
   }
@@ -236,8 +244,10 @@ CompletionRequest parse_completion_request(std::string_view text, bool chat, con
 
 json completion_body(const Completion& c, bool chat) {
   json choice = {{"index", 0}, {"finish_reason", c.finish_reason}, {"logprobs", nullptr}};
-  if (chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-  else choice["text"] = c.text;
+  if (chat)
+    choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+  else
+    choice["text"] = c.text;
   return {{"id", c.id},
           {"object", chat ? "chat.completion" : "text_completion"},
           {"created", c.created},
@@ -251,8 +261,8 @@ json completion_body(const Completion& c, bool chat) {
 
 json completion_chunk(const Completion& c, bool chat, std::string_view piece, bool first,
                       const std::string& finish_reason) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason.empty() ? json() : json(finish_reason)},
-                 {"logprobs", nullptr}};
+  json choice = {
+      {"index", 0}, {"finish_reason", finish_reason.empty() ? json() : json(finish_reason)}, {"logprobs", nullptr}};
   if (chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -3,8 +3,9 @@
 // response bodies and stream chunks built. Pure functions of their inputs, so the fuzzer drives the parser alone.
 #pragma once
 
-#include <cstdint>
 #include <nlohmann/json.hpp>
+
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -19,7 +20,10 @@ namespace tinygpt {
 /// A request refused: the HTTP status and OpenAI's error object {"error": {message, type, param, code}}.
 struct ApiError : std::runtime_error {
   ApiError(int status, std::string type, std::string code, std::string param, const std::string& message)
-      : std::runtime_error(message), status(status), type(std::move(type)), code(std::move(code)),
+      : std::runtime_error(message),
+        status(status),
+        type(std::move(type)),
+        code(std::move(code)),
         param(std::move(param)) {}
   int status;
   std::string type, code, param;
@@ -29,19 +33,19 @@ struct ApiError : std::runtime_error {
 ApiError bad_request(const std::string& param, const std::string& message, const std::string& code = "invalid_value");
 
 struct ApiLimits {
-  std::string model;              // the one model served: a request naming another gets 404
-  size_t max_messages = 1024;     // a conversation's messages
-  size_t max_text = 1 << 20;      // bytes of text in a request's messages or prompt, all told
-  size_t max_stops = 4;           // stop strings, as OpenAI's
-  size_t max_stop_bytes = 256;    // each
-  int64_t vocab = 0;              // top_k above it means all
+  std::string model;            // the one model served: a request naming another gets 404
+  size_t max_messages = 1024;   // a conversation's messages
+  size_t max_text = 1 << 20;    // bytes of text in a request's messages or prompt, all told
+  size_t max_stops = 4;         // stop strings, as OpenAI's
+  size_t max_stop_bytes = 256;  // each
+  int64_t vocab = 0;            // top_k above it means all
 };
 
 struct CompletionRequest {
-  bool chat = true;           // /v1/chat/completions (messages), else /v1/completions (prompt)
-  data::Messages messages;    // chat: [{"role", "content"}], content as text
-  std::string prompt;         // completions: the text to continue
-  GenerateOptions gen;        // max_new_tokens 0: until the window is full
+  bool chat = true;         // /v1/chat/completions (messages), else /v1/completions (prompt)
+  data::Messages messages;  // chat: [{"role", "content"}], content as text
+  std::string prompt;       // completions: the text to continue
+  GenerateOptions gen;      // max_new_tokens 0: until the window is full
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false, include_usage = false;
@@ -53,8 +57,8 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, con
 /// What a request came to, for its response.
 struct Completion {
   std::string id, model, text;
-  int64_t created = 0;          // Unix seconds
-  std::string finish_reason;    // "stop" (an end of turn, an end of text or a stop string) or "length"
+  int64_t created = 0;        // Unix seconds
+  std::string finish_reason;  // "stop" (an end of turn, an end of text or a stop string) or "length"
   int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 

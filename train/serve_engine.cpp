@@ -45,12 +45,14 @@ struct ServeEngine::Job {
 };
 
 ServeEngine::ServeEngine(const ServeArgs& a)
-    : ckpt_(load_checkpoint(a.ckpt)), template_(data::chat_template_for(ckpt_.tokenizer.config(), a.chat_template)),
-      end_of_turn_(template_.end_of_turn(ckpt_.tokenizer.config())), max_queue_(size_t(a.max_queue)) {
+    : ckpt_(load_checkpoint(a.ckpt)),
+      template_(data::chat_template_for(ckpt_.tokenizer.config(), a.chat_template)),
+      end_of_turn_(template_.end_of_turn(ckpt_.tokenizer.config())),
+      max_queue_(size_t(a.max_queue)) {
   const Device device = parse_device(a.device);
   check_numerics_over(a.numerics, ckpt_, device);
-  const int64_t window = a.context > 0 ? std::min(a.context, ckpt_.config.block_size)
-                                       : std::min<int64_t>(ckpt_.config.block_size, 4096);
+  const int64_t window =
+      a.context > 0 ? std::min(a.context, ckpt_.config.block_size) : std::min<int64_t>(ckpt_.config.block_size, 4096);
   model_ = model_from(ckpt_, device, 1, a.numerics, window);
   decoder_ = std::make_unique<CachedDecoder>(*model_, ckpt_.tokenizer, window);
   limits_.model = model_name_of(a, ckpt_);
@@ -72,9 +74,10 @@ ServeEngine::~ServeEngine() {
 }
 
 std::string ServeEngine::describe() const {
-  return fmt::format("'{}' from {} (iteration {}): template {}, window {} tokens, one request drawing at a time, "
-                     "{} waiting at most", limits_.model, ckpt_.path.string(), ckpt_.state.iter, template_.name(),
-                     window(), max_queue_);
+  return fmt::format(
+      "'{}' from {} (iteration {}): template {}, window {} tokens, one request drawing at a time, "
+      "{} waiting at most",
+      limits_.model, ckpt_.path.string(), ckpt_.state.iter, template_.name(), window(), max_queue_);
 }
 
 std::unique_ptr<ServeEngine::Place> ServeEngine::admit() {

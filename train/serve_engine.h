@@ -96,9 +96,9 @@ class ServeEngine {
   size_t max_queue_;
 
   mutable std::mutex mutex_;
-  std::condition_variable work_;      // the drawing thread waits here for a job
+  std::condition_variable work_;           // the drawing thread waits here for a job
   std::deque<std::shared_ptr<Job>> jobs_;  // waiting, in arrival order
-  size_t admitted_ = 0;               // places held: waiting, drawing or about to queue
+  size_t admitted_ = 0;                    // places held: waiting, drawing or about to queue
   uint64_t next_id_ = 0;
   bool closing_ = false, ended_ = false;
   std::atomic<bool> stop_now_{false};  // read between tokens without the lock

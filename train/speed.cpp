@@ -13,9 +13,9 @@
 #include <string>
 #include <string_view>
 
+#include "data/text.h"
 #include "kernels/device.h"
 #include "kernels/env.h"
-#include "data/text.h"
 
 namespace tinygpt {
 
@@ -67,11 +67,16 @@ void use_cpu_rates_cache() {
   std::string name;
   double value = 0;
   while (values >> name >> value) {
-    if (name == "ghz") rates.ghz = value;
-    else if (name == "f32") rates.f32 = value;
-    else if (name == "avx512_bf16") rates.avx512_bf16 = value;
-    else if (name == "amx") rates.amx = value;
-    else return;
+    if (name == "ghz")
+      rates.ghz = value;
+    else if (name == "f32")
+      rates.f32 = value;
+    else if (name == "avx512_bf16")
+      rates.avx512_bf16 = value;
+    else if (name == "amx")
+      rates.amx = value;
+    else
+      return;
   }
   if (!values.eof()) return;
   // The clock is read again (about 20 ms): a cache written while another process or VM held the cores states a clock
@@ -91,8 +96,8 @@ std::string save_cpu_rates_cache() {
   const cpu::UnitRates& rates = cpu::unit_rates();
   const std::filesystem::path path = cpu_rates_cache_path();
   if (rates.cached || rates.ghz <= 0 || path.empty()) return {};
-  const std::string text = cpu_rates_key() + fmt::format("ghz {:.17g}\nf32 {:g}\navx512_bf16 {:g}\namx {:g}\n", rates.ghz,
-                                                          rates.f32, rates.avx512_bf16, rates.amx);
+  const std::string text = cpu_rates_key() + fmt::format("ghz {:.17g}\nf32 {:g}\navx512_bf16 {:g}\namx {:g}\n",
+                                                         rates.ghz, rates.f32, rates.avx512_bf16, rates.amx);
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
   try {
@@ -167,8 +172,8 @@ Peak peak_passed(Device device, const Numerics& numerics, const Peak& peak, doub
                              why.empty() ? "" : fmt::format(" (not cached: {})", why));
     return raised;
   }
-  return {gflops, fmt::format("the step's rate: {} was passed, so the step's FLOP count is wrong (train/speed.cpp)",
-                              peak.how)};
+  return {gflops,
+          fmt::format("the step's rate: {} was passed, so the step's FLOP count is wrong (train/speed.cpp)", peak.how)};
 }
 
 }  // namespace tinygpt

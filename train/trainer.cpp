@@ -47,48 +47,9 @@ std::vector<std::pair<std::string, Tensor>> backward_order(std::vector<std::pair
   return params;
 }
 
-
 }  // namespace
 
-
 namespace {
-
-nlohmann::json flags_json(const TrainConfig& c) {
-  nlohmann::json j = {{"data", c.data},
-          {"tokenizer", c.tokenizer},
-          {"batch_size", c.batch_size},
-          {"max_iters", c.max_iters},
-          {"time_budget", c.time_budget},
-          {"lr", c.lr},
-          {"min_lr", c.min_lr},
-          {"warmup_iters", c.warmup_iters},
-          {"lr_decay_iters", c.lr_decay_iters},
-          {"weight_decay", c.weight_decay},
-          {"beta1", c.beta1},
-          {"beta2", c.beta2},
-          {"grad_clip", c.grad_clip},
-          {"optimizer", c.optimizer},
-          {"dtype", c.dtype},
-          {"storage", c.storage},
-          {"grad_accum", c.grad_accum},
-          {"eval_interval", c.eval_interval},
-          {"eval_iters", c.eval_iters},
-          {"train_fraction", c.train_fraction},
-          {"seed", std::to_string(c.seed)},
-          {"world_size", communicator().world_size()}};
-  if (c.optimizer == "muon") {
-    j.update({{"muon_lr", c.muon_lr}, {"muon_momentum", c.muon_momentum}, {"muon_weight_decay", c.muon_weight_decay},
-              {"muon_scale", c.muon_scale}});
-  }
-  if (c.cooldown > 0) j["cooldown"] = c.cooldown;
-  if (!c.init_from.empty()) j["init_from"] = c.init_from;
-  if (c.sft) j["sft"] = true;
-  if (c.lora.enabled()) j["lora"] = {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", nn::lora_targets_name(c.lora.targets)}};
-  if (!c.chat_template.empty()) j["chat_template"] = c.chat_template;
-  return j;
-}
-
-
 
 /// A checksum of every parameter's bytes (FNV-1a), to check that all ranks start from the same weights.
 uint64_t weights_checksum(const std::vector<Tensor>& params) {
@@ -101,57 +62,9 @@ uint64_t weights_checksum(const std::vector<Tensor>& params) {
   return h;
 }
 
-
 }  // namespace
 
-
-double estimate_loss(nn::GPT& model, data::TokenSpan ids, int64_t batch_size, int64_t iters,
-                     uint64_t seed, const char* what, Communicator* comm) {
-  NoGradGuard no_grad;
-  const bool was_training = model.training();
-  model.train(false);
-  data::BatchSampler sampler(ids, batch_size, model.config().block_size, seed, what);
-  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world_size() : 1;
-  double total = 0;
-  const Device device = model.device();
-  for (int64_t i = 0; i < iters; ++i) {
-    if (i % world != rank) {  // another rank's batch: drawn (so every rank's draws stay in step), not evaluated
-      sampler.skip();
-      continue;
-    }
-    const auto b = sampler.next();
-    total += model.forward(b.x.to(device), b.y.to(device)).loss.item();
-  }
-  if (comm) comm->all_reduce_sum(&total, 1);
-  model.train(was_training);
-  return total / double(iters);
-}
-
-double rows_loss(nn::GPT& model, const data::Rows& rows, int64_t batch_size, size_t limit, int64_t& targets,
-                 Communicator* comm) {
-  NoGradGuard no_grad;
-  const bool was_training = model.training();
-  model.train(false);
-  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world_size() : 1;
-  const size_t n = std::min(limit, rows.size());
-  double sums[2] = {0, 0};  // loss x targets, targets
-  const Device device = model.device();
-  for (size_t first = 0, k = 0; first < n; first += size_t(batch_size), ++k) {
-    if (int64_t(k % size_t(world)) != rank) continue;
-    const data::RowBatch b = data::row_batch(rows, first, std::min<int64_t>(batch_size, int64_t(n - first)),
-                                             model.config().block_size);
-    if (b.targets == 0) continue;
-    sums[0] += model.forward(b.x.to(device), b.y.to(device)).loss.item() * double(b.targets);
-    sums[1] += double(b.targets);
-  }
-  if (comm) comm->all_reduce_sum(sums, 2);
-  model.train(was_training);
-  targets = int64_t(sums[1]);
-  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
-}
-
 namespace {
-
 
 /// --resume: the run's latest checkpoint, whose model config the run takes (all but dropout, which may change);
 /// throws when the data's vocabulary or a model flag given contradicts it.
@@ -169,7 +82,8 @@ Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out) {
   if (!given("attention_math") && (ckpt.numerics.attention != AttentionMath::TF32 || cfg.device == "cuda")) {
     cfg.attention_math = attention_math_name(ckpt.numerics.attention);
   }
-  if (!given("storage") && !ckpt.storage.empty() && (ckpt.storage == "f32" || cfg.dtype == "bf16")) cfg.storage = ckpt.storage;
+  if (!given("storage") && !ckpt.storage.empty() && (ckpt.storage == "f32" || cfg.dtype == "bf16"))
+    cfg.storage = ckpt.storage;
   if (!given("tf32") && cfg.device == "cuda") cfg.tf32 = ckpt.numerics.tf32;
   return ckpt;
 }
@@ -185,7 +99,7 @@ Checkpoint init_checkpoint(TrainConfig& cfg) {
   cfg.model = ckpt.config;
   cfg.model.dropout = dropout;
   if (shorter) cfg.model.block_size = block;  // a shorter training context: no weight depends on it
-  cfg.model.lora = cfg.lora;  // adapters on the checkpoint's model, which becomes their frozen base
+  cfg.model.lora = cfg.lora;                  // adapters on the checkpoint's model, which becomes their frozen base
   return ckpt;
 }
 
@@ -194,23 +108,26 @@ void check_ranks(const nn::GPT& model, Communicator& comm, Device device, const 
   uint64_t sum = weights_checksum(model.parameters()), first = sum;
   comm.broadcast(&first, sizeof(first), 0);
   if (sum != first) {
-    throw Error(fmt::format("rank {}: its starting weights differ from rank 0's (checksum {:016x} vs {:016x}); every "
-                            "rank must run the same binary with the same flags and checkpoint",
-                            comm.rank(), sum, first));
+    throw Error(
+        fmt::format("rank {}: its starting weights differ from rank 0's (checksum {:016x} vs {:016x}); every "
+                    "rank must run the same binary with the same flags and checkpoint",
+                    comm.rank(), sum, first));
   }
-  const char* gradients = device == Device::CPU        ? ""
+  const char* gradients = device == Device::CPU     ? ""
                           : cuda::built_with_nccl() ? ", gradients summed over NCCL, one GPU per rank"
                                                     : ", gradients summed through host memory (no NCCL in this build), "
                                                       "one GPU per rank";
-  console.line("data parallel: {} ranks ({}{}), {} micro-batch{} each per step: the same steps as one process with "
-               "--grad-accum {}\n",
-               comm.world_size(), comm.backend(), gradients, cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es",
-               cfg.grad_accum * comm.world_size());
+  console.line(
+      "data parallel: {} ranks ({}{}), {} micro-batch{} each per step: the same steps as one process with "
+      "--grad-accum {}\n",
+      comm.world_size(), comm.backend(), gradients, cfg.grad_accum, cfg.grad_accum == 1 ? "" : "es",
+      cfg.grad_accum * comm.world_size());
 }
 
 /// The run's optimizer over the packed parameters: AdamW, or Muon for the block matrices with AdamW for the rest.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& cfg, FlatParameters& flat) {
-  const AdamWConfig adamw{.lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay};
+  const AdamWConfig adamw{
+      .lr = cfg.lr, .beta1 = cfg.beta1, .beta2 = cfg.beta2, .eps = 1e-8, .weight_decay = cfg.weight_decay};
   if (cfg.optimizer == "adamw") return std::make_unique<AdamW>(flat, adamw);
   const MuonConfig muon{.lr = cfg.muon_lr,
                         .momentum = cfg.muon_momentum,
@@ -240,7 +157,9 @@ std::string describe_model(const nn::GPT& model, Device device) {
   const std::string where =
       device == Device::CUDA
           ? fmt::format("on {}{}{}", cuda::device_description(),
-                        n.bf16 ? ", bf16 matmuls" : n.tf32 ? ", TF32 matmuls" : "",
+                        n.bf16   ? ", bf16 matmuls"
+                        : n.tf32 ? ", TF32 matmuls"
+                                 : "",
                         n.attention != AttentionMath::F32
                             ? fmt::format(", {} tensor-core attention", attention_math_name(n.attention))
                             : "")
@@ -251,7 +170,6 @@ std::string describe_model(const nn::GPT& model, Device device) {
                      m.n_embd, m.block_size, double(model.num_parameters_non_embedding()) / 1e6, where,
                      switches.empty() ? "" : "; " + switches);
 }
-
 
 /// The training step, one form on every device: every per-step value the work reads is in memory where the model is
 /// (device memory on a GPU), refilled before the step (the rank's micro-batches, the optimizer's rates:
@@ -271,7 +189,7 @@ struct StepBuffers {
 
 struct StepStats {
   double loss = 0, grad_norm = 0;
-  double comm_ms = 0;  // waiting on and doing the reduction (the faster ranks wait here for the slowest)
+  double comm_ms = 0;               // waiting on and doing the reduction (the faster ranks wait here for the slowest)
   bool stop_from_any_rank = false;  // several ranks: a stop signal reached one of them during the step
 };
 
@@ -344,7 +262,8 @@ struct Run {
     save_latest(iter);
     if (best && lead()) save_checkpoint(out / kBestCheckpoint, model, data.tokenizer, &opt, state);
     console.line("step {}: train loss {:.4f}, val loss {:.4f} ({:.4f} bits per byte){} ({:.1f}s)\n", iter, train_loss,
-                 val_loss, val_bpb, best ? ", best so far: saved" : "", std::chrono::duration<double>(Clock::now() - t0).count());
+                 val_loss, val_bpb, best ? ", best so far: saved" : "",
+                 std::chrono::duration<double>(Clock::now() - t0).count());
     return val_loss;
   }
 
@@ -369,10 +288,11 @@ struct Run {
 
   /// The error that stops a run whose step's loss or gradient norm is not finite (the weights were not updated).
   [[noreturn]] void refuse_non_finite(int64_t iter, const StepStats& s) const {
-    throw Error(fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
-                            "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
-                            iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
-                            std::isfinite(s.loss) ? s.grad_norm : s.loss, cfg.lr, (out / kLatestCheckpoint).string()));
+    throw Error(
+        fmt::format("at iteration {} the {} is {}: training stopped before the update. Lower --lr (now {}), "
+                    "raise --warmup-iters or --grad-clip, or check the data; {} holds the last good checkpoint",
+                    iter, std::isfinite(s.loss) ? "gradient norm" : "loss",
+                    std::isfinite(s.loss) ? s.grad_norm : s.loss, cfg.lr, (out / kLatestCheckpoint).string()));
   }
 
   /// One optimizer step over the step's world * grad_accum micro-batches, drawn in order by every rank; rank r
@@ -473,11 +393,10 @@ struct Run {
   StepStats finish_step(int64_t iter, StepStats s) {
     const int world = comm.world_size();
     const Tensor& st = step_buffers.stats;
-    const std::vector<double> stats =
-        st.dtype() == DType::F64 ? st.to_vector<double>() : [&] {
-          const std::vector<float> f = st.to_vector<float>();
-          return std::vector<double>{double(f[0]), double(f[1])};
-        }();
+    const std::vector<double> stats = st.dtype() == DType::F64 ? st.to_vector<double>() : [&] {
+      const std::vector<float> f = st.to_vector<float>();
+      return std::vector<double>{double(f[0]), double(f[1])};
+    }();
     double reduced[2] = {stats[0], stop.requested() ? 1.0 : 0.0};
     if (world > 1) {
       const auto c0 = Clock::now();
@@ -505,11 +424,11 @@ void set_up_step(Run& run) {
   if (device != Device::CUDA) return;
   const bool one = run.comm.world_size() == 1;
   d.use_graph = one && cfg.cuda_graphs && !cuda::profiling();
-  const char* graphs =
-      d.use_graph        ? "CUDA graphs: the training step is captured on its second iteration and replayed"
-      : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
-      : !one             ? "CUDA graphs off: several ranks; the step is queued op by op"
-                         : "CUDA graphs off: TINYGPT_CUDA_PROFILE=1 times each op alone; the step is queued op by op";
+  const char* graphs = d.use_graph ? "CUDA graphs: the training step is captured on its second iteration and replayed"
+                       : !cfg.cuda_graphs ? "CUDA graphs off (--no-cuda-graphs): the step is queued op by op"
+                       : !one
+                           ? "CUDA graphs off: several ranks; the step is queued op by op"
+                           : "CUDA graphs off: TINYGPT_CUDA_PROFILE=1 times each op alone; the step is queued op by op";
   run.console.line("{}\n", graphs);
 }
 
@@ -523,38 +442,88 @@ Peak announce_meter(Run& run, double flops_per_iter) {
     }
   }
   const std::string against = peak.gflops > 0
-                                   ? fmt::format("MFU is against {:.0f} GFLOP/s per rank: {}", peak.gflops, peak.how)
-                                   : fmt::format("no MFU: the peak is {}", peak.how);
+                                  ? fmt::format("MFU is against {:.0f} GFLOP/s per rank: {}", peak.gflops, peak.how)
+                                  : fmt::format("no MFU: the peak is {}", peak.how);
   run.console.line("speed: a step is {:.2f} GFLOP (nanoGPT's count, causal attention's half{}); {}\n",
                    flops_per_iter / 1e9, run.opt.step_flops() > 0 ? ", Muon's Newton-Schulz" : "", against);
   return peak;
+}
+
+/// What the loop knows of the run's speed: the work per iteration and the peak MFU is measured against.
+struct Meter {
+  int64_t tokens_per_iter = 0;
+  double flops_per_iter = 0;
+  Peak peak;
+  double ms_avg = 0;  // moving average of the iteration time, for the ETA
+};
+
+/// An iteration's row of metrics.jsonl, its log line and the status line; raises the meter's peak first when the
+/// step passed it, so no logged MFU is above 1.
+void log_step(Run& run, Meter& meter, int64_t iter, double lr, const StepStats& s, double ms, int64_t step_syncs) {
+  const TrainConfig& cfg = run.cfg;
+  const int world = run.comm.world_size();
+  const double train_s = run.state.train_seconds;
+  const double tok_per_s = double(meter.tokens_per_iter) / (ms / 1e3);
+  const double gflops = meter.flops_per_iter / (ms / 1e3) / 1e9;
+  if (meter.peak.gflops > 0 && gflops > meter.peak.gflops * world) {
+    meter.peak = peak_passed(run.device, run.model.numerics(), meter.peak, gflops / world);
+    run.console.line(
+        "speed: iteration {} ran at {:.0f} GFLOP/s, above the peak: MFU is now against {:.0f} GFLOP/s per "
+        "rank, {}\n",
+        iter, gflops, meter.peak.gflops, meter.peak.how);
+  }
+  const double mfu = meter.peak.gflops > 0 ? gflops / (meter.peak.gflops * world) : 0;  // only against a stated peak
+  nlohmann::json row = {{"iter", iter}, {"loss", s.loss},         {"lr", lr},         {"grad_norm", s.grad_norm},
+                        {"ms", ms},     {"tok_per_s", tok_per_s}, {"gflops", gflops}, {"train_s", train_s}};
+  if (meter.peak.gflops > 0) row["mfu"] = mfu;
+  if (world > 1) row["comm_ms"] = s.comm_ms;
+  if (run.device == Device::CUDA) {
+    row["host_syncs"] = step_syncs;
+    row["gpu_peak_mib"] = double(cuda::memory_stats().peak_allocated) / (1 << 20);  // the allocator's count: no sync
+  }
+  run.metrics.write(row);
+  if (iter % cfg.log_interval == 0) {
+    run.console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s, {:.1f} GFLOP/s{}\n",
+                     iter, s.loss, lr, s.grad_norm, ms, tok_per_s, gflops,
+                     meter.peak.gflops > 0 ? fmt::format(" ({:.0f}% of peak)", 100 * mfu) : "");
+  }
+  meter.ms_avg = meter.ms_avg == 0 ? ms : 0.9 * meter.ms_avg + 0.1 * ms;
+  if (cfg.time_budget > 0) {
+    run.console.status_budget(iter, train_s, cfg.time_budget, s.loss, tok_per_s);
+  } else {
+    run.console.status(iter, cfg.max_iters, s.loss, tok_per_s, meter.ms_avg);
+  }
+}
+
+/// The closing line of a run that was not stopped.
+void say_done(const Run& run, const TrainResult& result) {
+  run.console.clear();
+  if (!run.lead()) return;
+  const TrainConfig& cfg = run.cfg;
+  fmt::print(stderr, "done: {} iterations in {:.1f} s of training steps{}, best val loss {:.4f}; checkpoints in {}\n",
+             result.iters, run.state.train_seconds,
+             cfg.time_budget > 0 ? fmt::format(" (time budget {:g} s)", cfg.time_budget) : "", result.best_val_loss,
+             run.out.string());
 }
 
 /// The training loop: steps, evaluations, logs and checkpoints, until the last iteration, the time budget or a stop
 /// signal; then the closing line.
 TrainResult run_steps(Run& run) {
   const TrainConfig& cfg = run.cfg;
-  const Device device = run.device;
-  Communicator& comm = run.comm;
-  const int world = comm.world_size();
-  const bool lead = run.lead();
-  const fs::path& out = run.out;
   TrainState& state = run.state;
-  MetricsLog& metrics = run.metrics;
-  Console& console = run.console;
-  const StopSignals& stop = run.stop;
-  const nn::GPT& model = run.model;
-  const int64_t tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
+  const int world = run.comm.world_size();
+  Meter meter;
+  meter.tokens_per_iter = cfg.batch_size * cfg.model.block_size * cfg.grad_accum * world;
   // Muon's Newton-Schulz products run on every rank.
-  const double flops_per_iter = step_flops(model, tokens_per_iter) + world * run.opt.step_flops();
-  Peak peak = announce_meter(run, flops_per_iter);
+  meter.flops_per_iter = step_flops(run.model, meter.tokens_per_iter) + world * run.opt.step_flops();
+  meter.peak = announce_meter(run, meter.flops_per_iter);
   TrainResult result{state.best_val_loss, NAN, state.iter};
   const int64_t first = state.iter;
-  double ms_avg = 0;  // moving average of the iteration time, for the ETA
   const bool budget = cfg.time_budget > 0;
   if (budget) {
-    console.line("time budget: {:g} s of training steps{}\n", cfg.time_budget,
-                 state.train_seconds > 0 ? fmt::format(", {:.1f} s spent before this run", state.train_seconds) : "");
+    run.console.line(
+        "time budget: {:g} s of training steps{}\n", cfg.time_budget,
+        state.train_seconds > 0 ? fmt::format(", {:.1f} s spent before this run", state.train_seconds) : "");
   }
   for (int64_t iter = state.iter;; ++iter) {
     const double lr = learning_rate(cfg, iter, state.train_seconds);
@@ -579,41 +548,14 @@ TrainResult run_steps(Run& run) {
     result.max_step_float_reads = std::max(result.max_step_float_reads, Tensor::float_host_reads() - reads0);
     state.train_seconds += ms / 1e3;
     // Every rank stops after the same iteration and schedules the same learning rate: rank 0's clock decides.
-    if (budget && world > 1) comm.broadcast(&state.train_seconds, sizeof(double), 0);
-    const double tok_per_s = double(tokens_per_iter) / (ms / 1e3);
-    const double gflops = flops_per_iter / (ms / 1e3) / 1e9;
-    if (peak.gflops > 0 && gflops > peak.gflops * world) {  // so no logged MFU is above 1
-      peak = peak_passed(device, model.numerics(), peak, gflops / world);
-      console.line("speed: iteration {} ran at {:.0f} GFLOP/s, above the peak: MFU is now against {:.0f} GFLOP/s per "
-                   "rank, {}\n", iter, gflops, peak.gflops, peak.how);
-    }
-    const double mfu = peak.gflops > 0 ? gflops / (peak.gflops * world) : 0;  // written only against a stated peak
-    nlohmann::json row = {{"iter", iter},           {"loss", s.loss},   {"lr", lr},   {"grad_norm", s.grad_norm},
-                          {"ms", ms},               {"tok_per_s", tok_per_s}, {"gflops", gflops},
-                          {"train_s", state.train_seconds}};
-    if (peak.gflops > 0) row["mfu"] = mfu;
-    if (world > 1) row["comm_ms"] = s.comm_ms;
-    if (device == Device::CUDA) {
-      row["host_syncs"] = step_syncs;
-      row["gpu_peak_mib"] = double(cuda::memory_stats().peak_allocated) / (1 << 20);  // the allocator's count: no sync
-    }
-    metrics.write(row);
-    if (iter % cfg.log_interval == 0) {
-      console.line("iter {}: loss {:.4f}, lr {:.2e}, grad norm {:.3f}, {:.1f} ms, {:.0f} tok/s, {:.1f} GFLOP/s{}\n",
-                   iter, s.loss, lr, s.grad_norm, ms, tok_per_s, gflops,
-                   peak.gflops > 0 ? fmt::format(" ({:.0f}% of peak)", 100 * mfu) : "");
-    }
-    ms_avg = ms_avg == 0 ? ms : 0.9 * ms_avg + 0.1 * ms;
-    if (budget) {
-      console.status_budget(iter, state.train_seconds, cfg.time_budget, s.loss, tok_per_s);
-    } else {
-      console.status(iter, cfg.max_iters, s.loss, tok_per_s, ms_avg);
-    }
-    if (world > 1 ? s.stop_from_any_rank : stop.requested()) {  // one process: checked after the step's logging
+    if (budget && world > 1) run.comm.broadcast(&state.train_seconds, sizeof(double), 0);
+    log_step(run, meter, iter, lr, s, ms, step_syncs);
+    if (world > 1 ? s.stop_from_any_rank : run.stop.requested()) {  // one process: checked after the step's logging
       run.save_latest(iter + 1);
-      console.clear();
-      if (lead) fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
-                           (out / kLatestCheckpoint).string());
+      run.console.clear();
+      if (run.lead())
+        fmt::print(stderr, "stopped by a signal after iteration {}: saved {}; continue with --resume\n", iter,
+                   (run.out / kLatestCheckpoint).string());
       result.iters = iter + 1;
       result.interrupted = true;
       break;
@@ -621,14 +563,55 @@ TrainResult run_steps(Run& run) {
   }
   result.best_val_loss = state.best_val_loss;
   result.graph_replays = run.step_buffers.replays;
-  if (result.interrupted) return result;
-  console.clear();
-  if (lead) {
-    fmt::print(stderr, "done: {} iterations in {:.1f} s of training steps{}, best val loss {:.4f}; checkpoints in {}\n",
-               result.iters, state.train_seconds, budget ? fmt::format(" (time budget {:g} s)", cfg.time_budget) : "",
-               result.best_val_loss, out.string());
-  }
+  if (!result.interrupted) say_done(run, result);
   return result;
+}
+
+/// sft from a BPE model without a chat template (one trained here): ChatML, its tokens added to init's tokenizer where
+/// missing and cfg's vocabulary grown to hold them; returns the tokens added (none otherwise).
+std::vector<std::string> add_chatml(TrainConfig& cfg, std::optional<Checkpoint>& init) {
+  const bool chatml = cfg.chat_template.empty() || cfg.chat_template == "chatml";
+  if (!init || !cfg.sft || !chatml || !init->tokenizer.is_bpe() || !init->tokenizer.config().chat_template.empty())
+    return {};
+  std::vector<std::string> added = data::add_chatml_tokens(init->tokenizer);
+  cfg.model.vocab_size = std::max(cfg.model.vocab_size, init->tokenizer.vocab_size());
+  if (!added.empty()) refuse_lora_new_tokens(cfg.model.lora);
+  return added;
+}
+
+/// The sampler of the training rows (token ids or conversations); checks first that the held-out ids hold a batch.
+data::BatchSampler training_sampler(const TrainConfig& cfg, const TrainingData& data) {
+  const uint64_t seed = derived_seed(cfg.seed, kSamplerStream);
+  if (data.chat) {
+    return data::BatchSampler(data.chat->train.rows(), cfg.batch_size, cfg.model.block_size, seed,
+                              "training conversations");
+  }
+  data::BatchSampler sampler(data.split.train, cfg.batch_size, cfg.model.block_size, seed, "training split");
+  data::BatchSampler(data.split.val, 1, cfg.model.block_size, 0, "validation split");  // fails early when too short
+  return sampler;
+}
+
+/// The memory training needs, checked against the device's before any work.
+MemoryNeed require_training_memory(const TrainConfig& cfg, Device device) {
+  const MemoryNeed need =
+      training_memory(cfg.model, cfg.batch_size, cfg.optimizer == "muon", numerics_of(cfg).bf16_storage);
+  require_memory(
+      need, device, "training this model",
+      "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
+  return need;
+}
+
+/// --resume: the checkpoint's optimizer state, generators and training state, its contents freed after.
+TrainState resume_state(Checkpoint& ckpt, Optimizer& opt, data::BatchSampler& sampler, Generator& model_gen,
+                        Console& console) {
+  load_optimizer(opt, ckpt);
+  ckpt.contents = {};
+  TrainState state = ckpt.state;
+  sampler.generator().set_state(state.sampler_rng);
+  model_gen.set_state(state.model_rng);
+  console.line("resuming from {} at iteration {} (best val loss {:.4f}, --optimizer {})\n", ckpt.path.string(),
+               state.iter, state.best_val_loss, opt.name());
+  return state;
 }
 
 }  // namespace
@@ -651,15 +634,7 @@ TrainResult train(const TrainConfig& cfg_in) {
   std::optional<Checkpoint> ckpt, init;
   if (cfg.resume) ckpt = resume_checkpoint(cfg, out);
   if (!cfg.init_from.empty()) init = init_checkpoint(cfg);
-  // sft from a BPE model without a chat template (one trained here): ChatML, its tokens added where missing and the
-  // vocabulary grown to hold them.
-  std::vector<std::string> added_tokens;
-  const bool chatml = cfg.chat_template.empty() || cfg.chat_template == "chatml";
-  if (init && cfg.sft && chatml && init->tokenizer.is_bpe() && init->tokenizer.config().chat_template.empty()) {
-    added_tokens = data::add_chatml_tokens(init->tokenizer);
-    cfg.model.vocab_size = std::max(cfg.model.vocab_size, init->tokenizer.vocab_size());
-  }
-  if (!added_tokens.empty()) refuse_lora_new_tokens(cfg.model.lora);
+  const std::vector<std::string> added_tokens = add_chatml(cfg, init);
   if (cfg.doc_mask) cfg.model.doc_separator = std::string(data::kEndOfText);
 
   if (!lead) comm.barrier();  // the others map the token cache rank 0 has written
@@ -670,49 +645,35 @@ TrainResult train(const TrainConfig& cfg_in) {
   Console console(cfg.quiet || !lead);
   console.line("{}\n", data.summary);
   if (!ckpt && !init) cfg.model.vocab_size = data.tokenizer.vocab_size();
-  const MemoryNeed memory_need = training_memory(cfg.model, cfg.batch_size, cfg.optimizer == "muon",
-                                                 numerics_of(cfg).bf16_storage);
-  require_memory(memory_need, device, "training this model",
-                 "use a smaller --n-layer, --n-embd, --block-size or --batch-size (--grad-accum keeps the tokens per step)");
+  const MemoryNeed memory_need = require_training_memory(cfg, device);
   Generator model_gen(derived_seed(cfg.seed, kModelStream));
   nn::GPT model(cfg.model, model_gen);
   use_document_separator(model, data.tokenizer);
   if (init) (added_tokens.empty() ? load_weights : load_weights_grown)(model, *init);
   const LoraBase lora_base = init && cfg.model.lora.enabled() ? lora_base_of(*init) : LoraBase{};
   if (init) init->contents = {};  // its weights are the model's now
-  if (!added_tokens.empty()) {
+  if (!added_tokens.empty())
     console.line("ChatML for this model: {} added to its tokenizer (ids from {}), its vocabulary {} rows\n",
                  fmt::format("{}", fmt::join(added_tokens, " and ")),
                  data.tokenizer.vocab_size() - int64_t(added_tokens.size()), cfg.model.vocab_size);
-  }
   if (cfg.model.lora.enabled()) freeze_base(model);  // no gradients, no optimizer state
   model.set_numerics(numerics_of(cfg));
   model.to(device);  // before packing the parameters, and before the optimizer, whose moments live beside them
   if (ckpt) load_weights(model, *ckpt);  // a resumed LoRA run's base included, before it is rounded below
-  const std::vector<std::pair<std::string, Tensor>> trained = trainable_parameters(model, model.numerics().bf16_storage);
+  const std::vector<std::pair<std::string, Tensor>> trained =
+      trainable_parameters(model, model.numerics().bf16_storage);
   FlatParameters flat(backward_order(trained));
   const std::unique_ptr<Optimizer> opt_owner = make_optimizer(cfg, flat);
   Optimizer& opt = *opt_owner;
-  const uint64_t sampler_seed = derived_seed(cfg.seed, kSamplerStream);
-  data::BatchSampler sampler =
-      data.chat ? data::BatchSampler(data.chat->train.rows(), cfg.batch_size, cfg.model.block_size, sampler_seed,
-                                     "training conversations")
-                : data::BatchSampler(split.train, cfg.batch_size, cfg.model.block_size, sampler_seed, "training split");
-  if (!data.chat) data::BatchSampler(split.val, 1, cfg.model.block_size, 0, "validation split");  // fails early when too short
-
+  data::BatchSampler sampler = training_sampler(cfg, data);
   TrainState state;
   if (ckpt) {
-    load_optimizer(opt, *ckpt);
-    ckpt->contents = {};
-    state = ckpt->state;
-    sampler.generator().set_state(state.sampler_rng);
-    model_gen.set_state(state.model_rng);
-    console.line("resuming from {} at iteration {} (best val loss {:.4f}, --optimizer {})\n", ckpt->path.string(),
-                 state.iter, state.best_val_loss, opt.name());
+    state = resume_state(*ckpt, opt, sampler, model_gen, console);
+  } else {
+    state.lora_base = lora_base;
   }
-  if (!ckpt) state.lora_base = lora_base;
   if (cfg.model.lora.enabled()) console.line("{}", describe_lora(model, trained, state.lora_base));
-  state.train_config = flags_json(cfg);
+  state.train_config = flags_json(cfg, world);
   if (cfg.resume && lead) truncate_metrics(out / "metrics.jsonl", state.iter);
   MetricsLog metrics(out / "metrics.jsonl", cfg.resume, lead);
   if (world > 1) check_ranks(model, comm, device, cfg, console);
@@ -724,10 +685,12 @@ TrainResult train(const TrainConfig& cfg_in) {
   std::optional<GradientBuckets> buckets;
   if (world > 1 && device == Device::CPU && cfg.bucket_mb > 0) {
     buckets.emplace(flat, cfg.bucket_mb, comm);
-    console.line("gradients summed over the ranks in {} bucket{} of up to {} MB, each as soon as backward has "
-                 "finished it\n", buckets->count(), buckets->count() == 1 ? "" : "s", cfg.bucket_mb);
+    console.line(
+        "gradients summed over the ranks in {} bucket{} of up to {} MB, each as soon as backward has finished "
+        "it\n",
+        buckets->count(), buckets->count() == 1 ? "" : "s", cfg.bucket_mb);
   }
-  Run run{cfg, device, out,     comm,    data,  split, model, model_gen,
+  Run run{cfg, device,  out,   comm,    data,    split, model, model_gen,
           opt, sampler, state, metrics, console, stop,  flat,  buckets ? &*buckets : nullptr};
   set_up_step(run);
   return run_steps(run);

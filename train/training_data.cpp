@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "data/documents.h"
-#include "train/console.h"
 #include "data/text.h"
+#include "train/console.h"
 
 namespace tinygpt {
 
@@ -46,8 +46,8 @@ data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size,
     const auto t0 = std::chrono::steady_clock::now();
     data::BpeTokenizer bpe = data::BpeTokenizer::train(counts, {.vocab_size = vocab_size, .progress = {}});
     if (!quiet) {
-      fmt::print(stderr, "trained a byte-level BPE of {} tokens ({} merges) in {:.1f}s\n", bpe.vocab_size(), bpe.merges(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      fmt::print(stderr, "trained a byte-level BPE of {} tokens ({} merges) in {:.1f}s\n", bpe.vocab_size(),
+                 bpe.merges(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return data::Tokenizer(std::move(bpe));
   }
@@ -76,16 +76,17 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
     // One text file of characters: the vocabulary is its characters, the last fraction validates.
     data::Corpus corpus = data::load_corpus(files[0], out);
     if (given != nullptr && given->chars().chars() != corpus.vocab.chars()) {
-      throw Error(fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
-                              "with the data the run was started on",
-                              given->chars().size(), files[0], corpus.vocab.size()));
+      throw Error(
+          fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
+                      "with the data the run was started on",
+                      given->chars().size(), files[0], corpus.vocab.size()));
     }
     d.tokenizer = data::Tokenizer(corpus.vocab);
     d.tokens = std::move(corpus.tokens);
     d.split = data::split_tokens(d.tokens.ids(), cfg.train_fraction);
-    d.summary = fmt::format("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens", d.tokens.ids().size(),
-                            corpus.vocab.size(), corpus.from_cache ? "mapped from" : "encoded into",
-                            (out / "tokens.bin").string(),
+    d.summary = fmt::format("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens",
+                            d.tokens.ids().size(), corpus.vocab.size(),
+                            corpus.from_cache ? "mapped from" : "encoded into", (out / "tokens.bin").string(),
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                             d.split.train.size(), d.split.val.size());
     const size_t n = d.split.train.size(), all = d.tokens.ids().size(), part = size_t(16) << 20;
@@ -98,26 +99,34 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
     }
   } else {
     const bool trained_by_lead = given == nullptr && cfg.tokenizer == "bpe" && !lead;
-    d.tokenizer = given != nullptr   ? *given
-                  : trained_by_lead ? data::Tokenizer(data::read_tokenizer_file(out / "tokenizer.json"))
-                                    : tokenizer_from_flag(cfg.tokenizer, cfg.vocab_size, files, cfg.train_fraction, quiet);
+    d.tokenizer = given != nullptr ? *given
+                  : trained_by_lead
+                      ? data::Tokenizer(data::read_tokenizer_file(out / "tokenizer.json"))
+                      : tokenizer_from_flag(cfg.tokenizer, cfg.vocab_size, files, cfg.train_fraction, quiet);
     if (!d.tokenizer.is_bpe() && d.tokenizer.vocab_size() == 0) {
       d.tokenizer = data::Tokenizer(data::vocab_of_files(files, cfg.model.doc_separator));
     }
-    if (given == nullptr && cfg.tokenizer == "bpe" && lead) data::write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
+    if (given == nullptr && cfg.tokenizer == "bpe" && lead)
+      data::write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
     const std::vector<uint32_t> separator = d.tokenizer.document_suffix(cfg.model.doc_separator, "--doc-sep");
-    data::DocumentCorpus dc = data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
+    data::DocumentCorpus dc =
+        data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
     d.tokens = std::move(dc.tokens);
     const auto ids = d.tokens.ids();
     d.split = {ids.first(dc.train_count), ids.subspan(dc.train_count)};
     d.train_bytes = dc.train_bytes;
     d.val_bytes = dc.val_bytes;
     d.summary = fmt::format(
-        "data: {} file{}, {} tokens, {} of {} ({}; {} file{} encoded, {} mapped from {}, {:.2f}s); train {} / val {} tokens{}",
+        "data: {} file{}, {} tokens, {} of {} ({}; {} file{} encoded, {} mapped from {}, {:.2f}s); train {} / val {} "
+        "tokens{}",
         files.size(), files.size() == 1 ? "" : "s", ids.size(), d.tokenizer.kind(), d.tokenizer.vocab_size(),
-        given != nullptr ? "the checkpoint's" : cfg.tokenizer == "char" ? "the data's characters" : cfg.tokenizer == "bpe" ? "trained here, saved as tokenizer.json" : cfg.tokenizer,
+        given != nullptr          ? "the checkpoint's"
+        : cfg.tokenizer == "char" ? "the data's characters"
+        : cfg.tokenizer == "bpe"  ? "trained here, saved as tokenizer.json"
+                                  : cfg.tokenizer,
         dc.encoded, dc.encoded == 1 ? "" : "s", dc.reused, (out / "tokens.bin").string(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), d.split.train.size(), d.split.val.size(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), d.split.train.size(),
+        d.split.val.size(),
         dc.held_out_documents > 0 ? fmt::format(" ({} whole documents held out)", dc.held_out_documents) : "");
   }
   return d;

@@ -19,8 +19,8 @@ struct TrainingData {
   data::Tokenizer tokenizer;
   data::TokenData tokens;
   data::Split split;
-  int64_t train_bytes = 0, val_bytes = 0;  // source bytes of each split's ids
-  std::string summary;  // the "data: ..." line
+  int64_t train_bytes = 0, val_bytes = 0;     // source bytes of each split's ids
+  std::string summary;                        // the "data: ..." line
   std::optional<data::ConversationSet> chat;  // sft: the conversations, in rows (tokens and split are then empty)
 };
 

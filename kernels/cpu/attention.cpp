@@ -2,8 +2,8 @@
 //
 // Flash tile products. Every product is one register-blocked micro-kernel, C (+)= A @ B with a kRows x kCols
 // block of C in vector registers (6 x 16 floats in 12 AVX2 accumulators; 6 x 32 in 12 AVX-512 ones), A read
-// through arbitrary strides and B by contiguous rows. Q, K, V and dO are therefore read in place through their strides; the only packing is
-// a transposed copy of one operand per tile, chosen so that it is amortized over a whole task:
+// through arbitrary strides and B by contiguous rows. Q, K, V and dO are therefore read in place through their strides;
+// the only packing is a transposed copy of one operand per tile, chosen so that it is amortized over a whole task:
 //   forward, parallel over (batch, head, query tile): Q^T is packed once; each key tile gives the key-major
 //     score tile S^T = K Q^T (rows are keys, lanes are queries), the online softmax (running max m, running
 //     sum l) runs on all query lanes at once, and O += P V reads P transposed out of S^T;
@@ -27,21 +27,20 @@
 // visited (forward and both backward passes); tiles crossing it are masked element by element.
 //
 // bf16 operands (AttentionMath::BF16, float only): every tile product goes through TileProducts, which rounds its
-// operands to bf16 (Q, K, V, dO, and the P and dS tiles) and sums in f32, on the unit gemm's bf16 products use (AMX-BF16
-// tiles or AVX512-BF16 dot products; kernels/cpu/tile_bf16.h: each product packs its operands, bar bf16 rows that
-// AVX512-BF16 reads in place, so the tiles are larger there, see flash_tiles), else
-// on rounded copies for the f32 micro-kernel. Softmax statistics, D and the outputs stay f32.
+// operands to bf16 (Q, K, V, dO, and the P and dS tiles) and sums in f32, on the unit gemm's bf16 products use
+// (AMX-BF16 tiles or AVX512-BF16 dot products; kernels/cpu/tile_bf16.h: each product packs its operands, bar bf16 rows
+// that AVX512-BF16 reads in place, so the tiles are larger there, see flash_tiles), else on rounded copies for the f32
+// micro-kernel. Softmax statistics, D and the outputs stay f32.
 //
 // exp() is a vectorized polynomial for float (see exp_vec); the naive reference uses std::exp. The building blocks
 // live in attention_tiles.h (tile products, tile sizes, softmax pieces) and attention_mods.h (the score modifiers'
 // tiles); this file has the naive and flash kernels themselves.
-#include "kernels/cpu/cpu_kernels.h"
-
 #include <string>
 
 #include "kernels/base.h"
 #include "kernels/cpu/attention_mods.h"
 #include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/cpu_kernels.h"
 
 namespace tinygpt::cpu {
 
@@ -107,6 +106,19 @@ void attention_naive_forward(T* out, T* weights, T* lse, const T* q, const T* k,
   add_relative_values(out, g);
 }
 
+/// D = rowsum(dO * O) per query row (B * NH * T of them), the backward passes' correction term.
+template <class T>
+std::vector<T> rowsum_dout_out(const T* dout, const T* out, const AttentionGeom& g, bool parallel) {
+  const int64_t rows = g.B * g.NH * g.T;
+  std::vector<T> D(static_cast<size_t>(rows));
+#pragma omp parallel for if (parallel)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T;
+    D[row] = dot(at(dout, g.o_stride, b, h, t), at(out, g.o_stride, b, h, t), g.Ev);
+  }
+  return D;
+}
+
 template <class T>
 void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                               const T* lse, const T* mask, const uint8_t* key_padding, const AttentionGeom& g) {
@@ -117,12 +129,7 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
   bool tables = false;  // element() also sums the tables' gradients (in the serial loop at the end only)
   RelBuffers<T> relative(g, q, dout, dq != nullptr);
   const RelRows<T> rel = relative.rows();
-  std::vector<T> D(static_cast<size_t>(rows));  // rowsum(dO * O)
-#pragma omp parallel for if (parallel)
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T;
-    D[row] = dot(at(dout, g.o_stride, b, h, t), at(out, g.o_stride, b, h, t), g.Ev);
-  }
+  const std::vector<T> D = rowsum_dout_out(dout, out, g, parallel);
   // P, dP and dS of element (b, h, t, s); false when the key is invisible to the query (or both are 0).
   auto element = [&](int64_t b, int64_t h, int64_t t, int64_t s, T& pd, T& ds) {
     const int64_t row = (b * g.NH + h) * g.T + t, kvh = h / group;
@@ -130,7 +137,8 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
       pd = dot(at(q, g.q_stride, b, h, t), at(k, g.k_stride, b, kvh, s), g.E);
       ds = dot(at(dout, g.o_stride, b, h, t), at(v, g.v_stride, b, kvh, s), g.Ev);
       const int64_t d = s - (t + g.S - g.T);
-      const int32_t bucket = g.mods.t5_bias ? t5_bucket(d, g.mods.t5_buckets, g.mods.t5_max_distance, g.mods.t5_bidirectional) : 0;
+      const int32_t bucket =
+          g.mods.t5_bias ? t5_bucket(d, g.mods.t5_buckets, g.mods.t5_max_distance, g.mods.t5_bidirectional) : 0;
       T* dt5 = tables && g.mods.d_t5_bias ? static_cast<T*>(g.mods.d_t5_bias) + h * g.mods.t5_buckets : nullptr;
       modified_element_backward(g, b, h, t, s, pd, ds, position_bias<T>(g, h, d), bucket, lse, D.data(), mask,
                                 key_padding, rel, tables, dt5);
@@ -141,7 +149,8 @@ void attention_naive_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, co
     if (mask) x += at(mask, g.mask_stride, b, h, t)[s * g.mask_stride[3]];
     const T p = std::exp(x - lse[row]);
     T f = 1;
-    if (g.dropout_p > 0.0f) f = dropout_keep(g.dropout_seed.value(), dropout_row(g, b, h, t) + s, g.dropout_p) ? keep_scale : T(0);
+    if (g.dropout_p > 0.0f)
+      f = dropout_keep(g.dropout_seed.value(), dropout_row(g, b, h, t) + s, g.dropout_p) ? keep_scale : T(0);
     const T dp = dot(at(dout, g.o_stride, b, h, t), at(v, g.v_stride, b, kvh, s), g.Ev) * f;
     pd = p * f;
     ds = p * (dp - D[row]) * scale;
@@ -200,18 +209,59 @@ void check_storage_call(const T* mask, const AttentionGeom& g, const char* who) 
   if constexpr (!std::is_same_v<S, T>) {
     const ScoreMods& m = g.mods;
     if (mask != nullptr || m.rel_k != nullptr || m.rel_v != nullptr || m.t5_bias != nullptr || m.d_t5_bias != nullptr) {
-      throw Error(std::string(who) + ": bf16 storage takes no additive mask, relative positions or T5 bias "
-                                     "(kernels/attention.h, flash_bf16_takes)");
+      throw Error(std::string(who) +
+                  ": bf16 storage takes no additive mask, relative positions or T5 bias "
+                  "(kernels/attention.h, flash_bf16_takes)");
     }
   }
 }
 
 /// q as the relative-position buffers read it: only where it is stored in T (check_storage_call rules out the rest).
-template <class T, class S> const T* as_math(const S* x) {
+template <class T, class S>
+const T* as_math(const S* x) {
   if constexpr (std::is_same_v<S, T>) {
     return x;
   } else {
     return nullptr;
+  }
+}
+
+/// Dropout on a key-major tile of probabilities (row j: key s0 + j, nr query lanes): kept ones scaled, the rest 0.
+template <class T>
+inline void drop_key_major(T* st, int64_t Br, int64_t nr, int64_t s0, int64_t nc, const DropoutRows& drop, float p,
+                           T keep_scale) {
+  for (int64_t j = 0; j < nc; ++j) {
+    T* row = st + j * Br;
+    for (int64_t i = 0; i < nr; ++i) row[i] = drop.keep(i, s0 + j, p) ? row[i] * keep_scale : T(0);
+  }
+}
+
+/// The flash forward's last step for a query tile: each row's output (o / l, rounded once as stored), its lse, and
+/// with relative values its probabilities per clipped distance (Pbar / l); a row that saw no key gets 0 and -inf.
+template <class T, class S>
+inline void store_rows(S* out, T* lse, T* rel_probs, const OnlineSoftmax<T>& softmax, const T* o, const T* pbar,
+                       int64_t W, int64_t b, int64_t h, int64_t t0, int64_t nr, const AttentionGeom& g) {
+  for (int64_t i = 0; i < nr; ++i) {
+    S* orow = at(out, g.o_stride, b, h, t0 + i);
+    T& lse_i = lse[(b * g.NH + h) * g.T + t0 + i];
+    const T l_i = softmax.l[size_t(i)];
+    if (l_i > T(0)) {
+      const T inv = T(1) / l_i;
+      const T* acc = o + i * g.Ev;
+      if constexpr (std::is_same_v<S, T>) {
+        for (int64_t e = 0; e < g.Ev; ++e) orow[e] = acc[e] * inv;
+      } else {  // scaled and rounded once, as the row is stored
+        round_scaled(orow, acc, inv, g.Ev);
+      }
+      lse_i = softmax.m[size_t(i)] + std::log(l_i);
+      if (rel_probs) {
+        for (int64_t c = 0; c < W; ++c) rel_probs[head_row(g, b, h, t0 + i) * W + c] = pbar[i * W + c] * inv;
+      }
+    } else {
+      std::fill_n(orow, g.Ev, S(0.0f));
+      lse_i = kNegInf<T>;
+      if (rel_probs) std::fill_n(rel_probs + head_row(g, b, h, t0 + i) * W, W, T(0));
+    }
   }
 }
 
@@ -262,48 +312,21 @@ void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* 
         // their exp, one pass over the tile fewer.
         const bool fold_scale = !mods && mask == nullptr;
         if (mods) {
-          ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch).logits_key_major(st.data(), Br, n_pad, mask, key_padding);
+          ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
+              .logits_key_major(st.data(), Br, n_pad, mask, key_padding);
         } else {
           key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g, !fold_scale);
         }
         // Online softmax, every query lane at once; the output rows (and Pbar) rescaled to the new running max.
         softmax.update(st.data(), Br, nc, n_pad, fold_scale ? T(g.scale) : T(1));
         softmax.rescale(nr, o.data(), g.Ev, rel_probs ? pbar.data() : nullptr, W);
-        if (dropout) {
-          for (int64_t j = 0; j < nc; ++j) {
-            T* row = st.data() + j * Br;
-            for (int64_t i = 0; i < nr; ++i) {
-              row[i] = drop.keep(i, s0 + j, g.dropout_p) ? row[i] * keep_scale : T(0);
-            }
-          }
-        }
+        if (dropout) drop_key_major(st.data(), Br, nr, s0, nc, drop, g.dropout_p, keep_scale);
         if (rel_probs) add_rel_probs(pbar.data(), st.data(), Br, t0, nr, s0, nc, g, scratch.pbar_ends);
         // O += P V, P read transposed out of the key-major tile.
-        product(o.data(), g.Ev, Strided<T>{st.data(), 1, Br}, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc, g.Ev,
-                true, causal_band(g, !mods, t0, s0, true, true));
+        product(o.data(), g.Ev, Strided<T>{st.data(), 1, Br}, at(v, g.v_stride, b, kvh, s0), g.v_stride[2], nr, nc,
+                g.Ev, true, causal_band(g, !mods, t0, s0, true, true));
       }
-      for (int64_t i = 0; i < nr; ++i) {
-        S* orow = at(out, g.o_stride, b, h, t0 + i);
-        T& lse_i = lse[(b * g.NH + h) * g.T + t0 + i];
-        const T l_i = softmax.l[size_t(i)];
-        if (l_i > T(0)) {
-          const T inv = T(1) / l_i;
-          T* acc = o.data() + i * g.Ev;
-          if constexpr (std::is_same_v<S, T>) {
-            for (int64_t e = 0; e < g.Ev; ++e) orow[e] = acc[e] * inv;
-          } else {  // scaled and rounded once, as the row is stored
-            round_scaled(orow, acc, inv, g.Ev);
-          }
-          lse_i = softmax.m[size_t(i)] + std::log(l_i);
-          if (rel_probs) {
-            for (int64_t c = 0; c < W; ++c) rel_probs[head_row(g, b, h, t0 + i) * W + c] = pbar[size_t(i * W + c)] * inv;
-          }
-        } else {
-          std::fill_n(orow, g.Ev, S(0.0f));
-          lse_i = kNegInf<T>;
-          if (rel_probs) std::fill_n(rel_probs + head_row(g, b, h, t0 + i) * W, W, T(0));
-        }
-      }
+      store_rows(out, lse, rel_probs, softmax, o.data(), pbar.data(), W, b, h, t0, nr, g);
     }
   }
   if constexpr (std::is_same_v<S, T>) add_relative_values(out, g);
@@ -326,12 +349,59 @@ struct BackwardArgs {
   bool parallel, mods, add;
 };
 
+/// Without modifiers: a key-major tile of logits (row j: key s0 + j) made probabilities P = exp(x - lse) in place,
+/// and dP beside it made dS = P * (dP - D) * scale, with dropout (drop) on dP's kept entries scaled.
+template <class T>
+inline void key_major_probs_and_ds(T* st, T* dpt, int64_t Br, int64_t nr, int64_t nc, int64_t n_pad, int64_t s0,
+                                   const T* lse_t, const T* D_t, const DropoutRows* drop, const AttentionGeom& g,
+                                   T keep_scale) {
+  constexpr int64_t L = kLanes<T>;
+  const T scale = T(g.scale);
+  for (int64_t j = 0; j < nc; ++j) {
+    T* row = st + j * Br;
+    T* drow = dpt + j * Br;
+    for (int64_t i = 0; i < n_pad; i += L) {
+      const Vec<T> p = exp_vec(load(row + i) - load(lse_t + i));
+      store(row + i, p);
+      if (!drop) store(drow + i, p * (load(drow + i) - load(D_t + i)) * scale);
+    }
+    if (drop) {
+      for (int64_t i = 0; i < nr; ++i) {
+        const bool keep = drop->keep(i, s0 + j, g.dropout_p);
+        drow[i] = row[i] * (drow[i] * (keep ? keep_scale : T(0)) - D_t[i]) * scale;
+      }
+    }
+  }
+}
+
+/// A key tile no query sees: its dK and dV rows stored as zeros.
+template <class T, class S>
+inline void zero_key_rows(const BackwardArgs<T, S>& a, int64_t b, int64_t kvh, int64_t s0, int64_t nc) {
+  const AttentionGeom& g = a.g;
+  for (int64_t j = 0; j < nc; ++j) {
+    if (a.dk) std::fill_n(at(a.dk, g.k_stride, b, kvh, s0 + j), g.E, S(0.0f));
+    if (a.dv) std::fill_n(at(a.dv, g.v_stride, b, kvh, s0 + j), g.Ev, S(0.0f));
+  }
+}
+
+/// One pass: the dQ rows of the kv head's group of query heads (`dq_acc`, head by head), added or stored.
+template <class T, class S>
+inline void add_group_dq(const BackwardArgs<T, S>& a, const T* dq_acc, int64_t b, int64_t kvh) {
+  const AttentionGeom& g = a.g;
+  const int64_t group = g.NH / g.NKV;
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int64_t t = 0; t < g.T; ++t) {
+      add_row(at(a.dq, g.q_stride, b, h, t), dq_acc + ((h - kvh * group) * g.T + t) * g.E, g.E, a.add);
+    }
+  }
+}
+
 /// Backward pass 1: dK, dV per (batch, kv head, key tile), query-major tiles; with `one_pass`, per (batch, kv head),
 /// dQ too.
 template <class T, class S>
 void backward_key_tiles(const BackwardArgs<T, S>& a, bool one_pass) {
   const AttentionGeom& g = a.g;
-  S *const dq = a.dq, *const dk = a.dk, *const dv = a.dv;
+  S *const dk = a.dk, *const dv = a.dv;
   const S *const dout = a.dout, *const q = a.q, *const k = a.k, *const v = a.v;
   const T *const lse = a.lse, *const mask = a.mask;
   const uint8_t* const key_padding = a.key_padding;
@@ -359,16 +429,13 @@ void backward_key_tiles(const BackwardArgs<T, S>& a, bool one_pass) {
         // The queries that see any key of the tile (causal: s0 <= t + S - T; window); other query tiles are skipped.
         const int64_t t_first = query_begin(g, s0), t_end = query_end(g, s0 + nc - 1);
         if (t_first >= t_end) {
-          for (int64_t j = 0; j < nc && !add; ++j) {
-            if (dk) std::fill_n(at(dk, g.k_stride, b, kvh, s0 + j), g.E, S(0.0f));
-            if (dv) std::fill_n(at(dv, g.v_stride, b, kvh, s0 + j), g.Ev, S(0.0f));
-          }
+          if (!add) zero_key_rows(a, b, kvh, s0, nc);
           continue;
         }
         const S* k0 = at(k, g.k_stride, b, kvh, s0);
-        product.hold_transposed(0, k0, ks, nc, nc_pad, g.E);                               // K^T
+        product.hold_transposed(0, k0, ks, nc, nc_pad, g.E);                              // K^T
         product.hold_transposed(1, at(v, g.v_stride, b, kvh, s0), vs, nc, nc_pad, g.Ev);  // V^T
-        if (one_pass) product.hold_rows(2, k0, ks, nc, g.E);                             // K
+        if (one_pass) product.hold_rows(2, k0, ks, nc, g.E);                              // K
         std::fill(dk_acc.begin(), dk_acc.end(), T(0));
         std::fill(dv_acc.begin(), dv_acc.end(), T(0));
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
@@ -382,9 +449,11 @@ void backward_key_tiles(const BackwardArgs<T, S>& a, bool one_pass) {
             product(dp.data(), Bc, Strided<S>{do0, os, 1}, 1, nr, g.Ev, nc_pad, false, scores);
             if (mods) {
               ModTile<T>(g, b, h, t0, nr, s0, nc, rel, position, scratch)
-                  .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding, one_pass);
+                  .probs_and_ds_query_major(s.data(), dp.data(), Bc, nc_pad, lse, D.data(), mask, key_padding,
+                                            one_pass);
             } else {
-              query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding, g);
+              query_major_probs_and_ds(s.data(), dp.data(), Bc, nr, nc, b, h, t0, s0, lse, D.data(), mask, key_padding,
+                                       g);
             }
             // dV += Pd^T dO and dK += dS^T Q: the tiles read transposed; one pass: dQ += dS K.
             const Band by_key = causal_band(g, !mods, t0, s0, false, true);
@@ -402,12 +471,7 @@ void backward_key_tiles(const BackwardArgs<T, S>& a, bool one_pass) {
           if (dv) add_row(at(dv, g.v_stride, b, kvh, s0 + j), dv_acc.data() + j * g.Ev, g.Ev, add);
         }
       }
-      if (!one_pass) continue;
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (int64_t t = 0; t < g.T; ++t) {
-          add_row(at(dq, g.q_stride, b, h, t), dq_acc.data() + ((h - kvh * group) * g.T + t) * g.E, g.E, add);
-        }
-      }
+      if (one_pass) add_group_dq(a, dq_acc.data(), b, kvh);
     }
   }
 }
@@ -429,15 +493,14 @@ void backward_query_tiles(const BackwardArgs<T, S>& a) {
   const std::vector<T>& D = a.D;
   const int64_t n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles, buckets = g.mods.t5_buckets;
   std::vector<T> t5_partial(g.mods.d_t5_bias ? size_t(tasks * buckets) : 0);
-  const T scale = T(g.scale), keep_scale = dropout_scale<T>(g.dropout_p);
+  const T keep_scale = dropout_scale<T>(g.dropout_p);
   const bool dropout = g.dropout_p > 0.0f;
-  constexpr int64_t L = kLanes<T>;
 #pragma omp parallel if (parallel)
   {
     std::vector<T> st(size_t(Bc * Br)), dpt(size_t(Bc * Br));
     std::vector<T> dq_acc(size_t(Br * g.E)), lse_t(static_cast<size_t>(Br)), D_t(static_cast<size_t>(Br));
     std::vector<T> by_distance(g.mods.d_t5_bias ? size_t(position.stride) : 0);  // T5: logits' gradients per distance
-    DropoutRows drop(dropout ? Br : 0);  // the tile's query rows
+    DropoutRows drop(dropout ? Br : 0);                                          // the tile's query rows
     ModScratch<T> scratch;
     TileProducts<T, S> product(g);
 #pragma omp for schedule(dynamic, 1)
@@ -475,21 +538,8 @@ void backward_query_tiles(const BackwardArgs<T, S>& a) {
                                       dt5 ? by_distance.data() : nullptr);
         } else {
           key_major_logits(st.data(), Br, nc, nr, n_pad, b, h, t0, s0, mask, key_padding, g);
-          for (int64_t j = 0; j < nc; ++j) {
-            T* row = st.data() + j * Br;
-            T* drow = dpt.data() + j * Br;
-            for (int64_t i = 0; i < n_pad; i += L) {
-              const Vec<T> p = exp_vec(load(row + i) - load(lse_t.data() + i));
-              store(row + i, p);
-              if (!dropout) store(drow + i, p * (load(drow + i) - load(D_t.data() + i)) * scale);
-            }
-            if (dropout) {
-              for (int64_t i = 0; i < nr; ++i) {
-                const bool keep = drop.keep(i, s0 + j, g.dropout_p);
-                drow[i] = row[i] * (drow[i] * (keep ? keep_scale : T(0)) - D_t[size_t(i)]) * scale;
-              }
-            }
-          }
+          key_major_probs_and_ds(st.data(), dpt.data(), Br, nr, nc, n_pad, s0, lse_t.data(), D_t.data(),
+                                 dropout ? &drop : nullptr, g, keep_scale);
         }
         // dQ += dS K, dS read transposed out of the key-major tile.
         if (dq) {
@@ -535,10 +585,10 @@ void flash_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, 
   // result must not depend on it), the heads' dQ fits a thread's scratch, and no score modifier needs pass 2 (T5's
   // table gradient, summed per distance in key-major tiles; Shaw's dR rows are the task's own, summed in pass 1).
   constexpr int64_t kOnePassTasks = 32;
-  const bool one_pass = dq != nullptr && !g.mods.d_t5_bias && g.B * g.NKV >= kOnePassTasks &&
-                        group * g.T * g.E <= (int64_t(1) << 20);
-  const BackwardArgs<T, S> args{dq, dk, dv, dout, q, k, v, lse, mask, key_padding, g, D, rel, position, tiles,
-                                parallel, mods, add};
+  const bool one_pass =
+      dq != nullptr && !g.mods.d_t5_bias && g.B * g.NKV >= kOnePassTasks && group * g.T * g.E <= (int64_t(1) << 20);
+  const BackwardArgs<T, S> args{dq,          dk, dv, dout, q,        k,     v,        lse,  mask,
+                                key_padding, g,  D,  rel,  position, tiles, parallel, mods, add};
   if (dk || dv || one_pass) backward_key_tiles(args, one_pass);
   if (!one_pass && (dq || rel.dR || g.mods.d_t5_bias)) backward_query_tiles(args);
   if constexpr (std::is_same_v<S, T>) relative.finish(dq, dout, q, g);

@@ -25,7 +25,8 @@ struct RelRows {
 };
 
 /// The (b, h) block of a tensor read through three strides: its first query row (rows follow at stride[2]).
-template <class P> P head_block(P base, const int64_t* stride, int64_t bh, int64_t NH) {
+template <class P>
+P head_block(P base, const int64_t* stride, int64_t bh, int64_t NH) {
   return base + bh / NH * stride[0] + bh % NH * stride[1];
 }
 
@@ -38,17 +39,20 @@ void rows_times_table(std::vector<T>& out, const T* x, const int64_t* stride, co
   out.resize(size_t(heads * g.T * W));
 #pragma omp parallel for if (heads * g.T * W * D >= kParallelGrain)
   for (int64_t bh = 0; bh < heads; ++bh) {
-    gemm(false, true, g.T, W, D, T(1), head_block(x, stride, bh, g.NH), stride[2], table, D, T(0), out.data() + bh * g.T * W, W);
+    gemm(false, true, g.T, W, D, T(1), head_block(x, stride, bh, g.NH), stride[2], table, D, T(0),
+         out.data() + bh * g.T * W, W);
   }
 }
 
 /// y_row += coef[row] @ table for every query row of y (read through `stride`): dQ += dR A_K, O += Pbar A_V.
 template <class T>
-void add_rows_times_table(T* y, const int64_t* stride, const T* coef, const T* table, int64_t D, const AttentionGeom& g) {
+void add_rows_times_table(T* y, const int64_t* stride, const T* coef, const T* table, int64_t D,
+                          const AttentionGeom& g) {
   const int64_t W = g.mods.rel_width(), heads = g.B * g.NH;
 #pragma omp parallel for if (heads * g.T * W * D >= kParallelGrain)
   for (int64_t bh = 0; bh < heads; ++bh) {
-    gemm(false, false, g.T, D, W, T(1), coef + bh * g.T * W, W, table, D, T(1), head_block(y, stride, bh, g.NH), stride[2]);
+    gemm(false, false, g.T, D, W, T(1), coef + bh * g.T * W, W, table, D, T(1), head_block(y, stride, bh, g.NH),
+         stride[2]);
   }
 }
 
@@ -71,8 +75,8 @@ void add_table_grad(T* dtable, const T* coef, const T* y, const int64_t* stride,
 
 /// The relative rows a kernel call needs, computed once per call. Forward: R. Backward: R, G, and dR when dQ or
 /// dA_K is wanted; finish() then adds dR A_K to dQ, dR^T Q to dA_K and Pbar^T dO to dA_V. Their memory is the calling
-/// thread's, kept from call to call (the three-minute job's are 0.8 MB each, four of them a layer and step: allocated afresh,
-/// their pages were faulted in every time).
+/// thread's, kept from call to call (the three-minute job's are 0.8 MB each, four of them a layer and step: allocated
+/// afresh, their pages were faulted in every time).
 template <class T>
 struct RelBuffers {
   std::vector<T>& R = kept(0);
@@ -115,7 +119,8 @@ struct RelBuffers {
 template <class T>
 void add_relative_values(T* out, const AttentionGeom& g) {
   if (g.mods.rel_v) {
-    add_rows_times_table(out, g.o_stride, static_cast<const T*>(g.mods.rel_probs), static_cast<const T*>(g.mods.rel_v), g.Ev, g);
+    add_rows_times_table(out, g.o_stride, static_cast<const T*>(g.mods.rel_probs), static_cast<const T*>(g.mods.rel_v),
+                         g.Ev, g);
   }
 }
 
@@ -138,8 +143,8 @@ inline T modified_logit(const AttentionGeom& g, int64_t b, int64_t h, int64_t t,
 /// into dR's row of t (owned by the caller) and dt5 (the caller's partial sum for head h, t5_buckets long).
 template <class T>
 inline void modified_element_backward(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s, T& x, T& dp,
-                                      T bias, int32_t bucket, const T* lse, const T* D, const T* mask, const uint8_t* kp,
-                                      const RelRows<T>& rel, bool tables, T* dt5) {
+                                      T bias, int32_t bucket, const T* lse, const T* D, const T* mask,
+                                      const uint8_t* kp, const RelRows<T>& rel, bool tables, T* dt5) {
   const ScoreMods& m = g.mods;
   const int64_t row = head_row(g, b, h, t), col = rel_column(s - (t + g.S - g.T), m.max_rel);
   T capped = 0;
@@ -152,7 +157,8 @@ inline void modified_element_backward(const AttentionGeom& g, int64_t b, int64_t
   if (rel.G) dp += rel.G[row * m.rel_width() + col];
   T f = 1;
   if (g.dropout_p > 0.0f) {
-    f = dropout_keep(g.dropout_seed.value(), dropout_row(g, b, h, t) + s, g.dropout_p) ? dropout_scale<T>(g.dropout_p) : T(0);
+    f = dropout_keep(g.dropout_seed.value(), dropout_row(g, b, h, t) + s, g.dropout_p) ? dropout_scale<T>(g.dropout_p)
+                                                                                       : T(0);
   }
   const T dlogit = p * (dp * f - D[row]);
   const T ds = dlogit * softcap_grad(capped, m.softcap) * T(g.scale);
@@ -183,7 +189,7 @@ template <class T>
 struct PositionBias {
   bool on = false;
   int64_t dmin = 0, dmax = 0, stride = 0;
-  std::vector<T> fwd, rev;                    // (NH, stride)
+  std::vector<T> fwd, rev;                      // (NH, stride)
   std::vector<int32_t> bucket_fwd, bucket_rev;  // (stride)
 
   explicit PositionBias(const AttentionGeom& g) : on(g.mods.alibi || g.mods.t5_bias) {
@@ -258,8 +264,18 @@ class ModTile {
  public:
   ModTile(const AttentionGeom& g, int64_t b, int64_t h, int64_t t0, int64_t nr, int64_t s0, int64_t nc,
           const RelRows<T>& rel, const PositionBias<T>& pb, ModScratch<T>& sc)
-      : g_(g), m_(g.mods), b_(b), h_(h), t0_(t0), nr_(nr), s0_(s0), nc_(nc), c0_(s0 - t0 - (g.S - g.T)), rel_(rel),
-        pb_(pb), sc_(sc) {}
+      : g_(g),
+        m_(g.mods),
+        b_(b),
+        h_(h),
+        t0_(t0),
+        nr_(nr),
+        s0_(s0),
+        nc_(nc),
+        c0_(s0 - t0 - (g.S - g.T)),
+        rel_(rel),
+        pb_(pb),
+        sc_(sc) {}
 
   /// Key-major raw products st (row stride ld, lanes [0, lanes) computed) -> logits; hidden and padding lanes -inf.
   void logits_key_major(T* st, int64_t ld, int64_t lanes, const T* mask, const uint8_t* kp) {
@@ -281,7 +297,9 @@ class ModTile {
       T* capped = capped_row(j, ld);
       const Span v = key_row(j, st + j * ld, lanes, mask, kp, capped);
       backward_row(st + j * ld, dpt + j * ld, lanes, v, lse_t, D_t, true, capped, true,
-                   by_distance ? by_distance + pb_.at_rev(c0_ + j) : nullptr, [&](int64_t l) { return Where{t0_ + l, s0_ + j}; });
+                   by_distance ? by_distance + pb_.at_rev(c0_ + j) : nullptr, [&](int64_t l) {
+                     return Where{t0_ + l, s0_ + j};
+                   });
     }
     for (int64_t i = 0; i < nr_ && rel_.dR; ++i) {  // the clipped lanes' sums into the first and last columns
       rel_.dR[(row0 + i) * W] += sc_.dR_ends[size_t(i)];
@@ -303,10 +321,11 @@ class ModTile {
         continue;
       }
       T* capped = m_.softcap > 0 ? scratch_capped(ld) + i * ld : nullptr;
-      const Span v = span(std::clamp<int64_t>(key_begin(g_, t) - s0_, 0, nc_), std::clamp<int64_t>(key_end(g_, t) - s0_, 0, nc_));
+      const Span v =
+          span(std::clamp<int64_t>(key_begin(g_, t) - s0_, 0, nc_), std::clamp<int64_t>(key_end(g_, t) - s0_, 0, nc_));
       auto where = [&](int64_t l) { return Where{t, s0_ + l}; };
-      forward_row(x, lanes, v, pb_.on ? pb_.fwd.data() + h_ * pb_.stride + pb_.at_fwd(c0_ - i) : nullptr, mask, kp, capped,
-                  false, where);
+      forward_row(x, lanes, v, pb_.on ? pb_.fwd.data() + h_ * pb_.stride + pb_.at_fwd(c0_ - i) : nullptr, mask, kp,
+                  capped, false, where);
       backward_row(x, d, lanes, v, lse + row, D + row, false, capped, tables, nullptr, where);
     }
   }
@@ -330,7 +349,8 @@ class ModTile {
   /// One key-major row (key s0 + j): its visible queries, then forward_row.
   Span key_row(int64_t j, T* x, int64_t lanes, const T* mask, const uint8_t* kp, T* capped) {
     const int64_t s = s0_ + j;
-    const Span v = span(std::clamp<int64_t>(query_begin(g_, s) - t0_, 0, nr_), std::clamp<int64_t>(query_end(g_, s) - t0_, 0, nr_));
+    const Span v = span(std::clamp<int64_t>(query_begin(g_, s) - t0_, 0, nr_),
+                        std::clamp<int64_t>(query_end(g_, s) - t0_, 0, nr_));
     const T* bias = pb_.on ? pb_.rev.data() + h_ * pb_.stride + pb_.at_rev(c0_ + j) : nullptr;
     forward_row(x, lanes, v, bias, mask, kp, capped, true, [&](int64_t l) { return Where{t0_ + l, s}; });
     return v;
@@ -343,7 +363,8 @@ class ModTile {
                    bool key_major, At where) {
     constexpr int64_t L = kLanes<T>;
     if (rel_.R) add_by_distance(x, v, rel_.R, sc_.R_ends, key_major, where(0));
-    const Vec<T> scale = splat(T(g_.scale)), cap = splat(T(m_.softcap)), inv_cap = splat(T(m_.softcap > 0 ? 1.0 / m_.softcap : 0.0));
+    const Vec<T> scale = splat(T(g_.scale)), cap = splat(T(m_.softcap)),
+                 inv_cap = splat(T(m_.softcap > 0 ? 1.0 / m_.softcap : 0.0));
     for (int64_t l = 0; l < lanes; l += L) {
       Vec<T> y = load(x + l) * scale;
       if (m_.softcap > 0) {
@@ -405,7 +426,8 @@ class ModTile {
       const T keep_scale = dropout_scale<T>(g_.dropout_p);
       for (int64_t l = v.lo; l < v.hi; ++l) {
         const Where w = where(l);
-        const T f = dropout_keep(g_.dropout_seed.value(), dropout_row(g_, b_, h_, w.t) + w.s, g_.dropout_p) ? keep_scale : T(0);
+        const T f =
+            dropout_keep(g_.dropout_seed.value(), dropout_row(g_, b_, h_, w.t) + w.s, g_.dropout_p) ? keep_scale : T(0);
         const T p = x[l];
         dp[l] = p * (dp[l] * f - (per_lane ? D[l] : *D));
         x[l] = p * f;
@@ -485,8 +507,8 @@ class ModTile {
 /// stride ld) summed per clipped distance.
 /// The clipped lanes of each key-major row are summed per query in `ends` (2 nr) first, the band added lane by lane.
 template <class T>
-void add_rel_probs(T* pbar, const T* st, int64_t ld, int64_t t0, int64_t nr, int64_t s0, int64_t nc, const AttentionGeom& g,
-                   std::vector<T>& ends) {
+void add_rel_probs(T* pbar, const T* st, int64_t ld, int64_t t0, int64_t nr, int64_t s0, int64_t nc,
+                   const AttentionGeom& g, std::vector<T>& ends) {
   const int64_t W = g.mods.rel_width(), m = g.mods.max_rel;
   ends.assign(size_t(2 * nr), T(0));
   T* first = ends.data();

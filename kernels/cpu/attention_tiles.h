@@ -1,6 +1,7 @@
 // Flash attention on the CPU, its building blocks (kernels/cpu/attention.cpp has the overview): dropout rows, the
 // register-blocked tile products (TileProducts: f32, or bf16 operands on AMX tiles, AVX512-BF16 dot products or
-// rounded copies), the tile sizes, and the softmax pieces of one tile in its two orientations. Only kernels/cpu/attention.cpp includes it.
+// rounded copies), the tile sizes, and the softmax pieces of one tile in its two orientations. Only
+// kernels/cpu/attention.cpp includes it.
 #pragma once
 
 #include <omp.h>
@@ -24,7 +25,8 @@
 
 namespace tinygpt::cpu::attention_detail {
 
-template <class T> constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+template <class T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
 constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -32,7 +34,9 @@ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // Keys s < causal_end(g, t) (kernels/scalar_math.h) are visible to query t.
 
 /// Index of attention element (b, h, t, s = 0) in the dropout hash (kernels/attention.h).
-inline int64_t dropout_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) { return ((b * g.NH + h) * g.T + t) * g.S; }
+inline int64_t dropout_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) {
+  return ((b * g.NH + h) * g.T + t) * g.S;
+}
 
 /// The dropout rows (DropoutRow) of a tile's queries t0 .. t0+n-1, as three arrays, so that a loop down a column of a
 /// key-major tile (one key, the tile's queries) vectorizes.
@@ -53,12 +57,14 @@ struct DropoutRows {
 };
 
 /// Row (i0, i1, i2) of a tensor read through three element strides (features contiguous).
-template <class P> P at(P base, const int64_t* stride, int64_t i0, int64_t i1, int64_t i2) {
+template <class P>
+P at(P base, const int64_t* stride, int64_t i0, int64_t i1, int64_t i2) {
   return base + i0 * stride[0] + i1 * stride[1] + i2 * stride[2];
 }
 
 /// The dot product of two rows, summed in T; rows of bf16 storage (S) are widened as they are read.
-template <class S, class T = compute_t<S>> T dot(const S* a, const S* b, int64_t n) {
+template <class S, class T = compute_t<S>>
+T dot(const S* a, const S* b, int64_t n) {
   T acc = 0;
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += T(a[i]) * T(b[i]);
@@ -79,7 +85,8 @@ inline float dot(const bf16* a, const bf16* b, int64_t n) {
   return acc;
 }
 
-template <class T> void axpy_row(T* y, T alpha, const T* x, int64_t n) {
+template <class T>
+void axpy_row(T* y, T alpha, const T* x, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
@@ -98,20 +105,37 @@ constexpr int kVecBytes = 32;
 #else
 constexpr int kVecBytes = 16;
 #endif
-template <class T> struct Simd;
-template <> struct Simd<float> { typedef float V __attribute__((vector_size(kVecBytes))); };
-template <> struct Simd<double> { typedef double V __attribute__((vector_size(kVecBytes))); };
-template <class T> using Vec = typename Simd<T>::V;
-template <class T> constexpr int64_t kLanes = int64_t(sizeof(Vec<T>) / sizeof(T));
+template <class T>
+struct Simd;
+template <>
+struct Simd<float> {
+  typedef float V __attribute__((vector_size(kVecBytes)));
+};
+template <>
+struct Simd<double> {
+  typedef double V __attribute__((vector_size(kVecBytes)));
+};
+template <class T>
+using Vec = typename Simd<T>::V;
+template <class T>
+constexpr int64_t kLanes = int64_t(sizeof(Vec<T>) / sizeof(T));
 
-template <class T> inline Vec<T> load(const T* p) {
+template <class T>
+inline Vec<T> load(const T* p) {
   Vec<T> v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-template <class T> inline void store(T* p, Vec<T> v) { std::memcpy(p, &v, sizeof v); }
-template <class T> inline Vec<T> splat(T x) { return Vec<T>{} + x; }
-template <class T> inline T hsum(Vec<T> v) {
+template <class T>
+inline void store(T* p, Vec<T> v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <class T>
+inline Vec<T> splat(T x) {
+  return Vec<T>{} + x;
+}
+template <class T>
+inline T hsum(Vec<T> v) {
   T sum = 0;
   for (int64_t i = 0; i < kLanes<T>; ++i) sum += v[i];
   return sum;
@@ -152,14 +176,16 @@ inline Vec<double> exp_vec(Vec<double> x) {
 }
 
 /// Lanes [n, round_up(n, kLanes)) of a row set to -inf, so whole vectors can run past n and give exp() = 0 there.
-template <class T> int64_t pad_row(T* row, int64_t n) {
+template <class T>
+int64_t pad_row(T* row, int64_t n) {
   const int64_t n_pad = round_up(n, kLanes<T>);
   std::fill(row + n, row + n_pad, kNegInf<T>);
   return n_pad;
 }
 
 /// Columns per register block: two vectors.
-template <class T> constexpr int64_t kCols = 2 * kLanes<T>;
+template <class T>
+constexpr int64_t kCols = 2 * kLanes<T>;
 constexpr int64_t kRows = 6;  // 12 accumulators + 2 B vectors + 1 broadcast: 15 of the 16 AVX2 registers
                               // (AVX-512, 12 rows in 24 of 32 registers: no faster on the CPU recipe)
 
@@ -204,7 +230,8 @@ template <class T>
 void matmul_tile(T* C, int64_t ldc, const T* A, int64_t ars, int64_t aks, const T* B, int64_t ldb, int64_t M, int64_t K,
                  int64_t N, bool accumulate) {
   int64_t r = 0;
-  for (; r + kRows <= M; r += kRows) matmul_rows<T, kRows>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, N, accumulate);
+  for (; r + kRows <= M; r += kRows)
+    matmul_rows<T, kRows>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, N, accumulate);
   if (r + 4 <= M) matmul_rows<T, 4>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, N, accumulate), r += 4;
   if (r + 2 <= M) matmul_rows<T, 2>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, N, accumulate), r += 2;
   if (r < M) matmul_rows<T, 1>(C + r * ldc, ldc, A + r * ars, ars, aks, B, ldb, K, N, accumulate);
@@ -239,8 +266,8 @@ struct Strided {
 /// A read where it lies (rows of Q, K, V or dO; a score tile), B either held (X^T of a tile of rows, prepared once
 /// and used by several products) or rows of storage. With f32 math on bf16 operands (AttentionMath::BF16, float
 /// only) each operand is rounded to bf16 and the products summed in f32, as PyTorch's CPU autocast computes them: on
-/// the unit gemm's bf16 products run on (bf16_kernel(): AMX-BF16 or AVX512-BF16), packed straight from storage (bf16 as it
-/// lies, f32 rounded as packed); else rounded (or widened from bf16) into scratch for the f32 micro-kernel.
+/// the unit gemm's bf16 products run on (bf16_kernel(): AMX-BF16 or AVX512-BF16), packed straight from storage (bf16 as
+/// it lies, f32 rounded as packed); else rounded (or widened from bf16) into scratch for the f32 micro-kernel.
 template <class T, class S = T>
 class TileProducts {
  public:
@@ -268,7 +295,8 @@ class TileProducts {
     buf.resize(size_t(dim * n_pad));
     pack_transposed(buf.data(), n_pad, X, stride, n, dim);
     if constexpr (std::is_same_v<S, T>) {
-      if (round_) for (T& x : buf) x = round_bf16(x);
+      if (round_)
+        for (T& x : buf) x = round_bf16(x);
     }
     held_at_[size_t(i)] = buf.data();
     held_ld_[size_t(i)] = n_pad;
@@ -354,7 +382,8 @@ class TileProducts {
 };
 
 /// dst[0, n) += src[0, n) (or, without `add`, = src): in T, or for bf16 storage (S) widened, added and rounded once.
-template <class T, class S> void add_row(S* dst, const T* src, int64_t n, bool add = true) {
+template <class T, class S>
+void add_row(S* dst, const T* src, int64_t n, bool add = true) {
   if (!add) {
     if constexpr (std::is_same_v<S, T>) {
       std::copy_n(src, n, dst);
@@ -418,7 +447,8 @@ void key_major_logits(T* st, int64_t ld, int64_t nc, int64_t nr, int64_t n_pad, 
       std::fill(row, row + n_pad, kNegInf<T>);
       continue;
     }
-    if (scaled) for (int64_t i = 0; i < n_pad; ++i) row[i] *= scale;
+    if (scaled)
+      for (int64_t i = 0; i < n_pad; ++i) row[i] *= scale;
     if (mask) {
       const T* m = at(mask, g.mask_stride, b, h, t0) + (s0 + j) * g.mask_stride[3];
       for (int64_t i = 0; i < nr; ++i) row[i] += m[i * g.mask_stride[2]];
@@ -436,7 +466,8 @@ template <class T>
 struct OnlineSoftmax {
   std::vector<T> m, l, m_sub, alpha, sums;
 
-  explicit OnlineSoftmax(int64_t lanes) : m(size_t(lanes)), l(size_t(lanes)), m_sub(size_t(lanes)), alpha(size_t(lanes)), sums(size_t(lanes)) {}
+  explicit OnlineSoftmax(int64_t lanes)
+      : m(size_t(lanes)), l(size_t(lanes)), m_sub(size_t(lanes)), alpha(size_t(lanes)), sums(size_t(lanes)) {}
   void reset() {
     std::fill(m.begin(), m.end(), kNegInf<T>);
     std::fill(l.begin(), l.end(), T(0));
@@ -476,7 +507,8 @@ struct OnlineSoftmax {
       l[size_t(i)] = l[size_t(i)] * a + sums[size_t(i)];
       if (a == T(1)) continue;
       for (int64_t e = 0; e < ev; ++e) o[i * ev + e] *= a;
-      if (pbar) for (int64_t c = 0; c < w; ++c) pbar[i * w + c] *= a;
+      if (pbar)
+        for (int64_t c = 0; c < w; ++c) pbar[i * w + c] *= a;
     }
   }
 };

@@ -3,8 +3,8 @@
 // them here; explicit instantiations live beside each definition (TINYGPT_INSTANTIATE).
 #pragma once
 
-#include "gemm.h"
 #include "../kernel_list.h"
+#include "gemm.h"
 
 namespace tinygpt::cpu {
 

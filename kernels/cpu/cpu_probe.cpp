@@ -2,14 +2,13 @@
 #include "cpu_probe.h"
 
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
 #include <string>
-
-#include <time.h>
 
 #include "../base.h"
 #include "gemm_bf16.h"  // TINYGPT_GEMM_BF16, the AMX tile configuration
@@ -215,13 +214,18 @@ UnitRates g_rates;
 double probe_unit(ProbeUnit unit, long reps) {
 #if defined(__x86_64__)
   switch (unit) {
-    case ProbeUnit::FmaYmm: return fma_ymm(reps);
-    case ProbeUnit::FmaZmm: return fma_zmm(reps);
+    case ProbeUnit::FmaYmm:
+      return fma_ymm(reps);
+    case ProbeUnit::FmaZmm:
+      return fma_zmm(reps);
 #if defined(TINYGPT_GEMM_BF16)
-    case ProbeUnit::Dpbf16Zmm: return dpbf16_zmm(reps);
-    case ProbeUnit::AmxTiles: return amx_tiles(reps);
+    case ProbeUnit::Dpbf16Zmm:
+      return dpbf16_zmm(reps);
+    case ProbeUnit::AmxTiles:
+      return amx_tiles(reps);
 #endif
-    default: break;
+    default:
+      break;
   }
 #endif
   (void)unit, (void)reps;
@@ -299,7 +303,8 @@ std::string cpu_model_name() {
   unsigned regs[12] = {};
   std::string brand;
   if (__get_cpuid_max(0x80000000, nullptr) >= 0x80000004) {
-    for (unsigned i = 0; i < 3; ++i) __get_cpuid(0x80000002 + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
+    for (unsigned i = 0; i < 3; ++i)
+      __get_cpuid(0x80000002 + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
     char text[49] = {};
     std::memcpy(text, regs, 48);
     brand = text;

@@ -42,7 +42,7 @@ std::vector<Bf16Kernel> detect_bf16_kernels() {
   __get_cpuid_count(7, 1, &a, &b, &c, &d);
   const uint32_t eax7_1 = a;
   const bool avx512 = (xcr & 0xe6) == 0xe6 && (ebx7 & (1u << 16)) && (ebx7 & (1u << 17)) && (ebx7 & (1u << 30)) &&
-                      (ebx7 & (1u << 31));  // F, DQ, BW, VL
+                      (ebx7 & (1u << 31));               // F, DQ, BW, VL
   if (!avx512 || !(eax7_1 & (1u << 5))) return kernels;  // AVX512_BF16
   kernels.push_back(Bf16Kernel::Avx512Bf16);
 #if defined(__linux__)  // only Linux has the permission call (and only it grants the tile state)
@@ -95,7 +95,9 @@ Bf16Kernel choose_bf16_kernel() {
     return best;
   }
   const std::string name = env;
-  const Bf16Kernel want = name == "amx" ? Bf16Kernel::Amx : name == "avx512" ? Bf16Kernel::Avx512Bf16 : Bf16Kernel::F32Units;
+  const Bf16Kernel want = name == "amx"      ? Bf16Kernel::Amx
+                          : name == "avx512" ? Bf16Kernel::Avx512Bf16
+                                             : Bf16Kernel::F32Units;
   if (name != "amx" && name != "avx512" && name != "f32")
     throw Error("TINYGPT_CPU_BF16 must be amx, avx512 or f32, got '" + name + "'");
   if (std::find(have.begin(), have.end(), want) == have.end())

@@ -189,8 +189,7 @@ void axpy<bf16>(bf16* y, const bf16* x, float alpha, int64_t n) {
 }
 
 template <class T>
-void axpby(T* y, const T* x, int64_t n, double alpha, double beta, const float* coef, const T* stats,
-           double max_norm) {
+void axpby(T* y, const T* x, int64_t n, double alpha, double beta, const float* coef, const T* stats, double max_norm) {
   if (stats && (!is_finite(double(stats[0])) || !is_finite(double(stats[1])))) return;  // the step is refused
   const T a = coef ? T(coef[0]) : T(stats ? alpha * clip_scale(double(stats[1]), max_norm) : alpha);
   const T b = coef ? T(coef[1]) : T(beta);
@@ -207,14 +206,22 @@ template <class T>
 void unary_forward(T* out, const T* inp, int64_t n, UnaryOp op, compute_t<T> alpha) {
   using C = compute_t<T>;
   switch (op) {
-    case UnaryOp::Neg: return map(out, inp, n, [](C x) { return -x; });
-    case UnaryOp::Scale: return map(out, inp, n, [alpha](C x) { return alpha * x; });
-    case UnaryOp::Exp: return map(out, inp, n, [](C x) { return std::exp(x); });
-    case UnaryOp::Log: return map(out, inp, n, [](C x) { return std::log(x); });
-    case UnaryOp::Tanh: return map(out, inp, n, [](C x) { return std::tanh(x); });
-    case UnaryOp::Relu: return map(out, inp, n, [](C x) { return x > C(0) ? x : C(0); });
-    case UnaryOp::Gelu: return map(out, inp, n, [](C x) { return gelu(x, [](C u) { return gelu_tanh(u); }); });
-    case UnaryOp::Sqrt: return map(out, inp, n, [](C x) { return std::sqrt(x); });
+    case UnaryOp::Neg:
+      return map(out, inp, n, [](C x) { return -x; });
+    case UnaryOp::Scale:
+      return map(out, inp, n, [alpha](C x) { return alpha * x; });
+    case UnaryOp::Exp:
+      return map(out, inp, n, [](C x) { return std::exp(x); });
+    case UnaryOp::Log:
+      return map(out, inp, n, [](C x) { return std::log(x); });
+    case UnaryOp::Tanh:
+      return map(out, inp, n, [](C x) { return std::tanh(x); });
+    case UnaryOp::Relu:
+      return map(out, inp, n, [](C x) { return x > C(0) ? x : C(0); });
+    case UnaryOp::Gelu:
+      return map(out, inp, n, [](C x) { return gelu(x, [](C u) { return gelu_tanh(u); }); });
+    case UnaryOp::Sqrt:
+      return map(out, inp, n, [](C x) { return std::sqrt(x); });
   }
 }
 
@@ -223,14 +230,30 @@ void unary_backward(T* dinp, const T* dout, const T* inp, const T* out, int64_t 
                     bool overwrite) {
   using C = compute_t<T>;
   switch (op) {
-    case UnaryOp::Neg: return accumulate_map(dinp, dout, inp, n, [](C) { return C(-1); }, overwrite);
-    case UnaryOp::Scale: return accumulate_map(dinp, dout, inp, n, [alpha](T) { return alpha; }, overwrite);
-    case UnaryOp::Exp: return accumulate_map(dinp, dout, out, n, [](C y) { return y; }, overwrite);
-    case UnaryOp::Log: return accumulate_map(dinp, dout, inp, n, [](C x) { return C(1) / x; }, overwrite);
-    case UnaryOp::Tanh: return accumulate_map(dinp, dout, out, n, [](C y) { return C(1) - y * y; }, overwrite);
-    case UnaryOp::Relu: return accumulate_map(dinp, dout, inp, n, [](C x) { return x > C(0) ? C(1) : C(0); }, overwrite);
-    case UnaryOp::Gelu: return accumulate_map(dinp, dout, inp, n, [](C x) { return gelu_grad(x, [](C u) { return gelu_tanh(u); }); }, overwrite);
-    case UnaryOp::Sqrt: return accumulate_map(dinp, dout, out, n, [](C y) { return C(0.5) / y; }, overwrite);
+    case UnaryOp::Neg:
+      return accumulate_map(
+          dinp, dout, inp, n, [](C) { return C(-1); }, overwrite);
+    case UnaryOp::Scale:
+      return accumulate_map(
+          dinp, dout, inp, n, [alpha](T) { return alpha; }, overwrite);
+    case UnaryOp::Exp:
+      return accumulate_map(
+          dinp, dout, out, n, [](C y) { return y; }, overwrite);
+    case UnaryOp::Log:
+      return accumulate_map(
+          dinp, dout, inp, n, [](C x) { return C(1) / x; }, overwrite);
+    case UnaryOp::Tanh:
+      return accumulate_map(
+          dinp, dout, out, n, [](C y) { return C(1) - y * y; }, overwrite);
+    case UnaryOp::Relu:
+      return accumulate_map(
+          dinp, dout, inp, n, [](C x) { return x > C(0) ? C(1) : C(0); }, overwrite);
+    case UnaryOp::Gelu:
+      return accumulate_map(
+          dinp, dout, inp, n, [](C x) { return gelu_grad(x, [](C u) { return gelu_tanh(u); }); }, overwrite);
+    case UnaryOp::Sqrt:
+      return accumulate_map(
+          dinp, dout, out, n, [](C y) { return C(0.5) / y; }, overwrite);
   }
 }
 
@@ -238,10 +261,14 @@ template <class T>
 void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, BinaryOp op) {
   using C = compute_t<T>;
   switch (op) {
-    case BinaryOp::Add: return broadcast_map(out, a, b, g, [](C x, T y) { return x + y; });
-    case BinaryOp::Sub: return broadcast_map(out, a, b, g, [](C x, T y) { return x - y; });
-    case BinaryOp::Mul: return broadcast_map(out, a, b, g, [](C x, T y) { return x * y; });
-    case BinaryOp::Div: return broadcast_map(out, a, b, g, [](C x, T y) { return x / y; });
+    case BinaryOp::Add:
+      return broadcast_map(out, a, b, g, [](C x, T y) { return x + y; });
+    case BinaryOp::Sub:
+      return broadcast_map(out, a, b, g, [](C x, T y) { return x - y; });
+    case BinaryOp::Mul:
+      return broadcast_map(out, a, b, g, [](C x, T y) { return x * y; });
+    case BinaryOp::Div:
+      return broadcast_map(out, a, b, g, [](C x, T y) { return x / y; });
   }
 }
 
@@ -249,7 +276,8 @@ namespace {
 
 /// binary_backward with the op's partial derivatives as lambdas, so each loop is compiled for one op.
 template <class T, class FA, class FB>
-void binary_backward_with(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, FA dfda, FB dfdb) {
+void binary_backward_with(T* da, T* db, const T* dout, const T* a, const T* b, const BroadcastGeom& g, FA dfda,
+                          FB dfdb) {
   using C = compute_t<T>;
   if (g.same_shape) {
     const int64_t n = g.out[0] * g.out[1] * g.out[2] * g.out[3] * g.out[4];
@@ -275,13 +303,16 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
   using C = compute_t<T>;
   auto one = [](C, C) { return C(1); };
   switch (op) {
-    case BinaryOp::Add: return binary_backward_with(da, db, dout, a, b, g, one, one);
-    case BinaryOp::Sub: return binary_backward_with(da, db, dout, a, b, g, one, [](C, C) { return C(-1); });
+    case BinaryOp::Add:
+      return binary_backward_with(da, db, dout, a, b, g, one, one);
+    case BinaryOp::Sub:
+      return binary_backward_with(da, db, dout, a, b, g, one, [](C, C) { return C(-1); });
     case BinaryOp::Mul:
-      return binary_backward_with(da, db, dout, a, b, g, [](C, C y) { return y; }, [](C x, T) { return x; });
+      return binary_backward_with(
+          da, db, dout, a, b, g, [](C, C y) { return y; }, [](C x, T) { return x; });
     case BinaryOp::Div:
-      return binary_backward_with(da, db, dout, a, b, g, [](C, C y) { return C(1) / y; },
-                                  [](C x, T y) { return -x / (y * y); });
+      return binary_backward_with(
+          da, db, dout, a, b, g, [](C, C y) { return C(1) / y; }, [](C x, T y) { return -x / (y * y); });
   }
 }
 

@@ -96,7 +96,11 @@ class Blocked {
   }
 
   Blocked(const Operands<T, S>& op, int nt)
-      : o_(op), nt_(nt), kc_blk_(k_block(op.K)), nc_blk_(n_block(op.N)), group_k_(k_group(op.K, op.N)),
+      : o_(op),
+        nt_(nt),
+        kc_blk_(k_block(op.K)),
+        nc_blk_(n_block(op.N)),
+        group_k_(k_group(op.K, op.N)),
         to16_(op.ep.out16 != nullptr) {
     // Row blocks: as many as MC requires, rounded up to a multiple of the thread count so the dynamic claiming ends
     // even (M = 1536: 12 blocks, not 11; M = 384: 4 x 96, not 3 x 128). Block rb covers MR-row tiles
@@ -195,8 +199,10 @@ class Blocked {
       // Pull the next op(A) block's source into cache during this block's compute, so its packing does not stall
       // on DRAM with the FMA units idle (x and dy of the big shapes are 8-100 MB).
       Prefetch pf;
-      if (kb + 1 < kblocks) pf = a_source(sg, rb, kb + 1);
-      else if (after >= 0) pf = a_source(sg, after / sg.chunks, 0);
+      if (kb + 1 < kblocks)
+        pf = a_source(sg, rb, kb + 1);
+      else if (after >= 0)
+        pf = a_source(sg, after / sg.chunks, 0);
       multiply(sg, kb, i0, mc, k0, kc, p0, p1, apack, cblock, pf);
     }
     // Stored in bf16: the ticket's whole block, once its last k block is in (a pass of its own: interleaved with the
@@ -235,8 +241,8 @@ class Blocked {
           tile_product(kp, apack + ii * kp, i0 + ii, k0, bp, tile, NR, T(1), T(0));
           for (int64_t i = 0; i < mr; ++i)
             for (int64_t j = 0; j < nr; ++j)
-              cp[i * cld + j] = b_eff == T(0) ? o_.alpha * tile[i * NR + j]
-                                              : o_.alpha * tile[i * NR + j] + b_eff * cp[i * cld + j];
+              cp[i * cld + j] =
+                  b_eff == T(0) ? o_.alpha * tile[i * NR + j] : o_.alpha * tile[i * NR + j] + b_eff * cp[i * cld + j];
         }
         if (epilogue_now) run_epilogue(o_.ep, cp, o_.ldc, (i0 + ii) * o_.ldc + sg.j0 + jj, sg.j0 + jj, mr, nr);
       }
@@ -294,7 +300,7 @@ class Blocked {
   const bool direct_a_ = read_a_in_place();
   int64_t tiles_ = 0, rblocks_ = 0, kc_pad_ = 0, b_elems_ = 0, a_elems_ = 0, c_elems_ = 0, total_ = 0;
   std::vector<Segment> segs_;
-  P* work_ = nullptr;  // the op(B) slab, then the threads' op(A) blocks
+  P* work_ = nullptr;   // the op(B) slab, then the threads' op(A) blocks
   T* cwork_ = nullptr;  // the threads' f32 blocks of C (bf16 output)
   std::atomic<int64_t> next_{0};
   Progress progress_;
@@ -364,7 +370,8 @@ template <class T, class S>
 void gemm_few_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const S* A, int64_t lda,
                    const S* B, int64_t ldb, T beta, T* C, int64_t ldc, bool round) {
   const int max_threads = omp_in_parallel() || solo_now() ? 1 : omp_get_max_threads();
-  const int nt = int(std::clamp<double>(double(N) * double(K) / kMinFmasPerThread, 1.0, double(std::max(max_threads, 1))));
+  const int nt =
+      int(std::clamp<double>(double(N) * double(K) / kMinFmasPerThread, 1.0, double(std::max(max_threads, 1))));
   std::vector<T> a(static_cast<size_t>(K));
   for (int64_t i = 0; i < M; ++i) {
     for (int64_t k = 0; k < K; ++k) a[size_t(k)] = operand<T>(trans_a ? A[k * lda + i] : A[i * lda + k], round);
@@ -412,11 +419,11 @@ void run_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t 
   if (kernel == Bf16Kernel::Amx)
     return gemm_with<bf16_isa::AmxConfig>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
   if (kernel == Bf16Kernel::Avx512Bf16)
-    return gemm_with<bf16_isa::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
+    return gemm_with<bf16_isa::Avx512Bf16Config>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true,
+                                                 ep);
 #endif
   gemm_with<Config<float>>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true, ep);
 }
-
 
 /// C = beta * C for an empty product (K == 0 or alpha == 0), beta == 0 overwriting (BLAS semantics); false when the
 /// product is not empty.
@@ -440,8 +447,8 @@ void gemm_bf16(Bf16Kernel kernel, bool trans_a, bool trans_b, int64_t M, int64_t
 }
 
 template <class T>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const Epilogue<T>& ep) {
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc, bool bf16, const Epilogue<T>& ep) {
   if (ep.act != Activation::None && ((ep.act_out == nullptr) == (ep.act_of == nullptr) || beta != T(0)))
     throw Error("gemm: an activation epilogue needs one of act_out and act_of, and beta 0");
   if (M <= 0 || N <= 0) return;
@@ -494,10 +501,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   const Bf16Kernel kernel = bf16_kernel();
   if (kernel == Bf16Kernel::Amx)
     return gemm_with<bf16_isa::AmxConfig, float, bf16>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                                                        true, ep);
+                                                       true, ep);
   if (kernel == Bf16Kernel::Avx512Bf16)
-    return gemm_with<bf16_isa::Avx512Bf16Config, float, bf16>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta,
-                                                               C, ldc, true, ep);
+    return gemm_with<bf16_isa::Avx512Bf16Config, float, bf16>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                                              ldc, true, ep);
 #endif
   // The f32 units: the operands widened (exactly) into f32 copies of the spans the product reads.
   auto widened = [](const bf16* X, int64_t rows, int64_t cols, int64_t ld) {

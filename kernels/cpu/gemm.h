@@ -3,7 +3,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../bf16.h"  // round_bf16
+#include "../bf16.h"    // round_bf16
 #include "../device.h"  // Bf16Kernel, bf16_kernel(): which CPU unit runs bf16 products
 #include "../geometry.h"
 
@@ -45,12 +45,13 @@ struct Epilogue {
   const Bf16Out* out16 = nullptr;     // gemm over bf16 only: the result stored in bf16 (act's arrays in it), C unused
 };
 template <class T>
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false, const Epilogue<T>& epilogue = {});
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc, bool bf16 = false, const Epilogue<T>& epilogue = {});
 
 /// gemm<float> over operands stored in bf16 (the products of MatmulMath::BF16, with nothing to round: the operands
-/// are bf16 already), C in f32, or with epilogue.out16 the result in bf16 (C may be null). The bf16 micro-kernels pack the operands as they lie; on the f32 units they are
-/// widened first (exactly), so every kernel multiplies the same values as gemm<float> with bf16 on their f32 twins.
+/// are bf16 already), C in f32, or with epilogue.out16 the result in bf16 (C may be null). The bf16 micro-kernels pack
+/// the operands as they lie; on the f32 units they are widened first (exactly), so every kernel multiplies the same
+/// values as gemm<float> with bf16 on their f32 twins.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
           const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc, const Epilogue<float>& epilogue = {});
 

@@ -21,12 +21,15 @@
 namespace tinygpt::cpu::bf16_isa {
 
 #define TINYGPT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2")))
-#define TINYGPT_TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2,amx-tile,amx-bf16")))
+#define TINYGPT_TARGET_AMX \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,avx2,amx-tile,amx-bf16")))
 
 constexpr int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
 /// Lanes [0, n) of a 16-lane mask (n clamped to [0, 16]).
-inline __mmask16 lanes16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1); }
+inline __mmask16 lanes16(int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
 
 // Shifts of 32-bit lanes by 16 (the maskz forms: GCC 12's unmasked ones warn of an uninitialized operand).
 TINYGPT_TARGET_AVX512 inline __m512i shr16(__m512i v) { return _mm512_maskz_srli_epi32(__mmask16(0xffff), v, 16); }
@@ -57,8 +60,10 @@ TINYGPT_TARGET_AVX512 inline void transpose16x16(__m512i v[16]) {
     v[g + 3] = _mm512_maskz_unpackhi_epi64(__mmask8(0xff), t[g + 1], t[g + 3]);
   }
   for (int j = 0; j < 4; ++j) {  // a 4 x 4 transpose of 128-bit lanes: column 4 L + j gathers lane L of each u
-    const __m512i x0 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[j], v[4 + j], 0x44), x1 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[j], v[4 + j], 0xee);
-    const __m512i x2 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[8 + j], v[12 + j], 0x44), x3 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[8 + j], v[12 + j], 0xee);
+    const __m512i x0 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[j], v[4 + j], 0x44),
+                  x1 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[j], v[4 + j], 0xee);
+    const __m512i x2 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[8 + j], v[12 + j], 0x44),
+                  x3 = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), v[8 + j], v[12 + j], 0xee);
     t[j] = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), x0, x2, 0x88);
     t[4 + j] = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), x0, x2, 0xdd);
     t[8 + j] = _mm512_maskz_shuffle_i32x4(__mmask16(0xffff), x1, x3, 0x88);
@@ -76,9 +81,13 @@ TINYGPT_TARGET_AVX512 inline __m512i pairs_across(const float* src, int64_t ld, 
 }
 
 /// pairs_across from bf16 storage: the values are bf16 already, so each 16-bit element is widened to its lane.
-TINYGPT_TARGET_AVX512 inline __m512i pairs_across(const tinygpt::bf16* src, int64_t ld, int64_t k, int64_t kc, __mmask16 m) {
-  const __m512i x0 = k < kc ? _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), _mm256_maskz_loadu_epi16(m, src + k * ld)) : _mm512_setzero_si512();
-  const __m512i x1 = k + 1 < kc ? _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), _mm256_maskz_loadu_epi16(m, src + (k + 1) * ld)) : _mm512_setzero_si512();
+TINYGPT_TARGET_AVX512 inline __m512i pairs_across(const tinygpt::bf16* src, int64_t ld, int64_t k, int64_t kc,
+                                                  __mmask16 m) {
+  const __m512i x0 = k < kc ? _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), _mm256_maskz_loadu_epi16(m, src + k * ld))
+                            : _mm512_setzero_si512();
+  const __m512i x1 =
+      k + 1 < kc ? _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), _mm256_maskz_loadu_epi16(m, src + (k + 1) * ld))
+                 : _mm512_setzero_si512();
   return _mm512_or_si512(x0, shl16(x1));
 }
 
@@ -106,8 +115,8 @@ TINYGPT_TARGET_AVX512 inline __m512i pairs_along(const tinygpt::bf16* src, int64
 /// pair words are transposed in registers (a scatter store per vector was a third of the packing's time).
 /// S is the storage read: f32 (rounded as packed) or bf16 (as it is).
 template <int W, class L, class S>
-TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const S* X, int64_t ld, int64_t r0, int64_t rows,
-                                           int64_t k0, int64_t kc, int64_t kcp, uint16_t* dst) {
+TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const S* X, int64_t ld, int64_t r0, int64_t rows, int64_t k0,
+                                           int64_t kc, int64_t kcp, uint16_t* dst) {
   const int64_t pairs = kcp / 2;
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   for (int64_t p = 0; p * W < rows; ++p) {
@@ -147,7 +156,8 @@ TINYGPT_TARGET_AVX512 void pack_bf16_pairs(bool k_contig, const S* X, int64_t ld
         for (int64_t kp0 = 0; kp0 < pairs; kp0 += 16) {
           __m512i v[16];
           for (int i = 0; i < 16; ++i) {
-            v[i] = h + i < valid ? pairs_along(X + (r0 + p * W + h + i) * ld + k0, 2 * kp0, kc) : _mm512_setzero_si512();
+            v[i] =
+                h + i < valid ? pairs_along(X + (r0 + p * W + h + i) * ld + k0, 2 * kp0, kc) : _mm512_setzero_si512();
           }
           transpose16x16(v);  // v[j]: pair kp0 + j of rows h .. h + 15
           for (int j = 0; j < 16 && kp0 + j < pairs; ++j) _mm512_storeu_si512(d + L::at(kp0 + j, h), v[j]);
@@ -221,7 +231,8 @@ struct Avx512Bf16Config : Bf16Packing<8, 32, PairsByK, 2> {
   struct ThreadScope {};
   TINYGPT_TARGET_AVX512 static void kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
                                            float* c, int64_t ldc, float alpha, float beta) {
-    kernel_on(kcp, [a](int64_t kp, int i) { return a + (kp * MR + i) * 2; }, b, c, ldc, alpha, beta);
+    kernel_on(
+        kcp, [a](int64_t kp, int i) { return a + (kp * MR + i) * 2; }, b, c, ldc, alpha, beta);
   }
   /// The kernel on op(A) where it lies, bf16 storage with k contiguous: row i at a + i * lda, its pair kp (k = 2 kp,
   /// 2 kp + 1) the 32-bit word at a + i * lda + 2 kp, which the kernel broadcasts as it would the packed one; kcp
@@ -229,7 +240,8 @@ struct Avx512Bf16Config : Bf16Packing<8, 32, PairsByK, 2> {
   TINYGPT_TARGET_AVX512 static void kernel_rows(int64_t kcp, const uint16_t* a, int64_t lda,
                                                 const uint16_t* __restrict b, float* c, int64_t ldc, float alpha,
                                                 float beta) {
-    kernel_on(kcp, [a, lda](int64_t kp, int i) { return a + i * lda + 2 * kp; }, b, c, ldc, alpha, beta);
+    kernel_on(
+        kcp, [a, lda](int64_t kp, int i) { return a + i * lda + 2 * kp; }, b, c, ldc, alpha, beta);
   }
 
  private:
@@ -280,7 +292,9 @@ inline constexpr TileConfig kAllTiles16x64 = [] {
 /// ldtilecfg. Not GCC 12's _tile_loadconfig: its asm operand tells the compiler it reads 8 bytes, so the stores
 /// filling the other 56 of a local config could be dropped (they were, in an -march=x86-64-v3 build: the first
 /// tilezero then faulted); this operand is the whole configuration.
-TINYGPT_TARGET_AMX inline void load_tile_config(const TileConfig& cfg) { __asm__ volatile("ldtilecfg %0" : : "m"(cfg)); }
+TINYGPT_TARGET_AMX inline void load_tile_config(const TileConfig& cfg) {
+  __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
 
 /// tilerelease, callable from code compiled without AMX (GCC does not apply a target attribute written on an
 /// out-of-class destructor, so the intrinsic cannot be inlined there).
@@ -311,8 +325,8 @@ struct AmxConfig : Bf16Packing<32, 32, PairsByRow, 32> {
 /// c (32 x 32 f32, row stride ldc) = (c if `load`, else 0) + a (32 rows packed as AmxConfig's op(A)) @ b (32 columns
 /// in the VNNI layout), kcp (a multiple of 32) deep. Tiles: 0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5
 /// A, 6-7 B. C goes in and out of the tiles directly (tileloadd / tilestored), with no pass of vector code over it.
-TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
-                                                 float* c, int64_t ldc, bool load) {
+TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __restrict a,
+                                                 const uint16_t* __restrict b, float* c, int64_t ldc, bool load) {
   constexpr int64_t MR = 32, NR = 32;
   const int64_t stride = ldc * int64_t(sizeof(float));
   if (load) {
@@ -345,13 +359,14 @@ TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __
 }
 
 /// out (32 x 32 f32, rows of 32) = a @ b.
-TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
-                                                 float* out) {
+TINYGPT_TARGET_AMX inline void amx_product_32x32(int64_t kcp, const uint16_t* __restrict a,
+                                                 const uint16_t* __restrict b, float* out) {
   amx_product_32x32(kcp, a, b, out, 32, false);
 }
 
-TINYGPT_TARGET_AMX inline void AmxConfig::kernel(int64_t kcp, const uint16_t* __restrict a, const uint16_t* __restrict b,
-                                                 float* c, int64_t ldc, float alpha, float beta) {
+TINYGPT_TARGET_AMX inline void AmxConfig::kernel(int64_t kcp, const uint16_t* __restrict a,
+                                                 const uint16_t* __restrict b, float* c, int64_t ldc, float alpha,
+                                                 float beta) {
   if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) return amx_product_32x32(kcp, a, b, c, ldc, beta == 1.0f);
   alignas(64) float out[MR * NR];
   amx_product_32x32(kcp, a, b, out);

@@ -52,9 +52,12 @@ void bf16_out_epilogue_with(const Epilogue<float>& ep, float* c, int64_t ldc, in
 void bf16_out_epilogue(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t row, int64_t col, int64_t mr,
                        int64_t nr) {
   switch (ep.act) {
-    case Activation::Gelu: return bf16_out_epilogue_with<Activation::Gelu>(ep, c, ldc, row, col, mr, nr);
-    case Activation::ReluSquared: return bf16_out_epilogue_with<Activation::ReluSquared>(ep, c, ldc, row, col, mr, nr);
-    default: return bf16_out_epilogue_with<Activation::None>(ep, c, ldc, row, col, mr, nr);
+    case Activation::Gelu:
+      return bf16_out_epilogue_with<Activation::Gelu>(ep, c, ldc, row, col, mr, nr);
+    case Activation::ReluSquared:
+      return bf16_out_epilogue_with<Activation::ReluSquared>(ep, c, ldc, row, col, mr, nr);
+    default:
+      return bf16_out_epilogue_with<Activation::None>(ep, c, ldc, row, col, mr, nr);
   }
 }
 

@@ -109,7 +109,9 @@ using Clock = std::chrono::steady_clock;
 inline std::atomic<int64_t> solo_until_ns{0}, solo_window_ns{0};
 inline std::atomic<int> stalled_calls{0};
 
-inline int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 inline bool solo_now() { return now_ns() < solo_until_ns.load(std::memory_order_relaxed); }
 

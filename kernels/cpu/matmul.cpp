@@ -27,8 +27,8 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int6
 
 /// The same over bf16 storage: the products of the stored values summed in f32 (gemm over bf16), each element of C
 /// rounded once as its block of C is done (Bf16Out), after adding what it held when beta is 1.
-void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
-             int64_t ldb, bf16 beta, bf16* C, int64_t ldc, bool) {
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B, int64_t ldb,
+             bf16 beta, bf16* C, int64_t ldc, bool) {
   const Bf16Out o{C, ldc, float(beta) != 0.0f};
   Epilogue<float> ep;
   ep.out16 = &o;
@@ -129,7 +129,7 @@ void linear_backward(const LinearBackward<T>& c) {
   // multiplied in the epilogue.
   const Epilogue<T> ep{nullptr, c.act, nullptr, c.act != Activation::None ? c.act_of : nullptr};
   if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, weight, C, beta, dinp, C, bf16, ep);  // (N, OC) @ (OC, C)
-  if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C, bf16);  // (OC, N) @ (N, C)
+  if (dweight) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C, bf16);    // (OC, N) @ (N, C)
   if (dbias) {
     // Column sums of dout: private rows per thread, added in thread order.
     const int nth = N * OC >= kParallelGrain ? omp_get_max_threads() : 1;

@@ -1,4 +1,5 @@
-// The fused kernels of a GPT: layernorm and RMSNorm, SwiGLU's gate, embedding lookup, cross-entropy from logits, dropout.
+// The fused kernels of a GPT: layernorm and RMSNorm, SwiGLU's gate, embedding lookup, cross-entropy from logits,
+// dropout.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -66,9 +67,8 @@ void norm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* inp, 
 }
 
 template <bool Rms, class T>
-void add_norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
-                      const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
-                      DropoutSeed seed) {
+void add_norm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b, const T* weight,
+                      const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p, DropoutSeed seed) {
   using F = compute_t<T>;
   const F scale = dropout_scale<F>(p);
   const DropoutStream stream(seed.value());
@@ -168,8 +168,8 @@ void norm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf
     for (int64_t n = 0; n < N; ++n) {
       widen_range(x.data(), inp + n * C, C);
       float unused;
-      layernorm_row<Rms>(y.data(), mean_slot(mean, n, unused), rstd[n], x.data(), w.data(), bias ? b.data() : nullptr, C,
-                         eps);
+      layernorm_row<Rms>(y.data(), mean_slot(mean, n, unused), rstd[n], x.data(), w.data(), bias ? b.data() : nullptr,
+                         C, eps);
       round_range(out + n * C, y.data(), C);
     }
   }
@@ -196,7 +196,8 @@ void add_norm_forward(bf16* sum, bf16* out, float* mean, float* rstd, const bf16
       } else if (uint64_t((n + 1) * C) <= uint64_t(1) << 32) {  // the row's elements all on the first key: vectorizes
         const uint32_t i0 = uint32_t(n * C);
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) xs[c] += dropout_uniform(stream.key0, i0 + uint32_t(c)) >= p ? rs[c] * scale : 0.0f;
+        for (int64_t c = 0; c < C; ++c)
+          xs[c] += dropout_uniform(stream.key0, i0 + uint32_t(c)) >= p ? rs[c] * scale : 0.0f;
       } else {
         for (int64_t c = 0; c < C; ++c) xs[c] += stream.keep(n * C + c, p) ? rs[c] * scale : 0.0f;
       }
@@ -286,7 +287,8 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 }
 
 template <class T>
-void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* inp, const T* weight, int64_t N, int64_t C, compute_t<T> eps) {
+void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
+                     compute_t<T> eps) {
   norm_forward<true>(out, static_cast<compute_t<T>*>(nullptr), rstd, inp, weight, static_cast<const T*>(nullptr), N, C,
                      eps);
 }
@@ -393,7 +395,8 @@ void embedding_forward(T* out, const int32_t* ids, const T* weight, int64_t N, i
 }
 
 template <class T>
-void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t*, int64_t N, int64_t V, int64_t C) {
+void embedding_backward(T* dweight, const T* dout, const int32_t* ids, const int32_t*, int64_t N, int64_t V,
+                        int64_t C) {
   using F = compute_t<T>;
   // bf16: the rows' sums in an f32 copy of dweight, rounded once at the end (a row may gather thousands of rows).
   std::vector<F> wide(std::is_same_v<T, F> ? 0 : size_t(V * C));

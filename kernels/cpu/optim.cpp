@@ -28,7 +28,8 @@ void update_runs(T* param, const T* grad, T* m, T* v, const AdamWRuns& runs, flo
       }
     }
 #pragma omp parallel for simd if (n >= kParallelGrain)
-    for (int64_t i = first; i < first + n; ++i) adamw_element(param[i], gs * grad[i], m[i], v[i], lr, beta1, beta2, eps, wd, c1, c2);
+    for (int64_t i = first; i < first + n; ++i)
+      adamw_element(param[i], gs * grad[i], m[i], v[i], lr, beta1, beta2, eps, wd, c1, c2);
   }
 }
 

@@ -28,7 +28,7 @@ struct Table {
   std::mutex mutex;
   std::map<std::string, Entry> kernels, phases;
   std::map<std::string, int64_t> choices;  // "what: choice" -> times taken
-  std::vector<std::string> phase_order;  // as first seen
+  std::vector<std::string> phase_order;    // as first seen
   double kernel_total = 0;
 
   ~Table() {
@@ -45,7 +45,8 @@ struct Table {
     }
     for (const auto& [choice, n] : choices) fmt::print(stderr, "{} ({} calls)\n", choice, n);
     if (phases.empty()) return;
-    fmt::print(stderr, "{:<28} {:>10} {:>10} {:>10}   (ms per step; left over: allocation, graph bookkeeping, copies)\n",
+    fmt::print(stderr,
+               "{:<28} {:>10} {:>10} {:>10}   (ms per step; left over: allocation, graph bookkeeping, copies)\n",
                "phase", "wall", "kernels", "left over");
     double nested = 0;
     for (const std::string& name : phase_order) {
@@ -71,9 +72,7 @@ thread_local int g_depth = 0;  // phases open on this thread
 }  // namespace
 
 bool enabled() {
-  static const bool on = [] {
-    return TINYGPT_ENV_IS("TINYGPT_PROFILE", "1");
-  }();
+  static const bool on = [] { return TINYGPT_ENV_IS("TINYGPT_PROFILE", "1"); }();
   return on;
 }
 

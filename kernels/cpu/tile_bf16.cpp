@@ -185,7 +185,7 @@ void Bf16Tiles::run(float* C, int64_t ldc, int slot, int64_t M, int64_t K, int64
 }
 
 void Bf16Tiles::product(float* C, int64_t ldc, const float* A, int64_t ars, int64_t aks, const float* B, int64_t ldb,
-                       int64_t M, int64_t K, int64_t N, bool accumulate) {
+                        int64_t M, int64_t K, int64_t N, bool accumulate) {
   pack_a(A, ars, aks, M, K);
   pack_b(kSlots - 1, B, ldb, 1, K, N);
   run(C, ldc, kSlots - 1, M, K, N, accumulate);
@@ -202,8 +202,8 @@ void Bf16Tiles::pack_a(const bf16*, int64_t, int64_t, int64_t, int64_t) {}
 void Bf16Tiles::pack_b(int, const float*, int64_t, int64_t, int64_t, int64_t) {}
 void Bf16Tiles::pack_b(int, const bf16*, int64_t, int64_t, int64_t, int64_t) {}
 void Bf16Tiles::run(float*, int64_t, int, int64_t, int64_t, int64_t, bool, Band) {}
-void Bf16Tiles::product(float*, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t,
-                       bool) {}
+void Bf16Tiles::product(float*, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t,
+                        int64_t, bool) {}
 
 #endif
 

@@ -1,6 +1,6 @@
-// Scaled dot-product attention on the GPU, f32: a naive reference (one warp per query row, scores in memory)
-// and flash attention (tiles in shared memory, online softmax, no T x S buffer), forward and backward. Twins of
-// kernels/cpu/attention.cpp; layout, masking and dropout as kernels/attention.h describes.
+// Scaled dot-product attention on the GPU, f32: flash attention (tiles in shared memory, online softmax, no T x S
+// buffer), forward and backward. Twins of kernels/cpu/attention.cpp; layout, masking and dropout as kernels/attention.h
+// describes.
 //
 // Flash layout: a block of 128 threads (4 warps) owns a 64 x 64 tile of scores. Thread (warp w, lane l) holds
 // rows 16w + 4(l/8) + i (i < 4) and columns l%8 + 8j (j < 8), so a row is spread over the 8 lanes of one
@@ -30,8 +30,9 @@
 #include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/device.h"  // flash_tensor_cores
+#include "kernels/cuda/attention_rowdot.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/device.h"  // flash_tensor_cores
 #if !defined(TINYGPT_EMULATED_CUDA)
 #include "kernels/cuda/mma.cuh"
 #endif
@@ -42,141 +43,9 @@ TINYGPT_CUDA_BEGIN
 namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
-// Naive reference.
-
-/// One warp per query row; the scores go to `weights` (or scratch) and are turned into probabilities in place.
-__global__ void naive_forward_kernel(float* out, float* weights, float* lse, const float* q, const float* k,
-                                     const float* v, const float* mask, const uint8_t* kp, AttentionGeom g) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= g.B * g.NH * g.T) return;
-  const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T, kvh = h / (g.NH / g.NKV);
-  float* p = weights + row * g.S;
-  const float* qr = at(q, g.q_stride, b, h, t);
-  float mx = -INFINITY;
-  for (int64_t s = lane; s < g.S; s += 32) {
-    float x = -INFINITY;
-    if (g.mods.any() || visible(g, kp, b, t, s)) {
-      const float* kr = at(k, g.k_stride, b, kvh, s);
-      float dot = 0.0f;
-      for (int64_t e = 0; e < g.E; ++e) dot += qr[e] * kr[e];
-      float capped;
-      x = score_logit(g, kp, mask, b, h, t, s, dot, capped);
-    }
-    p[s] = x;
-    mx = fmaxf(mx, x);
-  }
-  mx = warp_max(mx);
-  float* o = at(out, g.o_stride, b, h, t);
-  if (mx == -INFINITY) {  // no visible key
-    for (int64_t s = lane; s < g.S; s += 32) p[s] = 0.0f;
-    for (int64_t e = lane; e < g.Ev; e += 32) o[e] = 0.0f;
-    if (lane == 0) lse[row] = -INFINITY;
-    return;
-  }
-  float sum = 0.0f;
-  for (int64_t s = lane; s < g.S; s += 32) sum += (p[s] = expf(p[s] - mx));
-  sum = warp_sum(sum);
-  const float inv = 1.0f / sum;
-  for (int64_t s = lane; s < g.S; s += 32) p[s] *= inv;
-  if (lane == 0) lse[row] = mx + logf(sum);
-  __syncwarp();
-  for (int64_t e = lane; e < g.Ev; e += 32) {
-    float acc = 0.0f;
-    for (int64_t s = 0; s < g.S; ++s) {
-      const float w = p[s] * dropout_factor(g, b, h, t, s);
-      if (w != 0.0f) acc += w * at(v, g.v_stride, b, kvh, s)[e];
-    }
-    o[e] = acc;
-  }
-}
-
-/// D[row] = dot(dout, out) of every query row; one warp per row.
-__global__ void rowdot_kernel(float* D, const float* dout, const float* out, AttentionGeom g) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= g.B * g.NH * g.T) return;
-  const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T;
-  const float* go = at(dout, g.o_stride, b, h, t);
-  const float* o = at(out, g.o_stride, b, h, t);
-  float acc = 0.0f;
-  for (int64_t e = lane; e < g.Ev; e += 32) acc += go[e] * o[e];
-  acc = warp_sum(acc);
-  if (lane == 0) D[row] = acc;
-}
-
-/// P * dropout and dS of element (b, h, t, s), computed by a whole warp; false when the key is invisible.
-__device__ bool naive_element(const AttentionGeom& g, const float* q, const float* k, const float* v, const float* dout,
-                              const float* lse, const float* D, const float* mask, const uint8_t* kp, int64_t b,
-                              int64_t h, int64_t t, int64_t s, float& pd, float& ds) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = (b * g.NH + h) * g.T + t, kvh = h / (g.NH / g.NKV);
-  if (lse[row] == -INFINITY || (!g.mods.any() && !visible(g, kp, b, t, s))) return false;
-  const float* qr = at(q, g.q_stride, b, h, t);
-  const float* kr = at(k, g.k_stride, b, kvh, s);
-  const float* gr = at(dout, g.o_stride, b, h, t);
-  const float* vr = at(v, g.v_stride, b, kvh, s);
-  float qk = 0.0f, dp = 0.0f;
-  for (int64_t e = lane; e < g.E; e += 32) qk += qr[e] * kr[e];
-  for (int64_t e = lane; e < g.Ev; e += 32) dp += gr[e] * vr[e];
-  qk = warp_sum(qk);
-  dp = warp_sum(dp);
-  float capped;
-  const float x = score_logit(g, kp, mask, b, h, t, s, qk, capped);
-  if (x == -INFINITY) return false;
-  const float p = expf(x - lse[row]);
-  const float f = dropout_factor(g, b, h, t, s);
-  pd = p * f;
-  ds = score_ds(g, p * (score_dp(g, b, h, t, s, dp) * f - D[row]), capped);
-  return true;
-}
-
-__global__ void naive_backward_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
-                                         const float* lse, const float* D, const float* mask, const uint8_t* kp,
-                                         AttentionGeom g) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= g.B * g.NH * g.T) return;
-  const int64_t b = row / (g.NH * g.T), h = row / g.T % g.NH, t = row % g.T, kvh = h / (g.NH / g.NKV);
-  float* dqr = at(dq, g.q_stride, b, h, t);
-  for (int64_t s = 0; s < g.S; ++s) {
-    float pd, ds;
-    if (!naive_element(g, q, k, v, dout, lse, D, mask, kp, b, h, t, s, pd, ds)) continue;
-    const float* kr = at(k, g.k_stride, b, kvh, s);
-    for (int64_t e = lane; e < g.E; e += 32) dqr[e] += ds * kr[e];
-  }
-}
-
-/// One warp per (batch, kv head, key): it owns that key's dk and dv rows and sums over the group's heads.
-__global__ void naive_backward_dkdv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k,
-                                           const float* v, const float* lse, const float* D, const float* mask,
-                                           const uint8_t* kp, AttentionGeom g) {
-  const int64_t key = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (key >= g.B * g.NKV * g.S) return;
-  const int64_t b = key / (g.NKV * g.S), kvh = key / g.S % g.NKV, s = key % g.S, group = g.NH / g.NKV;
-  float* dkr = dk ? at(dk, g.k_stride, b, kvh, s) : nullptr;
-  float* dvr = dv ? at(dv, g.v_stride, b, kvh, s) : nullptr;
-  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int64_t t = 0; t < g.T; ++t) {
-      float pd, ds;
-      if (!naive_element(g, q, k, v, dout, lse, D, mask, kp, b, h, t, s, pd, ds)) continue;
-      if (dvr) {
-        const float* gr = at(dout, g.o_stride, b, h, t);
-        for (int64_t e = lane; e < g.Ev; e += 32) dvr[e] += pd * gr[e];
-      }
-      if (dkr) {
-        const float* qr = at(q, g.q_stride, b, h, t);
-        for (int64_t e = lane; e < g.E; e += 32) dkr[e] += ds * qr[e];
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 // Flash attention.
 
-constexpr int kTile = 64;      // Br = Bc = 64
+constexpr int kTile = 64;  // Br = Bc = 64
 constexpr int kFlashThreads = 128;
 constexpr int kT = kTile + 1;  // stride of a transposed tile [EP][kT]
 
@@ -275,7 +144,8 @@ __device__ __forceinline__ void tile_dot(float (&acc)[4][8], const float* rows, 
 /// acc[i][d] += sum_c probs[row0 + i][c] * vals(c, col0 + 8d), vals read from a transposed [EP][kT] tile
 /// (transposed = true) or a row-major [64][EP + 1] one.
 template <int EP, bool kTransposed>
-__device__ __forceinline__ void tile_accumulate(float (&acc)[4][EP / 8], const float* probs, const float* vals, ThreadPos p) {
+__device__ __forceinline__ void tile_accumulate(float (&acc)[4][EP / 8], const float* probs, const float* vals,
+                                                ThreadPos p) {
 #pragma unroll 2
   for (int c = 0; c < kTile; ++c) {
     float w[4];
@@ -297,9 +167,9 @@ constexpr int forward_smem_floats() {
 }
 
 template <int EP, bool kMods>
-__global__ void __launch_bounds__(kFlashThreads) flash_forward_kernel(float* out, float* lse, const float* q,
-                                                                      const float* k, const float* v, const float* mask,
-                                                                      const uint8_t* kp, AttentionGeom g) {
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask,
+                         const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(float, smem);
   float* Qs = smem;
   float* Kt = Qs + kTile * (EP + 1);
@@ -379,9 +249,10 @@ constexpr int dkdv_smem_floats() {
 
 /// One block per (key tile, batch, kv head): dK and dV of 64 keys, summed over the group's heads and every query.
 template <int EP, bool kMods>
-__global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
-    float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
-    const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_backward_dkdv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                               const float* lse, const float* D, const float* mask, const uint8_t* kp,
+                               AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(float, smem);
   float* Ks = smem;
   float* Vs = Ks + kTile * (EP + 1);
@@ -415,8 +286,8 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dkdv_kernel(
       float sc[4][8], dp[4][8];
       tile_dot<EP>(sc, Ks, Qt, p);
       tile_dot<EP>(dp, Vs, dOt, p);
-      // Query columns outside, keys inside: each query's dropout row serves the thread's 4 keys. (Kept in shared memory,
-      // as the tensor-core kernel keeps them, the rows would take head dim 128 past an A100's 163 KB a block.)
+      // Query columns outside, keys inside: each query's dropout row serves the thread's 4 keys. (Kept in shared
+      // memory, as the tensor-core kernel keeps them, the rows would take head dim 128 past an A100's 163 KB a block.)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int tj = p.col0 + 8 * j;
@@ -465,9 +336,9 @@ constexpr int dq_smem_floats() {
 
 /// One block per (query tile, batch, head): dQ of 64 queries.
 template <int EP, bool kMods>
-__global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
-    float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
-    const float* mask, const uint8_t* kp, AttentionGeom g) {
+__global__ void __launch_bounds__(kFlashThreads)
+    flash_backward_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
+                             const float* lse, const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(float, smem);
   float* Qs = smem;
   float* dOs = Qs + kTile * (EP + 1);
@@ -534,26 +405,25 @@ __global__ void __launch_bounds__(kFlashThreads) flash_backward_dq_kernel(
 
 // Tensor-core kernels (flash_mma.cuh); their shared memory is named apart from the f32 kernels' float array.
 template <class Op, int EP, bool kMods>
-__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_forward_kernel(float* out, float* lse, const float* q,
-                                                                                const float* k, const float* v,
-                                                                                const float* mask, const uint8_t* kp,
-                                                                                AttentionGeom g) {
+__global__ void __launch_bounds__(flash_mma::kThreads)
+    flash_mma_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask,
+                             const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
   flash_mma::forward_body<Op, EP, kMods>(mma_smem, out, lse, q, k, v, mask, kp, g);
 }
 
 template <class Op, int EP, bool kMods>
-__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dkdv_kernel(
-    float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v, const float* lse,
-    const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
+__global__ void __launch_bounds__(flash_mma::kThreads)
+    flash_mma_dkdv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                          const float* lse, const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
   flash_mma::backward_dkdv_body<Op, EP, kMods>(mma_smem, dk, dv, dout, q, k, v, lse, D, mask, kp, g);
 }
 
 template <class Op, int EP, bool kMods>
-__global__ void __launch_bounds__(flash_mma::kThreads) flash_mma_dq_kernel(
-    float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse, const float* D,
-    const float* mask, const uint8_t* kp, AttentionGeom g) {
+__global__ void __launch_bounds__(flash_mma::kThreads)
+    flash_mma_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse,
+                        const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
   TINYGPT_DYNAMIC_SMEM(unsigned char, mma_smem);
   flash_mma::backward_dq_body<Op, EP, kMods>(mma_smem, dq, dout, q, k, v, lse, D, mask, kp, g);
 }
@@ -612,12 +482,6 @@ void with_padded_dim(const AttentionGeom& g, F f) {
 
 unsigned tiles(int64_t n) { return unsigned((n + kTile - 1) / kTile); }
 
-void check_grid(const AttentionGeom& g) {
-  if (g.B * g.NH > (int64_t(1) << 31) - 1 || tiles(std::max(g.T, g.S)) > 65535u) {
-    throw Error("attention: the batch, head or sequence count is too large for one GPU launch");
-  }
-}
-
 }  // namespace
 
 bool flash_tensor_cores(AttentionMath math, int64_t head_dim) {
@@ -625,36 +489,6 @@ bool flash_tensor_cores(AttentionMath math, int64_t head_dim) {
   if (head_dim <= 32) return tensor_tiles_fit<32>(math);
   if (head_dim <= 64) return tensor_tiles_fit<64>(math);
   return head_dim <= 128 && tensor_tiles_fit<128>(math);
-}
-
-void attention_naive_forward(float* out, float* weights, float* lse, const float* q, const float* k, const float* v,
-                             const float* mask, const uint8_t* key_padding, const AttentionGeom& g) {
-  const int64_t rows = g.B * g.NH * g.T;
-  if (rows == 0) return;
-  check_grid(g);
-  Scratch scratch(weights ? 0 : size_t(rows * g.S) * sizeof(float));
-  ModLaunch mods(g, q, nullptr);
-  launch_kernel("attention_naive_forward", naive_forward_kernel, blocks_for(rows * 32), kThreads, 0, out, weights ? weights : scratch.as<float>(), lse, q, k, v, mask, key_padding, mods.geom());
-  mods.finish_forward(out, q, k, lse, mask, key_padding);
-}
-
-void attention_naive_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                              const float* v, const float* out, const float* lse, const float* mask,
-                              const uint8_t* key_padding, const AttentionGeom& g) {
-  const int64_t rows = g.B * g.NH * g.T;
-  if (rows == 0) return;
-  check_grid(g);
-  Scratch D(size_t(rows) * sizeof(float));
-  launch_kernel("attention_naive_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout, out, g);
-  ModLaunch mods(g, q, dout);
-  const AttentionGeom& gm = mods.geom();
-  if (dq) {
-    launch_kernel("attention_naive_backward (dq)", naive_backward_dq_kernel, blocks_for(rows * 32), kThreads, 0, dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding, gm);
-  }
-  if (dk || dv) {
-    launch_kernel("attention_naive_backward (dk, dv)", naive_backward_dkdv_kernel, blocks_for(g.B * g.NKV * g.S * 32), kThreads, 0, dk, dv, dout, q, k, v, lse, D.as<float>(), mask, key_padding, gm);
-  }
-  mods.finish_backward(dq, dout, q, k, v, lse, D.as<float>(), mask, key_padding);
 }
 
 void attention_flash_forward(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask,
@@ -692,7 +526,8 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
   if (rows == 0) return;
   check_grid(call);
   Scratch D(size_t(rows) * sizeof(float));
-  launch_kernel("attention_flash_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout, out, call);
+  launch_kernel("attention_flash_backward (D)", rowdot_kernel, blocks_for(rows * 32), kThreads, 0, D.as<float>(), dout,
+                out, call);
   ModLaunch mods(call, q, dout);
   const AttentionGeom& g = mods.geom();  // the call's, with the modifiers' rows
   with_padded_dim(g, [&](auto dim) {
@@ -704,9 +539,10 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
         const dim3 grid(unsigned(g.B * g.NKV), tiles(g.S));
         if constexpr (kCudaCores) {
           with_mods(g, [&](auto mods_code) {
-            launch_kernel("attention_flash_backward (dk, dv)", flash_backward_dkdv_kernel<EP, decltype(mods_code)::value>,
-                          grid, kFlashThreads, size_t(4 * dkdv_smem_floats<EP>()), dk, dv, dout, q, k, v, lse,
-                          D.as<float>(), mask, key_padding, g);
+            launch_kernel("attention_flash_backward (dk, dv)",
+                          flash_backward_dkdv_kernel<EP, decltype(mods_code)::value>, grid, kFlashThreads,
+                          size_t(4 * dkdv_smem_floats<EP>()), dk, dv, dout, q, k, v, lse, D.as<float>(), mask,
+                          key_padding, g);
           });
         } else {
           with_mods(g, [&](auto mods_code) {
@@ -721,9 +557,9 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
         const dim3 grid(unsigned(g.B * g.NH), tiles(g.T));
         if constexpr (kCudaCores) {
           with_mods(g, [&](auto mods_code) {
-            launch_kernel("attention_flash_backward (dq)", flash_backward_dq_kernel<EP, decltype(mods_code)::value>, grid,
-                          kFlashThreads, size_t(4 * dq_smem_floats<EP>()), dq, dout, q, k, v, lse, D.as<float>(), mask,
-                          key_padding, g);
+            launch_kernel("attention_flash_backward (dq)", flash_backward_dq_kernel<EP, decltype(mods_code)::value>,
+                          grid, kFlashThreads, size_t(4 * dq_smem_floats<EP>()), dq, dout, q, k, v, lse, D.as<float>(),
+                          mask, key_padding, g);
           });
         } else {
           with_mods(g, [&](auto mods_code) {

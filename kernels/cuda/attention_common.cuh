@@ -3,10 +3,12 @@
 // the CPU emulator in tests/emulated_cuda.h can compile it too.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/attention.h"
+#include "kernels/base.h"
 #include "kernels/scalar_math.h"
 
 namespace tinygpt::cuda {
@@ -25,7 +27,8 @@ __device__ __forceinline__ bool visible(const AttentionGeom& g, const uint8_t* k
   return t < g.T && s < g.S && s < causal_end(g, t) && !(kp && kp[b * g.S + s]);
 }
 
-__device__ __forceinline__ float mask_at(const float* mask, const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s) {
+__device__ __forceinline__ float mask_at(const float* mask, const AttentionGeom& g, int64_t b, int64_t h, int64_t t,
+                                         int64_t s) {
   return mask ? mask[b * g.mask_stride[0] + h * g.mask_stride[1] + t * g.mask_stride[2] + s * g.mask_stride[3]] : 0.0f;
 }
 
@@ -42,7 +45,8 @@ __device__ __forceinline__ DropoutRow dropout_row(const AttentionGeom& g, int64_
 
 /// dropout_factor of key s of the row `row` (dropout_row), with keep_scale = dropout_scale<float>(g.dropout_p): the
 /// flash kernels' form, a few 32-bit operations a score.
-__device__ __forceinline__ float dropout_factor(const AttentionGeom& g, const DropoutRow& row, float keep_scale, int64_t s) {
+__device__ __forceinline__ float dropout_factor(const AttentionGeom& g, const DropoutRow& row, float keep_scale,
+                                                int64_t s) {
   if (g.dropout_p <= 0.0f) return 1.0f;
   return row.keep(s, g.dropout_p) ? keep_scale : 0.0f;
 }
@@ -76,7 +80,8 @@ __device__ __forceinline__ float score_logit(const AttentionGeom& g, const uint8
 
 /// dP of (t, s) from dO_t . v_s: plus Shaw's G rows (g.mods.gpu_G) on the value side.
 template <bool kMods = true>
-__device__ __forceinline__ float score_dp(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s, float dov) {
+__device__ __forceinline__ float score_dp(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s,
+                                          float dov) {
   const ScoreMods& m = g.mods;
   if (!kMods || !m.gpu_G) return dov;
   return dov + m.gpu_G[((b * g.NH + h) * g.T + t) * m.rel_width() + rel_column(s - (t + g.S - g.T), m.max_rel)];
@@ -87,6 +92,15 @@ template <bool kMods = true>
 __device__ __forceinline__ float score_ds(const AttentionGeom& g, float dlogit, float capped) {
   if (!kMods) return dlogit * float(g.scale);
   return dlogit * softcap_grad(capped, g.mods.softcap) * float(g.scale);
+}
+
+/// Throws when a call's grid does not fit one launch: B * NH heads in one grid dimension, 64-row tiles of T and S in
+/// the other.
+inline void check_grid(const AttentionGeom& g) {
+  constexpr int64_t kRows = 64;
+  if (g.B * g.NH > (int64_t(1) << 31) - 1 || (std::max(g.T, g.S) + kRows - 1) / kRows > 65535) {
+    throw Error("attention: the batch, head or sequence count is too large for one GPU launch");
+  }
 }
 
 }  // namespace tinygpt::cuda

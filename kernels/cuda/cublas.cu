@@ -60,16 +60,16 @@ void bf16_operands(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
 
 }  // namespace
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-               int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, float* C,
-               int64_t ldc, int64_t stride_c, int64_t batch, const char* what) {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+               int64_t stride_c, int64_t batch, const char* what) {
   bf16_operands(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, CUDA_R_32F, ldc,
                 stride_c, batch, what);
 }
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-               int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, bf16* C,
-               int64_t ldc, int64_t stride_c, int64_t batch, const char* what) {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, bf16* C, int64_t ldc,
+               int64_t stride_c, int64_t batch, const char* what) {
   bf16_operands(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, CUDA_R_16BF, ldc,
                 stride_c, batch, what);
 }
@@ -106,8 +106,9 @@ bool fused_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, con
   check(cublasLtMatrixLayoutCreate(&lb, type, uint64_t(trans_a ? M : K), uint64_t(trans_a ? K : M), lda), what);
   check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, uint64_t(N), uint64_t(M), ldd), what);
   check(cublasLtMatmulPreferenceCreate(&pref), what);
-  check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)),
-        what);
+  check(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)),
+      what);
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   if (cublasLtMatmulAlgoGetHeuristic(cublaslt(), op, la, lb, ld, ld, pref, 1, &heuristic, &found) ==

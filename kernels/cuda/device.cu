@@ -167,10 +167,11 @@ class CachingAllocator {
       cudaGetLastError();
       size_t free_bytes = 0, total = 0;
       cudaMemGetInfo(&free_bytes, &total);
-      throw Error(fmt::format("out of GPU memory: requested {:.1f} MiB ({} bytes), {:.1f} MiB free of {:.1f} MiB; "
-                              "{:.1f} MiB in use by tensors. Lower --batch-size or the model size",
-                              double(bytes) / 1048576.0, bytes, double(free_bytes) / 1048576.0,
-                              double(total) / 1048576.0, double(allocated_) / 1048576.0));
+      throw Error(
+          fmt::format("out of GPU memory: requested {:.1f} MiB ({} bytes), {:.1f} MiB free of {:.1f} MiB; "
+                      "{:.1f} MiB in use by tensors. Lower --batch-size or the model size",
+                      double(bytes) / 1048576.0, bytes, double(free_bytes) / 1048576.0, double(total) / 1048576.0,
+                      double(allocated_) / 1048576.0));
     }
     check(status, "cudaMalloc");
     return ptr;
@@ -189,7 +190,7 @@ class CachingAllocator {
   std::multimap<size_t, void*> free_;
   std::unordered_map<void*, size_t> in_use_;
   uint64_t capture_pool_ = 0;
-  std::unordered_map<void*, uint64_t> owner_;                   // blocks of a graph's pool
+  std::unordered_map<void*, uint64_t> owner_;                             // blocks of a graph's pool
   std::unordered_map<uint64_t, std::multimap<size_t, void*>> pool_free_;  // their free ones, per pool
   size_t allocated_ = 0, cached_ = 0, peak_ = 0;
 };
@@ -276,7 +277,8 @@ std::pair<cudaGraph_t, cudaError_t> finish_capture() {
 }  // namespace
 
 Graph::Graph(Graph&& other) noexcept
-    : exec_(std::exchange(other.exec_, nullptr)), pool_(std::exchange(other.pool_, 0)),
+    : exec_(std::exchange(other.exec_, nullptr)),
+      pool_(std::exchange(other.pool_, 0)),
       nodes_(std::exchange(other.nodes_, 0)) {}
 
 Graph& Graph::operator=(Graph&& other) noexcept {
@@ -393,8 +395,9 @@ struct Profile {
     fmt::print(stderr, "{}\n{:<44} {:>7} {:>10} {:>9} {:>7} {:>9}\n", title, what, "calls", "ms", "us/call", "share",
                "first ms");
     std::vector<std::pair<std::string, Entry>> by_time(entries.begin(), entries.end());
-    std::sort(by_time.begin(), by_time.end(),
-              [](const auto& a, const auto& b) { return a.second.ms - a.second.first_ms > b.second.ms - b.second.first_ms; });
+    std::sort(by_time.begin(), by_time.end(), [](const auto& a, const auto& b) {
+      return a.second.ms - a.second.first_ms > b.second.ms - b.second.first_ms;
+    });
     for (const auto& [name, e] : by_time) {  // the costliest first
       const double ms = e.ms - e.first_ms;
       const int64_t calls = e.calls - 1;
@@ -407,9 +410,10 @@ struct Profile {
     flush();
     print("TINYGPT_CUDA_PROFILE: GPU time by op (each op synchronized alone, host time; without each op's first call)",
           "op", ops);
-    print("TINYGPT_CUDA_PROFILE: GPU time by kernel (CUDA events around each launch and cuBLAS call; without each "
-          "kernel's first call)",
-          "kernel", kernels);
+    print(
+        "TINYGPT_CUDA_PROFILE: GPU time by kernel (CUDA events around each launch and cuBLAS call; without each "
+        "kernel's first call)",
+        "kernel", kernels);
   }
 };
 
@@ -421,9 +425,7 @@ Profile& profile() {
 }  // namespace
 
 bool profiling() {
-  static const bool on = [] {
-    return TINYGPT_ENV_IS("TINYGPT_CUDA_PROFILE", "1");
-  }();
+  static const bool on = [] { return TINYGPT_ENV_IS("TINYGPT_CUDA_PROFILE", "1"); }();
   return on;
 }
 

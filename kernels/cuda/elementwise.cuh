@@ -1,6 +1,6 @@
-// Elementwise, broadcast, reduction, softmax, layout, dropout, optimizer and RoPE kernels on the GPU: the
-// twins of kernels/cpu/{elementwise,reduce,layout,optim,rope}.cpp and the dropout half of nn.cpp. Compiled by
-// nvcc in elementwise.cu and by the host compiler under tests/emulated_cuda.h (see launch.cuh).
+// Elementwise, broadcast, layout, dropout, optimizer and RoPE kernels on the GPU: the twins of
+// kernels/cpu/{elementwise,layout,optim,rope}.cpp and the dropout half of nn.cpp (sums and softmax: reduce.cuh).
+// Compiled by nvcc in elementwise.cu and by the host compiler under tests/emulated_cuda.h (see launch.cuh).
 #pragma once
 
 #include <algorithm>
@@ -21,14 +21,22 @@ struct Tanh {
 
 __device__ float unary(UnaryOp op, float x, float alpha) {
   switch (op) {
-    case UnaryOp::Neg: return -x;
-    case UnaryOp::Scale: return alpha * x;
-    case UnaryOp::Exp: return expf(x);
-    case UnaryOp::Log: return logf(x);
-    case UnaryOp::Tanh: return tanhf(x);
-    case UnaryOp::Relu: return x > 0.0f ? x : 0.0f;
-    case UnaryOp::Gelu: return gelu(x, Tanh{});
-    case UnaryOp::Sqrt: return sqrtf(x);
+    case UnaryOp::Neg:
+      return -x;
+    case UnaryOp::Scale:
+      return alpha * x;
+    case UnaryOp::Exp:
+      return expf(x);
+    case UnaryOp::Log:
+      return logf(x);
+    case UnaryOp::Tanh:
+      return tanhf(x);
+    case UnaryOp::Relu:
+      return x > 0.0f ? x : 0.0f;
+    case UnaryOp::Gelu:
+      return gelu(x, Tanh{});
+    case UnaryOp::Sqrt:
+      return sqrtf(x);
   }
   return 0.0f;
 }
@@ -36,24 +44,36 @@ __device__ float unary(UnaryOp op, float x, float alpha) {
 /// d op(x) / dx from the input x and the saved output y.
 __device__ float unary_grad(UnaryOp op, float x, float y, float alpha) {
   switch (op) {
-    case UnaryOp::Neg: return -1.0f;
-    case UnaryOp::Scale: return alpha;
-    case UnaryOp::Exp: return y;
-    case UnaryOp::Log: return 1.0f / x;
-    case UnaryOp::Tanh: return 1.0f - y * y;
-    case UnaryOp::Relu: return x > 0.0f ? 1.0f : 0.0f;
-    case UnaryOp::Gelu: return gelu_grad(x, Tanh{});
-    case UnaryOp::Sqrt: return 0.5f / y;
+    case UnaryOp::Neg:
+      return -1.0f;
+    case UnaryOp::Scale:
+      return alpha;
+    case UnaryOp::Exp:
+      return y;
+    case UnaryOp::Log:
+      return 1.0f / x;
+    case UnaryOp::Tanh:
+      return 1.0f - y * y;
+    case UnaryOp::Relu:
+      return x > 0.0f ? 1.0f : 0.0f;
+    case UnaryOp::Gelu:
+      return gelu_grad(x, Tanh{});
+    case UnaryOp::Sqrt:
+      return 0.5f / y;
   }
   return 0.0f;
 }
 
 __device__ float binary(BinaryOp op, float a, float b) {
   switch (op) {
-    case BinaryOp::Add: return a + b;
-    case BinaryOp::Sub: return a - b;
-    case BinaryOp::Mul: return a * b;
-    case BinaryOp::Div: return a / b;
+    case BinaryOp::Add:
+      return a + b;
+    case BinaryOp::Sub:
+      return a - b;
+    case BinaryOp::Mul:
+      return a * b;
+    case BinaryOp::Div:
+      return a / b;
   }
   return 0.0f;
 }
@@ -61,19 +81,26 @@ __device__ float binary(BinaryOp op, float a, float b) {
 __device__ float binary_grad_a(BinaryOp op, float a, float b) {
   switch (op) {
     case BinaryOp::Add:
-    case BinaryOp::Sub: return 1.0f;
-    case BinaryOp::Mul: return b;
-    case BinaryOp::Div: return 1.0f / b;
+    case BinaryOp::Sub:
+      return 1.0f;
+    case BinaryOp::Mul:
+      return b;
+    case BinaryOp::Div:
+      return 1.0f / b;
   }
   return 0.0f;
 }
 
 __device__ float binary_grad_b(BinaryOp op, float a, float b) {
   switch (op) {
-    case BinaryOp::Add: return 1.0f;
-    case BinaryOp::Sub: return -1.0f;
-    case BinaryOp::Mul: return a;
-    case BinaryOp::Div: return -a / (b * b);
+    case BinaryOp::Add:
+      return 1.0f;
+    case BinaryOp::Sub:
+      return -1.0f;
+    case BinaryOp::Mul:
+      return a;
+    case BinaryOp::Div:
+      return -a / (b * b);
   }
   return 0.0f;
 }
@@ -123,19 +150,20 @@ __global__ void accumulate_bf16_kernel(float* y, const bf16* x, int64_t n, bool 
   }
 }
 
-__global__ void fill_kernel(float* out, float value, int64_t n) {
-  TINYGPT_CUDA_LOOP(i, n) out[i] = value;
-}
+__global__ void fill_kernel(float* out, float value, int64_t n) { TINYGPT_CUDA_LOOP(i, n) out[i] = value; }
 
 template <class T>
 __global__ void axpy_kernel(T* y, const T* x, float alpha, int64_t n, bool vec) {
-  map_elements(n, vec, [&](int64_t e) {
-    float a[8], b[8];
-    load8(a, y + e);
-    load8(b, x + e);
-    for (int j = 0; j < 8; ++j) a[j] += alpha * b[j];
-    store8(y + e, a);
-  }, [&](int64_t i) { y[i] = float(y[i]) + alpha * float(x[i]); });
+  map_elements(
+      n, vec,
+      [&](int64_t e) {
+        float a[8], b[8];
+        load8(a, y + e);
+        load8(b, x + e);
+        for (int j = 0; j < 8; ++j) a[j] += alpha * b[j];
+        store8(y + e, a);
+      },
+      [&](int64_t i) { y[i] = float(y[i]) + alpha * float(x[i]); });
 }
 
 /// y = b y + a x, with a and b from coef, or alpha times the gradient's clipping factor from stats (see axpby).
@@ -149,29 +177,35 @@ __global__ void axpby_kernel(float* y, const float* x, int64_t n, double alpha, 
 
 template <class T>
 __global__ void unary_forward_kernel(T* out, const T* inp, int64_t n, UnaryOp op, float alpha, bool vec) {
-  map_elements(n, vec, [&](int64_t e) {
-    float x[8];
-    load8(x, inp + e);
-    for (int j = 0; j < 8; ++j) x[j] = unary(op, x[j], alpha);
-    store8(out + e, x);
-  }, [&](int64_t i) { out[i] = unary(op, float(inp[i]), alpha); });
+  map_elements(
+      n, vec,
+      [&](int64_t e) {
+        float x[8];
+        load8(x, inp + e);
+        for (int j = 0; j < 8; ++j) x[j] = unary(op, x[j], alpha);
+        store8(out + e, x);
+      },
+      [&](int64_t i) { out[i] = unary(op, float(inp[i]), alpha); });
 }
 
 template <class T>
 __global__ void unary_backward_kernel(T* dinp, const T* dout, const T* inp, const T* out, int64_t n, UnaryOp op,
                                       float alpha, bool overwrite, bool vec) {
-  map_elements(n, vec, [&](int64_t e) {
-    float g[8], x[8], y[8] = {}, d[8] = {};
-    load8(g, dout + e);
-    load8(x, inp + e);
-    if (out) load8(y, out + e);
-    if (!overwrite) load8(d, dinp + e);
-    for (int j = 0; j < 8; ++j) d[j] += g[j] * unary_grad(op, x[j], y[j], alpha);
-    store8(dinp + e, d);
-  }, [&](int64_t i) {
-    const float d = float(dout[i]) * unary_grad(op, float(inp[i]), out ? float(out[i]) : 0.0f, alpha);
-    dinp[i] = overwrite ? d : float(dinp[i]) + d;
-  });
+  map_elements(
+      n, vec,
+      [&](int64_t e) {
+        float g[8], x[8], y[8] = {}, d[8] = {};
+        load8(g, dout + e);
+        load8(x, inp + e);
+        if (out) load8(y, out + e);
+        if (!overwrite) load8(d, dinp + e);
+        for (int j = 0; j < 8; ++j) d[j] += g[j] * unary_grad(op, x[j], y[j], alpha);
+        store8(dinp + e, d);
+      },
+      [&](int64_t i) {
+        const float d = float(dout[i]) * unary_grad(op, float(inp[i]), out ? float(out[i]) : 0.0f, alpha);
+        dinp[i] = overwrite ? d : float(dinp[i]) + d;
+      });
 }
 
 /// Offsets in a and b of the output element with linear index i.
@@ -187,13 +221,16 @@ __device__ void broadcast_offsets(const BroadcastGeom& g, int64_t i, int64_t& oa
 
 template <class T>
 __global__ void binary_same_kernel(T* out, const T* a, const T* b, BinaryOp op, int64_t n, bool vec) {
-  map_elements(n, vec, [&](int64_t e) {
-    float x[8], y[8];
-    load8(x, a + e);
-    load8(y, b + e);
-    for (int j = 0; j < 8; ++j) x[j] = binary(op, x[j], y[j]);
-    store8(out + e, x);
-  }, [&](int64_t i) { out[i] = binary(op, float(a[i]), float(b[i])); });
+  map_elements(
+      n, vec,
+      [&](int64_t e) {
+        float x[8], y[8];
+        load8(x, a + e);
+        load8(y, b + e);
+        for (int j = 0; j < 8; ++j) x[j] = binary(op, x[j], y[j]);
+        store8(out + e, x);
+      },
+      [&](int64_t i) { out[i] = binary(op, float(a[i]), float(b[i])); });
 }
 
 template <class T>
@@ -206,28 +243,31 @@ __global__ void binary_forward_kernel(T* out, const T* a, const T* b, BroadcastG
 }
 
 template <class T>
-__global__ void binary_backward_same_kernel(T* da, T* db, const T* dout, const T* a, const T* b, BinaryOp op,
-                                            int64_t n, bool vec) {
-  map_elements(n, vec, [&](int64_t e) {
-    float g[8], x[8], y[8], d[8];
-    load8(g, dout + e);
-    load8(x, a + e);
-    load8(y, b + e);
-    if (da) {
-      load8(d, da + e);
-      for (int j = 0; j < 8; ++j) d[j] += g[j] * binary_grad_a(op, x[j], y[j]);
-      store8(da + e, d);
-    }
-    if (db) {
-      load8(d, db + e);
-      for (int j = 0; j < 8; ++j) d[j] += g[j] * binary_grad_b(op, x[j], y[j]);
-      store8(db + e, d);
-    }
-  }, [&](int64_t i) {
-    const float g = float(dout[i]), x = float(a[i]), y = float(b[i]);
-    if (da) da[i] = float(da[i]) + g * binary_grad_a(op, x, y);
-    if (db) db[i] = float(db[i]) + g * binary_grad_b(op, x, y);
-  });
+__global__ void binary_backward_same_kernel(T* da, T* db, const T* dout, const T* a, const T* b, BinaryOp op, int64_t n,
+                                            bool vec) {
+  map_elements(
+      n, vec,
+      [&](int64_t e) {
+        float g[8], x[8], y[8], d[8];
+        load8(g, dout + e);
+        load8(x, a + e);
+        load8(y, b + e);
+        if (da) {
+          load8(d, da + e);
+          for (int j = 0; j < 8; ++j) d[j] += g[j] * binary_grad_a(op, x[j], y[j]);
+          store8(da + e, d);
+        }
+        if (db) {
+          load8(d, db + e);
+          for (int j = 0; j < 8; ++j) d[j] += g[j] * binary_grad_b(op, x[j], y[j]);
+          store8(db + e, d);
+        }
+      },
+      [&](int64_t i) {
+        const float g = float(dout[i]), x = float(a[i]), y = float(b[i]);
+        if (da) da[i] = float(da[i]) + g * binary_grad_a(op, x, y);
+        if (db) db[i] = float(db[i]) + g * binary_grad_b(op, x, y);
+      });
 }
 
 /// The gradient of one broadcast operand x (strides x_stride): one warp per element of x sums the output
@@ -346,108 +386,39 @@ ReduceGeom reduce_geom(const int64_t* x_stride, const BroadcastGeom& g) {
   return r;
 }
 
-/// out[o, i] = alpha * sum_d inp[o, d, i]; one thread per output (coalesced along i).
-__global__ void sum_strided_kernel(float* out, const float* inp, int64_t outer, int64_t D, int64_t inner, float alpha) {
-  TINYGPT_CUDA_LOOP(j, outer * inner) {
-    const int64_t o = j / inner, i = j % inner;
-    const float* x = inp + o * D * inner + i;
-    float acc = 0.0f;
-    for (int64_t d = 0; d < D; ++d) acc += x[d * inner];
-    out[j] = alpha * acc;
-  }
-}
-
-/// inner == 1, first pass: block (row, chunk) sums its chunk of the row into partial[row * chunks + chunk].
-template <bool kSquares>
-__global__ void sum_rows_kernel(float* partial, const float* inp, int64_t D, int64_t chunk) {
-  const float* x = inp + int64_t(blockIdx.x) * D;
-  const int64_t d0 = int64_t(blockIdx.y) * chunk, d1 = min(D, d0 + chunk);
-  float acc = 0.0f;
-  for (int64_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) acc += kSquares ? x[d] * x[d] : x[d];
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) partial[int64_t(blockIdx.x) * gridDim.y + blockIdx.y] = acc;
-}
-
-/// Second pass: each row's chunk sums added in chunk order.
-__global__ void sum_partials_kernel(float* out, const float* partial, int64_t rows, int64_t chunks, float alpha) {
-  TINYGPT_CUDA_LOOP(r, rows) {
-    float acc = 0.0f;
-    for (int64_t c = 0; c < chunks; ++c) acc += partial[r * chunks + c];
-    out[r] = alpha * acc;
-  }
-}
-
-__global__ void sum_backward_kernel(float* dinp, const float* dout, int64_t outer, int64_t D, int64_t inner, float alpha) {
-  TINYGPT_CUDA_LOOP(j, outer * D * inner) {
-    const int64_t o = j / (D * inner), i = j % inner;
-    dinp[j] += alpha * dout[o * inner + i];
-  }
-}
-
-/// One warp per row: softmax (log=false) or log-softmax (log=true).
-__global__ void softmax_forward_kernel(float* out, const float* inp, int64_t N, int64_t C, bool log) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const float* x = inp + row * C;
-  float* y = out + row * C;
-  float mx = -INFINITY;
-  for (int64_t c = lane; c < C; c += 32) mx = fmaxf(mx, x[c]);
-  mx = warp_max(mx);
-  if (!log && mx == -INFINITY) {  // every entry masked out: zeros, as attention does
-    for (int64_t c = lane; c < C; c += 32) y[c] = 0.0f;
-    return;
-  }
-  float sum = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) sum += expf(x[c] - mx);
-  sum = warp_sum(sum);
-  if (log) {
-    const float lse = mx + logf(sum);
-    for (int64_t c = lane; c < C; c += 32) y[c] = x[c] - lse;
-  } else {
-    const float inv = 1.0f / sum;
-    for (int64_t c = lane; c < C; c += 32) y[c] = expf(x[c] - mx) * inv;
-  }
-}
-
-__global__ void softmax_backward_kernel(float* dinp, const float* dout, const float* out, int64_t N, int64_t C, bool log) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const float* g = dout + row * C;
-  const float* y = out + row * C;
-  float* dx = dinp + row * C;
-  float acc = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) acc += log ? g[c] : g[c] * y[c];
-  acc = warp_sum(acc);
-  for (int64_t c = lane; c < C; c += 32) dx[c] += log ? g[c] - expf(y[c]) * acc : y[c] * (g[c] - acc);
+template <class T>
+__global__ void dropout_forward_kernel(T* out, const T* inp, int64_t n, float p, DropoutSeed seed, float scale,
+                                       bool vec) {
+  const DropoutStream stream(seed.value());
+  map_elements(
+      n, vec,
+      [&](int64_t e) {
+        float x[8];
+        load8(x, inp + e);
+        for (int j = 0; j < 8; ++j) x[j] = stream.keep(e + j, p) ? x[j] * scale : 0.0f;
+        store8(out + e, x);
+      },
+      [&](int64_t i) { out[i] = stream.keep(i, p) ? float(inp[i]) * scale : 0.0f; });
 }
 
 template <class T>
-__global__ void dropout_forward_kernel(T* out, const T* inp, int64_t n, float p, DropoutSeed seed, float scale, bool vec) {
+__global__ void dropout_backward_kernel(T* dinp, const T* dout, int64_t n, float p, DropoutSeed seed, float scale,
+                                        bool vec) {
   const DropoutStream stream(seed.value());
-  map_elements(n, vec, [&](int64_t e) {
-    float x[8];
-    load8(x, inp + e);
-    for (int j = 0; j < 8; ++j) x[j] = stream.keep(e + j, p) ? x[j] * scale : 0.0f;
-    store8(out + e, x);
-  }, [&](int64_t i) { out[i] = stream.keep(i, p) ? float(inp[i]) * scale : 0.0f; });
-}
-
-template <class T>
-__global__ void dropout_backward_kernel(T* dinp, const T* dout, int64_t n, float p, DropoutSeed seed, float scale, bool vec) {
-  const DropoutStream stream(seed.value());
-  map_elements(n, vec, [&](int64_t e) {
-    float g[8], d[8];
-    load8(g, dout + e);
-    load8(d, dinp + e);
-    for (int j = 0; j < 8; ++j) {
-      if (stream.keep(e + j, p)) d[j] += g[j] * scale;  // the shape of the scalar step below and the CPU twin
-    }
-    store8(dinp + e, d);
-  }, [&](int64_t i) {
-    if (stream.keep(i, p)) dinp[i] = float(dinp[i]) + float(dout[i]) * scale;
-  });
+  map_elements(
+      n, vec,
+      [&](int64_t e) {
+        float g[8], d[8];
+        load8(g, dout + e);
+        load8(d, dinp + e);
+        for (int j = 0; j < 8; ++j) {
+          if (stream.keep(e + j, p)) d[j] += g[j] * scale;  // the shape of the scalar step below and the CPU twin
+        }
+        store8(dinp + e, d);
+      },
+      [&](int64_t i) {
+        if (stream.keep(i, p)) dinp[i] = float(dinp[i]) + float(dout[i]) * scale;
+      });
 }
 
 template <class T>
@@ -593,7 +564,8 @@ void binary_forward(T* out, const T* a, const T* b, const BroadcastGeom& g, Bina
     launch_kernel("binary_forward", binary_same_kernel<T>, map_blocks(n, vec), kThreads, 0, out, a, b, op, n, vec);
     return;
   }
-  launch_kernel("binary_forward (broadcast)", binary_forward_kernel<T>, blocks_for(n), kThreads, 0, out, a, b, g, op, n);
+  launch_kernel("binary_forward (broadcast)", binary_forward_kernel<T>, blocks_for(n), kThreads, 0, out, a, b, g, op,
+                n);
 }
 
 template <class T>
@@ -611,11 +583,13 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
     if (!dx) continue;
     const ReduceGeom r = reduce_geom(is_a ? g.a_stride : g.b_stride, g);
     if (r.rn == 1) {
-      launch_kernel("binary_backward", binary_backward_full_kernel<T>, blocks_for(n), kThreads, 0, dx, is_a, dout, a, b, g, op, n);
+      launch_kernel("binary_backward", binary_backward_full_kernel<T>, blocks_for(n), kThreads, 0, dx, is_a, dout, a, b,
+                    g, op, n);
       continue;
     }
     int64_t rows = 0, cols = 0;
-    if (broadcast_over_leading_dims(is_a ? g.a_stride : g.b_stride, g, rows, cols) && cols <= 65535 * int64_t(kThreads)) {
+    if (broadcast_over_leading_dims(is_a ? g.a_stride : g.b_stride, g, rows, cols) &&
+        cols <= 65535 * int64_t(kThreads)) {
       const int64_t per = rows_per_partial(rows), row_blocks = (rows + per - 1) / per;
       Scratch partial(size_t(row_blocks * cols) * sizeof(float));
       launch_kernel("binary_backward (broadcast rows)", binary_backward_rows_kernel<T>,
@@ -624,61 +598,9 @@ void binary_backward(T* da, T* db, const T* dout, const T* a, const T* b, const 
       add_partial_rows("binary_backward (broadcast sum)", dx, partial.as<float>(), row_blocks, cols, cols);
       continue;
     }
-    launch_kernel("binary_backward (broadcast)", binary_backward_broadcast_kernel<T>, blocks_for(r.xn * 32), kThreads, 0,
-                  dx, is_a, dout, a, b, g, r, op);
+    launch_kernel("binary_backward (broadcast)", binary_backward_broadcast_kernel<T>, blocks_for(r.xn * 32), kThreads,
+                  0, dx, is_a, dout, a, b, g, r, op);
   }
-}
-
-void sum_forward(float* out, const float* inp, int64_t outer, int64_t D, int64_t inner, float alpha) {
-  if (outer * inner == 0) return;
-  if (inner == 1 && D >= 256 && outer <= 65535) {
-    // Rows are split in chunks of at least 16K elements over up to 256 blocks per row; fixed order throughout.
-    const int64_t chunks = std::clamp<int64_t>(D / 16384, 1, 256), chunk = (D + chunks - 1) / chunks;
-    Scratch partial(size_t(outer * chunks) * sizeof(float));
-    launch_kernel("sum_forward (chunks)", sum_rows_kernel<false>, dim3(unsigned(outer), unsigned(chunks)), 512, 0,
-                  partial.as<float>(), inp, D, chunk);
-    launch_kernel("sum_forward (partials)", sum_partials_kernel, blocks_for(outer), kThreads, 0, out,
-                  partial.as<float>(), outer, chunks, alpha);
-  } else {
-    launch_kernel("sum_forward", sum_strided_kernel, blocks_for(outer * inner), kThreads, 0, out, inp, outer, D, inner,
-                  alpha);
-  }
-}
-
-void sum_squares(float* out, const float* inp, int64_t n) {
-  // As sum_forward over one row: chunks of at least 16K elements over up to 256 blocks, added in a fixed order.
-  const int64_t chunks = std::clamp<int64_t>(n / 16384, 1, 256), chunk = (n + chunks - 1) / chunks;
-  Scratch partial(size_t(chunks) * sizeof(float));
-  launch_kernel("sum_squares (chunks)", sum_rows_kernel<true>, dim3(1, unsigned(chunks)), 512, 0, partial.as<float>(),
-                inp, n, chunk);
-  launch_kernel("sum_squares (partials)", sum_partials_kernel, 1, kThreads, 0, out, partial.as<float>(), int64_t(1),
-                chunks, 1.0f);
-}
-
-void sum_backward(float* dinp, const float* dout, int64_t outer, int64_t D, int64_t inner, float alpha) {
-  const int64_t n = outer * D * inner;
-  if (n == 0) return;
-  launch_kernel("sum_backward", sum_backward_kernel, blocks_for(n), kThreads, 0, dinp, dout, outer, D, inner, alpha);
-}
-
-void softmax_forward(float* out, const float* inp, int64_t N, int64_t C) {
-  if (N * C == 0) return;
-  launch_kernel("softmax_forward", softmax_forward_kernel, blocks_for(N * 32), kThreads, 0, out, inp, N, C, false);
-}
-
-void softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C) {
-  if (N * C == 0) return;
-  launch_kernel("softmax_backward", softmax_backward_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, out, N, C, false);
-}
-
-void log_softmax_forward(float* out, const float* inp, int64_t N, int64_t C) {
-  if (N * C == 0) return;
-  launch_kernel("log_softmax_forward", softmax_forward_kernel, blocks_for(N * 32), kThreads, 0, out, inp, N, C, true);
-}
-
-void log_softmax_backward(float* dinp, const float* dout, const float* out, int64_t N, int64_t C) {
-  if (N * C == 0) return;
-  launch_kernel("log_softmax_backward", softmax_backward_kernel, blocks_for(N * 32), kThreads, 0, dinp, dout, out, N, C, true);
 }
 
 template <class T>
@@ -693,8 +615,8 @@ template <class T>
 void dropout_backward(T* dinp, const T* dout, int64_t n, float p, DropoutSeed seed) {
   if (n == 0) return;
   const bool vec = vectors_fit(dinp, dout);
-  launch_kernel("dropout_backward", dropout_backward_kernel<T>, map_blocks(n, vec), kThreads, 0, dinp, dout, n, p,
-                seed, dropout_scale<float>(p), vec);
+  launch_kernel("dropout_backward", dropout_backward_kernel<T>, map_blocks(n, vec), kThreads, 0, dinp, dout, n, p, seed,
+                dropout_scale<float>(p), vec);
 }
 
 template <class T>
@@ -709,7 +631,8 @@ void copy_slice(T* dst, const T* src, int64_t outer, int64_t inner, int64_t dst_
                 int64_t src_start, int64_t len, bool accumulate) {
   const int64_t n = outer * len * inner;
   if (n == 0) return;
-  launch_kernel("copy_slice", copy_slice_kernel<T>, blocks_for(n), kThreads, 0, dst, src, outer, inner, dst_D, dst_start, src_D, src_start, len, accumulate);
+  launch_kernel("copy_slice", copy_slice_kernel<T>, blocks_for(n), kThreads, 0, dst, src, outer, inner, dst_D,
+                dst_start, src_D, src_start, len, accumulate);
 }
 
 void adamw_update(float* param, const float* grad, float* m, float* v, const AdamWRuns& runs, const float* sched,
@@ -725,8 +648,8 @@ void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) 
   launch_kernel("sum_rows_in_order", sum_rows_in_order_kernel, blocks_for(n), kThreads, 0, out, parts, rows, n);
 }
 
-void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
-                  RopeFreqs freqs) {
+void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
+                  int64_t pos0, RopeFreqs freqs) {
   const int64_t n = B * L * NH * (E / 2);
   if (n == 0) return;
   launch_kernel("rope_forward", rope_kernel, blocks_for(n), kThreads, 0, out, inp, B, L, NH, E, n_rot, pos0, freqs, 1.0,
@@ -737,8 +660,8 @@ void rope_backward(float* dinp, const float* dout, int64_t B, int64_t L, int64_t
                    int64_t pos0, RopeFreqs freqs) {
   const int64_t n = B * L * NH * (E / 2);
   if (n == 0) return;
-  launch_kernel("rope_backward", rope_kernel, blocks_for(n), kThreads, 0, dinp, dout, B, L, NH, E, n_rot, pos0, freqs, -1.0,
-                true);
+  launch_kernel("rope_backward", rope_kernel, blocks_for(n), kThreads, 0, dinp, dout, B, L, NH, E, n_rot, pos0, freqs,
+                -1.0, true);
 }
 
 TINYGPT_CUDA_END

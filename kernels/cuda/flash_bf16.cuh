@@ -76,8 +76,13 @@ struct ForwardLanes {
   int lrow_a, lchunk_a;  // ldmatrix row and chunk of this lane for A (Q) and the .trans B (V): down the rows first
   int lrow_k, lchunk_k;  // and for the non-transposed B (K): across first
   __device__ __forceinline__ ForwardLanes()
-      : lane(int(threadIdx.x % 32)), warp_row(16 * int(threadIdx.x / 32)), gr(lane / 4), tc(lane % 4),
-        lrow_a((lane & 7) + 8 * ((lane >> 3) & 1)), lchunk_a(lane >> 4), lrow_k((lane & 7) + 8 * (lane >> 4)),
+      : lane(int(threadIdx.x % 32)),
+        warp_row(16 * int(threadIdx.x / 32)),
+        gr(lane / 4),
+        tc(lane % 4),
+        lrow_a((lane & 7) + 8 * ((lane >> 3) & 1)),
+        lchunk_a(lane >> 4),
+        lrow_k((lane & 7) + 8 * (lane >> 4)),
         lchunk_k((lane >> 3) & 1) {}
   __device__ __forceinline__ int row0(int mt) const { return warp_row + kRows * mt; }
 };
@@ -85,13 +90,15 @@ struct ForwardLanes {
 /// sc = Q K^T for one key tile (raw products): Q's fragments from qf (kQRegs) or from shared memory at each k step.
 template <int EP, int MT, bool kQRegs, int QK>
 __device__ __forceinline__ void forward_scores(float (&sc)[MT][kCols / 8][4], uint32_t (&qf)[MT][QK][4],
-                                               const unsigned char* Qs, const unsigned char* Ks, const ForwardLanes& ln) {
+                                               const unsigned char* Qs, const unsigned char* Ks,
+                                               const ForwardLanes& ln) {
 #pragma unroll
   for (int kk = 0; kk < EP / 16; ++kk) {
     const int qk = kQRegs ? kk : 0;
     if constexpr (!kQRegs) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[mt][0], Qs + chunk_at<EP>(ln.row0(mt) + ln.lrow_a, 2 * kk + ln.lchunk_a));
+      for (int mt = 0; mt < MT; ++mt)
+        ldmatrix_x4(qf[mt][0], Qs + chunk_at<EP>(ln.row0(mt) + ln.lrow_a, 2 * kk + ln.lchunk_a));
     }
 #pragma unroll
     for (int jp = 0; jp < kCols / 16; ++jp) {
@@ -289,7 +296,6 @@ __device__ void forward_body(unsigned char* smem, bf16* out, float* lse, const b
   forward_store<EP, MT>(out, lse, o, m, l, g, b, h, t0, ln);
 }
 
-
 // ---------------------------------------------------------------------------------------------------------------
 // Backward, FlashAttention-2's: D = rowsum(dO * O) and dQ in one pass over each query tile's key tiles, then dK and
 // dV in one pass over each key tile's query tiles (of every head of its group), P and dS recomputed from the
@@ -331,7 +337,8 @@ __device__ __forceinline__ void accumulate_rows(float (&acc)[EP / 8][4], const f
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     const uint32_t a[4] = {pack_bf16(P[2 * kk][0], P[2 * kk][1]), pack_bf16(P[2 * kk][2], P[2 * kk][3]),
-                           pack_bf16(P[2 * kk + 1][0], P[2 * kk + 1][1]), pack_bf16(P[2 * kk + 1][2], P[2 * kk + 1][3])};
+                           pack_bf16(P[2 * kk + 1][0], P[2 * kk + 1][1]),
+                           pack_bf16(P[2 * kk + 1][2], P[2 * kk + 1][3])};
 #pragma unroll
     for (int dp = 0; dp < EP / 16; ++dp) {
       uint32_t vb[4];
@@ -383,6 +390,36 @@ constexpr int dq_smem_bytes() {
   return 2 * tile_bytes<EP>(kRows) + 4 * tile_bytes<EP>(kCols);
 }
 
+/// D = rowsum(dO * O) of the query tile at t0 (head h, batch b), in f32: two threads a row, each half of its
+/// features in 16-byte loads, all in flight together (read one element at a time, these loads were where dQ's warps
+/// stalled most: docs/RESULTS.md).
+template <int EP>
+__device__ __forceinline__ void tile_rowsum(float* D, const bf16* dout, const bf16* out, const AttentionGeom& g,
+                                            int64_t b, int64_t h, int64_t t0) {
+  constexpr int kLoads = EP / 16;  // 16-byte loads (8 bf16) per thread and operand
+  const int r = int(threadIdx.x) / 2, e0 = (int(threadIdx.x) % 2) * (EP / 2);
+  const int64_t t = t0 + r;
+  float acc = 0.0f;
+  if (t < g.T) {
+    const uint4* o = reinterpret_cast<const uint4*>(at(out, g.o_stride, b, h, t) + e0);
+    const uint4* d = reinterpret_cast<const uint4*>(at(dout, g.o_stride, b, h, t) + e0);
+    uint4 ov[kLoads], dv[kLoads];
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) ov[i] = o[i], dv[i] = d[i];
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const uint32_t ow[4] = {ov[i].x, ov[i].y, ov[i].z, ov[i].w}, dw[4] = {dv[i].x, dv[i].y, dv[i].z, dv[i].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        acc += float_of_bf16_bits(uint16_t(ow[w] & 0xffffu)) * float_of_bf16_bits(uint16_t(dw[w] & 0xffffu));
+        acc += float_of_bf16_bits(uint16_t(ow[w] >> 16)) * float_of_bf16_bits(uint16_t(dw[w] >> 16));
+      }
+    }
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  if (t < g.T && e0 == 0) D[(b * g.NH + h) * g.T + t] = acc;
+}
+
 /// D and dQ of one query tile (blocks as the forward's): D = rowsum(dO * O) of its rows into D (f32, (B, NH, T)),
 /// then, when dq is given, dQ = scale * sum over key tiles of dS K, dS = P * (dO V^T - D). Without dq, the tile's
 /// rows of dq_acc (f32, (B, NH, T, EP)), when given, are zeroed for the dK/dV pass to add dQ into.
@@ -399,32 +436,7 @@ __device__ void backward_dq_body(unsigned char* smem, bf16* dq, float* D, float*
   const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kRows;
   const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
 
-  // D of the tile's rows, in f32: two threads a row, each half of its features in 16-byte loads, all in flight
-  // together (read one element at a time, these loads were where dQ's warps stalled most: docs/RESULTS.md).
-  {
-    constexpr int kLoads = EP / 16;  // 16-byte loads (8 bf16) per thread and operand
-    const int r = int(threadIdx.x) / 2, e0 = (int(threadIdx.x) % 2) * (EP / 2);
-    const int64_t t = t0 + r;
-    float acc = 0.0f;
-    if (t < g.T) {
-      const uint4* o = reinterpret_cast<const uint4*>(at(out, g.o_stride, b, h, t) + e0);
-      const uint4* d = reinterpret_cast<const uint4*>(at(dout, g.o_stride, b, h, t) + e0);
-      uint4 ov[kLoads], dv[kLoads];
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) ov[i] = o[i], dv[i] = d[i];
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        const uint32_t ow[4] = {ov[i].x, ov[i].y, ov[i].z, ov[i].w}, dw[4] = {dv[i].x, dv[i].y, dv[i].z, dv[i].w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          acc += float_of_bf16_bits(uint16_t(ow[w] & 0xffffu)) * float_of_bf16_bits(uint16_t(dw[w] & 0xffffu));
-          acc += float_of_bf16_bits(uint16_t(ow[w] >> 16)) * float_of_bf16_bits(uint16_t(dw[w] >> 16));
-        }
-      }
-    }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    if (t < g.T && e0 == 0) D[(b * g.NH + h) * g.T + t] = acc;
-  }
+  tile_rowsum<EP>(D, dout, out, g, b, h, t0);
   if (dq == nullptr) {
     if (dq_acc != nullptr) {
       const int64_t rows = min64(kRows, g.T - t0);
@@ -534,7 +546,8 @@ __device__ __forceinline__ void add_dq_part(float* dq_acc, int64_t t0, int64_t T
 #pragma unroll
     for (int dp = 0; dp < W / 16; ++dp) {
       uint32_t kb[4];
-      ldmatrix_x4_trans(kb, Ks + chunk_at<EP>(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), f0 / 8 + 2 * dp + (lane >> 4)));
+      ldmatrix_x4_trans(kb,
+                        Ks + chunk_at<EP>(16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), f0 / 8 + 2 * dp + (lane >> 4)));
       const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
       mma_bf16(acc[2 * dp], a, b0);
       mma_bf16(acc[2 * dp + 1], a, b1);
@@ -555,6 +568,42 @@ __device__ __forceinline__ void add_dq_part(float* dq_acc, int64_t t0, int64_t T
 /// keys, columns queries. With kDq (the one-pass backward), each step also adds its key tile's part of dQ, dS K,
 /// into dq_acc (f32, (B, NH, T, EP), unscaled) with atomics: the warps' dS^T rows go through shared memory, so that
 /// each warp sums a quarter of the step's dQ block over all 64 keys before adding it (FlashAttention-2's scheme).
+/// The dK/dV pass's step, elementwise: from S^T (P) and dP^T of the block's key rows against the step's Q queries,
+/// the dropped probabilities P^T (for dV) in P and dS^T in dP.
+template <int Q>
+__device__ __forceinline__ void probs_and_ds_transposed(float (&P)[Q / 8][4], float (&dP)[Q / 8][4],
+                                                        const AttentionGeom& g, int64_t s0, int64_t t0,
+                                                        const float* lse_s, const float* D_s, const DropoutRow* drop_s,
+                                                        float sl2, float keep_scale) {
+  const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
+  const bool masked = s0 + kRows > causal_end(g, t0);
+#pragma unroll
+  for (int j = 0; j < Q / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 8 * j + 2 * tc + e % 2;  // the query within the step
+      const int64_t s = s0 + row0 + gr + 8 * (e / 2), t = t0 + c;
+      const float l2 = t < g.T ? lse_base2(lse_s[c]) : INFINITY;
+      const float p = !masked || s < causal_end(g, t) ? exp2f(P[j][e] * sl2 - l2) : 0.0f;
+      const float f = dropout_factor(g, drop_s[c], keep_scale, s);
+      P[j][e] = p * f;                         // dropped P^T, for dV
+      dP[j][e] = p * (dP[j][e] * f - D_s[c]);  // dS^T
+    }
+  }
+}
+
+/// One pass: this warp's 16 rows of dS^T into shared memory, rounded to bf16 as the dQ products read them.
+template <int Q>
+__device__ __forceinline__ void store_ds_rows(unsigned char* dSs, const float (&dP)[Q / 8][4]) {
+  const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
+#pragma unroll
+  for (int j = 0; j < Q / 8; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<uint32_t*>(dSs + ds_at<Q>(row0 + gr + 8 * half, j) + 4 * tc) =
+          pack_bf16(dP[j][2 * half], dP[j][2 * half + 1]);
+}
+
 template <int EP, bool kDq = false>
 __device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, float* dq_acc, const bf16* dout,
                                    const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* D,
@@ -563,11 +612,11 @@ __device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, floa
   unsigned char* Ks = smem;
   unsigned char* Vs = Ks + tile_bytes<EP>(kRows);
   unsigned char* stages = Vs + tile_bytes<EP>(kRows);
-  unsigned char* dSs = stages + 2 * dkdv_stage_bytes<EP>();  // dS^T, one pass only
+  unsigned char* dSs = stages + 2 * dkdv_stage_bytes<EP>();                            // dS^T, one pass only
   DropoutRow* drop_s = reinterpret_cast<DropoutRow*>(dSs + dkdv_ds_bytes<EP, kDq>());  // the step's queries
   const int64_t b = blockIdx.x / g.NKV, kvh = blockIdx.x % g.NKV, group = g.NH / g.NKV;
   const int64_t s0 = int64_t(blockIdx.y) * kRows;
-  const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32), gr = lane / 4, tc = lane % 4;
+  const int lane = int(threadIdx.x % 32), row0 = 16 * int(threadIdx.x / 32);
   const float sl2 = float(g.scale) * 1.4426950408889634f, keep_scale = dropout_scale<float>(g.dropout_p);
 
   const int64_t t_first = query_begin(g, s0) / Q * Q, t_end = query_end(g, min64(s0 + kRows, g.S) - 1);
@@ -608,30 +657,10 @@ __device__ void backward_dkdv_body(unsigned char* smem, bf16* dk, bf16* dv, floa
     const float* D_s = lse_s + Q;
     const int64_t t0 = t_first + i % per_head * Q;
     float P[Q / 8][4] = {}, dP[Q / 8][4] = {};
-    dot_rows<EP, Q>(P, Ks, row0, Qs, lane);   // S^T
+    dot_rows<EP, Q>(P, Ks, row0, Qs, lane);    // S^T
     dot_rows<EP, Q>(dP, Vs, row0, dOs, lane);  // dP^T = V dO^T
-    const bool masked = s0 + kRows > causal_end(g, t0);
-#pragma unroll
-    for (int j = 0; j < Q / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = 8 * j + 2 * tc + e % 2;  // the query within the step
-        const int64_t s = s0 + row0 + gr + 8 * (e / 2), t = t0 + c;
-        const float l2 = t < g.T ? lse_base2(lse_s[c]) : INFINITY;
-        const float p = !masked || s < causal_end(g, t) ? exp2f(P[j][e] * sl2 - l2) : 0.0f;
-        const float f = dropout_factor(g, drop_s[c], keep_scale, s);
-        P[j][e] = p * f;                          // dropped P^T, for dV
-        dP[j][e] = p * (dP[j][e] * f - D_s[c]);  // dS^T
-      }
-    }
-    if constexpr (kDq) {  // this warp's 16 rows of dS^T, rounded as the products read them
-#pragma unroll
-      for (int j = 0; j < Q / 8; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          *reinterpret_cast<uint32_t*>(dSs + ds_at<Q>(row0 + gr + 8 * half, j) + 4 * tc) =
-              pack_bf16(dP[j][2 * half], dP[j][2 * half + 1]);
-    }
+    probs_and_ds_transposed<Q>(P, dP, g, s0, t0, lse_s, D_s, drop_s, sl2, keep_scale);
+    if constexpr (kDq) store_ds_rows<Q>(dSs, dP);  // this warp's 16 rows of dS^T, rounded as the products read them
     accumulate_rows<EP, Q>(dv_acc, P, dOs, lane);
     accumulate_rows<EP, Q>(dk_acc, dP, Qs, lane);
     if constexpr (kDq) {

@@ -137,7 +137,8 @@ __device__ __forceinline__ void store_step(uint32_t* rows, uint32_t* cols, int r
       uint32_t words[2];
       Op::store(words, x[0][f], x[1][f]);
 #pragma unroll
-      for (int w = 0; w < kWords; ++w) cols[(e + f) * row_words<Op>(R) + swizzled(e + f, r / Op::kPerWord + w)] = words[w];
+      for (int w = 0; w < kWords; ++w)
+        cols[(e + f) * row_words<Op>(R) + swizzled(e + f, r / Op::kPerWord + w)] = words[w];
     }
   }
 }
@@ -195,7 +196,7 @@ __device__ void load_tile(uint32_t* rows, uint32_t* cols, const float* base, con
     }
     return;
   }
-  fill_tile<Op, R, EP>(rows, cols, [&](int r, int e, float (&x)[2][4]) {
+  fill_tile<Op, R, EP>(rows, cols, [&](int r, int e, float(&x)[2][4]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const bool in = r0 + r + i < n;
@@ -234,7 +235,8 @@ __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint32_t* tile, i
 /// acc = A x B^T for this warp's 16 rows: A = rows row0.. of `a_tile`, B^T = rows 0 .. N-1 of `b_tile`, both
 /// row-major with K features (a 16 x N block of scores, as N/8 accumulator fragments).
 template <class Op, int K, int N>
-__device__ __forceinline__ void warp_dot(float (&acc)[N / 8][4], const uint32_t* a_tile, const uint32_t* b_tile, Lane p) {
+__device__ __forceinline__ void warp_dot(float (&acc)[N / 8][4], const uint32_t* a_tile, const uint32_t* b_tile,
+                                         Lane p) {
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
@@ -255,8 +257,8 @@ __device__ __forceinline__ void warp_dot(float (&acc)[N / 8][4], const uint32_t*
 /// acc += P x B for this warp's 16 rows: P (16 x K) in accumulator fragments (rounded to the operand format
 /// here), B (K x N) read from a transposed tile: B[k][n] = cols[n][k] (swizzled), K columns per row.
 template <class Op, int K, int N>
-__device__ __forceinline__ void warp_accumulate(float (&acc)[N / 8][4], const float (&P)[K / 8][4], const uint32_t* cols,
-                                                Lane p) {
+__device__ __forceinline__ void warp_accumulate(float (&acc)[N / 8][4], const float (&P)[K / 8][4],
+                                                const uint32_t* cols, Lane p) {
 #pragma unroll
   for (int kk = 0; kk < K / (8 * Op::kPerWord); ++kk) {
     uint32_t a[4];
@@ -289,8 +291,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 /// adjacent features go as one 8-byte access (Nsight Compute on an H100: the scalar ones used half of each sector).
 template <int EP>
 __device__ __forceinline__ void store_rows(float* base, const int64_t* stride, int64_t b, int64_t head, int64_t r0,
-                                           int64_t n, int64_t width, const float (&acc)[EP / 8][4], const float (&row_scale)[2],
-                                           bool add, Lane p) {
+                                           int64_t n, int64_t width, const float (&acc)[EP / 8][4],
+                                           const float (&row_scale)[2], bool add, Lane p) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t r = r0 + frag_row(p, 2 * half);
@@ -325,13 +327,14 @@ __device__ __forceinline__ QueryTile query_tile(const AttentionGeom& g) {
 
 template <class Op, int EP>
 constexpr int forward_smem_bytes() {
-  return 4 * (kRows * row_words<Op>(EP) /* Q */ + kCols * row_words<Op>(EP) /* K */ + EP * row_words<Op>(kCols) /* V^T */);
+  return 4 *
+         (kRows * row_words<Op>(EP) /* Q */ + kCols * row_words<Op>(EP) /* K */ + EP * row_words<Op>(kCols) /* V^T */);
 }
 
 /// Output and logsumexp of one query tile (query_tile).
 template <class Op, int EP, bool kMods>
-__device__ void forward_body(unsigned char* smem, float* out, float* lse, const float* q, const float* k, const float* v,
-                             const float* mask, const uint8_t* kp, const AttentionGeom& g) {
+__device__ void forward_body(unsigned char* smem, float* out, float* lse, const float* q, const float* k,
+                             const float* v, const float* mask, const uint8_t* kp, const AttentionGeom& g) {
   uint32_t* Qs = reinterpret_cast<uint32_t*>(smem);
   uint32_t* Ks = Qs + kRows * row_words<Op>(EP);
   uint32_t* Vt = Ks + kCols * row_words<Op>(EP);
@@ -366,7 +369,8 @@ __device__ void forward_body(unsigned char* smem, float* out, float* lse, const 
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           float capped;
-          sc[j][i] = score_logit<kMods>(g, kp, mask, b, h, t0 + frag_row(p, i), s0 + 8 * j + frag_col(p, i), sc[j][i], capped);
+          sc[j][i] =
+              score_logit<kMods>(g, kp, mask, b, h, t0 + frag_row(p, i), s0 + 8 * j + frag_col(p, i), sc[j][i], capped);
         }
       }
     }
@@ -414,6 +418,36 @@ constexpr int dkdv_smem_bytes() {
   return 4 * (2 * kRows * row_words<Op>(EP) /* K, V */ + 2 * Q * row_words<Op>(EP) /* Q, dO */ +
               2 * EP * row_words<Op>(Q) /* Q^T, dO^T */ + 2 * Q /* lse, D */ +
               Q * int(sizeof(DropoutRow) / 4) /* the queries' dropout rows */);
+}
+
+/// The dK/dV pass's step where some query may not see some key (masks, causal edges, modifiers): from the logits'
+/// raw products P^T (pt) and dP^T (dst), the dropped probabilities P^T in pt and dS^T in dst.
+template <bool kMods, int Q>
+__device__ __forceinline__ void masked_probs_and_ds(float (&pt)[Q / 8][4], float (&dst)[Q / 8][4],
+                                                    const AttentionGeom& g, const uint8_t* kp, const float* mask,
+                                                    int64_t b, int64_t h, int64_t t0, int64_t s0, const float* lse_s,
+                                                    const float* D_s, const DropoutRow* drop_s, float keep_scale,
+                                                    const Lane& p) {
+#pragma unroll
+  for (int j = 0; j < Q / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t s = s0 + frag_row(p, i);
+      const int tj = 8 * j + frag_col(p, i);
+      const int64_t t = t0 + tj;
+      float pd = 0.0f, ds = 0.0f, capped = 0.0f;
+      float x = -INFINITY;
+      if (lse_s[tj] != -INFINITY) x = score_logit<kMods>(g, kp, mask, b, h, t, s, pt[j][i], capped);
+      if (x != -INFINITY) {
+        const float pr = expf(x - lse_s[tj]);
+        const float f = dropout_factor(g, drop_s[tj], keep_scale, s);
+        pd = pr * f;
+        ds = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
+      }
+      pt[j][i] = pd;
+      dst[j][i] = ds;
+    }
+  }
 }
 
 /// Block (blockIdx.x = b * NKV + kv head, key tile blockIdx.y): dK and dV of 64 keys (accumulated into), summed
@@ -464,7 +498,7 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
     __syncthreads();
     float pt[Q / 8][4], dst[Q / 8][4];  // P^T, then dS^T (rows keys, columns queries)
     warp_dot<Op, EP, Q>(pt, Ks, Qs, p);
-    warp_dot<Op, EP, Q>(dst, Vs, dOs, p);  // dP^T
+    warp_dot<Op, EP, Q>(dst, Vs, dOs, p);                // dP^T
     if (tile_unmasked(g, kp, mask, t0, Q, s0, kRows)) {  // every query sees every key: a loop of its own (forward)
 #pragma unroll
       for (int j = 0; j < Q / 8; ++j) {
@@ -478,26 +512,7 @@ __device__ void backward_dkdv_body(unsigned char* smem, float* dk, float* dv, co
         }
       }
     } else {
-#pragma unroll
-      for (int j = 0; j < Q / 8; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t s = s0 + frag_row(p, i);
-          const int tj = 8 * j + frag_col(p, i);
-          const int64_t t = t0 + tj;
-          float pd = 0.0f, ds = 0.0f, capped = 0.0f;
-          float x = -INFINITY;
-          if (lse_s[tj] != -INFINITY) x = score_logit<kMods>(g, kp, mask, b, h, t, s, pt[j][i], capped);
-          if (x != -INFINITY) {
-            const float pr = expf(x - lse_s[tj]);
-            const float f = dropout_factor(g, drop_s[tj], keep_scale, s);
-            pd = pr * f;
-            ds = score_ds<kMods>(g, pr * (score_dp<kMods>(g, b, h, t, s, dst[j][i]) * f - D_s[tj]), capped);
-          }
-          pt[j][i] = pd;
-          dst[j][i] = ds;
-        }
-      }
+      masked_probs_and_ds<kMods, Q>(pt, dst, g, kp, mask, b, h, t0, s0, lse_s, D_s, drop_s, keep_scale, p);
     }
     warp_accumulate<Op, Q, EP>(dv_acc, pt, dOt, p);
     warp_accumulate<Op, Q, EP>(dk_acc, dst, Qt, p);

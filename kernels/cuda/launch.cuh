@@ -36,7 +36,9 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, unsig
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)), what);
   }
   const ProfiledRegion timed(what);
+  // clang-format off
   kernel<<<grid, threads, smem_bytes, stream()>>>(std::forward<Args>(args)...);
+  // clang-format on
   check_launch(what);
 }
 

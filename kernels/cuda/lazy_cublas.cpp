@@ -24,8 +24,7 @@ TINYGPT_LAZY(g_cublas, cublasStatus_t, cublasGemmStridedBatchedEx,
              (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
               const void* alpha, const void* A, cudaDataType Atype, int lda, long long int strideA, const void* B,
               cudaDataType Btype, int ldb, long long int strideB, const void* beta, void* C, cudaDataType Ctype,
-              int ldc, long long int strideC, int batchCount, cublasComputeType_t computeType,
-              cublasGemmAlgo_t algo),
+              int ldc, long long int strideC, int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo),
              (handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB, beta, C, Ctype,
               ldc, strideC, batchCount, computeType, algo))
 

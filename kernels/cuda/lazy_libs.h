@@ -31,12 +31,15 @@ class LazyLib {
       if (*dir_ != '\0') handle_ = ::dlopen(fmt::format("{}/{}", dir_, soname_).c_str(), RTLD_NOW | RTLD_LOCAL);
     });
     if (handle_ == nullptr) {
-      throw Error(fmt::format("cannot load {} ({}: {}), which --device cuda needs: install the CUDA toolkit's {} or put "
-                              "its directory on LD_LIBRARY_PATH, or run with --device cpu",
-                              name_, soname_, error_, name_));
+      throw Error(
+          fmt::format("cannot load {} ({}: {}), which --device cuda needs: install the CUDA toolkit's {} or put "
+                      "its directory on LD_LIBRARY_PATH, or run with --device cpu",
+                      name_, soname_, error_, name_));
     }
     void* f = ::dlsym(handle_, symbol);
-    if (f == nullptr) throw Error(fmt::format("{} ({}) has no {}: a different version than tinygpt was built with", name_, soname_, symbol));
+    if (f == nullptr)
+      throw Error(
+          fmt::format("{} ({}) has no {}: a different version than tinygpt was built with", name_, soname_, symbol));
     return f;
   }
 
@@ -50,8 +53,8 @@ class LazyLib {
 }  // namespace tinygpt::cuda
 
 /// Defines `ret name params` with C linkage, forwarding `args` to the symbol of that name in `lib`.
-#define TINYGPT_LAZY(lib, ret, name, params, args)                                                     \
-  extern "C" ret name params {                                                                         \
-    static const auto forward = reinterpret_cast<ret(*) params>((lib).symbol(#name));                  \
-    return forward args;                                                                               \
+#define TINYGPT_LAZY(lib, ret, name, params, args)                                    \
+  extern "C" ret name params {                                                        \
+    static const auto forward = reinterpret_cast<ret(*) params>((lib).symbol(#name)); \
+    return forward args;                                                              \
   }

@@ -1,7 +1,8 @@
 // Matmuls: batched matmul and the linear layer, forward and backward, as cuBLAS products (gemm and gemm_bf16 in
 // kernels/cuda/cublas.cu) plus the small kernels around them (bf16 rounding of the operands, bias, fixed-order bias
 // gradient). Twins of kernels/cpu/matmul.cpp; on f32 storage the products' operands are f32, TF32 or bf16 as the call
-// asks (MatmulMath); on bf16 storage they are the stored values, the results stored in bf16. Compiled by nvcc in matmul.cu and under tests/emulated_cuda.h, where a loop stands in for cuBLAS.
+// asks (MatmulMath); on bf16 storage they are the stored values, the results stored in bf16. Compiled by nvcc in
+// matmul.cu and under tests/emulated_cuda.h, where a loop stands in for cuBLAS.
 #pragma once
 
 #include <algorithm>
@@ -141,7 +142,8 @@ struct ActivationTanh {
 };
 
 /// Element i of out (rows of OC) plus its bias (when given), written back; returns act of it.
-__device__ __forceinline__ float add_bias_activate(float* out, const float* bias, int64_t i, int64_t OC, Activation act) {
+__device__ __forceinline__ float add_bias_activate(float* out, const float* bias, int64_t i, int64_t OC,
+                                                   Activation act) {
   float x = out[i];
   if (bias) out[i] = x += bias[i % OC];
   return activation(act, x, ActivationTanh{});
@@ -175,41 +177,46 @@ __global__ void activation_grad_kernel(float* d, const float* of, int64_t n, Act
 /// product's f32 sums acc (N, OC), each stored once. Groups of eight with vec (OC a multiple of 8, all aligned).
 __global__ void bias_activation_bf16_out_kernel(bf16* out, bf16* act_out, const float* acc, const bf16* bias, int64_t N,
                                                 int64_t OC, Activation act, bool vec) {
-  map_elements(N * OC, vec, [&](int64_t e) {
-    float x[8], b[8] = {};
-    load8(x, acc + e);
-    if (bias) load8(b, bias + e % OC);
-    for (int j = 0; j < 8; ++j) x[j] += b[j];
-    store8(out + e, x);
-    if (act == Activation::None) return;
-    for (int j = 0; j < 8; ++j) x[j] = activation(act, x[j], ActivationTanh{});
-    store8(act_out + e, x);
-  }, [&](int64_t i) {
-    const float x = acc[i] + (bias ? float(bias[i % OC]) : 0.0f);
-    out[i] = x;
-    if (act != Activation::None) act_out[i] = activation(act, x, ActivationTanh{});
-  });
+  map_elements(
+      N * OC, vec,
+      [&](int64_t e) {
+        float x[8], b[8] = {};
+        load8(x, acc + e);
+        if (bias) load8(b, bias + e % OC);
+        for (int j = 0; j < 8; ++j) x[j] += b[j];
+        store8(out + e, x);
+        if (act == Activation::None) return;
+        for (int j = 0; j < 8; ++j) x[j] = activation(act, x[j], ActivationTanh{});
+        store8(act_out + e, x);
+      },
+      [&](int64_t i) {
+        const float x = acc[i] + (bias ? float(bias[i % OC]) : 0.0f);
+        out[i] = x;
+        if (act != Activation::None) act_out[i] = activation(act, x, ActivationTanh{});
+      });
 }
 
 /// bf16 storage, backward through the activation: dinp = acc * act'(act_of), plus what dinp held unless overwrite, in
 /// f32, stored once.
 __global__ void activation_grad_bf16_out_kernel(bf16* dinp, const float* acc, const bf16* act_of, int64_t n,
                                                 Activation act, bool overwrite, bool vec) {
-  map_elements(n, vec, [&](int64_t e) {
-    float x[8], of[8], d[8] = {};
-    load8(x, acc + e);
-    load8(of, act_of + e);
-    if (!overwrite) load8(d, dinp + e);
-    for (int j = 0; j < 8; ++j) d[j] += x[j] * activation_grad(act, of[j], ActivationTanh{});
-    store8(dinp + e, d);
-  }, [&](int64_t i) {
-    const float d = acc[i] * activation_grad(act, float(act_of[i]), ActivationTanh{});
-    dinp[i] = overwrite ? d : float(dinp[i]) + d;
-  });
+  map_elements(
+      n, vec,
+      [&](int64_t e) {
+        float x[8], of[8], d[8] = {};
+        load8(x, acc + e);
+        load8(of, act_of + e);
+        if (!overwrite) load8(d, dinp + e);
+        for (int j = 0; j < 8; ++j) d[j] += x[j] * activation_grad(act, of[j], ActivationTanh{});
+        store8(dinp + e, d);
+      },
+      [&](int64_t i) {
+        const float d = acc[i] * activation_grad(act, float(act_of[i]), ActivationTanh{});
+        dinp[i] = overwrite ? d : float(dinp[i]) + d;
+      });
 }
 
 }  // namespace
-
 
 // The batched products take f32 or bf16 storage: product() above computes either.
 template <class T>
@@ -220,8 +227,8 @@ void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t bat
     product(false, trans_b, batch_a * M, N, K, 1.0f, a, lda, b, ldb, 0.0f, out, N, math, "matmul_forward");
     return;
   }
-  product(trans_a, trans_b, M, N, K, 1.0f, a, lda, batch_a == 1 ? 0 : M * K, b, ldb, batch_b == 1 ? 0 : K * N, 0.0f, out,
-       N, M * N, std::max(batch_a, batch_b), math, "matmul_forward");
+  product(trans_a, trans_b, M, N, K, 1.0f, a, lda, batch_a == 1 ? 0 : M * K, b, ldb, batch_b == 1 ? 0 : K * N, 0.0f,
+          out, N, M * N, std::max(batch_a, batch_b), math, "matmul_forward");
 }
 
 template <class T>
@@ -230,7 +237,8 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const int64_t batch = std::max(batch_a, batch_b);
   if (batch_b == 1 && !trans_a) {
-    if (da) product(false, !trans_b, batch_a * M, K, N, 1.0f, dout, N, b, ldb, 1.0f, da, K, math, "matmul_backward (da)");
+    if (da)
+      product(false, !trans_b, batch_a * M, K, N, 1.0f, dout, N, b, ldb, 1.0f, da, K, math, "matmul_backward (da)");
     if (db) {
       if (trans_b) {
         product(true, false, N, K, batch_a * M, 1.0f, dout, N, a, lda, 1.0f, db, K, math, "matmul_backward (db)");
@@ -248,9 +256,11 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
       const T* gi = dout + first * M * N;
       T* dai = da + (sda == 0 ? 0 : first * M * K);
       if (trans_a) {
-        product(trans_b, true, K, M, N, 1.0f, bi, ldb, sb, gi, N, M * N, 1.0f, dai, M, sda, count, math, "matmul_backward (da)");
+        product(trans_b, true, K, M, N, 1.0f, bi, ldb, sb, gi, N, M * N, 1.0f, dai, M, sda, count, math,
+                "matmul_backward (da)");
       } else {
-        product(false, !trans_b, M, K, N, 1.0f, gi, N, M * N, bi, ldb, sb, 1.0f, dai, K, sda, count, math, "matmul_backward (da)");
+        product(false, !trans_b, M, K, N, 1.0f, gi, N, M * N, bi, ldb, sb, 1.0f, dai, K, sda, count, math,
+                "matmul_backward (da)");
       }
     };
     if (batch_a == 1) {
@@ -266,9 +276,11 @@ void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_
       const T* gi = dout + first * M * N;
       T* dbi = db + (sdb == 0 ? 0 : first * K * N);
       if (trans_b) {
-        product(true, trans_a, N, K, M, 1.0f, gi, N, M * N, ai, lda, sa, 1.0f, dbi, K, sdb, count, math, "matmul_backward (db)");
+        product(true, trans_a, N, K, M, 1.0f, gi, N, M * N, ai, lda, sa, 1.0f, dbi, K, sdb, count, math,
+                "matmul_backward (db)");
       } else {
-        product(!trans_a, false, K, N, M, 1.0f, ai, lda, sa, gi, N, M * N, 1.0f, dbi, N, sdb, count, math, "matmul_backward (db)");
+        product(!trans_a, false, K, N, M, 1.0f, ai, lda, sa, gi, N, M * N, 1.0f, dbi, N, sdb, count, math,
+                "matmul_backward (db)");
       }
     };
     if (batch_b == 1) {
@@ -295,8 +307,10 @@ bool lt_epilogues(bool asked, MatmulMath math) { return asked && math != MatmulM
 // The linear layers: f32 storage (the operands f32, TF32 or rounded to bf16 as math says) and bf16 storage (below).
 // Declared from kernels/kernel_list.h's parameters (again here for the emulated build's namespace); each storage type
 // is an explicit specialization below.
-template <class T> void linear_forward TINYGPT_PARAMS_linear_forward(T);
-template <class T> void linear_backward TINYGPT_PARAMS_linear_backward(T);
+template <class T>
+void linear_forward TINYGPT_PARAMS_linear_forward(T);
+template <class T>
+void linear_backward TINYGPT_PARAMS_linear_backward(T);
 
 template <>
 void linear_forward<float>(const LinearForward<float>& c) {
@@ -312,10 +326,10 @@ void linear_forward<float>(const LinearForward<float>& c) {
   // without inp).
   const bool bf16 = math == MatmulMath::BF16 && C > 0;
   Scratch inp16_copy(bf16 && !inp16 ? bf16_bytes(N * C) : 0), w16_copy(bf16 ? bf16_bytes(OC * C) : 0);
-  const uint16_t* a16 = !bf16 ? nullptr
-                        : !inp ? inp16
-                               : round_to_bf16(inp16 ? inp16 : inp16_copy.as<uint16_t>(), inp, N * C,
-                                               "linear_forward (inp to bf16)");
+  const uint16_t* a16 =
+      !bf16  ? nullptr
+      : !inp ? inp16
+             : round_to_bf16(inp16 ? inp16 : inp16_copy.as<uint16_t>(), inp, N * C, "linear_forward (inp to bf16)");
   const uint16_t* w16 = bf16 ? rounded_bf16(w16_copy, weight, OC * C, "linear_forward (weight to bf16)") : nullptr;
   // With act16 the activation goes straight to bf16, by our kernel after the product.
   const bool to16 = bf16 && act16 && act != Activation::None;
@@ -376,7 +390,8 @@ void linear_backward<float>(const LinearBackward<float>& c) {
     if (!fused) {
       const float beta = overwrite_dinp ? 0.0f : 1.0f;
       if (bf16) {
-        gemm_bf16(false, false, N, C, OC, 1.0f, dout16, OC, 0, w16, C, 0, beta, dinp, C, 0, 1, "linear_backward (dinp)");
+        gemm_bf16(false, false, N, C, OC, 1.0f, dout16, OC, 0, w16, C, 0, beta, dinp, C, 0, 1,
+                  "linear_backward (dinp)");
       } else {
         product(false, false, N, C, OC, 1.0f, dout, OC, weight, C, beta, dinp, C, math, "linear_backward (dinp)");
       }
@@ -389,7 +404,8 @@ void linear_backward<float>(const LinearBackward<float>& c) {
   if (dweight && bf16) {  // inp as linear_forward rounded it, when the caller kept that
     Scratch inp16_copy(inp16 ? 0 : bf16_bytes(N * C));
     const uint16_t* a16 = inp16 ? inp16 : rounded_bf16(inp16_copy, inp, N * C, "linear_backward (inp to bf16)");
-    gemm_bf16(true, false, OC, C, N, 1.0f, dout16, OC, 0, a16, C, 0, 1.0f, dweight, C, 0, 1, "linear_backward (dweight)");
+    gemm_bf16(true, false, OC, C, N, 1.0f, dout16, OC, 0, a16, C, 0, 1.0f, dweight, C, 0, 1,
+              "linear_backward (dweight)");
   } else if (dweight) {
     product(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, math, "linear_backward (dweight)");
   }
@@ -436,8 +452,8 @@ void linear_backward<bf16>(const LinearBackward<bf16>& c) {
       gemm_bf16(false, false, N, C, OC, 1.0f, bits(dout), OC, 0, bits(weight), C, 0, 0.0f, acc.as<float>(), C, 0, 1,
                 "linear_backward (dinp)");
       const bool vec = vectors_fit(dinp, act_of);
-      launch_kernel("linear_backward (activation)", activation_grad_bf16_out_kernel, map_blocks(N * C, vec), kThreads, 0,
-                    dinp, acc.as<float>(), act_of, N * C, act, overwrite_dinp, vec);
+      launch_kernel("linear_backward (activation)", activation_grad_bf16_out_kernel, map_blocks(N * C, vec), kThreads,
+                    0, dinp, acc.as<float>(), act_of, N * C, act, overwrite_dinp, vec);
     }
   }
   if (dweight && OC * C > 0) {  // (OC, N) @ (N, C), added to what dweight held

@@ -1,9 +1,8 @@
 // NCCL for data-parallel training on several GPUs (kernels/device.h): this process's communicator and the
 // fixed-order all-reduce. Built when the configure step found nccl.h and libnccl (kernels/cuda/no_nccl_stubs.cpp
 // otherwise). Every NCCL call runs on the default stream, after the kernels that wrote the gradients.
-#include <nccl.h>
-
 #include <fmt/format.h>
+#include <nccl.h>
 
 #include <cstring>
 
@@ -58,8 +57,7 @@ void nccl_all_reduce_sum(float* data, int64_t n) {
   check(ncclGroupStart(), "ncclGroupStart");
   for (int i = 0; i < N; ++i) {
     check(ncclSend(data + begin(i), size_t(begin(i + 1) - begin(i)), ncclFloat, i, g_nccl.comm, stream()), "ncclSend");
-    check(ncclRecv(parts.as<float>() + int64_t(i) * own, size_t(own), ncclFloat, i, g_nccl.comm, stream()),
-          "ncclRecv");
+    check(ncclRecv(parts.as<float>() + int64_t(i) * own, size_t(own), ncclFloat, i, g_nccl.comm, stream()), "ncclRecv");
   }
   check(ncclGroupEnd(), "ncclGroupEnd");
   sum_rows_in_order(data + begin(me), parts.as<float>(), N, own);

@@ -15,7 +15,4 @@ TINYGPT_INSTANTIATE_F32_BF16(swiglu_forward)
 TINYGPT_INSTANTIATE_F32_BF16(swiglu_backward)
 TINYGPT_INSTANTIATE_F32_BF16(embedding_forward)
 TINYGPT_INSTANTIATE_F32_BF16(embedding_backward)
-TINYGPT_INSTANTIATE_F32_BF16(crossentropy_forward)
-TINYGPT_INSTANTIATE_F32_BF16(crossentropy_backward)
-TINYGPT_INSTANTIATE_F32_BF16(crossentropy_fused)
 }  // namespace tinygpt::cuda

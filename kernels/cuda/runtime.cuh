@@ -60,10 +60,15 @@ class ProfiledRegion {
 class Scratch {
  public:
   explicit Scratch(size_t bytes) : ptr_(bytes ? cuda::malloc(bytes) : nullptr) {}
-  ~Scratch() { if (ptr_) cuda::free(ptr_); }
+  ~Scratch() {
+    if (ptr_) cuda::free(ptr_);
+  }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
 
  private:
   void* ptr_;
@@ -77,13 +82,13 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 
 /// gemm with op(A) and op(B) already rounded to bf16 (arrays of bf16 bit patterns): f32 products of the bf16 values
 /// summed in f32 on tensor cores (cuBLAS's CUBLAS_COMPUTE_32F with CUDA_R_16BF operands).
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-               int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, float* C,
-               int64_t ldc, int64_t stride_c, int64_t batch, const char* what);
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
+               int64_t stride_c, int64_t batch, const char* what);
 /// The same with C in bf16 (bf16 storage): f32 sums, alpha * sum + beta * C computed in f32 and rounded once.
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A,
-               int64_t lda, int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, bf16* C,
-               int64_t ldc, int64_t stride_c, int64_t batch, const char* what);
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+               int64_t stride_a, const uint16_t* B, int64_t ldb, int64_t stride_b, float beta, bf16* C, int64_t ldc,
+               int64_t stride_c, int64_t batch, const char* what);
 
 /// Row-major D (M, N) = op(A) @ op(B) then `epilogue`, through cublasLt, overwriting D. A and B are f32 (TF32 tensor
 /// cores when math is TF32 and the rows are aligned) or, when math is BF16, arrays of bf16 bit patterns; f32

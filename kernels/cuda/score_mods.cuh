@@ -25,7 +25,8 @@ __device__ __forceinline__ int64_t row_h(const AttentionGeom& g, int64_t row) { 
 __device__ __forceinline__ int64_t row_t(const AttentionGeom& g, int64_t row) { return row % g.T; }
 
 /// out[row, c] = x_row . table[c] (R = Q A_K^T, G = dO A_V^T); one thread per (row, c).
-__global__ void rel_rows_kernel(float* out, const float* x, RowStrides xs, const float* table, int64_t D, AttentionGeom g) {
+__global__ void rel_rows_kernel(float* out, const float* x, RowStrides xs, const float* table, int64_t D,
+                                AttentionGeom g) {
   const int64_t W = g.mods.rel_width();
   TINYGPT_CUDA_LOOP(i, g.B * g.NH * g.T * W) {
     const int64_t row = i / W, c = i % W;
@@ -50,7 +51,8 @@ __global__ void add_rows_table_kernel(float* y, RowStrides ys, const float* coef
 
 /// dtable[c, e] += sum over the rows, in order, of coef[row, c] * y_row[e] (dA_K += dR^T Q, dA_V += Pbar^T dO); one
 /// thread per (c, e).
-__global__ void table_grad_kernel(float* dtable, const float* coef, const float* y, RowStrides ys, int64_t D, AttentionGeom g) {
+__global__ void table_grad_kernel(float* dtable, const float* coef, const float* y, RowStrides ys, int64_t D,
+                                  AttentionGeom g) {
   const int64_t W = g.mods.rel_width();
   TINYGPT_CUDA_LOOP(i, W * D) {
     const int64_t c = i / D, e = i % D;
@@ -63,7 +65,8 @@ __global__ void table_grad_kernel(float* dtable, const float* coef, const float*
 }
 
 /// The keys of query t at clipped distance column c: [first, last], empty when first > last.
-__device__ __forceinline__ void keys_of_column(const AttentionGeom& g, int64_t t, int64_t c, int64_t& first, int64_t& last) {
+__device__ __forceinline__ void keys_of_column(const AttentionGeom& g, int64_t t, int64_t c, int64_t& first,
+                                               int64_t& last) {
   const int64_t m = g.mods.max_rel, tq = t + g.S - g.T;
   first = c == 0 ? 0 : tq + c - m;
   last = c == 2 * m ? g.S - 1 : tq + c - m;
@@ -140,7 +143,8 @@ __global__ void rel_dR_kernel(float* dR, const float* q, const float* k, const f
 /// acc[h, d + S - 1]: the logits' gradients of head h at distance d, summed over batches and queries in order; one
 /// thread per (head, distance), distances d in [-(S - 1), T - 1].
 __global__ void t5_distance_kernel(float* acc, const float* q, const float* k, const float* v, const float* dout,
-                                   const float* lse, const float* D, const float* mask, const uint8_t* kp, AttentionGeom g) {
+                                   const float* lse, const float* D, const float* mask, const uint8_t* kp,
+                                   AttentionGeom g) {
   const int64_t n = g.S + g.T - 1;
   TINYGPT_CUDA_LOOP(i, g.NH * n) {
     const int64_t h = i / n, d = i % n - (g.S - 1);
@@ -149,7 +153,8 @@ __global__ void t5_distance_kernel(float* acc, const float* q, const float* k, c
       for (int64_t t = 0; t < g.T; ++t) {
         const int64_t s = t + g.S - g.T + d;
         float dlogit, ds;
-        if (s >= 0 && s < g.S && element_grads(g, q, k, v, dout, lse, D, mask, kp, b, h, t, s, dlogit, ds)) sum += dlogit;
+        if (s >= 0 && s < g.S && element_grads(g, q, k, v, dout, lse, D, mask, kp, b, h, t, s, dlogit, ds))
+          sum += dlogit;
       }
     }
     acc[i] = sum;
@@ -164,7 +169,8 @@ __global__ void t5_fold_kernel(float* dt5, const float* acc, AttentionGeom g) {
     const int64_t h = i / m.t5_buckets, bucket = i % m.t5_buckets;
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      if (t5_bucket(j - (g.S - 1), m.t5_buckets, m.t5_max_distance, m.t5_bidirectional) == bucket) sum += acc[h * n + j];
+      if (t5_bucket(j - (g.S - 1), m.t5_buckets, m.t5_max_distance, m.t5_bidirectional) == bucket)
+        sum += acc[h * n + j];
     }
     static_cast<float*>(m.d_t5_bias)[i] += sum;
   }
@@ -178,7 +184,8 @@ class ModLaunch {
  public:
   /// dout: null in the forward.
   ModLaunch(const AttentionGeom& g, const float* q, const float* dout)
-      : g_(g), rows_(g.B * g.NH * g.T * g.mods.rel_width()),
+      : g_(g),
+        rows_(g.B * g.NH * g.T * g.mods.rel_width()),
         R_(g.mods.rel_k ? size_t(rows_) * sizeof(float) : 0),
         G_(dout && g.mods.rel_v ? size_t(rows_) * sizeof(float) : 0) {
     const ScoreMods& m = g.mods;
@@ -197,15 +204,16 @@ class ModLaunch {
   const AttentionGeom& geom() const { return g_; }
 
   /// After the forward kernel: Pbar, then O += Pbar A_V.
-  void finish_forward(float* out, const float* q, const float* k, const float* lse, const float* mask, const uint8_t* kp) {
+  void finish_forward(float* out, const float* q, const float* k, const float* lse, const float* mask,
+                      const uint8_t* kp) {
     const ScoreMods& m = g_.mods;
     if (!m.rel_v) return;
     float* pbar = static_cast<float*>(m.rel_probs);
-    launch_kernel("attention (relative values: Pbar)", rel_probs_kernel, blocks_for(rows_), kThreads, 0, pbar, q, k, lse,
-                  mask, kp, g_);
-    launch_kernel("attention (relative values: O += Pbar A_V)", add_rows_table_kernel, blocks_for(g_.B * g_.NH * g_.T * g_.Ev),
-                  kThreads, 0, out, strides_of(g_.o_stride), static_cast<const float*>(pbar),
-                  static_cast<const float*>(m.rel_v), g_.Ev, g_);
+    launch_kernel("attention (relative values: Pbar)", rel_probs_kernel, blocks_for(rows_), kThreads, 0, pbar, q, k,
+                  lse, mask, kp, g_);
+    launch_kernel("attention (relative values: O += Pbar A_V)", add_rows_table_kernel,
+                  blocks_for(g_.B * g_.NH * g_.T * g_.Ev), kThreads, 0, out, strides_of(g_.o_stride),
+                  static_cast<const float*>(pbar), static_cast<const float*>(m.rel_v), g_.Ev, g_);
   }
 
   /// After the backward kernels: dR, then dQ += dR A_K and dA_K += dR^T Q; dA_V += Pbar^T dO; T5's table.
@@ -214,29 +222,30 @@ class ModLaunch {
     const ScoreMods& m = g_.mods;
     if (m.rel_k && (dq || m.d_rel_k)) {
       Scratch dR(size_t(rows_) * sizeof(float));
-      launch_kernel("attention (relative keys: dR)", rel_dR_kernel, blocks_for(rows_), kThreads, 0, dR.as<float>(), q, k, v,
-                    dout, lse, D, mask, kp, g_);
+      launch_kernel("attention (relative keys: dR)", rel_dR_kernel, blocks_for(rows_), kThreads, 0, dR.as<float>(), q,
+                    k, v, dout, lse, D, mask, kp, g_);
       const float* rel_k = static_cast<const float*>(m.rel_k);
       if (dq) {
-        launch_kernel("attention (relative keys: dQ += dR A_K)", add_rows_table_kernel, blocks_for(g_.B * g_.NH * g_.T * g_.E),
-                      kThreads, 0, dq, strides_of(g_.q_stride), static_cast<const float*>(dR.as<float>()), rel_k, g_.E, g_);
+        launch_kernel("attention (relative keys: dQ += dR A_K)", add_rows_table_kernel,
+                      blocks_for(g_.B * g_.NH * g_.T * g_.E), kThreads, 0, dq, strides_of(g_.q_stride),
+                      static_cast<const float*>(dR.as<float>()), rel_k, g_.E, g_);
       }
       if (m.d_rel_k) {
-        launch_kernel("attention (relative keys: dA_K)", table_grad_kernel, blocks_for(m.rel_width() * g_.E), kThreads, 0,
-                      static_cast<float*>(m.d_rel_k), static_cast<const float*>(dR.as<float>()), q, strides_of(g_.q_stride),
-                      g_.E, g_);
+        launch_kernel("attention (relative keys: dA_K)", table_grad_kernel, blocks_for(m.rel_width() * g_.E), kThreads,
+                      0, static_cast<float*>(m.d_rel_k), static_cast<const float*>(dR.as<float>()), q,
+                      strides_of(g_.q_stride), g_.E, g_);
       }
     }
     if (m.rel_v && m.d_rel_v) {
-      launch_kernel("attention (relative values: dA_V)", table_grad_kernel, blocks_for(m.rel_width() * g_.Ev), kThreads, 0,
-                    static_cast<float*>(m.d_rel_v), static_cast<const float*>(m.rel_probs), dout, strides_of(g_.o_stride),
-                    g_.Ev, g_);
+      launch_kernel("attention (relative values: dA_V)", table_grad_kernel, blocks_for(m.rel_width() * g_.Ev), kThreads,
+                    0, static_cast<float*>(m.d_rel_v), static_cast<const float*>(m.rel_probs), dout,
+                    strides_of(g_.o_stride), g_.Ev, g_);
     }
     if (m.d_t5_bias) {
       const int64_t n = g_.NH * (g_.S + g_.T - 1);
       Scratch acc(size_t(n) * sizeof(float));
-      launch_kernel("attention (T5 bias: by distance)", t5_distance_kernel, blocks_for(n), kThreads, 0, acc.as<float>(), q,
-                    k, v, dout, lse, D, mask, kp, g_);
+      launch_kernel("attention (T5 bias: by distance)", t5_distance_kernel, blocks_for(n), kThreads, 0, acc.as<float>(),
+                    q, k, v, dout, lse, D, mask, kp, g_);
       launch_kernel("attention (T5 bias: by bucket)", t5_fold_kernel, blocks_for(g_.NH * m.t5_buckets), kThreads, 0,
                     static_cast<float*>(m.d_t5_bias), static_cast<const float*>(acc.as<float>()), g_);
     }

@@ -17,7 +17,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     tinygpt::load_checkpoint(path);
-  } catch (const tinygpt::Error&) {
-  }
+  } catch (const tinygpt::Error&) {}
   return 0;
 }

@@ -25,7 +25,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     cli.validate();
-  } catch (const tinygpt::Error&) {
-  }
+  } catch (const tinygpt::Error&) {}
   return 0;
 }

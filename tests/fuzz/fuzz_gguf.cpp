@@ -23,10 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       std::string arch;
       (void)tinygpt::gguf_config(f, arch);
-    } catch (const tinygpt::Error&) {
-    }
+    } catch (const tinygpt::Error&) {}
     (void)tinygpt::gguf_tokenizer(f);
-  } catch (const tinygpt::Error&) {
-  }
+  } catch (const tinygpt::Error&) {}
   return 0;
 }

@@ -22,8 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     (void)tinygpt::loss_curves_svg(path);
-  } catch (const tinygpt::Error&) {
-  }
+  } catch (const tinygpt::Error&) {}
   try {
     {
       tinygpt::MetricsLog log(path, /*append=*/true, /*enabled=*/true);
@@ -33,7 +32,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (text.empty() || text.back() != '\n') std::abort();  // the appended line is whole, and nothing half before it
     tinygpt::truncate_metrics(path, iter);
-  } catch (const tinygpt::Error&) {
-  }
+  } catch (const tinygpt::Error&) {}
   return 0;
 }

@@ -86,7 +86,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
              std::string(reinterpret_cast<const char*>(data) + 1, size - 1));
   try {
     load(chars);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

@@ -2,8 +2,8 @@
 // what the rest is: a tokenizer.json to read (every malformed one must end in a tinygpt::Error; one that reads must
 // encode and decode text back exactly, normalized to NFC where its normalizer says so), or text to split and encode
 // with a small trained tokenizer (the pieces must concatenate to the text, the ids decode to it) and to normalize
-// (NFC of NFC is NFC; text NFC leaves alone comes back as it was). Anything else (a crash, a sanitizer report, another exception
-// type, a round trip that differs) is a bug.
+// (NFC of NFC is NFC; text NFC leaves alone comes back as it was). Anything else (a crash, a sanitizer report, another
+// exception type, a round trip that differs) is a bug.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -21,7 +21,9 @@ using tinygpt::data::BpeTokenizer;
 const BpeTokenizer& small_tokenizer() {
   static const BpeTokenizer tok = [] {
     tinygpt::data::PieceCounts counts;
-    counts.add_text("the cat sat on the mat; the cats' hats\n\n  int main() { return 0; }\ncaf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 42 4242");
+    counts.add_text(
+        "the cat sat on the mat; the cats' hats\n\n  int main() { return 0; }\ncaf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 42 "
+        "4242");
     return BpeTokenizer::train(counts, {.vocab_size = 300, .progress = {}});
   }();
   return tok;
@@ -54,7 +56,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const BpeTokenizer tok = BpeTokenizer::from_json(rest, "fuzz.json");
     round_trip(tok, "Hello, world's caf\xc3\xa9 \xf0\x9f\x98\x80 \xff\xfe  x\n\n");
-  } catch (const tinygpt::Error&) {
-  }
+  } catch (const tinygpt::Error&) {}
   return 0;
 }

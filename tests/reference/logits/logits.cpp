@@ -1,8 +1,8 @@
 // tinygpt_logits CKPT TEXT OUT.safetensors: the checkpoint's logits (1, T, V) for the characters of TEXT, with
 // their token ids (1, T), for check_hf_export.py to compare with what transformers computes from the export.
-#include <cstdio>
-
 #include <tinygpt/train/checkpoint.h>
+
+#include <cstdio>
 
 using namespace tinygpt;
 
