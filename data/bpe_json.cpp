@@ -237,6 +237,25 @@ const nlohmann::json& plain_bpe_vocab(const nlohmann::json& m, const Bad& bad) {
   return vocab;
 }
 
+/// An added token's id and content, once it has both, none of the flags tinygpt does not apply and an id under
+/// kMaxBpeVocab; else throws bad(why).
+template <class Bad>
+std::pair<uint64_t, std::string> added_token_of(const nlohmann::json& t, const Bad& bad) {
+  if (!t.is_object() || !t.contains("id") || !t["id"].is_number_unsigned() || !t.contains("content") ||
+      !t["content"].is_string()) {
+    throw bad(fmt::format("added token {:.100} has no id or content", t.dump()));
+  }
+  const auto id = t["id"].get<uint64_t>();
+  std::string content = t["content"].get<std::string>();
+  for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+    if (t.value(flag, false)) throw bad(fmt::format("added token {} has {} set", nlohmann::json(content).dump(), flag));
+  }
+  if (id >= uint64_t(kMaxBpeVocab)) {
+    throw bad(fmt::format("added token {} has id {}: more than {} tokens", content, id, kMaxBpeVocab));
+  }
+  return {id, std::move(content)};
+}
+
 }  // namespace
 
 BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& what) {
@@ -289,19 +308,7 @@ BpeTokenizer BpeTokenizer::from_json(std::string_view text, const std::string& w
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     std::vector<bool> is_added;
     for (const auto& t : j["added_tokens"]) {
-      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_unsigned() || !t.contains("content") ||
-          !t["content"].is_string()) {
-        throw bad(fmt::format("added token {:.100} has no id or content", t.dump()));
-      }
-      const auto id = t["id"].get<uint64_t>();
-      const std::string content = t["content"].get<std::string>();
-      for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
-        if (t.value(flag, false))
-          throw bad(fmt::format("added token {} has {} set", nlohmann::json(content).dump(), flag));
-      }
-      if (id >= uint64_t(kMaxBpeVocab)) {
-        throw bad(fmt::format("added token {} has id {}: more than {} tokens", content, id, kMaxBpeVocab));
-      }
+      const auto [id, content] = added_token_of(t, bad);
       if (id == tok.tokens_.size()) {
         tok.tokens_.push_back(content);
       } else if (id > tok.tokens_.size()) {
