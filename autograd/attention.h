@@ -43,8 +43,8 @@ struct ScoreModOptions : ScoreModSettings {
   Tensor relative_value;  // (2m + 1, Ev): Shaw's A_V (needs relative_key's m, or may come alone)
 
   bool any() const {
-    return window > 0 || doc_ids.defined() || softcap > 0 || alibi || t5_bias.defined() || relative_key.defined() ||
-           relative_value.defined();
+    return any_score_mod(*this, doc_ids.defined(), t5_bias.defined(),
+                         relative_key.defined() || relative_value.defined());
   }
 };
 

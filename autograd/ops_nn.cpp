@@ -76,14 +76,21 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, cons
   dims.push_back(M);
   dims.push_back(N);
   Tensor out = empty(Shape(dims), a.dtype(), a.device());
+  const MatmulGeom geom{.batch_a = batch_a,
+                        .batch_b = batch_b,
+                        .M = M,
+                        .K = K,
+                        .N = N,
+                        .trans_a = trans_a,
+                        .trans_b = trans_b,
+                        .math = math};
   dispatch_storage(a.dtype(), "matmul", [&]<class T>() {
-    launch(kernels::matmul_forward<T>, a.device(), out.data<T>(), a.data<T>(), b.data<T>(), batch_a, batch_b, M, K, N,
-           trans_a, trans_b, math);
+    launch(kernels::matmul_forward<T>, a.device(), out.data<T>(), a.data<T>(), b.data<T>(), geom);
   });
   return record("matmul", out, {a, b}, [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
     dispatch_storage(dout.dtype(), "matmul", [&]<class T>() {
       launch(kernels::matmul_backward<T>, dout.device(), ptr<T>(grads[0]), ptr<T>(grads[1]), dout.data<T>(),
-             in[0].data<T>(), in[1].data<T>(), batch_a, batch_b, M, K, N, trans_a, trans_b, math);
+             in[0].data<T>(), in[1].data<T>(), geom);
     });
   });
 }
@@ -346,14 +353,20 @@ std::pair<Tensor, Tensor> add_norm(const char* op, const Tensor& a, const Tensor
   const Tensor mean = rms ? Tensor() : empty({N}, detail::compute_dtype(a.dtype()), a.device());
   const Tensor rstd = empty({N}, detail::compute_dtype(a.dtype()), a.device());
   dispatch_storage(a.dtype(), op, [&]<class T>() {
-    if (rms) {
-      launch(kernels::add_rmsnorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<compute_t<T>>(rstd),
-             a.data<T>(), b.data<T>(), weight.data<T>(), N, C, compute_t<T>(eps), float(p), seed);
-    } else {
-      launch(kernels::add_layernorm_forward<T>, a.device(), sum.data<T>(), out.data<T>(), ptr<compute_t<T>>(mean),
-             ptr<compute_t<T>>(rstd), a.data<T>(), b.data<T>(), weight.data<T>(), ptr<T>(bias), N, C, compute_t<T>(eps),
-             float(p), seed);
-    }
+    const AddNormForward<T> c{.sum = sum.data<T>(),
+                              .out = out.data<T>(),
+                              .mean = ptr<compute_t<T>>(mean),
+                              .rstd = ptr<compute_t<T>>(rstd),
+                              .a = a.data<T>(),
+                              .b = b.data<T>(),
+                              .weight = weight.data<T>(),
+                              .bias = ptr<T>(bias),
+                              .N = N,
+                              .C = C,
+                              .eps = compute_t<T>(eps),
+                              .p = float(p),
+                              .seed = seed};
+    launch(rms ? kernels::add_rmsnorm_forward<T> : kernels::add_layernorm_forward<T>, a.device(), c);
   });
   // Two nodes, as the two ops would record: the sum's gradient (from its other readers and from the norm) reaches a
   // and b once it is complete; b's through the dropout's mask when there is one.

@@ -69,7 +69,7 @@ int main() {
   x2.requires_grad_();
 
   const Tensor ours = attention_from_ops(x1, w_qkv, b_qkv, w_proj, b_proj, NH);
-  const Tensor theirs = layer.forward(x2, x2, x2, {}, {}, /*is_causal=*/true).out;
+  const Tensor theirs = layer.forward(x2, x2, x2, {.is_causal = true}).out;
   // The same scalar loss through both graphs: sum(out * r) for a fixed random r.
   const Tensor r = randn({B, T, C}, gen);
   sum(ours * r).backward();

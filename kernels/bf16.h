@@ -12,7 +12,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "dropout_hash.h"  // TINYGPT_HOST_DEVICE
+#include "host_device.h"
 
 namespace tinygpt {
 

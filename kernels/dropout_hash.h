@@ -11,11 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TINYGPT_HOST_DEVICE __host__ __device__
-#else
-#define TINYGPT_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 namespace tinygpt {
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "bf16.h"
+#include "dropout_hash.h"
 #include "numerics.h"
 
 namespace tinygpt {
@@ -64,6 +65,36 @@ struct AdamWRuns {
     runs.add(0, n, decay);
     return runs;
   }
+};
+
+/// A batched matrix product's shape: out (batch, M, N) = op(a) (batch_a, M, K) @ op(b) (batch_b, K, N), where op
+/// transposes the operand stored transposed (trans_a: a is (batch_a, K, M); trans_b: b is (batch_b, N, K));
+/// batch = max(batch_a, batch_b) and an operand of batch 1 is shared by every batch.
+struct MatmulGeom {
+  int64_t batch_a = 1, batch_b = 1;
+  int64_t M = 0, K = 0, N = 0;
+  bool trans_a = false, trans_b = false;
+  MatmulMath math = MatmulMath::F32;
+};
+
+/// The arguments of the residual add + norm kernels (add_layernorm_forward, add_rmsnorm_forward), by name: sum = a + b
+/// and out = norm(sum), rows of C; mean (N) and rstd (N) saved for the backward pass (f32 for bf16 storage). bias may
+/// be null; RMSNorm reads neither mean nor bias. With p > 0, b enters dropped out: element i of b as
+/// dropout_forward(b, p, seed) would make it (the same mask).
+template <class T>
+struct AddNormForward {
+  T* sum = nullptr;
+  T* out = nullptr;
+  compute_t<T>* mean = nullptr;
+  compute_t<T>* rstd = nullptr;
+  const T* a = nullptr;
+  const T* b = nullptr;
+  const T* weight = nullptr;
+  const T* bias = nullptr;
+  int64_t N = 0, C = 0;
+  compute_t<T> eps = compute_t<T>(1e-5);
+  float p = 0.0f;
+  DropoutSeed seed{};
 };
 
 enum class UnaryOp : uint8_t { Neg, Scale, Exp, Log, Tanh, Relu, Gelu, Sqrt };

@@ -62,12 +62,9 @@
 #define TINYGPT_PARAMS_layernorm_forward(T)                                                                    \
   (T * out, compute_t<T> * mean, compute_t<T> * rstd, const T* inp, const T* weight, const T* bias, int64_t N, \
    int64_t C, compute_t<T> eps)
-/// sum = a + b and out = layernorm(sum) in one pass over the rows (a residual add and the layer norm that reads it);
-/// mean and rstd as layernorm_forward's. With p > 0, b enters dropped out: element i of b as dropout_forward(b, p,
-/// seed) would make it (the same mask).
-#define TINYGPT_PARAMS_add_layernorm_forward(T)                                                                        \
-  (T * sum, T * out, compute_t<T> * mean, compute_t<T> * rstd, const T* a, const T* b, const T* weight, const T* bias, \
-   int64_t N, int64_t C, compute_t<T> eps, float p, DropoutSeed seed)
+/// sum = a + b and out = layernorm(sum) in one pass over the rows (a residual add and the layer norm that reads it):
+/// the arguments by name (AddNormForward, kernels/geometry.h).
+#define TINYGPT_PARAMS_add_layernorm_forward(T) (const AddNormForward<T>& c)
 /// The GPU's dweight and dbias: per-block partial sums, added in a fixed order by a second kernel (deterministic).
 #define TINYGPT_PARAMS_layernorm_backward(T)                                                                 \
   (T * dinp, T * dweight, T * dbias, const T* dout, const T* inp, const T* weight, const compute_t<T>* mean, \
@@ -76,9 +73,7 @@
 /// pass (f32 for bf16 storage); no mean and no bias. The add_ form and the backward as the layer norm's.
 #define TINYGPT_PARAMS_rmsnorm_forward(T) \
   (T * out, compute_t<T> * rstd, const T* inp, const T* weight, int64_t N, int64_t C, compute_t<T> eps)
-#define TINYGPT_PARAMS_add_rmsnorm_forward(T)                                                            \
-  (T * sum, T * out, compute_t<T> * rstd, const T* a, const T* b, const T* weight, int64_t N, int64_t C, \
-   compute_t<T> eps, float p, DropoutSeed seed)
+#define TINYGPT_PARAMS_add_rmsnorm_forward(T) (const AddNormForward<T>& c)
 #define TINYGPT_PARAMS_rmsnorm_backward(T)                                                                   \
   (T * dinp, T * dweight, const T* dout, const T* inp, const T* weight, const compute_t<T>* rstd, int64_t N, \
    int64_t C, bool overwrite_dinp)
@@ -130,12 +125,8 @@
 /// batch = max(batch_a, batch_b) and an operand with batch 1 is shared by every batch. math: MatmulMath::BF16 rounds
 /// the operands to bf16 (gemm's packing); TF32 is for the GPU's tensor cores, and the CPU computes it as F32. The GPU
 /// runs cuBLAS (strided batched).
-#define TINYGPT_PARAMS_matmul_forward(T)                                                                             \
-  (T * out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N, bool trans_a, \
-   bool trans_b, MatmulMath math)
-#define TINYGPT_PARAMS_matmul_backward(T)                                                                         \
-  (T * da, T * db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, \
-   int64_t N, bool trans_a, bool trans_b, MatmulMath math)
+#define TINYGPT_PARAMS_matmul_forward(T) (T * out, const T* a, const T* b, const MatmulGeom& g)
+#define TINYGPT_PARAMS_matmul_backward(T) (T * da, T * db, const T* dout, const T* a, const T* b, const MatmulGeom& g)
 /// A linear layer, out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC) with an optional activation, and its
 /// backward; the arguments are structs (LinearForward, LinearBackward in kernels/geometry.h). The GPU runs the product
 /// by cuBLAS, then the bias and activation by our kernel, or in cublasLt's epilogue when the call asks for it (f32

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "dropout_hash.h"  // TINYGPT_HOST_DEVICE
+#include "host_device.h"
 
 namespace tinygpt {
 

@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "attention.h"
-#include "dropout_hash.h"  // TINYGPT_HOST_DEVICE
 #include "geometry.h"
+#include "host_device.h"
 
 namespace tinygpt {
 

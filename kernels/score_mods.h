@@ -33,7 +33,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "dropout_hash.h"  // TINYGPT_HOST_DEVICE
+#include "host_device.h"
 
 namespace tinygpt {
 
@@ -49,6 +49,13 @@ struct ScoreModSettings {
   bool t5_bidirectional = false;
   int64_t max_rel = 0;  // m > 0: Shaw's relative positions, distances clipped to [-m, m]
 };
+
+/// Whether a call has any score modifier: a setting that changes the logit (window, softcap, alibi) or data (the
+/// documents, T5's table, Shaw's tables). The one definition: the kernels' ScoreMods and the op's ScoreModOptions
+/// (autograd/attention.h) both ask it.
+TINYGPT_HOST_DEVICE inline bool any_score_mod(const ScoreModSettings& s, bool docs, bool t5_table, bool rel_tables) {
+  return s.window > 0 || s.softcap > 0 || s.alibi || docs || t5_table || rel_tables;
+}
 
 /// The settings with the kernels' data: document ids, the learned tables (sized by t5_buckets and max_rel) and
 /// their gradients.
@@ -71,7 +78,7 @@ struct ScoreMods : ScoreModSettings {
   const float* gpu_G = nullptr;
 
   TINYGPT_HOST_DEVICE bool any() const {
-    return window > 0 || q_doc != nullptr || softcap > 0 || alibi || t5_bias != nullptr || max_rel > 0;
+    return any_score_mod(*this, q_doc != nullptr, t5_bias != nullptr, rel_k != nullptr || rel_v != nullptr);
   }
   TINYGPT_HOST_DEVICE int64_t rel_width() const { return 2 * max_rel + 1; }
 };

@@ -128,11 +128,10 @@ void check_inputs(const MultiHeadAttentionConfig& c, const Tensor& query, const 
 }
 
 /// As torch's add_bias_kv / add_zero_attn: bias_k / bias_v as one more key/value position, then a zero key and value,
-/// every mask padded with columns that hide nothing, and is_causal as that mask over the S real keys (q, k, v batch
-/// first, projected).
+/// opts' masks padded with columns that hide nothing, and its is_causal as that mask over the S real keys (q, k, v
+/// batch first, projected).
 void append_keys(const MultiHeadAttentionConfig& c, const Tensor& bias_k, const Tensor& bias_v, const Tensor& q,
-                 Tensor& k, Tensor& v, const Tensor& key_padding_mask, const Tensor& attn_mask, bool is_causal,
-                 AttentionOptions& opts) {
+                 Tensor& k, Tensor& v, AttentionOptions& opts) {
   const int64_t NKV = c.num_kv_heads, E = c.head_dim;
   const int64_t B = q.size(0), T = q.size(1), S = k.size(1);
   const Tensor zero = zeros({B, 1, NKV * E}, k.dtype(), k.device());
@@ -150,14 +149,14 @@ void append_keys(const MultiHeadAttentionConfig& c, const Tensor& bias_k, const 
   v = concat(vs, 1);
   trace("k with appended keys", k);
   trace("v with appended values", v);
-  const Tensor& kp = key_padding_mask;
+  const Tensor kp = opts.key_padding_mask;
   if (kp.defined() && (kp.dtype() != DType::Bool || !(kp.shape() == Shape{B, S}))) {
     throw Error(fmt::format("MultiHeadAttention: key_padding_mask must be a bool (B, S) = ({}, {}) tensor, got {} {}",
                             B, S, dtype_name(kp.dtype()), kp.shape().str()));
   }
   opts.key_padding_mask = pad_key_columns(kp, S, extra, "key_padding_mask");
-  Tensor mask = pad_key_columns(attn_mask, S, extra, "attn_mask");
-  if (is_causal) {
+  Tensor mask = pad_key_columns(opts.attn_mask, S, extra, "attn_mask");
+  if (opts.is_causal) {
     const Tensor causal = causal_mask_before_appended(T, S, extra, q.device());
     if (mask.defined()) {
       const DType dtype = mask.dtype() == DType::Bool ? q.dtype() : mask.dtype();
@@ -270,25 +269,23 @@ MultiHeadAttention::Projected MultiHeadAttention::project_apart(const Tensor& q_
 }
 
 MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                                       const Tensor& key_padding_mask, const Tensor& attn_mask,
-                                                       bool is_causal, bool need_weights, bool average_attn_weights,
-                                                       int64_t pos0, const Tensor& doc_ids) const {
+                                                       const Call& call) const {
   const auto& c = config_;
   const int64_t NH = c.num_heads, NKV = c.num_kv_heads, E = head_dim();
   check_inputs(c, query, key, value);
   const bool extra_keys = c.add_bias_kv || c.add_zero_attn;
-  if (extra_keys && doc_ids.defined()) {
+  if (extra_keys && call.doc_ids.defined()) {
     throw Error(
         "MultiHeadAttention: doc_ids with add_bias_kv or add_zero_attn: the appended key positions belong to "
         "no document");
   }
   AttentionOptions opts;
-  opts.is_causal = is_causal;
-  opts.attn_mask = attn_mask;
-  opts.key_padding_mask = key_padding_mask;
-  opts.need_weights = need_weights;
+  opts.is_causal = call.is_causal;
+  opts.attn_mask = call.attn_mask;
+  opts.key_padding_mask = call.key_padding_mask;
+  opts.need_weights = call.need_weights;
   opts.numerics = numerics();
-  opts.mods = score_mods(doc_ids);
+  opts.mods = score_mods(call.doc_ids);
   if (training() && c.dropout > 0.0) {
     opts.dropout_p = c.dropout;
     opts.dropout_seed = gen_->dropout_seed();
@@ -312,11 +309,11 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
     if (qkv.dtype() == DType::BF16 && (c.rope || c.qk_norm)) qkv = cast(qkv, DType::F32);
     trace("fused qkv projection", qkv);
     qkv = normalize_qk(qkv);
-    if (c.rope) qkv = rope(qkv, E, NH + NKV, pos0, c.rope_freqs);  // rotate the q and k heads, not v
+    if (c.rope) qkv = rope(qkv, E, NH + NKV, call.pos0, c.rope_freqs);  // rotate the q and k heads, not v
     r = fused_self_attention(qkv, NH, NKV, opts);
   } else {
-    auto [q, k, v] = project_apart(q_in, k_in, v_in, pos0);
-    if (extra_keys) append_keys(c, bias_k, bias_v, q, k, v, key_padding_mask, attn_mask, is_causal, opts);
+    auto [q, k, v] = project_apart(q_in, k_in, v_in, call.pos0);
+    if (extra_keys) append_keys(c, bias_k, bias_v, q, k, v, opts);
     r = packed_attention(q, k, v, NH, NKV, opts);
   }
   trace("attention output (B, T, NH*E)", r.out);
@@ -326,8 +323,8 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
     out.out = transpose(out.out, 0, 1);  // (T, B, embed_dim)
     trace("output made sequence-first", out.out);
   }
-  if (need_weights) {
-    out.weights = average_attn_weights ? mean(r.weights, 1) : r.weights;
+  if (call.need_weights) {
+    out.weights = call.average_attn_weights ? mean(r.weights, 1) : r.weights;
     trace("attention weights", out.weights);
   }
   return out;

@@ -45,6 +45,19 @@ struct MultiHeadAttentionConfig {
       false;  // QK-norm: each head's query and key LayerNorm'd over head_dim (gains q_norm, k_norm), before RoPE
 };
 
+/// What a call passes beside query, key and value: torch's forward arguments, by name
+/// (`attn.forward(x, x, x, {.is_causal = true, .doc_ids = docs})`).
+struct MultiHeadAttentionCall {
+  Tensor key_padding_mask{};  // (B, S) bool, true = ignore
+  Tensor attn_mask{};         // bool (true = masked out) or additive float, broadcastable to (B, NH, T, S); batch-first
+  bool is_causal = false;
+  bool need_weights = false;
+  bool average_attn_weights = true;  // with need_weights: (B, T, S') averaged over heads, else (B, NH, T, S')
+  int64_t pos0 = 0;                  // the position of the first query (and key), for RoPE
+  Tensor doc_ids{};                  // (B, T) i32, self-attention over packed documents: a query sees only keys
+                                     // of its own document
+};
+
 class MultiHeadAttention : public Module {
  public:
   MultiHeadAttention(const MultiHeadAttentionConfig& config, Generator& gen = default_generator());
@@ -55,14 +68,11 @@ class MultiHeadAttention : public Module {
                      // S' = S plus the appended bias and zero positions (add_bias_kv, add_zero_attn)
   };
 
+  using Call = MultiHeadAttentionCall;
+
   /// query (B, T, embed_dim), key (B, S, kdim), value (B, S, vdim); with batch_first = false (T, B, embed_dim),
-  /// (S, B, kdim), (S, B, vdim). key_padding_mask (B, S) bool, true = ignore; attn_mask bool (true = masked out) or
-  /// additive float, broadcastable to (B, NH, T, S) (masks are batch-first in both layouts, as torch's).
-  /// pos0 is the position of the first query (and key) for RoPE. doc_ids (B, T) i32, for self-attention over
-  /// packed documents: a query sees only keys of its own document.
-  Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = {},
-                 const Tensor& attn_mask = {}, bool is_causal = false, bool need_weights = false,
-                 bool average_attn_weights = true, int64_t pos0 = 0, const Tensor& doc_ids = {}) const;
+  /// (S, B, kdim), (S, B, vdim). The masks are batch-first in both layouts, as torch's.
+  Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Call& call = {}) const;
 
   /// Inference for self-attention with a key/value cache: x (B, T, embed_dim) holds positions
   /// [pos, pos + T); their keys and values are written into k_cache, v_cache (B, capacity, NKV * head_dim)

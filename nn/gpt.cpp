@@ -252,14 +252,14 @@ Block::Block(const GPTConfig& c, Generator& gen)
 
 Tensor Block::forward(const Tensor& x, Generator& gen, const Tensor& doc_ids) const {
   const Tensor a = ln_1.forward(x);
-  const Tensor attended = attn.forward(a, a, a, {}, {}, /*is_causal=*/true, false, true, 0, doc_ids).out;
+  const Tensor attended = attn.forward(a, a, a, {.is_causal = true, .doc_ids = doc_ids}).out;
   const Tensor x1 = x + dropout(attended, dropout_, gen, training());
   return x1 + dropout(mlp.forward(ln_2.forward(x1)), dropout_, gen, training());
 }
 
 std::pair<Tensor, Tensor> Block::forward_fused(const Tensor& x, const Tensor& a, const LayerNorm& next, Generator& gen,
                                                const Tensor& doc_ids) const {
-  const Tensor attended = attn.forward(a, a, a, {}, {}, /*is_causal=*/true, false, true, 0, doc_ids).out;
+  const Tensor attended = attn.forward(a, a, a, {.is_causal = true, .doc_ids = doc_ids}).out;
   // The residual dropouts inside the adds (the same masks as dropout(), seeds drawn at the same points).
   const double p = training() ? dropout_ : 0.0;
   const auto [x1, b] = ln_2.forward_add(x, attended, p, p > 0.0 ? gen.dropout_seed() : DropoutSeed());
@@ -394,7 +394,8 @@ Tensor GPT::attention_weights(const Tensor& ids, int64_t layer) const {
   for (int64_t i = 0; i < layer; ++i) x = h[size_t(i)]->forward(x, *gen_, doc_ids);
   const Tensor a = h[size_t(layer)]->ln_1.forward(x);
   return h[size_t(layer)]
-      ->attn.forward(a, a, a, {}, {}, /*is_causal=*/true, /*need_weights=*/true, /*average=*/false, 0, doc_ids)
+      ->attn
+      .forward(a, a, a, {.is_causal = true, .need_weights = true, .average_attn_weights = false, .doc_ids = doc_ids})
       .weights;
 }
 

@@ -231,7 +231,8 @@ TEST_CASE("MultiHeadAttention: self-attention equals the computation composed fr
     nn::MultiHeadAttention mha({.embed_dim = 16, .num_heads = 4, .num_kv_heads = 2, .rope = rope_on}, gen);
     const Tensor x = randn({2, 5, 16}, gen);
     const Tensor pad = from_vector(std::vector<uint8_t>{0, 0, 0, 1, 0, 0, 0, 0, 0, 0}, {2, 5});
-    const auto got = mha.forward(x, x, x, pad, Tensor(), true, true, false);
+    const auto got = mha.forward(
+        x, x, x, {.key_padding_mask = pad, .is_causal = true, .need_weights = true, .average_attn_weights = false});
     // Reference: separate projections, explicit head split, masked softmax, merge, output projection.
     const int64_t B = 2, T = 5, NH = 4, NKV = 2, E = 4;
     Tensor qkv = linear(x, mha.c_attn->weight, mha.c_attn->bias);  // (B, T, (4 + 2 + 2) * 4)
@@ -258,7 +259,7 @@ TEST_CASE("MultiHeadAttention: cross-attention, kdim/vdim, averaged weights, gra
   Generator gen(17);
   nn::MultiHeadAttention cross({.embed_dim = 8, .num_heads = 2, .kdim = 6, .vdim = 5}, gen);
   const Tensor q = randn({2, 3, 8}, gen), kv_k = randn({2, 7, 6}, gen), kv_v = randn({2, 7, 5}, gen);
-  const auto r = cross.forward(q, kv_k, kv_v, Tensor(), Tensor(), false, true);
+  const auto r = cross.forward(q, kv_k, kv_v, {.need_weights = true});
   CHECK(r.out.shape() == Shape{2, 3, 8});
   CHECK(r.weights.shape() == Shape{2, 3, 7});
   for (double s : sum(r.weights, -1).to_vector<float>()) CHECK(s == doctest::Approx(1.0));
@@ -290,7 +291,7 @@ TEST_CASE("MultiHeadAttention: gradient check of the whole module in f64") {
         [m, need_weights](const Inputs& in) {
           // Point the module's tensors at the f64 inputs for this evaluation.
           m->c_attn->weight = in[1], m->c_attn->bias = in[2], m->c_proj.weight = in[3], m->c_proj.bias = in[4];
-          const auto r = m->forward(in[0], in[0], in[0], Tensor(), Tensor(), true, need_weights);
+          const auto r = m->forward(in[0], in[0], in[0], {.is_causal = true, .need_weights = need_weights});
           return need_weights ? concat({reshape(r.out, {-1}), reshape(r.weights, {-1})}, 0) : r.out;
         },
         inputs);
@@ -327,7 +328,7 @@ TEST_CASE("MultiHeadAttention with QK-norm: gradient check in f64 (self- and cro
     expect_gradcheck(
         [m, slots, cross](const Inputs& in) {
           for (size_t i = 0; i < slots.size(); ++i) *slots[i] = in[i + 2];
-          return cross ? m->forward(in[0], in[1], in[1]).out : m->forward(in[0], in[0], in[0], {}, {}, true).out;
+          return cross ? m->forward(in[0], in[1], in[1]).out : m->forward(in[0], in[0], in[0], {.is_causal = true}).out;
         },
         inputs);
   }
@@ -338,7 +339,7 @@ TEST_CASE("MultiHeadAttention with QK-norm: gradient check in f64 (self- and cro
   NoGradGuard no_grad;
   const Tensor x = randn({2, 5, 8}, gen);
   mha.c_attn->weight = randn({24, 8}, gen);
-  const Tensor before = mha.forward(x, x, x, {}, {}, true).out;
+  const Tensor before = mha.forward(x, x, x, {.is_causal = true}).out;
   const Tensor w = mha.c_attn->weight;
   auto scaled_rows = [&](int64_t first, int64_t count, double s) {
     std::vector<float> v = w.to_vector<float>();
@@ -346,16 +347,16 @@ TEST_CASE("MultiHeadAttention with QK-norm: gradient check in f64 (self- and cro
     return from_vector(v, w.shape());
   };
   mha.c_attn->weight = scaled_rows(0, 16, 3.0);  // every q and k row
-  check_close(mha.forward(x, x, x, {}, {}, true).out, before, 1e-5);
+  check_close(mha.forward(x, x, x, {.is_causal = true}).out, before, 1e-5);
   mha.c_attn->weight = scaled_rows(16, 8, 2.0);  // the v rows
-  check_close(mha.forward(x, x, x, {}, {}, true).out, before * 2.0, 1e-5);
+  check_close(mha.forward(x, x, x, {.is_causal = true}).out, before * 2.0, 1e-5);
   // Without QK-norm the same q and k scaling sharpens the softmax: the output moves.
   Generator same(0);
   nn::MultiHeadAttention plain({.embed_dim = 8, .num_heads = 2, .bias = false}, same);
   plain.c_attn->weight = w, plain.c_proj.weight = mha.c_proj.weight;
-  const Tensor plain_before = plain.forward(x, x, x, {}, {}, true).out;
+  const Tensor plain_before = plain.forward(x, x, x, {.is_causal = true}).out;
   plain.c_attn->weight = scaled_rows(0, 16, 3.0);
-  const auto moved = (plain.forward(x, x, x, {}, {}, true).out - plain_before).to_vector<float>();
+  const auto moved = (plain.forward(x, x, x, {.is_causal = true}).out - plain_before).to_vector<float>();
   CHECK(std::any_of(moved.begin(), moved.end(), [](float d) { return std::abs(d) > 1e-2f; }));
 }
 
@@ -379,7 +380,11 @@ TEST_CASE(
   CHECK(mha.bias_v.shape() == Shape{1, 1, NKV * E});
   const Tensor x = randn({T, B, 16}, gen);  // sequence-first
   const std::vector<uint8_t> pad_bits = {0, 0, 0, 1, 0, 0, 1, 0, 0, 0};
-  const auto got = mha.forward(x, x, x, from_vector(pad_bits, {B, T}), Tensor(), true, true, false);
+  const auto got = mha.forward(x, x, x,
+                               {.key_padding_mask = from_vector(pad_bits, {B, T}),
+                                .is_causal = true,
+                                .need_weights = true,
+                                .average_attn_weights = false});
   CHECK(got.out.shape() == Shape{T, B, 16});
   CHECK(got.weights.shape() == Shape{B, NH, T, S});  // the T keys, bias_k, the zero key
   // Reference: batch-first x, explicit heads, bias_k / bias_v and a zero row appended to every key/value head, causal
@@ -417,12 +422,13 @@ TEST_CASE(
       additive_causal[size_t(t * T + s)] =
           s > t ? -std::numeric_limits<float>::infinity() : additive[size_t(t * T + s)];
     }
-  const auto with_mask = mha.forward(x, x, x, Tensor(), from_vector(causal, {T, T}), false, true, false);
-  const auto with_flag = mha.forward(x, x, x, Tensor(), Tensor(), true, true, false);
+  const auto with_mask = mha.forward(
+      x, x, x, {.attn_mask = from_vector(causal, {T, T}), .need_weights = true, .average_attn_weights = false});
+  const auto with_flag = mha.forward(x, x, x, {.is_causal = true, .need_weights = true, .average_attn_weights = false});
   check_close(with_flag.out, with_mask.out, 1e-6, 1e-6);
   check_close(with_flag.weights, with_mask.weights, 1e-6, 1e-6);
-  const auto both = mha.forward(x, x, x, Tensor(), from_vector(additive, {T, T}), true);
-  const auto folded = mha.forward(x, x, x, Tensor(), from_vector(additive_causal, {T, T}), false);
+  const auto both = mha.forward(x, x, x, {.attn_mask = from_vector(additive, {T, T}), .is_causal = true});
+  const auto folded = mha.forward(x, x, x, {.attn_mask = from_vector(additive_causal, {T, T})});
   check_close(both.out, folded.out, 1e-6, 1e-6);
 }
 
@@ -436,14 +442,14 @@ TEST_CASE("MultiHeadAttention: batch_first = false is batch_first = true on tran
     Generator gen(22);
     const Tensor x = randn({2, 5, 8}, gen), mem = randn({2, 7, 8}, gen);
     const Tensor xs = transpose(x, 0, 1), ms = transpose(mem, 0, 1);
-    const auto a = bf.forward(x, x, x, Tensor(), Tensor(), true, true, false);
-    const auto b = sf.forward(xs, xs, xs, Tensor(), Tensor(), true, true, false);
+    const auto a = bf.forward(x, x, x, {.is_causal = true, .need_weights = true, .average_attn_weights = false});
+    const auto b = sf.forward(xs, xs, xs, {.is_causal = true, .need_weights = true, .average_attn_weights = false});
     CHECK(b.out.shape() == Shape{5, 2, 8});
     check_close(b.out, transpose(a.out, 0, 1), 1e-6, 1e-6);
     check_close(b.weights, a.weights, 1e-6, 1e-6);  // (B, NH, T, S) in both layouts
     const Tensor pad = from_vector(std::vector<uint8_t>{0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0}, {2, 7});
-    const auto c = bf.forward(x, mem, mem, pad, Tensor(), false, true);
-    const auto d = sf.forward(xs, ms, ms, pad, Tensor(), false, true);
+    const auto c = bf.forward(x, mem, mem, {.key_padding_mask = pad, .need_weights = true});
+    const auto d = sf.forward(xs, ms, ms, {.key_padding_mask = pad, .need_weights = true});
     check_close(d.out, transpose(c.out, 0, 1), 1e-6, 1e-6);
     check_close(d.weights, c.weights, 1e-6, 1e-6);
     if (!extra) {
@@ -482,7 +488,11 @@ TEST_CASE("MultiHeadAttention: gradient check with bias_k, bias_v, the zero key 
         [m, pad, need_weights](const Inputs& in) {
           m->c_attn->weight = in[1], m->c_attn->bias = in[2], m->c_proj.weight = in[3], m->c_proj.bias = in[4];
           m->bias_k = in[5], m->bias_v = in[6];
-          const auto r = m->forward(in[0], in[0], in[0], pad, Tensor(), true, need_weights, false);
+          const auto r = m->forward(in[0], in[0], in[0],
+                                    {.key_padding_mask = pad,
+                                     .is_causal = true,
+                                     .need_weights = need_weights,
+                                     .average_attn_weights = false});
           return need_weights ? concat({reshape(r.out, {-1}), reshape(r.weights, {-1})}, 0) : r.out;
         },
         inputs);
@@ -516,11 +526,11 @@ TEST_CASE(
                          doctest::Contains("forward_cached does not support add_bias_kv"), Error);
   }
   const Tensor docs = from_vector(std::vector<int32_t>(10, 0), {2, 5});
-  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, Tensor(), Tensor(), false, false, true, 0, docs),
+  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, {.doc_ids = docs}),
                        doctest::Contains("doc_ids with add_bias_kv or add_zero_attn"), Error);
-  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, zeros({2, 5})), doctest::Contains("key_padding_mask must be a bool"),
-                       Error);
-  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, Tensor(), from_vector(std::vector<uint8_t>(10, 0), {5, 2})),
+  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, {.key_padding_mask = zeros({2, 5})}),
+                       doctest::Contains("key_padding_mask must be a bool"), Error);
+  CHECK_THROWS_WITH_AS(mha.forward(x, x, x, {.attn_mask = from_vector(std::vector<uint8_t>(10, 0), {5, 2})}),
                        doctest::Contains("does not end in the 5 keys"), Error);
 
   nn::MultiHeadAttention sf({.embed_dim = 8, .num_heads = 2, .batch_first = false}, gen);

@@ -78,8 +78,12 @@ void run_module_case(const Fixture& f, const nlohmann::json& c, int64_t B) {
   const Tensor key = self ? x : input_leaf(f, "key");
   const Tensor value = self ? x : input_leaf(f, "value");
   // With appended keys torch got the causal mask itself (combined with the case's attn_mask); tinygpt gets is_causal.
-  const auto r = mha.forward(query, key, value, f.maybe("key_padding_mask"), attn_mask_for(f, B, config.num_heads),
-                             c.value("causal", false), need_weights, c.value("average", true));
+  const auto r = mha.forward(query, key, value,
+                             {.key_padding_mask = f.maybe("key_padding_mask"),
+                              .attn_mask = attn_mask_for(f, B, config.num_heads),
+                              .is_causal = c.value("causal", false),
+                              .need_weights = need_weights,
+                              .average_attn_weights = c.value("average", true)});
   if (need_weights) {  // S plus the appended bias and zero key positions
     CHECK(r.weights.size(-1) == c.value("S_total", c.at("S").get<int64_t>()));
   }

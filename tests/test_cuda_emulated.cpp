@@ -390,9 +390,19 @@ TEST_CASE("emulated CUDA: layernorm (several blocks of weight and bias partial s
                 {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N)), Vec(size_t(N))},
                 [&](std::vector<Vec>& o, bool g) {
                   (g ? gpu::add_layernorm_forward<float>
-                     : cpu::add_layernorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), o[3].data(), x.data(),
-                                                          residual.data(), w.data(), with_bias ? bias.data() : nullptr,
-                                                          N, C, 1e-5f, p, g ? through_offset(77) : DropoutSeed(77));
+                     : cpu::add_layernorm_forward<float>)({.sum = o[0].data(),
+                                                           .out = o[1].data(),
+                                                           .mean = o[2].data(),
+                                                           .rstd = o[3].data(),
+                                                           .a = x.data(),
+                                                           .b = residual.data(),
+                                                           .weight = w.data(),
+                                                           .bias = with_bias ? bias.data() : nullptr,
+                                                           .N = N,
+                                                           .C = C,
+                                                           .eps = 1e-5f,
+                                                           .p = p,
+                                                           .seed = g ? through_offset(77) : DropoutSeed(77)});
                 });
       }
       Vec y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
@@ -450,9 +460,17 @@ TEST_CASE("emulated CUDA: RMSNorm (fused and wide rows) and SwiGLU, forward and 
       compare(std::string("rmsnorm after a residual add, forward") + (p > 0 ? " (dropout)" : ""),
               {Vec(size_t(N * C)), Vec(size_t(N * C)), Vec(size_t(N))}, [&](std::vector<Vec>& o, bool g) {
                 (g ? gpu::add_rmsnorm_forward<float>
-                   : cpu::add_rmsnorm_forward<float>)(o[0].data(), o[1].data(), o[2].data(), x.data(), residual.data(),
-                                                      w.data(), N, C, 1e-6f, p,
-                                                      g ? through_offset(78) : DropoutSeed(78));
+                   : cpu::add_rmsnorm_forward<float>)({.sum = o[0].data(),
+                                                       .out = o[1].data(),
+                                                       .rstd = o[2].data(),
+                                                       .a = x.data(),
+                                                       .b = residual.data(),
+                                                       .weight = w.data(),
+                                                       .N = N,
+                                                       .C = C,
+                                                       .eps = 1e-6f,
+                                                       .p = p,
+                                                       .seed = g ? through_offset(78) : DropoutSeed(78)});
               });
     }
     Vec y(static_cast<size_t>(N * C)), rstd(static_cast<size_t>(N));
@@ -777,16 +795,16 @@ TEST_CASE("emulated CUDA: matmul launchers (every transpose, shared and batched 
           const int64_t batch = std::max(bt.a, bt.b);
           const Vec a = random(size_t(bt.a * M * K), 39), b = random(size_t(bt.b * K * N), 40);
           const Vec dout = random(size_t(batch * M * N), 41);
+          const MatmulGeom geom{
+              .batch_a = bt.a, .batch_b = bt.b, .M = M, .K = K, .N = N, .trans_a = ta, .trans_b = tb, .math = math};
           compare(name + " forward", {Vec(size_t(batch * M * N))}, [&](std::vector<Vec>& o, bool g) {
-            (g ? gpu::matmul_forward<float> : cpu::matmul_forward<float>)(o[0].data(), a.data(), b.data(), bt.a, bt.b,
-                                                                          M, K, N, ta, tb, math);
+            (g ? gpu::matmul_forward<float> : cpu::matmul_forward<float>)(o[0].data(), a.data(), b.data(), geom);
           });
           compare(
               name + " backward", {random(a.size(), 42), random(b.size(), 43)},
               [&](std::vector<Vec>& o, bool g) {
                 (g ? gpu::matmul_backward<float> : cpu::matmul_backward<float>)(o[0].data(), o[1].data(), dout.data(),
-                                                                                a.data(), b.data(), bt.a, bt.b, M, K, N,
-                                                                                ta, tb, math);
+                                                                                a.data(), b.data(), geom);
               },
               1e-4, 1e-4);
         }
@@ -809,15 +827,16 @@ TEST_CASE("emulated CUDA: matmul and linear pass the numerics (tf32, bf16) on to
     INFO(matmul_math_name(math));
     const bool rounded = math != MatmulMath::F32;
     Vec out(size_t(M * N)), ref(size_t(M * N));
-    gpu::matmul_forward<float>(out.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, math);
-    cpu::matmul_forward<float>(ref.data(), a.data(), b.data(), 1, 1, M, K, N, false, false, MatmulMath::F32);
+    gpu::matmul_forward<float>(out.data(), a.data(), b.data(), MatmulGeom{.M = M, .K = K, .N = N, .math = math});
+    cpu::matmul_forward<float>(ref.data(), a.data(), b.data(),
+                               MatmulGeom{.M = M, .K = K, .N = N, .math = MatmulMath::F32});
     check_same(out, ref, "matmul forward", rounded ? 5e-2 : 1e-5, rounded ? 1e-2 : 1e-4);
     CHECK((largest_difference(out, ref) > 1e-4) == rounded);
     Vec da(a.size(), 0.0f), db(b.size(), 0.0f), ref_da = da, ref_db = db;
-    gpu::matmul_backward<float>(da.data(), db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false, false,
-                                math);
-    cpu::matmul_backward<float>(ref_da.data(), ref_db.data(), dout.data(), a.data(), b.data(), 1, 1, M, K, N, false,
-                                false, MatmulMath::F32);
+    gpu::matmul_backward<float>(da.data(), db.data(), dout.data(), a.data(), b.data(),
+                                MatmulGeom{.M = M, .K = K, .N = N, .math = math});
+    cpu::matmul_backward<float>(ref_da.data(), ref_db.data(), dout.data(), a.data(), b.data(),
+                                MatmulGeom{.M = M, .K = K, .N = N, .math = MatmulMath::F32});
     CHECK((largest_difference(da, ref_da) > 1e-4) == rounded);
     CHECK((largest_difference(db, ref_db) > 1e-4) == rounded);
     Vec y(size_t(M * N)), ref_y(size_t(M * N));
@@ -1167,10 +1186,25 @@ TEST_CASE("emulated CUDA: bf16 storage, layer norm and embedding") {
     for (const float p : {0.0f, 0.3f}) {
       CAPTURE(p);
       Bf s_cpu(static_cast<size_t>(N * C)), s_gpu(static_cast<size_t>(N * C));
-      cpu::add_layernorm_forward<bf16>(s_cpu.data(), y_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(),
-                                       residual.data(), w.data(), nullptr, N, C, 1e-5f, p, 77);
-      gpu::add_layernorm_forward<bf16>(s_gpu.data(), y_gpu.data(), mean_gpu.data(), rstd_gpu.data(), x.data(),
-                                       residual.data(), w.data(), nullptr, N, C, 1e-5f, p, 77);
+      const AddNormForward<bf16> on_cpu{.sum = s_cpu.data(),
+                                        .out = y_cpu.data(),
+                                        .mean = mean_cpu.data(),
+                                        .rstd = rstd_cpu.data(),
+                                        .a = x.data(),
+                                        .b = residual.data(),
+                                        .weight = w.data(),
+                                        .N = N,
+                                        .C = C,
+                                        .eps = 1e-5f,
+                                        .p = p,
+                                        .seed = 77};
+      AddNormForward<bf16> on_gpu = on_cpu;
+      on_gpu.sum = s_gpu.data();
+      on_gpu.out = y_gpu.data();
+      on_gpu.mean = mean_gpu.data();
+      on_gpu.rstd = rstd_gpu.data();
+      cpu::add_layernorm_forward<bf16>(on_cpu);
+      gpu::add_layernorm_forward<bf16>(on_gpu);
       check_same(widened(s_gpu), widened(s_cpu), "add_layernorm sum", 0, 0);  // a + b (dropped out): one rounding each
       check_same(widened(y_gpu), widened(y_cpu), "add_layernorm forward", 1e-5, kBf16Ulp);
       check_same(rstd_gpu, rstd_cpu, "add_layernorm rstd", 1e-6, 1e-5);
@@ -1239,19 +1273,25 @@ TEST_CASE("emulated CUDA: bf16 storage, matmul and linear (bf16 in and out, f32 
         const int64_t batch = std::max(bt.a, bt.b);
         const Bf a = random_bf16(size_t(bt.a * M * K), 110), b = random_bf16(size_t(bt.b * K * N), 111);
         const Bf dout = random_bf16(size_t(batch * M * N), 112);
+        const MatmulGeom geom{.batch_a = bt.a,
+                              .batch_b = bt.b,
+                              .M = M,
+                              .K = K,
+                              .N = N,
+                              .trans_a = ta,
+                              .trans_b = tb,
+                              .math = MatmulMath::BF16};
         compare_bf16(
             name + " forward", {Bf(size_t(batch * M * N))},
             [&](std::vector<Bf>& o, bool g) {
-              (g ? gpu::matmul_forward<bf16> : cpu::matmul_forward<bf16>)(o[0].data(), a.data(), b.data(), bt.a, bt.b,
-                                                                          M, K, N, ta, tb, MatmulMath::BF16);
+              (g ? gpu::matmul_forward<bf16> : cpu::matmul_forward<bf16>)(o[0].data(), a.data(), b.data(), geom);
             },
             1e-4, kBf16Ulp);
         compare_bf16(
             name + " backward", {random_bf16(a.size(), 113), random_bf16(b.size(), 114)},
             [&](std::vector<Bf>& o, bool g) {
               (g ? gpu::matmul_backward<bf16> : cpu::matmul_backward<bf16>)(o[0].data(), o[1].data(), dout.data(),
-                                                                            a.data(), b.data(), bt.a, bt.b, M, K, N, ta,
-                                                                            tb, MatmulMath::BF16);
+                                                                            a.data(), b.data(), geom);
             },
             1e-4, kBf16Ulp);
       }

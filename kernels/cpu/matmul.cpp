@@ -38,9 +38,10 @@ void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, i
 }  // namespace
 
 template <class T>
-void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N,
-                    bool trans_a, bool trans_b, MatmulMath math) {
-  const bool bf16 = math == MatmulMath::BF16;
+void matmul_forward(T* out, const T* a, const T* b, const MatmulGeom& g) {
+  const int64_t batch_a = g.batch_a, batch_b = g.batch_b, M = g.M, K = g.K, N = g.N;
+  const bool trans_a = g.trans_a, trans_b = g.trans_b;
+  const bool bf16 = g.math == MatmulMath::BF16;
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   if (batch_b == 1 && !trans_a) {
     // Rows of every batch of a are contiguous: one product of (batch_a * M, K) by the shared b.
@@ -56,9 +57,10 @@ void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t bat
 }
 
 template <class T>
-void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M,
-                     int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math) {
-  const bool bf16 = math == MatmulMath::BF16;
+void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const MatmulGeom& g) {
+  const int64_t batch_a = g.batch_a, batch_b = g.batch_b, M = g.M, K = g.K, N = g.N;
+  const bool trans_a = g.trans_a, trans_b = g.trans_b;
+  const bool bf16 = g.math == MatmulMath::BF16;
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const int64_t batch = std::max(batch_a, batch_b);
   // da: op(a) = dout @ op(b)^T, stored transposed when trans_a. Accumulates (beta = 1).

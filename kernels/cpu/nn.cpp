@@ -274,10 +274,8 @@ void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* 
 }
 
 template <class T>
-void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
-                           const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
-                           DropoutSeed seed) {
-  add_norm_forward<false>(sum, out, mean, rstd, a, b, weight, bias, N, C, eps, p, seed);
+void add_layernorm_forward(const AddNormForward<T>& c) {
+  add_norm_forward<false>(c.sum, c.out, c.mean, c.rstd, c.a, c.b, c.weight, c.bias, c.N, c.C, c.eps, c.p, c.seed);
 }
 
 template <class T>
@@ -294,10 +292,9 @@ void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* inp, const T* weight, 
 }
 
 template <class T>
-void add_rmsnorm_forward(T* sum, T* out, compute_t<T>* rstd, const T* a, const T* b, const T* weight, int64_t N,
-                         int64_t C, compute_t<T> eps, float p, DropoutSeed seed) {
-  add_norm_forward<true>(sum, out, static_cast<compute_t<T>*>(nullptr), rstd, a, b, weight,
-                         static_cast<const T*>(nullptr), N, C, eps, p, seed);
+void add_rmsnorm_forward(const AddNormForward<T>& c) {
+  add_norm_forward<true>(c.sum, c.out, static_cast<compute_t<T>*>(nullptr), c.rstd, c.a, c.b, c.weight,
+                         static_cast<const T*>(nullptr), c.N, c.C, c.eps, c.p, c.seed);
 }
 
 template <class T>

@@ -220,8 +220,10 @@ __global__ void activation_grad_bf16_out_kernel(bf16* dinp, const float* acc, co
 
 // The batched products take f32 or bf16 storage: product() above computes either.
 template <class T>
-void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M, int64_t K, int64_t N,
-                    bool trans_a, bool trans_b, MatmulMath math) {
+void matmul_forward(T* out, const T* a, const T* b, const MatmulGeom& g) {
+  const int64_t batch_a = g.batch_a, batch_b = g.batch_b, M = g.M, K = g.K, N = g.N;
+  const bool trans_a = g.trans_a, trans_b = g.trans_b;
+  const MatmulMath math = g.math;
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   if (batch_b == 1 && !trans_a) {
     product(false, trans_b, batch_a * M, N, K, 1.0f, a, lda, b, ldb, 0.0f, out, N, math, "matmul_forward");
@@ -232,8 +234,10 @@ void matmul_forward(T* out, const T* a, const T* b, int64_t batch_a, int64_t bat
 }
 
 template <class T>
-void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, int64_t batch_a, int64_t batch_b, int64_t M,
-                     int64_t K, int64_t N, bool trans_a, bool trans_b, MatmulMath math) {
+void matmul_backward(T* da, T* db, const T* dout, const T* a, const T* b, const MatmulGeom& g) {
+  const int64_t batch_a = g.batch_a, batch_b = g.batch_b, M = g.M, K = g.K, N = g.N;
+  const bool trans_a = g.trans_a, trans_b = g.trans_b;
+  const MatmulMath math = g.math;
   const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
   const int64_t batch = std::max(batch_a, batch_b);
   if (batch_b == 1 && !trans_a) {

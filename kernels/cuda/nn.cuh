@@ -337,13 +337,11 @@ void layernorm_forward(T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* 
 }
 
 template <class T>
-void add_layernorm_forward(T* sum, T* out, compute_t<T>* mean, compute_t<T>* rstd, const T* a, const T* b,
-                           const T* weight, const T* bias, int64_t N, int64_t C, compute_t<T> eps, float p,
-                           DropoutSeed seed) {
-  if (N == 0) return;
-  launch_kernel("add_layernorm_forward", add_layernorm_forward_kernel<T>, blocks_for(N * 32), kThreads, 0, sum, out,
-                mean, rstd, a, b, weight, bias, N, C, eps, p, seed, dropout_scale<float>(p),
-                rows_fit(C, sum, out, a, b, weight, bias));
+void add_layernorm_forward(const AddNormForward<T>& c) {
+  if (c.N == 0) return;
+  launch_kernel("add_layernorm_forward", add_layernorm_forward_kernel<T>, blocks_for(c.N * 32), kThreads, 0, c.sum,
+                c.out, c.mean, c.rstd, c.a, c.b, c.weight, c.bias, c.N, c.C, c.eps, c.p, c.seed,
+                dropout_scale<float>(c.p), rows_fit(c.C, c.sum, c.out, c.a, c.b, c.weight, c.bias));
 }
 
 template <class T>
@@ -382,10 +380,11 @@ void rmsnorm_forward(T* out, compute_t<T>* rstd, const T* inp, const T* weight, 
 }
 
 template <class T>
-void add_rmsnorm_forward(T* sum, T* out, compute_t<T>* rstd, const T* a, const T* b, const T* weight, int64_t N,
-                         int64_t C, compute_t<T> eps, float p, DropoutSeed seed) {
-  add_layernorm_forward(sum, out, static_cast<float*>(nullptr), rstd, a, b, weight, static_cast<const T*>(nullptr), N,
-                        C, eps, p, seed);
+void add_rmsnorm_forward(const AddNormForward<T>& c) {
+  AddNormForward<T> rms = c;  // the layer norm's kernel without a mean or a bias
+  rms.mean = nullptr;
+  rms.bias = nullptr;
+  add_layernorm_forward(rms);
 }
 
 template <class T>
