@@ -361,6 +361,44 @@ void dot_rows(const T* a, const S* B, int64_t ldb, int64_t j0, int64_t K, bool r
   }
 }
 
+/// One row of C of a few-rows product with op(B) = B^T on AVX512-BF16 (dot_rows_dpbf16) where the products are bf16's
+/// and bf16_kernel() runs on a bf16 unit: `a` holds the row's operands (bf16 values); B in bf16 as stored, or in f32
+/// rounded row by row as the other kernels round it, so both storages give the same bits. False where not taken.
+template <class T, class S>
+bool dpbf16_rows(const T* a, int64_t N, int64_t K, T alpha, const S* B, int64_t ldb, T beta, T* c, bool round, int nt) {
+#if defined(TINYGPT_GEMM_BF16)
+  if constexpr (std::is_same_v<T, float>) {
+    if (!round || bf16_kernel() == Bf16Kernel::F32Units) return false;
+    const int64_t kpad = bf16_isa::round_up(K, 32);
+    std::vector<uint16_t> a16(size_t(kpad), 0);
+    for (int64_t k = 0; k < K; ++k) a16[size_t(k)] = bf16_bits_of(a[k]);  // exact: a holds bf16 values
+    const int64_t groups = N / 4;
+    if constexpr (std::is_same_v<S, bf16>) {
+      const auto* b = reinterpret_cast<const uint16_t*>(B);
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+      for (int64_t g = 0; g < groups; ++g) bf16_isa::dot_rows_dpbf16<4>(a16.data(), b, ldb, 4 * g, K, alpha, beta, c);
+      for (int64_t j = 4 * groups; j < N; ++j) bf16_isa::dot_rows_dpbf16<1>(a16.data(), b, ldb, j, K, alpha, beta, c);
+    } else {
+#pragma omp parallel num_threads(nt) if (nt > 1)
+      {
+        std::vector<uint16_t> rows(size_t(4 * kpad));
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g <= groups; ++g) {
+          const int64_t j0 = 4 * g, n = std::min<int64_t>(4, N - j0);
+          for (int64_t r = 0; r < n; ++r) bf16_isa::round_row_bf16(B + (j0 + r) * ldb, K, rows.data() + r * kpad);
+          if (n == 4) bf16_isa::dot_rows_dpbf16<4>(a16.data(), rows.data(), kpad, 0, K, alpha, beta, c + j0);
+          for (int64_t r = 0; r < n && n < 4; ++r)
+            bf16_isa::dot_rows_dpbf16<1>(a16.data(), rows.data(), kpad, r, K, alpha, beta, c + j0);
+        }
+      }
+    }
+    return true;
+  }
+#endif
+  (void)a, (void)N, (void)K, (void)alpha, (void)B, (void)ldb, (void)beta, (void)c, (void)round, (void)nt;
+  return false;
+}
+
 /// A few rows of C (token-by-token decoding): packing B would cost more than the product, so each row is
 /// computed straight from the operands (B in f32, or in bf16 as stored: half the bytes a decoding step reads), as
 /// dot products over contiguous rows of B (trans_b) or as sums of scaled rows of B (!trans_b). The columns of C are
@@ -376,6 +414,7 @@ void gemm_few_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
   for (int64_t i = 0; i < M; ++i) {
     for (int64_t k = 0; k < K; ++k) a[size_t(k)] = operand<T>(trans_a ? A[k * lda + i] : A[i * lda + k], round);
     T* c = C + i * ldc;
+    if (trans_b && dpbf16_rows<T, S>(a.data(), N, K, alpha, B, ldb, beta, c, round, nt)) continue;
     if (trans_b) {
       const int64_t groups = N / 4;
 #pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)

@@ -45,6 +45,52 @@ TINYGPT_TARGET_AVX512 inline __m512i bf16_bits(__m512 x) {
   return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
 }
 
+/// Decoding's products (gemm_few_rows, op(B) = B^T): rows j0 .. j0 + R of B (bf16 bits, row stride ldb) dotted with
+/// `a` (bf16 bits, zero-padded to a multiple of 32), 32 products per `vdpbf16ps` (a matrix-vector product is bound
+/// by reading B; widening B to f32 first costs more than the reading). Each element's arithmetic is the same
+/// whatever rows are computed beside it or on which thread. C[j0 + r] = alpha * dot + beta * C[j0 + r].
+template <int R>
+TINYGPT_TARGET_AVX512 inline void dot_rows_dpbf16(const uint16_t* a, const uint16_t* B, int64_t ldb, int64_t j0,
+                                                  int64_t K, float alpha, float beta, float* c) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const uint16_t* b = B + j0 * ldb;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m512bh av = (__m512bh)_mm512_loadu_si512(a + k);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], av, (__m512bh)_mm512_loadu_si512(b + r * ldb + k));
+  }
+  if (k < K) {  // the tail: B's words past K read as zeros (a is zero there already)
+    const __mmask32 m = __mmask32((1u << (K - k)) - 1);
+    const __m512bh av = (__m512bh)_mm512_loadu_si512(a + k);
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_dpbf16_ps(acc[r], av, (__m512bh)_mm512_maskz_loadu_epi16(m, b + r * ldb + k));
+  }
+  for (int r = 0; r < R; ++r) {
+    // Lane l += lane l + w for w = 8, 4, 2, 1 (the maskz forms: GCC 12's _mm512_reduce_add_ps warns).
+    __m512 v = acc[r];
+    v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), v, v, 0x4e));
+    v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), v, v, 0xb1));
+    v = _mm512_add_ps(v, _mm512_maskz_permute_ps(__mmask16(0xffff), v, 0x4e));
+    v = _mm512_add_ps(v, _mm512_maskz_permute_ps(__mmask16(0xffff), v, 0xb1));
+    const float dot = _mm512_cvtss_f32(v);
+    float& out = c[j0 + r];
+    out = alpha * dot + (beta == 0.0f ? 0.0f : beta * out);
+  }
+}
+
+/// n floats rounded to bf16 bits as round_bf16 rounds them (bf16_bits), into out; out is zero-padded to a multiple
+/// of 32 words.
+TINYGPT_TARGET_AVX512 inline void round_row_bf16(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i < n; i += 16) {
+    const __mmask16 m = lanes16(n - i);
+    const __m512i w = bf16_bits(_mm512_maskz_loadu_ps(m, x + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_maskz_cvtepi32_epi16(m, w));
+  }
+  for (; i < round_up(n, 32); i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_setzero_si256());
+}
+
 /// v[i] lane j <- v[j] lane i: a 16 x 16 transpose of 32-bit words (pairs of bf16), in registers. (The maskz
 /// forms throughout, all lanes on: GCC 12's unmasked ones warn of an uninitialized operand.)
 TINYGPT_TARGET_AVX512 inline void transpose16x16(__m512i v[16]) {
