@@ -450,6 +450,8 @@ inline std::vector<Config> flash_cases() {
                 .masked_row = true});
   cs.push_back({.B = 1, .NH = 4, .NKV = 1, .T = 1, .S = 100, .E = 128, .Ev = 128, .causal = true});
   cs.push_back(
+      {.B = 2, .NH = 4, .NKV = 2, .T = 1, .S = 37, .E = 16, .Ev = 32, .key_padding = true, .mask = MaskKind::Full});
+  cs.push_back(
       {.B = 2, .NH = 4, .NKV = 2, .T = 130, .S = 200, .E = 64, .Ev = 64, .causal = true, .layout = Layout::SeqMajor});
   cs.push_back(
       {.B = 1, .NH = 4, .NKV = 2, .T = 100, .S = 33, .E = 80, .Ev = 48, .causal = true, .mask = MaskKind::Full});

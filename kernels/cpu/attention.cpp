@@ -33,11 +33,13 @@
 // micro-kernel. Softmax statistics, D and the outputs stay f32.
 //
 // exp() is a vectorized polynomial for float (see exp_vec); the naive reference uses std::exp. The building blocks
-// live in attention_tiles.h (tile products, tile sizes, softmax pieces) and attention_mods.h (the score modifiers'
-// tiles); this file has the naive and flash kernels themselves.
+// live in attention_tiles.h (tile products, tile sizes, softmax pieces), attention_mods.h (the score modifiers'
+// tiles) and attention_decode.h (the rows' store, and decoding's one query row: K and V read in place, no tiles);
+// this file has the naive and flash kernels themselves.
 #include <string>
 
 #include "kernels/base.h"
+#include "kernels/cpu/attention_decode.h"
 #include "kernels/cpu/attention_mods.h"
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -236,40 +238,15 @@ inline void drop_key_major(T* st, int64_t Br, int64_t nr, int64_t s0, int64_t nc
   }
 }
 
-/// The flash forward's last step for a query tile: each row's output (o / l, rounded once as stored), its lse, and
-/// with relative values its probabilities per clipped distance (Pbar / l); a row that saw no key gets 0 and -inf.
-template <class T, class S>
-inline void store_rows(S* out, T* lse, T* rel_probs, const OnlineSoftmax<T>& softmax, const T* o, const T* pbar,
-                       int64_t W, int64_t b, int64_t h, int64_t t0, int64_t nr, const AttentionGeom& g) {
-  for (int64_t i = 0; i < nr; ++i) {
-    S* orow = at(out, g.o_stride, b, h, t0 + i);
-    T& lse_i = lse[(b * g.NH + h) * g.T + t0 + i];
-    const T l_i = softmax.l[size_t(i)];
-    if (l_i > T(0)) {
-      const T inv = T(1) / l_i;
-      const T* acc = o + i * g.Ev;
-      if constexpr (std::is_same_v<S, T>) {
-        for (int64_t e = 0; e < g.Ev; ++e) orow[e] = acc[e] * inv;
-      } else {  // scaled and rounded once, as the row is stored
-        round_scaled(orow, acc, inv, g.Ev);
-      }
-      lse_i = softmax.m[size_t(i)] + std::log(l_i);
-      if (rel_probs) {
-        for (int64_t c = 0; c < W; ++c) rel_probs[head_row(g, b, h, t0 + i) * W + c] = pbar[i * W + c] * inv;
-      }
-    } else {
-      std::fill_n(orow, g.Ev, S(0.0f));
-      lse_i = kNegInf<T>;
-      if (rel_probs) std::fill_n(rel_probs + head_row(g, b, h, t0 + i) * W, W, T(0));
-    }
-  }
-}
-
 /// The flash forward with math type T on operands stored as S (T itself, or bf16 widened tile by tile for f32 math).
 template <class T, class S>
 void flash_forward(S* out, T* lse, const S* q, const S* k, const S* v, const T* mask, const uint8_t* key_padding,
                    const AttentionGeom& g) {
   check_storage_call<T, S>(mask, g, "attention_flash_forward");
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.T == 1 && g.dropout_p == 0.0f && !g.mods.any() && g.E % kLanes<float> == 0 && g.Ev % kLanes<float> == 0)
+      return decode_forward<S>(out, lse, q, k, v, mask, key_padding, g);
+  }
   const Tiles tiles = flash_tiles(g);
   const int64_t Br = tiles.Br, Bc = tiles.Bc;  // plain variables: clang 14 cannot capture structured bindings
   const int64_t group = g.NH / g.NKV, n_qtiles = ceil_div(g.T, Br), tasks = g.B * g.NH * n_qtiles;
