@@ -5,12 +5,14 @@
 //   AVX512-BF16 vdpbf16ps: 16 lanes, each adds 2 bf16 products: 64 flops
 //   AMX-BF16   tdpbf16ps: a 16 x 16 f32 tile += 16 x 32 bf16 @ 32 x 16 bf16: 16384 flops
 // Only the units this CPU reports are run (kernels/cpu/gemm.h's detection; it also asks Linux for the AMX state).
+// Then the memory's read bandwidth: every thread summing its share of a 512 MiB buffer, the best of 5 passes.
 //
 //   bench_peak [--threads N] [--seconds S]
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +58,24 @@ double measure(const Unit& u, int threads, double seconds) {
   return best;
 }
 
+// GB/s of `threads` threads reading `buf` (far larger than the caches) once between them: the best of 5 passes. What
+// a matrix-vector product (decoding) can reach: it reads each weight once per token.
+double read_bandwidth(const std::vector<uint64_t>& buf, int threads) {
+  double best = 0;
+  uint64_t sink = 0;
+  for (int rep = 0; rep < 6; ++rep) {  // the first pass warms up (pages, clock)
+    const Clock::time_point t0 = Clock::now();
+    uint64_t sum = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : sum)
+    for (size_t i = 0; i < buf.size(); ++i) sum += buf[i];
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    sink += sum;
+    if (rep > 0) best = std::max(best, double(buf.size() * sizeof(uint64_t)) / s / 1e9);
+  }
+  if (sink == 42) std::printf(" ");  // keeps the sums
+  return best;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,7 +90,8 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: bench_peak [--threads N] [--seconds S]\n"
           "  Peak GFLOP/s of each multiply unit this CPU has (f32 FMA, AVX512-BF16, AMX-BF16), registers\n"
-          "  only, on 1 thread and on N threads (default: omp_get_max_threads()), S seconds each (default 1)\n");
+          "  only, on 1 thread and on N threads (default: omp_get_max_threads()), S seconds each (default 1);\n"
+          "  then the memory's read bandwidth (GB/s over a 512 MiB buffer, best of 5 passes)\n");
       return 0;
     } else {
       std::fprintf(stderr, "bench_peak: unknown argument '%s' (--help)\n", argv[i]);
@@ -95,6 +116,11 @@ int main(int argc, char** argv) {
   for (const Unit& u : units) {
     const double one = measure(u, 1, seconds), all = measure(u, threads, seconds);
     std::printf("%-26s %9.0f GF/s %9.0f GF/s\n", u.name, one, all);
+  }
+  {
+    std::vector<uint64_t> buf(size_t(512) << 20 >> 3, 1);  // 512 MiB
+    std::printf("%-26s %9.1f GB/s %9.1f GB/s\n", "memory read, 512 MiB", read_bandwidth(buf, 1),
+                read_bandwidth(buf, threads));
   }
   // What the kernel choice and the training log's meter use (kernels/cpu/cpu_probe.h): a shorter probe, per thread.
   const tinygpt::cpu::UnitRates& r = tinygpt::cpu::unit_rates();

@@ -53,7 +53,7 @@ def make_model(tinygpt, data, tmp):
 def tinygpt_rate(tinygpt, run, threads, new, dtype):
     out = subprocess.run([tinygpt, "--threads", str(threads), "sample", "--ckpt", run, "--prompt", PROMPT,
                           "--max-new-tokens", str(new), "--temperature", "0", "--dtype", dtype],
-                         check=True, capture_output=True, text=True)
+                         check=True, capture_output=True, text=True, errors="replace")  # a random model: not always UTF-8
     m = re.search(r"(\d+) tokens in ([0-9.]+)s", out.stderr)
     return int(m.group(1)) / float(m.group(2))
 
@@ -68,8 +68,8 @@ def llama_rate(path, threads, new, extra_bufts):
 
     llama_cpp.llama.llama_cpp.llama_model_default_params = params
     try:
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=threads, n_threads_batch=threads,
-                              verbose=False)
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max(256, new + 16), n_threads=threads,
+                              n_threads_batch=threads, verbose=False)
     finally:
         llama_cpp.llama.llama_cpp.llama_model_default_params = default
     ids = llm.tokenize(PROMPT.encode(), add_bos=False)
