@@ -159,7 +159,8 @@ expect_error 1 "a LoRA checkpoint holds only its adapters, so it needs the base 
 expect_error 1 "fit the window of 64 tokens" chat --message "$(printf 'red%.0s' $(seq 40))"
 
 # On a pseudo-terminal: a turn, /reset, Ctrl-C at the prompt, and Ctrl-C in the middle of a long reply (an untrained
-# wide model over ChatML, which never ends its turn by chance) leave the chat running; /exit ends it with status 0.
+# wide model over ChatML, which never ends its turn by chance; Ctrl-C once 50 bytes of echo and reply are out, not after a set
+# time, which a fast machine's 900 tokens outran) leave the chat running; /exit ends it with status 0.
 for i in $(seq 200); do printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello there<|im_end|>\n'; done > "$dir/chatml.txt"
 wide=(--n-layer 4 --n-head 4 --n-embd 256)  # slow enough to stop mid-reply; under the sanitizers a small one is
 full || wide=(--n-layer 1 --n-head 2 --n-embd 64)
@@ -179,10 +180,10 @@ def talk(args, steps):
     if pid == 0:
         os.execv(tinygpt, [tinygpt, "chat"] + args)
     seen = b""
-    def until(pattern, mark, timeout=30):
+    def until(pattern, mark, timeout=30):  # pattern: bytes to see, or a count of new bytes
         nonlocal seen
         end = time.time() + timeout
-        while pattern not in seen[mark:]:
+        while (len(seen) - mark < pattern) if isinstance(pattern, int) else (pattern not in seen[mark:]):
             r, _, _ = select.select([fd], [], [], max(0, end - time.time()))
             if not r:
                 raise SystemExit(f"no {pattern!r} within {timeout} s; the terminal showed {seen[-600:]!r}")
@@ -207,7 +208,8 @@ talk(["--ckpt", f"{d}/run", "--chat-template", f"{d}/short.jinja", "--temperatur
      [(None, b"Ctrl-D the chat\r\n> "), (b"red\n", b"\r\n> "), (b"/reset\n", b"[a new conversation]\r\n> "),
       (b"\x03", b"\r\n> "), (b"green\n", b"\r\n> "), (b"/exit\n", None)])
 out = talk(["--ckpt", f"{d}/wide", "--max-new-tokens", "900"],
-           [(None, b"the chat\r\n> "), (b"hi\n", None), (0.5, None), (b"\x03", b"[reply stopped]\r\n> "), (b"\x04", None)])
+           [(None, b"the chat\r\n> "), (b"hi\n", 50), (b"\x03", b"[reply stopped]\r\n> "),
+            (b"\x04", None)])
 print("pty: turns, /reset, Ctrl-C at the prompt and in a reply: ok")
 EOF
 
