@@ -392,9 +392,12 @@ bool dpbf16_rows(const T* a, int64_t N, int64_t K, T alpha, const S* B, int64_t 
         for (int64_t g = 0; g <= groups; ++g) {
           const int64_t j0 = 4 * g, n = std::min<int64_t>(4, N - j0);
           for (int64_t r = 0; r < n; ++r) bf16_isa::round_row_bf16(B + (j0 + r) * ldb, K, rows.data() + r * kpad);
-          if (n == 4) bf16_isa::dot_rows_dpbf16<4>(a16.data(), rows.data(), kpad, 0, K, alpha, beta, c + j0);
-          for (int64_t r = 0; r < n && n < 4; ++r)
-            bf16_isa::dot_rows_dpbf16<1>(a16.data(), rows.data(), kpad, r, K, alpha, beta, c + j0);
+          if (n == 4) {
+            bf16_isa::dot_rows_dpbf16<4>(a16.data(), rows.data(), kpad, 0, K, alpha, beta, c + j0);
+          } else {
+            for (int64_t r = 0; r < n; ++r)
+              bf16_isa::dot_rows_dpbf16<1>(a16.data(), rows.data(), kpad, r, K, alpha, beta, c + j0);
+          }
         }
       }
     }
