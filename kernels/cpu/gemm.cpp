@@ -311,11 +311,27 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
                   int64_t ldb, T beta, T* C, int64_t ldc, int nt, bool bf16, const Epilogue<T>& ep) {
   if constexpr (std::is_same_v<T, float>) {
     if (ep.out16 != nullptr && Blocked<Cfg, T, S>::k_group(K, N) < K) {
-      // K in several groups (K x N past the op(B) slab: weight gradients over many tokens, wide layers): C in f32,
-      // then rounded. A buffer of this call's own, not kept, so a wide layer leaves no f32 product behind.
-      std::vector<float> full(size_t(M * N));
-      gemm_blocked<Cfg, T, S>(ta, tb, M, N, K, alpha, A, lda, B, ldb, T(0), full.data(), N, nt, bf16, Epilogue<T>{});
-      return bf16_out_rows(ep, full.data(), N, M, N);
+      // K in several groups (K x N past the op(B) slab: weight gradients over many tokens, wide layers, the
+      // classifier's logits): C in f32, then rounded, a block of C at a time through the calling thread's kept
+      // scratch of at most kF32BlockBytes. A fresh buffer of all of C cost its zero-fill and its page faults every
+      // call (the 49,152 logits of 2,048 tokens: 400 MB a call), and a kept one would hold a wide layer's product.
+      // Each element sums its k blocks in the same order however C is cut (one C += tile per k block), so the bits
+      // are those of the whole product.
+      using B16 = Blocked<Cfg, T, S>;
+      const int64_t cols = std::min(N, B16::n_block(N));
+      const int64_t rows =
+          std::min<int64_t>(M, std::max<int64_t>(Cfg::MR, kF32BlockBytes / 4 / cols / Cfg::MR * Cfg::MR));
+      float* const block = scratch<float, 3>(rows * cols);
+      for (int64_t j0 = 0; j0 < N; j0 += cols) {
+        for (int64_t i0 = 0; i0 < M; i0 += rows) {
+          const int64_t mb = std::min(rows, M - i0), nb = std::min(cols, N - j0);
+          const S* a = ta ? A + i0 : A + i0 * lda;
+          const S* b = tb ? B + j0 * ldb : B + j0;
+          gemm_blocked<Cfg, T, S>(ta, tb, mb, nb, K, alpha, a, lda, b, ldb, T(0), block, nb, nt, bf16, Epilogue<T>{});
+          bf16_out_rows(ep, block, nb, mb, nb, i0, j0);
+        }
+      }
+      return;
     }
   }
   const Operands<T, S> op{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bf16, ep};

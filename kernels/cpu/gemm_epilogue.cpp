@@ -62,9 +62,9 @@ void bf16_out_epilogue(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t
 }
 
 /// bf16_out_epilogue over a whole M x N product in f32 (row stride ldc), rows on the OpenMP threads.
-void bf16_out_rows(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t M, int64_t N) {
+void bf16_out_rows(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t M, int64_t N, int64_t row0, int64_t col0) {
 #pragma omp parallel for if (M * N >= kParallelGrain && !omp_in_parallel())
-  for (int64_t i = 0; i < M; ++i) bf16_out_epilogue(ep, c + i * ldc, ldc, i, 0, 1, N);
+  for (int64_t i = 0; i < M; ++i) bf16_out_epilogue(ep, c + i * ldc, ldc, row0 + i, col0, 1, N);
 }
 
 }  // namespace tinygpt::cpu::gemm_detail

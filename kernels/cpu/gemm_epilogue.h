@@ -52,7 +52,9 @@ void run_epilogue(const Epilogue<T>& ep, T* c, int64_t ldc, int64_t at, int64_t 
 void bf16_out_epilogue(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t row, int64_t col, int64_t mr,
                        int64_t nr);
 
-/// bf16_out_epilogue over a whole M x N product in f32 (row stride ldc), rows on the OpenMP threads.
-void bf16_out_rows(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t M, int64_t N);
+/// bf16_out_epilogue over an M x N block of the product in f32 (row stride ldc) whose first element is the output's
+/// (row0, col0), rows on the OpenMP threads.
+void bf16_out_rows(const Epilogue<float>& ep, float* c, int64_t ldc, int64_t M, int64_t N, int64_t row0 = 0,
+                   int64_t col0 = 0);
 
 }  // namespace tinygpt::cpu::gemm_detail
