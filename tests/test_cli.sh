@@ -56,6 +56,20 @@ d=$(sample --seed 7 --no-kv-cache --max-new-tokens 20)
   || fail "eval exited non-zero: $(cat "$dir/eval.out")"
 grep -Eq "^train loss [0-9.]+, val loss [0-9.]+, val bits per byte [0-9.]+$" "$dir/eval.out" || fail "eval printed '$(cat "$dir/eval.out")'"
 
+# eval splits as the run split: by default at the run's --train-fraction (0.5 here: the same line as asking for it).
+"$tinygpt" train --data "$dir/text.txt" --out "$dir/half" --n-layer 1 --n-head 2 --n-embd 32 --block-size 32 \
+  --batch-size 8 --max-iters 2 --eval-iters 1 --train-fraction 0.5 --quiet 2> /dev/null || fail "train --train-fraction 0.5 failed"
+ev() { "$tinygpt" eval --ckpt "$dir/half" --data "$dir/text.txt" --eval-iters 2 --batch-size 4 "$@" 2>&1; }
+[ "$(ev)" = "$(ev --train-fraction 0.5)" ] || fail "eval did not split at the run's --train-fraction: '$(ev)' vs '$(ev --train-fraction 0.5)'"
+[ "$(ev)" != "$(ev --train-fraction 0.9)" ] || fail "eval's --train-fraction 0.9 changed nothing"
+# A character model fine-tuned on one text reads it as a document, and so does its --resume: the text's few
+# characters are not the checkpoint's vocabulary, which a run started from scratch would take from them.
+for i in $(seq 200); do echo "accounted poor citizens"; done > "$dir/few.txt"
+"$tinygpt" train --data "$dir/few.txt" --init-from "$dir/run" --out "$dir/ft" --max-iters 2 --eval-iters 1 --quiet \
+  2> "$dir/ft.log" || fail "train --init-from on one text failed: $(tail -1 "$dir/ft.log")"
+"$tinygpt" train --data "$dir/few.txt" --out "$dir/ft" --resume --max-iters 4 --eval-iters 1 --quiet 2> "$dir/ft.log" \
+  || fail "train --resume of a fine-tuned character model failed: $(tail -1 "$dir/ft.log")"
+
 "$tinygpt" export --ckpt "$dir/run" --format hf --out "$dir/hf" 2> "$dir/export.log" || fail "export exited non-zero: $(cat "$dir/export.log")"
 for f in config.json model.safetensors tokenizer.json tokenizer_config.json; do
   [ -s "$dir/hf/$f" ] || fail "export wrote no $f"

@@ -124,8 +124,8 @@ void add_eval_options(CLI::App* cmd, EvalArgs& a) {
                   "model's own, else chatml)");
   cmd->add_option("--batch-size", a.batch_size, "Sequences per batch")->capture_default_str();
   cmd->add_option("--eval-iters", a.eval_iters, "Batches per split")->capture_default_str();
-  cmd->add_option("--train-fraction", a.train_fraction, "Leading fraction that is the train split")
-      ->capture_default_str();
+  cmd->add_option("--train-fraction", a.train_fraction,
+                  "Leading fraction that is the train split (default: the run's, else 0.9)");
   cmd->add_option("--seed", a.seed, "Seed of the batch draw")->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   add_numerics_flags(cmd, a.numerics);
@@ -285,9 +285,18 @@ void validate_eval(const EvalArgs& a) {
     throw Error("eval reads --data (text) or --chat-data (conversations): give one");
   if (!a.chat_template.empty() && a.chat_data.empty()) throw Error("--chat-template is for --chat-data");
   if (a.batch_size <= 0 || a.eval_iters <= 0) throw Error("--batch-size and --eval-iters must be positive");
-  if (!(a.train_fraction > 0 && a.train_fraction < 1)) {
+  if (a.train_fraction != 0 && !(a.train_fraction > 0 && a.train_fraction < 1)) {
     throw Error(fmt::format("--train-fraction must be in (0, 1), got {}", a.train_fraction));
   }
+}
+
+/// The train fraction the checkpoint's run trained with (its training config), else the default 0.9.
+double run_train_fraction(const Checkpoint& ckpt) {
+  const nlohmann::json& c = ckpt.state.train_config;
+  const double f = c.is_object() && c.contains("train_fraction") && c["train_fraction"].is_number()
+                       ? c["train_fraction"].get<double>()
+                       : 0.9;
+  return f > 0 && f < 1 ? f : 0.9;
 }
 
 /// eval --chat-data: the assistants' tokens' loss over every conversation of the files, on one line.
@@ -321,15 +330,16 @@ void run_eval(const EvalArgs& a) {
   data::TokenData tokens;
   data::Split split;
   std::optional<ScratchDir> scratch;
-  if (!ckpt.tokenizer.is_bpe() && files.size() == 1) {  // one text, split as training split it
+  const double fraction = a.train_fraction > 0 ? a.train_fraction : run_train_fraction(ckpt);
+  if (split_at_position(!ckpt.tokenizer.is_bpe(), files.size(), !fine_tuned_from(ckpt).empty())) {  // as train did
     tokens = data::encode_file(files[0], ckpt.tokenizer.chars());
-    split = data::split_tokens(tokens.ids(), a.train_fraction);
+    split = data::split_tokens(tokens.ids(), fraction);
   } else {  // documents, split as training splits them, through a token cache in a scratch directory
     scratch.emplace();
     const std::vector<uint32_t> separator =
         ckpt.tokenizer.document_suffix(ckpt.config.doc_separator, "the model's document separator");
-    data::DocumentCorpus dc = data::load_documents(files, ckpt.tokenizer, separator, a.train_fraction,
-                                                   scratch->path / "tokens.bin", /*quiet=*/true);
+    data::DocumentCorpus dc =
+        data::load_documents(files, ckpt.tokenizer, separator, fraction, scratch->path / "tokens.bin", /*quiet=*/true);
     tokens = std::move(dc.tokens);
     split = {tokens.ids().first(dc.train_count), tokens.ids().subspan(dc.train_count)};
   }

@@ -64,7 +64,7 @@ struct EvalArgs {
   std::vector<std::string> chat_data;  // JSON lines of conversations: the assistants' tokens' loss instead
   std::string chat_template;
   int64_t batch_size = 64, eval_iters = 200;
-  double train_fraction = 0.9;
+  double train_fraction = 0;  // 0: the run's (its checkpoint's training config), else 0.9
   uint64_t seed = 1337;
   std::string device = "cpu";
   NumericsFlags numerics;

@@ -356,7 +356,8 @@ nlohmann::json flags_json(const TrainConfig& c, int world_size) {
               {"muon_scale", c.muon_scale}});
   }
   if (c.cooldown > 0) j["cooldown"] = c.cooldown;
-  if (!c.init_from.empty()) j["init_from"] = c.init_from;
+  if (!c.init_from.empty() || !c.fine_tuned_from.empty())
+    j["init_from"] = c.init_from.empty() ? c.fine_tuned_from : c.init_from;
   if (c.sft) j["sft"] = true;
   if (c.lora.enabled())
     j["lora"] = {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", nn::lora_targets_name(c.lora.targets)}};

@@ -20,6 +20,7 @@ struct TrainConfig {
   int64_t vocab_size = 0;          // with tokenizer "bpe": its vocabulary (0: 4096)
   bool doc_mask = false;           // with a BPE: attention stays within documents (ended by <|endoftext|>)
   std::string init_from;           // a checkpoint whose weights and tokenizer the run starts from (fine-tuning)
+  std::string fine_tuned_from;     // --resume of a run started with --init-from: that checkpoint (the run's record)
   bool sft = false;                // `tinygpt sft`: --data holds conversations (JSON lines), the loss on the replies
   std::string chat_template;       // sft: chatml, llama3 or a Jinja file (empty: the model's own, else ChatML)
   // --lora-rank: low-rank adapters on the --init-from model, which stays frozen (its weights as a base); rank 0: none.

@@ -7,6 +7,7 @@
 
 #include "data/documents.h"
 #include "data/text.h"
+#include "train/checkpoint.h"
 #include "train/console.h"
 
 namespace tinygpt {
@@ -54,6 +55,14 @@ data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size,
   return data::Tokenizer(data::read_tokenizer_file(flag));
 }
 
+bool split_at_position(bool chars, size_t files, bool fine_tuned) { return chars && files == 1 && !fine_tuned; }
+
+std::string fine_tuned_from(const Checkpoint& ckpt) {
+  const nlohmann::json& c = ckpt.state.train_config;
+  return c.is_object() && c.contains("init_from") && c["init_from"].is_string() ? c["init_from"].get<std::string>()
+                                                                                : "";
+}
+
 TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, const data::Tokenizer* given, bool quiet,
                                 bool lead) {
   const SignalsEndPass signals;  // Ctrl-C while the token cache is written: its temporary files go, exit 130
@@ -72,7 +81,7 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
     return d;
   }
   const bool chars = given != nullptr ? !given->is_bpe() : cfg.tokenizer == "char";
-  if (chars && files.size() == 1 && cfg.init_from.empty()) {
+  if (split_at_position(chars, files.size(), !cfg.init_from.empty() || !cfg.fine_tuned_from.empty())) {
     // One text file of characters: the vocabulary is its characters, the last fraction validates.
     data::Corpus corpus = data::load_corpus(files[0], out);
     if (given != nullptr && given->chars().chars() != corpus.vocab.chars()) {
