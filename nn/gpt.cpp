@@ -6,13 +6,59 @@
 
 namespace tinygpt::nn {
 
+std::span<const ScoreModifier> score_modifiers() {
+  static const ScoreModifier rows[] = {
+      {"window", "--window", "Sliding-window attention: each position sees the last W (0: the whole block)",
+       "sliding-window attention", "--window", "window {}", &GPTConfig::window, &ScoreModSettings::window},
+      {"attn_softcap", "--softcap", "Soft-cap attention logits: x -> CAP tanh(x / CAP) (0: off; Gemma 2 uses 50)",
+       "soft-capped attention logits", "--softcap", "soft-cap {}", &GPTConfig::attn_softcap,
+       &ScoreModSettings::softcap},
+      {"doc_separator", "--doc-sep",
+       "Packed documents: the text that ends one (e.g. $'\\n\\n'); attention stays within a document, and sampling "
+       "starts a fresh context after it (default: none)",
+       "attention kept within documents", "--doc-sep or --doc-mask", "documents", &GPTConfig::doc_separator,
+       std::monostate{}},
+  };
+  return rows;
+}
+
+bool modifier_on(const ScoreModifier& m, const GPTConfig& c) {
+  return std::visit(
+      [&c](auto field) {
+        const auto& v = c.*field;
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>) {
+          return !v.empty();
+        } else {
+          return v != 0;
+        }
+      },
+      m.field);
+}
+
+std::string describe_modifier(const ScoreModifier& m, const GPTConfig& c) {
+  return std::visit([&](auto field) { return fmt::format(fmt::runtime(m.info), c.*field); }, m.field);
+}
+
 ScoreModSettings GPTConfig::score_mods() const {
   ScoreModSettings m;
   if (pos == Positions::Relative) m.max_rel = max_relative_position;
   m.alibi = pos == Positions::Alibi;
   if (pos == Positions::T5) m.t5_buckets = kT5Buckets, m.t5_max_distance = kT5MaxDistance;
-  m.window = window;
-  m.softcap = attn_softcap;
+  for (const ScoreModifier& row : score_modifiers()) {
+    std::visit(
+        [&](auto field, auto setting) {
+          using Field = std::decay_t<decltype(this->*field)>;
+          if constexpr (!std::is_same_v<decltype(setting), std::monostate>) {
+            using Setting = std::decay_t<decltype(m.*setting)>;
+            if constexpr (std::is_same_v<Field, Setting>) {
+              m.*setting = this->*field;
+            } else {
+              throw Error(fmt::format("score_modifiers: the row of {} sets a setting of another type", row.key));
+            }
+          }
+        },
+        row.field, row.setting);
+  }
   return m;
 }
 

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "attention.h"
@@ -121,6 +123,26 @@ struct GPTConfig {
   void validate() const;
   bool operator==(const GPTConfig&) const = default;
 };
+
+/// The attention's score modifiers as a model's config holds them (beside the position scheme, --pos), one row each:
+/// the one list that the command line (train/cli_train.cpp), the checkpoint's metadata, `info` (describe_attention)
+/// and every export's refusals read, and GPTConfig::score_mods() maps into the kernels' settings. A new modifier adds
+/// a GPTConfig field and a row here, its settings field and math in kernels/score_mods.h (docs/DESIGN.md's recipe).
+struct ScoreModifier {
+  const char* key;   // the GPTConfig field's name: the checkpoint's key, and what --init-from's checks name
+  const char* flag;  // the command line's option, "--window"
+  const char* help;
+  const char* what;    // what it is, for an export that cannot hold it: "sliding-window attention"
+  const char* set_by;  // the flags that set it, for the same: "--window"
+  const char* info;    // `info`'s words, {} standing for the value: "window {}"
+  std::variant<int64_t GPTConfig::*, double GPTConfig::*, std::string GPTConfig::*> field;        // off: 0 or empty
+  std::variant<std::monostate, int64_t ScoreModSettings::*, double ScoreModSettings::*> setting;  // the kernels'
+};
+std::span<const ScoreModifier> score_modifiers();
+/// Whether the row's modifier is on in c (its field nonzero or not empty).
+bool modifier_on(const ScoreModifier& m, const GPTConfig& c);
+/// `info`'s words for the row's modifier in c: m.info with c's value.
+std::string describe_modifier(const ScoreModifier& m, const GPTConfig& c);
 
 /// relu(x)^2, the MLP activation of relu2 (composed of gradient-checked ops: relu, then the product with itself).
 Tensor relu_squared(const Tensor& x);

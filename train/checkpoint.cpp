@@ -71,9 +71,6 @@ nlohmann::json to_json(const nn::GPTConfig& c) {
                       {"bias", c.bias},
                       {"pos", nn::positions_name(c.pos)},
                       {"max_relative_position", c.max_relative_position},
-                      {"window", c.window},
-                      {"attn_softcap", c.attn_softcap},
-                      {"doc_separator", c.doc_separator},
                       {"mlp", nn::mlp_name(c.mlp)},
                       {"ffn_hidden", c.ffn_hidden},
                       {"norm", nn::norm_name(c.norm)},
@@ -84,6 +81,7 @@ nlohmann::json to_json(const nn::GPTConfig& c) {
                       {"zero_init_proj", c.zero_init_proj},
                       {"untied_head", c.untied_head},
                       {"qk_norm", c.qk_norm}};
+  for (const nn::ScoreModifier& m : nn::score_modifiers()) std::visit([&](auto f) { j[m.key] = c.*f; }, m.field);
   if (c.rope_scaling != RopeScaling{}) j["rope_scaling"] = rope_scaling_json(c.rope_scaling);
   if (c.head_dim > 0) j["head_dim"] = c.head_dim;
   if (c.lora.enabled()) {
@@ -107,9 +105,9 @@ nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
   const std::string pos = j.value("pos", j.value("rope", false) ? "rope" : "learned");
   if (!nn::parse_positions(pos, c.pos)) throw Error(fmt::format("unknown position scheme \"{}\"", pos));
   c.max_relative_position = j.value("max_relative_position", c.max_relative_position);
-  c.window = j.value("window", int64_t(0));
-  c.attn_softcap = j.value("attn_softcap", 0.0);
-  c.doc_separator = j.value("doc_separator", std::string());
+  for (const nn::ScoreModifier& m : nn::score_modifiers()) {  // absent: off
+    std::visit([&](auto f) { c.*f = j.value(m.key, std::decay_t<decltype(c.*f)>{}); }, m.field);
+  }
   // "mlp" names the MLP; checkpoints written before it had "relu2" (true or false). Absent keys: GPT-2's values.
   const std::string mlp = j.value("mlp", j.value("relu2", false) ? "relu2" : "gelu");
   if (!nn::parse_mlp(mlp, c.mlp)) throw Error(fmt::format("unknown MLP \"{}\"", mlp));

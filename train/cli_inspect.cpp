@@ -22,9 +22,9 @@ std::string describe_attention(const nn::GPTConfig& c) {
                   : c.pos == nn::Positions::T5    ? "T5 relative bias"
                   : c.pos == nn::Positions::None  ? "no positions"
                                                   : "learned positions";
-  if (c.window > 0) s += fmt::format(", window {}", c.window);
-  if (c.attn_softcap > 0) s += fmt::format(", soft-cap {}", c.attn_softcap);
-  if (!c.doc_separator.empty()) s += ", documents";
+  for (const nn::ScoreModifier& m : nn::score_modifiers()) {
+    if (nn::modifier_on(m, c)) s += ", " + nn::describe_modifier(m, c);
+  }
   if (c.mlp == nn::MlpKind::Relu2) s += ", relu^2 MLP";
   if (c.mlp == nn::MlpKind::SwiGLU) s += fmt::format(", SwiGLU MLP ({} wide)", c.ffn_width());
   if (c.mlp != nn::MlpKind::SwiGLU && c.ffn_hidden > 0) s += fmt::format(", MLP {} wide", c.ffn_hidden);

@@ -72,18 +72,15 @@ void add_attention_model_options(CLI::App* cmd, nn::GPTConfig& m, std::vector<Mo
                         "With --pos relative: distances are clipped to [-M, M], 2M + 1 learned rows per layer")
             ->capture_default_str(),
         {"max_relative_position"});
-  keyed(cmd->add_option("--window", m.window,
-                        "Sliding-window attention: each position sees the last W (0: the whole block)")
-            ->capture_default_str(),
-        {"window"});
-  keyed(cmd->add_option("--softcap", m.attn_softcap,
-                        "Soft-cap attention logits: x -> CAP tanh(x / CAP) (0: off; Gemma 2 uses 50)")
-            ->capture_default_str(),
-        {"attn_softcap"});
-  keyed(cmd->add_option("--doc-sep", m.doc_separator,
-                        "Packed documents: the text that ends one (e.g. $'\\n\\n'); attention stays "
-                        "within a document, and sampling starts a fresh context after it (default: none)"),
-        {"doc_separator"});
+  for (const nn::ScoreModifier& row : nn::score_modifiers()) {  // --window, --softcap, --doc-sep
+    std::visit(
+        [&](auto field) {
+          CLI::Option* o = cmd->add_option(row.flag, m.*field, row.help);
+          if constexpr (!std::is_same_v<std::decay_t<decltype(m.*field)>, std::string>) o->capture_default_str();
+          keyed(o, {row.key});
+        },
+        row.field);
+  }
 }
 
 /// The model options of the blocks' layers and the head: MLP, normalization, biases, the family preset.

@@ -21,11 +21,13 @@ void check_hf_exportable(const nn::GPTConfig& c) {
                     c.pos == nn::Positions::Rope ? "rotary position embeddings" : nn::positions_name(c.pos),
                     nn::positions_name(c.pos)));
   }
-  if (c.window > 0 || c.attn_softcap > 0) {
-    throw Error(
-        fmt::format("this model uses {}, which GPT-2 cannot express: its attention sees the whole block "
-                    "without a cap. Export a model trained without --window and --softcap",
-                    c.window > 0 ? "sliding-window attention (--window)" : "soft-capped attention logits (--softcap)"));
+  for (const nn::ScoreModifier& m : nn::score_modifiers()) {
+    if (nn::modifier_on(m, c)) {
+      throw Error(
+          fmt::format("this model uses {} ({}), which GPT-2 cannot express: its attention sees the whole "
+                      "block, unmodified. Export a model trained without {}",
+                      m.what, m.set_by, m.set_by));
+    }
   }
   const bool relu2 = c.mlp == nn::MlpKind::Relu2, wide = c.ffn_hidden > 0 && c.ffn_hidden != 4 * c.n_embd;
   if (relu2 || wide || c.logit_softcap > 0 || c.qk_norm) {
@@ -36,11 +38,6 @@ void check_hf_exportable(const nn::GPTConfig& c) {
                     : wide                ? "an MLP of another width (--ffn-hidden): GPT-2's is 4 n_embd"
                     : c.logit_softcap > 0 ? "soft-capped logits (--logit-softcap)"
                                           : "normalized queries and keys (--qk-norm)"));
-  }
-  if (!c.doc_separator.empty()) {
-    throw Error(
-        "this model keeps attention within documents (--doc-sep or --doc-mask), which GPT-2 cannot express: its "
-        "attention sees the whole block. Export a model trained without them");
   }
   if (c.qkv_bias && !c.bias) {
     throw Error(

@@ -119,7 +119,7 @@ nn::GPTConfig llama_config_from_hf(const json& j, const std::string& what) {
 }
 
 void check_llama_exportable(const nn::GPTConfig& c) {
-  const auto refuse = [](const std::string& what, const char* flag) {
+  const auto refuse = [](const std::string& what, const std::string& flag) {
     throw Error(fmt::format("this model uses {}, which LlamaForCausalLM cannot express. Export a model trained {}",
                             what, flag));
   };
@@ -129,11 +129,11 @@ void check_llama_exportable(const nn::GPTConfig& c) {
     refuse(fmt::format("a {} MLP (Llama's is SwiGLU)", nn::mlp_name(c.mlp)), "with --mlp swiglu");
   if (c.pos != nn::Positions::Rope)
     refuse(fmt::format("{} positions (Llama's are rotary)", nn::positions_name(c.pos)), "with --pos rope");
-  if (c.window > 0) refuse("sliding-window attention (--window)", "without --window");
-  if (c.attn_softcap > 0) refuse("soft-capped attention logits (--softcap)", "without --softcap");
+  for (const nn::ScoreModifier& m : nn::score_modifiers()) {
+    if (nn::modifier_on(m, c)) refuse(fmt::format("{} ({})", m.what, m.set_by), fmt::format("without {}", m.set_by));
+  }
   if (c.logit_softcap > 0) refuse("soft-capped logits (--logit-softcap)", "without --logit-softcap");
   if (c.qk_norm) refuse("LayerNorm'd queries and keys (--qk-norm)", "without --qk-norm");
-  if (!c.doc_separator.empty()) refuse("attention kept within documents (--doc-sep)", "without --doc-sep");
 }
 
 json llama_config_to_hf(const nn::GPTConfig& c, int64_t bos, int64_t eos) {
