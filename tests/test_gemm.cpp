@@ -356,7 +356,8 @@ TEST_CASE("gemm on bf16 storage: bit for bit gemm<float> with bf16 operands, on 
 
 TEST_CASE("gemm on bf16 storage stored in bf16 (Bf16Out): the f32 result and its epilogue, rounded once, bit for bit") {
   // Against the product in f32 on the same kernel with the epilogue done by hand in the order Bf16Out promises: few
-  // rows (no blocks), edge tiles, K in several groups (K * N past the op(B) slab), every transpose; forward (bias,
+  // rows (no blocks), edge tiles, K past the op(B) slab for N columns (K = 2100: in narrower column blocks; K = 4500:
+  // in several groups through f32), every transpose; forward (bias,
   // GELU beside the pre-activation) and backward (act' scaling, added to what the output held).
   using tinygpt::bf16;
   using tinygpt::cpu::Bf16Out;
@@ -364,7 +365,7 @@ TEST_CASE("gemm on bf16 storage stored in bf16 (Bf16Out): the f32 result and its
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for_each_transpose(
-      {{3, 40, 50, 1}, {70, 65, 300, 5}, {130, 300, 384, 0}, {40, 1100, 2100, 0}},
+      {{3, 40, 50, 1}, {70, 65, 300, 5}, {130, 300, 384, 0}, {40, 1100, 2100, 0}, {20, 700, 4500, 0}},
       [&](const Shape3& sh, bool ta, bool tb, int64_t lda, int64_t ldb, int64_t ld) {
         std::vector<bf16> a(size_t((ta ? sh.K : sh.M) * lda)), b(size_t((tb ? sh.N : sh.K) * ldb));
         std::vector<float> bias(size_t(sh.N));

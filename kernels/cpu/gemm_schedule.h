@@ -18,6 +18,9 @@ namespace tinygpt::cpu::gemm_detail {
 // Target size of the shared op(B) slab when all of K does not fit in twice this (it beat 8 MB on dw at M = 16384, and
 // 1 MB was no better: docs/RESULTS.md, "Measurements behind design decisions").
 inline constexpr int64_t kSlabBytes = 2 << 20;
+// A product stored in bf16 whose K does not fit the slab for NC columns runs in column blocks narrow enough for it
+// to fit, if they are at least this wide.
+inline constexpr int64_t kMinSlabColumns = 512;
 // A product stored in bf16 whose K runs in several groups goes through f32 blocks of C of at most this size.
 inline constexpr int64_t kF32BlockBytes = 16 << 20;
 // Below this many multiply-adds a call runs on one thread (fork/join would cost more than it saves).
