@@ -516,7 +516,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 }
 
 Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t pos0, RopeFreqs freqs) {
-  detail::check_float("rope", x);
+  detail::check_storage("rope", x);
   if (x.ndim() != 3 || head_dim <= 0 || head_dim % 2 != 0 || x.size(2) % head_dim != 0) {
     throw Error(
         fmt::format("rope: x must be (B, L, NH * E) with an even head_dim E dividing the last dim; got shape {} "
@@ -528,11 +528,11 @@ Tensor rope(const Tensor& x, int64_t head_dim, int64_t rotated_heads, int64_t po
     throw Error(fmt::format("rope: cannot rotate {} of {} heads", rotated_heads, NH));
   }
   Tensor out = empty(x.shape(), x.dtype(), x.device());
-  dispatch_float(x.dtype(), "rope", [&]<class T>() {
+  dispatch_storage(x.dtype(), "rope", [&]<class T>() {
     launch(kernels::rope_forward<T>, x.device(), out.data<T>(), x.data<T>(), B, L, NH, E, rotated_heads, pos0, freqs);
   });
   return record("rope", out, {x}, [=](const Tensor& dout, std::span<const Tensor>, std::span<Tensor> grads) {
-    dispatch_float(dout.dtype(), "rope", [&]<class T>() {
+    dispatch_storage(dout.dtype(), "rope", [&]<class T>() {
       launch(kernels::rope_backward<T>, dout.device(), grads[0].data<T>(), dout.data<T>(), B, L, NH, E, rotated_heads,
              pos0, freqs);
     });

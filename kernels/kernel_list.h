@@ -229,8 +229,8 @@
   X(linear_forward, kFloats | kBf16, TEMPLATE)        \
   X(linear_backward, kFloats | kBf16, TEMPLATE)       \
   X(adamw_update, kFloats, F32)                       \
-  X(rope_forward, kFloats, F32)                       \
-  X(rope_backward, kFloats, F32)                      \
+  X(rope_forward, kFloats | kBf16, TEMPLATE)          \
+  X(rope_backward, kFloats | kBf16, TEMPLATE)         \
   X(attention_naive_forward, kFloats, F32)            \
   X(attention_naive_backward, kFloats, F32)           \
   X(attention_flash_forward, kFloats, F32)            \

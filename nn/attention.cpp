@@ -294,9 +294,9 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   AttentionResult r;
   const bool self = query.impl_ptr() == key.impl_ptr() && key.impl_ptr() == value.impl_ptr();
   // Batch-first from here on; self-attention transposes once, so it still reads one tensor.
-  // bf16 storage: the fused projection reads and writes bf16 and attention reads its q, k and v as stored (RoPE and
-  // QK-norm, f32 ops, run on an f32 copy); the other projection paths run on f32 copies; the output projection reads
-  // bf16 again.
+  // bf16 storage: the fused projection reads and writes bf16, RoPE rotates it as stored (in f32, rounded once) and
+  // attention reads its q, k and v as stored (QK-norm, an f32 op, runs on an f32 copy); the other projection paths
+  // run on f32 copies; the output projection reads bf16 again.
   const bool bf16_in = query.dtype() == DType::BF16;
   const bool fused = self && c_attn && !extra_keys;
   auto f32_if_unfused = [&](const Tensor& t) { return bf16_in && !fused ? cast(t, DType::F32) : t; };
@@ -306,7 +306,7 @@ MultiHeadAttention::Output MultiHeadAttention::forward(const Tensor& query, cons
   if (!c.batch_first) trace("query made batch-first", q_in);
   if (fused) {
     Tensor qkv = c_attn->forward(q_in);  // (B, T, (NH + 2 NKV) * E)
-    if (qkv.dtype() == DType::BF16 && (c.rope || c.qk_norm)) qkv = cast(qkv, DType::F32);
+    if (qkv.dtype() == DType::BF16 && c.qk_norm) qkv = cast(qkv, DType::F32);
     trace("fused qkv projection", qkv);
     qkv = normalize_qk(qkv);
     if (c.rope) qkv = rope(qkv, E, NH + NKV, call.pos0, c.rope_freqs);  // rotate the q and k heads, not v

@@ -81,8 +81,8 @@ TINYGPT_SAME_TEMPLATE_SIGNATURE(matmul_backward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(linear_forward)
 TINYGPT_SAME_TEMPLATE_SIGNATURE(linear_backward)
 TINYGPT_SAME_SIGNATURE(adamw_update)
-TINYGPT_SAME_SIGNATURE(rope_forward)
-TINYGPT_SAME_SIGNATURE(rope_backward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(rope_forward)
+TINYGPT_SAME_TEMPLATE_SIGNATURE(rope_backward)
 TINYGPT_SAME_SIGNATURE(attention_naive_forward)
 TINYGPT_SAME_SIGNATURE(attention_naive_backward)
 TINYGPT_SAME_SIGNATURE(attention_flash_forward)
@@ -1504,11 +1504,28 @@ TEST_CASE("emulated CUDA: RoPE (rotated and copied heads, an offset, Llama 3's s
   const RopeFreqs llama3(10000.0, RopeScaling{.factor = 8, .original_context = 64});
   for (const RopeFreqs& freqs : {RopeFreqs(10000.0), llama3}) {
     compare("rope forward", {Vec(x.size())}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::rope_forward : cpu::rope_forward<float>)(o[0].data(), x.data(), B, L, NH, E, n_rot, pos0, freqs);
+      (g ? gpu::rope_forward<float> : cpu::rope_forward<float>)(o[0].data(), x.data(), B, L, NH, E, n_rot, pos0, freqs);
     });
     compare("rope backward", {random(x.size(), 57)}, [&](std::vector<Vec>& o, bool g) {
-      (g ? gpu::rope_backward : cpu::rope_backward<float>)(o[0].data(), dout.data(), B, L, NH, E, n_rot, pos0, freqs);
+      (g ? gpu::rope_backward<float> : cpu::rope_backward<float>)(o[0].data(), dout.data(), B, L, NH, E, n_rot, pos0,
+                                                                  freqs);
     });
+    // bf16 storage: rotated in f32, rounded once (backward: the sum with what the gradient held, rounded once).
+    const Bf xb = random_bf16(x.size(), 58), db = random_bf16(x.size(), 59);
+    compare_bf16(
+        "rope forward, bf16", {Bf(x.size())},
+        [&](std::vector<Bf>& o, bool g) {
+          (g ? gpu::rope_forward<bf16> : cpu::rope_forward<bf16>)(o[0].data(), xb.data(), B, L, NH, E, n_rot, pos0,
+                                                                  freqs);
+        },
+        1e-6, kBf16Ulp);
+    compare_bf16(
+        "rope backward, bf16", {random_bf16(x.size(), 60)},
+        [&](std::vector<Bf>& o, bool g) {
+          (g ? gpu::rope_backward<bf16> : cpu::rope_backward<bf16>)(o[0].data(), db.data(), B, L, NH, E, n_rot, pos0,
+                                                                    freqs);
+        },
+        1e-6, kBf16Ulp);
   }
 }
 

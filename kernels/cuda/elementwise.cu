@@ -11,8 +11,6 @@ TINYGPT_DEFINED_AS_DECLARED(accumulate_bf16)
 TINYGPT_DEFINED_AS_DECLARED(axpby)
 TINYGPT_DEFINED_AS_DECLARED(adamw_update)
 TINYGPT_DEFINED_AS_DECLARED(sum_rows_in_order)
-TINYGPT_DEFINED_AS_DECLARED(rope_forward)
-TINYGPT_DEFINED_AS_DECLARED(rope_backward)
 
 // The templates, for each storage type the list takes but f64 (kernels/kernel_list.h): an instantiation that does
 // not match its declaration in kernels/cuda/cuda_kernels.h does not compile.
@@ -26,4 +24,6 @@ TINYGPT_INSTANTIATE_F32_BF16(dropout_forward)
 TINYGPT_INSTANTIATE_F32_BF16(dropout_backward)
 TINYGPT_INSTANTIATE_F32_BF16(permute)
 TINYGPT_INSTANTIATE_F32_BF16(copy_slice)
+TINYGPT_INSTANTIATE_F32_BF16(rope_forward)
+TINYGPT_INSTANTIATE_F32_BF16(rope_backward)
 }  // namespace tinygpt::cuda

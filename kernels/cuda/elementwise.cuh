@@ -479,14 +479,16 @@ __global__ void sum_rows_in_order_kernel(float* out, const float* parts, int64_t
 }
 
 /// One thread per rotated pair (or per copied element of an unrotated head).
-__global__ void rope_kernel(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
+/// bf16 storage: read widened, rotated in f32, stored rounded once (the sum with what y held, backward, in f32).
+template <class T>
+__global__ void rope_kernel(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
                             int64_t pos0, RopeFreqs freqs, double sign, bool accumulate) {
   const int64_t half = E / 2;
   TINYGPT_CUDA_LOOP(idx, B * L * NH * half) {
     const int64_t i = idx % half, h = idx / half % NH, bl = idx / (half * NH);
-    const float* x = inp + (bl * NH + h) * E;
-    float* y = out + (bl * NH + h) * E;
-    float ra = x[i], rb = x[i + half];
+    const T* x = inp + (bl * NH + h) * E;
+    T* y = out + (bl * NH + h) * E;
+    float ra = float(x[i]), rb = float(x[i + half]);
     if (h < n_rot) {
       const double angle = sign * double(pos0 + bl % L) * rope_inv_freq(freqs, i, E);
       const float c = float(cos(angle)), s = float(sin(angle));
@@ -494,8 +496,8 @@ __global__ void rope_kernel(float* out, const float* inp, int64_t B, int64_t L, 
       ra = a * c - b * s;
       rb = a * s + b * c;
     }
-    y[i] = accumulate ? y[i] + ra : ra;
-    y[i + half] = accumulate ? y[i + half] + rb : rb;
+    y[i] = T(accumulate ? float(y[i]) + ra : ra);
+    y[i + half] = T(accumulate ? float(y[i + half]) + rb : rb);
   }
 }
 
@@ -648,20 +650,22 @@ void sum_rows_in_order(float* out, const float* parts, int64_t rows, int64_t n) 
   launch_kernel("sum_rows_in_order", sum_rows_in_order_kernel, blocks_for(n), kThreads, 0, out, parts, rows, n);
 }
 
-void rope_forward(float* out, const float* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
-                  int64_t pos0, RopeFreqs freqs) {
+template <class T>
+void rope_forward(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
+                  RopeFreqs freqs) {
   const int64_t n = B * L * NH * (E / 2);
   if (n == 0) return;
-  launch_kernel("rope_forward", rope_kernel, blocks_for(n), kThreads, 0, out, inp, B, L, NH, E, n_rot, pos0, freqs, 1.0,
-                false);
+  launch_kernel("rope_forward", rope_kernel<T>, blocks_for(n), kThreads, 0, out, inp, B, L, NH, E, n_rot, pos0, freqs,
+                1.0, false);
 }
 
-void rope_backward(float* dinp, const float* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot,
-                   int64_t pos0, RopeFreqs freqs) {
+template <class T>
+void rope_backward(T* dinp, const T* dout, int64_t B, int64_t L, int64_t NH, int64_t E, int64_t n_rot, int64_t pos0,
+                   RopeFreqs freqs) {
   const int64_t n = B * L * NH * (E / 2);
   if (n == 0) return;
-  launch_kernel("rope_backward", rope_kernel, blocks_for(n), kThreads, 0, dinp, dout, B, L, NH, E, n_rot, pos0, freqs,
-                -1.0, true);
+  launch_kernel("rope_backward", rope_kernel<T>, blocks_for(n), kThreads, 0, dinp, dout, B, L, NH, E, n_rot, pos0,
+                freqs, -1.0, true);
 }
 
 TINYGPT_CUDA_END
