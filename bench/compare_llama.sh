@@ -44,8 +44,12 @@ for dtype in bf16 fp32; do
   ms=$(grep -o '"ms":[0-9.]*' "$dir/ft-$dtype/metrics.jsonl" | tail -n "$steps" | cut -d: -f2 | sort -g | tr '\n' ' ')
   echo "tinygpt $dtype  ms/step (sorted) $ms  peak RSS $(( $(cat "$dir/rss") / 1024 )) MiB"
 done
+first=1
 for conf in eager-f32 eager-bf16 compile-f32 compile-bf16; do
+  # The peer's configuration (torch and transformers versions, threads, MKL, oneDNN, attention) once, as it ran.
   OMP_NUM_THREADS=$threads /usr/bin/time -f "%M" -o "$dir/rss" "$py" bench/torch_llama.py --batch "$batch" \
-    --context "$ctx" --steps "$steps" --threads "$threads" --only "$conf" 2> "$dir/torch.err" | grep -v "^torch " || tail -3 "$dir/torch.err"
+    --context "$ctx" --steps "$steps" --threads "$threads" --only "$conf" 2> "$dir/torch.err" |
+    if [ "$first" = 1 ]; then cat; else grep -v "^torch "; fi || tail -3 "$dir/torch.err"
+  first=0
   echo "   peak RSS $(( $(cat "$dir/rss") / 1024 )) MiB"
 done

@@ -48,12 +48,12 @@ std::string gib(double bytes) {
   return fmt::format("{:.1f} {}", v, units[u]);
 }
 
-/// Whether attention on bf16 storage computes on f32 copies of q, k, v and its output: RoPE and QK-norm run in f32,
-/// and score modifiers and documents go through f32 (nn/attention.cpp; autograd/attention.cpp, attention_bf16).
-/// Otherwise the CPU's flash kernels read q, k and v as stored.
+/// Whether attention on bf16 storage computes on f32 copies of q, k, v and its output: QK-norm runs in f32, and
+/// score modifiers and documents go through f32 (nn/attention.cpp; autograd/attention.cpp, attention_bf16).
+/// Otherwise the CPU's flash kernels read q, k and v as stored (RoPE rotates them as stored).
 bool attention_on_f32_copies(const nn::GPTConfig& c) {
   const ScoreModSettings m = c.score_mods();
-  return c.pos == nn::Positions::Rope || c.qk_norm || m.window > 0 || m.softcap > 0 || m.alibi || m.t5_buckets > 0 ||
+  return c.qk_norm || m.window > 0 || m.softcap > 0 || m.alibi || m.t5_buckets > 0 ||
          m.max_rel > 0 || !c.doc_separator.empty();
 }
 
