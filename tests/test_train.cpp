@@ -617,16 +617,20 @@ TEST_CASE("memory: the parameter count from a config is the built model's, and a
   CHECK(training_memory(small, 12, true).optimizer ==
         doctest::Approx(training_memory(small, 12).optimizer * 4.0 / 3.0));
   // bf16 storage: a 2-byte working copy beside each 4-byte master, the same optimizer state, and activations of 2
-  // bytes; with RoPE (an f32 op) attention also keeps f32 copies of q, k, v and its output.
+  // bytes; with QK-norm (an f32 op) attention also keeps f32 copies of q, k, v and its output; RoPE rotates them as
+  // stored.
   const MemoryNeed f32 = training_memory(small, 12), bf16 = training_memory(small, 12, false, true);
   CHECK(bf16.weights == doctest::Approx(f32.weights * 1.5));
   CHECK(bf16.optimizer == f32.optimizer);
   CHECK(bf16.activations == doctest::Approx(0.5 * f32.activations));
-  nn::GPTConfig rope = small;
+  nn::GPTConfig rope = small, qk = small;
   rope.pos = nn::Positions::Rope;
+  qk.qk_norm = true;
   const MemoryNeed rope_f32 = training_memory(rope, 12), rope_bf16 = training_memory(rope, 12, false, true);
-  CHECK(rope_bf16.activations > 0.5 * rope_f32.activations);
-  CHECK(rope_bf16.activations < 0.75 * rope_f32.activations);
+  CHECK(rope_bf16.activations == doctest::Approx(0.5 * rope_f32.activations));
+  const MemoryNeed qk_f32 = training_memory(qk, 12), qk_bf16 = training_memory(qk, 12, false, true);
+  CHECK(qk_bf16.activations > 0.5 * qk_f32.activations);
+  CHECK(qk_bf16.activations < 0.75 * qk_f32.activations);
   CHECK(describe(bf16).find("activations") != std::string::npos);
   CHECK(available_memory(Device::CPU) > 0);
 }
