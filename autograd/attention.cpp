@@ -71,30 +71,6 @@ Tensor additive_mask(const Tensor& mask, DType dtype, int64_t B, int64_t NH, int
 
 }  // namespace
 
-void check_score_mods(const ScoreModSettings& s, std::string_view who) {
-  if (s.window < 0) throw Error(fmt::format("{}: window must be >= 0 (0: none), got {}", who, s.window));
-  if (!(s.softcap >= 0.0) || !std::isfinite(s.softcap)) {
-    throw Error(fmt::format("{}: softcap must be a finite number >= 0 (0: none), got {}", who, s.softcap));
-  }
-  constexpr int64_t kMaxTable = int64_t(1) << 20;  // rows of a learned table: far beyond any use, far below overflow
-  if (s.max_rel < 0 || s.max_rel > kMaxTable) {
-    throw Error(fmt::format("{}: max_rel (Shaw's relative positions) must be in [0, {}] (0: off), got {}", who,
-                            kMaxTable, s.max_rel));
-  }
-  if (s.t5_buckets < 0 || s.t5_buckets > kMaxTable) {
-    throw Error(fmt::format("{}: t5_buckets must be in [0, {}] (0: no T5 bias), got {}", who, kMaxTable, s.t5_buckets));
-  }
-  if (s.t5_buckets > 0) {
-    const int64_t exact = (s.t5_bidirectional ? s.t5_buckets / 2 : s.t5_buckets) / 2;
-    if (exact < 1 || s.t5_max_distance <= exact) {
-      throw Error(
-          fmt::format("{}: T5 bias needs at least {} t5_buckets and a t5_max_distance above the exact half "
-                      "({}); got {} buckets, max distance {}",
-                      who, s.t5_bidirectional ? 4 : 2, exact, s.t5_buckets, s.t5_max_distance));
-    }
-  }
-}
-
 namespace {
 
 /// The options' settings with t5_buckets and max_rel from the tables' shapes, checked (check_score_mods), as is

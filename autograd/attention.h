@@ -48,10 +48,6 @@ struct ScoreModOptions : ScoreModSettings {
   }
 };
 
-/// Throws an Error naming the first setting out of range (window, softcap, T5's buckets and max distance, max_rel),
-/// its message starting with `who`. The one check of the settings: the model's config, the layer and the op call it.
-void check_score_mods(const ScoreModSettings& s, std::string_view who);
-
 struct AttentionOptions {
   bool is_causal = false;
   Tensor attn_mask;

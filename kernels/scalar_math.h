@@ -146,6 +146,9 @@ TINYGPT_HOST_DEVICE inline bool mods_visible(const AttentionGeom& g, int64_t b, 
   return g.mods.q_doc == nullptr || g.mods.q_doc[b * g.T + t] == g.mods.k_doc[b * g.S + s];
 }
 
+/// Whether a call has a bias of (head, distance) after the cap: what position_bias adds (the CPU tabulates it).
+TINYGPT_HOST_DEVICE inline bool has_position_bias(const ScoreMods& m) { return m.alibi || m.t5_bias != nullptr; }
+
 /// The biases added after the cap for distance d = s - (t + S - T) in head h: ALiBi and T5 (kernels/score_mods.h).
 template <class T>
 TINYGPT_HOST_DEVICE inline T position_bias(const AttentionGeom& g, int64_t h, int64_t d) {

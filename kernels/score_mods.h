@@ -26,20 +26,28 @@
 //   the per-element math            on the CPU modified_logit and modified_element_backward, and the ModTile that
 //                                   applies them a row at a time (kernels/cpu/attention.cpp); on the GPU
 //                                   score_logit, score_dp and score_ds (kernels/cuda/attention_common.cuh).
-// To add one: a field in ScoreModSettings (its range in check_score_mods), its term in the per-element forward and its
-// derivative in the backward (and a range in key_begin/key_end if it hides keys); docs/DESIGN.md walks through it.
+// To add one: a field in ScoreModSettings (its range in check_score_mods, here), its term in the per-element forward
+// and its derivative in the backward (and a range in key_begin/key_end if it hides keys), and as a model option a
+// GPTConfig field with its row in nn::score_modifiers (nn/gpt.h); docs/DESIGN.md walks through it.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "host_device.h"
+#ifndef __CUDACC__
+#include <fmt/format.h>
+
+#include <string_view>
+
+#include "base.h"
+#endif
 
 namespace tinygpt {
 
 /// The score modifiers' settings: the one struct that carries them from the model's config (nn::GPTConfig::score_mods)
 /// through the layer (nn::MultiHeadAttentionConfig::mods) and the op (ScoreModOptions) to the kernels (ScoreMods),
-/// checked by one function (check_score_mods, autograd/attention.h).
+/// checked by one function (check_score_mods, below).
 struct ScoreModSettings {
   int64_t window = 0;      // > 0: keys with |d| < window only (with causal: the last `window` keys)
   double softcap = 0;      // > 0: x -> cap * tanh(x / cap)
@@ -56,6 +64,34 @@ struct ScoreModSettings {
 TINYGPT_HOST_DEVICE inline bool any_score_mod(const ScoreModSettings& s, bool docs, bool t5_table, bool rel_tables) {
   return s.window > 0 || s.softcap > 0 || s.alibi || docs || t5_table || rel_tables;
 }
+
+#ifndef __CUDACC__  // host code: the CUDA sources are C++17 and need no check of their own
+/// Throws an Error naming the first setting out of range (window, softcap, T5's buckets and max distance, max_rel),
+/// its message starting with `who`. The one check of the settings: the model's config, the layer and the op call it.
+inline void check_score_mods(const ScoreModSettings& s, std::string_view who) {
+  if (s.window < 0) throw Error(fmt::format("{}: window must be >= 0 (0: none), got {}", who, s.window));
+  if (!(s.softcap >= 0.0) || !std::isfinite(s.softcap)) {
+    throw Error(fmt::format("{}: softcap must be a finite number >= 0 (0: none), got {}", who, s.softcap));
+  }
+  constexpr int64_t kMaxTable = int64_t(1) << 20;  // rows of a learned table: far beyond any use, far below overflow
+  if (s.max_rel < 0 || s.max_rel > kMaxTable) {
+    throw Error(fmt::format("{}: max_rel (Shaw's relative positions) must be in [0, {}] (0: off), got {}", who,
+                            kMaxTable, s.max_rel));
+  }
+  if (s.t5_buckets < 0 || s.t5_buckets > kMaxTable) {
+    throw Error(fmt::format("{}: t5_buckets must be in [0, {}] (0: no T5 bias), got {}", who, kMaxTable, s.t5_buckets));
+  }
+  if (s.t5_buckets > 0) {
+    const int64_t exact = (s.t5_bidirectional ? s.t5_buckets / 2 : s.t5_buckets) / 2;
+    if (exact < 1 || s.t5_max_distance <= exact) {
+      throw Error(
+          fmt::format("{}: T5 bias needs at least {} t5_buckets and a t5_max_distance above the exact half "
+                      "({}); got {} buckets, max distance {}",
+                      who, s.t5_bidirectional ? 4 : 2, exact, s.t5_buckets, s.t5_max_distance));
+    }
+  }
+}
+#endif
 
 /// The settings with the kernels' data: document ids, the learned tables (sized by t5_buckets and max_rel) and
 /// their gradients.

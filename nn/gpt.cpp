@@ -6,22 +6,6 @@
 
 namespace tinygpt::nn {
 
-std::span<const ScoreModifier> score_modifiers() {
-  static const ScoreModifier rows[] = {
-      {"window", "--window", "Sliding-window attention: each position sees the last W (0: the whole block)",
-       "sliding-window attention", "--window", "window {}", &GPTConfig::window, &ScoreModSettings::window},
-      {"attn_softcap", "--softcap", "Soft-cap attention logits: x -> CAP tanh(x / CAP) (0: off; Gemma 2 uses 50)",
-       "soft-capped attention logits", "--softcap", "soft-cap {}", &GPTConfig::attn_softcap,
-       &ScoreModSettings::softcap},
-      {"doc_separator", "--doc-sep",
-       "Packed documents: the text that ends one (e.g. $'\\n\\n'); attention stays within a document, and sampling "
-       "starts a fresh context after it (default: none)",
-       "attention kept within documents", "--doc-sep or --doc-mask", "documents", &GPTConfig::doc_separator,
-       std::monostate{}},
-  };
-  return rows;
-}
-
 bool modifier_on(const ScoreModifier& m, const GPTConfig& c) {
   return std::visit(
       [&c](auto field) {

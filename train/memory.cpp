@@ -53,8 +53,7 @@ std::string gib(double bytes) {
 /// Otherwise the CPU's flash kernels read q, k and v as stored (RoPE rotates them as stored).
 bool attention_on_f32_copies(const nn::GPTConfig& c) {
   const ScoreModSettings m = c.score_mods();
-  return c.qk_norm || m.window > 0 || m.softcap > 0 || m.alibi || m.t5_buckets > 0 || m.max_rel > 0 ||
-         !c.doc_separator.empty();
+  return c.qk_norm || any_score_mod(m, !c.doc_separator.empty(), m.t5_buckets > 0, m.max_rel > 0);
 }
 
 }  // namespace

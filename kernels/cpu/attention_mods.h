@@ -192,7 +192,7 @@ struct PositionBias {
   std::vector<T> fwd, rev;                      // (NH, stride)
   std::vector<int32_t> bucket_fwd, bucket_rev;  // (stride)
 
-  explicit PositionBias(const AttentionGeom& g) : on(g.mods.alibi || g.mods.t5_bias) {
+  explicit PositionBias(const AttentionGeom& g) : on(has_position_bias(g.mods)) {
     if (!on) return;
     dmin = -(g.S - 1), dmax = g.T - 1, stride = dmax - dmin + 1 + 2 * kCols<T>;
     fwd.assign(size_t(g.NH * stride), T(0));
