@@ -290,16 +290,6 @@ void validate_eval(const EvalArgs& a) {
   }
 }
 
-/// The train fraction the checkpoint's run trained with (its training config), else the default 0.9.
-double run_train_fraction(const Checkpoint& ckpt) {
-  const nlohmann::json& c = ckpt.state.train_config;
-  const double f = c.is_object() && c.contains("train_fraction") && c["train_fraction"].is_number()
-                       ? c["train_fraction"].get<double>()
-                       : 0.9;
-  return f > 0 && f < 1 ? f : 0.9;
-}
-
-/// eval --chat-data: the assistants' tokens' loss over every conversation of the files, on one line.
 void run_eval_chat(const EvalArgs& a, const Checkpoint& ckpt, nn::GPT& model) {
   const data::ChatTemplate tpl = data::chat_template_for(ckpt.tokenizer.config(), a.chat_template);
   std::vector<data::Messages> all;

@@ -63,6 +63,15 @@ std::string fine_tuned_from(const Checkpoint& ckpt) {
                                                                                 : "";
 }
 
+double run_train_fraction(const Checkpoint& ckpt) {
+  const nlohmann::json& c = ckpt.state.train_config;
+  const double f = c.is_object() && c.contains("train_fraction") && c["train_fraction"].is_number()
+                       ? c["train_fraction"].get<double>()
+                       : 0.9;
+  return f > 0 && f < 1 ? f : 0.9;
+}
+
+/// eval --chat-data: the assistants' tokens' loss over every conversation of the files, on one line.
 TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, const data::Tokenizer* given, bool quiet,
                                 bool lead) {
   const SignalsEndPass signals;  // Ctrl-C while the token cache is written: its temporary files go, exit 130

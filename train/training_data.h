@@ -33,6 +33,9 @@ bool split_at_position(bool chars, size_t files, bool fine_tuned);
 /// The checkpoint a run's weights came from (its --init-from, kept in the checkpoint's training config), or "".
 std::string fine_tuned_from(const Checkpoint& ckpt);
 
+/// The train fraction the checkpoint's run trained with (its training config), else the default 0.9.
+double run_train_fraction(const Checkpoint& ckpt);
+
 /// Loads --data into `out`'s token cache. `given` is the tokenizer of a checkpoint the run starts from (--resume,
 /// --init-from), or null. The lead rank trains a BPE (--tokenizer bpe) and writes it to out/tokenizer.json; the other
 /// ranks, which call this after it, read it from there. With cfg.sft, --data's JSON lines of conversations under the

@@ -313,7 +313,7 @@ void gemm_blocked(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, co
     if (ep.out16 != nullptr && Blocked<Cfg, T, S>::k_group(K, N) < K) {
       // All of K fits the op(B) slab for columns this narrow: the product in column blocks of that width, each
       // stored in bf16 tile by tile as usual (the 49,152 logits of K = 576 in blocks of 3,616 columns, not K in two
-      // groups through f32: 580 -> 850 GFLOP/s on AVX512-BF16).
+      // groups through f32: 580 -> 820 GFLOP/s on AVX512-BF16).
       const int64_t fit = 2 * kSlabBytes / (K * int64_t(sizeof(typename Cfg::Packed))) / Cfg::NR * Cfg::NR;
       if (fit >= kMinSlabColumns) {
         for (int64_t j0 = 0; j0 < N; j0 += fit) {

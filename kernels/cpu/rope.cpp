@@ -79,24 +79,21 @@ void rotate(T* out, const T* inp, int64_t B, int64_t L, int64_t NH, int64_t E, i
       for (int64_t h = 0; h < NH; ++h) {
         const T* x = inp + (bl * NH + h) * E;
         T* y = out + (bl * NH + h) * E;
+        const C* xc;  // the row in the compute type: in place, or (bf16) widened into `wide`
+        C* yc;
         if constexpr (std::is_same_v<T, C>) {
-          if (h < n_rot) {
-            rotate_row(y, x, cs_l, half, accumulate);
-          } else {
-            for (int64_t d = 0; d < E; ++d) y[d] = accumulate ? y[d] + x[d] : x[d];
-          }
+          xc = x, yc = y;
         } else {
-          float* xw = wide.data();
-          float* yw = wide.data() + E;
-          widen_range(xw, x, E);
-          if (accumulate) widen_range(yw, y, E);
-          if (h < n_rot) {
-            rotate_row(yw, xw, cs_l, half, accumulate);
-          } else {
-            for (int64_t d = 0; d < E; ++d) yw[d] = accumulate ? yw[d] + xw[d] : xw[d];
-          }
-          round_range(y, yw, E);
+          xc = wide.data(), yc = wide.data() + E;
+          widen_range(wide.data(), x, E);
+          if (accumulate) widen_range(yc, y, E);
         }
+        if (h < n_rot) {
+          rotate_row(yc, xc, cs_l, half, accumulate);
+        } else {
+          for (int64_t d = 0; d < E; ++d) yc[d] = accumulate ? yc[d] + xc[d] : xc[d];
+        }
+        if constexpr (!std::is_same_v<T, C>) round_range(y, yc, E);
       }
     }
   }
