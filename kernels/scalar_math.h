@@ -162,16 +162,62 @@ TINYGPT_HOST_DEVICE inline T position_bias(const AttentionGeom& g, int64_t h, in
   return bias;
 }
 
-/// Soft-capping of a scaled score, and its derivative from the capped value c: d(cap tanh(x / cap))/dx = 1 - (c/cap)^2.
-template <class T>
-TINYGPT_HOST_DEVICE inline T softcap_forward(T x, double cap) {
-  return cap > 0 ? T(cap) * tanh_of(x / T(cap)) : x;
+/// tanh for modified_score's scalar callers (the CPU's vectors pass their own).
+struct ScalarTanh {
+  template <class T>
+  TINYGPT_HOST_DEVICE T operator()(T x) const {
+    return tanh_of(x);
+  }
+};
+
+/// The score modifiers' arithmetic on a logit, written once for every kernel: the CPU's scalars (naive kernels) and
+/// vectors (ModTile, V a Vec of S) and the GPU's floats. The raw product x (Shaw's R term added) is scaled, soft-capped
+/// (cap tanh(y / cap) when cap > 0, kept in `capped`, which the gradient needs) and biased (position_bias, after the
+/// cap). Masks stay with the callers, who set hidden logits to -inf.
+template <class V, class S, class Tanh>
+TINYGPT_HOST_DEVICE inline V modified_score(V x, V bias, S scale, S cap, Tanh tanh, V& capped) {
+  capped = x * scale;
+  if (cap > S(0)) capped = cap * tanh(capped * (S(1) / cap));
+  return capped + bias;
 }
+
+/// The raw product's gradient from the logit's, the chain back through modified_score: times the scale and the
+/// soft-cap's derivative, d(cap tanh(y / cap))/dy = 1 - (capped / cap)^2.
+template <class V, class S>
+TINYGPT_HOST_DEVICE inline V modified_score_grad(V dlogit, V capped, S scale, S cap) {
+  V ds = dlogit * scale;
+  if (cap > S(0)) {
+    const V r = capped * (S(1) / cap);
+    ds = ds * (S(1) - r * r);
+  }
+  return ds;
+}
+
+/// Row of query t of head (b, h) in a (B, NH, T, ...) array: lse, D, and Shaw's (B, NH, T, 2m + 1) rows.
+TINYGPT_HOST_DEVICE inline int64_t head_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) {
+  return (b * g.NH + h) * g.T + t;
+}
+
+/// The logit of (t, s) with score modifiers on, from its raw product qk: -inf where the key is hidden (out of range,
+/// by position, document or padding), else modified_score of qk plus Shaw's R (rows R, (B, NH, T, 2m + 1), or null),
+/// with `bias` = position_bias(g, h, s - tq), plus the additive mask (or null). The element form every kernel shares:
+/// the CPU's naive kernels and the GPU's call it; the CPU tiles run modified_score on whole rows.
 template <class T>
-TINYGPT_HOST_DEVICE inline T softcap_grad(T capped, double cap) {
-  if (!(cap > 0)) return T(1);
-  const T r = capped / T(cap);
-  return T(1) - r * r;
+TINYGPT_HOST_DEVICE inline T modified_logit(const AttentionGeom& g, const uint8_t* kp, const T* mask, const T* R,
+                                            int64_t b, int64_t h, int64_t t, int64_t s, T qk, T bias, T& capped) {
+  if (!(t < g.T && s < g.S) || !mods_visible(g, b, t, s) || (kp && kp[b * g.S + s])) return T(-INFINITY);
+  if (R) qk += R[head_row(g, b, h, t) * g.mods.rel_width() + rel_column(s - (t + g.S - g.T), g.mods.max_rel)];
+  const T logit = modified_score(qk, bias, T(g.scale), T(g.mods.softcap), ScalarTanh{}, capped);
+  if (!mask) return logit;
+  return logit + mask[b * g.mask_stride[0] + h * g.mask_stride[1] + t * g.mask_stride[2] + s * g.mask_stride[3]];
+}
+
+/// dP of (t, s) from dO_t . v_s with score modifiers on: plus Shaw's G rows on the value side (G = dO A_V^T, or null).
+template <class T>
+TINYGPT_HOST_DEVICE inline T modified_dp(const AttentionGeom& g, const T* G, int64_t b, int64_t h, int64_t t, int64_t s,
+                                         T dov) {
+  if (!G) return dov;
+  return dov + G[head_row(g, b, h, t) * g.mods.rel_width() + rel_column(s - (t + g.S - g.T), g.mods.max_rel)];
 }
 
 /// The factor dropout applies to a kept element: 1 / (1 - p), or 0 when p == 1 (nothing is kept).

@@ -23,9 +23,11 @@
 //                                   see by position: tiles outside are skipped (a window costs O(T W), not O(T S));
 //   mods_visible                    (kernels/scalar_math.h) whether a modifier hides one (t, s);
 //   docs_may_meet                   whole-tile skipping by data (documents; kernels/cpu/attention.cpp);
-//   the per-element math            on the CPU modified_logit and modified_element_backward, and the ModTile that
-//                                   applies them a row at a time (kernels/cpu/attention.cpp); on the GPU
-//                                   score_logit, score_dp and score_ds (kernels/cuda/attention_common.cuh).
+//   the per-element math            written once in kernels/scalar_math.h: modified_score (scale, cap, biases) and
+//                                   its gradient for scalars and the CPU's vectors, modified_logit and modified_dp
+//                                   (Shaw's rows, masks) for one element; the CPU's naive kernels, its ModTile (a
+//                                   row of vectors at a time, kernels/cpu/attention_mods.h) and the GPU's
+//                                   score_logit / score_dp / score_ds (kernels/cuda/attention_common.cuh) call them.
 // To add one: a field in ScoreModSettings (its range in check_score_mods, here), its term in the per-element forward
 // and its derivative in the backward (and a range in key_begin/key_end if it hides keys), and as a model option a
 // GPTConfig field with its row in nn::score_modifiers (nn/gpt.h); docs/DESIGN.md walks through it.

@@ -76,8 +76,8 @@ void attention_naive_forward(T* out, T* weights, T* lse, const T* q, const T* k,
         T x = kNegInf<T>;
         if (mods) {
           T capped;
-          x = modified_logit(g, b, h, t, s, dot(qr, at(k, g.k_stride, b, kvh, s), g.E),
-                             position_bias<T>(g, h, s - (t + g.S - g.T)), mask, key_padding, rel, capped);
+          x = modified_logit(g, key_padding, mask, rel.R, b, h, t, s, dot(qr, at(k, g.k_stride, b, kvh, s), g.E),
+                             position_bias<T>(g, h, s - (t + g.S - g.T)), capped);
         } else if (s < end && !(key_padding && key_padding[b * g.S + s])) {
           x = scale * dot(qr, at(k, g.k_stride, b, kvh, s), g.E);
           if (mr) x += mr[s * g.mask_stride[3]];

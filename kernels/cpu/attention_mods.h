@@ -1,6 +1,7 @@
 // Flash attention on the CPU, the score modifiers' tiles (kernels/score_mods.h): Shaw's relative rows and tables,
-// the per-element logit and gradient (modified_logit, modified_element_backward, which the naive kernels call
-// too), position biases a row at a time, and ModTile, which applies them to a tile. Only
+// the naive kernels' element backward (modified_element_backward), position biases a row at a time, and ModTile,
+// which applies the modifiers to a tile a row at a time. The logit's arithmetic is kernels/scalar_math.h's
+// (modified_logit, modified_score and its gradient), shared with the GPU. Only
 // kernels/cpu/attention.cpp includes it.
 #pragma once
 
@@ -11,9 +12,6 @@ namespace tinygpt::cpu::attention_detail {
 // ---------------------------------------------------------------------------------------------------------------
 // Score modifiers (kernels/score_mods.h). When any is on, the logits and gradients of a tile come from the two
 // per-element functions below instead of the plain paths of attention_tiles.h; the naive kernels call the same two.
-
-/// Row of query t of head (b, h) in a (B, NH, T, ...) array: lse, D, and the (B, NH, T, 2m + 1) ones below.
-inline int64_t head_row(const AttentionGeom& g, int64_t b, int64_t h, int64_t t) { return (b * g.NH + h) * g.T + t; }
 
 /// Shaw's relative positions per query row, (B, NH, T, 2m + 1) each, null when unused: R = Q A_K^T (forward and
 /// backward), G = dO A_V^T and dR, the raw-product gradients summed per clipped distance (backward).
@@ -124,20 +122,6 @@ void add_relative_values(T* out, const AttentionGeom& g) {
   }
 }
 
-/// The logit of (t, s) from its raw product x = q_t . k_s, -inf where the key is hidden; `bias` is
-/// position_bias(g, h, s - tq) and `capped` receives the soft-capped scaled score (what the backward needs).
-template <class T>
-inline T modified_logit(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s, T x, T bias, const T* mask,
-                        const uint8_t* kp, const RelRows<T>& rel, T& capped) {
-  if (!mods_visible(g, b, t, s) || (kp && kp[b * g.S + s])) return kNegInf<T>;
-  const ScoreMods& m = g.mods;
-  if (rel.R) x += rel.R[head_row(g, b, h, t) * m.rel_width() + rel_column(s - (t + g.S - g.T), m.max_rel)];
-  capped = softcap_forward(x * T(g.scale), m.softcap);
-  T logit = capped + bias;
-  if (mask) logit += at(mask, g.mask_stride, b, h, t)[s * g.mask_stride[3]];
-  return logit;
-}
-
 /// One element of the backward: raw product x and dp = dO_t . v_s in, the dropped probability Pd and the raw
 /// product's gradient dS out (both 0 where hidden). With `tables`, the learned tables' gradients are summed too:
 /// into dR's row of t (owned by the caller) and dt5 (the caller's partial sum for head h, t5_buckets long).
@@ -148,20 +132,20 @@ inline void modified_element_backward(const AttentionGeom& g, int64_t b, int64_t
   const ScoreMods& m = g.mods;
   const int64_t row = head_row(g, b, h, t), col = rel_column(s - (t + g.S - g.T), m.max_rel);
   T capped = 0;
-  const T logit = lse[row] == kNegInf<T> ? kNegInf<T> : modified_logit(g, b, h, t, s, x, bias, mask, kp, rel, capped);
+  const T logit = lse[row] == kNegInf<T> ? kNegInf<T> : modified_logit(g, kp, mask, rel.R, b, h, t, s, x, bias, capped);
   if (logit == kNegInf<T>) {
     x = dp = T(0);
     return;
   }
   const T p = std::exp(logit - lse[row]);
-  if (rel.G) dp += rel.G[row * m.rel_width() + col];
+  dp = modified_dp(g, rel.G, b, h, t, s, dp);
   T f = 1;
   if (g.dropout_p > 0.0f) {
     f = dropout_keep(g.dropout_seed.value(), dropout_row(g, b, h, t) + s, g.dropout_p) ? dropout_scale<T>(g.dropout_p)
                                                                                        : T(0);
   }
   const T dlogit = p * (dp * f - D[row]);
-  const T ds = dlogit * softcap_grad(capped, m.softcap) * T(g.scale);
+  const T ds = modified_score_grad(dlogit, capped, T(g.scale), T(m.softcap));
   if (tables) {
     if (dt5) dt5[bucket] += dlogit;
     if (rel.dR) rel.dR[row * m.rel_width() + col] += ds;
@@ -363,15 +347,12 @@ class ModTile {
                    bool key_major, At where) {
     constexpr int64_t L = kLanes<T>;
     if (rel_.R) add_by_distance(x, v, rel_.R, sc_.R_ends, key_major, where(0));
-    const Vec<T> scale = splat(T(g_.scale)), cap = splat(T(m_.softcap)),
-                 inv_cap = splat(T(m_.softcap > 0 ? 1.0 / m_.softcap : 0.0));
+    const T scale = T(g_.scale), cap = T(m_.softcap);
+    auto tanh = [](Vec<T> y) { return tanh_vec(y); };
     for (int64_t l = 0; l < lanes; l += L) {
-      Vec<T> y = load(x + l) * scale;
-      if (m_.softcap > 0) {
-        y = cap * tanh_vec(y * inv_cap);
-        store(capped + l, y);
-      }
-      store(x + l, bias ? y + load(bias + l) : y);
+      Vec<T> y;
+      store(x + l, modified_score(load(x + l), bias ? load(bias + l) : splat(T(0)), scale, cap, tanh, y));
+      if (capped) store(capped + l, y);
     }
     for (int64_t l = v.lo; l < v.hi && mask; ++l) {
       const Where w = where(l);
@@ -400,16 +381,11 @@ class ModTile {
                     bool tables, T* by_distance, At where) {
     const bool key_major = per_lane;  // key-major rows have a query (its lse and D) per lane
     constexpr int64_t L = kLanes<T>;
-    const Vec<T> scale = splat(T(g_.scale)), inv_cap = splat(T(m_.softcap > 0 ? 1.0 / m_.softcap : 0.0));
+    const T scale = T(g_.scale), cap = T(m_.softcap);
     auto lse_at = [&](int64_t l) { return per_lane ? load(lse + l) : splat(*lse); };
     auto D_at = [&](int64_t l) { return per_lane ? load(D + l) : splat(*D); };
     auto ds_of = [&](Vec<T> dlogit, int64_t l) {  // the raw product's gradient from the logit's
-      Vec<T> ds = dlogit * scale;
-      if (capped) {
-        const Vec<T> r = load(capped + l) * inv_cap;
-        ds *= T(1) - r * r;
-      }
-      return ds;
+      return modified_score_grad(dlogit, capped ? load(capped + l) : splat(T(0)), scale, cap);
     };
     if (rel_.G) add_by_distance(dp, v, rel_.G, sc_.G_ends, key_major, where(0));
     const bool t5 = tables && by_distance;

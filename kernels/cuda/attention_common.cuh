@@ -60,9 +60,9 @@ __device__ __forceinline__ bool tile_unmasked(const AttentionGeom& g, const uint
 
 /// The logit of (t, s) from its raw product qk, -inf where the key is hidden (out of range, causal, padding, and the
 /// score modifiers of kernels/score_mods.h); `capped` gets the soft-capped scaled score, which the backward needs.
-/// Shaw's R rows come from g.mods.gpu_R. kMods = false promises a call without score modifiers (!g.mods.any()): the
-/// flash kernels are built twice, and the build without the modifiers' per-element code is a quarter the size
-/// (instruction cache) and needs fewer registers.
+/// With modifiers it is modified_logit (kernels/scalar_math.h, the CPU's too), Shaw's R rows from g.mods.gpu_R.
+/// kMods = false promises a call without score modifiers (!g.mods.any()): the flash kernels are built twice, and the
+/// build without the modifiers' per-element code is a quarter the size (instruction cache) and needs fewer registers.
 template <bool kMods = true>
 __device__ __forceinline__ float score_logit(const AttentionGeom& g, const uint8_t* kp, const float* mask, int64_t b,
                                              int64_t h, int64_t t, int64_t s, float qk, float& capped) {
@@ -70,28 +70,22 @@ __device__ __forceinline__ float score_logit(const AttentionGeom& g, const uint8
     capped = float(g.scale) * qk;
     return visible(g, kp, b, t, s) ? capped + mask_at(mask, g, b, h, t, s) : -INFINITY;
   }
-  if (!(t < g.T && s < g.S) || !mods_visible(g, b, t, s) || (kp && kp[b * g.S + s])) return -INFINITY;
-  const ScoreMods& m = g.mods;
-  const int64_t d = s - (t + g.S - g.T);
-  if (m.gpu_R) qk += m.gpu_R[((b * g.NH + h) * g.T + t) * m.rel_width() + rel_column(d, m.max_rel)];
-  capped = softcap_forward(float(g.scale) * qk, m.softcap);
-  return capped + position_bias<float>(g, h, d) + mask_at(mask, g, b, h, t, s);
+  return modified_logit(g, kp, mask, g.mods.gpu_R, b, h, t, s, qk, position_bias<float>(g, h, s - (t + g.S - g.T)),
+                        capped);
 }
 
 /// dP of (t, s) from dO_t . v_s: plus Shaw's G rows (g.mods.gpu_G) on the value side.
 template <bool kMods = true>
 __device__ __forceinline__ float score_dp(const AttentionGeom& g, int64_t b, int64_t h, int64_t t, int64_t s,
                                           float dov) {
-  const ScoreMods& m = g.mods;
-  if (!kMods || !m.gpu_G) return dov;
-  return dov + m.gpu_G[((b * g.NH + h) * g.T + t) * m.rel_width() + rel_column(s - (t + g.S - g.T), m.max_rel)];
+  return kMods ? modified_dp(g, g.mods.gpu_G, b, h, t, s, dov) : dov;
 }
 
 /// The raw product's gradient from the logit's: times the soft-cap's derivative and the scale.
 template <bool kMods = true>
 __device__ __forceinline__ float score_ds(const AttentionGeom& g, float dlogit, float capped) {
   if (!kMods) return dlogit * float(g.scale);
-  return dlogit * softcap_grad(capped, g.mods.softcap) * float(g.scale);
+  return modified_score_grad(dlogit, capped, float(g.scale), float(g.mods.softcap));
 }
 
 /// Throws when a call's grid does not fit one launch: B * NH heads in one grid dimension, 64-row tiles of T and S in
