@@ -140,7 +140,7 @@ ConversationSet encode_conversations(const std::vector<Messages>& conversations,
 ConversationSet load_conversations(const FileList& files, const ChatTemplate& chat_template, const Tokenizer& tokenizer,
                                    int64_t context, double train_fraction) {
   std::vector<Messages> all;
-  for (const fs::path& f : files) {
+  for (const std::string& f : files) {
     for (Messages& m : read_conversations(f)) all.push_back(std::move(m));
   }
   if (all.empty()) throw Error("the --data files hold no conversations (JSON lines of {\"messages\": [...]})");

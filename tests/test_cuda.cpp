@@ -21,6 +21,7 @@
 #include "nn/gpt.h"
 #include "tests/attention_bf16_case.h"
 #include "tests/attention_cases.h"
+#include "tests/kernel_cases.h"
 #include "train/adamw.h"
 #include "train/generate.h"
 #include "train/trainer.h"
@@ -249,6 +250,54 @@ TEST_CASE("cuda: layernorm, embedding, cross-entropy and rope match the CPU") {
       "cross_entropy", [](auto& in) { return cross_entropy(in[0], in[1]); }, {logits, targets}, 1e-5, 1e-4);
   check_op(
       "rope", [](auto& in) { return rope(in[0], 16, 3, 5); }, {randn_f32({2, 9, 4 * 16}, 10)}, 1e-5, 1e-4);
+}
+
+TEST_CASE("cuda: RMSNorm and layer norm after a residual add, SwiGLU, bf16 casts and the loss alone match the CPU") {
+  const Tensor x = randn_f32({3, 50, 96}, 1), r = randn_f32({3, 50, 96}, 2), w = randn_f32({96}, 3);
+  check_op(
+      "rms_norm", [](auto& in) { return rms_norm(in[0], in[1]); }, {x, w}, 1e-4, 1e-4);
+  check_op(
+      "rms_norm many rows", [](auto& in) { return rms_norm(in[0], in[1]); },
+      {randn_f32({5000, 64}, 4), randn_f32({64}, 5)}, 1e-4, 1e-4);
+  check_op(
+      "add_rms_norm",
+      [](auto& in) {
+        const auto [sum, normed] = add_rms_norm(in[0], in[1], in[2]);
+        return sum * 0.5 + normed;
+      },
+      {x, r, w}, 1e-4, 1e-4);
+  check_op(
+      "swiglu", [](auto& in) { return swiglu(in[0]); }, {randn_f32({4, 70, 2 * 48}, 6, 2.0)}, 1e-5, 1e-4);
+  check_op(
+      "add_layer_norm",
+      [](auto& in) {
+        const auto [sum, normed] = add_layer_norm(in[0], in[1], in[2], in[3]);
+        return sum * 0.5 + normed;
+      },
+      {x, r, w, randn_f32({96}, 7)}, 1e-4, 1e-4);
+  // f32 -> bf16 -> f32: the rounding (nearest, ties to even) is exact on both devices, and so is the gradient's way
+  // back (a bf16 gradient added into the f32 one).
+  check_op(
+      "bf16 round trip", [](auto& in) { return cast(cast(in[0], DType::BF16), DType::F32); }, {x}, 0, 0);
+  // The loss alone, as evaluation computes it (check_op's calls record gradients, so they take the fused kernel).
+  NoGradGuard no_grad;
+  const Tensor logits = randn_f32({4, 70, 65}, 8, 2.0), targets = ids({4, 70}, 65, 9);
+  check_matches(cross_entropy(logits.to(Device::CUDA), targets.to(Device::CUDA)), cross_entropy(logits, targets), 1e-5,
+                1e-5, "cross_entropy without gradients");
+}
+
+TEST_CASE("cuda: the optimizers' small kernels (fill, axpby, the sum of squares) match the CPU") {
+  check_matches(full({1000}, 0.375, DType::F32, Device::CUDA), full({1000}, 0.375), 0, 0, "fill");
+  const Tensor x = randn_f32({1000}, 1), y = randn_f32({1000}, 2);
+  Tensor yc = y.clone(), yd = y.to(Device::CUDA);
+  const Tensor xd = x.to(Device::CUDA);
+  launch(kernels::axpby<float>, Device::CPU, yc.data<float>(), x.data<float>(), int64_t(1000), -0.3, 0.9, nullptr,
+         nullptr, 0.0);
+  launch(kernels::axpby<float>, Device::CUDA, yd.data<float>(), xd.data<float>(), int64_t(1000), -0.3, 0.9, nullptr,
+         nullptr, 0.0);
+  check_matches(yd, yc, 1e-6, 1e-6, "axpby");
+  const Tensor big = randn_f32({3, 70001}, 3);
+  check_matches(sum_squares(big.to(Device::CUDA)), sum_squares(big), 0, 1e-5, "sum_squares");
 }
 
 TEST_CASE("cuda: adamw_update matches the CPU") {
@@ -802,3 +851,71 @@ int main(int argc, char** argv) {
   doctest::Context context(argc, argv);
   return context.run();
 }
+
+// Every kernel of kernels/kernel_list.h and the case above that runs its CUDA side against the CPU's (a kernel added
+// to the list without a row here fails to build this file: tests/kernel_cases.h).
+constexpr std::string_view case_of(test::Kernel k) {
+  using K = test::Kernel;
+  switch (k) {
+    case K::round_to_bf16:
+    case K::widen_bf16:
+    case K::accumulate_bf16:
+    case K::add_layernorm_forward:
+    case K::crossentropy_forward:
+    case K::rmsnorm_forward:
+    case K::add_rmsnorm_forward:
+    case K::rmsnorm_backward:
+    case K::swiglu_forward:
+    case K::swiglu_backward:
+      return "RMSNorm and layer norm after a residual add, SwiGLU, bf16 casts and the loss alone";
+    case K::fill:
+    case K::axpby:
+    case K::sum_squares:
+      return "the optimizers' small kernels (fill, axpby, the sum of squares)";
+    case K::axpy:
+      return "elementwise and broadcast ops (each gradient summed twice, by axpy)";
+    case K::unary_forward:
+    case K::unary_backward:
+    case K::binary_forward:
+    case K::binary_backward:
+    case K::dropout_forward:
+    case K::dropout_backward:
+      return "elementwise and broadcast ops; GPT training on bf16 storage";
+    case K::sum_forward:
+    case K::sum_backward:
+    case K::softmax_forward:
+    case K::softmax_backward:
+    case K::log_softmax_forward:
+    case K::log_softmax_backward:
+    case K::permute:
+    case K::copy_slice:
+      return "reductions, softmax and layout ops";
+    case K::matmul_forward:
+    case K::matmul_backward:
+    case K::linear_forward:
+    case K::linear_backward:
+      return "matmul and linear (cuBLAS, f32); bf16 matmuls; the MLP";
+    case K::layernorm_forward:
+    case K::layernorm_backward:
+    case K::embedding_forward:
+    case K::embedding_backward:
+    case K::crossentropy_fused:
+    case K::crossentropy_backward:
+    case K::rope_forward:
+    case K::rope_backward:
+      return "layernorm, embedding, cross-entropy and rope";
+    case K::adamw_update:
+      return "adamw_update matches the CPU";
+    case K::attention_naive_forward:
+    case K::attention_naive_backward:
+      return "naive attention matches the CPU naive kernels";
+    case K::attention_flash_forward:
+    case K::attention_flash_backward:
+      return "flash attention matches the CPU naive kernels over the whole test matrix";
+    case K::attention_flash_forward_bf16:
+    case K::attention_flash_backward_bf16:
+      return "flash attention on bf16 storage matches the double reference";
+  }
+  return "";
+}
+TINYGPT_EVERY_KERNEL_HAS_A_CASE()

@@ -29,6 +29,7 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "tests/attention_cases.h"
+#include "tests/kernel_cases.h"
 
 using namespace tinygpt;
 namespace gpu = tinygpt::cuda::emulated;
@@ -1826,3 +1827,81 @@ TEST_CASE("emulated CUDA: score modifiers in the naive and flash kernels, every 
                        {.window = 40, .max_rel = 3, .rel_value = true, .alibi = true, .softcap = 4}, true,
                        AttentionMath::BF16, 5e-2);
 }
+
+// Every kernel of kernels/kernel_list.h and the case above that compares its CUDA twin with the CPU's (the emulator's
+// cases; a kernel added to the list without a row here fails to build this file: tests/kernel_cases.h).
+constexpr std::string_view case_of(test::Kernel k) {
+  using K = test::Kernel;
+  switch (k) {
+    case K::round_to_bf16:
+    case K::widen_bf16:
+    case K::accumulate_bf16:
+      return "f32 <-> bf16 conversion, vector and element paths, bit for bit";
+    case K::fill:
+    case K::axpy:
+      return "fill, axpy, axpby";
+    case K::axpby:
+      return "fill, axpy, axpby; axpby with its factors in device memory";
+    case K::unary_forward:
+    case K::unary_backward:
+      return "unary ops, forward and backward; bf16 storage, elementwise maps";
+    case K::binary_forward:
+    case K::binary_backward:
+      return "binary ops over broadcast shapes; bf16 storage, elementwise maps";
+    case K::sum_forward:
+    case K::sum_backward:
+      return "sums over a middle dim (strided) and over long rows (chunked)";
+    case K::sum_squares:
+      return "sum of squares (empty, one chunk, several chunks)";
+    case K::softmax_forward:
+    case K::softmax_backward:
+    case K::log_softmax_forward:
+    case K::log_softmax_backward:
+      return "softmax and log-softmax";
+    case K::layernorm_forward:
+    case K::add_layernorm_forward:
+    case K::layernorm_backward:
+      return "layernorm (several blocks of weight and bias partial sums); bf16 storage";
+    case K::rmsnorm_forward:
+    case K::add_rmsnorm_forward:
+    case K::rmsnorm_backward:
+    case K::swiglu_forward:
+    case K::swiglu_backward:
+      return "RMSNorm (fused and wide rows) and SwiGLU, forward and backward";
+    case K::embedding_forward:
+    case K::embedding_backward:
+      return "embedding (repeated and unused ids); bf16 storage, layer norm and embedding";
+    case K::crossentropy_forward:
+    case K::crossentropy_backward:
+    case K::crossentropy_fused:
+      return "cross-entropy over f32 and bf16 logits; over wide rows";
+    case K::dropout_forward:
+    case K::dropout_backward:
+      return "dropout draws the CPU's mask, forward and backward";
+    case K::permute:
+    case K::copy_slice:
+      return "permute and copy_slice, storing and accumulating";
+    case K::matmul_forward:
+    case K::matmul_backward:
+      return "matmul launchers (every transpose, shared and batched operands); bf16 storage";
+    case K::linear_forward:
+    case K::linear_backward:
+      return "linear asks cublasLt for its epilogues only when asked; matmul and linear";
+    case K::adamw_update:
+      return "AdamW step over runs of a packed buffer; clipped, unclipped, refused";
+    case K::rope_forward:
+    case K::rope_backward:
+      return "RoPE (rotated and copied heads, an offset, Llama 3's scaling)";
+    case K::attention_naive_forward:
+    case K::attention_naive_backward:
+      return "naive attention (GQA, masks, padding, dropout); score modifiers";
+    case K::attention_flash_forward:
+    case K::attention_flash_backward:
+      return "flash attention on CUDA cores; entry points; score modifiers";
+    case K::attention_flash_forward_bf16:
+    case K::attention_flash_backward_bf16:
+      return "tests/test_flash_mma_emulated.cpp: flash on bf16 storage (emulated)";
+  }
+  return "";
+}
+TINYGPT_EVERY_KERNEL_HAS_A_CASE()

@@ -5,6 +5,7 @@
 
 #include "autograd/ops.h"
 #include "test_util.h"
+#include "tests/kernel_cases.h"
 
 using namespace tinygpt;
 using tinygpt::test::expect_gradcheck;
@@ -211,3 +212,75 @@ TEST_CASE("gradcheck: catches a wrong backward and names the element") {
   f32.requires_grad_();
   CHECK_THROWS_AS(gradcheck([](const Inputs& in) { return in[0]; }, {f32}), Error);
 }
+
+// Every kernel of kernels/kernel_list.h and the f64 gradient check that runs its backward, or why it has none (a
+// kernel added to the list without a row here fails to build this file: tests/kernel_cases.h).
+constexpr std::string_view case_of(test::Kernel k) {
+  using K = test::Kernel;
+  switch (k) {
+    case K::round_to_bf16:
+    case K::widen_bf16:
+    case K::accumulate_bf16:
+      return "none: conversions with no gradient of their own (tests/test_bf16.cpp: rounds to nearest, ties to even)";
+    case K::fill:
+      return "none: no gradient";
+    case K::axpy:
+      return "fan-out, a deep chain and a composite expression (gradients accumulate by axpy)";
+    case K::axpby:
+      return "none: an optimizer's step, not an op (tests/test_optim.cpp, against PyTorch's Muon)";
+    case K::sum_squares:
+      return "none: records no gradient (the clipping norm); its value in tests/test_ops_forward.cpp";
+    case K::adamw_update:
+      return "none: an optimizer's step, not an op (tests/test_optim.cpp, against PyTorch)";
+    case K::unary_forward:
+    case K::unary_backward:
+      return "unary ops";
+    case K::binary_forward:
+    case K::binary_backward:
+      return "binary ops with broadcasting";
+    case K::sum_forward:
+    case K::sum_backward:
+    case K::softmax_forward:
+    case K::softmax_backward:
+    case K::log_softmax_forward:
+    case K::log_softmax_backward:
+      return "reductions and softmax";
+    case K::layernorm_forward:
+    case K::add_layernorm_forward:
+    case K::layernorm_backward:
+    case K::embedding_forward:
+    case K::embedding_backward:
+    case K::crossentropy_forward:
+    case K::crossentropy_backward:
+    case K::crossentropy_fused:
+    case K::dropout_forward:
+    case K::dropout_backward:
+    case K::rope_forward:
+    case K::rope_backward:
+      return "layer norm, embedding, cross-entropy, dropout, rotary embedding";
+    case K::rmsnorm_forward:
+    case K::add_rmsnorm_forward:
+    case K::rmsnorm_backward:
+    case K::swiglu_forward:
+    case K::swiglu_backward:
+      return "RMSNorm (alone and after a residual add, with dropout) and SwiGLU";
+    case K::permute:
+    case K::copy_slice:
+      return "shape ops";
+    case K::matmul_forward:
+    case K::matmul_backward:
+    case K::linear_forward:
+    case K::linear_backward:
+      return "matmul in every layout, and linear";
+    case K::attention_naive_forward:
+    case K::attention_naive_backward:
+    case K::attention_flash_forward:
+    case K::attention_flash_backward:
+      return "tests/test_attention.cpp: gradient checks of both implementations; tests/test_score_mods.cpp: tables";
+    case K::attention_flash_forward_bf16:
+    case K::attention_flash_backward_bf16:
+      return "none: bf16 storage has no f64 form; against f32 attention in tests/attention_bf16_case.h";
+  }
+  return "";
+}
+TINYGPT_EVERY_KERNEL_HAS_A_CASE()
