@@ -7,7 +7,7 @@
 # ms); PyTorch: bench/torch_llama.py (eager and torch.compile, f32 and autocast bf16, fused AdamW, SDPA; its
 # configuration printed at run time). Peak resident memory of each by /usr/bin/time. Needs a venv with torch and
 # transformers (VENV, default /tmp/venv-hf); run on an idle machine.
-#   bash bench/compare_llama.sh [BUILD] [B] [T] [STEPS] [THREADS]
+#   [PEER_TIMEOUT=SECONDS] bash bench/compare_llama.sh [BUILD] [B] [T] [STEPS] [THREADS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build} batch=${2:-4} ctx=${3:-512} steps=${4:-3} threads=${5:-2}
@@ -47,9 +47,14 @@ done
 first=1
 for conf in eager-f32 eager-bf16 compile-f32 compile-bf16; do
   # The peer's configuration (torch and transformers versions, threads, MKL, oneDNN, attention) once, as it ran.
-  OMP_NUM_THREADS=$threads /usr/bin/time -f "%M" -o "$dir/rss" "$py" bench/torch_llama.py --batch "$batch" \
-    --context "$ctx" --steps "$steps" --threads "$threads" --only "$conf" 2> "$dir/torch.err" |
-    if [ "$first" = 1 ]; then cat; else grep -v "^torch "; fi || tail -3 "$dir/torch.err"
+  # PEER_TIMEOUT seconds (0: none) bounds each configuration: on a CPU without bf16 instructions autocast bf16 can
+  # take half an hour a step.
+  : > "$dir/rss"
+  OMP_NUM_THREADS=$threads /usr/bin/time -f "%M" -o "$dir/rss" timeout "${PEER_TIMEOUT:-0}" "$py" \
+    bench/torch_llama.py --batch "$batch" --context "$ctx" --steps "$steps" --threads "$threads" --only "$conf" \
+    2> "$dir/torch.err" | if [ "$first" = 1 ]; then cat; else grep -v "^torch "; fi ||
+    { echo "$conf: stopped or failed (PEER_TIMEOUT=${PEER_TIMEOUT:-0} s)"; tail -3 "$dir/torch.err"; }
   first=0
-  echo "   peak RSS $(( $(cat "$dir/rss") / 1024 )) MiB"
+  rss=$(grep -E '^[0-9]+$' "$dir/rss" || true)
+  if [ -n "$rss" ]; then echo "   peak RSS $(( rss / 1024 )) MiB"; fi
 done
