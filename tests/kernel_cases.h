@@ -21,9 +21,10 @@ enum class Kernel { TINYGPT_KERNELS(TINYGPT_KERNEL_ENUMERATOR) };
 
 }  // namespace tinygpt::test
 
-#define TINYGPT_KERNEL_HAS_A_CASE(name, takes, gpu)                                                           \
-  static_assert(!case_of(::tinygpt::test::Kernel::name).empty(),                                              \
-                "kernel " #name " (kernels/kernel_list.h) has no row in this suite's case_of: name the test " \
+#define TINYGPT_KERNEL_HAS_A_CASE(name, takes, gpu)                                           \
+  static_assert(!case_of(::tinygpt::test::Kernel::name).empty(),                              \
+                "kernel " #name                                                               \
+                " (kernels/kernel_list.h) has no row in this suite's case_of: name the test " \
                 "case that checks it, or \"none: \" and why");
 /// The suite's check, after its case_of: every kernel of the list has a row.
 #define TINYGPT_EVERY_KERNEL_HAS_A_CASE() TINYGPT_KERNELS(TINYGPT_KERNEL_HAS_A_CASE)
