@@ -1,6 +1,5 @@
-// A text corpus as token ids: encoded once into a compact cache file next to the run and memory-mapped after
-// that, so memory grows with the number of tokens, never with copies of the text. Plus the train/val split
-// and the seeded batch sampler.
+// Token ids as training reads them: a view of 16- or 32-bit ids, held in memory or mapped from a token cache file
+// (data/documents.h writes and reads the one cache format), the train/val split and the seeded batch sampler.
 #pragma once
 
 #include <cstddef>
@@ -117,28 +116,10 @@ class TokenData {
   size_t offset_ = 0, count_ = 0, id_bytes_ = sizeof(Token);
 };
 
-struct Corpus {
-  CharVocab vocab;
-  TokenData tokens;
-  bool from_cache = false;  // the cache file was up to date and mapped
-};
-
-/// The tokens of the UTF-8 text file `text_path` under its own vocabulary, cached in `cache_dir` as
-/// tokens.bin (a small JSON header naming the source's path, size and modification time and the
-/// vocabulary, then the ids). A cache that matches the source is mapped; otherwise the text is read
-/// through a memory map in two passes (vocabulary, then ids) and the cache rewritten. Throws naming the
-/// problem: missing, empty or non-UTF-8 file (with the byte offset), a vocabulary over kMaxVocab.
-Corpus load_corpus(const std::filesystem::path& text_path, const std::filesystem::path& cache_dir);
-
-/// The tokens of a text file under a given vocabulary (a checkpoint's), in memory; throws naming the
-/// first character outside the vocabulary and its byte offset.
-TokenData encode_file(const std::filesystem::path& text_path, const CharVocab& vocab);
-
-/// The first `train_fraction` of the ids train, the rest validate (as nanoGPT splits).
+/// The ids that train and those that validate (load_documents' train_count splits them).
 struct Split {
   TokenSpan train, val;
 };
-Split split_tokens(TokenSpan ids, double train_fraction);
 
 /// Sequences that each start a batch row (conversations): sequence i is ids[starts[i], starts[i + 1]), and mask[k]
 /// says whether ids[k] is a target (an assistant's token).

@@ -218,6 +218,10 @@ CharVocab vocab_of_files(const FileList& files, const std::string& extra) {
   std::vector<bool> seen(0x110000, false);
   for (const auto& f : files) {
     const MappedFile map(f);
+    if (const size_t nul = map.bytes().find('\0'); nul != std::string_view::npos) {
+      throw Error(fmt::format(
+          "'{}' looks like a binary file (a NUL byte at offset {}); a character model trains on UTF-8 text", f, nul));
+    }
     try {
       for_each_code_point(map.bytes(), [&](char32_t c) { seen[size_t(c)] = true; });
     } catch (const Error& e) {
@@ -277,7 +281,7 @@ int64_t write_document_ids(const FileList& files, const Tokenizer& tok, const fs
       files, progress,
       [&](const detail::Item& it, int thread) {
         std::vector<uint32_t> ids;
-        tok.encode(it.text, ids, files[it.file], &caches[size_t(thread)]);
+        tok.encode(it.text, ids, files[it.file], &caches[size_t(thread)], it.offset);
         return ids;
       },
       [&](const detail::Item& it, std::vector<uint32_t>& ids) {

@@ -56,8 +56,8 @@ inline constexpr size_t kMaxPieces = size_t(1) << 21;
 /// at most kMaxPieces distinct pieces after each batch, dropping the rarest past that (saying so in the progress line).
 PieceCounts count_pieces(const FileList& files, bool quiet = false, int64_t max_bytes = -1);
 
-/// A character vocabulary of every character of the files and `extra` (--doc-sep's text); throws naming the file and
-/// byte offset of invalid UTF-8, or more than kMaxVocab characters.
+/// A character vocabulary of every character of the files and `extra` (--doc-sep's text), in code point order; throws
+/// naming the file and byte offset of invalid UTF-8 or of a NUL byte (a binary file), or more than kMaxVocab characters.
 CharVocab vocab_of_files(const FileList& files, const std::string& extra);
 
 struct DocumentCorpus {

@@ -35,6 +35,7 @@ struct Item {
   std::string_view text;
   bool last;   // the file's last part
   bool first;  // the file's first part
+  size_t offset;  // where the part starts in its file (error messages name byte offsets in the file)
 };
 
 int64_t total_size(const FileList& files);
@@ -89,7 +90,7 @@ void over_files(const FileList& files, Progress& progress, Work&& work, Done&& d
     }
     const std::vector<size_t> cuts = cut_points(text, kItemBytes);
     for (size_t c = 0; c + 1 < cuts.size(); ++c) {
-      items.push_back({f, text.substr(cuts[c], cuts[c + 1] - cuts[c]), c + 2 == cuts.size(), c == 0});
+      items.push_back({f, text.substr(cuts[c], cuts[c + 1] - cuts[c]), c + 2 == cuts.size(), c == 0, cuts[c]});
       maps.push_back(map);
       bytes += items.back().text.size();
       if (bytes >= batch) run();

@@ -189,7 +189,7 @@ void write_documents(std::vector<Record>& records, const FileList& files, const 
       to_encode, progress,
       [&](const detail::Item& it, int thread) {
         std::vector<uint32_t> ids;
-        tok.encode(it.text, ids, files[index[it.file]], &caches[size_t(thread)]);
+        tok.encode(it.text, ids, files[index[it.file]], &caches[size_t(thread)], it.offset);
         return ids;
       },
       [&](const detail::Item& it, std::vector<uint32_t>& ids) {

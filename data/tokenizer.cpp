@@ -18,7 +18,7 @@ Tokenizer::Tokenizer(BpeTokenizer bpe, TokenizerConfig config) : config_(std::mo
 }
 
 void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out, const std::string& what,
-                       BpeTokenizer::Cache* cache) const {
+                       BpeTokenizer::Cache* cache, size_t offset) const {
   if (is_bpe()) {
     if (cache != nullptr) {
       bpe_->encode(text, out, *cache);
@@ -27,7 +27,6 @@ void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out, const 
     }
     return;
   }
-  size_t offset = 0;
   try {
     for_each_code_point(text, [&](char32_t c) {
       const int32_t id = chars_.id(c);

@@ -40,10 +40,11 @@ class Tokenizer {
 
   /// Appends the ids of `text`. A BPE takes any bytes; characters need valid UTF-8 in the vocabulary: throws naming
   /// `what`, the character and its byte offset otherwise.
-  /// `cache`: one thread's cache of encoded pieces (a BPE's; faster over much text).
+  /// `cache`: one thread's cache of encoded pieces (a BPE's; faster over much text). `offset`: where `text` starts
+  /// in what `what` names (a part of a file), so the message gives the file's byte offset.
   /// A BPE's special tokens are text here (training documents, --doc-sep): see encode_prompt.
   void encode(std::string_view text, std::vector<uint32_t>& out, const std::string& what,
-              BpeTokenizer::Cache* cache = nullptr) const;
+              BpeTokenizer::Cache* cache = nullptr, size_t offset = 0) const;
   std::vector<uint32_t> encode(std::string_view text, const std::string& what) const {
     std::vector<uint32_t> ids;
     encode(text, ids, what);

@@ -1,7 +1,7 @@
 // A model that is not a GPT, trained on tinygpt's autograd, AdamW and data loader: Bengio et al.'s (2003)
 // character-level MLP. The previous K characters are embedded, concatenated, passed through one tanh layer,
 // and the next character is predicted. Usage: char_mlp TEXT_FILE [STEPS]
-#include <tinygpt/data/corpus.h>
+#include <tinygpt/data/documents.h>
 #include <tinygpt/nn/layers.h>
 #include <tinygpt/train/adamw.h>
 #include <unistd.h>
@@ -45,15 +45,19 @@ int main(int argc, char** argv) try {
     return 2;
   }
   const int steps = argc > 2 ? std::atoi(argv[2]) : 2000;
-  // load_corpus keeps a token cache file; this one lives in a temporary directory.
+  // As `tinygpt train --data TEXT_FILE` reads it: the file's characters are the vocabulary, their ids go to a token
+  // cache (here in a temporary directory) and the last tenth of them validates.
   const auto cache = std::filesystem::temp_directory_path() / ("char_mlp_cache_" + std::to_string(getpid()));
   std::filesystem::create_directories(cache);
-  const data::Corpus corpus = data::load_corpus(argv[1], cache);
-  const data::Split split = data::split_tokens(corpus.tokens.ids(), 0.9);
-  data::BatchSampler train(split.train, B, K, 1, "training text"), val(split.val, B, K, 2, "validation text");
+  const data::FileList files = data::list_text_files({argv[1]}, [](const std::string&) {});
+  const data::Tokenizer chars(data::vocab_of_files(files, ""));
+  const data::DocumentCorpus corpus = data::load_documents(files, chars, {}, 0.9, cache / "tokens.bin", true);
+  const data::TokenSpan ids = corpus.tokens.ids();
+  data::BatchSampler train(ids.first(corpus.train_count), B, K, 1, "training text");
+  data::BatchSampler val(ids.subspan(corpus.train_count), B, K, 2, "validation text");
 
   Generator gen(1337);
-  CharMLP model(corpus.vocab.size(), gen);
+  CharMLP model(chars.vocab_size(), gen);
   AdamW opt(model.named_parameters(), {.lr = 3e-3, .weight_decay = 0.01});
   auto val_loss = [&] {
     NoGradGuard no_grad;
@@ -65,7 +69,7 @@ int main(int argc, char** argv) try {
     return total / 50;
   };
   std::printf("vocabulary %lld characters, %lld parameters, val loss %.4f before training\n",
-              (long long)corpus.vocab.size(), (long long)model.num_parameters(), val_loss());
+              (long long)chars.vocab_size(), (long long)model.num_parameters(), val_loss());
   for (int step = 1; step <= steps; ++step) {
     auto [x, y] = examples(train);
     const Tensor loss = cross_entropy(model.forward(x), y);

@@ -14,6 +14,7 @@
 
 #include "autograd/ops.h"
 #include "data/corpus.h"
+#include "data/documents.h"
 #include "kernels/cpu/cpu_probe.h"
 #include "kernels/cpu/gemm.h"
 #include "test_util.h"
@@ -197,34 +198,45 @@ TEST_CASE("safetensors: damaged files are refused with the problem named") {
   CHECK_THROWS_WITH_AS(safetensors::load(p), doctest::Contains("implausible"), Error);
 }
 
-TEST_CASE("corpus: encoded once into a cache, mapped after; a changed source re-encodes; errors name the problem") {
+TEST_CASE("one file of characters: a vocabulary of its characters, encoded once into the cache, mapped after") {
   TempDir dir("corpus");
-  const fs::path text = dir.path / "t.txt";
+  const fs::path text = dir.path / "t.txt", cache = dir.path / "tokens.bin";
+  const auto note = [](const std::string&) {};
   write_file(text, "hello, w\xc3\xb6rld");  // ö is two bytes, one token
-  const data::Corpus first = data::load_corpus(text, dir.path);
-  CHECK_FALSE(first.from_cache);
-  CHECK(first.vocab.chars() == U" ,dehlorw\u00f6");
+  const data::FileList files = data::list_text_files({text.string()}, note);
+  const data::Tokenizer chars(data::vocab_of_files(files, ""));
+  CHECK(chars.chars().chars() == U" ,dehlorw\u00f6");
+  const data::DocumentCorpus first = data::load_documents(files, chars, {}, 0.9, cache, true);
+  CHECK(first.encoded == 1);
   CHECK(first.tokens.ids().size() == 12);
-  const data::Corpus second = data::load_corpus(text, dir.path);
-  CHECK(second.from_cache);
+  CHECK(first.train_count == 10);  // the last fraction validates, as nanoGPT splits one text
+  const data::DocumentCorpus second = data::load_documents(files, chars, {}, 0.9, cache, true);
+  CHECK(second.reused == 1);
+  CHECK(second.encoded == 0);
   CHECK(std::equal(first.tokens.ids().begin(), first.tokens.ids().end(), second.tokens.ids().begin(),
                    second.tokens.ids().end()));
-  CHECK(second.tokens.ids()[0] == data::Token(first.vocab.id(U'h')));
+  CHECK(second.tokens.ids()[0] == uint32_t(chars.chars().id(U'h')));
   write_file(text, "something else entirely");
-  const data::Corpus third = data::load_corpus(text, dir.path);
-  CHECK_FALSE(third.from_cache);
+  const data::Tokenizer other(data::vocab_of_files(files, ""));
+  const data::DocumentCorpus third = data::load_documents(files, other, {}, 0.9, cache, true);
+  CHECK(third.encoded == 1);
   CHECK(third.tokens.ids().size() == 23);
 
   write_file(text, "ok\xff");
-  CHECK_THROWS_WITH_AS(data::load_corpus(text, dir.path), doctest::Contains("invalid UTF-8 at byte offset 2"), Error);
+  CHECK_THROWS_WITH_AS(data::vocab_of_files(files, ""), doctest::Contains("invalid UTF-8 at byte offset 2"), Error);
+  write_file(text, std::string("ok\0no", 5));
+  CHECK_THROWS_WITH_AS(data::vocab_of_files(files, ""), doctest::Contains("a NUL byte at offset 2"), Error);
   write_file(text, "");
-  CHECK_THROWS_WITH_AS(data::load_corpus(text, dir.path), doctest::Contains("is empty"), Error);
-  CHECK_THROWS_WITH_AS(data::load_corpus(dir.path / "missing.txt", dir.path), doctest::Contains("does not exist"),
+  CHECK_THROWS_WITH_AS(data::list_text_files({text.string()}, note), doctest::Contains("is empty"), Error);
+  CHECK_THROWS_WITH_AS(data::list_text_files({(dir.path / "missing.txt").string()}, note),
+                       doctest::Contains("does not exist"), Error);
+  // A character outside a checkpoint's vocabulary is named with its byte offset in the file, also past the first
+  // part a thread encodes (4 MiB).
+  write_file(text, std::string(size_t(5) << 20, 'a') + "abc\xc3\xa9");
+  CHECK_THROWS_WITH_AS(data::load_documents(files, data::Tokenizer(data::CharVocab(U"abc")), {}, 0.9, cache, true),
+                       doctest::Contains(fmt::format("at byte offset {} is not in the model's vocabulary",
+                                                     (size_t(5) << 20) + 3)),
                        Error);
-  CHECK_THROWS_WITH_AS(data::load_corpus(dir.path, dir.path), doctest::Contains("is a directory"), Error);
-  write_file(text, "abc\xc3\xa9");
-  CHECK_THROWS_WITH_AS(data::encode_file(text, data::CharVocab(U"abc")),
-                       doctest::Contains("at byte offset 3 is not in the model's vocabulary"), Error);
 }
 
 TEST_CASE("batch sampler: y is x shifted by one, windows stay inside, the seed fixes the draw") {
@@ -243,9 +255,6 @@ TEST_CASE("batch sampler: y is x shifted by one, windows stay inside, the seed f
   }
   CHECK_THROWS_WITH_AS(data::BatchSampler(std::span(ids).first(8), 1, 8, 0, "validation split"),
                        doctest::Contains("validation split has 8 tokens, fewer than block_size + 1 = 9"), Error);
-  const auto split = data::split_tokens(ids, 0.9);
-  CHECK(split.train.size() == 45);
-  CHECK(split.val.size() == 5);
 }
 
 TEST_CASE("learning rate: linear warmup, cosine decay to min_lr, then min_lr (nanoGPT's get_lr)") {
@@ -382,9 +391,9 @@ TEST_CASE("train: a short run learns, keeps best and latest checkpoints and metr
   Generator gen(0);
   nn::GPT model(ckpt.config, gen);
   load_weights(model, ckpt);
-  const data::TokenData tokens = data::encode_file(text, ckpt.tokenizer.chars());
-  const auto split = data::split_tokens(tokens.ids(), 0.9);
-  CHECK(estimate_loss(model, split.val, 8, 4, 12345, "val") < 2.0);
+  const data::DocumentCorpus corpus =
+      data::load_documents({text}, ckpt.tokenizer, {}, 0.9, dir.path / "eval_tokens.bin", /*quiet=*/true);
+  CHECK(estimate_loss(model, corpus.tokens.ids().subspan(corpus.train_count), 8, 4, 12345, "val") < 2.0);
 
   // Resuming to 90 iterations continues from 60 (and appends to metrics.jsonl).
   c.max_iters = 90;

@@ -317,22 +317,14 @@ void run_eval(const EvalArgs& a) {
   if (!a.chat_data.empty()) return run_eval_chat(a, ckpt, *model);
   const data::FileList files =
       data::list_text_files(a.data, [](const std::string& line) { fmt::print(stderr, "{}\n", line); });
-  data::TokenData tokens;
-  data::Split split;
-  std::optional<ScratchDir> scratch;
+  // The documents split as training splits them, through a token cache in a scratch directory.
+  const ScratchDir scratch;
+  const std::vector<uint32_t> separator =
+      ckpt.tokenizer.document_suffix(ckpt.config.doc_separator, "the model's document separator");
   const double fraction = a.train_fraction > 0 ? a.train_fraction : run_train_fraction(ckpt);
-  if (split_at_position(!ckpt.tokenizer.is_bpe(), files.size(), !fine_tuned_from(ckpt).empty())) {  // as train did
-    tokens = data::encode_file(files[0], ckpt.tokenizer.chars());
-    split = data::split_tokens(tokens.ids(), fraction);
-  } else {  // documents, split as training splits them, through a token cache in a scratch directory
-    scratch.emplace();
-    const std::vector<uint32_t> separator =
-        ckpt.tokenizer.document_suffix(ckpt.config.doc_separator, "the model's document separator");
-    data::DocumentCorpus dc =
-        data::load_documents(files, ckpt.tokenizer, separator, fraction, scratch->path / "tokens.bin", /*quiet=*/true);
-    tokens = std::move(dc.tokens);
-    split = {tokens.ids().first(dc.train_count), tokens.ids().subspan(dc.train_count)};
-  }
+  const data::DocumentCorpus dc =
+      data::load_documents(files, ckpt.tokenizer, separator, fraction, scratch.path / "tokens.bin", /*quiet=*/true);
+  const data::Split split = {dc.tokens.ids().first(dc.train_count), dc.tokens.ids().subspan(dc.train_count)};
   const double train = estimate_loss(*model, split.train, a.batch_size, a.eval_iters, a.seed, "training split");
   const double val = estimate_loss(*model, split.val, a.batch_size, a.eval_iters, a.seed + 1, "validation split");
   const double bpb = bits_per_byte(val, split.val.size(), source_bytes(split.val, ckpt.tokenizer));

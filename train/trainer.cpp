@@ -75,7 +75,7 @@ Checkpoint resume_checkpoint(TrainConfig& cfg, const fs::path& out) {
   cfg.model = ckpt.config;
   cfg.model.dropout = dropout;
   cfg.lora = ckpt.config.lora;
-  cfg.fine_tuned_from = fine_tuned_from(ckpt);  // its data read as the run read it (split_at_position)
+  cfg.fine_tuned_from = fine_tuned_from(ckpt);  // kept in the run's record
   if (!cfg.optimizer_given && (ckpt.optimizer == "adamw" || ckpt.optimizer == "muon")) cfg.optimizer = ckpt.optimizer;
   // The run's numerics as saved, unless a flag (which then agrees) says so: a resumed run computes as it did.
   auto given = [&](const char* key) { return std::ranges::count(cfg.numerics_flags_given, key) > 0; };

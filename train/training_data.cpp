@@ -55,8 +55,6 @@ data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size,
   return data::Tokenizer(data::read_tokenizer_file(flag));
 }
 
-bool split_at_position(bool chars, size_t files, bool fine_tuned) { return chars && files == 1 && !fine_tuned; }
-
 std::string fine_tuned_from(const Checkpoint& ckpt) {
   const nlohmann::json& c = ckpt.state.train_config;
   return c.is_object() && c.contains("init_from") && c["init_from"].is_string() ? c["init_from"].get<std::string>()
@@ -71,7 +69,6 @@ double run_train_fraction(const Checkpoint& ckpt) {
   return f > 0 && f < 1 ? f : 0.9;
 }
 
-/// eval --chat-data: the assistants' tokens' loss over every conversation of the files, on one line.
 TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, const data::Tokenizer* given, bool quiet,
                                 bool lead) {
   const SignalsEndPass signals;  // Ctrl-C while the token cache is written: its temporary files go, exit 130
@@ -89,64 +86,36 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return d;
   }
-  const bool chars = given != nullptr ? !given->is_bpe() : cfg.tokenizer == "char";
-  if (split_at_position(chars, files.size(), !cfg.init_from.empty() || !cfg.fine_tuned_from.empty())) {
-    // One text file of characters: the vocabulary is its characters, the last fraction validates.
-    data::Corpus corpus = data::load_corpus(files[0], out);
-    if (given != nullptr && given->chars().chars() != corpus.vocab.chars()) {
-      throw Error(
-          fmt::format("--resume: the checkpoint's vocabulary ({} characters) differs from '{}' ({}); resume "
-                      "with the data the run was started on",
-                      given->chars().size(), files[0], corpus.vocab.size()));
-    }
-    d.tokenizer = data::Tokenizer(corpus.vocab);
-    d.tokens = std::move(corpus.tokens);
-    d.split = data::split_tokens(d.tokens.ids(), cfg.train_fraction);
-    d.summary = fmt::format("data: {} tokens, vocabulary {} ({} {}, {:.2f}s); train {} / val {} tokens",
-                            d.tokens.ids().size(), corpus.vocab.size(),
-                            corpus.from_cache ? "mapped from" : "encoded into", (out / "tokens.bin").string(),
-                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                            d.split.train.size(), d.split.val.size());
-    const size_t n = d.split.train.size(), all = d.tokens.ids().size(), part = size_t(16) << 20;
-    for (size_t at = 0; at < all; at += part) {  // a part at a time, each released once counted
-      const size_t k = std::min(part, all - at);
-      const size_t t = at < n ? std::min(k, n - at) : 0;  // of them train
-      d.train_bytes += source_bytes(d.tokens.ids().subspan(at, t), d.tokenizer);
-      d.val_bytes += source_bytes(d.tokens.ids().subspan(at + t, k - t), d.tokenizer);
-      d.tokens.release(at, k);
-    }
-  } else {
-    const bool trained_by_lead = given == nullptr && cfg.tokenizer == "bpe" && !lead;
-    d.tokenizer = given != nullptr ? *given
-                  : trained_by_lead
-                      ? data::Tokenizer(data::read_tokenizer_file(out / "tokenizer.json"))
-                      : tokenizer_from_flag(cfg.tokenizer, cfg.vocab_size, files, cfg.train_fraction, quiet);
-    if (!d.tokenizer.is_bpe() && d.tokenizer.vocab_size() == 0) {
-      d.tokenizer = data::Tokenizer(data::vocab_of_files(files, cfg.model.doc_separator));
-    }
-    if (given == nullptr && cfg.tokenizer == "bpe" && lead)
-      data::write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
-    const std::vector<uint32_t> separator = d.tokenizer.document_suffix(cfg.model.doc_separator, "--doc-sep");
-    data::DocumentCorpus dc =
-        data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
-    d.tokens = std::move(dc.tokens);
-    const auto ids = d.tokens.ids();
-    d.split = {ids.first(dc.train_count), ids.subspan(dc.train_count)};
-    d.train_bytes = dc.train_bytes;
-    d.val_bytes = dc.val_bytes;
-    d.summary = fmt::format(
-        "data: {} file{}, {} tokens, {} of {} ({}; {} file{} encoded, {} mapped from {}, {:.2f}s); train {} / val {} "
-        "tokens{}",
-        files.size(), files.size() == 1 ? "" : "s", ids.size(), d.tokenizer.kind(), d.tokenizer.vocab_size(),
-        given != nullptr          ? "the checkpoint's"
-        : cfg.tokenizer == "char" ? "the data's characters"
-        : cfg.tokenizer == "bpe"  ? "trained here, saved as tokenizer.json"
-                                  : cfg.tokenizer,
-        dc.encoded, dc.encoded == 1 ? "" : "s", dc.reused, (out / "tokens.bin").string(),
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), d.split.train.size(),
-        d.split.val.size(),
-        dc.held_out_documents > 0 ? fmt::format(" ({} whole documents held out)", dc.held_out_documents) : "");
+  const bool trained_by_lead = given == nullptr && cfg.tokenizer == "bpe" && !lead;
+  d.tokenizer = given != nullptr ? *given
+                : trained_by_lead
+                    ? data::Tokenizer(data::read_tokenizer_file(out / "tokenizer.json"))
+                    : tokenizer_from_flag(cfg.tokenizer, cfg.vocab_size, files, cfg.train_fraction, quiet);
+  if (!d.tokenizer.is_bpe() && d.tokenizer.vocab_size() == 0) {
+    d.tokenizer = data::Tokenizer(data::vocab_of_files(files, cfg.model.doc_separator));
   }
+  if (given == nullptr && cfg.tokenizer == "bpe" && lead)
+    data::write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
+  const std::vector<uint32_t> separator = d.tokenizer.document_suffix(cfg.model.doc_separator, "--doc-sep");
+  data::DocumentCorpus dc =
+      data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
+  d.tokens = std::move(dc.tokens);
+  const auto ids = d.tokens.ids();
+  d.split = {ids.first(dc.train_count), ids.subspan(dc.train_count)};
+  d.train_bytes = dc.train_bytes;
+  d.val_bytes = dc.val_bytes;
+  d.summary = fmt::format(
+      "data: {} file{}, {} tokens, {} of {} ({}; {} file{} encoded, {} mapped from {}, {:.2f}s); train {} / val {} "
+      "tokens{}",
+      files.size(), files.size() == 1 ? "" : "s", ids.size(), d.tokenizer.kind(), d.tokenizer.vocab_size(),
+      given != nullptr          ? "the checkpoint's"
+      : cfg.tokenizer == "char" ? "the data's characters"
+      : cfg.tokenizer == "bpe"  ? "trained here, saved as tokenizer.json"
+                                : cfg.tokenizer,
+      dc.encoded, dc.encoded == 1 ? "" : "s", dc.reused, (out / "tokens.bin").string(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), d.split.train.size(),
+      d.split.val.size(),
+      dc.held_out_documents > 0 ? fmt::format(" ({} whole documents held out)", dc.held_out_documents) : "");
   return d;
 }
 

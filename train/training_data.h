@@ -24,12 +24,6 @@ struct TrainingData {
   std::optional<data::ConversationSet> chat;  // sft: the conversations, in rows (tokens and split are then empty)
 };
 
-/// Whether a run's data is one text of characters split at a position (data::split_tokens) rather than documents,
-/// each in one split: one file under a character vocabulary, in a run whose weights did not come from a checkpoint
-/// (fine-tuning reads its files as documents). `train`, `train --resume` and `eval` ask it alike, so each reads a
-/// run's data as the run first did.
-bool split_at_position(bool chars, size_t files, bool fine_tuned);
-
 /// The checkpoint a run's weights came from (its --init-from, kept in the checkpoint's training config), or "".
 std::string fine_tuned_from(const Checkpoint& ckpt);
 

@@ -1,8 +1,7 @@
-// libFuzzer target: the token caches' readers on arbitrary bytes placed beside a fixed source text: the first byte
-// picks the cache (0: a character model's tokens.bin, read by load_corpus; else the documents' cache, read by
-// load_documents), the rest is the file. A damaged cache must be encoded again or end in a tinygpt::Error, and what
-// loads must hold only ids of its vocabulary (the embedding lookup trusts them). LLVMFuzzerInitialize writes a valid
-// cache of each kind into the corpus directories it is given, so mutations start from headers that name the source.
+// libFuzzer target: the token cache's reader (load_documents) on arbitrary bytes placed as the tokens.bin of a fixed
+// source text under its characters. A damaged cache must be encoded again or end in a tinygpt::Error, and what loads
+// must hold only ids of its vocabulary (the embedding lookup trusts them). LLVMFuzzerInitialize writes a valid cache
+// into the corpus directories it is given, so mutations start from a header that names the source.
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -14,7 +13,6 @@
 #include <iterator>
 #include <string>
 
-#include "data/corpus.h"
 #include "data/documents.h"
 #include "data/tokenizer.h"
 
@@ -39,27 +37,19 @@ std::string read_file(const fs::path& path) {
 }
 
 void make_source() {
-  fs::create_directories(kDir / "chars");
-  fs::create_directories(kDir / "docs");
+  fs::create_directories(kDir);
   write_file(kText, "To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer\n");
   const struct timespec times[2] = {{1000000000, 0}, {1000000000, 0}};
   ::utimensat(AT_FDCWD, kText.c_str(), times, 0);
 }
 
-data::Tokenizer tokenizer() { return data::Tokenizer(data::CharVocab(data::decode_utf8(read_file(kText)))); }
+const fs::path kCache = kDir / "tokens.bin";
 
-void load(bool chars) {
-  if (chars) {
-    const data::Corpus c = data::load_corpus(kText, kDir / "chars");
-    for (const uint32_t id : c.tokens.ids()) {
-      if (size_t(id) >= c.vocab.chars().size()) std::abort();
-    }
-  } else {
-    const data::Tokenizer tok = tokenizer();
-    const data::DocumentCorpus c = data::load_documents({kText}, tok, {}, 0.9, kDir / "docs" / "tokens.bin", true);
-    for (const uint32_t id : c.tokens.ids()) {
-      if (int64_t(id) >= tok.vocab_size()) std::abort();
-    }
+void load() {
+  const data::Tokenizer tok(data::CharVocab(data::decode_utf8(read_file(kText))));
+  const data::DocumentCorpus c = data::load_documents({kText}, tok, {}, 0.9, kCache, true);
+  for (const uint32_t id : c.tokens.ids()) {
+    if (int64_t(id) >= tok.vocab_size()) std::abort();
   }
 }
 
@@ -67,25 +57,20 @@ void load(bool chars) {
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   make_source();
-  load(true);
-  load(false);
-  for (int i = 1; i < *argc; ++i) {  // the corpus directories: a seed of each kind
+  load();
+  for (int i = 1; i < *argc; ++i) {  // the corpus directories: a valid cache as the seed
     const fs::path dir = (*argv)[i];
     std::error_code ec;
     if ((*argv)[i][0] == '-' || !fs::is_directory(dir, ec)) continue;
-    write_file(dir / "valid_chars", std::string(1, '\0') + read_file(kDir / "chars" / "tokens.bin"));
-    write_file(dir / "valid_docs", std::string(1, '\1') + read_file(kDir / "docs" / "tokens.bin"));
+    write_file(dir / "valid_cache", read_file(kCache));
   }
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size == 0) return 0;
-  const bool chars = data[0] == 0;
-  write_file(chars ? kDir / "chars" / "tokens.bin" : kDir / "docs" / "tokens.bin",
-             std::string(reinterpret_cast<const char*>(data) + 1, size - 1));
+  write_file(kCache, std::string(reinterpret_cast<const char*>(data), size));
   try {
-    load(chars);
+    load();
   } catch (const Error&) {}
   return 0;
 }
