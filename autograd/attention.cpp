@@ -242,6 +242,16 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
 
 // --- The paths, in the order the op asks them (kPaths below).
 
+/// A way to compute attention: its name (attention_paths(), the tests'), whether it takes a call, and its forward,
+/// which records its backward; the kernels' paths also name their graph node and whether they are the naive kernels.
+struct Path {
+  const char* name;
+  bool (*takes)(const Call&);
+  AttentionResult (*run)(const Call&, const Path&);
+  const char* node = nullptr;
+  bool naive = false;
+};
+
 /// bf16 tensors, a flash call without mask, padding or score modifier (dropout is taken): the flash kernels that read
 /// and write bf16 as stored (kernels/cuda/flash_bf16.cuh, where flash_bf16_takes: head dim 64 or 128, aligned rows;
 /// on the CPU kernels/cpu/attention.cpp, packing tiles from storage, any head dim or stride).
@@ -255,7 +265,7 @@ bool takes_flash_bf16(const Call& c) {
   return flash_bf16_takes(c.g, at(c.q), at(c.k), at(c.v), /*out: a fresh tensor, aligned*/ nullptr);
 }
 
-AttentionResult run_flash_bf16(const Call& c) {
+AttentionResult run_flash_bf16(const Call& c, const Path&) {
   const Tensor& qb = c.q.base;
   AttentionGeom g = c.g;
   g.math = AttentionMath::BF16;
@@ -287,7 +297,7 @@ AttentionResult run_flash_bf16(const Call& c) {
 /// Every other call on bf16 tensors goes through f32 as a graph: cast, attention (the paths again), cast back.
 bool takes_bf16_through_f32(const Call& c) { return c.bf16(); }
 
-AttentionResult run_bf16_through_f32(const Call& c) {
+AttentionResult run_bf16_through_f32(const Call& c, const Path&) {
   // One f32 copy per distinct base: a fused qkv's three views stay views of one tensor (and keep qkv_partition).
   HeadsView q32 = c.q, k32 = c.k, v32 = c.v;
   q32.base = cast(c.q.base, DType::F32);
@@ -326,15 +336,16 @@ Prepared prepare(const Call& c) {
 /// need_weights without score modifiers: the math as recorded ops, so the weights are part of the graph.
 bool takes_weights_graph(const Call& c) { return c.o.need_weights && !c.o.mods.any(); }
 
-AttentionResult run_weights_graph(const Call& c) {
+AttentionResult run_weights_graph(const Call& c, const Path&) {
   const Prepared p = prepare(c);
   return attention_with_weights(c.q, c.k, c.v, c.out_heads_last, p.g, p.mask, c.o.key_padding_mask, c.o);
 }
 
 /// The kernels, naive (its T x S weights; AttentionImpl::Naive, or need_weights with score modifiers, the weights then
 /// outside the graph) or flash (on the GPU on tensor cores where cuda::flash_tensor_cores says so, which the kernel
-/// follows); `name` is the node's, which TINYGPT_PROFILE reports.
-AttentionResult run_kernels(const Call& c, bool naive, const char* name) {
+/// follows); the path's node name is what TINYGPT_PROFILE reports.
+AttentionResult run_kernels(const Call& c, const Path& path) {
+  const bool naive = path.naive;
   const Prepared p = prepare(c);
   const AttentionGeom g = p.g;
   const Tensor mask = p.mask, rel_probs = p.rel_probs;
@@ -373,7 +384,7 @@ AttentionResult run_kernels(const Call& c, bool naive, const char* name) {
   const Tensor saved_out = out.detach();
   const Tensor doc_ids = c.o.mods.doc_ids, key_doc_ids = c.o.mods.key_doc_ids;  // held for g.mods' pointers
   out = record(
-      name, out, inputs,
+      path.node, out, inputs,
       [=](const Tensor& dout, std::span<const Tensor> in, std::span<Tensor> grads) {
         (void)doc_ids, (void)key_doc_ids, (void)rel_probs;
         AttentionGeom gb = g;
@@ -395,32 +406,21 @@ AttentionResult run_kernels(const Call& c, bool naive, const char* name) {
 }
 
 bool takes_naive(const Call& c) { return c.o.impl == AttentionImpl::Naive || c.o.need_weights; }
-AttentionResult run_naive(const Call& c) { return run_kernels(c, true, "attention_naive"); }
 /// The GPU's flash kernels with tf32 or bf16 operands on tensor cores (compute capability 8.0 or newer, tiles that
 /// fit the GPU's shared memory at this head dim); other GPU calls run the f32 kernels on CUDA cores ("flash").
 bool takes_flash_tensor_cores(const Call& c) {
   return c.q.base.device() == Device::CUDA && cuda::flash_tensor_cores(c.g.math, std::max(c.g.E, c.g.Ev));
 }
-AttentionResult run_flash_tensor_cores(const Call& c) { return run_kernels(c, false, "attention_flash_tensor_cores"); }
 bool takes_flash(const Call&) { return true; }
-AttentionResult run_flash(const Call& c) { return run_kernels(c, false, "attention_flash"); }
-
-/// A way to compute attention: its name (attention_paths(), the tests'), whether it takes a call, and its forward,
-/// which records its backward.
-struct Path {
-  const char* name;
-  bool (*takes)(const Call&);
-  AttentionResult (*run)(const Call&);
-};
 
 /// The op's one decision: the first path that takes a call runs it.
 constexpr Path kPaths[] = {
     {"flash_bf16_storage", takes_flash_bf16, run_flash_bf16},
     {"bf16_through_f32", takes_bf16_through_f32, run_bf16_through_f32},
     {"weights_graph", takes_weights_graph, run_weights_graph},
-    {"naive", takes_naive, run_naive},
-    {"flash_tensor_cores", takes_flash_tensor_cores, run_flash_tensor_cores},
-    {"flash", takes_flash, run_flash},
+    {"naive", takes_naive, run_kernels, "attention_naive", /*naive=*/true},
+    {"flash_tensor_cores", takes_flash_tensor_cores, run_kernels, "attention_flash_tensor_cores"},
+    {"flash", takes_flash, run_kernels, "attention_flash"},
 };
 
 const Path& path_for(const Call& c) {
@@ -448,7 +448,7 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
   const Call c = make_call(q, k, v, out_heads_last, o, qkv_partition);
   const Path& p = path_for(c);
   if (profile::enabled()) profile::add_choice("attention path", p.name);  // TINYGPT_PROFILE=1 names the path taken
-  return p.run(c);
+  return p.run(c, p);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-
+#include <utility>
 
 namespace tinygpt::data {
 

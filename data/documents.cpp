@@ -244,7 +244,8 @@ CharVocab vocab_of_files(const FileList& files, const std::string& extra) {
 std::vector<bool> held_out_documents(size_t n, double train_fraction) {
   const double v = 1.0 - train_fraction;
   std::vector<bool> held_out(n, false);
-  if (std::floor(double(n) * v + 0.5) < 1) return held_out;
+  const double held = std::floor(double(n) * v + 0.5);
+  if (held < 1 || held >= double(n)) return held_out;  // none to hold out, or none left to train: split by position
   // Evenly spread: document i is held out when round((i + 1) v) passes round(i v).
   for (size_t i = 0; i < n; ++i) held_out[i] = std::floor(double(i + 1) * v + 0.5) > std::floor(double(i) * v + 0.5);
   return held_out;

@@ -57,7 +57,8 @@ inline constexpr size_t kMaxPieces = size_t(1) << 21;
 PieceCounts count_pieces(const FileList& files, bool quiet = false, int64_t max_bytes = -1);
 
 /// A character vocabulary of every character of the files and `extra` (--doc-sep's text), in code point order; throws
-/// naming the file and byte offset of invalid UTF-8 or of a NUL byte (a binary file), or more than kMaxVocab characters.
+/// naming the file and byte offset of invalid UTF-8 or of a NUL byte (a binary file), or more than kMaxVocab
+/// characters.
 CharVocab vocab_of_files(const FileList& files, const std::string& extra);
 
 struct DocumentCorpus {
@@ -69,7 +70,8 @@ struct DocumentCorpus {
 };
 
 /// Which of n documents are held out for validation: round(n (1 - train_fraction)) of them, evenly spread over the
-/// list, when that is at least one; else none (then the last fraction of all ids validates, as a single file splits).
+/// list, when that is at least one and leaves one to train; else none (then the last fraction of all ids validates, as
+/// a single file splits).
 std::vector<bool> held_out_documents(size_t n, double train_fraction);
 
 /// A tokenizer.json file's byte-level BPE; throws naming the file and what is wrong with it.

@@ -33,8 +33,8 @@ inline size_t batch_bytes() {
 struct Item {
   size_t file;
   std::string_view text;
-  bool last;   // the file's last part
-  bool first;  // the file's first part
+  bool last;      // the file's last part
+  bool first;     // the file's first part
   size_t offset;  // where the part starts in its file (error messages name byte offsets in the file)
 };
 

@@ -99,7 +99,7 @@ expect_error "skipping $dir/binary.bin: binary" "$tinygpt" train --data "$dir" -
 expect_error "bad.txt': invalid UTF-8 at byte offset 3" "$tinygpt" train --data "$dir" --out "$dir/r2"
 expect_error "looks like a binary file" "$tinygpt" train --data "$dir/binary.bin" --out "$dir/r2"
 expect_error "fewer than block_size + 1" "$tinygpt" train --data "$dir/short.txt" --out "$dir/r2" --block-size 8
-expect_error "at most 65536 are supported" "$tinygpt" train --data "$dir/huge_vocab.txt" --out "$dir/r2"
+expect_error "more than 65536: use --tokenizer bpe" "$tinygpt" train --data "$dir/huge_vocab.txt" --out "$dir/r2"
 expect_error "cannot create the output directory" "$tinygpt" train --data "$dir/text.txt" --out "$dir/a_file/run"
 expect_error "n_head (4) must be divisible by n_kv_head (3)" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-head 4 --n-embd 32 --n-kv-head 3
 expect_error "n_layer must be positive" "$tinygpt" train --data "$dir/text.txt" --out "$dir/r2" --n-layer 0

@@ -320,7 +320,7 @@ void run_eval(const EvalArgs& a) {
   // The documents split as training splits them, through a token cache in a scratch directory.
   const ScratchDir scratch;
   const std::vector<uint32_t> separator =
-      ckpt.tokenizer.document_suffix(ckpt.config.doc_separator, "the model's document separator");
+      document_separator(ckpt.tokenizer, ckpt.config.doc_separator, files.size(), "the model's document separator");
   const double fraction = a.train_fraction > 0 ? a.train_fraction : run_train_fraction(ckpt);
   const data::DocumentCorpus dc =
       data::load_documents(files, ckpt.tokenizer, separator, fraction, scratch.path / "tokens.bin", /*quiet=*/true);
@@ -396,6 +396,16 @@ void check_numerics_over(const NumericsFlags& n, const Checkpoint& ckpt, Device 
   }
 }
 
+namespace {
+
+/// train's and sft's run: 130 when a signal stopped it (the latest checkpoint saved); a flag that contradicts the
+/// --init-from or --resume checkpoint is a UsageError the run throws (exit 2).
+std::function<int()> train_run(const TrainConfig& c) {
+  return [&c] { return train(c).interrupted ? 130 : 0; };
+}
+
+}  // namespace
+
 Cli::Cli() {
   app.formatter(std::make_shared<HelpFormatter>());
   app.footer(
@@ -416,7 +426,7 @@ Cli::Cli() {
   commands = {
       {"train", "Train a GPT on text files, over characters or a byte-level BPE (nanoGPT's shakespeare_char defaults)",
        [this](CLI::App& c) { add_train_options(c, train_config); }, [this] { train_config.validate(); },
-       [this] { return run_train(train_config); }},
+       train_run(train_config)},
       {"sft",
        "Fine-tune a model on conversations (JSON lines of OpenAI's messages or ShareGPT's), the loss on the "
        "assistant's replies only (the train flags apply; --init-from is required)",
@@ -426,7 +436,7 @@ Cli::Cli() {
                       "chatml, llama3 or a Jinja file (default: the "
                       "model's own, else chatml)");
        },
-       [this] { sft_config.validate(); }, [this] { return run_train(sft_config); }},
+       [this] { sft_config.validate(); }, train_run(sft_config)},
       {"sample", "Generate text from a checkpoint (the sample goes to stdout, all else to stderr)",
        [this](CLI::App& c) { add_sample_options(&c, sample_args); }, [this] { validate_sample(sample_args); },
        done([this] { run_sample(sample_args); })},

@@ -16,12 +16,6 @@
 
 namespace tinygpt {
 
-/// A flag's value that the run itself finds wrong (it contradicts the checkpoint): the command answers it as a usage
-/// error (exit 2), as it does the values the parser refuses.
-struct UsageError : Error {
-  using Error::Error;
-};
-
 struct SampleArgs {
   std::string ckpt;
   std::string prompt = "\n";

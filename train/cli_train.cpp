@@ -347,29 +347,4 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
       [cmd, &c, model_flags, lora_targets] { record_flags_given(*cmd, c, *model_flags, *lora_targets); });
 }
 
-int run_train(TrainConfig& c) {
-  // --init-from or --resume with a flag the checkpoint contradicts is a usage error (a checkpoint that cannot be read
-  // is reported by the run itself).
-  if (!c.init_from.empty() || c.resume) {
-    std::optional<Checkpoint> saved;
-    try {
-      saved = c.resume ? load_checkpoint(fs::path(c.out) / kLatestCheckpoint, LoraLoad::Apart)
-                       : load_checkpoint(fs::path(c.init_from));
-    } catch (const std::exception&) {}
-    try {
-      if (saved && c.resume) check_resume_flags(c, *saved);
-      if (saved && !c.resume) check_init_flags(c, saved->config);
-      if (saved && !c.resume &&
-          c.lora.enabled()) {  // the adapters fit the model (a gate needs SwiGLU, the rank its widths)
-        nn::GPTConfig adapted = saved->config;
-        adapted.lora = c.lora;
-        adapted.validate();
-      }
-    } catch (const Error& e) {
-      throw UsageError(e.what());
-    }
-  }
-  return train(c).interrupted ? 130 : 0;
-}
-
 }  // namespace tinygpt

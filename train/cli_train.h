@@ -10,8 +10,5 @@ namespace tinygpt {
 
 /// train's options, filling `c`; after parsing, `c` also knows which model, numerics and optimizer flags were given.
 void add_train_options(CLI::App& cmd, TrainConfig& c);
-/// Trains (train/trainer.h); a flag that contradicts the --init-from or --resume checkpoint is a UsageError.
-/// Returns the exit status: 0, or 130 when a signal stopped it (the latest checkpoint saved).
-int run_train(TrainConfig& c);
 
 }  // namespace tinygpt

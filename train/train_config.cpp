@@ -66,11 +66,20 @@ void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved_config)
   if (const std::string diffs =
           shorter ? model_flag_diffs(cfg, saved_config, {"block_size"}) : model_flag_diffs(cfg, saved_config);
       !diffs.empty()) {
-    throw Error(
+    throw UsageError(
         fmt::format("--init-from {}: the model flags contradict the checkpoint: {}; drop them (a fine-tuned "
                     "model is the checkpoint's model; --dropout may change, and --block-size may be shorter "
                     "for a model without a position table)",
                     cfg.init_from, diffs));
+  }
+  if (cfg.lora.enabled()) {  // the adapters fit the model (a gate needs SwiGLU, the rank its widths)
+    nn::GPTConfig adapted = saved_config;
+    adapted.lora = cfg.lora;
+    try {
+      adapted.validate();
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
   }
 }
 
@@ -96,7 +105,7 @@ void check_resume_flags(const TrainConfig& cfg, const Checkpoint& ckpt) {
   if (cfg.device == "cuda")
     differ("tf32", "TF32 (--no-tf32)", cfg.tf32 ? "on" : "off", ckpt.numerics.tf32 ? "on" : "off");
   if (!diffs.empty()) {
-    throw Error(
+    throw UsageError(
         fmt::format("--resume: flags contradict the checkpoint: {}; drop them to resume as saved (or start a "
                     "new run in another --out)",
                     diffs));

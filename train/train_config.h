@@ -14,6 +14,12 @@
 
 namespace tinygpt {
 
+/// A flag's value that the run itself finds wrong (it contradicts the checkpoint): the command answers it as a usage
+/// error (exit 2), as it does the values the parser refuses.
+struct UsageError : Error {
+  using Error::Error;
+};
+
 struct TrainConfig {
   std::vector<std::string> data;   // text files, directories and globs (data/documents.h); each file a document
   std::string tokenizer = "char";  // char, bpe (trained on the training documents), or a tokenizer.json file
@@ -93,11 +99,11 @@ void use_document_separator(nn::GPT& model, const data::Tokenizer& tokenizer);
 /// Whether --init-from trains on a shorter context than the checkpoint's: --block-size given, at most the saved one,
 /// and a model without a position table (rotary or relative positions: no weight depends on the block size).
 bool shorter_context(const TrainConfig& cfg, const nn::GPTConfig& saved_config);
-/// --init-from: throws naming each model flag given (TrainConfig::model_flags_given) that contradicts the checkpoint's
-/// config `saved`: a fine-tuned model is the checkpoint's model.
+/// --init-from: throws a UsageError naming each model flag given (TrainConfig::model_flags_given) that contradicts the
+/// checkpoint's config `saved` (a fine-tuned model is the checkpoint's model), or LoRA adapters that do not fit it.
 void check_init_flags(const TrainConfig& cfg, const nn::GPTConfig& saved);
-/// --resume: throws naming each model or numerics flag given that contradicts the checkpoint (both values), so the
-/// command line can answer with a usage error before the run starts.
+/// --resume: throws a UsageError naming each model or numerics flag given that contradicts the checkpoint (both
+/// values); the command line answers it with exit 2.
 struct Checkpoint;
 void check_resume_flags(const TrainConfig& cfg, const Checkpoint& ckpt);
 

@@ -626,15 +626,15 @@ TrainResult train(const TrainConfig& cfg_in) {
   // One GPU per rank, by the rank's place on its machine, before anything else touches a GPU.
   if (device == Device::CUDA && world > 1) cuda::set_device(comm.local_rank() % cuda::device_count());
   check_numerics(numerics_of(cfg), device, "use --attention-math f32");
+  // Model: the flags' config, or the checkpoint's when fine-tuning (--init-from: checked before --out is made) or
+  // resuming.
+  std::optional<Checkpoint> ckpt, init;
+  if (!cfg.init_from.empty()) init = init_checkpoint(cfg);
   const fs::path out = make_output_dir(cfg.out);
   const bool lead = comm.rank() == 0;
   std::optional<RunLock> lock;
   if (lead) lock.emplace(out);
-
-  // Model: the flags' config, or the checkpoint's when resuming or fine-tuning (--init-from).
-  std::optional<Checkpoint> ckpt, init;
   if (cfg.resume) ckpt = resume_checkpoint(cfg, out);
-  if (!cfg.init_from.empty()) init = init_checkpoint(cfg);
   const std::vector<std::string> added_tokens = add_chatml(cfg, init);
   if (cfg.doc_mask) cfg.model.doc_separator = std::string(data::kEndOfText);
 

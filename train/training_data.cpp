@@ -55,6 +55,12 @@ data::Tokenizer tokenizer_from_flag(const std::string& flag, int64_t vocab_size,
   return data::Tokenizer(data::read_tokenizer_file(flag));
 }
 
+std::vector<uint32_t> document_separator(const data::Tokenizer& tok, const std::string& doc_separator, size_t files,
+                                         const std::string& what) {
+  if (!tok.is_bpe() && files == 1) return {};
+  return tok.document_suffix(doc_separator, what);
+}
+
 std::string fine_tuned_from(const Checkpoint& ckpt) {
   const nlohmann::json& c = ckpt.state.train_config;
   return c.is_object() && c.contains("init_from") && c["init_from"].is_string() ? c["init_from"].get<std::string>()
@@ -91,12 +97,15 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
                 : trained_by_lead
                     ? data::Tokenizer(data::read_tokenizer_file(out / "tokenizer.json"))
                     : tokenizer_from_flag(cfg.tokenizer, cfg.vocab_size, files, cfg.train_fraction, quiet);
+  // A character model's --doc-sep goes between its files; in one text it ends documents where it occurs, so its
+  // characters must be the text's (use_document_separator says so) and nothing is put after the text.
   if (!d.tokenizer.is_bpe() && d.tokenizer.vocab_size() == 0) {
-    d.tokenizer = data::Tokenizer(data::vocab_of_files(files, cfg.model.doc_separator));
+    d.tokenizer = data::Tokenizer(data::vocab_of_files(files, files.size() == 1 ? "" : cfg.model.doc_separator));
   }
   if (given == nullptr && cfg.tokenizer == "bpe" && lead)
     data::write_text_file(out / "tokenizer.json", d.tokenizer.bpe().to_json());
-  const std::vector<uint32_t> separator = d.tokenizer.document_suffix(cfg.model.doc_separator, "--doc-sep");
+  const std::vector<uint32_t> separator =
+      document_separator(d.tokenizer, cfg.model.doc_separator, files.size(), "--doc-sep");
   data::DocumentCorpus dc =
       data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
   d.tokens = std::move(dc.tokens);

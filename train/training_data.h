@@ -24,6 +24,11 @@ struct TrainingData {
   std::optional<data::ConversationSet> chat;  // sft: the conversations, in rows (tokens and split are then empty)
 };
 
+/// What follows each document of `files` documents in the token cache: a BPE's end-of-text token; a character
+/// model's --doc-sep ids between several files, nothing after one text (its separators are in it).
+std::vector<uint32_t> document_separator(const data::Tokenizer& tok, const std::string& doc_separator, size_t files,
+                                         const std::string& what);
+
 /// The checkpoint a run's weights came from (its --init-from, kept in the checkpoint's training config), or "".
 std::string fine_tuned_from(const Checkpoint& ckpt);
 
