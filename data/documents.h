@@ -67,6 +67,8 @@ struct DocumentCorpus {
   int64_t documents = 0, held_out_documents = 0;  // held_out_documents 0: the split is the last fraction of the ids
   int64_t reused = 0, encoded = 0;                // documents whose ids came from the cache, and those encoded
   int64_t train_bytes = 0, val_bytes = 0;  // the source bytes the train and held-out ids stand for (bits per byte)
+  /// The ids that train (the first train_count) and those held out.
+  Split split() const { return {tokens.ids().first(train_count), tokens.ids().subspan(train_count)}; }
 };
 
 /// Which of n documents are held out for validation: round(n (1 - train_fraction)) of them, evenly spread over the

@@ -52,9 +52,8 @@ int main(int argc, char** argv) try {
   const data::FileList files = data::list_text_files({argv[1]}, [](const std::string&) {});
   const data::Tokenizer chars(data::vocab_of_files(files, ""));
   const data::DocumentCorpus corpus = data::load_documents(files, chars, {}, 0.9, cache / "tokens.bin", true);
-  const data::TokenSpan ids = corpus.tokens.ids();
-  data::BatchSampler train(ids.first(corpus.train_count), B, K, 1, "training text");
-  data::BatchSampler val(ids.subspan(corpus.train_count), B, K, 2, "validation text");
+  const data::Split split = corpus.split();
+  data::BatchSampler train(split.train, B, K, 1, "training text"), val(split.val, B, K, 2, "validation text");
 
   Generator gen(1337);
   CharMLP model(chars.vocab_size(), gen);

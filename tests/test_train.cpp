@@ -392,7 +392,7 @@ TEST_CASE("train: a short run learns, keeps best and latest checkpoints and metr
   load_weights(model, ckpt);
   const data::DocumentCorpus corpus =
       data::load_documents({text}, ckpt.tokenizer, {}, 0.9, dir.path / "eval_tokens.bin", /*quiet=*/true);
-  CHECK(estimate_loss(model, corpus.tokens.ids().subspan(corpus.train_count), 8, 4, 12345, "val") < 2.0);
+  CHECK(estimate_loss(model, corpus.split().val, 8, 4, 12345, "val") < 2.0);
 
   // Resuming to 90 iterations continues from 60 (and appends to metrics.jsonl).
   c.max_iters = 90;

@@ -324,7 +324,7 @@ void run_eval(const EvalArgs& a) {
   const double fraction = a.train_fraction > 0 ? a.train_fraction : run_train_fraction(ckpt);
   const data::DocumentCorpus dc =
       data::load_documents(files, ckpt.tokenizer, separator, fraction, scratch.path / "tokens.bin", /*quiet=*/true);
-  const data::Split split = {dc.tokens.ids().first(dc.train_count), dc.tokens.ids().subspan(dc.train_count)};
+  const data::Split split = dc.split();
   const double train = estimate_loss(*model, split.train, a.batch_size, a.eval_iters, a.seed, "training split");
   const double val = estimate_loss(*model, split.val, a.batch_size, a.eval_iters, a.seed + 1, "validation split");
   const double bpb = bits_per_byte(val, split.val.size(), source_bytes(split.val, ckpt.tokenizer));

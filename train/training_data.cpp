@@ -110,7 +110,7 @@ TrainingData load_training_data(const TrainConfig& cfg, const fs::path& out, con
       data::load_documents(files, d.tokenizer, separator, cfg.train_fraction, out / "tokens.bin", quiet);
   d.tokens = std::move(dc.tokens);
   const auto ids = d.tokens.ids();
-  d.split = {ids.first(dc.train_count), ids.subspan(dc.train_count)};
+  d.split = {ids.first(dc.train_count), ids.subspan(dc.train_count)};  // d.tokens holds them now
   d.train_bytes = dc.train_bytes;
   d.val_bytes = dc.val_bytes;
   d.summary = fmt::format(
