@@ -245,11 +245,16 @@ AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsVie
 /// A way to compute attention: its name (attention_paths(), the tests'), whether it takes a call, and its forward,
 /// which records its backward; the kernels' paths also name their graph node and whether they are the naive kernels.
 struct Path {
+  using Run = AttentionResult (*)(const Call&, const Path&);
   const char* name;
   bool (*takes)(const Call&);
-  AttentionResult (*run)(const Call&, const Path&);
+  Run run;  // every call's, or an f32 call's where run_f64 is set
   const char* node = nullptr;
   bool naive = false;
+  Run run_f64 = nullptr;  // the kernels' f64 instantiation
+
+  /// The forward that runs c on this path.
+  Run forward(const Call& c) const { return run_f64 != nullptr && c.q.base.dtype() == DType::F64 ? run_f64 : run; }
 };
 
 /// bf16 tensors, a flash call without mask, padding or score modifier (dropout is taken): the flash kernels that read
@@ -341,9 +346,13 @@ AttentionResult run_weights_graph(const Call& c, const Path&) {
   return attention_with_weights(c.q, c.k, c.v, c.out_heads_last, p.g, p.mask, c.o.key_padding_mask, c.o);
 }
 
-/// The kernels, naive (its T x S weights; AttentionImpl::Naive, or need_weights with score modifiers, the weights then
-/// outside the graph) or flash (on the GPU on tensor cores where cuda::flash_tensor_cores says so, which the kernel
-/// follows); the path's node name is what TINYGPT_PROFILE reports.
+/// The inputs of a fused qkv's three views (q, k and v: record()'s bits 0, 1 and 2).
+constexpr uint32_t kQkvInputs = 0b111;
+
+/// The kernels for T (f32 or f64), naive (its T x S weights; AttentionImpl::Naive, or need_weights with score
+/// modifiers, the weights then outside the graph) or flash (on the GPU on tensor cores where cuda::flash_tensor_cores
+/// says so, which the kernel follows); the path's node name is what TINYGPT_PROFILE reports.
+template <class T>
 AttentionResult run_kernels(const Call& c, const Path& path) {
   const bool naive = path.naive;
   const Prepared p = prepare(c);
@@ -369,18 +378,16 @@ AttentionResult run_kernels(const Call& c, const Path& path) {
   const Tensor lse = empty({g.B, g.NH, g.T}, qb.dtype(), qb.device());
   const uint8_t* kp_ptr = kp.defined() ? kp.data<uint8_t>() : nullptr;
   const int64_t qo = c.q.offset, ko = c.k.offset, vo = c.v.offset;
-  dispatch_float(qb.dtype(), "attention", [&]<class T>() {
-    const T* qp = qb.data<T>() + qo;
-    const T* kptr = c.k.base.data<T>() + ko;
-    const T* vp = c.v.base.data<T>() + vo;
-    if (naive) {
-      launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), ptr<T>(weights), ptr<T>(lse), qp, kptr,
-             vp, ptr<T>(mask), kp_ptr, g);
-    } else {
-      launch(kernels::attention_flash_forward<T>, qb.device(), out.data<T>(), ptr<T>(lse), qp, kptr, vp, ptr<T>(mask),
-             kp_ptr, g);
-    }
-  });
+  const T* qp = qb.data<T>() + qo;
+  const T* kptr = c.k.base.data<T>() + ko;
+  const T* vp = c.v.base.data<T>() + vo;
+  if (naive) {
+    launch(kernels::attention_naive_forward<T>, qb.device(), out.data<T>(), ptr<T>(weights), ptr<T>(lse), qp, kptr, vp,
+           ptr<T>(mask), kp_ptr, g);
+  } else {
+    launch(kernels::attention_flash_forward<T>, qb.device(), out.data<T>(), ptr<T>(lse), qp, kptr, vp, ptr<T>(mask),
+           kp_ptr, g);
+  }
   const Tensor saved_out = out.detach();
   const Tensor doc_ids = c.o.mods.doc_ids, key_doc_ids = c.o.mods.key_doc_ids;  // held for g.mods' pointers
   out = record(
@@ -392,16 +399,14 @@ AttentionResult run_kernels(const Call& c, const Path& path) {
         gb.mods.d_t5_bias = grads[5].defined() ? grads[5].raw_data() : nullptr;
         gb.mods.d_rel_k = grads[6].defined() ? grads[6].raw_data() : nullptr;
         gb.mods.d_rel_v = grads[7].defined() ? grads[7].raw_data() : nullptr;
-        dispatch_float(dout.dtype(), "attention", [&]<class T>() {
-          auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<T>(t) + offset : nullptr; };
-          const auto fn = naive ? kernels::attention_naive_backward<T> : kernels::attention_flash_backward<T>;
-          launch(fn, dout.device(), at(grads[0], qo), at(grads[1], ko), at(grads[2], vo), dout.data<T>(),
-                 in[0].data<T>() + qo, in[1].data<T>() + ko, in[2].data<T>() + vo, saved_out.data<T>(), lse.data<T>(),
-                 ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, gb);
-        });
+        auto at = [](const Tensor& t, int64_t offset) { return t.defined() ? ptr<T>(t) + offset : nullptr; };
+        const auto fn = naive ? kernels::attention_naive_backward<T> : kernels::attention_flash_backward<T>;
+        launch(fn, dout.device(), at(grads[0], qo), at(grads[1], ko), at(grads[2], vo), dout.data<T>(),
+               in[0].data<T>() + qo, in[1].data<T>() + ko, in[2].data<T>() + vo, saved_out.data<T>(), lse.data<T>(),
+               ptr<T>(in[3]), in[4].defined() ? in[4].data<uint8_t>() : nullptr, gb);
       },
       // The flash kernels write the gradients of a fused qkv's three views, together all of it, uninitialized.
-      !naive && c.fused_partition() ? 7u : 0u, /*unwritten_disjoint=*/true);
+      !naive && c.fused_partition() ? kQkvInputs : 0u, /*unwritten_disjoint=*/true);
   return {out, weights};
 }
 
@@ -418,9 +423,10 @@ constexpr Path kPaths[] = {
     {"flash_bf16_storage", takes_flash_bf16, run_flash_bf16},
     {"bf16_through_f32", takes_bf16_through_f32, run_bf16_through_f32},
     {"weights_graph", takes_weights_graph, run_weights_graph},
-    {"naive", takes_naive, run_kernels, "attention_naive", /*naive=*/true},
-    {"flash_tensor_cores", takes_flash_tensor_cores, run_kernels, "attention_flash_tensor_cores"},
-    {"flash", takes_flash, run_kernels, "attention_flash"},
+    {"naive", takes_naive, run_kernels<float>, "attention_naive", /*naive=*/true, run_kernels<double>},
+    {"flash_tensor_cores", takes_flash_tensor_cores, run_kernels<float>, "attention_flash_tensor_cores", false,
+     run_kernels<double>},
+    {"flash", takes_flash, run_kernels<float>, "attention_flash", false, run_kernels<double>},
 };
 
 const Path& path_for(const Call& c) {
@@ -428,6 +434,13 @@ const Path& path_for(const Call& c) {
     if (p.takes(c)) return p;
   }
   throw Error("attention: no path takes this call");  // unreachable: flash takes every call
+}
+
+/// The path that runs c, named by TINYGPT_PROFILE=1.
+const Path& chosen_path(const Call& c) {
+  const Path& p = path_for(c);
+  if (profile::enabled()) profile::add_choice("attention path", p.name);
+  return p;
 }
 
 Call make_call(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
@@ -446,9 +459,8 @@ Call make_call(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool 
 AttentionResult attention(const HeadsView& q, const HeadsView& k, const HeadsView& v, bool out_heads_last,
                           const AttentionOptions& o, bool qkv_partition) {
   const Call c = make_call(q, k, v, out_heads_last, o, qkv_partition);
-  const Path& p = path_for(c);
-  if (profile::enabled()) profile::add_choice("attention path", p.name);  // TINYGPT_PROFILE=1 names the path taken
-  return p.run(c, p);
+  const Path& p = chosen_path(c);
+  return p.forward(c)(c, p);
 }
 
 }  // namespace
@@ -478,9 +490,12 @@ AttentionResult fused_self_attention(const Tensor& qkv, int64_t num_heads, int64
                     num_heads, num_kv_heads, qkv.shape().str()));
   }
   const int64_t E = qkv.size(2) / total;
-  return attention(heads_last(qkv, 0, num_heads, total, E), heads_last(qkv, num_heads, num_kv_heads, total, E),
-                   heads_last(qkv, num_heads + num_kv_heads, num_kv_heads, total, E), true, options,
-                   /*qkv_partition=*/true);
+  const HeadsView q = heads_last(qkv, 0, num_heads, total, E), k = heads_last(qkv, num_heads, num_kv_heads, total, E),
+                  v = heads_last(qkv, num_heads + num_kv_heads, num_kv_heads, total, E);
+  // The training step's call: the op's decision made here, as attention() makes it for the other entries.
+  const Call c = make_call(q, k, v, /*out_heads_last=*/true, options, /*qkv_partition=*/true);
+  const Path& p = chosen_path(c);
+  return p.forward(c)(c, p);
 }
 
 AttentionResult packed_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t num_heads,

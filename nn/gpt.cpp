@@ -287,16 +287,6 @@ Tensor Block::forward(const Tensor& x, Generator& gen, const Tensor& doc_ids) co
   return x1 + dropout(mlp.forward(ln_2.forward(x1)), dropout_, gen, training());
 }
 
-std::pair<Tensor, Tensor> Block::forward_fused(const Tensor& x, const Tensor& a, const LayerNorm& next, Generator& gen,
-                                               const Tensor& doc_ids) const {
-  const Tensor attended = attn.forward(a, a, a, {.is_causal = true, .doc_ids = doc_ids}).out;
-  // The residual dropouts inside the adds (the same masks as dropout(), seeds drawn at the same points).
-  const double p = training() ? dropout_ : 0.0;
-  const auto [x1, b] = ln_2.forward_add(x, attended, p, p > 0.0 ? gen.dropout_seed() : DropoutSeed());
-  const Tensor m = mlp.forward(b);
-  return next.forward_add(x1, m, p, p > 0.0 ? gen.dropout_seed() : DropoutSeed());
-}
-
 Tensor Block::forward_cached(const Tensor& x, KVCache& cache, size_t layer) const {
   const Tensor x1 = x + attn.forward_cached(ln_1.forward(x), cache.k[layer], cache.v[layer], cache.len);
   return x1 + mlp.forward(ln_2.forward(x1));
@@ -364,17 +354,6 @@ Tensor GPT::position_ids(int64_t pos0, int64_t T, Device device) const {
   return positions_;
 }
 
-Tensor GPT::hidden(const Tensor& ids, const Tensor& doc_ids) const {
-  Tensor x = dropout(embed(ids, 0), config_.dropout, *gen_, training());
-  if (h.empty()) return ln_f.forward(x);
-  // Each block's residual adds fused with the norms that read them: its ln_2, then the next block's ln_1 (ln_f last).
-  Tensor a = h[0]->ln_1.forward(x);
-  for (size_t i = 0; i < h.size(); ++i) {
-    std::tie(x, a) = h[i]->forward_fused(x, a, i + 1 < h.size() ? h[i + 1]->ln_1 : ln_f, *gen_, doc_ids);
-  }
-  return a;
-}
-
 Tensor GPT::document_ids(const Tensor& ids) const {
   if (doc_separator_.empty()) return Tensor();
   const int64_t B = ids.size(0), T = ids.size(1), n = int64_t(doc_separator_.size());
@@ -397,16 +376,32 @@ bool GPT::ends_document(const std::vector<int32_t>& context) const {
          std::equal(doc_separator_.begin(), doc_separator_.end(), context.end() - int64_t(n));
 }
 
-GPT::Output GPT::forward(const Tensor& ids, const Tensor& targets) const {
+GPT::Output GPT::forward(const Tensor& ids, const Tensor& targets, Logits logits) const {
+  const Tensor doc_ids = document_ids(ids);
+  const double p = training() ? config_.dropout : 0.0;
+  Tensor x = dropout(embed(ids, 0), config_.dropout, *gen_, training());
+  // Each block's residual adds fused with the norms that read them: its ln_2, then the next block's ln_1 (ln_f last),
+  // so a = ln_1(x) going into a block; the residual dropouts inside the adds (the same masks as Block::forward's
+  // dropout(), seeds drawn at the same points).
+  Tensor a = (h.empty() ? ln_f : h[0]->ln_1).forward(x);
+  for (size_t i = 0; i < h.size(); ++i) {
+    const Block& b = *h[i];
+    const Tensor attended = b.attn.forward(a, a, a, {.is_causal = true, .doc_ids = doc_ids}).out;
+    const auto [x1, normed] = b.ln_2.forward_add(x, attended, p, p > 0.0 ? gen_->dropout_seed() : DropoutSeed());
+    const Tensor m = b.mlp.forward(normed);
+    const LayerNorm& next = i + 1 < h.size() ? h[i + 1]->ln_1 : ln_f;
+    std::tie(x, a) = next.forward_add(x1, m, p, p > 0.0 ? gen_->dropout_seed() : DropoutSeed());
+  }
+  if (logits == Logits::Last) a = narrow(a, 1, a.size(1) - 1, 1);
   Output out;
-  out.logits = head(hidden(ids, document_ids(ids)));  // (B, T, V)
+  out.logits = head(a);  // (B, T, V), or (B, 1, V)
   if (targets.defined()) out.loss = cross_entropy(out.logits, targets);
   return out;
 }
 
 Tensor GPT::last_logits(const Tensor& ids) const {
-  const Tensor x = hidden(ids, document_ids(ids));
-  return head(reshape(narrow(x, 1, x.size(1) - 1, 1), {x.size(0), x.size(2)}));
+  const Tensor logits = forward(ids, {}, Logits::Last).logits;
+  return reshape(logits, {logits.size(0), logits.size(2)});
 }
 
 Tensor GPT::head(const Tensor& x) const {

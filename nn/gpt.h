@@ -183,16 +183,11 @@ struct KVCache {
   int64_t capacity() const { return k.empty() ? 0 : k[0].size(1); }
 };
 
-/// x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+/// x + attn(ln_1(x)), then x + mlp(ln_2(x)) (GPT::forward runs the same math with the adds fused into the norms).
 class Block : public Module {
  public:
   Block(const GPTConfig& c, Generator& gen);
   Tensor forward(const Tensor& x, Generator& gen, const Tensor& doc_ids = {}) const;
-  /// forward's training path with each residual add fused with the layer norm that reads it: given x and
-  /// a = ln_1(x), returns {y, next(y)} where y = forward(x) and `next` is the following norm (the next block's ln_1, or
-  /// ln_f after the last block).
-  std::pair<Tensor, Tensor> forward_fused(const Tensor& x, const Tensor& a, const LayerNorm& next, Generator& gen,
-                                          const Tensor& doc_ids = {}) const;
   /// Inference for new positions [cache.len, cache.len + T) given the cached earlier ones; writes this
   /// layer's keys and values into cache.k[layer], cache.v[layer].
   Tensor forward_cached(const Tensor& x, KVCache& cache, size_t layer) const;
@@ -212,13 +207,15 @@ class GPT : public Module {
  public:
   explicit GPT(const GPTConfig& config, Generator& gen = default_generator());
 
-  /// ids (B, T) i32 -> logits (B, T, vocab_size). With targets (B, T), also the mean cross-entropy
-  /// (targets of -1 are ignored). With a document separator, attention stays within each document.
+  /// ids (B, T) i32 -> logits (B, T, vocab_size), or with Logits::Last those of the last position alone (B, 1,
+  /// vocab_size). With targets (B, T), also the mean cross-entropy (targets of -1 are ignored). With a document
+  /// separator, attention stays within each document.
   struct Output {
     Tensor logits;
     Tensor loss;
   };
-  Output forward(const Tensor& ids, const Tensor& targets = {}) const;
+  enum class Logits : uint8_t { All, Last };
+  Output forward(const Tensor& ids, const Tensor& targets = {}, Logits logits = Logits::All) const;
 
   /// Inference: logits (B, vocab_size) of the last position, computing the whole context.
   Tensor last_logits(const Tensor& ids) const;
@@ -259,7 +256,6 @@ class GPT : public Module {
   Tensor head(const Tensor& x) const;
   /// Token plus position embeddings of ids (B, T) at positions [pos0, pos0 + T), after checking both.
   Tensor embed(const Tensor& ids, int64_t pos0) const;
-  Tensor hidden(const Tensor& ids, const Tensor& doc_ids) const;
   /// Position ids [pos0, pos0 + T) on `device`; from position 0 on the GPU the last ones are kept (positions_), so a
   /// training step uploads nothing (and can be captured as a CUDA graph).
   Tensor position_ids(int64_t pos0, int64_t T, Device device) const;

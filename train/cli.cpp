@@ -519,10 +519,6 @@ int Cli::main(int argc, const char* const* argv) {
     print_error(e.what());
     return kUsageError;
   }
-  return run();
-}
-
-int Cli::run() {
   if (threads > 0) omp_set_num_threads(threads);
   use_cpu_rates_cache();  // before anything asks which bf16 unit to use
   try {

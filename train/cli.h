@@ -112,7 +112,7 @@ std::unique_ptr<nn::GPT> model_from(const Checkpoint& ckpt, Device device = Devi
 
 /// A row of the command table: a subcommand's name and help, the options it adds to its CLI::App, the checks made
 /// after parsing without touching a file (an Error thrown is a usage error), and its run (the exit status; an Error
-/// thrown is exit 1, a UsageError exit 2). The parser, validate() and run() are driven by the table: a new command is
+/// thrown is exit 1, a UsageError exit 2). The parser, validate() and main() are driven by the table: a new command is
 /// one more row.
 struct Command {
   std::string name, help;
@@ -144,10 +144,9 @@ struct Cli {
   /// After parsing: checks the chosen subcommand's values (ranges, contradictions) without touching any
   /// file; throws Error naming the flag.
   void validate() const;
-  /// Validates and runs the chosen subcommand; returns the process exit code (errors print one line).
-  int run();
-  /// Parses argv, then run(). Help and --version print and return 0; a parse error (unknown flag, a value
-  /// that does not convert, a missing required flag) prints one `error:` line and returns kUsageError.
+  /// Parses argv, validates the chosen subcommand and runs it; returns the process exit code (errors print one
+  /// line). Help and --version print and return 0; a parse error (unknown flag, a value that does not convert, a
+  /// missing required flag) or an invalid value prints one `error:` line and returns kUsageError.
   int main(int argc, const char* const* argv);
 
   static constexpr int kUsageError = 2;  // also for values that parse but are out of range or contradictory
