@@ -340,13 +340,15 @@ struct Run {
           }
           s.comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
         }
-        profile::Phase phase("optimizer");
-        NoGradGuard no_grad;
-        // A rank's loss is its own, the gradient's sum of squares the ranks' (a non-finite loss makes every rank's
-        // summed gradient non-finite too, so all refuse the update together).
-        d.stats.copy_(concat({reshape(loss_sum, {1}), reshape(sum_squares(flat.grads()), {1})}, 0));
-        opt->step(d.sched, d.stats, cfg.grad_clip);
-        opt->zero_grad();
+        {
+          profile::Phase phase("optimizer");
+          NoGradGuard no_grad;
+          // A rank's loss is its own, the gradient's sum of squares the ranks' (a non-finite loss makes every rank's
+          // summed gradient non-finite too, so all refuse the update together).
+          d.stats.copy_(concat({reshape(loss_sum, {1}), reshape(sum_squares(flat.grads()), {1})}, 0));
+          opt->step(d.sched, d.stats, cfg.grad_clip);
+          opt->zero_grad();
+        }
         if (!capture) {
           ++d.queued;
           break;
