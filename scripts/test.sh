@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh "$@"
-ctest --test-dir build --output-on-failure --parallel "$(nproc)"
+# --timeout: a test that hangs fails after 20 minutes, naming itself, instead of holding the run.
+ctest --test-dir build --output-on-failure --parallel "$(nproc)" --timeout 1200

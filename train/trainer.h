@@ -5,7 +5,8 @@
 // The pieces, one concern each: train_config.h (the configuration, its checks, the schedule, device and numerics),
 // optimizer.h (AdamW in adamw.h, Muon in muon.h), gradient_buckets.h (several CPU ranks), speed.h (FLOPs and the
 // matmul peak behind MFU), console.h (stderr and stop signals), run_dir.h (the run lock, metrics.jsonl),
-// checkpoint.h; trainer.cpp holds the loop that joins them: setup, the step, evaluation, the log.
+// checkpoint.h, run_setup.h (the checkpoints a run starts from, its optimizer, the model line); trainer.cpp joins them:
+// the Run (built by its constructor, the set-up), its step, evaluation, the log, and train(), the loop.
 #pragma once
 
 #include <span>
