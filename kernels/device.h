@@ -156,6 +156,12 @@ const std::vector<Bf16Kernel>& bf16_kernels_available();
 /// or a kernel this CPU lacks.
 Bf16Kernel bf16_kernel();
 
+/// Whether decoding's matrix-vector products (a few rows of C, bf16 products) run on vdpbf16ps: where the CPU has
+/// AVX512-BF16, whatever bf16_kernel() chose for the blocked products (a matrix-vector product is bound by reading
+/// the weights, not by the dot products' rate, and vdpbf16ps reads them as stored, in bf16), unless
+/// TINYGPT_CPU_BF16=f32 asks for the f32 units everywhere.
+bool bf16_decode_unit();
+
 /// What the cores do, measured (the probes: kernels/cpu/cpu_probe.h): the clock and each unit's FLOPs a cycle.
 struct UnitRates {
   double ghz = 0;          // the clock the cores run at: the chain of dependent adds on every thread at once

@@ -354,8 +354,8 @@ void add_numerics_flags(CLI::App* cmd, NumericsFlags& n) {
       "Flash attention's operands: f32, bf16, or on the GPU tf32 (default: as the checkpoint was trained, or "
       "as --dtype's and --tf32's default)");
   cmd->add_option("--storage", n.storage,
-                  "Activations stored in f32 or bf16 (bf16 needs bf16 products; default: bf16 with them on "
-                  "the GPU and on CPUs with a bf16 unit, else f32)")
+                  "Weights and activations stored in f32 or bf16 (bf16 needs bf16 products; default: bf16 with "
+                  "them on the GPU and on CPUs with AVX512-BF16 or AMX, else f32)")
       ->check(CLI::IsMember({"f32", "bf16"}));
 }
 

@@ -329,7 +329,11 @@ Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
   // --dtype or --tf32 / --no-tf32 given: attention's default follows them, unless --attention-math says otherwise.
   if (!dtype.empty() || tf32) n.attention = default_attention_math(n.bf16, n.tf32, device == Device::CUDA);
   if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
-  n.bf16_storage = bf16_storage_of(storage, n.bf16, device);
+  // Inference (sample, chat, serve, eval): by default bf16 storage also on a CPU whose blocked products chose the f32
+  // units but which has AVX512-BF16: decoding reads the weights as stored on vdpbf16ps (cpu::bf16_decode_unit),
+  // half the bytes of f32 weights rounded at every token.
+  const bool decode_unit = storage.empty() && n.bf16 && device == Device::CPU && cpu::bf16_decode_unit();
+  n.bf16_storage = decode_unit || bf16_storage_of(storage, n.bf16, device);
   n.flash = env::flash_variants();
   n.lt_epilogues = env::lt_epilogues();
   return n;

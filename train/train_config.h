@@ -149,6 +149,8 @@ struct NumericsFlags {
   std::string attention_math;  // empty: the checkpoint's, or with --dtype that dtype's (default_attention_math)
   std::string storage;         // empty: the default (bf16_storage_of)
   bool operator==(const NumericsFlags&) const = default;
+  /// The numerics an inference command runs a checkpoint with: the flags' over the checkpoint's; bf16 storage by
+  /// default with bf16 products on the GPU and on CPUs with AVX512-BF16 or AMX (cpu::bf16_decode_unit).
   Numerics over(const Numerics& checkpoint, Device device) const;
 };
 

@@ -113,4 +113,14 @@ Bf16Kernel bf16_kernel() {
   return kernel;
 }
 
+bool bf16_decode_unit() {
+  static const bool unit = [] {
+    const std::vector<Bf16Kernel>& have = bf16_kernels_available();
+    const char* env = TINYGPT_ENV("TINYGPT_CPU_BF16");
+    const bool forced_f32 = env != nullptr && std::string(env) == "f32";
+    return !forced_f32 && std::find(have.begin(), have.end(), Bf16Kernel::Avx512Bf16) != have.end();
+  }();
+  return unit;
+}
+
 }  // namespace tinygpt::cpu

@@ -402,13 +402,7 @@ template <class T, class S>
 bool dpbf16_rows(const T* a, int64_t N, int64_t K, T alpha, const S* B, int64_t ldb, T beta, T* c, bool round, int nt) {
 #if defined(TINYGPT_GEMM_BF16)
   if constexpr (std::is_same_v<T, float>) {
-    // Where bf16 products run on a bf16 unit (AMX-BF16 or AVX512-BF16) and the CPU has vdpbf16ps.
-    static const bool unit = [] {
-      const auto& have = bf16_kernels_available();
-      return bf16_kernel() != Bf16Kernel::F32Units &&
-             std::find(have.begin(), have.end(), Bf16Kernel::Avx512Bf16) != have.end();
-    }();
-    if (!round || !unit) return false;
+    if (!round || !bf16_decode_unit()) return false;  // vdpbf16ps where the CPU has it (kernels/device.h)
     const int64_t kpad = bf16_isa::round_up(K, 32);
     std::vector<uint16_t> a16(size_t(kpad), 0);
     for (int64_t k = 0; k < K; ++k) a16[size_t(k)] = bf16_bits_of(a[k]);  // exact: a holds bf16 values
