@@ -165,12 +165,15 @@ Numerics numerics_of(const TrainConfig& c) {
   return n;
 }
 
-bool bf16_storage_of(const std::string& storage, bool bf16, Device device) {
+bool bf16_storage_of(const std::string& storage, bool bf16, Device device, Work work) {
   // The default with bf16 products on the GPU and on a CPU's bf16 unit (AMX-BF16, AVX512-BF16): half the
   // activations' bytes and a faster step there (docs/RESULTS.md, "One GPU" and "bf16 on the CPU"). On the f32 units
-  // its attention would round operands for them, which costs more than f32 attention saves.
+  // its attention would round operands for them, which costs more than f32 attention saves. Inference on a CPU with
+  // AVX512-BF16 whose blocked products chose the f32 units: decoding reads the weights as stored on vdpbf16ps, half
+  // the bytes of f32 weights rounded at every token.
   if (storage.empty()) {
-    return bf16 && (device == Device::CUDA || cpu::bf16_kernel() != cpu::Bf16Kernel::F32Units);
+    const bool decode_unit = work == Work::Inference && cpu::bf16_decode_unit();
+    return bf16 && (device == Device::CUDA || cpu::bf16_kernel() != cpu::Bf16Kernel::F32Units || decode_unit);
   }
   if (storage != "f32" && storage != "bf16")
     throw Error(fmt::format("--storage must be f32 or bf16, got '{}'", storage));
@@ -329,11 +332,7 @@ Numerics NumericsFlags::over(const Numerics& checkpoint, Device device) const {
   // --dtype or --tf32 / --no-tf32 given: attention's default follows them, unless --attention-math says otherwise.
   if (!dtype.empty() || tf32) n.attention = default_attention_math(n.bf16, n.tf32, device == Device::CUDA);
   if (!attention_math.empty()) n.attention = parse_attention_math(attention_math);
-  // Inference (sample, chat, serve, eval): by default bf16 storage also on a CPU whose blocked products chose the f32
-  // units but which has AVX512-BF16: decoding reads the weights as stored on vdpbf16ps (cpu::bf16_decode_unit),
-  // half the bytes of f32 weights rounded at every token.
-  const bool decode_unit = storage.empty() && n.bf16 && device == Device::CPU && cpu::bf16_decode_unit();
-  n.bf16_storage = decode_unit || bf16_storage_of(storage, n.bf16, device);
+  n.bf16_storage = bf16_storage_of(storage, n.bf16, device, Work::Inference);
   n.flash = env::flash_variants();
   n.lt_epilogues = env::lt_epilogues();
   return n;

@@ -123,10 +123,14 @@ AttentionMath default_attention_math(bool bf16, bool tf32, bool cuda);
 /// The numerics a run computes with and its checkpoints record: --dtype's on every device, the attention operands
 /// (--attention-math, else default_attention_math), and on the GPU the TF32 flag (the CPU has no TF32).
 Numerics numerics_of(const TrainConfig& c);
+/// What a model is run for: training (train, sft), or inference (sample, chat, serve, eval), whose decoding reads the
+/// weights on a bf16 unit even where training's blocked products do better on the f32 units.
+enum class Work : uint8_t { Training, Inference };
 /// Whether activations are stored in bf16 (Numerics::bf16_storage): as --storage says ("f32" or "bf16"; bf16 needs
-/// --dtype bf16); when it is not given, bf16 with bf16 products on the GPU and on a CPU with a bf16 unit (AMX-BF16 or
-/// AVX512-BF16), else f32. Throws naming the flag.
-bool bf16_storage_of(const std::string& storage, bool bf16, Device device);
+/// --dtype bf16); when it is not given, bf16 with bf16 products on the GPU and on a CPU whose blocked products run on
+/// a bf16 unit (AMX-BF16 or AVX512-BF16: cpu::bf16_kernel), for inference also on any CPU with AVX512-BF16
+/// (cpu::bf16_decode_unit), else f32. Throws naming the flag.
+bool bf16_storage_of(const std::string& storage, bool bf16, Device device, Work work = Work::Training);
 /// Throws before any work when `device` cannot compute with `numerics` (tensor-core attention and bf16 matmuls need
 /// compute capability 8.0); `how` says which flag to change.
 void check_numerics(const Numerics& numerics, Device device, const char* how);
@@ -149,8 +153,8 @@ struct NumericsFlags {
   std::string attention_math;  // empty: the checkpoint's, or with --dtype that dtype's (default_attention_math)
   std::string storage;         // empty: the default (bf16_storage_of)
   bool operator==(const NumericsFlags&) const = default;
-  /// The numerics an inference command runs a checkpoint with: the flags' over the checkpoint's; bf16 storage by
-  /// default with bf16 products on the GPU and on CPUs with AVX512-BF16 or AMX (cpu::bf16_decode_unit).
+  /// The numerics an inference command runs a checkpoint with: the flags' over the checkpoint's, the storage
+  /// bf16_storage_of's for Work::Inference.
   Numerics over(const Numerics& checkpoint, Device device) const;
 };
 
